@@ -1,0 +1,251 @@
+"""Text data: corpora, the tokenized token stream, and packed, shuffled, resumable batches.
+
+Corpora (``--data``): ``stdlib`` (the ``.py`` sources of the running Python's standard library,
+real text present on every machine), a text file, a directory (every UTF-8 text file below it),
+a ``.jsonl`` file (one JSON object per line with a ``text`` field) or a ``.parquet`` file with a
+``text`` column (read through DuckDB).
+
+Tokenization happens once per (corpus, tokenizer) ahead of training, into a cached flat token
+file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream into
+sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence ``k`` covering tokens
+``[k * seq_len, k * seq_len + seq_len]``. Each epoch visits every sequence once in an order drawn
+from ``(seed, epoch)``. The loader's whole state is one integer, the number of sequences
+consumed, which checkpoints store: a resumed run neither repeats nor skips a sequence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from titan.errors import TitanError
+
+if TYPE_CHECKING:
+    from titan.data.tokenizer import Tokenizer
+
+STDLIB = "stdlib"
+ENCODE_CHUNK_DOCS = 512
+
+
+def _read_text_file(path: Path) -> str | None:
+    data = path.read_bytes()
+    if b"\0" in data:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+def _stat_fingerprint(paths: list[Path]) -> list[tuple[str, int, int]]:
+    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A set of documents named by ``--data``.
+
+    Attributes:
+        spec: the ``--data`` value.
+        files: the files read, in order.
+        kind: ``files`` (one document per file), ``lines`` (plain text file: one document),
+            ``jsonl`` or ``parquet`` (one document per record).
+    """
+
+    spec: str
+    files: tuple[Path, ...]
+    kind: str
+
+    def documents(self) -> Iterator[str]:
+        """The documents' texts, in a fixed order."""
+        if self.kind == "jsonl":
+            yield from _jsonl_documents(self.files[0])
+        elif self.kind == "parquet":
+            yield from _parquet_documents(self.files[0])
+        else:
+            for path in self.files:
+                text = _read_text_file(path)
+                if text and text.strip():
+                    yield text
+
+    def fingerprint(self) -> str:
+        """Identity of the corpus for caches: sha256 over (path, size, mtime) of its files."""
+        payload = json.dumps([self.kind, _stat_fingerprint(list(self.files))])
+        return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (ValueError, KeyError, TypeError):
+                raise TitanError(
+                    f"--data {path}: line {number} is not a JSON object with a 'text' field"
+                ) from None
+            if isinstance(text, str) and text.strip():
+                yield text
+
+
+def _parquet_documents(path: Path) -> Iterator[str]:
+    import duckdb
+
+    try:
+        rows = duckdb.execute("SELECT text FROM read_parquet(?)", [str(path)]).fetchall()
+    except duckdb.Error as err:
+        reason = str(err).splitlines()[0]
+        raise TitanError(f"--data {path}: cannot read a 'text' column ({reason})") from None
+    for (text,) in rows:
+        if isinstance(text, str) and text.strip():
+            yield text
+
+
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file())
+
+
+def open_corpus(spec: str) -> Corpus:
+    """Resolve ``--data``.
+
+    Raises:
+        TitanError: the path does not exist or holds no files.
+    """
+    if spec == STDLIB:
+        return Corpus(spec, tuple(_stdlib_files()), "files")
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise TitanError(f"--data {spec}: directory holds no files")
+        return Corpus(spec, tuple(files), "files")
+    if not path.is_file():
+        raise TitanError(f"--data {spec}: no such file or directory (or 'stdlib')")
+    kind = {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "files")
+    return Corpus(spec, (path,), kind)
+
+
+def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def token_stream(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """The corpus as one flat array of token ids, tokenized once and cached.
+
+    Args:
+        progress: called with the number of documents done after each chunk.
+
+    Returns:
+        (N,) uint32 memory-mapped array: BOS doc EOS BOS doc EOS ...
+
+    Raises:
+        TitanError: the corpus has no non-empty document.
+    """
+    from titan.data.tokenizer import cache_dir
+
+    key = hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
+    path = cache_dir() / "tokens" / f"{key}.u32"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        documents = 0
+        with open(tmp, "wb") as out:
+            for chunk in _batched(corpus.documents(), ENCODE_CHUNK_DOCS):
+                for ids in tokenizer.encode_documents(chunk):
+                    out.write(ids.astype(np.uint32).tobytes())
+                documents += len(chunk)
+                if progress:
+                    progress(documents)
+        if documents == 0:
+            tmp.unlink()
+            raise TitanError(f"--data {corpus.spec}: no non-empty document")
+        os.replace(tmp, path)
+    return np.memmap(path, dtype=np.uint32, mode="r")
+
+
+@dataclass
+class PackedBatches:
+    """Fixed-length sequences of a token stream, shuffled per epoch, served in batches.
+
+    Args:
+        tokens: (N,) token stream from :func:`token_stream`.
+        seq_len: tokens per input sequence (each sequence holds ``seq_len + 1`` tokens).
+        batch_size: sequences per batch.
+        seed: shuffling seed.
+        bos_id: id that starts a document (segment ids count BOS tokens).
+        position: sequences consumed so far (the loader state saved in checkpoints).
+
+    Raises:
+        TitanError: the stream holds fewer sequences than one batch.
+    """
+
+    tokens: np.ndarray
+    seq_len: int
+    batch_size: int
+    seed: int
+    bos_id: int
+    position: int = 0
+    _orders: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_sequences < self.batch_size:
+            raise TitanError(
+                f"--data has {len(self.tokens)} tokens: {self.num_sequences} sequences of "
+                f"--seq-len {self.seq_len}, fewer than --batch-size {self.batch_size}"
+            )
+
+    @property
+    def num_sequences(self) -> int:
+        return max(len(self.tokens) - 1, 0) // self.seq_len
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._orders = {epoch: rng.permutation(self.num_sequences)}
+        return self._orders[epoch]
+
+    def sequence_ids(self, position: int) -> np.ndarray:
+        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``."""
+        ids = np.empty(self.batch_size, dtype=np.int64)
+        for i, index in enumerate(range(position, position + self.batch_size)):
+            epoch, offset = divmod(index, self.num_sequences)
+            ids[i] = self._order(epoch)[offset]
+        return ids
+
+    def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The next batch and its sequence ids; advances :attr:`position`.
+
+        Returns:
+            ({"tokens": (B, S + 1) int32, "segment_ids": (B, S) int32}, (B,) int64 ids)
+        """
+        ids = self.sequence_ids(self.position)
+        starts = ids * self.seq_len
+        window = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
+        tokens = np.asarray(self.tokens[window], dtype=np.int32)
+        segment_ids = np.cumsum(tokens[:, :-1] == self.bos_id, axis=1, dtype=np.int32)
+        self.position += self.batch_size
+        return {"tokens": tokens, "segment_ids": segment_ids}, ids
+
+
+def batch_digest(sequence_ids: np.ndarray) -> str:
+    """crc32 (8 hex digits) of a batch's sequence ids: compares data order between runs."""
+    return f"{zlib.crc32(np.ascontiguousarray(sequence_ids, dtype=np.int64).tobytes()):08x}"

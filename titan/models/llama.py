@@ -1,0 +1,115 @@
+"""The Llama decoder (Touvron et al. 2023; Meta 2024), written only against ``titan.ops``.
+
+Pre-norm blocks: x + Attention(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); RoPE on queries and
+keys; grouped-query attention; untied input embedding and output head. Layers are stacked with
+``nn.scan`` so each parameter of the blocks has a leading ``layers`` axis.
+
+Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``,
+``head_dim``, ``mlp``, ``norm``, ``layers``); :mod:`titan.parallel.sharding` maps them to mesh
+axes. The model never mentions devices or meshes.
+
+Initialisation: normal(0.02) for every matrix, with the residual output projections (``wo``,
+``w_down``) scaled by 1/sqrt(2 * n_layers) (Radford et al. 2019, GPT-2, Sec. 2.3); norm scales 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from titan.config import ModelConfig
+from titan.ops import Ops
+
+INIT_STD = 0.02
+REMAT_POLICIES = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def _param(module: nn.Module, name: str, axes: tuple[str, ...], shape: tuple[int, ...], std):
+    init = nn.initializers.ones if std is None else nn.initializers.normal(std)
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, module.param_dtype)
+
+
+class Block(nn.Module):
+    """One decoder block. Input and output (B, S, E) in the compute dtype."""
+
+    config: ModelConfig
+    ops: Ops
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, segment_ids):
+        cfg, ops = self.config, self.ops
+        e, h, k, d, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
+        out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+        attn_norm = _param(self, "attn_norm", ("norm",), (e,), None)
+        wq = _param(self, "wq", ("embed", "heads", "head_dim"), (e, h, d), INIT_STD)
+        wk = _param(self, "wk", ("embed", "kv_heads", "head_dim"), (e, k, d), INIT_STD)
+        wv = _param(self, "wv", ("embed", "kv_heads", "head_dim"), (e, k, d), INIT_STD)
+        wo = _param(self, "wo", ("heads", "head_dim", "embed"), (h, d, e), out_std)
+        mlp_norm = _param(self, "mlp_norm", ("norm",), (e,), None)
+        w_gate = _param(self, "w_gate", ("embed", "mlp"), (e, f), INIT_STD)
+        w_up = _param(self, "w_up", ("embed", "mlp"), (e, f), INIT_STD)
+        w_down = _param(self, "w_down", ("mlp", "embed"), (f, e), out_std)
+
+        hidden = ops.rms_norm(x, attn_norm, eps=cfg.norm_eps)
+        q = ops.rope(jnp.einsum("bse,ehd->bshd", hidden, wq), positions, theta=cfg.rope_theta)
+        key = ops.rope(jnp.einsum("bse,ekd->bskd", hidden, wk), positions, theta=cfg.rope_theta)
+        value = jnp.einsum("bse,ekd->bskd", hidden, wv)
+        attended = ops.attention(q, key, value, segment_ids=segment_ids, causal=True)
+        x = x + jnp.einsum("bshd,hde->bse", attended, wo)
+        hidden = ops.rms_norm(x, mlp_norm, eps=cfg.norm_eps)
+        x = x + ops.swiglu(hidden, w_gate, w_up, w_down)
+        return x, None
+
+
+class Llama(nn.Module):
+    """Llama decoder returning per-token losses.
+
+    Attributes:
+        config: the model shape.
+        ops: semantic operators (providers chosen per backend).
+        remat: ``none``, ``dots`` (save matmul outputs without batch dims, recompute the rest)
+            or ``full`` (save only block inputs).
+        param_dtype: dtype parameters are created in (float32 master weights by default).
+
+    Call args:
+        tokens: (B, S) int32 input ids; targets: (B, S) int32 next-token ids;
+        positions: (B, S) int32; segment_ids: (B, S) int32 document ids (attention stays within
+        a document). The caller casts parameters to the compute dtype before ``apply``.
+
+    Returns:
+        (B, S) float32 negative log-likelihood of each target, in nats.
+    """
+
+    config: ModelConfig
+    ops: Ops
+    remat: str = "none"
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens, targets, positions, segment_ids):
+        cfg = self.config
+        embed = _param(self, "embed", ("vocab", "embed"), (cfg.vocab_size, cfg.d_model), INIT_STD)
+        x = jnp.take(embed, tokens, axis=0)
+        block = Block
+        if self.remat != "none":
+            block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+        stack = nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast, nn.broadcast),
+            length=cfg.n_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = stack(cfg, self.ops, self.param_dtype, name="layers")(x, positions, segment_ids)
+        final_norm = _param(self, "final_norm", ("norm",), (cfg.d_model,), None)
+        x = self.ops.rms_norm(x, final_norm, eps=cfg.norm_eps)
+        head = _param(self, "head", ("embed", "vocab"), (cfg.d_model, cfg.vocab_size), INIT_STD)
+        return self.ops.cross_entropy(x, head, targets)

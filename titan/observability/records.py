@@ -1,0 +1,108 @@
+"""Run records: the append-only ``events.jsonl`` of a run and its readers.
+
+Layout of a run dir ``<runs root>/<run id>/``:
+
+- ``events.jsonl``: one JSON object per line, flushed per event. Every event has ``schema``
+  (:data:`SCHEMA`), ``type``, ``time`` (unix seconds, float) and ``run_id``. Types written by the
+  trainer: ``run_start``, ``compile``, ``step``, ``checkpoint``, ``run_end`` (see
+  ``titan.trainer.train``).
+- ``config.json``: the run's options and model shape.
+- ``tokenizer.model``: the sentencepiece model the run used.
+- ``checkpoints/``: orbax checkpoints.
+
+This module imports neither JAX nor Textual: the console reads records through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+EVENTS_FILE = "events.jsonl"
+CONFIG_FILE = "config.json"
+
+
+def default_runs_root(explicit: str = "") -> Path:
+    """The runs root: ``explicit`` if given, else ``$TITAN_RUNS``, else ``./runs``."""
+    return Path(explicit or os.environ.get("TITAN_RUNS") or "runs")
+
+
+def new_run_id(preset: str) -> str:
+    """A fresh run id: ``<preset>-<UTC yyyymmdd-hhmmss>-<4 hex>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{preset}-{stamp}-{secrets.token_hex(2)}"
+
+
+class RunRecord:
+    """Appends events to a run's ``events.jsonl``, one flushed line per event.
+
+    The file is opened in append mode, so a resumed run continues the same record.
+    """
+
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self._file = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+
+    def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
+        """Write one event and flush it to the OS. Returns the event as written."""
+        event = {"schema": SCHEMA, "type": event_type, "time": time.time(), "run_id": self.run_id}
+        event.update(fields)
+        self._file.write(json.dumps(event, default=str) + "\n")
+        self._file.flush()
+        return event
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class EventTail:
+    """Incremental reader of an ``events.jsonl`` that another process is appending to.
+
+    Each :meth:`read_new` returns the complete lines added since the last call. A partial last
+    line (the writer is mid-write, or crashed mid-line) is left for the next call; a line that is
+    complete but not valid JSON is skipped and counted in ``bad_lines``.
+    """
+
+    path: Path
+    offset: int = 0
+    bad_lines: int = 0
+    _pending: bytes = field(default=b"", repr=False)
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self._pending + chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                self.bad_lines += 1
+        return events
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """All complete events of a run, in order (a torn last line is ignored)."""
+    return EventTail(Path(run_dir) / EVENTS_FILE).read_new()
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

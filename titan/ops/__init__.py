@@ -1,0 +1,104 @@
+"""Semantic operators: the only compute primitives the Llama model is written against.
+
+Each operator is a method of :class:`Ops`, which dispatches to a provider through the registry
+(:mod:`titan.ops.registry`) at trace time. Providers registered here: ``native`` (plain JAX,
+:mod:`titan.ops.native`). Accelerator providers register themselves the same way.
+
+Shapes use B = batch, S = sequence, H = query heads, K = key/value heads, D = head dim,
+E = model dim, F = MLP hidden dim, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from titan.ops import native, registry
+from titan.ops.registry import OPS, OpTable
+
+__all__ = ["OPS", "Ops"]
+
+for _op in OPS:
+    registry.register(_op, registry.NATIVE, getattr(native, _op), priority=0)
+
+
+class Ops:
+    """The semantic operators for one backend, with per-op provider overrides.
+
+    Args:
+        backend: ``jax.default_backend()`` of the devices that run the model.
+        overrides: op name -> provider name (forced; error if that provider cannot serve).
+
+    Attributes:
+        served: op name -> provider that served it in the last trace (for ``run_start``).
+    """
+
+    def __init__(self, backend: str, overrides: Mapping[str, str] | None = None) -> None:
+        self._table = OpTable(backend, dict(overrides or {}))
+
+    @property
+    def served(self) -> dict[str, str]:
+        return dict(self._table.served)
+
+    def attention(self, q, k, v, *, segment_ids=None, causal=True, sliding_window=None):
+        """Scaled dot-product attention with grouped-query heads (Vaswani et al. 2017, Sec. 3.2;
+        GQA: Ainslie et al. 2023).
+
+        Args:
+            q: (B, S, H, D) queries; k, v: (B, S, K, D) with H a multiple of K.
+            segment_ids: optional (B, S) int32; tokens attend only within the same segment
+                (packed documents do not see each other).
+            causal: position i attends to positions <= i.
+            sliding_window: optional int W; position i attends to positions > i - W.
+
+        Returns:
+            (B, S, H, D) in q's dtype; softmax(q k^T / sqrt(D)) v, computed in float32.
+        """
+        return self._table.call(
+            "attention",
+            q,
+            k,
+            v,
+            segment_ids=segment_ids,
+            causal=causal,
+            sliding_window=sliding_window,
+        )
+
+    def rms_norm(self, x, scale, *, eps):
+        """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * scale.
+
+        Args:
+            x: (..., E) any float dtype; scale: (E,). Returns x's shape and dtype (float32 math).
+        """
+        return self._table.call("rms_norm", x, scale, eps=eps)
+
+    def rope(self, x, positions, *, theta):
+        """Rotary position embedding (Su et al. 2021, Eq. 34), rotate-half layout: the first and
+        second halves of the head dim form the (real, imaginary) pairs, frequency
+        theta^(-2i/D) for pair i.
+
+        Args:
+            x: (B, S, N, D) with D even; positions: (B, S) integer positions.
+        Returns:
+            (B, S, N, D) in x's dtype.
+        """
+        return self._table.call("rope", x, positions, theta=theta)
+
+    def swiglu(self, x, w_gate, w_up, w_down):
+        """SwiGLU MLP (Shazeer 2020, Eq. 6): (silu(x W_gate) * (x W_up)) W_down.
+
+        Args:
+            x: (B, S, E); w_gate, w_up: (E, F); w_down: (F, E), all in the compute dtype.
+        Returns:
+            (B, S, E) in x's dtype, matmuls accumulated in float32.
+        """
+        return self._table.call("swiglu", x, w_gate, w_up, w_down)
+
+    def cross_entropy(self, x, w_out, targets):
+        """Output head plus token-level cross-entropy: -log softmax(x W_out)[target].
+
+        Args:
+            x: (B, S, E) final hidden states; w_out: (E, V); targets: (B, S) int32 in [0, V).
+        Returns:
+            (B, S) float32 negative log-likelihoods (natural log, nats).
+        """
+        return self._table.call("cross_entropy", x, w_out, targets)

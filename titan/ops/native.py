@@ -1,0 +1,69 @@
+"""Reference implementations of the semantic operators in plain JAX (provider ``native``).
+
+They run on every backend, accumulate matmuls and reductions in float32 and return the input's
+dtype (except :func:`cross_entropy`, which returns float32 losses). Shapes and formulas are
+documented on the public wrappers in :mod:`titan.ops`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+F32 = jnp.float32
+
+
+def attention(q, k, v, *, segment_ids=None, causal=True, sliding_window=None):
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    grouped = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    scores = jnp.einsum("bskgd,btkd->bkgst", grouped, k, preferred_element_type=F32)
+    scores = scores * (head_dim**-0.5)
+    query_pos = jnp.arange(seq)[:, None]
+    key_pos = jnp.arange(seq)[None, :]
+    mask = jnp.ones((seq, seq), dtype=bool)
+    if causal:
+        mask = key_pos <= query_pos
+    if sliding_window is not None:
+        mask = mask & (query_pos - key_pos < sliding_window)
+    mask = mask[None, None, None]
+    if segment_ids is not None:
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = mask & same[:, None, None]
+    scores = jnp.where(mask, scores, jnp.finfo(F32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v, preferred_element_type=F32)
+    return out.reshape(batch, seq, heads, head_dim).astype(q.dtype)
+
+
+def rms_norm(x, scale, *, eps):
+    x32 = x.astype(F32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * scale.astype(F32)).astype(x.dtype)
+
+
+def rope(x, positions, *, theta):
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=F32) / half))
+    angles = positions.astype(F32)[..., None] * inv_freq
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1 = x[..., :half].astype(F32)
+    x2 = x[..., half:].astype(F32)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    gate = jnp.einsum("bse,ef->bsf", x, w_gate, preferred_element_type=F32)
+    up = jnp.einsum("bse,ef->bsf", x, w_up, preferred_element_type=F32)
+    hidden = (jax.nn.silu(gate) * up).astype(x.dtype)
+    out = jnp.einsum("bsf,fe->bse", hidden, w_down, preferred_element_type=F32)
+    return out.astype(x.dtype)
+
+
+def cross_entropy(x, w_out, targets):
+    logits = jnp.einsum("bse,ev->bsv", x, w_out, preferred_element_type=F32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return log_z - target_logit

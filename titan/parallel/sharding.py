@@ -1,0 +1,78 @@
+"""Sharding as data: logical parameter axes mapped to mesh axes, with divisibility checks.
+
+Mesh axes: ``data`` (DP: replicas), ``fsdp`` (FSDP: ZeRO-3 style parameter, gradient and
+optimizer-state sharding; Rajbhandari et al. 2020) and ``tensor`` (TP: Megatron-style head and
+MLP sharding; Shoeybi et al. 2019). The batch is split over ``data`` x ``fsdp``.
+
+Rules (:data:`LOGICAL_RULES`): TP shards ``heads``, ``kv_heads``, ``mlp`` and ``vocab``; FSDP
+shards ``embed``, the model dimension, which is the largest dimension of every matrix that TP
+leaves unsharded. Norm scales, ``head_dim`` and the ``layers`` stacking axis are not sharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jax.sharding import PartitionSpec
+
+from titan.errors import TitanError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+LOGICAL_RULES: Mapping[str, str | None] = {
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "embed": "fsdp",
+    "head_dim": None,
+    "norm": None,
+    "layers": None,
+}
+MESH_AXIS_FLAGS = {"data": "--dp", "fsdp": "--fsdp", "tensor": "--tp"}
+
+
+def mesh_spec(
+    name: str,
+    logical: PartitionSpec,
+    shape: tuple[int, ...],
+    mesh_shape: Mapping[str, int],
+) -> PartitionSpec:
+    """Map one parameter's logical axes to a mesh ``PartitionSpec``.
+
+    Args:
+        name: parameter path, for error messages (``layers/wq``).
+        logical: logical axis names, one per dimension.
+        shape: the parameter's shape.
+        mesh_shape: mesh axis name -> size.
+
+    Raises:
+        TitanError: a dimension's size is not a multiple of the mesh axis that shards it (names
+            the flag, the dimension and both sizes).
+    """
+    axes = []
+    for logical_axis, size in zip(logical, shape, strict=True):
+        mesh_axis = LOGICAL_RULES[logical_axis]
+        parts = mesh_shape.get(mesh_axis, 1) if mesh_axis else 1
+        if size % parts:
+            raise TitanError(
+                f"{MESH_AXIS_FLAGS[mesh_axis]} {parts} (mesh axis '{mesh_axis}') does not divide "
+                f"'{logical_axis}' of size {size} in parameter {name}"
+            )
+        axes.append(mesh_axis if parts > 1 else None)
+    return PartitionSpec(*axes)
+
+
+def batch_spec(batch_size: int, mesh_shape: Mapping[str, int]) -> PartitionSpec:
+    """Spec of a (B, ...) batch: B split over ``data`` x ``fsdp``.
+
+    Raises:
+        TitanError: when B is not a multiple of dp x fsdp.
+    """
+    parts = mesh_shape["data"] * mesh_shape["fsdp"]
+    if batch_size % parts:
+        raise TitanError(
+            f"--batch-size {batch_size} is not a multiple of dp x fsdp = "
+            f"{mesh_shape['data']} x {mesh_shape['fsdp']} (mesh axes 'data' x 'fsdp')"
+        )
+    return PartitionSpec(BATCH_AXES)

@@ -1,0 +1,52 @@
+"""The optimizer: AdamW with linear warmup, cosine decay and global-norm gradient clipping.
+
+AdamW: Loshchilov & Hutter 2019 (decoupled weight decay), betas (0.9, 0.95) and eps 1e-8 as in
+Llama 2 (Touvron et al. 2023, Sec. 2.2). Weight decay is not applied to RMSNorm scales. The learning
+rate rises linearly from 0 to ``lr`` over ``warmup_steps`` and follows a cosine down to
+``lr * min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017). Clipping by global norm: Pascanu
+et al. 2013. Optimizer moments are kept in the parameters' dtype (float32 master weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from titan.config import TrainConfig
+
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
+
+
+def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """Learning rate (per step, unitless multiplier of the update) as a function of the step."""
+    warmup = min(cfg.warmup_steps, cfg.steps)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=cfg.lr,
+        warmup_steps=warmup,
+        decay_steps=max(cfg.steps, warmup + 1),
+        end_value=cfg.lr * cfg.min_lr_ratio,
+    )
+
+
+def _decay_mask(params: Any) -> Any:
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "norm" not in str(getattr(path[-1], "key", "")), params
+    )
+
+
+def build_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW chained after gradient clipping; returns (transformation, schedule)."""
+    schedule = learning_rate_schedule(cfg)
+    clip = optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity()
+    adamw = optax.adamw(
+        schedule,
+        b1=ADAM_B1,
+        b2=ADAM_B2,
+        eps=ADAM_EPS,
+        weight_decay=cfg.weight_decay,
+        mask=_decay_mask,
+    )
+    return optax.chain(clip, adamw), schedule

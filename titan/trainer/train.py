@@ -1,0 +1,308 @@
+"""Training entry: ``titan train``.
+
+The recipe (:func:`train`): resolve options, open the corpus and tokenizer, build the layout and
+trainer (all validation happens here, before anything is written), create the run dir, restore
+or initialise the state, compile, loop, checkpoint, record.
+
+Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
+
+- ``run_start``: ``config``, ``model``, ``param_count``, ``layout``, ``ops`` (provider per op),
+  ``env``, ``start_step``, ``total_steps``, ``resumed_from_step`` (None for a fresh run),
+  ``tokenizer`` (vocab size, source), ``data`` (tokens, sequences).
+- ``compile``: ``what``, ``seconds`` (trace + XLA compile of the train step).
+- ``step``: ``step`` (1-based), ``loss`` (mean token cross-entropy, nats), ``grad_norm`` (global
+  L2 norm before clipping), ``lr``, ``tokens`` (this step), ``tokens_seen`` (cumulative),
+  ``step_time_s`` (wall time between consecutive step completions), ``tokens_per_s``,
+  ``data_position`` (sequences consumed after this step), ``batch_digest`` (crc32 of the batch's
+  sequence ids).
+- ``checkpoint``: ``step``, ``seconds``, ``path``.
+- ``run_end``: ``status`` (completed | stopped | failed), ``step``, ``error`` when failed.
+
+SIGTERM and SIGINT finish the current step, checkpoint, write ``run_end`` ``stopped`` and exit 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from titan.config import (
+    RESUMABLE_OPTIONS,
+    ModelConfig,
+    TrainConfig,
+    config_from_dict,
+    flag_of,
+    model_config,
+    validate_train_config,
+)
+from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
+from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from titan.errors import TitanError
+from titan.observability.records import (
+    CONFIG_FILE,
+    EVENTS_FILE,
+    RunRecord,
+    default_runs_root,
+    new_run_id,
+    write_json_atomic,
+)
+from titan.trainer.progress import TrainProgress
+
+TOKENIZER_FILE = "tokenizer.model"
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+@dataclass
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop stops after the step in flight."""
+
+    requested: bool = False
+    signal_name: str = ""
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
+    """The saved options of ``run_dir`` with the allowed explicit overrides applied.
+
+    Raises:
+        TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
+    """
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
+    saved = config_from_dict(json.loads(config_path.read_text())["train"])
+    for name, value in explicit.items():
+        if value != getattr(saved, name) and name not in RESUMABLE_OPTIONS:
+            raise TitanError(
+                f"{flag_of(name)} cannot change on --resume (the run used "
+                f"{getattr(saved, name)!r}); changeable: "
+                + ", ".join(sorted(flag_of(n) for n in RESUMABLE_OPTIONS))
+            )
+    return dataclasses.replace(
+        saved, **explicit, runs_root=str(run_dir.parent), run_id=run_dir.name
+    )
+
+
+def _tokenizer(cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None) -> Tokenizer:
+    if resume_dir is not None:
+        return load_tokenizer(resume_dir / TOKENIZER_FILE)
+    if cfg.tokenizer:
+        return load_tokenizer(cfg.tokenizer)
+    return train_tokenizer(corpus, cfg.vocab_size)
+
+
+def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
+    run_dir = default_runs_root(cfg.runs_root) / (cfg.run_id or new_run_id(cfg.preset))
+    if not resuming and (run_dir / EVENTS_FILE).exists():
+        raise TitanError(
+            f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
+        )
+    return run_dir
+
+
+def _write_run_files(run_dir: Path, cfg: TrainConfig, model: ModelConfig, tok: Tokenizer) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    payload = {"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model)}
+    write_json_atomic(run_dir / CONFIG_FILE, payload)
+    (run_dir / TOKENIZER_FILE).write_bytes(tok.model_proto)
+
+
+def train_from_cli(explicit: dict[str, Any], resume: str | None) -> int:
+    """``titan train``: options from the command line (only those given), optional resume dir.
+
+    Returns:
+        Exit code: 0 completed or stopped, 1 failed. Raises TitanError for bad input.
+    """
+    resume_dir = Path(resume) if resume else None
+    cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig(**explicit)
+    validate_train_config(cfg)
+    return train(cfg, resume_dir)
+
+
+def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
+    """Train per ``cfg``; continue the run in ``resume_dir`` when given. Returns the exit code.
+
+    Raises:
+        TitanError: bad input found before the run dir is written (nothing is left behind).
+    """
+    import jax
+
+    from titan.ops import Ops
+    from titan.trainer.adapters import build_trainer
+    from titan.trainer.checkpoint import Checkpointer
+
+    progress = TrainProgress(cfg.steps, cfg.log_every)
+    corpus = open_corpus(cfg.data)
+    run_dir = _run_dir(cfg, resuming=resume_dir is not None)
+    with progress.status("preparing the tokenizer"):
+        tokenizer = _tokenizer(cfg, corpus, resume_dir)
+    model_cfg = model_config(cfg, tokenizer.vocab_size)
+    ops = Ops(jax.default_backend())
+    trainer = build_trainer(cfg, model_cfg, ops)
+    tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
+    batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)
+
+    _write_run_files(run_dir, cfg, model_cfg, tokenizer)
+    run = _Run(
+        cfg,
+        trainer,
+        batches,
+        Checkpointer(run_dir),
+        RunRecord(run_dir, run_dir.name),
+        StopFlag(),
+        progress,
+    )
+    run.stop.install()
+    try:
+        state, start_step = run.restore_or_init(resume_dir is not None)
+        trace_s = trainer.trace()
+        run.record.emit(
+            "run_start",
+            **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
+            start_step=start_step,
+            total_steps=cfg.steps,
+            resumed_from_step=start_step if resume_dir else None,
+        )
+        run.record.emit("compile", what="train_step", seconds=trace_s + trainer.compile())
+        step, status = run.loop(state, start_step)
+    except Exception as err:  # noqa: BLE001 - every failure must reach the run record
+        traceback.print_exc()
+        run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
+        return EXIT_FAILED
+    finally:
+        run.checkpointer.close()
+        progress.close()
+    run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
+    run.record.close()
+    progress.finish(status, step, run_dir)
+    return EXIT_OK
+
+
+def _run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches) -> dict[str, Any]:
+    from titan.observability.env import capture_environment
+
+    return {
+        "config": dataclasses.asdict(cfg),
+        "model": dataclasses.asdict(model_cfg),
+        "param_count": model_cfg.param_count(),
+        "layout": trainer.layout.describe(),
+        "compute_dtype": str(trainer.compute_dtype),
+        "ops": ops.served,
+        "env": capture_environment(),
+        "tokenizer": {"vocab_size": tokenizer.vocab_size, "source": cfg.tokenizer or "trained"},
+        "data": {
+            "source": cfg.data,
+            "tokens": int(len(batches.tokens)),
+            "sequences": batches.num_sequences,
+        },
+    }
+
+
+@dataclass
+class _Run:
+    """The pieces of a run the loop works with."""
+
+    cfg: TrainConfig
+    trainer: Any
+    batches: PackedBatches
+    checkpointer: Any
+    record: RunRecord
+    stop: StopFlag
+    progress: TrainProgress
+
+    def restore_or_init(self, resuming: bool) -> tuple[Any, int]:
+        """(state, step): the latest checkpoint's when resuming and one exists, else fresh."""
+        latest = self.checkpointer.latest_step() if resuming else None
+        if latest is None:
+            return self.trainer.init_state(self.cfg.seed), 0
+        state, meta = self.checkpointer.restore(latest, self.trainer.abstract_state)
+        if meta["num_sequences"] != self.batches.num_sequences:
+            raise TitanError(
+                f"--resume: the corpus changed since the checkpoint ({meta['num_sequences']} "
+                f"sequences then, {self.batches.num_sequences} now)"
+            )
+        self.batches.position = meta["data_position"]
+        return state, latest
+
+    def save(self, state: Any, step: int) -> None:
+        meta = {
+            "data_position": self.batches.position,
+            "num_sequences": self.batches.num_sequences,
+            "layout": self.trainer.layout.describe(),
+        }
+        seconds = self.checkpointer.save(step, state, meta)
+        path = str(self.checkpointer.path(step))
+        self.record.emit("checkpoint", step=step, seconds=seconds, path=path)
+
+    def loop(self, state: Any, step: int) -> tuple[int, str]:
+        """Train until ``cfg.steps`` or a stop signal. Metrics are read one step late so the
+        host never waits on the device before dispatching the next step.
+
+        Returns:
+            (last step done, ``completed`` or ``stopped``).
+        """
+        pending = None
+        saved_step = step
+        self._last_done = time.perf_counter()
+        while step < self.cfg.steps and not self.stop.requested:
+            batch, ids = self.batches.next_batch()
+            state, metrics = self.trainer.step(state, batch)
+            step += 1
+            if pending:
+                self._report(*pending)
+            pending = (step, metrics, ids, self.batches.position)
+            if step % self.cfg.checkpoint_every == 0:
+                self._report(*pending)
+                pending = None
+                self.save(state, step)
+                saved_step = step
+        if pending:
+            self._report(*pending)
+        if step != saved_step:
+            self.save(state, step)
+        return step, "stopped" if self.stop.requested else "completed"
+
+    def _report(self, step: int, metrics: Any, ids: Any, position: int) -> None:
+        import jax
+
+        values = {key: float(value) for key, value in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        step_time_s, self._last_done = now - self._last_done, now
+        tokens = self.cfg.batch_size * self.cfg.seq_len
+        event = self.record.emit(
+            "step",
+            step=step,
+            **values,
+            tokens=tokens,
+            tokens_seen=step * tokens,
+            step_time_s=step_time_s,
+            tokens_per_s=tokens / step_time_s,
+            data_position=position,
+            batch_digest=batch_digest(ids),
+        )
+        self.progress.step(event)
+
+
+def main() -> None:
+    """``python -m titan.trainer.train`` is ``titan train``."""
+    from titan.cli import main as cli_main
+
+    sys.exit(cli_main(["train", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()
