@@ -210,7 +210,8 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _positive(cfg, ("dp", "warmup_steps"), 0)
     if cfg.vocab_size < 259:
         raise TitanError(
-            f"--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), got {cfg.vocab_size}"
+            "--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), "
+            f"got {cfg.vocab_size}"
         )
     if not cfg.lr > 0:
         raise TitanError(f"--lr must be > 0, got {cfg.lr}")
