@@ -87,7 +87,7 @@ class SpmdTrainer:
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         metrics = {
             "loss": loss,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": self.schedule(state["step"]),
         }
         new_state = {

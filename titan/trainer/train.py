@@ -65,10 +65,16 @@ class StopFlag:
 
     requested: bool = False
     signal_name: str = ""
+    _previous: dict = dataclasses.field(default_factory=dict)
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
@@ -179,15 +185,16 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         )
         run.record.emit("compile", what="train_step", seconds=trace_s + trainer.compile())
         step, status = run.loop(state, start_step)
+        run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         traceback.print_exc()
         run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
         return EXIT_FAILED
     finally:
+        run.stop.uninstall()
         run.checkpointer.close()
+        run.record.close()
         progress.close()
-    run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
-    run.record.close()
     progress.finish(status, step, run_dir)
     return EXIT_OK
 

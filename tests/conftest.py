@@ -1,0 +1,77 @@
+"""Test setup: 8 forced CPU devices (before JAX starts), a private cache, a small real corpus."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import shutil  # noqa: E402
+import sysconfig  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+CORPUS_MODULES = (
+    "argparse.py",
+    "bisect.py",
+    "calendar.py",
+    "colorsys.py",
+    "csv.py",
+    "dataclasses.py",
+    "difflib.py",
+    "fnmatch.py",
+    "fractions.py",
+    "functools.py",
+    "heapq.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "operator.py",
+    "pprint.py",
+    "queue.py",
+    "random.py",
+    "shlex.py",
+    "statistics.py",
+    "string.py",
+    "textwrap.py",
+    "uuid.py",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def titan_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tokenizers and token streams are cached per test session, not in the user's home."""
+    cache = tmp_path_factory.mktemp("titan-cache")
+    os.environ["TITAN_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of real text: 22 standard-library modules (about 0.9 MB)."""
+    root = tmp_path_factory.mktemp("corpus")
+    for name in CORPUS_MODULES:
+        target = root / name.replace("/", "_")
+        shutil.copyfile(STDLIB / name, target)
+    return root
+
+
+@pytest.fixture()
+def small_options(corpus_dir: Path, tmp_path: Path) -> dict:
+    """Options of a small, fast run on the test corpus (one device, float32)."""
+    return {
+        "data": str(corpus_dir),
+        "vocab_size": 512,
+        "seq_len": 32,
+        "batch_size": 8,
+        "steps": 6,
+        "warmup_steps": 2,
+        "checkpoint_every": 3,
+        "runs_root": str(tmp_path / "runs"),
+        "dp": 1,
+        "compute_dtype": "float32",
+    }

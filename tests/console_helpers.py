@@ -1,0 +1,75 @@
+"""Helpers for the console tests: fill the launch form, wait on the app, write run records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+
+from titan.observability.records import EVENTS_FILE, SCHEMA
+from tui.app import TitanConsole
+from tui.widgets.option_input import OptionInput
+from tui.widgets.stat import Stat
+
+# The first launched run of a session trains a tokenizer and compiles: allow for it.
+LAUNCH_TIMEOUT_S = 180.0
+
+
+def fill_form(app: TitanConsole, texts: dict[str, str]) -> None:
+    """Set launch-form fields by option name (``{"steps": "4"}``)."""
+    for name, text in texts.items():
+        app.screen.query_one(f"#option-{name}", OptionInput).control.value = text
+
+
+def stat(app: TitanConsole, stat_id: str) -> str:
+    """The value shown by the monitor's Stat ``stat_id`` (``status``, ``step``, ...)."""
+    return app.screen.query_one(f"#{stat_id}", Stat).value
+
+
+async def wait_until(
+    pilot: Pilot, condition: Callable[[], bool], context: Callable[[], str], timeout_s: float
+) -> None:
+    """Let the app run until ``condition()`` holds; fail with ``context()`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s: {context()}")
+        await pilot.pause(0.25)
+
+
+def run_context(run_dir: Path | None) -> str:
+    """The tail of a run's stderr.log and events, to explain a timeout."""
+    if run_dir is None:
+        return "no run launched"
+    parts = []
+    for name in ("stderr.log", EVENTS_FILE):
+        path = run_dir / name
+        text = path.read_text(errors="replace")[-2000:] if path.exists() else "(missing)"
+        parts.append(f"--- {name}\n{text}")
+    return "\n".join(parts)
+
+
+def kill_children(app: TitanConsole) -> None:
+    """SIGKILL the process groups of the runs ``app`` started that still run, and reap them."""
+    for run in app.launched.values():
+        if run.returncode() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        run.process.wait(timeout=30)
+
+
+def event(event_type: str, time_s: float, **fields: Any) -> dict[str, Any]:
+    """One run-record event as the trainer writes it."""
+    return {"schema": SCHEMA, "type": event_type, "time": time_s, "run_id": "test-run", **fields}
+
+
+def append_events(run_dir: Path, events: Iterable[dict[str, Any]], tail: str = "") -> None:
+    """Append complete event lines to ``events.jsonl``, then ``tail`` (a partial line)."""
+    lines = "".join(json.dumps(e) + "\n" for e in events)
+    with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
+        f.write(lines + tail)

@@ -1,0 +1,64 @@
+"""Small helpers shared by tests: run the trainer in-process or as a subprocess, read events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from titan.config import TrainConfig, validate_train_config
+from titan.trainer.train import train
+
+
+def run_in_process(options: dict[str, Any], resume: Path | None = None) -> tuple[int, Path]:
+    """Train in this process; returns (exit code, run dir)."""
+    cfg = TrainConfig(**options)
+    validate_train_config(cfg)
+    code = train(cfg, resume)
+    return code, Path(options["runs_root"]) / options["run_id"]
+
+
+def events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    lines = (Path(run_dir) / "events.jsonl").read_text().splitlines()
+    parsed = [json.loads(line) for line in lines]
+    return [e for e in parsed if kind is None or e["type"] == kind]
+
+
+def cli_args(options: dict[str, Any]) -> list[str]:
+    args = []
+    for name, value in options.items():
+        args += ["--" + name.replace("_", "-"), str(value)]
+    return args
+
+
+def start_subprocess(options: dict[str, Any], *extra: str) -> subprocess.Popen:
+    """``titan train`` in its own process (for signals)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "titan.cli", "train", *cli_args(options), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_event(run_dir: Path, predicate, timeout_s: float = 240) -> dict[str, Any]:
+    """Poll the run's events until one satisfies ``predicate``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = Path(run_dir) / "events.jsonl"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if predicate(event):
+                    return event
+        time.sleep(0.2)
+    raise AssertionError(f"no matching event in {run_dir} within {timeout_s} s")

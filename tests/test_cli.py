@@ -1,0 +1,88 @@
+"""The command line: every option documented; bad input is one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from titan.cli import build_parser, main
+from titan.config import option_fields
+
+
+def test_help_documents_every_option():
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]
+    text = train_parser.format_help()
+    for f in option_fields():
+        assert f.metadata["flag"] in text
+    assert "--resume" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--preset", "gpt5"], "argument --preset: invalid choice"),
+        (["--lr", "fast"], "argument --lr: invalid float value"),
+        (["--tp", "3"], "--tp 3 (mesh axis 'tensor') does not divide"),
+        (["--dp", "16"], "--dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present"),
+        (["--dp", "4", "--batch-size", "6"], "--batch-size 6 is not a multiple of dp x fsdp"),
+        (["--data", "/no/such/corpus"], "--data /no/such/corpus: no such file or directory"),
+        (["--tokenizer", "/no/such.model"], "--tokenizer /no/such.model: no such file"),
+        (["--run-id", "../escape"], "--run-id must be a plain folder name"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_leaves_no_run_dir(
+    small_options, tmp_path, capsys, extra, message
+):
+    base = {k: v for k, v in small_options.items() if k != "dp"}
+    argv = ["train"]
+    for name, value in base.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    with pytest.raises(SystemExit) if message.startswith("argument") else _no_raise():
+        code = main([*argv, *extra])
+        assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_resume_rejects_changing_the_model(small_options):
+    from helpers import run_in_process
+
+    _, run_dir = run_in_process({**small_options, "run_id": "fixed", "steps": 1})
+    code = main(["train", "--resume", str(run_dir), "--seq-len", "64"])
+    assert code == 2
+
+
+def test_console_script_exits_2_without_traceback(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titan.cli",
+            "train",
+            "--batch-size",
+            "-1",
+            "--runs-root",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == "titan train: error: --batch-size must be >= 1, got -1"
+    assert not any(tmp_path.iterdir())

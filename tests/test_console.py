@@ -1,0 +1,412 @@
+"""The console: launch form, monitor, stop, run list and keys, driven through Textual's pilot at
+80x24 with real runs of the trainer (small, one device)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from console_helpers import (
+    LAUNCH_TIMEOUT_S,
+    append_events,
+    event,
+    fill_form,
+    kill_children,
+    run_context,
+    stat,
+    wait_until,
+)
+
+from titan.cli import build_parser
+from titan.config import TrainConfig, option_fields
+from titan.errors import TitanError
+from titan.observability.records import EVENTS_FILE, read_events
+from tui.app import TitanConsole, exit_message, main
+from tui.launcher import STDERR_LOG, STDOUT_LOG, train_argv
+from tui.options import config_from_texts, default_texts
+from tui.run_state import RunState
+from tui.screens.keys import KeysScreen
+from tui.screens.launch import LaunchScreen
+from tui.screens.monitor import MonitorScreen
+from tui.screens.runs import RunsScreen
+from tui.widgets.loss_chart import LossChart
+from tui.widgets.run_table import RunTable
+
+SIZE = (80, 24)
+
+
+@pytest.fixture()
+def consoles():
+    """Make consoles; kill whatever runs they started and left running when the test ends."""
+    made: list[TitanConsole] = []
+
+    def make(runs_root: Path, **kwargs) -> TitanConsole:
+        made.append(TitanConsole(runs_root, **kwargs))
+        return made[-1]
+
+    yield make
+    for app in made:
+        kill_children(app)
+
+
+@pytest.fixture()
+def tiny_form(corpus_dir: Path) -> dict[str, str]:
+    """Form texts of a small real run (one device, the test corpus)."""
+    return {
+        "steps": "4",
+        "seq_len": "32",
+        "batch_size": "4",
+        "vocab_size": "300",
+        "checkpoint_every": "2",
+        "warmup_steps": "2",
+        "dp": "1",
+        "data": str(corpus_dir),
+    }
+
+
+def _launched_monitor(app: TitanConsole) -> MonitorScreen | None:
+    return app.screen if isinstance(app.screen, MonitorScreen) else None
+
+
+def _only_run_dir(app: TitanConsole) -> Path | None:
+    return next(iter(app.launched), None)
+
+
+# --- the launch form ------------------------------------------------------------------------
+
+
+def test_form_defaults_are_the_train_config_defaults(tmp_path: Path):
+    texts = default_texts(tmp_path)
+    assert set(texts) == {f.name for f in option_fields()}
+    assert texts["runs_root"] == str(tmp_path)
+    assert config_from_texts(texts) == TrainConfig(runs_root=str(tmp_path))
+
+
+def test_form_parse_error_has_the_cli_wording(tmp_path: Path, capsys: pytest.CaptureFixture):
+    texts = {**default_texts(tmp_path), "steps": ""}
+    with pytest.raises(TitanError) as err:
+        config_from_texts(texts)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--steps", ""])
+    assert str(err.value) == "argument --steps: invalid int value: ''"
+    assert str(err.value) in capsys.readouterr().err
+
+
+def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path):
+    config = TrainConfig(steps=4, lr=0.01, remat="dots", runs_root="ignored", run_id="ignored")
+    argv = train_argv(config, tmp_path, "my-run")
+    assert argv == [
+        sys.executable,
+        "-m",
+        "titan.cli",
+        "train",
+        "--runs-root",
+        str(tmp_path),
+        "--run-id",
+        "my-run",
+        "--steps",
+        "4",
+        "--lr",
+        "0.01",
+        "--remat",
+        "dots",
+    ]
+    assert build_parser().parse_args(argv[3:]).lr == 0.01
+
+
+async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: Path):
+    runs_root = tmp_path / "runs"
+    app = consoles(runs_root, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen)
+        await pilot.press("tab", "0", "ctrl+r")  # preset -> steps (its text selected), type 0
+        await pilot.pause()
+        shown = str(app.screen.query_one("#launch-error").content)
+        steps_row = app.screen.query_one("#option-steps")
+        assert isinstance(app.screen, LaunchScreen)
+        assert steps_row.has_class("-invalid")
+        assert app.focused is steps_row.control
+    cli = subprocess.run(
+        [sys.executable, "-m", "titan.cli", "train", "--steps", "0", "--runs-root", str(runs_root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown == "--steps must be >= 1, got 0"
+    assert cli.returncode == 2
+    assert cli.stderr.strip() == f"titan train: error: {shown}"
+    assert not runs_root.exists()
+
+
+# --- launching and monitoring real runs -----------------------------------------------------
+
+
+async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
+    consoles, tmp_path: Path, tiny_form: dict[str, str]
+):
+    runs_root = tmp_path / "runs"
+    app = consoles(runs_root, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        fill_form(app, tiny_form)
+        await pilot.press("ctrl+r")
+        await wait_until(
+            pilot,
+            lambda: _launched_monitor(app) is not None and app.screen.status == "completed",
+            lambda: run_context(_only_run_dir(app)),
+            LAUNCH_TIMEOUT_S,
+        )
+        await wait_until(
+            pilot, lambda: app.screen.returncode is not None, lambda: "no exit code", 30
+        )
+        await pilot.pause(0.3)
+        run_dir = _only_run_dir(app)
+        shown = {name: stat(app, name) for name in ("status", "step", "process", "checkpoint")}
+        losses = list(app.screen.state.losses)
+        chart_caption = app.screen.query_one(LossChart).border_subtitle
+    launched = app.launched[run_dir]
+    events = read_events(run_dir)
+    step_losses = [e["loss"] for e in events if e["type"] == "step"]
+    assert run_dir.parent == runs_root.resolve()
+    assert launched.argv[3:] == [
+        "train",
+        "--runs-root",
+        str(runs_root.resolve()),
+        "--run-id",
+        run_dir.name,
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--warmup-steps",
+        "2",
+        "--data",
+        tiny_form["data"],
+        "--vocab-size",
+        "300",
+        "--checkpoint-every",
+        "2",
+        "--dp",
+        "1",
+    ]
+    assert shown == {
+        "status": "completed",
+        "step": "4 / 4",
+        "process": "exited rc 0",
+        "checkpoint": "checkpoint at step 4",
+    }
+    assert losses == step_losses and len(losses) == 4
+    assert chart_caption.endswith(f"last {losses[-1]:.3f}")
+    assert (run_dir / STDOUT_LOG).is_file() and (run_dir / STDERR_LOG).is_file()
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "completed"
+
+
+async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
+    consoles, tmp_path: Path, tiny_form: dict[str, str]
+):
+    app = consoles(tmp_path / "runs", show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        fill_form(app, {**tiny_form, "steps": "100000", "checkpoint_every": "100000"})
+        await pilot.press("ctrl+r")
+        await wait_until(
+            pilot,
+            lambda: _launched_monitor(app) is not None and app.screen.state.step >= 2,
+            lambda: run_context(_only_run_dir(app)),
+            LAUNCH_TIMEOUT_S,
+        )
+        assert stat(app, "status") == "running"
+        assert stat(app, "process").startswith("running (pid ")
+        await pilot.press("s")
+        await pilot.pause()
+        assert app.screen.status in ("stopping", "stopped")
+        await wait_until(
+            pilot,
+            lambda: app.screen.status == "stopped" and app.screen.returncode is not None,
+            lambda: run_context(_only_run_dir(app)),
+            120,
+        )
+        await pilot.pause(0.3)
+        shown = {name: stat(app, name) for name in ("status", "process")}
+        stopped_at = app.screen.state.step
+        checkpoint = stat(app, "checkpoint")
+    run_end = read_events(_only_run_dir(app))[-1]
+    assert shown == {"status": "stopped", "process": "exited rc 0"}
+    assert run_end["type"] == "run_end" and run_end["status"] == "stopped"
+    assert 2 <= stopped_at == run_end["step"] < 100_000
+    assert checkpoint == f"checkpoint at step {stopped_at}"
+    assert app.running_children() == []
+
+
+# --- the monitor on an existing run dir -----------------------------------------------------
+
+
+async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: Path):
+    run_dir = tmp_path / "runs" / "test-run"
+    run_dir.mkdir(parents=True)
+    t0 = time.time() - 10
+    start = event(
+        "run_start",
+        t0,
+        config={"preset": "tiny"},
+        model={"name": "tiny"},
+        param_count=2_500_000,
+        start_step=0,
+        total_steps=3,
+        resumed_from_step=None,
+    )
+    steps = [
+        event(
+            "step", t0 + i, step=i, loss=6.0 - i, tokens=128, tokens_seen=128 * i, tokens_per_s=64.0
+        )
+        for i in (1, 2, 3)
+    ]
+    end = event("run_end", t0 + 4, status="completed", step=3)
+    third_line = json.dumps(steps[2]) + "\n"
+    append_events(run_dir, [start, *steps[:2]], tail=third_line[:20])  # a torn last line
+    app = consoles(run_dir.parent, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.screen.state.step == 2, lambda: "no step 2", 10)
+        first = {n: stat(app, n) for n in ("status", "step", "loss", "model", "throughput", "eta")}
+        with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
+            f.write(third_line[20:])
+        append_events(run_dir, [end])
+        await wait_until(pilot, lambda: app.screen.status == "completed", lambda: "no end", 10)
+        last = {n: stat(app, n) for n in ("status", "step", "loss", "process", "eta", "elapsed")}
+        losses = list(app.screen.state.losses)
+        await pilot.press("escape")
+        await pilot.pause()
+        back_on_list = isinstance(app.screen, RunsScreen)
+    assert first == {
+        "status": "running",
+        "step": "2 / 3",
+        "loss": "4.0000",
+        "model": "tiny · 2.50M params",
+        "throughput": "64",
+        "eta": "0:00:01",
+    }
+    assert last == {
+        "status": "completed",
+        "step": "3 / 3",
+        "loss": "3.0000",
+        "process": "not launched here",
+        "eta": "0:00:00",
+        "elapsed": "0:00:04",
+    }
+    assert losses == [5.0, 4.0, 3.0]
+    assert back_on_list
+
+
+def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses():
+    state = RunState()
+    state.apply([event("run_start", 100.0, config={"preset": "tiny"}, total_steps=10)])
+    state.apply([event("step", 100.0 + 2 * i, step=i, loss=float(10 - i)) for i in (1, 2, 3)])
+    assert state.eta_s() == pytest.approx(7 * 2.0)
+    state.apply([event("run_end", 107.0, status="stopped", step=3)])
+    assert (state.status, state.eta_s(), state.elapsed_s(now=1e9)) == ("stopped", 0.0, 7.0)
+    state.apply([event("run_start", 200.0, total_steps=10, start_step=3, resumed_from_step=3)])
+    state.apply([event("step", 201.0, step=4, loss=6.0)])
+    assert (state.status, state.step, state.resumed_from_step) == ("running", 4, 3)
+    assert state.losses == [9.0, 8.0, 7.0, 6.0]
+
+
+async def test_stop_on_a_run_not_launched_here_only_warns(consoles, tmp_path: Path):
+    run_dir = tmp_path / "test-run"
+    run_dir.mkdir()
+    append_events(run_dir, [event("run_start", time.time(), total_steps=5)])
+    app = consoles(tmp_path, open_run=run_dir)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_until(pilot, lambda: app.screen.status == "running", lambda: "no start", 10)
+        await pilot.press("s")
+        await pilot.pause()
+        messages = [n.message for n in app._notifications]
+        status = app.screen.status
+    assert messages == ["This run was not launched by this console."]
+    assert status == "running"
+
+
+# --- run list, keys, command line -----------------------------------------------------------
+
+
+async def test_run_list_shows_runs_newest_first_and_opens_the_selected_one(
+    consoles, tmp_path: Path
+):
+    for name, started, status in (("old-run", 1000.0, "completed"), ("new-run", 2000.0, None)):
+        (tmp_path / name).mkdir()
+        events = [event("run_start", started, config={"preset": "tiny"}, total_steps=8)]
+        events.append(event("step", started + 1, step=1, loss=5.5))
+        if status:
+            events.append(event("run_end", started + 2, status=status, step=1))
+        append_events(tmp_path / name, events)
+    (tmp_path / "not-a-run").mkdir()
+    app = consoles(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 2, lambda: "runs not listed", 10)
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        opened = app.screen.run_dir if isinstance(app.screen, MonitorScreen) else None
+    assert rows == [
+        ["new-run", "tiny", "running", "1/8", "5.500"],
+        ["old-run", "tiny", "completed", "1/8", "5.500"],
+    ]
+    assert opened == tmp_path / "old-run"
+
+
+async def test_question_mark_lists_the_screen_keys_and_escape_closes_them(consoles, tmp_path: Path):
+    run_dir = tmp_path / "test-run"
+    run_dir.mkdir()
+    app = consoles(tmp_path, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        keys_screen = app.screen
+        table = keys_screen.query_one("DataTable")
+        rows = {tuple(table.get_row_at(i)) for i in range(table.row_count)}
+        await pilot.press("escape")
+        await pilot.pause()
+        after = app.screen
+    assert isinstance(keys_screen, KeysScreen)
+    assert {("s", "Stop run"), ("esc", "Back"), ("?, f1", "Keys")} <= rows
+    assert any(keys.startswith("q") or ", q" in keys for keys, what in rows if what == "Quit")
+    assert isinstance(after, MonitorScreen)
+
+
+def test_help_documents_every_option(capsys: pytest.CaptureFixture):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for option in ("--runs-root", "--run", "-h"):
+        assert option in text
+    assert "left running" in text or "leaves started runs running" in text
+
+
+def test_run_option_must_name_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--run", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr().err
+        == f"titan-console: error: --run: no such folder: {tmp_path / 'missing'}\n"
+    )
+
+
+def test_exit_message_tells_how_to_follow_and_stop_runs_left_running(tmp_path: Path):
+    class _Run:
+        run_dir = tmp_path / "tiny-run"
+        pid = 4242
+
+    text = exit_message([_Run()])
+    assert exit_message([]) == ""
+    assert "1 training run(s) left running" in text
+    assert f"titan-console --run {tmp_path / 'tiny-run'}" in text
+    assert "kill -TERM -4242" in text

@@ -1,0 +1,96 @@
+"""End-to-end training: the loss falls, the record is complete, resume and signals lose nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+
+import pytest
+from helpers import events, run_in_process, start_subprocess, wait_for_event
+
+REQUIRED = {"schema", "type", "time", "run_id"}
+
+
+def test_training_reduces_loss_and_records_the_run(small_options):
+    options = {**small_options, "steps": 40, "run_id": "learn", "checkpoint_every": 20}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    all_events = events(run_dir)
+    assert all(REQUIRED <= e.keys() and e["schema"] == 1 for e in all_events)
+    assert [e["type"] for e in all_events][:2] == ["run_start", "compile"]
+    assert all_events[-1] == {**all_events[-1], "type": "run_end", "status": "completed"}
+    steps = events(run_dir, "step")
+    assert [e["step"] for e in steps] == list(range(1, 41))
+    assert abs(steps[0]["loss"] - math.log(512)) < 0.3
+    assert steps[-1]["loss"] < steps[0]["loss"] - 1.5
+    assert {e["step"] for e in events(run_dir, "checkpoint")} == {20, 40}
+    start = events(run_dir, "run_start")[0]
+    assert start["ops"] == dict.fromkeys(
+        ("attention", "rms_norm", "rope", "swiglu", "cross_entropy"), "native"
+    )
+    assert start["env"]["packages"]["jax"]
+    assert start["model"]["vocab_size"] == 512
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["train"]["steps"] == 40
+    assert (run_dir / "tokenizer.model").stat().st_size > 0
+
+
+def _step_record(run_dir):
+    return {e["step"]: (e["batch_digest"], e["loss"]) for e in events(run_dir, "step")}
+
+
+def test_resume_continues_data_and_loss_exactly(small_options):
+    _, whole = run_in_process({**small_options, "run_id": "whole"})
+    _, part = run_in_process({**small_options, "run_id": "part", "steps": 3})
+    code, resumed = run_in_process({**small_options, "run_id": "part", "steps": 6}, resume=part)
+    assert code == 0 and resumed == part
+    starts = events(part, "run_start")
+    assert [s["resumed_from_step"] for s in starts] == [None, 3]
+    expected, got = _step_record(whole), _step_record(part)
+    assert [got[s][0] for s in range(1, 7)] == [expected[s][0] for s in range(1, 7)]
+    assert len({d for d, _ in got.values()}) == 6
+    for s in range(1, 7):
+        assert got[s][1] == pytest.approx(expected[s][1], rel=1e-5)
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
+    options = {**small_options, "run_id": "sig", "steps": 100000, "checkpoint_every": 1000}
+    proc = start_subprocess(options)
+    run_dir = small_options_run_dir(options)
+    wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] >= 2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    end = events(run_dir)[-1]
+    assert end["type"] == "run_end" and end["status"] == "stopped"
+    assert end["signal"] == "SIGTERM"
+    checkpoints = events(run_dir, "checkpoint")
+    assert checkpoints[-1]["step"] == end["step"] == events(run_dir, "step")[-1]["step"]
+
+
+def test_killed_run_resumes_from_last_committed_checkpoint(small_options):
+    options = {**small_options, "run_id": "killed", "steps": 100000, "checkpoint_every": 2}
+    proc = start_subprocess(options)
+    run_dir = small_options_run_dir(options)
+    wait_for_event(run_dir, lambda e: e["type"] == "checkpoint" and e["step"] >= 4)
+    proc.kill()
+    proc.wait(timeout=60)
+    before = _step_record(run_dir)
+    last_checkpoint = max(e["step"] for e in events(run_dir, "checkpoint"))
+    target = max(before) + 2
+    code, _ = run_in_process({**options, "steps": target}, resume=run_dir)
+    assert code == 0
+    assert events(run_dir, "run_start")[-1]["resumed_from_step"] == last_checkpoint
+    redone = [e for e in events(run_dir, "step")][len(before) :]
+    assert redone[0]["step"] == last_checkpoint + 1
+    for event in redone:
+        if event["step"] in before:
+            assert event["batch_digest"] == before[event["step"]][0]
+            assert event["loss"] == pytest.approx(before[event["step"]][1], rel=1e-5)
+    assert events(run_dir)[-1]["status"] == "completed"
+
+
+def small_options_run_dir(options):
+    from pathlib import Path
+
+    return Path(options["runs_root"]) / options["run_id"]
