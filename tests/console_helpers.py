@@ -10,10 +10,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from textual.message import Message
+from textual.notifications import Notify
 from textual.pilot import Pilot
 
 from titan.observability.records import EVENTS_FILE, SCHEMA
 from tui.app import TitanConsole
+from tui.screens.monitor import MonitorScreen
 from tui.widgets.option_input import OptionInput
 from tui.widgets.stat import Stat
 
@@ -25,6 +28,33 @@ def fill_form(app: TitanConsole, texts: dict[str, str]) -> None:
     """Set launch-form fields by option name (``{"steps": "4"}``)."""
     for name, text in texts.items():
         app.screen.query_one(f"#option-{name}", OptionInput).control.value = text
+
+
+async def launch_from_form(
+    app: TitanConsole,
+    pilot: Pilot,
+    texts: dict[str, str],
+    until: Callable[[MonitorScreen], bool] | None = None,
+) -> MonitorScreen:
+    """Fill the launch form with ``texts``, launch with ``ctrl+r`` and let the app run until the
+    new run's process has exited, or sooner, its monitor satisfies ``until``; returns the
+    monitor."""
+    await pilot.pause()
+    fill_form(app, texts)
+    await pilot.press("ctrl+r")
+
+    def ready() -> bool:
+        screen = app.screen
+        if not isinstance(screen, MonitorScreen):
+            return False
+        return screen.returncode is not None or (until is not None and until(screen))
+
+    def context() -> str:
+        return run_context(next(iter(app.launched), None))
+
+    await wait_until(pilot, ready, context, LAUNCH_TIMEOUT_S)
+    await pilot.pause(0.3)  # let the last poll's message render
+    return app.screen
 
 
 def stat(app: TitanConsole, stat_id: str) -> str:
@@ -53,6 +83,16 @@ def run_context(run_dir: Path | None) -> str:
         text = path.read_text(errors="replace")[-2000:] if path.exists() else "(missing)"
         parts.append(f"--- {name}\n{text}")
     return "\n".join(parts)
+
+
+def notes_into(notes: list[str]) -> Callable[[Message], None]:
+    """A ``run_test`` message hook that appends the text of each notification to ``notes``."""
+
+    def hook(message: Message) -> None:
+        if isinstance(message, Notify):
+            notes.append(message.notification.message)
+
+    return hook
 
 
 def kill_children(app: TitanConsole) -> None:

@@ -11,22 +11,23 @@ from pathlib import Path
 
 import pytest
 from console_helpers import (
-    LAUNCH_TIMEOUT_S,
     append_events,
     event,
-    fill_form,
     kill_children,
+    launch_from_form,
+    notes_into,
     run_context,
     stat,
     wait_until,
 )
+from textual.widgets import Log
 
 from titan.cli import build_parser
 from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
 from titan.observability.records import EVENTS_FILE, read_events
 from tui.app import TitanConsole, exit_message, main
-from tui.launcher import STDERR_LOG, STDOUT_LOG, train_argv
+from tui.launcher import STDERR_LOG, STDOUT_LOG, start_run, train_argv
 from tui.options import config_from_texts, default_texts
 from tui.run_state import RunState
 from tui.screens.keys import KeysScreen
@@ -60,16 +61,12 @@ def tiny_form(corpus_dir: Path) -> dict[str, str]:
         "steps": "4",
         "seq_len": "32",
         "batch_size": "4",
-        "vocab_size": "300",
+        "vocab_size": "512",
         "checkpoint_every": "2",
         "warmup_steps": "2",
         "dp": "1",
         "data": str(corpus_dir),
     }
-
-
-def _launched_monitor(app: TitanConsole) -> MonitorScreen | None:
-    return app.screen if isinstance(app.screen, MonitorScreen) else None
 
 
 def _only_run_dir(app: TitanConsole) -> Path | None:
@@ -121,7 +118,8 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
 async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: Path):
     runs_root = tmp_path / "runs"
     app = consoles(runs_root, show_launch_form=True)
-    async with app.run_test(size=SIZE) as pilot:
+    notes: list[str] = []
+    async with app.run_test(size=SIZE, message_hook=notes_into(notes)) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, LaunchScreen)
         await pilot.press("tab", "0", "ctrl+r")  # preset -> steps (its text selected), type 0
@@ -138,6 +136,7 @@ async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: P
         timeout=120,
     )
     assert shown == "--steps must be >= 1, got 0"
+    assert notes == [shown]
     assert cli.returncode == 2
     assert cli.stderr.strip() == f"titan train: error: {shown}"
     assert not runs_root.exists()
@@ -152,19 +151,7 @@ async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
     runs_root = tmp_path / "runs"
     app = consoles(runs_root, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        fill_form(app, tiny_form)
-        await pilot.press("ctrl+r")
-        await wait_until(
-            pilot,
-            lambda: _launched_monitor(app) is not None and app.screen.status == "completed",
-            lambda: run_context(_only_run_dir(app)),
-            LAUNCH_TIMEOUT_S,
-        )
-        await wait_until(
-            pilot, lambda: app.screen.returncode is not None, lambda: "no exit code", 30
-        )
-        await pilot.pause(0.3)
+        await launch_from_form(app, pilot, tiny_form)
         run_dir = _only_run_dir(app)
         shown = {name: stat(app, name) for name in ("status", "step", "process", "checkpoint")}
         losses = list(app.screen.state.losses)
@@ -173,29 +160,24 @@ async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
     events = read_events(run_dir)
     step_losses = [e["loss"] for e in events if e["type"] == "step"]
     assert run_dir.parent == runs_root.resolve()
-    assert launched.argv[3:] == [
+    options = launched.argv[8:]
+    assert launched.argv[3:8] == [
         "train",
         "--runs-root",
         str(runs_root.resolve()),
         "--run-id",
         run_dir.name,
-        "--steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "32",
-        "--warmup-steps",
-        "2",
-        "--data",
-        tiny_form["data"],
-        "--vocab-size",
-        "300",
-        "--checkpoint-every",
-        "2",
-        "--dp",
-        "1",
     ]
+    assert dict(zip(options[::2], options[1::2], strict=True)) == {  # only non-defaults
+        "--steps": "4",
+        "--batch-size": "4",
+        "--seq-len": "32",
+        "--warmup-steps": "2",
+        "--data": tiny_form["data"],
+        "--vocab-size": "512",
+        "--checkpoint-every": "2",
+        "--dp": "1",
+    }
     assert shown == {
         "status": "completed",
         "step": "4 / 4",
@@ -213,23 +195,16 @@ async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
 ):
     app = consoles(tmp_path / "runs", show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        fill_form(app, {**tiny_form, "steps": "100000", "checkpoint_every": "100000"})
-        await pilot.press("ctrl+r")
-        await wait_until(
-            pilot,
-            lambda: _launched_monitor(app) is not None and app.screen.state.step >= 2,
-            lambda: run_context(_only_run_dir(app)),
-            LAUNCH_TIMEOUT_S,
-        )
-        assert stat(app, "status") == "running"
+        long_run = {**tiny_form, "steps": "100000", "checkpoint_every": "100000"}
+        await launch_from_form(app, pilot, long_run, until=lambda monitor: monitor.state.step >= 2)
+        assert stat(app, "status") == "running", run_context(_only_run_dir(app))
         assert stat(app, "process").startswith("running (pid ")
         await pilot.press("s")
         await pilot.pause()
         assert app.screen.status in ("stopping", "stopped")
         await wait_until(
             pilot,
-            lambda: app.screen.status == "stopped" and app.screen.returncode is not None,
+            lambda: app.screen.returncode is not None,
             lambda: run_context(_only_run_dir(app)),
             120,
         )
@@ -243,6 +218,28 @@ async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
     assert 2 <= stopped_at == run_end["step"] < 100_000
     assert checkpoint == f"checkpoint at step {stopped_at}"
     assert app.running_children() == []
+
+
+async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
+    consoles, tmp_path: Path, tiny_form: dict[str, str]
+):
+    app = consoles(tmp_path / "runs", show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        too_wide = {**tiny_form, "dp": "16"}  # the test session has 8 devices
+        await launch_from_form(app, pilot, too_wide)
+        shown = {name: stat(app, name) for name in ("status", "process")}
+        stderr_lines = list(app.screen.query_one("#stderr", Log).lines)
+    assert shown == {"status": "failed to start", "process": "exited rc 2"}
+    assert stderr_lines[-1].startswith(
+        "titan train: error: --dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present"
+    )
+
+
+def test_launch_refuses_an_existing_run_dir(tmp_path: Path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(TitanError, match=r"--run-id 'taken' already exists in"):
+        start_run(TrainConfig(runs_root=str(tmp_path), run_id="taken"))
+    assert list((tmp_path / "taken").iterdir()) == []
 
 
 # --- the monitor on an existing run dir -----------------------------------------------------
@@ -322,13 +319,13 @@ async def test_stop_on_a_run_not_launched_here_only_warns(consoles, tmp_path: Pa
     run_dir.mkdir()
     append_events(run_dir, [event("run_start", time.time(), total_steps=5)])
     app = consoles(tmp_path, open_run=run_dir)
-    async with app.run_test(size=SIZE, notifications=True) as pilot:
+    notes: list[str] = []
+    async with app.run_test(size=SIZE, message_hook=notes_into(notes)) as pilot:
         await wait_until(pilot, lambda: app.screen.status == "running", lambda: "no start", 10)
         await pilot.press("s")
         await pilot.pause()
-        messages = [n.message for n in app._notifications]
         status = app.screen.status
-    assert messages == ["This run was not launched by this console."]
+    assert notes == ["This run was not launched by this console."]
     assert status == "running"
 
 
@@ -375,19 +372,18 @@ async def test_question_mark_lists_the_screen_keys_and_escape_closes_them(consol
         await pilot.pause()
         after = app.screen
     assert isinstance(keys_screen, KeysScreen)
-    assert {("s", "Stop run"), ("esc", "Back"), ("?, f1", "Keys")} <= rows
-    assert any(keys.startswith("q") or ", q" in keys for keys, what in rows if what == "Quit")
+    assert {("s", "Stop run"), ("esc", "Back"), ("?, f1", "Keys"), ("q, ^q", "Quit")} <= rows
     assert isinstance(after, MonitorScreen)
 
 
 def test_help_documents_every_option(capsys: pytest.CaptureFixture):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())
     assert exit_info.value.code == 0
-    for option in ("--runs-root", "--run", "-h"):
+    for option in ("--runs-root DIR", "--run RUN_DIR", "-h, --help"):
         assert option in text
-    assert "left running" in text or "leaves started runs running" in text
+    assert "Quitting leaves started runs running" in text
 
 
 def test_run_option_must_name_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture):

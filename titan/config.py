@@ -74,7 +74,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "dots", "full")
-LAYOUTS = ("spmd",)
+LAYOUTS = ("spmd", "mpmd")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 
 
 def _opt(flag: str, help: str, **extra: Any) -> dict[str, Any]:
@@ -148,6 +149,36 @@ class TrainConfig:
     )
     fsdp: int = field(default=1, metadata=_opt("--fsdp", "fully-sharded data-parallel size"))
     tp: int = field(default=1, metadata=_opt("--tp", "tensor-parallel size"))
+    pp: int = field(
+        default=1, metadata=_opt("--pp", "pipeline stages (device groups), --layout mpmd")
+    )
+    microbatches: int = field(
+        default=1, metadata=_opt("--microbatches", "microbatches per step (--layout mpmd)")
+    )
+    schedule: str = field(
+        default="1f1b",
+        metadata=_opt("--schedule", "pipeline schedule (--layout mpmd)", choices=SCHEDULES),
+    )
+    virtual_stages: int = field(
+        default=1,
+        metadata=_opt(
+            "--virtual-stages", "model chunks per device group (--schedule interleaved-1f1b)"
+        ),
+    )
+    stage_layers: str = field(
+        default="",
+        metadata=_opt(
+            "--stage-layers",
+            "layers per model chunk in pipeline order, e.g. '3,5,5,3' (default: even split)",
+        ),
+    )
+    timing_every: int = field(
+        default=50,
+        metadata=_opt(
+            "--timing-every",
+            "record a pipeline_timing event (per-action durations) every N steps (--layout mpmd)",
+        ),
+    )
     param_dtype: str = field(
         default="float32",
         metadata=_opt("--param-dtype", "master weights and optimizer state", choices=DTYPES),
@@ -171,7 +202,22 @@ class TrainConfig:
 
 # Options that may change when a run is resumed; everything else must match the saved config.
 RESUMABLE_OPTIONS = frozenset(
-    {"steps", "checkpoint_every", "log_every", "runs_root", "dp", "fsdp", "tp"}
+    {
+        "steps",
+        "checkpoint_every",
+        "log_every",
+        "runs_root",
+        "timing_every",
+        "layout",
+        "dp",
+        "fsdp",
+        "tp",
+        "pp",
+        "microbatches",
+        "schedule",
+        "virtual_stages",
+        "stage_layers",
+    }
 )
 
 
@@ -206,7 +252,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
                 f"got {getattr(cfg, f.name)!r}"
             )
     _positive(cfg, ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"), 1)
-    _positive(cfg, ("fsdp", "tp"), 1)
+    _positive(cfg, ("fsdp", "tp", "pp", "microbatches", "virtual_stages", "timing_every"), 1)
     _positive(cfg, ("dp", "warmup_steps"), 0)
     if cfg.vocab_size < 259:
         raise TitanError(
@@ -220,8 +266,24 @@ def validate_train_config(cfg: TrainConfig) -> None:
     for name in ("weight_decay", "grad_clip"):
         if getattr(cfg, name) < 0:
             raise TitanError(f"{flag_of(name)} must be >= 0, got {getattr(cfg, name)}")
+    _validate_pipeline(cfg)
     if cfg.run_id and (cfg.run_id.startswith(".") or "/" in cfg.run_id or "\\" in cfg.run_id):
         raise TitanError(f"--run-id must be a plain folder name, got {cfg.run_id!r}")
+
+
+def _validate_pipeline(cfg: TrainConfig) -> None:
+    if cfg.layout == "spmd":
+        for name in ("pp", "microbatches", "virtual_stages"):
+            if getattr(cfg, name) != 1:
+                raise TitanError(f"{flag_of(name)} needs --layout mpmd")
+        return
+    if cfg.batch_size % cfg.microbatches:
+        raise TitanError(
+            f"--batch-size {cfg.batch_size} is not a multiple of --microbatches {cfg.microbatches}"
+        )
+    from titan.mpmd.schedules import check_schedule_options
+
+    check_schedule_options(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
 
 
 def config_from_dict(values: dict[str, Any]) -> TrainConfig:

@@ -68,35 +68,46 @@ class Block(nn.Module):
         return x, None
 
 
-class Llama(nn.Module):
-    """Llama decoder returning per-token losses.
+class LlamaStage(nn.Module):
+    """A contiguous slice of the Llama decoder: optionally the embedding, ``n_layers`` blocks,
+    optionally the final norm, output head and loss. With both ends it is the whole model
+    (:func:`Llama`); pipeline stages (:mod:`titan.mpmd.pipeline`) are slices of it, with the same
+    parameter names, so the same sharding rules and checkpoints apply.
 
     Attributes:
         config: the model shape.
         ops: semantic operators (providers chosen per backend).
+        n_layers: blocks in this slice.
+        has_embedding: the slice starts with the token embedding (input: (B, S) int32 ids).
+        has_head: the slice ends with the final norm, output head and loss (output: (B, S)
+            float32 nats); otherwise it returns (B, S, E) hidden states in the compute dtype.
         remat: ``none``, ``dots`` (save matmul outputs without batch dims, recompute the rest)
             or ``full`` (save only block inputs).
         param_dtype: dtype parameters are created in (float32 master weights by default).
 
     Call args:
-        tokens: (B, S) int32 input ids; targets: (B, S) int32 next-token ids;
+        inputs: (B, S) int32 token ids (with embedding) or (B, S, E) hidden states;
         positions: (B, S) int32; segment_ids: (B, S) int32 document ids (attention stays within
-        a document). The caller casts parameters to the compute dtype before ``apply``.
-
-    Returns:
-        (B, S) float32 negative log-likelihood of each target, in nats.
+        a document); targets: (B, S) int32 next-token ids (with head). The caller casts
+        parameters to the compute dtype before ``apply``.
     """
 
     config: ModelConfig
     ops: Ops
+    n_layers: int
+    has_embedding: bool = True
+    has_head: bool = True
     remat: str = "none"
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, tokens, targets, positions, segment_ids):
+    def __call__(self, inputs, positions, segment_ids, targets=None):
         cfg = self.config
-        embed = _param(self, "embed", ("vocab", "embed"), (cfg.vocab_size, cfg.d_model), INIT_STD)
-        x = jnp.take(embed, tokens, axis=0)
+        x = inputs
+        if self.has_embedding:
+            shape = (cfg.vocab_size, cfg.d_model)
+            embed = _param(self, "embed", ("vocab", "embed"), shape, INIT_STD)
+            x = jnp.take(embed, inputs, axis=0)
         block = Block
         if self.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
@@ -105,11 +116,21 @@ class Llama(nn.Module):
             variable_axes={"params": 0},
             split_rngs={"params": True},
             in_axes=(nn.broadcast, nn.broadcast),
-            length=cfg.n_layers,
+            length=self.n_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
         x, _ = stack(cfg, self.ops, self.param_dtype, name="layers")(x, positions, segment_ids)
+        if not self.has_head:
+            return x
         final_norm = _param(self, "final_norm", ("norm",), (cfg.d_model,), None)
         x = self.ops.rms_norm(x, final_norm, eps=cfg.norm_eps)
         head = _param(self, "head", ("embed", "vocab"), (cfg.d_model, cfg.vocab_size), INIT_STD)
         return self.ops.cross_entropy(x, head, targets)
+
+
+def Llama(  # noqa: N802 - reads as the model class it builds
+    config: ModelConfig, ops: Ops, remat: str = "none", param_dtype=jnp.float32
+) -> LlamaStage:
+    """The whole decoder: embedding, ``config.n_layers`` blocks, head and per-token loss
+    ((B, S) float32 nats); call as ``(tokens, positions, segment_ids, targets)``."""
+    return LlamaStage(config, ops, config.n_layers, remat=remat, param_dtype=param_dtype)

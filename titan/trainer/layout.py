@@ -1,9 +1,14 @@
-"""Layout sharding: the device mesh of a training layout and the shardings derived from it.
+"""Layout sharding: device meshes of the training layouts, model chunks and their shardings.
 
-The SPMD baseline uses one mesh with axes (data, fsdp, tensor) over the first dp x fsdp x tp
-devices of ``jax.devices()`` (every process's devices, so multi-host runs under
-``jax.distributed.initialize`` see the global mesh). Parameter shardings come from the logical
-rules of :mod:`titan.parallel.sharding`.
+- SPMD (``--layout spmd``): one mesh with axes (data, fsdp, tensor) over the first
+  dp x fsdp x tp devices of ``jax.devices()``, one model chunk (the whole model).
+- MPMD (``--layout mpmd``): ``pp`` device groups of dp x fsdp x tp devices each, every group a
+  sub-mesh with the same axes; the model is cut into ``pp * virtual_stages`` chunks of
+  consecutive layers (:func:`plan_chunks`), chunk c on group c % pp.
+
+``jax.devices()`` lists every process's devices, so under ``jax.distributed.initialize`` the
+meshes are global. Parameter shardings come from the logical rules of
+:mod:`titan.parallel.sharding`; optimizer moments follow their parameter.
 """
 
 from __future__ import annotations
@@ -13,27 +18,31 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from titan.config import TrainConfig
+from titan.config import ModelConfig, TrainConfig
 from titan.errors import TitanError
 from titan.parallel.sharding import MESH_AXES, batch_spec, mesh_spec
 
 
 def resolve_mesh_shape(cfg: TrainConfig, device_count: int) -> dict[str, int]:
-    """Mesh axis sizes for the options, with ``--dp 0`` filled from the devices left.
+    """Mesh axis sizes of one device group, with ``--dp 0`` filled from the devices left.
 
     Raises:
         TitanError: when the layout asks for more devices than are present.
     """
-    dp = cfg.dp or device_count // (cfg.fsdp * cfg.tp)
-    asked = max(dp, 1) * cfg.fsdp * cfg.tp
+    per_dp = cfg.pp * cfg.fsdp * cfg.tp
+    dp = cfg.dp or device_count // per_dp
+    asked = max(dp, 1) * per_dp
     if dp == 0 or asked > device_count:
+        pp = f" x --pp {cfg.pp}" if cfg.layout == "mpmd" else ""
         raise TitanError(
-            f"--dp {max(dp, 1)} x --fsdp {cfg.fsdp} x --tp {cfg.tp} = {asked} devices asked, "
-            f"{device_count} present ({jax.default_backend()})"
+            f"--dp {max(dp, 1)} x --fsdp {cfg.fsdp} x --tp {cfg.tp}{pp} = {asked} devices "
+            f"asked, {device_count} present ({jax.default_backend()})"
         )
     return {"data": dp, "fsdp": cfg.fsdp, "tensor": cfg.tp}
 
@@ -43,12 +52,9 @@ def _path_name(path: tuple) -> str:
 
 
 @dataclass(frozen=True)
-class SpmdLayout:
-    """One mesh for the whole model; one jitted program per step.
-
-    Attributes:
-        mesh: ``jax.sharding.Mesh`` with axes ``data``, ``fsdp``, ``tensor``.
-    """
+class MeshLayout:
+    """A mesh with axes ``data``, ``fsdp``, ``tensor``: the whole SPMD layout, or one pipeline
+    stage's device group."""
 
     mesh: Mesh
 
@@ -81,30 +87,115 @@ class SpmdLayout:
         return NamedSharding(self.mesh, batch_spec(batch_size, self.mesh_shape))
 
     def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Place a host batch on the mesh (this process's rows; global arrays on multi-host)."""
-        sharding = self.batch_sharding(next(iter(batch.values())).shape[0])
-        return {
-            key: jax.make_array_from_process_local_data(sharding, value)
-            for key, value in batch.items()
-        }
+        """Place host arrays (B, ...) on the mesh (this process's rows on multi-host)."""
+        return {key: self.shard_rows(value) for key, value in batch.items()}
 
-    def describe(self) -> dict[str, Any]:
-        """The layout as recorded in ``run_start`` and in checkpoints."""
-        return {
-            "layout": "spmd",
-            "mesh": self.mesh_shape,
-            "devices": int(self.mesh.devices.size),
-        }
+    def shard_rows(self, value: np.ndarray) -> jax.Array:
+        sharding = self.batch_sharding(value.shape[0])
+        return jax.make_array_from_process_local_data(sharding, value)
 
 
-def build_spmd_layout(cfg: TrainConfig) -> SpmdLayout:
-    """The SPMD mesh for ``cfg`` over the first dp x fsdp x tp global devices.
+def _device_mesh(devices: list, shape: dict[str, int]) -> Mesh:
+    sizes = [shape[axis] for axis in MESH_AXES]
+    return Mesh(mesh_utils.create_device_mesh(sizes, devices), MESH_AXES)
+
+
+def build_group_layouts(cfg: TrainConfig) -> list[MeshLayout]:
+    """One :class:`MeshLayout` per device group: ``pp`` groups (1 for SPMD) of
+    dp x fsdp x tp consecutive devices.
 
     Raises:
         TitanError: when the devices present cannot hold the layout.
     """
     devices = jax.devices()
     shape = resolve_mesh_shape(cfg, len(devices))
-    sizes = [shape[axis] for axis in MESH_AXES]
-    used = devices[: int(np.prod(sizes))]
-    return SpmdLayout(Mesh(mesh_utils.create_device_mesh(sizes, used), MESH_AXES))
+    size = int(np.prod(list(shape.values())))
+    return [
+        MeshLayout(_device_mesh(devices[g * size : (g + 1) * size], shape)) for g in range(cfg.pp)
+    ]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A model chunk: layers [start, end), with the embedding if first, the head if last.
+
+    Attributes:
+        index: position in the model, 0 .. chunks - 1.
+        group: device group that runs it (index % pp).
+    """
+
+    index: int
+    group: int
+    start: int
+    end: int
+    first: bool
+    last: bool
+
+    @property
+    def n_layers(self) -> int:
+        return self.end - self.start
+
+
+def plan_chunks(cfg: TrainConfig, model: ModelConfig) -> list[Chunk]:
+    """Cut ``model`` into pp x virtual_stages chunks (one for SPMD): an even split, or the
+    ``--stage-layers`` counts.
+
+    Raises:
+        TitanError: counts that do not sum to the layers, or layers that do not split evenly.
+    """
+    chunks = cfg.pp * cfg.virtual_stages if cfg.layout == "mpmd" else 1
+    if cfg.stage_layers and cfg.layout == "mpmd":
+        try:
+            counts = [int(part) for part in cfg.stage_layers.split(",")]
+        except ValueError:
+            raise TitanError(f"--stage-layers {cfg.stage_layers!r} must be integers") from None
+        if len(counts) != chunks or sum(counts) != model.n_layers or min(counts) < 1:
+            raise TitanError(
+                f"--stage-layers {cfg.stage_layers} must give {chunks} positive counts summing "
+                f"to the {model.n_layers} layers of --preset {cfg.preset}"
+            )
+    elif model.n_layers % chunks:
+        raise TitanError(
+            f"{model.n_layers} layers of --preset {cfg.preset} do not split evenly into "
+            f"--pp {cfg.pp} x --virtual-stages {cfg.virtual_stages} chunks (see --stage-layers)"
+        )
+    else:
+        counts = [model.n_layers // chunks] * chunks
+    bounds = np.cumsum([0, *counts])
+    return [
+        Chunk(c, c % cfg.pp, int(bounds[c]), int(bounds[c + 1]), c == 0, c == chunks - 1)
+        for c in range(chunks)
+    ]
+
+
+def chunk_state_layout(
+    layout: MeshLayout, tx: optax.GradientTransformation, boxed_params: Any
+) -> tuple[Any, Any]:
+    """(shardings, abstract arrays carrying them) of a chunk's ``{"params", "opt_state"}``;
+    optimizer moments follow their parameter, scalars are replicated.
+
+    Raises:
+        TitanError: a parameter dimension does not divide its mesh axis.
+    """
+    param_shardings = layout.param_shardings(boxed_params)
+    abstract_params = nn.unbox(boxed_params)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    opt_shardings = optax.tree_utils.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        abstract_opt,
+        param_shardings,
+        transform_non_params=lambda _: layout.replicated(),
+    )
+    shardings = {"params": param_shardings, "opt_state": opt_shardings}
+    abstract = jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        {"params": abstract_params, "opt_state": abstract_opt},
+        shardings,
+    )
+    return shardings, abstract
+
+
+def cast_tree(tree: Any, dtype: jnp.dtype) -> Any:
+    """Every leaf of ``tree`` as ``dtype`` (parameters to the compute dtype)."""
+    return jax.tree.map(lambda leaf: leaf.astype(dtype), tree)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from titan.config import TrainConfig
@@ -37,10 +38,22 @@ def _decay_mask(params: Any) -> Any:
     )
 
 
+def clip_by_global_norm(grads: Any, global_norm: jax.Array, max_norm: float) -> Any:
+    """Scale ``grads`` by min(1, max_norm / global_norm); ``max_norm <= 0`` disables clipping.
+
+    Kept outside the optax chain so that pipeline stages, which each hold part of the gradients,
+    apply the same scale from the norm over all stages.
+    """
+    if max_norm <= 0:
+        return grads
+    scale = jnp.minimum(1.0, max_norm / jnp.maximum(global_norm, 1e-30))
+    return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
+
+
 def build_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW chained after gradient clipping; returns (transformation, schedule)."""
+    """AdamW (clipping is applied before it with :func:`clip_by_global_norm`); returns
+    (transformation, schedule)."""
     schedule = learning_rate_schedule(cfg)
-    clip = optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity()
     adamw = optax.adamw(
         schedule,
         b1=ADAM_B1,
@@ -49,4 +62,4 @@ def build_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, opt
         weight_decay=cfg.weight_decay,
         mask=_decay_mask,
     )
-    return optax.chain(clip, adamw), schedule
+    return adamw, schedule

@@ -175,7 +175,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     run.stop.install()
     try:
         state, start_step = run.restore_or_init(resume_dir is not None)
-        trace_s = trainer.trace()
+        trainer.trace()
         run.record.emit(
             "run_start",
             **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
@@ -183,7 +183,10 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             total_steps=cfg.steps,
             resumed_from_step=start_step if resume_dir else None,
         )
-        run.record.emit("compile", what="train_step", seconds=trace_s + trainer.compile())
+        for fields in trainer.compile():
+            run.record.emit("compile", **fields)
+        for event_type, fields in trainer.start_events():
+            run.record.emit(event_type, **fields)
         step, status = run.loop(state, start_step)
         run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
@@ -206,7 +209,7 @@ def _run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches) -> dict[
         "config": dataclasses.asdict(cfg),
         "model": dataclasses.asdict(model_cfg),
         "param_count": model_cfg.param_count(),
-        "layout": trainer.layout.describe(),
+        "layout": trainer.describe(),
         "compute_dtype": str(trainer.compute_dtype),
         "ops": ops.served,
         "env": capture_environment(),
@@ -236,7 +239,7 @@ class _Run:
         latest = self.checkpointer.latest_step() if resuming else None
         if latest is None:
             return self.trainer.init_state(self.cfg.seed), 0
-        state, meta = self.checkpointer.restore(latest, self.trainer.abstract_state)
+        state, meta = self.checkpointer.restore(latest, self.trainer)
         if meta["num_sequences"] != self.batches.num_sequences:
             raise TitanError(
                 f"--resume: the corpus changed since the checkpoint ({meta['num_sequences']} "
@@ -249,9 +252,9 @@ class _Run:
         meta = {
             "data_position": self.batches.position,
             "num_sequences": self.batches.num_sequences,
-            "layout": self.trainer.layout.describe(),
+            "layout": self.trainer.describe(),
         }
-        seconds = self.checkpointer.save(step, state, meta)
+        seconds = self.checkpointer.save(step, self.trainer.checkpoint_items(state), meta)
         path = str(self.checkpointer.path(step))
         self.record.emit("checkpoint", step=step, seconds=seconds, path=path)
 
@@ -300,8 +303,11 @@ class _Run:
             tokens_per_s=tokens / step_time_s,
             data_position=position,
             batch_digest=batch_digest(ids),
+            **self.trainer.step_fields(),
         )
         self.progress.step(event)
+        for event_type, fields in self.trainer.drain_events():
+            self.record.emit(event_type, **fields)
 
 
 def main() -> None:

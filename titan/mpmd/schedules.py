@@ -1,0 +1,282 @@
+"""Pipeline schedules as data: per device group, an ordered list of actions; and their validator.
+
+Terms: ``pp`` device groups (pipeline stages), ``v`` virtual stages (model chunks) per group,
+``m`` microbatches. The model is cut into ``pp * v`` chunks; chunk ``c`` lives on group
+``c % pp`` as its virtual chunk ``c // pp`` (the interleaved placement of Narayanan et al. 2021,
+Sec. 2.2.2). An action is (group, chunk, microbatch, kind) with kind one of ``F`` (forward),
+``B`` (backward: input and weight gradients), ``I`` (backward, input gradient only) and ``W``
+(backward, weight gradient only). Each group executes its list in order; the controller issues
+the lists interleaved in dependency order and JAX's asynchronous dispatch runs groups
+concurrently.
+
+Schedules:
+
+- ``gpipe`` (Huang et al. 2019): all forwards, then all backwards.
+- ``1f1b`` (PipeDream-Flush, Narayanan et al. 2021, Sec. 2.2.1): ``pp - g - 1`` warm-up
+  forwards on group g, then one forward one backward, then the remaining backwards.
+- ``interleaved-1f1b`` (Narayanan et al. 2021, Sec. 2.2.2): 1F1B over ``v`` chunks per group;
+  needs ``m`` to be a multiple of ``pp``.
+- ``zero-bubble`` (ZB-H1, Qi et al. 2023, Sec. 3.1): 1F1B with the backward split into I and W;
+  group g keeps up to ``pp - g - 1`` W actions deferred and runs them in the cool-down phase,
+  where 1F1B idles waiting for input gradients.
+
+Theoretical bubble fractions (idle share of a group's step time), with t_F, t_B the forward and
+backward times of one microbatch on one stage:
+
+- GPipe and 1F1B: (pp - 1) / (m + pp - 1) (Narayanan et al. 2021, Sec. 2.2.1).
+- Interleaved: (pp - 1) / (v m + pp - 1) (ibid., Sec. 2.2.2: the bubble shrinks by v).
+- ZB-H1: the bubble is (pp - 1)(t_F + t_I - t_W) against 1F1B's (pp - 1)(t_F + t_I + t_W)
+  (Qi et al. 2023, Sec. 3.1); with t_F = t_I = t_W this is (pp - 1) / (3 m + pp - 1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from titan.errors import TitanError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "I", "W"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One unit of work of one device group.
+
+    Attributes:
+        group: device group (pipeline stage) that runs it.
+        chunk: global model chunk, 0 .. pp * v - 1 (chunk % pp == group).
+        microbatch: 0 .. m - 1.
+        kind: F, B, I or W (module docstring).
+    """
+
+    group: int
+    chunk: int
+    microbatch: int
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}c{self.chunk}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-group ordered action lists of one training step."""
+
+    name: str
+    pp: int
+    microbatches: int
+    virtual_stages: int
+    groups: tuple[tuple[Action, ...], ...]
+
+    @property
+    def chunks(self) -> int:
+        return self.pp * self.virtual_stages
+
+    def in_flight_bound(self, group: int) -> int:
+        """Documented peak of microbatches whose residuals (forward activations) a group holds.
+
+        GPipe: m. 1F1B: pp - group. Interleaved: the warm-up forwards plus one,
+        ``2 (pp - group - 1) + (v - 1) pp + 1`` chunk-microbatches (Narayanan et al. 2021,
+        Sec. 2.2.2). ZB-H1 here: 1F1B's bound plus the ``pp - group - 1`` deferred W actions,
+        whose residuals stay alive until W runs.
+        """
+        p, m, v = self.pp, self.microbatches, self.virtual_stages
+        bound = {
+            "gpipe": m,
+            "1f1b": p - group,
+            "interleaved-1f1b": 2 * (p - group - 1) + (v - 1) * p + 1,
+            "zero-bubble": 2 * (p - group) - 1,
+        }[self.name]
+        return min(bound, m * v)
+
+
+def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction of each group's step time (module docstring for formulas and sources)."""
+    m, p, v = microbatches, pp, virtual_stages
+    if name == "interleaved-1f1b":
+        return (p - 1) / (v * m + p - 1)
+    if name == "zero-bubble":
+        return (p - 1) / (3 * m + p - 1)
+    return (p - 1) / (m + p - 1)
+
+
+def check_schedule_options(name: str, pp: int, microbatches: int, virtual_stages: int) -> None:
+    """Raises TitanError (one line, naming the option) for combinations a schedule rejects."""
+    if name not in SCHEDULES:
+        raise TitanError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    if name == "interleaved-1f1b":
+        if virtual_stages < 2:
+            raise TitanError("--schedule interleaved-1f1b needs --virtual-stages >= 2")
+        if microbatches % pp:
+            raise TitanError(
+                f"--microbatches {microbatches} must be a multiple of --pp {pp} for "
+                "--schedule interleaved-1f1b"
+            )
+    elif virtual_stages != 1:
+        raise TitanError(f"--virtual-stages {virtual_stages} needs --schedule interleaved-1f1b")
+
+
+def _one_f_one_b(group: int, pp: int, m: int, backward_kind: str) -> list[tuple[int, str]]:
+    warmup = min(pp - group - 1, m)
+    order = [(i, FORWARD) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [(warmup + i, FORWARD), (i, backward_kind)]
+    order += [(i, backward_kind) for i in range(m - warmup, m)]
+    return order
+
+
+def _gpipe(group: int, pp: int, m: int) -> list[Action]:
+    forwards = [Action(group, group, i, FORWARD) for i in range(m)]
+    return forwards + [Action(group, group, i, BACKWARD) for i in range(m)]
+
+
+def _zero_bubble(group: int, pp: int, m: int) -> list[Action]:
+    deferred_limit = pp - group - 1
+    actions: list[Action] = []
+    pending: list[int] = []
+    for microbatch, kind in _one_f_one_b(group, pp, m, BACKWARD_INPUT):
+        actions.append(Action(group, group, microbatch, kind))
+        if kind == BACKWARD_INPUT:
+            pending.append(microbatch)
+            cooling_down = microbatch >= m - (pp - group - 1)
+            if len(pending) > deferred_limit or (cooling_down and pending):
+                actions.append(Action(group, group, pending.pop(0), BACKWARD_WEIGHT))
+    return actions + [Action(group, group, i, BACKWARD_WEIGHT) for i in pending]
+
+
+def _interleaved(group: int, pp: int, m: int, v: int) -> list[Action]:
+    total = m * v
+
+    def forward(k: int) -> Action:
+        chunk_in_group = (k // pp) % v
+        microbatch = (k // (pp * v)) * pp + k % pp
+        return Action(group, chunk_in_group * pp + group, microbatch, FORWARD)
+
+    def backward(k: int) -> Action:
+        chunk_in_group = v - 1 - (k // pp) % v
+        microbatch = (k // (pp * v)) * pp + k % pp
+        return Action(group, chunk_in_group * pp + group, microbatch, BACKWARD)
+
+    warmup = min(2 * (pp - group - 1) + (v - 1) * pp, total)
+    actions = [forward(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        actions += [forward(warmup + k), backward(k)]
+    return actions + [backward(k) for k in range(total - warmup, total)]
+
+
+def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+    """The action lists of schedule ``name``, validated.
+
+    Raises:
+        TitanError: options the schedule rejects, or a generated schedule that fails validation.
+    """
+    check_schedule_options(name, pp, microbatches, virtual_stages)
+    m = microbatches
+    if name == "gpipe":
+        groups = [_gpipe(g, pp, m) for g in range(pp)]
+    elif name == "1f1b":
+        groups = [
+            [Action(g, g, i, k) for i, k in _one_f_one_b(g, pp, m, BACKWARD)] for g in range(pp)
+        ]
+    elif name == "zero-bubble":
+        groups = [_zero_bubble(g, pp, m) for g in range(pp)]
+    else:
+        groups = [_interleaved(g, pp, m, virtual_stages) for g in range(pp)]
+    schedule = Schedule(name, pp, m, virtual_stages, tuple(tuple(g) for g in groups))
+    validate_schedule(schedule)
+    return schedule
+
+
+def _dependencies(action: Action, chunks: int) -> list[tuple[int, int, str]]:
+    c, i = action.chunk, action.microbatch
+    if action.kind == FORWARD:
+        return [(c - 1, i, FORWARD)] if c > 0 else []
+    if action.kind == BACKWARD_WEIGHT:
+        return [(c, i, BACKWARD_INPUT)]
+    deps = [(c, i, FORWARD)]
+    if c < chunks - 1:
+        deps.append((c + 1, i, "grad"))
+    return deps
+
+
+def _expected(schedule: Schedule) -> set[tuple[int, int, str]]:
+    kinds = {FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT}
+    if schedule.name != "zero-bubble":
+        kinds = {FORWARD, BACKWARD}
+    return {
+        (c, i, k)
+        for c in range(schedule.chunks)
+        for i in range(schedule.microbatches)
+        for k in kinds
+    }
+
+
+def execution_order(schedule: Schedule) -> list[Action]:
+    """The actions in an order that respects every dependency, groups advancing round-robin
+    (the order the controller dispatches them in).
+
+    Raises:
+        TitanError: the schedule deadlocks (a group waits on an action that never comes).
+    """
+    done: set[tuple[int, int, str]] = set()
+    cursors = [0] * schedule.pp
+    order: list[Action] = []
+    remaining = sum(len(g) for g in schedule.groups)
+    while len(order) < remaining:
+        progressed = False
+        for g, actions in enumerate(schedule.groups):
+            while cursors[g] < len(actions):
+                action = actions[cursors[g]]
+                if not all(dep in done for dep in _dependencies(action, schedule.chunks)):
+                    break
+                done.add((action.chunk, action.microbatch, action.kind))
+                if action.kind in (BACKWARD, BACKWARD_INPUT):
+                    done.add((action.chunk, action.microbatch, "grad"))
+                order.append(action)
+                cursors[g] += 1
+                progressed = True
+        if not progressed:
+            stuck = [
+                str(acts[cursors[g]])
+                for g, acts in enumerate(schedule.groups)
+                if cursors[g] < len(acts)
+            ]
+            raise TitanError(f"schedule {schedule.name} deadlocks: groups wait at {stuck}")
+    return order
+
+
+def validate_schedule(schedule: Schedule) -> None:
+    """Check that every action is on its chunk's group, appears exactly once, every dependency
+    is respected (a forward after the previous chunk's forward, a backward after its forward and
+    the next chunk's backward, W after I), and each group's in-flight microbatches stay within
+    :meth:`Schedule.in_flight_bound`.
+
+    Raises:
+        TitanError: naming the first violation.
+    """
+    seen: list[tuple[int, int, str]] = []
+    for g, actions in enumerate(schedule.groups):
+        for action in actions:
+            if action.group != g or action.chunk % schedule.pp != g:
+                raise TitanError(f"schedule {schedule.name}: {action} is on group {g}")
+            seen.append((action.chunk, action.microbatch, action.kind))
+    if len(seen) != len(set(seen)) or set(seen) != _expected(schedule):
+        raise TitanError(f"schedule {schedule.name}: actions missing or repeated")
+    execution_order(schedule)
+    for g, actions in enumerate(schedule.groups):
+        live: dict[tuple[int, int], int] = defaultdict(int)
+        peak = 0
+        for action in actions:
+            key = (action.chunk, action.microbatch)
+            if action.kind == FORWARD:
+                live[key] = 1
+            elif action.kind in (BACKWARD, BACKWARD_WEIGHT):
+                live.pop(key, None)
+            peak = max(peak, len(live))
+        if peak > schedule.in_flight_bound(g):
+            raise TitanError(
+                f"schedule {schedule.name}: group {g} holds {peak} microbatches in flight, "
+                f"above its bound {schedule.in_flight_bound(g)}"
+            )

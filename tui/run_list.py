@@ -1,0 +1,48 @@
+"""The run dirs under a runs root, each with a summary of its record, newest first.
+
+Reads every listed run's ``events.jsonl``: call it from a worker, not the UI thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from titan.observability.records import EVENTS_FILE, read_events
+from tui.launcher import STDERR_LOG
+from tui.run_state import RunState
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run dir and its state.
+
+    Attributes:
+        run_dir: the run dir.
+        state: its events folded into a :class:`~tui.run_state.RunState`.
+        created_at: unix seconds of its first event, or the dir's mtime when it has none yet.
+    """
+
+    run_dir: Path
+    state: RunState
+    created_at: float
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run dir has a run record, or at least the logs of a child this console started."""
+    return path.is_dir() and ((path / EVENTS_FILE).is_file() or (path / STDERR_LOG).is_file())
+
+
+def list_runs(runs_root: Path) -> list[RunSummary]:
+    """Summaries of the run dirs directly under ``runs_root``, newest first (empty when the
+    folder does not exist)."""
+    if not runs_root.is_dir():
+        return []
+    summaries = []
+    for run_dir in filter(is_run_dir, runs_root.iterdir()):
+        events = read_events(run_dir)
+        state = RunState()
+        state.apply(events)
+        created_at = events[0]["time"] if events else run_dir.stat().st_mtime
+        summaries.append(RunSummary(run_dir, state, created_at))
+    return sorted(summaries, key=lambda s: s.created_at, reverse=True)

@@ -1,0 +1,88 @@
+"""Background polling of one run dir: new events, the child's exit code and the stderr tail.
+
+:class:`RunWatcher` does the file reads; the monitor calls :meth:`RunWatcher.poll` from a thread
+worker every :data:`POLL_INTERVAL_S` and posts what changed to the UI thread, which only draws.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titan.observability.records import EVENTS_FILE, EventTail
+from tui.launcher import STDERR_LOG, LaunchedRun
+
+# The trainer flushes an event per step; faster polling would only repaint the same numbers.
+POLL_INTERVAL_S = 0.5
+STDERR_TAIL_LINES = 8
+# Bytes read from the end of stderr.log to find its last lines.
+_STDERR_TAIL_BYTES = 16_384
+
+
+@dataclass(frozen=True)
+class RunUpdate:
+    """What changed in a run since the previous poll.
+
+    Attributes:
+        events: new complete events, in file order.
+        returncode: the child's exit code; ``None`` while it runs or when the run was not
+            launched by this console.
+        stderr_tail: the last lines of ``stderr.log`` (empty when there is none).
+    """
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    returncode: int | None = None
+    stderr_tail: tuple[str, ...] = ()
+
+
+class RunWatcher:
+    """Incremental reader of a run dir (not thread-safe: one worker owns it).
+
+    Args:
+        run_dir: the run dir to follow.
+        launched: the child when this console started the run, else ``None``.
+    """
+
+    def __init__(self, run_dir: Path, launched: LaunchedRun | None = None) -> None:
+        self._events = EventTail(Path(run_dir) / EVENTS_FILE)
+        self._stderr_path = Path(run_dir) / STDERR_LOG
+        self._launched = launched
+        self._stderr_size: int | None = None
+        self._stderr_tail: tuple[str, ...] = ()
+        self._returncode: int | None = None
+        self._ended = False
+        self.done = False
+        """True once nothing more can change: the child exited (and its last events were read),
+        or, for a run not launched here, ``run_end`` was read."""
+
+    def poll(self) -> RunUpdate | None:
+        """Read what changed; ``None`` when nothing did. Never blocks on the child."""
+        # Exit code first: once the child is gone, the events read below are all it wrote.
+        returncode = self._launched.returncode() if self._launched else None
+        events = self._events.read_new()
+        for event in events:
+            if event.get("type") in ("run_start", "run_end"):
+                self._ended = event["type"] == "run_end"
+        stderr_changed = self._read_stderr_tail()
+        self.done = returncode is not None if self._launched else self._ended
+        if not events and not stderr_changed and returncode == self._returncode:
+            return None
+        self._returncode = returncode
+        return RunUpdate(events, returncode, self._stderr_tail)
+
+    def _read_stderr_tail(self) -> bool:
+        """Refresh the stderr tail when the file's size changed; returns whether it did."""
+        try:
+            size = os.stat(self._stderr_path).st_size
+        except FileNotFoundError:
+            return False
+        if size == self._stderr_size:
+            return False
+        self._stderr_size = size
+        with open(self._stderr_path, "rb") as f:
+            f.seek(max(size - _STDERR_TAIL_BYTES, 0))
+            text = f.read().decode("utf-8", errors="replace")
+        self._stderr_tail = tuple(text.splitlines()[-STDERR_TAIL_LINES:])
+        return True

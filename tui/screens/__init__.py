@@ -1,0 +1,1 @@
+"""The console's screens, one per module: run list, launch form, run monitor, key help."""

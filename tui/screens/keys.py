@@ -1,0 +1,46 @@
+"""Key help: the keys of the screen it was opened over, and what each does."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable
+
+
+class KeysScreen(ModalScreen[None]):
+    """A modal table of the keys that work on ``screen`` (its own and the app's).
+
+    Keys of the focused widget (text editing, table cursor) are left out; ``tab`` and
+    ``shift+tab`` move between fields and are listed. ``Esc``, ``?`` or ``f1`` closes it (a modal
+    screen does not see the app's keys, except priority ones such as ``ctrl+q``).
+
+    Args:
+        screen: the screen the help is about.
+    """
+
+    CSS_PATH = "keys.tcss"
+    BINDINGS = [Binding("escape,question_mark,f1", "dismiss", "Close")]
+
+    def __init__(self, screen: Screen) -> None:
+        super().__init__()
+        self._about = screen
+
+    def _key_rows(self) -> list[tuple[str, str]]:
+        """``(keys, description)`` rows, keys of the same action joined (``q, ^q  Quit``)."""
+        keys_by_description: dict[str, list[str]] = {}
+        for active in self._about.active_bindings.values():
+            if active.node in (self._about, self.app) and active.binding.description:
+                keys = keys_by_description.setdefault(active.binding.description, [])
+                keys.append(self.app.get_key_display(active.binding))
+        return [(", ".join(keys), description) for description, keys in keys_by_description.items()]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="keys-box") as box:
+            box.border_title = "keys"
+            box.border_subtitle = "esc, ? or f1 to close"
+            table: DataTable[str] = DataTable(show_header=False, cursor_type="none")
+            table.add_columns("key", "action")
+            table.add_rows(self._key_rows())
+            yield table

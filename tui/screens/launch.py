@@ -1,0 +1,134 @@
+"""The launch form: every ``titan train`` option, prefilled with its default, and a Launch key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import events, on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, HorizontalGroup
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, Static
+
+from titan.config import TrainConfig, option_fields
+from titan.errors import TitanError
+from tui.launcher import LaunchedRun, start_run
+from tui.options import config_from_texts, default_texts
+from tui.widgets.option_input import OptionInput
+
+
+class LaunchScreen(Screen[None]):
+    """A form built from :class:`titan.config.TrainConfig`'s fields.
+
+    Launching validates with the CLI's own check (a :class:`~titan.errors.TitanError` is shown
+    under the form and as a notification, and focuses the named field), then creates the run dir
+    and starts the child in a worker, and posts :class:`Launched`; the app opens the monitor.
+
+    Args:
+        runs_root: prefilled ``--runs-root``.
+    """
+
+    CSS_PATH = "launch.tcss"
+    BINDINGS = [Binding("ctrl+r", "launch", "Launch")]
+
+    @dataclass
+    class Launched(Message):
+        """A run was started (posted from the launch worker)."""
+
+        run: LaunchedRun
+
+    @dataclass
+    class LaunchFailed(Message):
+        """Creating the run dir or starting the child failed (posted from the launch worker)."""
+
+        error: str
+
+    def __init__(self, runs_root: Path) -> None:
+        super().__init__()
+        self.runs_root = runs_root
+        self.sub_title = "launch a training run"
+        self._launching = False
+
+    def compose(self) -> ComposeResult:
+        texts = default_texts(self.runs_root)
+        yield Header()
+        with Grid(id="options"):
+            for option in option_fields():
+                yield OptionInput(option, texts[option.name])
+        yield Static(id="option-help", markup=False)
+        yield Static(id="launch-error", markup=False)
+        with HorizontalGroup(id="launch-bar"):
+            yield Button("Launch", id="launch", variant="primary", compact=True)
+            yield Label("tab / shift+tab / enter: move between fields")
+        yield Footer()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """Show the help text of the option whose field got focus."""
+        row = next(
+            (n for n in event.widget.ancestors_with_self if isinstance(n, OptionInput)), None
+        )
+        if row is not None:
+            flag, default = row.option.metadata["flag"], row.option.default
+            help_line = self.query_one("#option-help", Static)
+            help_line.update(f"{flag}: {row.help} (default: {default!r})")
+
+    @on(Input.Submitted)
+    def _next_field(self) -> None:
+        """Enter in a field moves to the next one, as Tab does (it does not launch)."""
+        self.focus_next()
+
+    @on(Button.Pressed, "#launch")
+    def _launch_pressed(self) -> None:
+        """The Launch button does what ctrl+r does."""
+        self.action_launch()
+
+    def action_launch(self) -> None:
+        """Validate the form and, when it is valid, start the run in a worker."""
+        if self._launching:
+            return
+        rows = list(self.query(OptionInput))
+        try:
+            config = config_from_texts({row.option.name: row.text for row in rows})
+        except TitanError as err:
+            self._show_error(str(err))
+            return
+        self._show_error("")
+        self._launching = True
+        self._start(config)
+
+    @work(thread=True, exclusive=True, group="launch")
+    def _start(self, config: TrainConfig) -> None:
+        try:
+            run = start_run(config)
+        except (TitanError, OSError) as err:
+            self.post_message(self.LaunchFailed(str(err)))
+        else:
+            self.post_message(self.Launched(run))
+
+    def on_launch_screen_launched(self) -> None:
+        self._launching = False
+
+    def on_launch_screen_launch_failed(self, message: LaunchScreen.LaunchFailed) -> None:
+        self._launching = False
+        self._show_error(message.error)
+
+    def _show_error(self, error: str) -> None:
+        """Show ``error`` under the form (``""`` clears it), notify, and focus the field of the
+        flag it names."""
+        self.query_one("#launch-error", Static).update(error)
+        flag = _first_flag(error)
+        for row in self.query(OptionInput):
+            named = row.option.metadata["flag"] == flag
+            row.set_class(named, "-invalid")
+            if named:
+                row.control.focus()
+        if error:
+            self.notify(error, title="Cannot launch", severity="error", markup=False)
+
+
+def _first_flag(message: str) -> str | None:
+    """The first ``--flag`` a TitanError or argparse message names (``argument --steps: ...``)."""
+    return next((w.rstrip(":,") for w in message.split() if w.startswith("--")), None)

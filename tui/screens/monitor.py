@@ -1,0 +1,187 @@
+"""The run monitor: progress, loss curve, throughput, timing, process and run status, stderr."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Log, ProgressBar
+from textual.worker import get_current_worker
+
+from tui.launcher import LaunchedRun
+from tui.run_state import RunState
+from tui.run_watch import POLL_INTERVAL_S, RunUpdate, RunWatcher
+from tui.widgets.loss_chart import LossChart
+from tui.widgets.stat import Stat
+
+# Colour of each run status: done is good, a stop is a warning, a failure is bad.
+_STATUS_TONES = {
+    "completed": "good",
+    "stopped": "warn",
+    "stopping": "warn",
+    "failed": "bad",
+    "failed to start": "bad",
+    "ended without run_end": "bad",
+}
+# Refresh of elapsed and ETA between polls (they change with the clock, not the files).
+_CLOCK_INTERVAL_S = 1.0
+
+
+class MonitorScreen(Screen[None]):
+    """Follows one run dir. A thread worker polls it (:class:`~tui.run_watch.RunWatcher`) and
+    posts :class:`Polled`; the handler folds the events into a :class:`~tui.run_state.RunState`
+    and draws. ``s`` stops a run this console launched (SIGTERM to its process group).
+
+    Args:
+        run_dir: the run dir to follow.
+        launched: the child when this console started the run, else ``None``.
+    """
+
+    CSS_PATH = "monitor.tcss"
+    BINDINGS = [Binding("s", "stop", "Stop run")]
+
+    @dataclass
+    class Polled(Message):
+        """What the worker found changed in the run dir."""
+
+        update: RunUpdate
+
+    def __init__(self, run_dir: Path, launched: LaunchedRun | None = None) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.launched = launched
+        self.state = RunState()
+        self.returncode: int | None = None
+        self._stop_sent = False
+        self._stderr_tail: tuple[str, ...] = ()
+        self.sub_title = self.run_dir.name
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Grid(id="stats"):
+            yield Stat("status", id="status")
+            yield Stat("process", id="process")
+            yield Stat("step", id="step")
+            yield Stat("model", id="model")
+            yield Stat("loss", id="loss")
+            yield Stat("tokens/s", id="throughput")
+            yield Stat("elapsed", id="elapsed")
+            yield Stat("ETA", id="eta")
+            yield Stat("tokens", id="tokens")
+            yield Stat("saved", id="checkpoint")
+        yield ProgressBar(id="progress", show_eta=False)
+        yield LossChart(id="loss-chart")
+        yield Log(id="stderr", max_lines=200)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        log = self.query_one("#stderr", Log)
+        log.border_title = "stderr.log"
+        log.border_subtitle = "empty"
+        self._show_state()
+        self._follow()
+        self.set_interval(_CLOCK_INTERVAL_S, self._show_clock)
+
+    @work(thread=True, exclusive=True, group="follow")
+    def _follow(self) -> None:
+        """Poll the run dir every POLL_INTERVAL_S until nothing more can change."""
+        worker = get_current_worker()
+        watcher = RunWatcher(self.run_dir, self.launched)
+        while not worker.is_cancelled:
+            update = watcher.poll()
+            if update is not None:
+                self.post_message(self.Polled(update))
+            if watcher.done:
+                return
+            time.sleep(POLL_INTERVAL_S)
+
+    def on_monitor_screen_polled(self, message: MonitorScreen.Polled) -> None:
+        update = message.update
+        self.state.apply(update.events)
+        self.returncode = update.returncode
+        if update.stderr_tail != self._stderr_tail:
+            self._stderr_tail = update.stderr_tail
+            log = self.query_one("#stderr", Log)
+            log.clear()
+            log.write_lines(update.stderr_tail)
+            log.border_subtitle = "" if update.stderr_tail else "empty"
+        self._show_state()
+
+    def action_stop(self) -> None:
+        """SIGTERM to the run's process group; the trainer checkpoints and records ``stopped``."""
+        if self.launched is None:
+            self.notify("This run was not launched by this console.", severity="warning")
+            return
+        if self.returncode is not None or not self.launched.stop():
+            self.notify("The run's process has already exited.", severity="warning")
+            return
+        self._stop_sent = True
+        self.notify(f"SIGTERM sent to process group {self.launched.pid}: checkpointing, then stop.")
+        self._show_state()
+
+    @property
+    def status(self) -> str:
+        """The run status shown: the record's; ``stopping`` after a stop until ``run_end``; when
+        the child exited without ``run_end``, ``failed to start`` (no ``run_start`` either, e.g.
+        a layout the devices cannot hold: stderr.log says why) or ``ended without run_end``."""
+        if self.state.end_status is None and self.returncode is not None:
+            return "ended without run_end" if self.state.started_at else "failed to start"
+        if self.state.end_status is None and self._stop_sent:
+            return "stopping"
+        return self.state.status
+
+    def _show_state(self) -> None:
+        state = self.state
+        status = self.status
+        detail = f": {state.end_error}" if state.end_error else ""
+        self.query_one("#status", Stat).show(status + detail, _STATUS_TONES.get(status))
+        self._show_process()
+        total = "?" if state.total_steps is None else str(state.total_steps)
+        resumed_at = state.resumed_from_step
+        resumed = "" if resumed_at is None else f" (resumed at {resumed_at})"
+        self.query_one("#step", Stat).show(f"{state.step} / {total}{resumed}")
+        params = "" if state.param_count is None else f" · {state.param_count / 1e6:.2f}M params"
+        self.query_one("#model", Stat).show(f"{state.preset or '?'}{params}")
+        self.query_one("#loss", Stat).show("-" if state.loss is None else f"{state.loss:.4f}")
+        tokens_per_s = "-" if state.tokens_per_s is None else f"{state.tokens_per_s:,.0f}"
+        self.query_one("#throughput", Stat).show(tokens_per_s)
+        self.query_one("#tokens", Stat).show(f"{state.tokens_seen:,}")
+        saved_at = state.checkpoint_step
+        saved = "-" if saved_at is None else f"checkpoint at step {saved_at}"
+        self.query_one("#checkpoint", Stat).show(saved)
+        progress = self.query_one("#progress", ProgressBar)
+        progress.visible = state.total_steps is not None  # no "working" pulse for a dead run
+        progress.update(total=state.total_steps, progress=state.step)
+        self.query_one(LossChart).show(state.losses)
+        self._show_clock()
+
+    def _show_process(self) -> None:
+        process = self.query_one("#process", Stat)
+        if self.launched is None:
+            process.show("not launched here")
+        elif self.returncode is None:
+            process.show(f"running (pid {self.launched.pid})")
+        elif self.returncode < 0:
+            process.show(f"killed by {signal.Signals(-self.returncode).name}", "bad")
+        else:
+            process.show(f"exited rc {self.returncode}", "good" if self.returncode == 0 else "bad")
+
+    def _show_clock(self) -> None:
+        self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(time.time())))
+        self.query_one("#eta", Stat).show(_duration(self.state.eta_s()))
+
+
+def _duration(seconds: float | None) -> str:
+    """``h:mm:ss`` for a number of seconds; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"

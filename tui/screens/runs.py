@@ -1,0 +1,81 @@
+"""The run list: the run dirs of a runs root, newest first, to open in the monitor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from tui.run_list import RunSummary, list_runs
+from tui.widgets.run_table import RunTable
+
+
+class RunsScreen(Screen[None]):
+    """Lists ``runs_root`` in a worker each time the screen is shown (and on ``r``).
+
+    Posts :class:`OpenRun` for the selected row and :class:`NewRun` on ``n``; the app routes them.
+
+    Args:
+        runs_root: the folder whose run dirs are listed.
+    """
+
+    CSS_PATH = "runs.tcss"
+    BINDINGS = [
+        Binding("n", "new_run", "New run"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+
+    @dataclass
+    class OpenRun(Message):
+        """Open ``run_dir`` in the monitor."""
+
+        run_dir: Path
+
+    class NewRun(Message):
+        """Show the launch form."""
+
+    @dataclass
+    class Listed(Message):
+        """A finished listing of the runs root (posted by the worker)."""
+
+        summaries: list[RunSummary]
+
+    def __init__(self, runs_root: Path) -> None:
+        super().__init__()
+        self.runs_root = runs_root
+        self.sub_title = f"runs in {runs_root}"
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield RunTable(id="runs")
+        yield Static("Listing runs...", id="runs-empty")
+        yield Footer()
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()
+
+    def action_refresh(self) -> None:
+        """List the runs root again (in a worker)."""
+        self._list_runs()
+
+    def action_new_run(self) -> None:
+        self.post_message(self.NewRun())
+
+    @work(thread=True, exclusive=True, group="list")
+    def _list_runs(self) -> None:
+        self.post_message(self.Listed(list_runs(self.runs_root)))
+
+    def on_runs_screen_listed(self, message: RunsScreen.Listed) -> None:
+        self.query_one(RunTable).show(message.summaries)
+        empty = self.query_one("#runs-empty", Static)
+        empty.update(f"No runs in {self.runs_root} yet: press n to launch one.")
+        empty.display = not message.summaries
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.post_message(self.OpenRun(Path(str(event.row_key.value))))

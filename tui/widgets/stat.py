@@ -1,0 +1,39 @@
+"""A labelled value on one line of the monitor (``loss   3.412``)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import HorizontalGroup
+from textual.widgets import Label, Static
+
+# CSS classes that colour a value: good (done), warn (stopped, stopping), bad (failed, rc != 0).
+TONES = ("good", "warn", "bad")
+
+
+class Stat(HorizontalGroup):
+    """A dim label and a value; :meth:`show` changes the value and its tone.
+
+    Args:
+        label: the text before the value.
+        id: the widget id.
+    """
+
+    def __init__(self, label: str, *, id: str) -> None:
+        super().__init__(id=id)
+        self._label = label
+        self._value = Static("-", markup=False, classes="stat-value")
+
+    @property
+    def value(self) -> str:
+        """The text shown (for tests and screenshots)."""
+        return str(self._value.content)
+
+    def compose(self) -> ComposeResult:
+        yield Label(self._label, classes="stat-label")
+        yield self._value
+
+    def show(self, value: str, tone: str | None = None) -> None:
+        """Show ``value``, coloured by ``tone`` (one of :data:`TONES`, or ``None`` for plain)."""
+        self._value.update(value)
+        for name in TONES:
+            self._value.set_class(name == tone, f"-{name}")
