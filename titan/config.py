@@ -91,7 +91,7 @@ class TrainConfig:
         metadata=_opt("--preset", "model shape", choices=tuple(PRESETS)),
     )
     steps: int = field(
-        default=300,
+        default=200,
         metadata=_opt("--steps", "total optimizer steps of the run (a resumed run stops here)"),
     )
     batch_size: int = field(

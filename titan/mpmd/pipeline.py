@@ -63,6 +63,10 @@ def transfer(x: Any, sharding: NamedSharding) -> Any:
     return jax.device_put(x, sharding)
 
 
+def _squared_norm(tree: Any) -> jax.Array:
+    return jnp.square(optax.tree.norm(tree))
+
+
 def _abstract(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(
         lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), tree, shardings
@@ -135,61 +139,44 @@ class ChunkPrograms:
         shape = (self.rows, self.seq_len, self.model.config.d_model)
         return jax.ShapeDtypeStruct(shape, self.dtype, sharding=self.activation_sharding)
 
-    def compile(self) -> float:
-        """Compile every program of this chunk ahead of time. Returns seconds (trace + XLA)."""
+    def _zeros(self) -> Any:
+        return jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), self.abstract["params"])
+
+    def compile(self, kinds: set[str], chunks: int) -> float:
+        """Compile, ahead of time, the forward, the backward ``kinds`` the schedule uses, the
+        gradient-buffer programs and the update (which takes the squared gradient norms of all
+        ``chunks``). Returns seconds (trace + XLA compile)."""
         start = time.perf_counter()
-        params = self.abstract["params"]
-        grad_shardings = self.shardings["params"]
+        params, opt_state = self.abstract["params"], self.abstract["opt_state"]
+        grad_shardings, replicated = self.shardings["params"], self.layout.replicated()
         grads = _abstract(params, grad_shardings)
         inputs, ids, targets = self._abstract_inputs()
         forward = jax.jit(self._forward).lower(params, inputs, ids, targets).compile()
-        vjp = forward.out_info[1]
-        dy = self._output_gradient_abstract()
-        grads_out = (grad_shardings, None if self.chunk.first else self.activation_sharding)
-        self.compiled = {
-            FORWARD: forward,
-            BACKWARD: jax.jit(self._backward, out_shardings=grads_out, donate_argnums=2)
-            .lower(vjp, dy, grads)
-            .compile(),
-            BACKWARD_WEIGHT: jax.jit(
-                self._backward_weight, out_shardings=grad_shardings, donate_argnums=2
-            )
-            .lower(vjp, dy, grads)
-            .compile(),
-            "zeros": jax.jit(
-                lambda: jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), params),
-                out_shardings=grad_shardings,
-            )
-            .lower()
-            .compile(),
-            "squared_norm": jax.jit(lambda g: jnp.square(optax.tree.norm(g)))
-            .lower(grads)
-            .compile(),
+        vjp, dy = forward.out_info[1], self._output_gradient_abstract()
+        dx = None if self.chunk.first else self.activation_sharding
+        scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
+        update_out = (grad_shardings, self.shardings["opt_state"], grad_shardings, replicated)
+        programs = {
+            BACKWARD: (self._backward, (grad_shardings, dx), 2, (vjp, dy, grads)),
+            BACKWARD_INPUT: (self._backward_input, dx, (), (vjp, dy)),
+            BACKWARD_WEIGHT: (self._backward_weight, grad_shardings, 2, (vjp, dy, grads)),
+            "zeros": (self._zeros, grad_shardings, (), ()),
+            "squared_norm": (_squared_norm, replicated, (), (grads,)),
+            "update": (
+                self._update,
+                update_out,
+                (0, 1, 2),
+                (params, opt_state, grads, (scalar,) * chunks),
+            ),
         }
-        if not self.chunk.first:
-            self.compiled[BACKWARD_INPUT] = (
-                jax.jit(self._backward_input, out_shardings=self.activation_sharding)
-                .lower(vjp, dy)
-                .compile()
-            )
-        return time.perf_counter() - start
-
-    def compile_update(self, chunks: int) -> float:
-        """Compile the optimizer update (takes the squared norms of all ``chunks``)."""
-        start = time.perf_counter()
-        scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.layout.replicated())
-        grads = _abstract(self.abstract["params"], self.shardings["params"])
-        out = (
-            self.shardings["params"],
-            self.shardings["opt_state"],
-            self.shardings["params"],
-            self.layout.replicated(),
-        )
-        self.compiled["update"] = (
-            jax.jit(self._update, out_shardings=out, donate_argnums=(0, 1, 2))
-            .lower(self.abstract["params"], self.abstract["opt_state"], grads, (scalar,) * chunks)
-            .compile()
-        )
+        needed = (set(kinds) - {FORWARD}) | {"zeros", "squared_norm", "update"}
+        if self.chunk.first:
+            needed.discard(BACKWARD_INPUT)
+        self.compiled = {FORWARD: forward}
+        for name in sorted(needed):
+            fn, out_shardings, donate, args = programs[name]
+            jitted = jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate)
+            self.compiled[name] = jitted.lower(*args).compile()
         return time.perf_counter() - start
 
 
@@ -349,9 +336,9 @@ class PipelineTrainer:
     def compile(self) -> list[dict[str, Any]]:
         """Compile every chunk's programs; one compile event per stage (device group)."""
         seconds = [0.0] * self.cfg.pp
+        kinds = {action.kind for group in self.schedule.groups for action in group}
         for program in self.programs:
-            seconds[program.chunk.group] += program.compile()
-            seconds[program.chunk.group] += program.compile_update(len(self.programs))
+            seconds[program.chunk.group] += program.compile(kinds, len(self.programs))
         self._grads = [p.compiled["zeros"]() for p in self.programs]
         return [{"what": "stage", "stage": group, "seconds": s} for group, s in enumerate(seconds)]
 

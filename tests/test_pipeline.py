@@ -1,0 +1,210 @@
+"""MPMD pipeline on 8 CPU devices: every schedule equals the SPMD baseline; checkpoints move
+between layouts; pipeline events are recorded."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from helpers import events, run_in_process
+
+from titan.cli import main
+
+STEPS = 3
+
+
+def _options(corpus_dir, root, run_id, **layout):
+    return {
+        "data": str(corpus_dir),
+        "vocab_size": 512,
+        "seq_len": 32,
+        "batch_size": 8,
+        "steps": STEPS,
+        "runs_root": str(root),
+        "run_id": run_id,
+        "compute_dtype": "float32",
+        "dp": 1,
+        "timing_every": 2,
+        **layout,
+    }
+
+
+def final_params(run_dir):
+    """The run's last checkpoint as one SPMD-shaped parameter dict (numpy)."""
+    step = max(e["step"] for e in events(run_dir, "checkpoint"))
+    meta = events(run_dir, "checkpoint")
+    chunks = len(events(run_dir, "run_start")[-1]["layout"]["chunks"])
+    assert meta
+    params = {"layers": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for c in range(chunks):
+            item = ocp.PyTreeCheckpointer().restore(run_dir / f"checkpoints/{step}/chunk_{c}")
+            for name, value in item["params"].items():
+                if name != "layers":
+                    params[name] = np.asarray(value)
+            for name, value in item["params"]["layers"].items():
+                params["layers"].setdefault(name, []).append(np.asarray(value))
+    params["layers"] = {k: np.concatenate(v) for k, v in params["layers"].items()}
+    return params
+
+
+@pytest.fixture(scope="module")
+def spmd(corpus_dir, tmp_path_factory):
+    _, run_dir = run_in_process(_options(corpus_dir, tmp_path_factory.mktemp("r"), "spmd"))
+    return [e["loss"] for e in events(run_dir, "step")], final_params(run_dir)
+
+
+CASES = [
+    ("gpipe", 2, 1, {}),
+    ("1f1b", 2, 1, {}),
+    ("zero-bubble", 2, 1, {}),
+    ("interleaved-1f1b", 2, 2, {}),
+    ("gpipe", 4, 1, {"fsdp": 2}),
+    ("1f1b", 4, 1, {"tp": 2}),
+    ("zero-bubble", 4, 1, {"fsdp": 2}),
+    # interleaving at pp=4 needs 8 chunks; the tiny preset has 4 layers, so v=2 is shown at pp=2
+    ("interleaved-1f1b", 2, 2, {"tp": 2, "fsdp": 2}),
+]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "v", "inner"), CASES, ids=[f"{c[0]}-pp{c[1]}-{c[3]}" for c in CASES]
+)
+def test_pipeline_matches_spmd_loss_and_parameters(
+    spmd, corpus_dir, tmp_path, schedule, pp, v, inner
+):
+    options = _options(
+        corpus_dir,
+        tmp_path,
+        "mpmd",
+        layout="mpmd",
+        pp=pp,
+        microbatches=4,
+        schedule=schedule,
+        virtual_stages=v,
+        **inner,
+    )
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    losses = [e["loss"] for e in events(run_dir, "step")]
+    assert losses == pytest.approx(spmd[0], rel=1e-5)
+    got = final_params(run_dir)
+    for name in ("embed", "head", "final_norm"):
+        np.testing.assert_allclose(got[name], spmd[1][name], atol=2e-5)
+    for name, value in spmd[1]["layers"].items():
+        np.testing.assert_allclose(got["layers"][name], value, atol=2e-5, err_msg=name)
+
+
+def test_pipeline_records_its_shape_timing_and_dispatch(corpus_dir, tmp_path):
+    options = _options(
+        corpus_dir, tmp_path, "timing", layout="mpmd", pp=2, microbatches=4, schedule="1f1b"
+    )
+    _, run_dir = run_in_process(options)
+    (pipeline,) = events(run_dir, "pipeline")
+    assert pipeline["stages"] == 2 and pipeline["layers_per_chunk"] == [2, 2]
+    assert pipeline["theoretical_bubble"] == pytest.approx(1 / 5)
+    assert [e["stage"] for e in events(run_dir, "compile")] == [0, 1]
+    (timing,) = events(run_dir, "pipeline_timing")
+    assert timing["step"] == 2 and len(timing["actions"]) == 2 * 2 * 4
+    assert all(end >= start for *_, start, end in timing["actions"])
+    assert all(e["dispatch_s"] > 0 for e in events(run_dir, "step"))
+
+
+def test_checkpoint_moves_from_pp4_to_pp2_and_spmd(corpus_dir, tmp_path):
+    # warmup of one step: the learning rates of steps 1-2 do not depend on the run's length
+    whole = _options(corpus_dir, tmp_path, "whole", steps=4, warmup_steps=1)
+    _, whole_dir = run_in_process(whole)
+    expected = [e["loss"] for e in events(whole_dir, "step")][2:]
+    first = _options(
+        corpus_dir,
+        tmp_path,
+        "pp4",
+        steps=2,
+        warmup_steps=1,
+        layout="mpmd",
+        pp=4,
+        microbatches=4,
+        fsdp=2,
+    )
+    _, pp4_dir = run_in_process(first)
+    targets = {
+        "pp2": {"layout": "mpmd", "pp": 2, "microbatches": 2, "fsdp": 1},
+        "spmd": {"layout": "spmd", "pp": 1, "microbatches": 1, "fsdp": 1},
+    }
+    for name, layout in targets.items():
+        run_dir = tmp_path / name
+        shutil.copytree(pp4_dir, run_dir)
+        code, _ = run_in_process({**first, **layout, "run_id": name, "steps": 4}, resume=run_dir)
+        assert code == 0
+        assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
+        resumed = [e["loss"] for e in events(run_dir, "step")][2:]
+        assert resumed == pytest.approx(expected, rel=1e-5), name
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--pp", "3"], "4 layers of --preset tiny do not split evenly into --pp 3"),
+        (["--pp", "16"], "--pp 16 = 16 devices asked, 8 present"),
+        (
+            ["--pp", "2", "--microbatches", "3"],
+            "--batch-size 8 is not a multiple of --microbatches 3",
+        ),
+        (["--pp", "2", "--stage-layers", "1,2"], "--stage-layers 1,2 must give 2 positive counts"),
+        (
+            [
+                "--pp",
+                "4",
+                "--microbatches",
+                "2",
+                "--schedule",
+                "interleaved-1f1b",
+                "--virtual-stages",
+                "2",
+            ],
+            "--microbatches 2 must be a multiple of --pp 4",
+        ),
+    ],
+)
+def test_invalid_pipeline_layouts_fail_before_compiling(
+    corpus_dir, tmp_path, capsys, extra, message
+):
+    argv = [
+        "train",
+        "--layout",
+        "mpmd",
+        "--data",
+        str(corpus_dir),
+        "--vocab-size",
+        "512",
+        "--batch-size",
+        "8",
+        "--dp",
+        "1",
+        "--runs-root",
+        str(tmp_path / "runs"),
+        *extra,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_stage_layers_give_first_and_last_stages_fewer_layers(corpus_dir, tmp_path):
+    options = _options(
+        corpus_dir,
+        tmp_path,
+        "uneven",
+        steps=1,
+        layout="mpmd",
+        pp=3,
+        microbatches=2,
+        stage_layers="1,2,1",
+    )
+    _, run_dir = run_in_process(options)
+    assert events(run_dir, "pipeline")[0]["layers_per_chunk"] == [1, 2, 1]

@@ -1,0 +1,116 @@
+"""Pipeline schedules as data: generation, validation, bounds and bubble formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from titan.errors import TitanError
+from titan.mpmd.schedules import (
+    Action,
+    build_schedule,
+    execution_order,
+    theoretical_bubble,
+    validate_schedule,
+)
+
+GRID = [
+    ("gpipe", 2, 4, 1),
+    ("gpipe", 4, 8, 1),
+    ("1f1b", 2, 4, 1),
+    ("1f1b", 4, 8, 1),
+    ("1f1b", 4, 2, 1),
+    ("zero-bubble", 2, 4, 1),
+    ("zero-bubble", 4, 8, 1),
+    ("interleaved-1f1b", 2, 4, 2),
+    ("interleaved-1f1b", 4, 8, 2),
+    ("interleaved-1f1b", 4, 4, 3),
+]
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "v"), GRID)
+def test_generated_schedules_are_complete_and_valid(name, pp, m, v):
+    schedule = build_schedule(name, pp, m, v)
+    per_chunk = 3 if name == "zero-bubble" else 2
+    assert sum(len(g) for g in schedule.groups) == per_chunk * pp * v * m
+    assert len(execution_order(schedule)) == per_chunk * pp * v * m
+
+
+def _peak_in_flight(actions):
+    live, peak = set(), 0
+    for a in actions:
+        if a.kind == "F":
+            live.add((a.chunk, a.microbatch))
+        elif a.kind in ("B", "W"):
+            live.discard((a.chunk, a.microbatch))
+        peak = max(peak, len(live))
+    return peak
+
+
+def test_1f1b_keeps_at_most_pp_microbatches_on_the_first_stage():
+    schedule = build_schedule("1f1b", 4, 16)
+    assert _peak_in_flight(schedule.groups[0]) == 4
+    assert _peak_in_flight(schedule.groups[3]) == 1
+    assert _peak_in_flight(build_schedule("gpipe", 4, 16).groups[0]) == 16
+
+
+def test_zero_bubble_defers_weight_gradients_into_the_cool_down():
+    first = build_schedule("zero-bubble", 4, 8).groups[0]
+    kinds = "".join(a.kind for a in first)
+    assert kinds.endswith("W" * 4)  # the last I is followed by the deferred W's
+    assert kinds.index("W") > kinds.index("I") + 3
+
+
+def test_validator_rejects_a_backward_before_its_forward():
+    good = build_schedule("1f1b", 2, 4)
+    group0 = list(good.groups[0])
+    first_b = next(i for i, a in enumerate(group0) if a.kind == "B")
+    group0.insert(0, group0.pop(first_b))
+    broken = dataclasses.replace(good, groups=(tuple(group0), good.groups[1]))
+    with pytest.raises(TitanError, match="deadlocks"):
+        validate_schedule(broken)
+
+
+def test_validator_rejects_missing_repeated_and_misplaced_actions():
+    good = build_schedule("gpipe", 2, 2)
+    repeated = dataclasses.replace(
+        good, groups=(good.groups[0] + good.groups[0][:1], good.groups[1])
+    )
+    with pytest.raises(TitanError, match="missing or repeated"):
+        validate_schedule(repeated)
+    misplaced = dataclasses.replace(
+        good, groups=(good.groups[0] + (Action(0, 1, 0, "F"),), good.groups[1])
+    )
+    with pytest.raises(TitanError, match="is on group 0"):
+        validate_schedule(misplaced)
+
+
+def test_validator_enforces_the_in_flight_bound():
+    gpipe = build_schedule("gpipe", 4, 8)
+    mislabelled = dataclasses.replace(gpipe, name="1f1b")
+    with pytest.raises(
+        TitanError, match="group 0 holds 8 microbatches in flight, above its bound 4"
+    ):
+        validate_schedule(mislabelled)
+
+
+def test_theoretical_bubbles():
+    assert theoretical_bubble("1f1b", 2, 8) == pytest.approx(1 / 9)
+    assert theoretical_bubble("gpipe", 4, 4) == pytest.approx(3 / 7)
+    assert theoretical_bubble("interleaved-1f1b", 2, 8, 2) == pytest.approx(1 / 17)
+    assert theoretical_bubble("zero-bubble", 2, 8) == pytest.approx(1 / 25)
+    assert theoretical_bubble("zero-bubble", 4, 8) < theoretical_bubble("1f1b", 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("interleaved-1f1b", 4, 6, 2), "--microbatches 6 must be a multiple of --pp 4"),
+        (("interleaved-1f1b", 2, 4, 1), "needs --virtual-stages >= 2"),
+        (("1f1b", 2, 4, 2), "--virtual-stages 2 needs --schedule interleaved-1f1b"),
+    ],
+)
+def test_invalid_combinations_are_rejected(args, message):
+    with pytest.raises(TitanError, match=message):
+        build_schedule(*args)
