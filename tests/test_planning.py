@@ -1,0 +1,344 @@
+"""The budget planner: published values, the catalog's conventions, the formulas' structure, a
+measured baseline, and ``titan plan`` (pure Python, no JAX)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import titan.cli
+from titan.cli import Parser
+from titan.config import PRESETS
+from titan.errors import TitanError
+from titan.planning import collectives, commands
+from titan.planning.budget import PlanRequest, candidate_layouts, plan, search
+from titan.planning.gpus import CATALOG, find_gpu, gpu_for_device_kind
+from titan.planning.memory import (
+    Layout,
+    Precision,
+    in_flight_microbatches,
+    layer_activation_bytes,
+    memory_per_device,
+)
+from titan.planning.models import model_flops_per_token, resolve_model
+from titan.planning.step import (
+    Cluster,
+    Measurement,
+    bubble_fraction,
+    calibrate,
+    estimate_step,
+    model_flops_utilization,
+)
+
+H200 = find_gpu("h200")
+# The plain-JAX baseline of /work/shared/FACTS.md: 0.886B Llama, seq 2048, batch 8, one H200.
+BASELINE = resolve_model(
+    "d_model=2048,n_layers=16,n_heads=16,n_kv_heads=8,ffn_dim=5632,vocab_size=32000"
+)
+
+
+def run_plan(capsys, *argv: str) -> tuple[int, str, str]:
+    """``titan plan ARGV`` in this process, through the same parser class as ``titan``."""
+    parser = Parser(prog="titan")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    commands.add_parser(subparsers)
+    args = parser.parse_args(["plan", *argv])
+    try:
+        code = args.run(args)
+    except TitanError as err:
+        print(f"titan plan: error: {err}", file=sys.stderr)
+        code = titan.cli.EXIT_USAGE
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_llama3_parameter_counts_match_the_published_checkpoints():
+    # Meta Llama 3 / 3.1 model cards (safetensors totals), untied embedding and head.
+    published = {"llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496}
+    published["llama3-405b"] = 405_853_388_800
+    for name, count in published.items():
+        assert resolve_model(name).param_count() == count
+
+
+def test_custom_shapes_parse_and_bad_ones_name_the_field():
+    shape = resolve_model(
+        "d_model=512,n_layers=4,n_heads=8,n_kv_heads=2,ffn_dim=1536,vocab_size=1000"
+    )
+    assert (shape.d_model, shape.n_kv_heads, shape.vocab_size) == (512, 2, 1000)
+    with pytest.raises(TitanError, match="missing ffn_dim"):
+        resolve_model("d_model=512,n_layers=4,n_heads=8,n_kv_heads=2,vocab_size=1000")
+    with pytest.raises(TitanError, match="n_heads 8 is not a multiple of n_kv_heads 3"):
+        resolve_model("d_model=512,n_layers=4,n_heads=8,n_kv_heads=3,ffn_dim=1,vocab_size=1")
+    assert resolve_model("TINY").vocab_size == 4096
+
+
+def test_training_flops_are_6n_plus_attention_under_both_conventions():
+    m = PRESETS["llama3-8b"]
+    matmul_params = m.param_count() - m.vocab_size * m.d_model - (2 * m.n_layers + 1) * m.d_model
+    full = model_flops_per_token(m, 8192, "full")
+    causal = model_flops_per_token(m, 8192, "causal")
+    attention = 12 * m.n_layers * 8192 * m.d_model
+    assert full == pytest.approx(6 * matmul_params + attention)
+    assert full - causal == pytest.approx(attention / 2)
+
+
+def test_mfu_reproduces_the_measured_h200_baseline():
+    # FACTS.md: 86.1k tokens/s is MFU 46.4% (attention halved for the causal mask) / 49.9%.
+    mfu = model_flops_utilization(BASELINE, 2048, 86.1e3, H200, 1)
+    assert mfu["causal"] == pytest.approx(0.464, abs=0.001)
+    assert mfu["full"] == pytest.approx(0.499, abs=0.001)
+
+
+def test_catalog_uses_dense_peaks_and_one_direction_links():
+    h100 = find_gpu("H100")
+    assert h100.bf16_flops == pytest.approx(1979e12 / 2, rel=1e-3)  # datasheet figure is 2:4
+    assert h100.fp8_flops == pytest.approx(3958e12 / 2, rel=1e-3)
+    assert h100.scale_up_bytes_per_s == 900e9 / 2  # NVLink 900 GB/s counts both directions
+    assert find_gpu("b200").scale_up_bytes_per_s == 1.8e12 / 2
+    assert find_gpu("a100").fp8_flops is None
+    for spec in CATALOG.values():
+        assert spec.source and spec.bf16_flops > 0 and spec.tdp_w > 0
+
+
+def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_catalog():
+    assert find_gpu("H200-SXM") is H200
+    assert find_gpu("MI300X").name == "mi300x"
+    assert gpu_for_device_kind("NVIDIA H200") is H200
+    assert gpu_for_device_kind("TPU v5e") is None
+    with pytest.raises(TitanError, match="known: a100, h100, h200"):
+        find_gpu("v100")
+
+
+def test_adamw_mixed_precision_state_is_16_bytes_per_parameter():
+    # Rajbhandari et al. 2020 (ZeRO), Sec. 3.1: 16 bytes per parameter, so a 6.7B model needs
+    # about 107 GB for weights, gradients and optimizer state, not 54.
+    shape = resolve_model(
+        "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=32,ffn_dim=11008,vocab_size=32000"
+    )
+    mem = memory_per_device(shape, Layout(), H200, 2048, 1, Precision())
+    params = shape.param_count()
+    assert params == pytest.approx(6.74e9, rel=0.01)
+    states = mem.weights + mem.gradients + mem.optimizer
+    assert states / params == pytest.approx(16)
+    assert states / 1e9 == pytest.approx(107.9, abs=1)
+
+
+def test_sharded_states_divide_by_fsdp_times_tp():
+    m = PRESETS["llama3-70b"]
+    whole = memory_per_device(m, Layout(), H200, 8192, 64, Precision())
+    sharded = memory_per_device(m, Layout(fsdp=8, tp=8), H200, 8192, 64, Precision())
+    norms = (2 * m.n_layers + 1) * m.d_model * 4  # float32 norm scales stay replicated
+    assert sharded.weights == pytest.approx((whole.weights - norms) / 64 + norms)
+
+
+def test_activation_memory_with_sequence_parallelism_divides_by_tp():
+    m = PRESETS["llama3-70b"]
+    for remat in ("none", "dots", "full"):
+        per_token = layer_activation_bytes(m, 8192, remat, 2, "flash")
+        one = per_token.per_device(1, sequence_parallel=False)
+        assert per_token.per_device(8, sequence_parallel=True) == pytest.approx(one / 8)
+        # Without sequence parallelism the norms and layer inputs stay whole on every rank.
+        assert per_token.per_device(8, sequence_parallel=False) >= one / 8
+
+
+def test_recomputation_keeps_less_and_materialized_attention_grows_with_the_sequence():
+    m = PRESETS["llama3-8b"]
+
+    def total(remat, attention, seq):
+        return sum(dataclasses.astuple(layer_activation_bytes(m, seq, remat, 2, attention)))
+
+    assert (
+        total("full", "flash", 4096) < total("dots", "flash", 4096) < total("none", "flash", 4096)
+    )
+    assert total("full", "flash", 4096) == 2 * m.d_model  # the layer input, bf16
+    growth = total("none", "materialized", 8192) - total("none", "materialized", 4096)
+    assert growth == (4 + 2) * m.n_heads * 4096  # float32 and bf16 probabilities per head
+
+
+def test_pipeline_keeps_pp_microbatches_in_flight_on_1f1b_and_more_when_interleaved():
+    assert in_flight_microbatches(Layout(pp=4, microbatches=16, schedule="gpipe")) == 16
+    assert in_flight_microbatches(Layout(pp=4, microbatches=16, schedule="1f1b")) == 4
+    assert in_flight_microbatches(Layout(pp=4, microbatches=16, schedule="zero-bubble")) == 4
+    interleaved = Layout(pp=4, microbatches=16, schedule="interleaved-1f1b", virtual_stages=2)
+    assert in_flight_microbatches(interleaved) == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_bubble_fractions_follow_the_schedules():
+    assert bubble_fraction(Layout(pp=8, microbatches=32, schedule="gpipe")) == 7 / 32
+    assert bubble_fraction(Layout(pp=8, microbatches=32, schedule="1f1b")) == 7 / 32
+    interleaved = Layout(pp=8, microbatches=32, schedule="interleaved-1f1b", virtual_stages=4)
+    assert bubble_fraction(interleaved) == 7 / 128
+    assert bubble_fraction(Layout(pp=8, microbatches=32, schedule="zero-bubble")) == 7 / 96
+    assert bubble_fraction(Layout()) == 0
+
+
+def test_ring_collectives_use_the_nccl_tests_bus_bandwidth_factors():
+    link = collectives.Link(bytes_per_s=100e9, latency_s=0.0)
+    size = 1e9
+    assert collectives.all_reduce_s(size, 8, link) == pytest.approx(2 * 7 / 8 * size / 100e9)
+    assert collectives.all_gather_s(size, 8, link) == pytest.approx(7 / 8 * size / 100e9)
+    assert collectives.reduce_scatter_s(size, 8, link) == collectives.all_gather_s(size, 8, link)
+    assert collectives.all_reduce_s(size, 1, link) == 0
+
+
+def test_groups_beyond_a_node_use_the_network_and_amd_pairs_one_link():
+    efficiency = collectives.LINK_EFFICIENCY
+    inside = collectives.group_link(H200, 8, 1, 8)
+    across = collectives.group_link(H200, 2, 8, 8)
+    assert inside.bytes_per_s == pytest.approx(450e9 * efficiency)
+    assert across.bytes_per_s == pytest.approx(50e9 * efficiency)
+    mi300x = find_gpu("mi300x")
+    assert collectives.group_link(mi300x, 2, 1, 8).bytes_per_s == pytest.approx(64e9 * efficiency)
+    assert collectives.group_link(mi300x, 8, 1, 8).bytes_per_s == pytest.approx(448e9 * efficiency)
+
+
+def baseline_step_s(remat: str, attention: str, calibration: dict | None = None) -> float:
+    cluster = Cluster(H200, 8, calibration or {})
+    precision = Precision("float32", "bfloat16", attention)
+    return estimate_step(BASELINE, Layout(remat=remat), cluster, 2048, 8, precision).step_s
+
+
+def test_default_fraction_reproduces_the_measured_h200_baseline():
+    # FACTS.md, one H200: cuDNN attention with dots remat 0.190 s/step, without remat
+    # 81.1k tokens/s; XLA (materialized) attention with remat 47.2k tokens/s.
+    tokens = 8 * 2048
+    assert baseline_step_s("dots", "flash") == pytest.approx(0.190, rel=0.05)
+    assert baseline_step_s("none", "flash") == pytest.approx(tokens / 81.1e3, rel=0.05)
+    assert baseline_step_s("dots", "materialized") == pytest.approx(tokens / 47.2e3, rel=0.10)
+
+
+def test_calibration_sets_the_fraction_and_fitting_recovers_it():
+    assert baseline_step_s("dots", "flash", {"h200": 0.3}) > baseline_step_s("dots", "flash")
+    runs = [("none", "flash"), ("dots", "flash"), ("full", "materialized")]
+    measurements = [
+        Measurement(
+            BASELINE,
+            Layout(remat=remat),
+            H200,
+            8,
+            2048,
+            8,
+            Precision("float32", "bfloat16", attention),
+            baseline_step_s(remat, attention, {"h200": 0.45}),
+        )
+        for remat, attention in runs
+    ]
+    assert calibrate(measurements) == {"h200": pytest.approx(0.45, abs=1e-3)}
+
+
+def test_titan_plan_reads_a_calibration_file(capsys, tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"calibration": {"H200": 0.5}}))
+    argv = ("--model", "llama3-8b", "--gpu", "h200", "--gpus", "8", "--tokens", "1e11", "--json")
+    code, out, _ = run_plan(capsys, *argv, "--calibration", str(path))
+    assert code == 0 and json.loads(out)["plans"][0]["achievable_fraction"] == 0.5
+    path.write_text(json.dumps({"h200": 1.5}))
+    code, _, err = run_plan(capsys, *argv, "--calibration", str(path))
+    assert code == 2 and "expected {gpu: fraction in (0, 1]}" in err
+
+
+def request(**changes) -> PlanRequest:
+    base = PlanRequest(PRESETS["llama3-70b"], H200, 64, 8, 8192, 512 * 8192, 1e12)
+    return dataclasses.replace(base, **changes)
+
+
+def test_tensor_and_data_parallel_communication_appears_when_the_layout_needs_it():
+    alone = plan(request(), Layout(dp=1, fsdp=8, tp=8, microbatches=64, remat="full")).step
+    assert alone.tp_s > 0 and alone.dp_s == 0 and alone.fsdp_s > 0
+    cross = plan(request(), Layout(dp=8, fsdp=1, tp=8, microbatches=64, remat="full")).step
+    assert cross.dp_s > 0
+
+
+def test_totals_follow_the_step_time():
+    p = plan(request(price_per_gpu_hour=2.0), Layout(dp=1, fsdp=8, tp=8, microbatches=64))
+    assert p.total_s == pytest.approx(1e12 / p.step.tokens_per_s)
+    assert p.gpu_hours == pytest.approx(64 * p.total_s / 3600)
+    assert p.energy_kwh == pytest.approx(64 * 700 * 0.76 * p.total_s / 3.6e6)
+    assert p.cost == pytest.approx(2.0 * p.gpu_hours)
+    assert plan(request(), Layout(dp=64)).cost is None
+
+
+def test_search_ranks_only_fitting_layouts_of_the_whole_device_count():
+    plans = search(request())
+    assert plans
+    rates = [p.step.tokens_per_s for p in plans]
+    assert rates == sorted(rates, reverse=True)
+    assert all(p.memory.fits and p.layout.devices == 64 for p in plans)
+    layouts = list(candidate_layouts(PRESETS["llama3-70b"], 64, 512))
+    assert {layout.schedule for layout in layouts} == {
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zero-bubble",
+    }
+    assert all(layout.tp <= 8 for layout in layouts)  # 8 KV heads
+
+
+def test_titan_plan_is_registered_with_the_cli():
+    assert "titan.planning.commands" in titan.cli.COMMAND_MODULES
+
+
+def test_titan_plan_search_prints_a_ranked_table_in_under_a_second(capsys):
+    start = time.perf_counter()
+    code, out, _ = run_plan(
+        capsys,
+        "--model",
+        "llama3-70b",
+        "--gpu",
+        "h200",
+        "--gpus",
+        "64",
+        "--tokens",
+        "1e12",
+        "--search",
+    )
+    assert time.perf_counter() - start < 1.0
+    assert code == 0
+    assert "layouts fit" in out and "989.5 TFLOP/s" in out
+
+
+def test_titan_plan_json_reports_memory_verdict_step_and_totals(capsys):
+    code, out, _ = run_plan(
+        capsys,
+        *("--model", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--tokens", "1e11"),
+        *("--fsdp", "8", "--microbatches", "64", "--remat", "dots", "--price", "2", "--json"),
+    )
+    assert code == 0
+    report = json.loads(out)
+    (only,) = report["plans"]
+    assert only["layout_fields"]["fsdp"] == 8 and only["fits"] is True
+    assert only["memory_bytes"]["total"] < only["capacity_bytes"]
+    assert only["step_s"]["step_s"] > only["step_s"]["compute_s"] > 0
+    assert only["cost"] == pytest.approx(2 * only["gpu_hours"])
+    assert 0.2 < only["mfu"]["causal"] < 0.7
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--gpus", "0"), "--gpus must be >= 1, got 0"),
+        (("--gpus", "8", "--tp", "3"), "devices, but --gpus is 8"),
+        (("--gpus", "8", "--gpu", "v100"), "--gpu 'v100' is not in the catalog"),
+        (("--gpus", "8", "--batch-tokens", "1000"), "is not a multiple of --seq-len"),
+        (("--gpus", "8", "--tp", "16", "--dp", "1"), "devices, but --gpus is 8"),
+    ],
+)
+def test_impossible_inputs_give_a_one_line_error(capsys, argv, message):
+    base = ["--model", "llama3-8b", "--gpu", "h200", "--tokens", "1e12"]
+    code, out, err = run_plan(capsys, *base, *argv)
+    assert code == titan.cli.EXIT_USAGE
+    assert message in err and err.count("\n") == 1 and not out
+
+
+def test_planning_imports_neither_jax_nor_textual():
+    code = (
+        "import sys, titan.planning.budget, titan.planning.commands; "
+        "print(sorted(m for m in ('jax', 'textual') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
