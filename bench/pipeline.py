@@ -68,6 +68,7 @@ def _measure(spec: dict) -> dict:
         preset=spec["preset"], batch_size=spec["batch_size"], seq_len=spec["seq_len"],
         layout=spec["layout"], pp=spec["pp"], microbatches=spec["microbatches"],
         schedule=spec["schedule"], virtual_stages=spec["virtual_stages"], remat=spec["remat"],
+        stage_layers=spec["stage_layers"],
         dp=0 if spec["layout"] == "spmd" else 1, timing_every=warmup + steps + 1,
         steps=10_000,
     )
@@ -99,7 +100,15 @@ def _measure(spec: dict) -> dict:
         state, _ = trainer.step(state, batch)
         (_, timing), = trainer.drain_events()
         result.update(_bubble(timing, step_s, spec["pp"]))
-        from titan.mpmd.schedules import theoretical_bubble
+        from titan.mpmd.schedules import build_schedule, simulate, theoretical_bubble
+
+        schedule = build_schedule(spec["schedule"], spec["pp"], spec["microbatches"],
+                                  spec["virtual_stages"])
+        durations = {(c, i, k): end - start for _, c, i, k, start, end in timing["actions"]}
+        ideal_s = simulate(schedule, durations) + result["update_s"] * spec["pp"]
+        result["ideal_step_s"] = ideal_s
+        result["controller_overhead"] = 1 - ideal_s / step_s
+        result["timing"] = timing
 
         result["theoretical_bubble"] = theoretical_bubble(
             spec["schedule"], spec["pp"], spec["microbatches"], spec["virtual_stages"])
@@ -135,26 +144,29 @@ def _bubble(timing: dict, step_s: float, pp: int) -> dict:
 def _table(results: list[dict]) -> str:
     spmd = next((r for r in results if r["layout"] == "spmd" and "error" not in r), None)
     lines = [
-        "| layout | schedule | M | tokens/s | vs SPMD | MFU causal | MFU full | bubble "
-        "measured | bubble theory | dispatch/step | peak GiB per device |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| layout | schedule | M | stage layers | tokens/s | vs SPMD | MFU causal | MFU full | "
+        "bubble measured (per stage) | bubble theory | controller overhead | peak GiB per device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['layout']} | {r['schedule']} | {r['microbatches']} | failed: "
-                         f"{r['error']} | | | | | | | |")
+            lines.append(f"| {r['layout']} | {r['schedule']} | {r['microbatches']} | | failed: "
+                         f"{r['error'][-120:]} | | | | | | | |")
             continue
         ratio = r["tokens_per_s"] / spmd["tokens_per_s"] if spmd else float("nan")
         mfu = [f"{r[k]:.1%}" if r[k] is not None else "unknown" for k in ("mfu_causal",
                                                                           "mfu_full")]
         bubble = [f"{r[k]:.1%}" if k in r else "-" for k in ("measured_bubble",
                                                               "theoretical_bubble")]
+        if "bubble_per_stage" in r:
+            bubble[0] += " (" + ", ".join(f"{b:.0%}" for b in r["bubble_per_stage"]) + ")"
+        overhead = f"{r['controller_overhead']:.1%}" if "controller_overhead" in r else "-"
         schedule = r["schedule"] if r["layout"] == "mpmd" else f"dp={r['devices']}"
         peaks = ", ".join(f"{p:.1f}" for p in r["peak_gib"]) if r["peak_gib"] else "n/a"
         lines.append(
-            f"| {r['layout']} | {schedule} | {r['microbatches']} | {r['tokens_per_s']:,.0f} | "
-            f"{ratio:.2f} | {mfu[0]} | {mfu[1]} | {bubble[0]} | {bubble[1]} | "
-            f"{r['dispatch_share']:.1%} | {peaks} |"
+            f"| {r['layout']} | {schedule} | {r['microbatches']} | {r['stage_layers'] or 'even'} | "
+            f"{r['tokens_per_s']:,.0f} | {ratio:.2f} | {mfu[0]} | {mfu[1]} | {bubble[0]} | "
+            f"{bubble[1]} | {overhead} | {peaks} |"
         )
     return "\n".join(lines)
 
@@ -168,6 +180,10 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--schedules", nargs="+",
                         default=["1f1b", "interleaved-1f1b", "zero-bubble"])
+    parser.add_argument("--stage-layers", default="",
+                        help="layers per stage for pp schedules, e.g. 10,6 (default: even)")
+    parser.add_argument("--interleaved-stage-layers", default="",
+                        help="layers per chunk for interleaved-1f1b, e.g. 5,3,5,3")
     parser.add_argument("--remat", default="dots", help="remat policy (none, dots, full)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -187,7 +203,9 @@ def main() -> None:
         env["JAX_PLATFORMS"] = "cpu"
     results = []
     for config in _configs(args):
-        spec = {**config, "preset": args.preset, "layers": args.layers, "seq_len": args.seq_len,
+        layers = args.interleaved_stage_layers if config["virtual_stages"] > 1 else args.stage_layers
+        spec = {**config, "stage_layers": layers if config["layout"] == "mpmd" else "",
+                "preset": args.preset, "layers": args.layers, "seq_len": args.seq_len,
                 "batch_size": args.batch_size, "remat": args.remat, "steps": args.steps,
                 "warmup": args.warmup}
         try:

@@ -389,7 +389,7 @@ class PipelineTrainer:
             dx = None if program.chunk.first else compiled[BACKWARD_INPUT](buffers.vjps[key], dy)
         if dx is not None:
             buffers.grads_in[(c - 1, i)] = transfer(dx, self.programs[c - 1].activation_sharding)
-        return dx
+        return (self._grads[c], dx) if action.kind == BACKWARD else dx
 
     def _output_gradient(self, program: ChunkPrograms, key, buffers: _StepBuffers) -> Any:
         if key in buffers.weight_dy:

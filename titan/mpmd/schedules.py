@@ -280,3 +280,26 @@ def validate_schedule(schedule: Schedule) -> None:
                 f"schedule {schedule.name}: group {g} holds {peak} microbatches in flight, "
                 f"above its bound {schedule.in_flight_bound(g)}"
             )
+
+
+def simulate(schedule: Schedule, durations: dict[tuple[int, int, str], float]) -> float:
+    """Makespan (seconds) of ``schedule`` on ideal hardware: each group runs its actions in
+    order, an action starts when its group is free and its dependencies have finished, and
+    nothing else costs time (no dispatch, no transfer latency).
+
+    Args:
+        durations: (chunk, microbatch, kind) -> measured seconds of that action.
+    """
+    finish: dict[tuple[int, int, str], float] = {}
+    free = [0.0] * schedule.pp
+    for action in execution_order(schedule):
+        deps = [
+            finish[(c, i, BACKWARD_INPUT if k == "grad" and (c, i, BACKWARD_INPUT) in finish
+                    else (BACKWARD if k == "grad" else k))]
+            for c, i, k in _dependencies(action, schedule.chunks)
+        ]
+        start = max([free[action.group], *deps])
+        key = (action.chunk, action.microbatch, action.kind)
+        finish[key] = start + durations[key]
+        free[action.group] = finish[key]
+    return max(free)

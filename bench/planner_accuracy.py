@@ -1,0 +1,391 @@
+"""Benchmark: planner predictions against measured runs (``python bench/planner_accuracy.py``).
+
+For each configuration of a suite (model shape, batch, sequence length, remat policy, SPMD or
+MPMD layout), a child process builds Titan's trainer (``titan.trainer.adapters.build_trainer``,
+so custom shapes need no preset), runs ``--steps`` optimizer steps on random tokens with the
+training loop's pattern (metrics read one step late) and reports:
+
+- the step time: median wall time between consecutive step completions after ``--warmup``
+  steps (the ``step_time_s`` of ``titan train``'s events);
+- the peak memory per device: ``memory_stats()["peak_bytes_in_use"]`` on accelerators; on CPU,
+  where the runtime keeps no such statistic, XLA's buffer assignment of the compiled SPMD step
+  (arguments + outputs - aliased + temporaries), and nothing for MPMD;
+- the device kind, the providers that served each op (``titan.ops``), and the rate of a 1024^3
+  matmul just before and after the steps.
+
+The parent then predicts both with ``titan.planning`` (no JAX), fits one achievable fraction of
+peak per GPU over all of that GPU's runs (``titan.planning.step.calibrate``), and reports per
+configuration the predicted and measured values and their errors, with mean and worst absolute
+percentage errors, in-sample and leave-one-out. Results go to
+``bench/results/planner_accuracy.json`` (merged per suite; ``--no-run`` re-evaluates the stored
+measurements after a change to the planner) and a markdown table to stdout.
+
+On CPU the planner's device is the measured host: the peak is the matmul rate measured during
+the run (other processes share the cores), and a run on ``n`` forced host devices gets 1/n of
+it and of the memory bandwidth. Three CPU effects the planner does not model, so that CPU errors
+say little about accelerators: pipeline stages on one host take turns on the same cores (no
+idle bubble); XLA:CPU partitions Titan's FSDP rules as a split contraction that gathers
+activations (slower and larger than ZeRO-3); and its scan stores saved activations with copies
+that make ``--remat none`` slower than ``full``.
+
+Suites: ``cpu`` (small float32 models, 1 and 2 forced host devices), ``h200x1`` and ``h200x2``
+(bfloat16 compute on one and two H200s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from titan.config import ModelConfig
+from titan.planning.gpus import gpu_for_device_kind
+from titan.planning.memory import Layout, Precision, memory_per_device
+from titan.planning.step import Measurement, calibrate
+
+RESULTS = Path(__file__).parent / "results" / "planner_accuracy.json"
+
+# Shapes: (d_model, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size).
+CPU_SHAPES = {
+    "cpu-s": (256, 4, 8, 4, 688, 4096),
+    "cpu-m": (384, 4, 6, 2, 1024, 8192),
+    "cpu-w": (512, 2, 8, 2, 1536, 4096),
+}
+GPU_SHAPES = {
+    "0.4b": (1024, 24, 16, 8, 4096, 32000),
+    "1.5b": (2048, 16, 32, 8, 8192, 128256),  # the llama3-1b preset, untied
+    "3.2b": (3072, 24, 24, 8, 8192, 128256),
+}
+PIPE = {"layout": "mpmd", "pp": 2}
+# (suite, shape, batch in sequences, sequence length, remat, layout options). ``dp`` is 1 unless
+# given (``titan train``'s default 0 would fill every device present).
+_RUNS = (
+    ("cpu", "cpu-s", 8, 128, "none", {}),
+    ("cpu", "cpu-s", 8, 128, "dots", {}),
+    ("cpu", "cpu-s", 8, 128, "full", {}),
+    ("cpu", "cpu-s", 4, 512, "none", {}),
+    ("cpu", "cpu-m", 8, 256, "none", {}),
+    ("cpu", "cpu-m", 8, 256, "full", {}),
+    ("cpu", "cpu-w", 8, 128, "none", {}),
+    ("cpu", "cpu-w", 16, 128, "dots", {}),
+    ("cpu", "cpu-w", 4, 512, "full", {}),
+    ("cpu", "cpu-s", 8, 256, "none", {"dp": 2}),
+    ("cpu", "cpu-s", 8, 256, "none", {"tp": 2}),
+    ("cpu", "cpu-s", 8, 256, "none", {"fsdp": 2}),
+    ("cpu", "cpu-s", 8, 256, "none", PIPE | {"microbatches": 4, "schedule": "1f1b"}),
+    ("cpu", "cpu-s", 8, 256, "none", PIPE | {"microbatches": 4, "schedule": "gpipe"}),
+    ("h200x1", "1.5b", 4, 2048, "none", {}),
+    ("h200x1", "1.5b", 8, 2048, "dots", {}),
+    ("h200x1", "1.5b", 8, 2048, "full", {}),
+    ("h200x1", "1.5b", 16, 2048, "dots", {}),
+    ("h200x1", "0.4b", 16, 2048, "dots", {}),
+    ("h200x1", "0.4b", 16, 1024, "none", {}),
+    ("h200x1", "3.2b", 8, 2048, "full", {}),
+    ("h200x1", "3.2b", 4, 4096, "dots", {}),
+    ("h200x2", "1.5b", 16, 2048, "dots", {"dp": 2}),
+    ("h200x2", "1.5b", 16, 2048, "dots", {"fsdp": 2}),
+    ("h200x2", "1.5b", 16, 2048, "dots", {"tp": 2}),
+    ("h200x2", "1.5b", 16, 2048, "dots", PIPE | {"microbatches": 8, "schedule": "1f1b"}),
+    ("h200x2", "1.5b", 16, 2048, "dots", PIPE | {"microbatches": 8, "schedule": "zero-bubble"}),
+)
+SUITES: dict[str, list[dict[str, Any]]] = {
+    suite: [
+        {"shape": shape, "batch_size": batch, "seq_len": seq, "remat": remat, "dp": 1} | layout
+        for name, shape, batch, seq, remat, layout in _RUNS
+        if name == suite
+    ]
+    for suite in ("cpu", "h200x1", "h200x2")
+}
+SHAPES = CPU_SHAPES | GPU_SHAPES
+
+
+def devices_of(config: dict[str, Any]) -> int:
+    """Devices a configuration uses (dp x fsdp x tp per stage, times pp)."""
+    per_stage = config.get("dp", 1) * config.get("fsdp", 1) * config.get("tp", 1)
+    return per_stage * config.get("pp", 1)
+
+
+# ---------------------------------------------------------------- child: one measured run
+
+
+def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+    """Run one configuration in this process (JAX imported here) and return its measurements."""
+    import jax
+    import numpy as np
+
+    from titan.config import TrainConfig
+    from titan.ops import Ops
+    from titan.trainer.adapters import build_trainer
+
+    d, layers, heads, kv_heads, ffn, vocab = SHAPES[config["shape"]]
+    model = ModelConfig(config["shape"], vocab, d, layers, heads, kv_heads, ffn)
+    options = {k: v for k, v in config.items() if k != "shape"}
+    cfg = TrainConfig(**options, steps=steps, warmup_steps=1)
+    ops = Ops(jax.default_backend())
+    trainer = build_trainer(cfg, model, ops)
+    trainer.trace()
+    trainer.compile()
+    state = trainer.init_state(0)
+    matmul_before = matmul_flops_per_s()
+    rng = np.random.default_rng(0)
+    batch = {
+        "tokens": rng.integers(0, vocab, (cfg.batch_size, cfg.seq_len + 1), dtype=np.int32),
+        "segment_ids": np.zeros((cfg.batch_size, cfg.seq_len), np.int32),
+    }
+    times, pending, last = [], None, time.perf_counter()
+    for _ in range(steps):
+        state, metrics = trainer.step(state, batch)
+        if pending is not None:
+            jax.block_until_ready(pending)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        pending = metrics
+    jax.block_until_ready(pending)
+    times.append(time.perf_counter() - last)
+    device = jax.devices()[0]
+    return {
+        "step_s": statistics.median(times[warmup:]),
+        "step_times_s": times,
+        "matmul_flops_per_s": (matmul_before + matmul_flops_per_s()) / 2,
+        "peak_bytes": _peak_bytes(trainer),
+        "device_kind": device.device_kind,
+        "backend": jax.default_backend(),
+        "ops": ops.served,
+        "compute_dtype": str(trainer.compute_dtype),
+    }
+
+
+def matmul_flops_per_s(n: int = 1024, reps: int = 5) -> float:
+    """FLOP/s of a jitted n^3 matmul in the compute dtype on the first device, now: on a shared
+    CPU host this follows the load other processes put on it."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    a = jnp.ones((n, n), dtype)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(reps):
+        out = matmul(a)
+    out.block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def _peak_bytes(trainer: Any) -> float | None:
+    import jax
+
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    if all(stats):
+        return float(max(s["peak_bytes_in_use"] for s in stats))
+    # CPU: the runtime keeps no statistics; XLA's buffer assignment of the SPMD step is the
+    # peak. The trainer has no public handle on its compiled step, hence the private field.
+    compiled = getattr(trainer, "_compiled", None)
+    if compiled is None:
+        return None
+    m = compiled.memory_analysis()
+    size = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+    return float(size + m.temp_size_in_bytes)
+
+
+def child_main(config: dict[str, Any], steps: int, warmup: int) -> None:
+    print(json.dumps(measure(config, steps, warmup)), flush=True)
+
+
+# ---------------------------------------------------------------- parent: predict and compare
+
+
+def run_child(config: dict[str, Any], steps: int, warmup: int, timeout_s: int) -> dict[str, Any]:
+    """Measure ``config`` in a fresh process (fresh device memory statistics)."""
+    env = dict(os.environ)
+    if config["suite"] == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_of(config)}"
+    run = {k: v for k, v in config.items() if k != "suite"}
+    argv = [sys.executable, __file__, "--child", json.dumps(run)]
+    argv += ["--steps", str(steps), "--warmup", str(warmup)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": tail}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def planner_inputs(config: dict[str, Any], measured: dict[str, Any]) -> Measurement:
+    """A measured run as the planner sees it (``titan.planning.step.Measurement``)."""
+    d, layers, heads, kv_heads, ffn, vocab = SHAPES[config["shape"]]
+    layout = Layout(
+        dp=config["dp"],
+        fsdp=config.get("fsdp", 1),
+        tp=config.get("tp", 1),
+        pp=config.get("pp", 1),
+        microbatches=config.get("microbatches", 1),
+        schedule=config.get("schedule", "1f1b"),
+        remat=config["remat"],
+    )
+    gpu = gpu_for_device_kind(measured["device_kind"])
+    if gpu is None:
+        raise SystemExit(f"device kind {measured['device_kind']!r} is not in the GPU catalog")
+    if gpu.name == "cpu":
+        shared = devices_of(config)
+        gpu = dataclasses.replace(
+            gpu,
+            bf16_flops=measured["matmul_flops_per_s"] / shared,
+            hbm_bytes_per_s=gpu.hbm_bytes_per_s / shared,
+        )
+    attention = "materialized" if measured["ops"].get("attention") == "native" else "flash"
+    return Measurement(
+        model=ModelConfig(config["shape"], vocab, d, layers, heads, kv_heads, ffn),
+        layout=layout,
+        gpu=gpu,
+        gpus_per_node=devices_of(config),
+        seq_len=config["seq_len"],
+        batch_sequences=config["batch_size"],
+        precision=Precision("float32", measured["compute_dtype"], attention),
+        step_s=measured["step_s"],
+    )
+
+
+def _pct(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted / measured - 1.0)
+
+
+def evaluate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calibrate one fraction per GPU on all successful runs, then fill in each run's predictions
+    and errors, also with the run left out of its GPU's fit. Returns the calibration and the
+    per-GPU summary."""
+    done = [row for row in rows if "error" not in row["measured"]]
+    runs = [planner_inputs(row["config"], row["measured"]) for row in done]
+    calibration = calibrate(runs)
+    for row, run in zip(done, runs, strict=True):
+        others = [r for r in runs if r is not run and r.gpu.name == run.gpu.name]
+        loo_eta = calibrate(others).get(run.gpu.name, calibration[run.gpu.name])
+        peak = memory_per_device(
+            run.model, run.layout, run.gpu, run.seq_len, run.batch_sequences, run.precision
+        ).total
+        step_s, loo_s = run.predict_s(calibration[run.gpu.name]), run.predict_s(loo_eta)
+        measured = row["measured"]
+        row["predicted"] = {"step_s": step_s, "peak_bytes": peak, "loo_step_s": loo_s}
+        row["error_pct"] = {
+            "step": _pct(step_s, run.step_s),
+            "loo_step": _pct(loo_s, run.step_s),
+            "memory": _pct(peak, measured["peak_bytes"]) if measured["peak_bytes"] else None,
+        }
+    summary = {
+        name: _summary(
+            [row for row, run in zip(done, runs, strict=True) if run.gpu.name == name], eta
+        )
+        for name, eta in calibration.items()
+    }
+    return {"calibration": calibration, "summary": summary}
+
+
+def _summary(group: list[dict[str, Any]], eta: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs": len(group), "achievable_fraction": eta}
+    for key in ("step", "loo_step", "memory"):
+        errors = [abs(r["error_pct"][key]) for r in group if r["error_pct"][key] is not None]
+        if errors:
+            out[f"{key}_mean_abs_pct"] = statistics.fmean(errors)
+            out[f"{key}_worst_abs_pct"] = max(errors)
+    return out
+
+
+def _label(config: dict[str, Any]) -> str:
+    layout = [f"{k}{config[k]}" for k in ("dp", "fsdp", "tp", "pp") if config.get(k, 1) > 1]
+    if config.get("layout") == "mpmd":
+        layout += [config.get("schedule", "1f1b"), f"m{config['microbatches']}"]
+    return " ".join(
+        [config["shape"], f"b{config['batch_size']}", f"s{config['seq_len']}", config["remat"]]
+        + (layout or ["1 device"])
+    )
+
+
+def markdown(rows: list[dict[str, Any]], report: dict[str, Any]) -> str:
+    """The accuracy table and per-kind summary, as markdown."""
+    lines = [
+        "| suite | configuration | step s measured | predicted | error | leave-one-out "
+        "| peak GB measured | predicted | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        m = row["measured"]
+        if "error" in m:
+            lines.append(
+                f"| {row['config']['suite']} | {_label(row['config'])} | failed: "
+                f"{m['error'][:80]} | | | | | | |"
+            )
+            continue
+        p, e = row["predicted"], row["error_pct"]
+        memory = ("-", "-", "-")
+        if m["peak_bytes"]:
+            memory = (
+                f"{m['peak_bytes'] / 1e9:.3f}",
+                f"{p['peak_bytes'] / 1e9:.3f}",
+                f"{e['memory']:+.1f}%",
+            )
+        lines.append(
+            f"| {row['config']['suite']} | {_label(row['config'])} | {m['step_s']:.4f} "
+            f"| {p['step_s']:.4f} | {e['step']:+.1f}% | {e['loo_step']:+.1f}% | "
+            + " | ".join(memory)
+            + " |"
+        )
+    lines.append("")
+    for name, s in report["summary"].items():
+        lines.append(
+            f"- {name}: {s['runs']} runs, achievable fraction {s['achievable_fraction']:.3f};"
+            f" step time mean |error| {s['step_mean_abs_pct']:.1f}% (worst "
+            f"{s['step_worst_abs_pct']:.1f}%), leave-one-out {s['loo_step_mean_abs_pct']:.1f}% "
+            f"(worst {s['loo_step_worst_abs_pct']:.1f}%)"
+            + (
+                f"; peak memory mean |error| {s['memory_mean_abs_pct']:.1f}% (worst "
+                f"{s['memory_worst_abs_pct']:.1f}%)"
+                if "memory_mean_abs_pct" in s
+                else ""
+            )
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", action="append", choices=tuple(SUITES), help="default: cpu")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="step times left out")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument(
+        "--no-run", action="store_true", help="re-evaluate the stored runs of --out, run nothing"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(json.loads(args.child), args.steps, args.warmup)
+        return
+    suites = [] if args.no_run else args.suite or ["cpu"]
+    previous = json.loads(args.out.read_text()).get("runs", []) if args.out.exists() else []
+    rows = [r for r in previous if r["config"]["suite"] not in suites]
+    for suite in suites:
+        for config in SUITES[suite]:
+            config = {"suite": suite, **config}
+            print(f"running {suite}: {_label(config)}", file=sys.stderr, flush=True)
+            measured = run_child(config, args.steps, args.warmup, args.timeout)
+            rows.append({"config": config, "measured": measured})
+    report = evaluate(rows)
+    stored = dict.fromkeys(row["config"]["suite"] for row in rows)
+    command = "python bench/planner_accuracy.py " + " ".join(f"--suite {s}" for s in stored)
+    result = {"command": command, "time": time.time(), **report, "runs": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(rows, report))
+
+
+if __name__ == "__main__":
+    main()
