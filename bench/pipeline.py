@@ -37,13 +37,21 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def _configs(args: argparse.Namespace) -> list[dict]:
-    configs = [{"layout": "spmd", "pp": 1, "microbatches": 1, "schedule": "1f1b",
-                "virtual_stages": 1}]
+    configs = [
+        {"layout": "spmd", "pp": 1, "microbatches": 1, "schedule": "1f1b", "virtual_stages": 1}
+    ]
     for schedule in args.schedules:
         for m in args.microbatches:
             v = 2 if schedule == "interleaved-1f1b" else 1
-            configs.append({"layout": "mpmd", "pp": 2, "microbatches": m, "schedule": schedule,
-                            "virtual_stages": v})
+            configs.append(
+                {
+                    "layout": "mpmd",
+                    "pp": 2,
+                    "microbatches": m,
+                    "schedule": schedule,
+                    "virtual_stages": v,
+                }
+            )
     return configs
 
 
@@ -65,11 +73,18 @@ def _measure(spec: dict) -> dict:
         model = dataclasses.replace(model, vocab_size=512)
     steps, warmup = spec["steps"], spec["warmup"]
     cfg = TrainConfig(
-        preset=spec["preset"], batch_size=spec["batch_size"], seq_len=spec["seq_len"],
-        layout=spec["layout"], pp=spec["pp"], microbatches=spec["microbatches"],
-        schedule=spec["schedule"], virtual_stages=spec["virtual_stages"], remat=spec["remat"],
+        preset=spec["preset"],
+        batch_size=spec["batch_size"],
+        seq_len=spec["seq_len"],
+        layout=spec["layout"],
+        pp=spec["pp"],
+        microbatches=spec["microbatches"],
+        schedule=spec["schedule"],
+        virtual_stages=spec["virtual_stages"],
+        remat=spec["remat"],
         stage_layers=spec["stage_layers"],
-        dp=0 if spec["layout"] == "spmd" else 1, timing_every=warmup + steps + 1,
+        dp=0 if spec["layout"] == "spmd" else 1,
+        timing_every=warmup + steps + 1,
         steps=10_000,
     )
     ops = Ops(jax.default_backend())
@@ -79,8 +94,9 @@ def _measure(spec: dict) -> dict:
     compile_s = sum(e["seconds"] for e in trainer.compile())
     rng = np.random.default_rng(0)
     batch = {
-        "tokens": rng.integers(0, model.vocab_size, (cfg.batch_size, cfg.seq_len + 1),
-                               dtype=np.int32),
+        "tokens": rng.integers(
+            0, model.vocab_size, (cfg.batch_size, cfg.seq_len + 1), dtype=np.int32
+        ),
         "segment_ids": np.zeros((cfg.batch_size, cfg.seq_len), np.int32),
     }
     dispatch = []
@@ -92,18 +108,24 @@ def _measure(spec: dict) -> dict:
         dispatch.append(trainer.step_fields().get("dispatch_s", 0.0))
     jax.block_until_ready((state, metrics))
     step_s = (time.perf_counter() - start) / steps
-    result = {**spec, "compile_s": compile_s, "step_s": step_s,
-              "tokens_per_s": cfg.batch_size * cfg.seq_len / step_s,
-              "loss": float(metrics["loss"]), "ops": ops.served,
-              "dispatch_share": statistics.median(dispatch[warmup:]) / step_s}
+    result = {
+        **spec,
+        "compile_s": compile_s,
+        "step_s": step_s,
+        "tokens_per_s": cfg.batch_size * cfg.seq_len / step_s,
+        "loss": float(metrics["loss"]),
+        "ops": ops.served,
+        "dispatch_share": statistics.median(dispatch[warmup:]) / step_s,
+    }
     if spec["layout"] == "mpmd":
         state, _ = trainer.step(state, batch)
-        (_, timing), = trainer.drain_events()
+        ((_, timing),) = trainer.drain_events()
         result.update(_bubble(timing, step_s, spec["pp"]))
         from titan.mpmd.schedules import build_schedule, simulate, theoretical_bubble
 
-        schedule = build_schedule(spec["schedule"], spec["pp"], spec["microbatches"],
-                                  spec["virtual_stages"])
+        schedule = build_schedule(
+            spec["schedule"], spec["pp"], spec["microbatches"], spec["virtual_stages"]
+        )
         durations = {(c, i, k): end - start for _, c, i, k, start, end in timing["actions"]}
         ideal_s = simulate(schedule, durations) + result["update_s"] * spec["pp"]
         result["ideal_step_s"] = ideal_s
@@ -111,7 +133,8 @@ def _measure(spec: dict) -> dict:
         result["timing"] = timing
 
         result["theoretical_bubble"] = theoretical_bubble(
-            spec["schedule"], spec["pp"], spec["microbatches"], spec["virtual_stages"])
+            spec["schedule"], spec["pp"], spec["microbatches"], spec["virtual_stages"]
+        )
     devices = jax.local_devices()
     result["device_kind"] = devices[0].device_kind
     result["devices"] = len(devices) if spec["layout"] == "spmd" else spec["pp"]
@@ -123,7 +146,8 @@ def _measure(spec: dict) -> dict:
         flops = model_flops_per_token(model, cfg.seq_len, convention)
         result[f"mfu_{convention}"] = (
             flops * result["tokens_per_s"] / (gpu.bf16_flops * result["devices"])
-            if gpu is not None and gpu.name != "cpu" else None
+            if gpu is not None and gpu.name != "cpu"
+            else None
         )
     result["peak_flops_per_device"] = gpu.bf16_flops if gpu else None
     return result
@@ -137,8 +161,11 @@ def _bubble(timing: dict, step_s: float, pp: int) -> dict:
         last_end = max(last_end, end)
     update_s = (timing["step_time_s"] - last_end) / pp
     bubbles = [1 - b / (step_s - update_s) for b in busy]
-    return {"measured_bubble": statistics.mean(bubbles), "bubble_per_stage": bubbles,
-            "update_s": update_s}
+    return {
+        "measured_bubble": statistics.mean(bubbles),
+        "bubble_per_stage": bubbles,
+        "update_s": update_s,
+    }
 
 
 def _table(results: list[dict]) -> str:
@@ -150,14 +177,16 @@ def _table(results: list[dict]) -> str:
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['layout']} | {r['schedule']} | {r['microbatches']} | | failed: "
-                         f"{r['error'][-120:]} | | | | | | | |")
+            lines.append(
+                f"| {r['layout']} | {r['schedule']} | {r['microbatches']} | | failed: "
+                f"{r['error'][-120:]} | | | | | | | |"
+            )
             continue
         ratio = r["tokens_per_s"] / spmd["tokens_per_s"] if spmd else float("nan")
-        mfu = [f"{r[k]:.1%}" if r[k] is not None else "unknown" for k in ("mfu_causal",
-                                                                          "mfu_full")]
-        bubble = [f"{r[k]:.1%}" if k in r else "-" for k in ("measured_bubble",
-                                                              "theoretical_bubble")]
+        mfu = [f"{r[k]:.1%}" if r[k] is not None else "unknown" for k in ("mfu_causal", "mfu_full")]
+        bubble = [
+            f"{r[k]:.1%}" if k in r else "-" for k in ("measured_bubble", "theoretical_bubble")
+        ]
         if "bubble_per_stage" in r:
             bubble[0] += " (" + ", ".join(f"{b:.0%}" for b in r["bubble_per_stage"]) + ")"
         overhead = f"{r['controller_overhead']:.1%}" if "controller_overhead" in r else "-"
@@ -178,12 +207,19 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch (sequences)")
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
-    parser.add_argument("--schedules", nargs="+",
-                        default=["1f1b", "interleaved-1f1b", "zero-bubble"])
-    parser.add_argument("--stage-layers", default="",
-                        help="layers per stage for pp schedules, e.g. 10,6 (default: even)")
-    parser.add_argument("--interleaved-stage-layers", default="",
-                        help="layers per chunk for interleaved-1f1b, e.g. 5,3,5,3")
+    parser.add_argument(
+        "--schedules", nargs="+", default=["1f1b", "interleaved-1f1b", "zero-bubble"]
+    )
+    parser.add_argument(
+        "--stage-layers",
+        default="",
+        help="layers per stage for pp schedules, e.g. 10,6 (default: even)",
+    )
+    parser.add_argument(
+        "--interleaved-stage-layers",
+        default="",
+        help="layers per chunk for interleaved-1f1b, e.g. 5,3,5,3",
+    )
     parser.add_argument("--remat", default="dots", help="remat policy (none, dots, full)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -203,17 +239,31 @@ def main() -> None:
         env["JAX_PLATFORMS"] = "cpu"
     results = []
     for config in _configs(args):
-        layers = args.interleaved_stage_layers if config["virtual_stages"] > 1 else args.stage_layers
-        spec = {**config, "stage_layers": layers if config["layout"] == "mpmd" else "",
-                "preset": args.preset, "layers": args.layers, "seq_len": args.seq_len,
-                "batch_size": args.batch_size, "remat": args.remat, "steps": args.steps,
-                "warmup": args.warmup}
+        layers = (
+            args.interleaved_stage_layers if config["virtual_stages"] > 1 else args.stage_layers
+        )
+        spec = {
+            **config,
+            "stage_layers": layers if config["layout"] == "mpmd" else "",
+            "preset": args.preset,
+            "layers": args.layers,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "remat": args.remat,
+            "steps": args.steps,
+            "warmup": args.warmup,
+        }
         try:
-            out = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)],
-                                 capture_output=True, text=True, timeout=args.timeout, env=env)
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,
+                env=env,
+            )
             lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
             if lines:
-                results.append(json.loads(lines[-1][len("RESULT "):]))
+                results.append(json.loads(lines[-1][len("RESULT ") :]))
             else:
                 tail = out.stderr.strip().splitlines()[-6:] or ["?"]
                 results.append({**spec, "error": " / ".join(tail)})
@@ -223,7 +273,9 @@ def main() -> None:
     kind = next((r["device_kind"] for r in results if "device_kind" in r), "unknown")
     out_path = args.out or RESULTS / f"pipeline-{kind.replace(' ', '_').lower()}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps({"args": vars(args), "results": results}, indent=2, default=str) + "\n")
+    out_path.write_text(
+        json.dumps({"args": vars(args), "results": results}, indent=2, default=str) + "\n"
+    )
     print(_table(results))
 
 

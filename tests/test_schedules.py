@@ -114,3 +114,14 @@ def test_theoretical_bubbles():
 def test_invalid_combinations_are_rejected(args, message):
     with pytest.raises(TitanError, match=message):
         build_schedule(*args)
+
+
+def test_replay_of_1f1b_with_unit_times_has_the_theoretical_bubble():
+    from titan.mpmd.schedules import simulate
+
+    schedule = build_schedule("1f1b", 2, 4)
+    durations = {(a.chunk, a.microbatch, a.kind): 1.0 for group in schedule.groups for a in group}
+    makespan = simulate(schedule, durations)
+    assert makespan == 10.0  # (m + p - 1) (t_F + t_B)
+    busy = sum(1.0 for a in schedule.groups[0])
+    assert 1 - busy / makespan == pytest.approx(theoretical_bubble("1f1b", 2, 4))

@@ -191,6 +191,14 @@ class TrainConfig:
             choices=("auto", *DTYPES),
         ),
     )
+    ops: str = field(
+        default="",
+        metadata=_opt(
+            "--ops",
+            "operator providers, e.g. 'attention=pallas,cross_entropy=chunked' (default: the "
+            "registry's choice per backend; $TITAN_OPS applies under these)",
+        ),
+    )
     remat: str = field(
         default="none",
         metadata=_opt("--remat", "activation recomputation per layer", choices=REMAT_POLICIES),
@@ -217,6 +225,8 @@ RESUMABLE_OPTIONS = frozenset(
         "schedule",
         "virtual_stages",
         "stage_layers",
+        "ops",
+        "remat",
     }
 )
 
@@ -267,6 +277,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
         if getattr(cfg, name) < 0:
             raise TitanError(f"{flag_of(name)} must be >= 0, got {getattr(cfg, name)}")
     _validate_pipeline(cfg)
+    from titan.ops.registry import parse_overrides
+
+    parse_overrides(cfg.ops, source="--ops")
     if cfg.run_id and (cfg.run_id.startswith(".") or "/" in cfg.run_id or "\\" in cfg.run_id):
         raise TitanError(f"--run-id must be a plain folder name, got {cfg.run_id!r}")
 

@@ -5,8 +5,9 @@ keys; grouped-query attention; untied input embedding and output head. Layers ar
 ``nn.scan`` so each parameter of the blocks has a leading ``layers`` axis.
 
 Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``,
-``head_dim``, ``mlp``, ``norm``, ``layers``); :mod:`titan.parallel.sharding` maps them to mesh
-axes. The model never mentions devices or meshes.
+``head_dim``, ``mlp``, ``norm``, ``layers``), and the residual stream between blocks is
+constrained to logical activation axes; :mod:`titan.parallel.sharding` maps both to mesh axes
+when the trainer traces the model under its mesh. The model never mentions devices or meshes.
 
 Initialisation: normal(0.02) for every matrix, with the residual output projections (``wo``,
 ``w_down``) scaled by 1/sqrt(2 * n_layers) (Radford et al. 2019, GPT-2, Sec. 2.3); norm scales 1.
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 
 from titan.config import ModelConfig
 from titan.ops import Ops
+from titan.parallel.sharding import ACTIVATION_AXES
 
 INIT_STD = 0.02
 REMAT_POLICIES = {
@@ -65,7 +67,7 @@ class Block(nn.Module):
         x = x + jnp.einsum("bshd,hde->bse", attended, wo)
         hidden = ops.rms_norm(x, mlp_norm, eps=cfg.norm_eps)
         x = x + ops.swiglu(hidden, w_gate, w_up, w_down)
-        return x, None
+        return nn.with_logical_constraint(x, ACTIVATION_AXES), None
 
 
 class LlamaStage(nn.Module):
@@ -108,6 +110,7 @@ class LlamaStage(nn.Module):
             shape = (cfg.vocab_size, cfg.d_model)
             embed = _param(self, "embed", ("vocab", "embed"), shape, INIT_STD)
             x = jnp.take(embed, inputs, axis=0)
+        x = nn.with_logical_constraint(x, ACTIVATION_AXES)
         block = Block
         if self.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)

@@ -151,7 +151,8 @@ class ChunkPrograms:
         grad_shardings, replicated = self.shardings["params"], self.layout.replicated()
         grads = _abstract(params, grad_shardings)
         inputs, ids, targets = self._abstract_inputs()
-        forward = jax.jit(self._forward).lower(params, inputs, ids, targets).compile()
+        with self.layout.tracing():
+            forward = jax.jit(self._forward).lower(params, inputs, ids, targets).compile()
         vjp, dy = forward.out_info[1], self._output_gradient_abstract()
         dx = None if self.chunk.first else self.activation_sharding
         scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)

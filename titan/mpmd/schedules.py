@@ -294,8 +294,15 @@ def simulate(schedule: Schedule, durations: dict[tuple[int, int, str], float]) -
     free = [0.0] * schedule.pp
     for action in execution_order(schedule):
         deps = [
-            finish[(c, i, BACKWARD_INPUT if k == "grad" and (c, i, BACKWARD_INPUT) in finish
-                    else (BACKWARD if k == "grad" else k))]
+            finish[
+                (
+                    c,
+                    i,
+                    BACKWARD_INPUT
+                    if k == "grad" and (c, i, BACKWARD_INPUT) in finish
+                    else (BACKWARD if k == "grad" else k),
+                )
+            ]
             for c, i, k in _dependencies(action, schedule.chunks)
         ]
         start = max([free[action.group], *deps])

@@ -2,23 +2,28 @@
 
 Each operator is a method of :class:`Ops`, which dispatches to a provider through the registry
 (:mod:`titan.ops.registry`) at trace time. Providers registered here: ``native`` (plain JAX,
-:mod:`titan.ops.native`). Accelerator providers register themselves the same way.
+:mod:`titan.ops.native`, the reference every other provider is checked against by
+:mod:`titan.ops.conformance`); the accelerator providers of :mod:`titan.ops.providers` register
+on import of this package (their table says what each one serves).
 
 Shapes use B = batch, S = sequence, H = query heads, K = key/value heads, D = head dim,
 E = model dim, F = MLP hidden dim, V = vocabulary.
+
+Importing this package imports no JAX: implementations are registered by name and imported when
+first called, so the ``titan`` CLI (whose ``ops`` subcommand lives here) starts quickly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from titan.ops import native, registry
+from titan.ops import providers, registry  # noqa: F401  (importing providers registers them)
 from titan.ops.registry import OPS, OpTable
 
 __all__ = ["OPS", "Ops"]
 
 for _op in OPS:
-    registry.register(_op, registry.NATIVE, getattr(native, _op), priority=0)
+    registry.register(_op, registry.NATIVE, f"titan.ops.native:{_op}", priority=0)
 
 
 class Ops:
@@ -26,18 +31,33 @@ class Ops:
 
     Args:
         backend: ``jax.default_backend()`` of the devices that run the model.
-        overrides: op name -> provider name (forced; error if that provider cannot serve).
+        overrides: op name -> provider name (forced; error if that provider cannot serve), on
+            top of those of ``TITAN_OPS`` (e.g. ``attention=pallas,cross_entropy=chunked``).
+        from_env: read ``TITAN_OPS``.
 
     Attributes:
         served: op name -> provider that served it in the last trace (for ``run_start``).
+
+    Raises:
+        TitanError: an override names an unknown op or provider, or one not built for
+            ``backend``.
     """
 
-    def __init__(self, backend: str, overrides: Mapping[str, str] | None = None) -> None:
-        self._table = OpTable(backend, dict(overrides or {}))
+    def __init__(
+        self, backend: str, overrides: Mapping[str, str] | None = None, *, from_env: bool = True
+    ) -> None:
+        self._table = OpTable(backend, dict(overrides or {}), from_env=from_env)
 
     @property
     def served(self) -> dict[str, str]:
         return dict(self._table.served)
+
+    def unforced(self) -> Ops:
+        """These ops with no overrides (``TITAN_OPS`` ignored too): the registry chooses every
+        provider. For traces whose results are thrown away, such as the float32 forward that
+        flax runs to create parameters, where a provider forced for the bf16 train step
+        (``attention=cudnn``, bf16/fp16 only) would rightly refuse float32 inputs."""
+        return Ops(self._table.backend, from_env=False)
 
     def attention(self, q, k, v, *, segment_ids=None, causal=True, sliding_window=None):
         """Scaled dot-product attention with grouped-query heads (Vaswani et al. 2017, Sec. 3.2;

@@ -3,6 +3,14 @@
 They run on every backend, accumulate matmuls and reductions in float32 and return the input's
 dtype (except :func:`cross_entropy`, which returns float32 losses). Shapes and formulas are
 documented on the public wrappers in :mod:`titan.ops`.
+
+The MLP and output-head matmuls return the compute dtype (accumulated in float32, rounded once),
+and elementwise math upcasts after them. Asking those matmuls for float32 results instead would
+make autodiff run the gradient matmuls on float32 cotangents, i.e. in float32 rather than on the
+bf16 tensor cores: on an H200 the 0.9B model's train step reached 0.64x the plain-JAX baseline's
+tokens/s that way, 0.96x this way. Mixed-precision training rounds activations and their
+gradients to the compute dtype likewise (Micikevicius et al. 2018, Sec. 3.3). Attention keeps
+float32 scores (the softmax needs them); it serves on GPUs only when no fused provider can.
 """
 
 from __future__ import annotations
@@ -55,15 +63,14 @@ def rope(x, positions, *, theta):
 
 
 def swiglu(x, w_gate, w_up, w_down):
-    gate = jnp.einsum("bse,ef->bsf", x, w_gate, preferred_element_type=F32)
-    up = jnp.einsum("bse,ef->bsf", x, w_up, preferred_element_type=F32)
+    gate = jnp.einsum("bse,ef->bsf", x, w_gate).astype(F32)
+    up = jnp.einsum("bse,ef->bsf", x, w_up).astype(F32)
     hidden = (jax.nn.silu(gate) * up).astype(x.dtype)
-    out = jnp.einsum("bsf,fe->bse", hidden, w_down, preferred_element_type=F32)
-    return out.astype(x.dtype)
+    return jnp.einsum("bsf,fe->bse", hidden, w_down)
 
 
 def cross_entropy(x, w_out, targets):
-    logits = jnp.einsum("bse,ev->bsv", x, w_out, preferred_element_type=F32)
+    logits = jnp.einsum("bse,ev->bsv", x, w_out).astype(F32)
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return log_z - target_logit

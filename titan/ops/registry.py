@@ -1,16 +1,25 @@
 """Provider registry: which implementation serves each semantic operator.
 
-A provider registers an implementation of an op under a name, with a priority and a capability
-check (``supports(backend, *args, **kwargs) -> bool``). At trace time :class:`OpTable` picks, for
-each call, the highest-priority provider whose check accepts the backend and the call's arguments
-(shapes, dtypes, features such as segment ids), falling back to ``native``. An override
-(``{"attention": "native"}``, from the config or ``TITAN_OPS="attention=native,rms_norm=native"``)
-forces one provider; if it cannot serve the call that is an error, never a silent fallback.
+A provider registers an implementation of an op under a name, with a priority, a capability
+check (``supports(backend, *args, **kwargs)``, truthy when it can serve the call; it may return an
+:class:`Unsupported` carrying the reason) and optionally a preference (``prefer``, same
+arguments: where it is known to be the fastest choice). At trace time :class:`OpTable` picks, for
+each call, the highest-priority provider that supports the backend and the call's arguments
+(shapes, dtypes, features such as segment ids) and prefers them, falling back to ``native``.
+An override (``{"attention": "native"}``, from the config or
+``TITAN_OPS="attention=native,rms_norm=native"``) forces one provider; if it cannot serve the
+call that is an error, never a silent fallback.
 The table records which provider served each op, for the ``run_start`` event.
+
+Implementations and checks may be registered as ``"module:function"`` references, imported on
+first use: registering the providers (on import of :mod:`titan.ops`) then imports no JAX, so the
+CLI starts quickly.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,21 +29,68 @@ from titan.errors import TitanError
 
 OPS = ("attention", "rms_norm", "rope", "swiglu", "cross_entropy")
 NATIVE = "native"
+# A function, or "module:function" imported on first use.
+Ref = Callable[..., Any] | str
+
+
+class Unsupported:
+    """A falsy answer of a capability check that says why the provider cannot serve a call."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"Unsupported({self.reason!r})"
 
 
 def _always(backend: str, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
+def load(ref: Ref) -> Callable[..., Any]:
+    """The function a :data:`Ref` names (imported on first use)."""
+    return ref if callable(ref) else _imported(ref)
+
+
+@functools.cache
+def _imported(ref: str) -> Callable[..., Any]:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass(frozen=True)
 class Provider:
-    """One implementation of one op."""
+    """One implementation of one op.
+
+    Attributes:
+        backends: the ``jax.default_backend()`` names it can run on at all (None: every backend);
+            asking for it elsewhere fails when the :class:`OpTable` is built, before tracing.
+        prefer: where the registry may choose it unasked (None: wherever it supports the call);
+            a forced provider needs only ``supports``.
+    """
 
     op: str
     name: str
-    impl: Callable[..., Any]
+    impl: Ref
     priority: int
-    supports: Callable[..., bool] = _always
+    supports: Ref = _always
+    backends: tuple[str, ...] | None = None
+    prefer: Ref | None = None
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the implementation."""
+        return load(self.impl)(*args, **kwargs)
+
+    def serves(self, backend: str, *args: Any, **kwargs: Any) -> Any:
+        """The capability check's answer (truthy, or falsy with a reason) for this call."""
+        return load(self.supports)(backend, *args, **kwargs)
+
+    def prefers(self, backend: str, *args: Any, **kwargs: Any) -> bool:
+        """Whether the registry may choose it for this call unasked."""
+        return self.prefer is None or load(self.prefer)(backend, *args, **kwargs)
 
 
 _PROVIDERS: dict[str, dict[str, Provider]] = {op: {} for op in OPS}
@@ -43,19 +99,23 @@ _PROVIDERS: dict[str, dict[str, Provider]] = {op: {} for op in OPS}
 def register(
     op: str,
     name: str,
-    impl: Callable[..., Any],
+    impl: Ref,
     *,
     priority: int,
-    supports: Callable[..., bool] = _always,
+    supports: Ref = _always,
+    backends: tuple[str, ...] | None = None,
+    prefer: Ref | None = None,
 ) -> None:
-    """Register ``impl`` as provider ``name`` of ``op``. Higher ``priority`` is tried first.
+    """Register ``impl`` as provider ``name`` of ``op``. Higher ``priority`` is tried first; a
+    priority below ``native``'s 0 makes the provider opt-in: ``native`` serves every call, so
+    such a provider is reached only when forced.
 
     Raises:
         ValueError: for an op that is not one of :data:`OPS`.
     """
     if op not in _PROVIDERS:
         raise ValueError(f"unknown op {op!r}; ops are {', '.join(OPS)}")
-    _PROVIDERS[op][name] = Provider(op, name, impl, priority, supports)
+    _PROVIDERS[op][name] = Provider(op, name, impl, priority, supports, backends, prefer)
 
 
 def providers(op: str) -> list[Provider]:
@@ -63,8 +123,21 @@ def providers(op: str) -> list[Provider]:
     return sorted(_PROVIDERS[op].values(), key=lambda p: -p.priority)
 
 
-def parse_overrides(text: str) -> dict[str, str]:
+def provider(op: str, name: str) -> Provider:
+    """The provider ``name`` of ``op`` (KeyError if there is none)."""
+    return _PROVIDERS[op][name]
+
+
+def runs_on(p: Provider, backend: str) -> bool:
+    """Whether ``p`` is built for ``backend`` at all (before any capability check)."""
+    return p.backends is None or backend in p.backends
+
+
+def parse_overrides(text: str, source: str = "TITAN_OPS") -> dict[str, str]:
     """Parse ``"attention=native,rms_norm=native"`` into a mapping.
+
+    Args:
+        source: where the text comes from (``TITAN_OPS``, ``--ops``), named in errors.
 
     Raises:
         TitanError: on a malformed entry, an unknown op or an unknown provider.
@@ -73,20 +146,28 @@ def parse_overrides(text: str) -> dict[str, str]:
     for entry in filter(None, (part.strip() for part in text.split(","))):
         op, sep, name = entry.partition("=")
         if not sep:
-            raise TitanError(f"TITAN_OPS entry {entry!r} must look like op=provider")
+            raise TitanError(f"{source} entry {entry!r} must look like op=provider")
         overrides[op.strip()] = name.strip()
     check_overrides(overrides)
     return overrides
 
 
-def check_overrides(overrides: Mapping[str, str]) -> None:
-    """Raises TitanError naming an unknown op or provider in ``overrides``."""
+def check_overrides(overrides: Mapping[str, str], backend: str | None = None) -> None:
+    """Raises TitanError naming an unknown op or provider in ``overrides``, or (with ``backend``)
+    a provider that cannot run on that backend at all."""
     for op, name in overrides.items():
         if op not in _PROVIDERS:
             raise TitanError(f"unknown op {op!r} in ops override; ops are {', '.join(OPS)}")
         if name not in _PROVIDERS[op]:
             known = ", ".join(p.name for p in providers(op))
             raise TitanError(f"unknown provider {name!r} for op {op}; known: {known}")
+        if backend is not None and not runs_on(_PROVIDERS[op][name], backend):
+            here = ", ".join(p.name for p in providers(op) if runs_on(p, backend))
+            runs = ", ".join(_PROVIDERS[op][name].backends or ())
+            raise TitanError(
+                f"unknown provider {name!r} for op {op} on backend {backend} (it runs on "
+                f"{runs}); providers here: {here}"
+            )
 
 
 @dataclass
@@ -94,36 +175,51 @@ class OpTable:
     """Dispatches semantic ops to providers for one backend; records who served what.
 
     Args:
-        backend: ``jax.default_backend()`` of the devices the model runs on (cpu, gpu, rocm, tpu).
+        backend: ``jax.default_backend()`` of the devices the model runs on (cpu, gpu, tpu).
         overrides: op -> provider name, forced (an error if that provider cannot serve a call).
+        from_env: add the overrides of ``TITAN_OPS`` (those given here win).
+
+    Raises:
+        TitanError: an override names an unknown op or provider, or one not built for ``backend``.
     """
 
     backend: str
     overrides: Mapping[str, str] = field(default_factory=dict)
     served: dict[str, str] = field(default_factory=dict)
+    from_env: bool = True
 
     def __post_init__(self) -> None:
-        env = parse_overrides(os.environ.get("TITAN_OPS", ""))
-        self.overrides = {**env, **self.overrides}
-        check_overrides(self.overrides)
+        if self.from_env:
+            env = parse_overrides(os.environ.get("TITAN_OPS", ""))
+            self.overrides = {**env, **self.overrides}
+        check_overrides(self.overrides, self.backend)
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``op`` with the provider chosen for these arguments (chosen at trace time)."""
-        provider = self._choose(op, args, kwargs)
-        self.served[op] = provider.name
-        return provider.impl(*args, **kwargs)
+        """Run ``op`` with the provider :meth:`choose` picks (at trace time)."""
+        chosen = self.choose(op, *args, **kwargs)
+        self.served[op] = chosen.name
+        return chosen.run(*args, **kwargs)
 
-    def _choose(self, op: str, args: tuple, kwargs: dict) -> Provider:
+    def choose(self, op: str, *args: Any, **kwargs: Any) -> Provider:
+        """The provider that serves ``op`` for these arguments (arrays or ShapeDtypeStructs).
+
+        Raises:
+            TitanError: the forced provider of ``op`` cannot serve these arguments.
+        """
         forced = self.overrides.get(op)
         if forced is not None:
-            provider = _PROVIDERS[op][forced]
-            if not provider.supports(self.backend, *args, **kwargs):
+            chosen = _PROVIDERS[op][forced]
+            answer = chosen.serves(self.backend, *args, **kwargs)
+            if not answer:
+                reason = f": {answer.reason}" if isinstance(answer, Unsupported) else ""
                 raise TitanError(
                     f"provider {forced!r} was asked for op {op} but cannot serve it on backend "
-                    f"{self.backend} with these arguments"
+                    f"{self.backend} with these arguments{reason}"
                 )
-            return provider
-        for provider in providers(op):
-            if provider.supports(self.backend, *args, **kwargs):
-                return provider
+            return chosen
+        for candidate in providers(op):
+            if candidate.serves(self.backend, *args, **kwargs) and candidate.prefers(
+                self.backend, *args, **kwargs
+            ):
+                return candidate
         return _PROVIDERS[op][NATIVE]

@@ -29,7 +29,22 @@ LOGICAL_RULES: Mapping[str, str | None] = {
     "norm": None,
     "layers": None,
 }
+# The residual stream (B, S, E) between blocks: batch over data x fsdp, the rest replicated.
+# Without this constraint the partitioner may keep FSDP-sharded weights in place and split the
+# contraction instead (all-reducing whole-batch activations), which is not FSDP.
+ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
+ACTIVATION_RULES: Mapping[str, tuple[str, ...] | None] = {
+    "activation_batch": BATCH_AXES,
+    "activation_length": None,
+    "activation_embed": None,
+}
 MESH_AXIS_FLAGS = {"data": "--dp", "fsdp": "--fsdp", "tensor": "--tp"}
+
+
+def axis_rules() -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """Logical -> mesh axis rules of parameters and activations, as ``flax.linen`` takes them
+    (``nn.logical_axis_rules``) for ``nn.with_logical_constraint`` inside the model."""
+    return (*LOGICAL_RULES.items(), *ACTIVATION_RULES.items())
 
 
 def mesh_spec(

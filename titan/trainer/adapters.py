@@ -70,7 +70,10 @@ def init_params(model: LlamaStage, seq_len: int, key: jax.Array) -> Any:
     inputs = tokens
     if not model.has_embedding:
         inputs = jnp.zeros((1, seq_len, model.config.d_model), jnp.float32)
-    return model.init(key, inputs, tokens, tokens, tokens)["params"]
+    # flax creates parameters by running the model in float32: let the registry choose
+    # providers for that trace, since a provider forced for the bf16 step may refuse float32.
+    creator = model.clone(ops=model.ops.unforced())
+    return creator.init(key, inputs, tokens, tokens, tokens)["params"]
 
 
 def abstract_chunk_state(
@@ -195,7 +198,8 @@ class SpmdTrainer:
             **self.chunk_abstract,
         }
         start = time.perf_counter()
-        self._lowered = jitted.lower(abstract, batch_shapes(self.cfg))
+        with self.layout.tracing():
+            self._lowered = jitted.lower(abstract, batch_shapes(self.cfg))
         return time.perf_counter() - start
 
     def compile(self) -> list[dict[str, Any]]:

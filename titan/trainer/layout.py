@@ -13,6 +13,8 @@ meshes are global. Parameter shardings come from the logical rules of
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from titan.config import ModelConfig, TrainConfig
 from titan.errors import TitanError
-from titan.parallel.sharding import MESH_AXES, batch_spec, mesh_spec
+from titan.parallel.sharding import MESH_AXES, axis_rules, batch_spec, mesh_spec
 
 
 def resolve_mesh_shape(cfg: TrainConfig, device_count: int) -> dict[str, int]:
@@ -78,6 +80,13 @@ class MeshLayout:
         return jax.tree_util.tree_map_with_path(
             to_sharding, logical, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec)
         )
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """Context for tracing programs on this mesh: the model's logical activation
+        constraints resolve to this mesh's axes."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(axis_rules()):
+            yield
 
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())

@@ -148,6 +148,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     import jax
 
     from titan.ops import Ops
+    from titan.ops.registry import parse_overrides
     from titan.trainer.adapters import build_trainer
     from titan.trainer.checkpoint import Checkpointer
 
@@ -157,7 +158,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     with progress.status("preparing the tokenizer"):
         tokenizer = _tokenizer(cfg, corpus, resume_dir)
     model_cfg = model_config(cfg, tokenizer.vocab_size)
-    ops = Ops(jax.default_backend())
+    ops = Ops(jax.default_backend(), parse_overrides(cfg.ops, source="--ops"))
     trainer = build_trainer(cfg, model_cfg, ops)
     tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
     batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)

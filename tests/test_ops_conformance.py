@@ -1,0 +1,261 @@
+"""Op providers: registry choices, conformance of every provider on CPU (Pallas interpreted),
+``titan ops check``, and the MFU benchmark's smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from titan.cli import main
+from titan.errors import TitanError
+from titan.ops import Ops, native, registry
+from titan.ops.providers import chunked, cudnn, flash_attention, platform
+
+REPO = Path(__file__).resolve().parent.parent
+# LLVM's cheapest level: the interpreted kernels and tiny models compile in about half the time.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+OPT_IN = {"attention": "pallas", "rms_norm": "pallas", "cross_entropy": "chunked"}
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    """A Python process from the repo root, with fast compiles and no ``TITAN_OPS``; must exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != "TITAN_OPS"}
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+    done = subprocess.run(
+        [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def _shapes(dtype=jnp.float32, head_dim=16, seq=64, dim=64):
+    s = jax.ShapeDtypeStruct
+    return {
+        "q": s((2, seq, 4, head_dim), dtype),
+        "kv": s((2, seq, 2, head_dim), dtype),
+        "segments": s((2, seq), jnp.int32),
+        "x": s((2, seq, dim), dtype),
+        "scale": s((dim,), dtype),
+        "w_out": s((dim, 128), dtype),
+        "w_in": s((dim, 96), dtype),
+        "w_back": s((96, dim), dtype),
+    }
+
+
+def _trace_every_op(ops: Ops, **shape_args) -> dict[str, str]:
+    """Trace (no compile) one call of each op; returns who served what."""
+    a = _shapes(**shape_args)
+
+    def model(q, kv, segments, x, scale, w_out, w_in, w_back):
+        attended = ops.attention(ops.rope(q, segments, theta=1e4), kv, kv, segment_ids=segments)
+        hidden = ops.swiglu(ops.rms_norm(x, scale, eps=1e-5), w_in, w_in, w_back)
+        return attended, ops.cross_entropy(hidden, w_out, segments)
+
+    jax.eval_shape(model, *a.values())
+    return ops.served
+
+
+def test_importing_ops_and_their_command_imports_no_jax():
+    code = "import sys, titan.ops, titan.ops.commands; print('jax' in sys.modules)"
+    assert _run("-c", code).stdout.strip() == "False"
+
+
+def test_cpu_serves_native_unless_forced_and_records_the_provider(monkeypatch):
+    monkeypatch.delenv("TITAN_OPS", raising=False)
+    assert set(_trace_every_op(Ops("cpu")).values()) == {"native"}
+    forced = _trace_every_op(Ops("cpu", OPT_IN))
+    assert forced == {**OPT_IN, "rope": "native", "swiglu": "native"}
+    monkeypatch.setenv("TITAN_OPS", "attention=pallas")
+    env_forced = Ops("cpu")
+    assert _trace_every_op(env_forced)["attention"] == "pallas"
+    assert _trace_every_op(env_forced.unforced())["attention"] == "native"
+
+
+def test_a_forced_provider_that_cannot_serve_is_a_one_line_error(monkeypatch):
+    monkeypatch.delenv("TITAN_OPS", raising=False)
+    with pytest.raises(
+        TitanError, match="unknown provider 'cudnn' for op attention on backend cpu"
+    ):
+        Ops("cpu", {"attention": "cudnn"})
+    with pytest.raises(TitanError, match="head dim 24 must be a power of two"):
+        _trace_every_op(Ops("cpu", {"attention": "pallas"}), head_dim=24)
+    with pytest.raises(TitanError, match="model dim 96 must be a power of two"):
+        _trace_every_op(Ops("cpu", {"rms_norm": "pallas"}), dim=96)
+    with pytest.raises(TitanError, match="--ops entry 'attention' must look like op=provider"):
+        registry.parse_overrides("attention", source="--ops")
+
+
+@pytest.mark.parametrize(
+    ("vendor", "capability", "case", "expected"),
+    [
+        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128}, "pallas"),
+        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128, "segments": False}, "cudnn"),
+        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 64}, "cudnn"),
+        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128, "seq": 255}, "native"),
+        ("cuda", (9, 0), {"dtype": jnp.float32, "head_dim": 128}, "native"),
+        ("cuda", (8, 0), {"dtype": jnp.bfloat16, "head_dim": 128}, "cudnn"),
+        ("cuda", (8, 0), {"dtype": jnp.bfloat16, "head_dim": 256}, "native"),
+        ("rocm", (0, 0), {"dtype": jnp.bfloat16, "head_dim": 128}, "native"),
+    ],
+)
+def test_gpu_attention_choice_follows_capabilities(monkeypatch, vendor, capability, case, expected):
+    monkeypatch.setattr(platform, "_gpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cudnn, "cuda_capability", lambda: capability)
+    monkeypatch.setattr(flash_attention, "cuda_capability", lambda: capability)
+    seq = case.get("seq", 2048)
+    a = _shapes(case["dtype"], case["head_dim"], seq=seq)
+    segments = a["segments"] if case.get("segments", True) else None
+    table = registry.OpTable("gpu", from_env=False)
+    chosen = table.choose("attention", a["q"], a["kv"], a["kv"], segment_ids=segments)
+    assert chosen.name == expected
+
+
+def test_rocm_runs_pallas_when_asked_and_refuses_cudnn(monkeypatch):
+    monkeypatch.setattr(platform, "_gpu_vendor", lambda: "rocm")
+    a = _shapes(jnp.bfloat16, 128)
+    args = (a["q"], a["kv"], a["kv"])
+    pallas = registry.OpTable("gpu", {"attention": "pallas"}, from_env=False)
+    assert pallas.choose("attention", *args, segment_ids=a["segments"]).name == "pallas"
+    with pytest.raises(TitanError, match="needs a CUDA GPU"):
+        registry.OpTable("gpu", {"attention": "cudnn"}, from_env=False).choose("attention", *args)
+
+
+def _array_shapes(jaxpr):
+    """Shapes of every value a jaxpr computes, sub-jaxprs (scan, checkpoint) included."""
+    for eqn in jaxpr.eqns:
+        yield from (var.aval.shape for var in eqn.outvars)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _array_shapes(inner)
+
+
+def test_chunked_cross_entropy_matches_native_without_full_logits():
+    batch, seq, dim, vocab, chunk = 2, 20, 8, 16, 6
+    keys = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(keys[0], (batch, seq, dim))
+    w_out = jax.random.normal(keys[1], (dim, vocab))
+    targets = jax.random.randint(keys[2], (batch, seq), 0, vocab)
+
+    def loss(impl, **kw):
+        return lambda x, w: jnp.sum(impl(x, w, targets, **kw) * jnp.arange(seq))
+
+    chunked_loss = loss(chunked.cross_entropy, chunk_size=chunk)
+    np.testing.assert_allclose(
+        chunked.cross_entropy(x, w_out, targets, chunk_size=chunk),
+        native.cross_entropy(x, w_out, targets),
+        rtol=1e-6,
+    )
+    for got, want in zip(
+        jax.jit(jax.grad(chunked_loss, (0, 1)))(x, w_out),
+        jax.jit(jax.grad(loss(native.cross_entropy), (0, 1)))(x, w_out),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    def largest_logits(fn) -> int:
+        jaxpr = jax.make_jaxpr(jax.grad(fn, (0, 1)))(x, w_out).jaxpr
+        return max(np.prod(s) for s in _array_shapes(jaxpr) if s and s[-1] == vocab)
+
+    assert largest_logits(loss(native.cross_entropy)) == batch * seq * vocab
+    assert largest_logits(chunked_loss) == batch * chunk * vocab
+
+
+@pytest.fixture(scope="module")
+def ops_check_report() -> dict:
+    """``titan ops check --json`` over the whole CPU grid, run once."""
+    return json.loads(_run("-m", "titan.cli", "ops", "check", "--json").stdout)
+
+
+def test_ops_check_passes_every_provider_on_cpu_within_tolerance(ops_check_report):
+    report = ops_check_report
+    assert report["backend"] == "cpu" and report["failures"] == 0
+    ran = {(r["op"], r["provider"], r["dtype"]) for r in report["results"] if r["status"] == "pass"}
+    for op, name in [*OPT_IN.items(), *((op, "native") for op in registry.OPS)]:
+        assert {(op, name, "float32"), (op, name, "bfloat16")} <= ran
+    for row in report["results"]:
+        if row["provider"] == "cudnn":
+            assert row["status"] == "skipped: runs on gpu, cuda"
+            continue
+        tolerance = report["tolerances"][row["dtype"]]
+        assert row["fwd_rel"] <= tolerance["fwd"] and row["bwd_rel"] <= tolerance["bwd"]
+        assert row["time_ms"] is None  # no timing on CPU
+    pallas_f32 = [
+        r for r in report["results"] if r["provider"] == "pallas" and r["dtype"] == "float32"
+    ]
+    assert max(r["bwd_rel"] for r in pallas_f32) < 1e-5
+    native_bf16 = [
+        r for r in report["results"] if r["provider"] == "native" and r["dtype"] == "bfloat16"
+    ]
+    assert min(r["bwd_rel"] for r in native_bf16) > 1e-4  # bf16 is measurably inexact
+
+
+def test_ops_check_prints_a_table_and_rejects_unknown_names(capsys):
+    assert main(["ops", "check", "--op", "rope"]) == 0
+    table = capsys.readouterr().out
+    assert "rope" in table and "pass" in table and "n/a (CPU)" in table
+    assert main(["ops", "check", "--op", "attn"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "titan ops: error: --op must be one of attention, rms_norm, rope, swiglu, cross_entropy, "
+        "got 'attn'"
+    )
+    assert main(["ops", "check", "--op", "rope", "--provider", "pallas"]) == 2
+    assert "'pallas' is not registered for op rope; known: native" in capsys.readouterr().err
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_mfu", REPO / "bench" / "mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mfu_formulas_follow_the_baseline_file():
+    bench = _bench_module()
+    shape = bench.Shape()
+    layer = 2 * 2048 * 2048 + 2 * 2048 * 1024 + 3 * 2048 * 5632 + 2 * 2048
+    params = 16 * layer + 2 * 32_000 * 2048 + 2048
+    assert params == 886_114_304  # the baseline's params_b: 0.886114304
+    non_embedding = params - 32_000 * 2048
+    assert bench.flops_per_token(shape, True) == 6 * non_embedding + 6 * 16 * 2048 * 2048
+    assert bench.flops_per_token(shape, False) == 6 * non_embedding + 12 * 16 * 2048 * 2048
+    assert bench.peak_flops("NVIDIA H200") == 989e12
+    assert bench.peak_flops("cpu") is None
+
+
+def test_mfu_bench_smoke_runs_titan_levers_against_a_baseline(tmp_path):
+    baseline = tmp_path / "baseline.py"
+    baseline.write_text(
+        "import json, os\n"
+        "print(json.dumps({'matmul_tflops': 1.0}))\n"
+        "print(json.dumps({'cfg': {k: int(os.environ[k]) for k in 'LSB'}, "
+        "'attn': os.environ['ATTN'], 'remat': os.environ['REMAT'] == '1', 'tok_s': 1000.0, "
+        "'mfu_causal': 0.1, 'mfu_palm': 0.2, 'peak_mem_gb': 1.5}))\n"
+    )
+    out = tmp_path / "mfu.json"
+    argv = ["--smoke", "--baseline", str(baseline), "--out", str(out), "--steps", "2"]
+    done = _run(str(REPO / "bench" / "mfu.py"), *argv, "--warmup", "1")
+    report = json.loads(out.read_text())
+    assert report["baseline"]["cfg"] == {"L": 2, "S": 32, "B": 2}
+    assert report["baseline"]["peak_mem_gib"] == 1.5
+    runs = {run["lever"]: run for run in report["runs"]}
+    assert list(runs) == ["start", "attention=pallas", "cross_entropy=chunked"]
+    assert runs["attention=pallas"]["served"]["attention"] == "pallas"
+    assert runs["cross_entropy=chunked"]["served"]["cross_entropy"] == "chunked"
+    for run in runs.values():
+        assert run["tok_s"] > 0 and run["mfu_causal"] is None  # MFU unknown on CPU
+        assert run["vs_baseline"] == pytest.approx(run["tok_s"] / 1000.0)
+        # float32 on CPU: every provider computes the same training step
+        assert run["loss"] == pytest.approx(runs["start"]["loss"], abs=1e-4)
+    assert "| plain-JAX baseline | cudnn | dots |" in done.stdout

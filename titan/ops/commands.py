@@ -1,0 +1,111 @@
+"""``titan ops check``: run every available op provider against the native reference.
+
+Prints a table (or ``--json``) of forward and backward errors per op, provider, dtype and shape;
+exit code 1 when a case fails (or a ``--provider`` asked for served no case here), 2 for an
+unknown ``--op`` or ``--provider``. JAX is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``ops`` (with its ``check`` subcommand) to the ``titan`` subcommands."""
+    ops = subparsers.add_parser(
+        "ops",
+        help="semantic operators and their providers",
+        description="Semantic operators (attention, rms_norm, rope, swiglu, cross_entropy) and "
+        "the providers that implement them.",
+    )
+    actions = ops.add_subparsers(dest="ops_command", required=True, parser_class=type(ops))
+    check = actions.add_parser(
+        "check",
+        help="check every available provider against the native reference",
+        description="Run every provider that can serve each case of a grid of shapes and dtypes, "
+        "forward and backward, and compare it with the native reference evaluated in float32 "
+        "(tolerances per dtype: titan/ops/conformance.py). On accelerators also time each "
+        "provider relative to native. Exit 1 on any failure.",
+    )
+    check.add_argument("--json", action="store_true", help="print machine-readable results")
+    check.add_argument("--op", metavar="NAME", help="check only this op")
+    check.add_argument("--provider", metavar="NAME", help="check only this provider (and native)")
+    check.set_defaults(run=run)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def _time(row: Any, backend: str) -> str:
+    if backend == "cpu":
+        return "n/a (CPU)"
+    return "-" if row.time_vs_native is None else f"{row.time_vs_native:.2f}x"
+
+
+def _print_table(results: list[Any], backend: str, device: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"titan ops check: backend {backend} ({device})")
+    for column in ("op", "provider", "dtype", "shape"):
+        table.add_column(column)
+    for column in ("fwd max abs", "fwd max rel", "bwd max abs", "bwd max rel"):
+        table.add_column(column, justify="right")
+    table.add_column("status")
+    table.add_column("time vs native", justify="right")
+    styles = {"pass": "green", "FAIL": "bold red", "error": "bold red", "skipped": "dim"}
+    for row in results:
+        style = styles[row.status.split(":")[0]]
+        table.add_row(
+            row.op,
+            row.provider,
+            row.dtype,
+            row.shape,
+            _number(row.fwd_abs),
+            _number(row.fwd_rel),
+            _number(row.bwd_abs),
+            _number(row.bwd_rel),
+            f"[{style}]{row.status}[/]",
+            _time(row, backend),
+        )
+    Console(width=200).print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``titan ops check``; returns the exit code.
+
+    Raises:
+        TitanError: an unknown ``--op`` or ``--provider``.
+    """
+    import jax
+
+    from titan.ops import conformance
+
+    backend = jax.default_backend()
+    device = jax.devices()[0].device_kind
+    results = conformance.run_checks(backend, args.op, args.provider)
+    failures = [r for r in results if r.failed]
+    unserved = args.provider is not None and not any(
+        r.ran for r in results if r.provider == args.provider
+    )
+    if args.json:
+        report = {
+            "backend": backend,
+            "device": device,
+            "tolerances": {k: dataclasses.asdict(t) for k, t in conformance.TOLERANCES.items()},
+            "results": [dataclasses.asdict(r) for r in results],
+            "failures": len(failures),
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(results, backend, device)
+    if unserved:
+        print(f"provider {args.provider!r} served no case on backend {backend}", file=sys.stderr)
+    return EXIT_FAILED if failures or unserved else EXIT_OK

@@ -1,0 +1,319 @@
+"""Conformance: every provider that can serve a case, checked against the native reference.
+
+For each case of the grid (an op, a shape, a dtype) and each registered provider of the op, the
+provider runs forward and backward (a VJP with a fixed random cotangent, gradients with respect to
+every floating-point input) and is compared with ``native`` evaluated in float32 on the same
+inputs (the low-precision inputs upcast, so input rounding is not counted as error). Everything
+runs under ``jax.default_matmul_precision("float32")``, so float32 cases test the algorithm
+rather than TF32 rounding on GPUs.
+
+Errors are normwise: ``max_abs = max |y - y_ref|`` and ``rel = max_abs / max |y_ref|`` (per output;
+the backward reports the worst gradient). A case passes when ``rel`` is within the dtype's
+tolerance for that direction (:data:`TOLERANCES`). Providers that cannot serve a case (another
+backend, an unsupported shape or dtype) are listed as skipped with the reason. On accelerators
+every provider that ran is also timed (forward + backward, median of :data:`TIMED_RUNS` runs)
+relative to ``native`` in the same dtype; on CPU (Pallas interpreted) the time says nothing and is
+not taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titan.errors import TitanError
+from titan.ops import registry
+
+F32 = jnp.float32
+TIMED_RUNS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Largest normwise relative error (see the module docstring) accepted per direction."""
+
+    fwd: float
+    bwd: float
+
+
+# float32 (unit roundoff 2^-24 = 6e-8): providers differ from the reference only in summation
+# order and exp vs exp2, a few units of roundoff times the reduction depth (<= 2^11 terms):
+# 1e-5 forward; the backward chains two matmuls and sums dK/dV over query blocks: 5e-5.
+# bfloat16 (8-bit significand, unit roundoff 2^-8 = 3.9e-3): one rounding of the output is
+# already up to 0.4%; attention also rounds its probabilities to bf16 before the PV matmul
+# (the FlashAttention convention, Dao 2023, Sec. 3.1.1) and the backward rounds P, dS and the
+# cotangent: 2e-2 forward (5 units) and 4e-2 backward (10 units).
+# The grid covers the compute dtypes titan trains in (``--compute-dtype``).
+TOLERANCES = {
+    "float32": Tolerance(fwd=1e-5, bwd=5e-5),
+    "bfloat16": Tolerance(fwd=2e-2, bwd=4e-2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One op call: ``build(key, dtype)`` returns (args, kwargs); ``diff`` are the positions of
+    the floating-point args the backward differentiates."""
+
+    op: str
+    shape: str
+    build: Callable[[jax.Array, Any], tuple[tuple, dict]]
+    diff: tuple[int, ...]
+
+
+def _normal(key, shape, dtype, std=1.0):
+    return (jax.random.normal(key, shape, F32) * std).astype(dtype)
+
+
+def _segments(batch: int, seq_len: int) -> jax.Array:
+    """Packed documents: row b is cut at seq/3 and 3*seq/4 (row 0 holds one document)."""
+    pos = jnp.arange(seq_len)
+    cuts = (pos >= seq_len // 3).astype(jnp.int32) + (pos >= 3 * seq_len // 4)
+    rows = [jnp.zeros(seq_len, jnp.int32)] + [cuts + 3 * b for b in range(1, batch)]
+    return jnp.stack(rows)
+
+
+def attention_case(b, s, h, k, d, *, segments=True, window=None, causal=True) -> Case:
+    def build(key, dtype):
+        keys = jax.random.split(key, 3)
+        q = _normal(keys[0], (b, s, h, d), dtype)
+        kv = [_normal(kk, (b, s, k, d), dtype) for kk in keys[1:]]
+        kwargs = {
+            "segment_ids": _segments(b, s) if segments else None,
+            "causal": causal,
+            "sliding_window": window,
+        }
+        return (q, *kv), kwargs
+
+    features = [f for f, on in (("causal", causal), ("segments", segments)) if on]
+    features += [f"window {window}"] if window else []
+    label = f"B{b} S{s} H{h} K{k} D{d} {'+'.join(features)}"
+    return Case("attention", label, build, (0, 1, 2))
+
+
+def rms_norm_case(b, s, e) -> Case:
+    def build(key, dtype):
+        keys = jax.random.split(key)
+        scale = (1.0 + _normal(keys[1], (e,), F32, 0.1)).astype(dtype)
+        return (_normal(keys[0], (b, s, e), dtype), scale), {"eps": 1e-5}
+
+    return Case("rms_norm", f"B{b} S{s} E{e}", build, (0, 1))
+
+
+def rope_case(b, s, n, d) -> Case:
+    def build(key, dtype):
+        positions = jnp.broadcast_to(jnp.arange(s), (b, s))
+        return (_normal(key, (b, s, n, d), dtype), positions), {"theta": 10_000.0}
+
+    return Case("rope", f"B{b} S{s} N{n} D{d}", build, (0,))
+
+
+def swiglu_case(b, s, e, f) -> Case:
+    def build(key, dtype):
+        keys = jax.random.split(key, 4)
+        x = _normal(keys[0], (b, s, e), dtype)
+        w_gate, w_up = (_normal(kk, (e, f), dtype, e**-0.5) for kk in keys[1:3])
+        return (x, w_gate, w_up, _normal(keys[3], (f, e), dtype, f**-0.5)), {}
+
+    return Case("swiglu", f"B{b} S{s} E{e} F{f}", build, (0, 1, 2, 3))
+
+
+def cross_entropy_case(b, s, e, v) -> Case:
+    def build(key, dtype):
+        keys = jax.random.split(key, 3)
+        x = _normal(keys[0], (b, s, e), dtype)
+        w_out = _normal(keys[1], (e, v), dtype, e**-0.5)
+        return (x, w_out, jax.random.randint(keys[2], (b, s), 0, v)), {}
+
+    return Case("cross_entropy", f"B{b} S{s} E{e} V{v}", build, (0, 1))
+
+
+def cases(backend: str) -> list[Case]:
+    """The grid: small shapes everywhere, on accelerators also the 0.9B benchmark model's.
+
+    The small attention cases span several blocks of the default flash tiles (S 256 over
+    128/64-token blocks) so that block skipping (causal, window) runs; sequence 1100 exceeds the
+    512-token chunk so that chunked cross-entropy pads and loops.
+    """
+    grid = [
+        attention_case(2, 256, 2, 1, 16),
+        attention_case(2, 256, 2, 1, 16, causal=False, window=40),
+        rms_norm_case(2, 64, 128),
+        rope_case(2, 64, 4, 16),
+        swiglu_case(2, 64, 128, 256),
+        cross_entropy_case(2, 1100, 32, 256),
+    ]
+    if backend != "cpu":
+        grid += [
+            attention_case(8, 2048, 16, 8, 128),
+            rms_norm_case(8, 2048, 2048),
+            rope_case(8, 2048, 16, 128),
+            swiglu_case(8, 2048, 2048, 5632),
+            cross_entropy_case(8, 2048, 2048, 32_000),
+        ]
+    return grid
+
+
+@dataclasses.dataclass
+class Result:
+    """One (case, provider, dtype) row. Errors are None when the provider did not run."""
+
+    op: str
+    provider: str
+    dtype: str
+    shape: str
+    status: str
+    fwd_abs: float | None = None
+    fwd_rel: float | None = None
+    bwd_abs: float | None = None
+    bwd_rel: float | None = None
+    time_ms: float | None = None
+    time_vs_native: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status.startswith(("FAIL", "error"))
+
+    @property
+    def ran(self) -> bool:
+        return not self.status.startswith("skipped")
+
+
+def _vjp_fn(impl, args: tuple, kwargs: dict, diff: Sequence[int]):
+    """jit(f) with f(*diff_args, cotangent) -> (out, grads), other args and kwargs fixed."""
+
+    def run(*diff_args_and_cotangent):
+        *diff_args, cotangent = diff_args_and_cotangent
+
+        def forward(*inputs):
+            full = list(args)
+            for position, value in zip(diff, inputs, strict=True):
+                full[position] = value
+            return impl(*full, **kwargs)
+
+        out, vjp = jax.vjp(forward, *diff_args)
+        return out, vjp(cotangent.astype(out.dtype))
+
+    return jax.jit(run)
+
+
+def _errors(got, want) -> tuple[float, float]:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    max_abs = float(np.max(np.abs(got - want)))
+    return max_abs, max_abs / max(float(np.max(np.abs(want))), np.finfo(np.float32).tiny)
+
+
+def _median_ms(fn, inputs) -> float:
+    jax.block_until_ready(fn(*inputs))
+    times = []
+    for _ in range(TIMED_RUNS):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*inputs))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _available(chosen: registry.Provider, backend: str, args: tuple, kwargs: dict) -> Any:
+    """The provider's answer for this call on ``backend`` (falsy, with a reason, if it cannot)."""
+    if not registry.runs_on(chosen, backend):
+        return registry.Unsupported(f"runs on {', '.join(chosen.backends or ())}")
+    return chosen.serves(backend, *args, **kwargs)
+
+
+def _check(case: Case, dtype: str, names: Sequence[str], backend: str) -> list[Result]:
+    args, kwargs = case.build(jax.random.key(0), jnp.dtype(dtype))
+    upcast = tuple(a.astype(F32) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
+    native = registry.provider(case.op, registry.NATIVE).run
+    ref_fn = _vjp_fn(native, upcast, kwargs, case.diff)
+    out_shape = jax.eval_shape(lambda *a: native(*a, **kwargs), *upcast).shape
+    cotangent = jax.random.normal(jax.random.key(1), out_shape, F32)
+    ref_out, ref_grads = ref_fn(*(upcast[i] for i in case.diff), cotangent)
+    inputs = (*(args[i] for i in case.diff), cotangent)
+    tolerance = TOLERANCES[dtype]
+    timed = backend != "cpu"
+    results, native_ms = [], None
+    for name in names:
+        row = Result(case.op, name, dtype, case.shape, "pass")
+        results.append(row)
+        chosen = registry.provider(case.op, name)
+        answer = _available(chosen, backend, args, kwargs)
+        if not answer:
+            row.status = f"skipped: {getattr(answer, 'reason', 'cannot serve this case')}"
+            continue
+        reference_run = name == registry.NATIVE and dtype == "float32"
+        fn = ref_fn if reference_run else _vjp_fn(chosen.run, args, kwargs, case.diff)
+        try:
+            out, grads = (ref_out, ref_grads) if reference_run else fn(*inputs)
+        except Exception as err:  # noqa: BLE001 - a provider crash is a reported failure
+            row.status = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+            continue
+        row.fwd_abs, row.fwd_rel = _errors(out, ref_out)
+        grad_errors = [_errors(g, r) for g, r in zip(grads, ref_grads, strict=True)]
+        row.bwd_abs = max(e[0] for e in grad_errors)
+        row.bwd_rel = max(e[1] for e in grad_errors)
+        if row.fwd_rel > tolerance.fwd or row.bwd_rel > tolerance.bwd:
+            row.status = "FAIL"
+        if timed:
+            row.time_ms = _median_ms(fn, inputs)
+            native_ms = row.time_ms if name == registry.NATIVE else native_ms
+    for row in results:
+        if row.time_ms is not None and native_ms:
+            row.time_vs_native = row.time_ms / native_ms
+    return results
+
+
+def resolve(op: str | None, provider: str | None) -> list[str]:
+    """The ops to check: ``op`` or all, those that ``provider`` (when given) implements.
+
+    Raises:
+        TitanError: an unknown op, or a provider not registered (for that op).
+    """
+    if op is not None and op not in registry.OPS:
+        raise TitanError(f"--op must be one of {', '.join(registry.OPS)}, got {op!r}")
+    ops = [op] if op else list(registry.OPS)
+    if provider is not None:
+        ops = [o for o in ops if provider in {p.name for p in registry.providers(o)}]
+        if not ops:
+            known = sorted(
+                {p.name for o in ([op] if op else registry.OPS) for p in registry.providers(o)}
+            )
+            where = f" for op {op}" if op else ""
+            raise TitanError(
+                f"--provider {provider!r} is not registered{where}; known: {', '.join(known)}"
+            )
+    return ops
+
+
+def run_checks(
+    backend: str | None = None, op: str | None = None, provider: str | None = None
+) -> list[Result]:
+    """Check providers against the native reference on the grid of :func:`cases`.
+
+    Args:
+        backend: ``jax.default_backend()`` by default.
+        op, provider: restrict to one op and/or one provider (native still runs as the timing
+            baseline on accelerators, and is listed).
+
+    Raises:
+        TitanError: an unknown op or provider (see :func:`resolve`).
+    """
+    ops = resolve(op, provider)
+    backend = backend or jax.default_backend()
+    results = []
+    with jax.default_matmul_precision("float32"):
+        for case in cases(backend):
+            if case.op not in ops:
+                continue
+            names = [p.name for p in registry.providers(case.op)]
+            if provider is not None:
+                names = [n for n in names if n in (registry.NATIVE, provider)]
+            for dtype in TOLERANCES:
+                results.extend(_check(case, dtype, names, backend))
+    return results

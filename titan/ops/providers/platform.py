@@ -1,0 +1,57 @@
+"""Which accelerator a backend name stands for, and the Pallas settings that follow from it.
+
+``jax.default_backend()`` says ``gpu`` for both CUDA and ROCm; the PJRT client's
+``platform_version`` tells them apart (it names ``cuda`` or ``rocm``). Nothing here imports JAX at
+module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+CUDA, ROCM = "cuda", "rocm"
+PALLAS_BACKENDS = ("cpu", "gpu", "cuda", "rocm")
+
+
+@functools.cache
+def _gpu_vendor() -> str:
+    import jax
+
+    version = jax.devices("gpu")[0].client.platform_version.lower()
+    return ROCM if ROCM in version else CUDA
+
+
+def accelerator(backend: str) -> str:
+    """``cuda`` or ``rocm`` for a GPU backend name (``gpu``, ``cuda``, ``rocm``), else the name."""
+    if backend == "gpu":
+        return _gpu_vendor()
+    return backend
+
+
+@functools.cache
+def cuda_capability() -> tuple[int, int]:
+    """Compute capability (major, minor) of the first CUDA device, e.g. (9, 0) on H100/H200."""
+    import jax
+
+    major, minor = jax.devices("gpu")[0].compute_capability.split(".")
+    return int(major), int(minor)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def pallas_interpret(backend: str) -> bool:
+    """Pallas kernels run interpreted (``interpret=True``) everywhere but on GPUs."""
+    return accelerator(backend) not in (CUDA, ROCM)
+
+
+def pallas_compiler_params(interpret: bool, num_warps: int, num_stages: int) -> Any:
+    """Triton compiler parameters for a GPU launch; None when interpreting. The Triton module is
+    imported only here, so CPU-only installations never touch it."""
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton as pltriton
+
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)

@@ -1,0 +1,232 @@
+"""Budget planner: from a model shape, a GPU, a count and a token budget to memory, step time,
+throughput, MFU, total time, GPU-hours, energy and cost, for one layout or for every layout.
+
+Energy is GPU board energy only: GPUs x TDP x :data:`POWER_FRACTION_OF_TDP` x time (no host,
+network, cooling or PUE). Cost is GPU-hours x the price per GPU-hour given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from titan.config import REMAT_POLICIES, ModelConfig
+from titan.errors import TitanError
+from titan.planning.gpus import GpuSpec
+from titan.planning.memory import (
+    SCHEDULES,
+    Layout,
+    MemoryBreakdown,
+    Precision,
+    check_layout,
+    memory_per_device,
+)
+from titan.planning.step import Cluster, StepEstimate, estimate_step, model_flops_utilization
+
+# Average board power during training as a fraction of TDP: Latif et al. 2025, "Empirically
+# calibrated H100 node power models for reducing uncertainty in AI training energy estimation"
+# (arXiv:2506.14551), Abstract: compute-intensive training on 8-GPU H100 nodes runs at 76% of the
+# rated power.
+POWER_FRACTION_OF_TDP = 0.76
+SECONDS_PER_HOUR = 3600.0
+JOULES_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan.
+
+    Attributes:
+        model: the model shape.
+        gpu: the catalog entry.
+        gpus: GPU count; gpus_per_node: GPUs sharing a scale-up domain.
+        seq_len: tokens per sequence; batch_tokens: global batch per step, in tokens.
+        tokens: training budget, in tokens.
+        price_per_gpu_hour: currency units per GPU-hour, or None (no cost).
+        precision: dtypes and attention kernel.
+        calibration: catalog name -> achievable fraction of peak (``titan.planning.step``).
+    """
+
+    model: ModelConfig
+    gpu: GpuSpec
+    gpus: int
+    gpus_per_node: int
+    seq_len: int
+    batch_tokens: int
+    tokens: float
+    price_per_gpu_hour: float | None = None
+    precision: Precision = Precision()
+    calibration: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def batch_sequences(self) -> int:
+        return self.batch_tokens // self.seq_len
+
+
+def check_request(request: PlanRequest) -> None:
+    """Reject impossible inputs (one-line :class:`TitanError` naming the flag)."""
+    for flag, value in (
+        ("--gpus", request.gpus),
+        ("--gpus-per-node", request.gpus_per_node),
+        ("--seq-len", request.seq_len),
+        ("--batch-tokens", request.batch_tokens),
+    ):
+        if value < 1:
+            raise TitanError(f"{flag} must be >= 1, got {value}")
+    if request.batch_tokens % request.seq_len:
+        raise TitanError(
+            f"--batch-tokens {request.batch_tokens} is not a multiple of --seq-len "
+            f"{request.seq_len}"
+        )
+    if not request.tokens > 0:
+        raise TitanError(f"--tokens must be > 0, got {request.tokens}")
+    if request.price_per_gpu_hour is not None and request.price_per_gpu_hour < 0:
+        raise TitanError(f"--price must be >= 0, got {request.price_per_gpu_hour}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The estimate of one layout: memory per device, step time and the totals of the run."""
+
+    request: PlanRequest
+    layout: Layout
+    memory: MemoryBreakdown
+    step: StepEstimate
+
+    @property
+    def mfu(self) -> dict[str, float]:
+        r = self.request
+        return model_flops_utilization(r.model, r.seq_len, self.step.tokens_per_s, r.gpu, r.gpus)
+
+    @property
+    def total_s(self) -> float:
+        return self.request.tokens / self.step.tokens_per_s
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.request.gpus * self.total_s / SECONDS_PER_HOUR
+
+    @property
+    def energy_kwh(self) -> float:
+        power_w = self.request.gpus * self.request.gpu.tdp_w * POWER_FRACTION_OF_TDP
+        return power_w * self.total_s / JOULES_PER_KWH
+
+    @property
+    def cost(self) -> float | None:
+        price = self.request.price_per_gpu_hour
+        return None if price is None else price * self.gpu_hours
+
+    def as_dict(self) -> dict:
+        """JSON-ready summary (bytes, seconds, FLOP/s, kWh)."""
+        return {
+            "layout": self.layout.label(),
+            "layout_fields": {
+                name: getattr(self.layout, name)
+                for name in ("dp", "fsdp", "tp", "pp", "microbatches", "schedule")
+            }
+            | {"virtual_stages": self.layout.virtual_stages, "remat": self.layout.remat},
+            "memory_bytes": self.memory.as_dict(),
+            "capacity_bytes": self.memory.capacity,
+            "fits": self.memory.fits,
+            "step_s": self.step.as_dict(),
+            "tokens_per_s": self.step.tokens_per_s,
+            "achievable_fraction": self.step.achievable_fraction,
+            "mfu": self.mfu,
+            "total_s": self.total_s,
+            "gpu_hours": self.gpu_hours,
+            "energy_kwh": self.energy_kwh,
+            "cost": self.cost,
+        }
+
+
+def plan(request: PlanRequest, layout: Layout) -> Plan:
+    """Estimate ``layout`` for ``request``.
+
+    Raises:
+        TitanError: impossible request or a layout Titan cannot run there.
+    """
+    check_request(request)
+    check_layout(request.model, layout, request.gpus, request.batch_sequences)
+    return _estimate(request, layout, _memory(request, layout))
+
+
+def _memory(request: PlanRequest, layout: Layout) -> MemoryBreakdown:
+    return memory_per_device(
+        request.model,
+        layout,
+        request.gpu,
+        request.seq_len,
+        request.batch_sequences,
+        request.precision,
+    )
+
+
+def _estimate(request: PlanRequest, layout: Layout, memory: MemoryBreakdown) -> Plan:
+    cluster = Cluster(request.gpu, request.gpus_per_node, request.calibration)
+    step = estimate_step(
+        request.model,
+        layout,
+        cluster,
+        request.seq_len,
+        request.batch_sequences,
+        request.precision,
+    )
+    return Plan(request, layout, memory, step)
+
+
+def search(request: PlanRequest) -> list[Plan]:
+    """Every layout of ``request.gpus`` GPUs that Titan can run and that fits in memory, fastest
+    (most tokens/s) first.
+
+    Raises:
+        TitanError: impossible request.
+    """
+    check_request(request)
+    plans = []
+    for layout in candidate_layouts(request.model, request.gpus, request.batch_sequences):
+        memory = _memory(request, layout)
+        if memory.fits:
+            plans.append(_estimate(request, layout, memory))
+    plans.sort(key=lambda p: -p.step.tokens_per_s)
+    return plans
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> Iterator[Layout]:
+    """Every (dp, fsdp, tp, pp, microbatches, schedule, virtual stages, remat) whose product of
+    parallel sizes is ``gpus`` and that passes :func:`titan.planning.memory.check_layout`."""
+    tp_dims = (model.n_heads, model.n_kv_heads, model.ffn_dim, model.vocab_size)
+    for tp in _divisors(gpus):
+        if any(dim % tp for dim in tp_dims):
+            continue
+        for pp in _divisors(gpus // tp):
+            if pp > model.n_layers:
+                continue
+            for fsdp in _divisors(gpus // (tp * pp)):
+                if model.d_model % fsdp:
+                    continue
+                dp = gpus // (tp * pp * fsdp)
+                if batch_sequences % (dp * fsdp):
+                    continue
+                for m in _divisors(batch_sequences // (dp * fsdp)):
+                    for schedule, virtual in _schedules(model, pp, m):
+                        for remat in REMAT_POLICIES:
+                            yield Layout(dp, fsdp, tp, pp, m, schedule, virtual, remat)
+
+
+def _schedules(model: ModelConfig, pp: int, m: int) -> Iterator[tuple[str, int]]:
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    if m < pp:
+        return
+    for schedule in SCHEDULES:
+        if schedule != "interleaved-1f1b":
+            yield schedule, 1
+        elif m % pp == 0:
+            for virtual in (2, 4):
+                if pp * virtual <= model.n_layers:
+                    yield schedule, virtual

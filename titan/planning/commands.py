@@ -1,0 +1,313 @@
+"""``titan plan``: memory, step time, throughput and budget of a training run before it runs.
+
+One layout (the flags of ``titan train``) prints its memory breakdown with a fits / does-not-fit
+verdict, its step-time breakdown and the totals; ``--search`` ranks every layout that fits.
+``--json`` prints the same as JSON (bytes, seconds, kWh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from titan.config import DTYPES, REMAT_POLICIES
+from titan.errors import TitanError
+from titan.planning.budget import Plan, PlanRequest, plan, search
+from titan.planning.gpus import CATALOG, find_gpu
+from titan.planning.memory import SCHEDULES, Layout, Precision
+from titan.planning.models import ATTENTION_KERNELS, resolve_model
+
+# Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
+# tokens, batches of 4M tokens and more.
+DEFAULT_SEQ_LEN = 8192
+DEFAULT_BATCH_TOKENS = 512 * 8192
+GB = 1e9
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``plan`` to the ``titan`` subcommands."""
+    p = subparsers.add_parser(
+        "plan",
+        help="estimate memory, step time and cost of a training run",
+        description="Estimate memory per device, step time, tokens/s, MFU, total time, "
+        "GPU-hours, energy and cost of training a model on a GPU cluster, for one layout or, "
+        "with --search, for every layout that fits.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="preset name or d_model=..,n_layers=..,...")
+    p.add_argument("--gpu", required=True, help=f"GPU model: {', '.join(CATALOG)}")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU's server")
+    p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
+    p.add_argument(
+        "--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="global batch, tokens"
+    )
+    p.add_argument("--tokens", type=float, required=True, help="training budget, tokens")
+    p.add_argument("--price", type=float, default=None, help="price per GPU-hour (adds cost)")
+    p.add_argument("--dp", type=int, default=0, help="data parallel (0: GPUs left)")
+    p.add_argument("--fsdp", type=int, default=1, help="fully-sharded data parallel")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--microbatches", type=int, default=1, help="microbatches per step")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
+    p.add_argument("--virtual-stages", type=int, default=1, help="chunks per stage")
+    p.add_argument("--remat", choices=REMAT_POLICIES, default="none", help="recomputation")
+    p.add_argument("--param-dtype", choices=DTYPES, default="float32", help="master weights")
+    p.add_argument(
+        "--compute-dtype", choices=("auto", *DTYPES), default="auto", help="matmul dtype"
+    )
+    p.add_argument(
+        "--attention",
+        choices=ATTENTION_KERNELS,
+        default="flash",
+        help="fused kernel, or scores materialized (titan.ops native provider)",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="JSON file: GPU name -> achievable fraction of peak (or a planner_accuracy result)",
+    )
+    p.add_argument("--search", action="store_true", help="rank every layout that fits")
+    p.add_argument("--top", type=int, default=20, help="rows of the --search table")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+
+
+def load_calibration(path: Path | None) -> dict[str, float]:
+    """Calibration from a JSON file: a mapping GPU name -> fraction, or an object with such a
+    mapping under ``calibration`` (as ``bench/planner_accuracy.py`` writes).
+
+    Raises:
+        TitanError: unreadable file or values outside (0, 1].
+    """
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TitanError(f"--calibration {path}: {err}") from None
+    mapping = data.get("calibration", data) if isinstance(data, dict) else None
+    if not isinstance(mapping, dict) or not all(
+        isinstance(v, int | float) and 0 < v <= 1 for v in mapping.values()
+    ):
+        raise TitanError(f"--calibration {path}: expected {{gpu: fraction in (0, 1]}}")
+    return {find_gpu(name).name: float(value) for name, value in mapping.items()}
+
+
+def request_from_args(args: argparse.Namespace) -> PlanRequest:
+    """The :class:`PlanRequest` of the command line.
+
+    Raises:
+        TitanError: unknown model or GPU, bad calibration file.
+    """
+    gpu = find_gpu(args.gpu)
+    compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
+    return PlanRequest(
+        model=resolve_model(args.model),
+        gpu=gpu,
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node or gpu.gpus_per_node,
+        seq_len=args.seq_len,
+        batch_tokens=args.batch_tokens,
+        tokens=args.tokens,
+        price_per_gpu_hour=args.price,
+        precision=Precision(args.param_dtype, compute, args.attention),
+        calibration=load_calibration(args.calibration),
+    )
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    """The layout flags, with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
+
+    Raises:
+        TitanError: a size below 1.
+    """
+    for flag in ("fsdp", "tp", "pp", "microbatches", "virtual_stages"):
+        if getattr(args, flag) < 1:
+            raise TitanError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.dp < 0:
+        raise TitanError("--dp must be >= 0")
+    dp = args.dp or max(args.gpus // (args.fsdp * args.tp * args.pp), 1)
+    return Layout(
+        dp=dp,
+        fsdp=args.fsdp,
+        tp=args.tp,
+        pp=args.pp,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        remat=args.remat,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``titan plan``; returns the exit code (1 when ``--search`` finds nothing that fits)."""
+    if args.top < 1:
+        raise TitanError(f"--top must be >= 1, got {args.top}")
+    request = request_from_args(args)
+    plans = search(request) if args.search else [plan(request, layout_from_args(args))]
+    if args.json:
+        report = _json(request, plans[: args.top])
+        if args.search:
+            report["layouts_fit"] = len(plans)
+        print(json.dumps(report, indent=2))
+    elif args.search:
+        _print_search(request, plans[: args.top], len(plans))
+    else:
+        _print_plan(plans[0])
+    return 0 if plans else 1
+
+
+def _json(request: PlanRequest, plans: list[Plan]) -> dict[str, Any]:
+    """The report of ``--json``: the inputs, then the plans."""
+    return {
+        "model": request.model.name,
+        "params": request.model.param_count(),
+        "gpu": request.gpu.name,
+        "gpus": request.gpus,
+        "gpus_per_node": request.gpus_per_node,
+        "seq_len": request.seq_len,
+        "batch_tokens": request.batch_tokens,
+        "tokens": request.tokens,
+        "price_per_gpu_hour": request.price_per_gpu_hour,
+        "precision": dataclasses.asdict(request.precision),
+        "peak_flops": request.gpu.bf16_flops,
+        "mfu_convention": _MFU_CONVENTION,
+        "plans": [p.as_dict() for p in plans],
+    }
+
+
+_MFU_CONVENTION = (
+    "model FLOPs per token (6 N_matmul + 12 L s d, attention halved for 'causal') x tokens/s "
+    "/ (GPUs x dense peak of the compute dtype); recomputation not counted"
+)
+
+
+def _header(request: PlanRequest) -> str:
+    m = request.model
+    return (
+        f"{m.name}: {m.param_count() / 1e9:.2f}B params, {request.gpus} x {request.gpu.label} "
+        f"({request.gpus_per_node} per node), seq {request.seq_len}, batch "
+        f"{request.batch_tokens:,} tokens, budget {request.tokens:.3g} tokens"
+    )
+
+
+def _mfu_caption(request: PlanRequest, conventions: str) -> str:
+    return (
+        f"MFU: model FLOPs per token (6N + 12Lsd, attention {conventions}), no recomputation, "
+        f"of {request.gpu.bf16_flops / 1e12:,.1f} TFLOP/s dense {request.precision.compute_dtype}"
+        " per GPU"
+    )
+
+
+def _duration(seconds: float) -> str:
+    days = seconds / 86400
+    return f"{days:,.1f} d" if days >= 1 else f"{seconds / 3600:,.2f} h"
+
+
+def _console() -> Any:
+    """A rich console; 160 columns wide when the output is not a terminal (files, logs), where
+    rich would otherwise wrap the tables at 80."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _print_plan(p: Plan) -> None:
+    from rich.table import Table
+
+    console = _console()
+    request = p.request
+    console.print(_header(request))
+    console.print(f"layout: {p.layout.label()}")
+    memory = Table(title="memory per device (GB)")
+    memory.add_column("part")
+    memory.add_column("GB", justify="right")
+    for name, value in p.memory.as_dict().items():
+        memory.add_row(name.replace("_", " "), f"{value / GB:,.2f}")
+    verdict = "[green]fits[/]" if p.memory.fits else "[red]does not fit[/]"
+    memory.add_row("usable", f"{p.memory.capacity / GB:,.2f}")
+    memory.caption = f"{verdict} ({p.memory.total / p.memory.capacity:.0%} of usable memory)"
+    console.print(memory)
+    step = Table(title="step time (s)")
+    step.add_column("part")
+    step.add_column("s", justify="right")
+    for name, value in p.step.as_dict().items():
+        step.add_row(name.removesuffix("_s"), f"{value:.4f}")
+    step.caption = f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls"
+    console.print(step)
+    totals = Table(title="run", caption=_mfu_caption(request, "halved for causal / in full"))
+    totals.add_column("quantity")
+    totals.add_column("value", justify="right")
+    mfu = p.mfu
+    for name, value in (
+        ("tokens/s", f"{p.step.tokens_per_s:,.0f}"),
+        ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
+        ("total time", _duration(p.total_s)),
+        ("GPU-hours", f"{p.gpu_hours:,.0f}"),
+        ("energy (kWh)", f"{p.energy_kwh:,.0f}"),
+    ):
+        totals.add_row(name, value)
+    if p.cost is not None:
+        totals.add_row("cost", f"{p.cost:,.0f}")
+    console.print(totals)
+
+
+_SCHEDULE_SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "int", "zero-bubble": "zb"}
+
+
+def _schedule_cell(layout: Layout) -> str:
+    if layout.pp == 1:
+        return "-"
+    short = _SCHEDULE_SHORT[layout.schedule]
+    return f"{short}x{layout.virtual_stages}" if layout.virtual_stages > 1 else short
+
+
+def _print_search(request: PlanRequest, plans: list[Plan], total: int) -> None:
+    from rich import box
+    from rich.table import Table
+
+    console = _console()
+    console.print(_header(request))
+    if not plans:
+        console.print("[red]no layout fits in memory[/]")
+        return
+    table = Table(
+        title=f"{total} layouts fit; fastest {len(plans)} (int = interleaved-1f1b x chunks, "
+        "zb = zero-bubble)",
+        caption=_mfu_caption(request, "halved for the causal mask"),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    columns = ("#", "dp", "fsdp", "tp", "pp", "sched", "m", "remat", "GB/dev", "step s")
+    columns += ("tokens/s", "MFU", "time", "GPU-h", "MWh")
+    for name in columns + (("cost",) if plans[0].cost is not None else ()):
+        table.add_column(name, justify="right", no_wrap=True)
+    for rank, p in enumerate(plans, 1):
+        layout = p.layout
+        row = [
+            str(rank),
+            str(layout.dp),
+            str(layout.fsdp),
+            str(layout.tp),
+            str(layout.pp),
+            _schedule_cell(layout),
+            str(layout.microbatches),
+            layout.remat,
+            f"{p.memory.total / GB:,.1f}",
+            f"{p.step.step_s:.3f}",
+            f"{p.step.tokens_per_s:,.0f}",
+            f"{p.mfu['causal']:.1%}",
+            _duration(p.total_s),
+            f"{p.gpu_hours:,.0f}",
+            f"{p.energy_kwh / 1000:,.1f}",
+        ]
+        if p.cost is not None:
+            row.append(f"{p.cost:,.0f}")
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,193 @@
+"""GPU catalog: peak compute, memory, power and interconnect of each accelerator, with sources.
+
+Conventions, so that figures from different vendors compare:
+
+- Compute is *dense* peak FLOP/s (a multiply-add counts 2). NVIDIA's headline Tensor Core
+  figures for Hopper and Blackwell are for 2:4 structured sparsity (footnoted "with sparsity" in
+  the datasheets): the dense figure is half of it. AMD quotes dense figures, with sparse ones
+  separately.
+- Link bandwidths are bytes/s *per GPU in one direction*. NVIDIA's NVLink figures (600 GB/s
+  A100, 900 GB/s H100/H200, 1.8 TB/s B200) count both directions; AMD's Infinity Fabric
+  aggregate (896 GB/s MI300X) too, spread over 7 links, one per peer.
+- Scale-out bandwidth is the NIC bandwidth per GPU of the vendor's reference 8-GPU server
+  (one NIC per GPU), in bytes/s one direction.
+- ``hbm_bytes`` is the usable capacity as sold (decimal GB).
+
+The CPU entry is measured, not from a datasheet: it describes the 2-core development machines
+this project runs its CPU tests on, and is mostly useful to check the model against runs there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan.errors import TitanError
+
+GB = 1e9
+TB = 1e12
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator model.
+
+    Attributes:
+        name: catalog key (lower case).
+        label: display name.
+        aliases: other accepted names, lower case; the ``jax.Device.device_kind`` of the chip
+            (``nvidia h200``, ``cpu``) starts with the name or one of them.
+        bf16_flops: dense BF16 matmul peak, FLOP/s (the compute dtype's peak for the planner;
+            for the CPU entry, the measured float32 matmul rate, since Titan computes in
+            float32 on CPU).
+        fp8_flops: dense FP8 matmul peak, FLOP/s, or None when the chip has no FP8.
+        hbm_bytes: device memory, bytes.
+        hbm_bytes_per_s: device memory bandwidth, bytes/s.
+        tdp_w: board power limit (TDP/TBP), watts.
+        scale_up_bytes_per_s: GPU-to-GPU bandwidth inside a node, per GPU, one direction.
+        scale_up_peer_bytes_per_s: bandwidth to one peer when the node is a point-to-point
+            mesh (AMD Infinity Fabric: one link per peer); None behind a switch (NVSwitch:
+            any peer gets the full ``scale_up_bytes_per_s``).
+        scale_out_bytes_per_s: typical network bandwidth per GPU between nodes, one direction.
+        gpus_per_node: GPUs of the reference server.
+        compute_dtype: dtype Titan computes in on this device (``--compute-dtype auto``).
+        source: where each figure comes from.
+    """
+
+    name: str
+    label: str
+    aliases: tuple[str, ...]
+    bf16_flops: float
+    fp8_flops: float | None
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    tdp_w: float
+    scale_up_bytes_per_s: float
+    scale_up_peer_bytes_per_s: float | None
+    scale_out_bytes_per_s: float
+    gpus_per_node: int
+    compute_dtype: str
+    source: str
+
+
+# One NIC per GPU in the vendors' reference servers: 400 Gb/s (ConnectX-7 NDR InfiniBand or 400G
+# Ethernet) = 50 GB/s one direction; 200 Gb/s (ConnectX-6 HDR, Slingshot-11) = 25 GB/s.
+#
+# Columns: name, label, dense BF16 TFLOP/s, dense FP8 TFLOP/s (None: no FP8), memory GB, memory
+# TB/s, TDP W, scale-up GB/s per GPU one direction, per-peer GB/s on a mesh (None: switched),
+# scale-out GB/s per GPU, GPUs per node. Sources, row by row:
+# - a100: NVIDIA A100 Tensor Core GPU datasheet, "A100 80GB SXM": BF16 312 TFLOPS (624 with
+#   sparsity), no FP8, 80 GB HBM2e at 2,039 GB/s, 400 W, NVLink 600 GB/s (both directions);
+#   DGX A100 datasheet: 8x ConnectX-6 200 Gb/s.
+# - h100: NVIDIA H100 Tensor Core GPU datasheet, "H100 SXM": BF16 1,979 and FP8 3,958 TFLOPS
+#   with sparsity (dense 989.5 and 1,979), 80 GB HBM3 at 3.35 TB/s, up to 700 W, NVLink
+#   900 GB/s (both directions); DGX H100 datasheet: 8x ConnectX-7 400 Gb/s.
+# - h200: NVIDIA H200 Tensor Core GPU datasheet, "H200 SXM": the H100 SXM Tensor Core figures,
+#   141 GB HBM3e at 4.8 TB/s, up to 700 W, NVLink 900 GB/s; DGX H200 datasheet: 8x ConnectX-7.
+# - b200: NVIDIA Blackwell datasheet, HGX B200 (1,000 W): per GPU FP8 9 and BF16 4.5 PFLOPS with
+#   sparsity (dense 4.5 and 2.25), 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s (both directions);
+#   DGX B200 datasheet: 8x ConnectX-7 400 Gb/s.
+# - mi250x: AMD Instinct MI250X datasheet (OAM): BF16 383 TFLOPS dense, no FP8, 128 GB HBM2e at
+#   3.2 TB/s, 560 W peak, 8 Infinity Fabric links of 100 GB/s (50 one direction). One package
+#   is two GCDs, which JAX shows as two devices; figures here are per package. HPE Cray EX235a
+#   (Frontier) node: 4 MI250X, 4x Slingshot 200 Gb/s.
+# - mi300x: AMD Instinct MI300X datasheet (OAM): BF16 1,307.4 and FP8 2,614.9 TFLOPS dense,
+#   192 GB HBM3 at 5.3 TB/s, 750 W, 7 Infinity Fabric links of 128 GB/s (both directions) =
+#   896 GB/s, one per peer in the 8-GPU platform; platform brief: a 400 Gb/s NIC per GPU.
+# - mi325x: AMD Instinct MI325X datasheet (OAM): MI300X compute, 256 GB HBM3E at 6 TB/s,
+#   1,000 W, MI300X Infinity Fabric.
+# - mi355x: AMD Instinct MI355X datasheet (OAM): BF16 2,516.6 and FP8 5,033.2 TFLOPS dense,
+#   288 GB HBM3E at 8 TB/s, 1,400 W, 7 Infinity Fabric links of 153.6 GB/s (both directions) =
+#   1,075 GB/s; a 400 Gb/s NIC (AMD Pensando Pollara 400) per GPU.
+# - cpu: measured on this project's development VM (2 AMD EPYC cores, 23 GB), 2026-11-29, jax
+#   0.10.2: jax.jit float32 matmul 2048^3 at 42 to 54 GFLOP/s (43 taken), a jitted reduction
+#   over 256 MB at 12 GB/s; "links" between XLA's forced host devices are memory copies at that
+#   rate. Power: AMD EPYC 7763 datasheet, 280 W over 64 cores, for 2 cores (8.75 W).
+_TABLE = (
+    ("a100", "A100 80GB SXM", 312, None, 80, 2.039, 400, 300, None, 25, 8),
+    ("h100", "H100 SXM", 989.5, 1979, 80, 3.35, 700, 450, None, 50, 8),
+    ("h200", "H200 SXM", 989.5, 1979, 141, 4.8, 700, 450, None, 50, 8),
+    ("b200", "B200 (HGX)", 2250, 4500, 180, 8.0, 1000, 900, None, 50, 8),
+    ("mi250x", "MI250X (OAM)", 383, None, 128, 3.2, 560, 400, 50, 25, 4),
+    ("mi300x", "MI300X (OAM)", 1307.4, 2614.9, 192, 5.3, 750, 448, 64, 50, 8),
+    ("mi325x", "MI325X (OAM)", 1307.4, 2614.9, 256, 6.0, 1000, 448, 64, 50, 8),
+    ("mi355x", "MI355X (OAM)", 2516.6, 5033.2, 288, 8.0, 1400, 537.6, 76.8, 50, 8),
+    ("cpu", "CPU (2-core dev VM, measured)", 0.043, None, 23, 0.012, 8.75, 12, None, 12, 8),
+)
+_ALIASES = {
+    "a100": ("a100-80gb", "a100-sxm", "nvidia a100"),
+    "h100": ("h100-sxm", "h100-80gb", "nvidia h100"),
+    "h200": ("h200-sxm", "h200-141gb", "nvidia h200"),
+    "b200": ("hgx-b200", "nvidia b200"),
+    "mi250x": ("mi250", "amd instinct mi250x"),
+    "mi300x": ("mi300", "amd instinct mi300x"),
+    "mi325x": ("mi325", "amd instinct mi325x"),
+    "mi355x": ("mi355", "amd instinct mi355x"),
+    "cpu": ("host",),
+}
+_SOURCES = {
+    "a100": "NVIDIA A100 datasheet (A100 80GB SXM); DGX A100 datasheet",
+    "h100": "NVIDIA H100 datasheet (H100 SXM, sparse figures halved); DGX H100 datasheet",
+    "h200": "NVIDIA H200 datasheet (H200 SXM, sparse figures halved); DGX H200 datasheet",
+    "b200": "NVIDIA Blackwell datasheet (HGX B200, sparse figures halved); DGX B200 datasheet",
+    "mi250x": "AMD Instinct MI250X datasheet; HPE Cray EX235a (Frontier) node",
+    "mi300x": "AMD Instinct MI300X datasheet and platform brief",
+    "mi325x": "AMD Instinct MI325X datasheet and platform brief",
+    "mi355x": "AMD Instinct MI355X datasheet; AMD Instinct MI350 series platform brief",
+    "cpu": "measured on the development VM (titan/planning/gpus.py)",
+}
+
+
+def _spec(row: tuple) -> GpuSpec:
+    name, label, bf16, fp8, memory, bandwidth, tdp, up, peer, out, per_node = row
+    return GpuSpec(
+        name=name,
+        label=label,
+        aliases=_ALIASES[name],
+        bf16_flops=bf16 * TFLOPS,
+        fp8_flops=None if fp8 is None else fp8 * TFLOPS,
+        hbm_bytes=memory * GB,
+        hbm_bytes_per_s=bandwidth * TB,
+        tdp_w=tdp,
+        scale_up_bytes_per_s=up * GB,
+        scale_up_peer_bytes_per_s=None if peer is None else peer * GB,
+        scale_out_bytes_per_s=out * GB,
+        gpus_per_node=per_node,
+        compute_dtype="float32" if name == "cpu" else "bfloat16",
+        source=_SOURCES[name],
+    )
+
+
+CATALOG: dict[str, GpuSpec] = {row[0]: _spec(row) for row in _TABLE}
+
+
+def _index() -> dict[str, GpuSpec]:
+    names = {}
+    for spec in CATALOG.values():
+        for key in (spec.name, *spec.aliases):
+            names[key] = spec
+    return names
+
+
+_BY_NAME = _index()
+
+
+def find_gpu(name: str) -> GpuSpec:
+    """The catalog entry for ``name`` (case-insensitive; aliases such as ``h100-sxm``).
+
+    Raises:
+        TitanError: unknown name; the message lists the catalog.
+    """
+    spec = _BY_NAME.get(name.strip().lower())
+    if spec is None:
+        raise TitanError(f"--gpu {name!r} is not in the catalog; known: {', '.join(CATALOG)}")
+    return spec
+
+
+def gpu_for_device_kind(device_kind: str) -> GpuSpec | None:
+    """The catalog entry of a JAX ``device_kind`` string (``NVIDIA H200``, ``cpu``), or None."""
+    kind = device_kind.strip().lower()
+    for spec in CATALOG.values():
+        if any(kind.startswith(prefix) for prefix in (spec.name, *spec.aliases)):
+            return spec
+    return None

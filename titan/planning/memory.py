@@ -1,0 +1,346 @@
+"""Memory per device: parameters, gradients, optimizer state, activations and workspace.
+
+Everything is in bytes per device, for the device group that holds the most (the first pipeline
+stage for activations, with the embedding; the last stage for the output head and its logits).
+
+States (per parameter, in ``--param-dtype``, as Titan keeps them; Rajbhandari et al. 2020,
+"ZeRO", Sec. 3.1, count the same 16 bytes per parameter for mixed-precision AdamW: fp32 master
+weights 4, two fp32 moments 4 + 4, and 16-bit weights and gradients 2 + 2):
+
+- master weights and gradients: ``param_bytes`` each; AdamW's two moments: ``param_bytes`` each
+  (so 16 bytes per parameter with float32 master weights, 8 with bfloat16);
+- the compute-dtype copy of the weights (``bf16`` cast of the fp32 masters, kept by autodiff
+  for the backward pass): 2 bytes per parameter when the dtypes differ;
+- with FSDP, each device keeps 1/fsdp of every matrix, and gathers one layer's weights (two,
+  with prefetch) in the compute dtype when it needs them.
+
+Matrices are sharded over ``fsdp`` x ``tp`` (TP shards heads, KV heads, MLP and vocabulary;
+FSDP the model dimension: ``titan.parallel.sharding``); norm scales are replicated.
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", Sec. 4.1 (per layer, s b h (34 + 5 a s / h) bytes for GPT with 16-bit
+activations), adapted to what Titan's Llama saves for the backward pass (counted with
+``jax.ad_checkpoint.print_saved_residuals`` on ``titan.models.llama``): RMSNorm keeps its float32
+input and normalised output, SwiGLU keeps its two float32 projections, there is no dropout, keys
+and values are ``n_kv_heads`` wide (GQA), and attention keeps either the (s, s) probabilities
+(``materialized``) or only a log-sum-exp per head (``flash``, Dao et al. 2022). Per token and
+layer, with ``p`` the compute-dtype bytes and d, kv, f, h, s the model width, key/value width,
+MLP width, heads and sequence length:
+
+- ``none``: replicated (16 + 2p) d + 16; sharded by TP 2p d + 2p kv + (20 + p) f, plus
+  (4 + p) h s and 8 h for materialized attention or 4 h for flash;
+- ``dots``: replicated 2p d (the layer input and the attention output); sharded p d (queries)
+  + 2p kv + 8 f (the float32 gate and up projections);
+- ``full``: the layer input only, p d, replicated.
+
+Without sequence parallelism the replicated part stays whole on every TP rank (Korthikanti
+et al. 2022, Sec. 4.2.2: s b h (10 + 24 / t + 5 a s / (h t))); with it (``sequence_parallel``)
+everything divides by ``tp`` (ibid., s b h (34 + 5 a s / h) / t). Titan's SPMD rules do not
+shard the sequence today, so the planner assumes no sequence parallelism.
+
+Microbatches in flight on the first pipeline stage (Narayanan et al. 2021, "Efficient
+Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2): GPipe keeps
+all ``m``; 1F1B and ZB-H1 (Qi et al. 2023, Sec. 3.1: same peak as 1F1B) keep ``pp``;
+interleaving with ``v`` chunks keeps pp (1 + (pp - 1) / (pp v)) stage-equivalents (Korthikanti et
+al. 2022, Sec. 4.2.3).
+
+Transient memory, the larger of two moments of the backward pass:
+
+- one layer's backward: without recomputation, a copy of that layer's saved activations (the
+  loop reads them out of the stacked buffer); with it, the recomputed part (``none`` minus what
+  the policy saved) plus float32 gradient temporaries of 4 h s (materialized scores) + 8 f +
+  20 d bytes per token;
+- the loss: float32 exponentials of the logits and their gradient, 2 x 4 V bytes per token
+  (split over TP with the vocabulary).
+
+A materialized attention without recomputation also keeps its boolean mask and the float32
+zeros of the masked select once for all layers (5 h s bytes per token). These transient terms
+were fitted to XLA's buffer assignment of Titan's train step on CPU (float32,
+``bench/planner_accuracy.py``; 24 configurations within 11%, FSDP excepted: XLA:CPU partitions
+FSDP as a split contraction and gathers activations instead of weights, so measured FSDP
+memory is far above the ZeRO-3 figure modelled here).
+
+Workspace: a fixed allowance on accelerators for what the model does not count (cuBLAS/cuDNN
+workspaces, XLA temporaries, allocator fragmentation, the batch).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from titan.config import ModelConfig
+from titan.errors import TitanError
+from titan.planning.gpus import GpuSpec
+from titan.planning.models import kv_dim, layer_matmul_params
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+# Allowance for framework and compiler workspace on an accelerator, bytes. Assumed: cuBLAS
+# workspaces (tens of MiB per stream), cuDNN attention workspace, XLA temporaries the model does
+# not count and allocator fragmentation; to be replaced by the measured residual of
+# bench/planner_accuracy.py on the device.
+ACCELERATOR_WORKSPACE_BYTES = 1.0 * 2**30
+# Share of device memory a run may use. JAX's default GPU allocator preallocates 75% of device
+# memory and grows up to all of it (JAX documentation, "GPU memory allocation"); the CUDA/ROCm
+# context, library handles and NCCL buffers outside XLA's pool take the rest, assumed 5%.
+USABLE_MEMORY_FRACTION = 0.95
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout, as the flags of ``titan train``.
+
+    Attributes:
+        dp, fsdp, tp: data, fully-sharded data and tensor parallel sizes (one mesh per stage).
+        pp: pipeline stages; microbatches: microbatches per step (gradient accumulation when
+            ``pp`` is 1); schedule: one of :data:`SCHEDULES` (ignored when ``pp`` is 1);
+            virtual_stages: model chunks per stage (interleaved schedule).
+        remat: ``none``, ``dots`` or ``full``.
+        sequence_parallel: activations outside attention and MLP are also split over ``tp``.
+    """
+
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    remat: str = "none"
+    sequence_parallel: bool = False
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.fsdp * self.tp * self.pp
+
+    @property
+    def replicas(self) -> int:
+        """Ways the batch is split: dp x fsdp."""
+        return self.dp * self.fsdp
+
+    def label(self) -> str:
+        """Short text of the layout, e.g. ``dp2 fsdp4 tp8 pp2 m16 1f1b remat=dots``."""
+        parts = [f"dp{self.dp}", f"fsdp{self.fsdp}", f"tp{self.tp}"]
+        if self.pp > 1:
+            parts += [f"pp{self.pp}", self.schedule]
+            if self.virtual_stages > 1:
+                parts.append(f"v{self.virtual_stages}")
+        if self.microbatches > 1:
+            parts.append(f"m{self.microbatches}")
+        return " ".join(parts + [f"remat={self.remat}"])
+
+
+def check_layout(model: ModelConfig, layout: Layout, gpus: int, batch_sequences: int) -> None:
+    """Reject layouts Titan cannot run.
+
+    Raises:
+        TitanError: the layout's devices differ from ``gpus``; a mesh axis does not divide the
+            dimension it shards; the batch does not split into replicas x microbatches; a
+            schedule option does not fit.
+    """
+    if layout.devices != gpus:
+        raise TitanError(
+            f"--dp {layout.dp} x --fsdp {layout.fsdp} x --tp {layout.tp} x --pp {layout.pp} = "
+            f"{layout.devices} devices, but --gpus is {gpus}"
+        )
+    for size, flag, dims in (
+        (layout.tp, "--tp", ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")),
+        (layout.fsdp, "--fsdp", ("d_model",)),
+    ):
+        for dim in dims:
+            if getattr(model, dim) % size:
+                raise TitanError(f"{flag} {size} does not divide {dim} {getattr(model, dim)}")
+    if batch_sequences % (layout.replicas * layout.microbatches):
+        raise TitanError(
+            f"the batch of {batch_sequences} sequences does not split into dp x fsdp = "
+            f"{layout.replicas} replicas x {layout.microbatches} microbatches"
+        )
+    _check_pipeline(model, layout)
+
+
+def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
+    if layout.schedule not in SCHEDULES:
+        raise TitanError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+    chunks = layout.pp * layout.virtual_stages
+    if chunks > model.n_layers:
+        raise TitanError(
+            f"--pp {layout.pp} x --virtual-stages {layout.virtual_stages} = {chunks} chunks "
+            f"for {model.n_layers} layers"
+        )
+    if layout.virtual_stages > 1 and layout.schedule != "interleaved-1f1b":
+        raise TitanError("--virtual-stages > 1 needs --schedule interleaved-1f1b")
+    if layout.schedule == "interleaved-1f1b" and layout.microbatches % layout.pp:
+        raise TitanError(
+            f"--schedule interleaved-1f1b needs --microbatches ({layout.microbatches}) to be "
+            f"a multiple of --pp ({layout.pp})"
+        )
+
+
+def stage_layers(model: ModelConfig, layout: Layout) -> int:
+    """Decoder layers on the most loaded pipeline stage (even split, rounded up per chunk)."""
+    chunks = layout.pp * layout.virtual_stages
+    return math.ceil(model.n_layers / chunks) * layout.virtual_stages
+
+
+def in_flight_microbatches(layout: Layout) -> float:
+    """Microbatches whose activations the first stage holds at its peak, in units of one
+    microbatch through all of the stage's layers (module docstring)."""
+    pp, m = layout.pp, layout.microbatches
+    if pp == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(m)
+    if layout.schedule == "interleaved-1f1b":
+        return min(pp * (1 + (pp - 1) / (pp * layout.virtual_stages)), float(m))
+    return float(min(pp, m))
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    """Bytes per token of one layer: ``replicated`` (whole on every TP rank without sequence
+    parallelism) and ``sharded`` (split over TP)."""
+
+    replicated: float
+    sharded: float
+
+    def per_device(self, tp: int, sequence_parallel: bool) -> float:
+        if sequence_parallel:
+            return (self.replicated + self.sharded) / tp
+        return self.replicated + self.sharded / tp
+
+
+@functools.cache
+def layer_activation_bytes(
+    model: ModelConfig, seq_len: int, remat: str, compute_bytes: int, attention: str
+) -> ActivationBytes:
+    """Bytes per token that one decoder layer keeps for the backward pass (module docstring).
+
+    Args:
+        remat: ``none``, ``dots`` or ``full``.
+        compute_bytes: bytes of the compute dtype (2 for bfloat16, 4 for float32).
+        attention: ``flash`` or ``materialized``.
+    """
+    p, d, kv, f, h = compute_bytes, model.d_model, kv_dim(model), model.ffn_dim, model.n_heads
+    if remat == "full":
+        return ActivationBytes(p * d, 0.0)
+    if remat == "dots":
+        return ActivationBytes(2 * p * d, p * d + 2 * p * kv + 8 * f)
+    scores = (4 + p) * h * seq_len + 8 * h if attention == "materialized" else 4 * h
+    return ActivationBytes((16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + (20 + p) * f + scores)
+
+
+@functools.cache
+def layer_gradient_bytes(model: ModelConfig, seq_len: int, attention: str) -> float:
+    """Bytes per token of the float32 gradient temporaries of one layer's backward pass
+    (module docstring)."""
+    scores = 4 * model.n_heads * seq_len if attention == "materialized" else 0
+    return scores + 8 * model.ffn_dim + 20 * model.d_model
+
+
+@functools.cache
+def layer_params(model: ModelConfig) -> tuple[int, int]:
+    """(matrix parameters, norm parameters) of one decoder layer."""
+    return layer_matmul_params(model), 2 * model.d_model
+
+
+_MEMORY_PARTS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "compute_weights",
+    "activations",
+    "transient",
+    "workspace",
+)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per device at the peak of a step, by component; ``capacity`` is the usable memory
+    of the device (its HBM x :data:`USABLE_MEMORY_FRACTION`)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    compute_weights: float
+    activations: float
+    transient: float
+    workspace: float
+    capacity: float
+
+    @functools.cached_property
+    def total(self) -> float:
+        return sum(getattr(self, name) for name in _MEMORY_PARTS)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict[str, float]:
+        """Each part and the total, bytes."""
+        return {name: getattr(self, name) for name in _MEMORY_PARTS} | {"total": self.total}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Dtypes of a run: ``param_dtype`` (master weights, gradients, AdamW moments) and
+    ``compute_dtype`` (matmuls and activations); ``attention`` is ``flash`` or
+    ``materialized``."""
+
+    param_dtype: str = "float32"
+    compute_dtype: str = "bfloat16"
+    attention: str = "flash"
+
+
+def memory_per_device(
+    model: ModelConfig,
+    layout: Layout,
+    gpu: GpuSpec,
+    seq_len: int,
+    batch_sequences: int,
+    precision: Precision,
+) -> MemoryBreakdown:
+    """Peak bytes per device of one training step (module docstring), for ``batch_sequences``
+    sequences of ``seq_len`` tokens per step over the whole layout."""
+    param_bytes = DTYPE_BYTES[precision.param_dtype]
+    compute_bytes = DTYPE_BYTES[precision.compute_dtype]
+    shards = layout.fsdp * layout.tp
+    layers = stage_layers(model, layout)
+    matrices, norms = layer_params(model)
+    table = model.vocab_size * model.d_model
+    stage_params = layers * (matrices / shards + norms) + table / shards
+    if layout.pp == 1:
+        stage_params += table / shards + model.d_model
+    weights = stage_params * param_bytes
+    compute_weights = stage_params * compute_bytes if compute_bytes != param_bytes else 0.0
+    if layout.fsdp > 1:
+        compute_weights += 2 * matrices / layout.tp * compute_bytes
+
+    tokens = batch_sequences * seq_len / (layout.replicas * layout.microbatches)
+    saved = layer_activation_bytes(
+        model, seq_len, layout.remat, compute_bytes, precision.attention
+    ).per_device(layout.tp, layout.sequence_parallel)
+    full_layer = layer_activation_bytes(
+        model, seq_len, "none", compute_bytes, precision.attention
+    ).per_device(layout.tp, layout.sequence_parallel)
+    grad_temps = layer_gradient_bytes(model, seq_len, precision.attention) / layout.tp
+    activations = saved * layers * tokens * in_flight_microbatches(layout)
+    if layout.remat == "none" and precision.attention == "materialized":
+        activations += 5 * model.n_heads / layout.tp * seq_len * tokens
+    layer_backward = full_layer * tokens
+    if layout.remat != "none":
+        layer_backward += (grad_temps - saved) * tokens
+    logits = 2 * 4 * model.vocab_size / layout.tp * tokens
+    workspace = 0.0 if gpu.name == "cpu" else ACCELERATOR_WORKSPACE_BYTES
+    return MemoryBreakdown(
+        weights=weights,
+        gradients=weights,
+        optimizer=2 * weights,
+        compute_weights=compute_weights,
+        activations=activations,
+        transient=max(layer_backward, logits),
+        workspace=workspace,
+        capacity=gpu.hbm_bytes * USABLE_MEMORY_FRACTION,
+    )

@@ -1,0 +1,149 @@
+"""Model estimates: parameter counts and training FLOPs per token of Llama-style shapes.
+
+Shapes are :class:`titan.config.ModelConfig` values: the presets shared with
+:mod:`titan.models.llama` (``titan.config.PRESETS``) or a custom shape written as
+``d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256``.
+
+FLOPs count a multiply-add as 2 FLOPs. Per token and per decoder layer, the forward pass does
+2 x (matmul parameters of the layer) FLOPs in its projections (Kaplan et al. 2020, "Scaling Laws
+for Neural Language Models", Sec. 2.1, Table 1) plus 2 x 2 x s x d in attention (q k^T and the
+weighted sum of values over s keys, d = n_heads x head_dim). The output head adds 2 x d x V; the
+embedding lookup is a gather, not a matmul. The backward pass costs twice the forward (one matmul
+for the input gradient and one for the weight gradient per forward matmul), so training costs
+3 x forward: 6 N + 12 L s d for attention counted in full (PaLM, Chowdhery et al. 2022,
+Appendix B). With a causal mask only half of the score matrix is needed: the ``causal``
+convention halves the attention term (as FlashAttention, Dao et al. 2022, counts it); ``full``
+keeps it. Both conventions are reported; the FLOPs a kernel *executes* depend on it: a flash
+kernel skips masked blocks (causal), a materialized score matrix computes all of it (full).
+
+Recomputation (``--remat``) adds forward work that model FLOPs (and MFU) do not count:
+``none`` adds nothing; ``dots`` (JAX ``dots_with_no_batch_dims_saveable``) keeps the projection
+outputs and recomputes attention (its matmuls have batch dimensions), so it adds one attention
+forward per layer; ``full`` (``nothing_saveable``) recomputes the whole layer forward
+(Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+Sec. 5: full recomputation costs one extra forward pass, about 33% more).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from titan.config import PRESETS, REMAT_POLICIES, ModelConfig, TrainConfig
+from titan.errors import TitanError
+
+ATTENTION_CONVENTIONS = ("causal", "full")
+# How attention is computed: "flash" (a fused kernel, O(s) memory, skips masked blocks) or
+# "materialized" (the ``native`` provider of titan.ops: the (s, s) scores exist in memory).
+ATTENTION_KERNELS = ("flash", "materialized")
+_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+
+
+def resolve_model(text: str) -> ModelConfig:
+    """A preset name (``llama3-70b``) or a custom shape (``d_model=...,n_layers=...,...``).
+
+    The ``tiny`` preset takes its vocabulary from a tokenizer trained per corpus; here it gets the
+    default ``--vocab-size`` of ``titan train`` (4096).
+
+    Raises:
+        TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
+    """
+    name = text.strip().lower()
+    if name in PRESETS:
+        preset = PRESETS[name]
+        if preset.vocab_size == 0:
+            return dataclasses.replace(preset, vocab_size=TrainConfig().vocab_size)
+        return preset
+    if "=" not in name:
+        raise TitanError(
+            f"--model {text!r} is not a preset ({', '.join(PRESETS)}) nor a shape like "
+            "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256"
+        )
+    values: dict[str, int] = {}
+    for entry in filter(None, (part.strip() for part in name.split(","))):
+        key, _, value = entry.partition("=")
+        if key not in _SHAPE_FIELDS:
+            raise TitanError(f"--model: unknown field {key!r}; fields: {', '.join(_SHAPE_FIELDS)}")
+        try:
+            values[key] = int(float(value))
+        except ValueError:
+            raise TitanError(f"--model: {key} must be a number, got {value!r}") from None
+    missing = [key for key in _SHAPE_FIELDS if key not in values]
+    if missing:
+        raise TitanError(f"--model: missing {', '.join(missing)}")
+    shape = ModelConfig("custom", **values)
+    _check_shape(shape)
+    return shape
+
+
+def _check_shape(m: ModelConfig) -> None:
+    for key in _SHAPE_FIELDS:
+        if getattr(m, key) < 1:
+            raise TitanError(f"--model: {key} must be >= 1, got {getattr(m, key)}")
+    if m.d_model % m.n_heads:
+        raise TitanError(f"--model: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
+    if m.n_heads % m.n_kv_heads:
+        raise TitanError(
+            f"--model: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
+        )
+
+
+def kv_dim(m: ModelConfig) -> int:
+    """Width of the key (and of the value) projection: n_kv_heads x head_dim."""
+    return m.n_kv_heads * m.head_dim
+
+
+def layer_matmul_params(m: ModelConfig) -> int:
+    """Matmul parameters of one decoder layer: q and output projections (2 d^2), k and v
+    (2 d kv_dim), SwiGLU gate, up and down (3 d ffn_dim)."""
+    return 2 * m.d_model * m.d_model + 2 * m.d_model * kv_dim(m) + 3 * m.d_model * m.ffn_dim
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """Forward FLOPs per token of the parts of a model, as executed.
+
+    Attributes:
+        layer_matmul: projections of one decoder layer (2 x its matmul parameters).
+        layer_attention: q k^T and probabilities x values of one layer over ``seq_len`` keys
+            (halved when ``causal``).
+        head: output projection (2 d V).
+    """
+
+    layer_matmul: float
+    layer_attention: float
+    head: float
+
+
+def token_flops(m: ModelConfig, seq_len: int, causal: bool) -> TokenFlops:
+    """Forward FLOPs per token (see :class:`TokenFlops`); ``causal`` halves attention."""
+    attention = 4.0 * seq_len * m.d_model * (0.5 if causal else 1.0)
+    return TokenFlops(2.0 * layer_matmul_params(m), attention, 2.0 * m.d_model * m.vocab_size)
+
+
+def model_flops_per_token(m: ModelConfig, seq_len: int, convention: str = "causal") -> float:
+    """Training (forward + backward) model FLOPs per token, without recomputation:
+    6 N_matmul + 12 L s d (x 1/2 for the ``causal`` convention).
+
+    Raises:
+        ValueError: ``convention`` not in :data:`ATTENTION_CONVENTIONS`.
+    """
+    if convention not in ATTENTION_CONVENTIONS:
+        raise ValueError(f"attention convention must be one of {ATTENTION_CONVENTIONS}")
+    f = token_flops(m, seq_len, causal=convention == "causal")
+    return 3.0 * (m.n_layers * (f.layer_matmul + f.layer_attention) + f.head)
+
+
+def layer_recompute_flops(f: TokenFlops, remat: str) -> float:
+    """Forward FLOPs per token and layer redone in the backward pass under ``remat``.
+
+    Raises:
+        ValueError: unknown remat policy.
+    """
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {remat!r}")
+    return {
+        "none": 0.0,
+        "dots": f.layer_attention,
+        "full": f.layer_matmul + f.layer_attention,
+    }[remat]
