@@ -21,8 +21,10 @@ and its tokens/s relative to the best configuration it was compared with. Gradie
 MFU (Chowdhery et al. 2022, PaLM, App. B): tokens/s * FLOPs per token / peak FLOP/s, with
 FLOPs per token = 6 * N (N: parameters without the input embedding, which is a lookup) plus
 attention 12 * L * S * d counted in full (PaLM, torchtitan) or 6 * L * S * d halved for the causal
-mask (MaxText); the same formulas as the baseline file. Peak: 989e12 dense bf16 FLOP/s on H100
-and H200 (NVIDIA H100/H200 datasheets, SXM); on other devices MFU is reported as unknown.
+mask (MaxText), from :func:`titan.planning.models.model_flops_per_token`; the same formulas as
+the baseline file. Peak: the device's dense bf16 FLOP/s from the GPU catalog
+(:mod:`titan.planning.gpus`: 989.5e12 on H100/H200 SXM, the baseline file divides by 989e12);
+on a device not in the catalog, or the CPU, MFU is reported as unknown.
 
 Writes ``bench/results/mfu-<device>.json`` (or ``--out``) and prints a Markdown table.
 ``--smoke`` runs a tiny model on CPU (no baseline unless one is given) so that CI checks the
@@ -43,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from titan.config import ModelConfig, TrainConfig
+from titan.planning.gpus import gpu_for_device_kind
+from titan.planning.models import model_flops_per_token
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}
-
-
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """Model and batch shape (the baseline's names: L layers, d model dim, S sequence, B batch)."""
@@ -105,15 +106,15 @@ SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def flops_per_token(shape: Shape, causal_halved: bool) -> float:
-    """Training FLOPs per token: 6 N plus attention (see the module docstring)."""
-    params = model_config(shape).param_count() - shape.vocab * shape.d_model
-    attention = (6 if causal_halved else 12) * shape.layers * shape.seq * shape.d_model
-    return 6 * params + attention
+    """Training FLOPs per token, 6 N plus attention (:mod:`titan.planning.models`)."""
+    convention = "causal" if causal_halved else "full"
+    return model_flops_per_token(model_config(shape), shape.seq, convention)
 
 
 def peak_flops(device_kind: str) -> float | None:
-    """Dense bf16 peak FLOP/s of a device kind (e.g. "NVIDIA H200"), None when unknown."""
-    return next((peak for name, peak in PEAK_FLOPS.items() if name in device_kind), None)
+    """Dense bf16 peak FLOP/s of a device kind (the GPU catalog), None when unknown or CPU."""
+    spec = gpu_for_device_kind(device_kind)
+    return spec.bf16_flops if spec is not None and spec.name != "cpu" else None
 
 
 def model_config(shape: Shape) -> ModelConfig:
