@@ -17,7 +17,12 @@ from titan.errors import TitanError
 EXIT_USAGE = 2
 # Each module defines add_parser(subparsers), which sets ``run`` (args -> exit code) as the
 # subparser's default. Modules must import quickly: no JAX at import time.
-COMMAND_MODULES = ("titan.trainer.commands", "titan.ops.commands", "titan.planning.commands")
+COMMAND_MODULES = (
+    "titan.trainer.commands",
+    "titan.ops.commands",
+    "titan.planning.commands",
+    "titan.observability.commands",
+)
 
 
 def _command_modules() -> list[Any]:

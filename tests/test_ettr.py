@@ -1,0 +1,112 @@
+"""ETTR and goodput of constructed multi-attempt runs, against values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from titan.observability.ettr import analyze
+
+
+def _event(kind: str, time: float, **fields) -> dict:
+    return {"schema": 1, "type": kind, "time": time, "run_id": "r", **fields}
+
+
+def crash_then_resume() -> list[dict]:
+    """Attempt 0 (fresh) checkpoints step 2, runs steps 3 and 4 and crashes; attempt 1 resumes
+    from step 2 after an 83.5 s gap, redoes steps 3 and 4 and completes at step 6.
+
+    Attempt 0, wall 1016.5 - 1000 = 16.5 s: initialization 1002 - 1000 = 2 (compile ends at
+    1012 after 10 s); steps 1-4 of 1.0, 1.0, 1.5 (0.5 of it the step-2 save) and 1.0 (0.25 of it
+    data wait). Attempt 1, wall 12.5 s: restore 1103 - 1100 = 3, compile 5, steps 3-6 of 1.0,
+    1.0, 1.4 (0.4 save), 1.0, then a 0.1 s save and run_end.
+    """
+    return [
+        _event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=6),
+        _event("compile", 1012.0, what="train_step", seconds=10.0),
+        _event("step", 1013.0, step=1, step_time_s=1.0, loss=5.0),
+        _event("step", 1014.0, step=2, step_time_s=1.0, loss=4.0),
+        _event("checkpoint", 1014.5, step=2, seconds=0.5, path="c/2"),
+        _event("step", 1015.5, step=3, step_time_s=1.5, loss=3.5, future_field={"x": 1}),
+        _event("stall", 1016.0, phase="step", elapsed_s=30.0, threshold_s=20.0, stacks="..."),
+        _event("step", 1016.5, step=4, step_time_s=1.0, data_wait_s=0.25, loss=3.4),
+        _event("run_start", 1100.0, start_step=2, resumed_from_step=2, total_steps=6),
+        _event("compile", 1108.0, what="train_step", seconds=5.0),
+        _event("step", 1109.0, step=3, step_time_s=1.0, loss=3.6),
+        _event("some_new_type", 1109.5, payload=[1, 2]),
+        _event("step", 1110.0, step=4, step_time_s=1.0, loss=3.3),
+        _event("checkpoint", 1110.4, step=4, seconds=0.4, path="c/4"),
+        _event("step", 1111.4, step=5, step_time_s=1.4, loss=3.2),
+        _event("step", 1112.4, step=6, step_time_s=1.0, loss=3.1),
+        _event("checkpoint", 1112.5, step=6, seconds=0.1, path="c/6"),
+        _event("run_end", 1112.5, status="completed", step=6, reason=None),
+    ]
+
+
+def test_ettr_and_badput_of_a_crash_and_resume_match_hand_computation():
+    g = analyze(crash_then_resume())
+    assert [a.status for a in g.attempts] == ["crashed", "completed"]
+    assert g.available_s == pytest.approx(16.5 + 12.5)
+    # Steps 1-2 of attempt 0 (1.0 + 1.0) and steps 3-6 of attempt 1 (1.0 + 1.0 + 1.0 + 1.0).
+    assert g.productive_s == pytest.approx(6.0)
+    assert g.ettr == pytest.approx(6.0 / 29.0)
+    assert g.goodput == pytest.approx(6.0 / 29.0)
+    assert g.badput_s == pytest.approx(
+        {
+            "initialization": 2.0,
+            "compilation": 15.0,
+            "data_wait": 0.25,
+            "checkpoint_save": 1.0,
+            "checkpoint_restore": 3.0,
+            "lost_progress": 1.0 + 0.75,  # attempt 0's steps 3 and 4, redone in attempt 1
+            "other": 0.0,
+        },
+        abs=1e-9,
+    )
+    assert g.restarts == 1
+    assert g.restart_gap_s == pytest.approx(83.5)
+    assert [a.surviving_upto for a in g.attempts] == [2, 6]
+    assert sum(a.stalls for a in g.attempts) == 1
+    assert g.data_wait_recorded
+    assert sum(g.as_dict()["badput"].values()) + g.ettr == pytest.approx(1.0)
+
+
+def test_final_crashed_attempt_keeps_only_steps_up_to_its_last_checkpoint():
+    events = [
+        _event("run_start", 0.0, start_step=0, resumed_from_step=None),
+        _event("compile", 3.0, seconds=2.0),
+        _event("step", 4.0, step=1, step_time_s=1.0),
+        _event("checkpoint", 4.5, step=1, seconds=0.5),
+        _event("step", 6.0, step=2, step_time_s=1.5),
+        _event("step", 8.0, step=3, step_time_s=2.0),
+    ]
+    g = analyze(events)
+    assert g.attempts[0].status == "crashed"
+    assert g.productive_s == pytest.approx(1.0)
+    assert g.badput_s["lost_progress"] == pytest.approx(1.0 + 2.0)
+    assert g.badput_s["initialization"] == pytest.approx(1.0)
+    assert g.ettr == pytest.approx(1.0 / 8.0)
+    assert not g.data_wait_recorded
+
+
+def test_resume_from_an_older_checkpoint_loses_the_steps_after_it_in_every_attempt():
+    """Attempt 1 resumed from 2 and crashed at 5 (checkpoint 4 unusable); attempt 2 resumed from
+    step 2 again: steps 3-5 of attempt 1 and 3-4 of attempt 0 are lost, each step counts once."""
+    events = [
+        _event("run_start", 0.0, start_step=0),
+        *[_event("step", float(s), step=s, step_time_s=1.0) for s in (1, 2, 3, 4)],
+        _event("run_start", 10.0, start_step=2, resumed_from_step=2),
+        *[_event("step", 10.0 + s, step=s, step_time_s=1.0) for s in (3, 4, 5)],
+        _event("run_start", 20.0, start_step=2, resumed_from_step=2),
+        *[_event("step", 20.0 + s - 2, step=s, step_time_s=1.0) for s in (3, 4, 5, 6)],
+        _event("run_end", 24.0, status="stopped", step=6),
+    ]
+    g = analyze(events)
+    assert [a.surviving_upto for a in g.attempts] == [2, 2, 6]
+    assert [a.productive_s for a in g.attempts] == [2.0, 0.0, 4.0]
+    assert g.badput_s["lost_progress"] == pytest.approx(2.0 + 3.0)
+    assert g.restarts == 2
+
+
+def test_no_run_start_gives_no_ettr():
+    g = analyze([_event("step", 1.0, step=1, step_time_s=1.0), {"type": "step", "time": "x"}])
+    assert g.attempts == [] and g.ettr is None

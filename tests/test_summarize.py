@@ -1,0 +1,166 @@
+"""Ingest of run records into DuckDB and the per-run summaries of ``titan summarize``."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from test_ettr import crash_then_resume
+
+from titan.cli import main
+from titan.errors import TitanError
+from titan.observability import summarize
+from titan.observability.records import EVENTS_FILE, RunRecord
+
+SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
+
+
+def write_run(root: Path, run_id: str, events: list[dict], tail: str = "") -> Path:
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps({**e, "run_id": run_id}) + "\n" for e in events)
+    (run_dir / EVENTS_FILE).write_text(lines + tail)
+    return run_dir / EVENTS_FILE
+
+
+def event_count(con, run_id: str) -> int:
+    return con.execute("SELECT count(*) FROM events WHERE run_id = ?", [run_id]).fetchone()[0]
+
+
+def test_summary_of_a_crash_and_resume_run(tmp_path):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "step":
+            e.update(tokens=100, tokens_seen=100 * e["step"], tokens_per_s=100 / e["step_time_s"])
+            e.update(energy_j=50.0, mfu={"causal": 0.1 * e["step"], "full": 0.2})
+    write_run(tmp_path, "run-a", events)
+    [s] = summarize.summarize(tmp_path)
+    assert (s.run_id, s.status, s.steps, s.tokens) == ("run-a", "completed", 6, 600)
+    assert s.wall_s == pytest.approx(112.5)
+    assert s.ettr == pytest.approx(6.0 / 29.0)
+    assert s.badput["lost_progress"] == pytest.approx(1.75 / 29.0)
+    assert (s.restarts, s.stalls) == (1, 1)
+    assert (s.final_loss, s.best_loss) == (3.1, 3.1)
+    # 8 step events: tokens/s 100, 100, 66.7, 100 | 100, 100, 71.4, 100 -> median 100.
+    assert s.median_tokens_per_s == pytest.approx(100.0)
+    # MFU causal of steps 1, 2, 3, 4, 3, 4, 5, 6 (x 0.1): median 0.35.
+    assert (s.median_mfu, s.mfu_convention) == (pytest.approx(0.35), "causal")
+    assert s.energy_j == 400.0 and s.tokens_per_j == pytest.approx(2.0)
+
+
+def test_missing_mfu_and_energy_are_none_and_shown_as_unknown(tmp_path, capsys):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "run_start":
+            e["power"] = {"source": None, "available": False, "reason": "no NVML, no RAPL"}
+    events[-3].update(mfu=None, mfu_reason="no peak for cpu")
+    write_run(tmp_path, "run-b", events)
+    assert main(["summarize", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "unknown" in out and "unavailable" in out and "run-b" in out
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["median_mfu"] is None and row["energy_j"] is None and row["restarts"] == 1
+    assert (row["mfu_reason"], row["energy_reason"]) == ("no peak for cpu", "no NVML, no RAPL")
+
+
+def test_torn_last_line_waits_for_the_next_ingest(tmp_path):
+    events = crash_then_resume()
+    complete = "".join(json.dumps({**e, "run_id": "torn"}) + "\n" for e in events)
+    torn = json.dumps({**events[-1], "type": "late", "run_id": "torn"})
+    path = write_run(tmp_path, "torn", events, tail=torn[:20])
+    con = summarize.connect(tmp_path)
+    report = summarize.ingest(con, tmp_path)
+    assert report.events == len(events) and report.bad_lines == 0
+    path.write_text(complete + torn + "\n")
+    assert summarize.ingest(con, tmp_path).events == 1
+    assert event_count(con, "torn") == len(events) + 1
+    seqs = con.execute("SELECT list(seq ORDER BY seq) FROM events").fetchone()[0]
+    assert seqs == list(range(len(events) + 1))
+    assert summarize.ingest(con, tmp_path).events == 0
+
+
+def test_new_fields_types_and_bad_lines_are_kept_or_counted(tmp_path):
+    events = crash_then_resume()
+    events[2] = {**events[2], "schema": 2, "novel": {"nested": [1, 2]}, "loss": float("nan")}
+    write_run(tmp_path, "new", events, tail="{not json\n[1, 2]\n")
+    con = summarize.connect(tmp_path)
+    report = summarize.ingest(con, tmp_path)
+    assert report.events == len(events) and report.bad_lines == 2
+    novel, loss = con.execute(
+        "SELECT payload->'novel'->'nested'->>1, loss FROM events WHERE run_id = ? AND step = 1",
+        ["new"],
+    ).fetchone()
+    assert novel == "2" and math.isnan(loss)
+    types = con.execute("SELECT list(DISTINCT type) FROM events").fetchone()[0]
+    assert "some_new_type" in types and "stall" in types
+    assert summarize.summaries(con, "new")[0].bad_lines == 2
+
+
+def test_replaced_file_is_read_again(tmp_path):
+    events = crash_then_resume()
+    write_run(tmp_path, "again", events)
+    con = summarize.connect(tmp_path)
+    summarize.ingest(con, tmp_path)
+    write_run(tmp_path, "again", events[:3])
+    summarize.ingest(con, tmp_path)
+    assert event_count(con, "again") == 3
+    assert summarize.summaries(con, "again")[0].status == "crashed"
+
+
+def test_100k_step_events_ingest_once(tmp_path):
+    run_dir = tmp_path / "big"
+    run_dir.mkdir()
+    record = RunRecord(run_dir, "big")
+    record.emit("run_start", start_step=0, resumed_from_step=None)
+    for step in range(1, 100_001):
+        record.emit(
+            "step",
+            step=step,
+            loss=10.0 / step,
+            step_time_s=0.01,
+            tokens=8,
+            tokens_seen=8 * step,
+            tokens_per_s=800.0,
+        )
+    record.emit("run_end", status="completed", step=100_000)
+    record.close()
+    con = summarize.connect(tmp_path)
+    assert summarize.ingest(con, tmp_path).events == 100_002
+    assert summarize.ingest(con, tmp_path).events == 0
+    assert event_count(con, "big") == 100_002
+    [s] = summarize.summaries(con)
+    assert (s.steps, s.tokens, s.final_loss) == (100_000, 800_000, pytest.approx(1e-4))
+    con.close()
+    assert summarize.summarize(tmp_path)[0].steps == 100_000
+
+
+def test_run_ids_are_parameters_not_sql(tmp_path):
+    run_id = "x'); DROP TABLE events; --"
+    write_run(tmp_path, run_id, crash_then_resume())
+    [s] = summarize.summarize(tmp_path)
+    assert s.run_id == run_id and s.steps == 6
+
+
+def test_sample_runs_summary(tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(SAMPLE_RUNS, root)
+    summaries = {s.run_id: s for s in summarize.summarize(root)}
+    assert len(summaries) == len([p for p in SAMPLE_RUNS.iterdir() if p.is_dir()])
+    s = summaries["tiny-20261129-185806-39fc"]
+    last = [json.loads(line) for line in (root / s.run_id / EVENTS_FILE).read_text().splitlines()]
+    steps = [e for e in last if e["type"] == "step"]
+    assert (s.status, s.steps, s.restarts) == ("completed", 200, 0)
+    assert s.final_loss == steps[-1]["loss"]
+    assert s.best_loss == min(e["loss"] for e in steps)
+    assert 0.9 < s.ettr < 1.0
+
+
+def test_missing_runs_root_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(TitanError, match="does not exist"):
+        summarize.summarize(tmp_path / "nope")
+    assert main(["summarize", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,208 @@
+"""``titan summarize`` and ``titan perf check``: run records through the runs root's DuckDB.
+
+Both ingest the new lines of every ``events.jsonl`` first (:mod:`titan.observability.summarize`),
+so they are the database's one writer while they run. ``--json`` prints the same as JSON.
+``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
+earlier run of its key), so that a script or CI job can gate on it; 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from titan.errors import TitanError
+from titan.observability.records import default_runs_root
+
+EXIT_OK, EXIT_FLAGGED = 0, 1
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``summarize`` and ``perf`` to the ``titan`` subcommands."""
+    s = subparsers.add_parser(
+        "summarize",
+        help="summarize the runs of a runs root",
+        description="Ingest the run records of RUNS_ROOT into RUNS_ROOT/titan.duckdb "
+        "(incrementally) and print each run's status, steps, tokens, throughput, MFU, energy, "
+        "ETTR and goodput, stalls, restarts and losses.",
+    )
+    _add_common(s, run_summarize)
+
+    perf = subparsers.add_parser(
+        "perf",
+        help="performance database of measured step times",
+        description="Measured step times keyed by model shape, layout, device kind and count "
+        "and JAX versions.",
+    )
+    actions = perf.add_subparsers(dest="perf_command", required=True)
+    c = actions.add_parser(
+        "check",
+        help="flag runs slower than the best earlier run of the same key",
+        description="List each run's median step time (first 3 steps of each attempt left "
+        "out) against the best earlier run of the same key; flag it when more than 5% slower. "
+        "Exit code 1 when a listed run is flagged.",
+    )
+    _add_common(c, run_perf_check)
+
+
+def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
+    """``RUNS_ROOT``, ``--run``, ``--json`` and the command's ``run``."""
+    parser.add_argument(
+        "runs_root",
+        nargs="?",
+        default=None,
+        metavar="RUNS_ROOT",
+        help="default: $TITAN_RUNS, else ./runs",
+    )
+    parser.add_argument(
+        "--run", dest="run_id", default=None, metavar="RUN_ID", help="only this run"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(run=run)
+
+
+def _root(args: argparse.Namespace) -> Path:
+    return default_runs_root(args.runs_root or "")
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    """Run ``titan summarize``; returns the exit code."""
+    from titan.observability import summarize
+
+    root = _root(args)
+    con = summarize.connect(root)
+    try:
+        summarize.ingest(con, root)
+        rows = summarize.summaries(con, args.run_id)
+    finally:
+        con.close()
+    if args.run_id is not None and not rows:
+        raise TitanError(f"--run {args.run_id}: no such run in {root}")
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        _print_summaries(root, rows)
+    return EXIT_OK
+
+
+def run_perf_check(args: argparse.Namespace) -> int:
+    """Run ``titan perf check``; returns 1 when a listed run is flagged, else 0."""
+    from titan.observability import perfdb, summarize
+
+    root = _root(args)
+    con = summarize.connect(root)
+    try:
+        summarize.ingest(con, root)
+        checks = perfdb.check(perfdb.measurements(con))
+    finally:
+        con.close()
+    if args.run_id is not None:
+        checks = [c for c in checks if c.run_id == args.run_id]
+        if not checks:
+            raise TitanError(f"--run {args.run_id}: no step-time measurement for it in {root}")
+    if args.json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        _print_checks(root, checks)
+    return EXIT_FLAGGED if any(c.flagged for c in checks) else EXIT_OK
+
+
+def _num(value: float | None, fmt: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, s = divmod(int(round(seconds)), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}:{m:02d}:{s:02d}" if hours else f"{m}:{s:02d}"
+
+
+def _console() -> Any:
+    """A rich console; 200 columns when the output is not a terminal (pipes, files, tests)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _print_summaries(root: Path, rows: list[Any]) -> None:
+    from rich.table import Table
+
+    conventions = sorted({r.mfu_convention for r in rows if r.mfu_convention})
+    table = Table(
+        title=f"runs in {root}",
+        caption="ETTR: productive / available time (Kokolis et al. 2024); goodput badput "
+        "breakdown in --json"
+        + (f"; MFU convention: {', '.join(conventions)}" if conventions else ""),
+    )
+    for name in (
+        "run",
+        "status",
+        "steps",
+        "tokens",
+        "wall",
+        "tokens/s",
+        "MFU",
+        "energy (J)",
+        "tokens/J",
+        "ETTR",
+        "goodput",
+        "stalls",
+        "restarts",
+        "final loss",
+        "best loss",
+    ):
+        table.add_column(name, justify="left" if name in ("run", "status") else "right")
+    for r in rows:
+        status = f"{r.status} ({r.reason})" if r.reason else r.status
+        table.add_row(
+            r.run_id,
+            status,
+            _num(r.steps, ","),
+            _num(r.tokens, ","),
+            _duration(r.wall_s),
+            _num(r.median_tokens_per_s, ",.0f"),
+            _num(r.median_mfu, ".1%", "unknown"),
+            _num(r.energy_j, ",.0f", "unavailable"),
+            _num(r.tokens_per_j, ",.2f", "unavailable"),
+            _num(r.ettr, ".1%"),
+            _num(r.goodput, ".1%"),
+            str(r.stalls),
+            str(r.restarts),
+            _num(r.final_loss, ".3f"),
+            _num(r.best_loss, ".3f"),
+        )
+    _console().print(table)
+
+
+def _print_checks(root: Path, checks: list[Any]) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"step times in {root}",
+        caption="median step_time_s, first 3 steps of each attempt left out; flagged: more "
+        "than 5% slower than the best earlier run of the same key",
+    )
+    for name in (
+        "run",
+        "median step (s)",
+        "best earlier (s)",
+        "best earlier run",
+        "slower",
+        "flag",
+    ):
+        table.add_column(name, justify="left" if name in ("run", "best earlier run") else "right")
+    for c in checks:
+        table.add_row(
+            c.run_id,
+            f"{c.median_step_s:.4f}",
+            _num(c.best_earlier_s, ".4f"),
+            c.best_earlier_run or "-",
+            _num(c.slower, "+.1%"),
+            "[red]SLOWER[/red]" if c.flagged else "ok",
+        )
+    _console().print(table)

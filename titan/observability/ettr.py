@@ -1,0 +1,305 @@
+"""Restart analysis of one run: effective training time ratio (ETTR) and runtime goodput.
+
+A run's ``events.jsonl`` is a chain of *attempts*: the events from one ``run_start`` to the next
+``run_start`` or the end of the file. An attempt without ``run_end`` crashed (a run still in
+progress looks the same); its end is its last event's time.
+
+Definitions (Kokolis et al. 2024, "Revisiting Reliability in Large-Scale Machine Learning Research
+Clusters", Sec. 3: ETTR = productive runtime / available wall-clock time; the badput categories
+follow Google's "ML Productivity Goodput" (Google Cloud blog, 2024, and the
+``ml-goodput-measurement`` library: initialization, program startup/compilation, data loading,
+checkpoint save and restore, progress wasted by a disruption)):
+
+    available_s  = sum over attempts a of (last event time(a) - run_start time(a))
+    productive_s = sum over surviving steps s of (step_time_s - data_wait_s - save_s_inside)
+    ETTR         = productive_s / available_s
+    goodput      = productive_s / available_s, with badput (fractions of available_s):
+        initialization     = first compile start (or first step start) - run_start, fresh attempt
+        checkpoint_restore = the same span in a resumed attempt (an upper bound: it also holds
+                             whatever else the process did there)
+        compilation        = sum of ``compile`` events' ``seconds``
+        data_wait          = sum of step events' ``data_wait_s`` (0 when the trainer does not
+                             record it: ``data_wait_recorded`` is then False)
+        checkpoint_save    = sum of ``checkpoint`` events' ``seconds``
+        lost_progress      = compute time of steps that did not survive
+        other              = available_s - everything above (shutdown, logging, the time after
+                             the last step of a crashed attempt)
+
+Assumptions, stated because the records cannot show otherwise:
+
+- Gaps between attempts (no process ran: the scheduler re-queued the job, or a person restarted
+  it) are not available time. Kokolis et al. count the time a job is eligible to run; without the
+  scheduler's record we cannot tell waiting-to-be-scheduled from not submitted, so ETTR and
+  runtime goodput coincide here and ``restart_gap_s`` is reported on its own.
+- Time a process spends before it writes ``run_start`` (imports, tokenization and, in the current
+  trainer, the checkpoint restore itself) is invisible to the records and counted nowhere.
+- ``step_time_s`` is the wall time between consecutive step completions, so a checkpoint saved
+  between steps k and k+1 is inside step k+1's time: its ``seconds`` are taken out of that step.
+  ``data_wait_s`` is taken to be inside ``step_time_s`` too.
+- A stall (``stall`` event) that ends is inside its step's ``step_time_s``; one that ends the
+  process leaves the time after the last step in ``other``. Stalls are counted, not timed.
+- Surviving steps: attempt a+1 restores step r(a+1) (its ``start_step``). A step of attempt a
+  survives when its number is <= min(r(a+1), bound(a+1)); the final attempt's bound is its
+  ``run_end`` step when it ended ``completed`` or ``stopped`` (the trainer checkpoints then),
+  else its last checkpoint. A step number counts once: a step redone after a restart is
+  productive in the attempt whose result survived and lost in the others.
+
+This module imports neither JAX nor DuckDB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+BADPUT_KINDS = (
+    "initialization",
+    "compilation",
+    "data_wait",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "lost_progress",
+    "other",
+)
+CLEAN_ENDS = ("completed", "stopped")
+CRASHED = "crashed"
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (not bool, not NaN), else None."""
+    kind = type(value)  # exact types: bool is not a number here
+    if kind is float:
+        return value if value == value else None
+    return float(value) if kind is int else None
+
+
+def _int(value: Any) -> int | None:
+    """``value`` as an int when it is an int or a float with an integral value, else None."""
+    if type(value) is int:
+        return value
+    number = _number(value)
+    return int(number) if number is not None and number.is_integer() else None
+
+
+@dataclass
+class Attempt:
+    """One process's share of a run (times in seconds, unix time for ``start``/``end``)."""
+
+    index: int
+    start: float
+    end: float
+    status: str
+    start_step: int
+    resumed: bool
+    init_s: float = 0.0
+    restore_s: float = 0.0
+    compile_s: float = 0.0
+    checkpoint_save_s: float = 0.0
+    data_wait_s: float = 0.0
+    productive_s: float = 0.0
+    lost_s: float = 0.0
+    stalls: int = 0
+    last_step: int | None = None
+    last_checkpoint: int | None = None
+    surviving_upto: int | None = None
+    # (step number, compute seconds) of each step, in order.
+    steps: list[tuple[int, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def other_s(self) -> float:
+        accounted = (
+            self.init_s
+            + self.restore_s
+            + self.compile_s
+            + self.checkpoint_save_s
+            + self.data_wait_s
+            + self.productive_s
+            + self.lost_s
+        )
+        return self.wall_s - accounted
+
+
+@dataclass
+class Goodput:
+    """ETTR and runtime goodput of a run (see the module docstring for the formulas)."""
+
+    attempts: list[Attempt]
+    data_wait_recorded: bool
+
+    @property
+    def available_s(self) -> float:
+        return sum(a.wall_s for a in self.attempts)
+
+    @property
+    def productive_s(self) -> float:
+        return sum(a.productive_s for a in self.attempts)
+
+    @property
+    def restarts(self) -> int:
+        return max(len(self.attempts) - 1, 0)
+
+    @property
+    def restart_gap_s(self) -> float:
+        """Time between an attempt's last event and the next ``run_start`` (not available)."""
+        pairs = zip(self.attempts, self.attempts[1:], strict=False)
+        return sum(max(b.start - a.end, 0.0) for a, b in pairs)
+
+    @property
+    def badput_s(self) -> dict[str, float]:
+        """Seconds per badput kind (:data:`BADPUT_KINDS`), summed over attempts."""
+        per_attempt = {
+            "initialization": lambda a: a.init_s,
+            "compilation": lambda a: a.compile_s,
+            "data_wait": lambda a: a.data_wait_s,
+            "checkpoint_save": lambda a: a.checkpoint_save_s,
+            "checkpoint_restore": lambda a: a.restore_s,
+            "lost_progress": lambda a: a.lost_s,
+            "other": lambda a: a.other_s,
+        }
+        return {kind: sum(get(a) for a in self.attempts) for kind, get in per_attempt.items()}
+
+    @property
+    def ettr(self) -> float | None:
+        """Kokolis et al. 2024: productive runtime / available wall-clock time."""
+        available = self.available_s
+        return self.productive_s / available if available > 0 else None
+
+    @property
+    def goodput(self) -> float | None:
+        """Runtime goodput: the productive share of the time the attempts ran."""
+        return self.ettr
+
+    def as_dict(self) -> dict[str, Any]:
+        available = self.available_s
+        badput = self.badput_s
+        return {
+            "ettr": self.ettr,
+            "goodput": self.goodput,
+            "available_s": available,
+            "productive_s": self.productive_s,
+            "restart_gap_s": self.restart_gap_s,
+            "restarts": self.restarts,
+            "badput_s": badput,
+            "badput": {k: (v / available if available > 0 else None) for k, v in badput.items()},
+            "data_wait_recorded": self.data_wait_recorded,
+            "attempts": [
+                {
+                    "index": a.index,
+                    "status": a.status,
+                    "start_step": a.start_step,
+                    "last_step": a.last_step,
+                    "last_checkpoint": a.last_checkpoint,
+                    "surviving_upto": a.surviving_upto,
+                    "wall_s": a.wall_s,
+                    "productive_s": a.productive_s,
+                    "lost_s": a.lost_s,
+                }
+                for a in self.attempts
+            ],
+        }
+
+
+def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The events grouped by attempt, each group starting with its ``run_start``. Events before
+    the first ``run_start`` and events without a numeric ``time`` are dropped."""
+    attempts: list[list[Mapping[str, Any]]] = []
+    for event in events:
+        if not isinstance(event, dict | Mapping) or _number(event.get("time")) is None:
+            continue
+        if event.get("type") == "run_start":
+            attempts.append([event])
+        elif attempts:
+            attempts[-1].append(event)
+    return attempts
+
+
+def _attempt(index: int, events: list[Mapping[str, Any]]) -> tuple[Attempt, bool]:
+    """One attempt's accounting, before survival is known; and whether ``data_wait_s`` was seen."""
+    start_event = events[0]
+    resumed_from = _int(start_event.get("resumed_from_step"))
+    attempt = Attempt(
+        index=index,
+        start=float(start_event["time"]),
+        end=max(float(e["time"]) for e in events),
+        status=CRASHED,
+        start_step=_int(start_event.get("start_step")) or resumed_from or 0,
+        resumed=resumed_from is not None,
+    )
+    first_work: float | None = None
+    save_since_step = 0.0
+    saw_data_wait = False
+    for event in events[1:]:
+        kind, time = event.get("type"), float(event["time"])
+        if kind == "compile":
+            seconds = _number(event.get("seconds")) or 0.0
+            attempt.compile_s += seconds
+            if first_work is None:
+                first_work = time - seconds
+        elif kind == "checkpoint":
+            seconds = _number(event.get("seconds")) or 0.0
+            attempt.checkpoint_save_s += seconds
+            save_since_step += seconds
+            attempt.last_checkpoint = _int(event.get("step"))
+        elif kind == "stall":
+            attempt.stalls += 1
+        elif kind == "run_end":
+            attempt.status = str(event.get("status") or CRASHED)
+            attempt.last_step = _int(event.get("step")) or attempt.last_step
+        elif kind == "step" and (number := _int(event.get("step"))) is not None:
+            step_time = _number(event.get("step_time_s")) or 0.0
+            wait = _number(event.get("data_wait_s"))
+            if wait is None:
+                wait = 0.0
+            else:
+                saw_data_wait = True
+            if first_work is None:
+                first_work = time - step_time
+            compute = step_time - wait - save_since_step
+            attempt.steps.append((number, compute if compute > 0 else 0.0))
+            attempt.data_wait_s += wait
+            attempt.last_step = number
+            save_since_step = 0.0
+    pre_s = max((attempt.end if first_work is None else first_work) - attempt.start, 0.0)
+    if attempt.resumed:
+        attempt.restore_s = pre_s
+    else:
+        attempt.init_s = pre_s
+    return attempt, saw_data_wait
+
+
+def _final_bound(attempt: Attempt) -> int:
+    """The last step of the final attempt that the run keeps."""
+    if attempt.status in CLEAN_ENDS and attempt.last_step is not None:
+        return attempt.last_step
+    if attempt.last_checkpoint is not None:
+        return attempt.last_checkpoint
+    return attempt.start_step
+
+
+def analyze(events: Iterable[Mapping[str, Any]]) -> Goodput:
+    """ETTR and goodput of a run from its events in file order (unknown types and fields are
+    ignored). A run with no ``run_start`` gives no attempts and ``ettr`` None."""
+    attempts, saw_wait = [], False
+    for index, group in enumerate(split_attempts(events)):
+        attempt, seen = _attempt(index, group)
+        attempts.append(attempt)
+        saw_wait |= seen
+    bound: int | None = None
+    counted: set[int] = set()
+    for attempt in reversed(attempts):
+        if bound is None:
+            bound = _final_bound(attempt)
+        attempt.surviving_upto = bound
+        for number, compute_s in reversed(attempt.steps):
+            if number <= bound and number not in counted:
+                counted.add(number)
+                attempt.productive_s += compute_s
+            else:
+                attempt.lost_s += compute_s
+        bound = min(bound, attempt.start_step)
+    return Goodput(attempts, saw_wait)

@@ -1,0 +1,258 @@
+"""Performance database: measured step times keyed by what determines them, and regressions.
+
+The ``perf`` table (in the runs root's ``titan.duckdb``, filled by
+:func:`titan.observability.summarize.ingest`) holds one row per run:
+
+- key: ``model`` (the model shape, JSON), ``layout`` (JSON: the trainer's layout description, the
+  mesh/pipeline options, batch size, sequence length, dtypes, recomputation and the provider of
+  each operator: everything of the run's options that changes the step's work), ``device_kind``,
+  ``device_count``, ``jax_version``, ``jaxlib_version``;
+- value: ``median_step_s``, the median ``step_time_s`` of the run's steps, leaving out the first
+  :data:`WARMUP_STEPS` steps of each attempt (the first one holds the rest of the compilation and
+  the allocator's warm-up) and steps with a checkpoint save inside them; ``steps`` measured;
+  ``run_id``; ``time`` (the run's first ``run_start``).
+
+A run is flagged when its median step time is more than :data:`REGRESSION_THRESHOLD` (5%) above
+the best (lowest) median of the *earlier* runs (smaller ``time``) of the same key.
+
+This module imports DuckDB only through the connection it is given, and no JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from titan.observability.ettr import split_attempts
+
+WARMUP_STEPS = 3
+REGRESSION_THRESHOLD = 0.05
+KEY_COLUMNS = ("model", "layout", "device_kind", "device_count", "jax_version", "jaxlib_version")
+LAYOUT_OPTIONS = (
+    "layout",
+    "dp",
+    "fsdp",
+    "tp",
+    "pp",
+    "microbatches",
+    "schedule",
+    "virtual_stages",
+    "stage_layers",
+    "batch_size",
+    "seq_len",
+    "param_dtype",
+    "compute_dtype",
+    "remat",
+)
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS perf (run_id VARCHAR PRIMARY KEY, model JSON, layout JSON,
+    device_kind VARCHAR, device_count BIGINT, jax_version VARCHAR, jaxlib_version VARCHAR,
+    median_step_s DOUBLE, steps BIGINT, time DOUBLE)""",
+)
+
+
+@dataclass(frozen=True)
+class PerfRow:
+    """One run's measured step time and its key (see the module docstring)."""
+
+    run_id: str
+    model: dict[str, Any]
+    layout: dict[str, Any]
+    device_kind: str
+    device_count: int
+    jax_version: str
+    jaxlib_version: str
+    median_step_s: float
+    steps: int
+    time: float
+
+
+@dataclass(frozen=True)
+class PerfCheck:
+    """A run against the best earlier run of its key; ``slower`` is the relative excess."""
+
+    run_id: str
+    median_step_s: float
+    best_earlier_s: float | None
+    best_earlier_run: str | None
+    slower: float | None
+    flagged: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def perf_key(run_start: Mapping[str, Any]) -> dict[str, Any]:
+    """The key columns of a run from its first ``run_start`` event (missing parts: None)."""
+    env = run_start.get("env") if isinstance(run_start.get("env"), Mapping) else {}
+    config = run_start.get("config") if isinstance(run_start.get("config"), Mapping) else {}
+    packages = env.get("packages") if isinstance(env.get("packages"), Mapping) else {}
+    kinds = env.get("device_kinds")
+    model = run_start.get("model") if isinstance(run_start.get("model"), Mapping) else {}
+    layout = {name: config.get(name) for name in LAYOUT_OPTIONS}
+    layout.update(
+        described=run_start.get("layout"),
+        compute_dtype=run_start.get("compute_dtype", config.get("compute_dtype")),
+        ops=run_start.get("ops"),
+    )
+    return {
+        "model": {k: v for k, v in model.items() if k != "name"},
+        "layout": layout,
+        "device_kind": ",".join(map(str, kinds)) if isinstance(kinds, list) else str(kinds),
+        "device_count": env.get("device_count"),
+        "jax_version": packages.get("jax"),
+        "jaxlib_version": packages.get("jaxlib"),
+    }
+
+
+def steady_step_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
+    """``step_time_s`` of the steps after the first :data:`WARMUP_STEPS` of each attempt,
+    leaving out steps with a checkpoint save inside them."""
+    times: list[float] = []
+    seen_in_attempt, saved = 0, False
+    for event in events:
+        kind = event.get("type")
+        if kind == "run_start":
+            seen_in_attempt, saved = 0, False
+        elif kind == "checkpoint":
+            saved = True
+        elif kind == "step":
+            seen_in_attempt += 1
+            value = event.get("step_time_s")
+            if seen_in_attempt > WARMUP_STEPS and not saved and isinstance(value, int | float):
+                times.append(float(value))
+            saved = False
+    return times
+
+
+def record(con: Any, run_id: str, events: Sequence[Mapping[str, Any]]) -> PerfRow | None:
+    """Store (or replace) the run's ``perf`` row; None when it has no run_start or no steady
+    steps. A run resumed with another layout (``--resume`` allows it) is measured by the
+    attempts that share its last attempt's key; ``time`` is the first of those attempts'
+    start."""
+    attempts = split_attempts(events)
+    if not attempts:
+        con.execute("DELETE FROM perf WHERE run_id = ?", [run_id])
+        return None
+    key = perf_key(attempts[-1][0])
+    same = [a for a in attempts if _canonical(perf_key(a[0])) == _canonical(key)]
+    times = steady_step_times([e for a in same for e in a])
+    if not times:
+        con.execute("DELETE FROM perf WHERE run_id = ?", [run_id])
+        return None
+    row = PerfRow(
+        run_id=run_id,
+        median_step_s=statistics.median(times),
+        steps=len(times),
+        time=float(same[0][0]["time"]),
+        **key,
+    )
+    con.execute(
+        "INSERT OR REPLACE INTO perf VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            run_id,
+            _canonical(row.model),
+            _canonical(row.layout),
+            row.device_kind,
+            row.device_count,
+            row.jax_version,
+            row.jaxlib_version,
+            row.median_step_s,
+            row.steps,
+            row.time,
+        ],
+    )
+    return row
+
+
+def measurements(con: Any) -> list[PerfRow]:
+    """Every stored measurement, oldest first."""
+    rows = con.execute(
+        "SELECT run_id, model, layout, device_kind, device_count, jax_version, jaxlib_version, "
+        "median_step_s, steps, time FROM perf ORDER BY time, run_id"
+    ).fetchall()
+    return [PerfRow(r[0], json.loads(r[1]), json.loads(r[2]), *r[3:]) for r in rows]
+
+
+def _same_key(a: PerfRow, b: PerfRow) -> bool:
+    return all(_canonical(getattr(a, c)) == _canonical(getattr(b, c)) for c in KEY_COLUMNS)
+
+
+def check(rows: Sequence[PerfRow], threshold: float = REGRESSION_THRESHOLD) -> list[PerfCheck]:
+    """Each run against the best median of the earlier runs of its key."""
+    results = []
+    for row in rows:
+        earlier = [r for r in rows if r.time < row.time and _same_key(r, row)]
+        best = min(earlier, key=lambda r: r.median_step_s, default=None)
+        slower = row.median_step_s / best.median_step_s - 1 if best else None
+        results.append(
+            PerfCheck(
+                run_id=row.run_id,
+                median_step_s=row.median_step_s,
+                best_earlier_s=best.median_step_s if best else None,
+                best_earlier_run=best.run_id if best else None,
+                slower=slower,
+                flagged=slower is not None and slower > threshold,
+            )
+        )
+    return results
+
+
+def planner_measurements(rows: Sequence[PerfRow]) -> list[Any]:
+    """The rows as :class:`titan.planning.step.Measurement` for :func:`~titan.planning.step.
+    calibrate`: only rows whose device kind is in the GPU catalog and whose key is complete."""
+    from titan.config import ModelConfig
+    from titan.planning.gpus import gpu_for_device_kind
+    from titan.planning.memory import Layout, Precision
+    from titan.planning.step import Measurement
+
+    result = []
+    for row in rows:
+        gpu = gpu_for_device_kind(row.device_kind.split(",")[0])
+        lay = row.layout
+        if gpu is None or not row.device_count or not lay.get("batch_size"):
+            continue
+        described = lay.get("described") if isinstance(lay.get("described"), Mapping) else {}
+        mesh = described.get("mesh") if isinstance(described.get("mesh"), Mapping) else {}
+        try:
+            model = ModelConfig(name="measured", **row.model)
+            layout = Layout(
+                dp=int(mesh.get("data") or lay.get("dp") or 1),
+                fsdp=int(lay.get("fsdp") or 1),
+                tp=int(lay.get("tp") or 1),
+                pp=int(lay.get("pp") or 1),
+                microbatches=int(lay.get("microbatches") or 1),
+                schedule=str(lay.get("schedule") or "1f1b"),
+                virtual_stages=int(lay.get("virtual_stages") or 1),
+                remat=str(lay.get("remat") or "none"),
+            )
+        except (TypeError, ValueError):
+            continue
+        ops = lay.get("ops") if isinstance(lay.get("ops"), Mapping) else {}
+        attention = "flash" if ops.get("attention") in ("cudnn", "pallas") else "materialized"
+        precision = Precision(
+            str(lay.get("param_dtype") or "float32"),
+            str(lay.get("compute_dtype") or gpu.compute_dtype),
+            attention,
+        )
+        result.append(
+            Measurement(
+                model=model,
+                layout=layout,
+                gpu=gpu,
+                gpus_per_node=min(int(row.device_count), gpu.gpus_per_node),
+                seq_len=int(lay.get("seq_len") or 0),
+                batch_sequences=int(lay["batch_size"]),
+                precision=precision,
+                step_s=row.median_step_s,
+            )
+        )
+    return result
