@@ -50,6 +50,8 @@ from titan.planning.models import model_flops_per_token
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
+
+
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """Model and batch shape (the baseline's names: L layers, d model dim, S sequence, B batch)."""

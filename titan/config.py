@@ -206,6 +206,33 @@ class TrainConfig:
     log_every: int = field(
         default=10, metadata=_opt("--log-every", "print a log line every N steps (no terminal)")
     )
+    watchdog_floor: float = field(
+        default=300.0,
+        metadata=_opt(
+            "--watchdog-floor",
+            "seconds a step may always take before the watchdog reports a stall (the allowance "
+            "is the larger of this and --watchdog-factor x the median step time)",
+        ),
+    )
+    watchdog_factor: float = field(
+        default=10.0,
+        metadata=_opt("--watchdog-factor", "stall allowance of a step in median step times"),
+    )
+    watchdog_abort: int = field(
+        default=0,
+        metadata=_opt(
+            "--watchdog-abort",
+            "1: on a stall, record run_end failed (reason stall) and exit with code 3 so that a "
+            "supervisor can restart the run; 0: only record the stall",
+        ),
+    )
+    debug_stall_at_step: int = field(
+        default=0,
+        metadata=_opt(
+            "--debug-stall-at-step",
+            "testing aid: hang the loop before step N to exercise the watchdog (0: never)",
+        ),
+    )
 
 
 # Options that may change when a run is resumed; everything else must match the saved config.
@@ -227,6 +254,10 @@ RESUMABLE_OPTIONS = frozenset(
         "stage_layers",
         "ops",
         "remat",
+        "watchdog_floor",
+        "watchdog_factor",
+        "watchdog_abort",
+        "debug_stall_at_step",
     }
 )
 
@@ -263,7 +294,14 @@ def validate_train_config(cfg: TrainConfig) -> None:
             )
     _positive(cfg, ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"), 1)
     _positive(cfg, ("fsdp", "tp", "pp", "microbatches", "virtual_stages", "timing_every"), 1)
-    _positive(cfg, ("dp", "warmup_steps"), 0)
+    _positive(cfg, ("dp", "warmup_steps", "debug_stall_at_step"), 0)
+    if cfg.watchdog_abort not in (0, 1):
+        raise TitanError(f"--watchdog-abort must be 0 or 1, got {cfg.watchdog_abort}")
+    if not cfg.watchdog_floor > 0 or not cfg.watchdog_factor > 0:
+        raise TitanError(
+            f"--watchdog-floor and --watchdog-factor must be > 0, got {cfg.watchdog_floor} and "
+            f"{cfg.watchdog_factor}"
+        )
     if cfg.vocab_size < 259:
         raise TitanError(
             "--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +50,17 @@ class RunRecord:
         self.run_dir = run_dir
         self.run_id = run_id
         self._file = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        self._lock = threading.Lock()
 
     def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
-        """Write one event and flush it to the OS. Returns the event as written."""
+        """Write one event and flush it to the OS (thread-safe: the watchdog writes from its own
+        thread). Returns the event as written."""
         event = {"schema": SCHEMA, "type": event_type, "time": time.time(), "run_id": self.run_id}
         event.update(fields)
-        self._file.write(json.dumps(event, default=str) + "\n")
-        self._file.flush()
+        line = json.dumps(event, default=str) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
         return event
 
     def close(self) -> None:

@@ -7,24 +7,34 @@ or initialise the state, compile, loop, checkpoint, record.
 Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
 
 - ``run_start``: ``config``, ``model``, ``param_count``, ``layout``, ``ops`` (provider per op),
-  ``env``, ``start_step``, ``total_steps``, ``resumed_from_step`` (None for a fresh run),
-  ``tokenizer`` (vocab size, source), ``data`` (tokens, sequences).
+  ``env`` (:mod:`titan.observability.env`), ``start_step``, ``total_steps``,
+  ``resumed_from_step`` (None for a fresh run), ``tokenizer`` (vocab size, source), ``data``
+  (tokens, sequences), ``power`` (``source``, ``available``, ``reason``;
+  :mod:`titan.observability.power`).
 - ``compile``: ``what``, ``seconds`` (trace + XLA compile of the train step).
 - ``step``: ``step`` (1-based), ``loss`` (mean token cross-entropy, nats), ``grad_norm`` (global
   L2 norm before clipping), ``lr``, ``tokens`` (this step), ``tokens_seen`` (cumulative),
   ``step_time_s`` (wall time between consecutive step completions), ``tokens_per_s``,
   ``data_position`` (sequences consumed after this step), ``batch_digest`` (crc32 of the batch's
-  sequence ids).
+  sequence ids), ``model_flops_per_token`` and ``mfu`` (or None with ``mfu_reason``;
+  :mod:`titan.observability.flops`), ``energy_j`` and ``joules_per_token`` (None without a
+  power source).
 - ``checkpoint``: ``step``, ``seconds``, ``path``.
-- ``run_end``: ``status`` (completed | stopped | failed), ``step``, ``error`` when failed.
+- ``stall``: ``phase``, ``elapsed_s``, ``threshold_s``, ``step``, ``stacks`` (every thread's
+  Python stack), when the loop overruns a phase's allowance (:mod:`titan.observability.watchdog`).
+- ``run_end``: ``status`` (completed | stopped | failed), ``step``, ``error`` when failed,
+  ``reason`` ``stall`` when the watchdog ended the run.
 
 SIGTERM and SIGINT finish the current step, checkpoint, write ``run_end`` ``stopped`` and exit 0.
+With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
+:data:`EXIT_STALL` (3), leaving the last committed checkpoint to resume from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import time
@@ -45,6 +55,8 @@ from titan.config import (
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
+from titan.observability.flops import FlopsMeter, device_peak
+from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.records import (
     CONFIG_FILE,
     EVENTS_FILE,
@@ -53,10 +65,12 @@ from titan.observability.records import (
     new_run_id,
     write_json_atomic,
 )
+from titan.observability.watchdog import Stall, Watchdog
 from titan.trainer.progress import TrainProgress
 
 TOKENIZER_FILE = "tokenizer.model"
-EXIT_OK, EXIT_FAILED = 0, 1
+# 2 is a bad option (titan.cli); 3 lets a supervisor tell a stall (restart) from a failure.
+EXIT_OK, EXIT_FAILED, EXIT_STALL = 0, 1, 3
 
 
 @dataclass
@@ -163,6 +177,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
     batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)
 
+    power_reader, power_info = open_reader()
+
     _write_run_files(run_dir, cfg, model_cfg, tokenizer)
     run = _Run(
         cfg,
@@ -172,10 +188,14 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         RunRecord(run_dir, run_dir.name),
         StopFlag(),
         progress,
+        _flops_meter(cfg, model_cfg, trainer),
+        PowerSampler(power_reader),
     )
     run.stop.install()
+    run.start_monitors()
     try:
         state, start_step = run.restore_or_init(resume_dir is not None)
+        run.watchdog.enter("compile", start_step)
         trainer.trace()
         run.record.emit(
             "run_start",
@@ -183,6 +203,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             start_step=start_step,
             total_steps=cfg.steps,
             resumed_from_step=start_step if resume_dir else None,
+            power=power_info,
         )
         for fields in trainer.compile():
             run.record.emit("compile", **fields)
@@ -195,12 +216,22 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
         return EXIT_FAILED
     finally:
+        run.stop_monitors()
         run.stop.uninstall()
         run.checkpointer.close()
         run.record.close()
         progress.close()
     progress.finish(status, step, run_dir)
     return EXIT_OK
+
+
+def _flops_meter(cfg: TrainConfig, model_cfg: ModelConfig, trainer: Any) -> FlopsMeter:
+    """MFU against the peak of the devices the layout uses (not every visible device)."""
+    import jax
+
+    kinds = [d.device_kind for d in jax.devices()]
+    peak = device_peak(kinds, trainer.describe()["devices"], str(trainer.compute_dtype))
+    return FlopsMeter(model_cfg, cfg.seq_len, cfg.remat, peak)
 
 
 def _run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches) -> dict[str, Any]:
@@ -234,9 +265,47 @@ class _Run:
     record: RunRecord
     stop: StopFlag
     progress: TrainProgress
+    flops: FlopsMeter
+    power: PowerSampler
+
+    def __post_init__(self) -> None:
+        self.watchdog = Watchdog(self.cfg.watchdog_floor, self.cfg.watchdog_factor, self.on_stall)
+
+    def start_monitors(self) -> None:
+        """Start the stall watchdog and the power sampler (background threads)."""
+        self.watchdog.start()
+        self.power.start()
+
+    def stop_monitors(self) -> None:
+        self.watchdog.stop()
+        self.power.stop()
+
+    def on_stall(self, stall: Stall) -> None:
+        """Record a stall (on the watchdog thread, while the main thread is stuck); with
+        ``--watchdog-abort 1`` end the process with :data:`EXIT_STALL` without unwinding the
+        stuck thread (the last checkpoint was committed before the loop went on)."""
+        self.record.emit("stall", **stall.fields())
+        print(
+            f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
+            f"(allowance {stall.threshold_s:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not self.cfg.watchdog_abort:
+            return
+        self.record.emit(
+            "run_end",
+            status="failed",
+            step=stall.step,
+            reason="stall",
+            error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
+        )
+        self.record.close()
+        os._exit(EXIT_STALL)
 
     def restore_or_init(self, resuming: bool) -> tuple[Any, int]:
         """(state, step): the latest checkpoint's when resuming and one exists, else fresh."""
+        self.watchdog.enter("checkpoint_restore", 0)
         latest = self.checkpointer.latest_step() if resuming else None
         if latest is None:
             return self.trainer.init_state(self.cfg.seed), 0
@@ -250,6 +319,7 @@ class _Run:
         return state, latest
 
     def save(self, state: Any, step: int) -> None:
+        self.watchdog.enter("checkpoint_save", step)
         meta = {
             "data_position": self.batches.position,
             "num_sequences": self.batches.num_sequences,
@@ -269,8 +339,13 @@ class _Run:
         pending = None
         saved_step = step
         self._last_done = time.perf_counter()
+        self.energy = StepEnergy(self.power)
         while step < self.cfg.steps and not self.stop.requested:
+            self.watchdog.enter("data_wait", step + 1)
             batch, ids = self.batches.next_batch()
+            self.watchdog.enter("step", step + 1)
+            if step + 1 == self.cfg.debug_stall_at_step:
+                self._debug_stall()
             state, metrics = self.trainer.step(state, batch)
             step += 1
             if pending:
@@ -285,7 +360,14 @@ class _Run:
             self._report(*pending)
         if step != saved_step:
             self.save(state, step)
+        self.watchdog.enter("idle", step)
         return step, "stopped" if self.stop.requested else "completed"
+
+    def _debug_stall(self) -> None:
+        """``--debug-stall-at-step``: hang here (a testing aid for the watchdog) until a stop
+        signal arrives or the watchdog aborts the process."""
+        while not self.stop.requested:
+            time.sleep(0.1)
 
     def _report(self, step: int, metrics: Any, ids: Any, position: int) -> None:
         import jax
@@ -293,6 +375,7 @@ class _Run:
         values = {key: float(value) for key, value in jax.device_get(metrics).items()}
         now = time.perf_counter()
         step_time_s, self._last_done = now - self._last_done, now
+        self.watchdog.step_done(step_time_s)
         tokens = self.cfg.batch_size * self.cfg.seq_len
         event = self.record.emit(
             "step",
@@ -304,6 +387,8 @@ class _Run:
             tokens_per_s=tokens / step_time_s,
             data_position=position,
             batch_digest=batch_digest(ids),
+            **self.flops.step_fields(tokens / step_time_s),
+            **self.energy.step_fields(tokens),
             **self.trainer.step_fields(),
         )
         self.progress.step(event)

@@ -1,0 +1,134 @@
+"""The stall watchdog: allowances per phase (fake clock), its thread, and a stall end to end."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import events, run_in_process, start_subprocess
+
+from titan.config import TrainConfig, validate_train_config
+from titan.errors import TitanError
+from titan.observability.watchdog import LONG_PHASE_MIN_S, Watchdog
+from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.train import EXIT_STALL
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watchdog(floor_s: float = 2.0, factor: float = 10.0) -> tuple[Watchdog, FakeClock]:
+    clock = FakeClock()
+    return Watchdog(floor_s, factor, on_stall=lambda stall: None, clock=clock), clock
+
+
+def test_compile_and_first_step_ten_floors_long_are_no_stall():
+    watchdog, clock = _watchdog(floor_s=2.0)
+    watchdog.enter("compile", 0)
+    clock.now += 10 * 2.0
+    assert watchdog.check() is None
+    watchdog.enter("step", 1)  # no step time yet: the first step may still compile
+    clock.now += 10 * 2.0
+    assert watchdog.check() is None
+
+
+def test_slow_checkpoint_save_and_restore_are_no_stall():
+    watchdog, clock = _watchdog(floor_s=2.0)
+    for _ in range(5):
+        watchdog.step_done(0.1)
+    for phase in ("checkpoint_save", "checkpoint_restore"):
+        watchdog.enter(phase, 5)
+        clock.now += LONG_PHASE_MIN_S - 1
+        assert watchdog.check() is None
+
+
+def test_step_stalls_after_factor_times_median_or_floor():
+    watchdog, clock = _watchdog(floor_s=2.0, factor=10.0)
+    for seconds in (0.1, 0.5, 0.5, 9.0):  # median 0.5 s: allowance max(2, 10 x 0.5) = 5 s
+        watchdog.step_done(seconds)
+    assert watchdog.threshold_s("step") == pytest.approx(5.0)
+    watchdog.enter("step", 7)
+    clock.now += 4.9
+    assert watchdog.check() is None
+    clock.now += 0.2
+    stall = watchdog.check()
+    assert (stall.phase, stall.step) == ("step", 7)
+    assert stall.elapsed_s == pytest.approx(5.1) and stall.threshold_s == pytest.approx(5.0)
+    stacks = "".join(line for thread in stall.stacks for line in thread["stack"])
+    assert "test_step_stalls_after_factor_times_median_or_floor" in stacks
+    assert watchdog.check() is None  # reported once per phase entry
+    watchdog.enter("step", 8)
+    clock.now += 5.1
+    assert watchdog.check().step == 8
+
+
+def test_fast_steps_get_the_floor_and_idle_never_stalls():
+    watchdog, clock = _watchdog(floor_s=2.0)
+    watchdog.step_done(0.01)
+    assert watchdog.threshold_s("data_wait") == 2.0
+    watchdog.enter("idle", 3)
+    clock.now += 1e6
+    assert watchdog.check() is None
+    with pytest.raises(ValueError, match="phase"):
+        watchdog.threshold_s("lunch")
+
+
+def test_heartbeat_thread_reports_a_stall_and_stops():
+    stalls = []
+    seen = threading.Event()
+    watchdog = Watchdog(0.2, 10.0, on_stall=lambda s: (stalls.append(s), seen.set()))
+    watchdog.step_done(0.001)
+    watchdog.enter("step", 1)
+    watchdog.start()
+    assert seen.wait(timeout=10)
+    watchdog.stop()
+    assert not watchdog.heartbeat.thread.is_alive()
+    assert len(stalls) == 1 and stalls[0].elapsed_s > 0.2
+
+
+def test_watchdog_options_are_validated():
+    with pytest.raises(TitanError, match="--watchdog-abort must be 0 or 1"):
+        validate_train_config(TrainConfig(watchdog_abort=2))
+    with pytest.raises(TitanError, match="--watchdog-floor"):
+        validate_train_config(TrainConfig(watchdog_floor=0))
+
+
+def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_options):
+    floor_s = 2.0
+    options = {
+        **small_options,
+        "run_id": "stall",
+        "steps": 100,
+        "checkpoint_every": 2,
+        "watchdog_floor": floor_s,
+        "debug_stall_at_step": 3,
+        "watchdog_abort": 1,
+    }
+    proc = start_subprocess(options)
+    assert proc.wait(timeout=180) == EXIT_STALL, proc.stderr.read()
+    run_dir = Path(options["runs_root"]) / "stall"
+    (stall,) = events(run_dir, "stall")
+    assert (stall["phase"], stall["step"]) == ("step", 3)
+    # detected within a heartbeat (floor / 4) of the allowance, with a generous margin
+    assert stall["threshold_s"] >= floor_s
+    assert stall["threshold_s"] < stall["elapsed_s"] < stall["threshold_s"] + 3.0
+    main = next(t for t in stall["stacks"] if t["thread"] == "MainThread")
+    assert any("in loop" in line for line in main["stack"])
+    assert "in _debug_stall" in main["stack"][-1]
+    end = events(run_dir)[-1]
+    assert (end["type"], end["status"], end["reason"]) == ("run_end", "failed", "stall")
+    checkpointer = Checkpointer(run_dir)
+    assert checkpointer.latest_step() == 2
+    checkpointer.close()
+    code, _ = run_in_process(
+        {**options, "steps": 4, "debug_stall_at_step": 0, "watchdog_abort": 0}, resume=run_dir
+    )
+    assert code == 0
+    assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
+    assert [e["step"] for e in events(run_dir, "step")][-2:] == [3, 4]

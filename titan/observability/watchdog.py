@@ -1,0 +1,157 @@
+"""Stall watchdog: a heartbeat thread that watches which phase the training loop is in.
+
+The loop marks its phase (:data:`PHASES`) with :meth:`Watchdog.enter`, a plain attribute write
+(no event, no lock), and reports each measured step time with :meth:`Watchdog.step_done`. A
+background thread wakes every ``poll_s`` and compares the time spent in the current phase with
+that phase's allowance (:meth:`Watchdog.threshold_s`):
+
+- ``step`` and ``data_wait``: ``max(floor_s, factor x median of the last`` :data:`WINDOW`
+  ``step times)``; before any step time is known (the first step may still compile, and an
+  MPMD stage compiles on first use), the compile allowance.
+- ``compile``, ``checkpoint_save``, ``checkpoint_restore``: ``max(`` :data:`LONG_PHASE_MIN_S`
+  ``, LONG_PHASE_FLOORS x floor_s)``, so first compilation, recompilation and a slow
+  filesystem are not false alarms.
+- ``idle`` (outside the loop): never stalls.
+
+A stall calls ``on_stall`` once per phase entry with a :class:`Stall` holding the phase, the
+time spent, the allowance, the step and every thread's Python stack.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from titan.observability.ticker import Ticker
+
+PHASES = ("idle", "compile", "checkpoint_restore", "data_wait", "step", "checkpoint_save")
+LONG_PHASES = frozenset({"compile", "checkpoint_save", "checkpoint_restore"})
+WINDOW = 20  # step times in the rolling median
+LONG_PHASE_FLOORS = 20  # compile and checkpoint allowance, in floors
+LONG_PHASE_MIN_S = 30.0  # and never under this many seconds
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One detected stall (the fields of a ``stall`` event).
+
+    Attributes:
+        phase: the phase that overran (:data:`PHASES`).
+        elapsed_s: seconds spent in it when detected.
+        threshold_s: its allowance, seconds.
+        step: the step being worked on (1-based; the last completed one outside ``step``).
+        stacks: every thread's Python stack: ``{"thread", "ident", "stack"}`` (formatted lines,
+            innermost last).
+    """
+
+    phase: str
+    elapsed_s: float
+    threshold_s: float
+    step: int
+    stacks: list[dict[str, Any]]
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "elapsed_s": self.elapsed_s,
+            "threshold_s": self.threshold_s,
+            "step": self.step,
+            "stacks": self.stacks,
+        }
+
+
+def thread_stacks() -> list[dict[str, Any]]:
+    """The current Python stack of every thread (``sys._current_frames``)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return [
+        {
+            "thread": names.get(ident, "?"),
+            "ident": ident,
+            "stack": [line.rstrip("\n") for line in traceback.format_stack(frame)],
+        }
+        for ident, frame in sys._current_frames().items()
+    ]
+
+
+class Watchdog:
+    """Detects a training loop stuck in one phase.
+
+    Args:
+        floor_s: smallest step allowance, seconds (``--watchdog-floor``).
+        factor: step allowance in median step times (``--watchdog-factor``).
+        on_stall: called (from the watchdog thread) with each :class:`Stall`.
+        clock: monotonic seconds; tests pass a fake one and call :meth:`check` directly.
+        poll_s: heartbeat interval of the thread (default: ``floor_s / 4``, at most 1 s).
+    """
+
+    def __init__(
+        self,
+        floor_s: float,
+        factor: float,
+        on_stall: Callable[[Stall], None],
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float | None = None,
+    ) -> None:
+        self.floor_s = floor_s
+        self.factor = factor
+        self.on_stall = on_stall
+        self.clock = clock
+        self.poll_s = poll_s if poll_s is not None else min(1.0, floor_s / 4)
+        self._step_times: deque[float] = deque(maxlen=WINDOW)
+        # (phase, step, entered at, entry number): replaced as one tuple, read as one.
+        self._phase: tuple[str, int, float, int] = ("idle", 0, clock(), 0)
+        self._reported_entry = -1
+        self.heartbeat = Ticker(self.poll_s, self._beat, "titan-watchdog")
+
+    def enter(self, phase: str, step: int) -> None:
+        """The loop enters ``phase`` working on ``step``."""
+        self._phase = (phase, step, self.clock(), self._phase[3] + 1)
+
+    def step_done(self, step_time_s: float) -> None:
+        """A step completed in ``step_time_s`` seconds (feeds the rolling median)."""
+        self._step_times.append(step_time_s)
+
+    def threshold_s(self, phase: str) -> float:
+        """Seconds ``phase`` may last before it counts as stalled (``inf`` for ``idle``).
+
+        Raises:
+            ValueError: ``phase`` not in :data:`PHASES`.
+        """
+        if phase not in PHASES:
+            raise ValueError(f"watchdog phase must be one of {PHASES}, got {phase!r}")
+        long_phase_s = max(LONG_PHASE_MIN_S, LONG_PHASE_FLOORS * self.floor_s)
+        if phase == "idle":
+            return float("inf")
+        if phase in LONG_PHASES or not self._step_times:
+            return long_phase_s
+        return max(self.floor_s, self.factor * statistics.median(self._step_times))
+
+    def check(self) -> Stall | None:
+        """The stall of the current phase, once per phase entry; None while within allowance."""
+        phase, step, entered, entry = self._phase
+        elapsed_s = self.clock() - entered
+        threshold_s = self.threshold_s(phase)
+        if elapsed_s <= threshold_s or entry == self._reported_entry:
+            return None
+        self._reported_entry = entry
+        return Stall(phase, elapsed_s, threshold_s, step, thread_stacks())
+
+    def start(self) -> None:
+        """Start the heartbeat thread."""
+        self.heartbeat.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeat thread and wait for it."""
+        self.heartbeat.stop()
+
+    def _beat(self) -> None:
+        stall = self.check()
+        if stall is not None:
+            self.on_stall(stall)
