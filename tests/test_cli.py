@@ -31,6 +31,11 @@ def test_help_documents_every_option():
         (["--data", "/no/such/corpus"], "--data /no/such/corpus: no such file or directory"),
         (["--tokenizer", "/no/such.model"], "--tokenizer /no/such.model: no such file"),
         (["--run-id", "../escape"], "--run-id must be a plain folder name"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--lr", "inf"], "--lr must be a finite number, got inf"),
+        (["--grad-clip", "nan"], "--grad-clip must be a finite number, got nan"),
+        (["--schedule", "zero-bubble"], "--schedule needs --layout mpmd"),
+        (["--runs-root", "/etc/hostname"], "--runs-root /etc/hostname is not a directory"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run_dir(

@@ -105,3 +105,26 @@ def test_packing_visits_each_sequence_once_per_epoch_and_resumes_exactly(corpus_
 def test_too_small_corpus_is_rejected(tokenizer):
     with pytest.raises(TitanError, match="fewer than --batch-size"):
         PackedBatches(np.ones(40, np.uint32), seq_len=16, batch_size=4, seed=0, bos_id=1)
+
+
+def test_event_records_are_standard_json_and_readers_skip_foreign_lines(tmp_path):
+    from titan.observability.records import EventTail, RunRecord
+
+    record = RunRecord(tmp_path, "r")
+    record.emit("step", step=1, loss=float("nan"), mfu={"causal": float("inf")})
+    record.close()
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('[1, 2, 3]\n{"type": "step"}\n{"no": "type"}\n{"type": "x", "time": 1.0}\n')
+    text = (tmp_path / "events.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    tail = EventTail(tmp_path / "events.jsonl")
+    events = tail.read_new()
+    assert [e["type"] for e in events] == ["step", "x"]
+    assert events[0]["loss"] is None and events[0]["mfu"] == {"causal": None}
+    assert tail.bad_lines == 3
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path):
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
+    with pytest.raises(TitanError, match="no non-empty text document"):
+        train_tokenizer(open_corpus(str(tmp_path)), 512)

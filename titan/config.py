@@ -11,6 +11,7 @@ This module imports neither JAX nor Textual, so the console and the planner can 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,7 +242,6 @@ RESUMABLE_OPTIONS = frozenset(
         "steps",
         "checkpoint_every",
         "log_every",
-        "runs_root",
         "timing_every",
         "layout",
         "dp",
@@ -286,6 +286,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
         TitanError: one line naming the first bad option and what is allowed.
     """
     for f in option_fields():
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TitanError(f"{f.metadata['flag']} must be a finite number, got {value}")
         choices = f.metadata.get("choices")
         if choices and getattr(cfg, f.name) not in choices:
             raise TitanError(
@@ -294,7 +297,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
             )
     _positive(cfg, ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"), 1)
     _positive(cfg, ("fsdp", "tp", "pp", "microbatches", "virtual_stages", "timing_every"), 1)
-    _positive(cfg, ("dp", "warmup_steps", "debug_stall_at_step"), 0)
+    _positive(cfg, ("dp", "warmup_steps", "debug_stall_at_step", "seed"), 0)
+    if cfg.seed >= 2**32:
+        raise TitanError(f"--seed must be < 2**32, got {cfg.seed}")
     if cfg.watchdog_abort not in (0, 1):
         raise TitanError(f"--watchdog-abort must be 0 or 1, got {cfg.watchdog_abort}")
     if not cfg.watchdog_floor > 0 or not cfg.watchdog_factor > 0:
@@ -324,8 +329,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
 
 def _validate_pipeline(cfg: TrainConfig) -> None:
     if cfg.layout == "spmd":
-        for name in ("pp", "microbatches", "virtual_stages"):
-            if getattr(cfg, name) != 1:
+        defaults = TrainConfig()
+        for name in ("pp", "microbatches", "virtual_stages", "schedule", "stage_layers"):
+            if getattr(cfg, name) != getattr(defaults, name):
                 raise TitanError(f"{flag_of(name)} needs --layout mpmd")
         return
     if cfg.batch_size % cfg.microbatches:

@@ -156,10 +156,13 @@ def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
     cached = cache_dir() / "tokenizers" / f"{_cache_key(corpus, vocab_size)}.model"
     if cached.is_file():
         return Tokenizer(cached.read_bytes())
+    sample = training_sample(corpus)
+    if not sample:
+        raise TitanError(f"--data {corpus.spec}: no non-empty text document")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(training_sample(corpus)),
+            sentence_iterator=iter(sample),
             model_writer=model,
             vocab_size=vocab_size,
             num_threads=os.cpu_count() or 1,

@@ -35,6 +35,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.config import ModelConfig, TrainConfig
+from titan.errors import TitanError
 from titan.models.llama import LlamaStage
 from titan.mpmd.schedules import (
     BACKWARD,
@@ -237,7 +238,13 @@ class PipelineTrainer:
         from titan.trainer.adapters import abstract_chunk_state, chunk_model
 
         rows = cfg.batch_size // cfg.microbatches
-        layouts[0].batch_sharding(rows)
+        mesh = layouts[0].mesh_shape
+        if rows % (mesh["data"] * mesh["fsdp"]):
+            raise TitanError(
+                f"--batch-size {cfg.batch_size} / --microbatches {cfg.microbatches} = {rows} rows "
+                f"per microbatch, not a multiple of a stage's dp x fsdp = {mesh['data']} x "
+                f"{mesh['fsdp']} (--dp 0 takes the devices left: devices / (pp x fsdp x tp))"
+            )
         schedule = build_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
         programs = []
         for chunk in chunks:
@@ -409,8 +416,8 @@ class PipelineTrainer:
         Returns:
             (new state, metrics: loss, grad_norm, lr).
         """
+        timed = self.next_step_blocks()
         self._steps_done += 1
-        timed = self._steps_done % self.cfg.timing_every == 0
         start = time.perf_counter()
         data = self._microbatches(batch)
         buffers = _StepBuffers()
@@ -462,6 +469,10 @@ class PipelineTrainer:
             chunks.append({"params": params, "opt_state": opt_state})
             norm = chunk_norm if norm is None else norm
         return {"step": state["step"] + 1, "chunks": chunks}, norm
+
+    def next_step_blocks(self) -> bool:
+        """Whether the next :meth:`step` is a timed one, which blocks after every action."""
+        return (self._steps_done + 1) % self.cfg.timing_every == 0
 
     def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
         events, self._events = self._events, []

@@ -16,6 +16,7 @@ This module imports neither JAX nor Textual: the console reads records through i
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import threading
@@ -40,6 +41,17 @@ def new_run_id(preset: str) -> str:
     return f"{preset}-{stamp}-{secrets.token_hex(2)}"
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 class RunRecord:
     """Appends events to a run's ``events.jsonl``, one flushed line per event.
 
@@ -53,11 +65,12 @@ class RunRecord:
         self._lock = threading.Lock()
 
     def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
-        """Write one event and flush it to the OS (thread-safe: the watchdog writes from its own
+        """Write one event and flush it to the OS (non-finite numbers, e.g. a diverged loss, are
+        written as null; thread-safe: the watchdog writes from its own
         thread). Returns the event as written."""
         event = {"schema": SCHEMA, "type": event_type, "time": time.time(), "run_id": self.run_id}
         event.update(fields)
-        line = json.dumps(event, default=str) + "\n"
+        line = json.dumps(_finite(event), default=str, allow_nan=False) + "\n"
         with self._lock:
             self._file.write(line)
             self._file.flush()
@@ -73,7 +86,8 @@ class EventTail:
 
     Each :meth:`read_new` returns the complete lines added since the last call. A partial last
     line (the writer is mid-write, or crashed mid-line) is left for the next call; a line that is
-    complete but not valid JSON is skipped and counted in ``bad_lines``.
+    complete but not a JSON object with ``type`` and ``time`` is skipped and counted in
+    ``bad_lines``.
     """
 
     path: Path
@@ -95,8 +109,12 @@ class EventTail:
         events = []
         for line in lines:
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except ValueError:
+                event = None
+            if isinstance(event, dict) and {"type", "time"} <= event.keys():
+                events.append(event)
+            else:
                 self.bad_lines += 1
         return events
 

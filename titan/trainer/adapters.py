@@ -10,7 +10,8 @@ Both expose the same interface to the training loop: ``describe()``, ``init_stat
 ``trace()``, ``compile()`` (compile event fields), ``step(state, batch)`` (new state, metrics on
 device), ``checkpoint_items(state)`` / ``abstract_items()`` / ``state_from_items(items, step)``
 (per-chunk ``{"params", "opt_state"}``, the checkpoint format shared by the layouts),
-``start_events()`` and ``drain_events()`` (layout-specific events), and ``step_fields()``.
+``start_events()`` and ``drain_events()`` (layout-specific events), ``step_fields()`` (host
+figures of the last step) and ``next_step_blocks()`` (the next step is a synchronous, timed one).
 
 A batch is ``{"tokens": (B, S + 1) int32, "segment_ids": (B, S) int32}``. Parameters are kept
 in ``param_dtype`` (float32 master weights by default); forward and backward run in
@@ -230,6 +231,10 @@ class SpmdTrainer:
 
     def step_fields(self) -> dict[str, Any]:
         return {}
+
+    def next_step_blocks(self) -> bool:
+        """Whether the next :meth:`step` call waits for the device (never, here)."""
+        return False
 
 
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops):

@@ -21,7 +21,6 @@ def add_parser(subparsers: Any) -> None:
         help="train a Llama model",
         description="Train a Llama model and record the run (events.jsonl, config.json, "
         "tokenizer, orbax checkpoints) in <runs root>/<run id>/.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for f in option_fields():
         meta = f.metadata

@@ -104,7 +104,13 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
-    saved = config_from_dict(json.loads(config_path.read_text())["train"])
+    try:
+        saved = config_from_dict(json.loads(config_path.read_text())["train"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise TitanError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
+    placed = sorted({"runs_root", "run_id"} & explicit.keys())
+    if placed:
+        raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
     for name, value in explicit.items():
         if value != getattr(saved, name) and name not in RESUMABLE_OPTIONS:
             raise TitanError(
@@ -112,9 +118,8 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
                 f"{getattr(saved, name)!r}); changeable: "
                 + ", ".join(sorted(flag_of(n) for n in RESUMABLE_OPTIONS))
             )
-    return dataclasses.replace(
-        saved, **explicit, runs_root=str(run_dir.parent), run_id=run_dir.name
-    )
+    placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
+    return dataclasses.replace(saved, **{**explicit, **placement})
 
 
 def _tokenizer(cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None) -> Tokenizer:
@@ -126,7 +131,10 @@ def _tokenizer(cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None) -> Tok
 
 
 def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
-    run_dir = default_runs_root(cfg.runs_root) / (cfg.run_id or new_run_id(cfg.preset))
+    root = default_runs_root(cfg.runs_root)
+    if root.exists() and not root.is_dir():
+        raise TitanError(f"--runs-root {root} is not a directory")
+    run_dir = root / (cfg.run_id or new_run_id(cfg.preset))
     if not resuming and (run_dir / EVENTS_FILE).exists():
         raise TitanError(
             f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
@@ -346,11 +354,14 @@ class _Run:
             self.watchdog.enter("step", step + 1)
             if step + 1 == self.cfg.debug_stall_at_step:
                 self._debug_stall()
+            if pending and self.trainer.next_step_blocks():
+                self._report(*pending)  # a blocking step must not count in the previous one
+                pending = None
             state, metrics = self.trainer.step(state, batch)
             step += 1
             if pending:
                 self._report(*pending)
-            pending = (step, metrics, ids, self.batches.position)
+            pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
             if step % self.cfg.checkpoint_every == 0:
                 self._report(*pending)
                 pending = None
@@ -369,7 +380,7 @@ class _Run:
         while not self.stop.requested:
             time.sleep(0.1)
 
-    def _report(self, step: int, metrics: Any, ids: Any, position: int) -> None:
+    def _report(self, step: int, metrics: Any, ids: Any, position: int, fields: dict) -> None:
         import jax
 
         values = {key: float(value) for key, value in jax.device_get(metrics).items()}
@@ -389,7 +400,7 @@ class _Run:
             batch_digest=batch_digest(ids),
             **self.flops.step_fields(tokens / step_time_s),
             **self.energy.step_fields(tokens),
-            **self.trainer.step_fields(),
+            **fields,
         )
         self.progress.step(event)
         for event_type, fields in self.trainer.drain_events():
