@@ -274,7 +274,12 @@ def main() -> None:
     out_path = args.out or RESULTS / f"pipeline-{kind.replace(' ', '_').lower()}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(
-        json.dumps({"args": vars(args), "results": results}, indent=2, default=str) + "\n"
+        json.dumps(
+            {"args": {k: v for k, v in vars(args).items() if k != "out"}, "results": results},
+            indent=2,
+            default=str,
+        )
+        + "\n"
     )
     print(_table(results))
 

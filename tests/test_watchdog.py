@@ -121,6 +121,7 @@ def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_optio
     main = next(t for t in stall["stacks"] if t["thread"] == "MainThread")
     assert any("in loop" in line for line in main["stack"])
     assert "in _debug_stall" in main["stack"][-1]
+    assert not any(line.lstrip().startswith('File "/') for line in main["stack"])
     end = events(run_dir)[-1]
     assert (end["type"], end["status"], end["reason"]) == ("run_end", "failed", "stall")
     checkpointer = Checkpointer(run_dir)

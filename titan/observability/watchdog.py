@@ -27,6 +27,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from titan.observability.ticker import Ticker
@@ -67,15 +68,30 @@ class Stall:
         }
 
 
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _import_path(filename: str) -> str:
+    """``filename`` relative to the ``sys.path`` entry it is imported from
+    (``titan/trainer/train.py``, ``threading.py``), so records name no machine's folders."""
+    candidates = [*sys.path, str(_SOURCE_ROOT)]
+    roots = [p for p in candidates if p and filename.startswith(p.rstrip("/") + "/")]
+    return filename[len(max(roots, key=len).rstrip("/")) + 1 :] if roots else filename
+
+
+def _stack(frame: Any) -> list[str]:
+    frames = traceback.extract_stack(frame)
+    for summary in frames:
+        summary.filename = _import_path(summary.filename)
+    return [line.rstrip("\n") for line in traceback.format_list(frames)]
+
+
 def thread_stacks() -> list[dict[str, Any]]:
-    """The current Python stack of every thread (``sys._current_frames``)."""
+    """The current Python stack of every thread (``sys._current_frames``), file names relative
+    to their import root."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     return [
-        {
-            "thread": names.get(ident, "?"),
-            "ident": ident,
-            "stack": [line.rstrip("\n") for line in traceback.format_stack(frame)],
-        }
+        {"thread": names.get(ident, "?"), "ident": ident, "stack": _stack(frame)}
         for ident, frame in sys._current_frames().items()
     ]
 
