@@ -223,6 +223,8 @@ class PipelineTrainer:
     schedule: Any
     order: list[Action]
     _grads: list[Any] = field(default_factory=list)
+    _loss_seed: Any = None
+    _lr: Any = None
     _events: list = field(default_factory=list)
     _fields: dict[str, Any] = field(default_factory=dict)
     _steps_done: int = 0
@@ -348,6 +350,12 @@ class PipelineTrainer:
         for program in self.programs:
             seconds[program.chunk.group] += program.compile(kinds, len(self.programs))
         self._grads = [p.compiled["zeros"]() for p in self.programs]
+        # Made once, on the last group: built per step on the default device, the seed's copy
+        # would queue behind group 0's work and stall the last stage's first backward.
+        last = self.programs[-1].layout.replicated()
+        self._loss_seed = jax.device_put(np.float32(1.0 / self.cfg.microbatches), last)
+        # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
+        self._lr = jax.jit(self.schedule_fn)
         return [{"what": "stage", "stage": group, "seconds": s} for group, s in enumerate(seconds)]
 
     def _microbatches(self, batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -403,8 +411,7 @@ class PipelineTrainer:
         if key in buffers.weight_dy:
             return buffers.weight_dy[key]
         if program.chunk.last:
-            seed = jnp.float32(1.0 / self.cfg.microbatches)
-            return jax.device_put(seed, program.layout.replicated())
+            return self._loss_seed
         return buffers.grads_in.pop(key)
 
     def step(self, state: dict[str, Any], batch: dict[str, np.ndarray]):
@@ -452,7 +459,7 @@ class PipelineTrainer:
                 )
             )
         loss = jnp.mean(jnp.stack(buffers.losses))
-        lr = self.schedule_fn(state["step"])
+        lr = self._lr(np.int32(state["step"]))
         return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr}
 
     def _update(self, state: dict[str, Any]) -> tuple[dict[str, Any], Any]:
