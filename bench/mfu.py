@@ -11,7 +11,9 @@
     so that peak memory and XLA flags belong to that configuration alone.
 
 The titan configurations are a greedy search over the levers that fit one GPU: starting from
-the registry's automatic choice of attention (on an H200 with segment ids: the Pallas flash
+attention within documents (segment ids, as ``titan train`` defaults to; the rows hold one
+document each, so ``--attention-mask causal`` computes the same loss), the registry's automatic
+choice of attention (on an H200 with segment ids: the Pallas flash
 kernels), ``dots`` remat (as the baseline), native cross-entropy and RMSNorm and no extra XLA
 flags, each lever in :data:`LEVERS` is tried in turn with the others held at the best values so
 far, and the faster value is kept. Each run records what it changed
@@ -71,8 +73,10 @@ SMOKE_SHAPE = Shape(layers=2, d_model=64, heads=4, kv_heads=2, ffn=128, vocab=25
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One titan configuration: op providers ("auto": the registry's choice), remat, XLA flags."""
+    """One titan configuration: attention mask, op providers ("auto": the registry's choice),
+    remat, XLA flags."""
 
+    attention_mask: str = "document"
     attention: str = "auto"
     remat: str = "dots"
     cross_entropy: str = "native"
@@ -87,6 +91,7 @@ class RunConfig:
 
 # Values tried per lever, the starting value first.
 LEVERS: dict[str, list[str]] = {
+    "attention_mask": ["document", "causal"],
     "attention": ["auto", "cudnn", "pallas", "native"],
     "remat": ["dots", "none", "full"],
     "cross_entropy": ["native", "chunked"],
@@ -151,6 +156,7 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
         param_dtype="float32",
         compute_dtype="bfloat16" if backend != "cpu" else "float32",
         remat=config.remat,
+        attention_mask=config.attention_mask,
     )
     ops = Ops(backend, config.overrides())
     trainer = build_trainer(cfg, model_config(shape), ops)
@@ -282,25 +288,26 @@ def _ratio(value: float | None) -> str:
 def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per run, the baseline first."""
     header = (
-        "| run | attention | remat | cross-entropy | rms_norm | XLA flags | tokens/s "
+        "| run | attention mask | attention | remat | cross-entropy | rms_norm | XLA flags | tokens/s "
         "| MFU causal | MFU full | peak GiB | vs prev. best | titan / baseline |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 13]
     if "tok_s" in baseline:
         lines.append(
-            f"| plain-JAX baseline | {baseline.get('attn', '')} | "
+            f"| plain-JAX baseline | causal | {baseline.get('attn', '')} | "
             f"{'dots' if baseline.get('remat') else 'none'} | native | native | | "
             f"{baseline['tok_s']:.0f} | {_cell(baseline.get('mfu_causal'), '.1%')} | "
             f"{_cell(baseline.get('mfu_palm'), '.1%')} | "
             f"{_cell(baseline.get('peak_mem_gib'), '.1f')} | | 1.00 |"
         )
     else:
-        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 10)
+        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 11)
     for run in runs:
         cfg = run["config"]
         served = run.get("served", {})
         cells = [
             run["lever"],
+            cfg.get("attention_mask", "document"),
             f"{cfg['attention']} ({served.get('attention', '?')})",
             cfg["remat"],
             cfg["cross_entropy"],

@@ -75,6 +75,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "dots", "full")
+ATTENTION_MASKS = ("document", "causal")
 LAYOUTS = ("spmd", "mpmd")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 
@@ -204,6 +205,16 @@ class TrainConfig:
         default="none",
         metadata=_opt("--remat", "activation recomputation per layer", choices=REMAT_POLICIES),
     )
+    attention_mask: str = field(
+        default="document",
+        metadata=_opt(
+            "--attention-mask",
+            "'document': causal within each packed document (segment ids; Llama 3's choice); "
+            "'causal': causal over the whole packed sequence, documents see earlier ones "
+            "(cheaper: fused kernels without a segment mask)",
+            choices=ATTENTION_MASKS,
+        ),
+    )
     log_every: int = field(
         default=10, metadata=_opt("--log-every", "print a log line every N steps (no terminal)")
     )
@@ -225,6 +236,15 @@ class TrainConfig:
             "--watchdog-abort",
             "1: on a stall, record run_end failed (reason stall) and exit with code 3 so that a "
             "supervisor can restart the run; 0: only record the stall",
+        ),
+    )
+    profile_steps: str = field(
+        default="",
+        metadata=_opt(
+            "--profile-steps",
+            "'A:B': capture a JAX profiler trace of steps A to B (1-based, inclusive) into "
+            "<run dir>/profile/ (open with TensorBoard's or XProf's profile plugin, or Perfetto); "
+            "empty: no trace",
         ),
     )
     debug_stall_at_step: int = field(
@@ -257,6 +277,7 @@ RESUMABLE_OPTIONS = frozenset(
         "watchdog_floor",
         "watchdog_factor",
         "watchdog_abort",
+        "profile_steps",
         "debug_stall_at_step",
     }
 )
@@ -277,6 +298,29 @@ def _positive(cfg: TrainConfig, names: tuple[str, ...], minimum: int) -> None:
         value = getattr(cfg, name)
         if value < minimum:
             raise TitanError(f"{flag_of(name)} must be >= {minimum}, got {value}")
+
+
+def parse_profile_steps(text: str, steps: int) -> tuple[int, int] | None:
+    """The (first, last) steps of ``--profile-steps 'A:B'`` (1-based, inclusive), None when empty.
+
+    Raises:
+        TitanError: not two integers ``A:B`` with 1 <= A <= B <= ``steps``.
+    """
+    if not text:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        bounds = (int(first), int(last)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None:
+        raise TitanError(f"--profile-steps must be 'A:B' (two step numbers), got {text!r}")
+    if not 1 <= bounds[0] <= bounds[1] <= steps:
+        raise TitanError(
+            f"--profile-steps {text}: need 1 <= A <= B <= --steps ({steps}), got A={bounds[0]}, "
+            f"B={bounds[1]}"
+        )
+    return bounds
 
 
 def validate_train_config(cfg: TrainConfig) -> None:
@@ -319,6 +363,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     for name in ("weight_decay", "grad_clip"):
         if getattr(cfg, name) < 0:
             raise TitanError(f"{flag_of(name)} must be >= 0, got {getattr(cfg, name)}")
+    parse_profile_steps(cfg.profile_steps, cfg.steps)
     _validate_pipeline(cfg)
     from titan.ops.registry import parse_overrides
 

@@ -85,6 +85,8 @@ class LlamaStage(nn.Module):
             float32 nats); otherwise it returns (B, S, E) hidden states in the compute dtype.
         remat: ``none``, ``dots`` (save matmul outputs without batch dims, recompute the rest)
             or ``full`` (save only block inputs).
+        document_mask: attention stays within a document (``segment_ids``); False: causal over
+            the whole packed sequence (``segment_ids`` ignored).
         param_dtype: dtype parameters are created in (float32 master weights by default).
 
     Call args:
@@ -100,11 +102,14 @@ class LlamaStage(nn.Module):
     has_embedding: bool = True
     has_head: bool = True
     remat: str = "none"
+    document_mask: bool = True
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, inputs, positions, segment_ids, targets=None):
         cfg = self.config
+        if not self.document_mask:
+            segment_ids = None
         x = inputs
         if self.has_embedding:
             shape = (cfg.vocab_size, cfg.d_model)

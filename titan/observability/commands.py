@@ -1,9 +1,11 @@
-"""``titan summarize`` and ``titan perf check``: run records through the runs root's DuckDB.
+"""``titan summarize``, ``titan perf check`` and ``titan report``: run records read back.
 
-Both ingest the new lines of every ``events.jsonl`` first (:mod:`titan.observability.summarize`),
+``summarize`` and ``perf check`` read the run records through the runs root's DuckDB; both
+ingest the new lines of every ``events.jsonl`` first (:mod:`titan.observability.summarize`),
 so they are the database's one writer while they run. ``--json`` prints the same as JSON.
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
-earlier run of its key), so that a script or CI job can gate on it; 0 otherwise.
+earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
+report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ def add_parser(subparsers: Any) -> None:
         "Exit code 1 when a listed run is flagged.",
     )
     _add_common(c, run_perf_check)
+
+    r = subparsers.add_parser(
+        "report",
+        help="write a Markdown report with figures of one run",
+        description="Write RUN_DIR's report.md (summary, attempts, configuration, environment, "
+        "profile trace) with PNG figures of loss, tokens/s, MFU and power over the run, into "
+        "--out (default: RUN_DIR/report).",
+    )
+    r.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
+    r.add_argument("--out", default=None, metavar="DIR", help="default: RUN_DIR/report")
+    r.set_defaults(run=run_report)
 
 
 def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
@@ -109,11 +122,21 @@ def run_perf_check(args: argparse.Namespace) -> int:
     return EXIT_FLAGGED if any(c.flagged for c in checks) else EXIT_OK
 
 
-def _num(value: float | None, fmt: str, missing: str = "-") -> str:
+def run_report(args: argparse.Namespace) -> int:
+    """Run ``titan report``; prints the report's path."""
+    from titan.observability.report import write_report
+
+    print(write_report(Path(args.run_dir), Path(args.out) if args.out else None))
+    return EXIT_OK
+
+
+def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
+    """``value`` in ``fmt`` (a format spec), or ``missing`` when it is None."""
     return missing if value is None else format(value, fmt)
 
 
-def _duration(seconds: float | None) -> str:
+def format_duration(seconds: float | None) -> str:
+    """Seconds as ``m:ss`` or ``h:mm:ss`` (``-`` when None)."""
     if seconds is None:
         return "-"
     minutes, s = divmod(int(round(seconds)), 60)
@@ -162,19 +185,19 @@ def _print_summaries(root: Path, rows: list[Any]) -> None:
         table.add_row(
             r.run_id,
             status,
-            _num(r.steps, ","),
-            _num(r.tokens, ","),
-            _duration(r.wall_s),
-            _num(r.median_tokens_per_s, ",.0f"),
-            _num(r.median_mfu, ".1%", "unknown"),
-            _num(r.energy_j, ",.0f", "unavailable"),
-            _num(r.tokens_per_j, ",.2f", "unavailable"),
-            _num(r.ettr, ".1%"),
-            _num(r.goodput, ".1%"),
+            format_number(r.steps, ","),
+            format_number(r.tokens, ","),
+            format_duration(r.wall_s),
+            format_number(r.median_tokens_per_s, ",.0f"),
+            format_number(r.median_mfu, ".1%", "unknown"),
+            format_number(r.energy_j, ",.0f", "unavailable"),
+            format_number(r.tokens_per_j, ",.2f", "unavailable"),
+            format_number(r.ettr, ".1%"),
+            format_number(r.goodput, ".1%"),
             str(r.stalls),
             str(r.restarts),
-            _num(r.final_loss, ".3f"),
-            _num(r.best_loss, ".3f"),
+            format_number(r.final_loss, ".3f"),
+            format_number(r.best_loss, ".3f"),
         )
     _console().print(table)
 
@@ -200,9 +223,9 @@ def _print_checks(root: Path, checks: list[Any]) -> None:
         table.add_row(
             c.run_id,
             f"{c.median_step_s:.4f}",
-            _num(c.best_earlier_s, ".4f"),
+            format_number(c.best_earlier_s, ".4f"),
             c.best_earlier_run or "-",
-            _num(c.slower, "+.1%"),
+            format_number(c.slower, "+.1%"),
             "[red]SLOWER[/red]" if c.flagged else "ok",
         )
     _console().print(table)

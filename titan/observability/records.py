@@ -4,8 +4,10 @@ Layout of a run dir ``<runs root>/<run id>/``:
 
 - ``events.jsonl``: one JSON object per line, flushed per event. Every event has ``schema``
   (:data:`SCHEMA`), ``type``, ``time`` (unix seconds, float) and ``run_id``. Types written by the
-  trainer: ``run_start``, ``compile``, ``step``, ``checkpoint``, ``run_end`` (see
-  ``titan.trainer.train``).
+  trainer: ``run_start``, ``compile``, ``step``, ``checkpoint``, ``profile``, ``stall``,
+  ``run_end`` (see ``titan.trainer.train``).
+- ``profile/``: the JAX profiler trace of ``--profile-steps`` (:mod:`titan.observability.profile`).
+- ``report/``: ``titan report``'s Markdown report and figures (:mod:`titan.observability.report`).
 - ``config.json``: the run's options and model shape.
 - ``tokenizer.model``: the sentencepiece model the run used.
 - ``checkpoints/``: orbax checkpoints.

@@ -410,6 +410,20 @@ def summaries(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list
     return [RunSummary(**{k: v for k, v in json.loads(r[0]).items() if k in known}) for r in rows]
 
 
+def summarize_run_dir(run_dir: Path) -> RunSummary:
+    """The summary of one run dir, computed as :func:`summarize` does but in an in-memory
+    database: nothing is written next to the run. The run id is the dir's name."""
+    run_dir = Path(run_dir)
+    con = duckdb.connect(":memory:")
+    try:
+        _create_tables(con)
+        with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
+            _ingest_file(con, run_dir / EVENTS_FILE, run_dir.name, Path(tmp))
+        return compute_summary(con, run_dir.name)
+    finally:
+        con.close()
+
+
 def summarize(runs_root: Path) -> list[RunSummary]:
     """Ingest ``runs_root`` into its database and return every run's summary.
 

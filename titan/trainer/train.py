@@ -20,6 +20,8 @@ Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
   :mod:`titan.observability.flops`), ``energy_j`` and ``joules_per_token`` (None without a
   power source).
 - ``checkpoint``: ``step``, ``seconds``, ``path``.
+- ``profile``: ``steps``, ``dir``, ``seconds`` and more, for ``--profile-steps``
+  (:mod:`titan.observability.profile`).
 - ``stall``: ``phase``, ``elapsed_s``, ``threshold_s``, ``step``, ``stacks`` (every thread's
   Python stack), when the loop overruns a phase's allowance (:mod:`titan.observability.watchdog`).
 - ``run_end``: ``status`` (completed | stopped | failed), ``step``, ``error`` when failed,
@@ -50,6 +52,7 @@ from titan.config import (
     config_from_dict,
     flag_of,
     model_config,
+    parse_profile_steps,
     validate_train_config,
 )
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
@@ -57,6 +60,7 @@ from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.observability.flops import FlopsMeter, device_peak
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
+from titan.observability.profile import StepProfiler
 from titan.observability.records import (
     CONFIG_FILE,
     EVENTS_FILE,
@@ -217,7 +221,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             run.record.emit("compile", **fields)
         for event_type, fields in trainer.start_events():
             run.record.emit(event_type, **fields)
-        step, status = run.loop(state, start_step)
+        with run.profiler:  # closes a trace left open by a stop signal or an error
+            step, status = run.loop(state, start_step)
         run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         traceback.print_exc()
@@ -278,6 +283,8 @@ class _Run:
 
     def __post_init__(self) -> None:
         self.watchdog = Watchdog(self.cfg.watchdog_floor, self.cfg.watchdog_factor, self.on_stall)
+        steps = parse_profile_steps(self.cfg.profile_steps, self.cfg.steps)
+        self.profiler = StepProfiler(steps, self.record)
 
     def start_monitors(self) -> None:
         """Start the stall watchdog and the power sampler (background threads)."""
@@ -349,6 +356,7 @@ class _Run:
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
         while step < self.cfg.steps and not self.stop.requested:
+            self.profiler.step_starts(step + 1)
             self.watchdog.enter("data_wait", step + 1)
             batch, ids = self.batches.next_batch()
             self.watchdog.enter("step", step + 1)
@@ -362,6 +370,7 @@ class _Run:
             if pending:
                 self._report(*pending)
             pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
+            self.profiler.step_done(step, state)
             if step % self.cfg.checkpoint_every == 0:
                 self._report(*pending)
                 pending = None

@@ -1,0 +1,215 @@
+"""Profiler traces (``--profile-steps``) and run reports (``titan report``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import events, run_in_process
+
+from titan.cli import main
+from titan.observability.profile import StepProfiler
+from titan.observability.records import RunRecord
+from titan.observability.report import write_report
+
+SAMPLE_RUNS = sorted((Path(__file__).parents[1] / "sample_runs").iterdir())
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _options(corpus_dir: Path, root: Path, run_id: str, **extra) -> dict:
+    return {
+        "data": str(corpus_dir),
+        "vocab_size": 512,
+        "seq_len": 32,
+        "batch_size": 8,
+        "steps": 4,
+        "warmup_steps": 1,
+        "checkpoint_every": 4,
+        "runs_root": str(root),
+        "run_id": run_id,
+        "dp": 1,
+        "compute_dtype": "float32",
+        "profile_steps": "2:3",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def profiled_runs(corpus_dir, tmp_path_factory) -> dict[str, Path]:
+    """Two real 4-step runs traced over steps 2 to 3: SPMD, and a 2-stage MPMD pipeline."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for name, layout in {
+        "spmd": {},
+        "mpmd": {"layout": "mpmd", "pp": 2, "microbatches": 2, "schedule": "gpipe"},
+    }.items():
+        code, runs[name] = run_in_process(_options(corpus_dir, root, name, **layout))
+        assert code == 0
+    return runs
+
+
+@pytest.mark.parametrize("layout", ["spmd", "mpmd"])
+def test_profile_steps_trace_the_asked_steps_into_the_run_dir(profiled_runs, layout):
+    run_dir = profiled_runs[layout]
+    (profile,) = events(run_dir, "profile")
+    assert profile["steps"] == profile["requested"] == [2, 3]
+    assert profile["complete"] is True and "error" not in profile
+    assert profile["dir"].startswith("profile/") and (run_dir / profile["dir"]).is_dir()
+    assert any(f.endswith(".xplane.pb") for f in profile["files"])
+    assert all((run_dir / f).stat().st_size > 0 for f in profile["files"])
+    assert 0 < profile["seconds"] < 60
+    kinds = [e["type"] for e in events(run_dir)]
+    assert kinds.index("profile") < kinds.index("run_end")
+    assert events(run_dir, "run_end")[0]["status"] == "completed"
+    assert [e["step"] for e in events(run_dir, "step")] == [1, 2, 3, 4]
+
+
+def _trace_runs_again(tmp_path: Path) -> None:
+    """The profiler is free: a new trace starts and stops."""
+    jax.profiler.start_trace(str(tmp_path / "again"))
+    jax.profiler.stop_trace()
+
+
+def test_an_error_inside_the_range_closes_the_trace_and_records_what_was_traced(tmp_path):
+    record = RunRecord(tmp_path, "t")
+    profiler = StepProfiler((1, 3), record)
+    with pytest.raises(RuntimeError, match="boom"), profiler:
+        profiler.step_starts(1)
+        profiler.step_done(1, jnp.ones(8) * 2)
+        raise RuntimeError("boom")
+    record.close()
+    (profile,) = events(tmp_path, "profile")
+    assert profile["steps"] == [1, 1] and profile["requested"] == [1, 3]
+    assert profile["complete"] is False and "error" not in profile
+    assert any(f.endswith(".xplane.pb") for f in profile["files"])
+    _trace_runs_again(tmp_path)
+
+
+def test_a_failing_stop_is_recorded_not_raised(tmp_path):
+    record = RunRecord(tmp_path, "t")
+    profiler = StepProfiler((1, 1), record)
+    profiler.step_starts(1)
+    jax.profiler.stop_trace()  # someone else closed it: stop_trace will fail
+    profiler.step_done(1, jnp.ones(8))
+    profiler.stop()
+    record.close()
+    (profile,) = events(tmp_path, "profile")
+    assert profile["complete"] is False and "RuntimeError" in profile["error"]
+    _trace_runs_again(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("3", "--profile-steps must be 'A:B' (two step numbers), got '3'"),
+        ("a:b", "--profile-steps must be 'A:B' (two step numbers), got 'a:b'"),
+        ("1:2:3", "--profile-steps must be 'A:B'"),
+        ("0:2", "--profile-steps 0:2: need 1 <= A <= B <= --steps (6), got A=0, B=2"),
+        ("3:2", "--profile-steps 3:2: need 1 <= A <= B <= --steps (6)"),
+        ("2:7", "--profile-steps 2:7: need 1 <= A <= B <= --steps (6), got A=2, B=7"),
+    ],
+)
+def test_bad_profile_steps_are_one_line_exit_2(tmp_path, capsys, value, message):
+    argv = ["train", "--runs-root", str(tmp_path / "runs"), "--steps", "6"]
+    assert main([*argv, "--profile-steps", value]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def _summary(report: str) -> dict[str, str]:
+    section = report.split("## Summary")[1].split("##")[0]
+    return dict(re.findall(r"^\| ([^|]+?) \| (.*?) \|$", section, re.M))
+
+
+def _assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_MAGIC, path
+
+
+@pytest.mark.parametrize("run_dir", SAMPLE_RUNS, ids=lambda p: p.name)
+def test_report_of_each_sample_run_matches_its_events(run_dir, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "report.md")
+    text = (out / "report.md").read_text()
+    for name in ("loss.png", "throughput.png"):
+        _assert_png(out / name)
+        assert f"]({name})" in text
+    steps = events(run_dir, "step")
+    starts = events(run_dir, "run_start")
+    summary = _summary(text)
+    assert summary["steps"] == str(max(e["step"] for e in steps))
+    assert summary["final loss"] == f"{steps[-1]['loss']:.4f}"
+    assert summary["best loss"] == f"{min(e['loss'] for e in steps):.4f}"
+    assert summary["restarts"] == str(len(starts) - 1)
+    assert summary["status"].startswith(events(run_dir, "run_end")[-1]["status"])
+    assert summary["median MFU"].startswith("unknown (")
+    assert "MFU: unknown (" in text and "power: unavailable (" in text
+    assert not (out / "mfu.png").exists() and not (out / "power.png").exists()
+    assert f"| git_commit | {starts[-1]['env']['git_commit']} |" in text
+    assert f"{len(starts)} attempt(s)" in text
+
+
+def test_report_of_a_resumed_run_with_mfu_power_and_a_torn_line(tmp_path):
+    run_dir = tmp_path / "gpu-like"
+    run_dir.mkdir()
+    lines = []
+    energy_j = 0.0
+    for event in events(SAMPLE_RUNS[1]):  # tiny-killed-resumed: two attempts
+        if event["type"] == "step":
+            event["mfu"] = {
+                "causal": 0.4,
+                "full": 0.43,
+                "hfu_causal": 0.5,
+                "peak_flops": 989.5e12,
+                "peak_kind": "datasheet_dense_bfloat16",
+                "peak_source": "NVIDIA H200 datasheet",
+            }
+            event["energy_j"] = 700.0 * event["step_time_s"]
+            energy_j += event["energy_j"]
+        lines.append(json.dumps(event))
+    (run_dir / "events.jsonl").write_text("\n".join(lines) + '\n{"type": "st')
+    path = write_report(run_dir)
+    assert path == run_dir / "report" / "report.md"
+    for name in ("loss.png", "throughput.png", "mfu.png", "power.png"):
+        _assert_png(path.parent / name)
+    text = path.read_text()
+    summary = _summary(text)
+    assert summary["median MFU"] == "40.0% (causal)"
+    assert summary["energy (J)"] == f"{energy_j:,.0f}"
+    assert "over 989.5 TFLOP/s (datasheet_dense_bfloat16), source: NVIDIA H200" in text
+    assert "2 attempt(s)" in text and "a torn last line (12 bytes) ignored" in text
+
+
+def test_report_links_the_profile_trace(profiled_runs, tmp_path):
+    run_dir = profiled_runs["spmd"]
+    path = write_report(run_dir, tmp_path / "out")
+    link = re.search(r"\]\(([^)]+)\), profiler overhead", path.read_text()).group(1)
+    assert (path.parent / link).resolve() == (run_dir / events(run_dir, "profile")[0]["dir"])
+
+
+@pytest.mark.parametrize("case", ["missing", "no-events", "no-run-start"])
+def test_bad_run_dir_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case):
+    run_dir = tmp_path / "run"
+    if case != "missing":
+        run_dir.mkdir()
+    if case == "no-run-start":
+        (run_dir / "events.jsonl").write_text('{"type": "step", "time": 1.0, "step": 1}\n')
+    before = sorted(os.walk(tmp_path))
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"titan report: error: RUN_DIR {run_dir}") and err.count("\n") == 1
+    assert sorted(os.walk(tmp_path)) == before
+
+
+def test_report_goes_to_the_run_dirs_report_folder_by_default(tmp_path):
+    copy = tmp_path / SAMPLE_RUNS[0].name
+    shutil.copytree(SAMPLE_RUNS[0], copy)
+    write_report(copy)
+    assert sorted(p.name for p in copy.iterdir()) == ["config.json", "events.jsonl", "report"]

@@ -1,0 +1,306 @@
+"""``titan report RUN_DIR``: a Markdown report of one run with PNG figures.
+
+Written to ``<out>/report.md`` (``<out>``: ``--out``, default ``<run dir>/report/``) with
+``loss.png``, ``throughput.png``, ``mfu.png`` and ``power.png`` beside it (:mod:`plots`). The
+summary table is :func:`titan.observability.summarize.summarize_run_dir`'s, the numbers
+``titan summarize`` prints; the figures are drawn from the step events, one series per attempt
+(a resumed run's ``events.jsonl`` holds several ``run_start`` ... ``run_end`` attempts,
+:func:`titan.observability.ettr.split_attempts`). MFU is plotted as the trainer recorded it,
+titled with its peak (``peak_flops``, ``peak_kind`` of the ``mfu`` field) and said to be unknown,
+with the recorded reason, when the record has none; the same for power (``run_start``'s
+``power.reason``). A torn last line (a writer killed mid-line) and lines that are not events are
+skipped and counted in the report.
+
+This module imports neither JAX nor matplotlib (:mod:`plots` imports it when drawing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from titan.errors import TitanError
+from titan.observability import ettr, plots
+from titan.observability.commands import format_duration, format_number
+from titan.observability.records import EVENTS_FILE, EventTail
+from titan.observability.summarize import RunSummary, summarize_run_dir
+
+REPORT_DIR = "report"
+REPORT_FILE = "report.md"
+FIGURES = ("loss.png", "throughput.png", "mfu.png", "power.png")
+POWER_WINDOW_S = 5.0
+NOT_RECORDED = "not recorded in the events"
+_MFU_EXTRA = ("hfu_", "peak_")
+
+
+def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int, int]:
+    """(events, lines that are not events, bytes of a torn last line) of ``run_dir``.
+
+    Raises:
+        TitanError: ``run_dir`` is not a directory, has no ``events.jsonl`` or no ``run_start``.
+    """
+    path = run_dir / EVENTS_FILE
+    if not run_dir.is_dir():
+        raise TitanError(f"RUN_DIR {run_dir} is not a directory")
+    if not path.is_file():
+        raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
+    tail = EventTail(path)
+    events = tail.read_new()
+    if not any(e["type"] == "run_start" for e in events):
+        raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no run_start event")
+    data = path.read_bytes()
+    return events, tail.bad_lines, len(data) - (data.rfind(b"\n") + 1)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _mfu_values(event: Mapping[str, Any]) -> dict[str, float | None]:
+    """MFU per convention of one step event: the numbers of its ``mfu`` object (HFU and the peak
+    left out), or a plain number under its ``mfu_convention``."""
+    value = event.get("mfu")
+    if isinstance(value, Mapping):
+        return {k: _number(v) for k, v in value.items() if not k.startswith(_MFU_EXTRA)}
+    if _number(value) is not None:
+        return {str(event.get("mfu_convention") or "as recorded"): _number(value)}
+    return {}
+
+
+def step_series(events: list[dict[str, Any]]) -> list[plots.StepSeries]:
+    """One :class:`plots.StepSeries` per attempt, times from the first ``run_start``."""
+    attempts = ettr.split_attempts(events)
+    t0 = float(attempts[0][0]["time"])
+    series = []
+    for index, attempt in enumerate(attempts, 1):
+        resumed = attempt[0].get("resumed_from_step")
+        label = f"attempt {index}" + (f" (resumed from step {resumed})" if resumed else "")
+        s = plots.StepSeries(label)
+        steps = [e for e in attempt if e.get("type") == "step" and isinstance(e.get("step"), int)]
+        conventions = sorted({k for e in steps for k in _mfu_values(e)})
+        s.mfu = {c: [] for c in conventions}
+        for e in steps:
+            s.steps.append(int(e["step"]))
+            s.time_s.append(float(e["time"]) - t0)
+            s.loss.append(_number(e.get("loss")))
+            s.tokens_per_s.append(_number(e.get("tokens_per_s")))
+            s.step_time_s.append(_number(e.get("step_time_s")))
+            s.energy_j.append(_number(e.get("energy_j")))
+            values = _mfu_values(e)
+            for c in conventions:
+                s.mfu[c].append(values.get(c))
+        series.append(s)
+    return series
+
+
+def _peak(events: list[dict[str, Any]]) -> tuple[str, str]:
+    """(the peak MFU divides by, e.g. ``989.5 TFLOP/s (datasheet_dense_bfloat16)``, its source)
+    from the last step whose ``mfu`` names it."""
+    for e in reversed(events):
+        mfu = e.get("mfu") if e.get("type") == "step" else None
+        if isinstance(mfu, Mapping) and _number(mfu.get("peak_flops")):
+            kind = f" ({mfu['peak_kind']})" if mfu.get("peak_kind") else ""
+            return f"{mfu['peak_flops'] / 1e12:,.1f} TFLOP/s{kind}", str(mfu.get("peak_source", ""))
+    return "the recorded peak (not named in the record)", ""
+
+
+def _cell(value: Any) -> str:
+    """A value as one Markdown table cell."""
+    if isinstance(value, dict | list):
+        value = json.dumps(value)
+    text = "-" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested mappings as (dotted key, value) pairs."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            rows += _flatten(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", value))
+    return rows
+
+
+def _summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
+    mfu = (
+        f"{s.median_mfu:.1%} ({s.mfu_convention})"
+        if s.median_mfu is not None
+        else f"unknown ({s.mfu_reason or NOT_RECORDED})"
+    )
+    energy = (
+        f"{s.energy_j:,.0f}"
+        if s.energy_j is not None
+        else f"unavailable ({s.energy_reason or NOT_RECORDED})"
+    )
+    badput = ", ".join(f"{k} {v:.1%}" for k, v in s.badput.items() if v and v >= 0.0005)
+    return [
+        ("status", f"{s.status} ({s.reason})" if s.reason else s.status),
+        ("steps", format_number(s.steps, "d")),
+        ("steps planned", total_steps),
+        ("tokens", format_number(s.tokens, ",")),
+        ("wall time (first run_start to last event)", format_duration(s.wall_s)),
+        ("median tokens/s", format_number(s.median_tokens_per_s, ",.0f")),
+        ("median MFU", mfu),
+        ("energy (J)", energy),
+        ("tokens/J", format_number(s.tokens_per_j, ",.2f", "unavailable")),
+        ("ETTR", format_number(s.ettr, ".1%")),
+        ("goodput", format_number(s.goodput, ".1%") + (f" (badput: {badput})" if badput else "")),
+        ("stalls", s.stalls),
+        ("restarts", s.restarts),
+        ("final loss", format_number(s.final_loss, ".4f")),
+        ("best loss", format_number(s.best_loss, ".4f")),
+    ]
+
+
+def _attempt_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    rows = []
+    for a in ettr.analyze(events).attempts:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a.start))
+        rows.append(
+            (a.index + 1, started, a.start_step, a.last_step, a.status, f"{a.compile_s:.1f}")
+        )
+    return rows
+
+
+def _changes(starts: list[dict[str, Any]], key: str, title: str) -> list[str]:
+    """``title`` and a list of the ``key`` entries (flattened) that differ between consecutive
+    attempts' ``run_start``; nothing when none differ."""
+    changes = []
+    for index in range(1, len(starts)):
+        before = dict(_flatten(starts[index - 1].get(key) or {}))
+        after = dict(_flatten(starts[index].get(key) or {}))
+        for name in sorted(before.keys() | after.keys()):
+            if before.get(name) != after.get(name):
+                changes.append(
+                    f"- attempt {index + 1}: `{name}` {before.get(name)!r} -> {after.get(name)!r}"
+                )
+    return [f"{title}:", "", *changes, ""] if changes else []
+
+
+def _figures(out: Path, events: list[dict[str, Any]], s: RunSummary) -> list[str]:
+    """Draw the figures into ``out``; the Markdown of the figures section."""
+    series = step_series(events)
+    lines = ["## Figures", ""]
+    plots.plot_loss(out / "loss.png", series)
+    plots.plot_throughput(out / "throughput.png", series, s.median_tokens_per_s)
+    lines += ["![loss vs step](loss.png)", "", "![tokens/s vs step](throughput.png)", ""]
+    if any(v is not None for x in series for vs in x.mfu.values() for v in vs):
+        peak, source = _peak(events)
+        plots.plot_mfu(out / "mfu.png", series, peak)
+        lines += [
+            f"MFU: model FLOPs per token (`causal`: attention halved for the causal mask, "
+            f"`full`: counted in full; `titan.observability.flops`) x tokens/s over {peak}"
+            + (f", source: {source}" if source else "")
+            + ".",
+            "",
+            "![MFU vs step](mfu.png)",
+            "",
+        ]
+    else:
+        lines += [f"MFU: unknown ({s.mfu_reason or NOT_RECORDED}).", ""]
+    if any(e is not None for x in series for e in x.energy_j):
+        plots.plot_power(out / "power.png", series, POWER_WINDOW_S)
+        lines += ["![power and cumulative energy over time](power.png)", ""]
+    else:
+        lines += [f"power: unavailable ({s.energy_reason or NOT_RECORDED}).", ""]
+    return lines
+
+
+def _profile_lines(run_dir: Path, out: Path, events: list[dict[str, Any]]) -> list[str]:
+    profiles = [e for e in events if e.get("type") == "profile"]
+    if not profiles and not (run_dir / "profile").is_dir():
+        return []
+    lines = ["## Profile", ""]
+    for p in profiles:
+        link = os.path.relpath(run_dir / str(p.get("dir") or "profile"), out)
+        steps = p.get("steps") or ["-", "-"]
+        note = f", error: {p['error']}" if p.get("error") else ""
+        lines.append(
+            f"- steps {steps[0]} to {steps[-1]} (asked {p.get('requested')}): "
+            f"[{p.get('dir')}]({link}), profiler overhead "
+            f"{format_number(_number(p.get('seconds')), '.2f')} s{note}"
+        )
+    if not profiles:
+        lines.append(f"- [profile/]({os.path.relpath(run_dir / 'profile', out)})")
+    return [*lines, "", "Open with TensorBoard's or XProf's profile plugin, or Perfetto.", ""]
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``report.md`` and its figures for ``run_dir`` into ``out`` (default
+    ``run_dir/report``). Returns the report's path.
+
+    Raises:
+        TitanError: a bad ``run_dir`` (see :func:`read_run`) or ``out`` that is a file; nothing
+            is written then.
+    """
+    run_dir = Path(run_dir)
+    events, bad_lines, torn = read_run(run_dir)
+    out = Path(out) if out is not None else run_dir / REPORT_DIR
+    if out.exists() and not out.is_dir():
+        raise TitanError(f"--out {out} is not a directory")
+    summary = summarize_run_dir(run_dir)
+    starts = [e for e in events if e["type"] == "run_start"]
+    last = starts[-1]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in FIGURES:
+        (out / name).unlink(missing_ok=True)
+    skipped = f"{bad_lines} line(s) that are not events skipped" + (
+        f", a torn last line ({torn} bytes) ignored" if torn else ""
+    )
+    lines = [
+        f"# Run report: {summary.run_id}",
+        "",
+        f"From `{run_dir / EVENTS_FILE}`: {len(events)} events, {len(starts)} attempt(s), "
+        f"{skipped}.",
+        "",
+        "## Summary",
+        "",
+        *_table(("field", "value"), _summary_rows(summary, last.get("total_steps"))),
+        "## Attempts",
+        "",
+        *_table(
+            ("attempt", "started (UTC)", "start step", "last step", "status", "compile (s)"),
+            _attempt_rows(events),
+        ),
+        *_figures(out, events, summary),
+        *_profile_lines(run_dir, out, events),
+        "## Configuration",
+        "",
+        *_table(("option", "value"), list(_flatten(last.get("config") or {}))),
+        *_changes(starts, "config", "Changed on resume"),
+        "## Model and layout",
+        "",
+        *_table(
+            ("", "value"),
+            [
+                ("parameters", format_number(_number(last.get("param_count")), ",.0f")),
+                *_flatten({"model": last.get("model") or {}, "layout": last.get("layout") or {}}),
+                ("compute dtype", last.get("compute_dtype")),
+                *_flatten({"ops": last.get("ops") or {}, "tokenizer": last.get("tokenizer") or {}}),
+                *_flatten({"data": last.get("data") or {}}),
+            ],
+        ),
+        "## Environment",
+        "",
+        "Of the last attempt's `run_start`.",
+        "",
+        *_table(("field", "value"), list(_flatten(last.get("env") or {}))),
+        *_changes(starts, "env", "Changed between attempts"),
+    ]
+    path = out / REPORT_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
