@@ -93,7 +93,7 @@ class RunConfig:
 LEVERS: dict[str, list[str]] = {
     "attention_mask": ["document", "causal"],
     "attention": ["auto", "cudnn", "pallas", "native"],
-    "remat": ["dots", "none", "full"],
+    "remat": ["dots", "dots-attention", "none", "full"],
     "cross_entropy": ["native", "chunked"],
     "rms_norm": ["native", "pallas"],
     "xla_flags": [
@@ -248,10 +248,12 @@ def run_config(args: argparse.Namespace, shape: Shape, config: RunConfig) -> dic
     return _subprocess(argv, env, args.timeout)
 
 
-def sweep(args: argparse.Namespace, shape: Shape, levers: dict[str, list[str]]) -> list[dict]:
-    """Greedy search over ``levers``; every run is returned, with what it changed and its
-    tokens/s relative to the best configuration before it."""
-    best = RunConfig()
+def sweep(
+    args: argparse.Namespace, shape: Shape, levers: dict[str, list[str]], start: RunConfig
+) -> list[dict]:
+    """Greedy search over ``levers`` from ``start``; every run is returned, with what it changed
+    and its tokens/s relative to the best configuration before it."""
+    best = start
     best_run = {"config": dataclasses.asdict(best), "lever": "start"}
     best_run.update(run_config(args, shape, best))
     runs = [best_run]
@@ -288,8 +290,8 @@ def _ratio(value: float | None) -> str:
 def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per run, the baseline first."""
     header = (
-        "| run | attention mask | attention | remat | cross-entropy | rms_norm | XLA flags | tokens/s "
-        "| MFU causal | MFU full | peak GiB | vs prev. best | titan / baseline |"
+        "| run | attention mask | attention | remat | cross-entropy | rms_norm | XLA flags "
+        "| tokens/s | MFU causal | MFU full | peak GiB | vs prev. best | titan / baseline |"
     )
     lines = [header, "|" + "---|" * 13]
     if "tok_s" in baseline:
@@ -334,6 +336,16 @@ def _device_slug(runs: list[dict[str, Any]]) -> str:
     return "-".join(kind.lower().split())
 
 
+def _start_config(parser: argparse.ArgumentParser, spec: str) -> RunConfig:
+    """``--start``: RunConfig fields as ``name=value`` pairs (a parser error on unknown names)."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    items = [item for item in spec.split(",") if item]
+    pairs = dict(item.split("=", 1) for item in items if "=" in item)
+    if set(pairs) - fields or len(pairs) != len(items):
+        parser.error(f"--start: expected name=value pairs of {', '.join(sorted(fields))}")
+    return RunConfig(**pairs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="path to plain_jax_llama.py")
@@ -344,6 +356,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per process")
     parser.add_argument(
         "--levers", help="comma-separated levers to search (default: all of them)", default=""
+    )
+    parser.add_argument(
+        "--start",
+        default="",
+        help="starting configuration, e.g. 'attention_mask=causal,remat=dots' (default: the "
+        "first value of each lever)",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny model, CPU-friendly")
     parser.add_argument("--out", type=Path, help="JSON results file")
@@ -364,13 +382,14 @@ def main() -> int:
         if unknown:
             parser.error(f"--levers: unknown lever {unknown[0]!r}; levers: {', '.join(levers)}")
         levers = {name: levers[name] for name in args.levers.split(",")}
+    start = _start_config(parser, args.start)
     baseline = {"error": "not run (no --baseline)"}
     if args.baseline is not None:
         baseline = run_baseline(
             args.baseline, shape, args.baseline_attn, args.baseline_remat, args.timeout
         )
         _progress(baseline)
-    runs = sweep(args, shape, levers)
+    runs = sweep(args, shape, levers, start)
     for run in runs:
         if "tok_s" in run and "tok_s" in baseline:
             run["vs_baseline"] = run["tok_s"] / baseline["tok_s"]

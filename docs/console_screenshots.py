@@ -1,14 +1,16 @@
-"""Save the console screenshots of the docs (80x24 SVG): the launch form as it opens, and the
-monitor of a real small run while it trains (the run is stopped afterwards).
+"""Save the console screenshots of the docs (SVG): the launch form as it opens, the monitor of
+a real small run while it trains (the run is stopped afterwards) at 80x24, and the planner,
+history, run comparison and watchdog panel over ``sample_runs/`` at 100x30.
 
 Run from the repository root: ``.venv/bin/python docs/console_screenshots.py``. It trains for
-about a minute on CPU; the run dir goes to a temporary folder.
+about a minute on CPU; run dirs go to a temporary folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -23,6 +25,7 @@ from tui.screens.monitor import MonitorScreen  # noqa: E402
 from tui.widgets.option_input import OptionInput  # noqa: E402
 
 SIZE = (80, 24)
+WIDE = (100, 30)
 # A run small enough for a CPU, long enough to draw a loss curve.
 RUN_OPTIONS = {"steps": "400", "batch_size": "8", "seq_len": "64", "vocab_size": "1024"}
 SHOT_AT_STEP = 120
@@ -37,7 +40,41 @@ async def _wait(pilot, condition) -> None:
         await pilot.pause(0.5)
 
 
+async def sample_screens(tmp: str) -> None:
+    """Planner, history, comparison, run detail and watchdog panel over a copy of sample_runs."""
+    shutil.copytree(DOCS.parent / "sample_runs", Path(tmp) / "sample_runs")
+    os.chdir(tmp)
+    app = TitanConsole(Path("sample_runs"))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("p")
+        await _wait(pilot, lambda: app.screen.report is not None)
+        await pilot.pause(0.5)
+        app.save_screenshot("console-planner.svg", str(DOCS))
+        await pilot.press("h")
+        await _wait(pilot, lambda: app.screen.loaded)
+        await pilot.press("space", "down", "space")
+        await pilot.pause(0.3)
+        app.save_screenshot("console-history.svg", str(DOCS))
+        await pilot.press("c")
+        await _wait(pilot, lambda: bool(app.screen.diff))
+        await pilot.pause(0.5)
+        app.save_screenshot("console-compare.svg", str(DOCS))
+        await pilot.press("escape", "up", "enter")
+        await _wait(pilot, lambda: app.screen.detail is not None)
+        await pilot.press("5")
+        await pilot.pause(0.3)
+        app.save_screenshot("console-run-detail.svg", str(DOCS))
+    app = TitanConsole(Path("sample_runs"), open_run=Path("sample_runs/tiny-watchdog-stall"))
+    async with app.run_test(size=WIDE) as pilot:
+        await _wait(pilot, lambda: app.screen.state.end_status is not None)
+        await pilot.press("3")
+        await pilot.pause(0.5)
+        app.save_screenshot("console-watchdog.svg", str(DOCS))
+
+
 async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        await sample_screens(tmp)
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)  # the form shows the runs root as typed: "runs"
         app = TitanConsole(Path("runs"), show_launch_form=True)
@@ -56,9 +93,12 @@ async def main() -> None:
             )
             await pilot.pause(1.0)
             app.save_screenshot("console-monitor.svg", str(DOCS))
-            await pilot.press("s")
+            await pilot.press("2")
+            await pilot.pause(1.0)
+            app.save_screenshot("console-curves.svg", str(DOCS))
+            await pilot.press("s", "y")
             await _wait(pilot, lambda: app.screen.returncode is not None)
-    print(f"saved {DOCS / 'console-launch.svg'} and {DOCS / 'console-monitor.svg'}")
+    print(f"saved the console screenshots in {DOCS}")
 
 
 if __name__ == "__main__":

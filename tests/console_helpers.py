@@ -24,6 +24,20 @@ from tui.widgets.stat import Stat
 LAUNCH_TIMEOUT_S = 180.0
 
 
+def tiny_form_texts(corpus_dir: Path) -> dict[str, str]:
+    """Form texts of a small real run (one device, the test corpus)."""
+    return {
+        "steps": "4",
+        "seq_len": "32",
+        "batch_size": "4",
+        "vocab_size": "512",
+        "checkpoint_every": "2",
+        "warmup_steps": "2",
+        "dp": "1",
+        "data": str(corpus_dir),
+    }
+
+
 def fill_form(app: TitanConsole, texts: dict[str, str]) -> None:
     """Set launch-form fields by option name (``{"steps": "4"}``)."""
     for name, text in texts.items():

@@ -18,6 +18,7 @@ from console_helpers import (
     notes_into,
     run_context,
     stat,
+    tiny_form_texts,
     wait_until,
 )
 from textual.widgets import Log
@@ -54,23 +55,14 @@ def consoles():
         kill_children(app)
 
 
+def _only_run_dir(app: TitanConsole) -> Path | None:
+    return next(iter(app.launched), None)
+
+
 @pytest.fixture()
 def tiny_form(corpus_dir: Path) -> dict[str, str]:
     """Form texts of a small real run (one device, the test corpus)."""
-    return {
-        "steps": "4",
-        "seq_len": "32",
-        "batch_size": "4",
-        "vocab_size": "512",
-        "checkpoint_every": "2",
-        "warmup_steps": "2",
-        "dp": "1",
-        "data": str(corpus_dir),
-    }
-
-
-def _only_run_dir(app: TitanConsole) -> Path | None:
-    return next(iter(app.launched), None)
+    return tiny_form_texts(corpus_dir)
 
 
 # --- the launch form ------------------------------------------------------------------------
@@ -199,7 +191,7 @@ async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
         await launch_from_form(app, pilot, long_run, until=lambda monitor: monitor.state.step >= 2)
         assert stat(app, "status") == "running", run_context(_only_run_dir(app))
         assert stat(app, "process").startswith("running (pid ")
-        await pilot.press("s")
+        await pilot.press("s", "y")  # stop, then confirm
         await pilot.pause()
         assert app.screen.status in ("stopping", "stopped")
         await wait_until(

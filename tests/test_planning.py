@@ -115,15 +115,17 @@ def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_c
 
 
 def test_adamw_mixed_precision_state_is_16_bytes_per_parameter():
-    # Rajbhandari et al. 2020 (ZeRO), Sec. 3.1: 16 bytes per parameter, so a 6.7B model needs
-    # about 107 GB for weights, gradients and optimizer state, not 54.
+    # Rajbhandari et al. 2020 (ZeRO), Sec. 3.1: 16 bytes per parameter (fp32 master weights and
+    # two moments, 16-bit weights and gradients), so a 6.7B model needs about 107 GB for
+    # weights, gradients and optimizer state, not 54.
     shape = resolve_model(
         "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=32,ffn_dim=11008,vocab_size=32000"
     )
     mem = memory_per_device(shape, Layout(), H200, 2048, 1, Precision())
     params = shape.param_count()
     assert params == pytest.approx(6.74e9, rel=0.01)
-    states = mem.weights + mem.gradients + mem.optimizer
+    states = mem.weights + mem.gradients + mem.optimizer + mem.compute_weights
+    assert (mem.weights, mem.gradients, mem.compute_weights) == (4 * params, 2 * params, 2 * params)
     assert states / params == pytest.approx(16)
     assert states / 1e9 == pytest.approx(107.9, abs=1)
 

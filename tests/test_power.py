@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -92,22 +93,41 @@ def test_sampler_thread_integrates_power_survives_errors_and_stops():
     assert sampler.energy_j() >= 0.0
 
 
-def test_step_energy_uses_the_counter_difference():
-    class Counter:
-        source = "counter"
-        joules = 0.0
+class Counter:
+    """An energy counter the test advances; ``power_only`` hides it (power readings only)."""
 
-        def read(self):
-            return 300.0, self.joules
+    source = "counter"
 
+    def __init__(self, power_only: bool = False) -> None:
+        self.joules = 0.0
+        self.power_only = power_only
+
+    def read(self):
+        return 300.0, None if self.power_only else self.joules
+
+
+def test_step_energy_reads_the_counter_at_each_step_end():
     counter = Counter()
     sampler = PowerSampler(counter)
     sampler.sample()
     steps = StepEnergy(sampler)
-    counter.joules = 12.5
-    sampler.sample()
+    counter.joules = 12.5  # no background sample since: the step end reads the counter itself
     assert steps.step_fields(tokens=500) == {"energy_j": 12.5, "joules_per_token": 0.025}
+    counter.joules = 13.0
+    assert steps.step_fields(tokens=500) == {"energy_j": 0.5, "joules_per_token": 0.001}
     assert steps.step_fields(tokens=500) == {"energy_j": 0.0, "joules_per_token": 0.0}
+
+
+def test_step_energy_without_a_counter_takes_the_sampled_integral():
+    sampler = PowerSampler(Counter(power_only=True))
+    sampler.sample()
+    steps = StepEnergy(sampler)
+    assert steps.step_fields(tokens=100) == {"energy_j": 0.0, "joules_per_token": 0.0}
+    time.sleep(0.05)
+    sampler.sample()  # 300 W over the time between the two samples
+    fields = steps.step_fields(tokens=100)
+    assert fields["energy_j"] == pytest.approx(300 * 0.05, rel=0.5)
+    assert fields["joules_per_token"] == pytest.approx(fields["energy_j"] / 100)
 
 
 def _fake_pynvml(energy_mj: list[int], count: int = 2, fail: bool = False) -> types.ModuleType:

@@ -74,7 +74,7 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "dots", "full")
+REMAT_POLICIES = ("none", "dots", "dots-attention", "full")
 ATTENTION_MASKS = ("document", "causal")
 LAYOUTS = ("spmd", "mpmd")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")

@@ -1,9 +1,12 @@
-"""``titan-console``: launch ``titan train`` runs and follow them in the terminal.
+"""``titan-console``: launch ``titan train`` runs, follow them, plan budgets, browse history.
 
-Screens: the run list of a runs root (the base screen), the launch form and the run monitor.
+Screens: the run list of a runs root (the base screen), the launch form, the run monitor, the
+planner and the history (DuckDB), with the run detail and the comparison of two runs under it.
 With no option the console opens the launch form over the list of ``$TITAN_RUNS`` (or
 ``./runs``); ``--runs-root DIR`` opens the list of DIR; ``--run RUN_DIR`` opens the monitor of
-one run over the list of its parent folder. ``Esc`` goes back to the screen below.
+one run over the list of its parent folder. ``Esc`` goes back to the screen below; ``n``, ``p``
+and ``h`` open the launch form, the planner and the history from anywhere (``ctrl+p``: the
+command palette lists the same). The terminal is restored on quit, on a crash and on SIGTERM.
 
 Quitting leaves the training runs this console started running (they are training runs, each in
 its own process group, with its output in its run dir) and prints how to stop or follow them.
@@ -12,19 +15,25 @@ its own process group, with its output in its run dir) and prints how to stop or
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from titan.observability.records import default_runs_root
+from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
+from tui.screens.history import HistoryScreen
 from tui.screens.keys import KeysScreen
 from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
+from tui.screens.planner import PlannerScreen
 from tui.screens.runs import RunsScreen
 
 EXIT_USAGE = 2
@@ -38,11 +47,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         runs_root: the runs root listed by the base screen and prefilled in the launch form.
         open_run: a run dir to open in the monitor at start.
         show_launch_form: open the launch form at start (ignored with ``open_run``).
+        ascii_only: draw charts with ASCII characters (``--ascii``).
     """
 
     TITLE = "Titan console"
     CSS_PATH = ["widgets/option_input.tcss", "widgets/stat.tcss"]
-    ENABLE_COMMAND_PALETTE = False
     # The footer shows the first key of an action that works where the focus is: q and ? where
     # they can be typed into a text field are replaced there by ctrl+q and f1.
     BINDINGS = [
@@ -51,22 +60,34 @@ class TitanConsole(App[None], inherit_bindings=False):
         Binding("question_mark", "help", "Keys"),
         Binding("f1", "help", "Keys"),
         Binding("escape", "back", "Back"),
+        Binding("n", "open('launch')", "Launch"),
+        Binding("p", "open('planner')", "Planner"),
+        Binding("h", "open('history')", "History"),
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 
     def __init__(
-        self, runs_root: Path, *, open_run: Path | None = None, show_launch_form: bool = False
+        self,
+        runs_root: Path,
+        *,
+        open_run: Path | None = None,
+        show_launch_form: bool = False,
+        ascii_only: bool = False,
     ) -> None:
         super().__init__()
         self.runs_root = runs_root
+        self.ascii_only = ascii_only
         self._open_run = open_run
         self._show_launch_form = show_launch_form and open_run is None
         self.launched: dict[Path, LaunchedRun] = {}
+        self.history = HistoryStore(runs_root)
 
     def get_default_screen(self) -> Screen:
         return RunsScreen(self.runs_root)
 
     def on_mount(self) -> None:
+        # SIGTERM exits like q does, so the terminal is restored (Textual restores it on a crash).
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
         if self._open_run is not None:
             self.push_screen(MonitorScreen(self._open_run))
         elif self._show_launch_form:
@@ -86,17 +107,46 @@ class TitanConsole(App[None], inherit_bindings=False):
         """Show the keys of the current screen."""
         self.push_screen(KeysScreen(self.screen))
 
+    def action_open(self, name: str) -> None:
+        """Show the ``launch``, ``planner`` or ``history`` screen (the one already open when it
+        is in the stack: the screens above it are closed)."""
+        kind = {"launch": LaunchScreen, "planner": PlannerScreen, "history": HistoryScreen}[name]
+        for depth, screen in enumerate(reversed(self.screen_stack)):
+            if isinstance(screen, kind):
+                for _ in range(depth):
+                    self.pop_screen()
+                return
+        if name == "launch":
+            self.push_screen(LaunchScreen(self.runs_root))
+        elif name == "planner":
+            self.push_screen(PlannerScreen())
+        else:
+            self.push_screen(HistoryScreen(self.history))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (``ctrl+p``): the screens, then Textual's own commands."""
+        for name, help in (
+            ("launch", "the launch form"),
+            ("planner", "the budget planner"),
+            ("history", "the run history (DuckDB)"),
+        ):
+            yield SystemCommand(f"Open {name}", f"Show {help}", lambda n=name: self.action_open(n))
+        yield from super().get_system_commands(screen)
+
     def on_runs_screen_open_run(self, message: RunsScreen.OpenRun) -> None:
         launched = self.launched.get(message.run_dir.resolve())
         self.push_screen(MonitorScreen(message.run_dir, launched))
 
-    def on_runs_screen_new_run(self) -> None:
-        self.push_screen(LaunchScreen(self.runs_root))
-
     def on_launch_screen_launched(self, message: LaunchScreen.Launched) -> None:
-        run = message.run
-        self.launched[run.run_dir] = run
-        self.push_screen(MonitorScreen(run.run_dir, run))
+        for run in message.runs:
+            self.launched[run.run_dir] = run
+        first = message.runs[0]
+        self.push_screen(MonitorScreen(first.run_dir, first))
+        if len(message.runs) > 1:
+            self.notify(f"{len(message.runs)} runs launched; the run list shows them all.")
+
+    def on_unmount(self) -> None:
+        self.history.close()
 
     def running_children(self) -> list[LaunchedRun]:
         """The runs this console started that are still running."""
@@ -125,9 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="titan-console",
         description="Terminal console for Titan: launch `titan train` runs from a form built "
         "from the train options, and follow runs (step, loss curve, tokens/s, elapsed and ETA, "
-        "process state, run status, stderr). Without options it opens the launch form. "
-        "Keys: q quits (ctrl+q inside text fields), ? or f1 lists the keys, esc goes back. "
+        "process state, run status, watchdog, power, FLOPs, pipeline, stderr), plan budgets "
+        "and browse the run history (DuckDB). Without options it opens the launch form. "
+        "Keys: q quits (ctrl+q inside text fields), ? or f1 lists the keys, esc goes back, "
+        "n / p / h open launch, planner, history. "
         "Quitting leaves started runs running and prints how to stop them.",
+    )
+    parser.add_argument(
+        "--no-color", action="store_true", help="no colours (the same as NO_COLOR=1)"
+    )
+    parser.add_argument(
+        "--ascii", action="store_true", help="draw charts with ASCII characters only"
     )
     target = parser.add_mutually_exclusive_group()
     target.add_argument(
@@ -153,12 +211,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.run is not None and not args.run.is_dir():
         parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {args.run}\n")
+    if args.no_color:
+        os.environ["NO_COLOR"] = "1"
     if args.run is not None:
-        app = TitanConsole(args.run.resolve().parent, open_run=args.run.resolve())
+        app = TitanConsole(
+            args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=args.ascii
+        )
     elif args.runs_root is not None:
-        app = TitanConsole(args.runs_root.resolve())
+        app = TitanConsole(args.runs_root.resolve(), ascii_only=args.ascii)
     else:
-        app = TitanConsole(default_runs_root().resolve(), show_launch_form=True)
+        app = TitanConsole(
+            default_runs_root().resolve(), show_launch_form=True, ascii_only=args.ascii
+        )
     app.run()
     message = exit_message(app.running_children())
     if message:

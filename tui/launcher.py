@@ -67,8 +67,13 @@ class LaunchedRun:
         Returns:
             False when the process group is already gone (nothing was signalled).
         """
+        return self.signal(signal.SIGTERM)
+
+    def signal(self, signum: signal.Signals) -> bool:
+        """Send ``signum`` to the child's process group (SIGKILL: no checkpoint, no
+        ``run_end``). Returns False when the group is already gone."""
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, signum)
         except ProcessLookupError:
             return False
         return True

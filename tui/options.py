@@ -16,6 +16,26 @@ from titan.errors import TitanError
 
 # Field types as the dataclass annotations spell them (the CLI parses with the same table).
 _PARSERS = {"int": int, "float": float, "str": str}
+# Form presets: options set over the defaults (by field name, as the form's texts).
+FORM_PRESETS: dict[str, dict[str, str]] = {
+    "defaults": {},
+    "cpu smoke test": {
+        "steps": "20",
+        "batch_size": "4",
+        "seq_len": "64",
+        "vocab_size": "1024",
+        "warmup_steps": "5",
+        "checkpoint_every": "10",
+        "dp": "1",
+    },
+    "mpmd 2 stages": {"layout": "mpmd", "pp": "2", "microbatches": "4", "dp": "1"},
+    "watchdog drill": {
+        "steps": "40",
+        "debug_stall_at_step": "10",
+        "watchdog_floor": "5",
+        "watchdog_abort": "1",
+    },
+}
 
 
 def default_texts(runs_root: Path) -> dict[str, str]:
@@ -27,6 +47,11 @@ def default_texts(runs_root: Path) -> dict[str, str]:
     texts = {f.name: str(f.default) for f in option_fields()}
     texts["runs_root"] = str(runs_root)
     return texts
+
+
+def preset_texts(runs_root: Path, preset: str) -> dict[str, str]:
+    """The form's texts of a :data:`FORM_PRESETS` entry: the defaults, then the preset's."""
+    return default_texts(runs_root) | FORM_PRESETS[preset]
 
 
 def parse_option(option: dataclasses.Field, text: str) -> Any:
@@ -57,3 +82,22 @@ def config_from_texts(texts: Mapping[str, str]) -> TrainConfig:
     config = TrainConfig(**values)
     validate_train_config(config)
     return config
+
+
+def copies_of(config: TrainConfig, copies: int) -> list[TrainConfig]:
+    """``copies`` runs of ``config`` launched together: seeds ``seed``, ``seed + 1``, ...; an
+    explicit run id gets ``-1``, ``-2``, ... (generated ids are unique anyway).
+
+    Raises:
+        TitanError: ``copies`` below 1.
+    """
+    if copies < 1:
+        raise TitanError(f"copies must be >= 1, got {copies}")
+    if copies == 1:
+        return [config]
+    return [
+        dataclasses.replace(
+            config, seed=config.seed + i, run_id=config.run_id and f"{config.run_id}-{i + 1}"
+        )
+        for i in range(copies)
+    ]

@@ -4,6 +4,11 @@
 in ``titan.observability.records``) and keeps what the screens draw. It does no I/O, so it runs
 on the UI thread and in tests alike. A resumed run appends a second ``run_start`` to the same
 record; the state then follows the new segment and keeps the loss history.
+
+The watchdog panel's phase is the one the last event implies (``run_start``: compile; ``step``
+and ``checkpoint``: the next step; ``stall``: its phase; ``run_end``: idle) and its allowance
+comes from :class:`titan.observability.watchdog.Watchdog` fed with the recorded step times and
+the run's ``--watchdog-floor`` / ``--watchdog-factor``: the trainer's own rule.
 """
 
 from __future__ import annotations
@@ -13,8 +18,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan.observability.summarize import MFU_PREFERRED_KEYS
+from titan.observability.watchdog import Watchdog
+from titan.planning.gpus import gpu_for_device_kind
+
 # Steps over which the step rate for the ETA is measured (wall clock between step events).
 RATE_WINDOW_STEPS = 20
+# The phase the loop is in after each event type (the watchdog's phase names).
+_PHASE_AFTER = {"run_start": "compile", "step": "step", "checkpoint": "step", "run_end": "idle"}
+# Until run_start tells the run's options: titan train's defaults.
+_WATCHDOG_DEFAULTS = (300.0, 10.0)
+
+
+def _new_watchdog(floor_s: float, factor: float) -> Watchdog:
+    return Watchdog(floor_s, factor, on_stall=lambda stall: None)
 
 
 @dataclass
@@ -38,6 +55,19 @@ class RunState:
         end_status: ``completed``, ``stopped`` or ``failed`` from ``run_end``; ``None`` before.
         end_error: the error text of a failed run.
         ended_at: unix seconds of ``run_end``.
+        steps: the step number of each entry of ``losses``; lrs: its learning rate.
+        last_event_at: unix seconds of the latest event (the heartbeat the panel ages).
+        phase: the watchdog phase the last event implies (see the module docstring).
+        stalls: the ``stall`` events (phase, elapsed_s, threshold_s, step, stacks).
+        mfu: MFU of the last step under ``mfu_convention``; mfu_reason: why it is missing.
+        flops_per_token: model FLOPs per token of the last step under ``mfu_convention``.
+        energy_j: energy of every step so far (None without a power source);
+        joules_per_token: of the last step; power_reason: why there is no power source.
+        power_w: average power of each step with energy, watts (all devices).
+        devices: devices the layout uses; tdp_w: the board power of one (None: not in the
+            catalog, e.g. a CPU).
+        pipeline: the ``pipeline`` event of an MPMD run; pipeline_timing: its latest
+            ``pipeline_timing`` event (per-action spans of one step).
     """
 
     run_id: str = ""
@@ -56,9 +86,27 @@ class RunState:
     end_status: str | None = None
     end_error: str | None = None
     ended_at: float | None = None
+    steps: list[int] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    last_event_at: float | None = None
+    phase: str = "idle"
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    mfu: float | None = None
+    mfu_convention: str | None = None
+    mfu_reason: str | None = None
+    flops_per_token: float | None = None
+    energy_j: float | None = None
+    joules_per_token: float | None = None
+    power_reason: str | None = None
+    power_w: list[float] = field(default_factory=list)
+    devices: int | None = None
+    tdp_w: float | None = None
+    pipeline: dict[str, Any] | None = None
+    pipeline_timing: dict[str, Any] | None = None
     _step_times: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=RATE_WINDOW_STEPS), repr=False
     )
+    _watchdog: Watchdog = field(default_factory=lambda: _new_watchdog(*_WATCHDOG_DEFAULTS))
 
     def apply(self, events: Iterable[dict[str, Any]]) -> None:
         """Fold events (dicts of the run record schema) into the state; unknown types are
@@ -68,6 +116,8 @@ class RunState:
             if handler is not None:
                 handler(event)
             self.run_id = event.get("run_id", self.run_id)
+            self.last_event_at = event.get("time", self.last_event_at)
+            self.phase = _PHASE_AFTER.get(event.get("type"), self.phase)
 
     @property
     def status(self) -> str:
@@ -96,8 +146,22 @@ class RunState:
         seconds_per_step = (last_t - first_t) / (last_step - first_step)
         return max(self.total_steps - self.step, 0) * seconds_per_step
 
+    def threshold_s(self) -> float:
+        """The watchdog's allowance for :attr:`phase`, seconds (``inf`` when idle)."""
+        return self._watchdog.threshold_s(self.phase)
+
     def _on_run_start(self, event: dict[str, Any]) -> None:
-        self.preset = event.get("config", {}).get("preset", self.preset)
+        config = event.get("config", {})
+        self.preset = config.get("preset", self.preset)
+        self._watchdog = _new_watchdog(
+            config.get("watchdog_floor", _WATCHDOG_DEFAULTS[0]),
+            config.get("watchdog_factor", _WATCHDOG_DEFAULTS[1]),
+        )
+        self.devices = event.get("layout", {}).get("devices")
+        kinds = event.get("env", {}).get("device_kinds") or [""]
+        gpu = gpu_for_device_kind(kinds[0])
+        self.tdp_w = gpu.tdp_w if gpu is not None and gpu.name != "cpu" else None
+        self.power_reason = (event.get("power") or {}).get("reason")
         self.param_count = event.get("param_count")
         self.total_steps = event.get("total_steps")
         self.started_at = event["time"]
@@ -113,9 +177,48 @@ class RunState:
         self.step = event["step"]
         self.loss = event["loss"]
         self.losses.append(event["loss"])
+        self.steps.append(event["step"])
+        self.lrs.append(event.get("lr") or 0.0)
         self.tokens_per_s = event.get("tokens_per_s")
         self.tokens_seen = event.get("tokens_seen", self.tokens_seen)
         self._step_times.append((event["step"], event["time"]))
+        if event.get("step_time_s"):
+            self._watchdog.step_done(event["step_time_s"])
+        self._take_flops(event)
+        self._take_energy(event)
+
+    def _take_flops(self, event: dict[str, Any]) -> None:
+        """MFU and FLOPs per token under one convention (``summarize``'s preference order)."""
+        mfu, per_token = event.get("mfu"), event.get("model_flops_per_token")
+        self.mfu_reason = event.get("mfu_reason")
+        if isinstance(per_token, dict) and per_token:
+            keys = [k for k in MFU_PREFERRED_KEYS if k in per_token] or sorted(per_token)
+            self.mfu_convention = keys[0]
+            self.flops_per_token = per_token[keys[0]]
+        if isinstance(mfu, dict):
+            self.mfu = mfu.get(self.mfu_convention)
+        else:
+            self.mfu = mfu
+            self.mfu_convention = event.get("mfu_convention", self.mfu_convention)
+
+    def _take_energy(self, event: dict[str, Any]) -> None:
+        energy_j = event.get("energy_j")
+        self.joules_per_token = event.get("joules_per_token")
+        if energy_j is None:
+            return
+        self.energy_j = (self.energy_j or 0.0) + energy_j
+        if event.get("step_time_s"):
+            self.power_w.append(energy_j / event["step_time_s"])
+
+    def _on_stall(self, event: dict[str, Any]) -> None:
+        self.stalls.append(event)
+        self.phase = event.get("phase", self.phase)
+
+    def _on_pipeline(self, event: dict[str, Any]) -> None:
+        self.pipeline = event
+
+    def _on_pipeline_timing(self, event: dict[str, Any]) -> None:
+        self.pipeline_timing = event
 
     def _on_checkpoint(self, event: dict[str, Any]) -> None:
         self.checkpoint_step = event["step"]

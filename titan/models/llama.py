@@ -26,8 +26,24 @@ from titan.ops import Ops
 from titan.parallel.sharding import ACTIVATION_AXES
 
 INIT_STD = 0.02
+# Primitives of the fused attention kernels: cuDNN's forward (behind
+# ``jax.nn.dot_product_attention``) and Pallas kernels (titan.ops.providers).
+FUSED_ATTENTION_PRIMITIVES = ("dot_product_attention_fwd_wrapper", "pallas_call")
+
+
+def save_dots_and_fused_attention(prim, *args, **params) -> bool:
+    """Remat policy ``dots-attention``: what ``dots`` saves (matmul outputs without batch
+    dimensions) plus the outputs of fused attention kernels (output and softmax statistics),
+    so the backward pass does not rerun the attention forward; AXLearn's flash-attention remat
+    policy saves the same residuals."""
+    if prim.name in FUSED_ATTENTION_PRIMITIVES:
+        return True
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
+
+
 REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots-attention": save_dots_and_fused_attention,
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 
@@ -83,8 +99,9 @@ class LlamaStage(nn.Module):
         has_embedding: the slice starts with the token embedding (input: (B, S) int32 ids).
         has_head: the slice ends with the final norm, output head and loss (output: (B, S)
             float32 nats); otherwise it returns (B, S, E) hidden states in the compute dtype.
-        remat: ``none``, ``dots`` (save matmul outputs without batch dims, recompute the rest)
-            or ``full`` (save only block inputs).
+        remat: ``none``, ``dots`` (save matmul outputs without batch dims, recompute the rest),
+            ``dots-attention`` (also the fused attention kernels' outputs) or ``full`` (save
+            only block inputs).
         document_mask: attention stays within a document (``segment_ids``); False: causal over
             the whole packed sequence (``segment_ids`` ignored).
         param_dtype: dtype parameters are created in (float32 master weights by default).

@@ -184,6 +184,7 @@ class PowerSampler:
         self.last_error = ""
         self.samples = 0
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()  # readers keep state (RAPL unwrapping)
         self._energy_j: float | None = None
         self._integrated_j = 0.0
         self._last: tuple[float, float] | None = None  # (time, watts)
@@ -191,12 +192,10 @@ class PowerSampler:
 
     def sample(self) -> None:
         """Take one reading (the thread calls this; errors are counted, not raised)."""
-        try:
-            power_w, energy_j = self.reader.read()
-        except Exception as err:  # noqa: BLE001 - a sensor must never stop the run
-            self.errors += 1
-            self.last_error = f"{type(err).__name__}: {err}"
+        reading = self._read()
+        if reading is None:
             return
+        power_w, energy_j = reading
         now = time.monotonic()
         with self._lock:
             self.samples += 1
@@ -206,11 +205,32 @@ class PowerSampler:
                 self._last = (now, power_w)
             self._energy_j = energy_j if energy_j is not None else self._integrated_j
 
+    def _read(self) -> tuple[float | None, float | None] | None:
+        """One reading, or None after counting an error."""
+        try:
+            with self._read_lock:
+                return self.reader.read()
+        except Exception as err:  # noqa: BLE001 - a sensor must never stop the run
+            self.errors += 1
+            self.last_error = f"{type(err).__name__}: {err}"
+            return None
+
     def energy_j(self) -> float | None:
         """Energy since the sampler started, joules, as of the latest sample (None: none yet or
         no reader)."""
         with self._lock:
             return self._energy_j
+
+    def energy_now_j(self) -> float | None:
+        """Energy since the sampler started, joules, read from the device's energy counter now
+        (a driver or sysfs query, microseconds), so that it ends where the caller's interval
+        ends; the latest sample's figure when the reader has no counter or the read fails."""
+        if self.reader is None:
+            return None
+        reading = self._read()
+        if reading is None or reading[1] is None:
+            return self.energy_j()
+        return reading[1]
 
     def start(self) -> None:
         """Take a first sample and start sampling in the background (nothing without a reader)."""
@@ -225,15 +245,17 @@ class PowerSampler:
 
 class StepEnergy:
     """``energy_j`` and ``joules_per_token`` of each step from a :class:`PowerSampler` (None when
-    the sampler has no reading). At 1 Hz sampling, a step shorter than a second gets the energy
-    of the samples that fell in it: single steps are coarse, their sum is exact."""
+    the sampler has no reading). With an energy counter (NVML, amdsmi, RAPL) the counter is read
+    at each step's end, so each step gets its own energy. Without one (power readings only), a
+    step shorter than the sampling interval gets the energy of the samples that fell in it:
+    single steps are coarse, their sum is exact."""
 
     def __init__(self, sampler: PowerSampler) -> None:
         self.sampler = sampler
-        self._previous = sampler.energy_j()
+        self._previous = sampler.energy_now_j()
 
     def step_fields(self, tokens: int) -> dict[str, float | None]:
-        total = self.sampler.energy_j()
+        total = self.sampler.energy_now_j()
         if total is None or self._previous is None:
             self._previous = total
             return {"energy_j": None, "joules_per_token": None}

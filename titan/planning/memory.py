@@ -7,8 +7,11 @@ States (per parameter, in ``--param-dtype``, as Titan keeps them; Rajbhandari et
 "ZeRO", Sec. 3.1, count the same 16 bytes per parameter for mixed-precision AdamW: fp32 master
 weights 4, two fp32 moments 4 + 4, and 16-bit weights and gradients 2 + 2):
 
-- master weights and gradients: ``param_bytes`` each; AdamW's two moments: ``param_bytes`` each
-  (so 16 bytes per parameter with float32 master weights, 8 with bfloat16);
+- master weights: ``param_bytes``; AdamW's two moments: ``param_bytes`` each; gradients:
+  ``param_bytes`` when accumulated over microbatches (MPMD), else the compute dtype, which is
+  what the backward pass emits (XLA fuses the float32 conversion into the clipping and the
+  update). So 16 bytes per parameter with float32 master weights and bf16 compute, as in ZeRO,
+  and 18 in a pipeline;
 - the compute-dtype copy of the weights (``bf16`` cast of the fp32 masters, kept by autodiff
   for the backward pass): 2 bytes per parameter when the dtypes differ;
 - with FSDP, each device keeps 1/fsdp of every matrix, and gathers one layer's weights (two,
@@ -30,7 +33,9 @@ MLP width, heads and sequence length:
 - ``none``: replicated (16 + 2p) d + 16; sharded by TP 2p d + 2p kv + (20 + p) f, plus
   (4 + p) h s and 8 h for materialized attention or 4 h for flash;
 - ``dots``: replicated 2p d (the layer input and the attention output); sharded p d (queries)
-  + 2p kv + 8 f (the float32 gate and up projections);
+  + 2p kv + 2p f (the gate and up projections, matmul outputs in the compute dtype);
+- ``dots-attention``: ``dots`` plus the fused attention kernel's output p d and its float32
+  log-sum-exp 4 h, sharded;
 - ``full``: the layer input only, p d, replicated.
 
 Without sequence parallelism the replicated part stays whole on every TP rank (Korthikanti
@@ -50,8 +55,9 @@ Transient memory, the larger of two moments of the backward pass:
   loop reads them out of the stacked buffer); with it, the recomputed part (``none`` minus what
   the policy saved) plus float32 gradient temporaries of 4 h s (materialized scores) + 8 f +
   20 d bytes per token;
-- the loss: float32 exponentials of the logits and their gradient, 2 x 4 V bytes per token
-  (split over TP with the vocabulary).
+- the loss: the logits (the head matmul's output, in the compute dtype) and their gradient,
+  2 p V bytes per token (split over TP with the vocabulary); XLA fuses the float32 softmax
+  into the reductions that read them.
 
 A materialized attention without recomputation also keeps its boolean mask and the float32
 zeros of the masked select once for all layers (5 h s bytes per token). These transient terms
@@ -226,7 +232,9 @@ def layer_activation_bytes(
     if remat == "full":
         return ActivationBytes(p * d, 0.0)
     if remat == "dots":
-        return ActivationBytes(2 * p * d, p * d + 2 * p * kv + 8 * f)
+        return ActivationBytes(2 * p * d, p * d + 2 * p * kv + 2 * p * f)
+    if remat == "dots-attention":
+        return ActivationBytes(2 * p * d, 2 * p * d + 2 * p * kv + 2 * p * f + 4 * h)
     scores = (4 + p) * h * seq_len + 8 * h if attention == "materialized" else 4 * h
     return ActivationBytes((16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + (20 + p) * f + scores)
 
@@ -332,11 +340,15 @@ def memory_per_device(
     layer_backward = full_layer * tokens
     if layout.remat != "none":
         layer_backward += (grad_temps - saved) * tokens
-    logits = 2 * 4 * model.vocab_size / layout.tp * tokens
+    logits = 2 * compute_bytes * model.vocab_size / layout.tp * tokens
     workspace = 0.0 if gpu.name == "cpu" else ACCELERATOR_WORKSPACE_BYTES
+    # One backward per step (SPMD): gradients leave it in the compute dtype and XLA fuses their
+    # float32 conversion into the clipping and AdamW fusions; accumulated over microbatches
+    # (MPMD), they live in param-dtype buffers.
+    accumulated = layout.pp > 1 or layout.microbatches > 1
     return MemoryBreakdown(
         weights=weights,
-        gradients=weights,
+        gradients=stage_params * (param_bytes if accumulated else compute_bytes),
         optimizer=2 * weights,
         compute_weights=compute_weights,
         activations=activations,

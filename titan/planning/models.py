@@ -145,5 +145,6 @@ def layer_recompute_flops(f: TokenFlops, remat: str) -> float:
     return {
         "none": 0.0,
         "dots": f.layer_attention,
+        "dots-attention": 0.0,
         "full": f.layer_matmul + f.layer_attention,
     }[remat]

@@ -19,7 +19,11 @@ optimizer step takes
   each writes and reads: :func:`elementwise_bytes_per_token`.
 - bubble (Narayanan et al. 2021, Sec. 2.2.1 and 2.2.2; Qi et al. 2023, Sec. 3.1), as a fraction
   of the ideal pipeline time: GPipe and 1F1B (pp - 1) / m; interleaved 1F1B (pp - 1) / (v m);
-  ZB-H1 (pp - 1) / (3 m), a third of 1F1B's.
+  ZB-H1 (pp - 1) / (3 m), a third of 1F1B's. Titan's zero-bubble backward costs more than
+  B: its input-gradient program (I) and its weight-gradient program (W) each run the stage's
+  VJP, and W re-derives the activation-gradient chain that I computed (``titan.mpmd.pipeline``),
+  so I + W = B + I, with I one forward's worth of matmuls plus the recomputation (measured on 2
+  H200s, ``bench/pipeline.py``, llama3-1b last stage at M = 8: I 15.5 ms, W 25.1 ms, B 24.8 ms).
 - communication (``titan.planning.collectives``): TP all-reduces activations twice per layer in
   the forward pass, twice in the backward and twice more in a full recomputation (Shoeybi et al.
   2019, "Megatron-LM", Sec. 3), on the critical path; FSDP all-gathers each layer's weights in
@@ -187,9 +191,15 @@ def estimate_step(
     microbatch_tokens = replica_tokens / m
 
     flops = token_flops(model, seq_len, causal=precision.attention == "flash")
-    layer_flops = 3 * (flops.layer_matmul + flops.layer_attention)
-    layer_flops += layer_recompute_flops(flops, layout.remat)
-    device_flops = replica_tokens * (layers * layer_flops + 3 * flops.head) / tp
+    recompute = layer_recompute_flops(flops, layout.remat)
+    layer_flops = 3 * (flops.layer_matmul + flops.layer_attention) + recompute
+    head_passes = 3
+    if layout.pp > 1 and layout.schedule == "zero-bubble":
+        # Titan's split backward re-derives the activation-gradient chain in W (module
+        # docstring): one more forward's worth of matmuls and the recomputation again.
+        layer_flops += flops.layer_matmul + flops.layer_attention + recompute
+        head_passes += 1
+    device_flops = replica_tokens * (layers * layer_flops + head_passes * flops.head) / tp
     compute_s = device_flops / (gpu.bf16_flops * eta)
 
     matrices, norms = layer_params(model)

@@ -1,4 +1,5 @@
-"""The launch form: every ``titan train`` option, prefilled with its default, and a Launch key."""
+"""The launch form: every ``titan train`` option, prefilled with its default, form presets,
+several copies of a run at once, and a Launch key."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from textual.binding import Binding
 from textual.containers import Grid, HorizontalGroup
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Header, Input, Label, Static
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
 from tui.launcher import LaunchedRun, start_run
-from tui.options import config_from_texts, default_texts
-from tui.widgets.option_input import OptionInput
+from tui.options import FORM_PRESETS, config_from_texts, copies_of, default_texts, preset_texts
+from tui.widgets.option_input import OptionInput, help_line, row_of
 
 
 class LaunchScreen(Screen[None]):
@@ -36,9 +37,9 @@ class LaunchScreen(Screen[None]):
 
     @dataclass
     class Launched(Message):
-        """A run was started (posted from the launch worker)."""
+        """Runs were started (posted from the launch worker)."""
 
-        run: LaunchedRun
+        runs: list[LaunchedRun]
 
     @dataclass
     class LaunchFailed(Message):
@@ -57,23 +58,30 @@ class LaunchScreen(Screen[None]):
         yield Header()
         with Grid(id="options"):
             for option in option_fields():
-                yield OptionInput(option, texts[option.name])
+                yield OptionInput.for_field(option, texts[option.name])
         yield Static(id="option-help", markup=False)
         yield Static(id="launch-error", markup=False)
         with HorizontalGroup(id="launch-bar"):
             yield Button("Launch", id="launch", variant="primary", compact=True)
-            yield Label("tab / shift+tab / enter: move between fields")
+            yield Label("preset")
+            presets = [(name, name) for name in FORM_PRESETS]
+            yield Select(presets, value="defaults", allow_blank=False, compact=True, id="preset")
+            yield Label("copies")
+            yield Input("1", type="integer", compact=True, id="copies")
         yield Footer()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
         """Show the help text of the option whose field got focus."""
-        row = next(
-            (n for n in event.widget.ancestors_with_self if isinstance(n, OptionInput)), None
-        )
+        row = row_of(event.widget)
         if row is not None:
-            flag, default = row.option.metadata["flag"], row.option.default
-            help_line = self.query_one("#option-help", Static)
-            help_line.update(f"{flag}: {row.help} (default: {default!r})")
+            self.query_one("#option-help", Static).update(help_line(row))
+
+    @on(Select.Changed, "#preset")
+    def _apply_preset(self, event: Select.Changed) -> None:
+        """Fill every field from the chosen form preset."""
+        texts = preset_texts(self.runs_root, str(event.value))
+        for row in self.query(OptionInput):
+            row.control.value = texts[row.option_name]
 
     @on(Input.Submitted)
     def _next_field(self) -> None:
@@ -90,23 +98,27 @@ class LaunchScreen(Screen[None]):
         if self._launching:
             return
         rows = list(self.query(OptionInput))
+        copies = self.query_one("#copies", Input).value or "0"
         try:
-            config = config_from_texts({row.option.name: row.text for row in rows})
+            config = config_from_texts({row.option_name: row.text for row in rows})
+            configs = copies_of(config, int(copies))
         except TitanError as err:
             self._show_error(str(err))
             return
         self._show_error("")
         self._launching = True
-        self._start(config)
+        self._start(configs)
 
     @work(thread=True, exclusive=True, group="launch")
-    def _start(self, config: TrainConfig) -> None:
+    def _start(self, configs: list[TrainConfig]) -> None:
+        runs = []
         try:
-            run = start_run(config)
+            for config in configs:
+                runs.append(start_run(config))
         except (TitanError, OSError) as err:
             self.post_message(self.LaunchFailed(str(err)))
-        else:
-            self.post_message(self.Launched(run))
+        if runs:
+            self.post_message(self.Launched(runs))
 
     def on_launch_screen_launched(self) -> None:
         self._launching = False
@@ -121,7 +133,7 @@ class LaunchScreen(Screen[None]):
         self.query_one("#launch-error", Static).update(error)
         flag = _first_flag(error)
         for row in self.query(OptionInput):
-            named = row.option.metadata["flag"] == flag
+            named = row.flag == flag
             row.set_class(named, "-invalid")
             if named:
                 row.control.focus()

@@ -1,4 +1,5 @@
-"""The run monitor: progress, loss curve, throughput, timing, process and run status, stderr."""
+"""The run monitor: overview (progress, loss, throughput, timing, process and run status, stderr)
+and the live panels: loss and learning-rate curves, watchdog, power, FLOPs, pipeline timeline."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ from textual.binding import Binding
 from textual.containers import Grid
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Log, ProgressBar
+from textual.widgets import Footer, Header, Log, ProgressBar, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from tui.launcher import LaunchedRun
 from tui.run_state import RunState
 from tui.run_watch import POLL_INTERVAL_S, RunUpdate, RunWatcher
+from tui.screens.confirm import ConfirmScreen
+from tui.widgets.curve_plot import CurvePlot
+from tui.widgets.flops_panel import FlopsPanel
 from tui.widgets.loss_chart import LossChart
+from tui.widgets.pipeline_panel import PipelinePanel
+from tui.widgets.power_panel import PowerPanel
 from tui.widgets.stat import Stat
+from tui.widgets.watchdog_panel import WatchdogPanel
 
 # Colour of each run status: done is good, a stop is a warning, a failure is bad.
 _STATUS_TONES = {
@@ -31,14 +38,27 @@ _STATUS_TONES = {
     "failed to start": "bad",
     "ended without run_end": "bad",
 }
-# Refresh of elapsed and ETA between polls (they change with the clock, not the files).
+# Refresh of elapsed, ETA and heartbeat age between polls (they change with the clock).
 _CLOCK_INTERVAL_S = 1.0
+# Repaints of the panels at most this often (a burst of events is drawn once per interval).
+_DRAW_INTERVAL_S = 0.25
+# The tabs, with the key that shows each.
+TABS = (
+    ("overview", "1"),
+    ("curves", "2"),
+    ("watchdog", "3"),
+    ("power", "4"),
+    ("flops", "5"),
+    ("pipeline", "6"),
+)
 
 
 class MonitorScreen(Screen[None]):
     """Follows one run dir. A thread worker polls it (:class:`~tui.run_watch.RunWatcher`) and
     posts :class:`Polled`; the handler folds the events into a :class:`~tui.run_state.RunState`
-    and draws. ``s`` stops a run this console launched (SIGTERM to its process group).
+    and draws, at most every :data:`_DRAW_INTERVAL_S`. ``s`` stops a run this console launched
+    (SIGTERM to its process group), ``k`` kills it (SIGKILL), each after a confirmation; ``1``
+    to ``6`` show the tabs.
 
     Args:
         run_dir: the run dir to follow.
@@ -46,7 +66,11 @@ class MonitorScreen(Screen[None]):
     """
 
     CSS_PATH = "monitor.tcss"
-    BINDINGS = [Binding("s", "stop", "Stop run")]
+    BINDINGS = [
+        Binding("s", "stop", "Stop run"),
+        Binding("k", "kill", "Kill run"),
+        *(Binding(key, f"show_tab('{tab}')", tab.capitalize()) for tab, key in TABS),
+    ]
 
     @dataclass
     class Polled(Message):
@@ -62,10 +86,29 @@ class MonitorScreen(Screen[None]):
         self.returncode: int | None = None
         self._stop_sent = False
         self._stderr_tail: tuple[str, ...] = ()
+        self._drawn_at = 0.0
+        self._draw_pending = False
         self.sub_title = self.run_dir.name
 
     def compose(self) -> ComposeResult:
         yield Header()
+        with TabbedContent(initial="overview"):
+            with TabPane("overview", id="overview"):
+                yield from self._overview()
+            with TabPane("curves", id="curves"):
+                yield CurvePlot("loss", ascii_only=self.app.ascii_only, id="loss-plot")
+                yield CurvePlot("learning rate", ascii_only=self.app.ascii_only, id="lr-plot")
+            with TabPane("watchdog", id="watchdog"):
+                yield WatchdogPanel()
+            with TabPane("power", id="power"):
+                yield PowerPanel()
+            with TabPane("flops", id="flops"):
+                yield FlopsPanel()
+            with TabPane("pipeline", id="pipeline"):
+                yield PipelinePanel()
+        yield Footer()
+
+    def _overview(self) -> ComposeResult:
         with Grid(id="stats"):
             yield Stat("status", id="status")
             yield Stat("process", id="process")
@@ -80,7 +123,6 @@ class MonitorScreen(Screen[None]):
         yield ProgressBar(id="progress", show_eta=False)
         yield LossChart(id="loss-chart")
         yield Log(id="stderr", max_lines=200)
-        yield Footer()
 
     def on_mount(self) -> None:
         log = self.query_one("#stderr", Log)
@@ -113,19 +155,54 @@ class MonitorScreen(Screen[None]):
             log.clear()
             log.write_lines(update.stderr_tail)
             log.border_subtitle = "" if update.stderr_tail else "empty"
+        if self._draw_pending:
+            return
+        due = self._drawn_at + _DRAW_INTERVAL_S - time.monotonic()
+        if due <= 0 or update.returncode is not None:
+            self._show_state()
+        else:
+            self._draw_pending = True
+            self.set_timer(due, self._draw_later)
+
+    def _draw_later(self) -> None:
+        self._draw_pending = False
+        self._show_state()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
         self._show_state()
 
     def action_stop(self) -> None:
-        """SIGTERM to the run's process group; the trainer checkpoints and records ``stopped``."""
+        """After a confirmation, SIGTERM to the run's process group; the trainer checkpoints and
+        records ``stopped``."""
+        self._confirm_signal(
+            signal.SIGTERM, "Stop the run? It checkpoints, then records 'stopped'."
+        )
+
+    def action_kill(self) -> None:
+        """After a confirmation, SIGKILL to the run's process group (no checkpoint)."""
+        self._confirm_signal(signal.SIGKILL, "Kill the run? SIGKILL: no checkpoint and no run_end.")
+
+    def _confirm_signal(self, signum: signal.Signals, question: str) -> None:
         if self.launched is None:
             self.notify("This run was not launched by this console.", severity="warning")
             return
-        if self.returncode is not None or not self.launched.stop():
+        if self.returncode is not None:
             self.notify("The run's process has already exited.", severity="warning")
             return
-        self._stop_sent = True
-        self.notify(f"SIGTERM sent to process group {self.launched.pid}: checkpointing, then stop.")
-        self._show_state()
+        launched = self.launched
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            if not launched.signal(signum):
+                self.notify("The run's process has already exited.", severity="warning")
+                return
+            self._stop_sent = True
+            self.notify(f"{signum.name} sent to process group {launched.pid}.")
+            self._show_state()
+
+        self.app.push_screen(ConfirmScreen(question), answered)
 
     @property
     def status(self) -> str:
@@ -161,7 +238,23 @@ class MonitorScreen(Screen[None]):
         progress.visible = state.total_steps is not None  # no "working" pulse for a dead run
         progress.update(total=state.total_steps, progress=state.step)
         self.query_one(LossChart).show(state.losses)
+        self._show_panels()
         self._show_clock()
+        self._drawn_at = time.monotonic()
+
+    def _show_panels(self) -> None:
+        """Draw the panel of the visible tab only (the others are drawn when shown)."""
+        state = self.state
+        active = self.query_one(TabbedContent).active
+        if active == "curves":
+            self.query_one("#loss-plot", CurvePlot).show([("loss", state.steps, state.losses)])
+            self.query_one("#lr-plot", CurvePlot).show([("lr", state.steps, state.lrs)])
+        elif active == "power":
+            self.query_one(PowerPanel).show(state)
+        elif active == "flops":
+            self.query_one(FlopsPanel).show(state)
+        elif active == "pipeline":
+            self.query_one(PipelinePanel).show(state)
 
     def _show_process(self) -> None:
         process = self.query_one("#process", Stat)
@@ -177,6 +270,7 @@ class MonitorScreen(Screen[None]):
     def _show_clock(self) -> None:
         self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(time.time())))
         self.query_one("#eta", Stat).show(_duration(self.state.eta_s()))
+        self.query_one(WatchdogPanel).show(self.state)
 
 
 def _duration(seconds: float | None) -> str:

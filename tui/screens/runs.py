@@ -13,13 +13,15 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from tui.run_list import RunSummary, list_runs
+from tui.screens.attach import AttachScreen
 from tui.widgets.run_table import RunTable
 
 
 class RunsScreen(Screen[None]):
     """Lists ``runs_root`` in a worker each time the screen is shown (and on ``r``).
 
-    Posts :class:`OpenRun` for the selected row and :class:`NewRun` on ``n``; the app routes them.
+    Posts :class:`OpenRun` for the selected row, or for a run dir typed after ``a`` (attach a run
+    started elsewhere); the app opens the monitor.
 
     Args:
         runs_root: the folder whose run dirs are listed.
@@ -27,7 +29,7 @@ class RunsScreen(Screen[None]):
 
     CSS_PATH = "runs.tcss"
     BINDINGS = [
-        Binding("n", "new_run", "New run"),
+        Binding("a", "attach", "Attach"),
         Binding("r", "refresh", "Refresh"),
     ]
 
@@ -36,9 +38,6 @@ class RunsScreen(Screen[None]):
         """Open ``run_dir`` in the monitor."""
 
         run_dir: Path
-
-    class NewRun(Message):
-        """Show the launch form."""
 
     @dataclass
     class Listed(Message):
@@ -64,8 +63,14 @@ class RunsScreen(Screen[None]):
         """List the runs root again (in a worker)."""
         self._list_runs()
 
-    def action_new_run(self) -> None:
-        self.post_message(self.NewRun())
+    def action_attach(self) -> None:
+        """Ask for a run dir and open it in the monitor."""
+
+        def attach(run_dir: Path | None) -> None:
+            if run_dir is not None:
+                self.post_message(self.OpenRun(run_dir))
+
+        self.app.push_screen(AttachScreen(self.runs_root), attach)
 
     @work(thread=True, exclusive=True, group="list")
     def _list_runs(self) -> None:

@@ -1,11 +1,13 @@
-"""One ``TrainConfig`` option of the launch form: its CLI flag and a field for its value."""
+"""One option of a form (launch, planner): its CLI flag and a field for its value."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
+from textual.widget import Widget
 from textual.widgets import Input, Label, Select
 
 # Input types that keep a numeric option's field from taking letters.
@@ -13,31 +15,53 @@ _INPUT_TYPES = {"int": "integer", "float": "number", "str": "text"}
 
 
 class OptionInput(HorizontalGroup):
-    """A form row for one option: a Select when the option has ``choices``, else an Input.
+    """A form row for one option: a Select when the option has choices, else an Input.
 
-    The option's help text (from the field metadata) is the field's tooltip; the launch screen
-    also shows it while the field has focus.
+    The option's help text is the field's tooltip; the forms also show it while the field has
+    focus. The row's id is ``option-<name>``.
 
     Args:
-        option: a field of :class:`titan.config.TrainConfig`.
+        name: the option's name (a field or argparse dest).
+        flag: its CLI flag (``--steps``).
+        help: its help text.
         text: the value to show first.
+        default: the default, shown in the help line.
+        choices: ``(label, value)`` pairs of a Select, or empty for an Input.
+        input_type: ``int``, ``float`` or ``str``.
     """
 
-    def __init__(self, option: dataclasses.Field, text: str) -> None:
-        super().__init__(id=f"option-{option.name}")
-        self.option = option
-        choices = option.metadata.get("choices")
+    def __init__(
+        self,
+        name: str,
+        flag: str,
+        help: str,
+        text: str,
+        *,
+        default: object = "",
+        choices: Sequence[tuple[str, str]] = (),
+        input_type: str = "str",
+    ) -> None:
+        super().__init__(id=f"option-{name}")
+        self.option_name, self.flag, self.help, self.default = name, flag, help, default
         self.control: Input | Select[str] = (
-            Select([(c, c) for c in choices], value=text, allow_blank=False, compact=True)
+            Select(choices, value=text, allow_blank=False, compact=True)
             if choices
-            else Input(text, type=_INPUT_TYPES[str(option.type)], compact=True)
+            else Input(text, type=_INPUT_TYPES[input_type], compact=True)
         )
-        self.control.tooltip = self.help
+        self.control.tooltip = help
 
-    @property
-    def help(self) -> str:
-        """The option's help text."""
-        return self.option.metadata["help"]
+    @classmethod
+    def for_field(cls, option: dataclasses.Field, text: str) -> OptionInput:
+        """The row of a :class:`titan.config.TrainConfig` field."""
+        return cls(
+            option.name,
+            option.metadata["flag"],
+            option.metadata["help"],
+            text,
+            default=option.default,
+            choices=[(c, c) for c in option.metadata.get("choices", ())],
+            input_type=str(option.type),
+        )
 
     @property
     def text(self) -> str:
@@ -45,5 +69,15 @@ class OptionInput(HorizontalGroup):
         return str(self.control.value)
 
     def compose(self) -> ComposeResult:
-        yield Label(self.option.metadata["flag"])
+        yield Label(self.flag)
         yield self.control
+
+
+def row_of(widget: Widget) -> OptionInput | None:
+    """The form row ``widget`` is in (a focused field's), or None outside any row."""
+    return next((n for n in widget.ancestors_with_self if isinstance(n, OptionInput)), None)
+
+
+def help_line(row: OptionInput) -> str:
+    """What a form shows under its fields while ``row`` has focus."""
+    return f"{row.flag}: {row.help} (default: {row.default!r})"

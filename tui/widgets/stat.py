@@ -10,6 +10,13 @@ from textual.widgets import Label, Static
 TONES = ("good", "warn", "bad")
 
 
+def tone_of(fraction: float, warn_at: float, bad_at: float) -> str:
+    """``good`` under ``warn_at``, ``warn`` under ``bad_at``, else ``bad``."""
+    if fraction < warn_at:
+        return "good"
+    return "warn" if fraction < bad_at else "bad"
+
+
 class Stat(HorizontalGroup):
     """A dim label and a value; :meth:`show` changes the value and its tone.
 

@@ -1,0 +1,91 @@
+"""The console through a real terminal: tmux runs ``titan-console``, ``send-keys`` fills the
+launch form of a tiny run, ``capture-pane`` reads the monitor, ``q`` quits."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from console_helpers import tiny_form_texts
+
+from titan.observability.records import read_events
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+SESSION = f"titan-console-test-{os.getpid()}"
+# Tab stops of the launch form from the first field (--preset) to the ones typed here.
+FIELD_TABS = {"steps": 1, "batch_size": 2, "seq_len": 3, "warmup_steps": 6, "data": 10}
+FIELD_TABS |= {"vocab_size": 12, "dp": 17}
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _screen() -> str:
+    return _tmux("capture-pane", "-p", "-t", SESSION)
+
+
+def _session_alive() -> bool:
+    return (
+        subprocess.run(["tmux", "has-session", "-t", SESSION], capture_output=True).returncode == 0
+    )
+
+
+def _send(*keys: str) -> None:
+    """Send keys one by one, pausing as a typist does (a burst would reach a field before the
+    focus moved to it)."""
+    for key in keys:
+        _tmux("send-keys", "-t", SESSION, *key.split(" "))
+        time.sleep(0.2)
+
+
+def _wait_for(text: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while text not in (screen := _screen()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} not on screen after {timeout_s} s:\n{screen}")
+        time.sleep(0.3)
+    return screen
+
+
+def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: Path):
+    runs = tmp_path / "runs"
+    texts = tiny_form_texts(corpus_dir) | {"steps": "6"}
+    exit_file = tmp_path / "exit.txt"
+    command = (
+        f"TITAN_RUNS={shlex.quote(str(runs))} {shlex.quote(sys.executable)} -m tui.app "
+        f"> {shlex.quote(str(exit_file))}"
+    )
+    _tmux("new-session", "-d", "-s", SESSION, "-x", "100", "-y", "30", "-c", os.getcwd(), command)
+    try:
+        _wait_for("--preset", 30)
+        position = 0
+        for name, tab in sorted(FIELD_TABS.items(), key=lambda item: item[1]):
+            _send(*["Tab"] * (tab - position), f"-l {texts[name]}")
+            position = tab
+        _send("C-r")
+        watched = _wait_for("completed", 180)
+        _send("q")
+        deadline = time.monotonic() + 20
+        while _session_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        quit_in_time = not _session_alive()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    (run_dir,) = runs.iterdir()
+    events = read_events(run_dir)
+    steps = [e["step"] for e in events if e["type"] == "step"]
+    for pid_line in exit_file.read_text().split("(pid ")[1:]:  # runs left running, if any
+        os.killpg(int(pid_line.split(")")[0]), signal.SIGKILL)
+    assert quit_in_time
+    assert "step      6 / 6" in watched
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert events[-1]["status"] == "completed"
+    assert exit_file.read_text() == ""  # quit after the run ended: nothing left running

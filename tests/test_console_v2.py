@@ -1,0 +1,352 @@
+"""Console v2: planner, history (DuckDB), monitor panels, watchdog stall of a real run, launch
+presets and copies, driven through Textual's pilot at 80x24."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from console_helpers import (
+    append_events,
+    event,
+    kill_children,
+    launch_from_form,
+    tiny_form_texts,
+    wait_until,
+)
+from textual.widgets import DataTable, Select
+
+from titan.config import TrainConfig
+from titan.errors import TitanError
+from tui.app import TitanConsole
+from tui.history import HistoryStore, config_diff
+from tui.options import copies_of
+from tui.planner_form import plan_argv, start_texts
+from tui.run_state import RunState
+from tui.screens.compare import CompareScreen
+from tui.screens.history import HistoryScreen
+from tui.screens.launch import LaunchScreen
+from tui.screens.planner import PlannerScreen
+from tui.screens.run_detail import RunDetailScreen
+from tui.widgets.history_table import HistoryTable
+from tui.widgets.option_input import OptionInput
+from tui.widgets.pipeline_panel import timeline
+from tui.widgets.plan_tables import totals_rows
+from tui.widgets.stat import Stat
+
+SIZE = (80, 24)
+SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
+STALL_RUN = "tiny-watchdog-stall"
+RESUMED_RUN = "tiny-killed-resumed"
+
+
+@pytest.fixture()
+def sample_root(tmp_path: Path) -> Path:
+    """A copy of ``sample_runs/`` (the console writes its database into the runs root)."""
+    root = tmp_path / "sample_runs"
+    shutil.copytree(SAMPLE_RUNS, root)
+    return root
+
+
+def _rows(table: DataTable) -> list[list[str]]:
+    return [table.get_row_at(i) for i in range(table.row_count)]
+
+
+def _value(app: TitanConsole, stat_id: str) -> str:
+    return app.screen.query_one(f"#{stat_id}", Stat).value
+
+
+@pytest.fixture()
+def tiny_form(corpus_dir: Path) -> dict[str, str]:
+    """Form texts of a small real run (one device, the test corpus)."""
+    return tiny_form_texts(corpus_dir)
+
+
+# --- planner --------------------------------------------------------------------------------
+
+
+async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        screen = app.screen
+        assert isinstance(screen, PlannerScreen)
+        await wait_until(pilot, lambda: screen.report is not None, lambda: "no plan", 10)
+        first = screen.report
+        totals = _rows(screen.query_one("#plan-totals", DataTable))
+        verdict = str(screen.query_one("#plan-verdict").content)
+        screen.query_one("#option-gpus", OptionInput).control.value = "0"
+        await wait_until(
+            pilot,
+            lambda: str(screen.query_one("#plan-help").content).startswith("--gpus"),
+            lambda: "no error shown",
+            10,
+        )
+        error = str(screen.query_one("#plan-help").content)
+        screen.query_one("#option-gpus", OptionInput).control.value = "64"
+        screen.query_one("#option-search", OptionInput).control.value = "1"
+        await wait_until(pilot, lambda: screen.report["search"], lambda: "no search", 20)
+        ranked = _rows(screen.query_one("#plan-ranked", DataTable))
+        searched = screen.report
+    argv = [sys.executable, "-m", "titan.cli", "plan", *plan_argv(start_texts()), "--json"]
+    cli = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    cli_search = json.loads(
+        subprocess.run([*argv, "--search", "--top", "10"], capture_output=True, check=True).stdout
+    )
+    assert first["plans"] == cli["plans"]
+    assert totals == [list(row) for row in totals_rows(cli["plans"][0])]
+    assert verdict.startswith("fits: 30.6 GB of 76.0 GB per device")
+    assert error == "--gpus must be >= 1, got 0"
+    assert searched["plans"] == cli_search["plans"]
+    assert searched["layouts_fit"] == cli_search["layouts_fit"]
+    assert [row[0] for row in ranked] == [p["layout"] for p in cli_search["plans"]]
+
+
+# --- history --------------------------------------------------------------------------------
+
+
+async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: Path):
+    app = TitanConsole(sample_root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        screen = app.screen
+        table = screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: table.row_count == 3, lambda: "not listed", 20)
+        listed = _rows(table)
+        await pilot.press(*"oooooo")  # from "started" to run, status, preset, layout, dev, steps
+        by_steps = ([row[5] for row in _rows(table)], table.sorted_by)
+        await pilot.press("slash", *"stall", "enter")
+        filtered = [row[0] for row in _rows(table)]
+        await pilot.press("x")
+        csv_path = sample_root / "history.csv"
+        await wait_until(pilot, csv_path.exists, lambda: "no export", 10)
+        await pilot.pause(0.2)
+    exported = list(csv.DictReader(csv_path.open()))
+    assert isinstance(screen, HistoryScreen)
+    assert [row[:6] for row in listed] == [
+        [STALL_RUN, "failed", "tiny", "spmd", "1", "23"],
+        [RESUMED_RUN, "completed", "tiny", "spmd", "8", "40"],
+        ["tiny-20261129-185806-39fc", "completed", "tiny", "spmd", "1", "200"],
+    ]
+    assert [row[10] for row in listed] == ["5.615", "5.149", "3.771"]
+    assert by_steps == (["23", "40", "200"], "steps ascending")
+    assert filtered == [STALL_RUN]
+    assert [(r["run_id"], r["status"], r["steps"]) for r in exported] == [
+        (STALL_RUN, "failed", "23")
+    ]
+
+
+async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Path):
+    app = TitanConsole(sample_root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        table = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: table.row_count == 3, lambda: "not listed", 20)
+        await pilot.press("space", "down", "space", "c")
+        compare = app.screen
+        await wait_until(pilot, lambda: bool(compare.diff), lambda: "no diff", 10)
+        diff_rows = _rows(compare.query_one(DataTable))
+        curves = [(label, len(xs)) for label, xs, _ in compare.query_one("CurvePlot").series]
+        await pilot.press("escape", "up", "enter")
+        detail = app.screen
+        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 10)
+        await pilot.press("5")
+        stalls_log = list(detail.query_one("#detail-stalls").lines)
+        summary = dict(_rows(detail.query_one("#detail-summary", DataTable)))
+    assert isinstance(compare, CompareScreen) and isinstance(detail, RunDetailScreen)
+    assert [row[0] for row in diff_rows] == [
+        "debug_stall_at_step",
+        "run_id",
+        "runs_root",
+        "watchdog_abort",
+        "watchdog_floor",
+    ]
+    assert diff_rows[-1] == ["watchdog_floor", "5.0", "300.0"]
+    assert curves == [(STALL_RUN, 23), (RESUMED_RUN, 40)]
+    assert stalls_log[:2] == ["1 stall(s)", "step of step 25: 9.9 s (allowance 9.4 s)"]
+    assert (summary["status"], summary["reason"], summary["stalls"]) == ("failed", "stall", "1")
+
+
+def test_history_store_downsamples_the_loss_curve_and_diffs_configs(sample_root: Path):
+    store = HistoryStore(sample_root)
+    store.ingest()
+    run = "tiny-20261129-185806-39fc"
+    full = store.loss_curve(run)
+    coarse = store.loss_curve(run, max_points=50)
+    events = [json.loads(line) for line in (sample_root / run / "events.jsonl").open()]
+    losses = [e["loss"] for e in events if e["type"] == "step"]
+    store.close()
+    assert [loss for _, loss in full] == pytest.approx(losses)
+    assert len(coarse) == 50 and coarse[0] == (1, pytest.approx(sum(losses[:4]) / 4))
+    assert config_diff({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
+        ("b", 2, 3),
+        ("c", None, 4),
+    ]
+
+
+# --- monitor panels -------------------------------------------------------------------------
+
+
+def _gpu_run(run_dir: Path, t0: float) -> None:
+    """A record of a 2-GPU H100 MPMD run with power, FLOPs and a timed pipeline step."""
+    start = event(
+        "run_start",
+        t0,
+        config={"preset": "tiny", "watchdog_floor": 5.0, "watchdog_factor": 10.0},
+        layout={"devices": 2},
+        env={"device_kinds": ["NVIDIA H100 80GB HBM3"]},
+        power={"available": True, "reason": None},
+        total_steps=10,
+    )
+    pipeline = event(
+        "pipeline",
+        t0 + 1,
+        stages=2,
+        schedule="gpipe",
+        microbatches=2,
+        theoretical_bubble=1 / 3,
+        actions=[["F0c0", "F1c0", "B0c0", "B1c0"], ["F0c1", "F1c1", "B0c1", "B1c1"]],
+    )
+    step = event(
+        "step",
+        t0 + 2,
+        step=1,
+        loss=5.0,
+        lr=1e-3,
+        tokens=1000,
+        tokens_seen=1000,
+        step_time_s=2.0,
+        tokens_per_s=500.0,
+        model_flops_per_token={"causal": 2e9, "full": 3e9},
+        mfu={"causal": 0.25, "full": 0.375},
+        energy_j=2400.0,
+        joules_per_token=2.4,
+    )
+    timing = event(
+        "pipeline_timing",
+        t0 + 3,
+        step=1,
+        step_time_s=6.0,
+        actions=[
+            [0, 0, 0, "F", 0.0, 1.0],
+            [0, 0, 1, "F", 1.0, 2.0],
+            [1, 1, 0, "F", 1.0, 2.0],
+            [1, 1, 1, "F", 2.0, 3.0],
+            [1, 1, 0, "B", 3.0, 4.0],
+            [1, 1, 1, "B", 4.0, 5.0],
+            [0, 0, 0, "B", 4.0, 5.0],
+            [0, 0, 1, "B", 5.0, 6.0],
+        ],
+    )
+    append_events(run_dir, [start, pipeline, step, timing])
+
+
+async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path: Path):
+    run_dir = tmp_path / "gpu-run"
+    run_dir.mkdir()
+    _gpu_run(run_dir, time.time() - 5)
+    app = TitanConsole(tmp_path, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.screen.state.step == 1, lambda: "no step", 10)
+        await pilot.press("4")
+        await pilot.pause()
+        power = {n: _value(app, n) for n in ("pw-watts", "pw-energy", "pw-jpt")}
+        watts_tone = app.screen.query_one("#pw-watts", Stat).query_one(".stat-value").classes
+        await pilot.press("5")
+        await pilot.pause()
+        flops = {n: _value(app, n) for n in ("fl-tflops", "fl-mfu", "fl-tokens")}
+        await pilot.press("6")
+        await pilot.pause()
+        pipeline = str(app.screen.query_one("PipelinePanel").content).splitlines()
+        await pilot.press("3")
+        watchdog = {n: _value(app, n) for n in ("wd-phase", "wd-threshold", "wd-stalls")}
+    assert power == {  # 2400 J over 2 s on 2 devices: 600 W each, 86% of the H100's 700 W
+        "pw-watts": "600 W of 700 W TDP (86%) x 2",
+        "pw-energy": "0.0007 kWh (2,400 J)",
+        "pw-jpt": "2.4 J/token · 0.4 tokens/J",
+    }
+    assert "-warn" in watts_tone
+    assert flops == {
+        "fl-tflops": "1.000",
+        "fl-mfu": "25.0% (causal attention FLOPs, dense peak of the dtype)",
+        "fl-tokens": "500",
+    }
+    assert pipeline[0] == "gpipe · 2 stages · 2 microbatches · theoretical bubble 33.3%"
+    assert pipeline[1] == "step 1: 6.000 s, measured bubble 33.3%"
+    assert watchdog == {"wd-phase": "step", "wd-threshold": "20.0 s", "wd-stalls": "none"}
+
+
+def test_timeline_draws_busy_cells_and_measures_the_bubble():
+    timing = {"step_time_s": 4.0, "actions": [[0, 0, 0, "F", 0.0, 2.0], [1, 1, 0, "B", 2.0, 4.0]]}
+    rows, bubble = timeline(timing, stages=2, width=8)
+    assert rows == ["FFFF····", "····BBBB"]
+    assert bubble == pytest.approx(0.5)
+
+
+def test_run_state_takes_the_watchdog_allowance_from_the_run_options():
+    state = RunState()
+    state.apply([event("run_start", 0.0, config={"watchdog_floor": 1.0, "watchdog_factor": 4.0})])
+    assert (state.phase, state.threshold_s()) == ("compile", 30.0)
+    state.apply([event("step", 1.0, step=1, loss=3.0, step_time_s=0.5)])
+    assert (state.phase, state.threshold_s()) == ("step", 2.0)
+    state.apply([event("stall", 5.0, phase="data_wait", elapsed_s=3.0, threshold_s=2.0, step=2)])
+    assert (state.phase, len(state.stalls)) == ("data_wait", 1)
+
+
+# --- a real run that stalls -----------------------------------------------------------------
+
+
+async def test_a_stall_of_a_real_run_appears_in_the_watchdog_panel(
+    tmp_path: Path, tiny_form: dict[str, str]
+):
+    app = TitanConsole(tmp_path / "runs", show_launch_form=True)
+    stalling = {
+        **tiny_form,
+        "steps": "50",
+        "checkpoint_every": "50",
+        "debug_stall_at_step": "3",
+        "watchdog_floor": "1",
+        "watchdog_abort": "1",
+    }
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            monitor = await launch_from_form(app, pilot, stalling)
+            await pilot.press("3")
+            await pilot.pause()
+            stalls = _value(app, "wd-stalls")
+            status = _value(app, "status")
+            stack_lines = list(monitor.query_one("#wd-stacks").lines)
+    finally:
+        kill_children(app)
+    assert status == "failed: stalled in step for " + status.split(" for ")[-1]
+    assert stalls.startswith("1 · step of step 3: ")
+    assert any("_debug_stall" in line for line in stack_lines)
+
+
+# --- launch presets and copies --------------------------------------------------------------
+
+
+async def test_a_form_preset_fills_the_fields(tmp_path: Path):
+    app = TitanConsole(tmp_path, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen)
+        app.screen.query_one("#preset", Select).value = "mpmd 2 stages"
+        await pilot.pause()
+        texts = {r.option_name: r.text for r in app.screen.query(OptionInput)}
+    assert (texts["layout"], texts["pp"], texts["microbatches"]) == ("mpmd", "2", "4")
+    assert texts["steps"] == str(TrainConfig().steps)
+
+
+def test_copies_get_their_own_seeds_and_run_ids():
+    configs = copies_of(TrainConfig(seed=7, run_id="sweep"), 3)
+    assert [(c.seed, c.run_id) for c in configs] == [(7, "sweep-1"), (8, "sweep-2"), (9, "sweep-3")]
+    assert copies_of(TrainConfig(), 1) == [TrainConfig()]
+    with pytest.raises(TitanError, match="copies must be >= 1, got 0"):
+        copies_of(TrainConfig(), 0)

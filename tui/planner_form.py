@@ -1,0 +1,122 @@
+"""The planner form's model: the ``titan plan`` options as text, and back to the planner's result.
+
+The option list is never copied here: it is read from the ``plan`` subparser of
+:func:`titan.cli.build_parser`, the form's texts are parsed by that same parser, and the numbers
+come from :func:`titan.planning.commands.request_from_args`, ``layout_from_args`` and
+:func:`titan.planning.budget.plan` / ``search``: what ``titan plan --json`` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from titan.cli import build_parser
+from titan.errors import TitanError
+from titan.planning.budget import plan, search
+from titan.planning.commands import layout_from_args, request_from_args
+
+# Options of ``titan plan`` the form leaves out: output formatting and a file path.
+_NOT_IN_FORM = {"help", "json", "top", "calibration", "run"}
+# The form opens on a plan that fits (8B on 64 H100s), so its first screen shows a verdict.
+FORM_START = {
+    "model": "llama3-8b",
+    "gpu": "h100",
+    "gpus": "64",
+    "tokens": "1e12",
+    "price": "2.5",
+    "batch_tokens": "524288",
+    "fsdp": "8",
+    "remat": "full",
+}
+# Rows of the ranked-layouts table of a search.
+SEARCH_TOP = 10
+
+
+class _FormParser(argparse.ArgumentParser):
+    """The plan parser with errors raised as :class:`TitanError` (never printed or exiting)."""
+
+    def error(self, message: str) -> None:
+        raise TitanError(message)
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One ``titan plan`` option as the form shows it.
+
+    Attributes:
+        dest: the argparse destination (``gpus_per_node``).
+        flag: the option string (``--gpus-per-node``).
+        help: its help text.
+        default: its default as text (``""`` for none).
+        choices: allowed values, or ``()``.
+        switch: a ``store_true`` option (``--search``), shown as a checkbox.
+    """
+
+    dest: str
+    flag: str
+    help: str
+    default: str
+    choices: tuple[str, ...] = ()
+    switch: bool = False
+
+
+@cache
+def _plan_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    plan_parser = subparsers.choices["plan"]
+    plan_parser.__class__ = _FormParser
+    return plan_parser
+
+
+@cache
+def plan_options() -> tuple[PlanOption, ...]:
+    """The form's options, in ``titan plan --help`` order."""
+    options = []
+    for action in _plan_parser()._actions:
+        if action.dest in _NOT_IN_FORM or not action.option_strings:
+            continue
+        switch = isinstance(action, argparse._StoreTrueAction)
+        default = "" if action.default is None or switch else str(action.default)
+        choices = tuple(str(c) for c in action.choices or ())
+        flag = action.option_strings[0]
+        options.append(PlanOption(action.dest, flag, action.help or "", default, choices, switch))
+    return tuple(options)
+
+
+def start_texts() -> dict[str, str]:
+    """The texts the form opens with: each option's default, then :data:`FORM_START`."""
+    return {o.dest: o.default for o in plan_options()} | FORM_START
+
+
+def plan_argv(texts: dict[str, str]) -> list[str]:
+    """``titan plan`` arguments for the form's texts (keyed by dest; empty texts left out, a
+    switch given when its text is ``"1"``)."""
+    argv = []
+    for option in plan_options():
+        text = texts.get(option.dest, "").strip()
+        if option.switch:
+            argv += [option.flag] if text == "1" else []
+        elif text:
+            argv += [option.flag, text]
+    return argv
+
+
+def plan_report(texts: dict[str, str]) -> dict[str, Any]:
+    """The planner's answer for the form's texts: ``{"search": bool, "layouts_fit": int,
+    "plans": [Plan.as_dict(), ...]}`` (one plan, or the best :data:`SEARCH_TOP` of a search).
+
+    Raises:
+        TitanError: one line naming the bad option (argparse's wording, or the planner's).
+    """
+    args = _plan_parser().parse_args(plan_argv(texts))
+    request = request_from_args(args)
+    plans = search(request) if args.search else [plan(request, layout_from_args(args))]
+    return {
+        "search": args.search,
+        "layouts_fit": len(plans),
+        "plans": [p.as_dict() for p in plans[:SEARCH_TOP]],
+    }

@@ -1,0 +1,67 @@
+"""Two runs side by side: their loss curves overlaid and the config keys that differ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import work
+from textual.app import ComposeResult
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header
+
+from tui.history import HistoryStore, RunDetail, config_diff
+from tui.widgets.curve_plot import CurvePlot
+
+
+class CompareScreen(Screen[None]):
+    """Loss curves (downsampled by the database) and the config diff, read in a worker.
+
+    Args:
+        store: the runs root's database.
+        run_a, run_b: the run ids to compare.
+    """
+
+    CSS_PATH = "compare.tcss"
+
+    @dataclass
+    class Loaded(Message):
+        curves: list[list[tuple[int, float]]]
+        details: list[RunDetail]
+
+    def __init__(self, store: HistoryStore, run_a: str, run_b: str) -> None:
+        super().__init__()
+        self.store = store
+        self.run_ids = (run_a, run_b)
+        self.sub_title = f"{run_a} vs {run_b}"
+        self.diff: list[tuple[str, object, object]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield CurvePlot("loss", ascii_only=self.app.ascii_only, id="compare-plot")
+        table: DataTable[str] = DataTable(id="compare-diff", cursor_type="row")
+        table.add_columns("config", *self.run_ids)
+        yield table
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._load()
+
+    @work(thread=True, group="compare")
+    def _load(self) -> None:
+        curves = [self.store.loss_curve(run_id) for run_id in self.run_ids]
+        details = [self.store.detail(run_id) for run_id in self.run_ids]
+        self.post_message(self.Loaded(curves, details))
+
+    def on_compare_screen_loaded(self, message: CompareScreen.Loaded) -> None:
+        self.query_one(CurvePlot).show(
+            [
+                (run_id, [s for s, _ in curve], [loss for _, loss in curve])
+                for run_id, curve in zip(self.run_ids, message.curves, strict=True)
+            ]
+        )
+        a, b = (d.config for d in message.details)
+        self.diff = config_diff(a, b)
+        table = self.query_one(DataTable)
+        table.add_rows((key, str(va), str(vb)) for key, va, vb in self.diff)
+        table.border_title = f"config: {len(self.diff)} differences"

@@ -1,0 +1,127 @@
+"""History: the runs of the runs root's DuckDB database, sortable and filterable, to open,
+compare and export. The console ingests the records (it is the database's one writer) in a
+worker when the screen opens, on ``r`` and every few seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from titan.errors import TitanError
+from tui.history import HistoryRow, HistoryStore
+from tui.screens.compare import CompareScreen
+from tui.screens.run_detail import RunDetailScreen
+from tui.widgets.history_table import HistoryTable
+
+# New records are ingested this often while the screen is shown.
+REFRESH_INTERVAL_S = 5.0
+
+
+class HistoryScreen(Screen[None]):
+    """The History table over a :class:`~tui.history.HistoryStore`.
+
+    Args:
+        store: the runs root's database.
+    """
+
+    CSS_PATH = "history.tcss"
+    AUTO_FOCUS = "HistoryTable"
+    BINDINGS = [
+        Binding("slash", "filter", "Filter"),
+        Binding("r", "refresh", "Refresh"),
+        Binding("c", "compare", "Compare"),
+        Binding("x", "export('csv')", "CSV"),
+        Binding("X", "export('parquet')", "Parquet"),
+    ]
+
+    @dataclass
+    class Loaded(Message):
+        """The rows after an ingest, or the error that stopped it (posted by the worker)."""
+
+        rows: list[HistoryRow]
+        error: str = ""
+
+    def __init__(self, store: HistoryStore) -> None:
+        super().__init__()
+        self.store = store
+        self.sub_title = f"history of {store.runs_root}"
+        self.loaded = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Input(placeholder="filter: text in any column, enter to apply", id="history-filter")
+        yield HistoryTable(id="history")
+        yield Static("Ingesting run records...", id="history-status", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.action_refresh()
+        self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
+
+    def action_refresh(self) -> None:
+        """Ingest new records and list the runs again (in a worker)."""
+        self._load()
+
+    @work(thread=True, exclusive=True, group="history")
+    def _load(self) -> None:
+        try:
+            self.store.ingest()
+            self.post_message(self.Loaded(self.store.rows()))
+        except TitanError as err:
+            self.post_message(self.Loaded([], str(err)))
+
+    def on_history_screen_loaded(self, message: HistoryScreen.Loaded) -> None:
+        table = self.query_one(HistoryTable)
+        if message.error:
+            self._status(message.error)
+            return
+        if [r for r in table.all_rows] != message.rows:
+            table.show(message.rows)
+        self.loaded = True
+        self._status(
+            f"{len(message.rows)} runs · enter: detail · space: mark two, c: compare · "
+            "o/O: sort by the next column / reverse · /: filter · x/X: export CSV/Parquet"
+        )
+
+    def _status(self, text: str) -> None:
+        self.query_one("#history-status", Static).update(text)
+
+    def action_filter(self) -> None:
+        field = self.query_one("#history-filter", Input)
+        field.add_class("-shown")
+        field.focus()
+
+    @on(Input.Submitted, "#history-filter")
+    def _apply_filter(self, event: Input.Submitted) -> None:
+        table = self.query_one(HistoryTable)
+        table.set_filter(event.value)
+        event.input.set_class(bool(event.value.strip()), "-shown")
+        table.focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.app.push_screen(RunDetailScreen(self.store, str(event.row_key.value)))
+
+    def action_compare(self) -> None:
+        marked = self.query_one(HistoryTable).marked
+        if len(marked) != 2:
+            self.notify("Mark two runs with space to compare them.", severity="warning")
+            return
+        self.app.push_screen(CompareScreen(self.store, *marked))
+
+    def action_export(self, kind: str) -> None:
+        """Write the shown rows to ``<runs root>/history.<kind>`` (in a worker)."""
+        self._export(
+            self.store.runs_root / f"history.{kind}", self.query_one(HistoryTable).shown_ids()
+        )
+
+    @work(thread=True, group="export")
+    def _export(self, path: Path, run_ids: list[str]) -> None:
+        count = self.store.export(path, run_ids)
+        self.app.call_from_thread(self.notify, f"{count} runs written to {path}")

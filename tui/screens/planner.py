@@ -1,0 +1,102 @@
+"""The planner: ``titan plan``'s options as a form, its results as tables, recomputed in a
+worker as the fields change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual import events, on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Header, Input, Select, Static
+
+from titan.errors import TitanError
+from tui.planner_form import plan_options, plan_report, start_texts
+from tui.widgets.option_input import OptionInput, help_line, row_of
+from tui.widgets.plan_tables import PlanTables
+
+# Typing pauses this long before the plan is recomputed.
+_DEBOUNCE_S = 0.25
+_SWITCH_CHOICES = [("off", ""), ("on", "1")]
+
+
+class PlannerScreen(Screen[None]):
+    """The form (left) and the plan (right). Each change restarts a short timer; when it fires
+    a thread worker runs :func:`~tui.planner_form.plan_report` (the code of ``titan plan``) and
+    posts :class:`Planned`. A bad field shows the planner's one-line error."""
+
+    CSS_PATH = "planner.tcss"
+
+    @dataclass
+    class Planned(Message):
+        """A plan report, or the error that stopped it (posted by the worker)."""
+
+        report: dict[str, Any] | None
+        error: str = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sub_title = "budget planner (titan plan)"
+        self.report: dict[str, Any] | None = None
+        self._timer: Timer | None = None
+
+    def compose(self) -> ComposeResult:
+        texts = start_texts()
+        yield Header()
+        with Horizontal():
+            with VerticalScroll(id="plan-form"):
+                for o in plan_options():
+                    choices = _SWITCH_CHOICES if o.switch else [(c, c) for c in o.choices]
+                    yield OptionInput(
+                        o.dest, o.flag, o.help, texts[o.dest], default=o.default, choices=choices
+                    )
+            yield PlanTables(id="plan-results")
+        yield Static("", id="plan-help", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._recompute()
+
+    def texts(self) -> dict[str, str]:
+        """The form's texts, keyed by option dest."""
+        return {row.option_name: row.text for row in self.query(OptionInput)}
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    def _changed(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(_DEBOUNCE_S, self._recompute)
+
+    @on(Input.Submitted)
+    def _next_field(self) -> None:
+        self.focus_next()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        row = row_of(event.widget)
+        if row is not None:
+            self.query_one("#plan-help", Static).update(help_line(row))
+
+    def _recompute(self) -> None:
+        self._plan(self.texts())
+
+    @work(thread=True, exclusive=True, group="plan")
+    def _plan(self, texts: dict[str, str]) -> None:
+        try:
+            self.post_message(self.Planned(plan_report(texts)))
+        except TitanError as err:
+            self.post_message(self.Planned(None, str(err)))
+
+    def on_planner_screen_planned(self, message: PlannerScreen.Planned) -> None:
+        help_static = self.query_one("#plan-help", Static)
+        help_static.set_class(bool(message.error), "-error")
+        if message.error:
+            help_static.update(message.error)
+            return
+        help_static.update("")
+        self.report = message.report
+        self.query_one(PlanTables).show(message.report)

@@ -1,0 +1,108 @@
+"""A run's detail from the database: summary, config, environment, restarts and stalls."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Log, TabbedContent, TabPane
+
+from tui.history import HistoryStore, RunDetail
+
+TABS = ("summary", "config", "environment", "restarts", "stalls")
+
+
+def _pairs(mapping: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(key, value)`` rows, nested values as compact JSON."""
+    return [
+        (key, value if isinstance(value, str) else json.dumps(value))
+        for key, value in mapping.items()
+    ]
+
+
+def _key_value_table(id: str) -> DataTable[str]:
+    table: DataTable[str] = DataTable(id=id, cursor_type="row", show_header=False)
+    table.add_columns("key", "value")
+    return table
+
+
+class RunDetailScreen(Screen[None]):
+    """Tabs ``1`` to ``5``; the detail is read in a worker.
+
+    Args:
+        store: the runs root's database.
+        run_id: the run to show.
+    """
+
+    CSS_PATH = "run_detail.tcss"
+    BINDINGS = [
+        Binding(str(i), f"show_tab('{tab}')", tab.capitalize()) for i, tab in enumerate(TABS, 1)
+    ]
+
+    @dataclass
+    class Loaded(Message):
+        detail: RunDetail
+
+    def __init__(self, store: HistoryStore, run_id: str) -> None:
+        super().__init__()
+        self.store = store
+        self.run_id = run_id
+        self.sub_title = run_id
+        self.detail: RunDetail | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with TabbedContent(initial="summary"):
+            for tab in TABS[:3]:
+                with TabPane(tab, id=tab):
+                    yield _key_value_table(f"detail-{tab}")
+            with TabPane("restarts", id="restarts"):
+                table: DataTable[str] = DataTable(id="detail-restarts", cursor_type="row")
+                table.add_columns("attempt", "started", "from step", "resumed from")
+                yield table
+            with TabPane("stalls", id="stalls"):
+                yield Log(id="detail-stalls")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._load()
+
+    @work(thread=True, group="detail")
+    def _load(self) -> None:
+        self.post_message(self.Loaded(self.store.detail(self.run_id)))
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def on_run_detail_screen_loaded(self, message: RunDetailScreen.Loaded) -> None:
+        detail = self.detail = message.detail
+        self.query_one("#detail-summary", DataTable).add_rows(_pairs(detail.summary.as_dict()))
+        self.query_one("#detail-config", DataTable).add_rows(_pairs(detail.config))
+        self.query_one("#detail-environment", DataTable).add_rows(_pairs(detail.environment))
+        self.query_one("#detail-restarts", DataTable).add_rows(
+            (
+                str(i),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)),
+                str(start),
+                "-" if resumed is None else str(resumed),
+            )
+            for i, (t, start, resumed) in enumerate(detail.attempts, 1)
+        )
+        log = self.query_one("#detail-stalls", Log)
+        log.write_line(f"{len(detail.stalls)} stall(s)")
+        for stall in detail.stalls:
+            log.write_line(
+                f"{stall['phase']} of step {stall['step']}: {stall['elapsed_s']:.1f} s "
+                f"(allowance {stall['threshold_s']:.1f} s)"
+            )
+            for thread in stall.get("stacks", []):
+                log.write_line(f"  thread {thread['thread']}:")
+                for frame in thread["stack"]:
+                    log.write_lines(f"  {line}" for line in frame.splitlines())

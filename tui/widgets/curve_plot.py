@@ -1,0 +1,41 @@
+"""Line charts (textual-plotext): a run's loss and learning rate, or two runs' losses overlaid."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual_plotext import PlotextPlot
+
+# Lines drawn with braille dots when colour is on; plain characters for --no-color / ASCII.
+_MARKERS = ("braille", "braille")
+_ASCII_MARKERS = ("*", "+")
+
+
+class CurvePlot(PlotextPlot):
+    """One or two ``(label, steps, values)`` series on step axes.
+
+    Args:
+        title: the chart's title.
+        ascii_only: draw with ``*`` and ``+`` instead of braille dots.
+        id: the widget id.
+    """
+
+    def __init__(self, title: str, *, ascii_only: bool = False, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.title = title
+        self.markers = _ASCII_MARKERS if ascii_only else _MARKERS
+        self.series: list[tuple[str, Sequence[float], Sequence[float]]] = []
+
+    def show(self, series: Sequence[tuple[str, Sequence[float], Sequence[float]]]) -> None:
+        """Replace the series and redraw."""
+        self.series = list(series)
+        plt = self.plt
+        plt.clear_data()
+        plt.title(self.title)
+        plt.xlabel("step")
+        for (label, xs, ys), marker in zip(self.series, self.markers, strict=False):
+            if xs:
+                plt.plot(
+                    list(xs), list(ys), label=label if len(self.series) > 1 else None, marker=marker
+                )
+        self.refresh()

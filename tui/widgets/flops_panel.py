@@ -1,0 +1,41 @@
+"""The FLOPs panel: achieved TFLOP/s, MFU under the convention the trainer recorded, tokens/s."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+
+from tui.run_state import RunState
+from tui.widgets.stat import Stat
+
+
+class FlopsPanel(Vertical):
+    """Achieved model TFLOP/s (tokens/s x model FLOPs per token of the convention, all devices),
+    MFU and its convention (or why there is none), tokens/s.
+
+    Args:
+        id: the widget id.
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Stat("TFLOP/s", id="fl-tflops")
+        yield Stat("MFU", id="fl-mfu")
+        yield Stat("tokens/s", id="fl-tokens")
+        yield Stat("FLOP/token", id="fl-per-token")
+
+    def show(self, state: RunState) -> None:
+        per_token, tokens_per_s = state.flops_per_token, state.tokens_per_s
+        achieved = None if not (per_token and tokens_per_s) else per_token * tokens_per_s / 1e12
+        convention = state.mfu_convention or "?"
+        self.query_one("#fl-tflops", Stat).show("-" if achieved is None else f"{achieved:.3f}")
+        if state.mfu is not None:
+            mfu = f"{state.mfu:.1%} ({convention} attention FLOPs, dense peak of the dtype)"
+        else:
+            mfu = f"- ({state.mfu_reason})" if state.mfu_reason else "-"
+        self.query_one("#fl-mfu", Stat).show(mfu)
+        self.query_one("#fl-tokens", Stat).show(
+            "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
+        )
+        self.query_one("#fl-per-token", Stat).show(
+            "-" if per_token is None else f"{per_token:,.0f} ({convention})"
+        )

@@ -1,0 +1,84 @@
+"""The planner's results as tables: memory per device with the verdict, step time, totals, and
+the ranked layouts of a search. Input: ``titan plan --json``'s plan dicts (bytes, seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Static
+
+GB = 1e9
+SECONDS_PER_DAY = 86_400
+
+
+def _table(id: str, *columns: str) -> DataTable[str]:
+    table: DataTable[str] = DataTable(id=id, cursor_type="row", zebra_stripes=True)
+    table.add_columns(*columns)
+    return table
+
+
+def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(figure, value)`` of a plan's totals, as the Totals table shows them."""
+    cost = "-" if p["cost"] is None else f"{p['cost']:,.0f}"
+    mfu = ", ".join(f"{k} {v:.1%}" for k, v in p["mfu"].items())
+    return [
+        ("layout", p["layout"]),
+        ("tokens/s", f"{p['tokens_per_s']:,.0f}"),
+        ("MFU", mfu),
+        ("total time", f"{p['total_s'] / SECONDS_PER_DAY:,.2f} days"),
+        ("GPU-hours", f"{p['gpu_hours']:,.0f}"),
+        ("energy", f"{p['energy_kwh']:,.0f} kWh"),
+        ("cost", cost),
+    ]
+
+
+class PlanTables(VerticalScroll):
+    """Verdict line, then the tables of the first plan, then the ranking of a search."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="plan-verdict", markup=False)
+        yield _table("plan-totals", "figure", "value")
+        yield _table("plan-memory", "memory / device", "GB")
+        yield _table("plan-step", "step time", "s")
+        yield _table("plan-ranked", "layout", "fits", "tokens/s", "days", "GPU-h", "cost")
+
+    def show(self, report: dict[str, Any]) -> None:
+        """Draw a :func:`tui.planner_form.plan_report`."""
+        plans = report["plans"]
+        verdict = self.query_one("#plan-verdict", Static)
+        ranked = self.query_one("#plan-ranked", DataTable)
+        ranked.display = report["search"]
+        for table in self.query(DataTable):
+            table.clear()
+        if not plans:
+            verdict.update("No layout fits: more GPUs, recomputation or a smaller batch.")
+            verdict.set_class(True, "-bad")
+            return
+        p = plans[0]
+        fits = p["fits"]
+        verdict.update(
+            f"{'fits' if fits else 'does not fit'}: {p['memory_bytes']['total'] / GB:,.1f} GB "
+            f"of {p['capacity_bytes'] / GB:,.1f} GB per device"
+            + (f" · best of {report['layouts_fit']} layouts that fit" if report["search"] else "")
+        )
+        verdict.set_class(not fits, "-bad")
+        self.query_one("#plan-totals", DataTable).add_rows(totals_rows(p))
+        memory = self.query_one("#plan-memory", DataTable)
+        memory.add_rows((k, f"{v / GB:,.2f}") for k, v in p["memory_bytes"].items())
+        self.query_one("#plan-step", DataTable).add_rows(
+            (k, f"{v:.4g}") for k, v in p["step_s"].items()
+        )
+        if report["search"]:
+            ranked.add_rows(
+                (
+                    q["layout"],
+                    "yes" if q["fits"] else "no",
+                    f"{q['tokens_per_s']:,.0f}",
+                    f"{q['total_s'] / SECONDS_PER_DAY:,.1f}",
+                    f"{q['gpu_hours']:,.0f}",
+                    "-" if q["cost"] is None else f"{q['cost']:,.0f}",
+                )
+                for q in plans
+            )

@@ -1,0 +1,60 @@
+"""The power panel: watts per device against the board power (TDP), energy so far, joules per
+token and a sparkline of the power of recent steps."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Sparkline
+
+from tui.run_state import RunState
+from tui.widgets.stat import Stat, tone_of
+
+# Fractions of TDP where the watts turn yellow and red (nvitop's thresholds are the same idea).
+WARN_OF_TDP, HOT_OF_TDP = 0.8, 0.95
+# Steps in the sparkline.
+SPARK_STEPS = 120
+
+
+class PowerPanel(Vertical):
+    """Average watts per device of the last step (its ``energy_j`` over ``step_time_s``, split
+    over the devices the layout uses), energy, J/token and tokens/J.
+
+    Args:
+        id: the widget id.
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Stat("per device", id="pw-watts")
+        yield Stat("energy", id="pw-energy")
+        yield Stat("J/token", id="pw-jpt")
+        yield Stat("source", id="pw-source")
+        yield Sparkline([], id="pw-spark")
+
+    def show(self, state: RunState) -> None:
+        watts = self.query_one("#pw-watts", Stat)
+        devices = state.devices or 1
+        if state.power_w:
+            per_device = state.power_w[-1] / devices
+            if state.tdp_w:
+                fraction = per_device / state.tdp_w
+                watts.show(
+                    f"{per_device:,.0f} W of {state.tdp_w:,.0f} W TDP ({fraction:.0%}) x {devices}",
+                    tone_of(fraction, WARN_OF_TDP, HOT_OF_TDP),
+                )
+            else:
+                watts.show(f"{per_device:,.0f} W x {devices} (no TDP in the catalog)")
+        else:
+            watts.show("-")
+        energy = state.energy_j
+        self.query_one("#pw-energy", Stat).show(
+            "-" if energy is None else f"{energy / 3.6e6:.4f} kWh ({energy:,.0f} J)"
+        )
+        jpt = state.joules_per_token
+        self.query_one("#pw-jpt", Stat).show(
+            "-" if not jpt else f"{jpt:.4g} J/token · {1 / jpt:,.1f} tokens/J"
+        )
+        self.query_one("#pw-source", Stat).show(
+            "measured" if energy is not None else f"none: {state.power_reason or 'no reading yet'}"
+        )
+        self.query_one(Sparkline).data = state.power_w[-SPARK_STEPS:]

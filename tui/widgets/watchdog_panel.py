@@ -1,0 +1,77 @@
+"""The watchdog panel: the phase the run is in, its heartbeat age against the allowance, and the
+stalls with their stacks."""
+
+from __future__ import annotations
+
+import time
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Log
+
+from tui.run_state import RunState
+from tui.widgets.stat import Stat, tone_of
+
+# Heartbeat age over allowance that turns the age yellow (red past 1: the watchdog fires).
+WARN_FRACTION = 0.5
+
+
+class WatchdogPanel(Vertical):
+    """Phase, age of the last event, allowance, stalls; the stacks of the last stall below.
+
+    Args:
+        id: the widget id.
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Stat("phase", id="wd-phase")
+        yield Stat("heartbeat", id="wd-age")
+        yield Stat("allowance", id="wd-threshold")
+        yield Stat("stalls", id="wd-stalls")
+        yield Log(id="wd-stacks", max_lines=400)
+
+    def on_mount(self) -> None:
+        self.query_one(Log).border_title = "stacks of the last stall"
+        self._stacks_of = -1
+
+    def show(self, state: RunState, now: float | None = None) -> None:
+        """Draw ``state`` at ``now`` (unix seconds; default: the clock)."""
+        now = time.time() if now is None else now
+        threshold = state.threshold_s()
+        self.query_one("#wd-phase", Stat).show(state.phase)
+        self.query_one("#wd-threshold", Stat).show(
+            "none (idle)" if threshold == float("inf") else f"{threshold:.1f} s"
+        )
+        age_stat = self.query_one("#wd-age", Stat)
+        if state.last_event_at is None or state.end_status:
+            age_stat.show("-")
+        else:
+            age = now - state.last_event_at
+            age_stat.show(f"{age:.1f} s ago", tone_of(age / threshold, WARN_FRACTION, 1.0))
+        stalls = state.stalls
+        summary = (
+            "none"
+            if not stalls
+            else "; ".join(
+                f"{s['phase']} of step {s['step']}: "
+                f"{s['elapsed_s']:.1f} s > {s['threshold_s']:.1f} s"
+                for s in stalls[-2:]
+            )
+        )
+        self.query_one("#wd-stalls", Stat).show(
+            f"{len(stalls)} · {summary}" if stalls else summary, "bad" if stalls else "good"
+        )
+        if len(stalls) != self._stacks_of:
+            self._stacks_of = len(stalls)
+            self._show_stacks(stalls[-1] if stalls else None)
+
+    def _show_stacks(self, stall: dict | None) -> None:
+        log = self.query_one(Log)
+        log.clear()
+        if stall is None:
+            log.write_line("no stall recorded")
+            return
+        for thread in stall.get("stacks", []):
+            log.write_line(f"thread {thread['thread']}:")
+            for frame in thread["stack"]:
+                log.write_lines(frame.splitlines())
