@@ -44,6 +44,7 @@ SIZE = (80, 24)
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 STALL_RUN = "tiny-watchdog-stall"
 RESUMED_RUN = "tiny-killed-resumed"
+GPU_RUN = "llama3-1b-h200"
 
 
 @pytest.fixture()
@@ -101,7 +102,11 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
     )
     assert first["plans"] == cli["plans"]
     assert totals == [list(row) for row in totals_rows(cli["plans"][0])]
-    assert verdict.startswith("fits: 30.6 GB of 76.0 GB per device")
+    plan = cli["plans"][0]
+    total_gb, capacity_gb = plan["memory_bytes"]["total"] / 1e9, plan["capacity_bytes"] / 1e9
+    assert plan["fits"] and verdict.startswith(
+        f"fits: {total_gb:,.1f} GB of {capacity_gb:,.1f} GB per device"
+    )
     assert error == "--gpus must be >= 1, got 0"
     assert searched["plans"] == cli_search["plans"]
     assert searched["layouts_fit"] == cli_search["layouts_fit"]
@@ -117,7 +122,7 @@ async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: 
         await pilot.press("h")
         screen = app.screen
         table = screen.query_one(HistoryTable)
-        await wait_until(pilot, lambda: table.row_count == 3, lambda: "not listed", 20)
+        await wait_until(pilot, lambda: table.row_count == 4, lambda: "not listed", 20)
         listed = _rows(table)
         await pilot.press(*"oooooo")  # from "started" to run, status, preset, layout, dev, steps
         by_steps = ([row[5] for row in _rows(table)], table.sorted_by)
@@ -130,12 +135,13 @@ async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: 
     exported = list(csv.DictReader(csv_path.open()))
     assert isinstance(screen, HistoryScreen)
     assert [row[:6] for row in listed] == [
+        [GPU_RUN, "completed", "llama3-1b", "spmd", "1", "80"],
         [STALL_RUN, "failed", "tiny", "spmd", "1", "23"],
         [RESUMED_RUN, "completed", "tiny", "spmd", "8", "40"],
         ["tiny-20261129-185806-39fc", "completed", "tiny", "spmd", "1", "200"],
     ]
-    assert [row[10] for row in listed] == ["5.615", "5.149", "3.771"]
-    assert by_steps == (["23", "40", "200"], "steps ascending")
+    assert [row[10] for row in listed] == ["4.679", "5.615", "5.149", "3.771"]
+    assert by_steps == (["23", "40", "80", "200"], "steps ascending")
     assert filtered == [STALL_RUN]
     assert [(r["run_id"], r["status"], r["steps"]) for r in exported] == [
         (STALL_RUN, "failed", "23")
@@ -147,8 +153,8 @@ async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Pat
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("h")
         table = app.screen.query_one(HistoryTable)
-        await wait_until(pilot, lambda: table.row_count == 3, lambda: "not listed", 20)
-        await pilot.press("space", "down", "space", "c")
+        await wait_until(pilot, lambda: table.row_count == 4, lambda: "not listed", 20)
+        await pilot.press("down", "space", "down", "space", "c")
         compare = app.screen
         await wait_until(pilot, lambda: bool(compare.diff), lambda: "no diff", 10)
         diff_rows = _rows(compare.query_one(DataTable))
