@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pty
+import select
 import signal
+import sys
+import time
 
 import pytest
-from helpers import events, run_in_process, start_subprocess, wait_for_event
+from helpers import cli_args, events, run_in_process, start_subprocess, wait_for_event
 
 REQUIRED = {"schema", "type", "time", "run_id"}
 
@@ -66,6 +71,32 @@ def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
     assert end["signal"] == "SIGTERM"
     checkpoints = events(run_dir, "checkpoint")
     assert checkpoints[-1]["step"] == end["step"] == events(run_dir, "step")[-1]["step"]
+
+
+def test_terminal_hangup_checkpoints_and_stops_cleanly(small_options):
+    # The SSH session (a pseudo-terminal here) that started the run goes away: SIGHUP, and the
+    # terminal the progress bar writes to is gone.
+    options = {**small_options, "run_id": "hangup", "steps": 100000, "checkpoint_every": 1000}
+    run_dir = small_options_run_dir(options)
+    pid, terminal = pty.fork()
+    if pid == 0:
+        argv = [sys.executable, "-m", "titan.cli", "train", *cli_args(options)]
+        os.execv(sys.executable, argv)
+    deadline = time.monotonic() + 240
+    while not [e for e in _events_if_any(run_dir) if e["type"] == "step" and e["step"] >= 2]:
+        assert time.monotonic() < deadline, "no step 2"
+        if select.select([terminal], [], [], 0.2)[0]:  # keep the terminal's buffer drained
+            os.read(terminal, 65536)
+    os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    end = events(run_dir)[-1]
+    assert (end["type"], end["status"], end["signal"]) == ("run_end", "stopped", "SIGHUP")
+    assert events(run_dir, "checkpoint")[-1]["step"] == end["step"]
+
+
+def _events_if_any(run_dir) -> list[dict]:
+    return events(run_dir) if (run_dir / "events.jsonl").exists() else []
 
 
 def test_killed_run_resumes_from_last_committed_checkpoint(small_options):

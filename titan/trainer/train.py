@@ -27,7 +27,8 @@ Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
 - ``run_end``: ``status`` (completed | stopped | failed), ``step``, ``error`` when failed,
   ``reason`` ``stall`` when the watchdog ended the run.
 
-SIGTERM and SIGINT finish the current step, checkpoint, write ``run_end`` ``stopped`` and exit 0.
+SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end`` ``stopped``
+and exit 0.
 With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
 :data:`EXIT_STALL` (3), leaving the last committed checkpoint to resume from.
 """
@@ -79,14 +80,18 @@ EXIT_OK, EXIT_FAILED, EXIT_STALL = 0, 1, 3
 
 @dataclass
 class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop stops after the step in flight."""
+    """Set by SIGTERM, SIGINT or SIGHUP (the terminal or SSH session went away); the loop stops
+    after the step in flight."""
 
     requested: bool = False
     signal_name: str = ""
     _previous: dict = dataclasses.field(default_factory=dict)
+    _terminal_fds: list = dataclasses.field(default_factory=list)
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # Known now: once the terminal hangs up, isatty() on it fails too.
+        self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
@@ -97,6 +102,17 @@ class StopFlag:
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            _detach_from_terminal(self._terminal_fds)
+
+
+def _detach_from_terminal(fds: list[int]) -> None:
+    """After a hangup the terminal is gone and writing to it fails (EIO): the standard streams
+    in ``fds`` that pointed at it now go to /dev/null, so the run can still checkpoint and end."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
