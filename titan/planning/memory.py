@@ -45,7 +45,10 @@ shard the sequence today, so the planner assumes no sequence parallelism.
 
 Microbatches in flight on the first pipeline stage (Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2): GPipe keeps
-all ``m``; 1F1B and ZB-H1 (Qi et al. 2023, Sec. 3.1: same peak as 1F1B) keep ``pp``;
+all ``m``; 1F1B keeps ``pp``; ZB-H1 keeps ``pp`` in Qi et al. 2023 (Sec. 3.1), whose W
+needs only stashed inputs and output gradients, but ``2 pp - 1`` in Titan, whose W reruns the
+stage's VJP and so keeps each deferred microbatch's residuals (``titan.mpmd.schedules``,
+``Schedule.in_flight_bound``);
 interleaving with ``v`` chunks keeps pp (1 + (pp - 1) / (pp v)) stage-equivalents (Korthikanti et
 al. 2022, Sec. 4.2.3).
 
@@ -200,6 +203,8 @@ def in_flight_microbatches(layout: Layout) -> float:
         return float(m)
     if layout.schedule == "interleaved-1f1b":
         return min(pp * (1 + (pp - 1) / (pp * layout.virtual_stages)), float(m))
+    if layout.schedule == "zero-bubble":
+        return float(min(2 * pp - 1, m))
     return float(min(pp, m))
 
 
