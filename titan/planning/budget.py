@@ -73,6 +73,11 @@ def check_request(request: PlanRequest) -> None:
     ):
         if value < 1:
             raise TitanError(f"{flag} must be >= 1, got {value}")
+    if request.gpus > request.gpus_per_node and request.gpus % request.gpus_per_node:
+        raise TitanError(
+            f"--gpus {request.gpus} does not fill whole nodes of --gpus-per-node "
+            f"{request.gpus_per_node}"
+        )
     if request.batch_tokens % request.seq_len:
         raise TitanError(
             f"--batch-tokens {request.batch_tokens} is not a multiple of --seq-len "

@@ -110,7 +110,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         model=resolve_model(args.model),
         gpu=gpu,
         gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node or gpu.gpus_per_node,
+        gpus_per_node=gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node,
         seq_len=args.seq_len,
         batch_tokens=args.batch_tokens,
         tokens=args.tokens,
