@@ -14,6 +14,8 @@ import time
 import pytest
 from helpers import cli_args, events, run_in_process, start_subprocess, wait_for_event
 
+from titan.errors import TitanError
+
 REQUIRED = {"schema", "type", "time", "run_id"}
 
 
@@ -48,6 +50,9 @@ def _step_record(run_dir):
 def test_resume_continues_data_and_loss_exactly(small_options):
     _, whole = run_in_process({**small_options, "run_id": "whole"})
     _, part = run_in_process({**small_options, "run_id": "part", "steps": 3})
+    with pytest.raises(TitanError, match="--steps 3 leaves nothing to train: .* at step 3"):
+        run_in_process({**small_options, "run_id": "part", "steps": 3}, resume=part)
+    (part / "checkpoints" / "9").mkdir()  # made by hand: not a checkpoint, skipped
     code, resumed = run_in_process({**small_options, "run_id": "part", "steps": 6}, resume=part)
     assert code == 0 and resumed == part
     starts = events(part, "run_start")

@@ -92,8 +92,11 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
-        """Step of the newest committed checkpoint, or None."""
-        return self._manager.latest_step()
+        """Step of the newest committed checkpoint, or None. A step directory without the
+        ``meta`` item (made by hand, or left by something other than a finished save) is not a
+        checkpoint and is skipped."""
+        steps = [s for s in self._manager.all_steps() if (self.path(s) / "meta").is_dir()]
+        return max(steps, default=None)
 
     def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> float:
         """Save the per-chunk ``items`` and ``meta`` as checkpoint ``step``. Returns seconds."""

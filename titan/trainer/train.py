@@ -142,6 +142,15 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     return dataclasses.replace(saved, **{**explicit, **placement})
 
 
+def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
+    """Refuse a resume that has nothing to train (``--steps`` is the run's total)."""
+    if latest is not None and cfg.steps <= latest:
+        raise TitanError(
+            f"--steps {cfg.steps} leaves nothing to train: the run's last checkpoint is at step "
+            f"{latest} (--steps is the run's total; give more to continue)"
+        )
+
+
 def _tokenizer(cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None) -> Tokenizer:
     if resume_dir is not None:
         return load_tokenizer(resume_dir / TOKENIZER_FILE)
@@ -197,6 +206,9 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     progress = TrainProgress(cfg.steps, cfg.log_every)
     corpus = open_corpus(cfg.data)
     run_dir = _run_dir(cfg, resuming=resume_dir is not None)
+    checkpointer = Checkpointer(run_dir)
+    if resume_dir is not None:
+        _check_steps_left(cfg, checkpointer.latest_step())
     with progress.status("preparing the tokenizer"):
         tokenizer = _tokenizer(cfg, corpus, resume_dir)
     model_cfg = model_config(cfg, tokenizer.vocab_size)
@@ -212,7 +224,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         cfg,
         trainer,
         batches,
-        Checkpointer(run_dir),
+        checkpointer,
         RunRecord(run_dir, run_dir.name),
         StopFlag(),
         progress,
@@ -221,6 +233,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     )
     run.stop.install()
     run.start_monitors()
+    started = False
     try:
         state, start_step = run.restore_or_init(resume_dir is not None)
         run.watchdog.enter("compile", start_step)
@@ -233,6 +246,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             resumed_from_step=start_step if resume_dir else None,
             power=power_info,
         )
+        started = True
         for fields in trainer.compile():
             run.record.emit("compile", **fields)
         for event_type, fields in trainer.start_events():
@@ -241,6 +255,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             step, status = run.loop(state, start_step)
         run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
+        if isinstance(err, TitanError) and not started:
+            raise  # bad input found before the run started: a one-line error, nothing recorded
         traceback.print_exc()
         run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
         return EXIT_FAILED
