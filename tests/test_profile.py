@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -15,9 +16,11 @@ import pytest
 from helpers import events, run_in_process
 
 from titan.cli import main
+from titan.errors import TitanError
 from titan.observability.profile import StepProfiler
 from titan.observability.records import RunRecord
 from titan.observability.report import write_report
+from titan.observability.trace_summary import summarize_trace
 
 SAMPLE_ROOT = Path(__file__).parents[1] / "sample_runs"
 SAMPLE_RUNS = sorted(SAMPLE_ROOT.iterdir())
@@ -201,6 +204,52 @@ def test_report_links_the_profile_trace(profiled_runs, tmp_path):
     path = write_report(run_dir, tmp_path / "out")
     link = re.search(r"\]\(([^)]+)\), profiler overhead", path.read_text()).group(1)
     assert (path.parent / link).resolve() == (run_dir / events(run_dir, "profile")[0]["dir"])
+    # The CPU trace's operations, per traced step (2 of them), by kind.
+    (trace,) = [f for f in events(run_dir, "profile")[0]["files"] if f.endswith(".json.gz")]
+    summary = summarize_trace(run_dir / trace)
+    assert summary.source == "host" and summary.by_kind["matmul"] > 0
+    assert sum(summary.by_kind.values()) == pytest.approx(summary.total_us)
+    text = path.read_text()
+    assert "### Operation time, steps 2 to 3 (host)" in text
+    assert f"| matmul | {summary.by_kind['matmul'] / 2 / 1e3:.2f} |" in text
+
+
+def _complete(pid: int, name: str, hlo_op: str | None, dur: float) -> dict:
+    args = {} if hlo_op is None else {"hlo_op": hlo_op, "hlo_module": "jit__step"}
+    return {"ph": "X", "pid": pid, "tid": 1, "ts": 0.0, "dur": dur, "name": name, "args": args}
+
+
+def test_trace_summary_counts_device_kernels_by_kind(tmp_path):
+    meta = [
+        {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}
+        for pid, name in ((1, "/device:GPU:0"), (2, "/host:CPU"))
+    ]
+    kernels = [
+        _complete(1, "cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "custom-call.1", 300),
+        _complete(1, "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "custom-call.2", 500),
+        _complete(1, "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "custom-call.2", 500),
+        _complete(1, "loop_multiply_fusion", "loop_multiply_fusion.3", 120),
+        _complete(1, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all-reduce.4", 80),
+        _complete(1, "Memcpy DtoD", "copy.5", 20),
+        _complete(1, "kernel without an XLA op", None, 999),
+        _complete(2, "dot.9", "dot.9", 999),  # host event: the trace has device events
+    ]
+    path = tmp_path / "vm.trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": meta + kernels}, handle)
+    summary = summarize_trace(path)
+    assert summary.source == "device" and summary.total_us == 1520
+    assert summary.by_kind == {
+        "attention": 300,
+        "matmul": 1000,
+        "collective": 80,
+        "copy": 20,
+        "fusion and other": 120,
+    }
+    assert summary.top[0] == ("custom-call.2", "matmul", 1000, 2)
+    (tmp_path / "bad.trace.json.gz").write_text("not gzip")
+    with pytest.raises(TitanError, match="not a readable trace"):
+        summarize_trace(tmp_path / "bad.trace.json.gz")
 
 
 @pytest.mark.parametrize("case", ["missing", "no-events", "no-run-start"])

@@ -28,6 +28,7 @@ from titan.observability import ettr, plots
 from titan.observability.commands import format_duration, format_number
 from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.summarize import RunSummary, summarize_run_dir
+from titan.observability.trace_summary import summarize_trace
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"
@@ -234,7 +235,44 @@ def _profile_lines(run_dir: Path, out: Path, events: list[dict[str, Any]]) -> li
         )
     if not profiles:
         lines.append(f"- [profile/]({os.path.relpath(run_dir / 'profile', out)})")
-    return [*lines, "", "Open with TensorBoard's or XProf's profile plugin, or Perfetto.", ""]
+    lines += ["", "Open with TensorBoard's or XProf's profile plugin, or Perfetto.", ""]
+    for p in profiles:
+        lines += _operation_time_lines(run_dir, p)
+    return lines
+
+
+def _operation_time_lines(run_dir: Path, profile: Mapping[str, Any]) -> list[str]:
+    """Operation time by kind of a profile event's trace (:mod:`.trace_summary`)."""
+    traces = [f for f in profile.get("files") or [] if str(f).endswith(".trace.json.gz")]
+    steps = profile.get("steps") or []
+    if not traces or len(steps) != 2:
+        return []
+    try:
+        summary = summarize_trace(run_dir / traces[0])
+    except TitanError as err:
+        return [f"Operation time: unavailable ({err}).", ""]
+    n = steps[1] - steps[0] + 1
+    total = summary.total_us or 1.0
+    rows = [
+        (kind, format_number(us / n / 1e3, ".2f"), f"{us / total:.1%}")
+        for kind, us in sorted(summary.by_kind.items(), key=lambda item: -item[1])
+    ]
+    top = [
+        (op, kind, format_number(us / n / 1e3, ".3f"), count // n)
+        for op, kind, us, count in summary.top
+    ]
+    return [
+        f"### Operation time, steps {steps[0]} to {steps[1]} ({summary.source})",
+        "",
+        f"Summed {summary.source} operation time per step: "
+        f"{format_number(summary.total_us / n / 1e3, '.1f')} ms (overlapping kernels count "
+        "twice).",
+        "",
+        *_table(("kind", "ms per step", "share"), rows),
+        "",
+        *_table(("operation (HLO)", "kind", "ms per step", "runs per step"), top),
+        "",
+    ]
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
