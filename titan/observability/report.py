@@ -270,7 +270,7 @@ def _operation_time_lines(run_dir: Path, profile: Mapping[str, Any]) -> list[str
         "",
         *_table(("kind", "ms per step", "share"), rows),
         "",
-        *_table(("operation (HLO)", "kind", "ms per step", "runs per step"), top),
+        *_table(("operation", "kind", "ms per step", "runs per step"), top),
         "",
     ]
 

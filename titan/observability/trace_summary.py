@@ -57,7 +57,9 @@ class TraceSummary:
         total_us: summed duration of the counted events, microseconds.
         by_kind: kind -> summed duration, microseconds (every kind of :data:`KINDS` and
             :data:`OTHER`, zero when absent).
-        top: the :data:`TOP_OPERATIONS` longest operations, (HLO op, kind, microseconds, count).
+        top: the :data:`TOP_OPERATIONS` longest operations, (name, kind, microseconds, count):
+            the kernel name on a device (XLA's CUDA graphs name the HLO op of every kernel
+            they launch ``command_buffer_N``), the HLO op on the host.
     """
 
     source: str
@@ -110,7 +112,7 @@ def summarize_trace(path: Path) -> TraceSummary:
         kind = kind_of(hlo_op, str(e.get("name", "")))
         summary.by_kind[kind] += duration
         summary.total_us += duration
-        entry = per_op[hlo_op]
+        entry = per_op[str(e.get("name", "")) if devices else hlo_op]
         entry[0], entry[1], entry[2] = kind, entry[1] + duration, entry[2] + 1
     ranked = sorted(per_op.items(), key=lambda item: -item[1][1])[:TOP_OPERATIONS]
     summary.top = [(op, kind, us, count) for op, (kind, us, count) in ranked]
