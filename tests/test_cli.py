@@ -91,3 +91,13 @@ def test_console_script_exits_2_without_traceback(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == "titan train: error: --batch-size must be >= 1, got -1"
     assert not any(tmp_path.iterdir())
+
+
+def test_output_cut_short_by_a_closed_pipe_ends_quietly():
+    argv = [sys.executable, "-m", "titan.cli", "plan", "--model", "llama3-70b", "--gpu", "h200"]
+    argv += ["--gpus", "64", "--tokens", "1e12", "--search", "--json", "--top", "500"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "{"  # like `| head -1`
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and stderr == ""

@@ -55,6 +55,20 @@ def test_steady_step_times_skip_warmup_of_each_attempt_and_checkpointed_steps():
     assert perfdb.steady_step_times(events) == [1.0, 1.1, 1.2, 1.3]
 
 
+def test_steady_step_times_leave_out_profiled_steps_and_the_step_before():
+    events = [
+        run_start(0.0),
+        *steps(1.0, 1, [9.0, 5.0, 4.0, 1.0, 1.5, 3.0, 2.5, 1.1]),
+        {"type": "profile", "time": 9.0, "steps": [6, 7], "requested": [6, 7]},
+    ]
+    assert perfdb.steady_step_times(events) == [1.0, 1.1]
+
+
+def test_the_attention_mask_is_part_of_the_key():
+    causal = {**run_start(0.0), "config": {**run_start(0.0)["config"], "attention_mask": "causal"}}
+    assert perfdb.perf_key(causal) != perfdb.perf_key(run_start(0.0))
+
+
 @pytest.fixture
 def runs_root(tmp_path):
     """Four runs: a (1.00 s), b (1.04 s, 4% slower), c (1.10 s, 10% slower than a) of one key,

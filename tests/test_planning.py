@@ -329,6 +329,8 @@ def test_titan_plan_json_reports_memory_verdict_step_and_totals(capsys):
         (("--gpus", "0"), "--gpus must be >= 1, got 0"),
         (("--gpus", "8", "--gpus-per-node", "0"), "--gpus-per-node must be >= 1, got 0"),
         (("--gpus", "12", "--gpus-per-node", "8"), "--gpus 12 does not fill whole nodes"),
+        (("--gpus", "8", "--tokens", "inf"), "--tokens must be a finite number > 0, got inf"),
+        (("--gpus", "8", "--price", "nan"), "--price must be a finite number >= 0, got nan"),
         (("--gpus", "8", "--tp", "3"), "devices, but --gpus is 8"),
         (("--gpus", "8", "--gpu", "v100"), "--gpu 'v100' is not in the catalog"),
         (("--gpus", "8", "--batch-tokens", "1000"), "is not a multiple of --seq-len"),

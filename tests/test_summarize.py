@@ -164,3 +164,18 @@ def test_missing_runs_root_is_a_one_line_error(tmp_path, capsys):
         summarize.summarize(tmp_path / "nope")
     assert main(["summarize", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_resume_after_a_torn_last_line_starts_a_new_line(tmp_path):
+    events = crash_then_resume()
+    resumed_at = next(i for i, e in enumerate(events) if e.get("resumed_from_step"))
+    torn = json.dumps({**events[resumed_at - 1], "step": 5})[:30]  # killed mid-write
+    write_run(tmp_path, "run-t", events[:resumed_at], tail=torn)
+    record = RunRecord(tmp_path / "run-t", "run-t")  # the resumed attempt appends
+    for e in events[resumed_at:]:
+        record.emit(e["type"], **{k: v for k, v in e.items() if k not in ("type", "run_id")})
+    record.close()
+    lines = (tmp_path / "run-t" / EVENTS_FILE).read_text().splitlines()
+    assert lines[resumed_at] == torn and json.loads(lines[resumed_at + 1])["type"] == "run_start"
+    [s] = summarize.summarize(tmp_path)
+    assert (s.status, s.restarts, s.steps) == ("completed", 1, 6)

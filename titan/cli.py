@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -15,6 +16,7 @@ from typing import Any, NoReturn
 from titan.errors import TitanError
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe
 # Each module defines add_parser(subparsers), which sets ``run`` (args -> exit code) as the
 # subparser's default. Modules must import quickly: no JAX at import time.
 COMMAND_MODULES = (
@@ -53,6 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TitanError as err:
         print(f"titan {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader of the output went away (``| head``): stop quietly, as Unix tools do. The
+        # interpreter's final flush of stdout would fail again, so stdout goes to /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

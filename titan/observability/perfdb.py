@@ -9,7 +9,8 @@ The ``perf`` table (in the runs root's ``titan.duckdb``, filled by
   ``device_count``, ``jax_version``, ``jaxlib_version``;
 - value: ``median_step_s``, the median ``step_time_s`` of the run's steps, leaving out the first
   :data:`WARMUP_STEPS` steps of each attempt (the first one holds the rest of the compilation and
-  the allocator's warm-up) and steps with a checkpoint save inside them; ``steps`` measured;
+  the allocator's warm-up), steps with a checkpoint save inside them and the steps of a
+  ``--profile-steps`` trace (with the step before it, which starts the trace); ``steps`` measured;
   ``run_id``; ``time`` (the run's first ``run_start``).
 
 A run is flagged when its median step time is more than :data:`REGRESSION_THRESHOLD` (5%) above
@@ -46,6 +47,7 @@ LAYOUT_OPTIONS = (
     "param_dtype",
     "compute_dtype",
     "remat",
+    "attention_mask",
 )
 
 SCHEMA = (
@@ -113,10 +115,26 @@ def perf_key(run_start: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _profiled_steps(events: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Steps whose times the profiler changed: each traced range of a ``profile`` event, and
+    the step before it (which holds the start of the trace)."""
+    steps: set[int] = set()
+    for event in events:
+        traced = event.get("steps") if event.get("type") == "profile" else None
+        if (
+            isinstance(traced, list)
+            and len(traced) == 2
+            and all(isinstance(s, int) for s in traced)
+        ):
+            steps.update(range(traced[0] - 1, traced[1] + 1))
+    return steps
+
+
 def steady_step_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
     """``step_time_s`` of the steps after the first :data:`WARMUP_STEPS` of each attempt,
-    leaving out steps with a checkpoint save inside them."""
+    leaving out steps with a checkpoint save inside them and profiled steps."""
     times: list[float] = []
+    profiled = _profiled_steps(events)
     seen_in_attempt, saved = 0, False
     for event in events:
         kind = event.get("type")
@@ -127,7 +145,8 @@ def steady_step_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
         elif kind == "step":
             seen_in_attempt += 1
             value = event.get("step_time_s")
-            if seen_in_attempt > WARMUP_STEPS and not saved and isinstance(value, int | float):
+            steady = seen_in_attempt > WARMUP_STEPS and not saved
+            if steady and event.get("step") not in profiled and isinstance(value, int | float):
                 times.append(float(value))
             saved = False
     return times

@@ -54,10 +54,21 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _ends_mid_line(path: Path) -> bool:
+    """Whether a non-empty file's last byte is not a newline."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 class RunRecord:
     """Appends events to a run's ``events.jsonl``, one flushed line per event.
 
-    The file is opened in append mode, so a resumed run continues the same record.
+    The file is opened in append mode, so a resumed run continues the same record; a torn last
+    line (a process killed mid-write) is ended first, so the next event starts a line of its
+    own and readers skip only the torn one.
     """
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
@@ -65,6 +76,9 @@ class RunRecord:
         self.run_id = run_id
         self._file = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
+        if _ends_mid_line(run_dir / EVENTS_FILE):
+            self._file.write("\n")
+            self._file.flush()
 
     def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
         """Write one event and flush it to the OS (non-finite numbers, e.g. a diverged loss, are

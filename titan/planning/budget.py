@@ -7,6 +7,7 @@ network, cooling or PUE). Cost is GPU-hours x the price per GPU-hour given.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -83,10 +84,11 @@ def check_request(request: PlanRequest) -> None:
             f"--batch-tokens {request.batch_tokens} is not a multiple of --seq-len "
             f"{request.seq_len}"
         )
-    if not request.tokens > 0:
-        raise TitanError(f"--tokens must be > 0, got {request.tokens}")
-    if request.price_per_gpu_hour is not None and request.price_per_gpu_hour < 0:
-        raise TitanError(f"--price must be >= 0, got {request.price_per_gpu_hour}")
+    if not 0 < request.tokens < math.inf:
+        raise TitanError(f"--tokens must be a finite number > 0, got {request.tokens}")
+    price = request.price_per_gpu_hour
+    if price is not None and not 0 <= price < math.inf:
+        raise TitanError(f"--price must be a finite number >= 0, got {price}")
 
 
 @dataclass(frozen=True)
