@@ -206,8 +206,9 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     progress = TrainProgress(cfg.steps, cfg.log_every)
     corpus = open_corpus(cfg.data)
     run_dir = _run_dir(cfg, resuming=resume_dir is not None)
-    checkpointer = Checkpointer(run_dir)
+    checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
+        checkpointer = Checkpointer(run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
     with progress.status("preparing the tokenizer"):
         tokenizer = _tokenizer(cfg, corpus, resume_dir)
@@ -224,7 +225,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         cfg,
         trainer,
         batches,
-        checkpointer,
+        checkpointer or Checkpointer(run_dir),
         RunRecord(run_dir, run_dir.name),
         StopFlag(),
         progress,
