@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from titan.observability.ettr import analyze
+from titan.observability.ettr import RUNNING_WINDOW_S, analyze
 
 
 def _event(kind: str, time: float, **fields) -> dict:
@@ -110,3 +110,15 @@ def test_resume_from_an_older_checkpoint_loses_the_steps_after_it_in_every_attem
 def test_no_run_start_gives_no_ettr():
     g = analyze([_event("step", 1.0, step=1, step_time_s=1.0), {"type": "step", "time": "x"}])
     assert g.attempts == [] and g.ettr is None
+
+
+def test_a_recent_last_attempt_without_run_end_is_running_and_loses_nothing():
+    events = crash_then_resume()[:8]  # attempt 0 only: steps 1-4, checkpoint at 2, no run_end
+    end = events[-1]["time"]
+    running = analyze(events, now=end + 10.0)
+    crashed = analyze(events, now=end + RUNNING_WINDOW_S + 1.0)
+    assert [a.status for a in running.attempts] == ["running"]
+    assert running.badput_s["lost_progress"] == 0.0
+    assert [a.status for a in crashed.attempts] == ["crashed"]
+    # Steps 3 (1.5 s less the 0.5 s save of step 2) and 4 (1.0 s less 0.25 s data wait).
+    assert crashed.badput_s["lost_progress"] == pytest.approx(1.0 + 0.75)

@@ -1,8 +1,10 @@
 """Restart analysis of one run: effective training time ratio (ETTR) and runtime goodput.
 
 A run's ``events.jsonl`` is a chain of *attempts*: the events from one ``run_start`` to the next
-``run_start`` or the end of the file. An attempt without ``run_end`` crashed (a run still in
-progress looks the same); its end is its last event's time.
+``run_start`` or the end of the file. An attempt without ``run_end`` crashed; its end is its
+last event's time. Given the current time, a last attempt without ``run_end`` whose last event
+is younger than :data:`RUNNING_WINDOW_S` is still ``running`` instead: its steps all count (no
+progress is lost yet).
 
 Definitions (Kokolis et al. 2024, "Revisiting Reliability in Large-Scale Machine Learning Research
 Clusters", Sec. 3: ETTR = productive runtime / available wall-clock time; the badput categories
@@ -63,6 +65,11 @@ BADPUT_KINDS = (
     "other",
 )
 CLEAN_ENDS = ("completed", "stopped")
+RUNNING = "running"
+# Seconds since its last event within which a last attempt without run_end is taken as running:
+# the trainer writes an event every step, and the watchdog's default floor (titan.config
+# ``--watchdog-floor``, 300 s) is the longest a healthy step may go without one.
+RUNNING_WINDOW_S = 300.0
 CRASHED = "crashed"
 
 
@@ -274,21 +281,25 @@ def _attempt(index: int, events: list[Mapping[str, Any]]) -> tuple[Attempt, bool
 
 def _final_bound(attempt: Attempt) -> int:
     """The last step of the final attempt that the run keeps."""
-    if attempt.status in CLEAN_ENDS and attempt.last_step is not None:
+    if attempt.status in (*CLEAN_ENDS, RUNNING) and attempt.last_step is not None:
         return attempt.last_step
     if attempt.last_checkpoint is not None:
         return attempt.last_checkpoint
     return attempt.start_step
 
 
-def analyze(events: Iterable[Mapping[str, Any]]) -> Goodput:
+def analyze(events: Iterable[Mapping[str, Any]], now: float | None = None) -> Goodput:
     """ETTR and goodput of a run from its events in file order (unknown types and fields are
-    ignored). A run with no ``run_start`` gives no attempts and ``ettr`` None."""
+    ignored). A run with no ``run_start`` gives no attempts and ``ettr`` None. ``now`` (Unix
+    seconds) lets a recent last attempt without ``run_end`` count as running (module doc)."""
     attempts, saw_wait = [], False
     for index, group in enumerate(split_attempts(events)):
         attempt, seen = _attempt(index, group)
         attempts.append(attempt)
         saw_wait |= seen
+    if attempts and attempts[-1].status == CRASHED and now is not None:
+        if now - attempts[-1].end < RUNNING_WINDOW_S:
+            attempts[-1].status = RUNNING
     bound: int | None = None
     counted: set[int] = set()
     for attempt in reversed(attempts):

@@ -167,7 +167,7 @@ def _summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
 
 def _attempt_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     rows = []
-    for a in ettr.analyze(events).attempts:
+    for a in ettr.analyze(events, now=time.time()).attempts:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a.start))
         rows.append(
             (a.index + 1, started, a.start_step, a.last_step, a.status, f"{a.compile_s:.1f}")

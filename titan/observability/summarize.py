@@ -31,8 +31,9 @@ trainer recorded it, with its convention: the key of the ``mfu`` object, or ``mf
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
-the last attempt's ``run_end`` status, ``crashed`` without one (a run still in progress reads the
-same); ETTR and goodput come from :mod:`titan.observability.ettr`.
+the last attempt's ``run_end`` status; without one, ``running`` when its last event is recent
+(:data:`titan.observability.ettr.RUNNING_WINDOW_S`; such runs are worked out again at each
+ingest) and ``crashed`` otherwise; ETTR and goodput come from :mod:`titan.observability.ettr`.
 
 This module imports DuckDB but not JAX or Textual.
 """
@@ -43,6 +44,7 @@ import dataclasses
 import json
 import math
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,7 +243,9 @@ def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
             report.bad_lines += bad
             if added or bad or replaced:
                 changed.append(path.parent.name)
-    for run_id in changed:
+    # A run seen running and silent since may have died: its status is worked out again.
+    running = con.execute("SELECT run_id FROM runs WHERE status = ?", [ettr.RUNNING]).fetchall()
+    for run_id in dict.fromkeys([*changed, *(r[0] for r in running)]):
         refresh_run(con, run_id)
     report.runs = tuple(changed)
     return report
@@ -256,14 +260,14 @@ def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict
         [run_id],
     ).fetchall()
     events = []
-    for kind, time, step, payload, step_time, wait in rows:
+    for kind, at, step, payload, step_time, wait in rows:
         if payload is None:
-            event = {"type": kind, "time": time, "step": step, "step_time_s": step_time}
+            event = {"type": kind, "time": at, "step": step, "step_time_s": step_time}
             if wait is not None:
                 event["data_wait_s"] = wait
         else:
             event = json.loads(payload)
-            event["time"] = time
+            event["time"] = at
         events.append(event)
     return events
 
@@ -339,7 +343,9 @@ def compute_summary(
     bad = con.execute(
         "SELECT coalesce(sum(bad_lines), 0) FROM files WHERE run_id = ?", [run_id]
     ).fetchone()[0]
-    goodput = ettr.analyze(_accounting_events(con, run_id) if events is None else events)
+    goodput = ettr.analyze(
+        _accounting_events(con, run_id) if events is None else events, now=time.time()
+    )
     mfu, convention = _mfu(con, run_id)
     if energy_tokens and energy:
         tokens_per_j = energy_tokens / energy
@@ -350,7 +356,7 @@ def compute_summary(
     ended = end is not None and end[2] == "run_end"
     return RunSummary(
         run_id=run_id,
-        status=(end[0] or "unknown") if ended else ettr.CRASHED,
+        status=(end[0] or "unknown") if ended else _unended_status(goodput),
         reason=end[1] if ended else None,
         steps=steps,
         tokens=tokens,
@@ -398,6 +404,11 @@ def refresh_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunSummary:
         ],
     )
     return s
+
+
+def _unended_status(goodput: ettr.Goodput) -> str:
+    """``running`` or ``crashed`` for a run whose last attempt has no ``run_end``."""
+    return goodput.attempts[-1].status if goodput.attempts else ettr.CRASHED
 
 
 def summaries(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list[RunSummary]:
