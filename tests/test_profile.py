@@ -252,18 +252,31 @@ def test_trace_summary_counts_device_kernels_by_kind(tmp_path):
         summarize_trace(tmp_path / "bad.trace.json.gz")
 
 
-@pytest.mark.parametrize("case", ["missing", "no-events", "no-run-start"])
+@pytest.mark.parametrize("case", ["missing", "no-events", "no-run-start", "bad-run-start"])
 def test_bad_run_dir_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case):
     run_dir = tmp_path / "run"
     if case != "missing":
         run_dir.mkdir()
     if case == "no-run-start":
         (run_dir / "events.jsonl").write_text('{"type": "step", "time": 1.0, "step": 1}\n')
+    if case == "bad-run-start":
+        (run_dir / "events.jsonl").write_text('{"type": "run_start", "time": "yesterday"}\n')
     before = sorted(os.walk(tmp_path))
     assert main(["report", str(run_dir), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"titan report: error: RUN_DIR {run_dir}") and err.count("\n") == 1
     assert sorted(os.walk(tmp_path)) == before
+
+
+def test_an_out_that_cannot_be_created_is_one_line_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker / "sub"
+    assert main(["report", str(SAMPLE_ROOT / "tiny-watchdog-stall"), "--out", str(out)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"titan report: error: --out {out}: cannot create it (Not a directory)\n"
+    )
 
 
 def test_report_goes_to_the_run_dirs_report_folder_by_default(tmp_path):

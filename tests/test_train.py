@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -14,7 +15,9 @@ import time
 import pytest
 from helpers import cli_args, events, run_in_process, start_subprocess, wait_for_event
 
+from titan.config import TrainConfig
 from titan.errors import TitanError
+from titan.trainer.train import resume_options
 
 REQUIRED = {"schema", "type", "time", "run_id"}
 
@@ -130,3 +133,15 @@ def small_options_run_dir(options):
     from pathlib import Path
 
     return Path(options["runs_root"]) / options["run_id"]
+
+
+@pytest.mark.parametrize(
+    ("explicit", "profile_steps"),
+    [({"steps": 100}, "5:100"), ({"steps": 4}, ""), ({"steps": 100, "profile_steps": ""}, "")],
+)
+def test_resume_cuts_the_saved_profile_range_to_a_lowered_steps(tmp_path, explicit, profile_steps):
+    saved = TrainConfig(steps=200, profile_steps="5:150")
+    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    cfg = resume_options(tmp_path, explicit)
+    assert (cfg.steps, cfg.profile_steps) == (explicit["steps"], profile_steps)

@@ -136,12 +136,14 @@ def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
 
 
 def format_duration(seconds: float | None) -> str:
-    """Seconds as ``m:ss`` or ``h:mm:ss`` (``-`` when None)."""
+    """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None)."""
     if seconds is None:
         return "-"
     minutes, s = divmod(int(round(seconds)), 60)
     hours, m = divmod(minutes, 60)
-    return f"{hours}:{m:02d}:{s:02d}" if hours else f"{m}:{s:02d}"
+    if hours:
+        return f"{hours}h{m:02d}m{s:02d}s"
+    return f"{m}m{s:02d}s" if minutes else f"{s}s"
 
 
 def _console() -> Any:

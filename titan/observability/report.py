@@ -50,11 +50,13 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int, int]:
     if not path.is_file():
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
     tail = EventTail(path)
-    events = tail.read_new()
+    read = tail.read_new()
+    events = [e for e in read if _number(e.get("time")) is not None]  # the rest are not events
     if not any(e["type"] == "run_start" for e in events):
-        raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no run_start event")
+        raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no readable run_start event")
     data = path.read_bytes()
-    return events, tail.bad_lines, len(data) - (data.rfind(b"\n") + 1)
+    bad_lines = tail.bad_lines + len(read) - len(events)
+    return events, bad_lines, len(data) - (data.rfind(b"\n") + 1)
 
 
 def _number(value: Any) -> float | None:
@@ -291,7 +293,10 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     summary = summarize_run_dir(run_dir)
     starts = [e for e in events if e["type"] == "run_start"]
     last = starts[-1]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TitanError(f"--out {out}: cannot create it ({err.strerror})") from None
     for name in FIGURES:
         (out / name).unlink(missing_ok=True)
     skipped = f"{bad_lines} line(s) that are not events skipped" + (

@@ -46,7 +46,12 @@ def add_parser(subparsers: Any) -> None:
         "--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="global batch, tokens"
     )
     p.add_argument("--tokens", type=float, required=True, help="training budget, tokens")
-    p.add_argument("--price", type=float, default=None, help="price per GPU-hour (adds cost)")
+    p.add_argument(
+        "--price",
+        type=float,
+        default=None,
+        help="price per GPU-hour in any currency (adds the cost, in that currency)",
+    )
     p.add_argument("--dp", type=int, default=0, help="data parallel (0: GPUs left)")
     p.add_argument("--fsdp", type=int, default=1, help="fully-sharded data parallel")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel")
@@ -254,7 +259,7 @@ def _print_plan(p: Plan) -> None:
     ):
         totals.add_row(name, value)
     if p.cost is not None:
-        totals.add_row("cost", f"{p.cost:,.0f}")
+        totals.add_row("cost (--price currency)", f"{p.cost:,.0f}")
     console.print(totals)
 
 

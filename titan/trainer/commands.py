@@ -31,7 +31,9 @@ def add_parser(subparsers: Any) -> None:
             choices=meta.get("choices"),
             default=None,
             metavar=None if meta.get("choices") else f.name.upper(),
-            help=f"{meta['help']} (default: {f.default!r})",
+            help=meta["help"]
+            if "(default:" in meta["help"]
+            else f"{meta['help']} (default: {f.default!r})",
         )
     train.add_argument(
         "--resume",

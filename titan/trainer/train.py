@@ -124,6 +124,11 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
+    if not (run_dir / TOKENIZER_FILE).is_file():
+        raise TitanError(
+            f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
+            "its tokenizer and checkpoints cannot be resumed)"
+        )
     try:
         saved = config_from_dict(json.loads(config_path.read_text())["train"])
     except (ValueError, KeyError, TypeError) as err:
@@ -139,7 +144,18 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
                 + ", ".join(sorted(flag_of(n) for n in RESUMABLE_OPTIONS))
             )
     placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
-    return dataclasses.replace(saved, **{**explicit, **placement})
+    cfg = dataclasses.replace(saved, **{**explicit, **placement})
+    if "profile_steps" not in explicit:  # the saved range, cut to a lowered --steps
+        cfg = dataclasses.replace(cfg, profile_steps=_clip_range(saved.profile_steps, cfg.steps))
+    return cfg
+
+
+def _clip_range(text: str, steps: int) -> str:
+    """A valid saved ``--profile-steps`` range cut to ``steps`` ('' when it starts beyond)."""
+    first, _, last = text.partition(":")
+    if not text or int(first) > steps:
+        return ""
+    return f"{first}:{min(int(last), steps)}"
 
 
 def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
