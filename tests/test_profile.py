@@ -284,3 +284,13 @@ def test_report_goes_to_the_run_dirs_report_folder_by_default(tmp_path):
     shutil.copytree(SAMPLE_RUNS[0], copy)
     write_report(copy)
     assert sorted(p.name for p in copy.iterdir()) == ["config.json", "events.jsonl", "report"]
+
+
+def test_report_says_when_an_asked_trace_was_not_recorded(tmp_path):
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    start = {"type": "run_start", "time": 1.0, "config": {"profile_steps": "5:9"}}
+    step = {"type": "step", "time": 2.0, "step": 1, "loss": 5.0, "step_time_s": 1.0}
+    (run_dir / "events.jsonl").write_text(json.dumps(start) + "\n" + json.dumps(step) + "\n")
+    text = write_report(run_dir, tmp_path / "out").read_text()
+    assert "A trace of steps 5:9 was asked for and none was recorded" in text

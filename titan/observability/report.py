@@ -223,6 +223,20 @@ def _figures(out: Path, events: list[dict[str, Any]], s: RunSummary) -> list[str
 
 def _profile_lines(run_dir: Path, out: Path, events: list[dict[str, Any]]) -> list[str]:
     profiles = [e for e in events if e.get("type") == "profile"]
+    asked = [
+        e["config"]["profile_steps"]
+        for e in events
+        if e["type"] == "run_start" and (e.get("config") or {}).get("profile_steps")
+    ]
+    if not profiles and asked:
+        return [
+            "## Profile",
+            "",
+            f"A trace of steps {asked[-1]} was asked for and none was recorded: the run ended "
+            "before that range or inside it without stopping cleanly (a kill or a watchdog "
+            "abort loses an open trace).",
+            "",
+        ]
     if not profiles and not (run_dir / "profile").is_dir():
         return []
     lines = ["## Profile", ""]
