@@ -71,7 +71,9 @@ def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: 
             _send(*["Tab"] * (tab - position), f"-l {texts[name]}")
             position = tab
         _send("C-r")
-        watched = _wait_for("completed", 180)
+        # The process's exit, not only run_end's "completed": quitting before the trainer's
+        # process is gone would leave it running (and say so).
+        watched = _wait_for("exited rc 0", 180)
         _send("q")
         deadline = time.monotonic() + 20
         while _session_alive() and time.monotonic() < deadline:
@@ -85,7 +87,7 @@ def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: 
     for pid_line in exit_file.read_text().split("(pid ")[1:]:  # runs left running, if any
         os.killpg(int(pid_line.split(")")[0]), signal.SIGKILL)
     assert quit_in_time
-    assert "step      6 / 6" in watched
+    assert "step      6 / 6" in watched and "completed" in watched
     assert steps == [1, 2, 3, 4, 5, 6]
     assert events[-1]["status"] == "completed"
     assert exit_file.read_text() == ""  # quit after the run ended: nothing left running

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import fmean
 
 import pytest
 from console_helpers import (
@@ -20,7 +21,10 @@ from console_helpers import (
     tiny_form_texts,
     wait_until,
 )
-from textual.widgets import DataTable, Select
+from rich.color import Color
+from rich.console import Console
+from textual.renderables.sparkline import Sparkline as SparklineRenderable
+from textual.widgets import DataTable, Input, Select
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
@@ -38,6 +42,7 @@ from tui.widgets.history_table import HistoryTable
 from tui.widgets.option_input import OptionInput
 from tui.widgets.pipeline_panel import timeline
 from tui.widgets.plan_tables import totals_rows
+from tui.widgets.sparkline import SparklineColumns
 from tui.widgets.stat import Stat
 
 SIZE = (80, 24)
@@ -116,13 +121,19 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
 # --- history --------------------------------------------------------------------------------
 
 
+async def _open_history(pilot) -> HistoryTable:
+    """Press ``h`` and wait until the four sample runs are listed; returns the table."""
+    await pilot.press("h")
+    table = pilot.app.screen.query_one(HistoryTable)
+    await wait_until(pilot, lambda: table.row_count == 4, lambda: "not listed", 20)
+    return table
+
+
 async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: Path):
     app = TitanConsole(sample_root)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("h")
+        table = await _open_history(pilot)
         screen = app.screen
-        table = screen.query_one(HistoryTable)
-        await wait_until(pilot, lambda: table.row_count == 4, lambda: "not listed", 20)
         listed = _rows(table)
         await pilot.press(*"oooooo")  # from "started" to run, status, preset, layout, dev, steps
         by_steps = ([row[5] for row in _rows(table)], table.sorted_by)
@@ -194,6 +205,24 @@ def test_history_store_downsamples_the_loss_curve_and_diffs_configs(sample_root:
         ("b", 2, 3),
         ("c", None, 4),
     ]
+
+
+async def test_escape_in_the_history_filter_clears_it_and_stays_on_history(sample_root: Path):
+    app = TitanConsole(sample_root)
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _open_history(pilot)
+        screen = app.screen
+        field = screen.query_one("#history-filter", Input)
+        await pilot.press("slash", *"stall", "enter")
+        filtered = table.row_count
+        await pilot.press("slash", "escape")
+        cleared = (app.screen is screen, table.row_count, field.value, field.display)
+        table_focused = table.has_focus
+        await pilot.press("escape")
+        left = app.screen is not screen
+    assert filtered == 1
+    assert cleared == (True, 4, "", False)
+    assert table_focused and left
 
 
 # --- monitor panels -------------------------------------------------------------------------
@@ -286,6 +315,44 @@ async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path:
     assert pipeline[0] == "gpipe · 2 stages · 2 microbatches · theoretical bubble 33.3%"
     assert pipeline[1] == "step 1: 6.000 s, measured bubble 33.3%"
     assert watchdog == {"wd-phase": "step", "wd-threshold": "20.0 s", "wd-stalls": "none"}
+
+
+@pytest.mark.parametrize("points", [0, 1, 2, 40, 500])
+def test_column_sparkline_draws_the_bars_and_colours_of_textuals_sparkline(points: int):
+    losses = [10.0 / (1 + i) + (i % 7) * 0.1 for i in range(points)]
+    options = {
+        "width": 50,
+        "height": 5,
+        "min_color": Color.parse("#00ff00"),
+        "max_color": Color.parse("#ff0000"),
+        "summary_function": fmean,
+    }
+    console = Console(width=60, color_system="truecolor", force_terminal=True)
+
+    def cells(renderable) -> list[tuple[str, object]]:
+        segments = console.render(renderable)
+        return [(c, s.style.color if s.style else None) for s in segments for c in s.text]
+
+    drawn = cells(SparklineColumns(losses, **options))
+    assert drawn == cells(SparklineRenderable(losses, **options))
+    rows = "".join(char for char, _ in drawn).split("\n")
+    assert (len(rows), len(rows[-1])) == (5, 50)  # five rows; the bottom one is never blank
+
+
+async def test_ascii_draws_the_console_borders_with_ascii(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    borders = {}
+    for ascii_only in (False, True):
+        app = TitanConsole(tmp_path, open_run=run_dir, ascii_only=ascii_only)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            borders[ascii_only] = {
+                name: app.screen.query_one(f"#{name}").styles.border.top[0]
+                for name in ("loss-chart", "stderr", "wd-stacks")
+            }
+    assert borders[False] == dict.fromkeys(("loss-chart", "stderr", "wd-stacks"), "round")
+    assert borders[True] == dict.fromkeys(("loss-chart", "stderr", "wd-stacks"), "ascii")
 
 
 def test_timeline_draws_busy_cells_and_measures_the_bubble():

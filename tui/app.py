@@ -47,11 +47,12 @@ class TitanConsole(App[None], inherit_bindings=False):
         runs_root: the runs root listed by the base screen and prefilled in the launch form.
         open_run: a run dir to open in the monitor at start.
         show_launch_form: open the launch form at start (ignored with ``open_run``).
-        ascii_only: draw charts with ASCII characters (``--ascii``).
+        ascii_only: ``--ascii``: line charts with ``*`` and ``+`` instead of braille dots and the
+            console's box borders with ``+ - |`` (``ascii.tcss`` says what stays as it is).
     """
 
     TITLE = "Titan console"
-    CSS_PATH = ["widgets/option_input.tcss", "widgets/stat.tcss"]
+    CSS_PATH = ["widgets/option_input.tcss", "widgets/stat.tcss", "ascii.tcss"]
     # The footer shows the first key of an action that works where the focus is: q and ? where
     # they can be typed into a text field are replaced there by ctrl+q and f1.
     BINDINGS = [
@@ -86,6 +87,7 @@ class TitanConsole(App[None], inherit_bindings=False):
         return RunsScreen(self.runs_root)
 
     def on_mount(self) -> None:
+        self.set_class(self.ascii_only, "-ascii")
         # SIGTERM exits like q does, so the terminal is restored (Textual restores it on a crash).
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
         if self._open_run is not None:
@@ -185,7 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-color", action="store_true", help="no colours (the same as NO_COLOR=1)"
     )
     parser.add_argument(
-        "--ascii", action="store_true", help="draw charts with ASCII characters only"
+        "--ascii",
+        action="store_true",
+        help="line charts (curves, comparison) with * and + instead of braille dots, and the "
+        "console's box borders (loss chart, logs, dialogs) with + - |, while Textual's own "
+        "glyphs stay (input field borders, scrollbars, tab underline, progress bar, "
+        "sparkline blocks)",
     )
     target = parser.add_mutually_exclusive_group()
     target.add_argument(

@@ -15,7 +15,8 @@ from titan.observability.records import EVENTS_FILE, EventTail
 from tui.launcher import STDERR_LOG, LaunchedRun
 
 # A stat of the record every 0.1 s costs microseconds and puts a step on screen well within
-# 250 ms; the monitor batches repaints (a burst of events is drawn once).
+# 250 ms; the file is opened only when the stat shows it grew, and the monitor batches repaints
+# (a burst of events is drawn once).
 POLL_INTERVAL_S = 0.1
 STDERR_TAIL_LINES = 8
 # Bytes read from the end of stderr.log to find its last lines.
@@ -62,7 +63,8 @@ class RunWatcher:
         """Read what changed; ``None`` when nothing did. Never blocks on the child."""
         # Exit code first: once the child is gone, the events read below are all it wrote.
         returncode = self._launched.returncode() if self._launched else None
-        events = self._events.read_new()
+        grew = (_size(self._events.path) or 0) > self._events.offset
+        events = self._events.read_new() if grew else []
         for event in events:
             if event.get("type") in ("run_start", "run_end"):
                 self._ended = event["type"] == "run_end"
@@ -75,11 +77,8 @@ class RunWatcher:
 
     def _read_stderr_tail(self) -> bool:
         """Refresh the stderr tail when the file's size changed; returns whether it did."""
-        try:
-            size = os.stat(self._stderr_path).st_size
-        except FileNotFoundError:
-            return False
-        if size == self._stderr_size:
+        size = _size(self._stderr_path)
+        if size is None or size == self._stderr_size:
             return False
         self._stderr_size = size
         with open(self._stderr_path, "rb") as f:
@@ -87,3 +86,11 @@ class RunWatcher:
             text = f.read().decode("utf-8", errors="replace")
         self._stderr_tail = tuple(text.splitlines()[-STDERR_TAIL_LINES:])
         return True
+
+
+def _size(path: Path) -> int | None:
+    """The size of ``path`` in bytes from a stat (no open, no read); ``None`` when missing."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None

@@ -1,6 +1,6 @@
 """History: the runs of the runs root's DuckDB database, sortable and filterable, to open,
 compare and export. The console ingests the records (it is the database's one writer) in a
-worker when the screen opens, on ``r`` and every few seconds."""
+worker when the screen opens, on ``r`` and every few seconds while the screen is shown."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
@@ -20,7 +21,8 @@ from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
 
-# New records are ingested this often while the screen is shown.
+# New records are ingested this often while the screen is shown (the timer is paused while a
+# detail, a comparison or another screen covers it).
 REFRESH_INTERVAL_S = 5.0
 
 
@@ -35,6 +37,7 @@ class HistoryScreen(Screen[None]):
     AUTO_FOCUS = "HistoryTable"
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
+        Binding("escape", "close_filter", "Clear filter"),
         Binding("r", "refresh", "Refresh"),
         Binding("c", "compare", "Compare"),
         Binding("x", "export('csv')", "CSV"),
@@ -53,6 +56,7 @@ class HistoryScreen(Screen[None]):
         self.store = store
         self.sub_title = f"history of {store.runs_root}"
         self.loaded = False
+        self._ticker: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -63,7 +67,22 @@ class HistoryScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.action_refresh()
-        self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
+
+    def on_screen_resume(self) -> None:
+        if self._ticker is None:
+            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
+        else:
+            self._ticker.resume()
+
+    def on_screen_suspend(self) -> None:
+        if self._ticker is not None:
+            self._ticker.pause()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``esc`` clears the filter while its field has focus; elsewhere it goes back."""
+        if action == "close_filter":
+            return self.query_one("#history-filter", Input).has_focus
+        return True
 
     def action_refresh(self) -> None:
         """Ingest new records and list the runs again (in a worker)."""
@@ -97,6 +116,15 @@ class HistoryScreen(Screen[None]):
         field = self.query_one("#history-filter", Input)
         field.add_class("-shown")
         field.focus()
+
+    def action_close_filter(self) -> None:
+        """Clear the filter (all runs shown again), hide its field, back to the table."""
+        field = self.query_one("#history-filter", Input)
+        field.value = ""
+        field.remove_class("-shown")
+        table = self.query_one(HistoryTable)
+        table.set_filter("")
+        table.focus()
 
     @on(Input.Submitted, "#history-filter")
     def _apply_filter(self, event: Input.Submitted) -> None:

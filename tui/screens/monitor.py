@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Grid
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Log, ProgressBar, TabbedContent, TabPane
+from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from tui.launcher import LaunchedRun
@@ -27,6 +27,7 @@ from tui.widgets.loss_chart import LossChart
 from tui.widgets.pipeline_panel import PipelinePanel
 from tui.widgets.power_panel import PowerPanel
 from tui.widgets.stat import Stat
+from tui.widgets.step_progress import StepProgress
 from tui.widgets.watchdog_panel import WatchdogPanel
 
 # Colour of each run status: done is good, a stop is a warning, a failure is bad.
@@ -38,7 +39,8 @@ _STATUS_TONES = {
     "failed to start": "bad",
     "ended without run_end": "bad",
 }
-# Refresh of elapsed, ETA and heartbeat age between polls (they change with the clock).
+# Refresh of elapsed time and heartbeat age between polls: both are shown in whole seconds, so
+# a faster tick would redraw the same text (nvitop: never poll faster than the data changes).
 _CLOCK_INTERVAL_S = 1.0
 # Repaints of the panels at most this often (a burst of events is drawn once per interval).
 _DRAW_INTERVAL_S = 0.25
@@ -88,6 +90,8 @@ class MonitorScreen(Screen[None]):
         self._stderr_tail: tuple[str, ...] = ()
         self._drawn_at = 0.0
         self._draw_pending = False
+        self._stale = False  # events arrived while the screen was hidden
+        self._drawn_tab = ""
         self.sub_title = self.run_dir.name
 
     def compose(self) -> ComposeResult:
@@ -120,7 +124,7 @@ class MonitorScreen(Screen[None]):
             yield Stat("ETA", id="eta")
             yield Stat("tokens", id="tokens")
             yield Stat("saved", id="checkpoint")
-        yield ProgressBar(id="progress", show_eta=False)
+        yield StepProgress(id="progress")
         yield LossChart(id="loss-chart")
         yield Log(id="stderr", max_lines=200)
 
@@ -130,7 +134,7 @@ class MonitorScreen(Screen[None]):
         log.border_subtitle = "empty"
         self._show_state()
         self._follow()
-        self.set_interval(_CLOCK_INTERVAL_S, self._show_clock)
+        self.set_interval(_CLOCK_INTERVAL_S, self._tick)
 
     @work(thread=True, exclusive=True, group="follow")
     def _follow(self) -> None:
@@ -155,6 +159,9 @@ class MonitorScreen(Screen[None]):
             log.clear()
             log.write_lines(update.stderr_tail)
             log.border_subtitle = "" if update.stderr_tail else "empty"
+        if not self.is_current:  # under another screen: drawn when shown again
+            self._stale = True
+            return
         if self._draw_pending:
             return
         due = self._drawn_at + _DRAW_INTERVAL_S - time.monotonic()
@@ -167,6 +174,16 @@ class MonitorScreen(Screen[None]):
     def _draw_later(self) -> None:
         self._draw_pending = False
         self._show_state()
+
+    def on_screen_resume(self) -> None:
+        if self._stale:
+            self._stale = False
+            self._show_state()
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """A tab shown by a click: draw it (the hidden tabs are not kept up to date)."""
+        if event.pane.id != self._drawn_tab:
+            self._show_state()
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
@@ -216,6 +233,24 @@ class MonitorScreen(Screen[None]):
         return self.state.status
 
     def _show_state(self) -> None:
+        """Draw the visible tab (a hidden tab is drawn when it is shown)."""
+        active = self._drawn_tab = self.query_one(TabbedContent).active
+        if active == "overview":
+            self._show_overview()
+        elif active == "curves":
+            state = self.state
+            self.query_one("#loss-plot", CurvePlot).show([("loss", state.steps, state.losses)])
+            self.query_one("#lr-plot", CurvePlot).show([("lr", state.steps, state.lrs)])
+        elif active == "power":
+            self.query_one(PowerPanel).show(self.state)
+        elif active == "flops":
+            self.query_one(FlopsPanel).show(self.state)
+        elif active == "pipeline":
+            self.query_one(PipelinePanel).show(self.state)
+        self._show_clock()
+        self._drawn_at = time.monotonic()
+
+    def _show_overview(self) -> None:
         state = self.state
         status = self.status
         detail = f": {state.end_error}" if state.end_error else ""
@@ -231,30 +266,11 @@ class MonitorScreen(Screen[None]):
         tokens_per_s = "-" if state.tokens_per_s is None else f"{state.tokens_per_s:,.0f}"
         self.query_one("#throughput", Stat).show(tokens_per_s)
         self.query_one("#tokens", Stat).show(f"{state.tokens_seen:,}")
+        self.query_one("#eta", Stat).show(_duration(state.eta_s()))
         saved_at = state.checkpoint_step
         saved = "-" if saved_at is None else f"checkpoint at step {saved_at}"
         self.query_one("#checkpoint", Stat).show(saved)
-        progress = self.query_one("#progress", ProgressBar)
-        progress.visible = state.total_steps is not None  # no "working" pulse for a dead run
-        progress.update(total=state.total_steps, progress=state.step)
-        self.query_one(LossChart).show(state.losses)
-        self._show_panels()
-        self._show_clock()
-        self._drawn_at = time.monotonic()
-
-    def _show_panels(self) -> None:
-        """Draw the panel of the visible tab only (the others are drawn when shown)."""
-        state = self.state
-        active = self.query_one(TabbedContent).active
-        if active == "curves":
-            self.query_one("#loss-plot", CurvePlot).show([("loss", state.steps, state.losses)])
-            self.query_one("#lr-plot", CurvePlot).show([("lr", state.steps, state.lrs)])
-        elif active == "power":
-            self.query_one(PowerPanel).show(state)
-        elif active == "flops":
-            self.query_one(FlopsPanel).show(state)
-        elif active == "pipeline":
-            self.query_one(PipelinePanel).show(state)
+        self.query_one("#progress", StepProgress).show(state.step, state.total_steps)
 
     def _show_process(self) -> None:
         process = self.query_one("#process", Stat)
@@ -267,10 +283,24 @@ class MonitorScreen(Screen[None]):
         else:
             process.show(f"exited rc {self.returncode}", "good" if self.returncode == 0 else "bad")
 
+    def _tick(self) -> None:
+        """The clock, unless a draw within the last tick already showed it: a run stepping
+        once a second is repainted once a second, not twice."""
+        if time.monotonic() - self._drawn_at >= _CLOCK_INTERVAL_S:
+            self._show_clock()
+
     def _show_clock(self) -> None:
-        self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(time.time())))
-        self.query_one("#eta", Stat).show(_duration(self.state.eta_s()))
-        self.query_one(WatchdogPanel).show(self.state)
+        """Draw what ages with the clock on the visible tab: elapsed time, the loss chart (at
+        most every few seconds), heartbeat age."""
+        if not self.is_current:
+            return
+        active = self.query_one(TabbedContent).active
+        if active == "overview":
+            self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(time.time())))
+            ended = self.state.end_status is not None or self.returncode is not None
+            self.query_one(LossChart).show(self.state.losses, force=ended)
+        elif active == "watchdog":
+            self.query_one(WatchdogPanel).show(self.state)
 
 
 def _duration(seconds: float | None) -> str:

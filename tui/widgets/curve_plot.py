@@ -25,9 +25,15 @@ class CurvePlot(PlotextPlot):
         self.title = title
         self.markers = _ASCII_MARKERS if ascii_only else _MARKERS
         self.series: list[tuple[str, Sequence[float], Sequence[float]]] = []
+        self._drawn: list[tuple] | None = None  # the _shape of the series drawn
 
     def show(self, series: Sequence[tuple[str, Sequence[float], Sequence[float]]]) -> None:
-        """Replace the series and redraw."""
+        """Replace the series and redraw; nothing is redrawn when no series gained or lost a
+        point (plotext rebuilds the whole chart on each draw)."""
+        shape = _shape(series)  # taken now: the monitor's lists grow in place
+        if shape == self._drawn:
+            return
+        self._drawn = shape
         self.series = list(series)
         plt = self.plt
         plt.clear_data()
@@ -39,3 +45,8 @@ class CurvePlot(PlotextPlot):
                     list(xs), list(ys), label=label if len(self.series) > 1 else None, marker=marker
                 )
         self.refresh()
+
+
+def _shape(series: Sequence[tuple[str, Sequence[float], Sequence[float]]]) -> list[tuple]:
+    """What tells a redraw apart: each series' label, length and last point."""
+    return [(label, len(xs), xs[-1:], ys[-1:]) for label, xs, ys in series]

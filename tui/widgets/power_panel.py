@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Sparkline
 
 from tui.run_state import RunState
+from tui.widgets.sparkline import ColumnSparkline
 from tui.widgets.stat import Stat, tone_of
 
 # Fractions of TDP where the watts turn yellow and red (nvitop's thresholds are the same idea).
@@ -29,7 +29,7 @@ class PowerPanel(Vertical):
         yield Stat("energy", id="pw-energy")
         yield Stat("J/token", id="pw-jpt")
         yield Stat("source", id="pw-source")
-        yield Sparkline([], id="pw-spark")
+        yield ColumnSparkline([], id="pw-spark")
 
     def show(self, state: RunState) -> None:
         watts = self.query_one("#pw-watts", Stat)
@@ -57,4 +57,4 @@ class PowerPanel(Vertical):
         self.query_one("#pw-source", Stat).show(
             "measured" if energy is not None else f"none: {state.power_reason or 'no reading yet'}"
         )
-        self.query_one(Sparkline).data = state.power_w[-SPARK_STEPS:]
+        self.query_one(ColumnSparkline).data = state.power_w[-SPARK_STEPS:]

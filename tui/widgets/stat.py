@@ -29,6 +29,7 @@ class Stat(HorizontalGroup):
         super().__init__(id=id)
         self._label = label
         self._value = Static("-", markup=False, classes="stat-value")
+        self._shown: tuple[str, str | None] = ("-", None)
 
     @property
     def value(self) -> str:
@@ -40,7 +41,13 @@ class Stat(HorizontalGroup):
         yield self._value
 
     def show(self, value: str, tone: str | None = None) -> None:
-        """Show ``value``, coloured by ``tone`` (one of :data:`TONES`, or ``None`` for plain)."""
-        self._value.update(value)
+        """Show ``value``, coloured by ``tone`` (one of :data:`TONES`, or ``None`` for plain).
+
+        Only a change repaints, and only the value's line: its width is fixed by the layout
+        (``1fr``, no wrap), so no layout pass is needed."""
+        if (value, tone) == self._shown:
+            return
+        self._shown = (value, tone)
+        self._value.update(value, layout=False)
         for name in TONES:
             self._value.set_class(name == tone, f"-{name}")

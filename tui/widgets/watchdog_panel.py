@@ -47,7 +47,8 @@ class WatchdogPanel(Vertical):
             age_stat.show("-")
         else:
             age = now - state.last_event_at
-            age_stat.show(f"{age:.1f} s ago", tone_of(age / threshold, WARN_FRACTION, 1.0))
+            # Whole seconds: the monitor's clock ticks once a second.
+            age_stat.show(f"{age:.0f} s ago", tone_of(age / threshold, WARN_FRACTION, 1.0))
         stalls = state.stalls
         summary = (
             "none"
