@@ -196,7 +196,6 @@ def _database(root: Path) -> dict:
         t0 = time.perf_counter()
         curve = store.loss_curve(f"run-{i * 97:04d}")
         curve_s.append(time.perf_counter() - t0)
-    store.close()
     return {
         "db_runs": len(rows),
         "db_events": report.events,

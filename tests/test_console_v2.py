@@ -28,8 +28,10 @@ from textual.widgets import DataTable, Input, Select
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
+from titan.observability import summarize
 from tui.app import TitanConsole
 from tui.history import HistoryStore, config_diff
+from tui.launcher import start_run
 from tui.options import copies_of
 from tui.planner_form import plan_argv, start_texts
 from tui.run_state import RunState
@@ -41,7 +43,7 @@ from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
 from tui.widgets.option_input import OptionInput
 from tui.widgets.pipeline_panel import timeline
-from tui.widgets.plan_tables import totals_rows
+from tui.widgets.plan_tables import PlanTables, totals_rows
 from tui.widgets.sparkline import SparklineColumns
 from tui.widgets.stat import Stat
 
@@ -95,11 +97,13 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
             10,
         )
         error = str(screen.query_one("#plan-help").content)
+        stale = screen.query_one(PlanTables).has_class("-stale")
         screen.query_one("#option-gpus", OptionInput).control.value = "64"
         screen.query_one("#option-search", OptionInput).control.value = "1"
         await wait_until(pilot, lambda: screen.report["search"], lambda: "no search", 20)
         ranked = _rows(screen.query_one("#plan-ranked", DataTable))
         searched = screen.report
+        fresh = not screen.query_one(PlanTables).has_class("-stale")
     argv = [sys.executable, "-m", "titan.cli", "plan", *plan_argv(start_texts()), "--json"]
     cli = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     cli_search = json.loads(
@@ -112,7 +116,8 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
     assert plan["fits"] and verdict.startswith(
         f"fits: {total_gb:,.1f} GB of {capacity_gb:,.1f} GB per device"
     )
-    assert error == "--gpus must be >= 1, got 0"
+    assert error == "--gpus must be >= 1, got 0 (results below are for the last valid input)"
+    assert stale and fresh
     assert searched["plans"] == cli_search["plans"]
     assert searched["layouts_fit"] == cli_search["layouts_fit"]
     assert [row[0] for row in ranked] == [p["layout"] for p in cli_search["plans"]]
@@ -135,6 +140,8 @@ async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: 
         table = await _open_history(pilot)
         screen = app.screen
         listed = _rows(table)
+        # The console holds the database only while it queries: the CLI can use it meanwhile.
+        assert len(summarize.summarize(sample_root)) == 4
         await pilot.press(*"oooooo")  # from "started" to run, status, preset, layout, dev, steps
         by_steps = ([row[5] for row in _rows(table)], table.sorted_by)
         await pilot.press("slash", *"stall", "enter")
@@ -187,7 +194,11 @@ async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Pat
     assert diff_rows[-1] == ["watchdog_floor", "5.0", "300.0"]
     assert curves == [(STALL_RUN, 23), (RESUMED_RUN, 40)]
     assert stalls_log[:2] == ["1 stall(s)", "step of step 25: 9.9 s (allowance 9.4 s)"]
-    assert (summary["status"], summary["reason"], summary["stalls"]) == ("failed", "stall", "1")
+    assert (summary["status"], summary["stalls"], summary["ETTR"]) == (
+        "failed (stall)",
+        1,
+        "52.6%",
+    )
 
 
 def test_history_store_downsamples_the_loss_curve_and_diffs_configs(sample_root: Path):
@@ -198,7 +209,6 @@ def test_history_store_downsamples_the_loss_curve_and_diffs_configs(sample_root:
     coarse = store.loss_curve(run, max_points=50)
     events = [json.loads(line) for line in (sample_root / run / "events.jsonl").open()]
     losses = [e["loss"] for e in events if e["type"] == "step"]
-    store.close()
     assert [loss for _, loss in full] == pytest.approx(losses)
     assert len(coarse) == 50 and coarse[0] == (1, pytest.approx(sum(losses[:4]) / 4))
     assert config_diff({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
@@ -423,3 +433,10 @@ def test_copies_get_their_own_seeds_and_run_ids():
     assert copies_of(TrainConfig(), 1) == [TrainConfig()]
     with pytest.raises(TitanError, match="copies must be >= 1, got 0"):
         copies_of(TrainConfig(), 0)
+
+
+def test_launch_refuses_missing_data_before_making_a_run_dir(tmp_path: Path):
+    config = TrainConfig(data=str(tmp_path / "nope"), runs_root=str(tmp_path / "runs"))
+    with pytest.raises(TitanError, match="--data .*nope: no such file or directory"):
+        start_run(config)
+    assert not (tmp_path / "runs").exists()

@@ -147,9 +147,6 @@ class TitanConsole(App[None], inherit_bindings=False):
         if len(message.runs) > 1:
             self.notify(f"{len(message.runs)} runs launched; the run list shows them all.")
 
-    def on_unmount(self) -> None:
-        self.history.close()
-
     def running_children(self) -> list[LaunchedRun]:
         """The runs this console started that are still running."""
         return [run for run in self.launched.values() if run.returncode() is None]

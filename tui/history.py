@@ -2,15 +2,16 @@
 
 The console is the database's one writer: :class:`HistoryStore` ingests the run records with
 :func:`titan.observability.summarize.ingest` (the same code as ``titan summarize``) and reads the
-``runs`` and ``events`` tables. Every method runs a query: call them from a thread worker, never
-from the UI thread. A lock serialises the workers on the one connection.
+``runs`` and ``events`` tables. Every method opens the database, runs its queries and closes
+it: call them from a thread worker, never from the UI thread. A lock serialises the workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,21 +99,29 @@ class RunDetail:
 
 
 class HistoryStore:
-    """The console's read-write connection to ``<runs root>/titan.duckdb``, opened on first use.
+    """The console's access to ``<runs root>/titan.duckdb``. DuckDB admits one writing process
+    at a time, so each operation opens the database and closes it when done: between them,
+    ``titan summarize`` or ``titan perf check`` in another terminal can use it.
 
     Args:
         runs_root: the runs root whose records are ingested.
+
+    Every method raises :class:`~titan.errors.TitanError` when another process holds the
+    database at that moment.
     """
 
     def __init__(self, runs_root: Path) -> None:
         self.runs_root = Path(runs_root)
-        self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
-    def _connection(self) -> duckdb.DuckDBPyConnection:
-        if self._con is None:
-            self._con = summarize.connect(self.runs_root)
-        return self._con
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._lock:
+            con = summarize.connect(self.runs_root)
+            try:
+                yield con
+            finally:
+                con.close()
 
     def ingest(self) -> IngestReport:
         """Ingest the new complete lines of every run record.
@@ -120,27 +129,26 @@ class HistoryStore:
         Raises:
             TitanError: the runs root does not exist or another process holds the database.
         """
-        with self._lock:
-            return summarize.ingest(self._connection(), self.runs_root)
+        with self._connection() as con:
+            return summarize.ingest(con, self.runs_root)
 
     def rows(self, run_ids: Sequence[str] | None = None) -> list[HistoryRow]:
         """Every ingested run (or those of ``run_ids``), newest first."""
         ids = None if run_ids is None else list(run_ids)
-        with self._lock:
-            found = self._connection().execute(_ROWS, [ids, ids]).fetchall()
+        with self._connection() as con:
+            found = con.execute(_ROWS, [ids, ids]).fetchall()
         return [_history_row(*row) for row in found]
 
     def loss_curve(
         self, run_id: str, max_points: int = MAX_CURVE_POINTS
     ) -> list[tuple[int, float]]:
         """``(step, loss)`` of a run, downsampled to at most ``max_points`` bucket means."""
-        with self._lock:
-            return self._connection().execute(_LOSS_CURVE, [run_id, max_points]).fetchall()
+        with self._connection() as con:
+            return con.execute(_LOSS_CURVE, [run_id, max_points]).fetchall()
 
     def detail(self, run_id: str) -> RunDetail:
         """Summary, config, environment, attempts and stalls of one run."""
-        with self._lock:
-            con = self._connection()
+        with self._connection() as con:
             (summary,) = summarize.summaries(con, run_id)
             starts = con.execute(
                 "SELECT time, payload FROM events WHERE run_id = ? AND type = 'run_start' "
@@ -175,19 +183,13 @@ class HistoryStore:
         if kind not in EXPORT_FORMATS:
             raise ValueError(f"export to .csv or .parquet, not {path.name!r}")
         ids = list(run_ids)
-        with self._lock:
-            relation = self._connection().sql(_ROWS, params=[ids, ids])
+        with self._connection() as con:
+            relation = con.sql(_ROWS, params=[ids, ids])
             if kind == "csv":
                 relation.write_csv(str(path))
             else:
                 relation.write_parquet(str(path))
         return len(ids)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
 
 
 def _history_row(run_id, status, preset, layout, pp, devices, *figures) -> HistoryRow:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan.config import TrainConfig, option_fields
+from titan.data.text import check_inputs
 from titan.errors import TitanError
 from titan.observability.records import default_runs_root, new_run_id
 
@@ -86,9 +87,11 @@ def start_run(config: TrainConfig) -> LaunchedRun:
     run id is ``config.run_id`` or a fresh :func:`~titan.observability.records.new_run_id`.
 
     Raises:
-        TitanError: when the run dir already exists.
+        TitanError: ``--data`` or ``--tokenizer`` that ``titan train`` would refuse (checked
+            first, so that no run dir is left), or a run dir that already exists.
         OSError: when the run dir or the child cannot be created.
     """
+    check_inputs(config.data, config.tokenizer)
     runs_root = default_runs_root(config.runs_root).resolve()
     run_id = config.run_id or new_run_id(config.preset)
     run_dir = runs_root / run_id

@@ -133,6 +133,19 @@ def open_corpus(spec: str) -> Corpus:
     return Corpus(spec, (path,), kind)
 
 
+def check_inputs(data: str, tokenizer: str) -> None:
+    """The file checks ``titan train`` makes of ``--data`` and ``--tokenizer`` before it creates
+    a run dir, for callers that create one first (the console).
+
+    Raises:
+        TitanError: ``data`` does not exist or holds no files; ``tokenizer`` is given and is not
+            a file.
+    """
+    open_corpus(data)
+    if tokenizer and not Path(tokenizer).is_file():
+        raise TitanError(f"--tokenizer {tokenizer}: no such file")
+
+
 def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
     chunk: list[str] = []
     for item in items:

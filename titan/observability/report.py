@@ -136,7 +136,9 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any
     return rows
 
 
-def _summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
+def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
+    """A run summary as (label, value with its unit) rows: the report's table, the console's run
+    detail."""
     mfu = (
         f"{s.median_mfu:.1%} ({s.mfu_convention})"
         if s.median_mfu is not None
@@ -324,7 +326,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         "",
         "## Summary",
         "",
-        *_table(("field", "value"), _summary_rows(summary, last.get("total_steps"))),
+        *_table(("field", "value"), summary_rows(summary, last.get("total_steps"))),
         "## Attempts",
         "",
         *_table(

@@ -10,6 +10,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
+from titan.errors import TitanError
 from tui.history import HistoryStore, RunDetail, config_diff
 from tui.widgets.curve_plot import CurvePlot
 
@@ -49,8 +50,12 @@ class CompareScreen(Screen[None]):
 
     @work(thread=True, group="compare")
     def _load(self) -> None:
-        curves = [self.store.loss_curve(run_id) for run_id in self.run_ids]
-        details = [self.store.detail(run_id) for run_id in self.run_ids]
+        try:
+            curves = [self.store.loss_curve(run_id) for run_id in self.run_ids]
+            details = [self.store.detail(run_id) for run_id in self.run_ids]
+        except TitanError as err:
+            self.app.call_from_thread(self.notify, str(err), severity="error")
+            return
         self.post_message(self.Loaded(curves, details))
 
     def on_compare_screen_loaded(self, message: CompareScreen.Loaded) -> None:

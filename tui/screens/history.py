@@ -151,5 +151,10 @@ class HistoryScreen(Screen[None]):
 
     @work(thread=True, group="export")
     def _export(self, path: Path, run_ids: list[str]) -> None:
-        count = self.store.export(path, run_ids)
-        self.app.call_from_thread(self.notify, f"{count} runs written to {path}")
+        try:
+            count = self.store.export(path, run_ids)
+        except TitanError as err:
+            self.app.call_from_thread(self.notify, str(err), severity="error")
+            return
+        runs = "run" if count == 1 else "runs"
+        self.app.call_from_thread(self.notify, f"{count} {runs} written to {path}")

@@ -94,9 +94,11 @@ class PlannerScreen(Screen[None]):
     def on_planner_screen_planned(self, message: PlannerScreen.Planned) -> None:
         help_static = self.query_one("#plan-help", Static)
         help_static.set_class(bool(message.error), "-error")
-        if message.error:
-            help_static.update(message.error)
+        tables = self.query_one(PlanTables)
+        tables.set_class(bool(message.error), "-stale")
+        if message.error:  # the tables still show the last valid input's plan: dimmed, labelled
+            help_static.update(f"{message.error} (results below are for the last valid input)")
             return
         help_static.update("")
         self.report = message.report
-        self.query_one(PlanTables).show(message.report)
+        tables.show(message.report)

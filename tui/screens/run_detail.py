@@ -14,6 +14,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Log, TabbedContent, TabPane
 
+from titan.errors import TitanError
+from titan.observability.report import summary_rows
 from tui.history import HistoryStore, RunDetail
 
 TABS = ("summary", "config", "environment", "restarts", "stalls")
@@ -76,14 +78,18 @@ class RunDetailScreen(Screen[None]):
 
     @work(thread=True, group="detail")
     def _load(self) -> None:
-        self.post_message(self.Loaded(self.store.detail(self.run_id)))
+        try:
+            self.post_message(self.Loaded(self.store.detail(self.run_id)))
+        except TitanError as err:
+            self.app.call_from_thread(self.notify, str(err), severity="error")
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
 
     def on_run_detail_screen_loaded(self, message: RunDetailScreen.Loaded) -> None:
         detail = self.detail = message.detail
-        self.query_one("#detail-summary", DataTable).add_rows(_pairs(detail.summary.as_dict()))
+        rows = summary_rows(detail.summary, detail.config.get("steps"))
+        self.query_one("#detail-summary", DataTable).add_rows(rows)
         self.query_one("#detail-config", DataTable).add_rows(_pairs(detail.config))
         self.query_one("#detail-environment", DataTable).add_rows(_pairs(detail.environment))
         self.query_one("#detail-restarts", DataTable).add_rows(

@@ -60,7 +60,7 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
         num(row.tokens_per_s, ",.0f"),
         num(row.mfu, ".1%"),
         num(row.tokens_per_j, ",.1f"),
-        num(row.ettr, ".2f"),
+        num(row.ettr, ".1%"),
         num(row.best_loss, ".3f"),
         started,
     )
