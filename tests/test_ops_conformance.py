@@ -263,4 +263,4 @@ def test_mfu_bench_smoke_runs_titan_levers_against_a_baseline(tmp_path):
         assert run["vs_baseline"] == pytest.approx(run["tok_s"] / 1000.0)
         # float32 on CPU: every provider computes the same training step
         assert run["loss"] == pytest.approx(runs["start"]["loss"], abs=1e-4)
-    assert "| plain-JAX baseline | cudnn | dots |" in done.stdout
+    assert "| plain-JAX baseline | causal | cudnn | dots |" in done.stdout
