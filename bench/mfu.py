@@ -14,10 +14,11 @@ The titan configurations are a greedy search over the levers that fit one GPU: s
 attention within documents (segment ids, as ``titan train`` defaults to; the rows hold one
 document each, so ``--attention-mask causal`` computes the same loss), the registry's automatic
 choice of attention (on an H200 with segment ids: the Pallas flash
-kernels), ``dots`` remat (as the baseline), native cross-entropy and RMSNorm and no extra XLA
-flags, each lever in :data:`LEVERS` is tried in turn with the others held at the best values so
-far, and the faster value is kept. Each run records what it changed
-and its tokens/s relative to the best configuration it was compared with. Gradient accumulation
+kernels), ``dots`` remat (as the baseline), native cross-entropy and RMSNorm, the layer loop
+fully unrolled (titan's default ``--layer-unroll 0``; the baseline's scan is rolled) and no
+extra XLA flags, each lever in :data:`LEVERS` is tried in turn with the others held at the best
+values so far, and the faster value is kept. Each run records what it changed and its tokens/s
+relative to the best configuration it was compared with. Gradient accumulation
 (microbatching) is not a lever: the trainer has none, and at this size the batch fits.
 
 MFU (Chowdhery et al. 2022, PaLM, App. B): tokens/s * FLOPs per token / peak FLOP/s, with
@@ -81,6 +82,7 @@ class RunConfig:
     remat: str = "dots"
     cross_entropy: str = "native"
     rms_norm: str = "native"
+    layer_unroll: str = "0"
     xla_flags: str = ""
 
     def overrides(self) -> dict[str, str]:
@@ -94,8 +96,9 @@ LEVERS: dict[str, list[str]] = {
     "attention_mask": ["document", "causal"],
     "attention": ["auto", "cudnn", "pallas", "native"],
     "remat": ["dots", "dots-attention", "none", "full"],
-    "cross_entropy": ["native", "chunked"],
+    "cross_entropy": ["native", "chunked", "fused"],
     "rms_norm": ["native", "pallas"],
+    "layer_unroll": ["0", "1"],
     "xla_flags": [
         "",
         "--xla_gpu_enable_triton_gemm=false",
@@ -157,6 +160,7 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
         compute_dtype="bfloat16" if backend != "cpu" else "float32",
         remat=config.remat,
         attention_mask=config.attention_mask,
+        layer_unroll=int(config.layer_unroll),
     )
     ops = Ops(backend, config.overrides())
     trainer = build_trainer(cfg, model_config(shape), ops)
@@ -290,20 +294,21 @@ def _ratio(value: float | None) -> str:
 def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per run, the baseline first."""
     header = (
-        "| run | attention mask | attention | remat | cross-entropy | rms_norm | XLA flags "
+        "| run | attention mask | attention | remat | cross-entropy | rms_norm | layer unroll "
+        "| XLA flags "
         "| tokens/s | MFU causal | MFU full | peak GiB | vs prev. best | titan / baseline |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 14]
     if "tok_s" in baseline:
         lines.append(
             f"| plain-JAX baseline | causal | {baseline.get('attn', '')} | "
-            f"{'dots' if baseline.get('remat') else 'none'} | native | native | | "
+            f"{'dots' if baseline.get('remat') else 'none'} | native | native | 1 (scan) | | "
             f"{baseline['tok_s']:.0f} | {_cell(baseline.get('mfu_causal'), '.1%')} | "
             f"{_cell(baseline.get('mfu_palm'), '.1%')} | "
             f"{_cell(baseline.get('peak_mem_gib'), '.1f')} | | 1.00 |"
         )
     else:
-        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 11)
+        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 12)
     for run in runs:
         cfg = run["config"]
         served = run.get("served", {})
@@ -314,6 +319,7 @@ def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
             cfg["remat"],
             cfg["cross_entropy"],
             cfg["rms_norm"],
+            cfg.get("layer_unroll", "1"),
             f"`{cfg['xla_flags']}`" if cfg["xla_flags"] else "",
         ]
         if "tok_s" not in run:

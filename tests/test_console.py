@@ -262,7 +262,8 @@ async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: 
     append_events(run_dir, [start, *steps[:2]], tail=third_line[:20])  # a torn last line
     app = consoles(run_dir.parent, open_run=run_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.screen.state.step == 2, lambda: "no step 2", 10)
+        # Wait for the rendered panel, not only the state: under load the refresh comes later.
+        await wait_until(pilot, lambda: stat(app, "step") == "2 / 3", lambda: "no step 2", 10)
         first = {n: stat(app, n) for n in ("status", "step", "loss", "model", "throughput", "eta")}
         with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
             f.write(third_line[20:])

@@ -85,3 +85,25 @@ def test_causal_attention_mask_lets_documents_see_earlier_ones():
     _, document = _residuals_and_grads("none")
     _, causal = _residuals_and_grads("none", document_mask=False)
     assert not _same(document, causal)
+
+
+def test_unrolled_layer_loop_has_no_while_loop_and_the_same_loss_and_gradients():
+    cfg = dataclasses.replace(PRESETS["tiny"], vocab_size=64, n_layers=4, d_model=32, ffn_dim=48)
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+    positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    segments = jnp.zeros((2, 16), jnp.int32)
+    model = Llama(cfg, Ops("cpu"), remat="dots")
+    params = nn.unbox(model.init(jax.random.key(0), tokens, positions, segments, tokens))
+
+    def value_and_grad(unroll: int):
+        stage = model.clone(layer_unroll=unroll)
+        loss = lambda p: jnp.mean(stage.apply(p, tokens, positions, segments, tokens))  # noqa: E731
+        step = jax.jit(jax.value_and_grad(loss)).lower(params).compile()
+        return step(params), step.as_text()
+
+    (rolled, rolled_grads), rolled_hlo = value_and_grad(1)
+    for unroll in (0, 2):
+        (loss, grads), hlo = value_and_grad(unroll)
+        assert jnp.allclose(loss, rolled, rtol=1e-6) and _same(grads, rolled_grads)
+        assert (" while(" in hlo) == (unroll == 2)
+    assert " while(" in rolled_hlo

@@ -18,7 +18,7 @@ import pytest
 from titan.cli import main
 from titan.errors import TitanError
 from titan.ops import Ops, native, registry
-from titan.ops.providers import chunked, cudnn, flash_attention, platform
+from titan.ops.providers import chunked, cudnn, flash_attention, fused_loss, platform
 
 REPO = Path(__file__).resolve().parent.parent
 # LLVM's cheapest level: the interpreted kernels and tiny models compile in about half the time.
@@ -71,7 +71,9 @@ def test_importing_ops_and_their_command_imports_no_jax():
 
 def test_cpu_serves_native_unless_forced_and_records_the_provider(monkeypatch):
     monkeypatch.delenv("TITAN_OPS", raising=False)
-    assert set(_trace_every_op(Ops("cpu")).values()) == {"native"}
+    served = _trace_every_op(Ops("cpu"))
+    assert served.pop("cross_entropy") == "fused"  # every backend's first choice
+    assert set(served.values()) == {"native"}
     forced = _trace_every_op(Ops("cpu", OPT_IN))
     assert forced == {**OPT_IN, "rope": "native", "swiglu": "native"}
     monkeypatch.setenv("TITAN_OPS", "attention=pallas")
@@ -129,15 +131,21 @@ def test_rocm_runs_pallas_when_asked_and_refuses_cudnn(monkeypatch):
         registry.OpTable("gpu", {"attention": "cudnn"}, from_env=False).choose("attention", *args)
 
 
-def _array_shapes(jaxpr):
-    """Shapes of every value a jaxpr computes, sub-jaxprs (scan, checkpoint) included."""
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those of sub-jaxprs (scan, checkpoint, custom_vjp) included."""
     for eqn in jaxpr.eqns:
-        yield from (var.aval.shape for var in eqn.outvars)
+        yield eqn
         for param in eqn.params.values():
             for sub in param if isinstance(param, (list, tuple)) else [param]:
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    yield from _array_shapes(inner)
+                    yield from _equations(inner)
+
+
+def _array_shapes(jaxpr):
+    """Shapes of every value a jaxpr computes, sub-jaxprs included."""
+    for eqn in _equations(jaxpr):
+        yield from (var.aval.shape for var in eqn.outvars)
 
 
 def test_chunked_cross_entropy_matches_native_without_full_logits():
@@ -169,6 +177,34 @@ def test_chunked_cross_entropy_matches_native_without_full_logits():
 
     assert largest_logits(loss(native.cross_entropy)) == batch * seq * vocab
     assert largest_logits(chunked_loss) == batch * chunk * vocab
+
+
+def test_fused_cross_entropy_matches_native_and_its_backward_scatters_nothing():
+    keys = jax.random.split(jax.random.key(1), 4)
+    x = jax.random.normal(keys[0], (2, 24, 16), jnp.bfloat16)
+    w_out = jax.random.normal(keys[1], (16, 40), jnp.bfloat16)
+    targets = jax.random.randint(keys[2], (2, 24), 0, 40)
+    weights = jax.random.normal(keys[3], (2, 24))
+
+    def grads(impl):
+        loss = lambda x, w: jnp.sum(impl(x, w, targets) * weights)  # noqa: E731
+        return jax.value_and_grad(loss, (0, 1))
+
+    (got_loss, got), (want_loss, want) = (
+        grads(fused_loss.cross_entropy)(x, w_out),
+        grads(native.cross_entropy)(x, w_out),
+    )
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == jnp.bfloat16
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), atol=1e-2)
+
+    def primitives(impl) -> set[str]:
+        jaxpr = jax.make_jaxpr(grads(impl))(x, w_out).jaxpr
+        return {eqn.primitive.name for eqn in _equations(jaxpr)}
+
+    assert "scatter-add" in primitives(native.cross_entropy)
+    assert not {"scatter-add", "scatter"} & primitives(fused_loss.cross_entropy)
 
 
 @pytest.fixture(scope="module")

@@ -215,6 +215,15 @@ class TrainConfig:
             choices=ATTENTION_MASKS,
         ),
     )
+    layer_unroll: int = field(
+        default=0,
+        metadata=_opt(
+            "--layer-unroll",
+            "decoder blocks per iteration of the layer scan; 0: all of them (the loop fully "
+            "unrolled: a larger program that compiles slower and runs faster on GPUs), 1: a "
+            "rolled loop (the smallest program)",
+        ),
+    )
     log_every: int = field(
         default=10, metadata=_opt("--log-every", "print a log line every N steps (no terminal)")
     )
@@ -274,6 +283,7 @@ RESUMABLE_OPTIONS = frozenset(
         "stage_layers",
         "ops",
         "remat",
+        "layer_unroll",
         "watchdog_floor",
         "watchdog_factor",
         "watchdog_abort",
@@ -341,7 +351,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
             )
     _positive(cfg, ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"), 1)
     _positive(cfg, ("fsdp", "tp", "pp", "microbatches", "virtual_stages", "timing_every"), 1)
-    _positive(cfg, ("dp", "warmup_steps", "debug_stall_at_step", "seed"), 0)
+    _positive(cfg, ("dp", "warmup_steps", "debug_stall_at_step", "seed", "layer_unroll"), 0)
     if cfg.seed >= 2**32:
         raise TitanError(f"--seed must be < 2**32, got {cfg.seed}")
     if cfg.watchdog_abort not in (0, 1):

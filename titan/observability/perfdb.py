@@ -48,6 +48,7 @@ LAYOUT_OPTIONS = (
     "compute_dtype",
     "remat",
     "attention_mask",
+    "layer_unroll",
 )
 
 SCHEMA = (

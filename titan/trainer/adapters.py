@@ -60,6 +60,7 @@ def chunk_model(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops, chunk: Chunk
         has_embedding=chunk.first,
         has_head=chunk.last,
         remat=cfg.remat,
+        layer_unroll=cfg.layer_unroll,
         document_mask=cfg.attention_mask == "document",
         param_dtype=jnp.dtype(cfg.param_dtype),
     )

@@ -12,11 +12,15 @@ Provider (priority): what it serves.
   (:mod:`titan.ops.providers.cudnn`).
 - ``rms_norm``/``pallas`` (-10): fused forward and backward kernels, model dim a power of two.
   Opt-in (:mod:`titan.ops.providers.rms_norm`).
+- ``cross_entropy``/``fused`` (5): head and loss with a hand-written backward pass that writes
+  the logits' gradient in one pass, in the compute dtype; every backend, chosen by default
+  (on one H200, llama3-1b: 1.02x the tokens/s of ``native``;
+  :mod:`titan.ops.providers.fused_loss`).
 - ``cross_entropy``/``chunked`` (-10): head and loss over sequence chunks, so (B, S, V) logits
   never exist at once; every backend. Opt-in (:mod:`titan.ops.providers.chunked`).
 
-``native`` (priority 0) serves everything else, and everything on CPU by default; a provider
-below 0, or one whose ``prefer`` declines the call, serves only when forced
+``native`` (priority 0) serves everything else, and on CPU everything but the loss by default; a
+provider below 0, or one whose ``prefer`` declines the call, serves only when forced
 (``TITAN_OPS=attention=pallas`` or the config's overrides).
 AMD GPUs: JAX offers no cuDNN-like fused attention on ROCm, so ``native`` serves there by default;
 the Pallas kernels are the ROCm path (``attention=pallas``), lowered through the Triton that
@@ -35,6 +39,7 @@ OPT_IN = -10
 CUDNN = "titan.ops.providers.cudnn"
 FLASH = "titan.ops.providers.flash_attention"
 RMS_NORM = "titan.ops.providers.rms_norm"
+FUSED_LOSS = "titan.ops.providers.fused_loss"
 
 register(
     "attention",
@@ -62,3 +67,4 @@ register(
     backends=PALLAS_BACKENDS,
 )
 register("cross_entropy", "chunked", "titan.ops.providers.chunked:cross_entropy", priority=OPT_IN)
+register("cross_entropy", "fused", f"{FUSED_LOSS}:cross_entropy", priority=5)
