@@ -106,7 +106,7 @@ class LlamaStage(nn.Module):
             0 or at least ``n_layers``: fully unrolled. Unrolled, XLA slices each block's
             parameters and stacks its residuals at fixed offsets instead of copying them through
             a loop's buffers, and schedules across block boundaries: on one H200 at the 0.9B
-            shape, 1.13x the tokens/s of the rolled loop (``bench/mfu.py``). Parameters and
+            shape, 1.07x the tokens/s of the rolled loop (``bench/mfu.py``). Parameters and
             checkpoints are the same either way.
         document_mask: attention stays within a document (``segment_ids``); False: causal over
             the whole packed sequence (``segment_ids`` ignored).
