@@ -14,7 +14,7 @@ The titan configurations are a greedy search over the levers that fit one GPU: s
 attention within documents (segment ids, as ``titan train`` defaults to; the rows hold one
 document each, so ``--attention-mask causal`` computes the same loss), the registry's automatic
 choice of attention (on an H200 with segment ids: the Pallas flash
-kernels), ``dots`` remat (as the baseline), native cross-entropy and RMSNorm, the layer loop
+kernels), ``dots`` remat (as the baseline), native cross-entropy, RMSNorm and RoPE, the layer loop
 fully unrolled (titan's default ``--layer-unroll 0``; the baseline's scan is rolled) and no
 extra XLA flags, each lever in :data:`LEVERS` is tried in turn with the others held at the best
 values so far, and the faster value is kept. Each run records what it changed and its tokens/s
@@ -82,12 +82,13 @@ class RunConfig:
     remat: str = "dots"
     cross_entropy: str = "native"
     rms_norm: str = "native"
+    rope: str = "native"
     layer_unroll: str = "0"
     xla_flags: str = ""
 
     def overrides(self) -> dict[str, str]:
         ops = {"attention": self.attention, "cross_entropy": self.cross_entropy}
-        ops["rms_norm"] = self.rms_norm
+        ops.update(rms_norm=self.rms_norm, rope=self.rope)
         return {op: name for op, name in ops.items() if name != "auto"}
 
 
@@ -98,6 +99,7 @@ LEVERS: dict[str, list[str]] = {
     "remat": ["dots", "dots-attention", "none", "full"],
     "cross_entropy": ["native", "chunked", "fused"],
     "rms_norm": ["native", "pallas"],
+    "rope": ["native", "fused"],
     "layer_unroll": ["0", "1"],
     "xla_flags": [
         "",
@@ -294,21 +296,22 @@ def _ratio(value: float | None) -> str:
 def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per run, the baseline first."""
     header = (
-        "| run | attention mask | attention | remat | cross-entropy | rms_norm | layer unroll "
-        "| XLA flags "
+        "| run | attention mask | attention | remat | cross-entropy | rms_norm | rope "
+        "| layer unroll | XLA flags "
         "| tokens/s | MFU causal | MFU full | peak GiB | vs prev. best | titan / baseline |"
     )
-    lines = [header, "|" + "---|" * 14]
+    lines = [header, "|" + "---|" * 15]
     if "tok_s" in baseline:
         lines.append(
             f"| plain-JAX baseline | causal | {baseline.get('attn', '')} | "
-            f"{'dots' if baseline.get('remat') else 'none'} | native | native | 1 (scan) | | "
+            f"{'dots' if baseline.get('remat') else 'none'} | native | native | native | "
+            "1 (scan) | | "
             f"{baseline['tok_s']:.0f} | {_cell(baseline.get('mfu_causal'), '.1%')} | "
             f"{_cell(baseline.get('mfu_palm'), '.1%')} | "
             f"{_cell(baseline.get('peak_mem_gib'), '.1f')} | | 1.00 |"
         )
     else:
-        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 12)
+        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 13)
     for run in runs:
         cfg = run["config"]
         served = run.get("served", {})
@@ -319,6 +322,7 @@ def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
             cfg["remat"],
             cfg["cross_entropy"],
             cfg["rms_norm"],
+            cfg.get("rope", "native"),
             cfg.get("layer_unroll", "1"),
             f"`{cfg['xla_flags']}`" if cfg["xla_flags"] else "",
         ]

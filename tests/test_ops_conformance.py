@@ -18,18 +18,16 @@ import pytest
 from titan.cli import main
 from titan.errors import TitanError
 from titan.ops import Ops, native, registry
-from titan.ops.providers import chunked, cudnn, flash_attention, fused_loss, platform
+from titan.ops.providers import chunked, cudnn, flash_attention, fused_loss, fused_rope, platform
 
 REPO = Path(__file__).resolve().parent.parent
-# LLVM's cheapest level: the interpreted kernels and tiny models compile in about half the time.
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 OPT_IN = {"attention": "pallas", "rms_norm": "pallas", "cross_entropy": "chunked"}
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
-    """A Python process from the repo root, with fast compiles and no ``TITAN_OPS``; must exit 0."""
+    """A Python process from the repo root (the tests' ``XLA_FLAGS``), no ``TITAN_OPS``; must
+    exit 0."""
     env = {k: v for k, v in os.environ.items() if k != "TITAN_OPS"}
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
     done = subprocess.run(
         [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300, cwd=REPO
     )
@@ -72,10 +70,10 @@ def test_importing_ops_and_their_command_imports_no_jax():
 def test_cpu_serves_native_unless_forced_and_records_the_provider(monkeypatch):
     monkeypatch.delenv("TITAN_OPS", raising=False)
     served = _trace_every_op(Ops("cpu"))
-    assert served.pop("cross_entropy") == "fused"  # every backend's first choice
+    assert served.pop("cross_entropy") == served.pop("rope") == "fused"  # every backend's first
     assert set(served.values()) == {"native"}
     forced = _trace_every_op(Ops("cpu", OPT_IN))
-    assert forced == {**OPT_IN, "rope": "native", "swiglu": "native"}
+    assert forced == {**OPT_IN, "rope": "fused", "swiglu": "native"}
     monkeypatch.setenv("TITAN_OPS", "attention=pallas")
     env_forced = Ops("cpu")
     assert _trace_every_op(env_forced)["attention"] == "pallas"
@@ -207,6 +205,31 @@ def test_fused_cross_entropy_matches_native_and_its_backward_scatters_nothing():
     assert not {"scatter-add", "scatter"} & primitives(fused_loss.cross_entropy)
 
 
+def test_fused_rope_matches_native_and_its_backward_is_a_rotation():
+    keys = jax.random.split(jax.random.key(2), 2)
+    x = jax.random.normal(keys[0], (2, 24, 4, 16))
+    weights = jax.random.normal(keys[1], x.shape)
+    positions = jnp.tile(jnp.arange(24)[None], (2, 1)) + jnp.arange(2)[:, None]
+
+    def grad(impl):
+        return jax.value_and_grad(lambda x: jnp.sum(impl(x, positions, theta=500.0) * weights))
+
+    (got_value, got), (want_value, want) = grad(fused_rope.rope)(x), grad(native.rope)(x)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-6)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    bf16 = x.astype(jnp.bfloat16)
+    np.testing.assert_array_equal(
+        fused_rope.rope(bf16, positions, theta=500.0), native.rope(bf16, positions, theta=500.0)
+    )
+
+    def primitives(impl) -> set[str]:
+        return {eqn.primitive.name for eqn in _equations(jax.make_jaxpr(grad(impl))(x).jaxpr)}
+
+    # Autodiff transposes the native slices into pads; the fused backward rotates instead.
+    assert "pad" in primitives(native.rope)
+    assert "pad" not in primitives(fused_rope.rope)
+
+
 @pytest.fixture(scope="module")
 def ops_check_report() -> dict:
     """``titan ops check --json`` over the whole CPU grid, run once."""
@@ -246,7 +269,7 @@ def test_ops_check_prints_a_table_and_rejects_unknown_names(capsys):
         "got 'attn'"
     )
     assert main(["ops", "check", "--op", "rope", "--provider", "pallas"]) == 2
-    assert "'pallas' is not registered for op rope; known: native" in capsys.readouterr().err
+    assert "'pallas' is not registered for op rope; known: fused, native" in capsys.readouterr().err
 
 
 def _bench_module():

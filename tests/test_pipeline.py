@@ -93,10 +93,14 @@ def test_pipeline_matches_spmd_loss_and_parameters(
     losses = [e["loss"] for e in events(run_dir, "step")]
     assert losses == pytest.approx(spmd[0], rel=1e-5)
     got = final_params(run_dir)
+    # Float32 sums in another order (microbatches, sharded reductions) change gradients by
+    # rounding; AdamW moves a parameter by lr * g / (|g| + 1e-8), which magnifies that where g is
+    # near 1e-8 (rare tokens' embedding rows): up to 2.7e-5 of the about 3e-4 that the warmup
+    # steps move.
     for name in ("embed", "head", "final_norm"):
-        np.testing.assert_allclose(got[name], spmd[1][name], atol=2e-5)
+        np.testing.assert_allclose(got[name], spmd[1][name], atol=5e-5)
     for name, value in spmd[1]["layers"].items():
-        np.testing.assert_allclose(got["layers"][name], value, atol=2e-5, err_msg=name)
+        np.testing.assert_allclose(got["layers"][name], value, atol=5e-5, err_msg=name)
 
 
 def test_pipeline_records_its_shape_timing_and_dispatch(corpus_dir, tmp_path):

@@ -16,11 +16,14 @@ Provider (priority): what it serves.
   the logits' gradient in one pass, in the compute dtype; every backend, chosen by default
   (on one H200, llama3-1b: 1.02x the tokens/s of ``native``;
   :mod:`titan.ops.providers.fused_loss`).
+- ``rope``/``fused`` (5): RoPE with a hand-written backward pass (the rotation by the negated
+  angles); every backend, chosen by default (on one H200: 1.009x the tokens/s of ``native`` on
+  the 0.9B shape and on llama3-1b; :mod:`titan.ops.providers.fused_rope`).
 - ``cross_entropy``/``chunked`` (-10): head and loss over sequence chunks, so (B, S, V) logits
   never exist at once; every backend. Opt-in (:mod:`titan.ops.providers.chunked`).
 
-``native`` (priority 0) serves everything else, and on CPU everything but the loss by default; a
-provider below 0, or one whose ``prefer`` declines the call, serves only when forced
+``native`` (priority 0) serves everything else, and on CPU everything but the loss and RoPE by
+default; a provider below 0, or one whose ``prefer`` declines the call, serves only when forced
 (``TITAN_OPS=attention=pallas`` or the config's overrides).
 AMD GPUs: JAX offers no cuDNN-like fused attention on ROCm, so ``native`` serves there by default;
 the Pallas kernels are the ROCm path (``attention=pallas``), lowered through the Triton that
@@ -68,3 +71,4 @@ register(
 )
 register("cross_entropy", "chunked", "titan.ops.providers.chunked:cross_entropy", priority=OPT_IN)
 register("cross_entropy", "fused", f"{FUSED_LOSS}:cross_entropy", priority=5)
+register("rope", "fused", "titan.ops.providers.fused_rope:rope", priority=5)
