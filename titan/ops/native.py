@@ -50,16 +50,24 @@ def rms_norm(x, scale, *, eps):
     return (normed * scale.astype(F32)).astype(x.dtype)
 
 
-def rope(x, positions, *, theta):
-    half = x.shape[-1] // 2
+def rope_cos_sin(positions, half: int, theta: float):
+    """cos and sin of RoPE's angles position * theta^(-i/half), each (B, S, 1, half) float32."""
     inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=F32) / half))
     angles = positions.astype(F32)[..., None] * inv_freq
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def rotate_halves(x, cos, sin):
+    """(x1 cos - x2 sin, x2 cos + x1 sin) over the two halves x1, x2 of x's last axis, computed
+    in float32 and returned in x's dtype."""
+    half = x.shape[-1] // 2
     x1 = x[..., :half].astype(F32)
     x2 = x[..., half:].astype(F32)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return rotated.astype(x.dtype)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def rope(x, positions, *, theta):
+    return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta))
 
 
 def swiglu(x, w_gate, w_up, w_down):

@@ -24,31 +24,14 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-F32 = jnp.float32
-
-
-def _cos_sin(positions, half: int, theta: float):
-    """cos and sin of the rotation angles, (B, S, 1, D/2) float32."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=F32) / half))
-    angles = positions.astype(F32)[..., None] * inv_freq
-    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
-
-
-def _rotate(x, cos, sin):
-    """(x1 cos - x2 sin, x2 cos + x1 sin) over the two halves of the last axis, in x's dtype."""
-    half = x.shape[-1] // 2
-    x1 = x[..., :half].astype(F32)
-    x2 = x[..., half:].astype(F32)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+from titan.ops.native import rope_cos_sin, rotate_halves
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _rope(x, positions, theta):
-    cos, sin = _cos_sin(positions, x.shape[-1] // 2, theta)
-    return _rotate(x, cos, sin)
+    return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta))
 
 
 def _forward(x, positions, theta):
@@ -56,9 +39,9 @@ def _forward(x, positions, theta):
 
 
 def _backward(theta, positions, g):
-    cos, sin = _cos_sin(positions, g.shape[-1] // 2, theta)
+    cos, sin = rope_cos_sin(positions, g.shape[-1] // 2, theta)
     no_gradient = np.zeros(positions.shape, jax.dtypes.float0)  # integer positions
-    return _rotate(g, cos, -sin), no_gradient
+    return rotate_halves(g, cos, -sin), no_gradient
 
 
 _rope.defvjp(_forward, _backward)
