@@ -112,6 +112,7 @@ LEVERS: dict[str, list[str]] = {
 SMOKE_LEVERS: dict[str, list[str]] = {
     "attention": ["auto", "pallas"],
     "cross_entropy": ["native", "chunked"],
+    "rope": ["native", "fused"],
 }
 # CPU smoke runs: LLVM's cheapest optimisation level, the tiny model compiles in half the time.
 SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0"

@@ -90,6 +90,8 @@ def test_a_forced_provider_that_cannot_serve_is_a_one_line_error(monkeypatch):
         _trace_every_op(Ops("cpu", {"attention": "pallas"}), head_dim=24)
     with pytest.raises(TitanError, match="model dim 96 must be a power of two"):
         _trace_every_op(Ops("cpu", {"rms_norm": "pallas"}), dim=96)
+    with pytest.raises(TitanError, match="rope needs an even head dim, got 3"):
+        Ops("cpu").rope(jnp.ones((1, 2, 1, 3)), jnp.zeros((1, 2), jnp.int32), theta=1e4)
     with pytest.raises(TitanError, match="--ops entry 'attention' must look like op=provider"):
         registry.parse_overrides("attention", source="--ops")
 
@@ -314,9 +316,11 @@ def test_mfu_bench_smoke_runs_titan_levers_against_a_baseline(tmp_path):
     assert report["baseline"]["cfg"] == {"L": 2, "S": 32, "B": 2}
     assert report["baseline"]["peak_mem_gib"] == 1.5
     runs = {run["lever"]: run for run in report["runs"]}
-    assert list(runs) == ["start", "attention=pallas", "cross_entropy=chunked"]
+    assert list(runs) == ["start", "attention=pallas", "cross_entropy=chunked", "rope=fused"]
     assert runs["attention=pallas"]["served"]["attention"] == "pallas"
     assert runs["cross_entropy=chunked"]["served"]["cross_entropy"] == "chunked"
+    assert runs["start"]["served"]["rope"] == "native"
+    assert runs["rope=fused"]["served"]["rope"] == "fused"
     for run in runs.values():
         assert run["tok_s"] > 0 and run["mfu_causal"] is None  # MFU unknown on CPU
         assert run["vs_baseline"] == pytest.approx(run["tok_s"] / 1000.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from titan.errors import TitanError
 from titan.ops import providers, registry  # noqa: F401  (importing providers registers them)
 from titan.ops.registry import OPS, OpTable
 
@@ -100,7 +101,12 @@ class Ops:
             x: (B, S, N, D) with D even; positions: (B, S) integer positions.
         Returns:
             (B, S, N, D) in x's dtype.
+
+        Raises:
+            TitanError: D is odd.
         """
+        if x.shape[-1] % 2:
+            raise TitanError(f"rope needs an even head dim, got {x.shape[-1]}")
         return self._table.call("rope", x, positions, theta=theta)
 
     def swiglu(self, x, w_gate, w_up, w_down):
