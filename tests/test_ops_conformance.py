@@ -94,6 +94,8 @@ def test_a_forced_provider_that_cannot_serve_is_a_one_line_error(monkeypatch):
         Ops("cpu").rope(jnp.ones((1, 2, 1, 3)), jnp.zeros((1, 2), jnp.int32), theta=1e4)
     with pytest.raises(TitanError, match="--ops entry 'attention' must look like op=provider"):
         registry.parse_overrides("attention", source="--ops")
+    with pytest.raises(TitanError, match="--ops names op 'rope' twice"):
+        registry.parse_overrides("rope=fused, rope=native", source="--ops")
 
 
 @pytest.mark.parametrize(

@@ -140,13 +140,15 @@ def parse_overrides(text: str, source: str = "TITAN_OPS") -> dict[str, str]:
         source: where the text comes from (``TITAN_OPS``, ``--ops``), named in errors.
 
     Raises:
-        TitanError: on a malformed entry, an unknown op or an unknown provider.
+        TitanError: on a malformed entry, an op named twice, an unknown op or an unknown provider.
     """
     overrides = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         op, sep, name = entry.partition("=")
         if not sep:
             raise TitanError(f"{source} entry {entry!r} must look like op=provider")
+        if op.strip() in overrides:
+            raise TitanError(f"{source} names op {op.strip()!r} twice")
         overrides[op.strip()] = name.strip()
     check_overrides(overrides)
     return overrides
