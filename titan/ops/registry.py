@@ -144,12 +144,12 @@ def parse_overrides(text: str, source: str = "TITAN_OPS") -> dict[str, str]:
     """
     overrides = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
-        op, sep, name = entry.partition("=")
+        op, sep, name = (part.strip() for part in entry.partition("="))
         if not sep:
             raise TitanError(f"{source} entry {entry!r} must look like op=provider")
-        if op.strip() in overrides:
-            raise TitanError(f"{source} names op {op.strip()!r} twice")
-        overrides[op.strip()] = name.strip()
+        if op in overrides:
+            raise TitanError(f"{source} names op {op!r} twice")
+        overrides[op] = name
     check_overrides(overrides)
     return overrides
 
