@@ -13,10 +13,10 @@
 The titan configurations are a greedy search over the levers that fit one GPU: starting from
 attention within documents (segment ids, as ``titan train`` defaults to; the rows hold one
 document each, so ``--attention-mask causal`` computes the same loss), the registry's automatic
-choice of attention (on an H200 with segment ids: the Pallas flash
-kernels), ``dots`` remat (as the baseline), native cross-entropy, RMSNorm and RoPE, the layer loop
-fully unrolled (titan's default ``--layer-unroll 0``; the baseline's scan is rolled) and no
-extra XLA flags, each lever in :data:`LEVERS` is tried in turn with the others held at the best
+choice of attention (on an H200 with segment ids: the Pallas flash kernels), ``dots`` remat (as
+the baseline), native cross-entropy, RMSNorm, RoPE and SwiGLU, the layer loop fully unrolled
+(titan's default ``--layer-unroll 0``; the baseline's scan is rolled) and no extra XLA flags,
+each lever in :data:`LEVERS` is tried in turn with the others held at the best
 values so far, and the faster value is kept. Each run records what it changed and its tokens/s
 relative to the best configuration it was compared with. Gradient accumulation
 (microbatching) is not a lever: the trainer has none, and at this size the batch fits.
@@ -83,12 +83,13 @@ class RunConfig:
     cross_entropy: str = "native"
     rms_norm: str = "native"
     rope: str = "native"
+    swiglu: str = "native"
     layer_unroll: str = "0"
     xla_flags: str = ""
 
     def overrides(self) -> dict[str, str]:
         ops = {"attention": self.attention, "cross_entropy": self.cross_entropy}
-        ops.update(rms_norm=self.rms_norm, rope=self.rope)
+        ops.update(rms_norm=self.rms_norm, rope=self.rope, swiglu=self.swiglu)
         return {op: name for op, name in ops.items() if name != "auto"}
 
 
@@ -100,6 +101,7 @@ LEVERS: dict[str, list[str]] = {
     "cross_entropy": ["native", "chunked", "fused"],
     "rms_norm": ["native", "pallas"],
     "rope": ["native", "fused"],
+    "swiglu": ["native", "pallas"],
     "layer_unroll": ["0", "1"],
     "xla_flags": [
         "",
@@ -113,6 +115,7 @@ SMOKE_LEVERS: dict[str, list[str]] = {
     "attention": ["auto", "pallas"],
     "cross_entropy": ["native", "chunked"],
     "rope": ["native", "fused"],
+    "swiglu": ["native", "pallas"],
 }
 # CPU smoke runs: LLVM's cheapest optimisation level, the tiny model compiles in half the time.
 SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0"
@@ -297,22 +300,22 @@ def _ratio(value: float | None) -> str:
 def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per run, the baseline first."""
     header = (
-        "| run | attention mask | attention | remat | cross-entropy | rms_norm | rope "
+        "| run | attention mask | attention | remat | cross-entropy | rms_norm | rope | swiglu "
         "| layer unroll | XLA flags "
         "| tokens/s | MFU causal | MFU full | peak GiB | vs prev. best | titan / baseline |"
     )
-    lines = [header, "|" + "---|" * 15]
+    lines = [header, "|" + "---|" * 16]
     if "tok_s" in baseline:
         lines.append(
             f"| plain-JAX baseline | causal | {baseline.get('attn', '')} | "
-            f"{'dots' if baseline.get('remat') else 'none'} | native | native | native | "
+            f"{'dots' if baseline.get('remat') else 'none'} | native | native | native | native | "
             "1 (scan) | | "
             f"{baseline['tok_s']:.0f} | {_cell(baseline.get('mfu_causal'), '.1%')} | "
             f"{_cell(baseline.get('mfu_palm'), '.1%')} | "
             f"{_cell(baseline.get('peak_mem_gib'), '.1f')} | | 1.00 |"
         )
     else:
-        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 13)
+        lines.append(f"| plain-JAX baseline | {baseline.get('error', 'not run')} |" + " |" * 14)
     for run in runs:
         cfg = run["config"]
         served = run.get("served", {})
@@ -324,6 +327,7 @@ def markdown(baseline: dict[str, Any], runs: list[dict[str, Any]]) -> str:
             cfg["cross_entropy"],
             cfg["rms_norm"],
             cfg.get("rope", "native"),
+            cfg.get("swiglu", "native"),
             cfg.get("layer_unroll", "1"),
             f"`{cfg['xla_flags']}`" if cfg["xla_flags"] else "",
         ]

@@ -14,14 +14,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from titan.cli import main
 from titan.errors import TitanError
 from titan.ops import Ops, native, registry
-from titan.ops.providers import chunked, cudnn, flash_attention, fused_loss, fused_rope, platform
+from titan.ops.providers import (
+    chunked,
+    cudnn,
+    flash_attention,
+    fused_loss,
+    fused_rope,
+    platform,
+    swiglu,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-OPT_IN = {"attention": "pallas", "rms_norm": "pallas", "cross_entropy": "chunked"}
+OPT_IN = {
+    "attention": "pallas",
+    "rms_norm": "pallas",
+    "cross_entropy": "chunked",
+    "swiglu": "pallas",
+}
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
@@ -35,7 +49,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
     return done
 
 
-def _shapes(dtype=jnp.float32, head_dim=16, seq=64, dim=64):
+def _shapes(dtype=jnp.float32, head_dim=16, seq=64, dim=64, ffn=128):
     s = jax.ShapeDtypeStruct
     return {
         "q": s((2, seq, 4, head_dim), dtype),
@@ -44,8 +58,8 @@ def _shapes(dtype=jnp.float32, head_dim=16, seq=64, dim=64):
         "x": s((2, seq, dim), dtype),
         "scale": s((dim,), dtype),
         "w_out": s((dim, 128), dtype),
-        "w_in": s((dim, 96), dtype),
-        "w_back": s((96, dim), dtype),
+        "w_in": s((dim, ffn), dtype),
+        "w_back": s((ffn, dim), dtype),
     }
 
 
@@ -73,7 +87,7 @@ def test_cpu_serves_native_unless_forced_and_records_the_provider(monkeypatch):
     assert served.pop("cross_entropy") == served.pop("rope") == "fused"  # every backend's first
     assert set(served.values()) == {"native"}
     forced = _trace_every_op(Ops("cpu", OPT_IN))
-    assert forced == {**OPT_IN, "rope": "fused", "swiglu": "native"}
+    assert forced == {**OPT_IN, "rope": "fused"}
     monkeypatch.setenv("TITAN_OPS", "attention=pallas")
     env_forced = Ops("cpu")
     assert _trace_every_op(env_forced)["attention"] == "pallas"
@@ -90,6 +104,8 @@ def test_a_forced_provider_that_cannot_serve_is_a_one_line_error(monkeypatch):
         _trace_every_op(Ops("cpu", {"attention": "pallas"}), head_dim=24)
     with pytest.raises(TitanError, match="model dim 96 must be a power of two"):
         _trace_every_op(Ops("cpu", {"rms_norm": "pallas"}), dim=96)
+    with pytest.raises(TitanError, match="ffn dim 96 must be a multiple of 128"):
+        _trace_every_op(Ops("cpu", {"swiglu": "pallas"}), ffn=96)
     with pytest.raises(TitanError, match="rope needs an even head dim, got 3"):
         Ops("cpu").rope(jnp.ones((1, 2, 1, 3)), jnp.zeros((1, 2), jnp.int32), theta=1e4)
     with pytest.raises(TitanError, match="--ops entry 'attention' must look like op=provider"):
@@ -234,6 +250,59 @@ def test_fused_rope_matches_native_and_its_backward_is_a_rotation():
     assert "pad" not in primitives(fused_rope.rope)
 
 
+def test_pallas_swiglu_matches_native_and_its_backward_is_one_kernel():
+    keys = jax.random.split(jax.random.key(3), 5)
+    x = jax.random.normal(keys[0], (2, 8, 32))
+    w_gate, w_up = (0.3 * jax.random.normal(k, (32, 256)) for k in keys[1:3])
+    w_down = 0.1 * jax.random.normal(keys[3], (256, 32))
+    weights = jax.random.normal(keys[4], x.shape)
+
+    def grad(impl):
+        loss = lambda *args: jnp.sum(impl(*args) * weights)  # noqa: E731
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
+
+    args = (x, w_gate, w_up, w_down)
+    (got_value, got), (want_value, want) = grad(swiglu.swiglu)(*args), grad(native.swiglu)(*args)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-6)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    bf16 = [a.astype(jnp.bfloat16) for a in args]
+    np.testing.assert_array_equal(swiglu.swiglu(*bf16), native.swiglu(*bf16))
+
+    def kernels(impl) -> list[str]:
+        jaxpr = jax.make_jaxpr(grad(impl))(*args).jaxpr
+        calls = [eqn for eqn in _equations(jaxpr) if eqn.primitive.name == "pallas_call"]
+        return [eqn.params["name"] for eqn in calls]
+
+    assert kernels(native.swiglu) == []
+    assert kernels(swiglu.swiglu) == ["titan_swiglu_backward"]
+
+
+def test_pallas_swiglu_backward_stays_sharded_under_a_mesh():
+    """Batch over dp, the MLP dim over tp: each device runs the kernel on its own tiles (without
+    the partitioning rule XLA gathers the kernel's operands). 24 rows make 12 per device, not a
+    multiple of 8, so the kernel's tiles follow the shard."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    keys = jax.random.split(jax.random.key(4), 4)
+    x = jax.random.normal(keys[0], (4, 6, 32))
+    w_gate, w_up = (0.3 * jax.random.normal(k, (32, 1024)) for k in keys[1:3])
+    w_down = 0.1 * jax.random.normal(keys[3], (1024, 32))
+    specs = (P("dp"), P(None, "tp"), P(None, "tp"), P("tp"))
+    args = [
+        jax.device_put(a, jax.sharding.NamedSharding(mesh, spec))
+        for a, spec in zip((x, w_gate, w_up, w_down), specs, strict=True)
+    ]
+
+    def grads(impl):
+        return jax.jit(jax.grad(lambda *a: jnp.sum(impl(*a) ** 2), argnums=(0, 1, 2, 3)))
+
+    for g, w in zip(grads(swiglu.swiglu)(*args), grads(native.swiglu)(*args), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)  # float32 sums in other orders
+    compiled = grads(swiglu.swiglu).lower(*args).compile().as_text()
+    assert "titan_swiglu_backward" in compiled
+    assert "all-gather" not in compiled
+
+
 @pytest.fixture(scope="module")
 def ops_check_report() -> dict:
     """``titan ops check --json`` over the whole CPU grid, run once."""
@@ -318,11 +387,18 @@ def test_mfu_bench_smoke_runs_titan_levers_against_a_baseline(tmp_path):
     assert report["baseline"]["cfg"] == {"L": 2, "S": 32, "B": 2}
     assert report["baseline"]["peak_mem_gib"] == 1.5
     runs = {run["lever"]: run for run in report["runs"]}
-    assert list(runs) == ["start", "attention=pallas", "cross_entropy=chunked", "rope=fused"]
+    assert list(runs) == [
+        "start",
+        "attention=pallas",
+        "cross_entropy=chunked",
+        "rope=fused",
+        "swiglu=pallas",
+    ]
     assert runs["attention=pallas"]["served"]["attention"] == "pallas"
     assert runs["cross_entropy=chunked"]["served"]["cross_entropy"] == "chunked"
     assert runs["start"]["served"]["rope"] == "native"
     assert runs["rope=fused"]["served"]["rope"] == "fused"
+    assert runs["swiglu=pallas"]["served"]["swiglu"] == "pallas"
     for run in runs.values():
         assert run["tok_s"] > 0 and run["mfu_causal"] is None  # MFU unknown on CPU
         assert run["vs_baseline"] == pytest.approx(run["tok_s"] / 1000.0)
