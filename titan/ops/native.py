@@ -70,11 +70,17 @@ def rope(x, positions, *, theta):
     return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta))
 
 
-def swiglu(x, w_gate, w_up, w_down):
-    gate = jnp.einsum("bse,ef->bsf", x, w_gate).astype(F32)
-    up = jnp.einsum("bse,ef->bsf", x, w_up).astype(F32)
-    hidden = (jax.nn.silu(gate) * up).astype(x.dtype)
-    return jnp.einsum("bsf,fe->bse", hidden, w_down)
+def swiglu_gating(gate, up):
+    """silu(gate) * up, computed in float32 and returned in gate's dtype."""
+    return (jax.nn.silu(gate.astype(F32)) * up.astype(F32)).astype(gate.dtype)
+
+
+def swiglu(x, w_gate, w_up, w_down, *, gating=swiglu_gating):
+    """The MLP around ``gating`` (elementwise on the (B, S, F) projections; providers may pass
+    their own, with another backward pass)."""
+    gate = jnp.einsum("bse,ef->bsf", x, w_gate)
+    up = jnp.einsum("bse,ef->bsf", x, w_up)
+    return jnp.einsum("bsf,fe->bse", gating(gate, up), w_down)
 
 
 def cross_entropy(x, w_out, targets):

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.custom_partitioning import custom_partitioning
 
+from titan.ops import native
 from titan.ops.providers.platform import (
     CUDA,
     PALLAS_BACKENDS,
@@ -84,22 +85,16 @@ def preferred(backend: str, x, w_gate, w_up, w_down) -> bool:
 def swiglu(x, w_gate, w_up, w_down):
     """SwiGLU MLP; arguments and result as :meth:`titan.ops.Ops.swiglu` (x (B, S, E), w_gate and
     w_up (E, F), w_down (F, E); returns (B, S, E) in x's dtype)."""
-    gate = jnp.einsum("bse,ef->bsf", x, w_gate)
-    up = jnp.einsum("bse,ef->bsf", x, w_up)
-    return jnp.einsum("bsf,fe->bse", _gating(gate, up), w_down)
-
-
-def _gating_value(gate, up):
-    return (jax.nn.silu(gate.astype(F32)) * up.astype(F32)).astype(gate.dtype)
+    return native.swiglu(x, w_gate, w_up, w_down, gating=_gating)
 
 
 @jax.custom_vjp
 def _gating(gate, up):
-    return _gating_value(gate, up)
+    return native.swiglu_gating(gate, up)
 
 
 def _gating_forward(gate, up):
-    return _gating_value(gate, up), (gate, up)
+    return native.swiglu_gating(gate, up), (gate, up)
 
 
 def _backward_kernel(gate_ref, up_ref, d_h_ref, d_gate_ref, d_up_ref):
