@@ -36,6 +36,8 @@ def test_help_documents_every_option():
         (["--grad-clip", "nan"], "--grad-clip must be a finite number, got nan"),
         (["--schedule", "zero-bubble"], "--schedule needs --layout mpmd"),
         (["--runs-root", "/etc/hostname"], "--runs-root /etc/hostname is not a directory"),
+        # found only while tracing, after the run dir is written: the run dir is removed again
+        (["--ops", "swiglu=pallas"], "ffn dim 688 must be a multiple of 128"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run_dir(

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -210,7 +211,9 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     """Train per ``cfg``; continue the run in ``resume_dir`` when given. Returns the exit code.
 
     Raises:
-        TitanError: bad input found before the run dir is written (nothing is left behind).
+        TitanError: bad input found before the run starts (before ``run_start``; a forced op
+            provider that cannot serve the model is found while tracing, after the run dir is
+            written). A run dir this call created is removed again: nothing is left behind.
     """
     import jax
 
@@ -236,6 +239,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
 
     power_reader, power_info = open_reader()
 
+    created = not run_dir.exists()
     _write_run_files(run_dir, cfg, model_cfg, tokenizer)
     run = _Run(
         cfg,
@@ -250,7 +254,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     )
     run.stop.install()
     run.start_monitors()
-    started = False
+    started = bad_input = False
     try:
         state, start_step = run.restore_or_init(resume_dir is not None)
         run.watchdog.enter("compile", start_step)
@@ -273,6 +277,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
+            bad_input = True
             raise  # bad input found before the run started: a one-line error, nothing recorded
         traceback.print_exc()
         run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
@@ -283,6 +288,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         run.checkpointer.close()
         run.record.close()
         progress.close()
+        if bad_input and created:
+            shutil.rmtree(run_dir, ignore_errors=True)
     progress.finish(status, step, run_dir)
     return EXIT_OK
 
