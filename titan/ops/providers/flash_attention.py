@@ -43,13 +43,12 @@ from jax.experimental import pallas as pl
 
 from titan.ops.providers.platform import (
     CUDA,
-    PALLAS_BACKENDS,
-    ROCM,
     accelerator,
     cuda_capability,
     is_power_of_two,
     pallas_compiler_params,
     pallas_interpret,
+    pallas_runs_on,
 )
 from titan.ops.registry import Unsupported
 
@@ -109,8 +108,8 @@ def supports(
     blocks: FlashBlocks = DEFAULT_BLOCKS,
 ) -> Any:
     """Whether the Pallas kernels can serve this call: interpreted on CPU, Triton on CUDA/ROCm."""
-    if backend not in PALLAS_BACKENDS or accelerator(backend) not in ("cpu", CUDA, ROCM):
-        return Unsupported(f"runs on cpu (interpreted) or a CUDA/ROCm GPU, not {backend}")
+    if not (runs := pallas_runs_on(backend)):
+        return runs
     if q.dtype not in DTYPES or not q.dtype == k.dtype == v.dtype:
         return Unsupported(f"needs q, k, v in one of float32, bfloat16, float16; got {q.dtype}")
     if q.shape[1] != k.shape[1]:

@@ -42,6 +42,17 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def pallas_runs_on(backend: str) -> Any:
+    """True where the Pallas kernels run (interpreted on CPU, Triton on CUDA/ROCm), else an
+    :class:`~titan.ops.registry.Unsupported` saying so (the shared first step of their
+    capability checks)."""
+    from titan.ops.registry import Unsupported
+
+    if backend not in PALLAS_BACKENDS or accelerator(backend) not in ("cpu", CUDA, ROCM):
+        return Unsupported(f"runs on cpu (interpreted) or a CUDA/ROCm GPU, not {backend}")
+    return True
+
+
 def pallas_interpret(backend: str) -> bool:
     """Pallas kernels run interpreted (``interpret=True``) everywhere but on GPUs."""
     return accelerator(backend) not in (CUDA, ROCM)

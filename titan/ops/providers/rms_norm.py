@@ -22,13 +22,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from titan.ops.providers.platform import (
-    CUDA,
-    PALLAS_BACKENDS,
-    ROCM,
-    accelerator,
     is_power_of_two,
     pallas_compiler_params,
     pallas_interpret,
+    pallas_runs_on,
 )
 from titan.ops.registry import Unsupported
 
@@ -39,8 +36,8 @@ NUM_WARPS = 8
 
 def supports(backend: str, x, scale, *, eps, block_rows: int = BLOCK_ROWS) -> Any:
     """Whether the fused kernel can serve this call: interpreted on CPU, Triton on CUDA/ROCm."""
-    if backend not in PALLAS_BACKENDS or accelerator(backend) not in ("cpu", CUDA, ROCM):
-        return Unsupported(f"runs on cpu (interpreted) or a CUDA/ROCm GPU, not {backend}")
+    if not (runs := pallas_runs_on(backend)):
+        return runs
     if not is_power_of_two(x.shape[-1]):
         return Unsupported(f"model dim {x.shape[-1]} must be a power of two")
     rows = math.prod(x.shape[:-1])

@@ -53,11 +53,10 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from titan.ops import native
 from titan.ops.providers.platform import (
     CUDA,
-    PALLAS_BACKENDS,
-    ROCM,
     accelerator,
     pallas_compiler_params,
     pallas_interpret,
+    pallas_runs_on,
 )
 from titan.ops.registry import Unsupported
 
@@ -71,8 +70,8 @@ NUM_WARPS = 8
 def supports(backend: str, x, w_gate, w_up, w_down) -> Any:
     """Whether the kernel can serve this call: interpreted on CPU, Triton on CUDA/ROCm; rows a
     multiple of ``BLOCK_ROWS``, F a multiple of 128."""
-    if backend not in PALLAS_BACKENDS or accelerator(backend) not in ("cpu", CUDA, ROCM):
-        return Unsupported(f"runs on cpu (interpreted) or a CUDA/ROCm GPU, not {backend}")
+    if not (runs := pallas_runs_on(backend)):
+        return runs
     ffn = w_gate.shape[-1]
     if ffn % MIN_COLS:
         return Unsupported(f"ffn dim {ffn} must be a multiple of {MIN_COLS}")
