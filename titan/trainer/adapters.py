@@ -23,7 +23,7 @@ from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
 from titan.parallel.chunks import plan_chunks
-from titan.parallel.mesh import build_stage_layouts
+from titan.parallel.mesh import build_stage_meshes
 from titan.trainer.optimizer import build_optimizer
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer.state import Trainer
@@ -65,14 +65,14 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
             chunks asked for, or a batch/parameter dimension does not divide its mesh axis.
     """
     pp = cfg.pp if cfg.layout == "mpmd" else 1
-    layouts = build_stage_layouts(cfg.dp, cfg.fsdp, cfg.tp, pp)
+    meshes = build_stage_meshes(cfg.dp, cfg.fsdp, cfg.tp, pp)
     adapter = build_adapter(cfg, model_cfg, ops)
     dtype = compute_dtype(cfg, jax.default_backend())
     optimizer = build_optimizer(cfg)
     if cfg.layout == "spmd":
         chunks = plan_chunks(adapter.n_layers, 1, 1)
         return SpmdTrainer(
-            adapter, layouts[0], chunks, *optimizer, dtype, cfg.grad_clip, cfg.batch_size
+            adapter, meshes[0], chunks, *optimizer, dtype, cfg.grad_clip, cfg.batch_size
         )
     stage_layers = _stage_layers(cfg.stage_layers)
     label = f"--preset {cfg.preset}"
@@ -80,7 +80,7 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
     schedule = build_schedule(cfg.schedule, pp, cfg.microbatches, cfg.virtual_stages)
     return PipelineTrainer.build(
         adapter,
-        layouts,
+        meshes,
         chunks,
         schedule,
         optimizer,
