@@ -61,8 +61,8 @@ from titan.planning.models import (
 
 # Achievable fraction of dense peak for the matmuls of a training step, used when the
 # calibration has no entry for the device. Fitted with this model (0.634) to the two cuDNN-
-# attention runs of the plain-JAX baseline in /work/shared/FACTS.md (0.886B Llama, one H200,
-# seq 2048, batch 8: 0.190 s/step with dots remat, 81.1k tokens/s without); it then predicts
+# attention runs of bench/baselines/plain_jax_llama.py (0.886B Llama, one H200, seq 2048,
+# batch 8: 0.190 s/step with dots remat, 81.1k tokens/s without); it then predicts
 # the baseline's XLA-attention run (47.2k tokens/s) within 6%. The same machine's bf16 8192^3
 # matmul reaches 0.88 to 0.90 of peak.
 DEFAULT_ACHIEVABLE_FRACTION = 0.63
