@@ -22,7 +22,7 @@ from titan.models.adapters.llama import LlamaAdapter
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
-from titan.parallel.chunks import plan_chunks
+from titan.parallel.chunks import Chunk, plan_chunks
 from titan.parallel.mesh import build_stage_meshes
 from titan.trainer.optimizer import build_optimizer
 from titan.trainer.spmd import SpmdTrainer
@@ -57,6 +57,15 @@ def _stage_layers(text: str) -> tuple[int, ...]:
         raise TitanError(f"--stage-layers {text!r} must be integers") from None
 
 
+def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
+    """Refuse a family that carries non-parameter state: neither layout threads it yet."""
+    if any(jax.tree.leaves(adapter.model_state(chunk)) for chunk in chunks):
+        raise TitanError(
+            f"model family {adapter.family} carries non-parameter state, which the SPMD and "
+            "MPMD layouts do not train yet"
+        )
+
+
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
     """The trainer for ``cfg.layout``, validated against the devices present.
 
@@ -71,12 +80,14 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
     optimizer = build_optimizer(cfg)
     if cfg.layout == "spmd":
         chunks = plan_chunks(adapter.n_layers, 1, 1)
+        _check_model_state(adapter, chunks)
         return SpmdTrainer(
             adapter, meshes[0], chunks, *optimizer, dtype, cfg.grad_clip, cfg.batch_size
         )
     stage_layers = _stage_layers(cfg.stage_layers)
     label = f"--preset {cfg.preset}"
     chunks = plan_chunks(adapter.n_layers, pp, cfg.virtual_stages, stage_layers, label)
+    _check_model_state(adapter, chunks)
     schedule = build_schedule(cfg.schedule, pp, cfg.microbatches, cfg.virtual_stages)
     return PipelineTrainer.build(
         adapter,
