@@ -47,6 +47,7 @@ from titan.mpmd.schedules import (
     execution_order,
     theoretical_bubble,
 )
+from titan.observability.events import Event, Pipeline, PipelineTiming
 from titan.ops import Ops
 from titan.parallel.sharding import BATCH_AXES
 from titan.trainer.layout import Chunk, MeshLayout, cast_tree
@@ -294,27 +295,24 @@ class PipelineTrainer:
             "chunks": [[c.start, c.end] for c in self.chunks],
         }
 
-    def start_events(self) -> list[tuple[str, dict[str, Any]]]:
+    def start_events(self) -> list[Event]:
         """The ``pipeline`` event: stages, devices and layers per stage, schedule, bubble."""
         return [
-            (
-                "pipeline",
-                {
-                    "stages": self.cfg.pp,
-                    "virtual_stages": self.cfg.virtual_stages,
-                    "devices_per_stage": int(self.layouts[0].mesh.devices.size),
-                    "layers_per_chunk": [c.n_layers for c in self.chunks],
-                    "chunk_stage": [c.group for c in self.chunks],
-                    "schedule": self.cfg.schedule,
-                    "microbatches": self.cfg.microbatches,
-                    "theoretical_bubble": theoretical_bubble(
-                        self.cfg.schedule,
-                        self.cfg.pp,
-                        self.cfg.microbatches,
-                        self.cfg.virtual_stages,
-                    ),
-                    "actions": [[str(a) for a in group] for group in self.schedule.groups],
-                },
+            Pipeline(
+                stages=self.cfg.pp,
+                virtual_stages=self.cfg.virtual_stages,
+                devices_per_stage=int(self.layouts[0].mesh.devices.size),
+                layers_per_chunk=[c.n_layers for c in self.chunks],
+                chunk_stage=[c.group for c in self.chunks],
+                schedule=self.cfg.schedule,
+                microbatches=self.cfg.microbatches,
+                theoretical_bubble=theoretical_bubble(
+                    self.cfg.schedule,
+                    self.cfg.pp,
+                    self.cfg.microbatches,
+                    self.cfg.virtual_stages,
+                ),
+                actions=[[str(a) for a in group] for group in self.schedule.groups],
             )
         ]
 
@@ -449,13 +447,10 @@ class PipelineTrainer:
         if timed:
             jax.block_until_ready(new_state)
             self._events.append(
-                (
-                    "pipeline_timing",
-                    {
-                        "step": state["step"] + 1,
-                        "actions": spans,
-                        "step_time_s": time.perf_counter() - start,
-                    },
+                PipelineTiming(
+                    step=state["step"] + 1,
+                    actions=spans,
+                    step_time_s=time.perf_counter() - start,
                 )
             )
         loss = jnp.mean(jnp.stack(buffers.losses))
@@ -481,7 +476,7 @@ class PipelineTrainer:
         """Whether the next :meth:`step` is a timed one, which blocks after every action."""
         return (self._steps_done + 1) % self.cfg.timing_every == 0
 
-    def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
+    def drain_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
 

@@ -10,7 +10,8 @@ Both expose the same interface to the training loop: ``describe()``, ``init_stat
 ``trace()``, ``compile()`` (compile event fields), ``step(state, batch)`` (new state, metrics on
 device), ``checkpoint_items(state)`` / ``abstract_items()`` / ``state_from_items(items, step)``
 (per-chunk ``{"params", "opt_state"}``, the checkpoint format shared by the layouts),
-``start_events()`` and ``drain_events()`` (layout-specific events), ``step_fields()`` (host
+``start_events()`` and ``drain_events()`` (layout-specific events of
+:mod:`titan.observability.events`), ``step_fields()`` (host
 figures of the last step) and ``next_step_blocks()`` (the next step is a synchronous, timed one).
 
 A batch is ``{"tokens": (B, S + 1) int32, "segment_ids": (B, S) int32}``. Parameters are kept
@@ -31,6 +32,7 @@ import optax
 
 from titan.config import ModelConfig, TrainConfig
 from titan.models.llama import LlamaStage
+from titan.observability.events import Event
 from titan.ops import Ops
 from titan.trainer.layout import (
     Chunk,
@@ -225,10 +227,10 @@ class SpmdTrainer:
         step_array = jax.device_put(jnp.int32(step), self.layout.replicated())
         return {"step": step_array, **items["chunk_0"]}
 
-    def start_events(self) -> list[tuple[str, dict[str, Any]]]:
+    def start_events(self) -> list[Event]:
         return []
 
-    def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
+    def drain_events(self) -> list[Event]:
         return []
 
     def step_fields(self) -> dict[str, Any]:
