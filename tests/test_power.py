@@ -503,3 +503,20 @@ def test_a_power_switch_is_a_step_event_field():
     event = Step(step=3, energy_j=1.0, power_switch={"method": "sampled", "reason": "frozen"})
     assert event.to_json()["power_switch"] == {"method": "sampled", "reason": "frozen"}
     assert "power_switch" not in Step(step=4).to_json()
+
+
+def _field_reply(status: int, milliwatts: int) -> list:
+    return [types.SimpleNamespace(nvmlReturn=status, value=types.SimpleNamespace(uiVal=milliwatts))]
+
+
+def test_nvml_reads_instant_power_where_the_driver_has_the_field(no_visibility):
+    module = _nvml([250], [0])  # the 1 s average says 250 W
+    module.NVML_FI_DEV_POWER_INSTANT = 186
+    replies = {186: _field_reply(0, 410_000)}
+    module.nvmlDeviceGetFieldValues = lambda h, fields: replies[fields[0]]
+    no_visibility.setitem(sys.modules, "pynvml", module)
+    reader = NvmlReader(devices=_gpus(0), process_index=0)
+    assert reader.power_reading == "instant" and reader.read()[0] == pytest.approx(410.0)
+    replies[186] = _field_reply(3, 0)  # NVML_ERROR_NOT_SUPPORTED: the average is read instead
+    reader = NvmlReader(devices=_gpus(0), process_index=0)
+    assert reader.power_reading == "average" and reader.read()[0] == pytest.approx(250.0)

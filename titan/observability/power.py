@@ -105,7 +105,9 @@ class RaplReader:
 
 
 INSTALL = "pip install 'titan-jax[power]'"
-NVML_ARCH_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE; from Ampere (but GA100) the power is a 1 s average
+NVML_ARCH_AMPERE = (
+    7  # NVML_DEVICE_ARCH_AMPERE: from Ampere (but GA100) the power usage is a 1 s mean
+)
 GA100_NAMES = ("A100", "A30")
 AMDSMI_COUNTER_BITS = 32  # amdsmi's accumulator wraps at 2**32 x counter_resolution on MI200/MI300
 
@@ -362,8 +364,11 @@ def _number(value: Any) -> float | None:
 
 class NvmlReader(GpuReader):
     """NVIDIA GPUs through nvidia-ml-py: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the
-    driver loaded, 64 bits: a decrease is dropped and counted) and ``nvmlDeviceGetPowerUsage``
+    driver loaded, 64 bits: a decrease is dropped and counted) and the power: the field
+    ``NVML_FI_DEV_POWER_INSTANT`` (mW) where the driver has it, else ``nvmlDeviceGetPowerUsage``
     (mW; averaged over 1 s from Ampere except GA100, instant before: NVML's documentation).
+    On an H200 the counter moves in steps of about 0.1 s, so a step shorter than that can read
+    0 J and the next one the rest (their sum is exact).
     Handles are mapped through ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs); CUDA's
     default order is NVML's (PCI bus) order on hosts of one GPU model, so a mixed host needs
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``."""
@@ -385,6 +390,7 @@ class NvmlReader(GpuReader):
                 f"GPUs of {len(names)} models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: "
                 "CUDA's device order cannot be matched to NVML's"
             )
+        self._instant = self._instant_field(handles)
         return handles
 
     def _name(self, handle: Any) -> str | None:
@@ -399,10 +405,27 @@ class NvmlReader(GpuReader):
         except Exception:  # noqa: BLE001 - a missing function: UUID entries then match nothing
             return None
 
+    def _instant_field(self, handles: list[Any]) -> int | None:
+        """``NVML_FI_DEV_POWER_INSTANT`` where every device answers it (drivers from R535), else
+        None: then ``nvmlDeviceGetPowerUsage``, a 1 s average on current GPUs, is read."""
+        field = getattr(self.lib, "NVML_FI_DEV_POWER_INSTANT", None)
+        if field is None:
+            return None
+        try:
+            replies = [self.lib.nvmlDeviceGetFieldValues(h, [field])[0] for h in handles]
+        except Exception:  # noqa: BLE001 - a missing function or an NVMLError
+            return None
+        return field if all(reply.nvmlReturn == 0 for reply in replies) else None
+
     def _power_w(self, handle: Any) -> float | None:
-        return self.lib.nvmlDeviceGetPowerUsage(handle) * 1e-3
+        if self._instant is None:
+            return self.lib.nvmlDeviceGetPowerUsage(handle) * 1e-3
+        reply = self.lib.nvmlDeviceGetFieldValues(handle, [self._instant])[0]
+        return reply.value.uiVal * 1e-3 if reply.nvmlReturn == 0 else None
 
     def _power_kind(self) -> str:
+        if self._instant is not None:
+            return "instant"
         try:
             archs = [self.lib.nvmlDeviceGetArchitecture(h) for h in self.handles]
         except Exception:  # noqa: BLE001 - unknown: the reading of the current GPUs
