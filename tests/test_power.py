@@ -520,3 +520,25 @@ def test_nvml_reads_instant_power_where_the_driver_has_the_field(no_visibility):
     replies[186] = _field_reply(3, 0)  # NVML_ERROR_NOT_SUPPORTED: the average is read instead
     reader = NvmlReader(devices=_gpus(0), process_index=0)
     assert reader.power_reading == "average" and reader.read()[0] == pytest.approx(250.0)
+
+
+def test_a_reader_that_breaks_unexpectedly_is_a_reason_not_a_crash(no_visibility):
+    def broken(**_):
+        raise KeyError("driver returned garbage")
+
+    no_visibility.setitem(sys.modules, "pynvml", _nvml([100, 200], [0, 0]))
+    reader, info = open_reader((broken, NvmlReader), devices=_gpus(1), process_index=0)
+    assert isinstance(reader, NvmlReader) and info["devices"][0]["index"] == 1
+    assert info["reason"] is None
+    reader, info = open_reader((broken,), devices=_gpus(0), process_index=0)
+    assert reader is None and info["reason"] == "broken: KeyError: 'driver returned garbage'"
+
+
+def test_mixed_gpu_models_need_pci_bus_order(no_visibility):
+    module = _nvml([100, 200], [0, 0])
+    module.nvmlDeviceGetName = lambda h: ["NVIDIA H200", "NVIDIA L4"][h]
+    no_visibility.setitem(sys.modules, "pynvml", module)
+    with pytest.raises(PowerUnavailable, match="^GPUs of 2 models and CUDA_DEVICE_ORDER"):
+        NvmlReader(devices=_gpus(0), process_index=0)
+    no_visibility.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert NvmlReader(devices=_gpus(1), process_index=0).read()[0] == pytest.approx(200.0)

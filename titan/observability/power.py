@@ -105,9 +105,7 @@ class RaplReader:
 
 
 INSTALL = "pip install 'titan-jax[power]'"
-NVML_ARCH_AMPERE = (
-    7  # NVML_DEVICE_ARCH_AMPERE: from Ampere (but GA100) the power usage is a 1 s mean
-)
+NVML_ARCH_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: from it (but GA100) power usage is a 1 s mean
 GA100_NAMES = ("A100", "A30")
 AMDSMI_COUNTER_BITS = 32  # amdsmi's accumulator wraps at 2**32 x counter_resolution on MI200/MI300
 
@@ -219,6 +217,8 @@ class GpuReader:
     distribution = ""
     platforms: tuple[str, ...] = ()
     visibility: tuple[str, ...] = ()
+    uuid_function = ""  # the library's function giving a device's UUID
+    no_power = "N/A"  # the fallback reason when a device has no power reading
 
     def __init__(self, devices: list[Any] | None = None, process_index: int | None = None):
         devices = local_devices(devices, process_index)
@@ -233,6 +233,8 @@ class GpuReader:
             raise PowerUnavailable(f"{self.distribution} is not installed ({INSTALL})") from None
         try:
             handles = self._handles()
+        except PowerUnavailable:
+            raise
         except Exception as err:  # noqa: BLE001 - NVMLError, AmdSmiException, or a broken driver
             raise PowerUnavailable(f"{self.package}: {_describe(err)}") from None
         if not handles:
@@ -250,6 +252,17 @@ class GpuReader:
         self.method = "counter" if self.counters is not None else "sampled"
         if self.counters is None and self.power_reading is None:
             raise PowerUnavailable(f"{self.source}: {'; '.join(self.fallbacks)}")
+
+    def _optional_text(self, function: str, handle: Any) -> str | None:
+        """``lib.<function>(handle)`` as text; None when the library lacks it or it fails
+        (names and UUIDs only help to map devices: a UUID entry then matches nothing)."""
+        try:
+            return _text(getattr(self.lib, function)(handle))
+        except Exception:  # noqa: BLE001 - AttributeError, NVMLError, AmdSmiException
+            return None
+
+    def _uuid(self, handle: Any) -> str | None:
+        return self._optional_text(self.uuid_function, handle)
 
     def _indices(
         self, devices: list[Any] | None, host: list[int], uuids: dict[int, str | None]
@@ -272,14 +285,13 @@ class GpuReader:
 
     def _probe_power(self) -> str | None:
         try:
-            readings = [self._power_w(h) for h in self.handles]
-        except Exception as err:  # noqa: BLE001 - a missing function or an NVMLError
+            kind = self._power_kind()
+        except Exception as err:  # noqa: BLE001 - a missing function, NVMLError, AmdSmiException
             self.fallbacks.append(f"power reading: {_describe(err)}")
             return None
-        if None in readings:
-            self.fallbacks.append("power reading: N/A")
-            return None
-        return self._power_kind()
+        if kind is None:
+            self.fallbacks.append(f"power reading: {self.no_power}")
+        return kind
 
     def _probe_counters(self) -> list[GpuCounter] | None:
         try:
@@ -326,13 +338,11 @@ class GpuReader:
     def _handles(self) -> list[Any]:
         raise NotImplementedError
 
-    def _uuid(self, handle: Any) -> str | None:
-        raise NotImplementedError
-
     def _power_w(self, handle: Any) -> float | None:
         raise NotImplementedError
 
-    def _power_kind(self) -> str:
+    def _power_kind(self) -> str | None:
+        """``instant`` | ``average`` after reading every device, None when one's is N/A."""
         raise NotImplementedError
 
     def _counter(self, handle: Any) -> GpuCounter:
@@ -378,13 +388,14 @@ class NvmlReader(GpuReader):
     distribution = "nvidia-ml-py (pynvml)"
     platforms = ("gpu", "cuda")
     visibility = ("CUDA_VISIBLE_DEVICES",)
+    uuid_function = "nvmlDeviceGetUUID"
 
     def _handles(self) -> list[Any]:
         self.lib.nvmlInit()
         handles = [
             self.lib.nvmlDeviceGetHandleByIndex(i) for i in range(self.lib.nvmlDeviceGetCount())
         ]
-        names = {self._name(h) for h in handles}
+        names = {self._optional_text("nvmlDeviceGetName", h) for h in handles}
         if len(names) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
             raise PowerUnavailable(
                 f"GPUs of {len(names)} models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: "
@@ -392,18 +403,6 @@ class NvmlReader(GpuReader):
             )
         self._instant = self._instant_field(handles)
         return handles
-
-    def _name(self, handle: Any) -> str | None:
-        try:
-            return _text(self.lib.nvmlDeviceGetName(handle))
-        except Exception:  # noqa: BLE001 - a missing function: names are only a check
-            return None
-
-    def _uuid(self, handle: Any) -> str | None:
-        try:
-            return _text(self.lib.nvmlDeviceGetUUID(handle))
-        except Exception:  # noqa: BLE001 - a missing function: UUID entries then match nothing
-            return None
 
     def _instant_field(self, handles: list[Any]) -> int | None:
         """``NVML_FI_DEV_POWER_INSTANT`` where every device answers it (drivers from R535), else
@@ -423,14 +422,20 @@ class NvmlReader(GpuReader):
         reply = self.lib.nvmlDeviceGetFieldValues(handle, [self._instant])[0]
         return reply.value.uiVal * 1e-3 if reply.nvmlReturn == 0 else None
 
-    def _power_kind(self) -> str:
+    def _power_kind(self) -> str | None:
+        if None in [self._power_w(h) for h in self.handles]:
+            return None
         if self._instant is not None:
             return "instant"
         try:
             archs = [self.lib.nvmlDeviceGetArchitecture(h) for h in self.handles]
         except Exception:  # noqa: BLE001 - unknown: the reading of the current GPUs
             return "average"
-        ga100 = any(n in (self._name(h) or "") for h in self.handles for n in GA100_NAMES)
+        ga100 = any(
+            n in (self._optional_text("nvmlDeviceGetName", h) or "")
+            for h in self.handles
+            for n in GA100_NAMES
+        )
         return "average" if min(archs) >= NVML_ARCH_AMPERE and not ga100 else "instant"
 
     def _counter(self, handle: Any) -> GpuCounter:
@@ -453,6 +458,8 @@ class AmdSmiReader(GpuReader):
     package = "amdsmi"
     distribution = "amdsmi"
     platforms = ("gpu", "rocm")
+    uuid_function = "amdsmi_get_gpu_device_uuid"
+    no_power = "current and average socket power are N/A"
     POWER_KEYS = (("current_socket_power", "instant"), ("average_socket_power", "average"))
 
     @property
@@ -467,12 +474,6 @@ class AmdSmiReader(GpuReader):
         self._power_key = self.POWER_KEYS[0][0]
         return self.lib.amdsmi_get_processor_handles()
 
-    def _uuid(self, handle: Any) -> str | None:
-        try:
-            return _text(self.lib.amdsmi_get_gpu_device_uuid(handle))
-        except Exception:  # noqa: BLE001 - a missing function: UUID entries then match nothing
-            return None
-
     def _power_w(self, handle: Any) -> float | None:
         return _number(self.lib.amdsmi_get_power_info(handle).get(self._power_key))
 
@@ -483,16 +484,6 @@ class AmdSmiReader(GpuReader):
                 self._power_key = key
                 return kind
         return None
-
-    def _probe_power(self) -> str | None:
-        try:
-            kind = self._power_kind()
-        except Exception as err:  # noqa: BLE001 - a missing function or an AmdSmiException
-            self.fallbacks.append(f"power reading: {_describe(err)}")
-            return None
-        if kind is None:
-            self.fallbacks.append("power reading: current and average socket power are N/A")
-        return kind
 
     def _energy(self, handle: Any) -> tuple[float, float]:
         count = self.lib.amdsmi_get_energy_count(handle)
@@ -548,6 +539,9 @@ def open_reader(
             reader = make(devices=devices, process_index=process_index)
         except PowerUnavailable as err:
             reasons.append(str(err))
+            continue
+        except Exception as err:  # noqa: BLE001 - a sensor must never stop the run
+            reasons.append(f"{getattr(make, '__name__', make)}: {_describe(err)}")
             continue
         info = {"source": reader.source, "available": True, "reason": None}
         return reader, {**info, **_reader_info(reader)}
