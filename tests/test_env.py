@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from titan.observability.env import (
+    JAX_OPTIONS,
     accelerator_versions,
     capture_environment,
     git_commit,
@@ -54,3 +55,43 @@ def test_capture_records_git_drivers_and_variables(monkeypatch):
     if shutil.which("nvidia-smi") is None:
         assert versions["nvidia_driver"] is None and versions["cuda"] is None
     assert isinstance(versions["jax_plugins"], dict)
+
+
+def test_env_vars_are_an_allow_list_that_leaves_credentials_out():
+    environ = {
+        "JAX_PASSWD": "hunter2",
+        "CUDA_CREDENTIALS": "c",
+        "JAX_GCS_PRIVATE_CERT": "-----BEGIN PRIVATE KEY-----",
+        "JAX_SOMETHING_NEW": "x",
+        "XLA_PASSWORD_FILE": "/secret",
+        "RCCL_AUTH_TOKEN": "t",
+        "NCCL_IB_HCA": "mlx5",
+        "RCCL_ENABLE_HIPGRAPH": "1",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9",
+        "JAX_ENABLE_X64": "1",
+        "JAX_COMPILATION_CACHE_DIR": "/cache",
+        "HIP_VISIBLE_DEVICES": "0",
+        "ROCR_VISIBLE_DEVICES": "GPU-abc",
+        "OMP_NUM_THREADS": "8",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "LIBTPU_INIT_ARGS": "--xla_tpu_enable_latency_hiding_scheduler=true",
+    }
+    assert recorded_env_vars(environ) == {
+        "HIP_VISIBLE_DEVICES": "0",
+        "JAX_COMPILATION_CACHE_DIR": "/cache",
+        "JAX_ENABLE_X64": "1",
+        "LIBTPU_INIT_ARGS": "--xla_tpu_enable_latency_hiding_scheduler=true",
+        "NCCL_IB_HCA": "mlx5",
+        "OMP_NUM_THREADS": "8",
+        "RCCL_ENABLE_HIPGRAPH": "1",
+        "ROCR_VISIBLE_DEVICES": "GPU-abc",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9",
+    }
+
+
+def test_every_recorded_jax_name_is_a_jax_config_option():
+    import jax
+
+    for name in JAX_OPTIONS:
+        assert name.lower() in jax.config.values, name

@@ -214,8 +214,10 @@ class RunStart(Event):
         "the checkpoint step a resumed attempt restored; None for a fresh run", "steps"
     )
     power: dict[str, Any] | None = _field(
-        "``source``, ``available``, ``reason`` of the power reading "
-        "(:mod:`titan.observability.power`)"
+        "``source``, ``available``, ``reason`` of the power reading; ``method`` (``counter`` |"
+        " ``sampled``), ``power_reading`` (``instant`` | ``average`` | None), ``devices`` (the"
+        " devices read: JAX id, library index, UUID) and ``fallbacks`` (why the counter or the"
+        " power reading is not used) (:mod:`titan.observability.power`)"
     )
 
 
@@ -261,6 +263,11 @@ class Step(Event):
         "joules",
     )
     joules_per_token: float | None = _field("energy_j / tokens", "joules per token")
+    power_switch: dict[str, Any] | None = _field(
+        "on the one step after the energy method changed during the run (a frozen counter):"
+        " the new ``method`` and the ``reason``",
+        omit_if_none=True,
+    )
     dispatch_s: float | None = _field(
         "controller time to dispatch every action and update, MPMD only",
         "seconds",

@@ -222,7 +222,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
     batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)
 
-    power_reader, power_info = open_reader()
+    power_reader, power_info = open_reader(devices=jax.devices()[: trainer.describe()["devices"]])
 
     created = not run_dir.exists()
     _write_run_files(run_dir, cfg, model_cfg, tokenizer)
