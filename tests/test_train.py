@@ -142,8 +142,11 @@ def small_options_run_dir(options):
     [({"steps": 100}, "5:100"), ({"steps": 4}, ""), ({"steps": 100, "profile_steps": ""}, "")],
 )
 def test_resume_cuts_the_saved_profile_range_to_a_lowered_steps(tmp_path, explicit, profile_steps):
-    saved = TrainConfig(steps=200, profile_steps="5:150")
+    saved = TrainConfig.of(steps=200, profile_steps="5:150")
     (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
     (tmp_path / "tokenizer.model").write_bytes(b"")
     cfg = resume_options(tmp_path, explicit)
-    assert (cfg.steps, cfg.profile_steps) == (explicit["steps"], profile_steps)
+    assert (cfg.optimizer.steps, cfg.record()["profile_steps"]) == (
+        explicit["steps"],
+        profile_steps,
+    )
