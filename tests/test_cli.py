@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
+import titan
 from titan.cli import build_parser, main
 from titan.config import option_fields
 
@@ -103,3 +107,17 @@ def test_output_cut_short_by_a_closed_pipe_ends_quietly():
     proc.stdout.close()
     stderr = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and stderr == ""
+
+
+def test_version_flag_prints_the_installed_distributions_version(capsys):
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == titan.DISTRIBUTION
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "titan.__version__"}
+    try:
+        expected = metadata.version(titan.DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # a checkout that is not installed
+        expected = titan.__version__
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"titan {expected}\n"

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
 
 from titan.config import ModelConfig
-from titan.models.llama import LlamaStage
+from titan.models.adapters.llama import LlamaAdapter
 from titan.observability.flops import FlopsMeter, device_peak, hardware_flops_per_token
 from titan.ops import Ops
-from titan.planning.models import model_flops_per_token
-from titan.trainer.adapters import init_params, microbatch_loss
+from titan.parallel.chunks import whole_model
+from titan.planning.models import model_flops_per_token, training_flops_per_token
 
 # XLA also counts elementwise work (norms, softmax, SiLU, the loss): 0.3 to 0.7% on top of the
 # matmuls in these shapes (jax 0.10.2, XLA:CPU); the tolerance leaves room for other versions.
@@ -25,15 +24,16 @@ def _xla_training_flops(m: ModelConfig, batch: int, seq_len: int, remat: str) ->
     The layer loop is unrolled (``layer_unroll=0``), so the count covers every layer: XLA's cost
     analysis counts a while loop's body once, whatever its trip count.
     """
-    model = LlamaStage(m, Ops("cpu", {}), m.n_layers, remat=remat, layer_unroll=0)
-    params = jax.eval_shape(lambda k: nn.unbox(init_params(model, seq_len, k)), jax.random.key(0))
-    tokens = jax.ShapeDtypeStruct((batch, seq_len + 1), jnp.int32)
-    segments = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+    adapter = LlamaAdapter(m, Ops("cpu", {}), seq_len, remat=remat, layer_unroll=0)
+    chunk = whole_model(m.n_layers)
+    params = adapter.abstract_params(chunk)[0]
 
-    def loss(p, t, s):
-        return microbatch_loss(model, jnp.dtype(jnp.float32), p, t, s)
+    def loss(p, batch):
+        inputs = adapter.stage_inputs(batch)
+        dtype = jnp.dtype(jnp.float32)
+        return adapter.forward(chunk, p, inputs.first, inputs.every, inputs.last, dtype)
 
-    compiled = jax.jit(jax.grad(loss)).lower(params, tokens, segments).compile()
+    compiled = jax.jit(jax.grad(loss)).lower(params, adapter.batch_shapes(batch)).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost["flops"])
@@ -69,7 +69,9 @@ def test_mfu_fields_use_the_peak_and_both_conventions():
     m = ModelConfig("a", 512, 256, 2, 4, 2, 1024)
     peak = device_peak(["NVIDIA H200"], 2, "bfloat16")
     assert peak.flops == pytest.approx(2 * 989.5e12) and peak.kind == "datasheet_dense_bfloat16"
-    fields = FlopsMeter(m, 64, "dots", peak).step_fields(tokens_per_s=1e6)
+    fields = FlopsMeter(*training_flops_per_token(m, 64, "dots"), peak).step_fields(
+        tokens_per_s=1e6
+    )
     causal, full = (
         fields["model_flops_per_token"]["causal"],
         fields["model_flops_per_token"]["full"],
@@ -88,7 +90,8 @@ def test_no_mfu_without_a_datasheet_peak_for_the_devices_and_dtype():
     assert device_peak(["NVIDIA H200", "NVIDIA H100"], 2, "bfloat16").flops is None
     unknown = device_peak(["Quantum Accelerator 9000"], 1, "bfloat16")
     assert unknown.flops is None and "not in the GPU catalog" in unknown.reason
-    meter = FlopsMeter(ModelConfig("a", 512, 256, 2, 4, 2, 1024), 64, "none", unknown)
+    m = ModelConfig("a", 512, 256, 2, 4, 2, 1024)
+    meter = FlopsMeter(*training_flops_per_token(m, 64, "none"), unknown)
     step = meter.step_fields(tokens_per_s=1e3)
     assert step["mfu"] is None and step["mfu_reason"] == unknown.reason
     assert step["model_flops_per_token"]["causal"] > 0

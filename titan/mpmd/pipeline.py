@@ -1,12 +1,16 @@
-"""Single-controller MPMD pipeline: stages as separate jitted programs on separate device groups.
+"""Single-controller MPMD pipeline: stages as separate jitted programs on their own devices.
 
-The model is cut into chunks (:func:`titan.trainer.layout.plan_chunks`); chunk c runs on device
-group c % pp, a sub-mesh partitioned by Shardy with the same logical sharding rules as the SPMD
-baseline. For each chunk, compiled once per shape:
+The model is cut into chunks (:func:`titan.parallel.chunks.plan_chunks`); chunk c runs on stage
+c % pp, a sub-mesh partitioned by Shardy with the same logical sharding rules as the SPMD
+baseline. The model family is an adapter (:class:`titan.models.adapters.base.ModelAdapter`):
+it gives each chunk's parameters and forward pass, and the shape of what crosses chunks. For
+each chunk, compiled once per shape:
 
-- ``forward(params, inputs, segment_ids, targets) -> (outputs, vjp)``: the chunk's forward with
-  ``jax.vjp``; the returned VJP object carries the residuals (saved activations) on the group's
-  devices until the backward consumes them. The last chunk outputs the microbatch's mean loss.
+- ``forward(params, x, every, last) -> (outputs, vjp)``: the chunk's forward with ``jax.vjp``
+  (``x``: the model input or the previous chunk's output; ``every``, ``last``: the microbatch's
+  parts of :class:`titan.models.adapters.base.StageInputs`); the returned VJP object carries the
+  residuals (saved activations) on the stage's devices until the backward consumes them. The
+  last chunk outputs the microbatch's mean loss.
 - ``backward(vjp, dy, grads) -> (grads + dW, dx)``: input and weight gradients, accumulated
   into float32 gradient buffers in the same program.
 - ``backward_input(vjp, dy) -> dx`` and ``backward_weight(vjp, dy, grads) -> grads + dW`` for
@@ -18,47 +22,47 @@ baseline. For each chunk, compiled once per shape:
 
 One Python process (the controller) walks the schedule (:mod:`titan.mpmd.schedules`) in a
 dependency-respecting order and dispatches each action; JAX's asynchronous dispatch lets the
-groups run concurrently. Activations and their gradients cross groups through :func:`transfer`.
+stages run concurrently. Activations and their gradients cross stages through :func:`transfer`.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from titan.config import ModelConfig, TrainConfig
 from titan.errors import TitanError
-from titan.models.llama import LlamaStage
+from titan.models.adapters.base import ModelAdapter
 from titan.mpmd.schedules import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
     Action,
-    build_schedule,
+    Schedule,
     execution_order,
     theoretical_bubble,
 )
-from titan.ops import Ops
+from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
+from titan.parallel.mesh import MeshLayout
 from titan.parallel.sharding import BATCH_AXES
-from titan.trainer.layout import Chunk, MeshLayout, cast_tree
 from titan.trainer.optimizer import clip_by_global_norm
+from titan.trainer.state import Batch, ChunkState, Event, StepMetrics, TrainState, chunk_item
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
-    """Move an activation (or its gradient) onto the receiving group's devices.
+    """Move an activation (or its gradient) onto the receiving stage's devices.
 
-    The one place where data crosses device groups. ``jax.device_put`` returns at once and
+    The one place where data crosses stages. ``jax.device_put`` returns at once and
     copies device to device when ``x`` is ready (NVLink/PCIe between GPUs of one host). It
-    assumes the controller addresses both groups, true on one host; a multi-host pipeline
+    assumes the controller addresses both stages, true on one host; a multi-host pipeline
     replaces this function with a cross-process send/receive.
     """
     return jax.device_put(x, sharding)
@@ -76,35 +80,32 @@ def _abstract(tree: Any, shardings: Any) -> Any:
 
 @dataclass
 class ChunkPrograms:
-    """The compiled programs of one model chunk on its device group."""
+    """The compiled programs of one model chunk on its stage's devices."""
 
     chunk: Chunk
     layout: MeshLayout
-    model: LlamaStage
+    adapter: ModelAdapter
     tx: optax.GradientTransformation
     dtype: jnp.dtype
     grad_clip: float
     shardings: Any
-    abstract: Any
+    abstract: ChunkState
     rows: int
-    seq_len: int
     compiled: dict[str, Any] = field(default_factory=dict)
 
     @property
     def activation_sharding(self) -> NamedSharding:
-        return NamedSharding(self.layout.mesh, PartitionSpec(BATCH_AXES, None, None))
+        shape, _ = self.adapter.activation(self.rows, self.dtype)
+        spec = PartitionSpec(BATCH_AXES, *([None] * (len(shape) - 1)))
+        return NamedSharding(self.layout.mesh, spec)
 
-    def _apply(self, params, inputs, segment_ids, targets):
-        positions = jnp.broadcast_to(jnp.arange(self.seq_len), segment_ids.shape)
-        outputs = self.model.apply(
-            {"params": cast_tree(params, self.dtype)}, inputs, positions, segment_ids, targets
-        )
-        return jnp.mean(outputs) if self.chunk.last else outputs
+    def _apply(self, params, x, every, last):
+        return self.adapter.forward(self.chunk, params, x, every, last, self.dtype)
 
-    def _forward(self, params, inputs, segment_ids, targets):
+    def _forward(self, params, x, every, last):
         if self.chunk.first:
-            return jax.vjp(lambda p: self._apply(p, inputs, segment_ids, targets), params)
-        return jax.vjp(lambda p, x: self._apply(p, x, segment_ids, targets), params, inputs)
+            return jax.vjp(lambda p: self._apply(p, x, every, last), params)
+        return jax.vjp(lambda p, h: self._apply(p, h, every, last), params, x)
 
     def _backward(self, vjp, dy, grads):
         cotangents = vjp(dy)
@@ -124,21 +125,27 @@ class ChunkPrograms:
         zeros = jax.tree.map(jnp.zeros_like, grads)
         return optax.apply_updates(params, updates), opt_state, zeros, global_norm
 
+    def _activation_abstract(self) -> jax.ShapeDtypeStruct:
+        shape, dtype = self.adapter.activation(self.rows, self.dtype)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=self.activation_sharding)
+
     def _abstract_inputs(self) -> tuple[Any, Any, Any]:
-        batch = self.layout.batch_sharding(self.rows)
-        ids = jax.ShapeDtypeStruct((self.rows, self.seq_len), jnp.int32, sharding=batch)
-        if self.chunk.first:
-            inputs = ids
-        else:
-            shape = (self.rows, self.seq_len, self.model.config.d_model)
-            inputs = jax.ShapeDtypeStruct(shape, self.dtype, sharding=self.activation_sharding)
-        return inputs, ids, (ids if self.chunk.last else None)
+        """Abstract (x, every, last) of one microbatch, from the adapter's batch shapes."""
+        sharding = self.layout.batch_sharding(self.rows)
+        batch = {
+            key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
+            for key, value in self.adapter.batch_shapes(self.rows).items()
+        }
+        parts = jax.eval_shape(self.adapter.stage_inputs, batch)
+        place = functools.partial(_with_sharding, sharding)
+        x = place(parts.first) if self.chunk.first else self._activation_abstract()
+        last = jax.tree.map(place, parts.last) if self.chunk.last else {}
+        return x, jax.tree.map(place, parts.every), last
 
     def _output_gradient_abstract(self) -> jax.ShapeDtypeStruct:
         if self.chunk.last:
             return jax.ShapeDtypeStruct((), jnp.float32, sharding=self.layout.replicated())
-        shape = (self.rows, self.seq_len, self.model.config.d_model)
-        return jax.ShapeDtypeStruct(shape, self.dtype, sharding=self.activation_sharding)
+        return self._activation_abstract()
 
     def _zeros(self) -> Any:
         return jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), self.abstract["params"])
@@ -151,9 +158,9 @@ class ChunkPrograms:
         params, opt_state = self.abstract["params"], self.abstract["opt_state"]
         grad_shardings, replicated = self.shardings["params"], self.layout.replicated()
         grads = _abstract(params, grad_shardings)
-        inputs, ids, targets = self._abstract_inputs()
+        x, every, last = self._abstract_inputs()
         with self.layout.tracing():
-            forward = jax.jit(self._forward).lower(params, inputs, ids, targets).compile()
+            forward = jax.jit(self._forward).lower(params, x, every, last).compile()
         vjp, dy = forward.out_info[1], self._output_gradient_abstract()
         dx = None if self.chunk.first else self.activation_sharding
         scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
@@ -182,14 +189,8 @@ class ChunkPrograms:
         return time.perf_counter() - start
 
 
-def _slice_chunk(full_params: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
-    params = {"layers": jax.tree.map(lambda x: x[chunk.start : chunk.end], full_params["layers"])}
-    if chunk.first:
-        params["embed"] = full_params["embed"]
-    if chunk.last:
-        params["final_norm"] = full_params["final_norm"]
-        params["head"] = full_params["head"]
-    return params
+def _with_sharding(sharding: NamedSharding, leaf: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
 
 @dataclass
@@ -205,23 +206,34 @@ class _StepBuffers:
 
 @dataclass
 class PipelineTrainer:
-    """MPMD layout: per-chunk programs, a schedule, and the controller that executes it.
+    """MPMD layout: per-chunk programs, a schedule, and the controller that executes it (a
+    :class:`titan.trainer.state.Trainer`).
 
-    The state is ``{"step": int, "chunks": [{"params", "opt_state"}, ...]}`` with chunk c's
-    arrays on group c % pp. Gradient buffers live on the trainer between steps.
+    The state's chunk c lives on stage c % pp. Gradient buffers live on the trainer between
+    steps.
+
+    Attributes:
+        adapter: the model family.
+        layouts: one mesh per stage.
+        chunks: the model chunks, in model order.
+        programs: one :class:`ChunkPrograms` per chunk.
+        tx: the optimizer; ``lr_schedule`` its learning rate per step.
+        compute_dtype: dtype of forward and backward.
+        schedule: the pipeline schedule (:mod:`titan.mpmd.schedules`).
+        order: the schedule's actions in dispatch order.
+        timing_every: every N-th step is timed per action (``pipeline_timing`` events).
     """
 
-    cfg: TrainConfig
-    model_cfg: ModelConfig
-    ops: Ops
+    adapter: ModelAdapter
     layouts: list[MeshLayout]
     chunks: list[Chunk]
     programs: list[ChunkPrograms]
     tx: optax.GradientTransformation
-    schedule_fn: optax.Schedule
+    lr_schedule: optax.Schedule
     compute_dtype: jnp.dtype
-    schedule: Any
+    schedule: Schedule
     order: list[Action]
+    timing_every: int
     _grads: list[Any] = field(default_factory=list)
     _loss_seed: Any = None
     _lr: Any = None
@@ -230,160 +242,176 @@ class PipelineTrainer:
     _steps_done: int = 0
 
     @classmethod
-    def build(cls, cfg, model_cfg, ops, layouts, chunks, tx, schedule_fn, dtype) -> PipelineTrainer:
+    def build(
+        cls,
+        adapter: ModelAdapter,
+        layouts: list[MeshLayout],
+        chunks: list[Chunk],
+        schedule: Schedule,
+        optimizer: tuple[optax.GradientTransformation, optax.Schedule],
+        dtype: jnp.dtype,
+        batch_size: int,
+        grad_clip: float,
+        timing_every: int,
+    ) -> PipelineTrainer:
         """Validate the layout and build the programs (not compiled yet).
 
         Raises:
-            TitanError: microbatch rows that do not split over a group's data x fsdp axes, or a
+            TitanError: microbatch rows that do not split over a stage's data x fsdp axes, or a
                 parameter dimension that does not divide its mesh axis.
         """
-        from titan.trainer.adapters import abstract_chunk_state, chunk_model
-
-        rows = cfg.batch_size // cfg.microbatches
+        m = schedule.microbatches
+        rows = batch_size // m
         mesh = layouts[0].mesh_shape
         if rows % (mesh["data"] * mesh["fsdp"]):
             raise TitanError(
-                f"--batch-size {cfg.batch_size} / --microbatches {cfg.microbatches} = {rows} rows "
+                f"--batch-size {batch_size} / --microbatches {m} = {rows} rows "
                 f"per microbatch, not a multiple of a stage's dp x fsdp = {mesh['data']} x "
                 f"{mesh['fsdp']} (--dp 0 takes the devices left: devices / (pp x fsdp x tp))"
             )
-        schedule = build_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+        tx, lr_schedule = optimizer
         programs = []
         for chunk in chunks:
-            model = chunk_model(cfg, model_cfg, ops, chunk)
-            layout = layouts[chunk.group]
-            shardings, abstract = abstract_chunk_state(model, layout, tx, cfg.seq_len)
+            layout = layouts[chunk.stage]
+            shardings, abstract = layout.state_layout(tx, *adapter.abstract_params(chunk))
             programs.append(
                 ChunkPrograms(
-                    chunk,
-                    layout,
-                    model,
-                    tx,
-                    dtype,
-                    cfg.grad_clip,
-                    shardings,
-                    abstract,
-                    rows,
-                    cfg.seq_len,
+                    chunk, layout, adapter, tx, dtype, grad_clip, shardings, abstract, rows
                 )
             )
+        order = execution_order(schedule)
         return cls(
-            cfg,
-            model_cfg,
-            ops,
+            adapter,
             layouts,
             chunks,
             programs,
             tx,
-            schedule_fn,
+            lr_schedule,
             dtype,
             schedule,
-            execution_order(schedule),
+            order,
+            timing_every,
         )
+
+    @property
+    def pp(self) -> int:
+        return self.schedule.pp
 
     def describe(self) -> dict[str, Any]:
         """The layout as recorded in ``run_start`` and in checkpoints."""
         return {
             "layout": "mpmd",
-            "pp": self.cfg.pp,
-            "virtual_stages": self.cfg.virtual_stages,
-            "microbatches": self.cfg.microbatches,
-            "schedule": self.cfg.schedule,
+            "pp": self.pp,
+            "virtual_stages": self.schedule.virtual_stages,
+            "microbatches": self.schedule.microbatches,
+            "schedule": self.schedule.name,
             "stage_mesh": self.layouts[0].mesh_shape,
-            "devices": sum(int(layout.mesh.devices.size) for layout in self.layouts),
+            "devices": sum(layout.device_count for layout in self.layouts),
             "chunks": [[c.start, c.end] for c in self.chunks],
         }
 
-    def start_events(self) -> list[tuple[str, dict[str, Any]]]:
+    def start_events(self) -> list[Event]:
         """The ``pipeline`` event: stages, devices and layers per stage, schedule, bubble."""
+        s = self.schedule
         return [
             (
                 "pipeline",
                 {
-                    "stages": self.cfg.pp,
-                    "virtual_stages": self.cfg.virtual_stages,
-                    "devices_per_stage": int(self.layouts[0].mesh.devices.size),
+                    "stages": s.pp,
+                    "virtual_stages": s.virtual_stages,
+                    "devices_per_stage": self.layouts[0].device_count,
                     "layers_per_chunk": [c.n_layers for c in self.chunks],
-                    "chunk_stage": [c.group for c in self.chunks],
-                    "schedule": self.cfg.schedule,
-                    "microbatches": self.cfg.microbatches,
+                    "chunk_stage": [c.stage for c in self.chunks],
+                    "schedule": s.name,
+                    "microbatches": s.microbatches,
                     "theoretical_bubble": theoretical_bubble(
-                        self.cfg.schedule,
-                        self.cfg.pp,
-                        self.cfg.microbatches,
-                        self.cfg.virtual_stages,
+                        s.name, s.pp, s.microbatches, s.virtual_stages
                     ),
-                    "actions": [[str(a) for a in group] for group in self.schedule.groups],
+                    "actions": [[str(a) for a in group] for group in s.groups],
                 },
             )
         ]
 
-    def init_state(self, seed: int) -> dict[str, Any]:
-        """Initialise the whole model on group 0 (the same values as the SPMD layout for the
-        same seed), then move each chunk's slice to its group. Group 0 must hold the full
-        float32 parameters once."""
-        from titan.trainer.adapters import abstract_chunk_state, chunk_model, init_params
-
-        whole = Chunk(0, 0, 0, self.model_cfg.n_layers, True, True)
-        model = chunk_model(self.cfg, self.model_cfg, self.ops, whole)
-        shardings, _ = abstract_chunk_state(model, self.layouts[0], self.tx, self.cfg.seq_len)
+    def init_state(self, seed: int) -> TrainState:
+        """Initialise the whole model on stage 0 (the same values as the SPMD layout for the
+        same seed), then move each chunk's slice to its stage. Stage 0 must hold the whole
+        model's parameters once."""
+        whole = whole_model(self.adapter.n_layers)
+        shapes, logical = self.adapter.abstract_params(whole)
         init = jax.jit(
-            lambda key: nn.unbox(init_params(model, self.cfg.seq_len, key)),
-            out_shardings=shardings["params"],
+            self.adapter.init_params,
+            out_shardings=self.layouts[0].param_shardings(shapes, logical),
         )
-        full = init(jax.random.key(seed))
+        joined = join_layers(
+            [init(jax.random.key(seed))], self.adapter.is_layer_stacked, self.adapter.layer_axis
+        )
         chunks = []
         for program in self.programs:
-            params = jax.device_put(_slice_chunk(full, program.chunk), program.shardings["params"])
+            params = cut_layers(
+                joined,
+                program.abstract["params"],
+                program.chunk,
+                self.adapter.is_layer_stacked,
+                self.adapter.layer_axis,
+            )
             opt_init = jax.jit(self.tx.init, out_shardings=program.shardings["opt_state"])
             chunks.append({"params": params, "opt_state": opt_init(params)})
-        return {"step": 0, "chunks": chunks}
+        return TrainState(0, tuple(chunks))
 
     def trace(self) -> float:
         """Tracing happens per program in :meth:`compile`; nothing to do separately."""
         return 0.0
 
-    def compile(self) -> list[dict[str, Any]]:
-        """Compile every chunk's programs; one compile event per stage (device group)."""
-        seconds = [0.0] * self.cfg.pp
+    def compile(self) -> list[Event]:
+        """Compile every chunk's programs; one compile event per stage."""
+        seconds = [0.0] * self.pp
         kinds = {action.kind for group in self.schedule.groups for action in group}
         for program in self.programs:
-            seconds[program.chunk.group] += program.compile(kinds, len(self.programs))
+            seconds[program.chunk.stage] += program.compile(kinds, len(self.programs))
         self._grads = [p.compiled["zeros"]() for p in self.programs]
-        # Made once, on the last group: built per step on the default device, the seed's copy
-        # would queue behind group 0's work and stall the last stage's first backward.
+        # Made once, on the last stage: built per step on the default device, the seed's copy
+        # would queue behind stage 0's work and stall the last stage's first backward.
         last = self.programs[-1].layout.replicated()
-        self._loss_seed = jax.device_put(np.float32(1.0 / self.cfg.microbatches), last)
+        self._loss_seed = jax.device_put(np.float32(1.0 / self.schedule.microbatches), last)
         # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
-        self._lr = jax.jit(self.schedule_fn)
-        return [{"what": "stage", "stage": group, "seconds": s} for group, s in enumerate(seconds)]
+        self._lr = jax.jit(self.lr_schedule)
+        return [{"what": "stage", "stage": stage, "seconds": s} for stage, s in enumerate(seconds)]
 
-    def _microbatches(self, batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    def _microbatches(self, batch: Batch) -> list[dict[str, Any]]:
+        """Per microbatch: the first chunk's input on stage 0, the loss's inputs on the last
+        stage, and the arrays every chunk takes on every stage."""
         first, last = self.programs[0], self.programs[-1]
+        parts = self.adapter.stage_inputs(batch)
         pieces = []
-        for i in range(self.cfg.microbatches):
+        for i in range(self.schedule.microbatches):
             rows = slice(i * first.rows, (i + 1) * first.rows)
-            tokens, segments = batch["tokens"][rows], batch["segment_ids"][rows]
+
+            def on(layout: MeshLayout, value: np.ndarray, rows: slice = rows) -> jax.Array:
+                return layout.shard_rows(np.ascontiguousarray(value[rows]))
+
             pieces.append(
                 {
-                    "inputs": first.layout.shard_rows(np.ascontiguousarray(tokens[:, :-1])),
-                    "targets": last.layout.shard_rows(np.ascontiguousarray(tokens[:, 1:])),
-                    "segments": [layout.shard_rows(segments) for layout in self.layouts],
+                    "x": on(first.layout, parts.first),
+                    "last": {k: on(last.layout, v) for k, v in parts.last.items()},
+                    "every": [
+                        {k: on(layout, v) for k, v in parts.every.items()}
+                        for layout in self.layouts
+                    ],
                 }
             )
         return pieces
 
-    def _run(self, action: Action, state: dict, data: list, buffers: _StepBuffers) -> Any:
+    def _run(self, action: Action, state: TrainState, data: list, buffers: _StepBuffers) -> Any:
         c, i = action.chunk, action.microbatch
         program = self.programs[c]
         compiled = program.compiled
-        params = state["chunks"][c]["params"]
+        params = state.chunks[c]["params"]
         key = (c, i)
         if action.kind == FORWARD:
-            inputs = data[i]["inputs"] if program.chunk.first else buffers.inputs.pop(key)
-            targets = data[i]["targets"] if program.chunk.last else None
+            x = data[i]["x"] if program.chunk.first else buffers.inputs.pop(key)
+            last = data[i]["last"] if program.chunk.last else {}
             outputs, buffers.vjps[key] = compiled[FORWARD](
-                params, inputs, data[i]["segments"][program.chunk.group], targets
+                params, x, data[i]["every"][program.chunk.stage], last
             )
             if program.chunk.last:
                 buffers.losses.append(outputs)
@@ -414,7 +442,7 @@ class PipelineTrainer:
             return self._loss_seed
         return buffers.grads_in.pop(key)
 
-    def step(self, state: dict[str, Any], batch: dict[str, np.ndarray]):
+    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
         """One optimizer step: every action of the schedule, then the update of every chunk.
 
         Every ``timing_every``-th step blocks after each action to time it and queues a
@@ -452,34 +480,34 @@ class PipelineTrainer:
                 (
                     "pipeline_timing",
                     {
-                        "step": state["step"] + 1,
+                        "step": state.step + 1,
                         "actions": spans,
                         "step_time_s": time.perf_counter() - start,
                     },
                 )
             )
         loss = jnp.mean(jnp.stack(buffers.losses))
-        lr = self._lr(np.int32(state["step"]))
+        lr = self._lr(np.int32(state.step))
         return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr}
 
-    def _update(self, state: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    def _update(self, state: TrainState) -> tuple[TrainState, jax.Array]:
         squared = [
             p.compiled["squared_norm"](g) for p, g in zip(self.programs, self._grads, strict=True)
         ]
         chunks, norm = [], None
         for c, program in enumerate(self.programs):
             norms = tuple(transfer(s, program.layout.replicated()) for s in squared)
-            current = state["chunks"][c]
+            current = state.chunks[c]
             params, opt_state, self._grads[c], chunk_norm = program.compiled["update"](
                 current["params"], current["opt_state"], self._grads[c], norms
             )
             chunks.append({"params": params, "opt_state": opt_state})
             norm = chunk_norm if norm is None else norm
-        return {"step": state["step"] + 1, "chunks": chunks}, norm
+        return TrainState(state.step + 1, tuple(chunks)), norm
 
     def next_step_blocks(self) -> bool:
         """Whether the next :meth:`step` is a timed one, which blocks after every action."""
-        return (self._steps_done + 1) % self.cfg.timing_every == 0
+        return (self._steps_done + 1) % self.timing_every == 0
 
     def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
         events, self._events = self._events, []
@@ -490,11 +518,14 @@ class PipelineTrainer:
         every action and update, seconds)."""
         return dict(self._fields)
 
-    def checkpoint_items(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {f"chunk_{c}": chunk for c, chunk in enumerate(state["chunks"])}
-
-    def abstract_items(self) -> dict[str, Any]:
-        return {f"chunk_{p.chunk.index}": p.abstract for p in self.programs}
-
-    def state_from_items(self, items: dict[str, Any], step: int) -> dict[str, Any]:
-        return {"step": step, "chunks": [items[f"chunk_{c}"] for c in range(len(self.chunks))]}
+    def abstract_items(
+        self, chunks: list[Chunk] | None = None, layout: MeshLayout | None = None
+    ) -> dict[str, ChunkState]:
+        if chunks is None and layout is None:
+            return {chunk_item(p.chunk.index): p.abstract for p in self.programs}
+        items = {}
+        for chunk in chunks or self.chunks:
+            target = layout or self.layouts[chunk.stage]
+            shapes, logical = self.adapter.abstract_params(chunk)
+            items[chunk_item(chunk.index)] = target.state_layout(self.tx, shapes, logical)[1]
+        return items

@@ -23,21 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from titan.config import ModelConfig
 from titan.planning.gpus import gpu_for_device_kind
-from titan.planning.models import (
-    ATTENTION_CONVENTIONS,
-    layer_recompute_flops,
-    model_flops_per_token,
-    token_flops,
-)
+from titan.planning.models import hardware_flops_per_token
 
-
-def hardware_flops_per_token(m: ModelConfig, seq_len: int, remat: str, convention: str) -> float:
-    """Training FLOPs per token as executed under ``remat``: model FLOPs plus the recomputed
-    forward work of every layer."""
-    recompute = layer_recompute_flops(token_flops(m, seq_len, convention == "causal"), remat)
-    return model_flops_per_token(m, seq_len, convention) + m.n_layers * recompute
+__all__ = ["FlopsMeter", "Peak", "device_peak", "hardware_flops_per_token"]
 
 
 @dataclass(frozen=True)
@@ -85,18 +74,15 @@ class FlopsMeter:
     """Per-step FLOPs fields of one run.
 
     Args:
-        m: the model shape.
-        seq_len: tokens per sequence (keys per query in attention).
-        remat: the ``--remat`` policy.
+        model: training model FLOPs per token, by attention convention (``causal``, ``full``).
+        hardware: the same with the recomputation of the remat policy added.
         peak: the devices' peak (:func:`device_peak`).
     """
 
-    def __init__(self, m: ModelConfig, seq_len: int, remat: str, peak: Peak) -> None:
+    def __init__(self, model: dict[str, float], hardware: dict[str, float], peak: Peak) -> None:
         self.peak = peak
-        self.model = {c: model_flops_per_token(m, seq_len, c) for c in ATTENTION_CONVENTIONS}
-        self.hardware = {
-            c: hardware_flops_per_token(m, seq_len, remat, c) for c in ATTENTION_CONVENTIONS
-        }
+        self.model = dict(model)
+        self.hardware = dict(hardware)
 
     def step_fields(self, tokens_per_s: float) -> dict[str, Any]:
         """``model_flops_per_token`` ({causal, full}) and ``mfu`` (None with ``mfu_reason`` when

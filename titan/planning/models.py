@@ -110,3 +110,19 @@ def layer_recompute_flops(f: TokenFlops, remat: str) -> float:
     if remat not in REMAT_POLICIES:
         raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {remat!r}")
     return REMAT_POLICIES[remat].recomputed(f.layer_matmul, f.layer_attention)
+
+
+def hardware_flops_per_token(m: ModelConfig, seq_len: int, remat: str, convention: str) -> float:
+    """Training FLOPs per token as executed under ``remat``: model FLOPs plus the recomputed
+    forward work of every layer (:func:`layer_recompute_flops`)."""
+    recompute = layer_recompute_flops(token_flops(m, seq_len, convention == "causal"), remat)
+    return model_flops_per_token(m, seq_len, convention) + m.n_layers * recompute
+
+
+def training_flops_per_token(
+    m: ModelConfig, seq_len: int, remat: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(model, hardware) training FLOPs per token of ``m``, keyed by attention convention."""
+    model = {c: model_flops_per_token(m, seq_len, c) for c in ATTENTION_CONVENTIONS}
+    hardware = {c: hardware_flops_per_token(m, seq_len, remat, c) for c in ATTENTION_CONVENTIONS}
+    return model, hardware

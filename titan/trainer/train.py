@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from titan.config import (
     RESUMABLE_OPTIONS,
     ModelConfig,
@@ -60,6 +62,7 @@ from titan.config import (
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
+from titan.observability.env import capture_environment
 from titan.observability.flops import FlopsMeter, device_peak
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
@@ -72,7 +75,12 @@ from titan.observability.records import (
     write_json_atomic,
 )
 from titan.observability.watchdog import Stall, Watchdog
+from titan.ops import Ops
+from titan.ops.registry import parse_overrides
+from titan.trainer.adapters import build_trainer
+from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.progress import TrainProgress
+from titan.trainer.state import StepMetrics, Trainer, TrainState
 
 TOKENIZER_FILE = "tokenizer.model"
 # 2 is a bad option (titan.cli); 3 lets a supervisor tell a stall (restart) from a failure.
@@ -217,11 +225,6 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     """
     import jax
 
-    from titan.ops import Ops
-    from titan.ops.registry import parse_overrides
-    from titan.trainer.adapters import build_trainer
-    from titan.trainer.checkpoint import Checkpointer
-
     progress = TrainProgress(cfg.steps, cfg.log_every)
     corpus = open_corpus(cfg.data)
     run_dir = _run_dir(cfg, resuming=resume_dir is not None)
@@ -249,7 +252,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         RunRecord(run_dir, run_dir.name),
         StopFlag(),
         progress,
-        _flops_meter(cfg, model_cfg, trainer),
+        _flops_meter(trainer),
         PowerSampler(power_reader),
     )
     run.stop.install()
@@ -294,22 +297,27 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     return EXIT_OK
 
 
-def _flops_meter(cfg: TrainConfig, model_cfg: ModelConfig, trainer: Any) -> FlopsMeter:
+def _flops_meter(trainer: Trainer) -> FlopsMeter:
     """MFU against the peak of the devices the layout uses (not every visible device)."""
     import jax
 
     kinds = [d.device_kind for d in jax.devices()]
     peak = device_peak(kinds, trainer.describe()["devices"], str(trainer.compute_dtype))
-    return FlopsMeter(model_cfg, cfg.seq_len, cfg.remat, peak)
+    return FlopsMeter(*trainer.adapter.token_flops(), peak)
 
 
-def _run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches) -> dict[str, Any]:
-    from titan.observability.env import capture_environment
-
+def _run_start_fields(
+    cfg: TrainConfig,
+    model_cfg: ModelConfig,
+    trainer: Trainer,
+    ops: Ops,
+    tokenizer: Tokenizer,
+    batches: PackedBatches,
+) -> dict[str, Any]:
     return {
         "config": dataclasses.asdict(cfg),
         "model": dataclasses.asdict(model_cfg),
-        "param_count": model_cfg.param_count(),
+        "param_count": trainer.adapter.param_count(),
         "layout": trainer.describe(),
         "compute_dtype": str(trainer.compute_dtype),
         "ops": ops.served,
@@ -328,9 +336,9 @@ class _Run:
     """The pieces of a run the loop works with."""
 
     cfg: TrainConfig
-    trainer: Any
+    trainer: Trainer
     batches: PackedBatches
-    checkpointer: Any
+    checkpointer: Checkpointer
     record: RunRecord
     stop: StopFlag
     progress: TrainProgress
@@ -374,7 +382,7 @@ class _Run:
         self.record.close()
         os._exit(EXIT_STALL)
 
-    def restore_or_init(self, resuming: bool) -> tuple[Any, int]:
+    def restore_or_init(self, resuming: bool) -> tuple[TrainState, int]:
         """(state, step): the latest checkpoint's when resuming and one exists, else fresh."""
         self.watchdog.enter("checkpoint_restore", 0)
         latest = self.checkpointer.latest_step() if resuming else None
@@ -389,18 +397,19 @@ class _Run:
         self.batches.position = meta["data_position"]
         return state, latest
 
-    def save(self, state: Any, step: int) -> None:
+    def save(self, state: TrainState) -> None:
+        step = state.step
         self.watchdog.enter("checkpoint_save", step)
         meta = {
             "data_position": self.batches.position,
             "num_sequences": self.batches.num_sequences,
             "layout": self.trainer.describe(),
         }
-        seconds = self.checkpointer.save(step, self.trainer.checkpoint_items(state), meta)
+        seconds = self.checkpointer.save(state, meta)
         path = str(self.checkpointer.path(step))
         self.record.emit("checkpoint", step=step, seconds=seconds, path=path)
 
-    def loop(self, state: Any, step: int) -> tuple[int, str]:
+    def loop(self, state: TrainState, step: int) -> tuple[int, str]:
         """Train until ``cfg.steps`` or a stop signal. Metrics are read one step late so the
         host never waits on the device before dispatching the next step.
 
@@ -430,12 +439,12 @@ class _Run:
             if step % self.cfg.checkpoint_every == 0:
                 self._report(*pending)
                 pending = None
-                self.save(state, step)
+                self.save(state)
                 saved_step = step
         if pending:
             self._report(*pending)
         if step != saved_step:
-            self.save(state, step)
+            self.save(state)
         self.watchdog.enter("idle", step)
         return step, "stopped" if self.stop.requested else "completed"
 
@@ -445,7 +454,9 @@ class _Run:
         while not self.stop.requested:
             time.sleep(0.1)
 
-    def _report(self, step: int, metrics: Any, ids: Any, position: int, fields: dict) -> None:
+    def _report(
+        self, step: int, metrics: StepMetrics, ids: np.ndarray, position: int, fields: dict
+    ) -> None:
         import jax
 
         values = {key: float(value) for key, value in jax.device_get(metrics).items()}
@@ -470,14 +481,3 @@ class _Run:
         self.progress.step(event)
         for event_type, fields in self.trainer.drain_events():
             self.record.emit(event_type, **fields)
-
-
-def main() -> None:
-    """``python -m titan.trainer.train`` is ``titan train``."""
-    from titan.cli import main as cli_main
-
-    sys.exit(cli_main(["train", *sys.argv[1:]]))
-
-
-if __name__ == "__main__":
-    main()

@@ -4,19 +4,43 @@ Textual's renderable summarises each bucket and blends its colour once per cell 
 times) and yields one segment per cell; this one does both once per column and merges the cells
 of a row that share a style. A monitor redraws the loss sparkline at every step, so this is most
 of what following a run costs.
+
+Only public API is used: the buckets and the colour blend are computed here (the same arithmetic
+as Textual's private ``_buckets`` and ``_blend_colors``), so a Textual release that moves those
+does not break the console.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
 from itertools import groupby
 from operator import itemgetter
 
+from rich.color import Color, blend_rgb
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
-from textual.renderables._blend_colors import blend_colors
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline
+
+
+def buckets(data: Sequence[float], count: int) -> Iterator[Sequence[float]]:
+    """``data`` cut into ``count`` consecutive parts of (nearly) equal length, empty ones left out:
+    ``[1, 2, 3, 4]`` into 2 is ``[1, 2], [3, 4]``. The partition of Textual's renderable."""
+    step = Fraction(len(data), count)
+    for index in range(count):
+        part = data[int(step * index) : int(step * (index + 1))]
+        if part:
+            yield part
+
+
+def blend(low: Color, high: Color, ratio: float) -> Color:
+    """The colour ``ratio`` (0..1) of the way from ``low`` to ``high`` in RGB; ``high`` when
+    either has no RGB value (a terminal palette colour). Textual's sparkline blend."""
+    if low.triplet is None or high.triplet is None:
+        return high
+    return Color.from_triplet(blend_rgb(low.triplet, high.triplet, ratio))
 
 
 class SparklineColumns(SparklineRenderable[float]):
@@ -32,13 +56,13 @@ class SparklineColumns(SparklineRenderable[float]):
         levels = len(self.BARS)
         minimum, maximum = min(data), max(data)
         extent = maximum - minimum or 1
-        buckets = tuple(self._buckets(list(data), num_buckets=width))
+        parts = tuple(buckets(list(data), width))
         low_color, high_color = self.min_color.color, self.max_color.color
         columns: list[tuple[int, Style]] = []
-        position, step = 0.0, len(buckets) / width
+        position, step = 0.0, len(parts) / width
         for _ in range(width):  # the bucket walk of Textual's renderable
-            ratio = (self.summary_function(buckets[int(position)]) - minimum) / extent
-            color = blend_colors(low_color, high_color, ratio)
+            ratio = (self.summary_function(parts[int(position)]) - minimum) / extent
+            color = blend(low_color, high_color, ratio)
             columns.append((int(ratio * (levels * height - 1)), Style.from_color(color)))
             position += step
         for row in reversed(range(height)):

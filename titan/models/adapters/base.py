@@ -1,0 +1,124 @@
+"""The model seam: what the training layouts, checkpoints, the FLOPs model and the planner need
+from a model family.
+
+A family is plugged in as a :class:`ModelAdapter`. The layouts never build a model themselves:
+they ask the adapter for a chunk's parameters (shapes, logical axes, initial values) and its
+forward pass, and move what the adapter says crosses a chunk boundary. Titan's Llama
+(:mod:`titan.models.adapters.llama`) is the first family; a family whose decoder stacks layers on
+another axis sets :attr:`ModelAdapter.layer_axis`, one that carries non-parameter state (an MoE
+router's bias) returns it from :meth:`ModelAdapter.model_state`, and one without a token loss
+(diffusion) returns its own scalar loss from the last chunk's forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from titan.parallel.chunks import Chunk
+
+PyTree = Any  # a JAX pytree of arrays
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class StageInputs:
+    """A (micro)batch split by where each part enters the model.
+
+    Attributes:
+        first: what the first chunk takes in, (B, ...) (token ids for a language model).
+        every: arrays every chunk takes, each (B, ...) (document ids for attention masks).
+        last: arrays only the last chunk's loss takes, each (B, ...) (next-token targets).
+    """
+
+    first: jax.Array
+    every: dict[str, jax.Array]
+    last: dict[str, jax.Array]
+
+
+class ModelAdapter(Protocol):
+    """A model family as the layouts see it.
+
+    Attributes:
+        family: the family's name, recorded in ``run_start`` (``llama``).
+        n_layers: layers the model is cut into chunks along.
+        layer_axis: the axis of a layer-stacked parameter that indexes layers (0 for Titan's
+            Llama; MaxText's scanned decoders use 1).
+    """
+
+    family: str
+    n_layers: int
+    layer_axis: int
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run_start`` records of the model: family, who serves its layers, its shape."""
+        ...
+
+    def param_count(self) -> int:
+        """Parameters of the whole model."""
+        ...
+
+    def token_flops(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(model, hardware) training FLOPs per token, each keyed by attention convention
+        (``causal``: causal attention halved, ``full``: attention in full); hardware FLOPs
+        include the forward work that the remat policy redoes."""
+        ...
+
+    def abstract_params(self, chunk: Chunk) -> tuple[PyTree, PyTree]:
+        """(shapes, logical axes) of ``chunk``'s parameters: a tree of
+        ``jax.ShapeDtypeStruct`` and the same tree with a ``PartitionSpec`` of logical axis
+        names per leaf (mapped to mesh axes by :mod:`titan.parallel.sharding`)."""
+        ...
+
+    def init_params(self, chunk: Chunk, key: jax.Array) -> PyTree:
+        """Initial parameters of ``chunk`` (traceable: the layouts jit it into its shardings).
+        The chunks of one key together equal the whole model's parameters of that key."""
+        ...
+
+    def is_layer_stacked(self, path: tuple) -> bool:
+        """Whether the parameter at ``path`` (a pytree key path) stacks the chunk's layers
+        along :attr:`layer_axis` (re-cut at chunk boundaries); others belong to one chunk."""
+        ...
+
+    def model_state(self, chunk: Chunk) -> PyTree:
+        """Non-parameter state ``chunk`` carries between steps; ``{}`` when it has none."""
+        ...
+
+    def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes and dtypes of one global batch as the data loader delivers it."""
+        ...
+
+    def stage_inputs(self, batch: dict[str, Any]) -> StageInputs:
+        """Split a (micro)batch (host or device arrays of :meth:`batch_shapes`) by where each
+        part enters the model."""
+        ...
+
+    def activation(self, rows: int, dtype: jnp.dtype) -> tuple[tuple[int, ...], jnp.dtype]:
+        """(shape, dtype) of what crosses a chunk boundary for ``rows`` rows."""
+        ...
+
+    def forward(
+        self,
+        chunk: Chunk,
+        params: PyTree,
+        x: jax.Array,
+        every: dict[str, jax.Array],
+        last: dict[str, jax.Array],
+        dtype: jnp.dtype,
+    ) -> jax.Array:
+        """``chunk``'s forward pass in the compute ``dtype``: the activations it hands on, or,
+        for the last chunk, the scalar mean loss (float32) of the rows.
+
+        Args:
+            x: :attr:`StageInputs.first` for the first chunk, else the previous chunk's output.
+            every, last: as :class:`StageInputs` (``last`` is used by the last chunk only).
+        """
+        ...
+
+
+def cast_tree(tree: PyTree, dtype: jnp.dtype) -> PyTree:
+    """Every leaf of ``tree`` as ``dtype`` (parameters to the compute dtype)."""
+    return jax.tree.map(lambda leaf: leaf.astype(dtype), tree)

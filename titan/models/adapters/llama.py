@@ -1,0 +1,132 @@
+"""Titan's Llama (:mod:`titan.models.llama`) behind the model seam.
+
+A chunk is a :class:`titan.models.llama.LlamaStage` with the chunk's layers, the embedding on
+the first chunk and the final norm, output head and loss on the last. Every parameter keeps its
+name in every chunk, so chunks re-cut by stacking ``layers`` along axis 0. A batch is
+``{"tokens": (B, S + 1) int32, "segment_ids": (B, S) int32}``: the first chunk takes
+``tokens[:, :-1]``, the loss ``tokens[:, 1:]``, every chunk the document ids.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from titan.config import ModelConfig
+from titan.models.adapters.base import PyTree, StageInputs, cast_tree
+from titan.models.llama import LlamaStage
+from titan.ops import Ops
+from titan.parallel.chunks import Chunk, whole_model
+from titan.planning.models import training_flops_per_token
+
+
+@dataclass(frozen=True)
+class LlamaAdapter:
+    """Titan's Llama as a :class:`titan.models.adapters.base.ModelAdapter`.
+
+    Attributes:
+        config: the model shape.
+        ops: semantic operators (providers chosen per backend).
+        seq_len: tokens per sequence of the run.
+        remat: the remat policy of every block (:class:`titan.models.llama.LlamaStage`).
+        layer_unroll: blocks per iteration of the layer scan (0: fully unrolled).
+        document_mask: attention stays within a document; False: causal over the sequence.
+        param_dtype: dtype of the master weights.
+    """
+
+    config: ModelConfig
+    ops: Ops
+    seq_len: int
+    remat: str = "none"
+    layer_unroll: int = 0
+    document_mask: bool = True
+    param_dtype: Any = jnp.float32
+    family: str = "llama"
+    layer_axis: int = 0
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    def module(self, chunk: Chunk) -> LlamaStage:
+        """The flax module of ``chunk`` (the whole model for :func:`whole_model`)."""
+        return LlamaStage(
+            self.config,
+            self.ops,
+            chunk.n_layers,
+            has_embedding=chunk.first,
+            has_head=chunk.last,
+            remat=self.remat,
+            layer_unroll=self.layer_unroll,
+            document_mask=self.document_mask,
+            param_dtype=jnp.dtype(self.param_dtype),
+        )
+
+    def param_count(self) -> int:
+        return self.config.param_count()
+
+    def token_flops(self) -> tuple[dict[str, float], dict[str, float]]:
+        return training_flops_per_token(self.config, self.seq_len, self.remat)
+
+    def boxed_params(self, chunk: Chunk, key: jax.Array) -> PyTree:
+        """``chunk``'s parameters as ``nn.LogicallyPartitioned`` boxes (values and logical
+        axes); under ``jax.eval_shape`` for shapes only."""
+        tokens = jnp.zeros((1, self.seq_len), jnp.int32)
+        inputs = tokens
+        if not chunk.first:
+            inputs = jnp.zeros((1, self.seq_len, self.config.d_model), jnp.float32)
+        # flax creates parameters by running the model in float32: let the registry choose
+        # providers for that trace, since a provider forced for the bf16 step may refuse float32.
+        creator = self.module(chunk).clone(ops=self.ops.unforced())
+        return creator.init(key, inputs, tokens, tokens, tokens)["params"]
+
+    def abstract_params(self, chunk: Chunk) -> tuple[PyTree, PyTree]:
+        boxed = jax.eval_shape(functools.partial(self.boxed_params, chunk), jax.random.key(0))
+        return nn.unbox(boxed), nn.get_partition_spec(boxed)
+
+    def init_params(self, key: jax.Array) -> PyTree:
+        """The whole model's initial parameters for ``key`` (the layouts cut chunks from it,
+        so every layout starts from the same values)."""
+        return nn.unbox(self.boxed_params(whole_model(self.n_layers), key))
+
+    def is_layer_stacked(self, path: tuple) -> bool:
+        return any(getattr(key, "key", None) == "layers" for key in path)
+
+    def model_state(self, chunk: Chunk) -> PyTree:
+        return {}
+
+    def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+        return {
+            "tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32),
+            "segment_ids": jax.ShapeDtypeStruct((batch_size, self.seq_len), jnp.int32),
+        }
+
+    def stage_inputs(self, batch: dict[str, Any]) -> StageInputs:
+        tokens = batch["tokens"]
+        return StageInputs(
+            tokens[:, :-1], {"segment_ids": batch["segment_ids"]}, {"targets": tokens[:, 1:]}
+        )
+
+    def activation(self, rows: int, dtype: jnp.dtype) -> tuple[tuple[int, ...], jnp.dtype]:
+        return (rows, self.seq_len, self.config.d_model), dtype
+
+    def forward(
+        self,
+        chunk: Chunk,
+        params: PyTree,
+        x: jax.Array,
+        every: dict[str, jax.Array],
+        last: dict[str, jax.Array],
+        dtype: jnp.dtype,
+    ) -> jax.Array:
+        segment_ids = every["segment_ids"]
+        positions = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
+        outputs = self.module(chunk).apply(
+            {"params": cast_tree(params, dtype)}, x, positions, segment_ids, last.get("targets")
+        )
+        return jnp.mean(outputs) if chunk.last else outputs

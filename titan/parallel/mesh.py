@@ -1,0 +1,160 @@
+"""Device meshes of the training layouts, and the shardings of a chunk's state on them.
+
+- SPMD (``--layout spmd``): one mesh with axes (data, fsdp, tensor) over the first
+  dp x fsdp x tp devices of ``jax.devices()``.
+- MPMD (``--layout mpmd``): ``pp`` device groups (pipeline stages) of dp x fsdp x tp devices
+  each, every stage a sub-mesh with the same axes.
+
+``jax.devices()`` lists every process's devices, so under ``jax.distributed.initialize`` the
+meshes are global. Parameter shardings come from the logical rules of
+:mod:`titan.parallel.sharding`; optimizer moments follow their parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from titan.errors import TitanError
+from titan.parallel.sharding import MESH_AXES, axis_rules, batch_spec, mesh_spec
+
+
+def resolve_mesh_shape(dp: int, fsdp: int, tp: int, pp: int, device_count: int) -> dict[str, int]:
+    """Mesh axis sizes of one stage, with ``dp == 0`` filled from the devices left.
+
+    Raises:
+        TitanError: when the layout asks for more devices than are present.
+    """
+    per_dp = pp * fsdp * tp
+    dp = dp or device_count // per_dp
+    asked = max(dp, 1) * per_dp
+    if dp == 0 or asked > device_count:
+        stages = f" x --pp {pp}" if pp > 1 else ""
+        raise TitanError(
+            f"--dp {max(dp, 1)} x --fsdp {fsdp} x --tp {tp}{stages} = {asked} devices "
+            f"asked, {device_count} present ({jax.default_backend()})"
+        )
+    return {"data": dp, "fsdp": fsdp, "tensor": tp}
+
+
+def _path_name(path: tuple) -> str:
+    return "/".join(str(getattr(key, "key", key)) for key in path)
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """A mesh with axes ``data``, ``fsdp``, ``tensor``: the whole SPMD layout, or one pipeline
+    stage's devices."""
+
+    mesh: Mesh
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        return dict(self.mesh.shape)
+
+    @property
+    def device_count(self) -> int:
+        return int(self.mesh.devices.size)
+
+    def param_shardings(self, shapes: Any, logical: Any) -> Any:
+        """NamedShardings for a tree of parameter shapes and their logical axes.
+
+        Args:
+            shapes: tree of arrays or ``jax.ShapeDtypeStruct``.
+            logical: the same tree with a ``PartitionSpec`` of logical axis names per leaf.
+
+        Raises:
+            TitanError: a parameter dimension does not divide its mesh axis.
+        """
+
+        def to_sharding(path, spec, leaf):
+            physical = mesh_spec(_path_name(path), spec, leaf.shape, self.mesh_shape)
+            return NamedSharding(self.mesh, physical)
+
+        return jax.tree_util.tree_map_with_path(
+            to_sharding, logical, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec)
+        )
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """Context for tracing programs on this mesh: the model's logical activation
+        constraints resolve to this mesh's axes."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(axis_rules()):
+            yield
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def batch_sharding(self, batch_size: int) -> NamedSharding:
+        """Sharding of (B, ...) batch arrays. Raises TitanError if B does not split evenly."""
+        return NamedSharding(self.mesh, batch_spec(batch_size, self.mesh_shape))
+
+    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Place host arrays (B, ...) on the mesh (this process's rows on multi-host)."""
+        return {key: self.shard_rows(value) for key, value in batch.items()}
+
+    def shard_rows(self, value: np.ndarray) -> jax.Array:
+        sharding = self.batch_sharding(value.shape[0])
+        return jax.make_array_from_process_local_data(sharding, value)
+
+    def state_layout(
+        self, tx: optax.GradientTransformation, shapes: Any, logical: Any
+    ) -> tuple[Any, Any]:
+        """(shardings, abstract arrays carrying them) of a chunk's ``{"params", "opt_state"}``
+        on this mesh; optimizer moments follow their parameter, scalars are replicated.
+
+        Args:
+            shapes: tree of the chunk's parameter shapes (``jax.ShapeDtypeStruct``).
+            logical: the same tree with each parameter's logical axes (``PartitionSpec``).
+
+        Raises:
+            TitanError: a parameter dimension does not divide its mesh axis.
+        """
+        param_shardings = self.param_shardings(shapes, logical)
+        abstract_opt = jax.eval_shape(tx.init, shapes)
+        opt_shardings = optax.tree_utils.tree_map_params(
+            tx,
+            lambda _, sharding: sharding,
+            abstract_opt,
+            param_shardings,
+            transform_non_params=lambda _: self.replicated(),
+        )
+        shardings = {"params": param_shardings, "opt_state": opt_shardings}
+        abstract = jax.tree.map(
+            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            {"params": shapes, "opt_state": abstract_opt},
+            shardings,
+        )
+        return shardings, abstract
+
+
+def _device_mesh(devices: list, shape: dict[str, int]) -> Mesh:
+    sizes = [shape[axis] for axis in MESH_AXES]
+    return Mesh(mesh_utils.create_device_mesh(sizes, devices), MESH_AXES)
+
+
+def build_stage_layouts(dp: int, fsdp: int, tp: int, pp: int) -> list[MeshLayout]:
+    """One :class:`MeshLayout` per stage: ``pp`` stages (1 for SPMD) of dp x fsdp x tp
+    consecutive devices of ``jax.devices()``.
+
+    Raises:
+        TitanError: when the devices present cannot hold the layout.
+    """
+    devices = jax.devices()
+    shape = resolve_mesh_shape(dp, fsdp, tp, pp, len(devices))
+    size = int(np.prod(list(shape.values())))
+    return [MeshLayout(_device_mesh(devices[s * size : (s + 1) * size], shape)) for s in range(pp)]
+
+
+def host_layout() -> MeshLayout:
+    """A one-device CPU mesh: where checkpoints are read to host memory before re-cutting."""
+    return MeshLayout(Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1), MESH_AXES))
