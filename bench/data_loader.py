@@ -45,7 +45,9 @@ def main() -> None:
     tokens = token_stream(corpus, tokenizer)
     tokenize_s = time.perf_counter() - start
 
-    batches = PackedBatches(tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id)
+    batches = PackedBatches(
+        tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+    )
     start = time.perf_counter()
     for _ in range(args.batches):
         batches.next_batch()

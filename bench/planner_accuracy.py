@@ -136,7 +136,9 @@ def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
     matmul_before = matmul_flops_per_s()
     rng = np.random.default_rng(0)
     batch = {
-        "tokens": rng.integers(0, vocab, (cfg.data.batch_size, cfg.data.seq_len + 1), dtype=np.int32),
+        "tokens": rng.integers(
+            0, vocab, (cfg.data.batch_size, cfg.data.seq_len + 1), dtype=np.int32
+        ),
         "segment_ids": np.zeros((cfg.data.batch_size, cfg.data.seq_len), np.int32),
     }
     times, pending, last = [], None, time.perf_counter()

@@ -50,7 +50,7 @@ def test_values_are_parsed_once_into_real_types():
     )
     assert cfg.parallel.stage_layers == (1, 3)
     assert cfg.observability.profile_steps == (2, 5)
-    assert cfg.model.ops == {"attention": "native"}
+    assert cfg.compute.ops == {"attention": "native"}
     assert cfg.observability.watchdog_abort is True
     assert cfg.model.shape == PRESETS["tiny"]
     assert TrainConfig().observability.profile_steps is None

@@ -395,7 +395,7 @@ async def test_a_stall_of_a_real_run_appears_in_the_watchdog_panel(
         "checkpoint_every": "50",
         "debug_stall_at_step": "3",
         "watchdog_floor": "1",
-        "watchdog_abort": "1",
+        "watchdog_abort": "true",  # a switch: the form shows a true / false Select
     }
     try:
         async with app.run_test(size=SIZE) as pilot:

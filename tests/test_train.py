@@ -42,7 +42,7 @@ def test_training_reduces_loss_and_records_the_run(small_options):
     assert start["env"]["packages"]["jax"]
     assert start["model"]["vocab_size"] == 512
     saved = json.loads((run_dir / "config.json").read_text())
-    assert saved["train"]["steps"] == 40
+    assert saved["train"]["optimizer"]["steps"] == 40  # sectioned, as config_to_data writes
     assert (run_dir / "tokenizer.model").stat().st_size > 0
 
 

@@ -1,18 +1,19 @@
 """Typed configuration: model shapes (presets) and training options, with their validation.
 
-:class:`TrainConfig` is a tree of frozen sections (:data:`SECTIONS`: run, model, data, optimizer,
-parallel, checkpoint, observability, debugging), one dataclass each, holding every option of
-``titan train`` with its real type: switches are ``bool``, choices ``Literal``, ``stage_layers``
-a tuple of counts, ``profile_steps`` an optional (first, last) pair, ``ops`` a mapping, the model
-a :class:`ModelConfig`. Values are parsed and checked once, when a section is constructed (a
-text such as ``"3,5,5,3"`` is accepted and parsed there); a bad value raises a one-line
-:class:`~titan.errors.TitanError` naming its flag. Each field carries its CLI flag, help text and
-what it is (resumable, part of the performance key) as metadata, so that the ``titan train`` and
-``titan plan`` CLIs, TOML config files (:func:`config_from_toml`, :func:`config_to_toml`) and the
-console's forms (``tui``) are all derived from this one place. Every option also has a flat name
-(its field name, ``data`` for the corpus and ``preset`` for the model), which the CLI, the forms
-and records of older runs use. A run's ``config.json`` holds :func:`config_to_data`; flat
-configs of older runs still load (:func:`config_from_dict`).
+:class:`TrainConfig` is a tree of frozen sections (:data:`SECTIONS`: model, optimizer, data,
+compute, parallel, checkpoint, observability, debugging, run), one dataclass each, holding every
+option of ``titan train`` with its real type: switches are ``bool``, choices ``Literal``,
+``stage_layers`` a tuple of counts, ``profile_steps`` an optional (first, last) pair, ``ops`` a
+mapping, the model a :class:`ModelConfig`. Values are parsed and checked once, when a section is
+constructed (a text such as ``"3,5,5,3"`` is accepted and parsed there); a bad value raises a
+one-line :class:`~titan.errors.TitanError` naming its flag. Each field carries its CLI flag, help
+text and what it is (resumable, part of the performance key) as metadata, so that the
+``titan train`` and ``titan plan`` CLIs (:func:`add_arguments`), TOML config files
+(:func:`read_config_file`, :func:`config_to_toml`) and the console's forms (``tui``) are all
+derived from this one place. Every option also has a flat name (its field name; ``data`` for the
+corpus and ``preset`` for the model), which the CLI, the forms and the records of runs use. A
+run's ``config.json`` holds :func:`config_to_data`; flat configs of older runs still load
+(:func:`config_from_dict`).
 
 This module imports neither JAX nor Textual, so the console and the planner can import it cheaply.
 """
@@ -368,7 +369,7 @@ class RunOptions:
 
 @_section
 class ModelOptions:
-    """The model's shape, dtypes, operators and what its backward pass recomputes."""
+    """The model's shape."""
 
     shape: ModelConfig = field(
         default=PRESETS["tiny"],
@@ -380,70 +381,6 @@ class ModelOptions:
             "'tiny')",
             codec="shape",
             name="preset",
-        ),
-    )
-    param_dtype: Dtype = field(
-        default="float32",
-        metadata=_opt(
-            "--param-dtype",
-            "master weights and optimizer state",
-            choices=DTYPES,
-            perf=True,
-            planner=True,
-        ),
-    )
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = field(
-        default="auto",
-        metadata=_opt(
-            "--compute-dtype",
-            "matmul/activation dtype ('auto': bfloat16 on GPU/TPU, float32 on CPU)",
-            choices=("auto", *DTYPES),
-            perf=True,
-            planner=True,
-        ),
-    )
-    remat: Remat = field(
-        default="none",
-        metadata=_opt(
-            "--remat",
-            "activation recomputation per layer",
-            choices=tuple(REMAT_POLICIES),
-            resumable=True,
-            perf=True,
-            planner=True,
-        ),
-    )
-    attention_mask: AttentionMask = field(
-        default="document",
-        metadata=_opt(
-            "--attention-mask",
-            "'document': causal within each packed document (segment ids; Llama 3's choice); "
-            "'causal': causal over the whole packed sequence, documents see earlier ones "
-            "(cheaper: fused kernels without a segment mask)",
-            choices=ATTENTION_MASKS,
-            perf=True,
-        ),
-    )
-    layer_unroll: int = field(
-        default=0,
-        metadata=_opt(
-            "--layer-unroll",
-            "decoder blocks per iteration of the layer scan; 0: all of them (the loop fully "
-            "unrolled: a larger program that compiles slower and runs faster on GPUs), 1: a "
-            "rolled loop (the smallest program)",
-            minimum=0,
-            resumable=True,
-            perf=True,
-        ),
-    )
-    ops: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_opt(
-            "--ops",
-            "operator providers, e.g. 'attention=pallas,cross_entropy=chunked' (default: the "
-            "registry's choice per backend; $TITAN_OPS applies under these)",
-            codec="ops",
-            resumable=True,
         ),
     )
 
@@ -528,6 +465,77 @@ class OptimizerOptions:
             raise TitanError(f"--lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise TitanError(f"--min-lr-ratio must be within [0, 1], got {self.min_lr_ratio}")
+
+
+@_section
+class ComputeOptions:
+    """How the model computes: dtypes, attention mask, operator providers, the layer loop and
+    what the backward pass recomputes."""
+
+    param_dtype: Dtype = field(
+        default="float32",
+        metadata=_opt(
+            "--param-dtype",
+            "master weights and optimizer state",
+            choices=DTYPES,
+            perf=True,
+            planner=True,
+        ),
+    )
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto",
+        metadata=_opt(
+            "--compute-dtype",
+            "matmul/activation dtype ('auto': bfloat16 on GPU/TPU, float32 on CPU)",
+            choices=("auto", *DTYPES),
+            perf=True,
+            planner=True,
+        ),
+    )
+    remat: Remat = field(
+        default="none",
+        metadata=_opt(
+            "--remat",
+            "activation recomputation per layer",
+            choices=tuple(REMAT_POLICIES),
+            resumable=True,
+            perf=True,
+            planner=True,
+        ),
+    )
+    attention_mask: AttentionMask = field(
+        default="document",
+        metadata=_opt(
+            "--attention-mask",
+            "'document': causal within each packed document (segment ids; Llama 3's choice); "
+            "'causal': causal over the whole packed sequence, documents see earlier ones "
+            "(cheaper: fused kernels without a segment mask)",
+            choices=ATTENTION_MASKS,
+            perf=True,
+        ),
+    )
+    layer_unroll: int = field(
+        default=0,
+        metadata=_opt(
+            "--layer-unroll",
+            "decoder blocks per iteration of the layer scan; 0: all of them (the loop fully "
+            "unrolled: a larger program that compiles slower and runs faster on GPUs), 1: a "
+            "rolled loop (the smallest program)",
+            minimum=0,
+            resumable=True,
+            perf=True,
+        ),
+    )
+    ops: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_opt(
+            "--ops",
+            "operator providers, e.g. 'attention=pallas,cross_entropy=chunked' (default: the "
+            "registry's choice per backend; $TITAN_OPS applies under these)",
+            codec="ops",
+            resumable=True,
+        ),
+    )
 
 
 def _parallel(flag: str, help: str, default: int, minimum: int, **extra: Any) -> Any:
@@ -680,14 +688,15 @@ class DebuggingOptions:
 
 # Section name -> its dataclass, in ``titan train --help`` and TOML order.
 SECTIONS: dict[str, type] = {
-    "run": RunOptions,
     "model": ModelOptions,
-    "data": DataOptions,
     "optimizer": OptimizerOptions,
+    "data": DataOptions,
+    "compute": ComputeOptions,
     "parallel": ParallelOptions,
     "checkpoint": CheckpointOptions,
     "observability": ObservabilityOptions,
     "debugging": DebuggingOptions,
+    "run": RunOptions,
 }
 
 
@@ -792,14 +801,15 @@ class TrainConfig:
             microbatches, a profiled range beyond ``--steps``).
     """
 
-    run: RunOptions = field(default_factory=RunOptions)
     model: ModelOptions = field(default_factory=ModelOptions)
-    data: DataOptions = field(default_factory=DataOptions)
     optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
+    data: DataOptions = field(default_factory=DataOptions)
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
     checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
     observability: ObservabilityOptions = field(default_factory=ObservabilityOptions)
     debugging: DebuggingOptions = field(default_factory=DebuggingOptions)
+    run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
         validate_train_config(self)
@@ -964,20 +974,6 @@ def config_to_toml(cfg: TrainConfig) -> str:
         lines += ["" if lines else None, f"[{section}]"]
         lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
     return "\n".join(line for line in lines if line is not None) + "\n"
-
-
-def read_saved_config(run_dir: str) -> TrainConfig:
-    """The config saved in ``<run_dir>/config.json`` (sectioned, or flat from older runs).
-
-    Raises:
-        TitanError: missing or unreadable file.
-    """
-    path = f"{run_dir}/config.json"
-    try:
-        with open(path) as file:
-            return config_from_dict(json.load(file)["train"])
-    except (OSError, ValueError, KeyError) as err:
-        raise TitanError(f"--resume {run_dir}: no readable config.json ({err})") from None
 
 
 def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConfig:

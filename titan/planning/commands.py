@@ -71,7 +71,7 @@ def add_parser(subparsers: Any) -> None:
         help="price per GPU-hour in any currency (adds the cost, in that currency)",
     )
     add_arguments(p, section_options("parallel", planner=True), explicit=False)
-    model = {o.name: o for o in section_options("model", planner=True)}
+    model = {o.name: o for o in section_options("compute", planner=True)}
     add_arguments(p, [model[n] for n in ("remat", "param_dtype", "compute_dtype")], explicit=False)
     p.add_argument(
         "--attention",
