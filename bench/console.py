@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import shutil
 import statistics
 import sys
@@ -220,6 +221,7 @@ def main() -> None:
         live = asyncio.run(_monitor(root / "live"))
     figures = {"first_frame_s": first_frame, **live, **db}
     result = {
+        "command": shlex.join(["python", "bench/console.py", *sys.argv[1:]]),
         "figures": figures,
         "targets": TARGETS,
         "met": {

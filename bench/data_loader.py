@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +65,7 @@ def main() -> None:
     train_tps = statistics.median(e["tokens_per_s"] for e in steps[1:])
 
     result = {
+        "command": shlex.join(["python", "bench/data_loader.py", *sys.argv[1:]]),
         "corpus": args.data,
         "corpus_tokens": int(len(tokens)),
         "tokenizer_train_s": tokenizer_s,

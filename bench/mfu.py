@@ -1,10 +1,10 @@
 """Benchmark: titan's train step against the plain-JAX baseline on one GPU, in tokens/s and MFU.
 
-``python bench/mfu.py --baseline ../shared/baselines/plain_jax_llama.py`` runs, in one go:
+``python bench/mfu.py`` runs, in one go:
 
-(a) the plain-JAX baseline (its path is an argument; it is run as a subprocess with the
-    environment L, S, B, ATTN, REMAT and its last JSON line read: ``tok_s``, ``mfu_causal``,
-    ``mfu_palm``, ``peak_mem_gb``);
+(a) the plain-JAX baseline (``bench/baselines/plain_jax_llama.py``, or ``--baseline PATH``; it
+    is run as a subprocess with the environment L, S, B, ATTN, REMAT and its last JSON line
+    read: ``tok_s``, ``mfu_causal``, ``mfu_palm``, ``peak_mem_gb``);
 (b) titan's train step (``titan.trainer.adapters.build_trainer``: jit over a one-device mesh,
     fp32 master weights, bf16 compute, AdamW) on the same model shape, batch and sequence length
     and random tokens (one document per row, as in the baseline), one subprocess per configuration
@@ -30,8 +30,8 @@ the baseline file. Peak: the device's dense bf16 FLOP/s from the GPU catalog
 on a device not in the catalog, or the CPU, MFU is reported as unknown.
 
 Writes ``bench/results/mfu-<device>.json`` (or ``--out``) and prints a Markdown table.
-``--smoke`` runs a tiny model on CPU (no baseline unless one is given) so that CI checks the
-script end to end.
+``--smoke`` runs a tiny model on CPU (no baseline unless ``--baseline`` is given) so that CI
+checks the script end to end.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ from titan.planning.models import model_flops_per_token
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "plain_jax_llama.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,7 +365,12 @@ def _start_config(parser: argparse.ArgumentParser, spec: str) -> RunConfig:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", type=Path, help="path to plain_jax_llama.py")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help=f"the plain-JAX baseline file (default: {DEFAULT_BASELINE.relative_to(REPO)}; "
+        "none with --smoke)",
+    )
     parser.add_argument("--baseline-attn", default="cudnn", help="baseline ATTN (cudnn | xla)")
     parser.add_argument("--baseline-remat", default="1", help="baseline REMAT (1 | 0)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
@@ -389,7 +396,7 @@ def main() -> int:
         print(json.dumps(run_titan(shape, config, spec["steps"], spec["warmup"])), flush=True)
         return 0
     if args.baseline is None and not args.smoke:
-        parser.error("--baseline PATH is required (the plain-JAX baseline file)")
+        args.baseline = DEFAULT_BASELINE
     shape = SMOKE_SHAPE if args.smoke else Shape()
     levers = SMOKE_LEVERS if args.smoke else LEVERS
     if args.levers:
@@ -410,6 +417,8 @@ def main() -> int:
             run["vs_baseline"] = run["tok_s"] / baseline["tok_s"]
     best = max((r for r in runs if "tok_s" in r), key=lambda r: r["tok_s"], default=None)
     report = {
+        "command": shlex.join(["python", "bench/mfu.py", *sys.argv[1:]]),
+        "peak_flops": best and peak_flops(best["device_kind"]),
         "shape": dataclasses.asdict(shape),
         "steps": args.steps,
         "warmup": args.warmup,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -275,7 +276,11 @@ def main() -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(
         json.dumps(
-            {"args": {k: v for k, v in vars(args).items() if k != "out"}, "results": results},
+            {
+                "command": shlex.join(["python", "bench/pipeline.py", *sys.argv[1:]]),
+                "args": {k: v for k, v in vars(args).items() if k != "out"},
+                "results": results,
+            },
             indent=2,
             default=str,
         )

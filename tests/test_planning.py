@@ -37,7 +37,7 @@ from titan.planning.step import (
 )
 
 H200 = find_gpu("h200")
-# The plain-JAX baseline of /work/shared/FACTS.md: 0.886B Llama, seq 2048, batch 8, one H200.
+# The plain-JAX baseline bench/baselines/plain_jax_llama.py: 0.886B Llama, seq 2048, batch 8.
 BASELINE = resolve_model(
     "d_model=2048,n_layers=16,n_heads=16,n_kv_heads=8,ffn_dim=5632,vocab_size=32000"
 )
@@ -89,7 +89,8 @@ def test_training_flops_are_6n_plus_attention_under_both_conventions():
 
 
 def test_mfu_reproduces_the_measured_h200_baseline():
-    # FACTS.md: 86.1k tokens/s is MFU 46.4% (attention halved for the causal mask) / 49.9%.
+    # The baseline file's formulas: 86.1k tokens/s is MFU 46.4% (attention halved for the
+    # causal mask) / 49.9%.
     mfu = model_flops_utilization(BASELINE, 2048, 86.1e3, H200, 1)
     assert mfu["causal"] == pytest.approx(0.464, abs=0.001)
     assert mfu["full"] == pytest.approx(0.499, abs=0.001)
@@ -209,7 +210,7 @@ def baseline_step_s(remat: str, attention: str, calibration: dict | None = None)
 
 
 def test_default_fraction_reproduces_the_measured_h200_baseline():
-    # FACTS.md, one H200: cuDNN attention with dots remat 0.190 s/step, without remat
+    # The baseline file on one H200: cuDNN attention with dots remat 0.190 s/step, without remat
     # 81.1k tokens/s; XLA (materialized) attention with remat 47.2k tokens/s.
     tokens = 8 * 2048
     assert baseline_step_s("dots", "flash") == pytest.approx(0.190, rel=0.05)

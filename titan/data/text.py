@@ -23,14 +23,27 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from titan.data.cache import cache_dir
 from titan.errors import TitanError
 
-if TYPE_CHECKING:
-    from titan.data.tokenizer import Tokenizer
+
+class DocumentEncoder(Protocol):
+    """What :func:`token_stream` needs of a tokenizer (:class:`titan.data.tokenizer.Tokenizer`).
+
+    Attributes:
+        digest: identifies the tokenizer's model (part of the cache key).
+    """
+
+    digest: str
+
+    def encode_documents(self, documents: list[str]) -> list[np.ndarray]:
+        """Each document as BOS ids EOS, int32."""
+        ...
+
 
 STDLIB = "stdlib"
 ENCODE_CHUNK_DOCS = 512
@@ -159,7 +172,7 @@ def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
 
 def token_stream(
     corpus: Corpus,
-    tokenizer: Tokenizer,
+    tokenizer: DocumentEncoder,
     progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """The corpus as one flat array of token ids, tokenized once and cached.
@@ -173,8 +186,6 @@ def token_stream(
     Raises:
         TitanError: the corpus has no non-empty document.
     """
-    from titan.data.tokenizer import cache_dir
-
     key = hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
     path = cache_dir() / "tokens" / f"{key}.u32"
     if not path.is_file():

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from titan.data.cache import cache_dir
 from titan.data.text import Corpus
 from titan.errors import TitanError
 
@@ -43,11 +44,6 @@ TRAINER_SETTINGS = {
     "character_coverage": 0.9999,
     "input_sentence_size": 0,
 }
-
-
-def cache_dir() -> Path:
-    """``$TITAN_CACHE``, or ``~/.cache/titan``."""
-    return Path(os.environ.get("TITAN_CACHE") or Path.home() / ".cache" / "titan")
 
 
 @dataclass(frozen=True)

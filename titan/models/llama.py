@@ -85,8 +85,8 @@ class LlamaStage(nn.Module):
         layer_unroll: blocks per iteration of the layer scan (``unroll`` of ``jax.lax.scan``);
             0 or at least ``n_layers``: fully unrolled. Unrolled, XLA slices each block's
             parameters and stacks its residuals at fixed offsets instead of copying them through
-            a loop's buffers, and schedules across block boundaries: on one H200 at the 0.9B
-            shape, 1.07x the tokens/s of the rolled loop (``bench/mfu.py``). Parameters and
+            a loop's buffers, and schedules across block boundaries (measured with
+            ``bench/mfu.py --levers layer_unroll``: ``docs/benchmarks.md``). Parameters and
             checkpoints are the same either way.
         document_mask: attention stays within a document (``segment_ids``); False: causal over
             the whole packed sequence (``segment_ids`` ignored).

@@ -51,7 +51,7 @@ from titan.mpmd.schedules import (
     theoretical_bubble,
 )
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
-from titan.parallel.mesh import MeshLayout
+from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
 from titan.trainer.optimizer import clip_by_global_norm
 from titan.trainer.state import Batch, ChunkState, Event, StepMetrics, TrainState, chunk_item
@@ -83,7 +83,7 @@ class ChunkPrograms:
     """The compiled programs of one model chunk on its stage's devices."""
 
     chunk: Chunk
-    layout: MeshLayout
+    mesh: DeviceMesh
     adapter: ModelAdapter
     tx: optax.GradientTransformation
     dtype: jnp.dtype
@@ -97,7 +97,7 @@ class ChunkPrograms:
     def activation_sharding(self) -> NamedSharding:
         shape, _ = self.adapter.activation(self.rows, self.dtype)
         spec = PartitionSpec(BATCH_AXES, *([None] * (len(shape) - 1)))
-        return NamedSharding(self.layout.mesh, spec)
+        return NamedSharding(self.mesh.jax_mesh, spec)
 
     def _apply(self, params, x, every, last):
         return self.adapter.forward(self.chunk, params, x, every, last, self.dtype)
@@ -131,7 +131,7 @@ class ChunkPrograms:
 
     def _abstract_inputs(self) -> tuple[Any, Any, Any]:
         """Abstract (x, every, last) of one microbatch, from the adapter's batch shapes."""
-        sharding = self.layout.batch_sharding(self.rows)
+        sharding = self.mesh.batch_sharding(self.rows)
         batch = {
             key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
             for key, value in self.adapter.batch_shapes(self.rows).items()
@@ -144,7 +144,7 @@ class ChunkPrograms:
 
     def _output_gradient_abstract(self) -> jax.ShapeDtypeStruct:
         if self.chunk.last:
-            return jax.ShapeDtypeStruct((), jnp.float32, sharding=self.layout.replicated())
+            return jax.ShapeDtypeStruct((), jnp.float32, sharding=self.mesh.replicated())
         return self._activation_abstract()
 
     def _zeros(self) -> Any:
@@ -156,10 +156,10 @@ class ChunkPrograms:
         ``chunks``). Returns seconds (trace + XLA compile)."""
         start = time.perf_counter()
         params, opt_state = self.abstract["params"], self.abstract["opt_state"]
-        grad_shardings, replicated = self.shardings["params"], self.layout.replicated()
+        grad_shardings, replicated = self.shardings["params"], self.mesh.replicated()
         grads = _abstract(params, grad_shardings)
         x, every, last = self._abstract_inputs()
-        with self.layout.tracing():
+        with self.mesh.tracing():
             forward = jax.jit(self._forward).lower(params, x, every, last).compile()
         vjp, dy = forward.out_info[1], self._output_gradient_abstract()
         dx = None if self.chunk.first else self.activation_sharding
@@ -214,7 +214,7 @@ class PipelineTrainer:
 
     Attributes:
         adapter: the model family.
-        layouts: one mesh per stage.
+        meshes: one device mesh per stage.
         chunks: the model chunks, in model order.
         programs: one :class:`ChunkPrograms` per chunk.
         tx: the optimizer; ``lr_schedule`` its learning rate per step.
@@ -225,7 +225,7 @@ class PipelineTrainer:
     """
 
     adapter: ModelAdapter
-    layouts: list[MeshLayout]
+    meshes: list[DeviceMesh]
     chunks: list[Chunk]
     programs: list[ChunkPrograms]
     tx: optax.GradientTransformation
@@ -245,7 +245,7 @@ class PipelineTrainer:
     def build(
         cls,
         adapter: ModelAdapter,
-        layouts: list[MeshLayout],
+        meshes: list[DeviceMesh],
         chunks: list[Chunk],
         schedule: Schedule,
         optimizer: tuple[optax.GradientTransformation, optax.Schedule],
@@ -262,27 +262,25 @@ class PipelineTrainer:
         """
         m = schedule.microbatches
         rows = batch_size // m
-        mesh = layouts[0].mesh_shape
-        if rows % (mesh["data"] * mesh["fsdp"]):
+        mesh_shape = meshes[0].mesh_shape
+        if rows % (mesh_shape["data"] * mesh_shape["fsdp"]):
             raise TitanError(
                 f"--batch-size {batch_size} / --microbatches {m} = {rows} rows "
-                f"per microbatch, not a multiple of a stage's dp x fsdp = {mesh['data']} x "
-                f"{mesh['fsdp']} (--dp 0 takes the devices left: devices / (pp x fsdp x tp))"
+                f"per microbatch, not a multiple of a stage's dp x fsdp = {mesh_shape['data']} x "
+                f"{mesh_shape['fsdp']} (--dp 0 takes the devices left: devices / (pp x fsdp x tp))"
             )
         tx, lr_schedule = optimizer
         programs = []
         for chunk in chunks:
-            layout = layouts[chunk.stage]
-            shardings, abstract = layout.state_layout(tx, *adapter.abstract_params(chunk))
+            mesh = meshes[chunk.stage]
+            shardings, abstract = mesh.state_shardings(tx, *adapter.abstract_params(chunk))
             programs.append(
-                ChunkPrograms(
-                    chunk, layout, adapter, tx, dtype, grad_clip, shardings, abstract, rows
-                )
+                ChunkPrograms(chunk, mesh, adapter, tx, dtype, grad_clip, shardings, abstract, rows)
             )
         order = execution_order(schedule)
         return cls(
             adapter,
-            layouts,
+            meshes,
             chunks,
             programs,
             tx,
@@ -305,8 +303,8 @@ class PipelineTrainer:
             "virtual_stages": self.schedule.virtual_stages,
             "microbatches": self.schedule.microbatches,
             "schedule": self.schedule.name,
-            "stage_mesh": self.layouts[0].mesh_shape,
-            "devices": sum(layout.device_count for layout in self.layouts),
+            "stage_mesh": self.meshes[0].mesh_shape,
+            "devices": sum(mesh.device_count for mesh in self.meshes),
             "chunks": [[c.start, c.end] for c in self.chunks],
         }
 
@@ -319,7 +317,7 @@ class PipelineTrainer:
                 {
                     "stages": s.pp,
                     "virtual_stages": s.virtual_stages,
-                    "devices_per_stage": self.layouts[0].device_count,
+                    "devices_per_stage": self.meshes[0].device_count,
                     "layers_per_chunk": [c.n_layers for c in self.chunks],
                     "chunk_stage": [c.stage for c in self.chunks],
                     "schedule": s.name,
@@ -340,7 +338,7 @@ class PipelineTrainer:
         shapes, logical = self.adapter.abstract_params(whole)
         init = jax.jit(
             self.adapter.init_params,
-            out_shardings=self.layouts[0].param_shardings(shapes, logical),
+            out_shardings=self.meshes[0].param_shardings(shapes, logical),
         )
         joined = join_layers(
             [init(jax.random.key(seed))], self.adapter.is_layer_stacked, self.adapter.layer_axis
@@ -371,7 +369,7 @@ class PipelineTrainer:
         self._grads = [p.compiled["zeros"]() for p in self.programs]
         # Made once, on the last stage: built per step on the default device, the seed's copy
         # would queue behind stage 0's work and stall the last stage's first backward.
-        last = self.programs[-1].layout.replicated()
+        last = self.programs[-1].mesh.replicated()
         self._loss_seed = jax.device_put(np.float32(1.0 / self.schedule.microbatches), last)
         # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
         self._lr = jax.jit(self.lr_schedule)
@@ -386,16 +384,15 @@ class PipelineTrainer:
         for i in range(self.schedule.microbatches):
             rows = slice(i * first.rows, (i + 1) * first.rows)
 
-            def on(layout: MeshLayout, value: np.ndarray, rows: slice = rows) -> jax.Array:
-                return layout.shard_rows(np.ascontiguousarray(value[rows]))
+            def on(mesh: DeviceMesh, value: np.ndarray, rows: slice = rows) -> jax.Array:
+                return mesh.shard_rows(np.ascontiguousarray(value[rows]))
 
             pieces.append(
                 {
-                    "x": on(first.layout, parts.first),
-                    "last": {k: on(last.layout, v) for k, v in parts.last.items()},
+                    "x": on(first.mesh, parts.first),
+                    "last": {k: on(last.mesh, v) for k, v in parts.last.items()},
                     "every": [
-                        {k: on(layout, v) for k, v in parts.every.items()}
-                        for layout in self.layouts
+                        {k: on(mesh, v) for k, v in parts.every.items()} for mesh in self.meshes
                     ],
                 }
             )
@@ -496,7 +493,7 @@ class PipelineTrainer:
         ]
         chunks, norm = [], None
         for c, program in enumerate(self.programs):
-            norms = tuple(transfer(s, program.layout.replicated()) for s in squared)
+            norms = tuple(transfer(s, program.mesh.replicated()) for s in squared)
             current = state.chunks[c]
             params, opt_state, self._grads[c], chunk_norm = program.compiled["update"](
                 current["params"], current["opt_state"], self._grads[c], norms
@@ -519,13 +516,13 @@ class PipelineTrainer:
         return dict(self._fields)
 
     def abstract_items(
-        self, chunks: list[Chunk] | None = None, layout: MeshLayout | None = None
+        self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None
     ) -> dict[str, ChunkState]:
-        if chunks is None and layout is None:
+        if chunks is None and mesh is None:
             return {chunk_item(p.chunk.index): p.abstract for p in self.programs}
         items = {}
         for chunk in chunks or self.chunks:
-            target = layout or self.layouts[chunk.stage]
+            target = mesh or self.meshes[chunk.stage]
             shapes, logical = self.adapter.abstract_params(chunk)
-            items[chunk_item(chunk.index)] = target.state_layout(self.tx, shapes, logical)[1]
+            items[chunk_item(chunk.index)] = target.state_shardings(self.tx, shapes, logical)[1]
         return items

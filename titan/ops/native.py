@@ -7,9 +7,8 @@ documented on the public wrappers in :mod:`titan.ops`.
 The MLP and output-head matmuls return the compute dtype (accumulated in float32, rounded once),
 and elementwise math upcasts after them. Asking those matmuls for float32 results instead would
 make autodiff run the gradient matmuls on float32 cotangents, i.e. in float32 rather than on the
-bf16 tensor cores: on an H200 the 0.9B model's train step reached 0.64x the plain-JAX baseline's
-tokens/s that way, 0.96x this way. Mixed-precision training rounds activations and their
-gradients to the compute dtype likewise (Micikevicius et al. 2018, Sec. 3.3). Attention keeps
+bf16 tensor cores, a much slower train step. Mixed-precision training rounds activations and
+their gradients to the compute dtype likewise (Micikevicius et al. 2018, Sec. 3.3). Attention keeps
 float32 scores (the softmax needs them); it serves on GPUs only when no fused provider can.
 """
 

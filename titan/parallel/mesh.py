@@ -51,19 +51,19 @@ def _path_name(path: tuple) -> str:
 
 
 @dataclass(frozen=True)
-class MeshLayout:
+class DeviceMesh:
     """A mesh with axes ``data``, ``fsdp``, ``tensor``: the whole SPMD layout, or one pipeline
     stage's devices."""
 
-    mesh: Mesh
+    jax_mesh: Mesh
 
     @property
     def mesh_shape(self) -> dict[str, int]:
-        return dict(self.mesh.shape)
+        return dict(self.jax_mesh.shape)
 
     @property
     def device_count(self) -> int:
-        return int(self.mesh.devices.size)
+        return int(self.jax_mesh.devices.size)
 
     def param_shardings(self, shapes: Any, logical: Any) -> Any:
         """NamedShardings for a tree of parameter shapes and their logical axes.
@@ -78,7 +78,7 @@ class MeshLayout:
 
         def to_sharding(path, spec, leaf):
             physical = mesh_spec(_path_name(path), spec, leaf.shape, self.mesh_shape)
-            return NamedSharding(self.mesh, physical)
+            return NamedSharding(self.jax_mesh, physical)
 
         return jax.tree_util.tree_map_with_path(
             to_sharding, logical, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec)
@@ -88,15 +88,15 @@ class MeshLayout:
     def tracing(self) -> Iterator[None]:
         """Context for tracing programs on this mesh: the model's logical activation
         constraints resolve to this mesh's axes."""
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(axis_rules()):
+        with jax.set_mesh(self.jax_mesh), nn.logical_axis_rules(axis_rules()):
             yield
 
     def replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, PartitionSpec())
+        return NamedSharding(self.jax_mesh, PartitionSpec())
 
     def batch_sharding(self, batch_size: int) -> NamedSharding:
         """Sharding of (B, ...) batch arrays. Raises TitanError if B does not split evenly."""
-        return NamedSharding(self.mesh, batch_spec(batch_size, self.mesh_shape))
+        return NamedSharding(self.jax_mesh, batch_spec(batch_size, self.mesh_shape))
 
     def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """Place host arrays (B, ...) on the mesh (this process's rows on multi-host)."""
@@ -106,7 +106,7 @@ class MeshLayout:
         sharding = self.batch_sharding(value.shape[0])
         return jax.make_array_from_process_local_data(sharding, value)
 
-    def state_layout(
+    def state_shardings(
         self, tx: optax.GradientTransformation, shapes: Any, logical: Any
     ) -> tuple[Any, Any]:
         """(shardings, abstract arrays carrying them) of a chunk's ``{"params", "opt_state"}``
@@ -142,8 +142,8 @@ def _device_mesh(devices: list, shape: dict[str, int]) -> Mesh:
     return Mesh(mesh_utils.create_device_mesh(sizes, devices), MESH_AXES)
 
 
-def build_stage_layouts(dp: int, fsdp: int, tp: int, pp: int) -> list[MeshLayout]:
-    """One :class:`MeshLayout` per stage: ``pp`` stages (1 for SPMD) of dp x fsdp x tp
+def build_stage_meshes(dp: int, fsdp: int, tp: int, pp: int) -> list[DeviceMesh]:
+    """One :class:`DeviceMesh` per stage: ``pp`` stages (1 for SPMD) of dp x fsdp x tp
     consecutive devices of ``jax.devices()``.
 
     Raises:
@@ -152,9 +152,9 @@ def build_stage_layouts(dp: int, fsdp: int, tp: int, pp: int) -> list[MeshLayout
     devices = jax.devices()
     shape = resolve_mesh_shape(dp, fsdp, tp, pp, len(devices))
     size = int(np.prod(list(shape.values())))
-    return [MeshLayout(_device_mesh(devices[s * size : (s + 1) * size], shape)) for s in range(pp)]
+    return [DeviceMesh(_device_mesh(devices[s * size : (s + 1) * size], shape)) for s in range(pp)]
 
 
-def host_layout() -> MeshLayout:
+def host_mesh() -> DeviceMesh:
     """A one-device CPU mesh: where checkpoints are read to host memory before re-cutting."""
-    return MeshLayout(Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1), MESH_AXES))
+    return DeviceMesh(Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1), MESH_AXES))

@@ -22,8 +22,8 @@ optimizer step takes
   ZB-H1 (pp - 1) / (3 m), a third of 1F1B's. Titan's zero-bubble backward costs more than
   B: its input-gradient program (I) and its weight-gradient program (W) each run the stage's
   VJP, and W re-derives the activation-gradient chain that I computed (``titan.mpmd.pipeline``),
-  so I + W = B + I, with I one forward's worth of matmuls plus the recomputation (measured on 2
-  H200s, ``bench/pipeline.py``, llama3-1b last stage at M = 8: I 15.5 ms, W 25.1 ms, B 24.8 ms).
+  so I + W = B + I, with I one forward's worth of matmuls plus the recomputation (the per-action
+  times of ``bench/results/pipeline-h200x2.json``).
 - communication (``titan.planning.collectives``): TP all-reduces activations twice per layer in
   the forward pass, twice in the backward and twice more in a full recomputation (Shoeybi et al.
   2019, "Megatron-LM", Sec. 3), on the critical path; FSDP all-gathers each layer's weights in
@@ -62,8 +62,8 @@ from titan.planning.models import (
 
 # Achievable fraction of dense peak for the matmuls of a training step, used when the
 # calibration has no entry for the device. Fitted with this model (0.634) to the two cuDNN-
-# attention runs of the plain-JAX baseline in /work/shared/FACTS.md (0.886B Llama, one H200,
-# seq 2048, batch 8: 0.190 s/step with dots remat, 81.1k tokens/s without); it then predicts
+# attention runs of bench/baselines/plain_jax_llama.py (0.886B Llama, one H200, seq 2048,
+# batch 8: 0.190 s/step with dots remat, 81.1k tokens/s without); it then predicts
 # the baseline's XLA-attention run (47.2k tokens/s) within 6%. The same machine's bf16 8192^3
 # matmul reaches 0.88 to 0.90 of peak.
 DEFAULT_ACHIEVABLE_FRACTION = 0.63

@@ -16,13 +16,14 @@ import jax
 import jax.numpy as jnp
 
 from titan.config import ModelConfig, TrainConfig
+from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
-from titan.parallel.chunks import plan_chunks
-from titan.parallel.mesh import build_stage_layouts
+from titan.parallel.chunks import Chunk, plan_chunks
+from titan.parallel.mesh import build_stage_meshes
 from titan.trainer.optimizer import build_optimizer
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer.state import Trainer
@@ -49,6 +50,15 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
     )
 
 
+def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
+    """Refuse a family that carries non-parameter state: neither layout threads it yet."""
+    if any(jax.tree.leaves(adapter.model_state(chunk)) for chunk in chunks):
+        raise TitanError(
+            f"model family {adapter.family} carries non-parameter state, which the SPMD and "
+            "MPMD layouts do not train yet"
+        )
+
+
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
     """The trainer for ``cfg.parallel.layout``, validated against the devices present.
 
@@ -58,19 +68,21 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
     """
     par, batch_size, grad_clip = cfg.parallel, cfg.data.batch_size, cfg.optimizer.grad_clip
     pp = par.pp if par.layout == "mpmd" else 1
-    layouts = build_stage_layouts(par.dp, par.fsdp, par.tp, pp)
+    meshes = build_stage_meshes(par.dp, par.fsdp, par.tp, pp)
     adapter = build_adapter(cfg, model_cfg, ops)
     dtype = compute_dtype(cfg, jax.default_backend())
     optimizer = build_optimizer(cfg)
     if par.layout == "spmd":
         chunks = plan_chunks(adapter.n_layers, 1, 1)
-        return SpmdTrainer(adapter, layouts[0], chunks, *optimizer, dtype, grad_clip, batch_size)
+        _check_model_state(adapter, chunks)
+        return SpmdTrainer(adapter, meshes[0], chunks, *optimizer, dtype, grad_clip, batch_size)
     label = f"--preset {cfg.model.shape.name}"
     chunks = plan_chunks(adapter.n_layers, pp, par.virtual_stages, par.stage_layers, label)
+    _check_model_state(adapter, chunks)
     schedule = build_schedule(par.schedule, pp, par.microbatches, par.virtual_stages)
     return PipelineTrainer.build(
         adapter,
-        layouts,
+        meshes,
         chunks,
         schedule,
         optimizer,

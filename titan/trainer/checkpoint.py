@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
-from titan.parallel.mesh import host_layout
+from titan.parallel.mesh import host_mesh
 from titan.trainer.state import ChunkState, Trainer, TrainState, chunk_item
 
 CHECKPOINT_DIR = "checkpoints"
@@ -124,7 +124,7 @@ class Checkpointer:
 
     def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
         saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
-        saved = self._restore_items(step, trainer.abstract_items(saved_chunks, host_layout()))
+        saved = self._restore_items(step, trainer.abstract_items(saved_chunks, host_mesh()))
         return reshard_items(
             saved, saved_chunks, trainer.abstract_items(), trainer.chunks, trainer.adapter
         )

@@ -19,7 +19,7 @@ import optax
 
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk
-from titan.parallel.mesh import MeshLayout
+from titan.parallel.mesh import DeviceMesh
 from titan.trainer.optimizer import clip_by_global_norm
 from titan.trainer.state import Batch, ChunkState, Event, StepMetrics, TrainState, chunk_item
 
@@ -31,7 +31,7 @@ class SpmdTrainer:
 
     Attributes:
         adapter: the model family.
-        layout: the mesh.
+        mesh: the device mesh.
         chunks: the one chunk (the whole model).
         tx: the optimizer (AdamW, :mod:`titan.trainer.optimizer`).
         lr_schedule: learning rate as a function of the step.
@@ -41,7 +41,7 @@ class SpmdTrainer:
     """
 
     adapter: ModelAdapter
-    layout: MeshLayout
+    mesh: DeviceMesh
     chunks: list[Chunk]
     tx: optax.GradientTransformation
     lr_schedule: optax.Schedule
@@ -50,20 +50,20 @@ class SpmdTrainer:
     batch_size: int
 
     def __post_init__(self) -> None:
-        self.layout.batch_sharding(self.batch_size)
-        self.chunk_shardings, self.chunk_abstract = self._chunk_layout(self.chunks[0], self.layout)
+        self.mesh.batch_sharding(self.batch_size)
+        self.chunk_shardings, self.chunk_abstract = self._chunk_shardings(self.chunks[0], self.mesh)
         self._lowered: Any = None
         self._compiled: Any = None
 
-    def _chunk_layout(self, chunk: Chunk, layout: MeshLayout) -> tuple[Any, ChunkState]:
+    def _chunk_shardings(self, chunk: Chunk, mesh: DeviceMesh) -> tuple[Any, ChunkState]:
         shapes, logical = self.adapter.abstract_params(chunk)
-        return layout.state_layout(self.tx, shapes, logical)
+        return mesh.state_shardings(self.tx, shapes, logical)
 
     def describe(self) -> dict[str, Any]:
         return {
             "layout": "spmd",
-            "mesh": self.layout.mesh_shape,
-            "devices": self.layout.device_count,
+            "mesh": self.mesh.mesh_shape,
+            "devices": self.mesh.device_count,
             "chunks": [[c.start, c.end] for c in self.chunks],
         }
 
@@ -98,20 +98,20 @@ class SpmdTrainer:
 
     def trace(self) -> float:
         """Trace and lower the train step (this resolves op providers). Returns seconds."""
-        replicated = self.layout.replicated()
+        replicated = self.mesh.replicated()
         jitted = jax.jit(
             self._step,
             in_shardings=(
                 self.chunk_shardings,
                 replicated,
-                self.layout.batch_sharding(self.batch_size),
+                self.mesh.batch_sharding(self.batch_size),
             ),
             out_shardings=(self.chunk_shardings, replicated),
             donate_argnums=0,
         )
         step = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         start = time.perf_counter()
-        with self.layout.tracing():
+        with self.mesh.tracing():
             self._lowered = jitted.lower(
                 self.chunk_abstract, step, self.adapter.batch_shapes(self.batch_size)
             )
@@ -126,18 +126,18 @@ class SpmdTrainer:
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
         """One optimizer step (asynchronous dispatch). Returns (new state, metrics on device)."""
         chunk, metrics = self._compiled(
-            state.chunks[0], np.int32(state.step), self.layout.shard_batch(batch)
+            state.chunks[0], np.int32(state.step), self.mesh.shard_batch(batch)
         )
         return TrainState(state.step + 1, (chunk,)), metrics
 
     def abstract_items(
-        self, chunks: list[Chunk] | None = None, layout: MeshLayout | None = None
+        self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None
     ) -> dict[str, ChunkState]:
-        if chunks is None and layout is None:
+        if chunks is None and mesh is None:
             return {chunk_item(0): self.chunk_abstract}
-        layout = layout or self.layout
+        mesh = mesh or self.mesh
         return {
-            chunk_item(c.index): self._chunk_layout(c, layout)[1] for c in chunks or self.chunks
+            chunk_item(c.index): self._chunk_shardings(c, mesh)[1] for c in chunks or self.chunks
         }
 
     def start_events(self) -> list[Event]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk
-from titan.parallel.mesh import MeshLayout
+from titan.parallel.mesh import DeviceMesh
 
 PyTree = Any  # a JAX pytree of arrays (parameters, optimizer moments)
 Batch = dict[str, np.ndarray]  # one global batch on the host: the adapter's batch_shapes()
@@ -120,7 +120,7 @@ class Trainer(Protocol):
         ...
 
     def abstract_items(
-        self, chunks: list[Chunk] | None = None, layout: MeshLayout | None = None
+        self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None
     ) -> dict[str, ChunkState]:
         """Checkpoint items as ``jax.ShapeDtypeStruct`` trees carrying their shardings: this
         trainer's chunks on its devices, or other ``chunks`` on ``layout`` (to read a

@@ -13,17 +13,17 @@ Provider (priority): what it serves.
 - ``rms_norm``/``pallas`` (-10): fused forward and backward kernels, model dim a power of two.
   Opt-in (:mod:`titan.ops.providers.rms_norm`).
 - ``swiglu``/``pallas`` (5): the gating's backward pass (both gradients) in one Pallas kernel;
-  F a multiple of 128. Chosen by default on CUDA GPUs (on one H200, llama3-1b: 1.02x the tokens/s
-  of ``native``), opt-in elsewhere (:mod:`titan.ops.providers.swiglu`).
+  F a multiple of 128. Chosen by default on CUDA GPUs, opt-in elsewhere
+  (:mod:`titan.ops.providers.swiglu`).
 - ``cross_entropy``/``fused`` (5): head and loss with a hand-written backward pass that writes
   the logits' gradient in one pass, in the compute dtype; every backend, chosen by default
-  (on one H200, llama3-1b: 1.02x the tokens/s of ``native``;
-  :mod:`titan.ops.providers.fused_loss`).
+  (:mod:`titan.ops.providers.fused_loss`).
 - ``rope``/``fused`` (5): RoPE with a hand-written backward pass (the rotation by the negated
-  angles); every backend, chosen by default (on one H200: 1.009x the tokens/s of ``native`` on
-  the 0.9B shape and on llama3-1b; :mod:`titan.ops.providers.fused_rope`).
+  angles); every backend, chosen by default (:mod:`titan.ops.providers.fused_rope`).
 - ``cross_entropy``/``chunked`` (-10): head and loss over sequence chunks, so (B, S, V) logits
   never exist at once; every backend. Opt-in (:mod:`titan.ops.providers.chunked`).
+
+Measurements of each provider: ``docs/benchmarks.md``.
 
 ``native`` (priority 0) serves everything else, and on CPU everything but the loss and RoPE by
 default; a provider below 0, or one whose ``prefer`` declines the call, serves only when forced

@@ -17,12 +17,8 @@ accumulate in float32.
 
 Chosen automatically only where it is known to win (:func:`preferred`): on Hopper with segment
 ids, which JAX hands cuDNN as a dense (B, 1, S, S) bias while these kernels mask inside the tile.
-Measured on an H200 (bf16, causal, H 16, K 8, D 128, B * S = 16384 tokens, forward + backward,
-median of 10, default :class:`FlashBlocks`), cuDNN with the segment mask / these kernels with
-segment ids / cuDNN causal without segments, in ms: S 512: 1.47 / 1.23 / 1.03; S 1024:
-1.92 / 1.48 / 1.32; S 2048: 2.80 / 2.17 / 1.67; S 4096: 4.87 / 3.72 / 2.42; S 8192:
-9.12 / 6.27 / 4.21. At head dim 64 (H 32) the margin was 0 to 11%, so that case stays with
-cuDNN. The 0.9B train step (S 2048) ran 2.2% faster than with cuDNN. Elsewhere ``pallas``
+At head dim 64 the margin over cuDNN is small, so that case stays with cuDNN. Measurements
+(``titan ops check``, ``bench/mfu.py``): ``docs/benchmarks.md``. Elsewhere ``pallas``
 serves only when asked for (``attention=pallas``). Of the block sizes tried at S 2048, the
 defaults were fastest (larger backward blocks or 8 warps: 1.3 to 2x slower). Under an SPMD
 mesh the Triton call has no partitioning rule: use it on one device or inside ``shard_map``.

@@ -16,10 +16,8 @@ Results equal the native provider's up to float32 rounding: the forward values a
 operations, and the native backward rounds the same gradient to the compute dtype before the
 matmuls.
 
-Runs on every backend; the registry chooses it before ``native``. Measured on one H200
-(``bench/mfu.py``, ``titan train --preset llama3-1b``): 1.02x the tokens/s of ``native`` at
-llama3-1b's 128,256-token vocabulary, level (1.00x) at the 0.9B shape's 32,000; the op alone
-takes 0.91x native's time there (``titan ops check``).
+Runs on every backend; the registry chooses it before ``native``. Measurements (``bench/mfu.py``,
+``titan train --preset llama3-1b``, ``titan ops check``): ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ gradient is
     d x = rotate(g, cos, -sin)
 
 the forward formula applied to the incoming gradient. Autodiff of the native provider instead
-transposes its slices and concatenation into pads and adds of the two halves; in a profile of the
-0.9B model's train step on one H200, XLA's fusion for that backward took about three times the
-forward's (0.098 ms against 0.034 ms per layer for the (8, 2048, 16, 128) bf16 queries). The
-forward pass saves only the positions: cos and sin are recomputed, inside the same fusion, in the
-backward pass.
+transposes its slices and concatenation into pads and adds of the two halves, a fusion slower
+than the forward's. The forward pass saves only the positions: cos and sin are recomputed,
+inside the same fusion, in the backward pass.
 
 Values equal the native provider's (the same float32 operations, rounded once to x's dtype).
 Gradients are computed in float32 too and rounded once to x's dtype: in float32 they equal
@@ -22,11 +20,8 @@ the way two reduction orders do. Runs on every backend; the registry chooses it 
 (``jax.custom_vjp``), ``theta`` a Python number (static), no gradient for the (integer)
 positions.
 
-Measured on one H200: 1.009x the tokens/s of ``native`` on the 0.9B shape (``bench/mfu.py
---levers rope``) and on ``llama3-1b`` (``titan train --preset llama3-1b``; both in
-``bench/results/``); two more same-session pairs on the 0.9B shape (experiment scripts) gave
-1.008x and 1.012x. One configuration's tokens/s varies by about 1% between sessions on these
-shared machines, so only same-session pairs are compared.
+Measurements (``bench/mfu.py --levers rope``, ``titan train --preset llama3-1b``):
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from titan.ops.registry import Unsupported
+
 CUDA, ROCM = "cuda", "rocm"
 PALLAS_BACKENDS = ("cpu", "gpu", "cuda", "rocm")
 
@@ -42,12 +44,10 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def pallas_runs_on(backend: str) -> Any:
+def pallas_runs_on(backend: str) -> bool | Unsupported:
     """True where the Pallas kernels run (interpreted on CPU, Triton on CUDA/ROCm), else an
     :class:`~titan.ops.registry.Unsupported` saying so (the shared first step of their
     capability checks)."""
-    from titan.ops.registry import Unsupported
-
     if backend not in PALLAS_BACKENDS or accelerator(backend) not in ("cpu", CUDA, ROCM):
         return Unsupported(f"runs on cpu (interpreted) or a CUDA/ROCm GPU, not {backend}")
     return True

@@ -14,15 +14,9 @@ dh once and writes both, in float32 arithmetic rounded once to the compute dtype
 (B, S, F) passes instead of seven. The matmuls and the forward gating are the native provider's
 (the same values).
 
-Measured on one H200, same session: ``titan train --preset llama3-1b`` (batch 8 x 2048) reached
-1.027x and 1.018x the tokens/s of ``swiglu=native`` in two interleaved pairs (56.8% and 57.1%
-MFU, causal attention halved, of 989.5 TFLOP/s, against 55.3% and 56.1%; the native runs'
-records are in ``bench/results/llama3-1b-h200-swiglu/``, the README has all four). The gating's
-backward alone: 0.337 ms against XLA's 0.369 ms at llama3-1b's (8, 2048, 8192) bf16, 0.237 ms
-against 0.229 ms at the 0.9B shape's (8, 2048, 5632) (XLA fuses both gradients into one loop
-when the gating stands alone, but not inside the train step, where each gradient is fused
-towards its own matmul); the whole op, forward and backward, 0.996x native's time at the 0.9B
-shape (``titan ops check --op swiglu``).
+XLA fuses both gradients into one loop when the gating stands alone, but not inside the train
+step, where each gradient is fused towards its own matmul. Measurements (``titan train --preset
+llama3-1b``, ``titan ops check --op swiglu``): ``docs/benchmarks.md``.
 
 Triton blocks are powers of two: each program takes the largest powers of two up to
 ``BLOCK_ROWS`` rows and ``MAX_BLOCK_COLS`` columns that divide the array it is given. The
@@ -34,10 +28,8 @@ CI), Triton on CUDA/ROCm. Under a mesh the kernel is elementwise for the partiti
 
 Restrictions: reverse-mode autodiff only (``jax.custom_vjp``); no ``jax.vmap`` of the gradient
 (``custom_partitioning`` has no batching rule; the trainer does not vmap the model). Chosen by
-default on CUDA GPUs for every call it supports (:func:`preferred`), the 0.9B shape included,
-where only the op's time (0.996x) and a train step together with another change (1.004x) were
-measured; interpreted on CPU it is slow, and on ROCm it is unmeasured, so it is opt-in there
-(``swiglu=pallas``).
+default on CUDA GPUs for every call it supports (:func:`preferred`); interpreted on CPU it is
+slow, and on ROCm it is unmeasured, so it is opt-in there (``swiglu=pallas``).
 """
 
 from __future__ import annotations

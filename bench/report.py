@@ -1,0 +1,565 @@
+"""Write ``docs/benchmarks.md`` (and the README's two results tables) from ``bench/results/``.
+
+``python bench/report.py`` rewrites ``docs/benchmarks.md`` and the README blocks between
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; ``--check`` only compares and exits 1 when
+either is stale (``tests/test_bench_docs.py`` does the same). Every number comes from a result
+file; each table names its file, the command that produced it where the file records it, and,
+for MFU, the attention convention and the peak it divides by.
+
+Result files and the scripts that write them:
+
+- ``mfu-*.json``: ``bench/mfu.py`` (titan's train step against the plain-JAX baseline);
+- ``ops-*.json``: ``titan ops check --json`` (providers against the native reference);
+- ``pipeline-*.json``: ``bench/pipeline.py`` (MPMD schedules against SPMD);
+- ``planner_accuracy.json``: ``bench/planner_accuracy.py``;
+- ``console.json``: ``bench/console.py``; ``data_loader.json``: ``bench/data_loader.py``;
+- ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
+
+Imports no JAX (the GPU catalog only, for the peak of files that do not record it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from titan.planning.gpus import gpu_for_device_kind  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+DOC = REPO / "docs" / "benchmarks.md"
+README = REPO / "README.md"
+
+MFU_CONVENTION = (
+    "MFU = tokens/s x model FLOPs per token / peak FLOP/s of the devices. Model FLOPs per token: "
+    "6 N (N: the matmul parameters, without the input embedding, which is a lookup) plus "
+    "attention, 12 L s d counted in full (**MFU full**: PaLM, Chowdhery et al. 2022, App. B; "
+    "torchtitan) or halved for the causal mask (**MFU causal**: MaxText), from "
+    "`titan.planning.models.model_flops_per_token`. The peak is the device's dense BF16 "
+    "datasheet figure from the GPU catalog (`titan/planning/gpus.py`); each table names it."
+)
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository (as given when it lies elsewhere)."""
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.as_posix()
+
+
+def _link(path: Path, base: Path) -> str:
+    """A Markdown link to ``path`` relative to the document in ``base``."""
+    up = [".."] * len(base.relative_to(REPO).parent.parts)
+    target = Path(*up, _rel(path)) if path.is_relative_to(REPO) else path
+    return f"[`{_rel(path)}`]({target.as_posix()})"
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.1%}"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _peak_line(peak: float | None, device: str, recorded: bool) -> str:
+    if peak is None:
+        return f"Peak: none known for {device} (MFU unknown)."
+    where = (
+        "recorded in the file" if recorded else "the catalog's entry; the file does not record it"
+    )
+    return f"Peak: {peak / 1e12:,.1f} TFLOP/s dense BF16 per {device} ({where})."
+
+
+def _catalog_peak(device_kind: str) -> float | None:
+    spec = gpu_for_device_kind(device_kind)
+    return spec.bf16_flops if spec is not None and spec.name != "cpu" else None
+
+
+# ---------------------------------------------------------------- bench/mfu.py
+
+
+def _mfu_best(data: dict[str, Any]) -> float:
+    best = data.get("best") or {}
+    return best.get("tok_s", 0.0)
+
+
+def mfu_files(results: Path) -> list[Path]:
+    """``mfu-*.json``, the one with the fastest run first, then by name."""
+    files = sorted(results.glob("mfu-*.json"))
+    return sorted(files, key=lambda f: -_mfu_best(json.loads(f.read_text())))
+
+
+def _config_cell(key: str, run: dict[str, Any]) -> str:
+    value = run["config"].get(key, "")
+    served = run.get("served", {}).get(key)
+    if key == "xla_flags":
+        return f"`{value}`" if value else "none"
+    if value == "auto" and served:
+        return f"auto ({served})"
+    return str(value)
+
+
+def mfu_table(path: Path, base: Path, all_keys: list[str] | None = None) -> list[str]:
+    """One ``bench/mfu.py`` result file: the baseline and every run of its search.
+
+    Args:
+        all_keys: the configuration fields of every file; those this file lacks are named.
+    """
+    data = json.loads(path.read_text())
+    runs = [r for r in data["runs"] if "tok_s" in r]
+    keys = list(dict.fromkeys(k for r in data["runs"] for k in r["config"]))
+    varying = [k for k in keys if len({r["config"].get(k) for r in data["runs"]}) > 1]
+    fixed = [k for k in keys if k not in varying]
+    device = next((r["device_kind"] for r in runs), "unknown device")
+    shape = data["shape"]
+    lines = [
+        f"### {_link(path, base)}",
+        "",
+        f"Model: {shape['layers']} layers, d {shape['d_model']}, {shape['heads']} heads, "
+        f"{shape['kv_heads']} KV heads, ffn {shape['ffn']}, vocabulary {shape['vocab']}; batch "
+        f"{shape['batch']} x {shape['seq']} random tokens; {data['steps']} timed steps after "
+        f"{data['warmup']}; {device}, jax {runs[0]['jax'] if runs else '?'}.",
+        "",
+    ]
+    if "command" in data:
+        lines += [f"Command: `{data['command']}`", ""]
+    else:
+        levers = "; ".join(
+            f"{k}: {', '.join(v or 'none' for v in vs)}" for k, vs in data["levers"].items()
+        )
+        lines += [f"Command: not recorded in the file. Levers searched: {levers}.", ""]
+    peak = data.get("peak_flops")
+    lines += [_peak_line(peak or _catalog_peak(device), device, peak is not None), ""]
+    if fixed:
+        same = ", ".join(f"{k} {_config_cell(k, data['runs'][0])}" for k in fixed)
+        lines += [f"Same in every titan run: {same}.", ""]
+    missing = [k for k in all_keys or () if k not in keys]
+    if missing:
+        served = {k: v for k, v in data["runs"][0].get("served", {}).items() if k in missing}
+        note = "; served: " + ", ".join(f"{k} {v}" for k, v in served.items()) if served else ""
+        lines += [f"Not recorded in this file: {', '.join(missing)}{note}.", ""]
+    header = ["run", *varying, "tokens/s", "MFU causal", "MFU full", "peak GiB"]
+    header += ["vs prev. best", "titan / baseline"]
+    rows = []
+    baseline = data["baseline"]
+    if "tok_s" in baseline:
+        label = (
+            f"plain-JAX baseline (ATTN={baseline['attn']}, REMAT={1 if baseline['remat'] else 0})"
+        )
+        rows.append(
+            [label, *["" for _ in varying], f"{baseline['tok_s']:,.0f}"]
+            + [_pct(baseline.get("mfu_causal")), _pct(baseline.get("mfu_palm"))]
+            + [_num(baseline.get("peak_mem_gib"), ".1f"), "", "1.00"]
+        )
+    best = (data.get("best") or {}).get("lever")
+    for run in data["runs"]:
+        cells = [run["lever"], *(_config_cell(k, run) for k in varying)]
+        if "tok_s" not in run:
+            rows.append(cells + [f"error: {run.get('error', '?')}", "", "", "", "", ""])
+            continue
+        tok_s = f"{run['tok_s']:,.0f}"
+        rows.append(
+            cells
+            + [f"**{tok_s}**" if run["lever"] == best else tok_s]
+            + [_pct(run.get("mfu_causal")), _pct(run.get("mfu_palm"))]
+            + [_num(run.get("peak_mem_gib"), ".1f")]
+            + [_num(run.get("vs_previous_best"), ".3f"), _num(run.get("vs_baseline"), ".3f")]
+        )
+    lines += _table(header, rows)
+    lines += [
+        "",
+        "The baseline (`bench/baselines/plain_jax_llama.py`) computes its MFU with its own "
+        'constant, 989 TFLOP/s, and counts the RMSNorm scales in N. "vs prev. best": tokens/s '
+        "over the best run before it in the search; bold: the best run.",
+        "",
+    ]
+    return lines
+
+
+# ---------------------------------------------------------------- titan ops check --json
+
+
+def ops_table(path: Path, base: Path) -> list[str]:
+    """One ``titan ops check --json`` file: every (op, shape, dtype, provider) row."""
+    data = json.loads(path.read_text())
+    ops = list(dict.fromkeys(r["op"] for r in data["results"]))
+    tolerances = "; ".join(
+        f"{dtype} {t['fwd']:g} forward / {t['bwd']:g} backward"
+        for dtype, t in data["tolerances"].items()
+    )
+    lines = [
+        f"### {_link(path, base)}",
+        "",
+        f"`titan ops check --json` on {data['device']} (backend {data['backend']}); the options "
+        f"are not recorded in the file (it holds {', '.join(ops)}). Errors are normwise, "
+        f"relative to the float32 native reference; tolerances: {tolerances}. Time: forward + "
+        f"backward, median of the timed runs (`titan/ops/conformance.py`). Failures: "
+        f"{data['failures']}.",
+        "",
+    ]
+    header = ["op", "shape", "dtype", "provider", "status", "fwd rel. err", "bwd rel. err"]
+    header += ["ms", "vs native"]
+    rows = [
+        [r["op"], r["shape"], r["dtype"], r["provider"], r["status"]]
+        + [_num(r["fwd_rel"], ".1e"), _num(r["bwd_rel"], ".1e")]
+        + [_num(r["time_ms"], ".2f"), _num(r["time_vs_native"], ".2f")]
+        for r in data["results"]
+    ]
+    return lines + _table(header, rows) + [""]
+
+
+# ---------------------------------------------------------------- bench/pipeline.py
+
+
+def _pipeline_command(data: dict[str, Any]) -> str:
+    """The command: recorded, else rebuilt from the file's full argument record."""
+    if "command" in data:
+        return data["command"]
+    parts = ["python bench/pipeline.py"]
+    for key, value in data["args"].items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False or key == "one":
+            continue
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, list):
+            parts.append(f"{flag} {' '.join(str(v) for v in value)}")
+        else:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
+def pipeline_table(path: Path, base: Path, *, short: bool = False) -> list[str]:
+    """One ``bench/pipeline.py`` file: SPMD and every schedule and microbatch count."""
+    data = json.loads(path.read_text())
+    results = [r for r in data["results"] if "tokens_per_s" in r]
+    spmd = next((r for r in results if r["layout"] == "spmd"), None)
+    args = data["args"]
+    device = next((r["device_kind"] for r in results), "unknown device")
+    peak = next((r.get("peak_flops_per_device") for r in results), None)
+    lines = [] if short else [f"### {_link(path, base)}", ""]
+    lines += [
+        f"`{args['preset']}` ({args['layers']} layers), global batch {args['batch_size']} x "
+        f"{args['seq_len']} tokens, `{args['remat']}` remat, {args['steps']} timed steps after "
+        f"{args['warmup']}, each configuration in its own process, on "
+        f"{results[0]['devices'] if results else '?'} x {device}.",
+        "",
+        f"Command: `{_pipeline_command(data)}`",
+        "",
+        _peak_line(peak, device, peak is not None) + " MFU causal / full as above.",
+        "",
+    ]
+    header = ["layout", "schedule", "M", "stage layers", "tokens/s", "vs SPMD", "MFU causal / full"]
+    header += ["bubble measured (per stage)", "bubble theory", "peak GiB per GPU"]
+    if not short:
+        header.insert(-1, "controller overhead")
+    rows = []
+    for r in results:
+        mpmd = r["layout"] == "mpmd"
+        schedule = r["schedule"] + (f", v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
+        bubble = "-"
+        if mpmd and "measured_bubble" in r:
+            stages = ", ".join(f"{b:.0%}" for b in r["bubble_per_stage"])
+            bubble = f"{r['measured_bubble']:.1%} ({stages})"
+        row = [
+            f"MPMD pp={r['pp']}" if mpmd else f"SPMD dp={r['devices']}",
+            schedule if mpmd else "-",
+            str(r["microbatches"]) if mpmd else "-",
+            r["stage_layers"] or "-",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['tokens_per_s'] / spmd['tokens_per_s']:.2f}" if spmd else "-",
+            f"{_pct(r.get('mfu_causal'))} / {_pct(r.get('mfu_full'))}",
+            bubble,
+            f"{r['theoretical_bubble']:.1%}" if mpmd else "-",
+            ", ".join(f"{g:.1f}" for g in r["peak_gib"]),
+        ]
+        if not short:
+            overhead = r.get("controller_overhead")
+            row.insert(-1, f"{overhead:+.1%}" if mpmd and overhead is not None else "-")
+        rows.append(row)
+    lines += _table(header, rows)
+    failed = [r for r in data["results"] if "tokens_per_s" not in r]
+    lines += [""] + [
+        f"- failed: {r.get('schedule')} M={r.get('microbatches')}: {r.get('error')}" for r in failed
+    ]
+    if not short:
+        lines += [
+            "Measured bubble: one step runs with a block after every action; per device group, "
+            "1 - (its action times) / (normal step time - its update time), averaged over the "
+            "groups (per stage in parentheses). Blocking overstates each action a little, so an "
+            "almost never idle stage can come out slightly negative. Controller overhead: "
+            "1 - (the schedule replayed with the blocked action times on ideal hardware, "
+            "`titan.mpmd.schedules.simulate`) / (normal step time); negative means the real "
+            "steps are faster than that replay.",
+            "",
+        ]
+    return lines
+
+
+# ---------------------------------------------------------------- bench/planner_accuracy.py
+
+
+def _planner_label(config: dict[str, Any]) -> str:
+    layout = [f"{k} {config[k]}" for k in ("dp", "fsdp", "tp", "pp") if config.get(k, 1) > 1]
+    if config.get("layout") == "mpmd":
+        layout += [config.get("schedule", "1f1b"), f"m{config['microbatches']}"]
+    return f"{config['shape']} b{config['batch_size']} s{config['seq_len']} {config['remat']}, " + (
+        " ".join(layout) or "1 device"
+    )
+
+
+def planner_tables(path: Path, base: Path) -> list[str]:
+    """``bench/planner_accuracy.py``: per suite, predicted against measured step and memory."""
+    data = json.loads(path.read_text())
+    lines = [
+        f"Result file: {_link(path, base)}. Command: `{data['command']}`. One achievable "
+        "fraction of peak is fitted per GPU kind over its runs; leave-one-out refits it "
+        "without the run it predicts. Peak memory in GB (1e9 bytes); the CPU runs of MPMD "
+        "record none.",
+        "",
+    ]
+    for kind, s in data["summary"].items():
+        lines.append(
+            f"- {kind}: {s['runs']} runs, fitted fraction {s['achievable_fraction']:.3f}; step "
+            f"time mean |error| {s['step_mean_abs_pct']:.1f}% "
+            f"(worst {s['step_worst_abs_pct']:.1f}%), "
+            f"leave-one-out {s['loo_step_mean_abs_pct']:.1f}% (worst "
+            f"{s['loo_step_worst_abs_pct']:.1f}%); peak memory mean |error| "
+            f"{s['memory_mean_abs_pct']:.1f}% (worst {s['memory_worst_abs_pct']:.1f}%)."
+        )
+    lines.append("")
+    header = ["suite", "configuration", "device", "step s measured", "predicted", "error"]
+    header += ["leave-one-out", "peak GB measured", "predicted", "error"]
+    rows = []
+    for run in data["runs"]:
+        m, config = run["measured"], run["config"]
+        if "error" in m:
+            rows.append(
+                [config["suite"], _planner_label(config), f"failed: {m['error'][:80]}"] + [""] * 7
+            )
+            continue
+        p, e = run["predicted"], run["error_pct"]
+        memory = ["-", "-", "-"]
+        if m.get("peak_bytes"):
+            memory = [
+                f"{m['peak_bytes'] / 1e9:.3g}",
+                f"{p['peak_bytes'] / 1e9:.3g}",
+                f"{e['memory']:+.1f}%",
+            ]
+        rows.append(
+            [config["suite"], _planner_label(config), m["device_kind"]]
+            + [
+                f"{m['step_s']:.4f}",
+                f"{p['step_s']:.4f}",
+                f"{e['step']:+.1f}%",
+                f"{e['loo_step']:+.1f}%",
+            ]
+            + memory
+        )
+    return lines + _table(header, rows) + [""]
+
+
+# ---------------------------------------------------------------- console and data loader
+
+
+def _figure(value: Any) -> str:
+    if isinstance(value, bool | str):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 or isinstance(value, int) else f"{value:.4g}"
+
+
+def console_table(path: Path, base: Path) -> list[str]:
+    data = json.loads(path.read_text())
+    command = f"`{data['command']}`" if "command" in data else "not recorded (`bench/console.py`)"
+    lines = [
+        f"Result file: {_link(path, base)}; command: {command}; machine: {data['machine']}.",
+        "",
+    ]
+    rows = [
+        [name, _figure(value), _figure(data["targets"][name]) if name in data["targets"] else ""]
+        + [("met" if data["met"][name] else "**missed**") if name in data["met"] else ""]
+        for name, value in data["figures"].items()
+    ]
+    return lines + _table(["figure", "value", "target", ""], rows) + [""]
+
+
+def data_loader_table(path: Path, base: Path) -> list[str]:
+    data = json.loads(path.read_text())
+    command = (
+        f"`{data['command']}`" if "command" in data else "not recorded (`bench/data_loader.py`)"
+    )
+    lines = [f"Result file: {_link(path, base)}; command: {command}.", ""]
+    rows = [[k, _figure(v)] for k, v in data.items() if k not in ("command", "time")]
+    return lines + _table(["figure", "value"], rows) + [""]
+
+
+# ---------------------------------------------------------------- titan train run records
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    events = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:  # a torn last line
+            continue
+    return events
+
+
+def _train_command(config: dict[str, Any]) -> str:
+    parts = ["titan train"]
+    for key in ("preset", "steps", "batch_size", "seq_len", "remat", "attention_mask"):
+        parts.append(f"--{key.replace('_', '-')} {config[key]}")
+    parts.append(f"--layer-unroll {config['layer_unroll']}")
+    if config.get("ops"):
+        parts.append(f"--ops {config['ops']}")
+    return " ".join(parts)
+
+
+def run_records_table(group: Path, base: Path) -> list[str]:
+    """A folder of ``titan train`` run records: medians of steps 2 to N per run."""
+    rows, commands, peaks = [], [], set()
+    for run_dir in sorted(p for p in group.iterdir() if (p / "events.jsonl").exists()):
+        events = _events(run_dir)
+        start = next(e for e in events if e["type"] == "run_start")
+        steps = [e for e in events if e["type"] == "step" and e["step"] >= 2]
+        end = next((e for e in events if e["type"] == "run_end"), {})
+        mfu = [e["mfu"] for e in steps if e.get("mfu")]
+        peaks |= {(m["peak_flops"], m.get("peak_kind", "")) for m in mfu}
+        served = start["ops"]
+        joules = [e["joules_per_token"] for e in steps if e.get("joules_per_token") is not None]
+        config = start["config"]
+        rows.append(
+            [f"`{run_dir.name}`", served["cross_entropy"], served["rope"], served["swiglu"]]
+            + [served["attention"], config["remat"], config["attention_mask"]]
+            + [str(config["layer_unroll"]), f"{len(steps)}"]
+            + [f"{statistics.median(e['tokens_per_s'] for e in steps):,.0f}"]
+            + [_pct(statistics.median(m["causal"] for m in mfu) if mfu else None)]
+            + [_pct(statistics.median(m["full"] for m in mfu) if mfu else None)]
+            + [_num(statistics.median(joules) if joules else None, ".4f"), end.get("status", "-")]
+        )
+        commands.append(f"- `{run_dir.name}`: `{_train_command(config)}`")
+    device = "unknown device"
+    for run_dir in sorted(group.iterdir()):
+        if (run_dir / "events.jsonl").exists():
+            env = next(e for e in _events(run_dir) if e["type"] == "run_start").get("env", {})
+            device = ", ".join(env.get("device_kinds", [])) or device
+            break
+    peak = ", ".join(f"{p / 1e12:,.1f} TFLOP/s ({kind})" for p, kind in sorted(peaks)) or "none"
+    lines = [
+        f"### {_link(group, base)}",
+        "",
+        f"Device: {device}. Peak, as recorded in the step events: {peak}. Medians over steps 2 "
+        "to the last (step 1 waits for compilation).",
+        "",
+    ]
+    header = ["run", "cross-entropy", "rope", "swiglu", "attention", "remat", "attention mask"]
+    header += ["layer unroll", "steps", "tokens/s", "MFU causal", "MFU full", "J/token", "status"]
+    lines += _table(header, rows)
+    return lines + ["", "Commands (from each run's `config.json`):", "", *commands, ""]
+
+
+# ---------------------------------------------------------------- the documents
+
+
+def render(results: Path = RESULTS, doc: Path = DOC) -> str:
+    """``docs/benchmarks.md`` as generated from ``results``."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `python bench/report.py` from bench/results/; do not edit by hand. "
+        "tests/test_bench_docs.py fails when this file is stale. -->",
+        "",
+        "Every table below is generated from a file in `bench/results/` and names it. The "
+        "machines are shared: compare rows of one file, which ran together, rather than rows of "
+        "different files.",
+        "",
+        "## MFU convention",
+        "",
+        MFU_CONVENTION,
+        "",
+        "## Train step against plain JAX (`bench/mfu.py`, one GPU)",
+        "",
+        "A greedy search: from the starting configuration, each lever's values are tried in "
+        "turn with the others held at the best so far, each configuration in its own process; "
+        "the plain-JAX baseline runs in the same invocation. Files ordered by their fastest run.",
+        "",
+    ]
+    files = mfu_files(results)
+    keys = [json.loads(f.read_text())["runs"][0]["config"] for f in files]
+    all_keys = list(dict.fromkeys(k for config in keys for k in config))
+    for path in files:
+        lines += mfu_table(path, doc, all_keys)
+    lines += ["## `titan train` run records (`llama3-1b`)", ""]
+    for group in sorted(p for p in results.iterdir() if p.is_dir()):
+        lines += run_records_table(group, doc)
+    lines += ["## Operators (`titan ops check --json`)", ""]
+    for path in sorted(results.glob("ops-*.json")):
+        lines += ops_table(path, doc)
+    lines += ["## Pipeline schedules (`bench/pipeline.py`)", ""]
+    for path in sorted(results.glob("pipeline-*.json")):
+        lines += pipeline_table(path, doc)
+    if (results / "planner_accuracy.json").exists():
+        lines += ["## Planner accuracy (`bench/planner_accuracy.py`)", ""]
+        lines += planner_tables(results / "planner_accuracy.json", doc)
+    if (results / "console.json").exists():
+        lines += ["## Console (`bench/console.py`)", ""]
+        lines += console_table(results / "console.json", doc)
+    if (results / "data_loader.json").exists():
+        lines += ["## Data loader (`bench/data_loader.py`)", ""]
+        lines += data_loader_table(results / "data_loader.json", doc)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def readme_blocks(results: Path = RESULTS, readme: Path = README) -> dict[str, str]:
+    """The README's generated blocks: the fastest train-step file and the pipeline file."""
+    train = mfu_files(results)[0]
+    table = "\n".join(mfu_table(train, readme)[2:]).strip()
+    blocks = {"train-step": f"Result file: {_link(train, readme)}.\n\n{table}"}
+    pipelines = sorted(results.glob("pipeline-*.json"))
+    if pipelines:
+        block = pipeline_table(pipelines[0], readme, short=True)
+        blocks["pipeline"] = (
+            f"Result file: {_link(pipelines[0], readme)}.\n\n" + "\n".join(block).strip()
+        )
+    return blocks
+
+
+def render_readme(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each ``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->`` block replaced."""
+    for name, body in blocks.items():
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a document is stale")
+    args = parser.parse_args()
+    expected = {DOC: render(), README: render_readme(README.read_text(), readme_blocks())}
+    stale = [p for p, text in expected.items() if not p.exists() or p.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{_rel(path)} is stale: run python bench/report.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(expected[path])
+        print(f"wrote {_rel(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
