@@ -21,6 +21,7 @@ from titan.config import (
     read_config_file,
     section_options,
 )
+from titan.trainer.resume import resume_options
 
 
 def add_parser(subparsers: Any) -> None:
@@ -73,12 +74,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``titan train``; returns the exit code."""
     options = explicit_options(args)
     if args.print_config:
-        if args.resume:
-            from titan.trainer.train import resume_options
-
-            cfg = resume_options(Path(args.resume), options)
-        else:
-            cfg = TrainConfig.of(**options)
+        cfg = (
+            resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
+        )
         print(config_to_toml(cfg), end="")
         return 0
     from titan.trainer.train import train_from_cli

@@ -36,7 +36,6 @@ With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -52,11 +51,8 @@ import numpy as np
 from titan.config import (
     ModelConfig,
     TrainConfig,
-    config_from_dict,
     config_to_data,
-    flag_of,
     model_config,
-    resumed_config,
 )
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -78,9 +74,9 @@ from titan.ops import Ops
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.progress import TrainProgress
+from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer.state import StepMetrics, Trainer, TrainState
 
-TOKENIZER_FILE = "tokenizer.model"
 # 2 is a bad option (titan.cli); 3 lets a supervisor tell a stall (restart) from a failure.
 EXIT_OK, EXIT_FAILED, EXIT_STALL = 0, 1, 3
 
@@ -120,31 +116,6 @@ def _detach_from_terminal(fds: list[int]) -> None:
     for fd in fds:
         os.dup2(devnull, fd)
     os.close(devnull)
-
-
-def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
-    """The saved options of ``run_dir`` with the allowed explicit overrides applied.
-
-    Raises:
-        TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
-    """
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
-        raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
-    if not (run_dir / TOKENIZER_FILE).is_file():
-        raise TitanError(
-            f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
-            "its tokenizer and checkpoints cannot be resumed)"
-        )
-    try:
-        saved = config_from_dict(json.loads(config_path.read_text())["train"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise TitanError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
-    placed = sorted({"runs_root", "run_id"} & explicit.keys())
-    if placed:
-        raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
-    placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
-    return resumed_config(saved, explicit).replace(**placement)
 
 
 def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
