@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from titan.observability.events import RunEnd, RunStart, Step  # noqa: E402
 from titan.observability.records import RunRecord  # noqa: E402
 from tui.app import TitanConsole  # noqa: E402
 from tui.history import HistoryStore  # noqa: E402
@@ -58,19 +59,20 @@ DB_RUNS, DB_STEPS = 1000, 1000
 
 
 def _start(record: RunRecord, total_steps: int) -> None:
-    record.emit("run_start", config={"preset": "tiny", "layout": "spmd"}, total_steps=total_steps)
+    record.emit(RunStart(config={"preset": "tiny", "layout": "spmd"}, total_steps=total_steps))
 
 
 def _step(record: RunRecord, step: int) -> None:
     record.emit(
-        "step",
-        step=step,
-        loss=10.0 / step,
-        lr=1e-3,
-        tokens=2048,
-        tokens_per_s=2e3,
-        step_time_s=1.0,
-        tokens_seen=2048 * step,
+        Step(
+            step=step,
+            loss=10.0 / step,
+            lr=1e-3,
+            tokens=2048,
+            tokens_per_s=2e3,
+            step_time_s=1.0,
+            tokens_seen=2048 * step,
+        )
     )
 
 
@@ -182,7 +184,7 @@ def _database(root: Path) -> dict:
         _start(record, DB_STEPS)
         for step in range(1, DB_STEPS + 1):
             _step(record, step)
-        record.emit("run_end", status="completed", step=DB_STEPS)
+        record.emit(RunEnd(status="completed", step=DB_STEPS))
         record.close()
     write_s = time.perf_counter() - t0
     store = HistoryStore(root)

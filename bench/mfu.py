@@ -173,7 +173,7 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
     ops = Ops(backend, config.overrides())
     trainer = build_trainer(cfg, model_config(shape), ops)
     state = trainer.init_state(0)
-    compile_s = trainer.trace() + sum(event["seconds"] for event in trainer.compile())
+    compile_s = trainer.trace() + sum(event.seconds for event in trainer.compile())
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(0, shape.vocab, (shape.batch, shape.seq + 1), dtype=np.int32),

@@ -92,7 +92,7 @@ def _measure(spec: dict) -> dict:
     trainer = build_trainer(cfg, model, ops)
     state = trainer.init_state(0)
     trainer.trace()
-    compile_s = sum(e["seconds"] for e in trainer.compile())
+    compile_s = sum(e.seconds for e in trainer.compile())
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(
@@ -120,7 +120,8 @@ def _measure(spec: dict) -> dict:
     }
     if spec["layout"] == "mpmd":
         state, _ = trainer.step(state, batch)
-        ((_, timing),) = trainer.drain_events()
+        (timing_event,) = trainer.drain_events()
+        timing = timing_event.to_json()
         result.update(_bubble(timing, step_s, spec["pp"]))
         from titan.mpmd.schedules import build_schedule, simulate, theoretical_bubble
 

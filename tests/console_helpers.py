@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
 
+from titan.observability.events import Event, parse_events
 from titan.observability.records import EVENTS_FILE, SCHEMA
 from tui.app import TitanConsole
 from tui.screens.monitor import MonitorScreen
@@ -120,6 +121,11 @@ def kill_children(app: TitanConsole) -> None:
 def event(event_type: str, time_s: float, **fields: Any) -> dict[str, Any]:
     """One run-record event as the trainer writes it."""
     return {"schema": SCHEMA, "type": event_type, "time": time_s, "run_id": "test-run", **fields}
+
+
+def parsed(lines: Iterable[dict[str, Any]]) -> list[Event]:
+    """Events as a reader gets them from ``lines`` (:func:`parse_events`)."""
+    return parse_events(lines)[0]
 
 
 def append_events(run_dir: Path, events: Iterable[dict[str, Any]], tail: str = "") -> None:

@@ -16,6 +16,7 @@ from console_helpers import (
     kill_children,
     launch_from_form,
     notes_into,
+    parsed,
     run_context,
     stat,
     tiny_form_texts,
@@ -296,13 +297,17 @@ async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: 
 
 def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses():
     state = RunState()
-    state.apply([event("run_start", 100.0, config={"preset": "tiny"}, total_steps=10)])
-    state.apply([event("step", 100.0 + 2 * i, step=i, loss=float(10 - i)) for i in (1, 2, 3)])
+    state.apply(parsed([event("run_start", 100.0, config={"preset": "tiny"}, total_steps=10)]))
+    state.apply(
+        parsed([event("step", 100.0 + 2 * i, step=i, loss=float(10 - i)) for i in (1, 2, 3)])
+    )
     assert state.eta_s() == pytest.approx(7 * 2.0)
-    state.apply([event("run_end", 107.0, status="stopped", step=3)])
+    state.apply(parsed([event("run_end", 107.0, status="stopped", step=3)]))
     assert (state.status, state.eta_s(), state.elapsed_s(now=1e9)) == ("stopped", 0.0, 7.0)
-    state.apply([event("run_start", 200.0, total_steps=10, start_step=3, resumed_from_step=3)])
-    state.apply([event("step", 201.0, step=4, loss=6.0)])
+    state.apply(
+        parsed([event("run_start", 200.0, total_steps=10, start_step=3, resumed_from_step=3)])
+    )
+    state.apply(parsed([event("step", 201.0, step=4, loss=6.0)]))
     assert (state.status, state.step, state.resumed_from_step) == ("running", 4, 3)
     assert state.losses == [9.0, 8.0, 7.0, 6.0]
 

@@ -18,6 +18,7 @@ from console_helpers import (
     event,
     kill_children,
     launch_from_form,
+    parsed,
     tiny_form_texts,
     wait_until,
 )
@@ -29,6 +30,7 @@ from textual.widgets import DataTable, Input, Select
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.observability import summarize
+from titan.observability.events import PipelineTiming
 from tui.app import TitanConsole
 from tui.history import HistoryStore, config_diff
 from tui.launcher import start_run
@@ -366,7 +368,9 @@ async def test_ascii_draws_the_console_borders_with_ascii(tmp_path: Path):
 
 
 def test_timeline_draws_busy_cells_and_measures_the_bubble():
-    timing = {"step_time_s": 4.0, "actions": [[0, 0, 0, "F", 0.0, 2.0], [1, 1, 0, "B", 2.0, 4.0]]}
+    timing = PipelineTiming(
+        step=1, step_time_s=4.0, actions=[[0, 0, 0, "F", 0.0, 2.0], [1, 1, 0, "B", 2.0, 4.0]]
+    )
     rows, bubble = timeline(timing, stages=2, width=8)
     assert rows == ["FFFF····", "····BBBB"]
     assert bubble == pytest.approx(0.5)
@@ -374,11 +378,15 @@ def test_timeline_draws_busy_cells_and_measures_the_bubble():
 
 def test_run_state_takes_the_watchdog_allowance_from_the_run_options():
     state = RunState()
-    state.apply([event("run_start", 0.0, config={"watchdog_floor": 1.0, "watchdog_factor": 4.0})])
+    state.apply(
+        parsed([event("run_start", 0.0, config={"watchdog_floor": 1.0, "watchdog_factor": 4.0})])
+    )
     assert (state.phase, state.threshold_s()) == ("compile", 30.0)
-    state.apply([event("step", 1.0, step=1, loss=3.0, step_time_s=0.5)])
+    state.apply(parsed([event("step", 1.0, step=1, loss=3.0, step_time_s=0.5)]))
     assert (state.phase, state.threshold_s()) == ("step", 2.0)
-    state.apply([event("stall", 5.0, phase="data_wait", elapsed_s=3.0, threshold_s=2.0, step=2)])
+    state.apply(
+        parsed([event("stall", 5.0, phase="data_wait", elapsed_s=3.0, threshold_s=2.0, step=2)])
+    )
     assert (state.phase, len(state.stalls)) == ("data_wait", 1)
 
 

@@ -108,10 +108,11 @@ def test_too_small_corpus_is_rejected(tokenizer):
 
 
 def test_event_records_are_standard_json_and_readers_skip_foreign_lines(tmp_path):
+    from titan.observability.events import Mfu, Step
     from titan.observability.records import EventTail, RunRecord
 
     record = RunRecord(tmp_path, "r")
-    record.emit("step", step=1, loss=float("nan"), mfu={"causal": float("inf")})
+    record.emit(Step(step=1, loss=float("nan"), mfu=Mfu(causal=float("inf"))))
     record.close()
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write('[1, 2, 3]\n{"type": "step"}\n{"no": "type"}\n{"type": "x", "time": 1.0}\n')

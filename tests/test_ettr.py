@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from titan.observability.ettr import RUNNING_WINDOW_S, analyze
+from titan.observability import ettr
+from titan.observability.ettr import RUNNING_WINDOW_S
+from titan.observability.events import parse_events
+
+
+def analyze(lines: list[dict], now: float | None = None) -> ettr.Goodput:
+    """:func:`ettr.analyze` of JSON lines, parsed as a reader parses them."""
+    return ettr.analyze(parse_events(lines)[0], now)
 
 
 def _event(kind: str, time: float, **fields) -> dict:

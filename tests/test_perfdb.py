@@ -8,6 +8,7 @@ import pytest
 
 from titan.cli import main
 from titan.observability import perfdb, summarize
+from titan.observability.events import parse_event, parse_events
 from titan.observability.records import EVENTS_FILE
 from titan.planning.step import calibrate
 
@@ -52,7 +53,7 @@ def test_steady_step_times_skip_warmup_of_each_attempt_and_checkpointed_steps():
         {**run_start(20.0), "start_step": 5, "resumed_from_step": 5},
         *steps(21.0, 6, [8.0, 2.0, 2.0, 1.3]),
     ]
-    assert perfdb.steady_step_times(events) == [1.0, 1.1, 1.2, 1.3]
+    assert perfdb.steady_step_times(parse_events(events)[0]) == [1.0, 1.1, 1.2, 1.3]
 
 
 def test_steady_step_times_leave_out_profiled_steps_and_the_step_before():
@@ -61,12 +62,12 @@ def test_steady_step_times_leave_out_profiled_steps_and_the_step_before():
         *steps(1.0, 1, [9.0, 5.0, 4.0, 1.0, 1.5, 3.0, 2.5, 1.1]),
         {"type": "profile", "time": 9.0, "steps": [6, 7], "requested": [6, 7]},
     ]
-    assert perfdb.steady_step_times(events) == [1.0, 1.1]
+    assert perfdb.steady_step_times(parse_events(events)[0]) == [1.0, 1.1]
 
 
 def test_the_attention_mask_is_part_of_the_key():
     causal = {**run_start(0.0), "config": {**run_start(0.0)["config"], "attention_mask": "causal"}}
-    assert perfdb.perf_key(causal) != perfdb.perf_key(run_start(0.0))
+    assert perfdb.perf_key(parse_event(causal)) != perfdb.perf_key(parse_event(run_start(0.0)))
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from test_ettr import crash_then_resume
 from titan.cli import main
 from titan.errors import TitanError
 from titan.observability import summarize
+from titan.observability.events import RunEnd, RunStart, Step, parse_event
 from titan.observability.records import EVENTS_FILE, RunRecord
 
 SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
@@ -116,18 +117,19 @@ def test_100k_step_events_ingest_once(tmp_path):
     run_dir = tmp_path / "big"
     run_dir.mkdir()
     record = RunRecord(run_dir, "big")
-    record.emit("run_start", start_step=0, resumed_from_step=None)
+    record.emit(RunStart(start_step=0, resumed_from_step=None))
     for step in range(1, 100_001):
         record.emit(
-            "step",
-            step=step,
-            loss=10.0 / step,
-            step_time_s=0.01,
-            tokens=8,
-            tokens_seen=8 * step,
-            tokens_per_s=800.0,
+            Step(
+                step=step,
+                loss=10.0 / step,
+                step_time_s=0.01,
+                tokens=8,
+                tokens_seen=8 * step,
+                tokens_per_s=800.0,
+            )
         )
-    record.emit("run_end", status="completed", step=100_000)
+    record.emit(RunEnd(status="completed", step=100_000))
     record.close()
     con = summarize.connect(tmp_path)
     assert summarize.ingest(con, tmp_path).events == 100_002
@@ -174,7 +176,7 @@ def test_a_resume_after_a_torn_last_line_starts_a_new_line(tmp_path):
     write_run(tmp_path, "run-t", events[:resumed_at], tail=torn)
     record = RunRecord(tmp_path / "run-t", "run-t")  # the resumed attempt appends
     for e in events[resumed_at:]:
-        record.emit(e["type"], **{k: v for k, v in e.items() if k not in ("type", "run_id")})
+        record.emit(parse_event(e))
     record.close()
     lines = (tmp_path / "run-t" / EVENTS_FILE).read_text().splitlines()
     assert lines[resumed_at] == torn and json.loads(lines[resumed_at + 1])["type"] == "run_start"

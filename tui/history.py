@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from titan.observability import summarize
+from titan.observability.events import RunStart, Stall, parse_events
 from titan.observability.summarize import IngestReport, RunSummary
 
 # Points of a loss curve at most (nvitop-like restraint: more than a terminal can draw is waste).
@@ -88,14 +89,14 @@ class RunDetail:
         config: ``run_start``'s config (the latest attempt's).
         environment: ``run_start``'s ``env`` (versions, devices, host, git).
         attempts: ``(time, start_step, resumed_from_step)`` of each ``run_start``.
-        stalls: the ``stall`` events (phase, elapsed_s, threshold_s, step, stacks).
+        stalls: the ``stall`` events.
     """
 
     summary: RunSummary
     config: dict[str, Any]
     environment: dict[str, Any]
     attempts: list[tuple[float, int | None, int | None]]
-    stalls: list[dict[str, Any]]
+    stalls: list[Stall]
 
 
 class HistoryStore:
@@ -150,26 +151,20 @@ class HistoryStore:
         """Summary, config, environment, attempts and stalls of one run."""
         with self._connection() as con:
             (summary,) = summarize.summaries(con, run_id)
-            starts = con.execute(
-                "SELECT time, payload FROM events WHERE run_id = ? AND type = 'run_start' "
-                "ORDER BY seq",
+            rows = con.execute(
+                "SELECT time, payload FROM events WHERE run_id = ? "
+                "AND type IN ('run_start', 'stall') ORDER BY seq",
                 [run_id],
             ).fetchall()
-            stalls = con.execute(
-                "SELECT payload FROM events WHERE run_id = ? AND type = 'stall' ORDER BY seq",
-                [run_id],
-            ).fetchall()
-        payloads = [json.loads(p) for _, p in starts]
-        last = payloads[-1] if payloads else {}
+        events, _ = parse_events({**json.loads(p), "time": t} for t, p in rows)
+        starts = [e for e in events if isinstance(e, RunStart)]
+        last = starts[-1] if starts else RunStart()
         return RunDetail(
             summary=summary,
-            config=last.get("config", {}),
-            environment=last.get("env", {}),
-            attempts=[
-                (t, p.get("start_step"), p.get("resumed_from_step"))
-                for (t, _), p in zip(starts, payloads, strict=True)
-            ],
-            stalls=[json.loads(p) for (p,) in stalls],
+            config=last.config or {},
+            environment=last.env or {},
+            attempts=[(s.time, s.start_step, s.resumed_from_step) for s in starts],
+            stalls=[e for e in events if isinstance(e, Stall)],
         )
 
     def export(self, path: Path, run_ids: Sequence[str]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan.observability.records import EVENTS_FILE, read_events
+from titan.observability.records import EVENTS_FILE, load_events
 from tui.launcher import STDERR_LOG
 from tui.run_state import RunState
 
@@ -40,9 +40,9 @@ def list_runs(runs_root: Path) -> list[RunSummary]:
         return []
     summaries = []
     for run_dir in filter(is_run_dir, runs_root.iterdir()):
-        events = read_events(run_dir)
+        events = load_events(run_dir)
         state = RunState()
         state.apply(events)
-        created_at = events[0]["time"] if events else run_dir.stat().st_mtime
+        created_at = events[0].time if events else run_dir.stat().st_mtime
         summaries.append(RunSummary(run_dir, state, created_at))
     return sorted(summaries, key=lambda s: s.created_at, reverse=True)

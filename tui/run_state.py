@@ -1,9 +1,10 @@
 """What the monitor shows about a run, folded from its ``events.jsonl`` events.
 
-:class:`RunState` is plain data: :meth:`RunState.apply` takes events in file order (the schema is
-in ``titan.observability.records``) and keeps what the screens draw. It does no I/O, so it runs
-on the UI thread and in tests alike. A resumed run appends a second ``run_start`` to the same
-record; the state then follows the new segment and keeps the loss history.
+:class:`RunState` is plain data: :meth:`RunState.apply` takes events in file order (the typed
+events of :mod:`titan.observability.events`, ``docs/events.md``) and keeps what the screens
+draw. It does no I/O, so it runs on the UI thread and in tests alike. A resumed run appends a
+second ``run_start`` to the same record; the state then follows the new segment and keeps the
+loss history.
 
 The watchdog panel's phase is the one the last event implies (``run_start``: compile; ``step``
 and ``checkpoint``: the next step; ``stall``: its phase; ``run_end``: idle) and its allowance
@@ -16,9 +17,19 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from titan.observability.summarize import MFU_PREFERRED_KEYS
+from titan.observability.events import (
+    MFU_CONVENTION,
+    Checkpoint,
+    Compile,
+    Event,
+    Pipeline,
+    PipelineTiming,
+    RunEnd,
+    RunStart,
+    Stall,
+    Step,
+)
 from titan.observability.watchdog import Watchdog
 from titan.planning.gpus import gpu_for_device_kind
 
@@ -59,7 +70,8 @@ class RunState:
         last_event_at: unix seconds of the latest event (the heartbeat the panel ages).
         phase: the watchdog phase the last event implies (see the module docstring).
         stalls: the ``stall`` events (phase, elapsed_s, threshold_s, step, stacks).
-        mfu: MFU of the last step under ``mfu_convention``; mfu_reason: why it is missing.
+        mfu: MFU of the last step under ``mfu_convention`` (:data:`MFU_CONVENTION` once a step
+            recorded one); mfu_reason: why it is missing.
         flops_per_token: model FLOPs per token of the last step under ``mfu_convention``.
         energy_j: energy of every step so far (None without a power source);
         joules_per_token: of the last step; power_reason: why there is no power source.
@@ -90,7 +102,7 @@ class RunState:
     lrs: list[float] = field(default_factory=list)
     last_event_at: float | None = None
     phase: str = "idle"
-    stalls: list[dict[str, Any]] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
     mfu: float | None = None
     mfu_convention: str | None = None
     mfu_reason: str | None = None
@@ -101,23 +113,23 @@ class RunState:
     power_w: list[float] = field(default_factory=list)
     devices: int | None = None
     tdp_w: float | None = None
-    pipeline: dict[str, Any] | None = None
-    pipeline_timing: dict[str, Any] | None = None
+    pipeline: Pipeline | None = None
+    pipeline_timing: PipelineTiming | None = None
     _step_times: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=RATE_WINDOW_STEPS), repr=False
     )
     _watchdog: Watchdog = field(default_factory=lambda: _new_watchdog(*_WATCHDOG_DEFAULTS))
 
-    def apply(self, events: Iterable[dict[str, Any]]) -> None:
-        """Fold events (dicts of the run record schema) into the state; unknown types are
-        ignored so that newer records still display."""
+    def apply(self, events: Iterable[Event]) -> None:
+        """Fold events into the state; unknown types are ignored so that newer records still
+        display."""
         for event in events:
-            handler = getattr(self, f"_on_{event.get('type')}", None)
+            handler = getattr(self, f"_on_{event.type}", None)
             if handler is not None:
                 handler(event)
-            self.run_id = event.get("run_id", self.run_id)
-            self.last_event_at = event.get("time", self.last_event_at)
-            self.phase = _PHASE_AFTER.get(event.get("type"), self.phase)
+            self.run_id = event.run_id or self.run_id
+            self.last_event_at = event.time
+            self.phase = _PHASE_AFTER.get(event.type, self.phase)
 
     @property
     def status(self) -> str:
@@ -150,82 +162,79 @@ class RunState:
         """The watchdog's allowance for :attr:`phase`, seconds (``inf`` when idle)."""
         return self._watchdog.threshold_s(self.phase)
 
-    def _on_run_start(self, event: dict[str, Any]) -> None:
-        config = event.get("config", {})
+    def _on_run_start(self, event: RunStart) -> None:
+        config = event.config or {}
         self.preset = config.get("preset", self.preset)
         self._watchdog = _new_watchdog(
             config.get("watchdog_floor", _WATCHDOG_DEFAULTS[0]),
             config.get("watchdog_factor", _WATCHDOG_DEFAULTS[1]),
         )
-        self.devices = event.get("layout", {}).get("devices")
-        kinds = event.get("env", {}).get("device_kinds") or [""]
+        self.devices = (event.layout or {}).get("devices")
+        kinds = (event.env or {}).get("device_kinds") or [""]
         gpu = gpu_for_device_kind(kinds[0])
         self.tdp_w = gpu.tdp_w if gpu is not None and gpu.name != "cpu" else None
-        self.power_reason = (event.get("power") or {}).get("reason")
-        self.param_count = event.get("param_count")
-        self.total_steps = event.get("total_steps")
-        self.started_at = event["time"]
-        self.resumed_from_step = event.get("resumed_from_step")
-        self.step = event.get("start_step", self.step)
+        self.power_reason = (event.power or {}).get("reason")
+        self.param_count = event.param_count
+        self.total_steps = event.total_steps
+        self.started_at = event.time
+        self.resumed_from_step = event.resumed_from_step
+        self.step = event.start_step if event.start_step is not None else self.step
         self.end_status = self.end_error = self.ended_at = None
         self._step_times.clear()
 
-    def _on_compile(self, event: dict[str, Any]) -> None:
-        self.compile_s += event.get("seconds", 0.0)
+    def _on_compile(self, event: Compile) -> None:
+        self.compile_s += event.seconds or 0.0
 
-    def _on_step(self, event: dict[str, Any]) -> None:
-        self.step = event["step"]
-        self.loss = event["loss"]
-        self.losses.append(event["loss"])
-        self.steps.append(event["step"])
-        self.lrs.append(event.get("lr") or 0.0)
-        self.tokens_per_s = event.get("tokens_per_s")
-        self.tokens_seen = event.get("tokens_seen", self.tokens_seen)
-        self._step_times.append((event["step"], event["time"]))
-        if event.get("step_time_s"):
-            self._watchdog.step_done(event["step_time_s"])
+    def _on_step(self, event: Step) -> None:
+        self.step = event.step
+        self.loss = event.loss
+        self.losses.append(event.loss)
+        self.steps.append(event.step)
+        self.lrs.append(event.lr or 0.0)
+        self.tokens_per_s = event.tokens_per_s
+        if event.tokens_seen is not None:
+            self.tokens_seen = event.tokens_seen
+        self._step_times.append((event.step, event.time))
+        if event.step_time_s:
+            self._watchdog.step_done(event.step_time_s)
         self._take_flops(event)
         self._take_energy(event)
 
-    def _take_flops(self, event: dict[str, Any]) -> None:
-        """MFU and FLOPs per token under one convention (``summarize``'s preference order)."""
-        mfu, per_token = event.get("mfu"), event.get("model_flops_per_token")
-        self.mfu_reason = event.get("mfu_reason")
-        if isinstance(per_token, dict) and per_token:
-            keys = [k for k in MFU_PREFERRED_KEYS if k in per_token] or sorted(per_token)
-            self.mfu_convention = keys[0]
-            self.flops_per_token = per_token[keys[0]]
-        if isinstance(mfu, dict):
-            self.mfu = mfu.get(self.mfu_convention)
-        else:
-            self.mfu = mfu
-            self.mfu_convention = event.get("mfu_convention", self.mfu_convention)
+    def _take_flops(self, event: Step) -> None:
+        """MFU and FLOPs per token under :data:`MFU_CONVENTION` (as ``summarize`` reports)."""
+        per_token, mfu = event.model_flops_per_token, event.mfu
+        self.mfu_reason = event.mfu_reason
+        if per_token is not None or mfu is not None:
+            self.mfu_convention = MFU_CONVENTION
+        if per_token is not None:
+            self.flops_per_token = getattr(per_token, MFU_CONVENTION)
+        self.mfu = getattr(mfu, MFU_CONVENTION) if mfu is not None else None
 
-    def _take_energy(self, event: dict[str, Any]) -> None:
-        energy_j = event.get("energy_j")
-        self.joules_per_token = event.get("joules_per_token")
+    def _take_energy(self, event: Step) -> None:
+        energy_j = event.energy_j
+        self.joules_per_token = event.joules_per_token
         if energy_j is None:
             return
         self.energy_j = (self.energy_j or 0.0) + energy_j
-        if event.get("step_time_s"):
-            self.power_w.append(energy_j / event["step_time_s"])
+        if event.step_time_s:
+            self.power_w.append(energy_j / event.step_time_s)
 
-    def _on_stall(self, event: dict[str, Any]) -> None:
+    def _on_stall(self, event: Stall) -> None:
         self.stalls.append(event)
-        self.phase = event.get("phase", self.phase)
+        self.phase = event.phase
 
-    def _on_pipeline(self, event: dict[str, Any]) -> None:
+    def _on_pipeline(self, event: Pipeline) -> None:
         self.pipeline = event
 
-    def _on_pipeline_timing(self, event: dict[str, Any]) -> None:
+    def _on_pipeline_timing(self, event: PipelineTiming) -> None:
         self.pipeline_timing = event
 
-    def _on_checkpoint(self, event: dict[str, Any]) -> None:
-        self.checkpoint_step = event["step"]
+    def _on_checkpoint(self, event: Checkpoint) -> None:
+        self.checkpoint_step = event.step
 
-    def _on_run_end(self, event: dict[str, Any]) -> None:
-        self.end_status = event["status"]
-        self.end_error = event.get("error")
-        self.ended_at = event["time"]
-        if event.get("step") is not None:  # a run that failed before its first step has None
-            self.step = event["step"]
+    def _on_run_end(self, event: RunEnd) -> None:
+        self.end_status = event.status
+        self.end_error = event.error
+        self.ended_at = event.time
+        if event.step is not None:  # a run that failed before its first step has None
+            self.step = event.step

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from titan.observability.events import Event, RunEnd, RunStart
 from titan.observability.records import EVENTS_FILE, EventTail
 from tui.launcher import STDERR_LOG, LaunchedRun
 
@@ -28,13 +28,13 @@ class RunUpdate:
     """What changed in a run since the previous poll.
 
     Attributes:
-        events: new complete events, in file order.
+        events: new complete events, in file order (typed; lines that are not events skipped).
         returncode: the child's exit code; ``None`` while it runs or when the run was not
             launched by this console.
         stderr_tail: the last lines of ``stderr.log`` (empty when there is none).
     """
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     returncode: int | None = None
     stderr_tail: tuple[str, ...] = ()
 
@@ -64,10 +64,10 @@ class RunWatcher:
         # Exit code first: once the child is gone, the events read below are all it wrote.
         returncode = self._launched.returncode() if self._launched else None
         grew = (_size(self._events.path) or 0) > self._events.offset
-        events = self._events.read_new() if grew else []
+        events = self._events.read_new_events() if grew else []
         for event in events:
-            if event.get("type") in ("run_start", "run_end"):
-                self._ended = event["type"] == "run_end"
+            if isinstance(event, RunStart | RunEnd):
+                self._ended = isinstance(event, RunEnd)
         stderr_changed = self._read_stderr_tail()
         self.done = returncode is not None if self._launched else self._ended
         if not events and not stderr_changed and returncode == self._returncode:

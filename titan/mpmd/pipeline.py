@@ -50,11 +50,12 @@ from titan.mpmd.schedules import (
     execution_order,
     theoretical_bubble,
 )
+from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
 from titan.trainer.optimizer import clip_by_global_norm
-from titan.trainer.state import Batch, ChunkState, Event, StepMetrics, TrainState, chunk_item
+from titan.trainer.state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
@@ -312,21 +313,18 @@ class PipelineTrainer:
         """The ``pipeline`` event: stages, devices and layers per stage, schedule, bubble."""
         s = self.schedule
         return [
-            (
-                "pipeline",
-                {
-                    "stages": s.pp,
-                    "virtual_stages": s.virtual_stages,
-                    "devices_per_stage": self.meshes[0].device_count,
-                    "layers_per_chunk": [c.n_layers for c in self.chunks],
-                    "chunk_stage": [c.stage for c in self.chunks],
-                    "schedule": s.name,
-                    "microbatches": s.microbatches,
-                    "theoretical_bubble": theoretical_bubble(
-                        s.name, s.pp, s.microbatches, s.virtual_stages
-                    ),
-                    "actions": [[str(a) for a in group] for group in s.groups],
-                },
+            Pipeline(
+                stages=s.pp,
+                virtual_stages=s.virtual_stages,
+                devices_per_stage=self.meshes[0].device_count,
+                layers_per_chunk=[c.n_layers for c in self.chunks],
+                chunk_stage=[c.stage for c in self.chunks],
+                schedule=s.name,
+                microbatches=s.microbatches,
+                theoretical_bubble=theoretical_bubble(
+                    s.name, s.pp, s.microbatches, s.virtual_stages
+                ),
+                actions=[[str(a) for a in group] for group in s.groups],
             )
         ]
 
@@ -360,7 +358,7 @@ class PipelineTrainer:
         """Tracing happens per program in :meth:`compile`; nothing to do separately."""
         return 0.0
 
-    def compile(self) -> list[Event]:
+    def compile(self) -> list[Compile]:
         """Compile every chunk's programs; one compile event per stage."""
         seconds = [0.0] * self.pp
         kinds = {action.kind for group in self.schedule.groups for action in group}
@@ -373,7 +371,7 @@ class PipelineTrainer:
         self._loss_seed = jax.device_put(np.float32(1.0 / self.schedule.microbatches), last)
         # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
         self._lr = jax.jit(self.lr_schedule)
-        return [{"what": "stage", "stage": stage, "seconds": s} for stage, s in enumerate(seconds)]
+        return [Compile(what="stage", stage=stage, seconds=s) for stage, s in enumerate(seconds)]
 
     def _microbatches(self, batch: Batch) -> list[dict[str, Any]]:
         """Per microbatch: the first chunk's input on stage 0, the loss's inputs on the last
@@ -474,13 +472,10 @@ class PipelineTrainer:
         if timed:
             jax.block_until_ready(new_state)
             self._events.append(
-                (
-                    "pipeline_timing",
-                    {
-                        "step": state.step + 1,
-                        "actions": spans,
-                        "step_time_s": time.perf_counter() - start,
-                    },
+                PipelineTiming(
+                    step=state.step + 1,
+                    actions=spans,
+                    step_time_s=time.perf_counter() - start,
                 )
             )
         loss = jnp.mean(jnp.stack(buffers.losses))
@@ -506,7 +501,7 @@ class PipelineTrainer:
         """Whether the next :meth:`step` is a timed one, which blocks after every action."""
         return (self._steps_done + 1) % self.timing_every == 0
 
-    def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
+    def drain_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
+from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import default_runs_root
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
@@ -128,22 +129,6 @@ def run_report(args: argparse.Namespace) -> int:
 
     print(write_report(Path(args.run_dir), Path(args.out) if args.out else None))
     return EXIT_OK
-
-
-def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
-    """``value`` in ``fmt`` (a format spec), or ``missing`` when it is None."""
-    return missing if value is None else format(value, fmt)
-
-
-def format_duration(seconds: float | None) -> str:
-    """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None)."""
-    if seconds is None:
-        return "-"
-    minutes, s = divmod(int(round(seconds)), 60)
-    hours, m = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{m:02d}m{s:02d}s"
-    return f"{m}m{s:02d}s" if minutes else f"{s}s"
 
 
 def _console() -> Any:

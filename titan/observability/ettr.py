@@ -51,9 +51,11 @@ This module imports neither JAX nor DuckDB.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from titan.observability.events import Checkpoint, Compile, Event, RunEnd, RunStart, Stall, Step
 
 BADPUT_KINDS = (
     "initialization",
@@ -71,22 +73,6 @@ RUNNING = "running"
 # ``--watchdog-floor``, 300 s) is the longest a healthy step may go without one.
 RUNNING_WINDOW_S = 300.0
 CRASHED = "crashed"
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a float when it is a real number (not bool, not NaN), else None."""
-    kind = type(value)  # exact types: bool is not a number here
-    if kind is float:
-        return value if value == value else None
-    return float(value) if kind is int else None
-
-
-def _int(value: Any) -> int | None:
-    """``value`` as an int when it is an int or a float with an integral value, else None."""
-    if type(value) is int:
-        return value
-    number = _number(value)
-    return int(number) if number is not None and number.is_integer() else None
 
 
 @dataclass
@@ -211,65 +197,62 @@ class Goodput:
         }
 
 
-def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+def split_attempts(events: Iterable[Event]) -> list[list[Event]]:
     """The events grouped by attempt, each group starting with its ``run_start``. Events before
-    the first ``run_start`` and events without a numeric ``time`` are dropped."""
-    attempts: list[list[Mapping[str, Any]]] = []
+    the first ``run_start`` are dropped."""
+    attempts: list[list[Event]] = []
     for event in events:
-        if not isinstance(event, dict | Mapping) or _number(event.get("time")) is None:
-            continue
-        if event.get("type") == "run_start":
+        if isinstance(event, RunStart):
             attempts.append([event])
         elif attempts:
             attempts[-1].append(event)
     return attempts
 
 
-def _attempt(index: int, events: list[Mapping[str, Any]]) -> tuple[Attempt, bool]:
+def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
     """One attempt's accounting, before survival is known; and whether ``data_wait_s`` was seen."""
     start_event = events[0]
-    resumed_from = _int(start_event.get("resumed_from_step"))
+    resumed_from = start_event.resumed_from_step
     attempt = Attempt(
         index=index,
-        start=float(start_event["time"]),
-        end=max(float(e["time"]) for e in events),
+        start=start_event.time,
+        end=max(e.time for e in events),
         status=CRASHED,
-        start_step=_int(start_event.get("start_step")) or resumed_from or 0,
+        start_step=start_event.start_step or resumed_from or 0,
         resumed=resumed_from is not None,
     )
     first_work: float | None = None
     save_since_step = 0.0
     saw_data_wait = False
     for event in events[1:]:
-        kind, time = event.get("type"), float(event["time"])
-        if kind == "compile":
-            seconds = _number(event.get("seconds")) or 0.0
+        if isinstance(event, Compile):
+            seconds = event.seconds or 0.0
             attempt.compile_s += seconds
             if first_work is None:
-                first_work = time - seconds
-        elif kind == "checkpoint":
-            seconds = _number(event.get("seconds")) or 0.0
+                first_work = event.time - seconds
+        elif isinstance(event, Checkpoint):
+            seconds = event.seconds or 0.0
             attempt.checkpoint_save_s += seconds
             save_since_step += seconds
-            attempt.last_checkpoint = _int(event.get("step"))
-        elif kind == "stall":
+            attempt.last_checkpoint = event.step
+        elif isinstance(event, Stall):
             attempt.stalls += 1
-        elif kind == "run_end":
-            attempt.status = str(event.get("status") or CRASHED)
-            attempt.last_step = _int(event.get("step")) or attempt.last_step
-        elif kind == "step" and (number := _int(event.get("step"))) is not None:
-            step_time = _number(event.get("step_time_s")) or 0.0
-            wait = _number(event.get("data_wait_s"))
+        elif isinstance(event, RunEnd):
+            attempt.status = event.status or CRASHED
+            attempt.last_step = event.step or attempt.last_step
+        elif isinstance(event, Step):
+            step_time = event.step_time_s or 0.0
+            wait = event.data_wait_s
             if wait is None:
                 wait = 0.0
             else:
                 saw_data_wait = True
             if first_work is None:
-                first_work = time - step_time
+                first_work = event.time - step_time
             compute = step_time - wait - save_since_step
-            attempt.steps.append((number, compute if compute > 0 else 0.0))
+            attempt.steps.append((event.step, compute if compute > 0 else 0.0))
             attempt.data_wait_s += wait
-            attempt.last_step = number
+            attempt.last_step = event.step
             save_since_step = 0.0
     pre_s = max((attempt.end if first_work is None else first_work) - attempt.start, 0.0)
     if attempt.resumed:
@@ -288,10 +271,11 @@ def _final_bound(attempt: Attempt) -> int:
     return attempt.start_step
 
 
-def analyze(events: Iterable[Mapping[str, Any]], now: float | None = None) -> Goodput:
-    """ETTR and goodput of a run from its events in file order (unknown types and fields are
-    ignored). A run with no ``run_start`` gives no attempts and ``ettr`` None. ``now`` (Unix
-    seconds) lets a recent last attempt without ``run_end`` count as running (module doc)."""
+def analyze(events: Iterable[Event], now: float | None = None) -> Goodput:
+    """ETTR and goodput of a run from its events in file order (as
+    :func:`~titan.observability.events.parse_event` gives them; unknown types are ignored). A
+    run with no ``run_start`` gives no attempts and ``ettr`` None. ``now`` (Unix seconds) lets
+    a recent last attempt without ``run_end`` count as running (module doc)."""
     attempts, saw_wait = [], False
     for index, group in enumerate(split_attempts(events)):
         attempt, seen = _attempt(index, group)

@@ -29,6 +29,10 @@ from typing import Any
 
 from titan.config import ModelConfig, perf_key_options
 from titan.observability.ettr import split_attempts
+from titan.observability.events import Checkpoint, Event, Profile, RunStart, Step
+from titan.planning.gpus import gpu_for_device_kind
+from titan.planning.memory import Layout, Precision
+from titan.planning.step import Measurement
 
 WARMUP_STEPS = 3
 REGRESSION_THRESHOLD = 0.05
@@ -78,18 +82,18 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def perf_key(run_start: Mapping[str, Any]) -> dict[str, Any]:
+def perf_key(run_start: RunStart) -> dict[str, Any]:
     """The key columns of a run from its first ``run_start`` event (missing parts: None)."""
-    env = run_start.get("env") if isinstance(run_start.get("env"), Mapping) else {}
-    config = run_start.get("config") if isinstance(run_start.get("config"), Mapping) else {}
+    env = run_start.env or {}
+    config = run_start.config or {}
     packages = env.get("packages") if isinstance(env.get("packages"), Mapping) else {}
     kinds = env.get("device_kinds")
-    model = run_start.get("model") if isinstance(run_start.get("model"), Mapping) else {}
+    model = run_start.model or {}
     layout = {name: config.get(name) for name in LAYOUT_OPTIONS}
     layout.update(
-        described=run_start.get("layout"),
-        compute_dtype=run_start.get("compute_dtype", config.get("compute_dtype")),
-        ops=run_start.get("ops"),
+        described=run_start.layout,
+        compute_dtype=run_start.compute_dtype or config.get("compute_dtype"),
+        ops=run_start.ops,
     )
     return {
         "model": {k: v for k, v in model.items() if k != "name"},
@@ -101,44 +105,37 @@ def perf_key(run_start: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _profiled_steps(events: Sequence[Mapping[str, Any]]) -> set[int]:
+def _profiled_steps(events: Sequence[Event]) -> set[int]:
     """Steps whose times the profiler changed: each traced range of a ``profile`` event, and
     the step before it (which holds the start of the trace)."""
     steps: set[int] = set()
     for event in events:
-        traced = event.get("steps") if event.get("type") == "profile" else None
-        if (
-            isinstance(traced, list)
-            and len(traced) == 2
-            and all(isinstance(s, int) for s in traced)
-        ):
-            steps.update(range(traced[0] - 1, traced[1] + 1))
+        if isinstance(event, Profile) and event.steps and len(event.steps) == 2:
+            steps.update(range(event.steps[0] - 1, event.steps[1] + 1))
     return steps
 
 
-def steady_step_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
+def steady_step_times(events: Sequence[Event]) -> list[float]:
     """``step_time_s`` of the steps after the first :data:`WARMUP_STEPS` of each attempt,
     leaving out steps with a checkpoint save inside them and profiled steps."""
     times: list[float] = []
     profiled = _profiled_steps(events)
     seen_in_attempt, saved = 0, False
     for event in events:
-        kind = event.get("type")
-        if kind == "run_start":
+        if isinstance(event, RunStart):
             seen_in_attempt, saved = 0, False
-        elif kind == "checkpoint":
+        elif isinstance(event, Checkpoint):
             saved = True
-        elif kind == "step":
+        elif isinstance(event, Step):
             seen_in_attempt += 1
-            value = event.get("step_time_s")
             steady = seen_in_attempt > WARMUP_STEPS and not saved
-            if steady and event.get("step") not in profiled and isinstance(value, int | float):
-                times.append(float(value))
+            if steady and event.step not in profiled and event.step_time_s is not None:
+                times.append(event.step_time_s)
             saved = False
     return times
 
 
-def record(con: Any, run_id: str, events: Sequence[Mapping[str, Any]]) -> PerfRow | None:
+def record(con: Any, run_id: str, events: Sequence[Event]) -> PerfRow | None:
     """Store (or replace) the run's ``perf`` row; None when it has no run_start or no steady
     steps. A run resumed with another layout (``--resume`` allows it) is measured by the
     attempts that share its last attempt's key; ``time`` is the first of those attempts'
@@ -157,7 +154,7 @@ def record(con: Any, run_id: str, events: Sequence[Mapping[str, Any]]) -> PerfRo
         run_id=run_id,
         median_step_s=statistics.median(times),
         steps=len(times),
-        time=float(same[0][0]["time"]),
+        time=same[0][0].time,
         **key,
     )
     con.execute(
@@ -211,13 +208,9 @@ def check(rows: Sequence[PerfRow], threshold: float = REGRESSION_THRESHOLD) -> l
     return results
 
 
-def planner_measurements(rows: Sequence[PerfRow]) -> list[Any]:
+def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
     """The rows as :class:`titan.planning.step.Measurement` for :func:`~titan.planning.step.
     calibrate`: only rows whose device kind is in the GPU catalog and whose key is complete."""
-    from titan.planning.gpus import gpu_for_device_kind
-    from titan.planning.memory import Layout, Precision
-    from titan.planning.step import Measurement
-
     result = []
     for row in rows:
         gpu = gpu_for_device_kind(row.device_kind.split(",")[0])

@@ -8,11 +8,9 @@ The trace (``jax.profiler.start_trace`` / ``stop_trace``, XLA's profiler) is wri
 stops once step B's device work has finished (the loop blocks on the state there), so the device
 work of A to B is inside it. A resumed run whose start step lies inside A..B traces the steps left.
 
-Event ``profile`` (one per trace): ``steps`` ([first, last] traced), ``requested`` ([A, B]),
-``complete`` (every requested step traced), ``dir`` (trace folder relative to the run dir),
-``files`` (trace files, relative to the run dir), ``seconds`` (wall time spent in
-``start_trace`` and ``stop_trace``, seconds: profiler overhead, which falls into the step times
-of step A - 1 and step B), ``error`` when the profiler failed (the run goes on without a trace).
+One ``profile`` event per trace (:class:`titan.observability.events.Profile`): the steps traced,
+the trace files and the profiler's overhead; ``error`` when the profiler failed (the run goes on
+without a trace).
 
 Every exit path stops an open trace: the end of the range, a stop signal or an exception
 (:meth:`StepProfiler.__exit__`, around the loop). A watchdog abort (``--watchdog-abort 1``) ends
@@ -26,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from titan.observability.events import Profile
 from titan.observability.records import RunRecord
 
 PROFILE_DIR = "profile"
@@ -111,15 +110,16 @@ class StepProfiler:
         run_dir = self.record.run_dir
         files = sorted(p.relative_to(run_dir) for p in set(self._trace_files()) - self._before)
         folders = sorted({str(p.parent) for p in files})
-        fields: dict[str, Any] = {
-            "steps": [first, last] if last is not None else None,
-            "requested": list(self.steps),
-            "complete": error is None and (first, last) == self.steps,
-            "dir": folders[0] if len(folders) == 1 else PROFILE_DIR,
-            "files": [str(p) for p in files],
-            "seconds": seconds,
-        }
         if error:
-            fields["error"] = error
             print(f"titan: profiler: {error}", file=sys.stderr, flush=True)
-        self.record.emit("profile", **fields)
+        self.record.emit(
+            Profile(
+                steps=[first, last] if last is not None else None,
+                requested=list(self.steps),
+                complete=error is None and (first, last) == self.steps,
+                dir=folders[0] if len(folders) == 1 else PROFILE_DIR,
+                files=[str(p) for p in files],
+                seconds=seconds,
+                error=error,
+            )
+        )

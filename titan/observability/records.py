@@ -2,10 +2,8 @@
 
 Layout of a run dir ``<runs root>/<run id>/``:
 
-- ``events.jsonl``: one JSON object per line, flushed per event. Every event has ``schema``
-  (:data:`SCHEMA`), ``type``, ``time`` (unix seconds, float) and ``run_id``. Types written by the
-  trainer: ``run_start``, ``compile``, ``step``, ``checkpoint``, ``profile``, ``stall``,
-  ``run_end`` (see ``titan.trainer.train``).
+- ``events.jsonl``: one JSON object per line, flushed per event: the typed events of
+  :mod:`titan.observability.events`, documented field by field in ``docs/events.md``.
 - ``profile/``: the JAX profiler trace of ``--profile-steps`` (:mod:`titan.observability.profile`).
 - ``report/``: ``titan report``'s Markdown report and figures (:mod:`titan.observability.report`).
 - ``config.json``: the run's options and model shape.
@@ -17,6 +15,7 @@ This module imports neither JAX nor Textual: the console reads records through i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 1
+from titan.observability.events import SCHEMA_VERSION, Event, parse_events
+
+SCHEMA = SCHEMA_VERSION
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
 
@@ -80,13 +81,12 @@ class RunRecord:
             self._file.write("\n")
             self._file.flush()
 
-    def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
-        """Write one event and flush it to the OS (non-finite numbers, e.g. a diverged loss, are
-        written as null; thread-safe: the watchdog writes from its own
-        thread). Returns the event as written."""
-        event = {"schema": SCHEMA, "type": event_type, "time": time.time(), "run_id": self.run_id}
-        event.update(fields)
-        line = json.dumps(_finite(event), default=str, allow_nan=False) + "\n"
+    def emit(self, event: Event) -> Event:
+        """Write one event, stamped with the current ``time`` and this record's ``run_id``, and
+        flush it to the OS (non-finite numbers, e.g. a diverged loss, are written as null;
+        thread-safe: the watchdog writes from its own thread). Returns the event as written."""
+        event = dataclasses.replace(event, time=time.time(), run_id=self.run_id)
+        line = json.dumps(_finite(event.to_json()), default=str, allow_nan=False) + "\n"
         with self._lock:
             self._file.write(line)
             self._file.flush()
@@ -134,10 +134,24 @@ class EventTail:
                 self.bad_lines += 1
         return events
 
+    def read_new_events(self) -> list[Event]:
+        """:meth:`read_new`, each object parsed by :func:`~titan.observability.events.
+        parse_event`; an object that is not an event (e.g. a non-numeric ``time``) is skipped
+        and counted in ``bad_lines``. Unknown types come back as ``UnknownEvent``."""
+        events, skipped = parse_events(self.read_new())
+        self.bad_lines += skipped
+        return events
+
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """All complete events of a run, in order (a torn last line is ignored)."""
+    """All complete events of a run as the JSON objects written, in order (a torn last line is
+    ignored)."""
     return EventTail(Path(run_dir) / EVENTS_FILE).read_new()
+
+
+def load_events(run_dir: Path) -> list[Event]:
+    """All complete events of a run, typed (:meth:`EventTail.read_new_events`), in order."""
+    return EventTail(Path(run_dir) / EVENTS_FILE).read_new_events()
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:

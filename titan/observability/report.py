@@ -6,10 +6,11 @@ summary table is :func:`titan.observability.summarize.summarize_run_dir`'s, the 
 ``titan summarize`` prints; the figures are drawn from the step events, one series per attempt
 (a resumed run's ``events.jsonl`` holds several ``run_start`` ... ``run_end`` attempts,
 :func:`titan.observability.ettr.split_attempts`). MFU is plotted as the trainer recorded it,
-titled with its peak (``peak_flops``, ``peak_kind`` of the ``mfu`` field) and said to be unknown,
-with the recorded reason, when the record has none; the same for power (``run_start``'s
-``power.reason``). A torn last line (a writer killed mid-line) and lines that are not events are
-skipped and counted in the report.
+titled with its peak (``peak_flops``, ``peak_kind`` of the step's
+:class:`~titan.observability.events.Mfu`) and said to be unknown, with the recorded reason, when
+the record has none; the same for power (``run_start``'s ``power.reason``). Events are read with
+:func:`titan.observability.events.parse_event`; a torn last line (a writer killed mid-line) and
+lines that are not events are skipped and counted in the report.
 
 This module imports neither JAX nor matplotlib (:mod:`plots` imports it when drawing).
 """
@@ -25,7 +26,8 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.observability import ettr, plots
-from titan.observability.commands import format_duration, format_number
+from titan.observability.events import Event, Profile, RunStart, Step
+from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.summarize import RunSummary, summarize_run_dir
 from titan.observability.trace_summary import summarize_trace
@@ -35,10 +37,10 @@ REPORT_FILE = "report.md"
 FIGURES = ("loss.png", "throughput.png", "mfu.png", "power.png")
 POWER_WINDOW_S = 5.0
 NOT_RECORDED = "not recorded in the events"
-_MFU_EXTRA = ("hfu_", "peak_")
+MFU_CONVENTIONS = ("causal", "full")  # the fields of Mfu that are MFU (not HFU or the peak)
 
 
-def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int, int]:
+def read_run(run_dir: Path) -> tuple[list[Event], int, int]:
     """(events, lines that are not events, bytes of a torn last line) of ``run_dir``.
 
     Raises:
@@ -50,49 +52,41 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], int, int]:
     if not path.is_file():
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
     tail = EventTail(path)
-    read = tail.read_new()
-    events = [e for e in read if _number(e.get("time")) is not None]  # the rest are not events
-    if not any(e["type"] == "run_start" for e in events):
+    events = tail.read_new_events()
+    if not any(isinstance(e, RunStart) for e in events):
         raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no readable run_start event")
     data = path.read_bytes()
-    bad_lines = tail.bad_lines + len(read) - len(events)
-    return events, bad_lines, len(data) - (data.rfind(b"\n") + 1)
+    return events, tail.bad_lines, len(data) - (data.rfind(b"\n") + 1)
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _mfu_values(step: Step) -> dict[str, float | None]:
+    """MFU per convention (:data:`MFU_CONVENTIONS`) of one step; empty without MFU."""
+    if step.mfu is None:
+        return {}
+    return {c: getattr(step.mfu, c) for c in MFU_CONVENTIONS}
 
 
-def _mfu_values(event: Mapping[str, Any]) -> dict[str, float | None]:
-    """MFU per convention of one step event: the numbers of its ``mfu`` object (HFU and the peak
-    left out), or a plain number under its ``mfu_convention``."""
-    value = event.get("mfu")
-    if isinstance(value, Mapping):
-        return {k: _number(v) for k, v in value.items() if not k.startswith(_MFU_EXTRA)}
-    if _number(value) is not None:
-        return {str(event.get("mfu_convention") or "as recorded"): _number(value)}
-    return {}
-
-
-def step_series(events: list[dict[str, Any]]) -> list[plots.StepSeries]:
+def step_series(events: list[Event]) -> list[plots.StepSeries]:
     """One :class:`plots.StepSeries` per attempt, times from the first ``run_start``."""
     attempts = ettr.split_attempts(events)
-    t0 = float(attempts[0][0]["time"])
+    t0 = attempts[0][0].time
     series = []
     for index, attempt in enumerate(attempts, 1):
-        resumed = attempt[0].get("resumed_from_step")
+        resumed = attempt[0].resumed_from_step
         label = f"attempt {index}" + (f" (resumed from step {resumed})" if resumed else "")
         s = plots.StepSeries(label)
-        steps = [e for e in attempt if e.get("type") == "step" and isinstance(e.get("step"), int)]
-        conventions = sorted({k for e in steps for k in _mfu_values(e)})
+        steps = [e for e in attempt if isinstance(e, Step)]
+        conventions = [
+            c for c in MFU_CONVENTIONS if any(_mfu_values(e).get(c) is not None for e in steps)
+        ]
         s.mfu = {c: [] for c in conventions}
         for e in steps:
-            s.steps.append(int(e["step"]))
-            s.time_s.append(float(e["time"]) - t0)
-            s.loss.append(_number(e.get("loss")))
-            s.tokens_per_s.append(_number(e.get("tokens_per_s")))
-            s.step_time_s.append(_number(e.get("step_time_s")))
-            s.energy_j.append(_number(e.get("energy_j")))
+            s.steps.append(e.step)
+            s.time_s.append(e.time - t0)
+            s.loss.append(e.loss)
+            s.tokens_per_s.append(e.tokens_per_s)
+            s.step_time_s.append(e.step_time_s)
+            s.energy_j.append(e.energy_j)
             values = _mfu_values(e)
             for c in conventions:
                 s.mfu[c].append(values.get(c))
@@ -100,14 +94,14 @@ def step_series(events: list[dict[str, Any]]) -> list[plots.StepSeries]:
     return series
 
 
-def _peak(events: list[dict[str, Any]]) -> tuple[str, str]:
+def _peak(events: list[Event]) -> tuple[str, str]:
     """(the peak MFU divides by, e.g. ``989.5 TFLOP/s (datasheet_dense_bfloat16)``, its source)
-    from the last step whose ``mfu`` names it."""
+    from the last step whose MFU names it."""
     for e in reversed(events):
-        mfu = e.get("mfu") if e.get("type") == "step" else None
-        if isinstance(mfu, Mapping) and _number(mfu.get("peak_flops")):
-            kind = f" ({mfu['peak_kind']})" if mfu.get("peak_kind") else ""
-            return f"{mfu['peak_flops'] / 1e12:,.1f} TFLOP/s{kind}", str(mfu.get("peak_source", ""))
+        mfu = e.mfu if isinstance(e, Step) else None
+        if mfu is not None and mfu.peak_flops:
+            kind = f" ({mfu.peak_kind})" if mfu.peak_kind else ""
+            return f"{mfu.peak_flops / 1e12:,.1f} TFLOP/s{kind}", mfu.peak_source or ""
     return "the recorded peak (not named in the record)", ""
 
 
@@ -169,7 +163,7 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
     ]
 
 
-def _attempt_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+def _attempt_rows(events: list[Event]) -> list[tuple[Any, ...]]:
     rows = []
     for a in ettr.analyze(events, now=time.time()).attempts:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a.start))
@@ -179,13 +173,13 @@ def _attempt_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _changes(starts: list[dict[str, Any]], key: str, title: str) -> list[str]:
+def _changes(starts: list[RunStart], key: str, title: str) -> list[str]:
     """``title`` and a list of the ``key`` entries (flattened) that differ between consecutive
     attempts' ``run_start``; nothing when none differ."""
     changes = []
     for index in range(1, len(starts)):
-        before = dict(_flatten(starts[index - 1].get(key) or {}))
-        after = dict(_flatten(starts[index].get(key) or {}))
+        before = dict(_flatten(getattr(starts[index - 1], key) or {}))
+        after = dict(_flatten(getattr(starts[index], key) or {}))
         for name in sorted(before.keys() | after.keys()):
             if before.get(name) != after.get(name):
                 changes.append(
@@ -194,7 +188,7 @@ def _changes(starts: list[dict[str, Any]], key: str, title: str) -> list[str]:
     return [f"{title}:", "", *changes, ""] if changes else []
 
 
-def _figures(out: Path, events: list[dict[str, Any]], s: RunSummary) -> list[str]:
+def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
     """Draw the figures into ``out``; the Markdown of the figures section."""
     series = step_series(events)
     lines = ["## Figures", ""]
@@ -223,12 +217,12 @@ def _figures(out: Path, events: list[dict[str, Any]], s: RunSummary) -> list[str
     return lines
 
 
-def _profile_lines(run_dir: Path, out: Path, events: list[dict[str, Any]]) -> list[str]:
-    profiles = [e for e in events if e.get("type") == "profile"]
+def _profile_lines(run_dir: Path, out: Path, events: list[Event]) -> list[str]:
+    profiles = [e for e in events if isinstance(e, Profile)]
     asked = [
-        e["config"]["profile_steps"]
+        e.config["profile_steps"]
         for e in events
-        if e["type"] == "run_start" and (e.get("config") or {}).get("profile_steps")
+        if isinstance(e, RunStart) and (e.config or {}).get("profile_steps")
     ]
     if not profiles and asked:
         return [
@@ -243,13 +237,13 @@ def _profile_lines(run_dir: Path, out: Path, events: list[dict[str, Any]]) -> li
         return []
     lines = ["## Profile", ""]
     for p in profiles:
-        link = os.path.relpath(run_dir / str(p.get("dir") or "profile"), out)
-        steps = p.get("steps") or ["-", "-"]
-        note = f", error: {p['error']}" if p.get("error") else ""
+        link = os.path.relpath(run_dir / (p.dir or "profile"), out)
+        steps = p.steps or ["-", "-"]
+        note = f", error: {p.error}" if p.error else ""
         lines.append(
-            f"- steps {steps[0]} to {steps[-1]} (asked {p.get('requested')}): "
-            f"[{p.get('dir')}]({link}), profiler overhead "
-            f"{format_number(_number(p.get('seconds')), '.2f')} s{note}"
+            f"- steps {steps[0]} to {steps[-1]} (asked {p.requested}): "
+            f"[{p.dir}]({link}), profiler overhead "
+            f"{format_number(p.seconds, '.2f')} s{note}"
         )
     if not profiles:
         lines.append(f"- [profile/]({os.path.relpath(run_dir / 'profile', out)})")
@@ -259,10 +253,10 @@ def _profile_lines(run_dir: Path, out: Path, events: list[dict[str, Any]]) -> li
     return lines
 
 
-def _operation_time_lines(run_dir: Path, profile: Mapping[str, Any]) -> list[str]:
+def _operation_time_lines(run_dir: Path, profile: Profile) -> list[str]:
     """Operation time by kind of a profile event's trace (:mod:`.trace_summary`)."""
-    traces = [f for f in profile.get("files") or [] if str(f).endswith(".trace.json.gz")]
-    steps = profile.get("steps") or []
+    traces = [f for f in profile.files or [] if f.endswith(".trace.json.gz")]
+    steps = profile.steps or []
     if not traces or len(steps) != 2:
         return []
     try:
@@ -307,7 +301,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     if out.exists() and not out.is_dir():
         raise TitanError(f"--out {out} is not a directory")
     summary = summarize_run_dir(run_dir)
-    starts = [e for e in events if e["type"] == "run_start"]
+    starts = [e for e in events if isinstance(e, RunStart)]
     last = starts[-1]
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +320,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         "",
         "## Summary",
         "",
-        *_table(("field", "value"), summary_rows(summary, last.get("total_steps"))),
+        *_table(("field", "value"), summary_rows(summary, last.total_steps)),
         "## Attempts",
         "",
         *_table(
@@ -337,25 +331,25 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         *_profile_lines(run_dir, out, events),
         "## Configuration",
         "",
-        *_table(("option", "value"), list(_flatten(last.get("config") or {}))),
+        *_table(("option", "value"), list(_flatten(last.config or {}))),
         *_changes(starts, "config", "Changed on resume"),
         "## Model and layout",
         "",
         *_table(
             ("", "value"),
             [
-                ("parameters", format_number(_number(last.get("param_count")), ",.0f")),
-                *_flatten({"model": last.get("model") or {}, "layout": last.get("layout") or {}}),
-                ("compute dtype", last.get("compute_dtype")),
-                *_flatten({"ops": last.get("ops") or {}, "tokenizer": last.get("tokenizer") or {}}),
-                *_flatten({"data": last.get("data") or {}}),
+                ("parameters", format_number(last.param_count, ",.0f")),
+                *_flatten({"model": last.model or {}, "layout": last.layout or {}}),
+                ("compute dtype", last.compute_dtype),
+                *_flatten({"ops": last.ops or {}, "tokenizer": last.tokenizer or {}}),
+                *_flatten({"data": last.data or {}}),
             ],
         ),
         "## Environment",
         "",
         "Of the last attempt's `run_start`.",
         "",
-        *_table(("field", "value"), list(_flatten(last.get("env") or {}))),
+        *_table(("field", "value"), list(_flatten(last.env or {}))),
         *_changes(starts, "env", "Changed between attempts"),
     ]
     path = out / REPORT_FILE

@@ -26,14 +26,18 @@ ingest leaves no half; a second ingest of unchanged files adds nothing. Every qu
 values as parameters: run ids and paths are never put into SQL text.
 
 Summary fields: ``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
-included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step events (MFU as the
-trainer recorded it, with its convention: the key of the ``mfu`` object, or ``mfu_convention``);
+included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step events (MFU under
+:data:`titan.observability.events.MFU_CONVENTION`, ``causal``);
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
 the last attempt's ``run_end`` status; without one, ``running`` when its last event is recent
 (:data:`titan.observability.ettr.RUNNING_WINDOW_S`; such runs are worked out again at each
 ingest) and ``crashed`` otherwise; ETTR and goodput come from :mod:`titan.observability.ettr`.
+
+Readers here go through :mod:`titan.observability.events`: the typed columns are named after
+event fields, and whole events (for ETTR, the performance database and the summary's reasons)
+are parsed with :func:`~titan.observability.events.parse_event`.
 
 This module imports DuckDB but not JAX or Textual.
 """
@@ -53,16 +57,24 @@ import duckdb
 
 from titan.errors import TitanError
 from titan.observability import ettr, perfdb
+from titan.observability.events import (
+    MFU_CONVENTION,
+    Event,
+    EventError,
+    RunEnd,
+    RunStart,
+    Step,
+    parse_event,
+)
 from titan.observability.records import EVENTS_FILE
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
-MFU_PREFERRED_KEYS = ("causal", "value", "mfu")
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
 DB_VERSION = 2
-# Fields copied out of each event into typed columns (NULL when absent or of another type), so
-# that summaries do not parse the JSON payload again.
+# Fields of the events (titan.observability.events) copied into typed columns (NULL when absent
+# or of another type), so that summaries do not parse the JSON payload again.
 EVENT_FIELDS = {
     "type": "VARCHAR",
     "time": "DOUBLE",
@@ -251,57 +263,56 @@ def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
     return report
 
 
-def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict[str, Any]]:
-    """The run's events as :func:`ettr.analyze` needs them: step events narrowed to the fields it
-    reads, the others whole."""
+def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Event]:
+    """The run's events as :func:`ettr.analyze` and :func:`perfdb.record` need them: step events
+    built from the typed columns with the fields they read, the others parsed whole (with the
+    ``time`` of their row). Rows that are not events are left out."""
     rows = con.execute(
         """SELECT type, time, step, CASE WHEN type = 'step' THEN NULL ELSE payload END,
         step_time_s, data_wait_s FROM events WHERE run_id = ? ORDER BY seq""",
         [run_id],
     ).fetchall()
-    events = []
+    events: list[Event] = []
     for kind, at, step, payload, step_time, wait in rows:
-        if payload is None:
-            event = {"type": kind, "time": at, "step": step, "step_time_s": step_time}
-            if wait is not None:
-                event["data_wait_s"] = wait
-        else:
-            event = json.loads(payload)
-            event["time"] = at
-        events.append(event)
+        if kind == Step.type:
+            if at is not None and step is not None:
+                events.append(
+                    Step(time=at, run_id=run_id, step=step, step_time_s=step_time, data_wait_s=wait)
+                )
+            continue
+        event = _parse({**json.loads(payload), "time": at})
+        if event is not None:
+            events.append(event)
     return events
 
 
-def _mfu(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float | None, str | None]:
-    """Median MFU over step events and its convention (see the module docstring)."""
-    sample = con.execute(
-        """SELECT mfu, payload FROM events
-        WHERE run_id = ? AND type = 'step' AND coalesce(json_type(mfu), 'NULL') <> 'NULL'
+def _parse(line: Any) -> Event | None:
+    """The event of one stored payload; None when it is not one."""
+    try:
+        return parse_event(line)
+    except EventError:
+        return None
+
+
+def _last_event(con: duckdb.DuckDBPyConnection, run_id: str, types: tuple[str, ...]) -> Any:
+    """The run's last event of one of ``types`` (None when there is none)."""
+    row = con.execute(
+        """SELECT payload FROM events WHERE run_id = ? AND list_contains(?, type)
         ORDER BY seq DESC LIMIT 1""",
-        [run_id],
+        [run_id, list(types)],
     ).fetchone()
-    if sample is None:
-        return None, None
-    value, convention = json.loads(sample[0]), _field(sample[1], "mfu_convention")
-    path = "$"
-    if isinstance(value, dict):
-        keys = [k for k in MFU_PREFERRED_KEYS if k in value] or sorted(value)
-        if not keys:
-            return None, None
-        convention = keys[0]
-        path = "$." + json.dumps(keys[0])
+    return _parse(json.loads(row[0])) if row else None
+
+
+def _mfu(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float | None, str | None]:
+    """Median MFU over step events, under :data:`MFU_CONVENTION`, and that convention (None,
+    None when no step recorded one)."""
     median = con.execute(
         """SELECT median(TRY_CAST(json_extract_string(mfu, ?) AS DOUBLE)) FROM events
         WHERE run_id = ? AND type = 'step' AND mfu IS NOT NULL""",
-        [path, run_id],
+        ["$." + MFU_CONVENTION, run_id],
     ).fetchone()[0]
-    return median, convention or "as recorded"
-
-
-def _field(payload: str | None, name: str) -> str | None:
-    """``payload[name]`` as text, from a JSON object (None when absent or not an object)."""
-    value = json.loads(payload) if payload else None
-    return str(value[name]) if isinstance(value, dict) and value.get(name) is not None else None
+    return (median, MFU_CONVENTION) if median is not None else (None, None)
 
 
 def _optional(value: Any) -> float | None:
@@ -325,21 +336,9 @@ def compute_summary(
         FROM events WHERE run_id = ?""",
         [run_id],
     ).fetchone()
-    final = con.execute(
-        """SELECT loss, payload FROM events WHERE run_id = ? AND type = 'step'
-        ORDER BY seq DESC LIMIT 1""",
-        [run_id],
-    ).fetchone()
-    power = con.execute(
-        """SELECT payload->'power' FROM events WHERE run_id = ? AND type = 'run_start'
-        ORDER BY seq DESC LIMIT 1""",
-        [run_id],
-    ).fetchone()
-    end = con.execute(
-        """SELECT payload->>'status', payload->>'reason', type FROM events
-        WHERE run_id = ? AND type IN ('run_start', 'run_end') ORDER BY seq DESC LIMIT 1""",
-        [run_id],
-    ).fetchone()
+    final = _last_event(con, run_id, (Step.type,))
+    start = _last_event(con, run_id, (RunStart.type,))
+    end = _last_event(con, run_id, (RunStart.type, RunEnd.type))
     bad = con.execute(
         "SELECT coalesce(sum(bad_lines), 0) FROM files WHERE run_id = ?", [run_id]
     ).fetchone()[0]
@@ -353,27 +352,28 @@ def compute_summary(
         tokens_per_j = 1 / jpt
     else:
         tokens_per_j = None
-    ended = end is not None and end[2] == "run_end"
+    ended = isinstance(end, RunEnd)
+    power = (start.power if isinstance(start, RunStart) else None) or {}
     return RunSummary(
         run_id=run_id,
-        status=(end[0] or "unknown") if ended else _unended_status(goodput),
-        reason=end[1] if ended else None,
+        status=end.status if ended else _unended_status(goodput),
+        reason=end.reason if ended else None,
         steps=steps,
         tokens=tokens,
         wall_s=(t1 - t0) if t0 is not None and t1 is not None else None,
         median_tokens_per_s=tps,
         median_mfu=mfu,
         mfu_convention=convention,
-        mfu_reason=None if mfu is not None else _field(final and final[1], "mfu_reason"),
+        mfu_reason=None if mfu is not None or not isinstance(final, Step) else final.mfu_reason,
         energy_j=energy,
-        energy_reason=None if energy is not None else _field(power and power[0], "reason"),
+        energy_reason=None if energy is not None else power.get("reason"),
         tokens_per_j=tokens_per_j,
         ettr=goodput.ettr,
         goodput=goodput.goodput,
         badput=goodput.as_dict()["badput"],
         stalls=sum(a.stalls for a in goodput.attempts),
         restarts=goodput.restarts,
-        final_loss=_optional(final[0]) if final else None,
+        final_loss=_optional(final.loss) if isinstance(final, Step) else None,
         best_loss=_optional(best),
         bad_lines=int(bad),
     )

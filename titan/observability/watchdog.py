@@ -13,8 +13,9 @@ that phase's allowance (:meth:`Watchdog.threshold_s`):
   filesystem are not false alarms.
 - ``idle`` (outside the loop): never stalls.
 
-A stall calls ``on_stall`` once per phase entry with a :class:`Stall` holding the phase, the
-time spent, the allowance, the step and every thread's Python stack.
+A stall calls ``on_stall`` once per phase entry with a ``stall`` event
+(:class:`titan.observability.events.Stall`) holding the phase, the time spent, the allowance,
+the step and every thread's Python stack.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from titan.observability.events import Stall
 from titan.observability.ticker import Ticker
 
 PHASES = ("idle", "compile", "checkpoint_restore", "data_wait", "step", "checkpoint_save")
@@ -37,35 +38,6 @@ LONG_PHASES = frozenset({"compile", "checkpoint_save", "checkpoint_restore"})
 WINDOW = 20  # step times in the rolling median
 LONG_PHASE_FLOORS = 20  # compile and checkpoint allowance, in floors
 LONG_PHASE_MIN_S = 30.0  # and never under this many seconds
-
-
-@dataclass(frozen=True)
-class Stall:
-    """One detected stall (the fields of a ``stall`` event).
-
-    Attributes:
-        phase: the phase that overran (:data:`PHASES`).
-        elapsed_s: seconds spent in it when detected.
-        threshold_s: its allowance, seconds.
-        step: the step being worked on (1-based; the last completed one outside ``step``).
-        stacks: every thread's Python stack: ``{"thread", "ident", "stack"}`` (formatted lines,
-            innermost last).
-    """
-
-    phase: str
-    elapsed_s: float
-    threshold_s: float
-    step: int
-    stacks: list[dict[str, Any]]
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "elapsed_s": self.elapsed_s,
-            "threshold_s": self.threshold_s,
-            "step": self.step,
-            "stacks": self.stacks,
-        }
 
 
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +129,13 @@ class Watchdog:
         if elapsed_s <= threshold_s or entry == self._reported_entry:
             return None
         self._reported_entry = entry
-        return Stall(phase, elapsed_s, threshold_s, step, thread_stacks())
+        return Stall(
+            phase=phase,
+            elapsed_s=elapsed_s,
+            threshold_s=threshold_s,
+            step=step,
+            stacks=thread_stacks(),
+        )
 
     def start(self) -> None:
         """Start the heartbeat thread."""

@@ -24,6 +24,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from titan.observability.events import Step
+
 
 class TrainProgress:
     """Progress display of one run.
@@ -66,17 +68,17 @@ class TrainProgress:
             task = bar.add_task("tokenize", total=None)
             return build(lambda done: bar.update(task, completed=done))
 
-    def step(self, event: dict[str, Any]) -> None:
+    def step(self, event: Step) -> None:
         """Show one ``step`` event."""
         if self.interactive:
-            self._ensure_bar(event["step"] - 1)
-            fields = f"loss {event['loss']:.4f}  {event['tokens_per_s']:,.0f} tok/s"
-            self._bar.update(self._task, completed=event["step"], fields=fields)
-        elif event["step"] % self.log_every == 0 or event["step"] == self.total_steps:
+            self._ensure_bar(event.step - 1)
+            fields = f"loss {event.loss:.4f}  {event.tokens_per_s:,.0f} tok/s"
+            self._bar.update(self._task, completed=event.step, fields=fields)
+        elif event.step % self.log_every == 0 or event.step == self.total_steps:
             print(
-                f"step {event['step']}/{self.total_steps}  loss {event['loss']:.4f}  "
-                f"grad_norm {event['grad_norm']:.3f}  lr {event['lr']:.2e}  "
-                f"{event['tokens_per_s']:,.0f} tok/s",
+                f"step {event.step}/{self.total_steps}  loss {event.loss:.4f}  "
+                f"grad_norm {event.grad_norm:.3f}  lr {event.lr:.2e}  "
+                f"{event.tokens_per_s:,.0f} tok/s",
                 flush=True,
             )
 

@@ -18,10 +18,11 @@ import numpy as np
 import optax
 
 from titan.models.adapters.base import ModelAdapter
+from titan.observability.events import Compile, Event
 from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
 from titan.trainer.optimizer import clip_by_global_norm
-from titan.trainer.state import Batch, ChunkState, Event, StepMetrics, TrainState, chunk_item
+from titan.trainer.state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
 @dataclass
@@ -117,11 +118,11 @@ class SpmdTrainer:
             )
         return time.perf_counter() - start
 
-    def compile(self) -> list[Event]:
+    def compile(self) -> list[Compile]:
         """XLA-compile the lowered step (after :meth:`trace`). Returns the compile event."""
         start = time.perf_counter()
         self._compiled = self._lowered.compile()
-        return [{"what": "train_step", "seconds": time.perf_counter() - start}]
+        return [Compile(what="train_step", seconds=time.perf_counter() - start)]
 
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
         """One optimizer step (asynchronous dispatch). Returns (new state, metrics on device)."""

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from titan.models.adapters.base import ModelAdapter
+from titan.observability.events import Compile, Event
 from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
 
 PyTree = Any  # a JAX pytree of arrays (parameters, optimizer moments)
 Batch = dict[str, np.ndarray]  # one global batch on the host: the adapter's batch_shapes()
-Event = Any  # a run event (MERGE: titan.observability.events)
 
 
 class ChunkState(TypedDict):
@@ -111,7 +111,7 @@ class Trainer(Protocol):
         Returns seconds."""
         ...
 
-    def compile(self) -> list[Event]:
+    def compile(self) -> list[Compile]:
         """Compile the step's programs ahead of time. Returns the ``compile`` events."""
         ...
 

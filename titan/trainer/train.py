@@ -4,28 +4,9 @@ The recipe (:func:`train`): resolve options, open the corpus and tokenizer, buil
 trainer (all validation happens here, before anything is written), create the run dir, restore
 or initialise the state, compile, loop, checkpoint, record.
 
-Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
-
-- ``run_start``: ``config``, ``model``, ``param_count``, ``layout``, ``ops`` (provider per op),
-  ``env`` (:mod:`titan.observability.env`), ``start_step``, ``total_steps``,
-  ``resumed_from_step`` (None for a fresh run), ``tokenizer`` (vocab size, source), ``data``
-  (tokens, sequences), ``power`` (``source``, ``available``, ``reason``;
-  :mod:`titan.observability.power`).
-- ``compile``: ``what``, ``seconds`` (trace + XLA compile of the train step).
-- ``step``: ``step`` (1-based), ``loss`` (mean token cross-entropy, nats), ``grad_norm`` (global
-  L2 norm before clipping), ``lr``, ``tokens`` (this step), ``tokens_seen`` (cumulative),
-  ``step_time_s`` (wall time between consecutive step completions), ``tokens_per_s``,
-  ``data_position`` (sequences consumed after this step), ``batch_digest`` (crc32 of the batch's
-  sequence ids), ``model_flops_per_token`` and ``mfu`` (or None with ``mfu_reason``;
-  :mod:`titan.observability.flops`), ``energy_j`` and ``joules_per_token`` (None without a
-  power source).
-- ``checkpoint``: ``step``, ``seconds``, ``path``.
-- ``profile``: ``steps``, ``dir``, ``seconds`` and more, for ``--profile-steps``
-  (:mod:`titan.observability.profile`).
-- ``stall``: ``phase``, ``elapsed_s``, ``threshold_s``, ``step``, ``stacks`` (every thread's
-  Python stack), when the loop overruns a phase's allowance (:mod:`titan.observability.watchdog`).
-- ``run_end``: ``status`` (completed | stopped | failed), ``step``, ``error`` when failed,
-  ``reason`` ``stall`` when the watchdog ended the run.
+Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
+in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``profile``,
+``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
 SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end`` ``stopped``
 and exit 0.
@@ -58,6 +39,7 @@ from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, to
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.observability.env import capture_environment
+from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
 from titan.observability.flops import FlopsMeter, device_peak
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
@@ -216,27 +198,26 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         run.watchdog.enter("compile", start_step)
         trainer.trace()
         run.record.emit(
-            "run_start",
-            **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
-            start_step=start_step,
-            total_steps=cfg.optimizer.steps,
-            resumed_from_step=start_step if resume_dir else None,
-            power=power_info,
+            RunStart(
+                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
+                start_step=start_step,
+                total_steps=cfg.optimizer.steps,
+                resumed_from_step=start_step if resume_dir else None,
+                power=power_info,
+            )
         )
         started = True
-        for fields in trainer.compile():
-            run.record.emit("compile", **fields)
-        for event_type, fields in trainer.start_events():
-            run.record.emit(event_type, **fields)
+        for event in [*trainer.compile(), *trainer.start_events()]:
+            run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
-        run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
+        run.record.emit(RunEnd(status=status, step=step, signal=run.stop.signal_name or None))
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
             bad_input = True
             raise  # bad input found before the run started: a one-line error, nothing recorded
         traceback.print_exc()
-        run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
+        run.record.emit(RunEnd(status="failed", step=None, error=f"{type(err).__name__}: {err}"))
         return EXIT_FAILED
     finally:
         run.stop_monitors()
@@ -320,7 +301,7 @@ class _Run:
         """Record a stall (on the watchdog thread, while the main thread is stuck); with
         ``--watchdog-abort 1`` end the process with :data:`EXIT_STALL` without unwinding the
         stuck thread (the last checkpoint was committed before the loop went on)."""
-        self.record.emit("stall", **stall.fields())
+        self.record.emit(stall)
         print(
             f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
             f"(allowance {stall.threshold_s:.1f} s)",
@@ -330,11 +311,12 @@ class _Run:
         if not self.cfg.observability.watchdog_abort:
             return
         self.record.emit(
-            "run_end",
-            status="failed",
-            step=stall.step,
-            reason="stall",
-            error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
+            RunEnd(
+                status="failed",
+                step=stall.step,
+                reason="stall",
+                error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
+            )
         )
         self.record.close()
         os._exit(EXIT_STALL)
@@ -364,7 +346,7 @@ class _Run:
         }
         seconds = self.checkpointer.save(state, meta)
         path = str(self.checkpointer.path(step))
-        self.record.emit("checkpoint", step=step, seconds=seconds, path=path)
+        self.record.emit(Checkpoint(step=step, seconds=seconds, path=path))
 
     def loop(self, state: TrainState, step: int) -> tuple[int, str]:
         """Train until ``--steps`` or a stop signal. Metrics are read one step late so the
@@ -422,19 +404,20 @@ class _Run:
         self.watchdog.step_done(step_time_s)
         tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
         event = self.record.emit(
-            "step",
-            step=step,
-            **values,
-            tokens=tokens,
-            tokens_seen=step * tokens,
-            step_time_s=step_time_s,
-            tokens_per_s=tokens / step_time_s,
-            data_position=position,
-            batch_digest=batch_digest(ids),
-            **self.flops.step_fields(tokens / step_time_s),
-            **self.energy.step_fields(tokens),
-            **fields,
+            Step.from_fields(
+                step=step,
+                **values,
+                tokens=tokens,
+                tokens_seen=step * tokens,
+                step_time_s=step_time_s,
+                tokens_per_s=tokens / step_time_s,
+                data_position=position,
+                batch_digest=batch_digest(ids),
+                **self.flops.step_fields(tokens / step_time_s),
+                **self.energy.step_fields(tokens),
+                **fields,
+            )
         )
         self.progress.step(event)
-        for event_type, fields in self.trainer.drain_events():
-            self.record.emit(event_type, **fields)
+        for layout_event in self.trainer.drain_events():
+            self.record.emit(layout_event)

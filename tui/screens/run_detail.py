@@ -105,10 +105,10 @@ class RunDetailScreen(Screen[None]):
         log.write_line(f"{len(detail.stalls)} stall(s)")
         for stall in detail.stalls:
             log.write_line(
-                f"{stall['phase']} of step {stall['step']}: {stall['elapsed_s']:.1f} s "
-                f"(allowance {stall['threshold_s']:.1f} s)"
+                f"{stall.phase} of step {stall.step}: {stall.elapsed_s:.1f} s "
+                f"(allowance {stall.threshold_s:.1f} s)"
             )
-            for thread in stall.get("stacks", []):
+            for thread in stall.stacks or []:
                 log.write_line(f"  thread {thread['thread']}:")
                 for frame in thread["stack"]:
                     log.write_lines(f"  {line}" for line in frame.splitlines())

@@ -6,23 +6,22 @@ steps); before the first, the schedule of the ``pipeline`` event (one column per
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.widgets import Static
 
+from titan.observability.events import PipelineTiming
 from tui.run_state import RunState
 
 IDLE = "·"
 
 
-def timeline(timing: dict[str, Any], stages: int, width: int) -> tuple[list[str], float]:
+def timeline(timing: PipelineTiming, stages: int, width: int) -> tuple[list[str], float]:
     """Rows of ``width`` cells (the action kind where a stage is busy, :data:`IDLE` where not)
     for the spans ``[group, chunk, microbatch, kind, start_s, end_s]`` of ``timing``, and the
     measured bubble (idle fraction of stages x step time)."""
-    step_s = timing["step_time_s"]
+    step_s = timing.step_time_s
     rows = [[IDLE] * width for _ in range(stages)]
     busy_s = 0.0
-    for group, _chunk, _micro, kind, start_s, end_s in timing["actions"]:
+    for group, _chunk, _micro, kind, start_s, end_s in timing.actions:
         busy_s += end_s - start_s
         first = int(start_s / step_s * width)
         last = max(first + 1, int(end_s / step_s * width))
@@ -40,18 +39,18 @@ class PipelinePanel(Static):
         if pipeline is None:
             self.update("No pipeline: an SPMD run (start one with --layout mpmd --pp N).")
             return
-        stages = pipeline["stages"]
+        stages = pipeline.stages
         head = (
-            f"{pipeline['schedule']} · {stages} stages · {pipeline['microbatches']} microbatches"
-            f" · theoretical bubble {pipeline['theoretical_bubble']:.1%}"
+            f"{pipeline.schedule} · {stages} stages · {pipeline.microbatches} microbatches"
+            f" · theoretical bubble {pipeline.theoretical_bubble:.1%}"
         )
         timing = state.pipeline_timing
         if timing is None:
-            rows = ["  ".join(group) for group in pipeline["actions"]]
+            rows = ["  ".join(group) for group in pipeline.actions]
             body = "schedule (no timed step yet):"
         else:
             rows, bubble = timeline(timing, stages, max(self.size.width - 6, 10))
-            step_s = timing["step_time_s"]
-            body = f"step {timing['step']}: {step_s:.3f} s, measured bubble {bubble:.1%}"
+            step_s = timing.step_time_s
+            body = f"step {timing.step}: {step_s:.3f} s, measured bubble {bubble:.1%}"
         lines = [head, body, *(f"s{i:<3} {row}" for i, row in enumerate(rows))]
         self.update("\n".join(lines))

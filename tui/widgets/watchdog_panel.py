@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Log
 
+from titan.observability.events import Stall
 from tui.run_state import RunState
 from tui.widgets.stat import Stat, tone_of
 
@@ -54,8 +55,7 @@ class WatchdogPanel(Vertical):
             "none"
             if not stalls
             else "; ".join(
-                f"{s['phase']} of step {s['step']}: "
-                f"{s['elapsed_s']:.1f} s > {s['threshold_s']:.1f} s"
+                f"{s.phase} of step {s.step}: {s.elapsed_s:.1f} s > {s.threshold_s:.1f} s"
                 for s in stalls[-2:]
             )
         )
@@ -66,13 +66,13 @@ class WatchdogPanel(Vertical):
             self._stacks_of = len(stalls)
             self._show_stacks(stalls[-1] if stalls else None)
 
-    def _show_stacks(self, stall: dict | None) -> None:
+    def _show_stacks(self, stall: Stall | None) -> None:
         log = self.query_one(Log)
         log.clear()
         if stall is None:
             log.write_line("no stall recorded")
             return
-        for thread in stall.get("stacks", []):
+        for thread in stall.stacks or []:
             log.write_line(f"thread {thread['thread']}:")
             for frame in thread["stack"]:
                 log.write_lines(frame.splitlines())

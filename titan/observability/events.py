@@ -1,0 +1,622 @@
+"""Typed run events: one frozen dataclass per line type of a run's ``events.jsonl``.
+
+Writers build these (the trainer, the pipeline trainer, the watchdog, the profiler) and hand them
+to :meth:`titan.observability.records.RunRecord.emit`; readers (summaries, ETTR, the report, the
+performance database, the console) turn each JSON line into one with :func:`parse_event` and
+read attributes. ``docs/events.md`` is generated from the classes here
+(``python -m titan.observability.events --markdown > docs/events.md``).
+
+Schema versions (the ``schema`` key of every line, :data:`SCHEMA_VERSION`):
+
+- 0: lines without a ``schema`` key (records written before it existed). Read like version 1.
+- 1: the current layout. Every line holds ``schema``, ``type``, ``time`` and ``run_id`` and the
+  fields of its type, under the names of the dataclass fields.
+
+Reading (:meth:`Event.from_json`) is lenient the way the readers always were: keys the class does
+not know are kept in :attr:`Event.extra` (and written back by :meth:`Event.to_json`); a missing
+optional field, or one whose value has the wrong JSON type, is None; an integral float is
+accepted for an int field. A line without a numeric ``time``, a string ``type``, or a required
+field of its class raises :class:`EventError` (readers count it as a bad line). A ``type`` this
+module does not know parses to an :class:`UnknownEvent`, which readers ignore.
+
+This module imports neither JAX nor Textual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import sys
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+SCHEMA_VERSION = 1
+_HEADER = ("schema", "type", "time", "run_id")
+_SCALARS = frozenset({bool, int, float, str, dict})
+
+
+class EventError(ValueError):
+    """A JSON object that is not a readable event (the message says which key is wrong)."""
+
+
+def _field(doc: str, unit: str = "", *, required: bool = False, omit_if_none: bool = False) -> Any:
+    """A dataclass field with its documentation: ``doc`` (meaning and source), ``unit``;
+    ``required`` fields have no default (a line without one is not an event of the type);
+    ``omit_if_none`` fields are left out of the JSON line when None (written only when they
+    apply, as the trainer always did)."""
+    metadata = {"doc": doc, "unit": unit, "omit_if_none": omit_if_none}
+    if required:
+        return field(metadata=metadata)
+    return field(default=None, metadata=metadata)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Fields every line has. ``type`` is the class's :attr:`type` name."""
+
+    type: ClassVar[str] = ""
+
+    time: float | None = _field(
+        "when the event was written (``time.time()`` in :meth:`RunRecord.emit`); None only on "
+        "an event not yet written",
+        "unix seconds",
+    )
+    run_id: str | None = _field("the run dir's name; set by :meth:`RunRecord.emit`")
+    schema: int = field(
+        default=SCHEMA_VERSION,
+        metadata={"doc": "schema version of the line (0: written before the key existed)"},
+    )
+    extra: Mapping[str, Any] = field(
+        default_factory=dict,
+        metadata={"doc": "keys of the line this class does not know, kept as read"},
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of one line (non-finite floats are left to the writer)."""
+        line: dict[str, Any] = {
+            "schema": self.schema,
+            "type": self.type,
+            "time": self.time,
+            "run_id": self.run_id,
+        }
+        line.update(_encode_fields(self))
+        line.update((k, v) for k, v in self.extra.items() if k not in line)
+        return line
+
+    @classmethod
+    def from_json(cls, line: Mapping[str, Any]) -> Self:
+        """The event of one line's JSON object (see the module docstring for what is accepted).
+
+        Raises:
+            EventError: no numeric ``time``, or a required field missing or of another type.
+        """
+        known = {f.name for f in _payload_fields(cls)}
+        return cls.from_fields(
+            **_header(line),
+            extra={k: v for k, v in line.items() if k not in known and k not in _HEADER},
+            **{k: v for k, v in line.items() if k in known},
+        )
+
+    @classmethod
+    def from_fields(cls, **values: Any) -> Self:
+        """The event of JSON-shaped field values (nested objects as dicts, e.g. the fields that
+        :meth:`titan.observability.flops.FlopsMeter.step_fields` returns), converted as
+        :meth:`from_json` does.
+
+        Raises:
+            EventError: a required field missing or of another type.
+            TypeError: a name that is no field of the class.
+        """
+        hints = _hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(values.keys() - names)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field {unknown[0]!r}")
+        kwargs = {}
+        for f in _payload_fields(cls):
+            value = _decode(values.get(f.name), hints[f.name])
+            if value is None and _required(f):
+                raise EventError(
+                    f"{cls.type}: {f.name!r} must be {f.type}, got {values.get(f.name)!r}"
+                )
+            kwargs[f.name] = value
+        for name in ("time", "run_id", "schema", "extra"):
+            if name in values:
+                kwargs[name] = values[name]
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlopsPerToken:
+    """Model training FLOPs per token (6 N + 12 L s d, forward and backward;
+    :func:`titan.planning.models.model_flops_per_token`), per attention convention."""
+
+    causal: float | None = _field(
+        "attention FLOPs halved for the causal mask", "FLOPs per token", omit_if_none=True
+    )
+    full: float | None = _field(
+        "attention FLOPs counted in full", "FLOPs per token", omit_if_none=True
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return _encode_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mfu:
+    """Model (and hardware) FLOPs utilization of one step: FLOPs per token x tokens/s over the
+    peak (:class:`titan.observability.flops.FlopsMeter`). ``causal`` is the headline figure."""
+
+    causal: float | None = _field(
+        "MFU with attention halved for the causal mask", "fraction of peak", omit_if_none=True
+    )
+    full: float | None = _field(
+        "MFU with attention counted in full", "fraction of peak", omit_if_none=True
+    )
+    hfu_causal: float | None = _field(
+        "hardware FLOPs utilization (adds the forward work ``--remat`` recomputes), causal",
+        "fraction of peak",
+        omit_if_none=True,
+    )
+    hfu_full: float | None = _field(
+        "hardware FLOPs utilization, attention in full", "fraction of peak", omit_if_none=True
+    )
+    peak_flops: float | None = _field(
+        "peak of all the run's devices together (:func:`titan.observability.flops.device_peak`)",
+        "FLOP/s",
+        omit_if_none=True,
+    )
+    peak_kind: str | None = _field(
+        "what the peak is, e.g. ``datasheet_dense_bfloat16``", omit_if_none=True
+    )
+    peak_source: str | None = _field("where the peak figure comes from", omit_if_none=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return _encode_fields(self)
+
+
+# The MFU convention that summaries and the console show (a field of :class:`Mfu`).
+MFU_CONVENTION = "causal"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStart(Event):
+    """Written once per attempt, after tracing and before compilation
+    (:func:`titan.trainer.train.train`). A resumed run appends another one to the same file."""
+
+    type: ClassVar[str] = "run_start"
+
+    config: dict[str, Any] | None = _field(
+        "the run's options (``titan.config.TrainConfig`` as a dict)"
+    )
+    model: dict[str, Any] | None = _field("the model shape (``titan.config.ModelConfig``)")
+    param_count: int | None = _field("parameters of the model", "parameters")
+    layout: dict[str, Any] | None = _field(
+        "the trainer's ``describe()``: ``layout`` (spmd | mpmd), mesh or stages, ``devices`` "
+        "(devices the layout uses), ``chunks`` ([first, end) layers)"
+    )
+    compute_dtype: str | None = _field("dtype of forward and backward, e.g. ``bfloat16``")
+    ops: dict[str, Any] | None = _field("the provider serving each operator")
+    env: dict[str, Any] | None = _field(
+        "versions, device kinds and count, host, git (:mod:`titan.observability.env`)"
+    )
+    tokenizer: dict[str, Any] | None = _field("``vocab_size`` and ``source`` (a path or trained)")
+    data: dict[str, Any] | None = _field("``source``, ``tokens`` and ``sequences`` of the corpus")
+    start_step: int | None = _field(
+        "the step this attempt starts after (0 for a fresh run)", "steps"
+    )
+    total_steps: int | None = _field("the step the run stops at (``--steps``)", "steps")
+    resumed_from_step: int | None = _field(
+        "the checkpoint step a resumed attempt restored; None for a fresh run", "steps"
+    )
+    power: dict[str, Any] | None = _field(
+        "``source``, ``available``, ``reason`` of the power reading "
+        "(:mod:`titan.observability.power`)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compile(Event):
+    """One XLA compilation, before the first step (one per stage for an MPMD run)."""
+
+    type: ClassVar[str] = "compile"
+
+    what: str | None = _field("what was compiled: ``train_step`` (SPMD) or ``stage`` (MPMD)")
+    seconds: float | None = _field("wall time of the compilation", "seconds")
+    stage: int | None = _field("the stage (device group) compiled, MPMD only", omit_if_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step(Event):
+    """One optimizer step, written when its metrics are read (one step late, so the host never
+    waits for the device before dispatching the next step)."""
+
+    type: ClassVar[str] = "step"
+
+    step: int = _field("the step done (1-based)", "steps", required=True)
+    loss: float | None = _field("mean token cross-entropy (None when not finite)", "nats")
+    grad_norm: float | None = _field("global L2 norm of the gradients before clipping")
+    lr: float | None = _field("learning rate of the step")
+    tokens: int | None = _field("tokens of this step (batch size x sequence length)", "tokens")
+    tokens_seen: int | None = _field("tokens trained on up to this step", "tokens")
+    step_time_s: float | None = _field(
+        "wall time between this step's completion and the previous one's (a checkpoint saved "
+        "between them is inside it)",
+        "seconds",
+    )
+    tokens_per_s: float | None = _field("tokens / step_time_s", "tokens per second")
+    data_position: int | None = _field("sequences consumed after this step", "sequences")
+    batch_digest: str | None = _field("crc32 of the batch's sequence ids, hex")
+    model_flops_per_token: FlopsPerToken | None = _field(
+        "model FLOPs per token (:mod:`titan.observability.flops`)", "FLOPs per token"
+    )
+    mfu: Mfu | None = _field("MFU and HFU against the peak; None when the peak is unknown")
+    mfu_reason: str | None = _field("why ``mfu`` is None", omit_if_none=True)
+    energy_j: float | None = _field(
+        "energy of all the run's devices during the step; None without a power source",
+        "joules",
+    )
+    joules_per_token: float | None = _field("energy_j / tokens", "joules per token")
+    dispatch_s: float | None = _field(
+        "controller time to dispatch every action and update, MPMD only",
+        "seconds",
+        omit_if_none=True,
+    )
+    data_wait_s: float | None = _field(
+        "time the step waited for its batch (not written by the current trainer; ETTR counts it "
+        "as badput when present)",
+        "seconds",
+        omit_if_none=True,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(Event):
+    """A checkpoint committed (:class:`titan.trainer.checkpoint.Checkpointer`)."""
+
+    type: ClassVar[str] = "checkpoint"
+
+    step: int = _field("the step saved", "steps", required=True)
+    seconds: float | None = _field("wall time of the save", "seconds")
+    path: str | None = _field("the checkpoint's folder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile(Event):
+    """One JAX profiler trace of ``--profile-steps A:B`` (:mod:`titan.observability.profile`)."""
+
+    type: ClassVar[str] = "profile"
+
+    steps: list[int] | None = _field("[first, last] step traced; None when none was", "steps")
+    requested: list[int] | None = _field("[A, B] as asked for", "steps")
+    complete: bool | None = _field("every requested step was traced")
+    dir: str | None = _field("the trace folder, relative to the run dir")
+    files: list[str] | None = _field("the trace files, relative to the run dir")
+    seconds: float | None = _field(
+        "wall time in ``start_trace`` and ``stop_trace`` (profiler overhead, inside the step "
+        "times of steps A - 1 and B)",
+        "seconds",
+    )
+    error: str | None = _field("why the profiler failed", omit_if_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stall(Event):
+    """The training loop overran a phase's allowance (:mod:`titan.observability.watchdog`);
+    written from the watchdog thread while the loop is stuck."""
+
+    type: ClassVar[str] = "stall"
+
+    phase: str = _field(
+        "the phase that overran (:data:`titan.observability.watchdog.PHASES`)", required=True
+    )
+    elapsed_s: float | None = _field("time spent in the phase when detected", "seconds")
+    threshold_s: float | None = _field("the phase's allowance", "seconds")
+    step: int | None = _field(
+        "the step worked on (1-based; the last completed one outside ``step``)", "steps"
+    )
+    stacks: list[dict[str, Any]] | None = _field(
+        "every thread's Python stack: ``thread`` (name), ``ident``, ``stack`` (formatted frames, "
+        "innermost last)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline(Event):
+    """The shape of an MPMD pipeline, once after compilation
+    (:meth:`titan.mpmd.pipeline.PipelineTrainer.start_events`)."""
+
+    type: ClassVar[str] = "pipeline"
+
+    stages: int = _field("pipeline stages (``--pp``)", "stages", required=True)
+    virtual_stages: int | None = _field("model chunks per stage (``--virtual-stages``)")
+    devices_per_stage: int | None = _field("devices of each stage's group", "devices")
+    layers_per_chunk: list[int] | None = _field("layers of each model chunk", "layers")
+    chunk_stage: list[int] | None = _field("the stage each chunk runs on")
+    schedule: str = _field("the schedule's name (``--schedule``)", required=True)
+    microbatches: int = _field("microbatches per step", "microbatches", required=True)
+    theoretical_bubble: float = _field(
+        "idle share of the schedule (:func:`titan.mpmd.schedules.theoretical_bubble`)",
+        "fraction of step time",
+        required=True,
+    )
+    actions: list[list[str]] = _field(
+        "the schedule: per stage, its actions in order (e.g. ``F0.1``)", required=True
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineTiming(Event):
+    """Measured spans of one MPMD step, every ``--timing-every`` steps (that step blocks after
+    each action to time it)."""
+
+    type: ClassVar[str] = "pipeline_timing"
+
+    step: int = _field("the step timed (1-based)", "steps", required=True)
+    actions: list[list[Any]] = _field(
+        "one span per action: ``[stage, chunk, microbatch, kind, start_s, end_s]``, times in "
+        "seconds from the step's start",
+        required=True,
+    )
+    step_time_s: float = _field("wall time of the timed step", "seconds", required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnd(Event):
+    """The end of an attempt: completed, stopped by a signal (after a checkpoint) or failed.
+    A crashed process writes none."""
+
+    type: ClassVar[str] = "run_end"
+
+    status: str = _field("``completed``, ``stopped`` or ``failed``", required=True)
+    step: int | None = _field("the last step done; None when it failed before a step", "steps")
+    signal: str | None = _field(
+        "the signal that stopped the run, e.g. ``SIGTERM``", omit_if_none=True
+    )
+    error: str | None = _field("what failed (``Type: message``)", omit_if_none=True)
+    reason: str | None = _field("``stall`` when the watchdog ended the run", omit_if_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnknownEvent(Event):
+    """A line whose ``type`` this module does not know (a newer writer): its keys are in
+    :attr:`extra`. Readers skip it."""
+
+    name: str = _field("the line's ``type``", required=True)
+
+    @property
+    def type(self) -> str:  # type: ignore[override]
+        return self.name
+
+    def to_json(self) -> dict[str, Any]:
+        line = {"schema": self.schema, "type": self.name, "time": self.time, "run_id": self.run_id}
+        return {**line, **{k: v for k, v in self.extra.items() if k not in line}}
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RunStart,
+    Compile,
+    Step,
+    Checkpoint,
+    Profile,
+    Stall,
+    Pipeline,
+    PipelineTiming,
+    RunEnd,
+)
+_BY_TYPE = {cls.type: cls for cls in EVENT_TYPES}
+
+
+def parse_event(line: Mapping[str, Any]) -> Event:
+    """The event of one line's JSON object, by its ``type`` (:class:`UnknownEvent` for a type
+    not in :data:`EVENT_TYPES`).
+
+    Raises:
+        EventError: not an object with a string ``type`` and a numeric ``time``, or a required
+            field of its type missing or of another type.
+    """
+    if not isinstance(line, Mapping) or not isinstance(line.get("type"), str):
+        raise EventError(f"an event is a JSON object with a string 'type', got {line!r:.80}")
+    cls = _BY_TYPE.get(line["type"])
+    if cls is None:
+        extra = {k: v for k, v in line.items() if k not in _HEADER}
+        return UnknownEvent(name=line["type"], extra=extra, **_header(line))
+    return cls.from_json(line)
+
+
+def parse_events(lines: Iterable[Any]) -> tuple[list[Event], int]:
+    """(the events of ``lines``, JSON values in file order, by :func:`parse_event`; how many of
+    them are not events and were skipped)."""
+    events, skipped = [], 0
+    for line in lines:
+        try:
+            events.append(parse_event(line))
+        except EventError:
+            skipped += 1
+    return events, skipped
+
+
+# --- conversion -------------------------------------------------------------------------------
+
+
+def _header(line: Mapping[str, Any]) -> dict[str, Any]:
+    """``time``, ``run_id`` and ``schema`` of a line (schema 0 when absent).
+
+    Raises:
+        EventError: ``time`` is not a number.
+    """
+    time = _decode(line.get("time"), float)
+    if time is None:
+        raise EventError(f"{line.get('type')}: 'time' must be a number, got {line.get('time')!r}")
+    schema = _decode(line.get("schema"), int)
+    return {
+        "time": time,
+        "run_id": _decode(line.get("run_id"), str),
+        "schema": 0 if schema is None else schema,
+    }
+
+
+@functools.cache
+def _payload_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The fields of ``cls`` that are not in every line's header."""
+    return tuple(f for f in dataclasses.fields(cls) if f.name not in (*_HEADER, "extra"))
+
+
+@functools.cache
+def _encoding(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(name, left out when None) of each payload field of ``cls``."""
+    return tuple((f.name, bool(f.metadata.get("omit_if_none"))) for f in _payload_fields(cls))
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, vars(sys.modules[__name__]))
+
+
+def _encode(value: Any) -> Any:
+    if value is None or type(value) in _SCALARS:
+        return value
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    if dataclasses.is_dataclass(value):
+        return value.to_json()
+    return value
+
+
+def _encode_fields(obj: Any) -> dict[str, Any]:
+    """The payload fields of a dataclass as JSON values, without the None ones marked
+    ``omit_if_none``."""
+    out = {}
+    for name, omit_if_none in _encoding(type(obj)):
+        value = getattr(obj, name)
+        if value is None and omit_if_none:
+            continue
+        out[name] = _encode(value)
+    return out
+
+
+def _decode(value: Any, hint: Any) -> Any:
+    """``value`` (a JSON value) as ``hint``, or None when it is None or of another type."""
+    if value is None or hint is Any:
+        return value
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(value, inner)
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok else None
+    if hint is int:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value if isinstance(value, int) else None
+    if hint in (str, bool):
+        return value if isinstance(value, hint) else None
+    if origin is dict:
+        return dict(value) if isinstance(value, Mapping) else None
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            return None
+        items = [_decode(v, args[0]) for v in value]
+        return None if any(i is None for i in items) and args[0] is not Any else items
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            return None
+        fields = {f.name for f in dataclasses.fields(hint)}
+        hints = _hints(hint)
+        return hint(**{k: _decode(value.get(k), hints[k]) for k in fields})
+    raise TypeError(f"no JSON conversion for {hint!r}")
+
+
+# --- documentation ----------------------------------------------------------------------------
+
+
+def _md(text: str) -> str:
+    """Docstring markup as Markdown: Sphinx roles and double backticks as code, pipes escaped
+    (for table cells)."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    return text.replace("|", "\\|")
+
+
+def _doc(cls: type) -> str:
+    return _md(" ".join((cls.__doc__ or "").split()))
+
+
+def _rows(fields: list[dataclasses.Field]) -> list[str]:
+    """A Markdown table of ``fields``: name, type, unit, meaning (and when it is required or
+    left out)."""
+    rows = ["| field | type | unit | meaning |", "|---|---|---|---|"]
+    for f in fields:
+        kind = str(f.type).replace("|", "\\|")
+        meaning = _md(f.metadata.get("doc", ""))
+        notes = ["required"] if _required(f) else []
+        if f.metadata.get("omit_if_none"):
+            notes.append("left out when None")
+        if notes:
+            meaning += f" ({'; '.join(notes)})"
+        rows.append(f"| `{f.name}` | `{kind}` | {f.metadata.get('unit', '')} | {meaning} |")
+    return rows
+
+
+def markdown() -> str:
+    """``docs/events.md``: every event type with its fields, types, units and meanings."""
+    header = [f for f in dataclasses.fields(Event) if f.name != "extra"]
+    lines = [
+        "# Run events",
+        "",
+        "<!-- Generated by `python -m titan.observability.events --markdown > docs/events.md`"
+        " from the dataclasses of `titan/observability/events.py`; do not edit. -->",
+        "",
+        "A run dir's `events.jsonl` holds one JSON object per line, flushed per event, appended "
+        "by `titan.observability.records.RunRecord`. Readers parse each line with "
+        "`titan.observability.events.parse_event`; a torn last line (a writer killed mid-line) "
+        "and lines that are not events are skipped, unknown types are ignored, and keys a "
+        "reader does not know are kept in `extra`.",
+        "",
+        f"Current schema version: {SCHEMA_VERSION} (lines without `schema` are version 0 and "
+        "read the same way). Non-finite numbers (a diverged loss) are written as `null`.",
+        "",
+        "## Every line",
+        "",
+        "`type` (a string) names the event's section below; every line also has:",
+        "",
+        *_rows(header),
+        "",
+    ]
+    for cls in EVENT_TYPES:
+        lines += [f"## `{cls.type}`", "", _doc(cls), "", *_rows(_payload_fields(cls)), ""]
+    for cls in (FlopsPerToken, Mfu):
+        lines += [
+            f"## `{cls.__name__}` (nested)",
+            "",
+            _doc(cls),
+            "",
+            *_rows(dataclasses.fields(cls)),
+            "",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m titan.observability.events --markdown``: print ``docs/events.md``."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--markdown"]:
+        print("usage: python -m titan.observability.events --markdown", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

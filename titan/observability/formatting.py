@@ -1,0 +1,19 @@
+"""How numbers and durations are written in summaries and reports."""
+
+from __future__ import annotations
+
+
+def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
+    """``value`` in ``fmt`` (a format spec), or ``missing`` when it is None."""
+    return missing if value is None else format(value, fmt)
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None)."""
+    if seconds is None:
+        return "-"
+    minutes, s = divmod(int(round(seconds)), 60)
+    hours, m = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{m:02d}m{s:02d}s"
+    return f"{m}m{s:02d}s" if minutes else f"{s}s"
