@@ -9,7 +9,10 @@ Sec. 2.2.2). An action is (group, chunk, microbatch, kind) with kind one of ``F`
 the lists interleaved in dependency order and JAX's asynchronous dispatch runs groups
 concurrently.
 
-Schedules:
+Schedules, each registered once in :data:`SCHEDULES` (a :class:`ScheduleSpec`: builder, option
+check, bubble, in-flight bound). Config validation (``titan.config``), the executor
+(``titan.mpmd.pipeline``, ``titan.trainer.adapters``) and the planner (``titan.planning``) all
+ask the registry:
 
 - ``gpipe`` (Huang et al. 2019): all forwards, then all backwards.
 - ``1f1b`` (PipeDream-Flush, Narayanan et al. 2021, Sec. 2.2.1): ``pp - g - 1`` warm-up
@@ -27,6 +30,10 @@ backward times of one microbatch on one stage:
 - Interleaved: (pp - 1) / (v m + pp - 1) (ibid., Sec. 2.2.2: the bubble shrinks by v).
 - ZB-H1: the bubble is (pp - 1)(t_F + t_I - t_W) against 1F1B's (pp - 1)(t_F + t_I + t_W)
   (Qi et al. 2023, Sec. 3.1); with t_F = t_I = t_W this is (pp - 1) / (3 m + pp - 1).
+
+Each is (pp - 1) / (k + pp - 1) with k the schedule's busy time in microbatch-stage units (m,
+v m, 3 m: :attr:`ScheduleSpec.bubble_work`); the planner's bubble relative to the ideal step,
+(pp - 1) / k (:func:`bubble_ratio`), is the same formula.
 """
 
 from __future__ import annotations
