@@ -557,15 +557,15 @@ class ParallelOptions:
     )
     fsdp: int = _parallel("--fsdp", "fully-sharded data-parallel size", 1, 1)
     tp: int = _parallel("--tp", "tensor-parallel size", 1, 1)
-    pp: int = _parallel("--pp", "pipeline stages (device groups), --layout mpmd", 1, 1)
+    pp: int = _parallel("--pp", "pipeline stages (device groups; titan train: --layout mpmd)", 1, 1)
     microbatches: int = _parallel(
-        "--microbatches", "microbatches per step (--layout mpmd; gradient accumulation)", 1, 1
+        "--microbatches", "microbatches per step (titan train: --layout mpmd)", 1, 1
     )
     schedule: Schedule = field(
         default="1f1b",
         metadata=_opt(
             "--schedule",
-            "pipeline schedule (--layout mpmd)",
+            "pipeline schedule (titan train: --layout mpmd)",
             choices=tuple(SCHEDULES),
             resumable=True,
             perf=True,

@@ -53,8 +53,8 @@ def add_parser(subparsers: Any) -> None:
     batch.add_argument(
         "--batch-tokens",
         type=int,
-        default=None,
-        help=f"global batch, tokens (default: {DEFAULT_BATCH_TOKENS}); or --batch-size",
+        default=DEFAULT_BATCH_TOKENS,
+        help="global batch, tokens (or --batch-size)",
     )
     batch.add_argument(
         "--batch-size",
@@ -113,8 +113,8 @@ def load_calibration(path: Path | None) -> dict[str, float]:
 
 
 def batch_tokens(args: argparse.Namespace) -> int:
-    """The global batch in tokens: ``--batch-tokens``, or ``--batch-size`` sequences x
-    ``--seq-len``, or :data:`DEFAULT_BATCH_TOKENS`.
+    """The global batch in tokens: ``--batch-size`` sequences x ``--seq-len`` when given, else
+    ``--batch-tokens`` (default :data:`DEFAULT_BATCH_TOKENS`).
 
     Raises:
         TitanError: ``--batch-size`` below 1.
@@ -123,7 +123,7 @@ def batch_tokens(args: argparse.Namespace) -> int:
         if args.batch_size < 1:
             raise TitanError(f"--batch-size must be >= 1, got {args.batch_size}")
         return args.batch_size * args.seq_len
-    return DEFAULT_BATCH_TOKENS if args.batch_tokens is None else args.batch_tokens
+    return args.batch_tokens
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:

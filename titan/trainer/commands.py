@@ -34,7 +34,8 @@ def add_parser(subparsers: Any) -> None:
         "sequences (--batch-size) of --seq-len tokens, as in titan plan.",
     )
     for section, cls in SECTIONS.items():
-        group = train.add_argument_group(f"{section} options", (cls.__doc__ or "").split("\n")[0])
+        summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split()).replace("``", "")
+        group = train.add_argument_group(f"{section} options", summary)
         add_arguments(group, section_options(section), explicit=True)
     files = train.add_argument_group("config files and runs")
     files.add_argument(
