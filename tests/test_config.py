@@ -22,6 +22,7 @@ from titan.config import (
     config_to_data,
     config_to_toml,
     option_fields,
+    perf_key_options,
     read_config_file,
 )
 from titan.errors import TitanError
@@ -30,6 +31,7 @@ from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
 from titan.remat import REMAT_POLICIES
 from titan.trainer.commands import explicit_options
+from titan.trainer.resume import resume_options
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
@@ -61,8 +63,17 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     assert len(names) == len(set(names)) == 38
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
-    assert {"steps", "pp", "ops", "watchdog_abort"} <= resumable
-    assert not {"preset", "batch_size", "seed", "data"} & resumable
+    assert resumable == {
+        *("steps", "checkpoint_every", "log_every", "timing_every", "layout", "dp", "fsdp"),
+        *("tp", "pp", "microbatches", "schedule", "virtual_stages", "stage_layers", "ops"),
+        *("remat", "layer_unroll", "watchdog_floor", "watchdog_factor", "watchdog_abort"),
+        *("profile_steps", "debug_stall_at_step"),
+    }
+    assert set(perf_key_options()) == {
+        *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),
+        *("stage_layers", "batch_size", "seq_len", "param_dtype", "compute_dtype", "remat"),
+        *("attention_mask", "layer_unroll"),
+    }
 
 
 def test_toml_round_trip_gives_the_same_config(tmp_path: Path):
@@ -177,6 +188,20 @@ def test_old_flat_config_json_of_the_sample_runs_loads():
     assert config_from_dict(flat) == TrainConfig.of(data="x")
     with pytest.raises(TitanError, match="unknown option 'nope'"):
         config_from_dict({"nope": 1})
+
+
+def test_a_run_saved_flat_resumes_with_its_options(tmp_path: Path):
+    flat = json.loads((REPO / "sample_runs/tiny-watchdog-stall/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(flat))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    changes = {"steps": 300, "watchdog_abort": False}
+    cfg = resume_options(tmp_path, changes)
+    placement = {"runs_root": str(tmp_path.parent), "run_id": tmp_path.name}
+    assert cfg == TrainConfig.of(**flat["train"]).replace(**changes, **placement)
+    assert cfg.optimizer.steps == 300 and cfg.observability.watchdog_abort is False
+    assert flat["train"]["watchdog_abort"] == 1  # saved as 0 / 1 before it was a switch
+    with pytest.raises(TitanError, match="--batch-size cannot change on --resume"):
+        resume_options(tmp_path, {"batch_size": 3})
 
 
 def test_literal_types_name_the_registries():

@@ -188,7 +188,8 @@ def _number(kind: type) -> Callable[[Any, str], Any]:
                 ) from None
         accepted = (int, float) if kind is float else (int,)
         if isinstance(value, bool) or not isinstance(value, accepted):
-            raise TitanError(f"{flag} must be {kind.__name__}, got {value!r}")
+            what = "an integer" if kind is int else "a number"
+            raise TitanError(f"{flag} must be {what}, got {value!r}")
         return kind(value)
 
     return coerce
