@@ -286,7 +286,6 @@ def _opt(
     *,
     codec: str | None = None,
     name: str | None = None,
-    aliases: tuple[str, ...] = (),
     minimum: float | None = None,
     resumable: bool = False,
     perf: bool = False,
@@ -295,7 +294,7 @@ def _opt(
     """Field metadata of an option.
 
     Args:
-        flag: its ``titan train`` flag; aliases: more flags for it.
+        flag: its ``titan train`` flag.
         codec: a :data:`CODECS` key when the annotation does not say (composite values).
         name: its flat name when not the field name.
         minimum: smallest allowed value (``"{flag} must be >= {minimum}"``).
@@ -304,7 +303,7 @@ def _opt(
             that differ in it are not compared.
         extra: ``choices`` (allowed values), ``planner`` (``titan plan`` takes it too).
     """
-    meta = {"flag": flag, "help": help, "aliases": aliases, "resumable": resumable, "perf": perf}
+    meta = {"flag": flag, "help": help, "resumable": resumable, "perf": perf}
     return meta | {"codec": codec, "name": name, "minimum": minimum, **extra}
 
 
