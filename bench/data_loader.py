@@ -38,21 +38,23 @@ def main() -> None:
     from titan.data.tokenizer import train_tokenizer
     from titan.trainer.train import train
 
-    cfg = TrainConfig(data=args.data, steps=args.train_steps, log_every=10**6)
-    corpus = open_corpus(cfg.data)
+    cfg = TrainConfig.of(data=args.data, steps=args.train_steps, log_every=10**6)
+    corpus = open_corpus(cfg.data.corpus)
     start = time.perf_counter()
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    tokenizer = train_tokenizer(corpus, cfg.data.vocab_size)
     tokenizer_s = time.perf_counter() - start
     start = time.perf_counter()
     tokens = token_stream(corpus, tokenizer)
     tokenize_s = time.perf_counter() - start
 
-    batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)
+    batches = PackedBatches(
+        tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+    )
     start = time.perf_counter()
     for _ in range(args.batches):
         batches.next_batch()
     assemble_s = time.perf_counter() - start
-    assemble_tps = args.batches * cfg.batch_size * cfg.seq_len / assemble_s
+    assemble_tps = args.batches * cfg.data.batch_size * cfg.data.seq_len / assemble_s
 
     with tempfile.TemporaryDirectory() as runs:
         from dataclasses import replace

@@ -159,7 +159,7 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
     from titan.trainer.adapters import build_trainer
 
     backend = jax.default_backend()
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         batch_size=shape.batch,
         seq_len=shape.seq,
         steps=warmup + steps,

@@ -73,7 +73,7 @@ def _measure(spec: dict) -> dict:
     if spec["preset"] == "tiny":
         model = dataclasses.replace(model, vocab_size=512)
     steps, warmup = spec["steps"], spec["warmup"]
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         preset=spec["preset"],
         batch_size=spec["batch_size"],
         seq_len=spec["seq_len"],
@@ -96,9 +96,9 @@ def _measure(spec: dict) -> dict:
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(
-            0, model.vocab_size, (cfg.batch_size, cfg.seq_len + 1), dtype=np.int32
+            0, model.vocab_size, (cfg.data.batch_size, cfg.data.seq_len + 1), dtype=np.int32
         ),
-        "segment_ids": np.zeros((cfg.batch_size, cfg.seq_len), np.int32),
+        "segment_ids": np.zeros((cfg.data.batch_size, cfg.data.seq_len), np.int32),
     }
     dispatch = []
     for i in range(warmup + steps):
@@ -113,7 +113,7 @@ def _measure(spec: dict) -> dict:
         **spec,
         "compile_s": compile_s,
         "step_s": step_s,
-        "tokens_per_s": cfg.batch_size * cfg.seq_len / step_s,
+        "tokens_per_s": cfg.data.batch_size * cfg.data.seq_len / step_s,
         "loss": float(metrics["loss"]),
         "ops": ops.served,
         "dispatch_share": statistics.median(dispatch[warmup:]) / step_s,
@@ -145,7 +145,7 @@ def _measure(spec: dict) -> dict:
     result["peak_gib"] = [p / 2**30 for p in peaks] if all(peaks) else None
     gpu = gpu_for_device_kind(devices[0].device_kind)
     for convention in ("causal", "full"):
-        flops = model_flops_per_token(model, cfg.seq_len, convention)
+        flops = model_flops_per_token(model, cfg.data.seq_len, convention)
         result[f"mfu_{convention}"] = (
             flops * result["tokens_per_s"] / (gpu.bf16_flops * result["devices"])
             if gpu is not None and gpu.name != "cpu"

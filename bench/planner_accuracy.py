@@ -127,7 +127,7 @@ def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
     d, layers, heads, kv_heads, ffn, vocab = SHAPES[config["shape"]]
     model = ModelConfig(config["shape"], vocab, d, layers, heads, kv_heads, ffn)
     options = {k: v for k, v in config.items() if k != "shape"}
-    cfg = TrainConfig(**options, steps=steps, warmup_steps=1)
+    cfg = TrainConfig.of(**options, steps=steps, warmup_steps=1)
     ops = Ops(jax.default_backend())
     trainer = build_trainer(cfg, model, ops)
     trainer.trace()
@@ -136,8 +136,10 @@ def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
     matmul_before = matmul_flops_per_s()
     rng = np.random.default_rng(0)
     batch = {
-        "tokens": rng.integers(0, vocab, (cfg.batch_size, cfg.seq_len + 1), dtype=np.int32),
-        "segment_ids": np.zeros((cfg.batch_size, cfg.seq_len), np.int32),
+        "tokens": rng.integers(
+            0, vocab, (cfg.data.batch_size, cfg.data.seq_len + 1), dtype=np.int32
+        ),
+        "segment_ids": np.zeros((cfg.data.batch_size, cfg.data.seq_len), np.int32),
     }
     times, pending, last = [], None, time.perf_counter()
     for _ in range(steps):

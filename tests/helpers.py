@@ -16,7 +16,7 @@ from titan.trainer.train import train
 
 def run_in_process(options: dict[str, Any], resume: Path | None = None) -> tuple[int, Path]:
     """Train in this process; returns (exit code, run dir)."""
-    cfg = TrainConfig(**options)
+    cfg = TrainConfig.of(**options)
     validate_train_config(cfg)
     code = train(cfg, resume)
     return code, Path(options["runs_root"]) / options["run_id"]
@@ -31,7 +31,11 @@ def events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
 def cli_args(options: dict[str, Any]) -> list[str]:
     args = []
     for name, value in options.items():
-        args += ["--" + name.replace("_", "-"), str(value)]
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):  # a switch: --watchdog-abort / --no-watchdog-abort
+            args.append(flag if value else "--no-" + flag[2:])
+        else:
+            args += [flag, str(value)]
     return args
 
 

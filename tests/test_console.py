@@ -73,7 +73,7 @@ def test_form_defaults_are_the_train_config_defaults(tmp_path: Path):
     texts = default_texts(tmp_path)
     assert set(texts) == {f.name for f in option_fields()}
     assert texts["runs_root"] == str(tmp_path)
-    assert config_from_texts(texts) == TrainConfig(runs_root=str(tmp_path))
+    assert config_from_texts(texts) == TrainConfig.of(runs_root=str(tmp_path))
 
 
 def test_form_parse_error_has_the_cli_wording(tmp_path: Path, capsys: pytest.CaptureFixture):
@@ -87,7 +87,7 @@ def test_form_parse_error_has_the_cli_wording(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path):
-    config = TrainConfig(steps=4, lr=0.01, remat="dots", runs_root="ignored", run_id="ignored")
+    config = TrainConfig.of(steps=4, lr=0.01, remat="dots", runs_root="ignored", run_id="ignored")
     argv = train_argv(config, tmp_path, "my-run")
     assert argv == [
         sys.executable,
@@ -231,7 +231,7 @@ async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
 def test_launch_refuses_an_existing_run_dir(tmp_path: Path):
     (tmp_path / "taken").mkdir()
     with pytest.raises(TitanError, match=r"--run-id 'taken' already exists in"):
-        start_run(TrainConfig(runs_root=str(tmp_path), run_id="taken"))
+        start_run(TrainConfig.of(runs_root=str(tmp_path), run_id="taken"))
     assert list((tmp_path / "taken").iterdir()) == []
 
 

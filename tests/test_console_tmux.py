@@ -15,13 +15,17 @@ from pathlib import Path
 import pytest
 from console_helpers import tiny_form_texts
 
+from titan.config import option_fields
 from titan.observability.records import read_events
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 SESSION = f"titan-console-test-{os.getpid()}"
-# Tab stops of the launch form from the first field (--preset) to the ones typed here.
-FIELD_TABS = {"steps": 1, "batch_size": 2, "seq_len": 3, "warmup_steps": 6, "data": 10}
-FIELD_TABS |= {"vocab_size": 12, "dp": 17}
+# Tab stops of the launch form from its first field to the ones typed here: one per option, in
+# the config's order (section headings take no focus).
+TAB_OF = {option.name: tab for tab, option in enumerate(option_fields())}
+FIRST_FLAG = option_fields()[0].flag
+FIELD_TABS = {name: TAB_OF[name] for name in ("steps", "batch_size", "seq_len", "warmup_steps")}
+FIELD_TABS |= {name: TAB_OF[name] for name in ("data", "vocab_size", "dp")}
 
 
 def _tmux(*args: str) -> str:
@@ -65,7 +69,7 @@ def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: 
     )
     _tmux("new-session", "-d", "-s", SESSION, "-x", "100", "-y", "30", "-c", os.getcwd(), command)
     try:
-        _wait_for("--preset", 30)
+        _wait_for(FIRST_FLAG, 30)
         position = 0
         for name, tab in sorted(FIELD_TABS.items(), key=lambda item: item[1]):
             _send(*["Tab"] * (tab - position), f"-l {texts[name]}")

@@ -403,7 +403,7 @@ async def test_a_stall_of_a_real_run_appears_in_the_watchdog_panel(
         "checkpoint_every": "50",
         "debug_stall_at_step": "3",
         "watchdog_floor": "1",
-        "watchdog_abort": "1",
+        "watchdog_abort": "true",  # a switch: the form shows a true / false Select
     }
     try:
         async with app.run_test(size=SIZE) as pilot:
@@ -432,19 +432,23 @@ async def test_a_form_preset_fills_the_fields(tmp_path: Path):
         await pilot.pause()
         texts = {r.option_name: r.text for r in app.screen.query(OptionInput)}
     assert (texts["layout"], texts["pp"], texts["microbatches"]) == ("mpmd", "2", "4")
-    assert texts["steps"] == str(TrainConfig().steps)
+    assert texts["steps"] == str(TrainConfig().optimizer.steps)
 
 
 def test_copies_get_their_own_seeds_and_run_ids():
-    configs = copies_of(TrainConfig(seed=7, run_id="sweep"), 3)
-    assert [(c.seed, c.run_id) for c in configs] == [(7, "sweep-1"), (8, "sweep-2"), (9, "sweep-3")]
+    configs = copies_of(TrainConfig.of(seed=7, run_id="sweep"), 3)
+    assert [(c.run.seed, c.run.run_id) for c in configs] == [
+        (7, "sweep-1"),
+        (8, "sweep-2"),
+        (9, "sweep-3"),
+    ]
     assert copies_of(TrainConfig(), 1) == [TrainConfig()]
     with pytest.raises(TitanError, match="copies must be >= 1, got 0"):
         copies_of(TrainConfig(), 0)
 
 
 def test_launch_refuses_missing_data_before_making_a_run_dir(tmp_path: Path):
-    config = TrainConfig(data=str(tmp_path / "nope"), runs_root=str(tmp_path / "runs"))
+    config = TrainConfig.of(data=str(tmp_path / "nope"), runs_root=str(tmp_path / "runs"))
     with pytest.raises(TitanError, match="--data .*nope: no such file or directory"):
         start_run(config)
     assert not (tmp_path / "runs").exists()

@@ -42,7 +42,7 @@ def test_training_reduces_loss_and_records_the_run(small_options):
     assert start["env"]["packages"]["jax"]
     assert start["model"]["vocab_size"] == 512
     saved = json.loads((run_dir / "config.json").read_text())
-    assert saved["train"]["steps"] == 40
+    assert saved["train"]["optimizer"]["steps"] == 40  # sectioned, as config_to_data writes
     assert (run_dir / "tokenizer.model").stat().st_size > 0
 
 
@@ -142,8 +142,11 @@ def small_options_run_dir(options):
     [({"steps": 100}, "5:100"), ({"steps": 4}, ""), ({"steps": 100, "profile_steps": ""}, "")],
 )
 def test_resume_cuts_the_saved_profile_range_to_a_lowered_steps(tmp_path, explicit, profile_steps):
-    saved = TrainConfig(steps=200, profile_steps="5:150")
+    saved = TrainConfig.of(steps=200, profile_steps="5:150")
     (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
     (tmp_path / "tokenizer.model").write_bytes(b"")
     cfg = resume_options(tmp_path, explicit)
-    assert (cfg.steps, cfg.profile_steps) == (explicit["steps"], profile_steps)
+    assert (cfg.optimizer.steps, cfg.record()["profile_steps"]) == (
+        explicit["steps"],
+        profile_steps,
+    )

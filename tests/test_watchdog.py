@@ -94,9 +94,9 @@ def test_heartbeat_thread_reports_a_stall_and_stops():
 
 def test_watchdog_options_are_validated():
     with pytest.raises(TitanError, match="--watchdog-abort must be 0 or 1"):
-        validate_train_config(TrainConfig(watchdog_abort=2))
+        validate_train_config(TrainConfig.of(watchdog_abort=2))
     with pytest.raises(TitanError, match="--watchdog-floor"):
-        validate_train_config(TrainConfig(watchdog_floor=0))
+        validate_train_config(TrainConfig.of(watchdog_floor=0))
 
 
 def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_options):
@@ -108,7 +108,7 @@ def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_optio
         "checkpoint_every": 2,
         "watchdog_floor": floor_s,
         "debug_stall_at_step": 3,
-        "watchdog_abort": 1,
+        "watchdog_abort": True,
     }
     proc = start_subprocess(options)
     assert proc.wait(timeout=180) == EXIT_STALL, proc.stderr.read()
@@ -128,7 +128,7 @@ def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_optio
     assert checkpointer.latest_step() == 2
     checkpointer.close()
     code, _ = run_in_process(
-        {**options, "steps": 4, "debug_stall_at_step": 0, "watchdog_abort": 0}, resume=run_dir
+        {**options, "steps": 4, "debug_stall_at_step": 0, "watchdog_abort": False}, resume=run_dir
     )
     assert code == 0
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2

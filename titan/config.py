@@ -1,21 +1,39 @@
 """Typed configuration: model shapes (presets) and training options, with their validation.
 
-One frozen dataclass per concern. :class:`TrainConfig` holds every option of ``titan train``; its
-fields carry the CLI flag and help text as metadata, so that the CLI (``titan.cli``) and the
-console (``tui``) are both derived from this one place and share :func:`validate_train_config`.
-The config is saved verbatim in each run's ``config.json``.
+:class:`TrainConfig` is a tree of frozen sections (:data:`SECTIONS`: model, optimizer, data,
+compute, parallel, checkpoint, observability, debugging, run), one dataclass each, holding every
+option of ``titan train`` with its real type: switches are ``bool``, choices ``Literal``,
+``stage_layers`` a tuple of counts, ``profile_steps`` an optional (first, last) pair, ``ops`` a
+mapping, the model a :class:`ModelConfig`. Values are parsed and checked once, when a section is
+constructed (a text such as ``"3,5,5,3"`` is accepted and parsed there); a bad value raises a
+one-line :class:`~titan.errors.TitanError` naming its flag. Each field carries its CLI flag, help
+text and what it is (resumable, part of the performance key) as metadata, so that the
+``titan train`` and ``titan plan`` CLIs (:func:`add_arguments`), TOML config files
+(:func:`read_config_file`, :func:`config_to_toml`) and the console's forms (``tui``) are all
+derived from this one place. Every option also has a flat name (its field name; ``data`` for the
+corpus and ``preset`` for the model), which the CLI, the forms and the records of runs use. A
+run's ``config.json`` holds :func:`config_to_data`; flat configs of older runs still load
+(:func:`config_from_dict`).
 
 This module imports neither JAX nor Textual, so the console and the planner can import it cheaply.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from titan.errors import TitanError
+from titan.mpmd.schedules import SCHEDULES, check_schedule_options
+from titan.ops.registry import parse_overrides
+from titan.parsing import parse_assignments, parse_counts, parse_range
+from titan.remat import REMAT_POLICIES
 
 
 @dataclass(frozen=True)
@@ -73,53 +91,311 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3-405b": ModelConfig("llama3-405b", 128_256, 16_384, 126, 128, 8, 53_248),
 }
 
-DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "dots", "dots-attention", "full")
-ATTENTION_MASKS = ("document", "causal")
-LAYOUTS = ("spmd", "mpmd")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+
+Dtype = Literal["float32", "bfloat16"]
+DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
+Remat = Literal["none", "dots", "dots-attention", "full"]  # the names of titan.remat's registry
+AttentionMask = Literal["document", "causal"]
+ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
+TrainLayout = Literal["spmd", "mpmd"]
+LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+DEFAULT_VOCAB_SIZE = 4096
 
 
-def _opt(flag: str, help: str, **extra: Any) -> dict[str, Any]:
-    return {"flag": flag, "help": help, **extra}
+# --- compact texts of the options that are not plain numbers or names --------------------------
+
+
+def parse_model(text: str, flag: str = "--model") -> ModelConfig:
+    """A preset name (``llama3-70b``, any case) or a custom shape
+    (``d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256``).
+    Presets are returned as registered (``tiny`` keeps ``vocab_size`` 0: the tokenizer's).
+
+    Raises:
+        TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
+    """
+    name = text.strip().lower()
+    if name in PRESETS:
+        return PRESETS[name]
+    if "=" not in name:
+        raise TitanError(
+            f"{flag} {text!r} is not a preset ({', '.join(PRESETS)}) nor a shape like "
+            "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256"
+        )
+    values: dict[str, int] = {}
+    for key, value in parse_assignments(name, flag, shape="field=value").items():
+        if key not in SHAPE_FIELDS:
+            raise TitanError(f"{flag}: unknown field {key!r}; fields: {', '.join(SHAPE_FIELDS)}")
+        try:
+            values[key] = int(float(value))
+        except ValueError:
+            raise TitanError(f"{flag}: {key} must be a number, got {value!r}") from None
+    missing = [key for key in SHAPE_FIELDS if key not in values]
+    if missing:
+        raise TitanError(f"{flag}: missing {', '.join(missing)}")
+    shape = ModelConfig("custom", **values)
+    check_shape(shape, flag)
+    return shape
+
+
+def check_shape(m: ModelConfig, flag: str = "--model") -> None:
+    """Raises TitanError naming the first inconsistent field of a custom shape."""
+    for key in SHAPE_FIELDS:
+        if getattr(m, key) < 1:
+            raise TitanError(f"{flag}: {key} must be >= 1, got {getattr(m, key)}")
+    if m.d_model % m.n_heads:
+        raise TitanError(f"{flag}: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
+    if m.n_heads % m.n_kv_heads:
+        raise TitanError(
+            f"{flag}: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
+        )
+
+
+def model_text(m: ModelConfig) -> str:
+    """The ``--model`` text of a shape: its preset name, or ``d_model=...,...`` when custom."""
+    if PRESETS.get(m.name) == m:
+        return m.name
+    return ",".join(f"{key}={getattr(m, key)}" for key in SHAPE_FIELDS)
+
+
+# --- codecs: how an option's value is parsed, checked, written to files and to the CLI ---------
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Every option of ``titan train``. Field metadata holds the CLI flag and its help text."""
+class Codec:
+    """How values of one kind of option convert.
 
-    preset: str = field(
-        default="tiny",
-        metadata=_opt("--preset", "model shape", choices=tuple(PRESETS)),
+    Attributes:
+        coerce: (value or its text, flag) -> the typed value; raises TitanError.
+        dump: typed value -> plain data for JSON and TOML (str, int, float, bool, list, dict).
+        text: typed value -> the text ``titan train`` takes for it (``""`` for none).
+    """
+
+    coerce: Callable[[Any, str], Any]
+    dump: Callable[[Any], Any] = lambda value: value
+    text: Callable[[Any], str] = str
+
+
+def _number(kind: type) -> Callable[[Any, str], Any]:
+    def coerce(value: Any, flag: str) -> Any:
+        if isinstance(value, str):
+            try:
+                value = kind(value.strip())
+            except ValueError:
+                raise TitanError(
+                    f"argument {flag}: invalid {kind.__name__} value: {value.strip()!r}"
+                ) from None
+        accepted = (int, float) if kind is float else (int,)
+        if isinstance(value, bool) or not isinstance(value, accepted):
+            what = "an integer" if kind is int else "a number"
+            raise TitanError(f"{flag} must be {what}, got {value!r}")
+        return kind(value)
+
+    return coerce
+
+
+def _string(value: Any, flag: str) -> str:
+    if not isinstance(value, str):
+        raise TitanError(f"{flag} must be a string, got {value!r}")
+    return value
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _switch(value: Any, flag: str) -> bool:
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text in _TRUE or text is True or (type(text) is int and text == 1):
+        return True
+    if text in _FALSE or text is False or (type(text) is int and text == 0):
+        return False
+    raise TitanError(f"{flag} must be 0 or 1 (true or false), got {value!r}")
+
+
+def _counts(value: Any, flag: str) -> tuple[int, ...]:
+    if isinstance(value, str):
+        return parse_counts(value, flag)
+    if not isinstance(value, list | tuple) or not all(type(v) is int for v in value):
+        raise TitanError(f"{flag} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+def _steps_range(value: Any, flag: str) -> tuple[int, int] | None:
+    if value is None or value == "" or value == [] or value == ():
+        return None
+    if isinstance(value, str):
+        return parse_range(value, flag)
+    if isinstance(value, list | tuple) and len(value) == 2 and all(type(v) is int for v in value):
+        return (value[0], value[1])
+    raise TitanError(f"{flag} must be 'A:B' (two step numbers), got {value!r}")
+
+
+def _ops(value: Any, flag: str) -> dict[str, str]:
+    if isinstance(value, str):
+        return parse_overrides(value, source=flag)
+    if not isinstance(value, Mapping):
+        raise TitanError(f"{flag} must be op=provider entries, got {value!r}")
+    return parse_overrides(",".join(f"{op}={name}" for op, name in value.items()), source=flag)
+
+
+def _shape(value: Any, flag: str) -> ModelConfig:
+    if isinstance(value, ModelConfig):
+        return value
+    if isinstance(value, str):
+        return parse_model(value, flag)
+    if isinstance(value, Mapping):
+        if value.get("name") in PRESETS and set(value) <= {"name"}:
+            return PRESETS[value["name"]]
+        try:
+            shape = ModelConfig(**{"name": "custom", **value})
+        except TypeError as err:
+            raise TitanError(f"{flag}: {err}") from None
+        if PRESETS.get(shape.name) != shape:
+            check_shape(shape, flag)
+        return shape
+    raise TitanError(f"{flag} must be a preset name or a shape, got {value!r}")
+
+
+def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
+    return m.name if PRESETS.get(m.name) == m else dataclasses.asdict(m)
+
+
+CODECS: dict[str, Codec] = {
+    "int": Codec(_number(int)),
+    "float": Codec(_number(float)),
+    "str": Codec(_string),
+    "bool": Codec(_switch, text=lambda v: "true" if v else "false"),
+    "counts": Codec(_counts, list, lambda v: ",".join(map(str, v))),
+    "range": Codec(
+        _steps_range,
+        lambda v: [] if v is None else list(v),
+        lambda v: "" if v is None else f"{v[0]}:{v[1]}",
+    ),
+    "ops": Codec(_ops, dict, lambda v: ",".join(f"{op}={name}" for op, name in v.items())),
+    "shape": Codec(_shape, _dump_shape, model_text),
+}
+
+
+CODECS_PLAIN = ("int", "float", "str", "bool")  # kinds recorded and shown as they are
+
+
+def _opt(
+    flag: str,
+    help: str,
+    *,
+    codec: str | None = None,
+    name: str | None = None,
+    minimum: float | None = None,
+    resumable: bool = False,
+    perf: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Field metadata of an option.
+
+    Args:
+        flag: its ``titan train`` flag.
+        codec: a :data:`CODECS` key when the annotation does not say (composite values).
+        name: its flat name when not the field name.
+        minimum: smallest allowed value (``"{flag} must be >= {minimum}"``).
+        resumable: may change when a run is resumed; everything else must match the saved run.
+        perf: part of the performance database's key (``titan.observability.perfdb``): runs
+            that differ in it are not compared.
+        extra: ``choices`` (allowed values), ``planner`` (``titan plan`` takes it too).
+    """
+    meta = {"flag": flag, "help": help, "resumable": resumable, "perf": perf}
+    return meta | {"codec": codec, "name": name, "minimum": minimum, **extra}
+
+
+def _kind(f: dataclasses.Field) -> str:
+    """The :data:`CODECS` key of a field: its ``codec``, ``str`` for choices (``Literal``), else
+    its annotation (``int``, ``float``, ``str``, ``bool``)."""
+    meta = f.metadata
+    return meta["codec"] or ("str" if meta.get("choices") else str(f.type))
+
+
+def _normalize(section: Any) -> None:
+    """Coerce every field of a section to its type and check it (``__post_init__``)."""
+    for f in dataclasses.fields(section):
+        meta = f.metadata
+        flag = meta["flag"]
+        value = CODECS[_kind(f)].coerce(getattr(section, f.name), flag)
+        object.__setattr__(section, f.name, value)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TitanError(f"{flag} must be a finite number, got {value}")
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            raise TitanError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise TitanError(f"{flag} must be >= {meta['minimum']}, got {value}")
+
+
+def _section(cls: type) -> type:
+    """A frozen config section whose fields are coerced and checked on construction, then by its
+    own ``_check`` (when it has one)."""
+
+    def __post_init__(self: Any) -> None:
+        _normalize(self)
+        getattr(self, "_check", lambda: None)()
+
+    cls.__post_init__ = __post_init__
+    return dataclass(frozen=True)(cls)
+
+
+# --- the sections -------------------------------------------------------------------------------
+
+
+@_section
+class RunOptions:
+    """Where the run is recorded, and its seed."""
+
+    runs_root: str = field(
+        default="",
+        metadata=_opt("--runs-root", "folder holding run dirs (default: $TITAN_RUNS or ./runs)"),
     )
-    steps: int = field(
-        default=200,
-        metadata=_opt("--steps", "total optimizer steps of the run (a resumed run stops here)"),
+    run_id: str = field(
+        default="", metadata=_opt("--run-id", "name of the run dir (default: generated)")
     )
-    batch_size: int = field(
-        default=16, metadata=_opt("--batch-size", "global batch in sequences per step")
+    seed: int = field(
+        default=0, metadata=_opt("--seed", "seed for initialisation and shuffling", minimum=0)
     )
-    seq_len: int = field(default=128, metadata=_opt("--seq-len", "tokens per sequence"))
-    lr: float = field(default=3e-3, metadata=_opt("--lr", "peak learning rate (AdamW)"))
-    min_lr_ratio: float = field(
-        default=0.1, metadata=_opt("--min-lr-ratio", "final learning rate as a fraction of --lr")
+
+    def _check(self) -> None:
+        if self.seed >= 2**32:
+            raise TitanError(f"--seed must be < 2**32, got {self.seed}")
+        if self.run_id.startswith(".") or "/" in self.run_id or "\\" in self.run_id:
+            raise TitanError(f"--run-id must be a plain folder name, got {self.run_id!r}")
+
+
+@_section
+class ModelOptions:
+    """The model's shape."""
+
+    shape: ModelConfig = field(
+        default=PRESETS["tiny"],
+        metadata=_opt(
+            "--model",
+            f"model shape: a preset ({', '.join(PRESETS)}) or a custom shape "
+            "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as "
+            "titan plan --model takes it); --preset NAME is the same for a preset (default: "
+            "'tiny')",
+            codec="shape",
+            name="preset",
+        ),
     )
-    warmup_steps: int = field(
-        default=30, metadata=_opt("--warmup-steps", "linear warmup steps before cosine decay")
-    )
-    weight_decay: float = field(
-        default=0.1, metadata=_opt("--weight-decay", "AdamW decoupled weight decay")
-    )
-    grad_clip: float = field(
-        default=1.0, metadata=_opt("--grad-clip", "global gradient-norm clip (0 disables)")
-    )
-    seed: int = field(default=0, metadata=_opt("--seed", "seed for initialisation and shuffling"))
-    data: str = field(
+
+
+@_section
+class DataOptions:
+    """The corpus, its tokenizer and the batch."""
+
+    corpus: str = field(
         default="stdlib",
         metadata=_opt(
             "--data",
             "corpus: 'stdlib' (this Python's standard library sources), or a text file, a "
             "directory, a .jsonl file with a 'text' field, or a .parquet file with a 'text' column",
+            name="data",
         ),
     )
     tokenizer: str = field(
@@ -130,82 +406,104 @@ class TrainConfig:
         ),
     )
     vocab_size: int = field(
-        default=4096,
+        default=DEFAULT_VOCAB_SIZE,
         metadata=_opt("--vocab-size", "vocabulary of the tokenizer trained when none is given"),
     )
-    runs_root: str = field(
-        default="",
-        metadata=_opt("--runs-root", "folder holding run dirs (default: $TITAN_RUNS or ./runs)"),
-    )
-    run_id: str = field(
-        default="", metadata=_opt("--run-id", "name of the run dir (default: generated)")
-    )
-    checkpoint_every: int = field(
-        default=100, metadata=_opt("--checkpoint-every", "save a checkpoint every N steps")
-    )
-    layout: str = field(
-        default="spmd", metadata=_opt("--layout", "training layout", choices=LAYOUTS)
-    )
-    dp: int = field(
-        default=0, metadata=_opt("--dp", "data-parallel size (0: all devices left by fsdp x tp)")
-    )
-    fsdp: int = field(default=1, metadata=_opt("--fsdp", "fully-sharded data-parallel size"))
-    tp: int = field(default=1, metadata=_opt("--tp", "tensor-parallel size"))
-    pp: int = field(
-        default=1, metadata=_opt("--pp", "pipeline stages (device groups), --layout mpmd")
-    )
-    microbatches: int = field(
-        default=1, metadata=_opt("--microbatches", "microbatches per step (--layout mpmd)")
-    )
-    schedule: str = field(
-        default="1f1b",
-        metadata=_opt("--schedule", "pipeline schedule (--layout mpmd)", choices=SCHEDULES),
-    )
-    virtual_stages: int = field(
-        default=1,
+    batch_size: int = field(
+        default=16,
         metadata=_opt(
-            "--virtual-stages", "model chunks per device group (--schedule interleaved-1f1b)"
+            "--batch-size",
+            "global batch in sequences per step (tokens per step: --batch-size x --seq-len)",
+            minimum=1,
+            perf=True,
         ),
     )
-    stage_layers: str = field(
-        default="",
+    seq_len: int = field(
+        default=128, metadata=_opt("--seq-len", "tokens per sequence", minimum=1, perf=True)
+    )
+
+    def _check(self) -> None:
+        if self.vocab_size < 259:
+            raise TitanError(
+                "--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), "
+                f"got {self.vocab_size}"
+            )
+
+
+@_section
+class OptimizerOptions:
+    """AdamW and its learning-rate schedule (linear warmup, cosine decay)."""
+
+    steps: int = field(
+        default=200,
         metadata=_opt(
-            "--stage-layers",
-            "layers per model chunk in pipeline order, e.g. '3,5,5,3' (default: even split)",
+            "--steps",
+            "total optimizer steps of the run (a resumed run stops here)",
+            minimum=1,
+            resumable=True,
         ),
     )
-    timing_every: int = field(
-        default=50,
-        metadata=_opt(
-            "--timing-every",
-            "record a pipeline_timing event (per-action durations) every N steps (--layout mpmd)",
-        ),
+    lr: float = field(default=3e-3, metadata=_opt("--lr", "peak learning rate (AdamW)"))
+    min_lr_ratio: float = field(
+        default=0.1, metadata=_opt("--min-lr-ratio", "final learning rate as a fraction of --lr")
     )
-    param_dtype: str = field(
+    warmup_steps: int = field(
+        default=30,
+        metadata=_opt("--warmup-steps", "linear warmup steps before cosine decay", minimum=0),
+    )
+    weight_decay: float = field(
+        default=0.1,
+        metadata=_opt("--weight-decay", "AdamW decoupled weight decay", minimum=0),
+    )
+    grad_clip: float = field(
+        default=1.0,
+        metadata=_opt("--grad-clip", "global gradient-norm clip (0 disables)", minimum=0),
+    )
+
+    def _check(self) -> None:
+        if not self.lr > 0:
+            raise TitanError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise TitanError(f"--min-lr-ratio must be within [0, 1], got {self.min_lr_ratio}")
+
+
+@_section
+class ComputeOptions:
+    """How the model computes: dtypes, attention mask, operator providers, the layer loop and
+    what the backward pass recomputes."""
+
+    param_dtype: Dtype = field(
         default="float32",
-        metadata=_opt("--param-dtype", "master weights and optimizer state", choices=DTYPES),
+        metadata=_opt(
+            "--param-dtype",
+            "master weights and optimizer state",
+            choices=DTYPES,
+            perf=True,
+            planner=True,
+        ),
     )
-    compute_dtype: str = field(
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = field(
         default="auto",
         metadata=_opt(
             "--compute-dtype",
             "matmul/activation dtype ('auto': bfloat16 on GPU/TPU, float32 on CPU)",
             choices=("auto", *DTYPES),
+            perf=True,
+            planner=True,
         ),
     )
-    ops: str = field(
-        default="",
-        metadata=_opt(
-            "--ops",
-            "operator providers, e.g. 'attention=pallas,cross_entropy=chunked' (default: the "
-            "registry's choice per backend; $TITAN_OPS applies under these)",
-        ),
-    )
-    remat: str = field(
+    remat: Remat = field(
         default="none",
-        metadata=_opt("--remat", "activation recomputation per layer", choices=REMAT_POLICIES),
+        metadata=_opt(
+            "--remat",
+            "activation recomputation per layer",
+            choices=tuple(REMAT_POLICIES),
+            resumable=True,
+            perf=True,
+            planner=True,
+        ),
     )
-    attention_mask: str = field(
+    attention_mask: AttentionMask = field(
         default="document",
         metadata=_opt(
             "--attention-mask",
@@ -213,6 +511,7 @@ class TrainConfig:
             "'causal': causal over the whole packed sequence, documents see earlier ones "
             "(cheaper: fused kernels without a segment mask)",
             choices=ATTENTION_MASKS,
+            perf=True,
         ),
     )
     layer_unroll: int = field(
@@ -222,10 +521,109 @@ class TrainConfig:
             "decoder blocks per iteration of the layer scan; 0: all of them (the loop fully "
             "unrolled: a larger program that compiles slower and runs faster on GPUs), 1: a "
             "rolled loop (the smallest program)",
+            minimum=0,
+            resumable=True,
+            perf=True,
         ),
     )
+    ops: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_opt(
+            "--ops",
+            "operator providers, e.g. 'attention=pallas,cross_entropy=chunked' (default: the "
+            "registry's choice per backend; $TITAN_OPS applies under these)",
+            codec="ops",
+            resumable=True,
+        ),
+    )
+
+
+def _parallel(flag: str, help: str, default: int, minimum: int, **extra: Any) -> Any:
+    meta = _opt(flag, help, minimum=minimum, resumable=True, perf=True, planner=True, **extra)
+    return field(default=default, metadata=meta)
+
+
+@_section
+class ParallelOptions:
+    """How the model and the batch are split over devices. ``titan plan`` takes the same
+    options (those marked ``planner``); ``layout`` and ``stage_layers`` are the trainer's."""
+
+    layout: TrainLayout = field(
+        default="spmd",
+        metadata=_opt("--layout", "training layout", choices=LAYOUTS, resumable=True, perf=True),
+    )
+    dp: int = _parallel(
+        "--dp", "data-parallel size (0: all devices left by fsdp x tp, and pp)", 0, 0
+    )
+    fsdp: int = _parallel("--fsdp", "fully-sharded data-parallel size", 1, 1)
+    tp: int = _parallel("--tp", "tensor-parallel size", 1, 1)
+    pp: int = _parallel("--pp", "pipeline stages (device groups; titan train: --layout mpmd)", 1, 1)
+    microbatches: int = _parallel(
+        "--microbatches", "microbatches per step (titan train: --layout mpmd)", 1, 1
+    )
+    schedule: Schedule = field(
+        default="1f1b",
+        metadata=_opt(
+            "--schedule",
+            "pipeline schedule (titan train: --layout mpmd)",
+            choices=tuple(SCHEDULES),
+            resumable=True,
+            perf=True,
+            planner=True,
+        ),
+    )
+    virtual_stages: int = _parallel(
+        "--virtual-stages", "model chunks per device group (--schedule interleaved-1f1b)", 1, 1
+    )
+    stage_layers: tuple[int, ...] = field(
+        default=(),
+        metadata=_opt(
+            "--stage-layers",
+            "layers per model chunk in pipeline order, e.g. '3,5,5,3' (default: even split)",
+            codec="counts",
+            resumable=True,
+            perf=True,
+        ),
+    )
+
+    def check_schedule(self) -> None:
+        """Raises TitanError for schedule options the registered schedule rejects."""
+        check_schedule_options(self.schedule, self.pp, self.microbatches, self.virtual_stages)
+
+
+@_section
+class CheckpointOptions:
+    """When checkpoints are written."""
+
+    checkpoint_every: int = field(
+        default=100,
+        metadata=_opt(
+            "--checkpoint-every", "save a checkpoint every N steps", minimum=1, resumable=True
+        ),
+    )
+
+
+@_section
+class ObservabilityOptions:
+    """Logs, timings, the stall watchdog and profiler traces."""
+
     log_every: int = field(
-        default=10, metadata=_opt("--log-every", "print a log line every N steps (no terminal)")
+        default=10,
+        metadata=_opt(
+            "--log-every",
+            "print a log line every N steps (no terminal)",
+            minimum=1,
+            resumable=True,
+        ),
+    )
+    timing_every: int = field(
+        default=50,
+        metadata=_opt(
+            "--timing-every",
+            "record a pipeline_timing event (per-action durations) every N steps (--layout mpmd)",
+            minimum=1,
+            resumable=True,
+        ),
     )
     watchdog_floor: float = field(
         default=300.0,
@@ -233,197 +631,441 @@ class TrainConfig:
             "--watchdog-floor",
             "seconds a step may always take before the watchdog reports a stall (the allowance "
             "is the larger of this and --watchdog-factor x the median step time)",
+            resumable=True,
         ),
     )
     watchdog_factor: float = field(
         default=10.0,
-        metadata=_opt("--watchdog-factor", "stall allowance of a step in median step times"),
-    )
-    watchdog_abort: int = field(
-        default=0,
         metadata=_opt(
-            "--watchdog-abort",
-            "1: on a stall, record run_end failed (reason stall) and exit with code 3 so that a "
-            "supervisor can restart the run; 0: only record the stall",
+            "--watchdog-factor",
+            "stall allowance of a step in median step times",
+            resumable=True,
         ),
     )
-    profile_steps: str = field(
-        default="",
+    watchdog_abort: bool = field(
+        default=False,
+        metadata=_opt(
+            "--watchdog-abort",
+            "on a stall, record run_end failed (reason stall) and exit with code 3 so that a "
+            "supervisor can restart the run; --no-watchdog-abort: only record the stall",
+            resumable=True,
+        ),
+    )
+    profile_steps: tuple[int, int] | None = field(
+        default=None,
         metadata=_opt(
             "--profile-steps",
             "'A:B': capture a JAX profiler trace of steps A to B (1-based, inclusive) into "
             "<run dir>/profile/ (open with TensorBoard's or XProf's profile plugin, or Perfetto); "
             "empty: no trace",
+            codec="range",
+            resumable=True,
         ),
     )
+
+    def _check(self) -> None:
+        if not self.watchdog_floor > 0 or not self.watchdog_factor > 0:
+            raise TitanError(
+                f"--watchdog-floor and --watchdog-factor must be > 0, got {self.watchdog_floor} "
+                f"and {self.watchdog_factor}"
+            )
+
+
+@_section
+class DebuggingOptions:
+    """Testing aids."""
+
     debug_stall_at_step: int = field(
         default=0,
         metadata=_opt(
             "--debug-stall-at-step",
             "testing aid: hang the loop before step N to exercise the watchdog (0: never)",
+            minimum=0,
+            resumable=True,
         ),
     )
 
 
-# Options that may change when a run is resumed; everything else must match the saved config.
-RESUMABLE_OPTIONS = frozenset(
-    {
-        "steps",
-        "checkpoint_every",
-        "log_every",
-        "timing_every",
-        "layout",
-        "dp",
-        "fsdp",
-        "tp",
-        "pp",
-        "microbatches",
-        "schedule",
-        "virtual_stages",
-        "stage_layers",
-        "ops",
-        "remat",
-        "layer_unroll",
-        "watchdog_floor",
-        "watchdog_factor",
-        "watchdog_abort",
-        "profile_steps",
-        "debug_stall_at_step",
-    }
-)
+# Section name -> its dataclass, in ``titan train --help`` and TOML order.
+SECTIONS: dict[str, type] = {
+    "model": ModelOptions,
+    "optimizer": OptimizerOptions,
+    "data": DataOptions,
+    "compute": ComputeOptions,
+    "parallel": ParallelOptions,
+    "checkpoint": CheckpointOptions,
+    "observability": ObservabilityOptions,
+    "debugging": DebuggingOptions,
+    "run": RunOptions,
+}
 
 
-def option_fields() -> tuple[dataclasses.Field, ...]:
-    """The fields of :class:`TrainConfig`, in CLI order."""
-    return dataclasses.fields(TrainConfig)
+@dataclass(frozen=True)
+class Option:
+    """One option of ``titan train``: a field of a section.
+
+    Attributes:
+        section: its section's name (a :data:`SECTIONS` key).
+        field: the dataclass field (its metadata: :func:`_opt`).
+    """
+
+    section: str
+    field: dataclasses.Field
+
+    @property
+    def name(self) -> str:
+        """The flat name (the field name, or ``data`` / ``preset``)."""
+        return self.field.metadata["name"] or self.field.name
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self.field.metadata
+
+    @property
+    def flag(self) -> str:
+        return self.field.metadata["flag"]
+
+    @property
+    def help(self) -> str:
+        return self.field.metadata["help"]
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self.field.metadata.get("choices") or ())
+
+    @property
+    def resumable(self) -> bool:
+        return self.field.metadata["resumable"]
+
+    @property
+    def perf_key(self) -> bool:
+        return self.field.metadata["perf"]
+
+    @property
+    def kind(self) -> str:
+        """The :data:`CODECS` key: ``int``, ``float``, ``str``, ``bool`` or a composite."""
+        return _kind(self.field)
+
+    @property
+    def codec(self) -> Codec:
+        return CODECS[self.kind]
+
+    @property
+    def default(self) -> Any:
+        f = self.field
+        return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+    def coerce(self, value: Any) -> Any:
+        """The typed value of ``value`` (typed already, plain data, or text)."""
+        return self.codec.coerce(value, self.flag)
+
+    def text(self, value: Any) -> str:
+        """``value`` as ``titan train`` takes it on its command line."""
+        return self.codec.text(value)
+
+
+def option_fields() -> tuple[Option, ...]:
+    """Every option of ``titan train``, section by section, in CLI order."""
+    return tuple(
+        Option(section, f) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+    )
+
+
+def _options_by_name() -> dict[str, Option]:
+    return {o.name: o for o in option_fields()}
 
 
 def flag_of(name: str) -> str:
-    """The CLI flag of a :class:`TrainConfig` field name (``batch_size`` -> ``--batch-size``)."""
-    return {f.name: f.metadata["flag"] for f in option_fields()}[name]
+    """The CLI flag of an option's flat name (``batch_size`` -> ``--batch-size``)."""
+    return _options_by_name()[name].flag
 
 
-def _positive(cfg: TrainConfig, names: tuple[str, ...], minimum: int) -> None:
-    for name in names:
-        value = getattr(cfg, name)
-        if value < minimum:
-            raise TitanError(f"{flag_of(name)} must be >= {minimum}, got {value}")
+def resumable_options() -> frozenset[str]:
+    """Flat names of the options that may change when a run is resumed."""
+    return frozenset(o.name for o in option_fields() if o.resumable)
 
 
-def parse_profile_steps(text: str, steps: int) -> tuple[int, int] | None:
-    """The (first, last) steps of ``--profile-steps 'A:B'`` (1-based, inclusive), None when empty.
+def perf_key_options() -> tuple[str, ...]:
+    """Flat names of the options in the performance database's key."""
+    return tuple(o.name for o in option_fields() if o.perf_key)
 
-    Raises:
-        TitanError: not two integers ``A:B`` with 1 <= A <= B <= ``steps``.
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of ``titan train``, in sections. Construct it from flat names with
+    :meth:`of`, from a saved or TOML mapping with :func:`config_from_dict`.
+
+    Raises (on construction):
+        TitanError: one line naming the first bad option (within a section, then across them:
+            pipeline options without ``--layout mpmd``, a batch that does not split into
+            microbatches, a profiled range beyond ``--steps``).
     """
-    if not text:
-        return None
-    first, sep, last = text.partition(":")
-    try:
-        bounds = (int(first), int(last)) if sep else None
-    except ValueError:
-        bounds = None
-    if bounds is None:
-        raise TitanError(f"--profile-steps must be 'A:B' (two step numbers), got {text!r}")
-    if not 1 <= bounds[0] <= bounds[1] <= steps:
-        raise TitanError(
-            f"--profile-steps {text}: need 1 <= A <= B <= --steps ({steps}), got A={bounds[0]}, "
-            f"B={bounds[1]}"
+
+    model: ModelOptions = field(default_factory=ModelOptions)
+    optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
+    data: DataOptions = field(default_factory=DataOptions)
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    parallel: ParallelOptions = field(default_factory=ParallelOptions)
+    checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
+    observability: ObservabilityOptions = field(default_factory=ObservabilityOptions)
+    debugging: DebuggingOptions = field(default_factory=DebuggingOptions)
+    run: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        validate_train_config(self)
+
+    @classmethod
+    def of(cls, **options: Any) -> TrainConfig:
+        """The config with these options (flat names) over the defaults; values may be typed,
+        plain data or the texts the CLI takes (``profile_steps="5:150"``).
+
+        Raises:
+            TitanError: an unknown option name, or a bad value.
+        """
+        return TrainConfig().replace(**options)
+
+    def replace(self, **options: Any) -> TrainConfig:
+        """This config with some options (flat names) changed."""
+        by_name = _options_by_name()
+        unknown = sorted(set(options) - set(by_name))
+        if unknown:
+            raise TitanError(f"unknown option {unknown[0]!r} in config")
+        sections: dict[str, dict[str, Any]] = {}
+        for name, value in options.items():
+            option = by_name[name]
+            sections.setdefault(option.section, {})[option.field.name] = value
+        return dataclasses.replace(
+            self,
+            **{
+                name: dataclasses.replace(getattr(self, name), **values)
+                for name, values in sections.items()
+            },
         )
-    return bounds
+
+    def flat(self) -> dict[str, Any]:
+        """Every option's typed value by flat name."""
+        return {o.name: getattr(getattr(self, o.section), o.field.name) for o in option_fields()}
+
+    def record(self) -> dict[str, Any]:
+        """The flat form of the run records (``run_start``'s ``config``): numbers, names and
+        switches as they are, composite values as their CLI texts (``"3,5,5,3"``, ``"5:150"``),
+        as runs have always recorded them."""
+        return {
+            o.name: value if o.kind in CODECS_PLAIN else o.text(value)
+            for o, value in zip(option_fields(), self.flat().values(), strict=True)
+        }
 
 
 def validate_train_config(cfg: TrainConfig) -> None:
-    """Check option values on their own (no devices, no files).
+    """The checks across sections (each section checks its own options on construction); run
+    when a :class:`TrainConfig` is constructed.
 
     Raises:
         TitanError: one line naming the first bad option and what is allowed.
     """
-    for f in option_fields():
-        value = getattr(cfg, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise TitanError(f"{f.metadata['flag']} must be a finite number, got {value}")
-        choices = f.metadata.get("choices")
-        if choices and getattr(cfg, f.name) not in choices:
-            raise TitanError(
-                f"{f.metadata['flag']} must be one of {', '.join(choices)}, "
-                f"got {getattr(cfg, f.name)!r}"
-            )
-    _positive(cfg, ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"), 1)
-    _positive(cfg, ("fsdp", "tp", "pp", "microbatches", "virtual_stages", "timing_every"), 1)
-    _positive(cfg, ("dp", "warmup_steps", "debug_stall_at_step", "seed", "layer_unroll"), 0)
-    if cfg.seed >= 2**32:
-        raise TitanError(f"--seed must be < 2**32, got {cfg.seed}")
-    if cfg.watchdog_abort not in (0, 1):
-        raise TitanError(f"--watchdog-abort must be 0 or 1, got {cfg.watchdog_abort}")
-    if not cfg.watchdog_floor > 0 or not cfg.watchdog_factor > 0:
-        raise TitanError(
-            f"--watchdog-floor and --watchdog-factor must be > 0, got {cfg.watchdog_floor} and "
-            f"{cfg.watchdog_factor}"
-        )
-    if cfg.vocab_size < 259:
-        raise TitanError(
-            "--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), "
-            f"got {cfg.vocab_size}"
-        )
-    if not cfg.lr > 0:
-        raise TitanError(f"--lr must be > 0, got {cfg.lr}")
-    if not 0 <= cfg.min_lr_ratio <= 1:
-        raise TitanError(f"--min-lr-ratio must be within [0, 1], got {cfg.min_lr_ratio}")
-    for name in ("weight_decay", "grad_clip"):
-        if getattr(cfg, name) < 0:
-            raise TitanError(f"{flag_of(name)} must be >= 0, got {getattr(cfg, name)}")
-    parse_profile_steps(cfg.profile_steps, cfg.steps)
-    _validate_pipeline(cfg)
-    from titan.ops.registry import parse_overrides
-
-    parse_overrides(cfg.ops, source="--ops")
-    if cfg.run_id and (cfg.run_id.startswith(".") or "/" in cfg.run_id or "\\" in cfg.run_id):
-        raise TitanError(f"--run-id must be a plain folder name, got {cfg.run_id!r}")
-
-
-def _validate_pipeline(cfg: TrainConfig) -> None:
-    if cfg.layout == "spmd":
-        defaults = TrainConfig()
+    parallel = cfg.parallel
+    if parallel.layout == "spmd":
+        defaults = ParallelOptions()
         for name in ("pp", "microbatches", "virtual_stages", "schedule", "stage_layers"):
-            if getattr(cfg, name) != getattr(defaults, name):
+            if getattr(parallel, name) != getattr(defaults, name):
                 raise TitanError(f"{flag_of(name)} needs --layout mpmd")
-        return
-    if cfg.batch_size % cfg.microbatches:
+    else:
+        if cfg.data.batch_size % parallel.microbatches:
+            raise TitanError(
+                f"--batch-size {cfg.data.batch_size} is not a multiple of --microbatches "
+                f"{parallel.microbatches}"
+            )
+        parallel.check_schedule()
+    bounds, steps = cfg.observability.profile_steps, cfg.optimizer.steps
+    if bounds is not None and not 1 <= bounds[0] <= bounds[1] <= steps:
         raise TitanError(
-            f"--batch-size {cfg.batch_size} is not a multiple of --microbatches {cfg.microbatches}"
+            f"--profile-steps {bounds[0]}:{bounds[1]}: need 1 <= A <= B <= --steps ({steps}), "
+            f"got A={bounds[0]}, B={bounds[1]}"
         )
-    from titan.mpmd.schedules import check_schedule_options
-
-    check_schedule_options(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
 
 
-def config_from_dict(values: dict[str, Any]) -> TrainConfig:
-    """Build a :class:`TrainConfig` from a mapping (a saved ``config.json``'s ``train`` part).
+# --- saved configs and TOML files ---------------------------------------------------------------
+
+
+def config_to_data(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
+    """The sectioned plain-data form of ``cfg`` (``config.json``'s ``train``, TOML tables)."""
+    data: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for option in option_fields():
+        value = getattr(getattr(cfg, option.section), option.field.name)
+        data[option.section][option.field.name] = option.codec.dump(value)
+    return data
+
+
+def _is_sectioned(values: Mapping[str, Any]) -> bool:
+    return all(key in SECTIONS and isinstance(v, Mapping) for key, v in values.items())
+
+
+def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
+    """A :class:`TrainConfig` from a mapping: sectioned (``{"data": {"batch_size": 8}, ...}``,
+    as saved now and as TOML files hold it) or flat by option name (``config.json`` of runs
+    recorded before sections, ``watchdog_abort`` 0/1 and texts such as ``"5:150"`` included).
+    Missing options take their defaults.
 
     Raises:
-        TitanError: on an unknown option name.
+        TitanError: on an unknown section or option name, or a bad value.
     """
-    known = {f.name for f in option_fields()}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise TitanError(f"unknown option {unknown[0]!r} in config")
-    return TrainConfig(**values)
+    if not values or not _is_sectioned(values):
+        return TrainConfig.of(**values)
+    sections = {}
+    for name, options in values.items():
+        known = {f.name for f in dataclasses.fields(SECTIONS[name])}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TitanError(f"unknown option {unknown[0]!r} in config section [{name}]")
+        sections[name] = SECTIONS[name](**options)
+    return TrainConfig(**sections)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The options of a TOML config file (``--config``), by flat name: the file holds sections
+    as tables (``[data]`` ``batch_size = 8``), as :func:`config_to_toml` writes them.
+
+    Raises:
+        TitanError: unreadable file, bad TOML, unknown section or option.
+    """
+    try:
+        with open(path, "rb") as file:
+            values = tomllib.load(file)
+    except OSError as err:
+        raise TitanError(f"--config {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise TitanError(f"--config {path}: {err}") from None
+    by_field = {(o.section, o.field.name): o.name for o in option_fields()}
+    flat = {}
+    for section, options in values.items():
+        if section not in SECTIONS or not isinstance(options, dict):
+            raise TitanError(
+                f"--config {path}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
+            )
+        for key, value in options.items():
+            if (section, key) not in by_field:
+                raise TitanError(f"--config {path}: unknown option {key!r} in [{section}]")
+            flat[by_field[section, key]] = value
+    return flat
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    items = (
+        f"{json.dumps(k) if not k.isidentifier() else k} = {_toml_value(v)}"
+        for k, v in value.items()
+    )
+    return "{ " + ", ".join(items) + " }" if value else "{}"
+
+
+def config_to_toml(cfg: TrainConfig) -> str:
+    """``cfg`` as a TOML document, one table per section; :func:`read_config_file` reads it
+    back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
+    a writer of that much TOML is this function.)"""
+    lines: list[str] = []
+    for section, values in config_to_data(cfg).items():
+        lines += ["" if lines else None, f"[{section}]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConfig:
+    """The config of a resumed run: ``saved`` with the ``explicit`` options (flat names) that
+    may change on resume (:func:`resumable_options`); a saved profiled range is cut to a lowered
+    ``--steps``.
+
+    Raises:
+        TitanError: an explicit option that differs from the saved one and may not change.
+    """
+    by_name = _options_by_name()
+    current, recorded = saved.flat(), saved.record()
+    for name, value in explicit.items():
+        option = by_name[name]
+        if not option.resumable and option.coerce(value) != current[name]:
+            raise TitanError(
+                f"{option.flag} cannot change on --resume (the run used {recorded[name]!r}); "
+                "changeable: " + ", ".join(sorted(flag_of(n) for n in resumable_options()))
+            )
+    changes = dict(explicit)
+    if "profile_steps" not in explicit and saved.observability.profile_steps is not None:
+        steps = by_name["steps"].coerce(explicit.get("steps", saved.optimizer.steps))
+        first, last = saved.observability.profile_steps
+        changes["profile_steps"] = None if first > steps else (first, min(last, steps))
+    return saved.replace(**changes)
 
 
 def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
-    """The model shape of a run: its preset, with the vocabulary taken from the tokenizer when
-    the preset leaves it open (``vocab_size == 0``).
+    """The model shape of a run, with the vocabulary taken from the tokenizer when the shape
+    leaves it open (``vocab_size == 0``, the ``tiny`` preset).
 
     Raises:
-        TitanError: when the tokenizer has more pieces than the preset's embedding has rows.
+        TitanError: when the tokenizer has more pieces than the shape's embedding has rows.
     """
-    preset = PRESETS[cfg.preset]
-    if preset.vocab_size == 0:
-        return dataclasses.replace(preset, vocab_size=tokenizer_vocab)
-    if tokenizer_vocab > preset.vocab_size:
+    shape = cfg.model.shape
+    if shape.vocab_size == 0:
+        return dataclasses.replace(shape, vocab_size=tokenizer_vocab)
+    if tokenizer_vocab > shape.vocab_size:
         raise TitanError(
-            f"--tokenizer has {tokenizer_vocab} pieces but --preset {cfg.preset} embeds only "
-            f"{preset.vocab_size}"
+            f"--tokenizer has {tokenizer_vocab} pieces but --preset {shape.name} embeds only "
+            f"{shape.vocab_size}"
         )
-    return preset
+    return shape
+
+
+# --- command-line flags derived from the sections -----------------------------------------------
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    options: Iterator[Option] | tuple[Option, ...],
+    *,
+    explicit: bool,
+) -> None:
+    """Add a flag per option to ``parser``: switches as ``--x`` / ``--no-x``, numbers and names
+    with argparse's type and choices (argparse's own one-line errors), composite values as text
+    parsed when the config is constructed. ``--model`` also gets ``--preset`` (presets only).
+
+    Args:
+        explicit: default every flag to None, so that the options a user typed can be told from
+            the defaults (``titan train``, whose help then names each default); else the option's
+            default (``titan plan``, whose help formatter shows it).
+    """
+    types = {"int": int, "float": float}
+    for option in options:
+        default = option.default
+        help = option.help
+        if explicit and "(default:" not in help:
+            shown = default if option.kind in CODECS_PLAIN else option.text(default)
+            help = f"{help} (default: {shown!r})"
+        common = {"dest": option.name, "default": None if explicit else default, "help": help}
+        if option.kind == "bool":
+            parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
+            continue
+        if option.kind == "shape":
+            parser.add_argument(option.flag, metavar="PRESET|SHAPE", **common)
+            common["help"] = "a preset model shape (the same as --model NAME)"
+            parser.add_argument("--preset", choices=tuple(PRESETS), **common)
+            continue
+        parser.add_argument(
+            option.flag,
+            type=types.get(option.kind, str),
+            choices=option.choices or None,
+            metavar=None if option.choices else option.name.upper(),
+            **common,
+        )
+
+
+def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...]:
+    """The options of one section, in order; ``planner``: only those ``titan plan`` takes."""
+    return tuple(
+        o
+        for o in option_fields()
+        if o.section == section and (not planner or o.metadata.get("planner"))
+    )

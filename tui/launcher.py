@@ -32,10 +32,14 @@ def train_argv(config: TrainConfig, runs_root: Path, run_id: str) -> list[str]:
     by ``--flag value`` for each option of ``config`` that differs from its default."""
     argv = [sys.executable, "-m", "titan.cli", "train"]
     argv += ["--runs-root", str(runs_root), "--run-id", run_id]
-    for f in option_fields():
-        value = getattr(config, f.name)
-        if f.name not in _PLACEMENT and value != f.default:
-            argv += [f.metadata["flag"], str(value)]
+    defaults = TrainConfig().flat()
+    for option, value in zip(option_fields(), config.flat().values(), strict=True):
+        if option.name in _PLACEMENT or value == defaults[option.name]:
+            continue
+        if option.kind == "bool":
+            argv.append(option.flag if value else "--no-" + option.flag.removeprefix("--"))
+        else:
+            argv += [option.flag, option.text(value)]
     return argv
 
 
@@ -83,17 +87,17 @@ class LaunchedRun:
 def start_run(config: TrainConfig) -> LaunchedRun:
     """Create the run dir of ``config`` and start ``titan train`` in it.
 
-    The runs root is ``config.runs_root`` (or ``$TITAN_RUNS`` / ``./runs``), made absolute; the
-    run id is ``config.run_id`` or a fresh :func:`~titan.observability.records.new_run_id`.
+    The runs root is ``config.run.runs_root`` (or ``$TITAN_RUNS`` / ``./runs``), made absolute; the
+    run id is ``config.run.run_id`` or a fresh :func:`~titan.observability.records.new_run_id`.
 
     Raises:
         TitanError: ``--data`` or ``--tokenizer`` that ``titan train`` would refuse (checked
             first, so that no run dir is left), or a run dir that already exists.
         OSError: when the run dir or the child cannot be created.
     """
-    check_inputs(config.data, config.tokenizer)
-    runs_root = default_runs_root(config.runs_root).resolve()
-    run_id = config.run_id or new_run_id(config.preset)
+    check_inputs(config.data.corpus, config.data.tokenizer)
+    runs_root = default_runs_root(config.run.runs_root).resolve()
+    run_id = config.run.run_id or new_run_id(config.model.shape.name)
     run_dir = runs_root / run_id
     try:
         run_dir.mkdir(parents=True)

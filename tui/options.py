@@ -1,21 +1,19 @@
 """The launch form's model: ``TrainConfig`` options as text, and back to a validated config.
 
-The option list is never copied here: it comes from :func:`titan.config.option_fields`, and the
-check is :func:`titan.config.validate_train_config`, the same code the ``titan train`` CLI runs.
+The option list is never copied here: it comes from :func:`titan.config.option_fields` (section
+by section, keyed by flat option name), and the texts are parsed and checked by constructing the
+:class:`titan.config.TrainConfig`, the same code the ``titan train`` CLI runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from titan.config import TrainConfig, option_fields, validate_train_config
+from titan.config import Option, TrainConfig, option_fields
 from titan.errors import TitanError
 
-# Field types as the dataclass annotations spell them (the CLI parses with the same table).
-_PARSERS = {"int": int, "float": float, "str": str}
 # Form presets: options set over the defaults (by field name, as the form's texts).
 FORM_PRESETS: dict[str, dict[str, str]] = {
     "defaults": {},
@@ -33,7 +31,7 @@ FORM_PRESETS: dict[str, dict[str, str]] = {
         "steps": "40",
         "debug_stall_at_step": "10",
         "watchdog_floor": "5",
-        "watchdog_abort": "1",
+        "watchdog_abort": "true",
     },
 }
 
@@ -44,7 +42,7 @@ def default_texts(runs_root: Path) -> dict[str, str]:
     ``runs_root`` shows the console's own runs root (where the run dir will be created) instead
     of the empty default, so that the form tells where the run goes.
     """
-    texts = {f.name: str(f.default) for f in option_fields()}
+    texts = {o.name: o.text(o.default) for o in option_fields()}
     texts["runs_root"] = str(runs_root)
     return texts
 
@@ -54,34 +52,24 @@ def preset_texts(runs_root: Path, preset: str) -> dict[str, str]:
     return default_texts(runs_root) | FORM_PRESETS[preset]
 
 
-def parse_option(option: dataclasses.Field, text: str) -> Any:
+def parse_option(option: Option, text: str) -> Any:
     """The typed value of one option typed as ``text``.
 
     Raises:
         TitanError: when ``text`` is not a value of the option's type; the message has argparse's
-            wording, as ``titan train`` prints it for the same input.
+            wording for numbers, as ``titan train`` prints it for the same input.
     """
-    type_name = str(option.type)
-    value = text.strip() if type_name != "str" else text
-    try:
-        return _PARSERS[type_name](value)
-    except ValueError:
-        raise TitanError(
-            f"argument {option.metadata['flag']}: invalid {type_name} value: {value!r}"
-        ) from None
+    return option.coerce(text)
 
 
 def config_from_texts(texts: Mapping[str, str]) -> TrainConfig:
-    """Parse the form's texts (keyed by field name) into a validated :class:`TrainConfig`.
+    """Parse the form's texts (keyed by flat option name) into a validated :class:`TrainConfig`.
 
     Raises:
-        TitanError: one line naming the first bad option, from :func:`parse_option` or from
-            :func:`titan.config.validate_train_config`.
+        TitanError: one line naming the first bad option, from :func:`parse_option` or from the
+            config's own checks.
     """
-    values = {f.name: parse_option(f, texts[f.name]) for f in option_fields()}
-    config = TrainConfig(**values)
-    validate_train_config(config)
-    return config
+    return TrainConfig.of(**{o.name: parse_option(o, texts[o.name]) for o in option_fields()})
 
 
 def copies_of(config: TrainConfig, copies: int) -> list[TrainConfig]:
@@ -95,9 +83,7 @@ def copies_of(config: TrainConfig, copies: int) -> list[TrainConfig]:
         raise TitanError(f"copies must be >= 1, got {copies}")
     if copies == 1:
         return [config]
+    seed, run_id = config.run.seed, config.run.run_id
     return [
-        dataclasses.replace(
-            config, seed=config.seed + i, run_id=config.run_id and f"{config.run_id}-{i + 1}"
-        )
-        for i in range(copies)
+        config.replace(seed=seed + i, run_id=run_id and f"{run_id}-{i + 1}") for i in range(copies)
     ]

@@ -18,34 +18,14 @@ from __future__ import annotations
 import math
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from titan.config import ModelConfig
 from titan.ops import Ops
 from titan.parallel.sharding import ACTIVATION_AXES
+from titan.remat import REMAT_POLICIES
 
 INIT_STD = 0.02
-# Primitives of the fused attention kernels: cuDNN's forward (behind
-# ``jax.nn.dot_product_attention``) and Pallas kernels (titan.ops.providers).
-FUSED_ATTENTION_PRIMITIVES = ("dot_product_attention_fwd_wrapper", "pallas_call")
-
-
-def save_dots_and_fused_attention(prim, *args, **params) -> bool:
-    """Remat policy ``dots-attention``: what ``dots`` saves (matmul outputs without batch
-    dimensions) plus the outputs of fused attention kernels (output and softmax statistics),
-    so the backward pass does not rerun the attention forward; AXLearn's flash-attention remat
-    policy saves the same residuals."""
-    if prim.name in FUSED_ATTENTION_PRIMITIVES:
-        return True
-    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
-
-
-REMAT_POLICIES = {
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "dots-attention": save_dots_and_fused_attention,
-    "full": jax.checkpoint_policies.nothing_saveable,
-}
 
 
 def _param(module: nn.Module, name: str, axes: tuple[str, ...], shape: tuple[int, ...], std):
@@ -142,7 +122,9 @@ class LlamaStage(nn.Module):
         x = nn.with_logical_constraint(x, ACTIVATION_AXES)
         block = Block
         if self.remat != "none":
-            block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+            block = nn.remat(
+                Block, policy=REMAT_POLICIES[self.remat].jax_policy(), prevent_cse=False
+            )
         stack = nn.scan(
             block,
             variable_axes={"params": 0},

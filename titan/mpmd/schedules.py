@@ -9,7 +9,10 @@ Sec. 2.2.2). An action is (group, chunk, microbatch, kind) with kind one of ``F`
 the lists interleaved in dependency order and JAX's asynchronous dispatch runs groups
 concurrently.
 
-Schedules:
+Schedules, each registered once in :data:`SCHEDULES` (a :class:`ScheduleSpec`: builder, option
+check, bubble, in-flight bound). Config validation (``titan.config``), the executor
+(``titan.mpmd.pipeline``, ``titan.trainer.adapters``) and the planner (``titan.planning``) all
+ask the registry:
 
 - ``gpipe`` (Huang et al. 2019): all forwards, then all backwards.
 - ``1f1b`` (PipeDream-Flush, Narayanan et al. 2021, Sec. 2.2.1): ``pp - g - 1`` warm-up
@@ -27,16 +30,19 @@ backward times of one microbatch on one stage:
 - Interleaved: (pp - 1) / (v m + pp - 1) (ibid., Sec. 2.2.2: the bubble shrinks by v).
 - ZB-H1: the bubble is (pp - 1)(t_F + t_I - t_W) against 1F1B's (pp - 1)(t_F + t_I + t_W)
   (Qi et al. 2023, Sec. 3.1); with t_F = t_I = t_W this is (pp - 1) / (3 m + pp - 1).
+
+Each is (pp - 1) / (k + pp - 1) with k the schedule's busy time in microbatch-stage units (m,
+v m, 3 m: :attr:`ScheduleSpec.bubble_work`); the planner's bubble relative to the ideal step,
+(pp - 1) / k (:func:`bubble_ratio`), is the same formula.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from titan.errors import TitanError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "I", "W"
 
 
@@ -75,47 +81,24 @@ class Schedule:
         return self.pp * self.virtual_stages
 
     def in_flight_bound(self, group: int) -> int:
-        """Documented peak of microbatches whose residuals (forward activations) a group holds.
+        """Documented peak of microbatches whose residuals (forward activations) ``group``
+        holds: :attr:`ScheduleSpec.in_flight_bound` of this schedule."""
+        spec = SCHEDULES[self.name]
+        return spec.in_flight_bound(group, self.pp, self.microbatches, self.virtual_stages)
 
-        GPipe: m. 1F1B: pp - group. Interleaved: the warm-up forwards plus one,
-        ``2 (pp - group - 1) + (v - 1) pp + 1`` chunk-microbatches (Narayanan et al. 2021,
-        Sec. 2.2.2). ZB-H1 here: 1F1B's bound plus the ``pp - group - 1`` deferred W actions,
-        whose residuals stay alive until W runs.
-        """
-        p, m, v = self.pp, self.microbatches, self.virtual_stages
-        bound = {
-            "gpipe": m,
-            "1f1b": p - group,
-            "interleaved-1f1b": 2 * (p - group - 1) + (v - 1) * p + 1,
-            "zero-bubble": 2 * (p - group) - 1,
-        }[self.name]
-        return min(bound, m * v)
-
-
-def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
-    """Idle fraction of each group's step time (module docstring for formulas and sources)."""
-    m, p, v = microbatches, pp, virtual_stages
-    if name == "interleaved-1f1b":
-        return (p - 1) / (v * m + p - 1)
-    if name == "zero-bubble":
-        return (p - 1) / (3 * m + p - 1)
-    return (p - 1) / (m + p - 1)
-
-
-def check_schedule_options(name: str, pp: int, microbatches: int, virtual_stages: int) -> None:
-    """Raises TitanError (one line, naming the option) for combinations a schedule rejects."""
-    if name not in SCHEDULES:
-        raise TitanError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
-    if name == "interleaved-1f1b":
-        if virtual_stages < 2:
-            raise TitanError("--schedule interleaved-1f1b needs --virtual-stages >= 2")
-        if microbatches % pp:
-            raise TitanError(
-                f"--microbatches {microbatches} must be a multiple of --pp {pp} for "
-                "--schedule interleaved-1f1b"
-            )
-    elif virtual_stages != 1:
-        raise TitanError(f"--virtual-stages {virtual_stages} needs --schedule interleaved-1f1b")
+    def peak_in_flight(self, group: int) -> int:
+        """Microbatches whose residuals ``group`` holds at its peak, counted on its action list
+        (a forward makes one live, the backward that frees it, B or W, ends it)."""
+        live: set[tuple[int, int]] = set()
+        peak = 0
+        for action in self.groups[group]:
+            key = (action.chunk, action.microbatch)
+            if action.kind == FORWARD:
+                live.add(key)
+            elif action.kind in (BACKWARD, BACKWARD_WEIGHT):
+                live.discard(key)
+            peak = max(peak, len(live))
+        return peak
 
 
 def _one_f_one_b(group: int, pp: int, m: int, backward_kind: str) -> list[tuple[int, str]]:
@@ -127,12 +110,16 @@ def _one_f_one_b(group: int, pp: int, m: int, backward_kind: str) -> list[tuple[
     return order
 
 
-def _gpipe(group: int, pp: int, m: int) -> list[Action]:
+def _gpipe(group: int, pp: int, m: int, v: int) -> list[Action]:
     forwards = [Action(group, group, i, FORWARD) for i in range(m)]
     return forwards + [Action(group, group, i, BACKWARD) for i in range(m)]
 
 
-def _zero_bubble(group: int, pp: int, m: int) -> list[Action]:
+def _1f1b(group: int, pp: int, m: int, v: int) -> list[Action]:
+    return [Action(group, group, i, k) for i, k in _one_f_one_b(group, pp, m, BACKWARD)]
+
+
+def _zero_bubble(group: int, pp: int, m: int, v: int) -> list[Action]:
     deferred_limit = pp - group - 1
     actions: list[Action] = []
     pending: list[int] = []
@@ -166,6 +153,115 @@ def _interleaved(group: int, pp: int, m: int, v: int) -> list[Action]:
     return actions + [backward(k) for k in range(total - warmup, total)]
 
 
+def _check_one_chunk(name: str, pp: int, m: int, v: int) -> None:
+    if v != 1:
+        raise TitanError(f"--virtual-stages {v} needs --schedule interleaved-1f1b")
+
+
+def _check_interleaved(name: str, pp: int, m: int, v: int) -> None:
+    if v < 2:
+        raise TitanError("--schedule interleaved-1f1b needs --virtual-stages >= 2")
+    if m % pp:
+        raise TitanError(
+            f"--microbatches {m} must be a multiple of --pp {pp} for --schedule interleaved-1f1b"
+        )
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """Everything known about one pipeline schedule, registered once in :data:`SCHEDULES`.
+
+    Attributes:
+        name: the ``--schedule`` value.
+        short: label in the planner's tables.
+        builder: (group, pp, m, v) -> that group's ordered actions.
+        check: (name, pp, m, v) -> None; raises TitanError for options the schedule rejects.
+        bubble_work: (m, v) -> the pipeline's busy time in microbatch-stage units, k with the
+            bubble (pp - 1) / k of the ideal step time (module docstring, with sources).
+        in_flight: (group, pp, m, v) -> documented peak of chunk-microbatches whose residuals
+            the group holds (before the cap at m v).
+        split_backward: the backward runs as I and W actions (input, weight gradients).
+        virtual_stages: takes more than one model chunk per group.
+    """
+
+    name: str
+    short: str
+    builder: Callable[[int, int, int, int], list[Action]]
+    check: Callable[[str, int, int, int], None]
+    bubble_work: Callable[[int, int], float]
+    in_flight: Callable[[int, int, int, int], int]
+    split_backward: bool = False
+    virtual_stages: bool = False
+
+    def in_flight_bound(self, group: int, pp: int, m: int, v: int) -> int:
+        """Documented peak of chunk-microbatches in flight on ``group``, at most ``m v``:
+        GPipe m; 1F1B pp - group; interleaved the warm-up forwards plus one,
+        ``2 (pp - group - 1) + (v - 1) pp + 1`` (Narayanan et al. 2021, Sec. 2.2.2); ZB-H1 here
+        1F1B's bound plus the ``pp - group - 1`` deferred W actions, whose residuals stay alive
+        until W runs."""
+        return min(self.in_flight(group, pp, m, v), m * v)
+
+
+SCHEDULES: dict[str, ScheduleSpec] = {
+    spec.name: spec
+    for spec in (
+        ScheduleSpec(
+            "gpipe", "gpipe", _gpipe, _check_one_chunk, lambda m, v: m, lambda g, p, m, v: m
+        ),
+        ScheduleSpec(
+            "1f1b", "1f1b", _1f1b, _check_one_chunk, lambda m, v: m, lambda g, p, m, v: p - g
+        ),
+        ScheduleSpec(
+            "interleaved-1f1b",
+            "int",
+            _interleaved,
+            _check_interleaved,
+            lambda m, v: v * m,
+            lambda g, p, m, v: 2 * (p - g - 1) + (v - 1) * p + 1,
+            virtual_stages=True,
+        ),
+        ScheduleSpec(
+            "zero-bubble",
+            "zb",
+            _zero_bubble,
+            _check_one_chunk,
+            lambda m, v: 3 * m,
+            lambda g, p, m, v: 2 * (p - g) - 1,
+            split_backward=True,
+        ),
+    )
+}
+
+
+def schedule_spec(name: str) -> ScheduleSpec:
+    """The registered schedule ``name``.
+
+    Raises:
+        TitanError: ``name`` is not registered.
+    """
+    if name not in SCHEDULES:
+        raise TitanError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    return SCHEDULES[name]
+
+
+def check_schedule_options(name: str, pp: int, microbatches: int, virtual_stages: int) -> None:
+    """Raises TitanError (one line, naming the option) for combinations a schedule rejects."""
+    schedule_spec(name).check(name, pp, microbatches, virtual_stages)
+
+
+def bubble_ratio(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Pipeline idle time over the ideal (bubble-free) step time: (pp - 1) / k, k the schedule's
+    :attr:`ScheduleSpec.bubble_work` (module docstring); 0 without a pipeline."""
+    return (pp - 1) / schedule_spec(name).bubble_work(microbatches, virtual_stages)
+
+
+def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction of each group's step time, (pp - 1) / (k + pp - 1) (module docstring for
+    formulas and sources)."""
+    work = schedule_spec(name).bubble_work(microbatches, virtual_stages)
+    return (pp - 1) / (work + pp - 1)
+
+
 def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
     """The action lists of schedule ``name``, validated.
 
@@ -173,18 +269,9 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
         TitanError: options the schedule rejects, or a generated schedule that fails validation.
     """
     check_schedule_options(name, pp, microbatches, virtual_stages)
-    m = microbatches
-    if name == "gpipe":
-        groups = [_gpipe(g, pp, m) for g in range(pp)]
-    elif name == "1f1b":
-        groups = [
-            [Action(g, g, i, k) for i, k in _one_f_one_b(g, pp, m, BACKWARD)] for g in range(pp)
-        ]
-    elif name == "zero-bubble":
-        groups = [_zero_bubble(g, pp, m) for g in range(pp)]
-    else:
-        groups = [_interleaved(g, pp, m, virtual_stages) for g in range(pp)]
-    schedule = Schedule(name, pp, m, virtual_stages, tuple(tuple(g) for g in groups))
+    build = SCHEDULES[name].builder
+    groups = [build(g, pp, microbatches, virtual_stages) for g in range(pp)]
+    schedule = Schedule(name, pp, microbatches, virtual_stages, tuple(tuple(g) for g in groups))
     validate_schedule(schedule)
     return schedule
 
@@ -202,9 +289,9 @@ def _dependencies(action: Action, chunks: int) -> list[tuple[int, int, str]]:
 
 
 def _expected(schedule: Schedule) -> set[tuple[int, int, str]]:
-    kinds = {FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT}
-    if schedule.name != "zero-bubble":
-        kinds = {FORWARD, BACKWARD}
+    kinds = {FORWARD, BACKWARD}
+    if SCHEDULES[schedule.name].split_backward:
+        kinds = {FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT}
     return {
         (c, i, k)
         for c in range(schedule.chunks)
@@ -265,16 +352,8 @@ def validate_schedule(schedule: Schedule) -> None:
     if len(seen) != len(set(seen)) or set(seen) != _expected(schedule):
         raise TitanError(f"schedule {schedule.name}: actions missing or repeated")
     execution_order(schedule)
-    for g, actions in enumerate(schedule.groups):
-        live: dict[tuple[int, int], int] = defaultdict(int)
-        peak = 0
-        for action in actions:
-            key = (action.chunk, action.microbatch)
-            if action.kind == FORWARD:
-                live[key] = 1
-            elif action.kind in (BACKWARD, BACKWARD_WEIGHT):
-                live.pop(key, None)
-            peak = max(peak, len(live))
+    for g in range(schedule.pp):
+        peak = schedule.peak_in_flight(g)
         if peak > schedule.in_flight_bound(g):
             raise TitanError(
                 f"schedule {schedule.name}: group {g} holds {peak} microbatches in flight, "

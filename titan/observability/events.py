@@ -191,7 +191,8 @@ class RunStart(Event):
     type: ClassVar[str] = "run_start"
 
     config: dict[str, Any] | None = _field(
-        "the run's options (``titan.config.TrainConfig`` as a dict)"
+        "the run's options by flat name (``titan.config.TrainConfig.record``: composite "
+        "values as their CLI texts, e.g. ``stage_layers`` ``3,5,5,3``)"
     )
     model: dict[str, Any] | None = _field("the model shape (``titan.config.ModelConfig``)")
     param_count: int | None = _field("parameters of the model", "parameters")

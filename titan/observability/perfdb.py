@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from titan.config import ModelConfig
+from titan.config import ModelConfig, perf_key_options
 from titan.observability.ettr import split_attempts
 from titan.observability.events import Checkpoint, Event, Profile, RunStart, Step
 from titan.planning.gpus import gpu_for_device_kind
@@ -37,24 +37,8 @@ from titan.planning.step import Measurement
 WARMUP_STEPS = 3
 REGRESSION_THRESHOLD = 0.05
 KEY_COLUMNS = ("model", "layout", "device_kind", "device_count", "jax_version", "jaxlib_version")
-LAYOUT_OPTIONS = (
-    "layout",
-    "dp",
-    "fsdp",
-    "tp",
-    "pp",
-    "microbatches",
-    "schedule",
-    "virtual_stages",
-    "stage_layers",
-    "batch_size",
-    "seq_len",
-    "param_dtype",
-    "compute_dtype",
-    "remat",
-    "attention_mask",
-    "layer_unroll",
-)
+# Options of the run's config in the key: those marked ``perf`` in titan.config's sections.
+LAYOUT_OPTIONS = perf_key_options()
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS perf (run_id VARCHAR PRIMARY KEY, model JSON, layout JSON,

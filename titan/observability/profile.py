@@ -35,8 +35,8 @@ class StepProfiler:
     """Starts and stops the trace around the steps of ``--profile-steps``.
 
     Args:
-        steps: (A, B), 1-based and inclusive (:func:`titan.config.parse_profile_steps`), or
-            None for no trace.
+        steps: (A, B), 1-based and inclusive
+            (``titan.config.ObservabilityOptions.profile_steps``), or None for no trace.
         record: the run's record; the trace goes to ``record.run_dir / PROFILE_DIR``.
     """
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from titan.errors import TitanError
+from titan.parsing import parse_assignments
 
 OPS = ("attention", "rms_norm", "rope", "swiglu", "cross_entropy")
 NATIVE = "native"
@@ -142,14 +143,7 @@ def parse_overrides(text: str, source: str = "TITAN_OPS") -> dict[str, str]:
     Raises:
         TitanError: on a malformed entry, an op named twice, an unknown op or an unknown provider.
     """
-    overrides = {}
-    for entry in filter(None, (part.strip() for part in text.split(","))):
-        op, sep, name = (part.strip() for part in entry.partition("="))
-        if not sep:
-            raise TitanError(f"{source} entry {entry!r} must look like op=provider")
-        if op in overrides:
-            raise TitanError(f"{source} names op {op!r} twice")
-        overrides[op] = name
+    overrides = parse_assignments(text, source, shape="op=provider")
     check_overrides(overrides)
     return overrides
 

@@ -11,11 +11,11 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from titan.config import REMAT_POLICIES, ModelConfig
+from titan.config import ModelConfig
 from titan.errors import TitanError
+from titan.mpmd.schedules import SCHEDULES
 from titan.planning.gpus import GpuSpec
 from titan.planning.memory import (
-    SCHEDULES,
     Layout,
     MemoryBreakdown,
     Precision,
@@ -23,6 +23,7 @@ from titan.planning.memory import (
     memory_per_device,
 )
 from titan.planning.step import Cluster, StepEstimate, estimate_step, model_flops_utilization
+from titan.remat import REMAT_POLICIES
 
 # Average board power during training as a fraction of TDP: Latif et al. 2025, "Empirically
 # calibrated H100 node power models for reducing uncertainty in AI training energy estimation"
@@ -230,8 +231,8 @@ def _schedules(model: ModelConfig, pp: int, m: int) -> Iterator[tuple[str, int]]
         return
     if m < pp:
         return
-    for schedule in SCHEDULES:
-        if schedule != "interleaved-1f1b":
+    for schedule, spec in SCHEDULES.items():
+        if not spec.virtual_stages:
             yield schedule, 1
         elif m % pp == 0:
             for virtual in (2, 4):

@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from titan.config import DTYPES, REMAT_POLICIES
+from titan.config import ParallelOptions, add_arguments, section_options
 from titan.errors import TitanError
+from titan.mpmd.schedules import SCHEDULES
 from titan.planning.budget import Plan, PlanRequest, plan, search
 from titan.planning.gpus import CATALOG, find_gpu
-from titan.planning.memory import SCHEDULES, Layout, Precision
+from titan.planning.memory import Layout, Precision
 from titan.planning.models import ATTENTION_KERNELS, resolve_model
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
@@ -37,13 +38,30 @@ def add_parser(subparsers: Any) -> None:
         "with --search, for every layout that fits.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", required=True, help="preset name or d_model=..,n_layers=..,...")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="PRESET|SHAPE",
+        help="a preset or d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. "
+        "(as titan train --model takes it)",
+    )
     p.add_argument("--gpu", required=True, help=f"GPU model: {', '.join(CATALOG)}")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU's server")
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
-    p.add_argument(
-        "--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="global batch, tokens"
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=DEFAULT_BATCH_TOKENS,
+        help="global batch, tokens (or --batch-size)",
+    )
+    batch.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="global batch in sequences per step, as titan train names it (tokens: --batch-size "
+        "x --seq-len)",
     )
     p.add_argument("--tokens", type=float, required=True, help="training budget, tokens")
     p.add_argument(
@@ -52,18 +70,9 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="price per GPU-hour in any currency (adds the cost, in that currency)",
     )
-    p.add_argument("--dp", type=int, default=0, help="data parallel (0: GPUs left)")
-    p.add_argument("--fsdp", type=int, default=1, help="fully-sharded data parallel")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--microbatches", type=int, default=1, help="microbatches per step")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
-    p.add_argument("--virtual-stages", type=int, default=1, help="chunks per stage")
-    p.add_argument("--remat", choices=REMAT_POLICIES, default="none", help="recomputation")
-    p.add_argument("--param-dtype", choices=DTYPES, default="float32", help="master weights")
-    p.add_argument(
-        "--compute-dtype", choices=("auto", *DTYPES), default="auto", help="matmul dtype"
-    )
+    add_arguments(p, section_options("parallel", planner=True), explicit=False)
+    model = {o.name: o for o in section_options("compute", planner=True)}
+    add_arguments(p, [model[n] for n in ("remat", "param_dtype", "compute_dtype")], explicit=False)
     p.add_argument(
         "--attention",
         choices=ATTENTION_KERNELS,
@@ -103,6 +112,20 @@ def load_calibration(path: Path | None) -> dict[str, float]:
     return {find_gpu(name).name: float(value) for name, value in mapping.items()}
 
 
+def batch_tokens(args: argparse.Namespace) -> int:
+    """The global batch in tokens: ``--batch-size`` sequences x ``--seq-len`` when given, else
+    ``--batch-tokens`` (default :data:`DEFAULT_BATCH_TOKENS`).
+
+    Raises:
+        TitanError: ``--batch-size`` below 1.
+    """
+    if args.batch_size is not None:
+        if args.batch_size < 1:
+            raise TitanError(f"--batch-size must be >= 1, got {args.batch_size}")
+        return args.batch_size * args.seq_len
+    return args.batch_tokens
+
+
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     """The :class:`PlanRequest` of the command line.
 
@@ -117,7 +140,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         gpus=args.gpus,
         gpus_per_node=gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node,
         seq_len=args.seq_len,
-        batch_tokens=args.batch_tokens,
+        batch_tokens=batch_tokens(args),
         tokens=args.tokens,
         price_per_gpu_hour=args.price,
         precision=Precision(args.param_dtype, compute, args.attention),
@@ -126,27 +149,16 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
-    """The layout flags, with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
+    """The layout flags (:class:`titan.config.ParallelOptions`, the options ``titan train``
+    takes), with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
 
     Raises:
-        TitanError: a size below 1.
+        TitanError: a size below its minimum, an unknown schedule.
     """
-    for flag in ("fsdp", "tp", "pp", "microbatches", "virtual_stages"):
-        if getattr(args, flag) < 1:
-            raise TitanError(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.dp < 0:
-        raise TitanError("--dp must be >= 0")
-    dp = args.dp or max(args.gpus // (args.fsdp * args.tp * args.pp), 1)
-    return Layout(
-        dp=dp,
-        fsdp=args.fsdp,
-        tp=args.tp,
-        pp=args.pp,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
-        remat=args.remat,
+    parallel = ParallelOptions(
+        **{o.field.name: getattr(args, o.name) for o in section_options("parallel", planner=True)}
     )
+    return Layout.from_parallel(parallel, args.gpus, args.remat)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,13 +275,10 @@ def _print_plan(p: Plan) -> None:
     console.print(totals)
 
 
-_SCHEDULE_SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "int", "zero-bubble": "zb"}
-
-
 def _schedule_cell(layout: Layout) -> str:
     if layout.pp == 1:
         return "-"
-    short = _SCHEDULE_SHORT[layout.schedule]
+    short = SCHEDULES[layout.schedule].short
     return f"{short}x{layout.virtual_stages}" if layout.virtual_stages > 1 else short
 
 

@@ -26,24 +26,17 @@ activations), adapted to what Titan's Llama saves for the backward pass (counted
 ``jax.ad_checkpoint.print_saved_residuals`` on ``titan.models.llama``): RMSNorm keeps its float32
 input and normalised output, SwiGLU keeps its two float32 projections, there is no dropout, keys
 and values are ``n_kv_heads`` wide (GQA), and attention keeps either the (s, s) probabilities
-(``materialized``) or only a log-sum-exp per head (``flash``, Dao et al. 2022). Per token and
-layer, with ``p`` the compute-dtype bytes and d, kv, f, h, s the model width, key/value width,
-MLP width, heads and sequence length:
-
-- ``none``: replicated (16 + 2p) d + 16; sharded by TP 2p d + 2p kv + (20 + p) f, plus
-  (4 + p) h s and 8 h for materialized attention or 4 h for flash;
-- ``dots``: replicated 2p d (the layer input and the attention output); sharded p d (queries)
-  + 2p kv + 2p f (the gate and up projections, matmul outputs in the compute dtype);
-- ``dots-attention``: ``dots`` plus the fused attention kernel's output p d and its float32
-  log-sum-exp 4 h, sharded;
-- ``full``: the layer input only, p d, replicated.
+(``materialized``) or only a log-sum-exp per head (``flash``, Dao et al. 2022). The bytes per
+token and layer that each ``--remat`` policy saves are registered with the policy
+(``titan.remat.REMAT_POLICIES``, ``RematPolicy.saved``), next to the JAX policy the model runs.
 
 Without sequence parallelism the replicated part stays whole on every TP rank (Korthikanti
 et al. 2022, Sec. 4.2.2: s b h (10 + 24 / t + 5 a s / (h t))); with it (``sequence_parallel``)
 everything divides by ``tp`` (ibid., s b h (34 + 5 a s / h) / t). Titan's SPMD rules do not
 shard the sequence today, so the planner assumes no sequence parallelism.
 
-Microbatches in flight on the first pipeline stage (Narayanan et al. 2021, "Efficient
+Microbatches in flight on the first pipeline stage, registered with each schedule
+(``titan.mpmd.schedules.ScheduleSpec.in_flight_bound``; Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2): GPipe keeps
 all ``m``; 1F1B keeps ``pp``; ZB-H1 keeps ``pp`` in Qi et al. 2023 (Sec. 3.1), whose W
 needs only stashed inputs and output gradients, but ``2 pp - 1`` in Titan, whose W reruns the
@@ -79,13 +72,14 @@ import functools
 import math
 from dataclasses import dataclass
 
-from titan.config import ModelConfig
+from titan.config import ModelConfig, ParallelOptions
 from titan.errors import TitanError
+from titan.mpmd.schedules import SCHEDULES, check_schedule_options
 from titan.planning.gpus import GpuSpec
 from titan.planning.models import kv_dim, layer_matmul_params
+from titan.remat import REMAT_POLICIES
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 # Allowance for framework and compiler workspace on an accelerator, bytes. Assumed: cuBLAS
 # workspaces (tens of MiB per stream), cuDNN attention workspace, XLA temporaries the model does
 # not count and allocator fragmentation; to be replaced by the measured residual of
@@ -119,6 +113,22 @@ class Layout:
     virtual_stages: int = 1
     remat: str = "none"
     sequence_parallel: bool = False
+
+    @classmethod
+    def from_parallel(cls, parallel: ParallelOptions, gpus: int, remat: str) -> Layout:
+        """The layout of ``titan train``'s parallel options on ``gpus`` GPUs: ``dp`` 0 takes the
+        GPUs left by fsdp x tp x pp."""
+        dp = parallel.dp or max(gpus // (parallel.fsdp * parallel.tp * parallel.pp), 1)
+        return cls(
+            dp=dp,
+            fsdp=parallel.fsdp,
+            tp=parallel.tp,
+            pp=parallel.pp,
+            microbatches=parallel.microbatches,
+            schedule=parallel.schedule,
+            virtual_stages=parallel.virtual_stages,
+            remat=remat,
+        )
 
     @property
     def devices(self) -> int:
@@ -170,20 +180,12 @@ def check_layout(model: ModelConfig, layout: Layout, gpus: int, batch_sequences:
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
-    if layout.schedule not in SCHEDULES:
-        raise TitanError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+    check_schedule_options(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     chunks = layout.pp * layout.virtual_stages
     if chunks > model.n_layers:
         raise TitanError(
             f"--pp {layout.pp} x --virtual-stages {layout.virtual_stages} = {chunks} chunks "
             f"for {model.n_layers} layers"
-        )
-    if layout.virtual_stages > 1 and layout.schedule != "interleaved-1f1b":
-        raise TitanError("--virtual-stages > 1 needs --schedule interleaved-1f1b")
-    if layout.schedule == "interleaved-1f1b" and layout.microbatches % layout.pp:
-        raise TitanError(
-            f"--schedule interleaved-1f1b needs --microbatches ({layout.microbatches}) to be "
-            f"a multiple of --pp ({layout.pp})"
         )
 
 
@@ -195,17 +197,13 @@ def stage_layers(model: ModelConfig, layout: Layout) -> int:
 
 def in_flight_microbatches(layout: Layout) -> float:
     """Microbatches whose activations the first stage holds at its peak, in units of one
-    microbatch through all of the stage's layers (module docstring)."""
-    pp, m = layout.pp, layout.microbatches
+    microbatch through all of the stage's layers: the schedule's registered bound on chunk-
+    microbatches in flight (``titan.mpmd.schedules.ScheduleSpec.in_flight_bound``, which the
+    executor's validator checks on every schedule it runs), over the chunks per stage."""
+    pp, m, v = layout.pp, layout.microbatches, layout.virtual_stages
     if pp == 1:
         return 1.0
-    if layout.schedule == "gpipe":
-        return float(m)
-    if layout.schedule == "interleaved-1f1b":
-        return min(pp * (1 + (pp - 1) / (pp * layout.virtual_stages)), float(m))
-    if layout.schedule == "zero-bubble":
-        return float(min(2 * pp - 1, m))
-    return float(min(pp, m))
+    return SCHEDULES[layout.schedule].in_flight_bound(0, pp, m, v) / v
 
 
 @dataclass(frozen=True)
@@ -229,19 +227,13 @@ def layer_activation_bytes(
     """Bytes per token that one decoder layer keeps for the backward pass (module docstring).
 
     Args:
-        remat: ``none``, ``dots`` or ``full``.
+        remat: a :data:`titan.remat.REMAT_POLICIES` name, whose ``saved`` it prices.
         compute_bytes: bytes of the compute dtype (2 for bfloat16, 4 for float32).
         attention: ``flash`` or ``materialized``.
     """
-    p, d, kv, f, h = compute_bytes, model.d_model, kv_dim(model), model.ffn_dim, model.n_heads
-    if remat == "full":
-        return ActivationBytes(p * d, 0.0)
-    if remat == "dots":
-        return ActivationBytes(2 * p * d, p * d + 2 * p * kv + 2 * p * f)
-    if remat == "dots-attention":
-        return ActivationBytes(2 * p * d, 2 * p * d + 2 * p * kv + 2 * p * f + 4 * h)
-    scores = (4 + p) * h * seq_len + 8 * h if attention == "materialized" else 4 * h
-    return ActivationBytes((16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + (20 + p) * f + scores)
+    d, kv, f, h = model.d_model, kv_dim(model), model.ffn_dim, model.n_heads
+    saved = REMAT_POLICIES[remat].saved(compute_bytes, d, kv, f, h, seq_len, attention)
+    return ActivationBytes(*saved)
 
 
 @functools.cache

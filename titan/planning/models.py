@@ -29,18 +29,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from titan.config import PRESETS, REMAT_POLICIES, ModelConfig, TrainConfig
-from titan.errors import TitanError
+from titan.config import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
+from titan.remat import REMAT_POLICIES
 
 ATTENTION_CONVENTIONS = ("causal", "full")
 # How attention is computed: "flash" (a fused kernel, O(s) memory, skips masked blocks) or
 # "materialized" (the ``native`` provider of titan.ops: the (s, s) scores exist in memory).
 ATTENTION_KERNELS = ("flash", "materialized")
-_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
 
 
 def resolve_model(text: str) -> ModelConfig:
-    """A preset name (``llama3-70b``) or a custom shape (``d_model=...,n_layers=...,...``).
+    """A preset name (``llama3-70b``) or a custom shape (``d_model=...,n_layers=...,...``), as
+    ``titan train --model`` takes it (:func:`titan.config.parse_model`).
 
     The ``tiny`` preset takes its vocabulary from a tokenizer trained per corpus; here it gets the
     default ``--vocab-size`` of ``titan train`` (4096).
@@ -48,44 +48,10 @@ def resolve_model(text: str) -> ModelConfig:
     Raises:
         TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
     """
-    name = text.strip().lower()
-    if name in PRESETS:
-        preset = PRESETS[name]
-        if preset.vocab_size == 0:
-            return dataclasses.replace(preset, vocab_size=TrainConfig().vocab_size)
-        return preset
-    if "=" not in name:
-        raise TitanError(
-            f"--model {text!r} is not a preset ({', '.join(PRESETS)}) nor a shape like "
-            "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256"
-        )
-    values: dict[str, int] = {}
-    for entry in filter(None, (part.strip() for part in name.split(","))):
-        key, _, value = entry.partition("=")
-        if key not in _SHAPE_FIELDS:
-            raise TitanError(f"--model: unknown field {key!r}; fields: {', '.join(_SHAPE_FIELDS)}")
-        try:
-            values[key] = int(float(value))
-        except ValueError:
-            raise TitanError(f"--model: {key} must be a number, got {value!r}") from None
-    missing = [key for key in _SHAPE_FIELDS if key not in values]
-    if missing:
-        raise TitanError(f"--model: missing {', '.join(missing)}")
-    shape = ModelConfig("custom", **values)
-    _check_shape(shape)
+    shape = parse_model(text)
+    if shape.vocab_size == 0:
+        return dataclasses.replace(shape, vocab_size=DEFAULT_VOCAB_SIZE)
     return shape
-
-
-def _check_shape(m: ModelConfig) -> None:
-    for key in _SHAPE_FIELDS:
-        if getattr(m, key) < 1:
-            raise TitanError(f"--model: {key} must be >= 1, got {getattr(m, key)}")
-    if m.d_model % m.n_heads:
-        raise TitanError(f"--model: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
-    if m.n_heads % m.n_kv_heads:
-        raise TitanError(
-            f"--model: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
-        )
 
 
 def kv_dim(m: ModelConfig) -> int:
@@ -135,19 +101,15 @@ def model_flops_per_token(m: ModelConfig, seq_len: int, convention: str = "causa
 
 
 def layer_recompute_flops(f: TokenFlops, remat: str) -> float:
-    """Forward FLOPs per token and layer redone in the backward pass under ``remat``.
+    """Forward FLOPs per token and layer redone in the backward pass under ``remat``
+    (``titan.remat.RematPolicy.recomputed``).
 
     Raises:
         ValueError: unknown remat policy.
     """
     if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {remat!r}")
-    return {
-        "none": 0.0,
-        "dots": f.layer_attention,
-        "dots-attention": 0.0,
-        "full": f.layer_matmul + f.layer_attention,
-    }[remat]
+        raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {remat!r}")
+    return REMAT_POLICIES[remat].recomputed(f.layer_matmul, f.layer_attention)
 
 
 def hardware_flops_per_token(m: ModelConfig, seq_len: int, remat: str, convention: str) -> float:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from titan.config import ModelConfig
+from titan.mpmd.schedules import SCHEDULES, bubble_ratio
 from titan.planning import collectives
 from titan.planning.gpus import GpuSpec
 from titan.planning.memory import (
@@ -90,15 +91,12 @@ OPTIMIZER_PASSES = 10
 
 
 def bubble_fraction(layout: Layout) -> float:
-    """Idle pipeline time as a fraction of the ideal (bubble-free) step time."""
-    pp, m, v = layout.pp, layout.microbatches, layout.virtual_stages
-    if pp == 1:
+    """Idle pipeline time as a fraction of the ideal (bubble-free) step time, from the schedule
+    registry (``titan.mpmd.schedules.bubble_ratio``, the formula behind the executor's
+    ``theoretical_bubble``)."""
+    if layout.pp == 1:
         return 0.0
-    if layout.schedule == "interleaved-1f1b":
-        return (pp - 1) / (v * m)
-    if layout.schedule == "zero-bubble":
-        return (pp - 1) / (3 * m)
-    return (pp - 1) / m
+    return bubble_ratio(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
 
 
 def achievable_fraction(gpu: GpuSpec, calibration: Mapping[str, float]) -> float:
@@ -194,7 +192,7 @@ def estimate_step(
     recompute = layer_recompute_flops(flops, layout.remat)
     layer_flops = 3 * (flops.layer_matmul + flops.layer_attention) + recompute
     head_passes = 3
-    if layout.pp > 1 and layout.schedule == "zero-bubble":
+    if layout.pp > 1 and SCHEDULES[layout.schedule].split_backward:
         # Titan's split backward re-derives the activation-gradient chain in W (module
         # docstring): one more forward's worth of matmuls and the recomputation again.
         layer_flops += flops.layer_matmul + flops.layer_attention + recompute

@@ -32,9 +32,9 @@ from titan.trainer.state import Trainer
 def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
     """``--compute-dtype``, with ``auto`` meaning bfloat16 on accelerators and float32 on CPU
     (XLA:CPU has no fast bfloat16 matmul)."""
-    if cfg.compute_dtype == "auto":
+    if cfg.compute.compute_dtype == "auto":
         return jnp.dtype(jnp.float32 if backend == "cpu" else jnp.bfloat16)
-    return jnp.dtype(cfg.compute_dtype)
+    return jnp.dtype(cfg.compute.compute_dtype)
 
 
 def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
@@ -42,19 +42,12 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
     return LlamaAdapter(
         model_cfg,
         ops,
-        cfg.seq_len,
-        remat=cfg.remat,
-        layer_unroll=cfg.layer_unroll,
-        document_mask=cfg.attention_mask == "document",
-        param_dtype=jnp.dtype(cfg.param_dtype),
+        cfg.data.seq_len,
+        remat=cfg.compute.remat,
+        layer_unroll=cfg.compute.layer_unroll,
+        document_mask=cfg.compute.attention_mask == "document",
+        param_dtype=jnp.dtype(cfg.compute.param_dtype),
     )
-
-
-def _stage_layers(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",")) if text else ()
-    except ValueError:
-        raise TitanError(f"--stage-layers {text!r} must be integers") from None
 
 
 def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
@@ -67,28 +60,26 @@ def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
 
 
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
-    """The trainer for ``cfg.layout``, validated against the devices present.
+    """The trainer for ``cfg.parallel.layout``, validated against the devices present.
 
     Raises:
         TitanError: the layout does not fit the devices, the layers do not split into the
             chunks asked for, or a batch/parameter dimension does not divide its mesh axis.
     """
-    pp = cfg.pp if cfg.layout == "mpmd" else 1
-    meshes = build_stage_meshes(cfg.dp, cfg.fsdp, cfg.tp, pp)
+    par, batch_size, grad_clip = cfg.parallel, cfg.data.batch_size, cfg.optimizer.grad_clip
+    pp = par.pp if par.layout == "mpmd" else 1
+    meshes = build_stage_meshes(par.dp, par.fsdp, par.tp, pp)
     adapter = build_adapter(cfg, model_cfg, ops)
     dtype = compute_dtype(cfg, jax.default_backend())
     optimizer = build_optimizer(cfg)
-    if cfg.layout == "spmd":
+    if par.layout == "spmd":
         chunks = plan_chunks(adapter.n_layers, 1, 1)
         _check_model_state(adapter, chunks)
-        return SpmdTrainer(
-            adapter, meshes[0], chunks, *optimizer, dtype, cfg.grad_clip, cfg.batch_size
-        )
-    stage_layers = _stage_layers(cfg.stage_layers)
-    label = f"--preset {cfg.preset}"
-    chunks = plan_chunks(adapter.n_layers, pp, cfg.virtual_stages, stage_layers, label)
+        return SpmdTrainer(adapter, meshes[0], chunks, *optimizer, dtype, grad_clip, batch_size)
+    label = f"--preset {cfg.model.shape.name}"
+    chunks = plan_chunks(adapter.n_layers, pp, par.virtual_stages, par.stage_layers, label)
     _check_model_state(adapter, chunks)
-    schedule = build_schedule(cfg.schedule, pp, cfg.microbatches, cfg.virtual_stages)
+    schedule = build_schedule(par.schedule, pp, par.microbatches, par.virtual_stages)
     return PipelineTrainer.build(
         adapter,
         meshes,
@@ -96,7 +87,7 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
         schedule,
         optimizer,
         dtype,
-        cfg.batch_size,
-        cfg.grad_clip,
-        cfg.timing_every,
+        batch_size,
+        grad_clip,
+        cfg.observability.timing_every,
     )

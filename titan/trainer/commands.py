@@ -1,17 +1,27 @@
-"""``titan train``: its options are derived from :class:`titan.config.TrainConfig`'s fields.
+"""``titan train``: its options are derived from :class:`titan.config.TrainConfig`'s sections,
+one argument group per section.
 
 Options default to ``None`` here so that ``--resume`` can tell the options a user typed from the
-saved ones.
+saved ones. ``--config FILE.toml`` reads options from a file (sections as tables), flags override
+it; ``--print-config`` prints the resolved config as TOML and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from titan.config import option_fields
-
-_TYPES = {"int": int, "float": float, "str": str}
+from titan.config import (
+    SECTIONS,
+    TrainConfig,
+    add_arguments,
+    config_to_toml,
+    option_fields,
+    read_config_file,
+    section_options,
+)
+from titan.trainer.resume import resume_options
 
 
 def add_parser(subparsers: Any) -> None:
@@ -20,22 +30,28 @@ def add_parser(subparsers: Any) -> None:
         "train",
         help="train a Llama model",
         description="Train a Llama model and record the run (events.jsonl, config.json, "
-        "tokenizer, orbax checkpoints) in <runs root>/<run id>/.",
+        "tokenizer, orbax checkpoints) in <runs root>/<run id>/. The batch is named in "
+        "sequences (--batch-size) of --seq-len tokens, as in titan plan.",
     )
-    for f in option_fields():
-        meta = f.metadata
-        train.add_argument(
-            meta["flag"],
-            dest=f.name,
-            type=_TYPES[str(f.type)],
-            choices=meta.get("choices"),
-            default=None,
-            metavar=None if meta.get("choices") else f.name.upper(),
-            help=meta["help"]
-            if "(default:" in meta["help"]
-            else f"{meta['help']} (default: {f.default!r})",
-        )
-    train.add_argument(
+    for section, cls in SECTIONS.items():
+        summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split()).replace("``", "")
+        group = train.add_argument_group(f"{section} options", summary)
+        add_arguments(group, section_options(section), explicit=True)
+    files = train.add_argument_group("config files and runs")
+    files.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="read options from a TOML file with one table per section ([data] batch_size = 8, "
+        "as --print-config writes it); flags given here override the file",
+    )
+    files.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (defaults, --config file, --resume run, flags) as TOML "
+        "and exit",
+    )
+    files.add_argument(
         "--resume",
         metavar="RUN_DIR",
         default=None,
@@ -46,14 +62,24 @@ def add_parser(subparsers: Any) -> None:
 
 
 def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``TrainConfig`` options the user actually gave on the command line."""
-    return {
-        f.name: getattr(args, f.name) for f in option_fields() if getattr(args, f.name) is not None
-    }
+    """The ``TrainConfig`` options (flat names) of the ``--config`` file and of the command line
+    (which wins), only those given."""
+    options = read_config_file(args.config) if getattr(args, "config", None) else {}
+    for option in option_fields():
+        if getattr(args, option.name) is not None:
+            options[option.name] = getattr(args, option.name)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``titan train``; returns the exit code."""
+    options = explicit_options(args)
+    if args.print_config:
+        cfg = (
+            resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
+        )
+        print(config_to_toml(cfg), end="")
+        return 0
     from titan.trainer.train import train_from_cli
 
-    return train_from_cli(explicit_options(args), args.resume)
+    return train_from_cli(options, args.resume)

@@ -22,13 +22,14 @@ ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
     """Learning rate (per step, unitless multiplier of the update) as a function of the step."""
-    warmup = min(cfg.warmup_steps, cfg.steps)
+    opt = cfg.optimizer
+    warmup = min(opt.warmup_steps, opt.steps)
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=cfg.lr,
+        peak_value=opt.lr,
         warmup_steps=warmup,
-        decay_steps=max(cfg.steps, warmup + 1),
-        end_value=cfg.lr * cfg.min_lr_ratio,
+        decay_steps=max(opt.steps, warmup + 1),
+        end_value=opt.lr * opt.min_lr_ratio,
     )
 
 
@@ -59,7 +60,7 @@ def build_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, opt
         b1=ADAM_B1,
         b2=ADAM_B2,
         eps=ADAM_EPS,
-        weight_decay=cfg.weight_decay,
+        weight_decay=cfg.optimizer.weight_decay,
         mask=_decay_mask,
     )
     return adamw, schedule

@@ -17,7 +17,6 @@ With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -31,14 +30,10 @@ from typing import Any
 import numpy as np
 
 from titan.config import (
-    RESUMABLE_OPTIONS,
     ModelConfig,
     TrainConfig,
-    config_from_dict,
-    flag_of,
+    config_to_data,
     model_config,
-    parse_profile_steps,
-    validate_train_config,
 )
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -58,13 +53,12 @@ from titan.observability.records import (
 )
 from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
-from titan.ops.registry import parse_overrides
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.progress import TrainProgress
+from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer.state import StepMetrics, Trainer, TrainState
 
-TOKENIZER_FILE = "tokenizer.model"
 # 2 is a bad option (titan.cli); 3 lets a supervisor tell a stall (restart) from a failure.
 EXIT_OK, EXIT_FAILED, EXIT_STALL = 0, 1, 3
 
@@ -106,54 +100,12 @@ def _detach_from_terminal(fds: list[int]) -> None:
     os.close(devnull)
 
 
-def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
-    """The saved options of ``run_dir`` with the allowed explicit overrides applied.
-
-    Raises:
-        TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
-    """
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
-        raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
-    if not (run_dir / TOKENIZER_FILE).is_file():
-        raise TitanError(
-            f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
-            "its tokenizer and checkpoints cannot be resumed)"
-        )
-    try:
-        saved = config_from_dict(json.loads(config_path.read_text())["train"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise TitanError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
-    placed = sorted({"runs_root", "run_id"} & explicit.keys())
-    if placed:
-        raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
-    for name, value in explicit.items():
-        if value != getattr(saved, name) and name not in RESUMABLE_OPTIONS:
-            raise TitanError(
-                f"{flag_of(name)} cannot change on --resume (the run used "
-                f"{getattr(saved, name)!r}); changeable: "
-                + ", ".join(sorted(flag_of(n) for n in RESUMABLE_OPTIONS))
-            )
-    placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
-    cfg = dataclasses.replace(saved, **{**explicit, **placement})
-    if "profile_steps" not in explicit:  # the saved range, cut to a lowered --steps
-        cfg = dataclasses.replace(cfg, profile_steps=_clip_range(saved.profile_steps, cfg.steps))
-    return cfg
-
-
-def _clip_range(text: str, steps: int) -> str:
-    """A valid saved ``--profile-steps`` range cut to ``steps`` ('' when it starts beyond)."""
-    first, _, last = text.partition(":")
-    if not text or int(first) > steps:
-        return ""
-    return f"{first}:{min(int(last), steps)}"
-
-
 def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
     """Refuse a resume that has nothing to train (``--steps`` is the run's total)."""
-    if latest is not None and cfg.steps <= latest:
+    steps = cfg.optimizer.steps
+    if latest is not None and steps <= latest:
         raise TitanError(
-            f"--steps {cfg.steps} leaves nothing to train: the run's last checkpoint is at step "
+            f"--steps {steps} leaves nothing to train: the run's last checkpoint is at step "
             f"{latest} (--steps is the run's total; give more to continue)"
         )
 
@@ -161,16 +113,16 @@ def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
 def _tokenizer(cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None) -> Tokenizer:
     if resume_dir is not None:
         return load_tokenizer(resume_dir / TOKENIZER_FILE)
-    if cfg.tokenizer:
-        return load_tokenizer(cfg.tokenizer)
-    return train_tokenizer(corpus, cfg.vocab_size)
+    if cfg.data.tokenizer:
+        return load_tokenizer(cfg.data.tokenizer)
+    return train_tokenizer(corpus, cfg.data.vocab_size)
 
 
 def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
-    root = default_runs_root(cfg.runs_root)
+    root = default_runs_root(cfg.run.runs_root)
     if root.exists() and not root.is_dir():
         raise TitanError(f"--runs-root {root} is not a directory")
-    run_dir = root / (cfg.run_id or new_run_id(cfg.preset))
+    run_dir = root / (cfg.run.run_id or new_run_id(cfg.model.shape.name))
     if not resuming and (run_dir / EVENTS_FILE).exists():
         raise TitanError(
             f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
@@ -180,7 +132,7 @@ def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
 
 def _write_run_files(run_dir: Path, cfg: TrainConfig, model: ModelConfig, tok: Tokenizer) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model)}
+    payload = {"train": config_to_data(cfg), "model": dataclasses.asdict(model)}
     write_json_atomic(run_dir / CONFIG_FILE, payload)
     (run_dir / TOKENIZER_FILE).write_bytes(tok.model_proto)
 
@@ -192,8 +144,7 @@ def train_from_cli(explicit: dict[str, Any], resume: str | None) -> int:
         Exit code: 0 completed or stopped, 1 failed. Raises TitanError for bad input.
     """
     resume_dir = Path(resume) if resume else None
-    cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig(**explicit)
-    validate_train_config(cfg)
+    cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
     return train(cfg, resume_dir)
 
 
@@ -207,8 +158,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     """
     import jax
 
-    progress = TrainProgress(cfg.steps, cfg.log_every)
-    corpus = open_corpus(cfg.data)
+    progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
+    corpus = open_corpus(cfg.data.corpus)
     run_dir = _run_dir(cfg, resuming=resume_dir is not None)
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
@@ -217,10 +168,12 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     with progress.status("preparing the tokenizer"):
         tokenizer = _tokenizer(cfg, corpus, resume_dir)
     model_cfg = model_config(cfg, tokenizer.vocab_size)
-    ops = Ops(jax.default_backend(), parse_overrides(cfg.ops, source="--ops"))
+    ops = Ops(jax.default_backend(), cfg.compute.ops)
     trainer = build_trainer(cfg, model_cfg, ops)
     tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
-    batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)
+    batches = PackedBatches(
+        tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+    )
 
     power_reader, power_info = open_reader(devices=jax.devices()[: trainer.describe()["devices"]])
 
@@ -248,7 +201,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             RunStart(
                 **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
                 start_step=start_step,
-                total_steps=cfg.steps,
+                total_steps=cfg.optimizer.steps,
                 resumed_from_step=start_step if resume_dir else None,
                 power=power_info,
             )
@@ -296,16 +249,19 @@ def _run_start_fields(
     batches: PackedBatches,
 ) -> dict[str, Any]:
     return {
-        "config": dataclasses.asdict(cfg),
+        "config": cfg.record(),
         "model": dataclasses.asdict(model_cfg),
         "param_count": trainer.adapter.param_count(),
         "layout": trainer.describe(),
         "compute_dtype": str(trainer.compute_dtype),
         "ops": ops.served,
         "env": capture_environment(),
-        "tokenizer": {"vocab_size": tokenizer.vocab_size, "source": cfg.tokenizer or "trained"},
+        "tokenizer": {
+            "vocab_size": tokenizer.vocab_size,
+            "source": cfg.data.tokenizer or "trained",
+        },
         "data": {
-            "source": cfg.data,
+            "source": cfg.data.corpus,
             "tokens": int(len(batches.tokens)),
             "sequences": batches.num_sequences,
         },
@@ -327,8 +283,9 @@ class _Run:
     power: PowerSampler
 
     def __post_init__(self) -> None:
-        self.watchdog = Watchdog(self.cfg.watchdog_floor, self.cfg.watchdog_factor, self.on_stall)
-        steps = parse_profile_steps(self.cfg.profile_steps, self.cfg.steps)
+        obs = self.cfg.observability
+        self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
+        steps = obs.profile_steps
         self.profiler = StepProfiler(steps, self.record)
 
     def start_monitors(self) -> None:
@@ -351,7 +308,7 @@ class _Run:
             file=sys.stderr,
             flush=True,
         )
-        if not self.cfg.watchdog_abort:
+        if not self.cfg.observability.watchdog_abort:
             return
         self.record.emit(
             RunEnd(
@@ -369,7 +326,7 @@ class _Run:
         self.watchdog.enter("checkpoint_restore", 0)
         latest = self.checkpointer.latest_step() if resuming else None
         if latest is None:
-            return self.trainer.init_state(self.cfg.seed), 0
+            return self.trainer.init_state(self.cfg.run.seed), 0
         state, meta = self.checkpointer.restore(latest, self.trainer)
         if meta["num_sequences"] != self.batches.num_sequences:
             raise TitanError(
@@ -392,7 +349,7 @@ class _Run:
         self.record.emit(Checkpoint(step=step, seconds=seconds, path=path))
 
     def loop(self, state: TrainState, step: int) -> tuple[int, str]:
-        """Train until ``cfg.steps`` or a stop signal. Metrics are read one step late so the
+        """Train until ``--steps`` or a stop signal. Metrics are read one step late so the
         host never waits on the device before dispatching the next step.
 
         Returns:
@@ -402,12 +359,12 @@ class _Run:
         saved_step = step
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
-        while step < self.cfg.steps and not self.stop.requested:
+        while step < self.cfg.optimizer.steps and not self.stop.requested:
             self.profiler.step_starts(step + 1)
             self.watchdog.enter("data_wait", step + 1)
             batch, ids = self.batches.next_batch()
             self.watchdog.enter("step", step + 1)
-            if step + 1 == self.cfg.debug_stall_at_step:
+            if step + 1 == self.cfg.debugging.debug_stall_at_step:
                 self._debug_stall()
             if pending and self.trainer.next_step_blocks():
                 self._report(*pending)  # a blocking step must not count in the previous one
@@ -418,7 +375,7 @@ class _Run:
                 self._report(*pending)
             pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
             self.profiler.step_done(step, state)
-            if step % self.cfg.checkpoint_every == 0:
+            if step % self.cfg.checkpoint.checkpoint_every == 0:
                 self._report(*pending)
                 pending = None
                 self.save(state)
@@ -445,7 +402,7 @@ class _Run:
         now = time.perf_counter()
         step_time_s, self._last_done = now - self._last_done, now
         self.watchdog.step_done(step_time_s)
-        tokens = self.cfg.batch_size * self.cfg.seq_len
+        tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
         event = self.record.emit(
             Step.from_fields(
                 step=step,

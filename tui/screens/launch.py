@@ -22,7 +22,8 @@ from tui.widgets.option_input import OptionInput, help_line, row_of
 
 
 class LaunchScreen(Screen[None]):
-    """A form built from :class:`titan.config.TrainConfig`'s fields.
+    """A form built from :class:`titan.config.TrainConfig`'s options, under a heading per
+    section.
 
     Launching validates with the CLI's own check (a :class:`~titan.errors.TitanError` is shown
     under the form and as a notification, and focuses the named field), then creates the run dir
@@ -57,7 +58,11 @@ class LaunchScreen(Screen[None]):
         texts = default_texts(self.runs_root)
         yield Header()
         with Grid(id="options"):
+            section = None
             for option in option_fields():
+                if option.section != section:
+                    section = option.section
+                    yield Label(section, classes="section")
                 yield OptionInput.for_field(option, texts[option.name])
         yield Static(id="option-help", markup=False)
         yield Static(id="launch-error", markup=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
@@ -10,8 +9,12 @@ from textual.containers import HorizontalGroup
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select
 
+from titan.config import Option
+
 # Input types that keep a numeric option's field from taking letters.
-_INPUT_TYPES = {"int": "integer", "float": "number", "str": "text"}
+_INPUT_TYPES = {"int": "integer", "float": "number"}
+# The choices of a switch (a boolean option), as its texts.
+_SWITCH_CHOICES = (("true", "true"), ("false", "false"))
 
 
 class OptionInput(HorizontalGroup):
@@ -27,7 +30,7 @@ class OptionInput(HorizontalGroup):
         text: the value to show first.
         default: the default, shown in the help line.
         choices: ``(label, value)`` pairs of a Select, or empty for an Input.
-        input_type: ``int``, ``float`` or ``str``.
+        input_type: ``int``, ``float`` (numeric fields), anything else: text.
     """
 
     def __init__(
@@ -46,21 +49,23 @@ class OptionInput(HorizontalGroup):
         self.control: Input | Select[str] = (
             Select(choices, value=text, allow_blank=False, compact=True)
             if choices
-            else Input(text, type=_INPUT_TYPES[input_type], compact=True)
+            else Input(text, type=_INPUT_TYPES.get(input_type, "text"), compact=True)
         )
         self.control.tooltip = help
 
     @classmethod
-    def for_field(cls, option: dataclasses.Field, text: str) -> OptionInput:
-        """The row of a :class:`titan.config.TrainConfig` field."""
+    def for_field(cls, option: Option, text: str) -> OptionInput:
+        """The row of a :class:`titan.config.TrainConfig` option (a Select for choices and
+        switches)."""
+        choices = [(c, c) for c in option.choices]
         return cls(
             option.name,
-            option.metadata["flag"],
-            option.metadata["help"],
+            option.flag,
+            option.help,
             text,
-            default=option.default,
-            choices=[(c, c) for c in option.metadata.get("choices", ())],
-            input_type=str(option.type),
+            default=option.text(option.default),
+            choices=list(_SWITCH_CHOICES) if option.kind == "bool" else choices,
+            input_type=option.kind,
         )
 
     @property

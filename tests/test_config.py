@@ -1,0 +1,248 @@
+"""The config: typed sections parsed once, TOML files, old flat run configs, and the registries
+that config validation, the pipeline executor and the planner all ask."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from titan.cli import build_parser, main
+from titan.config import (
+    PRESETS,
+    SECTIONS,
+    Remat,
+    Schedule,
+    TrainConfig,
+    config_from_dict,
+    config_to_data,
+    config_to_toml,
+    option_fields,
+    perf_key_options,
+    read_config_file,
+)
+from titan.errors import TitanError
+from titan.mpmd.schedules import SCHEDULES, build_schedule, theoretical_bubble
+from titan.planning.memory import Layout, in_flight_microbatches
+from titan.planning.step import bubble_fraction
+from titan.remat import REMAT_POLICIES
+from titan.trainer.commands import explicit_options
+from titan.trainer.resume import resume_options
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPE = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
+
+
+def _train_args(*argv: str):
+    return build_parser().parse_args(["train", *argv])
+
+
+def test_values_are_parsed_once_into_real_types():
+    cfg = TrainConfig.of(
+        layout="mpmd",
+        pp=2,
+        stage_layers="1,3",
+        profile_steps="2:5",
+        ops="attention=native",
+        watchdog_abort="true",
+    )
+    assert cfg.parallel.stage_layers == (1, 3)
+    assert cfg.observability.profile_steps == (2, 5)
+    assert cfg.compute.ops == {"attention": "native"}
+    assert cfg.observability.watchdog_abort is True
+    assert cfg.model.shape == PRESETS["tiny"]
+    assert TrainConfig().observability.profile_steps is None
+
+
+def test_every_option_belongs_to_one_section_and_keeps_its_flag():
+    names = [o.name for o in option_fields()]
+    assert len(names) == len(set(names)) == 38
+    assert {o.section for o in option_fields()} == set(SECTIONS)
+    resumable = {o.name for o in option_fields() if o.resumable}
+    assert resumable == {
+        *("steps", "checkpoint_every", "log_every", "timing_every", "layout", "dp", "fsdp"),
+        *("tp", "pp", "microbatches", "schedule", "virtual_stages", "stage_layers", "ops"),
+        *("remat", "layer_unroll", "watchdog_floor", "watchdog_factor", "watchdog_abort"),
+        *("profile_steps", "debug_stall_at_step"),
+    }
+    assert set(perf_key_options()) == {
+        *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),
+        *("stage_layers", "batch_size", "seq_len", "param_dtype", "compute_dtype", "remat"),
+        *("attention_mask", "layer_unroll"),
+    }
+
+
+def test_toml_round_trip_gives_the_same_config(tmp_path: Path):
+    cfg = TrainConfig.of(
+        preset=SHAPE,
+        layout="mpmd",
+        pp=2,
+        microbatches=2,
+        stage_layers="1,1",
+        ops="attention=native",
+        profile_steps="1:2",
+        watchdog_abort=True,
+        lr=1e-4,
+        tokenizer='a "quoted" path',
+    )
+    path = tmp_path / "run.toml"
+    path.write_text(config_to_toml(cfg))
+    assert TrainConfig.of(**read_config_file(str(path))) == cfg
+    assert config_from_dict(json.loads(json.dumps(config_to_data(cfg)))) == cfg
+
+
+def test_print_config_prints_toml_that_reads_back_the_same(tmp_path: Path, capsys):
+    argv = ["train", "--config", str(REPO / "examples/tiny.toml"), "--steps", "20"]
+    assert main([*argv, "--print-config", "--watchdog-abort"]) == 0
+    first = capsys.readouterr().out
+    (tmp_path / "printed.toml").write_text(first)
+    assert main(["train", "--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == first
+    assert "[optimizer]\nsteps = 20\n" in first  # the flag overrides the file's 200
+    assert "watchdog_abort = true" in first
+
+
+def test_example_config_is_a_small_run_on_the_default_corpus():
+    cfg = TrainConfig.of(**{**read_config_file(str(REPO / "examples/tiny.toml")), "steps": 20})
+    assert (cfg.data.corpus, cfg.model.shape.name, cfg.optimizer.steps) == ("stdlib", "tiny", 20)
+    assert cfg.data.batch_size * cfg.data.seq_len <= 1024
+
+
+def test_watchdog_abort_is_a_switch():
+    assert explicit_options(_train_args("--watchdog-abort"))["watchdog_abort"] is True
+    assert explicit_options(_train_args("--no-watchdog-abort"))["watchdog_abort"] is False
+    assert "watchdog_abort" not in explicit_options(_train_args())
+    with pytest.raises(SystemExit):
+        _train_args("--watchdog-abort", "1")
+    # saved flat configs of older runs hold 0 / 1
+    assert config_from_dict({"watchdog_abort": 1}).observability.watchdog_abort is True
+
+
+def test_custom_model_shapes_are_accepted_and_bad_ones_name_the_field(capsys):
+    cfg = TrainConfig.of(**explicit_options(_train_args("--model", SHAPE)))
+    assert (cfg.model.shape.name, cfg.model.shape.d_model, cfg.model.shape.vocab_size) == (
+        "custom",
+        64,
+        512,
+    )
+    assert TrainConfig.of(preset="TINY") == TrainConfig()
+    for shape, message in (
+        ("d_model=64,n_layers=2", "--model: missing n_heads, n_kv_heads, ffn_dim, vocab_size"),
+        (SHAPE.replace("n_kv_heads=2", "n_kv_heads=3"), "n_heads 4 is not a multiple of n_kv"),
+        (SHAPE + ",depth=3", "--model: unknown field 'depth'"),
+        (SHAPE.replace("d_model=64", "d_model=x"), "--model: d_model must be a number"),
+        ("gpt5", "--model 'gpt5' is not a preset"),
+    ):
+        assert main(["train", "--model", shape, "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_and_plan_share_the_model_parser_and_the_parallel_flags():
+    from titan.planning.models import resolve_model
+
+    assert resolve_model(SHAPE) == TrainConfig.of(preset=SHAPE).model.shape
+    plan = build_parser()._subparsers._group_actions[0].choices["plan"]
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    flags = ("--dp", "--fsdp", "--tp", "--pp", "--microbatches", "--schedule", "--virtual-stages")
+    for flag in flags:
+        ours, theirs = (p._option_string_actions[flag] for p in (plan, train))
+        assert (ours.help, ours.choices, ours.type) == (
+            theirs.help.rsplit(" (default", 1)[0],
+            theirs.choices,
+            theirs.type,
+        )
+    args = plan.parse_args(
+        [
+            "--model",
+            "tiny",
+            "--gpu",
+            "h200",
+            "--gpus",
+            "1",
+            "--tokens",
+            "1e9",
+            "--batch-size",
+            "16",
+            "--seq-len",
+            "128",
+        ]
+    )
+    from titan.planning.commands import batch_tokens
+
+    assert batch_tokens(args) == 16 * 128
+
+
+def test_old_flat_config_json_of_the_sample_runs_loads():
+    for path in sorted((REPO / "sample_runs").glob("*/config.json")):
+        saved = json.loads(path.read_text())
+        cfg = config_from_dict(saved["train"])
+        assert cfg.model.shape.name == saved["model"]["name"]
+        assert cfg.data.batch_size == saved["train"]["batch_size"]
+        assert cfg.record()["profile_steps"] == saved["train"].get("profile_steps", "")
+    flat = {"preset": "tiny", "stage_layers": "", "ops": "", "profile_steps": "", "data": "x"}
+    assert config_from_dict(flat) == TrainConfig.of(data="x")
+    with pytest.raises(TitanError, match="unknown option 'nope'"):
+        config_from_dict({"nope": 1})
+
+
+def test_a_run_saved_flat_resumes_with_its_options(tmp_path: Path):
+    flat = json.loads((REPO / "sample_runs/tiny-watchdog-stall/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(flat))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    changes = {"steps": 300, "watchdog_abort": False}
+    cfg = resume_options(tmp_path, changes)
+    placement = {"runs_root": str(tmp_path.parent), "run_id": tmp_path.name}
+    assert cfg == TrainConfig.of(**flat["train"]).replace(**changes, **placement)
+    assert cfg.optimizer.steps == 300 and cfg.observability.watchdog_abort is False
+    assert flat["train"]["watchdog_abort"] == 1  # saved as 0 / 1 before it was a switch
+    with pytest.raises(TitanError, match="--batch-size cannot change on --resume"):
+        resume_options(tmp_path, {"batch_size": 3})
+
+
+def test_literal_types_name_the_registries():
+    assert typing.get_args(Remat) == tuple(REMAT_POLICIES)
+    assert typing.get_args(Schedule) == tuple(SCHEDULES)
+
+
+@pytest.mark.parametrize(
+    ("name", "pp", "m", "v"),
+    [
+        ("gpipe", 4, 8, 1),
+        ("1f1b", 2, 4, 1),
+        ("1f1b", 4, 16, 1),
+        ("zero-bubble", 4, 8, 1),
+        ("interleaved-1f1b", 2, 4, 2),
+        ("interleaved-1f1b", 4, 8, 3),
+    ],
+)
+def test_config_executor_and_planner_agree_on_each_schedule(name, pp, m, v):
+    cfg = TrainConfig.of(
+        layout="mpmd", pp=pp, microbatches=m, schedule=name, virtual_stages=v, batch_size=m
+    )
+    schedule = build_schedule(cfg.parallel.schedule, pp, m, v)  # what the executor runs
+    layout = Layout(pp=pp, microbatches=m, schedule=name, virtual_stages=v)
+    bubble = theoretical_bubble(name, pp, m, v)  # what the executor reports
+    # the planner's bubble is the same formula, relative to the busy time instead of the step
+    assert bubble_fraction(layout) == pytest.approx(bubble / (1 - bubble))
+    # the planner's microbatches in flight are those counted on the executed schedule
+    assert in_flight_microbatches(layout) == pytest.approx(schedule.peak_in_flight(0) / v)
+
+
+def test_config_validation_asks_the_schedule_registry():
+    with pytest.raises(TitanError, match="--virtual-stages 2 needs --schedule interleaved-1f1b"):
+        TrainConfig.of(layout="mpmd", pp=2, virtual_stages=2)
+    with pytest.raises(TitanError, match="--microbatches 2 must be a multiple of --pp 4"):
+        TrainConfig.of(
+            layout="mpmd", pp=4, microbatches=2, schedule="interleaved-1f1b", virtual_stages=2
+        )
+
+
+def test_config_imports_without_jax():
+    code = "import sys, titan.config, titan.planning.commands; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr

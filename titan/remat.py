@@ -1,0 +1,112 @@
+"""Activation recomputation (``--remat``) policies, registered once with everything known about
+them: the JAX checkpoint policy the model runs under, what a decoder layer saves for the
+backward pass (bytes per token, as the planner counts them) and the forward work it redoes.
+
+``titan.models.llama`` wraps each block in ``nn.remat`` with :meth:`RematPolicy.jax_policy`;
+``titan.planning.memory`` and ``titan.planning.models`` price :attr:`RematPolicy.saved` and
+:attr:`RematPolicy.recomputed`; ``titan.config`` takes the names as ``--remat`` choices. The JAX
+policy is resolved lazily (JAX is imported when a model is built, not when the config is), so
+the console and the planner import this module without JAX.
+
+Saved bytes per token and layer (``titan.planning.memory`` explains the terms and sources), with
+``p`` the compute-dtype bytes and d, kv, f, h, s the model width, key/value width, MLP width,
+heads and sequence length; each is (replicated over TP, sharded by TP):
+
+- ``none``: ((16 + 2p) d + 16, 2p d + 2p kv + (20 + p) f + scores), scores (4 + p) h s + 8 h for
+  a materialized attention, 4 h for flash;
+- ``dots`` (``dots_with_no_batch_dims_saveable``): the layer input and the attention output 2p d;
+  queries p d, keys and values 2p kv, gate and up projections 2p f. Attention is recomputed;
+- ``dots-attention``: ``dots`` plus the fused attention kernel's output p d and its float32
+  log-sum-exp 4 h (AXLearn's flash-attention remat policy saves the same);
+- ``full`` (``nothing_saveable``): the layer input p d; the whole layer forward is recomputed
+  (Korthikanti et al. 2022, Sec. 5: one extra forward pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Primitives of the fused attention kernels: cuDNN's forward (behind
+# ``jax.nn.dot_product_attention``) and Pallas kernels (titan.ops.providers).
+FUSED_ATTENTION_PRIMITIVES = ("dot_product_attention_fwd_wrapper", "pallas_call")
+
+
+def save_dots_and_fused_attention(prim: Any, *args: Any, **params: Any) -> bool:
+    """Remat policy ``dots-attention``: what ``dots`` saves (matmul outputs without batch
+    dimensions) plus the outputs of fused attention kernels (output and softmax statistics),
+    so the backward pass does not rerun the attention forward."""
+    import jax
+
+    if prim.name in FUSED_ATTENTION_PRIMITIVES:
+        return True
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
+
+
+def _dots_policy() -> Callable[..., bool]:
+    import jax
+
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+def _nothing_policy() -> Callable[..., bool]:
+    import jax
+
+    return jax.checkpoint_policies.nothing_saveable
+
+
+def _saved_none(
+    p: int, d: int, kv: int, f: int, h: int, s: int, attention: str
+) -> tuple[float, float]:
+    scores = (4 + p) * h * s + 8 * h if attention == "materialized" else 4 * h
+    return (16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + (20 + p) * f + scores
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """One ``--remat`` policy.
+
+    Attributes:
+        name: the ``--remat`` value.
+        resolve: () -> the JAX checkpoint policy (imports JAX); None: no recomputation.
+        saved: (p, d, kv, f, h, s, attention) -> (replicated, sharded) bytes per token that one
+            layer keeps for the backward pass (module docstring).
+        recomputed: (layer matmul FLOPs, layer attention FLOPs) per token -> the forward FLOPs
+            redone in the backward pass.
+    """
+
+    name: str
+    resolve: Callable[[], Callable[..., bool]] | None
+    saved: Callable[[int, int, int, int, int, int, str], tuple[float, float]]
+    recomputed: Callable[[float, float], float]
+
+    def jax_policy(self) -> Callable[..., bool] | None:
+        """The policy for ``jax.checkpoint`` / ``nn.remat``; None when nothing is recomputed."""
+        return None if self.resolve is None else self.resolve()
+
+
+REMAT_POLICIES: dict[str, RematPolicy] = {
+    policy.name: policy
+    for policy in (
+        RematPolicy("none", None, _saved_none, lambda matmul, attention: 0.0),
+        RematPolicy(
+            "dots",
+            _dots_policy,
+            lambda p, d, kv, f, h, s, a: (2 * p * d, p * d + 2 * p * kv + 2 * p * f),
+            lambda matmul, attention: attention,
+        ),
+        RematPolicy(
+            "dots-attention",
+            lambda: save_dots_and_fused_attention,
+            lambda p, d, kv, f, h, s, a: (2 * p * d, 2 * p * d + 2 * p * kv + 2 * p * f + 4 * h),
+            lambda matmul, attention: 0.0,
+        ),
+        RematPolicy(
+            "full",
+            _nothing_policy,
+            lambda p, d, kv, f, h, s, a: (p * d, 0.0),
+            lambda matmul, attention: matmul + attention,
+        ),
+    )
+}

@@ -1,0 +1,40 @@
+"""The config of a resumed run (``titan train --resume RUN_DIR``): the run's saved options with
+the allowed overrides of the command line, read without JAX (``--print-config`` uses it too).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from titan.config import TrainConfig, config_from_dict, flag_of, resumed_config
+from titan.errors import TitanError
+from titan.observability.records import CONFIG_FILE
+
+TOKENIZER_FILE = "tokenizer.model"
+
+
+def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
+    """The saved options of ``run_dir`` with the allowed explicit overrides applied.
+
+    Raises:
+        TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
+    """
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
+    if not (run_dir / TOKENIZER_FILE).is_file():
+        raise TitanError(
+            f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
+            "its tokenizer and checkpoints cannot be resumed)"
+        )
+    try:
+        saved = config_from_dict(json.loads(config_path.read_text())["train"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise TitanError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
+    placed = sorted({"runs_root", "run_id"} & explicit.keys())
+    if placed:
+        raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
+    placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
+    return resumed_config(saved, explicit).replace(**placement)
