@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.config import ModelConfig, TrainConfig
+from titan.config import TrainConfig
+from titan.models.shapes import ModelConfig
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.models import model_flops_per_token
 

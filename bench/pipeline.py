@@ -63,7 +63,8 @@ def _measure(spec: dict) -> dict:
     import jax
     import numpy as np
 
-    from titan.config import PRESETS, TrainConfig
+    from titan.config import TrainConfig
+    from titan.models.shapes import PRESETS
     from titan.ops import Ops
     from titan.planning.gpus import gpu_for_device_kind
     from titan.planning.models import model_flops_per_token

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.config import ModelConfig
+from titan.models.shapes import ModelConfig
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.planning.step import Measurement, calibrate

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from titan.config import ModelConfig
 from titan.models.adapters.llama import LlamaAdapter
+from titan.models.shapes import ModelConfig
 from titan.observability.flops import FlopsMeter, device_peak, hardware_flops_per_token
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from titan.config import PRESETS
 from titan.models.llama import Llama
+from titan.models.shapes import PRESETS
 from titan.ops import Ops
 
 

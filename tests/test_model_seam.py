@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from titan.config import ModelConfig
 from titan.errors import TitanError
 from titan.models.adapters.llama import LlamaAdapter
+from titan.models.shapes import ModelConfig
 from titan.ops import Ops
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model
 from titan.trainer.adapters import _check_model_state

@@ -13,8 +13,8 @@ import pytest
 
 import titan.cli
 from titan.cli import Parser
-from titan.config import PRESETS
 from titan.errors import TitanError
+from titan.models.shapes import PRESETS
 from titan.mpmd.schedules import build_schedule
 from titan.planning import collectives, commands
 from titan.planning.budget import PlanRequest, candidate_layouts, plan, search

@@ -1,4 +1,4 @@
-"""Typed configuration: model shapes (presets) and training options, with their validation.
+"""Typed configuration: the training options of ``titan train``, with their validation.
 
 :class:`TrainConfig` is a tree of frozen sections (:data:`SECTIONS`: model, optimizer, data,
 compute, parallel, checkpoint, observability, debugging, run), one dataclass each, holding every
@@ -20,77 +20,25 @@ This module imports neither JAX nor Textual, so the console and the planner can 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from titan.errors import TitanError
+from titan.models.shapes import (
+    DEFAULT_VOCAB_SIZE,
+    PRESETS,
+    ModelConfig,
+    check_shape,
+    model_text,
+    parse_model,
+)
 from titan.mpmd.schedules import SCHEDULES, check_schedule_options
 from titan.ops.registry import parse_overrides
-from titan.parsing import parse_assignments, parse_counts, parse_range
+from titan.parsing import parse_counts, parse_range
 from titan.remat import REMAT_POLICIES
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of a Llama-style decoder (untied input embedding and output head).
-
-    Attributes:
-        name: preset name, or ``custom``.
-        vocab_size: rows of the embedding and columns of the output head. ``0`` means "take the
-            tokenizer's vocabulary size" (used by ``tiny``, whose tokenizer is trained per corpus).
-        d_model: hidden size.
-        n_layers: decoder blocks.
-        n_heads: query heads; ``d_model`` must be a multiple of it (head_dim = d_model / n_heads).
-        n_kv_heads: key/value heads (grouped-query attention, Ainslie et al. 2023);
-            ``n_heads`` must be a multiple of it.
-        ffn_dim: hidden size of the SwiGLU MLP (Shazeer 2020).
-        rope_theta: RoPE base (Su et al. 2021); Llama 3 uses 500000.
-        norm_eps: RMSNorm epsilon (Zhang & Sennrich 2019).
-    """
-
-    name: str
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    rope_theta: float = 500_000.0
-    norm_eps: float = 1e-5
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def param_count(self) -> int:
-        """Number of parameters (untied embedding and head), from the shapes alone."""
-        kv_dim = self.n_kv_heads * self.head_dim
-        attention = 2 * self.d_model * self.d_model + 2 * self.d_model * kv_dim
-        mlp = 3 * self.d_model * self.ffn_dim
-        norms = 2 * self.d_model
-        per_layer = attention + mlp + norms
-        return self.n_layers * per_layer + 2 * self.vocab_size * self.d_model + self.d_model
-
-
-# Published shapes. Llama 3 / 3.1: Meta, "The Llama 3 Herd of Models" (2024), Table 3
-# (8B: 32 layers, d 4096, ffn 14336, 32 heads, 8 KV heads; 70B: 80, 8192, 28672, 64, 8;
-# 405B: 126, 16384, 53248, 128, 8; vocab 128256, RoPE theta 500000).
-# llama3-1b is the Llama 3.2 1B shape (16 layers, d 2048, ffn 8192, 32 heads, 8 KV heads); the
-# published 1.24e9 count ties embedding and head, ours are untied (1.50e9).
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig("tiny", 0, 256, 4, 8, 4, 688, rope_theta=10_000.0),
-    "llama3-1b": ModelConfig("llama3-1b", 128_256, 2048, 16, 32, 8, 8192),
-    "llama3-8b": ModelConfig("llama3-8b", 128_256, 4096, 32, 32, 8, 14_336),
-    "llama3-70b": ModelConfig("llama3-70b", 128_256, 8192, 80, 64, 8, 28_672),
-    "llama3-405b": ModelConfig("llama3-405b", 128_256, 16_384, 126, 128, 8, 53_248),
-}
-
 
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
@@ -100,63 +48,6 @@ ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
-SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
-DEFAULT_VOCAB_SIZE = 4096
-
-
-# --- compact texts of the options that are not plain numbers or names --------------------------
-
-
-def parse_model(text: str, flag: str = "--model") -> ModelConfig:
-    """A preset name (``llama3-70b``, any case) or a custom shape
-    (``d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256``).
-    Presets are returned as registered (``tiny`` keeps ``vocab_size`` 0: the tokenizer's).
-
-    Raises:
-        TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
-    """
-    name = text.strip().lower()
-    if name in PRESETS:
-        return PRESETS[name]
-    if "=" not in name:
-        raise TitanError(
-            f"{flag} {text!r} is not a preset ({', '.join(PRESETS)}) nor a shape like "
-            "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256"
-        )
-    values: dict[str, int] = {}
-    for key, value in parse_assignments(name, flag, shape="field=value").items():
-        if key not in SHAPE_FIELDS:
-            raise TitanError(f"{flag}: unknown field {key!r}; fields: {', '.join(SHAPE_FIELDS)}")
-        try:
-            values[key] = int(float(value))
-        except ValueError:
-            raise TitanError(f"{flag}: {key} must be a number, got {value!r}") from None
-    missing = [key for key in SHAPE_FIELDS if key not in values]
-    if missing:
-        raise TitanError(f"{flag}: missing {', '.join(missing)}")
-    shape = ModelConfig("custom", **values)
-    check_shape(shape, flag)
-    return shape
-
-
-def check_shape(m: ModelConfig, flag: str = "--model") -> None:
-    """Raises TitanError naming the first inconsistent field of a custom shape."""
-    for key in SHAPE_FIELDS:
-        if getattr(m, key) < 1:
-            raise TitanError(f"{flag}: {key} must be >= 1, got {getattr(m, key)}")
-    if m.d_model % m.n_heads:
-        raise TitanError(f"{flag}: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
-    if m.n_heads % m.n_kv_heads:
-        raise TitanError(
-            f"{flag}: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
-        )
-
-
-def model_text(m: ModelConfig) -> str:
-    """The ``--model`` text of a shape: its preset name, or ``d_model=...,...`` when custom."""
-    if PRESETS.get(m.name) == m:
-        return m.name
-    return ",".join(f"{key}={getattr(m, key)}" for key in SHAPE_FIELDS)
 
 
 # --- codecs: how an option's value is parsed, checked, written to files and to the CLI ---------
@@ -771,13 +662,13 @@ def option_fields() -> tuple[Option, ...]:
     )
 
 
-def _options_by_name() -> dict[str, Option]:
+def options_by_name() -> dict[str, Option]:
     return {o.name: o for o in option_fields()}
 
 
 def flag_of(name: str) -> str:
     """The CLI flag of an option's flat name (``batch_size`` -> ``--batch-size``)."""
-    return _options_by_name()[name].flag
+    return options_by_name()[name].flag
 
 
 def resumable_options() -> frozenset[str]:
@@ -826,7 +717,7 @@ class TrainConfig:
 
     def replace(self, **options: Any) -> TrainConfig:
         """This config with some options (flat names) changed."""
-        by_name = _options_by_name()
+        by_name = options_by_name()
         unknown = sorted(set(options) - set(by_name))
         if unknown:
             raise TitanError(f"unknown option {unknown[0]!r} in config")
@@ -884,123 +775,6 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
 
 
-# --- saved configs and TOML files ---------------------------------------------------------------
-
-
-def config_to_data(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
-    """The sectioned plain-data form of ``cfg`` (``config.json``'s ``train``, TOML tables)."""
-    data: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for option in option_fields():
-        value = getattr(getattr(cfg, option.section), option.field.name)
-        data[option.section][option.field.name] = option.codec.dump(value)
-    return data
-
-
-def _is_sectioned(values: Mapping[str, Any]) -> bool:
-    return all(key in SECTIONS and isinstance(v, Mapping) for key, v in values.items())
-
-
-def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
-    """A :class:`TrainConfig` from a mapping: sectioned (``{"data": {"batch_size": 8}, ...}``,
-    as saved now and as TOML files hold it) or flat by option name (``config.json`` of runs
-    recorded before sections, ``watchdog_abort`` 0/1 and texts such as ``"5:150"`` included).
-    Missing options take their defaults.
-
-    Raises:
-        TitanError: on an unknown section or option name, or a bad value.
-    """
-    if not values or not _is_sectioned(values):
-        return TrainConfig.of(**values)
-    sections = {}
-    for name, options in values.items():
-        known = {f.name for f in dataclasses.fields(SECTIONS[name])}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TitanError(f"unknown option {unknown[0]!r} in config section [{name}]")
-        sections[name] = SECTIONS[name](**options)
-    return TrainConfig(**sections)
-
-
-def read_config_file(path: str) -> dict[str, Any]:
-    """The options of a TOML config file (``--config``), by flat name: the file holds sections
-    as tables (``[data]`` ``batch_size = 8``), as :func:`config_to_toml` writes them.
-
-    Raises:
-        TitanError: unreadable file, bad TOML, unknown section or option.
-    """
-    try:
-        with open(path, "rb") as file:
-            values = tomllib.load(file)
-    except OSError as err:
-        raise TitanError(f"--config {path}: {err.strerror or err}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise TitanError(f"--config {path}: {err}") from None
-    by_field = {(o.section, o.field.name): o.name for o in option_fields()}
-    flat = {}
-    for section, options in values.items():
-        if section not in SECTIONS or not isinstance(options, dict):
-            raise TitanError(
-                f"--config {path}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
-            )
-        for key, value in options.items():
-            if (section, key) not in by_field:
-                raise TitanError(f"--config {path}: unknown option {key!r} in [{section}]")
-            flat[by_field[section, key]] = value
-    return flat
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    items = (
-        f"{json.dumps(k) if not k.isidentifier() else k} = {_toml_value(v)}"
-        for k, v in value.items()
-    )
-    return "{ " + ", ".join(items) + " }" if value else "{}"
-
-
-def config_to_toml(cfg: TrainConfig) -> str:
-    """``cfg`` as a TOML document, one table per section; :func:`read_config_file` reads it
-    back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
-    a writer of that much TOML is this function.)"""
-    lines: list[str] = []
-    for section, values in config_to_data(cfg).items():
-        lines += ["" if lines else None, f"[{section}]"]
-        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
-    return "\n".join(line for line in lines if line is not None) + "\n"
-
-
-def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConfig:
-    """The config of a resumed run: ``saved`` with the ``explicit`` options (flat names) that
-    may change on resume (:func:`resumable_options`); a saved profiled range is cut to a lowered
-    ``--steps``.
-
-    Raises:
-        TitanError: an explicit option that differs from the saved one and may not change.
-    """
-    by_name = _options_by_name()
-    current, recorded = saved.flat(), saved.record()
-    for name, value in explicit.items():
-        option = by_name[name]
-        if not option.resumable and option.coerce(value) != current[name]:
-            raise TitanError(
-                f"{option.flag} cannot change on --resume (the run used {recorded[name]!r}); "
-                "changeable: " + ", ".join(sorted(flag_of(n) for n in resumable_options()))
-            )
-    changes = dict(explicit)
-    if "profile_steps" not in explicit and saved.observability.profile_steps is not None:
-        steps = by_name["steps"].coerce(explicit.get("steps", saved.optimizer.steps))
-        first, last = saved.observability.profile_steps
-        changes["profile_steps"] = None if first > steps else (first, min(last, steps))
-    return saved.replace(**changes)
-
-
 def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
     """The model shape of a run, with the vocabulary taken from the tokenizer when the shape
     leaves it open (``vocab_size == 0``, the ``tiny`` preset).
@@ -1017,55 +791,3 @@ def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
             f"{shape.vocab_size}"
         )
     return shape
-
-
-# --- command-line flags derived from the sections -----------------------------------------------
-
-
-def add_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    options: Iterator[Option] | tuple[Option, ...],
-    *,
-    explicit: bool,
-) -> None:
-    """Add a flag per option to ``parser``: switches as ``--x`` / ``--no-x``, numbers and names
-    with argparse's type and choices (argparse's own one-line errors), composite values as text
-    parsed when the config is constructed. ``--model`` also gets ``--preset`` (presets only).
-
-    Args:
-        explicit: default every flag to None, so that the options a user typed can be told from
-            the defaults (``titan train``, whose help then names each default); else the option's
-            default (``titan plan``, whose help formatter shows it).
-    """
-    types = {"int": int, "float": float}
-    for option in options:
-        default = option.default
-        help = option.help
-        if explicit and "(default:" not in help:
-            shown = default if option.kind in CODECS_PLAIN else option.text(default)
-            help = f"{help} (default: {shown!r})"
-        common = {"dest": option.name, "default": None if explicit else default, "help": help}
-        if option.kind == "bool":
-            parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
-            continue
-        if option.kind == "shape":
-            parser.add_argument(option.flag, metavar="PRESET|SHAPE", **common)
-            common["help"] = "a preset model shape (the same as --model NAME)"
-            parser.add_argument("--preset", choices=tuple(PRESETS), **common)
-            continue
-        parser.add_argument(
-            option.flag,
-            type=types.get(option.kind, str),
-            choices=option.choices or None,
-            metavar=None if option.choices else option.name.upper(),
-            **common,
-        )
-
-
-def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...]:
-    """The options of one section, in order; ``planner``: only those ``titan plan`` takes."""
-    return tuple(
-        o
-        for o in option_fields()
-        if o.section == section and (not planner or o.metadata.get("planner"))
-    )

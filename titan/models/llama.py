@@ -20,7 +20,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from titan.config import ModelConfig
+from titan.models.shapes import ModelConfig
 from titan.ops import Ops
 from titan.parallel.sharding import ACTIVATION_AXES
 from titan.remat import REMAT_POLICIES

@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from titan.config import ModelConfig, perf_key_options
+from titan.config import perf_key_options
+from titan.models.shapes import ModelConfig
 from titan.observability.ettr import split_attempts
 from titan.observability.events import Checkpoint, Event, Profile, RunStart, Step
 from titan.planning.gpus import gpu_for_device_kind

@@ -11,8 +11,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from titan.config import ModelConfig
 from titan.errors import TitanError
+from titan.models.shapes import ModelConfig
 from titan.mpmd.schedules import SCHEDULES
 from titan.planning.gpus import GpuSpec
 from titan.planning.memory import (

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from titan.config import ParallelOptions, add_arguments, section_options
+from titan.config import ParallelOptions
+from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.mpmd.schedules import SCHEDULES
 from titan.planning.budget import Plan, PlanRequest, plan, search

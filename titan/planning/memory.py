@@ -72,8 +72,9 @@ import functools
 import math
 from dataclasses import dataclass
 
-from titan.config import ModelConfig, ParallelOptions
+from titan.config import ParallelOptions
 from titan.errors import TitanError
+from titan.models.shapes import ModelConfig
 from titan.mpmd.schedules import SCHEDULES, check_schedule_options
 from titan.planning.gpus import GpuSpec
 from titan.planning.models import kv_dim, layer_matmul_params

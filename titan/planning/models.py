@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from titan.config import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
+from titan.models.shapes import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
 from titan.remat import REMAT_POLICIES
 
 ATTENTION_CONVENTIONS = ("causal", "full")

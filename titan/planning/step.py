@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from titan.config import ModelConfig
+from titan.models.shapes import ModelConfig
 from titan.mpmd.schedules import SCHEDULES, bubble_ratio
 from titan.planning import collectives
 from titan.planning.gpus import GpuSpec

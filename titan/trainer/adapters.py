@@ -15,10 +15,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from titan.config import ModelConfig, TrainConfig
+from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.llama import LlamaAdapter
+from titan.models.shapes import ModelConfig
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops

@@ -12,15 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.config import (
-    SECTIONS,
-    TrainConfig,
-    add_arguments,
-    config_to_toml,
-    option_fields,
-    read_config_file,
-    section_options,
-)
+from titan.config import SECTIONS, TrainConfig, option_fields
+from titan.config_files import config_to_toml, read_config_file
+from titan.config_flags import add_arguments, section_options
 from titan.trainer.resume import resume_options
 
 

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from titan.config import TrainConfig, config_from_dict, flag_of, resumed_config
+from titan.config import TrainConfig, flag_of
+from titan.config_files import config_from_dict, resumed_config
 from titan.errors import TitanError
 from titan.observability.records import CONFIG_FILE
 

@@ -29,15 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from titan.config import (
-    ModelConfig,
-    TrainConfig,
-    config_to_data,
-    model_config,
-)
+from titan.config import TrainConfig, model_config
+from titan.config_files import config_to_data
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
+from titan.models.shapes import ModelConfig
 from titan.observability.env import capture_environment
 from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
 from titan.observability.flops import FlopsMeter, device_peak

@@ -17,9 +17,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from titan.config import ModelConfig
 from titan.models.adapters.base import PyTree, StageInputs, cast_tree
 from titan.models.llama import LlamaStage
+from titan.models.shapes import ModelConfig
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk, whole_model
 from titan.planning.models import training_flops_per_token

@@ -1,0 +1,140 @@
+"""Config files: the ``train`` part of a run's ``config.json`` and ``--config`` TOML files, both
+in the sections of :class:`titan.config.TrainConfig`, and the config of a resumed run.
+
+Saved configs are sectioned (``{"data": {"batch_size": 8}, ...}``); configs of runs recorded
+before sections existed are flat by option name and still load. TOML files hold one table per
+section; :func:`config_to_toml` writes what :func:`read_config_file` reads back to the same
+config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from titan.config import (
+    SECTIONS,
+    TrainConfig,
+    flag_of,
+    option_fields,
+    options_by_name,
+    resumable_options,
+)
+from titan.errors import TitanError
+
+
+def config_to_data(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
+    """The sectioned plain-data form of ``cfg`` (``config.json``'s ``train``, TOML tables)."""
+    data: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for option in option_fields():
+        value = getattr(getattr(cfg, option.section), option.field.name)
+        data[option.section][option.field.name] = option.codec.dump(value)
+    return data
+
+
+def _is_sectioned(values: Mapping[str, Any]) -> bool:
+    return all(key in SECTIONS and isinstance(v, Mapping) for key, v in values.items())
+
+
+def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
+    """A :class:`TrainConfig` from a mapping: sectioned (``{"data": {"batch_size": 8}, ...}``,
+    as saved now and as TOML files hold it) or flat by option name (``config.json`` of runs
+    recorded before sections, ``watchdog_abort`` 0/1 and texts such as ``"5:150"`` included).
+    Missing options take their defaults.
+
+    Raises:
+        TitanError: on an unknown section or option name, or a bad value.
+    """
+    if not values or not _is_sectioned(values):
+        return TrainConfig.of(**values)
+    sections = {}
+    for name, options in values.items():
+        known = {f.name for f in dataclasses.fields(SECTIONS[name])}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TitanError(f"unknown option {unknown[0]!r} in config section [{name}]")
+        sections[name] = SECTIONS[name](**options)
+    return TrainConfig(**sections)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The options of a TOML config file (``--config``), by flat name: the file holds sections
+    as tables (``[data]`` ``batch_size = 8``), as :func:`config_to_toml` writes them.
+
+    Raises:
+        TitanError: unreadable file, bad TOML, unknown section or option.
+    """
+    try:
+        with open(path, "rb") as file:
+            values = tomllib.load(file)
+    except OSError as err:
+        raise TitanError(f"--config {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise TitanError(f"--config {path}: {err}") from None
+    by_field = {(o.section, o.field.name): o.name for o in option_fields()}
+    flat = {}
+    for section, options in values.items():
+        if section not in SECTIONS or not isinstance(options, dict):
+            raise TitanError(
+                f"--config {path}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
+            )
+        for key, value in options.items():
+            if (section, key) not in by_field:
+                raise TitanError(f"--config {path}: unknown option {key!r} in [{section}]")
+            flat[by_field[section, key]] = value
+    return flat
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    items = (
+        f"{json.dumps(k) if not k.isidentifier() else k} = {_toml_value(v)}"
+        for k, v in value.items()
+    )
+    return "{ " + ", ".join(items) + " }" if value else "{}"
+
+
+def config_to_toml(cfg: TrainConfig) -> str:
+    """``cfg`` as a TOML document, one table per section; :func:`read_config_file` reads it
+    back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
+    a writer of that much TOML is this function.)"""
+    lines: list[str] = []
+    for section, values in config_to_data(cfg).items():
+        lines += ["" if lines else None, f"[{section}]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConfig:
+    """The config of a resumed run: ``saved`` with the ``explicit`` options (flat names) that
+    may change on resume (:func:`resumable_options`); a saved profiled range is cut to a lowered
+    ``--steps``.
+
+    Raises:
+        TitanError: an explicit option that differs from the saved one and may not change.
+    """
+    by_name = options_by_name()
+    current, recorded = saved.flat(), saved.record()
+    for name, value in explicit.items():
+        option = by_name[name]
+        if not option.resumable and option.coerce(value) != current[name]:
+            raise TitanError(
+                f"{option.flag} cannot change on --resume (the run used {recorded[name]!r}); "
+                "changeable: " + ", ".join(sorted(flag_of(n) for n in resumable_options()))
+            )
+    changes = dict(explicit)
+    if "profile_steps" not in explicit and saved.observability.profile_steps is not None:
+        steps = by_name["steps"].coerce(explicit.get("steps", saved.optimizer.steps))
+        first, last = saved.observability.profile_steps
+        changes["profile_steps"] = None if first > steps else (first, min(last, steps))
+    return saved.replace(**changes)

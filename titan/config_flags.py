@@ -1,0 +1,59 @@
+"""Command-line flags derived from the sections of :class:`titan.config.TrainConfig`, shared by
+``titan train`` (every section) and ``titan plan`` (the options marked for the planner)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from titan.config import CODECS_PLAIN, Option, option_fields
+from titan.models.shapes import PRESETS
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    options: Iterator[Option] | tuple[Option, ...],
+    *,
+    explicit: bool,
+) -> None:
+    """Add a flag per option to ``parser``: switches as ``--x`` / ``--no-x``, numbers and names
+    with argparse's type and choices (argparse's own one-line errors), composite values as text
+    parsed when the config is constructed. ``--model`` also gets ``--preset`` (presets only).
+
+    Args:
+        explicit: default every flag to None, so that the options a user typed can be told from
+            the defaults (``titan train``, whose help then names each default); else the option's
+            default (``titan plan``, whose help formatter shows it).
+    """
+    types = {"int": int, "float": float}
+    for option in options:
+        default = option.default
+        help = option.help
+        if explicit and "(default:" not in help:
+            shown = default if option.kind in CODECS_PLAIN else option.text(default)
+            help = f"{help} (default: {shown!r})"
+        common = {"dest": option.name, "default": None if explicit else default, "help": help}
+        if option.kind == "bool":
+            parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
+            continue
+        if option.kind == "shape":
+            parser.add_argument(option.flag, metavar="PRESET|SHAPE", **common)
+            common["help"] = "a preset model shape (the same as --model NAME)"
+            parser.add_argument("--preset", choices=tuple(PRESETS), **common)
+            continue
+        parser.add_argument(
+            option.flag,
+            type=types.get(option.kind, str),
+            choices=option.choices or None,
+            metavar=None if option.choices else option.name.upper(),
+            **common,
+        )
+
+
+def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...]:
+    """The options of one section, in order; ``planner``: only those ``titan plan`` takes."""
+    return tuple(
+        o
+        for o in option_fields()
+        if o.section == section and (not planner or o.metadata.get("planner"))
+    )
