@@ -71,14 +71,23 @@ from titan.observability.records import (
     EVENTS_FILE,
     RunRecord,
     default_runs_root,
-    new_run_id,
     write_json_atomic,
 )
 from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
 from titan.ops.registry import parse_overrides
+from titan.parallel.distributed import LaunchSettings, StopAgreement, initialize, process_count
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.processes import (
+    Heartbeat,
+    agreed_run_id,
+    batch_rows,
+    first_then_others,
+    is_writer,
+    one_tokenizer,
+    open_record,
+)
 from titan.trainer.progress import TrainProgress
 from titan.trainer.state import StepMetrics, Trainer, TrainState
 
@@ -188,7 +197,7 @@ def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
     root = default_runs_root(cfg.runs_root)
     if root.exists() and not root.is_dir():
         raise TitanError(f"--runs-root {root} is not a directory")
-    run_dir = root / (cfg.run_id or new_run_id(cfg.preset))
+    run_dir = root / (cfg.run_id or agreed_run_id(cfg.preset))
     if not resuming and (run_dir / EVENTS_FILE).exists():
         raise TitanError(
             f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
@@ -203,8 +212,11 @@ def _write_run_files(run_dir: Path, cfg: TrainConfig, model: ModelConfig, tok: T
     (run_dir / TOKENIZER_FILE).write_bytes(tok.model_proto)
 
 
-def train_from_cli(explicit: dict[str, Any], resume: str | None) -> int:
-    """``titan train``: options from the command line (only those given), optional resume dir.
+def train_from_cli(
+    explicit: dict[str, Any], resume: str | None, launch: LaunchSettings | None = None
+) -> int:
+    """``titan train``: options from the command line (only those given), optional resume dir,
+    and how this process joins a run of several (:mod:`titan.parallel.distributed`).
 
     Returns:
         Exit code: 0 completed or stopped, 1 failed. Raises TitanError for bad input.
@@ -212,6 +224,8 @@ def train_from_cli(explicit: dict[str, Any], resume: str | None) -> int:
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig(**explicit)
     validate_train_config(cfg)
+    if initialize(launch or LaunchSettings()) > 1 and cfg.layout != "spmd":
+        raise TitanError(f"--layout {cfg.layout} cannot run across processes yet (spmd can)")
     return train(cfg, resume_dir)
 
 
@@ -233,27 +247,33 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         checkpointer = Checkpointer(run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
     with progress.status("preparing the tokenizer"):
-        tokenizer = _tokenizer(cfg, corpus, resume_dir)
+        tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir))
     model_cfg = model_config(cfg, tokenizer.vocab_size)
     ops = Ops(jax.default_backend(), parse_overrides(cfg.ops, source="--ops"))
     trainer = build_trainer(cfg, model_cfg, ops)
-    tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
+    tokens = first_then_others(
+        "titan:tokens", lambda: progress.tokenize(lambda r: token_stream(corpus, tokenizer, r))
+    )
     batches = PackedBatches(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, tokenizer.bos_id)
+    batches.rows = batch_rows(trainer, cfg.batch_size)
 
     power_reader, power_info = open_reader()
 
-    created = not run_dir.exists()
-    _write_run_files(run_dir, cfg, model_cfg, tokenizer)
+    created = is_writer() and not run_dir.exists()
+    if is_writer():
+        _write_run_files(run_dir, cfg, model_cfg, tokenizer)
+    first_then_others("titan:run-files", lambda: None)
     run = _Run(
         cfg,
         trainer,
         batches,
         checkpointer or Checkpointer(run_dir),
-        RunRecord(run_dir, run_dir.name),
+        open_record(run_dir, run_dir.name),
         StopFlag(),
         progress,
         _flops_meter(trainer),
         PowerSampler(power_reader),
+        Heartbeat(run_dir),
     )
     run.stop.install()
     run.start_monitors()
@@ -278,12 +298,14 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
         run.record.emit("run_end", status=status, step=step, signal=run.stop.signal_name or None)
+        run.heartbeat.close(status, step)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
             bad_input = True
             raise  # bad input found before the run started: a one-line error, nothing recorded
         traceback.print_exc()
         run.record.emit("run_end", status="failed", step=None, error=f"{type(err).__name__}: {err}")
+        run.heartbeat.close("failed", None)
         return EXIT_FAILED
     finally:
         run.stop_monitors()
@@ -328,6 +350,7 @@ def _run_start_fields(
             "tokens": int(len(batches.tokens)),
             "sequences": batches.num_sequences,
         },
+        "processes": process_count(),
     }
 
 
@@ -344,8 +367,10 @@ class _Run:
     progress: TrainProgress
     flops: FlopsMeter
     power: PowerSampler
+    heartbeat: Heartbeat
 
     def __post_init__(self) -> None:
+        self.agreement = StopAgreement(lambda: self.stop.requested)
         self.watchdog = Watchdog(self.cfg.watchdog_floor, self.cfg.watchdog_factor, self.on_stall)
         steps = parse_profile_steps(self.cfg.profile_steps, self.cfg.steps)
         self.profiler = StepProfiler(steps, self.record)
@@ -420,7 +445,7 @@ class _Run:
         saved_step = step
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
-        while step < self.cfg.steps and not self.stop.requested:
+        while step < self.cfg.steps and not self.agreement.stop_before(step):
             self.profiler.step_starts(step + 1)
             self.watchdog.enter("data_wait", step + 1)
             batch, ids = self.batches.next_batch()
@@ -432,6 +457,7 @@ class _Run:
                 pending = None
             state, metrics = self.trainer.step(state, batch)
             step += 1
+            self.agreement.contribute(step)
             if pending:
                 self._report(*pending)
             pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
@@ -446,7 +472,7 @@ class _Run:
         if step != saved_step:
             self.save(state)
         self.watchdog.enter("idle", step)
-        return step, "stopped" if self.stop.requested else "completed"
+        return step, "stopped" if self.agreement.agreed else "completed"
 
     def _debug_stall(self) -> None:
         """``--debug-stall-at-step``: hang here (a testing aid for the watchdog) until a stop
@@ -463,6 +489,7 @@ class _Run:
         now = time.perf_counter()
         step_time_s, self._last_done = now - self._last_done, now
         self.watchdog.step_done(step_time_s)
+        self.heartbeat.beat(step)
         tokens = self.cfg.batch_size * self.cfg.seq_len
         event = self.record.emit(
             "step",
