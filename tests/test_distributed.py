@@ -192,3 +192,22 @@ def test_launch_splits_devices_per_process():
     with pytest.raises(TitanError, match="needs 6 GPUs, 4 visible"):
         child_envs(2, 3, "gpu", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert [exit_code(c) for c in (0, 2, -15)] == [0, 2, 143]
+
+
+def test_a_one_process_run_resumes_on_two_processes_exactly(options, one_process):
+    # The first 3 steps' learning rates do not depend on --steps (2 warmup steps, then the peak).
+    code, run_dir = run_in_process({**options, "run_id": "grow", "steps": 3})
+    assert code == 0
+    proc = launch({"resume": run_dir, "steps": STEPS})
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    starts = events(run_dir, "run_start")
+    assert [(s["processes"], s["resumed_from_step"]) for s in starts] == [(1, None), (2, 3)]
+    assert_same_steps(step_values(run_dir), step_values(one_process))
+
+
+def test_launch_exits_with_the_worst_childs_code(tmp_path):
+    proc = launch({"data": str(tmp_path / "missing"), "runs_root": str(tmp_path / "runs")})
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert {line[:3] for line in output.splitlines() if "no such file" in line} == {"[0]", "[1]"}

@@ -10,7 +10,7 @@ Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
   ``env`` (:mod:`titan.observability.env`), ``start_step``, ``total_steps``,
   ``resumed_from_step`` (None for a fresh run), ``tokenizer`` (vocab size, source), ``data``
   (tokens, sequences), ``power`` (``source``, ``available``, ``reason``;
-  :mod:`titan.observability.power`).
+  :mod:`titan.observability.power`), ``processes`` (how many processes run it).
 - ``compile``: ``what``, ``seconds`` (trace + XLA compile of the train step).
 - ``step``: ``step`` (1-based), ``loss`` (mean token cross-entropy, nats), ``grad_norm`` (global
   L2 norm before clipping), ``lr``, ``tokens`` (this step), ``tokens_seen`` (cumulative),
@@ -28,7 +28,9 @@ Events written to ``events.jsonl`` (see :mod:`titan.observability.records`):
   ``reason`` ``stall`` when the watchdog ended the run.
 
 SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end`` ``stopped``
-and exit 0.
+and exit 0; with several processes a signal to any of them stops all after the same step
+(:class:`titan.parallel.distributed.StopAgreement`). Process 0 alone writes the record; every
+process keeps ``processes/<id>.json`` (:mod:`titan.trainer.processes`).
 With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
 :data:`EXIT_STALL` (3), leaving the last committed checkpoint to resume from.
 """
