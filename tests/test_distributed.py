@@ -194,11 +194,12 @@ def test_launch_splits_devices_per_process():
     assert [exit_code(c) for c in (0, 2, -15)] == [0, 2, 143]
 
 
-def test_a_one_process_run_resumes_on_two_processes_exactly(options, one_process):
+def test_a_one_process_pipeline_run_resumes_as_spmd_on_two_processes(options, one_process):
     # The first 3 steps' learning rates do not depend on --steps (2 warmup steps, then the peak).
-    code, run_dir = run_in_process({**options, "run_id": "grow", "steps": 3})
+    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "steps": 3}
+    code, run_dir = run_in_process({**options, **pipeline, "run_id": "grow"})
     assert code == 0
-    proc = launch({"resume": run_dir, "steps": STEPS})
+    proc = launch({"resume": run_dir, "steps": STEPS, "layout": "spmd", "pp": 1, "dp": 4})
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     starts = events(run_dir, "run_start")

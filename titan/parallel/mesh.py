@@ -167,5 +167,7 @@ def build_stage_meshes(dp: int, fsdp: int, tp: int, pp: int) -> list[DeviceMesh]
 
 
 def host_mesh() -> DeviceMesh:
-    """A one-device CPU mesh: where checkpoints are read to host memory before re-cutting."""
-    return DeviceMesh(Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1), MESH_AXES))
+    """A one-device CPU mesh of this process: where checkpoints are read to host memory before
+    re-cutting."""
+    device = jax.local_devices(backend="cpu")[0]
+    return DeviceMesh(Mesh(np.array([device]).reshape(1, 1, 1), MESH_AXES))

@@ -78,7 +78,13 @@ from titan.observability.records import (
 from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
 from titan.ops.registry import parse_overrides
-from titan.parallel.distributed import LaunchSettings, StopAgreement, initialize, process_count
+from titan.parallel.distributed import (
+    LaunchSettings,
+    StopAgreement,
+    barrier,
+    initialize,
+    process_count,
+)
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.processes import (
@@ -264,7 +270,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     created = is_writer() and not run_dir.exists()
     if is_writer():
         _write_run_files(run_dir, cfg, model_cfg, tokenizer)
-    first_then_others("titan:run-files", lambda: None)
+    barrier("titan:run-files")  # then the others write their heartbeats there
     run = _Run(
         cfg,
         trainer,
