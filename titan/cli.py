@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "titan.ops.commands",
     "titan.planning.commands",
     "titan.observability.commands",
+    "titan.launch.commands",
 )
 
 

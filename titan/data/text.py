@@ -217,6 +217,8 @@ class PackedBatches:
         seed: shuffling seed.
         bos_id: id that starts a document (segment ids count BOS tokens).
         position: sequences consumed so far (the loader state saved in checkpoints).
+        rows: the rows of each batch to materialise (sorted; None: all), for a process that
+            holds only some rows of the global batch; the ids are always the whole batch's.
 
     Raises:
         TitanError: the stream holds fewer sequences than one batch.
@@ -228,6 +230,7 @@ class PackedBatches:
     seed: int
     bos_id: int
     position: int = 0
+    rows: np.ndarray | None = None
     _orders: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -256,13 +259,15 @@ class PackedBatches:
         return ids
 
     def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """The next batch and its sequence ids; advances :attr:`position`.
+        """The next batch (its :attr:`rows`) and the whole batch's sequence ids; advances
+        :attr:`position`.
 
         Returns:
-            ({"tokens": (B, S + 1) int32, "segment_ids": (B, S) int32}, (B,) int64 ids)
+            ({"tokens": (R, S + 1) int32, "segment_ids": (R, S) int32}, (B,) int64 ids), with
+            R = B, or the number of :attr:`rows`
         """
         ids = self.sequence_ids(self.position)
-        starts = ids * self.seq_len
+        starts = (ids if self.rows is None else ids[self.rows]) * self.seq_len
         window = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
         tokens = np.asarray(self.tokens[window], dtype=np.int32)
         segment_ids = np.cumsum(tokens[:, :-1] == self.bos_id, axis=1, dtype=np.int32)

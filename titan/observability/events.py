@@ -220,6 +220,10 @@ class RunStart(Event):
         " devices read: JAX id, library index, UUID) and ``fallbacks`` (why the counter or the"
         " power reading is not used) (:mod:`titan.observability.power`)"
     )
+    processes: int | None = _field(
+        "how many processes run the attempt (``jax.process_count()``; process 0 writes the "
+        "record, each keeps ``processes/<id>.json``)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

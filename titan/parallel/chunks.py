@@ -132,5 +132,6 @@ def cut_layers(
         if name not in joined:
             raise TitanError(f"checkpoint has no array {name} for chunk {chunk.index}")
         value = joined[name][layers] if is_stacked(path) else joined[name]
-        placed.append(jax.device_put(value.astype(leaf.dtype), leaf.sharding))
+        # from host memory: every process places its own shards (no cross-process transfer)
+        placed.append(jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding))
     return jax.tree_util.tree_unflatten(treedef, placed)

@@ -98,13 +98,24 @@ class DeviceMesh:
         """Sharding of (B, ...) batch arrays. Raises TitanError if B does not split evenly."""
         return NamedSharding(self.jax_mesh, batch_spec(batch_size, self.mesh_shape))
 
-    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Place host arrays (B, ...) on the mesh (this process's rows on multi-host)."""
-        return {key: self.shard_rows(value) for key, value in batch.items()}
+    def shard_batch(
+        self, batch: dict[str, np.ndarray], rows: int | None = None
+    ) -> dict[str, jax.Array]:
+        """Place host arrays on the mesh as a global batch of ``rows`` rows: ``batch`` holds
+        the rows this process's devices hold (:meth:`process_rows`), all of them by default."""
+        return {key: self.shard_rows(value, rows) for key, value in batch.items()}
 
-    def shard_rows(self, value: np.ndarray) -> jax.Array:
-        sharding = self.batch_sharding(value.shape[0])
-        return jax.make_array_from_process_local_data(sharding, value)
+    def shard_rows(self, value: np.ndarray, rows: int | None = None) -> jax.Array:
+        rows = rows or value.shape[0]
+        sharding = self.batch_sharding(rows)
+        return jax.make_array_from_process_local_data(sharding, value, (rows, *value.shape[1:]))
+
+    def process_rows(self, batch_size: int) -> np.ndarray:
+        """(R,) sorted indices of the rows of a (B, ...) batch that this process's devices hold
+        (every row once, whichever of its devices hold it)."""
+        indices = self.batch_sharding(batch_size).addressable_devices_indices_map((batch_size,))
+        rows = {r for index in indices.values() for r in range(batch_size)[index[0]]}
+        return np.array(sorted(rows), dtype=np.int64)
 
     def state_shardings(
         self, tx: optax.GradientTransformation, shapes: Any, logical: Any
@@ -156,5 +167,7 @@ def build_stage_meshes(dp: int, fsdp: int, tp: int, pp: int) -> list[DeviceMesh]
 
 
 def host_mesh() -> DeviceMesh:
-    """A one-device CPU mesh: where checkpoints are read to host memory before re-cutting."""
-    return DeviceMesh(Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1), MESH_AXES))
+    """A one-device CPU mesh of this process: where checkpoints are read to host memory before
+    re-cutting."""
+    device = jax.local_devices(backend="cpu")[0]
+    return DeviceMesh(Mesh(np.array([device]).reshape(1, 1, 1), MESH_AXES))

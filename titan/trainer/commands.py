@@ -15,6 +15,7 @@ from typing import Any
 from titan.config import SECTIONS, TrainConfig, option_fields
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options
+from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.trainer.resume import resume_options
 
 
@@ -52,7 +53,26 @@ def add_parser(subparsers: Any) -> None:
         help="continue the run in RUN_DIR from its last checkpoint, with its saved options; "
         "options given here (e.g. --steps) override the saved ones where allowed",
     )
+    _add_launch_arguments(train)
     train.set_defaults(run=run)
+
+
+def _add_launch_arguments(train: argparse.ArgumentParser) -> None:
+    """How this process joins a run of several (not run options: a run may resume on another
+    number of processes); see :mod:`titan.parallel.distributed` and ``titan launch``."""
+    group = train.add_argument_group("several processes (jax.distributed)")
+    group.add_argument(
+        "--distributed",
+        choices=DISTRIBUTED_MODES,
+        default="auto",
+        help="auto: join the processes of a SLURM, Open MPI or Kubernetes job when one is "
+        "detected, or those the flags below name; off: one process (default: auto)",
+    )
+    group.add_argument(
+        "--coordinator", metavar="HOST:PORT", help="address of process 0's coordination service"
+    )
+    group.add_argument("--num-processes", type=int, metavar="N", help="processes of the run")
+    group.add_argument("--process-id", type=int, metavar="I", help="this process, 0 to N - 1")
 
 
 def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,4 +96,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from titan.trainer.train import train_from_cli
 
-    return train_from_cli(options, args.resume)
+    launch = LaunchSettings(args.distributed, args.coordinator, args.num_processes, args.process_id)
+    return train_from_cli(options, args.resume, launch)

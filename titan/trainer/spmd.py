@@ -127,7 +127,7 @@ class SpmdTrainer:
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
         """One optimizer step (asynchronous dispatch). Returns (new state, metrics on device)."""
         chunk, metrics = self._compiled(
-            state.chunks[0], np.int32(state.step), self.mesh.shard_batch(batch)
+            state.chunks[0], np.int32(state.step), self.mesh.shard_batch(batch, self.batch_size)
         )
         return TrainState(state.step + 1, (chunk,)), metrics
 

@@ -9,7 +9,9 @@ in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``p
 ``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
 SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end`` ``stopped``
-and exit 0.
+and exit 0; with several processes a signal to any of them stops all after the same step
+(:class:`titan.parallel.distributed.StopAgreement`). Process 0 alone writes the record; every
+process keeps ``processes/<id>.json`` (:mod:`titan.trainer.processes`).
 With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
 :data:`EXIT_STALL` (3), leaving the last committed checkpoint to resume from.
 """
@@ -45,13 +47,28 @@ from titan.observability.records import (
     EVENTS_FILE,
     RunRecord,
     default_runs_root,
-    new_run_id,
     write_json_atomic,
 )
 from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
+from titan.parallel.distributed import (
+    LaunchSettings,
+    StopAgreement,
+    barrier,
+    initialize,
+    process_count,
+)
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.processes import (
+    Heartbeat,
+    agreed_run_id,
+    batch_rows,
+    first_then_others,
+    is_writer,
+    one_tokenizer,
+    open_record,
+)
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer.state import StepMetrics, Trainer, TrainState
@@ -119,7 +136,7 @@ def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
     root = default_runs_root(cfg.run.runs_root)
     if root.exists() and not root.is_dir():
         raise TitanError(f"--runs-root {root} is not a directory")
-    run_dir = root / (cfg.run.run_id or new_run_id(cfg.model.shape.name))
+    run_dir = root / (cfg.run.run_id or agreed_run_id(cfg.model.shape.name))
     if not resuming and (run_dir / EVENTS_FILE).exists():
         raise TitanError(
             f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
@@ -134,14 +151,21 @@ def _write_run_files(run_dir: Path, cfg: TrainConfig, model: ModelConfig, tok: T
     (run_dir / TOKENIZER_FILE).write_bytes(tok.model_proto)
 
 
-def train_from_cli(explicit: dict[str, Any], resume: str | None) -> int:
-    """``titan train``: options from the command line (only those given), optional resume dir.
+def train_from_cli(
+    explicit: dict[str, Any], resume: str | None, launch: LaunchSettings | None = None
+) -> int:
+    """``titan train``: options from the command line (only those given), optional resume dir,
+    and how this process joins a run of several (:mod:`titan.parallel.distributed`).
 
     Returns:
         Exit code: 0 completed or stopped, 1 failed. Raises TitanError for bad input.
     """
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
+    if initialize(launch or LaunchSettings()) > 1 and cfg.parallel.layout != "spmd":
+        raise TitanError(
+            f"--layout {cfg.parallel.layout} cannot run across processes yet (spmd can)"
+        )
     return train(cfg, resume_dir)
 
 
@@ -163,29 +187,35 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         checkpointer = Checkpointer(run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
     with progress.status("preparing the tokenizer"):
-        tokenizer = _tokenizer(cfg, corpus, resume_dir)
+        tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir))
     model_cfg = model_config(cfg, tokenizer.vocab_size)
     ops = Ops(jax.default_backend(), cfg.compute.ops)
     trainer = build_trainer(cfg, model_cfg, ops)
-    tokens = progress.tokenize(lambda report: token_stream(corpus, tokenizer, report))
+    tokens = first_then_others(
+        "titan:tokens", lambda: progress.tokenize(lambda r: token_stream(corpus, tokenizer, r))
+    )
     batches = PackedBatches(
         tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
+    batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
     power_reader, power_info = open_reader(devices=jax.devices()[: trainer.describe()["devices"]])
 
-    created = not run_dir.exists()
-    _write_run_files(run_dir, cfg, model_cfg, tokenizer)
+    created = is_writer() and not run_dir.exists()
+    if is_writer():
+        _write_run_files(run_dir, cfg, model_cfg, tokenizer)
+    barrier("titan:run-files")  # then the others write their heartbeats there
     run = _Run(
         cfg,
         trainer,
         batches,
         checkpointer or Checkpointer(run_dir),
-        RunRecord(run_dir, run_dir.name),
+        open_record(run_dir, run_dir.name),
         StopFlag(),
         progress,
         _flops_meter(trainer),
         PowerSampler(power_reader),
+        Heartbeat(run_dir),
     )
     run.stop.install()
     run.start_monitors()
@@ -209,12 +239,14 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
         run.record.emit(RunEnd(status=status, step=step, signal=run.stop.signal_name or None))
+        run.heartbeat.close(status, step)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
             bad_input = True
             raise  # bad input found before the run started: a one-line error, nothing recorded
         traceback.print_exc()
         run.record.emit(RunEnd(status="failed", step=None, error=f"{type(err).__name__}: {err}"))
+        run.heartbeat.close("failed", None)
         return EXIT_FAILED
     finally:
         run.stop_monitors()
@@ -262,6 +294,7 @@ def _run_start_fields(
             "tokens": int(len(batches.tokens)),
             "sequences": batches.num_sequences,
         },
+        "processes": process_count(),
     }
 
 
@@ -278,8 +311,10 @@ class _Run:
     progress: TrainProgress
     flops: FlopsMeter
     power: PowerSampler
+    heartbeat: Heartbeat
 
     def __post_init__(self) -> None:
+        self.agreement = StopAgreement(lambda: self.stop.requested)
         obs = self.cfg.observability
         self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
         steps = obs.profile_steps
@@ -356,7 +391,7 @@ class _Run:
         saved_step = step
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
-        while step < self.cfg.optimizer.steps and not self.stop.requested:
+        while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
             self.profiler.step_starts(step + 1)
             self.watchdog.enter("data_wait", step + 1)
             batch, ids = self.batches.next_batch()
@@ -368,6 +403,7 @@ class _Run:
                 pending = None
             state, metrics = self.trainer.step(state, batch)
             step += 1
+            self.agreement.contribute(step)
             if pending:
                 self._report(*pending)
             pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
@@ -382,7 +418,7 @@ class _Run:
         if step != saved_step:
             self.save(state)
         self.watchdog.enter("idle", step)
-        return step, "stopped" if self.stop.requested else "completed"
+        return step, "stopped" if self.agreement.agreed else "completed"
 
     def _debug_stall(self) -> None:
         """``--debug-stall-at-step``: hang here (a testing aid for the watchdog) until a stop
@@ -399,6 +435,7 @@ class _Run:
         now = time.perf_counter()
         step_time_s, self._last_done = now - self._last_done, now
         self.watchdog.step_done(step_time_s)
+        self.heartbeat.beat(step)
         tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
         event = self.record.emit(
             Step.from_fields(

@@ -1,0 +1,214 @@
+"""One run across several processes (JAX's distributed runtime, gloo on CPU): the same losses,
+batches and record as one process with the same devices; one stop; resume on another number
+of processes.
+
+The runs start through ``titan launch`` (2 processes x 2 CPU devices); the one-process runs they
+are compared with run in this process on 4 of the test session's 8 CPU devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import cli_args, events, run_in_process, wait_for_event
+
+from titan.errors import TitanError
+from titan.launch.local import child_envs, exit_code
+from titan.parallel.distributed import LaunchSettings, initialize
+
+STEPS = 8
+# Gradients summed across processes (gloo) and inside one process add in another order.
+RTOL = 1e-5
+
+
+def launch(options: dict, processes: int = 2, devices: int = 2) -> subprocess.Popen:
+    """``titan launch --processes N --devices-per-process D -- train OPTIONS``."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "titan.cli",
+            "launch",
+            "--processes",
+            str(processes),
+            "--devices-per-process",
+            str(devices),
+            "--platform",
+            "cpu",
+            "--",
+            "train",
+            *cli_args(options),
+        ],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def heartbeats(run_dir: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in (run_dir / "processes").glob("*.json")}
+
+
+def step_values(run_dir: Path) -> list[tuple[int, float, float, str]]:
+    return [
+        (e["step"], e["loss"], e["grad_norm"], e["batch_digest"]) for e in events(run_dir, "step")
+    ]
+
+
+def assert_same_steps(got: list, want: list) -> None:
+    assert [s[0] for s in got] == [s[0] for s in want]
+    assert [s[3] for s in got] == [s[3] for s in want]  # batch digests: exactly the same data
+    for (_, loss, norm, _), (_, want_loss, want_norm, _) in zip(got, want, strict=True):
+        assert loss == pytest.approx(want_loss, rel=RTOL)
+        assert norm == pytest.approx(want_norm, rel=RTOL)
+
+
+@pytest.fixture(scope="module")
+def options(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A small run on 4 devices (data parallel), its checkpoints only at the end."""
+    return {
+        "data": str(corpus_dir),
+        "vocab_size": 512,
+        "seq_len": 32,
+        "batch_size": 8,
+        "steps": STEPS,
+        "warmup_steps": 2,
+        "checkpoint_every": 1000,
+        "runs_root": str(tmp_path_factory.mktemp("runs")),
+        "dp": 4,
+        "compute_dtype": "float32",
+    }
+
+
+@pytest.fixture(scope="module")
+def one_process(options: dict) -> Path:
+    """The run as one process with 4 devices."""
+    code, run_dir = run_in_process({**options, "run_id": "one"})
+    assert code == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_processes(options: dict) -> Path:
+    """The run as 2 processes with 2 devices each."""
+    proc = launch({**options, "run_id": "two"})
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    return Path(options["runs_root"]) / "two"
+
+
+def test_two_processes_train_like_one_with_the_same_devices(two_processes, one_process):
+    assert len(events(two_processes, "step")) == STEPS
+    assert_same_steps(step_values(two_processes), step_values(one_process))
+
+
+def test_two_processes_keep_one_record_and_a_heartbeat_each(two_processes):
+    record = events(two_processes)
+    steps = [e["step"] for e in record if e["type"] == "step"]
+    assert steps == list(range(1, STEPS + 1))  # one event per step, not one per process
+    (start,) = [e for e in record if e["type"] == "run_start"]
+    assert start["processes"] == 2 and start["layout"]["devices"] == 4
+    assert {e["run_id"] for e in record} == {"two"}
+    (end,) = [e for e in record if e["type"] == "run_end"]
+    assert end["status"] == "completed"
+    beats = heartbeats(two_processes)
+    assert sorted(beats) == [0, 1]
+    assert len({b["pid"] for b in beats.values()}) == 2
+    for index, beat in beats.items():
+        assert beat["process"] == index and beat["processes"] == 2
+        assert beat["step"] == STEPS and beat["status"] == "completed"
+        assert beat["started"] <= beat["beat"] <= time.time()
+
+
+def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_on_one(
+    options, one_process
+):
+    run_dir = Path(options["runs_root"]) / "stopped"
+    proc = launch({**options, "run_id": "stopped"})
+    wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] == 1)
+    os.kill(heartbeats(run_dir)[1]["pid"], signal.SIGTERM)  # process 1 only
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+
+    (end,) = events(run_dir, "run_end")
+    assert end["status"] == "stopped" and 1 <= end["step"] < STEPS
+    (checkpoint,) = events(run_dir, "checkpoint")
+    assert checkpoint["step"] == end["step"] == events(run_dir, "step")[-1]["step"]
+    beats = heartbeats(run_dir)
+    assert [beats[i]["status"] for i in (0, 1)] == ["stopped", "stopped"]
+    assert beats[0]["step"] == beats[1]["step"] == end["step"]
+
+    code, _ = run_in_process({**options, "run_id": "stopped"}, resume=run_dir)
+    assert code == 0
+    starts = events(run_dir, "run_start")
+    assert [s["processes"] for s in starts] == [2, 1]
+    assert starts[-1]["resumed_from_step"] == end["step"]
+    assert_same_steps(step_values(run_dir), step_values(one_process))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-processes", "2", "--process-id", "0"], "without --coordinator"),
+        (["--coordinator", "127.0.0.1:1", "--num-processes", "0"], "--num-processes 0"),
+        (["--num-processes", "2", "--process-id", "2"], "--process-id 2 is out of range"),
+        (["--distributed", "off", "--num-processes", "2"], "--distributed off"),
+    ],
+)
+def test_bad_launch_settings_are_a_one_line_error(tmp_path, flags, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "titan.cli", "train", "--runs-root", str(tmp_path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_one_process_without_a_cluster_initialises_nothing():
+    assert initialize(LaunchSettings()) == 1
+    assert initialize(LaunchSettings(num_processes=1, process_id=0)) == 1
+    with pytest.raises(TitanError, match="expected HOST:PORT"):
+        initialize(LaunchSettings(coordinator="127.0.0.1:", num_processes=2, process_id=0))
+
+
+def test_launch_splits_devices_per_process():
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_foo=1"}
+    cpu = child_envs(2, 2, "cpu", env)
+    assert [e["JAX_NUM_CPU_DEVICES"] for e in cpu] == ["2", "2"]
+    assert [e["XLA_FLAGS"] for e in cpu] == ["--xla_foo=1", "--xla_foo=1"]
+    gpu = child_envs(2, None, "gpu", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in gpu] == ["0,1", "2,3"]
+    with pytest.raises(TitanError, match="needs 6 GPUs, 4 visible"):
+        child_envs(2, 3, "gpu", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert [exit_code(c) for c in (0, 2, -15)] == [0, 2, 143]
+
+
+def test_a_one_process_pipeline_run_resumes_as_spmd_on_two_processes(options, one_process):
+    # The first 3 steps' learning rates do not depend on --steps (2 warmup steps, then the peak).
+    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "steps": 3}
+    code, run_dir = run_in_process({**options, **pipeline, "run_id": "grow"})
+    assert code == 0
+    proc = launch({"resume": run_dir, "steps": STEPS, "layout": "spmd", "pp": 1, "dp": 4})
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    starts = events(run_dir, "run_start")
+    assert [(s["processes"], s["resumed_from_step"]) for s in starts] == [(1, None), (2, 3)]
+    assert_same_steps(step_values(run_dir), step_values(one_process))
+
+
+def test_launch_exits_with_the_worst_childs_code(tmp_path):
+    proc = launch({"data": str(tmp_path / "missing"), "runs_root": str(tmp_path / "runs")})
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert {line[:3] for line in output.splitlines() if "no such file" in line} == {"[0]", "[1]"}

@@ -1,0 +1,1 @@
+"""Starting the processes of one run: ``titan launch`` (several local processes)."""

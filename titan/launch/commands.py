@@ -1,0 +1,43 @@
+"""``titan launch``: several local processes of one run (:mod:`titan.launch.local`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from titan.launch.local import PLATFORMS, launch_local
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``launch`` to the ``titan`` subcommands."""
+    launch = subparsers.add_parser(
+        "launch",
+        help="run one training run as several local processes",
+        description="Start N local processes of one run (JAX's distributed runtime on a free "
+        "local port), each with its share of the devices; forward SIGTERM, SIGINT and SIGHUP "
+        "to all; prefix each line with [process]; exit with the worst exit code. "
+        "Example: titan launch --processes 2 --devices-per-process 2 -- train --preset tiny",
+    )
+    launch.add_argument("--processes", type=int, required=True, metavar="N")
+    launch.add_argument(
+        "--devices-per-process",
+        type=int,
+        default=None,
+        metavar="D",
+        help="devices each process gets (default: CPU 1, GPU the visible GPUs / N)",
+    )
+    launch.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default="auto",
+        help="how devices are split: cpu (JAX_NUM_CPU_DEVICES) or gpu (CUDA_VISIBLE_DEVICES); "
+        "auto: gpu when GPUs are visible (default: auto)",
+    )
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- train OPTIONS")
+    launch.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``titan launch``; returns the worst child's exit code."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return launch_local(command, args.processes, args.devices_per_process, args.platform)

@@ -1,0 +1,231 @@
+"""One run across several processes, on JAX's own distributed runtime.
+
+Start-up (:func:`initialize`) turns the launch settings of ``titan train`` (``--distributed``,
+``--coordinator``, ``--num-processes``, ``--process-id``) into one call of
+``jax.distributed.initialize``, before anything touches a JAX device:
+
+- ``--distributed off``: one process, nothing initialised; the explicit flags are refused.
+- ``--distributed auto`` (default) with none of the explicit flags: JAX's own cluster detection
+  (SLURM, Open MPI, Kubernetes: ``jax._src.clusters``) decides; a detected job of one process
+  and no detected cluster both mean a single process, nothing initialised.
+- Explicit flags override what detection finds; outside a detected cluster all three are needed.
+
+On CPU the processes' collectives go through gloo (``jax_cpu_collectives_implementation``) and
+each process gets its share of CPU devices from ``JAX_NUM_CPU_DEVICES`` (``jax_num_cpu_devices``,
+which ``titan launch`` sets). Only SPMD runs across processes: no array crosses processes outside
+a jitted collective, so ``jax_cross_host_transfer_socket_address`` is not needed.
+
+Beyond the train step itself the training entry needs three collectives, all here: a value
+decided by process 0 (:func:`broadcast_bytes`, the run id and the tokenizer), a barrier
+(:func:`barrier`) and the stop agreement (:class:`StopAgreement`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from titan.errors import TitanError
+
+DISTRIBUTED_MODES = ("auto", "off")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How this process joins a run (``titan train``'s launch flags; not a run option: the same
+    run may resume on another number of processes).
+
+    Attributes:
+        mode: ``auto`` or ``off``.
+        coordinator: ``HOST:PORT`` of process 0's coordination service, or None.
+        num_processes: processes of the run, or None.
+        process_id: this process's index in ``[0, num_processes)``, or None.
+    """
+
+    mode: str = "auto"
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    @property
+    def explicit(self) -> dict[str, object]:
+        """The explicit flags given, as ``jax.distributed.initialize`` keywords."""
+        given = {
+            "coordinator_address": self.coordinator,
+            "num_processes": self.num_processes,
+            "process_id": self.process_id,
+        }
+        return {key: value for key, value in given.items() if value is not None}
+
+    def check(self) -> None:
+        """Raises TitanError (one line, naming the flag) for settings that cannot start a run."""
+        if self.mode not in DISTRIBUTED_MODES:
+            raise TitanError(f"--distributed {self.mode}: allowed: auto, off")
+        if self.mode == "off" and self.explicit:
+            flag = _FLAGS[next(iter(self.explicit))]
+            raise TitanError(f"{flag} cannot be given with --distributed off")
+        if self.num_processes is not None and self.num_processes < 1:
+            raise TitanError(f"--num-processes {self.num_processes}: must be at least 1")
+        if self.process_id is not None and self.process_id < 0:
+            raise TitanError(f"--process-id {self.process_id}: must be at least 0")
+        if None not in (self.num_processes, self.process_id) and (
+            self.process_id >= self.num_processes  # type: ignore[operator]
+        ):
+            raise TitanError(
+                f"--process-id {self.process_id} is out of range for --num-processes "
+                f"{self.num_processes} (0 to {self.num_processes - 1})"  # type: ignore[operator]
+            )
+        if self.coordinator is not None:
+            host, _, port = self.coordinator.rpartition(":")
+            if not host or not port.isdigit():
+                raise TitanError(f"--coordinator {self.coordinator}: expected HOST:PORT")
+
+
+_FLAGS = {
+    "coordinator_address": "--coordinator",
+    "num_processes": "--num-processes",
+    "process_id": "--process-id",
+}
+
+
+def detected_cluster() -> tuple[str, int] | None:
+    """(name, process count) of the cluster JAX's own detection finds here, or None."""
+    from jax._src.clusters import ClusterEnv  # JAX's detection, as initialize() runs it
+
+    for env in ClusterEnv._cluster_types:
+        if not env.opt_in_only_method and env.is_env_present():
+            return env.__name__, int(env.get_process_count())
+    return None
+
+
+def initialize(settings: LaunchSettings) -> int:
+    """Join the run's processes per ``settings`` (a no-op for one process). Must run before
+    anything touches a JAX device. Returns the number of processes.
+
+    Raises:
+        TitanError: inconsistent or incomplete settings (names the missing flag).
+    """
+    settings.check()
+    if settings.mode == "off":
+        return 1
+    explicit = settings.explicit
+    cluster = detected_cluster() if len(explicit) < len(_FLAGS) else None
+    if cluster is None:
+        missing = [flag for key, flag in _FLAGS.items() if key not in explicit]
+        if not explicit or explicit.get("num_processes") == 1:
+            return 1
+        if missing:
+            given = ", ".join(_FLAGS[key] for key in explicit)
+            raise TitanError(
+                f"{given} given without {', '.join(missing)} (no SLURM, Open MPI or Kubernetes "
+                "job detected to fill them in)"
+            )
+    elif cluster[1] == 1 and "num_processes" not in explicit:
+        return 1
+    import jax
+
+    # gloo carries the CPU collectives between processes (ignored by GPU clients).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(**explicit)
+    except (ValueError, RuntimeError) as err:
+        raise TitanError(f"jax.distributed.initialize: {str(err).splitlines()[0]}") from None
+    return jax.process_count()
+
+
+def process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+def barrier(name: str) -> None:
+    """Wait until every process has reached the barrier ``name`` (no-op for one process)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def broadcast_bytes(data: bytes | None) -> bytes:
+    """Process 0's ``data`` on every process (others pass anything, e.g. None)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return data or b""
+    first = jax.process_index() == 0
+    size = multihost_utils.broadcast_one_to_all(np.int32(len(data) if first else 0))
+    buffer = np.frombuffer(data, np.uint8) if first else np.zeros(int(size), np.uint8)
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buffer)))
+
+
+def broadcast_text(text: str | None) -> str:
+    """Process 0's ``text`` on every process."""
+    return broadcast_bytes(text.encode() if text is not None else None).decode()
+
+
+class StopAgreement:
+    """Whether any process has asked to stop, agreed by all processes at the same step.
+
+    After each step every process dispatches a one-element max-reduce of its own stop flag over
+    one device per process (:meth:`contribute`); nobody waits for it then. Before dispatching
+    step ``n + 1`` the loop reads the reduce of step ``n - 1`` (:meth:`stop_before`), which has
+    already finished, since step ``n - 1``'s metrics were read one step late. Every process
+    reads the same value at the same point, so all stop after the same step, at most two steps
+    after the signal. Cost: one scalar all-reduce per step, dispatched asynchronously (a few ms
+    over gloo on CPU, microseconds over NCCL); the host never blocks on it.
+
+    With one process the local flag is the agreement (stop after the step in flight).
+    """
+
+    def __init__(self, requested: Callable[[], bool]) -> None:
+        import jax
+
+        self._requested = requested
+        self._pending: deque[tuple[int, jax.Array]] = deque()  # (step, reduced flag)
+        self._reduce = None
+        if jax.process_count() > 1:
+            devices = [
+                next(d for d in jax.devices() if d.process_index == p)
+                for p in range(jax.process_count())
+            ]
+            mesh = jax.sharding.Mesh(np.array(devices), ("process",))
+            self._sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("process"))
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            self._reduce = jax.jit(lambda flags: flags.max(), out_shardings=replicated)
+        self._agreed = False
+
+    @property
+    def agreed(self) -> bool:
+        """Whether the run is stopping (with one process: whether a stop was requested)."""
+        return self._agreed or (self._reduce is None and bool(self._requested()))
+
+    def contribute(self, step: int) -> None:
+        """Dispatch the reduce of this process's flag after ``step`` (asynchronous)."""
+        if self._reduce is None:
+            return
+        import jax
+
+        local = np.array([int(self._requested())], np.int32)
+        flags = jax.make_array_from_process_local_data(
+            self._sharding, local, (jax.process_count(),)
+        )
+        self._pending.append((step, self._reduce(flags)))
+
+    def stop_before(self, step: int) -> bool:
+        """Whether to stop before dispatching step ``step + 1`` (every process answers alike)."""
+        while self._pending and self._pending[0][0] <= step - 1:
+            _, flag = self._pending.popleft()
+            self._agreed = self._agreed or bool(np.asarray(flag))
+        return self.agreed

@@ -1,0 +1,147 @@
+"""What each process of a run does differently: one writer of the record, work done once, a
+heartbeat per process.
+
+With several processes (:mod:`titan.parallel.distributed`) process 0 is the run's one writer of
+``events.jsonl``, ``config.json`` and ``tokenizer.model``; the others record nothing there
+(:class:`MutedRecord`). Process 0 decides the run id (:func:`agreed_run_id`) and the tokenizer
+(:func:`one_tokenizer`), and tokenizes the corpus into the cache while the others wait
+(:func:`first_then_others`). Every process, process 0 too, keeps ``processes/<id>.json`` in the
+run dir up to date (:class:`Heartbeat`), so that a dead or hung process is named by its host,
+pid and the age of its last beat.
+
+Heartbeat file fields: ``process`` (index), ``processes`` (count), ``host``, ``pid``,
+``started`` (unix s, when the process started), ``step`` (last step reported), ``beat`` (unix s
+of the last update), ``status`` (``running``, then the run's ``run_end`` status).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from titan.data.tokenizer import Tokenizer
+from titan.observability.events import Event
+from titan.observability.records import RunRecord, new_run_id, write_json_atomic
+from titan.parallel.distributed import (
+    barrier,
+    broadcast_bytes,
+    broadcast_text,
+    process_count,
+    process_index,
+)
+
+PROCESSES_DIR = "processes"
+BEAT_INTERVAL_S = 1.0
+T = TypeVar("T")
+
+
+def is_writer() -> bool:
+    """Whether this process writes the run's record (process 0)."""
+    return process_index() == 0
+
+
+def batch_rows(trainer: Any, batch_size: int) -> np.ndarray | None:
+    """Rows of each global batch this process materialises (those its devices hold), or None
+    for all of them (one process). Only the SPMD layout (``trainer.mesh``) runs across
+    processes."""
+    if process_count() == 1:
+        return None
+    return trainer.mesh.process_rows(batch_size)
+
+
+def agreed_run_id(preset: str) -> str:
+    """A fresh run id, drawn by process 0 and the same on every process."""
+    return broadcast_text(new_run_id(preset) if is_writer() else None)
+
+
+def one_tokenizer(make: Callable[[], Tokenizer]) -> Tokenizer:
+    """Process 0's tokenizer (``make()`` runs there only) on every process."""
+    if process_count() == 1:
+        return make()
+    tokenizer = make() if is_writer() else None
+    proto = broadcast_bytes(tokenizer.model_proto if tokenizer else None)
+    return tokenizer or Tokenizer(proto)
+
+
+def first_then_others(name: str, make: Callable[[], T]) -> T:
+    """``make()`` on process 0, then, once it is done (barrier ``name``), on the others: for
+    work that fills a cache the others then read (tokenizing the corpus)."""
+    if is_writer():
+        value = make()
+        barrier(name)
+        return value
+    barrier(name)
+    return make()
+
+
+class MutedRecord(RunRecord):
+    """The record of a process that is not the writer: events are built and returned (the
+    progress line uses them) but written nowhere."""
+
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        self.run_dir, self.run_id = run_dir, run_id
+
+    def emit(self, event: Event) -> Event:
+        return dataclasses.replace(event, time=time.time(), run_id=self.run_id)
+
+    def close(self) -> None:
+        pass
+
+
+def open_record(run_dir: Path, run_id: str) -> RunRecord:
+    """The run's record on the writer, a :class:`MutedRecord` on the other processes."""
+    return RunRecord(run_dir, run_id) if is_writer() else MutedRecord(run_dir, run_id)
+
+
+class Heartbeat:
+    """This process's ``processes/<id>.json``, rewritten (atomically) at most once a second."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / PROCESSES_DIR / f"{process_index()}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fields: dict[str, Any] = {
+            "process": process_index(),
+            "processes": process_count(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": _process_start_time(),
+            "step": None,
+            "status": "running",
+        }
+        self._last = 0.0
+        self.beat(None, force=True)
+
+    def beat(self, step: int | None, force: bool = False) -> None:
+        """Record ``step`` as the last one done; writes only if a second has passed (or
+        ``force``)."""
+        self.fields["step"] = step if step is not None else self.fields["step"]
+        now = time.time()
+        if force or now - self._last >= BEAT_INTERVAL_S:
+            self._last = now
+            write_json_atomic(self.path, {**self.fields, "beat": now})
+
+    def close(self, status: str, step: int | None) -> None:
+        """The last beat: the run's end status."""
+        self.fields["status"] = status
+        self.beat(step, force=True)
+
+
+def _process_start_time() -> float:
+    """Unix time this process started (from /proc where there is one, else now)."""
+    try:
+        ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
