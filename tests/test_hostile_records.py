@@ -5,8 +5,10 @@ ingested afresh or dropped; run ids are restricted to a safe character set."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -226,8 +228,9 @@ def test_report_md_holds_no_raw_escape(tmp_path: Path):
 
 
 def _screen_text(app: TitanConsole) -> str:
-    """What the terminal would get for the current screen (an SVG screenshot's text)."""
-    return app.export_screenshot()
+    """The text of the current screen as drawn (an SVG screenshot, tags left out)."""
+    svg = app.export_screenshot()
+    return html.unescape(re.sub(r"<[^>]*>", "", svg)).replace("\xa0", " ")
 
 
 def _write_console_run(root: Path, name: str, preset: str, status: str) -> None:
@@ -277,3 +280,61 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     assert "tiny[/bogus]" in runs_screen and "[link=http://x]tiny[/link]" in runs_screen
     assert "completed[/]" in history_screen and "tiny[/bogus]" in history_screen
     assert ["preset", "tiny[/bogus]"] in config_rows
+
+
+async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_path: Path):
+    run_dir = tmp_path / HOSTILE_ID
+    run_dir.mkdir()
+    start = event(
+        "run_start",
+        1000.0,
+        config={"preset": {"not": "text"}, "watchdog_floor": "soon", "watchdog_factor": [2]},
+        layout={"devices": "eight"},
+        env={"device_kinds": {"NVIDIA H200": 1}},
+        power={"reason": 5},
+        total_steps=8,
+    )
+    stall = event(
+        "stall",
+        1002.0,
+        phase="step",
+        elapsed_s=None,
+        threshold_s=None,
+        step=1,
+        stacks=[{"thread": f"main{OSC52}", "stack": 5}, {"stack": [f"frame[/]{OSC_TITLE}"]}],
+    )
+    pipeline = event(
+        "pipeline",
+        1001.5,
+        stages=1,
+        schedule=f"gpipe[/bogus]{OSC52}",
+        microbatches=1,
+        theoretical_bubble=0.0,
+        actions=[[f"F0.0[link=http://x]{OSC52}"]],
+    )
+    append_events(
+        run_dir,
+        [
+            start,
+            pipeline,
+            event("step", 1001.0, step=1, loss=5.5, step_time_s=1.0, energy_j=10.0),
+            stall,
+            event("run_end", 1003.0, status=f"failed[/]{OSC52}", step=1, error=f"[/]{OSC52}"),
+        ],
+        tail=DEEP + "\n",
+    )
+    app = TitanConsole(tmp_path, open_run=run_dir)
+    shown = []
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(
+            pilot, lambda: app.screen.state.end_status is not None, lambda: "not read", 20
+        )
+        for key in "123456":
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            shown.append(_screen_text(app))
+    for screen in shown:
+        assert ESC not in screen and "\x07" not in screen
+    assert "failed[/]\\x1b]52;c;" in shown[0]
+    assert "thread main\\x1b]52;c;" in shown[2] and "frame[/]\\x1b]2;owned\\x07" in shown[2]
+    assert "gpipe[/bogus]\\x1b]52" in shown[5] and "F0.0[link=http://x]" in shown[5]
