@@ -24,6 +24,7 @@ from titan.observability import summarize
 from titan.observability.inert import inert
 from titan.observability.records import EVENTS_FILE, EventTail, check_run_id, parse_json
 from titan.observability.report import REPORT_FILE
+from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.screens.history import HistoryScreen
 from tui.screens.run_detail import RunDetailScreen
@@ -222,6 +223,16 @@ def test_report_md_holds_no_raw_escape(tmp_path: Path):
     text = (path.parent / "report" / REPORT_FILE).read_text()
     assert ESC not in text and "\x07" not in text
     assert "\\x1b]52;c;" in text and "completed[/]" in text and "tiny[/bogus]" in text
+
+
+def test_training_log_lines_show_a_hostile_run_dir_inert(capsys):
+    progress = TrainProgress(total_steps=2, log_every=1)
+    with progress.status(f"resuming {HOSTILE_ID}"):
+        pass
+    progress.finish("completed", 2, Path("runs") / HOSTILE_ID)
+    out, err = capsys.readouterr()
+    assert ESC not in out + err and "\x07" not in out + err
+    assert "resuming run\\x1b]52;c;" in out and "runs/run\\x1b]52;c;" in err
 
 
 # --- the console ----------------------------------------------------------------------------
