@@ -143,6 +143,25 @@ def test_an_events_file_that_cannot_be_read_is_reported_and_the_others_listed(
     assert main(["report", str(tmp_path / "good")]) == 0
 
 
+def _write_non_utf8_run(root: Path) -> None:
+    """A run dir whose name holds the byte 0xff (not UTF-8)."""
+    run_dir = os.path.join(os.fsencode(root), b"bad\xff")
+    os.makedirs(run_dir)
+    write_run(root, os.fsdecode(os.path.basename(run_dir)), crash_then_resume())
+
+
+def test_a_run_dir_name_that_is_not_utf8_is_listed_unreadable(tmp_path, capsys):
+    _write_non_utf8_run(tmp_path)
+    write_run(tmp_path, "good", crash_then_resume())
+    for _ in range(2):
+        assert main(["summarize", str(tmp_path), "--json"]) == 0
+        rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+        assert rows["bad\\xff"]["status"] == summarize.UNREADABLE
+        assert rows["good"]["steps"] == 6
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert "bad\\xff" in capsys.readouterr().out
+
+
 def test_report_of_an_events_directory_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "r" / EVENTS_FILE).mkdir(parents=True)
     assert main(["report", str(tmp_path / "r")]) == 2
@@ -262,15 +281,16 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     _write_console_run(tmp_path, "linked", "[link=http://x]tiny[/link]", "completed")
     (tmp_path / "deep").mkdir()
     (tmp_path / "deep" / EVENTS_FILE).write_text(DEEP + "\n")
+    _write_non_utf8_run(tmp_path)
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RunTable)
-        await wait_until(pilot, lambda: table.row_count == 3, lambda: "runs not listed", 20)
+        await wait_until(pilot, lambda: table.row_count == 4, lambda: "runs not listed", 20)
         await pilot.pause(0.2)
         runs_screen = _screen_text(app)
         await pilot.press("h")
         history = app.screen.query_one(HistoryTable)
-        await wait_until(pilot, lambda: history.row_count == 3, lambda: "not in history", 20)
+        await wait_until(pilot, lambda: history.row_count == 4, lambda: "not in history", 20)
         await pilot.pause(0.2)
         history_screen = _screen_text(app)
         assert isinstance(app.screen, HistoryScreen)
@@ -290,6 +310,7 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
         assert "\\x1b]52;c;" in shown
     assert "tiny[/bogus]" in runs_screen and "[link=http://x]tiny[/link]" in runs_screen
     assert "completed[/]" in history_screen and "tiny[/bogus]" in history_screen
+    assert "bad\\udcff" in runs_screen and "bad\\xff" in history_screen
     assert ["preset", "tiny[/bogus]"] in config_rows
 
 

@@ -309,22 +309,30 @@ def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
     run's id is its directory's name."""
     report = IngestReport()
     changed, unreadable = [], {}
-    paths = sorted(Path(runs_root).glob(f"*/{EVENTS_FILE}"))
-    present = {path.parent.name for path in paths}
+    paths = {}
+    for path in sorted(Path(runs_root).glob(f"*/{EVENTS_FILE}")):
+        name = path.parent.name
+        # A name that is not UTF-8 (its bytes decoded with surrogates) cannot be a key: the run
+        # is listed under its bytes written out, as unreadable.
+        run_id = os.fsencode(name).decode("utf-8", "backslashreplace")
+        if run_id != name:
+            unreadable[run_id] = "the run dir's name is not UTF-8; rename the dir"
+        else:
+            paths[run_id] = path
     for run_id in _ids(con, "SELECT run_id FROM files UNION SELECT run_id FROM runs"):
-        if run_id not in present:
+        if run_id not in paths and run_id not in unreadable:
             _forget(con, run_id)
     with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
-        for path in paths:
+        for run_id, path in paths.items():
             try:
-                added, bad, replaced = _ingest_file(con, path, path.parent.name, Path(tmp))
+                added, bad, replaced = _ingest_file(con, path, run_id, Path(tmp))
             except OSError as err:
-                unreadable[path.parent.name] = _one_line(err)
+                unreadable[run_id] = _one_line(err)
                 continue
             report.events += added
             report.bad_lines += bad
             if added or bad or replaced:
-                changed.append(path.parent.name)
+                changed.append(run_id)
     # A run seen running and silent since may have died: its status is worked out again. So is
     # a run that was unreadable, or that has no summary (an ingest stopped before making it).
     stale = _ids(
