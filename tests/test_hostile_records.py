@@ -26,6 +26,7 @@ from titan.observability.records import EVENTS_FILE, EventTail, check_run_id, pa
 from titan.observability.report import REPORT_FILE
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
+from tui.app import main as console_main
 from tui.screens.history import HistoryScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
@@ -100,6 +101,45 @@ def test_json_nested_1000_deep_is_a_bad_line_for_every_reader(tmp_path: Path):
     assert (s.run_id, s.status, s.steps, s.bad_lines) == ("deep", "completed", 6, 1)
     assert main(["summarize", str(tmp_path)]) == 0
     assert main(["report", str(tmp_path / "deep")]) == 0
+
+
+def wrong_type_events() -> list[dict]:
+    """A resumed run whose fields hold values of the wrong JSON type, and lines that are no
+    events at all."""
+    events = crash_then_resume()
+    events[0].update(
+        config={"preset": ["a"], "steps": "x", "layout": {"a": 1}, "pp": "two"},
+        model="x",
+        layout={"devices": "8"},
+        env=[1],
+        power="none",
+        total_steps="6",
+    )
+    events[2].update(step="one", loss="low", tokens=[1], step_time_s={"a": 1}, mfu=[0.5])
+    events[3].update(mfu={"causal": "high"}, energy_j="x", tokens_seen=10**30)
+    events[-1].update(status=7, step="six")
+    stall = {"type": "stall", "time": 1015.9, "phase": "step", "stacks": [{"a": 1}]}
+    stall["stacks"].append({"thread": 3, "stack": [1, None]})
+    events[5:5] = [
+        {"type": 5, "time": "now"},
+        {"type": "checkpoint", "time": 1014.7, "step": [2]},
+        {"type": "run_start", "time": None},
+        stall,
+    ]
+    return events
+
+
+def test_wrong_types_and_a_line_longer_than_a_read_chunk_are_survived(tmp_path, monkeypatch):
+    monkeypatch.setattr(summarize, "READ_CHUNK_BYTES", 1024)
+    huge = {"type": "checkpoint", "time": 1016.6, "step": 4, "note": "x" * 10_000}
+    path = write_run(tmp_path, "wrong", wrong_type_events())
+    with path.open("a") as f:
+        f.write(json.dumps(huge) + "\n")
+    [s] = summarize.summarize(tmp_path)
+    assert (s.run_id, s.steps, s.restarts, s.stalls) == ("wrong", 6, 1, 2)
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert main(["perf", "check", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path / "wrong")]) == 0
 
 
 def test_a_run_whose_summary_crashed_is_summarised_at_the_next_ingest(tmp_path, monkeypatch):
@@ -276,6 +316,13 @@ def _write_console_run(root: Path, name: str, preset: str, status: str) -> None:
     )
 
 
+def test_console_command_line_errors_show_a_hostile_path_inert(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        console_main(["--run", str(tmp_path / HOSTILE_ID)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and ESC not in err and "\\x1b]52;c;" in err
+
+
 async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Path):
     _write_console_run(tmp_path, HOSTILE_ID, "tiny[/bogus]", f"completed[/]{OSC52}")
     _write_console_run(tmp_path, "linked", "[link=http://x]tiny[/link]", "completed")
@@ -312,6 +359,32 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     assert "completed[/]" in history_screen and "tiny[/bogus]" in history_screen
     assert "bad\\udcff" in runs_screen and "bad\\xff" in history_screen
     assert ["preset", "tiny[/bogus]"] in config_rows
+
+
+async def test_console_survives_wrong_types_in_the_run_list_monitor_and_history(tmp_path):
+    write_run(tmp_path, "wrong", wrong_type_events())
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
+        await pilot.press("enter")
+        monitor = app.screen
+        await wait_until(pilot, lambda: monitor.state.steps, lambda: "not read", 20)
+        for key in "123456":
+            await pilot.press(key)
+            await pilot.pause(0.1)
+        await pilot.press("h")
+        history = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: history.row_count == 1, lambda: "not in history", 20)
+        await pilot.press("enter")
+        detail = app.screen
+        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        for key in "12345":
+            await pilot.press(key)
+            await pilot.pause(0.1)
+        stalls = list(detail.query_one("#detail-stalls").lines)
+    assert monitor.state.step == 6 and monitor.state.devices is None
+    assert stalls[0] == "2 stall(s)" and "  thread 3:" in stalls
 
 
 async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_path: Path):
