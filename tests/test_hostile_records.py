@@ -93,12 +93,16 @@ def test_json_nested_1000_deep_is_a_bad_line_for_every_reader(tmp_path: Path):
     assert parse_json(DEEP) is None and parse_json("[" * 65 + "]" * 65) is None
     assert parse_json('{"a": [{"b": 1}]}') == {"a": [{"b": 1}]}
     events = crash_then_resume()
-    deep_event = '{"type": "run_end", "time": 1113.0, "status": ' + DEEP + "}"
-    path = write_run(tmp_path, "deep", events, tail=DEEP + "\n" + deep_event + "\n")
+    deep_end = '{"type": "run_end", "time": 1113.0, "status": ' + DEEP + "}"
+    deep_step = '{"type": "step", "time": 1114.0, "step": 9, "x": ' + DEEP + "}"
+    # Brackets inside a string are no nesting: that step is read.
+    step = json.dumps({"type": "step", "time": 1115.0, "step": 7, "s": "[" * 100})
+    lines = [DEEP, deep_end, deep_step, step]
+    path = write_run(tmp_path, "deep", events, tail="\n".join(lines) + "\n")
     tail = EventTail(path)
-    assert len(tail.read_new()) == len(events) and tail.bad_lines == 2
+    assert len(tail.read_new()) == len(events) + 1 and tail.bad_lines == 3
     [s] = summarize.summarize(tmp_path)
-    assert (s.run_id, s.status, s.steps, s.bad_lines) == ("deep", "completed", 6, 1)
+    assert (s.run_id, s.status, s.steps, s.bad_lines) == ("deep", "completed", 7, 3)
     assert main(["summarize", str(tmp_path)]) == 0
     assert main(["report", str(tmp_path / "deep")]) == 0
 

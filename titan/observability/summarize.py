@@ -23,7 +23,9 @@ one writer. Tables:
   records.
 
 Parsing happens inside DuckDB (``read_text`` of the new complete lines staged in a temporary
-file, ``json_transform`` of each line once): Python never decodes the events one by one.
+file, ``json_transform`` of each line once): Python never decodes the events one by one (only
+a line with more opening brackets than :data:`~titan.observability.records.MAX_JSON_DEPTH` is,
+to refuse one nested deeper, as every reader does: it counts as a bad line).
 - ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`).
 - ``perf``: measured step times, see :mod:`titan.observability.perfdb`.
 
@@ -75,7 +77,7 @@ from titan.observability.events import (
     Step,
     parse_event,
 )
-from titan.observability.records import EVENTS_FILE, parse_json
+from titan.observability.records import EVENTS_FILE, MAX_JSON_DEPTH, parse_json
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
@@ -270,7 +272,8 @@ def _ingest_file(
                 lines = chunk.count(b"\n", 0, end + 1)
                 staged = tmp / "batch.jsonl"
                 # read_text needs UTF-8: undecodable bytes become U+FFFD.
-                staged.write_bytes(chunk[: end + 1].decode("utf-8", "replace").encode("utf-8"))
+                text = _without_deep_lines(chunk[: end + 1])
+                staged.write_bytes(text.decode("utf-8", "replace").encode("utf-8"))
                 count = con.execute(_INSERT_EVENTS, [run_id, seq, str(staged)]).fetchone()[0]
                 seq += lines
                 bad += lines - count
@@ -296,6 +299,21 @@ def _ingest_file(
             con.execute("ROLLBACK")
             raise
     return added, bad - bad_before, replaced
+
+
+def _without_deep_lines(data: bytes) -> bytes:
+    """``data`` (complete lines) with each line that :func:`~titan.observability.records.
+    parse_json` refuses for its nesting emptied (so it counts as a bad line, as in every other
+    reader, and the lines keep their numbers). Only a line with more than
+    :data:`~titan.observability.records.MAX_JSON_DEPTH` opening brackets can be that deep, so
+    the others are not decoded here."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return data
+    lines = data.split(b"\n")
+    for i, line in enumerate(lines):
+        if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and parse_json(line) is None:
+            lines[i] = b""
+    return b"\n".join(lines)
 
 
 def _ids(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None) -> list[str]:
