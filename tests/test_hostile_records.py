@@ -162,6 +162,27 @@ def test_a_run_whose_summary_crashed_is_summarised_at_the_next_ingest(tmp_path, 
     assert (s.run_id, s.status, s.steps) == ("later", "completed", 6)
 
 
+def test_a_run_that_cannot_be_summarised_is_unreadable_and_the_others_listed(tmp_path, monkeypatch):
+    write_run(tmp_path, "good", crash_then_resume())
+    write_run(tmp_path, "odd", crash_then_resume())
+    analyze = summarize.ettr.analyze
+
+    def failing(events, now):
+        if events and events[0].run_id == "odd":
+            raise TypeError("unsupported operand type(s)")
+        return analyze(events, now=now)
+
+    monkeypatch.setattr(summarize.ettr, "analyze", failing)
+    rows = {s.run_id: s for s in summarize.summarize(tmp_path)}
+    assert (rows["good"].status, rows["good"].steps) == ("completed", 6)
+    assert (rows["odd"].status, rows["odd"].reason) == (
+        summarize.UNREADABLE,
+        "TypeError: unsupported operand type(s)",
+    )
+    monkeypatch.setattr(summarize.ettr, "analyze", analyze)  # fixed: read again next time
+    assert {s.run_id: s.status for s in summarize.summarize(tmp_path)}["odd"] == "completed"
+
+
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_an_events_file_that_cannot_be_read_is_reported_and_the_others_listed(
     tmp_path: Path, capsys: pytest.CaptureFixture, kind: str

@@ -380,30 +380,24 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
+# What summarising a run's stored events can raise on a record no reader foresaw.
+_SUMMARY_ERRORS = (ValueError, TypeError, LookupError, AttributeError, RecursionError, duckdb.Error)
+
+
 def _refresh_or_mark(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """:func:`refresh_run`; a run whose stored events cannot be summarised (a line no reader
     foresaw) is stored as :data:`UNREADABLE` with the error, and the ingest goes on."""
     try:
         refresh_run(con, run_id)
-    except (ValueError, TypeError, KeyError, RecursionError, duckdb.Error) as err:
+    except _SUMMARY_ERRORS as err:
         _store_summary(con, _unreadable_summary(run_id, _one_line(err)))
 
 
 def _unreadable_summary(run_id: str, reason: str) -> RunSummary:
-    return RunSummary(
-        run_id=run_id,
-        status=UNREADABLE,
-        reason=reason,
-        **{
-            f.name: None
-            for f in dataclasses.fields(RunSummary)
-            if f.name not in ("run_id", "status", "reason", "badput", "stalls", "restarts")
-            and f.default is dataclasses.MISSING
-        },
-        badput={},
-        stalls=0,
-        restarts=0,
-    )
+    """The summary of a run that could not be read: nothing known but why."""
+    unknown = {f.name: None for f in dataclasses.fields(RunSummary)}
+    known = {"run_id": run_id, "status": UNREADABLE, "reason": reason, "badput": {}}
+    return RunSummary(**{**unknown, **known, "stalls": 0, "restarts": 0, "bad_lines": 0})
 
 
 def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Event]:
