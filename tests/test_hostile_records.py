@@ -27,6 +27,7 @@ from titan.observability.report import REPORT_FILE
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main
+from tui.launcher import STDERR_LOG
 from tui.screens.history import HistoryScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
@@ -101,6 +102,7 @@ def test_json_nested_1000_deep_is_a_bad_line_for_every_reader(tmp_path: Path):
     path = write_run(tmp_path, "deep", events, tail="\n".join(lines) + "\n")
     tail = EventTail(path)
     assert len(tail.read_new()) == len(events) + 1 and tail.bad_lines == 3
+    assert tail.error is None
     [s] = summarize.summarize(tmp_path)
     assert (s.run_id, s.status, s.steps, s.bad_lines) == ("deep", "completed", 7, 3)
     assert main(["summarize", str(tmp_path)]) == 0
@@ -193,6 +195,8 @@ def test_an_events_file_that_cannot_be_read_is_reported_and_the_others_listed(
         (tmp_path / "bad" / EVENTS_FILE).mkdir()
     else:
         os.mkfifo(tmp_path / "bad" / EVENTS_FILE)
+    tail = EventTail(tmp_path / "bad" / EVENTS_FILE)
+    assert tail.read_new() == [] and tail.error  # the console's reader neither blocks nor fails
     assert main(["summarize", str(tmp_path), "--json"]) == 0
     rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["good"]["status"] == "completed" and rows["good"]["steps"] == 6
@@ -354,15 +358,18 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     (tmp_path / "deep").mkdir()
     (tmp_path / "deep" / EVENTS_FILE).write_text(DEEP + "\n")
     _write_non_utf8_run(tmp_path)
+    (tmp_path / "fifo").mkdir()  # a FIFO would block a reader that opened it
+    os.mkfifo(tmp_path / "fifo" / EVENTS_FILE)
+    (tmp_path / "fifo" / STDERR_LOG).write_text("")
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RunTable)
-        await wait_until(pilot, lambda: table.row_count == 4, lambda: "runs not listed", 20)
+        await wait_until(pilot, lambda: table.row_count == 5, lambda: "runs not listed", 20)
         await pilot.pause(0.2)
         runs_screen = _screen_text(app)
         await pilot.press("h")
         history = app.screen.query_one(HistoryTable)
-        await wait_until(pilot, lambda: history.row_count == 4, lambda: "not in history", 20)
+        await wait_until(pilot, lambda: history.row_count == 5, lambda: "not in history", 20)
         await pilot.pause(0.2)
         history_screen = _screen_text(app)
         assert isinstance(app.screen, HistoryScreen)

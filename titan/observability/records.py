@@ -16,16 +16,18 @@ This module imports neither JAX nor Textual: the console reads records through i
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from titan.errors import TitanError
 from titan.observability.events import SCHEMA_VERSION, Event, parse_events
@@ -107,6 +109,18 @@ def _depth_within(value: Any, limit: int) -> bool:
     return True
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading bytes, refused unless it is a regular file (a directory
+    fails to open anyway; a FIFO would block the reader forever).
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(path, "rb")  # noqa: SIM115
+
+
 def _finite(value: Any) -> Any:
     """``value`` with NaN and infinities replaced by None (JSON has no such numbers)."""
     if isinstance(value, float):
@@ -178,7 +192,7 @@ class EventTail:
 
     def read_new(self) -> list[dict[str, Any]]:
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:
                 f.seek(self.offset)
                 chunk = f.read()
         except OSError as err:

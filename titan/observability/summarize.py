@@ -57,7 +57,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -77,7 +76,7 @@ from titan.observability.events import (
     Step,
     parse_event,
 )
-from titan.observability.records import EVENTS_FILE, MAX_JSON_DEPTH, parse_json
+from titan.observability.records import EVENTS_FILE, MAX_JSON_DEPTH, open_regular, parse_json
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
@@ -214,19 +213,6 @@ def _head_digest(f: Any, length: int) -> str:
     return hashlib.sha256(f.read(length)).hexdigest()
 
 
-def _open_events(path: Path) -> tuple[Any, os.stat_result]:
-    """``path`` opened for reading, with its stat.
-
-    Raises:
-        OSError: it cannot be opened, or it is not a regular file (a directory, a FIFO).
-    """
-    info = os.stat(path)
-    if not stat.S_ISREG(info.st_mode):
-        raise OSError(f"{path}: not a regular file")
-    f = open(path, "rb")  # noqa: SIM115
-    return f, os.fstat(f.fileno())
-
-
 def _ingest_file(
     con: duckdb.DuckDBPyConnection, path: Path, run_id: str, tmp: Path
 ) -> tuple[int, int, bool]:
@@ -242,8 +228,8 @@ def _ingest_file(
         [run_id],
     ).fetchone()
     offset, seq, bad, device, inode, head_len, digest = known if known else (0, 0, 0) + (None,) * 4
-    f, info = _open_events(path)
-    with f:
+    with open_regular(path) as f:
+        info = os.fstat(f.fileno())
         replaced = known is not None and (
             (device, inode) != (info.st_dev, info.st_ino)
             or info.st_size < offset
