@@ -460,6 +460,7 @@ async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_
         ],
         tail=DEEP + "\n",
     )
+    (run_dir / STDERR_LOG).mkdir()  # a directory where the stderr log should be
     app = TitanConsole(tmp_path, open_run=run_dir)
     shown = []
     async with app.run_test(size=SIZE) as pilot:
@@ -473,5 +474,6 @@ async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_
     for screen in shown:
         assert ESC not in screen and "\x07" not in screen
     assert "failed[/]\\x1b]52;c;" in shown[0]
+    assert f"cannot read {STDERR_LOG}" in shown[0]
     assert "thread main\\x1b]52;c;" in shown[2] and "frame[/]\\x1b]2;owned\\x07" in shown[2]
     assert "gpipe[/bogus]\\x1b]52" in shown[5] and "F0.0[link=http://x]" in shown[5]
