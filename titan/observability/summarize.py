@@ -41,7 +41,9 @@ of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (t
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
 the last attempt's ``run_end`` status; without one, ``running`` when its last event is recent
 (:data:`titan.observability.ettr.RUNNING_WINDOW_S`; such runs are worked out again at each
-ingest) and ``crashed`` otherwise; ETTR and goodput come from :mod:`titan.observability.ettr`.
+ingest) and ``crashed`` otherwise; ``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
+a run whose file or events could not be read; ETTR and goodput come from
+:mod:`titan.observability.ettr`.
 
 Readers here go through :mod:`titan.observability.events`: the typed columns are named after
 event fields, and whole events (for ETTR, the performance database and the summary's reasons)
