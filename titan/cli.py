@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from titan import DISTRIBUTION, __version__
 from titan.errors import TitanError
+from titan.observability.inert import inert
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe
@@ -66,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except TitanError as err:
-        print(f"titan {args.command}: error: {err}", file=sys.stderr)
+        # The message may quote a record or a path: shown inert (no terminal escapes).
+        print(f"titan {args.command}: error: {inert(err)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         # The reader of the output went away (``| head``): stop quietly, as Unix tools do. The

@@ -26,6 +26,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from titan.observability.inert import inert
 from titan.observability.records import default_runs_root
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
@@ -160,9 +161,10 @@ def exit_message(running: Sequence[LaunchedRun]) -> str:
         f"titan-console: {len(running)} training run(s) left running (quitting does not stop them):"
     ]
     for run in running:
+        run_dir = inert(run.run_dir)
         lines += [
-            f"  {run.run_dir}  (pid {run.pid})",
-            f"    follow: titan-console --run {run.run_dir}",
+            f"  {run_dir}  (pid {run.pid})",
+            f"    follow: titan-console --run {run_dir}",
             f"    stop:   kill -TERM -{run.pid}",
         ]
     return "\n".join(lines)
@@ -214,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.run is not None and not args.run.is_dir():
-        parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {args.run}\n")
+        parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {inert(args.run)}\n")
     if args.no_color:
         os.environ["NO_COLOR"] = "1"
     if args.run is not None:

@@ -9,7 +9,6 @@ it: call them from a thread worker, never from the UI thread. A lock serialises 
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import duckdb
 
 from titan.observability import summarize
 from titan.observability.events import RunStart, Stall, parse_events
+from titan.observability.records import parse_json
 from titan.observability.summarize import IngestReport, RunSummary
 
 # Points of a loss curve at most (nvitop-like restraint: more than a terminal can draw is waste).
@@ -156,7 +156,8 @@ class HistoryStore:
                 "AND type IN ('run_start', 'stall') ORDER BY seq",
                 [run_id],
             ).fetchall()
-        events, _ = parse_events({**json.loads(p), "time": t} for t, p in rows)
+        lines = ((t, parse_json(p)) for t, p in rows)
+        events, _ = parse_events({**line, "time": t} for t, line in lines if isinstance(line, dict))
         starts = [e for e in events if isinstance(e, RunStart)]
         last = starts[-1] if starts else RunStart()
         return RunDetail(

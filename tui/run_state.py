@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from titan.observability.events import (
     MFU_CONVENTION,
@@ -39,6 +40,17 @@ RATE_WINDOW_STEPS = 20
 _PHASE_AFTER = {"run_start": "compile", "step": "step", "checkpoint": "step", "run_end": "idle"}
 # Until run_start tells the run's options: titan train's defaults.
 _WATCHDOG_DEFAULTS = (300.0, 10.0)
+
+
+def _typed(mapping: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """``mapping[key]`` when it is a ``kind`` (an int counts as a float, a bool as neither),
+    else ``default``."""
+    value = mapping.get(key)
+    if isinstance(value, bool) or value is None:
+        return default
+    if kind is float and isinstance(value, int):
+        return float(value)
+    return value if isinstance(value, kind) else default
 
 
 def _new_watchdog(floor_s: float, factor: float) -> Watchdog:
@@ -163,17 +175,19 @@ class RunState:
         return self._watchdog.threshold_s(self.phase)
 
     def _on_run_start(self, event: RunStart) -> None:
+        # Values inside the nested dicts are whatever the record holds: each is taken only when
+        # it has the type it should have, so that a hostile or damaged record cannot crash us.
         config = event.config or {}
-        self.preset = config.get("preset", self.preset)
+        self.preset = _typed(config, "preset", str, self.preset)
         self._watchdog = _new_watchdog(
-            config.get("watchdog_floor", _WATCHDOG_DEFAULTS[0]),
-            config.get("watchdog_factor", _WATCHDOG_DEFAULTS[1]),
+            _typed(config, "watchdog_floor", float, _WATCHDOG_DEFAULTS[0]),
+            _typed(config, "watchdog_factor", float, _WATCHDOG_DEFAULTS[1]),
         )
-        self.devices = (event.layout or {}).get("devices")
-        kinds = (event.env or {}).get("device_kinds") or [""]
-        gpu = gpu_for_device_kind(kinds[0])
+        self.devices = _typed(event.layout or {}, "devices", int, None)
+        kinds = _typed(event.env or {}, "device_kinds", list, None) or [""]
+        gpu = gpu_for_device_kind(kinds[0]) if isinstance(kinds[0], str) else None
         self.tdp_w = gpu.tdp_w if gpu is not None and gpu.name != "cpu" else None
-        self.power_reason = (event.power or {}).get("reason")
+        self.power_reason = _typed(event.power or {}, "reason", str, None)
         self.param_count = event.param_count
         self.total_steps = event.total_steps
         self.started_at = event.time

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan.observability.events import Event, RunEnd, RunStart
-from titan.observability.records import EVENTS_FILE, EventTail
+from titan.observability.records import EVENTS_FILE, EventTail, open_regular
 from tui.launcher import STDERR_LOG, LaunchedRun
 
 # A stat of the record every 0.1 s costs microseconds and puts a step on screen well within
@@ -81,9 +81,12 @@ class RunWatcher:
         if size is None or size == self._stderr_size:
             return False
         self._stderr_size = size
-        with open(self._stderr_path, "rb") as f:
-            f.seek(max(size - _STDERR_TAIL_BYTES, 0))
-            text = f.read().decode("utf-8", errors="replace")
+        try:
+            with open_regular(self._stderr_path) as f:
+                f.seek(max(size - _STDERR_TAIL_BYTES, 0))
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError as err:  # a directory, a FIFO, unreadable: say so instead of a tail
+            text = f"cannot read {STDERR_LOG}: {err.strerror or err}"
         self._stderr_tail = tuple(text.splitlines()[-STDERR_TAIL_LINES:])
         return True
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.observability.formatting import format_duration, format_number
+from titan.observability.inert import inert
 from titan.observability.records import default_runs_root
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
@@ -127,7 +128,7 @@ def run_report(args: argparse.Namespace) -> int:
     """Run ``titan report``; prints the report's path."""
     from titan.observability.report import write_report
 
-    print(write_report(Path(args.run_dir), Path(args.out) if args.out else None))
+    print(inert(write_report(Path(args.run_dir), Path(args.out) if args.out else None)))
     return EXIT_OK
 
 
@@ -139,12 +140,21 @@ def _console() -> Any:
     return console if console.is_terminal else Console(width=200)
 
 
+def _plain(value: Any) -> Any:
+    """A string from a record (or a path) as a table cell: control characters escaped
+    (:func:`~titan.observability.inert.inert`) and Rich markup shown as written, never
+    interpreted."""
+    from rich.text import Text
+
+    return Text(inert(value))
+
+
 def _print_summaries(root: Path, rows: list[Any]) -> None:
     from rich.table import Table
 
     conventions = sorted({r.mfu_convention for r in rows if r.mfu_convention})
     table = Table(
-        title=f"runs in {root}",
+        title=_plain(f"runs in {root}"),
         caption="ETTR: productive / available time (Kokolis et al. 2024); goodput badput "
         "breakdown in --json"
         + (f"; MFU convention: {', '.join(conventions)}" if conventions else ""),
@@ -170,8 +180,8 @@ def _print_summaries(root: Path, rows: list[Any]) -> None:
     for r in rows:
         status = f"{r.status} ({r.reason})" if r.reason else r.status
         table.add_row(
-            r.run_id,
-            status,
+            _plain(r.run_id),
+            _plain(status),
             format_number(r.steps, ","),
             format_number(r.tokens, ","),
             format_duration(r.wall_s),
@@ -193,7 +203,7 @@ def _print_checks(root: Path, checks: list[Any]) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"step times in {root}",
+        title=_plain(f"step times in {root}"),
         caption="median step_time_s, first 3 steps of each attempt left out; flagged: more "
         "than 5% slower than the best earlier run of the same key",
     )
@@ -208,10 +218,10 @@ def _print_checks(root: Path, checks: list[Any]) -> None:
         table.add_column(name, justify="left" if name in ("run", "best earlier run") else "right")
     for c in checks:
         table.add_row(
-            c.run_id,
+            _plain(c.run_id),
             f"{c.median_step_s:.4f}",
             format_number(c.best_earlier_s, ".4f"),
-            c.best_earlier_run or "-",
+            _plain(c.best_earlier_run or "-"),
             format_number(c.slower, "+.1%"),
             "[red]SLOWER[/red]" if c.flagged else "ok",
         )

@@ -16,21 +16,58 @@ This module imports neither JAX nor Textual: the console reads records through i
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
+import re
 import secrets
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from titan.errors import TitanError
 from titan.observability.events import SCHEMA_VERSION, Event, parse_events
+from titan.observability.inert import inert
 
 SCHEMA = SCHEMA_VERSION
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
+# Arrays and objects nested deeper than this in one line are not a record's (the events nest
+# five deep at most); readers skip such a line (:func:`parse_json`).
+MAX_JSON_DEPTH = 64
+
+
+# Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]+")
+MAX_RUN_ID_CHARS = 200
+
+
+def check_run_id(text: str) -> None:
+    """Refuse a run id that is not a plain, safe dir name.
+
+    A run id names the run dir and is shown by every reader, so only letters, digits, ``.``,
+    ``_`` and ``-`` are allowed (no path separators, no control characters or escapes, no
+    markup), it must not start with a dot (``.``, ``..`` and hidden dirs) and it has at most
+    :data:`MAX_RUN_ID_CHARS` characters.
+
+    Raises:
+        TitanError: the id breaks one of these rules (the message names which).
+    """
+    shown = inert(text[: MAX_RUN_ID_CHARS + 1])
+    if not text:
+        raise TitanError("--run-id: empty; use letters, digits, '.', '_' and '-'")
+    if len(text) > MAX_RUN_ID_CHARS:
+        raise TitanError(
+            f"--run-id: {len(text)} characters; at most {MAX_RUN_ID_CHARS} are allowed"
+        )
+    if not _RUN_ID.fullmatch(text):
+        raise TitanError(f"--run-id '{shown}': only letters, digits, '.', '_' and '-' are allowed")
+    if text.startswith("."):
+        raise TitanError(f"--run-id '{shown}': must not start with '.'")
 
 
 def default_runs_root(explicit: str = "") -> Path:
@@ -42,6 +79,46 @@ def new_run_id(preset: str) -> str:
     """A fresh run id: ``<preset>-<UTC yyyymmdd-hhmmss>-<4 hex>``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{preset}-{stamp}-{secrets.token_hex(2)}"
+
+
+def parse_json(line: str | bytes) -> Any:
+    """The JSON value of one record line, or None when it is not a record's: malformed, or
+    nested deeper than :data:`MAX_JSON_DEPTH` (a line nested a thousand deep makes
+    ``json.loads`` raise ``RecursionError``, and one a little less deep would make the readers
+    that walk it recursively raise it; no line, however built, gets past here to stop a
+    reader)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if _depth_within(value, MAX_JSON_DEPTH) else None
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether the arrays and objects of ``value`` nest at most ``limit`` deep (iteratively:
+    the walk itself cannot overflow the stack)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return True
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading bytes, refused unless it is a regular file (a directory
+    fails to open anyway; a FIFO would block the reader forever).
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(path, "rb")  # noqa: SIM115
 
 
 def _finite(value: Any) -> Any:
@@ -103,31 +180,32 @@ class EventTail:
     Each :meth:`read_new` returns the complete lines added since the last call. A partial last
     line (the writer is mid-write, or crashed mid-line) is left for the next call; a line that is
     complete but not a JSON object with ``type`` and ``time`` is skipped and counted in
-    ``bad_lines``.
+    ``bad_lines``. A file that cannot be read (missing, unreadable, a directory) gives no lines;
+    ``error`` then says why (None once a read succeeds).
     """
 
     path: Path
     offset: int = 0
     bad_lines: int = 0
+    error: str | None = None
     _pending: bytes = field(default=b"", repr=False)
 
     def read_new(self) -> list[dict[str, Any]]:
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:
                 f.seek(self.offset)
                 chunk = f.read()
-        except FileNotFoundError:
+        except OSError as err:
+            self.error = f"{type(err).__name__}: {err.strerror or err}"
             return []
+        self.error = None
         self.offset += len(chunk)
         data = self._pending + chunk
         lines = data.split(b"\n")
         self._pending = lines.pop()
         events = []
         for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = None
+            event = parse_json(line)
             if isinstance(event, dict) and {"type", "time"} <= event.keys():
                 events.append(event)
             else:

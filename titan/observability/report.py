@@ -28,6 +28,7 @@ from titan.errors import TitanError
 from titan.observability import ettr, plots
 from titan.observability.events import Event, Profile, RunStart, Step
 from titan.observability.formatting import format_duration, format_number
+from titan.observability.inert import inert
 from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.summarize import RunSummary, summarize_run_dir
 from titan.observability.trace_summary import summarize_trace
@@ -53,6 +54,8 @@ def read_run(run_dir: Path) -> tuple[list[Event], int, int]:
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
     tail = EventTail(path)
     events = tail.read_new_events()
+    if tail.error is not None:
+        raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
     if not any(isinstance(e, RunStart) for e in events):
         raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no readable run_start event")
     data = path.read_bytes()
@@ -354,6 +357,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     ]
     path = out / REPORT_FILE
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    # Every line goes out inert: record strings never carry a terminal escape into a viewer.
+    tmp.write_text("\n".join(map(inert, lines)).rstrip() + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path

@@ -4,11 +4,17 @@ The database is ``<runs root>/titan.duckdb``. DuckDB allows one read-write proce
 the trainer never opens it: it appends JSON lines, and ``titan summarize`` (or the console) is the
 one writer. Tables:
 
-- ``files(run_id, path, offset, seq, bad_lines)``: how far each run's ``events.jsonl`` was read
-  (keyed by run id, the run dir's name, so a moved runs root is not read twice). Only
-  complete lines are consumed (a torn last line waits for the next ingest, as in
-  :class:`titan.observability.records.EventTail`); a complete line that is not a JSON object is
-  skipped and counted. A file shorter than its recorded offset was replaced: its run is re-read.
+- ``files(run_id, path, offset, seq, bad_lines, device, inode, head_len, head_digest)``: how
+  far each run's ``events.jsonl`` was read (keyed by run id, the run dir's name, so a moved runs
+  root is not read twice) and which file it was. Only complete lines are consumed (a torn last
+  line waits for the next ingest, as in :class:`titan.observability.records.EventTail`); a
+  complete line that is not a JSON object is skipped and counted. A file that is not the one
+  read before (another device or inode, shorter than the offset read, or other first bytes:
+  ``head_digest`` is the SHA-256 of the first ``head_len`` bytes) was replaced: its run is read
+  again from the start. A run dir that is gone (or lost its ``events.jsonl``) is dropped from
+  every table. A run whose file cannot be read (unreadable, a directory) gets the status
+  :data:`UNREADABLE` with the error as its reason, the other runs are ingested as usual, and it
+  is tried again at the next ingest.
 - ``events(run_id, seq, type, time, step, <fields>, payload)``: one row per event; ``seq`` is the
   line number in the file; the fields of :data:`EVENT_FIELDS` copied into typed columns (NULL when
   absent or of another type); ``payload`` the whole event as JSON, unknown types and fields
@@ -17,7 +23,9 @@ one writer. Tables:
   records.
 
 Parsing happens inside DuckDB (``read_text`` of the new complete lines staged in a temporary
-file, ``json_transform`` of each line once): Python never decodes the events one by one.
+file, ``json_transform`` of each line once): Python never decodes the events one by one (only
+a line with more opening brackets than :data:`~titan.observability.records.MAX_JSON_DEPTH` is,
+to refuse one nested deeper, as every reader does: it counts as a bad line).
 - ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`).
 - ``perf``: measured step times, see :mod:`titan.observability.perfdb`.
 
@@ -33,7 +41,9 @@ of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (t
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
 the last attempt's ``run_end`` status; without one, ``running`` when its last event is recent
 (:data:`titan.observability.ettr.RUNNING_WINDOW_S`; such runs are worked out again at each
-ingest) and ``crashed`` otherwise; ETTR and goodput come from :mod:`titan.observability.ettr`.
+ingest) and ``crashed`` otherwise; ``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
+a run whose file or events could not be read; ETTR and goodput come from
+:mod:`titan.observability.ettr`.
 
 Readers here go through :mod:`titan.observability.events`: the typed columns are named after
 event fields, and whole events (for ETTR, the performance database and the summary's reasons)
@@ -45,8 +55,10 @@ This module imports DuckDB but not JAX or Textual.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -66,13 +78,17 @@ from titan.observability.events import (
     Step,
     parse_event,
 )
-from titan.observability.records import EVENTS_FILE
+from titan.observability.records import EVENTS_FILE, MAX_JSON_DEPTH, open_regular, parse_json
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
+# Bytes at the start of an events file whose digest tells a replaced file from a grown one.
+HEAD_BYTES = 4096
+# The status of a run whose events file could not be read (its reason says why).
+UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 2
+DB_VERSION = 3
 # Fields of the events (titan.observability.events) copied into typed columns (NULL when absent
 # or of another type), so that summaries do not parse the JSON payload again.
 EVENT_FIELDS = {
@@ -94,7 +110,8 @@ _TABLES = ("files", "events", "runs", "perf")
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
     """CREATE TABLE IF NOT EXISTS files (run_id VARCHAR PRIMARY KEY, path VARCHAR,
-    "offset" BIGINT, seq BIGINT, bad_lines BIGINT)""",
+    "offset" BIGINT, seq BIGINT, bad_lines BIGINT, device BIGINT, inode BIGINT,
+    head_len BIGINT, head_digest VARCHAR)""",
     "CREATE TABLE IF NOT EXISTS events (run_id VARCHAR, seq BIGINT, "
     + ", ".join(f"{name} {kind}" for name, kind in EVENT_FIELDS.items())
     + ", payload JSON)",
@@ -192,24 +209,41 @@ def _create_tables(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", [str(DB_VERSION)])
 
 
+def _head_digest(f: Any, length: int) -> str:
+    """SHA-256 (hex) of the first ``length`` bytes of the open file ``f``."""
+    f.seek(0)
+    return hashlib.sha256(f.read(length)).hexdigest()
+
+
 def _ingest_file(
     con: duckdb.DuckDBPyConnection, path: Path, run_id: str, tmp: Path
 ) -> tuple[int, int, bool]:
     """Add the new complete lines of one events file. Returns the events added, the bad lines
-    skipped and whether the file had been replaced (its run's events were read again)."""
+    skipped and whether the file had been replaced (its run's events were read again).
+
+    Raises:
+        OSError: the file cannot be read (nothing of it is stored then).
+    """
     known = con.execute(
-        'SELECT "offset", seq, bad_lines FROM files WHERE run_id = ?', [run_id]
+        'SELECT "offset", seq, bad_lines, device, inode, head_len, head_digest FROM files '
+        "WHERE run_id = ?",
+        [run_id],
     ).fetchone()
-    offset, seq, bad = known if known else (0, 0, 0)
-    size = path.stat().st_size
-    con.execute("BEGIN TRANSACTION")
-    try:
-        replaced = size < offset
-        if replaced:
-            con.execute("DELETE FROM events WHERE run_id = ?", [run_id])
-            offset, seq, bad = 0, 0, 0
-        added, bad_before = 0, bad
-        with open(path, "rb") as f:
+    offset, seq, bad, device, inode, head_len, digest = known if known else (0, 0, 0) + (None,) * 4
+    with open_regular(path) as f:
+        info = os.fstat(f.fileno())
+        replaced = known is not None and (
+            (device, inode) != (info.st_dev, info.st_ino)
+            or info.st_size < offset
+            or head_len is None
+            or _head_digest(f, head_len) != digest
+        )
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if replaced:
+                con.execute("DELETE FROM events WHERE run_id = ?", [run_id])
+                offset, seq, bad = 0, 0, 0
+            added, bad_before = 0, bad
             f.seek(offset)
             while True:
                 chunk = f.read(READ_CHUNK_BYTES)
@@ -226,41 +260,132 @@ def _ingest_file(
                 lines = chunk.count(b"\n", 0, end + 1)
                 staged = tmp / "batch.jsonl"
                 # read_text needs UTF-8: undecodable bytes become U+FFFD.
-                staged.write_bytes(chunk[: end + 1].decode("utf-8", "replace").encode("utf-8"))
+                text = _without_deep_lines(chunk[: end + 1])
+                staged.write_bytes(text.decode("utf-8", "replace").encode("utf-8"))
                 count = con.execute(_INSERT_EVENTS, [run_id, seq, str(staged)]).fetchone()[0]
                 seq += lines
                 bad += lines - count
                 added += count
-        con.execute(
-            'INSERT OR REPLACE INTO files (run_id, path, "offset", seq, bad_lines) '
-            "VALUES (?, ?, ?, ?, ?)",
-            [run_id, str(path), offset, seq, bad],
-        )
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+            head_len = min(offset, HEAD_BYTES)
+            con.execute(
+                'INSERT OR REPLACE INTO files (run_id, path, "offset", seq, bad_lines, device, '
+                "inode, head_len, head_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    run_id,
+                    str(path),
+                    offset,
+                    seq,
+                    bad,
+                    info.st_dev,
+                    info.st_ino,
+                    head_len,
+                    _head_digest(f, head_len),
+                ],
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
     return added, bad - bad_before, replaced
 
 
+def _without_deep_lines(data: bytes) -> bytes:
+    """``data`` (complete lines) with each line that :func:`~titan.observability.records.
+    parse_json` refuses for its nesting emptied (so it counts as a bad line, as in every other
+    reader, and the lines keep their numbers). Only a line with more than
+    :data:`~titan.observability.records.MAX_JSON_DEPTH` opening brackets can be that deep, so
+    the others are not decoded here."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return data
+    lines = data.split(b"\n")
+    for i, line in enumerate(lines):
+        if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and parse_json(line) is None:
+            lines[i] = b""
+    return b"\n".join(lines)
+
+
+def _ids(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None) -> list[str]:
+    return [row[0] for row in con.execute(query, params or []).fetchall()]
+
+
 def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
-    """Ingest every ``<runs root>/<run id>/events.jsonl`` (new complete lines only) and
-    recompute the summaries of the runs that got events. A run's id is its directory's name."""
+    """Ingest every ``<runs root>/<run id>/events.jsonl`` (new complete lines only; a replaced
+    file from the start) and recompute the summaries of the runs that got events; drop the runs
+    whose dir is gone; give a run whose file cannot be read the status :data:`UNREADABLE`. A
+    run's id is its directory's name."""
     report = IngestReport()
-    changed = []
+    changed, unreadable = [], {}
+    paths = {}
+    for path in sorted(Path(runs_root).glob(f"*/{EVENTS_FILE}")):
+        name = path.parent.name
+        # A name that is not UTF-8 (its bytes decoded with surrogates) cannot be a key: the run
+        # is listed under its bytes written out, as unreadable.
+        run_id = os.fsencode(name).decode("utf-8", "backslashreplace")
+        if run_id != name:
+            unreadable[run_id] = "the run dir's name is not UTF-8; rename the dir"
+        else:
+            paths[run_id] = path
+    for run_id in _ids(con, "SELECT run_id FROM files UNION SELECT run_id FROM runs"):
+        if run_id not in paths and run_id not in unreadable:
+            _forget(con, run_id)
     with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
-        for path in sorted(Path(runs_root).glob(f"*/{EVENTS_FILE}")):
-            added, bad, replaced = _ingest_file(con, path, path.parent.name, Path(tmp))
+        for run_id, path in paths.items():
+            try:
+                added, bad, replaced = _ingest_file(con, path, run_id, Path(tmp))
+            except OSError as err:
+                unreadable[run_id] = _one_line(err)
+                continue
             report.events += added
             report.bad_lines += bad
             if added or bad or replaced:
-                changed.append(path.parent.name)
-    # A run seen running and silent since may have died: its status is worked out again.
-    running = con.execute("SELECT run_id FROM runs WHERE status = ?", [ettr.RUNNING]).fetchall()
-    for run_id in dict.fromkeys([*changed, *(r[0] for r in running)]):
-        refresh_run(con, run_id)
+                changed.append(run_id)
+    # A run seen running and silent since may have died: its status is worked out again. So is
+    # a run that was unreadable, or that has no summary (an ingest stopped before making it).
+    stale = _ids(
+        con,
+        "SELECT run_id FROM runs WHERE status IN (?, ?) UNION "
+        "SELECT run_id FROM files WHERE run_id NOT IN (SELECT run_id FROM runs)",
+        [ettr.RUNNING, UNREADABLE],
+    )
+    for run_id in dict.fromkeys([*changed, *sorted(stale)]):
+        if run_id not in unreadable:
+            _refresh_or_mark(con, run_id)
+    for run_id, reason in unreadable.items():
+        _store_summary(con, _unreadable_summary(run_id, reason))
     report.runs = tuple(changed)
     return report
+
+
+def _forget(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Drop every row of a run whose dir is gone."""
+    for table in ("files", "events", "runs", "perf"):
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+
+
+def _one_line(err: BaseException) -> str:
+    """An error as one line: ``Type: message`` (its first line)."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+# What summarising a run's stored events can raise on a record no reader foresaw.
+_SUMMARY_ERRORS = (ValueError, TypeError, LookupError, AttributeError, RecursionError, duckdb.Error)
+
+
+def _refresh_or_mark(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """:func:`refresh_run`; a run whose stored events cannot be summarised (a line no reader
+    foresaw) is stored as :data:`UNREADABLE` with the error, and the ingest goes on."""
+    try:
+        refresh_run(con, run_id)
+    except _SUMMARY_ERRORS as err:
+        _store_summary(con, _unreadable_summary(run_id, _one_line(err)))
+
+
+def _unreadable_summary(run_id: str, reason: str) -> RunSummary:
+    """The summary of a run that could not be read: nothing known but why."""
+    unknown = {f.name: None for f in dataclasses.fields(RunSummary)}
+    known = {"run_id": run_id, "status": UNREADABLE, "reason": reason, "badput": {}}
+    return RunSummary(**{**unknown, **known, "stalls": 0, "restarts": 0, "bad_lines": 0})
 
 
 def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Event]:
@@ -280,7 +405,8 @@ def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Even
                     Step(time=at, run_id=run_id, step=step, step_time_s=step_time, data_wait_s=wait)
                 )
             continue
-        event = _parse({**json.loads(payload), "time": at})
+        line = parse_json(payload)
+        event = _parse({**line, "time": at}) if isinstance(line, dict) else None
         if event is not None:
             events.append(event)
     return events
@@ -301,7 +427,8 @@ def _last_event(con: duckdb.DuckDBPyConnection, run_id: str, types: tuple[str, .
         ORDER BY seq DESC LIMIT 1""",
         [run_id, list(types)],
     ).fetchone()
-    return _parse(json.loads(row[0])) if row else None
+    line = parse_json(row[0]) if row else None
+    return _parse(line) if isinstance(line, dict) else None
 
 
 def _mfu(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float | None, str | None]:
@@ -384,6 +511,12 @@ def refresh_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunSummary:
     events = _accounting_events(con, run_id)
     perfdb.record(con, run_id, events)
     s = compute_summary(con, run_id, events)
+    _store_summary(con, s)
+    return s
+
+
+def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
+    """Write one run's row of ``runs``."""
     con.execute(
         """INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         [
@@ -403,7 +536,6 @@ def refresh_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunSummary:
             json.dumps(s.as_dict()),
         ],
     )
-    return s
 
 
 def _unended_status(goodput: ettr.Goodput) -> str:
@@ -423,13 +555,20 @@ def summaries(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list
 
 def summarize_run_dir(run_dir: Path) -> RunSummary:
     """The summary of one run dir, computed as :func:`summarize` does but in an in-memory
-    database: nothing is written next to the run. The run id is the dir's name."""
+    database: nothing is written next to the run. The run id is the dir's name.
+
+    Raises:
+        TitanError: its ``events.jsonl`` cannot be read (missing, unreadable, a directory).
+    """
     run_dir = Path(run_dir)
     con = duckdb.connect(":memory:")
     try:
         _create_tables(con)
         with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
-            _ingest_file(con, run_dir / EVENTS_FILE, run_dir.name, Path(tmp))
+            try:
+                _ingest_file(con, run_dir / EVENTS_FILE, run_dir.name, Path(tmp))
+            except OSError as err:
+                raise TitanError(f"cannot read {run_dir / EVENTS_FILE}: {_one_line(err)}") from None
         return compute_summary(con, run_dir.name)
     finally:
         con.close()

@@ -23,8 +23,10 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from titan.observability.events import Step
+from titan.observability.inert import inert
 
 
 class TrainProgress:
@@ -45,12 +47,13 @@ class TrainProgress:
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
-        """A spinner (terminal) or one line (log) while ``message`` is being done."""
+        """A spinner (terminal) or one line (log) while ``message`` is being done (shown inert,
+        never as markup: it may name a path)."""
         if self.interactive:
-            with self.console.status(message):
+            with self.console.status(Text(inert(message))):
                 yield
         else:
-            print(f"titan: {message}", flush=True)
+            print(f"titan: {inert(message)}", flush=True)
             yield
 
     def tokenize(self, build: Callable[[Callable[[int], None]], Any]) -> Any:
@@ -105,4 +108,4 @@ class TrainProgress:
 
     def finish(self, status: str, step: int, run_dir: Path) -> None:
         """The run's closing line."""
-        print(f"titan: run {status} at step {step}: {run_dir}", file=sys.stderr, flush=True)
+        print(f"titan: run {status} at step {step}: {inert(run_dir)}", file=sys.stderr, flush=True)

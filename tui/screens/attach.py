@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
+from titan.observability.inert import inert
 from titan.observability.records import EVENTS_FILE
 from tui.widgets.dialog import dialog_box
 
@@ -38,6 +39,6 @@ class AttachScreen(ModalScreen[Path | None]):
     def _attach(self, event: Input.Submitted) -> None:
         run_dir = (self.runs_root / Path(event.value.strip()).expanduser()).resolve()
         if not (run_dir / EVENTS_FILE).is_file():
-            self.query_one("#attach-error", Static).update(f"no {EVENTS_FILE} in {run_dir}")
+            self.query_one("#attach-error", Static).update(inert(f"no {EVENTS_FILE} in {run_dir}"))
             return
         self.dismiss(run_dir)

@@ -11,7 +11,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
 from titan.errors import TitanError
+from titan.observability.inert import inert
 from tui.history import HistoryStore, RunDetail, config_diff
+from tui.plain import cell
 from tui.widgets.curve_plot import CurvePlot
 
 
@@ -34,14 +36,14 @@ class CompareScreen(Screen[None]):
         super().__init__()
         self.store = store
         self.run_ids = (run_a, run_b)
-        self.sub_title = f"{run_a} vs {run_b}"
+        self.sub_title = inert(f"{run_a} vs {run_b}")
         self.diff: list[tuple[str, object, object]] = []
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield CurvePlot("loss", ascii_only=self.app.ascii_only, id="compare-plot")
         table: DataTable[str] = DataTable(id="compare-diff", cursor_type="row")
-        table.add_columns("config", *self.run_ids)
+        table.add_columns("config", *(cell(run_id) for run_id in self.run_ids))
         yield table
         yield Footer()
 
@@ -54,19 +56,19 @@ class CompareScreen(Screen[None]):
             curves = [self.store.loss_curve(run_id) for run_id in self.run_ids]
             details = [self.store.detail(run_id) for run_id in self.run_ids]
         except TitanError as err:
-            self.app.call_from_thread(self.notify, str(err), severity="error")
+            self.app.call_from_thread(self.notify, inert(err), severity="error", markup=False)
             return
         self.post_message(self.Loaded(curves, details))
 
     def on_compare_screen_loaded(self, message: CompareScreen.Loaded) -> None:
         self.query_one(CurvePlot).show(
             [
-                (run_id, [s for s, _ in curve], [loss for _, loss in curve])
+                (inert(run_id), [s for s, _ in curve], [loss for _, loss in curve])
                 for run_id, curve in zip(self.run_ids, message.curves, strict=True)
             ]
         )
         a, b = (d.config for d in message.details)
         self.diff = config_diff(a, b)
         table = self.query_one(DataTable)
-        table.add_rows((key, str(va), str(vb)) for key, va, vb in self.diff)
+        table.add_rows((cell(key), cell(str(va)), cell(str(vb))) for key, va, vb in self.diff)
         table.border_title = f"config: {len(self.diff)} differences"

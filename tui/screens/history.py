@@ -16,6 +16,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
+from titan.observability.inert import inert
 from tui.history import HistoryRow, HistoryStore
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
@@ -54,7 +55,7 @@ class HistoryScreen(Screen[None]):
     def __init__(self, store: HistoryStore) -> None:
         super().__init__()
         self.store = store
-        self.sub_title = f"history of {store.runs_root}"
+        self.sub_title = inert(f"history of {store.runs_root}")
         self.loaded = False
         self._ticker: Timer | None = None
 
@@ -94,7 +95,7 @@ class HistoryScreen(Screen[None]):
             self.store.ingest()
             self.post_message(self.Loaded(self.store.rows()))
         except TitanError as err:
-            self.post_message(self.Loaded([], str(err)))
+            self.post_message(self.Loaded([], inert(err)))
 
     def on_history_screen_loaded(self, message: HistoryScreen.Loaded) -> None:
         table = self.query_one(HistoryTable)
@@ -154,7 +155,9 @@ class HistoryScreen(Screen[None]):
         try:
             count = self.store.export(path, run_ids)
         except TitanError as err:
-            self.app.call_from_thread(self.notify, str(err), severity="error")
+            self.app.call_from_thread(self.notify, inert(err), severity="error", markup=False)
             return
         runs = "run" if count == 1 else "runs"
-        self.app.call_from_thread(self.notify, f"{count} {runs} written to {path}")
+        self.app.call_from_thread(
+            self.notify, inert(f"{count} {runs} written to {path}"), markup=False
+        )

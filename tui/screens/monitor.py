@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from titan.observability.inert import inert
 from tui.launcher import LaunchedRun
 from tui.run_state import RunState
 from tui.run_watch import POLL_INTERVAL_S, RunUpdate, RunWatcher
@@ -92,7 +93,7 @@ class MonitorScreen(Screen[None]):
         self._draw_pending = False
         self._stale = False  # events arrived while the screen was hidden
         self._drawn_tab = ""
-        self.sub_title = self.run_dir.name
+        self.sub_title = inert(self.run_dir.name)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -157,7 +158,7 @@ class MonitorScreen(Screen[None]):
             self._stderr_tail = update.stderr_tail
             log = self.query_one("#stderr", Log)
             log.clear()
-            log.write_lines(update.stderr_tail)
+            log.write_lines(inert(line) for line in update.stderr_tail)
             log.border_subtitle = "" if update.stderr_tail else "empty"
         if not self.is_current:  # under another screen: drawn when shown again
             self._stale = True

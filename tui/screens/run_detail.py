@@ -15,16 +15,20 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Log, TabbedContent, TabPane
 
 from titan.errors import TitanError
+from titan.observability.formatting import format_number
+from titan.observability.inert import inert
 from titan.observability.report import summary_rows
 from tui.history import HistoryStore, RunDetail
+from tui.plain import cell
+from tui.widgets.watchdog_panel import stack_lines
 
 TABS = ("summary", "config", "environment", "restarts", "stalls")
 
 
-def _pairs(mapping: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(key, value)`` rows, nested values as compact JSON."""
+def _pairs(mapping: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """``(key, value)`` rows of inert plain text, nested values as compact JSON."""
     return [
-        (key, value if isinstance(value, str) else json.dumps(value))
+        (cell(key), cell(value if isinstance(value, str) else json.dumps(value)))
         for key, value in mapping.items()
     ]
 
@@ -56,7 +60,7 @@ class RunDetailScreen(Screen[None]):
         super().__init__()
         self.store = store
         self.run_id = run_id
-        self.sub_title = run_id
+        self.sub_title = inert(run_id)
         self.detail: RunDetail | None = None
 
     def compose(self) -> ComposeResult:
@@ -81,7 +85,7 @@ class RunDetailScreen(Screen[None]):
         try:
             self.post_message(self.Loaded(self.store.detail(self.run_id)))
         except TitanError as err:
-            self.app.call_from_thread(self.notify, str(err), severity="error")
+            self.app.call_from_thread(self.notify, inert(err), severity="error", markup=False)
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
@@ -89,7 +93,9 @@ class RunDetailScreen(Screen[None]):
     def on_run_detail_screen_loaded(self, message: RunDetailScreen.Loaded) -> None:
         detail = self.detail = message.detail
         rows = summary_rows(detail.summary, detail.config.get("steps"))
-        self.query_one("#detail-summary", DataTable).add_rows(rows)
+        self.query_one("#detail-summary", DataTable).add_rows(
+            tuple(cell(value) for value in row) for row in rows
+        )
         self.query_one("#detail-config", DataTable).add_rows(_pairs(detail.config))
         self.query_one("#detail-environment", DataTable).add_rows(_pairs(detail.environment))
         self.query_one("#detail-restarts", DataTable).add_rows(
@@ -105,10 +111,9 @@ class RunDetailScreen(Screen[None]):
         log.write_line(f"{len(detail.stalls)} stall(s)")
         for stall in detail.stalls:
             log.write_line(
-                f"{stall.phase} of step {stall.step}: {stall.elapsed_s:.1f} s "
-                f"(allowance {stall.threshold_s:.1f} s)"
+                inert(
+                    f"{stall.phase} of step {stall.step}: {format_number(stall.elapsed_s, '.1f')}"
+                    f" s (allowance {format_number(stall.threshold_s, '.1f')} s)"
+                )
             )
-            for thread in stall.stacks or []:
-                log.write_line(f"  thread {thread['thread']}:")
-                for frame in thread["stack"]:
-                    log.write_lines(f"  {line}" for line in frame.splitlines())
+            log.write_lines(f"  {line}" for line in stack_lines(stall))

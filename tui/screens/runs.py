@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from titan.observability.inert import inert
 from tui.run_list import RunSummary, list_runs
 from tui.screens.attach import AttachScreen
 from tui.widgets.run_table import RunTable
@@ -48,12 +49,12 @@ class RunsScreen(Screen[None]):
     def __init__(self, runs_root: Path) -> None:
         super().__init__()
         self.runs_root = runs_root
-        self.sub_title = f"runs in {runs_root}"
+        self.sub_title = inert(f"runs in {runs_root}")
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield RunTable(id="runs")
-        yield Static("Listing runs...", id="runs-empty")
+        yield Static("Listing runs...", id="runs-empty", markup=False)
         yield Footer()
 
     def on_screen_resume(self) -> None:
@@ -79,7 +80,7 @@ class RunsScreen(Screen[None]):
     def on_runs_screen_listed(self, message: RunsScreen.Listed) -> None:
         self.query_one(RunTable).show(message.summaries)
         empty = self.query_one("#runs-empty", Static)
-        empty.update(f"No runs in {self.runs_root} yet: press n to launch one.")
+        empty.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
         empty.display = not message.summaries
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 
 from tui.history import HistoryRow
+from tui.plain import cell
 
 COLUMNS = (
     "run",
@@ -68,7 +69,8 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
 
 class HistoryTable(DataTable[str]):
     """Rows keyed by run id. ``o`` sorts by the next column, ``O`` reverses the order,
-    ``space`` marks a run for comparison; ``enter`` selects (``DataTable.RowSelected``)."""
+    ``space`` marks a run for comparison; ``enter`` selects (``DataTable.RowSelected``). Cells
+    are inert plain text (:func:`tui.plain.cell`)."""
 
     BINDINGS = [
         Binding("enter", "select_cursor", "Detail"),
@@ -140,7 +142,7 @@ class HistoryTable(DataTable[str]):
         for row in present + [r for r in rows if getattr(r, field) is None]:
             cells = _cells(row)
             mark = "* " if row.run_id in self.marked else ""
-            self.add_row(mark + cells[0], *cells[1:], key=row.run_id)
+            self.add_row(*(cell(c) for c in (mark + cells[0], *cells[1:])), key=row.run_id)
         if selected is not None and selected in self.rows:
             self.move_cursor(row=self.get_row_index(selected))
 

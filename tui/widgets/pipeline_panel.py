@@ -6,9 +6,11 @@ steps); before the first, the schedule of the ``pipeline`` event (one column per
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.widgets import Static
 
 from titan.observability.events import PipelineTiming
+from titan.observability.inert import inert
 from tui.run_state import RunState
 
 IDLE = "·"
@@ -53,4 +55,4 @@ class PipelinePanel(Static):
             step_s = timing.step_time_s
             body = f"step {timing.step}: {step_s:.3f} s, measured bubble {bubble:.1%}"
         lines = [head, body, *(f"s{i:<3} {row}" for i, row in enumerate(rows))]
-        self.update("\n".join(lines))
+        self.update(Text("\n".join(map(inert, lines))))

@@ -8,12 +8,14 @@ from pathlib import Path
 from textual.binding import Binding
 from textual.widgets import DataTable
 
+from tui.plain import cell
 from tui.run_list import RunSummary
 
 
 class RunTable(DataTable[str]):
     """Runs with their status, progress and last loss; ``Enter`` selects the row under the
-    cursor (``DataTable.RowSelected``, whose row key is the run dir's path)."""
+    cursor (``DataTable.RowSelected``, whose row key is the run dir's path). Names, presets and
+    statuses are shown as inert plain text (:func:`tui.plain.cell`)."""
 
     BINDINGS = [Binding("enter", "select_cursor", "Open")]
 
@@ -28,11 +30,11 @@ class RunTable(DataTable[str]):
         for summary in summaries:
             state = summary.state
             self.add_row(
-                summary.run_dir.name,
-                state.preset or "?",
-                state.status,
-                f"{state.step}/{state.total_steps or '?'}",
-                "-" if state.loss is None else f"{state.loss:.3f}",
+                cell(summary.run_dir.name),
+                cell(state.preset or "?"),
+                cell(state.status),
+                cell(f"{state.step}/{state.total_steps or '?'}"),
+                cell("-" if state.loss is None else f"{state.loss:.3f}"),
                 key=str(summary.run_dir),
             )
         if selected is not None and str(selected) in self.rows:

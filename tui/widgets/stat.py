@@ -6,6 +6,8 @@ from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widgets import Label, Static
 
+from titan.observability.inert import inert
+
 # CSS classes that colour a value: good (done), warn (stopped, stopping), bad (failed, rc != 0).
 TONES = ("good", "warn", "bad")
 
@@ -41,10 +43,12 @@ class Stat(HorizontalGroup):
         yield self._value
 
     def show(self, value: str, tone: str | None = None) -> None:
-        """Show ``value``, coloured by ``tone`` (one of :data:`TONES`, or ``None`` for plain).
+        """Show ``value`` (as inert text, never markup), coloured by ``tone`` (one of
+        :data:`TONES`, or ``None`` for plain).
 
         Only a change repaints, and only the value's line: its width is fixed by the layout
         (``1fr``, no wrap), so no layout pass is needed."""
+        value = inert(value)
         if (value, tone) == self._shown:
             return
         self._shown = (value, tone)

@@ -10,6 +10,8 @@ from textual.containers import Vertical
 from textual.widgets import Log
 
 from titan.observability.events import Stall
+from titan.observability.formatting import format_number
+from titan.observability.inert import inert
 from tui.run_state import RunState
 from tui.widgets.stat import Stat, tone_of
 
@@ -55,7 +57,8 @@ class WatchdogPanel(Vertical):
             "none"
             if not stalls
             else "; ".join(
-                f"{s.phase} of step {s.step}: {s.elapsed_s:.1f} s > {s.threshold_s:.1f} s"
+                f"{s.phase} of step {s.step}: {format_number(s.elapsed_s, '.1f')} s > "
+                f"{format_number(s.threshold_s, '.1f')} s"
                 for s in stalls[-2:]
             )
         )
@@ -72,7 +75,17 @@ class WatchdogPanel(Vertical):
         if stall is None:
             log.write_line("no stall recorded")
             return
-        for thread in stall.stacks or []:
-            log.write_line(f"thread {thread['thread']}:")
-            for frame in thread["stack"]:
-                log.write_lines(frame.splitlines())
+        log.write_lines(stack_lines(stall))
+
+
+def stack_lines(stall: Stall) -> list[str]:
+    """The lines of a stall's stacks, inert: ``thread <name>:`` then its frames' lines. A stack
+    of the wrong shape in the record (not a list, a frame that is not text) is shown as what it
+    is, not trusted."""
+    lines = []
+    for thread in stall.stacks or []:
+        lines.append(inert(f"thread {thread.get('thread')}:"))
+        stack = thread.get("stack")
+        for frame in stack if isinstance(stack, list) else [stack]:
+            lines += [inert(line) for line in str(frame).splitlines()]
+    return lines

@@ -1,0 +1,479 @@
+"""Hostile run records: terminal escapes and markup in run dir names and record strings stay
+inert text in ``titan summarize``, ``titan report`` and the console; readers survive any line
+(deep nesting, directories and FIFOs where files should be); a replaced or removed run dir is
+ingested afresh or dropped; run ids are restricted to a safe character set."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from console_helpers import append_events, event, wait_until
+from test_ettr import crash_then_resume
+from test_summarize import write_run
+from textual.widgets import DataTable
+
+from titan.cli import main
+from titan.errors import TitanError
+from titan.observability import summarize
+from titan.observability.inert import inert
+from titan.observability.records import EVENTS_FILE, EventTail, check_run_id, parse_json
+from titan.observability.report import REPORT_FILE
+from titan.trainer.progress import TrainProgress
+from tui.app import TitanConsole
+from tui.app import main as console_main
+from tui.launcher import STDERR_LOG
+from tui.screens.history import HistoryScreen
+from tui.screens.run_detail import RunDetailScreen
+from tui.widgets.history_table import HistoryTable
+from tui.widgets.run_table import RunTable
+
+SIZE = (120, 30)
+ESC = "\x1b"
+# OSC 52: write "echo pwned" (base64) to the terminal's clipboard; OSC 2: set the window title.
+OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
+OSC_TITLE = "\x1b]2;owned\x07"
+HOSTILE_ID = f"run{OSC52}{OSC_TITLE}x"
+DEEP = "[" * 1000 + "]" * 1000
+
+
+def hostile_events() -> list[dict]:
+    """A completed run whose preset, status and error carry escapes and markup."""
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "run_start":
+            e["config"] = {"preset": "tiny[/bogus]", "note": f"[link=http://x]click{OSC52}[/link]"}
+    events[-1] = {**events[-1], "status": f"completed[/]{OSC52}", "error": "[link=http://x]e[/]"}
+    return events
+
+
+# --- inert text and run ids ---------------------------------------------------------------
+
+
+def test_inert_escapes_controls_and_bidi_and_keeps_printable_text():
+    assert inert(OSC52) == "\\x1b]52;c;ZWNobyBwd25lZA==\\x07"
+    escaped = "a\\u202eb\\u2066c\\x7f\\x9bd\\x09tab\\x0anl"
+    assert inert("a\u202eb\u2066c\x7f\x9bd\ttab\nnl") == escaped
+    assert inert("tiny [/bogus] é 日本 🚀 C:\\x") == "tiny [/bogus] é 日本 🚀 C:\\x"
+    assert inert(42) == "42"
+
+
+@pytest.mark.parametrize("run_id", ["tiny-20261129-185806-39fc", "a.b_c-1", "x" * 200])
+def test_check_run_id_accepts_plain_names(run_id: str):
+    check_run_id(run_id)
+
+
+@pytest.mark.parametrize(
+    ("run_id", "message"),
+    [
+        (HOSTILE_ID, "only letters, digits"),
+        ("a/b", "only letters, digits"),
+        ("tiny[/bogus]", "only letters, digits"),
+        ("run id", "only letters, digits"),
+        ("..", "must not start with '.'"),
+        (".hidden", "must not start with '.'"),
+        ("", "empty"),
+        ("x" * 201, "at most 200"),
+    ],
+)
+def test_check_run_id_refuses_unsafe_names_in_one_line(run_id: str, message: str):
+    with pytest.raises(TitanError, match=message) as err:
+        check_run_id(run_id)
+    assert ESC not in str(err.value) and "\n" not in str(err.value)
+
+
+# --- readers survive any line ---------------------------------------------------------------
+
+
+def test_json_nested_1000_deep_is_a_bad_line_for_every_reader(tmp_path: Path):
+    assert parse_json(DEEP) is None and parse_json("[" * 65 + "]" * 65) is None
+    assert parse_json('{"a": [{"b": 1}]}') == {"a": [{"b": 1}]}
+    events = crash_then_resume()
+    deep_end = '{"type": "run_end", "time": 1113.0, "status": ' + DEEP + "}"
+    deep_step = '{"type": "step", "time": 1114.0, "step": 9, "x": ' + DEEP + "}"
+    # Brackets inside a string are no nesting: that step is read.
+    step = json.dumps({"type": "step", "time": 1115.0, "step": 7, "s": "[" * 100})
+    lines = [DEEP, deep_end, deep_step, step]
+    path = write_run(tmp_path, "deep", events, tail="\n".join(lines) + "\n")
+    tail = EventTail(path)
+    assert len(tail.read_new()) == len(events) + 1 and tail.bad_lines == 3
+    assert tail.error is None
+    [s] = summarize.summarize(tmp_path)
+    assert (s.run_id, s.status, s.steps, s.bad_lines) == ("deep", "completed", 7, 3)
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path / "deep")]) == 0
+
+
+def wrong_type_events() -> list[dict]:
+    """A resumed run whose fields hold values of the wrong JSON type, and lines that are no
+    events at all."""
+    events = crash_then_resume()
+    events[0].update(
+        config={"preset": ["a"], "steps": "x", "layout": {"a": 1}, "pp": "two"},
+        model="x",
+        layout={"devices": "8"},
+        env=[1],
+        power="none",
+        total_steps="6",
+    )
+    events[2].update(step="one", loss="low", tokens=[1], step_time_s={"a": 1}, mfu=[0.5])
+    events[3].update(mfu={"causal": "high"}, energy_j="x", tokens_seen=10**30)
+    events[-1].update(status=7, step="six")
+    stall = {"type": "stall", "time": 1015.9, "phase": "step", "stacks": [{"a": 1}]}
+    stall["stacks"].append({"thread": 3, "stack": [1, None]})
+    events[5:5] = [
+        {"type": 5, "time": "now"},
+        {"type": "checkpoint", "time": 1014.7, "step": [2]},
+        {"type": "run_start", "time": None},
+        stall,
+    ]
+    return events
+
+
+def test_wrong_types_and_a_line_longer_than_a_read_chunk_are_survived(tmp_path, monkeypatch):
+    monkeypatch.setattr(summarize, "READ_CHUNK_BYTES", 1024)
+    huge = {"type": "checkpoint", "time": 1016.6, "step": 4, "note": "x" * 10_000}
+    path = write_run(tmp_path, "wrong", wrong_type_events())
+    with path.open("a") as f:
+        f.write(json.dumps(huge) + "\n")
+    [s] = summarize.summarize(tmp_path)
+    assert (s.run_id, s.steps, s.restarts, s.stalls) == ("wrong", 6, 1, 2)
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert main(["perf", "check", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path / "wrong")]) == 0
+
+
+def test_a_run_whose_summary_crashed_is_summarised_at_the_next_ingest(tmp_path, monkeypatch):
+    write_run(tmp_path, "later", crash_then_resume())
+    con = summarize.connect(tmp_path)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(summarize, "refresh_run", lambda *a: (_ for _ in ()).throw(SystemExit(1)))
+            with pytest.raises(SystemExit):
+                summarize.ingest(con, tmp_path)
+        assert summarize.summaries(con) == []
+        summarize.ingest(con, tmp_path)  # nothing new in the file: still summarised
+        [s] = summarize.summaries(con)
+    finally:
+        con.close()
+    assert (s.run_id, s.status, s.steps) == ("later", "completed", 6)
+
+
+def test_a_run_that_cannot_be_summarised_is_unreadable_and_the_others_listed(tmp_path, monkeypatch):
+    write_run(tmp_path, "good", crash_then_resume())
+    write_run(tmp_path, "odd", crash_then_resume())
+    analyze = summarize.ettr.analyze
+
+    def failing(events, now):
+        if events and events[0].run_id == "odd":
+            raise TypeError("unsupported operand type(s)")
+        return analyze(events, now=now)
+
+    monkeypatch.setattr(summarize.ettr, "analyze", failing)
+    rows = {s.run_id: s for s in summarize.summarize(tmp_path)}
+    assert (rows["good"].status, rows["good"].steps) == ("completed", 6)
+    assert (rows["odd"].status, rows["odd"].reason) == (
+        summarize.UNREADABLE,
+        "TypeError: unsupported operand type(s)",
+    )
+    monkeypatch.setattr(summarize.ettr, "analyze", analyze)  # fixed: read again next time
+    assert {s.run_id: s.status for s in summarize.summarize(tmp_path)}["odd"] == "completed"
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_an_events_file_that_cannot_be_read_is_reported_and_the_others_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture, kind: str
+):
+    write_run(tmp_path, "good", crash_then_resume())
+    (tmp_path / "bad").mkdir()
+    if kind == "directory":
+        (tmp_path / "bad" / EVENTS_FILE).mkdir()
+    else:
+        os.mkfifo(tmp_path / "bad" / EVENTS_FILE)
+    tail = EventTail(tmp_path / "bad" / EVENTS_FILE)
+    assert tail.read_new() == [] and tail.error  # the console's reader neither blocks nor fails
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["good"]["status"] == "completed" and rows["good"]["steps"] == 6
+    assert rows["bad"]["status"] == summarize.UNREADABLE and rows["bad"]["steps"] is None
+    assert rows["bad"]["reason"]
+    # Made readable, the run is read at the next ingest.
+    bad = tmp_path / "bad" / EVENTS_FILE
+    bad.rmdir() if kind == "directory" else bad.unlink()
+    write_run(tmp_path, "bad", crash_then_resume()[:8])
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows["bad"]["status"], rows["bad"]["steps"]) == ("crashed", 4)
+    assert main(["report", str(tmp_path / "good")]) == 0
+
+
+def _write_non_utf8_run(root: Path) -> None:
+    """A run dir whose name holds the byte 0xff (not UTF-8)."""
+    run_dir = os.path.join(os.fsencode(root), b"bad\xff")
+    os.makedirs(run_dir)
+    write_run(root, os.fsdecode(os.path.basename(run_dir)), crash_then_resume())
+
+
+def test_a_run_dir_name_that_is_not_utf8_is_listed_unreadable(tmp_path, capsys):
+    _write_non_utf8_run(tmp_path)
+    write_run(tmp_path, "good", crash_then_resume())
+    for _ in range(2):
+        assert main(["summarize", str(tmp_path), "--json"]) == 0
+        rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+        assert rows["bad\\xff"]["status"] == summarize.UNREADABLE
+        assert rows["good"]["steps"] == 6
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert "bad\\xff" in capsys.readouterr().out
+
+
+def test_report_of_an_events_directory_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "r" / EVENTS_FILE).mkdir(parents=True)
+    assert main(["report", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and EVENTS_FILE in err
+
+
+# --- replaced and removed run dirs ----------------------------------------------------------
+
+
+def _shifted(events: list[dict], by_s: float) -> list[dict]:
+    return [{**e, "time": e["time"] + by_s} for e in events]
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "dir replaced"])
+def test_a_run_dir_replaced_by_a_longer_run_is_ingested_afresh(tmp_path: Path, how: str):
+    root, fresh = tmp_path / "root", tmp_path / "fresh"
+    first = crash_then_resume()[:8]  # one attempt, crashed at step 4
+    second = _shifted(crash_then_resume(), 5000.0)  # a longer run under the same id
+    write_run(root, "same", first)
+    summarize.summarize(root)
+    if how == "dir replaced":
+        shutil.rmtree(root / "same")
+    write_run(root, "same", second)
+    write_run(fresh, "same", second)
+    [replaced] = summarize.summarize(root)
+    [expected] = summarize.summarize(fresh)
+    assert replaced.as_dict() == expected.as_dict()
+    assert replaced.ettr <= 1.0 and all(v >= 0 for v in replaced.badput.values() if v)
+    assert (replaced.steps, replaced.restarts) == (6, 1)
+
+
+def test_a_removed_run_dir_disappears_from_the_summaries(tmp_path: Path):
+    write_run(tmp_path, "kept", crash_then_resume())
+    write_run(tmp_path, "gone", crash_then_resume())
+    assert [s.run_id for s in summarize.summarize(tmp_path)] == ["gone", "kept"]
+    shutil.rmtree(tmp_path / "gone")
+    assert [s.run_id for s in summarize.summarize(tmp_path)] == ["kept"]
+    con = summarize.connect(tmp_path)
+    try:
+        for table in ("files", "events", "runs", "perf"):
+            count = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = 'gone'").fetchone()
+            assert count[0] == 0, table
+    finally:
+        con.close()
+
+
+# --- titan summarize, perf check and report -------------------------------------------------
+
+
+def test_summarize_prints_hostile_names_and_statuses_inert(tmp_path, capsys):
+    write_run(tmp_path, HOSTILE_ID, hostile_events())
+    write_run(tmp_path, "linked[link=x]", crash_then_resume())
+    write_run(tmp_path, "plain", crash_then_resume())
+    assert main(["summarize", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ESC not in out and "\x07" not in out
+    assert "\\x1b]52;c;" in out and "completed[/]" in out
+    assert "linked[link=x]" in out and "plain" in out
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[HOSTILE_ID]["status"] == f"completed[/]{OSC52}"  # the data stays as recorded
+    assert main(["perf", "check", str(tmp_path)]) in (0, 1)
+    out = capsys.readouterr().out
+    assert ESC not in out and "\\x1b]52" in out
+
+
+def test_summarize_error_naming_a_hostile_run_is_inert(tmp_path, capsys):
+    write_run(tmp_path, "plain", crash_then_resume())
+    assert main(["summarize", str(tmp_path), "--run", HOSTILE_ID]) == 2
+    err = capsys.readouterr().err
+    assert ESC not in err and "\\x1b]52" in err
+
+
+def test_report_md_holds_no_raw_escape(tmp_path: Path):
+    path = write_run(tmp_path, HOSTILE_ID, hostile_events())
+    assert main(["report", str(path.parent)]) == 0
+    text = (path.parent / "report" / REPORT_FILE).read_text()
+    assert ESC not in text and "\x07" not in text
+    assert "\\x1b]52;c;" in text and "completed[/]" in text and "tiny[/bogus]" in text
+
+
+def test_training_log_lines_show_a_hostile_run_dir_inert(capsys):
+    progress = TrainProgress(total_steps=2, log_every=1)
+    with progress.status(f"resuming {HOSTILE_ID}"):
+        pass
+    progress.finish("completed", 2, Path("runs") / HOSTILE_ID)
+    out, err = capsys.readouterr()
+    assert ESC not in out + err and "\x07" not in out + err
+    assert "resuming run\\x1b]52;c;" in out and "runs/run\\x1b]52;c;" in err
+
+
+# --- the console ----------------------------------------------------------------------------
+
+
+def _screen_text(app: TitanConsole) -> str:
+    """The text of the current screen as drawn (an SVG screenshot, tags left out)."""
+    svg = app.export_screenshot()
+    return html.unescape(re.sub(r"<[^>]*>", "", svg)).replace("\xa0", " ")
+
+
+def _write_console_run(root: Path, name: str, preset: str, status: str) -> None:
+    (root / name).mkdir(parents=True)
+    start = event("run_start", 1000.0, config={"preset": preset, "layout": "spmd"}, total_steps=8)
+    append_events(
+        root / name,
+        [
+            start,
+            event("step", 1001.0, step=1, loss=5.5, step_time_s=1.0),
+            event("run_end", 1002.0, status=status, step=1, error=f"[link=http://x]e{OSC52}"),
+        ],
+    )
+
+
+def test_console_command_line_errors_show_a_hostile_path_inert(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        console_main(["--run", str(tmp_path / HOSTILE_ID)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and ESC not in err and "\\x1b]52;c;" in err
+
+
+async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Path):
+    _write_console_run(tmp_path, HOSTILE_ID, "tiny[/bogus]", f"completed[/]{OSC52}")
+    _write_console_run(tmp_path, "linked", "[link=http://x]tiny[/link]", "completed")
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / EVENTS_FILE).write_text(DEEP + "\n")
+    _write_non_utf8_run(tmp_path)
+    (tmp_path / "fifo").mkdir()  # a FIFO would block a reader that opened it
+    os.mkfifo(tmp_path / "fifo" / EVENTS_FILE)
+    (tmp_path / "fifo" / STDERR_LOG).write_text("")
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 5, lambda: "runs not listed", 20)
+        await pilot.pause(0.2)
+        runs_screen = _screen_text(app)
+        await pilot.press("h")
+        history = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: history.row_count == 5, lambda: "not in history", 20)
+        await pilot.pause(0.2)
+        history_screen = _screen_text(app)
+        assert isinstance(app.screen, HistoryScreen)
+        history.move_cursor(row=[r.run_id for r in history.all_rows].index(HOSTILE_ID))
+        await pilot.press("enter")
+        detail = app.screen
+        assert isinstance(detail, RunDetailScreen)
+        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        await pilot.pause(0.2)
+        detail_screen = _screen_text(app)
+        config_rows = [
+            [str(c) for c in detail.query_one("#detail-config", DataTable).get_row_at(i)]
+            for i in range(detail.query_one("#detail-config", DataTable).row_count)
+        ]
+    for shown in (runs_screen, history_screen, detail_screen):
+        assert ESC not in shown and "\x07" not in shown
+        assert "\\x1b]52;c;" in shown
+    assert "tiny[/bogus]" in runs_screen and "[link=http://x]tiny[/link]" in runs_screen
+    assert "completed[/]" in history_screen and "tiny[/bogus]" in history_screen
+    assert "bad\\udcff" in runs_screen and "bad\\xff" in history_screen
+    assert ["preset", "tiny[/bogus]"] in config_rows
+
+
+async def test_console_survives_wrong_types_in_the_run_list_monitor_and_history(tmp_path):
+    write_run(tmp_path, "wrong", wrong_type_events())
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
+        await pilot.press("enter")
+        monitor = app.screen
+        await wait_until(pilot, lambda: monitor.state.steps, lambda: "not read", 20)
+        for key in "123456":
+            await pilot.press(key)
+            await pilot.pause(0.1)
+        await pilot.press("h")
+        history = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: history.row_count == 1, lambda: "not in history", 20)
+        await pilot.press("enter")
+        detail = app.screen
+        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        for key in "12345":
+            await pilot.press(key)
+            await pilot.pause(0.1)
+        stalls = list(detail.query_one("#detail-stalls").lines)
+    assert monitor.state.step == 6 and monitor.state.devices is None
+    assert stalls[0] == "2 stall(s)" and "  thread 3:" in stalls
+
+
+async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_path: Path):
+    run_dir = tmp_path / HOSTILE_ID
+    run_dir.mkdir()
+    start = event(
+        "run_start",
+        1000.0,
+        config={"preset": {"not": "text"}, "watchdog_floor": "soon", "watchdog_factor": [2]},
+        layout={"devices": "eight"},
+        env={"device_kinds": {"NVIDIA H200": 1}},
+        power={"reason": 5},
+        total_steps=8,
+    )
+    stall = event(
+        "stall",
+        1002.0,
+        phase="step",
+        elapsed_s=None,
+        threshold_s=None,
+        step=1,
+        stacks=[{"thread": f"main{OSC52}", "stack": 5}, {"stack": [f"frame[/]{OSC_TITLE}"]}],
+    )
+    pipeline = event(
+        "pipeline",
+        1001.5,
+        stages=1,
+        schedule=f"gpipe[/bogus]{OSC52}",
+        microbatches=1,
+        theoretical_bubble=0.0,
+        actions=[[f"F0.0[link=http://x]{OSC52}"]],
+    )
+    append_events(
+        run_dir,
+        [
+            start,
+            pipeline,
+            event("step", 1001.0, step=1, loss=5.5, step_time_s=1.0, energy_j=10.0),
+            stall,
+            event("run_end", 1003.0, status=f"failed[/]{OSC52}", step=1, error=f"[/]{OSC52}"),
+        ],
+        tail=DEEP + "\n",
+    )
+    (run_dir / STDERR_LOG).mkdir()  # a directory where the stderr log should be
+    app = TitanConsole(tmp_path, open_run=run_dir)
+    shown = []
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(
+            pilot, lambda: app.screen.state.end_status is not None, lambda: "not read", 20
+        )
+        for key in "123456":
+            await pilot.press(key)
+            await pilot.pause(0.2)
+            shown.append(_screen_text(app))
+    for screen in shown:
+        assert ESC not in screen and "\x07" not in screen
+    assert "failed[/]\\x1b]52;c;" in shown[0]
+    assert f"cannot read {STDERR_LOG}" in shown[0]
+    assert "thread main\\x1b]52;c;" in shown[2] and "frame[/]\\x1b]2;owned\\x07" in shown[2]
+    assert "gpipe[/bogus]\\x1b]52" in shown[5] and "F0.0[link=http://x]" in shown[5]

@@ -1,0 +1,41 @@
+"""Record strings as the console shows them: inert, and never read as markup.
+
+Run dir names and every string of a run record reach tables, labels, titles and logs. Each goes
+through :func:`titan.observability.inert.inert` (control characters, so terminal escapes, and
+bidi overrides written as ``\\x1b``, ``\\u202e``) and is rendered as plain text: a ``[link=...]``
+or an unbalanced ``[/]`` shows as typed instead of becoming a hyperlink or a markup error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from titan.observability.inert import inert
+
+
+class PlainText(Text):
+    """A Rich ``Text`` of one line, never parsed as markup, that compares equal to the string it
+    shows (so a table's cells read back as their strings, ``cell == "completed"``)."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self.plain == other
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(self.plain)
+
+
+def plain(value: object) -> PlainText:
+    """``value`` (``str()`` of it) as inert plain text."""
+    return PlainText(inert(value), no_wrap=True, end="")
+
+
+def cell(value: Any) -> Any:
+    """A ``DataTable`` cell: numbers and None as they are (the table formats them, no markup),
+    anything else as :func:`plain` text (a plain ``str`` cell would be parsed as markup)."""
+    if value is None or isinstance(value, int | float):
+        return value
+    return plain(value)
