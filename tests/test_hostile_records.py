@@ -19,10 +19,11 @@ from test_summarize import write_run
 from textual.widgets import DataTable
 
 from titan.cli import main
+from titan.config import check_run_id
 from titan.errors import TitanError
 from titan.observability import summarize
 from titan.observability.inert import inert
-from titan.observability.records import EVENTS_FILE, EventTail, check_run_id, parse_json
+from titan.observability.records import EVENTS_FILE, EventTail, parse_json
 from titan.observability.report import REPORT_FILE
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole

@@ -147,11 +147,6 @@ def test_local_import_finder_flags_titan_imports_in_functions_only():
     ]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="function-local titan imports remain (config, trainer, pipeline, checkpoint, "
-    "observability, perfdb, data, ops); they are being moved to module level",
-)
 def test_titan_imports_titan_modules_only_at_module_level():
     flagged = [
         f"{where}: {statement}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from titan.models.shapes import (
     parse_model,
 )
 from titan.mpmd.schedules import SCHEDULES, check_schedule_options
+from titan.observability.inert import inert
 from titan.ops.registry import parse_overrides
 from titan.parsing import parse_counts, parse_range
 from titan.remat import REMAT_POLICIES
@@ -48,6 +50,35 @@ ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+
+
+# Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]+")
+MAX_RUN_ID_CHARS = 200
+
+
+def check_run_id(text: str) -> None:
+    """Refuse a run id that is not a plain, safe dir name.
+
+    A run id names the run dir and is shown by every reader, so only letters, digits, ``.``,
+    ``_`` and ``-`` are allowed (no path separators, no control characters or escapes, no
+    markup), it must not start with a dot (``.``, ``..`` and hidden dirs) and it has at most
+    :data:`MAX_RUN_ID_CHARS` characters.
+
+    Raises:
+        TitanError: the id breaks one of these rules (the message names which).
+    """
+    shown = inert(text[: MAX_RUN_ID_CHARS + 1])
+    if not text:
+        raise TitanError("--run-id: empty; use letters, digits, '.', '_' and '-'")
+    if len(text) > MAX_RUN_ID_CHARS:
+        raise TitanError(
+            f"--run-id: {len(text)} characters; at most {MAX_RUN_ID_CHARS} are allowed"
+        )
+    if not _RUN_ID.fullmatch(text):
+        raise TitanError(f"--run-id '{shown}': only letters, digits, '.', '_' and '-' are allowed")
+    if text.startswith("."):
+        raise TitanError(f"--run-id '{shown}': must not start with '.'")
 
 
 # --- codecs: how an option's value is parsed, checked, written to files and to the CLI ---------
@@ -255,7 +286,9 @@ class RunOptions:
         if self.seed >= 2**32:
             raise TitanError(f"--seed must be < 2**32, got {self.seed}")
         if self.run_id.startswith(".") or "/" in self.run_id or "\\" in self.run_id:
-            raise TitanError(f"--run-id must be a plain folder name, got {self.run_id!r}")
+            raise TitanError(f"--run-id must be a plain folder name, got {inert(self.run_id)!r}")
+        if self.run_id:
+            check_run_id(self.run_id)
 
 
 @_section

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan.config import TrainConfig, option_fields
+from titan.config import TrainConfig, check_run_id, option_fields
 from titan.data.text import check_inputs
 from titan.errors import TitanError
 from titan.observability.records import default_runs_root, new_run_id
@@ -98,6 +98,7 @@ def start_run(config: TrainConfig) -> LaunchedRun:
     check_inputs(config.data.corpus, config.data.tokenizer)
     runs_root = default_runs_root(config.run.runs_root).resolve()
     run_id = config.run.run_id or new_run_id(config.model.shape.name)
+    check_run_id(run_id)
     run_dir = runs_root / run_id
     try:
         run_dir.mkdir(parents=True)

@@ -20,7 +20,6 @@ import errno
 import json
 import math
 import os
-import re
 import secrets
 import stat
 import threading
@@ -29,9 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from titan.errors import TitanError
 from titan.observability.events import SCHEMA_VERSION, Event, parse_events
-from titan.observability.inert import inert
 
 SCHEMA = SCHEMA_VERSION
 EVENTS_FILE = "events.jsonl"
@@ -39,35 +36,6 @@ CONFIG_FILE = "config.json"
 # Arrays and objects nested deeper than this in one line are not a record's (the events nest
 # five deep at most); readers skip such a line (:func:`parse_json`).
 MAX_JSON_DEPTH = 64
-
-
-# Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
-_RUN_ID = re.compile(r"[A-Za-z0-9._-]+")
-MAX_RUN_ID_CHARS = 200
-
-
-def check_run_id(text: str) -> None:
-    """Refuse a run id that is not a plain, safe dir name.
-
-    A run id names the run dir and is shown by every reader, so only letters, digits, ``.``,
-    ``_`` and ``-`` are allowed (no path separators, no control characters or escapes, no
-    markup), it must not start with a dot (``.``, ``..`` and hidden dirs) and it has at most
-    :data:`MAX_RUN_ID_CHARS` characters.
-
-    Raises:
-        TitanError: the id breaks one of these rules (the message names which).
-    """
-    shown = inert(text[: MAX_RUN_ID_CHARS + 1])
-    if not text:
-        raise TitanError("--run-id: empty; use letters, digits, '.', '_' and '-'")
-    if len(text) > MAX_RUN_ID_CHARS:
-        raise TitanError(
-            f"--run-id: {len(text)} characters; at most {MAX_RUN_ID_CHARS} are allowed"
-        )
-    if not _RUN_ID.fullmatch(text):
-        raise TitanError(f"--run-id '{shown}': only letters, digits, '.', '_' and '-' are allowed")
-    if text.startswith("."):
-        raise TitanError(f"--run-id '{shown}': must not start with '.'")
 
 
 def default_runs_root(explicit: str = "") -> Path:
