@@ -33,7 +33,7 @@ GRID = [
 def test_generated_schedules_are_complete_and_valid(name, pp, m, v):
     schedule = build_schedule(name, pp, m, v)
     per_chunk = 3 if name == "zero-bubble" else 2
-    assert sum(len(g) for g in schedule.groups) == per_chunk * pp * v * m
+    assert sum(len(g) for g in schedule.stages) == per_chunk * pp * v * m
     assert len(execution_order(schedule)) == per_chunk * pp * v * m
 
 
@@ -50,13 +50,13 @@ def _peak_in_flight(actions):
 
 def test_1f1b_keeps_at_most_pp_microbatches_on_the_first_stage():
     schedule = build_schedule("1f1b", 4, 16)
-    assert _peak_in_flight(schedule.groups[0]) == 4
-    assert _peak_in_flight(schedule.groups[3]) == 1
-    assert _peak_in_flight(build_schedule("gpipe", 4, 16).groups[0]) == 16
+    assert _peak_in_flight(schedule.stages[0]) == 4
+    assert _peak_in_flight(schedule.stages[3]) == 1
+    assert _peak_in_flight(build_schedule("gpipe", 4, 16).stages[0]) == 16
 
 
 def test_zero_bubble_defers_weight_gradients_into_the_cool_down():
-    first = build_schedule("zero-bubble", 4, 8).groups[0]
+    first = build_schedule("zero-bubble", 4, 8).stages[0]
     kinds = "".join(a.kind for a in first)
     assert kinds.endswith("W" * 4)  # the last I is followed by the deferred W's
     assert kinds.index("W") > kinds.index("I") + 3
@@ -64,10 +64,10 @@ def test_zero_bubble_defers_weight_gradients_into_the_cool_down():
 
 def test_validator_rejects_a_backward_before_its_forward():
     good = build_schedule("1f1b", 2, 4)
-    group0 = list(good.groups[0])
+    group0 = list(good.stages[0])
     first_b = next(i for i, a in enumerate(group0) if a.kind == "B")
     group0.insert(0, group0.pop(first_b))
-    broken = dataclasses.replace(good, groups=(tuple(group0), good.groups[1]))
+    broken = dataclasses.replace(good, stages=(tuple(group0), good.stages[1]))
     with pytest.raises(TitanError, match="deadlocks"):
         validate_schedule(broken)
 
@@ -75,12 +75,12 @@ def test_validator_rejects_a_backward_before_its_forward():
 def test_validator_rejects_missing_repeated_and_misplaced_actions():
     good = build_schedule("gpipe", 2, 2)
     repeated = dataclasses.replace(
-        good, groups=(good.groups[0] + good.groups[0][:1], good.groups[1])
+        good, stages=(good.stages[0] + good.stages[0][:1], good.stages[1])
     )
     with pytest.raises(TitanError, match="missing or repeated"):
         validate_schedule(repeated)
     misplaced = dataclasses.replace(
-        good, groups=(good.groups[0] + (Action(0, 1, 0, "F"),), good.groups[1])
+        good, stages=(good.stages[0] + (Action(0, 1, 0, "F"),), good.stages[1])
     )
     with pytest.raises(TitanError, match="is on group 0"):
         validate_schedule(misplaced)
@@ -120,8 +120,8 @@ def test_replay_of_1f1b_with_unit_times_has_the_theoretical_bubble():
     from titan.mpmd.schedules import simulate
 
     schedule = build_schedule("1f1b", 2, 4)
-    durations = {(a.chunk, a.microbatch, a.kind): 1.0 for group in schedule.groups for a in group}
+    durations = {(a.chunk, a.microbatch, a.kind): 1.0 for stage in schedule.stages for a in stage}
     makespan = simulate(schedule, durations)
     assert makespan == 10.0  # (m + p - 1) (t_F + t_B)
-    busy = sum(1.0 for a in schedule.groups[0])
+    busy = sum(1.0 for a in schedule.stages[0])
     assert 1 - busy / makespan == pytest.approx(theoretical_bubble("1f1b", 2, 4))

@@ -324,7 +324,7 @@ class PipelineTrainer:
                 theoretical_bubble=theoretical_bubble(
                     s.name, s.pp, s.microbatches, s.virtual_stages
                 ),
-                actions=[[str(a) for a in group] for group in s.groups],
+                actions=[[str(a) for a in stage] for stage in s.stages],
             )
         ]
 
@@ -361,7 +361,7 @@ class PipelineTrainer:
     def compile(self) -> list[Compile]:
         """Compile every chunk's programs; one compile event per stage."""
         seconds = [0.0] * self.pp
-        kinds = {action.kind for group in self.schedule.groups for action in group}
+        kinds = {action.kind for stage in self.schedule.stages for action in stage}
         for program in self.programs:
             seconds[program.chunk.stage] += program.compile(kinds, len(self.programs))
         self._grads = [p.compiled["zeros"]() for p in self.programs]
@@ -459,7 +459,7 @@ class PipelineTrainer:
                 jax.block_until_ready(outputs)
                 spans.append(
                     [
-                        action.group,
+                        action.stage,
                         action.chunk,
                         action.microbatch,
                         action.kind,

@@ -1,12 +1,12 @@
-"""Pipeline schedules as data: per device group, an ordered list of actions; and their validator.
+"""Pipeline schedules as data: per stage, an ordered list of actions; and their validator.
 
-Terms: ``pp`` device groups (pipeline stages), ``v`` virtual stages (model chunks) per group,
-``m`` microbatches. The model is cut into ``pp * v`` chunks; chunk ``c`` lives on group
+Terms: ``pp`` stages (each on its own devices), ``v`` virtual stages (model chunks) per stage,
+``m`` microbatches. The model is cut into ``pp * v`` chunks; chunk ``c`` lives on stage
 ``c % pp`` as its virtual chunk ``c // pp`` (the interleaved placement of Narayanan et al. 2021,
-Sec. 2.2.2). An action is (group, chunk, microbatch, kind) with kind one of ``F`` (forward),
+Sec. 2.2.2). An action is (stage, chunk, microbatch, kind) with kind one of ``F`` (forward),
 ``B`` (backward: input and weight gradients), ``I`` (backward, input gradient only) and ``W``
-(backward, weight gradient only). Each group executes its list in order; the controller issues
-the lists interleaved in dependency order and JAX's asynchronous dispatch runs groups
+(backward, weight gradient only). Each stage executes its list in order; the controller issues
+the lists interleaved in dependency order and JAX's asynchronous dispatch runs stages
 concurrently.
 
 Schedules, each registered once in :data:`SCHEDULES` (a :class:`ScheduleSpec`: builder, option
@@ -16,14 +16,14 @@ ask the registry:
 
 - ``gpipe`` (Huang et al. 2019): all forwards, then all backwards.
 - ``1f1b`` (PipeDream-Flush, Narayanan et al. 2021, Sec. 2.2.1): ``pp - g - 1`` warm-up
-  forwards on group g, then one forward one backward, then the remaining backwards.
-- ``interleaved-1f1b`` (Narayanan et al. 2021, Sec. 2.2.2): 1F1B over ``v`` chunks per group;
+  forwards on stage g, then one forward one backward, then the remaining backwards.
+- ``interleaved-1f1b`` (Narayanan et al. 2021, Sec. 2.2.2): 1F1B over ``v`` chunks per stage;
   needs ``m`` to be a multiple of ``pp``.
 - ``zero-bubble`` (ZB-H1, Qi et al. 2023, Sec. 3.1): 1F1B with the backward split into I and W;
-  group g keeps up to ``pp - g - 1`` W actions deferred and runs them in the cool-down phase,
+  stage g keeps up to ``pp - g - 1`` W actions deferred and runs them in the cool-down phase,
   where 1F1B idles waiting for input gradients.
 
-Theoretical bubble fractions (idle share of a group's step time), with t_F, t_B the forward and
+Theoretical bubble fractions (idle share of a stage's step time), with t_F, t_B the forward and
 backward times of one microbatch on one stage:
 
 - GPipe and 1F1B: (pp - 1) / (m + pp - 1) (Narayanan et al. 2021, Sec. 2.2.1).
@@ -48,16 +48,16 @@ FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "I", "W"
 
 @dataclass(frozen=True)
 class Action:
-    """One unit of work of one device group.
+    """One unit of work of one stage.
 
     Attributes:
-        group: device group (pipeline stage) that runs it.
-        chunk: global model chunk, 0 .. pp * v - 1 (chunk % pp == group).
+        stage: the stage (its devices) that runs it.
+        chunk: global model chunk, 0 .. pp * v - 1 (chunk % pp == stage).
         microbatch: 0 .. m - 1.
         kind: F, B, I or W (module docstring).
     """
 
-    group: int
+    stage: int
     chunk: int
     microbatch: int
     kind: str
@@ -68,30 +68,30 @@ class Action:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Per-group ordered action lists of one training step."""
+    """Per-stage ordered action lists of one training step."""
 
     name: str
     pp: int
     microbatches: int
     virtual_stages: int
-    groups: tuple[tuple[Action, ...], ...]
+    stages: tuple[tuple[Action, ...], ...]
 
     @property
     def chunks(self) -> int:
         return self.pp * self.virtual_stages
 
-    def in_flight_bound(self, group: int) -> int:
-        """Documented peak of microbatches whose residuals (forward activations) ``group``
+    def in_flight_bound(self, stage: int) -> int:
+        """Documented peak of microbatches whose residuals (forward activations) ``stage``
         holds: :attr:`ScheduleSpec.in_flight_bound` of this schedule."""
         spec = SCHEDULES[self.name]
-        return spec.in_flight_bound(group, self.pp, self.microbatches, self.virtual_stages)
+        return spec.in_flight_bound(stage, self.pp, self.microbatches, self.virtual_stages)
 
-    def peak_in_flight(self, group: int) -> int:
-        """Microbatches whose residuals ``group`` holds at its peak, counted on its action list
+    def peak_in_flight(self, stage: int) -> int:
+        """Microbatches whose residuals ``stage`` holds at its peak, counted on its action list
         (a forward makes one live, the backward that frees it, B or W, ends it)."""
         live: set[tuple[int, int]] = set()
         peak = 0
-        for action in self.groups[group]:
+        for action in self.stages[stage]:
             key = (action.chunk, action.microbatch)
             if action.kind == FORWARD:
                 live.add(key)
@@ -101,8 +101,8 @@ class Schedule:
         return peak
 
 
-def _one_f_one_b(group: int, pp: int, m: int, backward_kind: str) -> list[tuple[int, str]]:
-    warmup = min(pp - group - 1, m)
+def _one_f_one_b(stage: int, pp: int, m: int, backward_kind: str) -> list[tuple[int, str]]:
+    warmup = min(pp - stage - 1, m)
     order = [(i, FORWARD) for i in range(warmup)]
     for i in range(m - warmup):
         order += [(warmup + i, FORWARD), (i, backward_kind)]
@@ -110,43 +110,43 @@ def _one_f_one_b(group: int, pp: int, m: int, backward_kind: str) -> list[tuple[
     return order
 
 
-def _gpipe(group: int, pp: int, m: int, v: int) -> list[Action]:
-    forwards = [Action(group, group, i, FORWARD) for i in range(m)]
-    return forwards + [Action(group, group, i, BACKWARD) for i in range(m)]
+def _gpipe(stage: int, pp: int, m: int, v: int) -> list[Action]:
+    forwards = [Action(stage, stage, i, FORWARD) for i in range(m)]
+    return forwards + [Action(stage, stage, i, BACKWARD) for i in range(m)]
 
 
-def _1f1b(group: int, pp: int, m: int, v: int) -> list[Action]:
-    return [Action(group, group, i, k) for i, k in _one_f_one_b(group, pp, m, BACKWARD)]
+def _1f1b(stage: int, pp: int, m: int, v: int) -> list[Action]:
+    return [Action(stage, stage, i, k) for i, k in _one_f_one_b(stage, pp, m, BACKWARD)]
 
 
-def _zero_bubble(group: int, pp: int, m: int, v: int) -> list[Action]:
-    deferred_limit = pp - group - 1
+def _zero_bubble(stage: int, pp: int, m: int, v: int) -> list[Action]:
+    deferred_limit = pp - stage - 1
     actions: list[Action] = []
     pending: list[int] = []
-    for microbatch, kind in _one_f_one_b(group, pp, m, BACKWARD_INPUT):
-        actions.append(Action(group, group, microbatch, kind))
+    for microbatch, kind in _one_f_one_b(stage, pp, m, BACKWARD_INPUT):
+        actions.append(Action(stage, stage, microbatch, kind))
         if kind == BACKWARD_INPUT:
             pending.append(microbatch)
-            cooling_down = microbatch >= m - (pp - group - 1)
+            cooling_down = microbatch >= m - (pp - stage - 1)
             if len(pending) > deferred_limit or (cooling_down and pending):
-                actions.append(Action(group, group, pending.pop(0), BACKWARD_WEIGHT))
-    return actions + [Action(group, group, i, BACKWARD_WEIGHT) for i in pending]
+                actions.append(Action(stage, stage, pending.pop(0), BACKWARD_WEIGHT))
+    return actions + [Action(stage, stage, i, BACKWARD_WEIGHT) for i in pending]
 
 
-def _interleaved(group: int, pp: int, m: int, v: int) -> list[Action]:
+def _interleaved(stage: int, pp: int, m: int, v: int) -> list[Action]:
     total = m * v
 
     def forward(k: int) -> Action:
         chunk_in_group = (k // pp) % v
         microbatch = (k // (pp * v)) * pp + k % pp
-        return Action(group, chunk_in_group * pp + group, microbatch, FORWARD)
+        return Action(stage, chunk_in_group * pp + stage, microbatch, FORWARD)
 
     def backward(k: int) -> Action:
         chunk_in_group = v - 1 - (k // pp) % v
         microbatch = (k // (pp * v)) * pp + k % pp
-        return Action(group, chunk_in_group * pp + group, microbatch, BACKWARD)
+        return Action(stage, chunk_in_group * pp + stage, microbatch, BACKWARD)
 
-    warmup = min(2 * (pp - group - 1) + (v - 1) * pp, total)
+    warmup = min(2 * (pp - stage - 1) + (v - 1) * pp, total)
     actions = [forward(k) for k in range(warmup)]
     for k in range(total - warmup):
         actions += [forward(warmup + k), backward(k)]
@@ -174,14 +174,14 @@ class ScheduleSpec:
     Attributes:
         name: the ``--schedule`` value.
         short: label in the planner's tables.
-        builder: (group, pp, m, v) -> that group's ordered actions.
+        builder: (stage, pp, m, v) -> that stage's ordered actions.
         check: (name, pp, m, v) -> None; raises TitanError for options the schedule rejects.
         bubble_work: (m, v) -> the pipeline's busy time in microbatch-stage units, k with the
             bubble (pp - 1) / k of the ideal step time (module docstring, with sources).
-        in_flight: (group, pp, m, v) -> documented peak of chunk-microbatches whose residuals
-            the group holds (before the cap at m v).
+        in_flight: (stage, pp, m, v) -> documented peak of chunk-microbatches whose residuals
+            the stage holds (before the cap at m v).
         split_backward: the backward runs as I and W actions (input, weight gradients).
-        virtual_stages: takes more than one model chunk per group.
+        virtual_stages: takes more than one model chunk per stage.
     """
 
     name: str
@@ -193,13 +193,13 @@ class ScheduleSpec:
     split_backward: bool = False
     virtual_stages: bool = False
 
-    def in_flight_bound(self, group: int, pp: int, m: int, v: int) -> int:
-        """Documented peak of chunk-microbatches in flight on ``group``, at most ``m v``:
-        GPipe m; 1F1B pp - group; interleaved the warm-up forwards plus one,
-        ``2 (pp - group - 1) + (v - 1) pp + 1`` (Narayanan et al. 2021, Sec. 2.2.2); ZB-H1 here
-        1F1B's bound plus the ``pp - group - 1`` deferred W actions, whose residuals stay alive
+    def in_flight_bound(self, stage: int, pp: int, m: int, v: int) -> int:
+        """Documented peak of chunk-microbatches in flight on ``stage``, at most ``m v``:
+        GPipe m; 1F1B pp - stage; interleaved the warm-up forwards plus one,
+        ``2 (pp - stage - 1) + (v - 1) pp + 1`` (Narayanan et al. 2021, Sec. 2.2.2); ZB-H1 here
+        1F1B's bound plus the ``pp - stage - 1`` deferred W actions, whose residuals stay alive
         until W runs."""
-        return min(self.in_flight(group, pp, m, v), m * v)
+        return min(self.in_flight(stage, pp, m, v), m * v)
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {
@@ -256,7 +256,7 @@ def bubble_ratio(name: str, pp: int, microbatches: int, virtual_stages: int = 1)
 
 
 def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
-    """Idle fraction of each group's step time, (pp - 1) / (k + pp - 1) (module docstring for
+    """Idle fraction of each stage's step time, (pp - 1) / (k + pp - 1) (module docstring for
     formulas and sources)."""
     work = schedule_spec(name).bubble_work(microbatches, virtual_stages)
     return (pp - 1) / (work + pp - 1)
@@ -270,8 +270,8 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     """
     check_schedule_options(name, pp, microbatches, virtual_stages)
     build = SCHEDULES[name].builder
-    groups = [build(g, pp, microbatches, virtual_stages) for g in range(pp)]
-    schedule = Schedule(name, pp, microbatches, virtual_stages, tuple(tuple(g) for g in groups))
+    stages = [build(g, pp, microbatches, virtual_stages) for g in range(pp)]
+    schedule = Schedule(name, pp, microbatches, virtual_stages, tuple(tuple(g) for g in stages))
     validate_schedule(schedule)
     return schedule
 
@@ -301,19 +301,19 @@ def _expected(schedule: Schedule) -> set[tuple[int, int, str]]:
 
 
 def execution_order(schedule: Schedule) -> list[Action]:
-    """The actions in an order that respects every dependency, groups advancing round-robin
+    """The actions in an order that respects every dependency, stages advancing round-robin
     (the order the controller dispatches them in).
 
     Raises:
-        TitanError: the schedule deadlocks (a group waits on an action that never comes).
+        TitanError: the schedule deadlocks (a stage waits on an action that never comes).
     """
     done: set[tuple[int, int, str]] = set()
     cursors = [0] * schedule.pp
     order: list[Action] = []
-    remaining = sum(len(g) for g in schedule.groups)
+    remaining = sum(len(g) for g in schedule.stages)
     while len(order) < remaining:
         progressed = False
-        for g, actions in enumerate(schedule.groups):
+        for g, actions in enumerate(schedule.stages):
             while cursors[g] < len(actions):
                 action = actions[cursors[g]]
                 if not all(dep in done for dep in _dependencies(action, schedule.chunks)):
@@ -327,27 +327,27 @@ def execution_order(schedule: Schedule) -> list[Action]:
         if not progressed:
             stuck = [
                 str(acts[cursors[g]])
-                for g, acts in enumerate(schedule.groups)
+                for g, acts in enumerate(schedule.stages)
                 if cursors[g] < len(acts)
             ]
-            raise TitanError(f"schedule {schedule.name} deadlocks: groups wait at {stuck}")
+            raise TitanError(f"schedule {schedule.name} deadlocks: stages wait at {stuck}")
     return order
 
 
 def validate_schedule(schedule: Schedule) -> None:
-    """Check that every action is on its chunk's group, appears exactly once, every dependency
+    """Check that every action is on its chunk's stage, appears exactly once, every dependency
     is respected (a forward after the previous chunk's forward, a backward after its forward and
-    the next chunk's backward, W after I), and each group's in-flight microbatches stay within
+    the next chunk's backward, W after I), and each stage's in-flight microbatches stay within
     :meth:`Schedule.in_flight_bound`.
 
     Raises:
         TitanError: naming the first violation.
     """
     seen: list[tuple[int, int, str]] = []
-    for g, actions in enumerate(schedule.groups):
+    for g, actions in enumerate(schedule.stages):
         for action in actions:
-            if action.group != g or action.chunk % schedule.pp != g:
-                raise TitanError(f"schedule {schedule.name}: {action} is on group {g}")
+            if action.stage != g or action.chunk % schedule.pp != g:
+                raise TitanError(f"schedule {schedule.name}: {action} is on stage {g}")
             seen.append((action.chunk, action.microbatch, action.kind))
     if len(seen) != len(set(seen)) or set(seen) != _expected(schedule):
         raise TitanError(f"schedule {schedule.name}: actions missing or repeated")
@@ -356,14 +356,14 @@ def validate_schedule(schedule: Schedule) -> None:
         peak = schedule.peak_in_flight(g)
         if peak > schedule.in_flight_bound(g):
             raise TitanError(
-                f"schedule {schedule.name}: group {g} holds {peak} microbatches in flight, "
+                f"schedule {schedule.name}: stage {g} holds {peak} microbatches in flight, "
                 f"above its bound {schedule.in_flight_bound(g)}"
             )
 
 
 def simulate(schedule: Schedule, durations: dict[tuple[int, int, str], float]) -> float:
-    """Makespan (seconds) of ``schedule`` on ideal hardware: each group runs its actions in
-    order, an action starts when its group is free and its dependencies have finished, and
+    """Makespan (seconds) of ``schedule`` on ideal hardware: each stage runs its actions in
+    order, an action starts when its stage is free and its dependencies have finished, and
     nothing else costs time (no dispatch, no transfer latency).
 
     Args:
@@ -384,8 +384,8 @@ def simulate(schedule: Schedule, durations: dict[tuple[int, int, str], float]) -
             ]
             for c, i, k in _dependencies(action, schedule.chunks)
         ]
-        start = max([free[action.group], *deps])
+        start = max([free[action.stage], *deps])
         key = (action.chunk, action.microbatch, action.kind)
         finish[key] = start + durations[key]
-        free[action.group] = finish[key]
+        free[action.stage] = finish[key]
     return max(free)

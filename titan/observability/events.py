@@ -234,7 +234,7 @@ class Compile(Event):
 
     what: str | None = _field("what was compiled: ``train_step`` (SPMD) or ``stage`` (MPMD)")
     seconds: float | None = _field("wall time of the compilation", "seconds")
-    stage: int | None = _field("the stage (device group) compiled, MPMD only", omit_if_none=True)
+    stage: int | None = _field("the pipeline stage compiled, MPMD only", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,7 +346,7 @@ class Pipeline(Event):
 
     stages: int = _field("pipeline stages (``--pp``)", "stages", required=True)
     virtual_stages: int | None = _field("model chunks per stage (``--virtual-stages``)")
-    devices_per_stage: int | None = _field("devices of each stage's group", "devices")
+    devices_per_stage: int | None = _field("devices of each stage", "devices")
     layers_per_chunk: list[int] | None = _field("layers of each model chunk", "layers")
     chunk_stage: list[int] | None = _field("the stage each chunk runs on")
     schedule: str = _field("the schedule's name (``--schedule``)", required=True)

@@ -33,7 +33,7 @@ class Chunk:
 
     Attributes:
         index: position in the model, 0 .. chunks - 1.
-        stage: the pipeline stage (device group) that runs it (index % pp).
+        stage: the pipeline stage that runs it (index % pp).
     """
 
     index: int

@@ -2,7 +2,7 @@
 
 - SPMD (``--layout spmd``): one mesh with axes (data, fsdp, tensor) over the first
   dp x fsdp x tp devices of ``jax.devices()``.
-- MPMD (``--layout mpmd``): ``pp`` device groups (pipeline stages) of dp x fsdp x tp devices
+- MPMD (``--layout mpmd``): ``pp`` pipeline stages of dp x fsdp x tp devices
   each, every stage a sub-mesh with the same axes.
 
 ``jax.devices()`` lists every process's devices, so under ``jax.distributed.initialize`` the

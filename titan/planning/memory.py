@@ -1,6 +1,6 @@
 """Memory per device: parameters, gradients, optimizer state, activations and workspace.
 
-Everything is in bytes per device, for the device group that holds the most (the first pipeline
+Everything is in bytes per device, for the stage that holds the most (the first pipeline
 stage for activations, with the embedding; the last stage for the output head and its logits).
 
 States (per parameter, in ``--param-dtype``, as Titan keeps them; Rajbhandari et al. 2020,
