@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from titan.config import TrainConfig
-from titan.models.shapes import ModelConfig
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.models import model_flops_per_token
+from titan.shapes import ModelConfig
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent

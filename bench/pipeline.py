@@ -64,10 +64,10 @@ def _measure(spec: dict) -> dict:
     import numpy as np
 
     from titan.config import TrainConfig
-    from titan.models.shapes import PRESETS
     from titan.ops import Ops
     from titan.planning.gpus import gpu_for_device_kind
     from titan.planning.models import model_flops_per_token
+    from titan.shapes import PRESETS
     from titan.trainer.adapters import build_trainer
 
     model = dataclasses.replace(PRESETS[spec["preset"]], n_layers=spec["layers"])

@@ -45,10 +45,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.models.shapes import ModelConfig
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.planning.step import Measurement, calibrate
+from titan.shapes import ModelConfig
 
 RESULTS = Path(__file__).parent / "results" / "planner_accuracy.json"
 

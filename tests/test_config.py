@@ -15,11 +15,11 @@ from titan.cli import build_parser, main
 from titan.config import SECTIONS, Remat, Schedule, TrainConfig, option_fields, perf_key_options
 from titan.config_files import config_from_dict, config_to_data, config_to_toml, read_config_file
 from titan.errors import TitanError
-from titan.models.shapes import PRESETS
 from titan.mpmd.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
 from titan.remat import REMAT_POLICIES
+from titan.shapes import PRESETS
 from titan.trainer.commands import explicit_options
 from titan.trainer.resume import resume_options
 

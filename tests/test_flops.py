@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import pytest
 
 from titan.models.adapters.llama import LlamaAdapter
-from titan.models.shapes import ModelConfig
 from titan.observability.flops import FlopsMeter, device_peak, hardware_flops_per_token
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
 from titan.planning.models import model_flops_per_token, training_flops_per_token
+from titan.shapes import ModelConfig
 
 # XLA also counts elementwise work (norms, softmax, SiLU, the loss): 0.3 to 0.7% on top of the
 # matmuls in these shapes (jax 0.10.2, XLA:CPU); the tolerance leaves room for other versions.

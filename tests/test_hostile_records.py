@@ -21,8 +21,8 @@ from textual.widgets import DataTable
 from titan.cli import main
 from titan.config import check_run_id
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.observability import summarize
-from titan.observability.inert import inert
 from titan.observability.records import EVENTS_FILE, EventTail, parse_json
 from titan.observability.report import REPORT_FILE
 from titan.trainer.progress import TrainProgress

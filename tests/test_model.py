@@ -13,8 +13,8 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from titan.models.llama import Llama
-from titan.models.shapes import PRESETS
 from titan.ops import Ops
+from titan.shapes import PRESETS
 
 
 def abstract_param_count(preset: str) -> int:

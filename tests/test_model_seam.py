@@ -10,9 +10,9 @@ import pytest
 
 from titan.errors import TitanError
 from titan.models.adapters.llama import LlamaAdapter
-from titan.models.shapes import ModelConfig
 from titan.ops import Ops
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model
+from titan.shapes import ModelConfig
 from titan.trainer.adapters import _check_model_state
 
 SHAPE = ModelConfig("seam", 97, 32, 4, 4, 2, 64)

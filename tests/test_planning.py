@@ -14,7 +14,6 @@ import pytest
 import titan.cli
 from titan.cli import Parser
 from titan.errors import TitanError
-from titan.models.shapes import PRESETS
 from titan.mpmd.schedules import build_schedule
 from titan.planning import collectives, commands
 from titan.planning.budget import PlanRequest, candidate_layouts, plan, search
@@ -35,6 +34,7 @@ from titan.planning.step import (
     estimate_step,
     model_flops_utilization,
 )
+from titan.shapes import PRESETS
 
 H200 = find_gpu("h200")
 # The plain-JAX baseline bench/baselines/plain_jax_llama.py: 0.886B Llama, seq 2048, batch 8.

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from titan import DISTRIBUTION, __version__
 from titan.errors import TitanError
-from titan.observability.inert import inert
+from titan.inert import inert
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe

@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from titan.errors import TitanError
-from titan.models.shapes import (
+from titan.inert import inert
+from titan.mpmd.schedules import SCHEDULES, check_schedule_options
+from titan.ops.registry import parse_overrides
+from titan.parsing import parse_counts, parse_range
+from titan.remat import REMAT_POLICIES
+from titan.shapes import (
     DEFAULT_VOCAB_SIZE,
     PRESETS,
     ModelConfig,
@@ -36,11 +41,6 @@ from titan.models.shapes import (
     model_text,
     parse_model,
 )
-from titan.mpmd.schedules import SCHEDULES, check_schedule_options
-from titan.observability.inert import inert
-from titan.ops.registry import parse_overrides
-from titan.parsing import parse_counts, parse_range
-from titan.remat import REMAT_POLICIES
 
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Iterator
 
 from titan.config import CODECS_PLAIN, Option, option_fields
-from titan.models.shapes import PRESETS
+from titan.shapes import PRESETS
 
 
 def add_arguments(

@@ -26,7 +26,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from titan.observability.inert import inert
+from titan.inert import inert
 from titan.observability.records import default_runs_root
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun

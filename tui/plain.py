@@ -1,7 +1,7 @@
 """Record strings as the console shows them: inert, and never read as markup.
 
 Run dir names and every string of a run record reach tables, labels, titles and logs. Each goes
-through :func:`titan.observability.inert.inert` (control characters, so terminal escapes, and
+through :func:`titan.inert.inert` (control characters, so terminal escapes, and
 bidi overrides written as ``\\x1b``, ``\\u202e``) and is rendered as plain text: a ``[link=...]``
 or an unbalanced ``[/]`` shows as typed instead of becoming a hyperlink or a markup error.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.text import Text
 
-from titan.observability.inert import inert
+from titan.inert import inert
 
 
 class PlainText(Text):

@@ -20,10 +20,10 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from titan.models.shapes import ModelConfig
 from titan.ops import Ops
 from titan.parallel.sharding import ACTIVATION_AXES
 from titan.remat import REMAT_POLICIES
+from titan.shapes import ModelConfig
 
 INIT_STD = 0.02
 

@@ -51,11 +51,11 @@ from titan.mpmd.schedules import (
     theoretical_bubble,
 )
 from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
+from titan.optimizer import clip_by_global_norm
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
-from titan.trainer.optimizer import clip_by_global_norm
-from titan.trainer.state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
+from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
@@ -208,7 +208,7 @@ class _StepBuffers:
 @dataclass
 class PipelineTrainer:
     """MPMD layout: per-chunk programs, a schedule, and the controller that executes it (a
-    :class:`titan.trainer.state.Trainer`).
+    :class:`titan.trainer_state.Trainer`).
 
     The state's chunk c lives on stage c % pp. Gradient buffers live on the trainer between
     steps.

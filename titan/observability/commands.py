@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.observability.formatting import format_duration, format_number
-from titan.observability.inert import inert
 from titan.observability.records import default_runs_root
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
@@ -142,7 +142,7 @@ def _console() -> Any:
 
 def _plain(value: Any) -> Any:
     """A string from a record (or a path) as a table cell: control characters escaped
-    (:func:`~titan.observability.inert.inert`) and Rich markup shown as written, never
+    (:func:`~titan.inert.inert`) and Rich markup shown as written, never
     interpreted."""
     from rich.text import Text
 

@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from titan.config import perf_key_options
-from titan.models.shapes import ModelConfig
 from titan.observability.ettr import split_attempts
 from titan.observability.events import Checkpoint, Event, Profile, RunStart, Step
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
+from titan.shapes import ModelConfig
 
 WARMUP_STEPS = 3
 REGRESSION_THRESHOLD = 0.05

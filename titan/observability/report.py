@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.observability import ettr, plots
 from titan.observability.events import Event, Profile, RunStart, Step
 from titan.observability.formatting import format_duration, format_number
-from titan.observability.inert import inert
 from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.summarize import RunSummary, summarize_run_dir
 from titan.observability.trace_summary import summarize_trace

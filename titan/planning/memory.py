@@ -74,11 +74,11 @@ from dataclasses import dataclass
 
 from titan.config import ParallelOptions
 from titan.errors import TitanError
-from titan.models.shapes import ModelConfig
 from titan.mpmd.schedules import SCHEDULES, check_schedule_options
 from titan.planning.gpus import GpuSpec
 from titan.planning.models import kv_dim, layer_matmul_params
 from titan.remat import REMAT_POLICIES
+from titan.shapes import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 # Allowance for framework and compiler workspace on an accelerator, bytes. Assumed: cuBLAS

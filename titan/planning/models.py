@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from titan.models.shapes import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
 from titan.remat import REMAT_POLICIES
+from titan.shapes import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
 
 ATTENTION_CONVENTIONS = ("causal", "full")
 # How attention is computed: "flash" (a fused kernel, O(s) memory, skips masked blocks) or

@@ -41,7 +41,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from titan.models.shapes import ModelConfig
 from titan.mpmd.schedules import SCHEDULES, bubble_ratio
 from titan.planning import collectives
 from titan.planning.gpus import GpuSpec
@@ -59,6 +58,7 @@ from titan.planning.models import (
     model_flops_per_token,
     token_flops,
 )
+from titan.shapes import ModelConfig
 
 # Achievable fraction of dense peak for the matmuls of a training step, used when the
 # calibration has no entry for the device. Fitted with this model (0.634) to the two cuDNN-

@@ -1,5 +1,5 @@
 """Training layouts: chooses the model adapter and the layout a run asks for, and builds its
-trainer (:class:`titan.trainer.state.Trainer`).
+trainer (:class:`titan.trainer_state.Trainer`).
 
 - ``--layout spmd`` (the baseline, :class:`titan.trainer.spmd.SpmdTrainer`): one ``jax.jit``
   train step over one mesh.
@@ -19,15 +19,15 @@ from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.llama import LlamaAdapter
-from titan.models.shapes import ModelConfig
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
+from titan.optimizer import build_optimizer
 from titan.parallel.chunks import Chunk, plan_chunks
 from titan.parallel.mesh import build_stage_meshes
-from titan.trainer.optimizer import build_optimizer
+from titan.shapes import ModelConfig
 from titan.trainer.spmd import SpmdTrainer
-from titan.trainer.state import Trainer
+from titan.trainer_state import Trainer
 
 
 def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:

@@ -27,7 +27,7 @@ from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.mesh import host_mesh
-from titan.trainer.state import ChunkState, Trainer, TrainState, chunk_item
+from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP = 3

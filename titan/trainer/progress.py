@@ -25,8 +25,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from titan.inert import inert
 from titan.observability.events import Step
-from titan.observability.inert import inert
 
 
 class TrainProgress:

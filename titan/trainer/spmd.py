@@ -19,22 +19,22 @@ import optax
 
 from titan.models.adapters.base import ModelAdapter
 from titan.observability.events import Compile, Event
+from titan.optimizer import clip_by_global_norm
 from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
-from titan.trainer.optimizer import clip_by_global_norm
-from titan.trainer.state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
+from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
 @dataclass
 class SpmdTrainer:
     """One jitted step (forward, backward, clipping, AdamW) over one mesh; the state has one
-    chunk, the whole model (a :class:`titan.trainer.state.Trainer`).
+    chunk, the whole model (a :class:`titan.trainer_state.Trainer`).
 
     Attributes:
         adapter: the model family.
         mesh: the device mesh.
         chunks: the one chunk (the whole model).
-        tx: the optimizer (AdamW, :mod:`titan.trainer.optimizer`).
+        tx: the optimizer (AdamW, :mod:`titan.optimizer`).
         lr_schedule: learning rate as a function of the step.
         compute_dtype: dtype of forward and backward.
         grad_clip: global-norm clip (0 disables).

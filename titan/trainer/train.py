@@ -36,7 +36,6 @@ from titan.config_files import config_to_data
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
-from titan.models.shapes import ModelConfig
 from titan.observability.env import capture_environment
 from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
 from titan.observability.flops import FlopsMeter, device_peak
@@ -58,6 +57,7 @@ from titan.parallel.distributed import (
     initialize,
     process_count,
 )
+from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.processes import (
@@ -71,7 +71,7 @@ from titan.trainer.processes import (
 )
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
-from titan.trainer.state import StepMetrics, Trainer, TrainState
+from titan.trainer_state import StepMetrics, Trainer, TrainState
 
 # 2 is a bad option (titan.cli); 3 lets a supervisor tell a stall (restart) from a failure.
 EXIT_OK, EXIT_FAILED, EXIT_STALL = 0, 1, 3

@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
-from titan.observability.inert import inert
+from titan.inert import inert
 from titan.observability.records import EVENTS_FILE
 from tui.widgets.dialog import dialog_box
 

@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
 from titan.errors import TitanError
-from titan.observability.inert import inert
+from titan.inert import inert
 from tui.history import HistoryStore, RunDetail, config_diff
 from tui.plain import cell
 from tui.widgets.curve_plot import CurvePlot

@@ -16,7 +16,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
-from titan.observability.inert import inert
+from titan.inert import inert
 from tui.history import HistoryRow, HistoryStore
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen

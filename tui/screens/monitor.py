@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from titan.observability.inert import inert
+from titan.inert import inert
 from tui.launcher import LaunchedRun
 from tui.run_state import RunState
 from tui.run_watch import POLL_INTERVAL_S, RunUpdate, RunWatcher

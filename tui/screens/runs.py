@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from titan.observability.inert import inert
+from titan.inert import inert
 from tui.run_list import RunSummary, list_runs
 from tui.screens.attach import AttachScreen
 from tui.widgets.run_table import RunTable

@@ -9,8 +9,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from titan.inert import inert
 from titan.observability.events import PipelineTiming
-from titan.observability.inert import inert
 from tui.run_state import RunState
 
 IDLE = "·"

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widgets import Label, Static
 
-from titan.observability.inert import inert
+from titan.inert import inert
 
 # CSS classes that colour a value: good (done), warn (stopped, stopping), bad (failed, rc != 0).
 TONES = ("good", "warn", "bad")

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 
 from titan.models.adapters.base import PyTree, StageInputs, cast_tree
 from titan.models.llama import LlamaStage
-from titan.models.shapes import ModelConfig
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk, whole_model
 from titan.planning.models import training_flops_per_token
+from titan.shapes import ModelConfig
 
 
 @dataclass(frozen=True)
