@@ -37,6 +37,7 @@ never raised.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 import sys
@@ -189,7 +190,7 @@ def local_devices(devices: list[Any] | None, process_index: int | None) -> list[
     return [d for d in devices if getattr(d, "process_index", 0) == process_index]
 
 
-class GpuReader:
+class GpuReader(abc.ABC):
     """Power and energy of a run's GPUs through a vendor library; subclasses say how to call it.
 
     The run's JAX devices are mapped to the library's handles through their ordinal among the
@@ -335,21 +336,25 @@ class GpuReader:
         }
 
     # The library calls, per vendor.
+    @abc.abstractmethod
     def _handles(self) -> list[Any]:
-        raise NotImplementedError
+        """The handles of the GPUs the library sees, in its own order."""
 
+    @abc.abstractmethod
     def _power_w(self, handle: Any) -> float | None:
-        raise NotImplementedError
+        """The power reading of one GPU, watts; None when it is N/A."""
 
+    @abc.abstractmethod
     def _power_kind(self) -> str | None:
         """``instant`` | ``average`` after reading every device, None when one's is N/A."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _counter(self, handle: Any) -> GpuCounter:
-        raise NotImplementedError
+        """The energy counter of one GPU (its unit and range)."""
 
+    @abc.abstractmethod
     def _raw_energy(self, handle: Any) -> float:
-        raise NotImplementedError
+        """The raw energy counter of one GPU, in the counter's units."""
 
 
 def _describe(err: BaseException) -> str:
