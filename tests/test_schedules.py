@@ -82,7 +82,7 @@ def test_validator_rejects_missing_repeated_and_misplaced_actions():
     misplaced = dataclasses.replace(
         good, stages=(good.stages[0] + (Action(0, 1, 0, "F"),), good.stages[1])
     )
-    with pytest.raises(TitanError, match="is on group 0"):
+    with pytest.raises(TitanError, match="is on stage 0"):
         validate_schedule(misplaced)
 
 
@@ -90,7 +90,7 @@ def test_validator_enforces_the_in_flight_bound():
     gpipe = build_schedule("gpipe", 4, 8)
     mislabelled = dataclasses.replace(gpipe, name="1f1b")
     with pytest.raises(
-        TitanError, match="group 0 holds 8 microbatches in flight, above its bound 4"
+        TitanError, match="stage 0 holds 8 microbatches in flight, above its bound 4"
     ):
         validate_schedule(mislabelled)
 
