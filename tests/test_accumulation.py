@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from titan.config import TrainConfig, model_config
+from titan.cli import main
+from titan.config import TrainConfig, model_config, resumable_options
 from titan.errors import TitanError
 from titan.ops import Ops
 from titan.trainer.adapters import build_trainer
@@ -77,8 +78,22 @@ def test_microbatch_rows_must_split_over_dp_x_fsdp():
         TrainConfig.of(batch_size=8, microbatches=3)
 
 
+def test_titan_train_refuses_microbatch_rows_in_one_line_before_the_run_dir(
+    corpus_dir, tmp_path, capsys
+):
+    runs = tmp_path / "runs"
+    argv = ["train", "--data", str(corpus_dir), "--vocab-size", "512", "--runs-root", str(runs)]
+    layout = ["--batch-size", "8", "--microbatches", "4", "--dp", "2", "--fsdp", "2"]
+    assert main([*argv, *layout]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--batch-size 8 / --microbatches 4 = 2 rows per microbatch" in err
+    assert len(err.splitlines()) == 1
+    assert not runs.exists() or not any(runs.iterdir())
+
+
 def test_spmd_takes_microbatches_but_no_other_pipeline_option():
     assert TrainConfig.of(microbatches=4).parallel.microbatches == 4
+    assert "microbatches" in resumable_options()
     for option, value, flag in [
         ("pp", 2, "--pp"),
         ("schedule", "gpipe", "--schedule"),
