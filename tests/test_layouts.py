@@ -50,3 +50,15 @@ def test_mesh_layout_matches_single_device_loss(layout, single_device_losses, co
     assert start["layout"]["mesh"] == expected_mesh
     losses = [e["loss"] for e in events(run_dir, "step")]
     assert losses == pytest.approx(single_device_losses, rel=2e-5)
+
+
+def test_gradient_accumulation_matches_single_device_loss(
+    single_device_losses, corpus_dir, tmp_path
+):
+    layout = {"dp": 2, "fsdp": 2, "microbatches": 2}
+    _, run_dir = run_in_process(_options(corpus_dir, tmp_path, "accumulated", layout))
+    start = events(run_dir, "run_start")[0]
+    assert start["layout"]["microbatches"] == 2
+    assert start["config"]["microbatches"] == 2
+    losses = [e["loss"] for e in events(run_dir, "step")]
+    assert losses == pytest.approx(single_device_losses, rel=2e-5)

@@ -483,7 +483,10 @@ class ParallelOptions:
     tp: int = _parallel("--tp", "tensor-parallel size", 1, 1)
     pp: int = _parallel("--pp", "pipeline stages (device groups; titan train: --layout mpmd)", 1, 1)
     microbatches: int = _parallel(
-        "--microbatches", "microbatches per step (titan train: --layout mpmd)", 1, 1
+        "--microbatches",
+        "microbatches per step (pipelined under --layout mpmd, gradient accumulation under spmd)",
+        1,
+        1,
     )
     schedule: Schedule = field(
         default="1f1b",
@@ -721,8 +724,8 @@ class TrainConfig:
 
     Raises (on construction):
         TitanError: one line naming the first bad option (within a section, then across them:
-            pipeline options without ``--layout mpmd``, a batch that does not split into
-            microbatches, a profiled range beyond ``--steps``).
+            pipeline options other than ``--microbatches`` without ``--layout mpmd``, a batch
+            that does not split into microbatches, a profiled range beyond ``--steps``).
     """
 
     model: ModelOptions = field(default_factory=ModelOptions)
@@ -790,15 +793,15 @@ def validate_train_config(cfg: TrainConfig) -> None:
     parallel = cfg.parallel
     if parallel.layout == "spmd":
         defaults = ParallelOptions()
-        for name in ("pp", "microbatches", "virtual_stages", "schedule", "stage_layers"):
+        for name in ("pp", "virtual_stages", "schedule", "stage_layers"):
             if getattr(parallel, name) != getattr(defaults, name):
                 raise TitanError(f"{flag_of(name)} needs --layout mpmd")
-    else:
-        if cfg.data.batch_size % parallel.microbatches:
-            raise TitanError(
-                f"--batch-size {cfg.data.batch_size} is not a multiple of --microbatches "
-                f"{parallel.microbatches}"
-            )
+    if cfg.data.batch_size % parallel.microbatches:
+        raise TitanError(
+            f"--batch-size {cfg.data.batch_size} is not a multiple of --microbatches "
+            f"{parallel.microbatches}"
+        )
+    if parallel.layout == "mpmd":
         parallel.check_schedule()
     bounds, steps = cfg.observability.profile_steps, cfg.optimizer.steps
     if bounds is not None and not 1 <= bounds[0] <= bounds[1] <= steps:

@@ -2,7 +2,7 @@
 trainer (:class:`titan.trainer_state.Trainer`).
 
 - ``--layout spmd`` (the baseline, :class:`titan.trainer.spmd.SpmdTrainer`): one ``jax.jit``
-  train step over one mesh.
+  train step over one mesh, accumulating gradients over ``--microbatches``.
 - ``--layout mpmd`` (:class:`titan.mpmd.pipeline.PipelineTrainer`): one jitted program per
   chunk and action on its stage's devices, driven by a pipeline schedule from one Python
   process.
@@ -76,7 +76,9 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
     if par.layout == "spmd":
         chunks = plan_chunks(adapter.n_layers, 1, 1)
         _check_model_state(adapter, chunks)
-        return SpmdTrainer(adapter, meshes[0], chunks, *optimizer, dtype, grad_clip, batch_size)
+        return SpmdTrainer(
+            adapter, meshes[0], chunks, *optimizer, dtype, grad_clip, batch_size, par.microbatches
+        )
     label = f"--preset {cfg.model.shape.name}"
     chunks = plan_chunks(adapter.n_layers, pp, par.virtual_stages, par.stage_layers, label)
     _check_model_state(adapter, chunks)

@@ -4,6 +4,10 @@ Forward, backward, global-norm clipping and AdamW run in one ``jax.jit`` program
 and optimizer state are sharded by the logical rules of :mod:`titan.parallel.sharding`
 (DP/FSDP/TP), the batch is split over data x fsdp. Parameters are kept in ``param_dtype``
 (float32 master weights by default); forward and backward run in ``compute_dtype``.
+
+With ``--microbatches M`` > 1 the step accumulates gradients (in float32) over M microbatches
+of B/M rows with a ``jax.lax.scan`` inside the same program, then clips and updates once; the
+activations of one microbatch are live at a time. M = 1 is the program without the scan.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
+from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.observability.events import Compile, Event
 from titan.optimizer import clip_by_global_norm
 from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
+from titan.parallel.sharding import BATCH_AXES
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
@@ -39,6 +46,11 @@ class SpmdTrainer:
         compute_dtype: dtype of forward and backward.
         grad_clip: global-norm clip (0 disables).
         batch_size: global batch (rows per step).
+        microbatches: gradient-accumulation microbatches per step (1: none).
+
+    Raises (on construction):
+        TitanError: a batch, or a microbatch, whose rows do not split over dp x fsdp, or a
+            parameter dimension that does not divide its mesh axis.
     """
 
     adapter: ModelAdapter
@@ -49,9 +61,17 @@ class SpmdTrainer:
     compute_dtype: jnp.dtype
     grad_clip: float
     batch_size: int
+    microbatches: int = 1
 
     def __post_init__(self) -> None:
         self.mesh.batch_sharding(self.batch_size)
+        rows, shape = self.batch_size // self.microbatches, self.mesh.mesh_shape
+        if self.batch_size % self.microbatches or rows % (shape["data"] * shape["fsdp"]):
+            raise TitanError(
+                f"--batch-size {self.batch_size} / --microbatches {self.microbatches} = "
+                f"{self.batch_size / self.microbatches:g} rows per microbatch, not a multiple of "
+                f"dp x fsdp = {shape['data']} x {shape['fsdp']} (mesh axes 'data' x 'fsdp')"
+            )
         self.chunk_shardings, self.chunk_abstract = self._chunk_shardings(self.chunks[0], self.mesh)
         self._lowered: Any = None
         self._compiled: Any = None
@@ -61,11 +81,15 @@ class SpmdTrainer:
         return mesh.state_shardings(self.tx, shapes, logical)
 
     def describe(self) -> dict[str, Any]:
+        """The layout as recorded in ``run_start`` and in checkpoints (``microbatches`` only
+        when the step accumulates, so records of runs without it are unchanged)."""
+        accumulation = {"microbatches": self.microbatches} if self.microbatches > 1 else {}
         return {
             "layout": "spmd",
             "mesh": self.mesh.mesh_shape,
             "devices": self.mesh.device_count,
             "chunks": [[c.start, c.end] for c in self.chunks],
+            **accumulation,
         }
 
     def _init_chunk(self, key: jax.Array) -> ChunkState:
@@ -77,7 +101,8 @@ class SpmdTrainer:
         init = jax.jit(self._init_chunk, out_shardings=self.chunk_shardings)
         return TrainState(0, (init(jax.random.key(seed)),))
 
-    def _step(self, chunk: ChunkState, step: jax.Array, batch: dict[str, jax.Array]):
+    def _loss_and_grads(self, params: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
+        """(mean loss, gradients in the parameters' dtype) of one batch or microbatch."""
         whole = self.chunks[0]
         inputs = self.adapter.stage_inputs(batch)
 
@@ -86,7 +111,48 @@ class SpmdTrainer:
                 whole, params, inputs.first, inputs.every, inputs.last, self.compute_dtype
             )
 
-        loss, grads = jax.value_and_grad(loss_fn)(chunk["params"])
+        return jax.value_and_grad(loss_fn)(params)
+
+    def _split_microbatches(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """(B, ...) -> (M, B/M, ...): microbatch i takes rows i, M + i, 2M + i, ... so that
+        each device's contiguous rows hold rows of every microbatch and nothing moves."""
+        m = self.microbatches
+        sharding = NamedSharding(self.mesh.jax_mesh, PartitionSpec(None, BATCH_AXES))
+
+        def split(x: jax.Array) -> jax.Array:
+            x = x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+            return jax.lax.with_sharding_constraint(x, sharding)
+
+        return jax.tree.map(split, batch)
+
+    def _accumulated_loss_and_grads(
+        self, params: Any, batch: dict[str, jax.Array]
+    ) -> tuple[jax.Array, Any]:
+        """(mean loss, mean gradients) over the microbatches, summed in float32 by a scan:
+        one microbatch's activations are live at a time. Equal rows per microbatch, so the
+        mean of the microbatch means is the batch's mean."""
+        m = self.microbatches
+        grad_shardings = self.chunk_shardings["params"]
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
+
+        def accumulate(carry, microbatch):
+            loss_sum, grad_sum = carry
+            loss, grads = self._loss_and_grads(params, microbatch)
+            grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
+            grad_sum = jax.lax.with_sharding_constraint(grad_sum, grad_shardings)
+            return (loss_sum + loss.astype(jnp.float32), grad_sum), None
+
+        start = (jnp.zeros((), jnp.float32), zeros)
+        (loss_sum, grad_sum), _ = jax.lax.scan(accumulate, start, self._split_microbatches(batch))
+        grads = jax.tree.map(lambda g, p: (g / m).astype(p.dtype), grad_sum, params)
+        return loss_sum / m, grads
+
+    def _step(self, chunk: ChunkState, step: jax.Array, batch: dict[str, jax.Array]):
+        if self.microbatches == 1:
+            loss, grads = self._loss_and_grads(chunk["params"], batch)
+        else:
+            loss, grads = self._accumulated_loss_and_grads(chunk["params"], batch)
         grad_norm = optax.tree.norm(grads)
         grads = clip_by_global_norm(grads, grad_norm, self.grad_clip)
         updates, opt_state = self.tx.update(grads, chunk["opt_state"], chunk["params"])
