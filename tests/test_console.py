@@ -189,6 +189,7 @@ async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
     app = consoles(tmp_path / "runs", show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
         long_run = {**tiny_form, "steps": "100000", "checkpoint_every": "100000"}
+        long_run["exit_zero_on_stop"] = "true"  # exit 0, not EXIT_STOPPED
         await launch_from_form(app, pilot, long_run, until=lambda monitor: monitor.state.step >= 2)
         assert stat(app, "status") == "running", run_context(_only_run_dir(app))
         assert stat(app, "process").startswith("running (pid ")

@@ -20,6 +20,7 @@ import pytest
 from helpers import cli_args, events, run_in_process, wait_for_event
 
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED, worst_exit_code
 from titan.launch.local import child_envs, exit_code
 from titan.parallel.distributed import LaunchSettings, initialize
 
@@ -132,7 +133,7 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_on_on
     options, one_process
 ):
     run_dir = Path(options["runs_root"]) / "stopped"
-    proc = launch({**options, "run_id": "stopped"})
+    proc = launch({**options, "run_id": "stopped", "exit_zero_on_stop": True})
     wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] == 1)
     os.kill(heartbeats(run_dir)[1]["pid"], signal.SIGTERM)  # process 1 only
     output, _ = proc.communicate(timeout=300)
@@ -192,6 +193,13 @@ def test_launch_splits_devices_per_process():
     with pytest.raises(TitanError, match="needs 6 GPUs, 4 visible"):
         child_envs(2, 3, "gpu", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert [exit_code(c) for c in (0, 2, -15)] == [0, 2, 143]
+
+
+def test_launch_ranks_a_failure_over_a_stop_over_completion():
+    assert worst_exit_code([EXIT_OK, EXIT_OK]) == EXIT_OK
+    assert worst_exit_code([EXIT_OK, EXIT_STOPPED]) == EXIT_STOPPED
+    assert worst_exit_code([EXIT_STOPPED, EXIT_FAILED]) == EXIT_FAILED
+    assert worst_exit_code([EXIT_STALL, EXIT_STOPPED, 143]) == 143
 
 
 def test_a_one_process_pipeline_run_resumes_as_spmd_on_two_processes(options, one_process):

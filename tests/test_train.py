@@ -18,6 +18,7 @@ from helpers import cli_args, events, run_in_process, start_subprocess, wait_for
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_STOPPED
 from titan.trainer.train import resume_options
 
 REQUIRED = {"schema", "type", "time", "run_id"}
@@ -69,6 +70,7 @@ def test_resume_continues_data_and_loss_exactly(small_options):
 
 def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
     options = {**small_options, "run_id": "sig", "steps": 100000, "checkpoint_every": 1000}
+    options["exit_zero_on_stop"] = True  # exit 0, not EXIT_STOPPED
     proc = start_subprocess(options)
     run_dir = small_options_run_dir(options)
     wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] >= 2)
@@ -85,6 +87,7 @@ def test_terminal_hangup_checkpoints_and_stops_cleanly(small_options):
     # The SSH session (a pseudo-terminal here) that started the run goes away: SIGHUP, and the
     # terminal the progress bar writes to is gone.
     options = {**small_options, "run_id": "hangup", "steps": 100000, "checkpoint_every": 1000}
+    options["exit_zero_on_stop"] = True  # exit 0, not EXIT_STOPPED
     run_dir = small_options_run_dir(options)
     with warnings.catch_warnings():  # the child only calls execv: no JAX thread is needed there
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -103,6 +106,33 @@ def test_terminal_hangup_checkpoints_and_stops_cleanly(small_options):
     end = events(run_dir)[-1]
     assert (end["type"], end["status"], end["signal"]) == ("run_end", "stopped", "SIGHUP")
     assert events(run_dir, "checkpoint")[-1]["step"] == end["step"]
+
+
+def test_two_runs_of_one_id_started_together_one_runs_and_the_other_is_refused(small_options):
+    options = {**small_options, "run_id": "race", "steps": 100000, "checkpoint_every": 1000}
+    run_dir = small_options_run_dir(options)
+    procs = {seed: start_subprocess({**options, "seed": seed}) for seed in (1, 2)}
+    deadline = time.monotonic() + 240
+    while all(p.poll() is None for p in procs.values()):
+        assert time.monotonic() < deadline, "neither run was refused"
+        time.sleep(0.1)
+    (lost,) = [seed for seed, p in procs.items() if p.returncode is not None]
+    (won,) = set(procs) - {lost}
+    _, err = procs[lost].communicate()
+    assert procs[lost].returncode == 2
+    assert err.count("\n") == 1 and "race is in use by a live run (pid " in err
+    wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] >= 2)
+    with pytest.raises(TitanError, match="in use by a live run .*: stop it before --resume"):
+        run_in_process(options, resume=run_dir)
+    procs[won].send_signal(signal.SIGTERM)
+    assert procs[won].wait(timeout=120) == EXIT_STOPPED
+    record = events(run_dir)
+    assert [e["config"]["seed"] for e in record if e["type"] == "run_start"] == [won]
+    steps = [e["step"] for e in record if e["type"] == "step"]
+    assert steps == list(range(1, len(steps) + 1))
+    assert (record[-1]["type"], record[-1]["status"]) == ("run_end", "stopped")
+    assert json.loads((run_dir / "config.json").read_text())["train"]["run"]["seed"] == won
+    assert not (run_dir / "run.lock").exists()
 
 
 def _events_if_any(run_dir) -> list[dict]:

@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 
 from titan import DISTRIBUTION, __version__
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_USAGE
 from titan.inert import inert
 
-EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe
 # Each module defines add_parser(subparsers), which sets ``run`` (args -> exit code) as the
 # subparser's default. Modules must import quickly: no JAX at import time.

@@ -281,6 +281,16 @@ class RunOptions:
     seed: int = field(
         default=0, metadata=_opt("--seed", "seed for initialisation and shuffling", minimum=0)
     )
+    exit_zero_on_stop: bool = field(
+        default=False,
+        metadata=_opt(
+            "--exit-zero-on-stop",
+            "exit 0 when a signal stops the run (for wrappers that need it) instead of code 4, "
+            "which tells a stopped run (resume it) from a completed one (0); "
+            "--no-exit-zero-on-stop undoes a saved one",
+            resumable=True,
+        ),
+    )
 
     def _check(self) -> None:
         if self.seed >= 2**32:

@@ -67,7 +67,8 @@ class LaunchedRun:
 
     def stop(self) -> bool:
         """Send SIGTERM to the child's process group: the trainer finishes its step, saves a
-        checkpoint, records ``run_end`` with status ``stopped`` and exits 0.
+        checkpoint, records ``run_end`` with status ``stopped`` and exits 4
+        (:data:`titan.exit_codes.EXIT_STOPPED`; 0 with ``--exit-zero-on-stop``).
 
         Returns:
             False when the process group is already gone (nothing was signalled).

@@ -11,10 +11,11 @@ with:
 
 SIGTERM, SIGINT and SIGHUP are forwarded to every child (each one's run then stops after the
 same step as the others). Each line a child prints comes out prefixed ``[I]``. When a child
-fails (exits non-zero) the others are sent SIGTERM at once and SIGKILL after
-:data:`KILL_AFTER_S` (a process waiting in a collective for a dead peer would otherwise wait
-for JAX's heartbeat timeout). The exit code is the worst child's (a child killed by signal S
-counts as 128 + S).
+fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) the others are
+sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a collective
+for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
+child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over completion; a
+child killed by signal S counts as 128 + S).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_OK, EXIT_STOPPED, worst_exit_code
 
 PLATFORMS = ("auto", "cpu", "gpu")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -177,7 +179,7 @@ def launch_local(
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
-    return max(exit_code(c.returncode) for c in children)
+    return worst_exit_code(exit_code(c.returncode) for c in children)
 
 
 def _wait(children: list[subprocess.Popen]) -> None:
@@ -185,7 +187,7 @@ def _wait(children: list[subprocess.Popen]) -> None:
     :data:`KILL_AFTER_S`."""
     kill_at = None
     while any(c.poll() is None for c in children):
-        failed = any(c.returncode not in (None, 0) for c in children)
+        failed = any(c.returncode not in (None, EXIT_OK, EXIT_STOPPED) for c in children)
         if failed and kill_at is None:
             kill_at = time.monotonic() + KILL_AFTER_S
             for child in children:

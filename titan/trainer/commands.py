@@ -27,6 +27,9 @@ def add_parser(subparsers: Any) -> None:
         description="Train a Llama model and record the run (events.jsonl, config.json, "
         "tokenizer, orbax checkpoints) in <runs root>/<run id>/. The batch is named in "
         "sequences (--batch-size) of --seq-len tokens, as in titan plan.",
+        epilog="exit codes: 0 completed; 1 failed; 2 bad input, or the run dir is in use by "
+        "a live run; 3 stalled (--watchdog-abort); 4 stopped by SIGTERM, SIGINT or SIGHUP after "
+        "a checkpoint, resume with --resume (0 with --exit-zero-on-stop).",
     )
     for section, cls in SECTIONS.items():
         summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split()).replace("``", "")

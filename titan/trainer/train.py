@@ -1,15 +1,17 @@
 """Training entry: ``titan train``.
 
-The recipe (:func:`train`): resolve options, open the corpus and tokenizer, build the layout and
-trainer (all validation happens here, before anything is written), create the run dir, restore
-or initialise the state, compile, loop, checkpoint, record.
+The recipe (:func:`train`): resolve options, open the corpus, claim the run dir, prepare the
+tokenizer, build the layout and trainer (all validation happens here, before anything is
+written), write the run files, restore or initialise the state, compile, loop, checkpoint, record.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``profile``,
 ``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
-SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end`` ``stopped``
-and exit 0; with several processes a signal to any of them stops all after the same step
+The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
+refused. SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end``
+``stopped`` and exit with :data:`EXIT_STOPPED` (4; 0 with ``--exit-zero-on-stop``); with
+several processes a signal to any of them stops all after the same step
 (:class:`titan.parallel.distributed.StopAgreement`). Process 0 alone writes the record; every
 process keeps ``processes/<id>.json`` (:mod:`titan.trainer.processes`).
 With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ from titan.config_files import config_to_data
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED
 from titan.observability.env import capture_environment
 from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
 from titan.observability.flops import FlopsMeter, device_peak
@@ -43,7 +45,6 @@ from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
 from titan.observability.records import (
     CONFIG_FILE,
-    EVENTS_FILE,
     RunRecord,
     default_runs_root,
     write_json_atomic,
@@ -60,6 +61,7 @@ from titan.parallel.distributed import (
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.processes import (
     Heartbeat,
     agreed_run_id,
@@ -72,9 +74,6 @@ from titan.trainer.processes import (
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer_state import StepMetrics, Trainer, TrainState
-
-# 2 is a bad option (titan.cli); 3 lets a supervisor tell a stall (restart) from a failure.
-EXIT_OK, EXIT_FAILED, EXIT_STALL = 0, 1, 3
 
 
 @dataclass
@@ -137,10 +136,8 @@ def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
     if root.exists() and not root.is_dir():
         raise TitanError(f"--runs-root {root} is not a directory")
     run_dir = root / (cfg.run.run_id or agreed_run_id(cfg.model.shape.name))
-    if not resuming and (run_dir / EVENTS_FILE).exists():
-        raise TitanError(
-            f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
-        )
+    if not resuming:
+        refuse_recorded(run_dir)  # early, on every process; the writer's claim checks again
     return run_dir
 
 
@@ -158,7 +155,8 @@ def train_from_cli(
     and how this process joins a run of several (:mod:`titan.parallel.distributed`).
 
     Returns:
-        Exit code: 0 completed or stopped, 1 failed. Raises TitanError for bad input.
+        Exit code (:mod:`titan.exit_codes`): 0 completed, 4 stopped (0 with
+        ``--exit-zero-on-stop``), 1 failed, 3 a watchdog abort. Raises TitanError for bad input.
     """
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
@@ -175,13 +173,28 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     Raises:
         TitanError: bad input found before the run starts (before ``run_start``; a forced op
             provider that cannot serve the model is found while tracing, after the run dir is
-            written). A run dir this call created is removed again: nothing is left behind.
+            written), or another live process holds the run dir (:mod:`titan.trainer.claim`). A
+            run dir this call created is removed again: nothing is left behind.
     """
-    import jax
-
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     corpus = open_corpus(cfg.data.corpus)
     run_dir = _run_dir(cfg, resuming=resume_dir is not None)
+    # Claimed before anything slow (the tokenizer): a second run of this dir is refused at once.
+    with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
+        return _train_claimed(cfg, resume_dir, run_dir, claim, progress, corpus)
+
+
+def _train_claimed(
+    cfg: TrainConfig,
+    resume_dir: Path | None,
+    run_dir: Path,
+    claim: RunClaim,
+    progress: TrainProgress,
+    corpus: Corpus,
+) -> int:
+    """:func:`train` once this process holds the run dir (or is not its writer)."""
+    import jax
+
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
         checkpointer = Checkpointer(run_dir)
@@ -201,7 +214,6 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
 
     power_reader, power_info = open_reader(devices=jax.devices()[: trainer.describe()["devices"]])
 
-    created = is_writer() and not run_dir.exists()
     if is_writer():
         _write_run_files(run_dir, cfg, model_cfg, tokenizer)
     barrier("titan:run-files")  # then the others write their heartbeats there
@@ -219,7 +231,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
     )
     run.stop.install()
     run.start_monitors()
-    started = bad_input = False
+    started = False
     try:
         state, start_step = run.restore_or_init(resume_dir is not None)
         run.watchdog.enter("compile", start_step)
@@ -233,7 +245,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
                 power=power_info,
             )
         )
-        started = True
+        started = claim.recorded = True
         for event in [*trainer.compile(), *trainer.start_events()]:
             run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
@@ -242,8 +254,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         run.heartbeat.close(status, step)
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
-            bad_input = True
-            raise  # bad input found before the run started: a one-line error, nothing recorded
+            raise  # bad input found before the run started: one line; the claim removes the dir
         traceback.print_exc()
         run.record.emit(RunEnd(status="failed", step=None, error=f"{type(err).__name__}: {err}"))
         run.heartbeat.close("failed", None)
@@ -254,9 +265,17 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
         run.checkpointer.close()
         run.record.close()
         progress.close()
-        if bad_input and created:
-            shutil.rmtree(run_dir, ignore_errors=True)
+    # No process leaves before the writer has closed the record: a stop's non-zero code must not
+    # let srun --kill-on-bad-exit end process 0 before its run_end.
+    barrier("titan:run-end")
     progress.finish(status, step, run_dir)
+    return _exit_code(cfg, status)
+
+
+def _exit_code(cfg: TrainConfig, status: str) -> int:
+    """:data:`EXIT_STOPPED` for a stopped run (0 with ``--exit-zero-on-stop``), else 0."""
+    if status == "stopped" and not cfg.run.exit_zero_on_stop:
+        return EXIT_STOPPED
     return EXIT_OK
 
 

@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from tui.launcher import LaunchedRun
 from tui.run_state import RunState
@@ -282,7 +283,8 @@ class MonitorScreen(Screen[None]):
         elif self.returncode < 0:
             process.show(f"killed by {signal.Signals(-self.returncode).name}", "bad")
         else:
-            process.show(f"exited rc {self.returncode}", "good" if self.returncode == 0 else "bad")
+            clean = self.returncode in (EXIT_OK, EXIT_STOPPED)  # completed, or stopped on request
+            process.show(f"exited rc {self.returncode}", "good" if clean else "bad")
 
     def _tick(self) -> None:
         """The clock, unless a draw within the last tick already showed it: a run stepping
