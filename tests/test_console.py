@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ from console_helpers import (
     tiny_form_texts,
     wait_until,
 )
-from textual.widgets import Log
+from samples import SAMPLE_RUNS
+from textual.widgets import Input, Label, Log, Select
 
 from titan.cli import build_parser
 from titan.config import TrainConfig, option_fields
@@ -32,12 +34,15 @@ from tui.app import TitanConsole, exit_message, main
 from tui.launcher import STDERR_LOG, STDOUT_LOG, start_run, train_argv
 from tui.options import config_from_texts, default_texts
 from tui.run_state import RunState
+from tui.screens.attach import AttachScreen
 from tui.screens.keys import KeysScreen
 from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.runs import RunsScreen
 from tui.widgets.loss_chart import LossChart
 from tui.widgets.run_table import RunTable
+from tui.widgets.stat import Stat
+from tui.widgets.too_small import TooSmall
 
 SIZE = (80, 24)
 
@@ -328,6 +333,34 @@ async def test_stop_on_a_run_not_launched_here_only_warns(consoles, tmp_path: Pa
     assert status == "running"
 
 
+async def test_a_stopped_run_has_no_eta_and_a_long_failure_reason_is_shown_whole(
+    consoles, tmp_path: Path
+):
+    t0 = time.time() - 10
+    reason = "stalled in step for 9.9 s: " + "a reason longer than the screen is wide " * 3
+    for name, status, error in (("stopped-run", "stopped", None), ("failed-run", "failed", reason)):
+        (tmp_path / name).mkdir()
+        end = {"status": status, "step": 2, **({"error": error} if error else {})}
+        steps = [event("step", t0 + i, step=i, loss=5.0) for i in (1, 2)]
+        append_events(
+            tmp_path / name,
+            [event("run_start", t0, total_steps=10), *steps, event("run_end", t0 + 3, **end)],
+        )
+    shown = {}
+    for name in ("stopped-run", "failed-run"):
+        app = consoles(tmp_path, open_run=tmp_path / name)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda a=app: stat(a, "step") == "2 / 10", lambda: "no end", 10)
+            status = app.screen.query_one("#status", Stat)
+            shown[name] = (stat(app, "status"), stat(app, "eta"), status.size.height)
+            width = status.size.width
+    assert shown["stopped-run"] == ("stopped", "-", 1)
+    assert shown["failed-run"][:2] == (f"failed: {reason}", "-")
+    # The reason wraps over the whole width of the overview instead of ending in an ellipsis.
+    assert width >= SIZE[0] - 4
+    assert shown["failed-run"][2] >= -(-len("failed: " + reason) // (width - 10)) >= 2
+
+
 # --- run list, keys, command line -----------------------------------------------------------
 
 
@@ -405,3 +438,82 @@ def test_exit_message_tells_how_to_follow_and_stop_runs_left_running(tmp_path: P
     assert "1 training run(s) left running" in text
     assert f"titan-console --run {tmp_path / 'tiny-run'}" in text
     assert "kill -TERM -4242" in text
+
+
+async def test_attach_opens_the_monitor_of_a_run_dir_typed_after_a(consoles, tmp_path: Path):
+    # A sample run copied into a runs root: the console never launched it.
+    run_id = "tiny-watchdog-stall"
+    runs_root = tmp_path / "runs"
+    shutil.copytree(SAMPLE_RUNS / run_id, runs_root / run_id)
+    app = consoles(runs_root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("a")
+        await pilot.pause()
+        attach_shown = isinstance(app.screen, AttachScreen)
+        await pilot.press(*"nowhere", "enter")
+        await pilot.pause()
+        error = str(app.screen.query_one("#attach-error").content)
+        app.screen.query_one("#attach-path", Input).value = run_id
+        await pilot.press("enter")
+        await wait_until(
+            pilot,
+            lambda: isinstance(app.screen, MonitorScreen) and stat(app, "step") != "0 / ?",
+            lambda: f"not attached: {app.screen}",
+            10,
+        )
+        monitor = app.screen
+        shown = {n: stat(app, n) for n in ("status", "step", "model", "process")}
+        sub_title = monitor.sub_title
+    assert attach_shown
+    assert error == f"no {EVENTS_FILE} in {(runs_root / 'nowhere').resolve()}"
+    assert monitor.run_dir == (runs_root / run_id).resolve()
+    assert sub_title == run_id
+    assert shown["status"] == "failed: stalled in step for 9.9 s"
+    assert shown["step"].startswith("25 / ")
+    assert shown["model"].startswith("tiny")
+    assert shown["process"] == "not launched here"
+
+
+async def test_launch_bar_labels_are_apart_from_their_fields(consoles, tmp_path: Path):
+    app = consoles(tmp_path, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        bar = app.screen.query_one("#launch-bar")
+        labels = {str(label.content): label.region for label in bar.query(Label)}
+        preset = bar.query_one("#preset", Select).region
+        copies = bar.query_one("#copies", Input).region
+    # "preset defaults", "copies 1": a blank cell between each label and its field.
+    assert labels["preset"].x + len("preset") < preset.x
+    assert labels["copies"].x + len("copies") < copies.x
+
+
+async def test_every_screen_below_80x24_shows_the_terminal_too_small_notice(
+    consoles, tmp_path: Path
+):
+    app = consoles(tmp_path)
+    async with app.run_test(size=(70, 20)) as pilot:
+        await pilot.pause()
+        shown = []
+        for key in ("", "n", "p", "h"):
+            if key:  # each from the run list (a form's text field would take the next key)
+                await pilot.press(key)
+                await pilot.pause()
+            notice = app.screen.query_one(TooSmall)
+            shown.append((type(app.screen).__name__, notice.display, str(notice.content)))
+            if key:
+                await pilot.press("escape")
+                await pilot.pause()
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause()
+        hidden_at_80x24 = not app.screen.query_one(TooSmall).display
+    assert [name for name, _, _ in shown] == [
+        "RunsScreen",
+        "LaunchScreen",
+        "PlannerScreen",
+        "HistoryScreen",
+    ]
+    for _, displayed, text in shown:
+        assert displayed
+        assert text.startswith("Terminal too small: 70x20.\nThe console needs at least 80x24")
+    assert hidden_at_80x24

@@ -3,15 +3,14 @@ with ``pytest tests/test_console_snapshots.py --snapshot-update`` after a delibe
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from samples import copy_sample_runs
 
 from tui.app import TitanConsole
 
-SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 SIZES = [(80, 24), (160, 50)]
 
 
@@ -19,7 +18,7 @@ SIZES = [(80, 24), (160, 50)]
 def sample_runs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``sample_runs/`` copied to ``./runs`` of a temporary working dir, in UTC, so that the
     screens show the same paths and times on every machine."""
-    shutil.copytree(SAMPLE_RUNS, tmp_path / "runs")
+    copy_sample_runs(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()

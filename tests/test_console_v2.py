@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -24,8 +23,9 @@ from console_helpers import (
 )
 from rich.color import Color
 from rich.console import Console
+from samples import copy_sample_runs
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
-from textual.widgets import DataTable, Input, Select
+from textual.widgets import DataTable, Input, Select, Static
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
@@ -50,7 +50,6 @@ from tui.widgets.sparkline import SparklineColumns
 from tui.widgets.stat import Stat
 
 SIZE = (80, 24)
-SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 STALL_RUN = "tiny-watchdog-stall"
 RESUMED_RUN = "tiny-killed-resumed"
 GPU_RUN = "llama3-1b-h200"
@@ -59,9 +58,7 @@ GPU_RUN = "llama3-1b-h200"
 @pytest.fixture()
 def sample_root(tmp_path: Path) -> Path:
     """A copy of ``sample_runs/`` (the console writes its database into the runs root)."""
-    root = tmp_path / "sample_runs"
-    shutil.copytree(SAMPLE_RUNS, root)
-    return root
+    return copy_sample_runs(tmp_path / "sample_runs")
 
 
 def _rows(table: DataTable) -> list[list[str]]:
@@ -166,6 +163,31 @@ async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: 
     assert [(r["run_id"], r["status"], r["steps"]) for r in exported] == [
         (STALL_RUN, "failed", "23")
     ]
+
+
+async def test_history_marks_the_sort_column_and_counts_the_filtered_runs(sample_root: Path):
+    app = TitanConsole(sample_root)
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _open_history(pilot)
+        screen = app.screen
+
+        def headings() -> list[str]:
+            return [str(column.label) for column in table.ordered_columns]
+
+        def count() -> str:
+            return str(screen.query_one("#history-status", Static).content).split(" · ")[0]
+
+        newest_first = (headings()[-1], count())
+        await pilot.press("o", "O")  # by run, then reversed
+        by_run = (headings()[0], headings()[-1])
+        await pilot.press("slash", *"stall", "enter")
+        filtered = count()
+        await pilot.press("slash", "escape")
+        cleared = count()
+    assert newest_first == ("started ▼", "4 runs")
+    assert by_run == ("run ▼", "started")
+    assert filtered == "1 of 4 runs"
+    assert cleared == "4 runs"
 
 
 async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Path):

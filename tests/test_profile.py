@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from helpers import events, run_in_process
+from samples import SAMPLE_RUNS, sample_run_dirs
 
 from titan.cli import main
 from titan.errors import TitanError
@@ -22,8 +23,7 @@ from titan.observability.records import RunRecord
 from titan.observability.report import write_report
 from titan.observability.trace_summary import summarize_trace
 
-SAMPLE_ROOT = Path(__file__).parents[1] / "sample_runs"
-SAMPLE_RUNS = sorted(SAMPLE_ROOT.iterdir())
+SAMPLE_RUN_DIRS = sample_run_dirs()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -137,7 +137,7 @@ def _assert_png(path: Path) -> None:
     assert path.read_bytes()[:8] == PNG_MAGIC, path
 
 
-@pytest.mark.parametrize("run_dir", SAMPLE_RUNS, ids=lambda p: p.name)
+@pytest.mark.parametrize("run_dir", SAMPLE_RUN_DIRS, ids=lambda p: p.name)
 def test_report_of_each_sample_run_matches_its_events(run_dir, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", str(run_dir), "--out", str(out)]) == 0
@@ -173,7 +173,7 @@ def test_report_of_a_resumed_run_with_mfu_power_and_a_torn_line(tmp_path):
     run_dir.mkdir()
     lines = []
     energy_j = 0.0
-    for event in events(SAMPLE_ROOT / "tiny-killed-resumed"):  # two attempts
+    for event in events(SAMPLE_RUNS / "tiny-killed-resumed"):  # two attempts
         if event["type"] == "step":
             event["mfu"] = {
                 "causal": 0.4,
@@ -272,7 +272,7 @@ def test_an_out_that_cannot_be_created_is_one_line_exit_2(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     out = blocker / "sub"
-    assert main(["report", str(SAMPLE_ROOT / "tiny-watchdog-stall"), "--out", str(out)]) == 2
+    assert main(["report", str(SAMPLE_RUNS / "tiny-watchdog-stall"), "--out", str(out)]) == 2
     assert (
         capsys.readouterr().err
         == f"titan report: error: --out {out}: cannot create it (Not a directory)\n"
@@ -280,8 +280,8 @@ def test_an_out_that_cannot_be_created_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_report_goes_to_the_run_dirs_report_folder_by_default(tmp_path):
-    copy = tmp_path / SAMPLE_RUNS[0].name
-    shutil.copytree(SAMPLE_RUNS[0], copy)
+    copy = tmp_path / SAMPLE_RUN_DIRS[0].name
+    shutil.copytree(SAMPLE_RUN_DIRS[0], copy)
     write_report(copy)
     assert sorted(p.name for p in copy.iterdir()) == ["config.json", "events.jsonl", "report"]
 

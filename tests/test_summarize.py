@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from samples import copy_sample_runs, sample_run_dirs
 from test_ettr import crash_then_resume
 
 from titan.cli import main
@@ -16,8 +16,6 @@ from titan.errors import TitanError
 from titan.observability import summarize
 from titan.observability.events import RunEnd, RunStart, Step, parse_event
 from titan.observability.records import EVENTS_FILE, RunRecord
-
-SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
 
 
 def write_run(root: Path, run_id: str, events: list[dict], tail: str = "") -> Path:
@@ -149,10 +147,9 @@ def test_run_ids_are_parameters_not_sql(tmp_path):
 
 
 def test_sample_runs_summary(tmp_path):
-    root = tmp_path / "runs"
-    shutil.copytree(SAMPLE_RUNS, root)
+    root = copy_sample_runs(tmp_path / "runs")
     summaries = {s.run_id: s for s in summarize.summarize(root)}
-    assert len(summaries) == len([p for p in SAMPLE_RUNS.iterdir() if p.is_dir()])
+    assert len(summaries) == len(sample_run_dirs())
     s = summaries["tiny-20261129-185806-39fc"]
     last = [json.loads(line) for line in (root / s.run_id / EVENTS_FILE).read_text().splitlines()]
     steps = [e for e in last if e["type"] == "step"]

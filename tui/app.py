@@ -22,8 +22,10 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.geometry import Size
 from textual.screen import Screen
 
 from titan.inert import inert
@@ -36,6 +38,7 @@ from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.planner import PlannerScreen
 from tui.screens.runs import RunsScreen
+from tui.widgets.too_small import TooSmall, notice_text, too_small
 
 EXIT_USAGE = 2
 
@@ -53,7 +56,12 @@ class TitanConsole(App[None], inherit_bindings=False):
     """
 
     TITLE = "Titan console"
-    CSS_PATH = ["widgets/option_input.tcss", "widgets/stat.tcss", "ascii.tcss"]
+    CSS_PATH = [
+        "widgets/option_input.tcss",
+        "widgets/stat.tcss",
+        "widgets/too_small.tcss",
+        "ascii.tcss",
+    ]
     # The footer shows the first key of an action that works where the focus is: q and ? where
     # they can be typed into a text field are replaced there by ctrl+q and f1.
     BINDINGS = [
@@ -89,12 +97,32 @@ class TitanConsole(App[None], inherit_bindings=False):
 
     def on_mount(self) -> None:
         self.set_class(self.ascii_only, "-ascii")
+        # Below the minimum size every screen shows the same notice over its widgets.
+        self.screen_change_signal.subscribe(self, self._add_size_notice)
+        self._add_size_notice(self.screen)
         # SIGTERM exits like q does, so the terminal is restored (Textual restores it on a crash).
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
         if self._open_run is not None:
             self.push_screen(MonitorScreen(self._open_run))
         elif self._show_launch_form:
             self.push_screen(LaunchScreen(self.runs_root))
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._check_size(event.size)
+
+    def _check_size(self, size: Size | None = None) -> None:
+        """Show or hide the "terminal too small" notice for ``size`` (default: the app's)."""
+        size = size or self.size
+        small = too_small(size)
+        self.set_class(small, "-too-small")
+        if small:
+            for notice in self.screen.query(TooSmall):
+                notice.update(notice_text(size))
+
+    def _add_size_notice(self, screen: Screen) -> None:
+        if not screen.query_children(TooSmall):
+            screen.mount(TooSmall())
+        self._check_size()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Hide Back on the base screen (there is nothing below it)."""

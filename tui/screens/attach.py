@@ -36,7 +36,7 @@ class AttachScreen(ModalScreen[Path | None]):
             yield Static("", id="attach-error", markup=False)
 
     @on(Input.Submitted)
-    def _attach(self, event: Input.Submitted) -> None:
+    def _open_typed_run_dir(self, event: Input.Submitted) -> None:
         run_dir = (self.runs_root / Path(event.value.strip()).expanduser()).resolve()
         if not (run_dir / EVENTS_FILE).is_file():
             self.query_one("#attach-error", Static).update(inert(f"no {EVENTS_FILE} in {run_dir}"))

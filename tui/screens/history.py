@@ -105,8 +105,15 @@ class HistoryScreen(Screen[None]):
         if [r for r in table.all_rows] != message.rows:
             table.show(message.rows)
         self.loaded = True
+        self._show_count()
+
+    def _show_count(self) -> None:
+        """The runs shown (``1 of 4 runs`` under a filter) and the keys, on the status line."""
+        table = self.query_one(HistoryTable)
+        total = len(table.all_rows)
+        count = f"{table.row_count} of {total}" if table.filter_text else f"{total}"
         self._status(
-            f"{len(message.rows)} runs · enter: detail · space: mark two, c: compare · "
+            f"{count} runs · enter: detail · space: mark two, c: compare · "
             "o/O: sort by the next column / reverse · /: filter · x/X: export CSV/Parquet"
         )
 
@@ -126,6 +133,8 @@ class HistoryScreen(Screen[None]):
         table = self.query_one(HistoryTable)
         table.set_filter("")
         table.focus()
+        if self.loaded:
+            self._show_count()
 
     @on(Input.Submitted, "#history-filter")
     def _apply_filter(self, event: Input.Submitted) -> None:
@@ -133,6 +142,8 @@ class HistoryScreen(Screen[None]):
         table.set_filter(event.value)
         event.input.set_class(bool(event.value.strip()), "-shown")
         table.focus()
+        if self.loaded:
+            self._show_count()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.app.push_screen(RunDetailScreen(self.store, str(event.row_key.value)))

@@ -256,7 +256,9 @@ class MonitorScreen(Screen[None]):
         state = self.state
         status = self.status
         detail = f": {state.end_error}" if state.end_error else ""
-        self.query_one("#status", Stat).show(status + detail, _STATUS_TONES.get(status))
+        self.query_one("#status", Stat).show(
+            status + detail, _STATUS_TONES.get(status), wrap=bool(detail)
+        )
         self._show_process()
         total = "?" if state.total_steps is None else str(state.total_steps)
         resumed_at = state.resumed_from_step
@@ -268,7 +270,9 @@ class MonitorScreen(Screen[None]):
         tokens_per_s = "-" if state.tokens_per_s is None else f"{state.tokens_per_s:,.0f}"
         self.query_one("#throughput", Stat).show(tokens_per_s)
         self.query_one("#tokens", Stat).show(f"{state.tokens_seen:,}")
-        self.query_one("#eta", Stat).show(_duration(state.eta_s()))
+        # A run that stopped or failed has nothing left to wait for: no ETA, not 0:00:00.
+        eta_s = state.eta_s() if status in ("running", "completed") else None
+        self.query_one("#eta", Stat).show(_duration(eta_s))
         saved_at = state.checkpoint_step
         saved = "-" if saved_at is None else f"checkpoint at step {saved_at}"
         self.query_one("#checkpoint", Stat).show(saved)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from rich.cells import cell_len
+from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from tui.history import HistoryRow
 from tui.plain import cell
@@ -85,9 +88,18 @@ class HistoryTable(DataTable[str]):
         self.marked: list[str] = []
         self.filter_text = ""
         self._sort: tuple[int, bool] = (len(COLUMNS) - 1, True)  # newest first
+        self._column_keys: list[ColumnKey] = []
 
     def on_mount(self) -> None:
-        self.add_columns(*COLUMNS)
+        self._column_keys = self.add_columns(*self._labels())
+
+    def _labels(self) -> list[str]:
+        """The column headings, the sort column's with its order (``▲`` ascending, ``▼``
+        descending; ``^`` and ``v`` with ``--ascii``)."""
+        column, reverse = self._sort
+        ascending, descending = ("^", "v") if getattr(self.app, "ascii_only", False) else "▲▼"
+        arrow = descending if reverse else ascending
+        return [f"{name} {arrow}" if i == column else name for i, name in enumerate(COLUMNS)]
 
     def shown_ids(self) -> list[str]:
         """The run ids shown, in table order."""
@@ -134,6 +146,10 @@ class HistoryTable(DataTable[str]):
         if self.row_count:
             selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         column, reverse = self._sort
+        for key, label in zip(self._column_keys, self._labels(), strict=True):
+            heading = self.columns[key]
+            heading.label = Text(label)
+            heading.content_width = max(heading.content_width, cell_len(label))
         field = _FIELDS[column]
         rows = [r for r in self.all_rows if self._matches(r)]
         present = [r for r in rows if getattr(r, field) is not None]

@@ -31,7 +31,7 @@ class Stat(HorizontalGroup):
         super().__init__(id=id)
         self._label = label
         self._value = Static("-", markup=False, classes="stat-value")
-        self._shown: tuple[str, str | None] = ("-", None)
+        self._shown: tuple[str, str | None, bool] = ("-", None, False)
 
     @property
     def value(self) -> str:
@@ -42,16 +42,19 @@ class Stat(HorizontalGroup):
         yield Label(self._label, classes="stat-label")
         yield self._value
 
-    def show(self, value: str, tone: str | None = None) -> None:
+    def show(self, value: str, tone: str | None = None, *, wrap: bool = False) -> None:
         """Show ``value`` (as inert text, never markup), coloured by ``tone`` (one of
-        :data:`TONES`, or ``None`` for plain).
+        :data:`TONES`, or ``None`` for plain); with ``wrap``, on as many lines as it needs
+        (class ``-wrap``: a failure reason is shown whole, not cut at the column's end).
 
         Only a change repaints, and only the value's line: its width is fixed by the layout
-        (``1fr``, no wrap), so no layout pass is needed."""
+        (``1fr``, no wrap), so no layout pass is needed unless the value wraps or did."""
         value = inert(value)
-        if (value, tone) == self._shown:
+        if (value, tone, wrap) == self._shown:
             return
-        self._shown = (value, tone)
-        self._value.update(value, layout=False)
+        wrapped = self._shown[2]
+        self._shown = (value, tone, wrap)
+        self.set_class(wrap, "-wrap")
+        self._value.update(value, layout=wrap or wrapped)
         for name in TONES:
             self._value.set_class(name == tone, f"-{name}")
