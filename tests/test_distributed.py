@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import cli_args, events, run_in_process, wait_for_event
+from helpers import cli_args, events, run_in_process, small_run, wait_for_event
 
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED, worst_exit_code
@@ -75,18 +75,8 @@ def assert_same_steps(got: list, want: list) -> None:
 @pytest.fixture(scope="module")
 def options(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A small run on 4 devices (data parallel), its checkpoints only at the end."""
-    return {
-        "data": str(corpus_dir),
-        "vocab_size": 512,
-        "seq_len": 32,
-        "batch_size": 8,
-        "steps": STEPS,
-        "warmup_steps": 2,
-        "checkpoint_every": 1000,
-        "runs_root": str(tmp_path_factory.mktemp("runs")),
-        "dp": 4,
-        "compute_dtype": "float32",
-    }
+    runs_root = tmp_path_factory.mktemp("runs")
+    return small_run(corpus_dir, runs_root, STEPS, warmup_steps=2, checkpoint_every=1000, dp=4)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import events, run_in_process
+from helpers import events, run_in_process, small_run
 
 from titan.cli import main
 
@@ -17,19 +17,7 @@ STEPS = 3
 
 
 def _options(corpus_dir, root, run_id, **layout):
-    return {
-        "data": str(corpus_dir),
-        "vocab_size": 512,
-        "seq_len": 32,
-        "batch_size": 8,
-        "steps": STEPS,
-        "runs_root": str(root),
-        "run_id": run_id,
-        "compute_dtype": "float32",
-        "dp": 1,
-        "timing_every": 2,
-        **layout,
-    }
+    return small_run(corpus_dir, root, STEPS, run_id=run_id, dp=1, timing_every=2, **layout)
 
 
 def final_params(run_dir):
