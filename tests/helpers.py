@@ -14,15 +14,14 @@ from titan.config import TrainConfig, validate_train_config
 from titan.trainer.train import train
 
 
-def small_run(corpus_dir: Path, runs_root: Path, steps: int, **options: Any) -> dict[str, Any]:
+def small_run(corpus_dir: Path, runs_root: Path, **options: Any) -> dict[str, Any]:
     """Options of a small float32 run on the test corpus (512-piece tokenizer, 8 x 32 tokens per
-    step), with ``options`` on top."""
+    step), with ``options`` (``steps`` among them) on top."""
     return {
         "data": str(corpus_dir),
         "vocab_size": 512,
         "seq_len": 32,
         "batch_size": 8,
-        "steps": steps,
         "runs_root": str(runs_root),
         "compute_dtype": "float32",
         **options,

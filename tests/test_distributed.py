@@ -76,7 +76,9 @@ def assert_same_steps(got: list, want: list) -> None:
 def options(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A small run on 4 devices (data parallel), its checkpoints only at the end."""
     runs_root = tmp_path_factory.mktemp("runs")
-    return small_run(corpus_dir, runs_root, STEPS, warmup_steps=2, checkpoint_every=1000, dp=4)
+    return small_run(
+        corpus_dir, runs_root, steps=STEPS, warmup_steps=2, checkpoint_every=1000, dp=4
+    )
 
 
 @pytest.fixture(scope="module")

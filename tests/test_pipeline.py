@@ -17,7 +17,9 @@ STEPS = 3
 
 
 def _options(corpus_dir, root, run_id, **layout):
-    return small_run(corpus_dir, root, STEPS, run_id=run_id, dp=1, timing_every=2, **layout)
+    return small_run(
+        corpus_dir, root, **{"steps": STEPS, "run_id": run_id, "dp": 1, "timing_every": 2, **layout}
+    )
 
 
 def final_params(run_dir):
