@@ -50,6 +50,8 @@ ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+NonFinite = Literal["skip", "abort"]
+NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
 
 
 # Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
@@ -393,6 +395,28 @@ class OptimizerOptions:
         default=1.0,
         metadata=_opt("--grad-clip", "global gradient-norm clip (0 disables)", minimum=0),
     )
+    nonfinite: NonFinite = field(
+        default="skip",
+        metadata=_opt(
+            "--nonfinite",
+            "a step whose loss or gradient norm is not finite (checked on the device) never "
+            "changes the parameters or optimizer state; 'skip': record it and go on, failing "
+            "after --nonfinite-patience such steps in a row; 'abort': record run_end failed "
+            "(reason nonfinite) and exit with code 5, keeping the last checkpoint",
+            choices=NONFINITE_ACTIONS,
+            resumable=True,
+        ),
+    )
+    nonfinite_patience: int = field(
+        default=5,
+        metadata=_opt(
+            "--nonfinite-patience",
+            "under --nonfinite skip: end the run as --nonfinite abort does after N non-finite "
+            "steps in a row",
+            minimum=1,
+            resumable=True,
+        ),
+    )
 
     def _check(self) -> None:
         if not self.lr > 0:
@@ -588,6 +612,24 @@ class ObservabilityOptions:
             resumable=True,
         ),
     )
+    loss_spike_window: int = field(
+        default=100,
+        metadata=_opt(
+            "--loss-spike-window",
+            "finite losses of the steps before that a loss spike is measured against (a "
+            "loss_spike event: loss > mean + --loss-spike-sigma x standard deviation of them)",
+            minimum=2,
+            resumable=True,
+        ),
+    )
+    loss_spike_sigma: float = field(
+        default=6.0,
+        metadata=_opt(
+            "--loss-spike-sigma",
+            "how many standard deviations above the window's mean a loss spike is",
+            resumable=True,
+        ),
+    )
     profile_steps: tuple[int, int] | None = field(
         default=None,
         metadata=_opt(
@@ -601,6 +643,8 @@ class ObservabilityOptions:
     )
 
     def _check(self) -> None:
+        if not self.loss_spike_sigma > 0:
+            raise TitanError(f"--loss-spike-sigma must be > 0, got {self.loss_spike_sigma}")
         if not self.watchdog_floor > 0 or not self.watchdog_factor > 0:
             raise TitanError(
                 f"--watchdog-floor and --watchdog-factor must be > 0, got {self.watchdog_floor} "
@@ -617,6 +661,16 @@ class DebuggingOptions:
         metadata=_opt(
             "--debug-stall-at-step",
             "testing aid: hang the loop before step N to exercise the watchdog (0: never)",
+            minimum=0,
+            resumable=True,
+        ),
+    )
+    debug_nonfinite_at_step: int = field(
+        default=0,
+        metadata=_opt(
+            "--debug-nonfinite-at-step",
+            "testing aid: poison the batch of step N with token ids beyond the vocabulary (their "
+            "embedding is NaN) to exercise --nonfinite (0: never)",
             minimum=0,
             resumable=True,
         ),

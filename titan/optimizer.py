@@ -5,6 +5,11 @@ Llama 2 (Touvron et al. 2023, Sec. 2.2). Weight decay is not applied to RMSNorm 
 rate rises linearly from 0 to ``lr`` over ``warmup_steps`` and follows a cosine down to
 ``lr * min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017). Clipping by global norm: Pascanu
 et al. 2013. Optimizer moments are kept in the parameters' dtype (float32 master weights).
+
+A step whose loss or global gradient norm is not finite leaves the parameters and optimizer
+state as they were (:func:`finite_step`, :func:`keep_if_not_finite`, selected on the device),
+as ``optax.apply_if_finite`` does: AdamW's own step count (its bias correction and schedule)
+does not advance for a skipped step.
 """
 
 from __future__ import annotations
@@ -64,3 +69,17 @@ def build_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, opt
         mask=_decay_mask,
     )
     return adamw, schedule
+
+
+def finite_step(loss: jax.Array, global_norm: jax.Array) -> jax.Array:
+    """Scalar bool: the step's loss and global gradient norm are both finite. A NaN or infinity
+    in any gradient makes the norm NaN or infinite, so this covers every gradient; for a
+    pipeline, ``global_norm`` is the norm over all stages and ``loss`` the last stage's."""
+    return jnp.isfinite(loss) & jnp.isfinite(global_norm)
+
+
+def keep_if_not_finite(finite: jax.Array, updated: Any, previous: Any) -> Any:
+    """``updated`` when ``finite`` (a scalar bool on the device), else ``previous``, leaf by
+    leaf: a select inside the step's program (no host synchronisation), so a non-finite step
+    leaves parameters and optimizer state unchanged."""
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, previous)

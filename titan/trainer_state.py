@@ -73,12 +73,15 @@ class StepMetrics(TypedDict):
     Attributes:
         loss: mean loss of the step's batch (token cross-entropy in nats for language models).
         grad_norm: global L2 norm of the gradients before clipping.
-        lr: the learning rate the step applied.
+        lr: the learning rate of the step's number (``lr_schedule(step)``).
+        finite: bool, the loss and gradient norm were finite, so the update was applied (when
+            False the state is the previous step's; :func:`titan.optimizer.finite_step`).
     """
 
     loss: jax.Array
     grad_norm: jax.Array
     lr: jax.Array
+    finite: jax.Array
 
 
 class Trainer(Protocol):
@@ -116,7 +119,9 @@ class Trainer(Protocol):
         ...
 
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
-        """One optimizer step, dispatched asynchronously. ``state`` is donated."""
+        """One optimizer step, dispatched asynchronously. ``state`` is donated. A step whose
+        loss or gradient norm is not finite returns the state unchanged (selected on the
+        device) and ``finite`` False in its metrics."""
         ...
 
     def abstract_items(

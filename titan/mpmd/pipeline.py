@@ -17,8 +17,10 @@ each chunk, compiled once per shape:
   zero-bubble schedules: the same VJP with the unused half removed by XLA's dead-code
   elimination. Both walk the chain of activation gradients inside the chunk, so I + W cost more
   than B (the weight half re-derives the per-layer output gradients it needs).
-- ``update(params, opt_state, grads, squared_norms) -> (params, opt_state, zeroed grads,
-  global_norm)``: global-norm clipping with the norm over all chunks, then AdamW.
+- ``update(params, opt_state, grads, squared_norms, loss) -> (params, opt_state, zeroed grads,
+  global_norm, finite)``: global-norm clipping with the norm over all chunks, then AdamW,
+  applied only when the loss and the global norm are finite (every chunk's update takes all
+  chunks' squared norms and the loss, so all decide alike before any applies its update).
 
 One Python process (the controller) walks the schedule (:mod:`titan.mpmd.schedules`) in a
 dependency-respecting order and dispatches each action; JAX's asynchronous dispatch lets the
@@ -51,7 +53,7 @@ from titan.mpmd.schedules import (
     theoretical_bubble,
 )
 from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
-from titan.optimizer import clip_by_global_norm
+from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
@@ -119,12 +121,15 @@ class ChunkPrograms:
     def _backward_weight(self, vjp, dy, grads):
         return jax.tree.map(jnp.add, grads, vjp(dy)[0])
 
-    def _update(self, params, opt_state, grads, squared_norms):
+    def _update(self, params, opt_state, grads, squared_norms, loss):
         global_norm = jnp.sqrt(sum(squared_norms))
+        finite = finite_step(loss, global_norm)
         grads = clip_by_global_norm(grads, global_norm, self.grad_clip)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
+        updates, new_opt_state = self.tx.update(grads, opt_state, params)
+        updated = (optax.apply_updates(params, updates), new_opt_state)
+        params, opt_state = keep_if_not_finite(finite, updated, (params, opt_state))
         zeros = jax.tree.map(jnp.zeros_like, grads)
-        return optax.apply_updates(params, updates), opt_state, zeros, global_norm
+        return params, opt_state, zeros, global_norm, finite
 
     def _activation_abstract(self) -> jax.ShapeDtypeStruct:
         shape, dtype = self.adapter.activation(self.rows, self.dtype)
@@ -165,7 +170,13 @@ class ChunkPrograms:
         vjp, dy = forward.out_info[1], self._output_gradient_abstract()
         dx = None if self.chunk.first else self.activation_sharding
         scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
-        update_out = (grad_shardings, self.shardings["opt_state"], grad_shardings, replicated)
+        update_out = (
+            grad_shardings,
+            self.shardings["opt_state"],
+            grad_shardings,
+            replicated,
+            replicated,
+        )
         programs = {
             BACKWARD: (self._backward, (grad_shardings, dx), 2, (vjp, dy, grads)),
             BACKWARD_INPUT: (self._backward_input, dx, (), (vjp, dy)),
@@ -176,7 +187,7 @@ class ChunkPrograms:
                 self._update,
                 update_out,
                 (0, 1, 2),
-                (params, opt_state, grads, (scalar,) * chunks),
+                (params, opt_state, grads, (scalar,) * chunks, scalar),
             ),
         }
         needed = (set(kinds) - {FORWARD}) | {"zeros", "squared_norm", "update"}
@@ -467,7 +478,8 @@ class PipelineTrainer:
                         time.perf_counter() - start,
                     ]
                 )
-        new_state, grad_norm = self._update(state)
+        loss = jnp.mean(jnp.stack(buffers.losses))
+        new_state, grad_norm, finite = self._update(state, loss)
         self._fields = {"dispatch_s": time.perf_counter() - start}
         if timed:
             jax.block_until_ready(new_state)
@@ -478,24 +490,37 @@ class PipelineTrainer:
                     step_time_s=time.perf_counter() - start,
                 )
             )
-        loss = jnp.mean(jnp.stack(buffers.losses))
         lr = self._lr(np.int32(state.step))
-        return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+        return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite}
 
-    def _update(self, state: TrainState) -> tuple[TrainState, jax.Array]:
+    def _update(
+        self, state: TrainState, loss: jax.Array
+    ) -> tuple[TrainState, jax.Array, jax.Array]:
+        """Every chunk's update, each given the squared gradient norms of all chunks and the
+        loss, so that each decides alike, on its own devices, whether the step is finite
+        (:func:`titan.optimizer.finite_step`) before applying it. Returns (new state, global
+        gradient norm, finite flag)."""
         squared = [
             p.compiled["squared_norm"](g) for p, g in zip(self.programs, self._grads, strict=True)
         ]
-        chunks, norm = [], None
+        chunks, norm, finite = [], None, None
         for c, program in enumerate(self.programs):
-            norms = tuple(transfer(s, program.mesh.replicated()) for s in squared)
+            replicated = program.mesh.replicated()
+            norms = tuple(transfer(s, replicated) for s in squared)
             current = state.chunks[c]
-            params, opt_state, self._grads[c], chunk_norm = program.compiled["update"](
-                current["params"], current["opt_state"], self._grads[c], norms
+            params, opt_state, self._grads[c], chunk_norm, chunk_finite = program.compiled[
+                "update"
+            ](
+                current["params"],
+                current["opt_state"],
+                self._grads[c],
+                norms,
+                transfer(loss, replicated),
             )
             chunks.append({"params": params, "opt_state": opt_state})
-            norm = chunk_norm if norm is None else norm
-        return TrainState(state.step + 1, tuple(chunks)), norm
+            if norm is None:
+                norm, finite = chunk_norm, chunk_finite
+        return TrainState(state.step + 1, tuple(chunks)), norm, finite
 
     def next_step_blocks(self) -> bool:
         """Whether the next :meth:`step` is a timed one, which blocks after every action."""

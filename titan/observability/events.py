@@ -212,7 +212,9 @@ class RunStart(Event):
     )
     total_steps: int | None = _field("the step the run stops at (``--steps``)", "steps")
     resumed_from_step: int | None = _field(
-        "the checkpoint step a resumed attempt restored; None for a fresh run", "steps"
+        "the checkpoint step a resumed attempt restored; None for a fresh run and for a resume "
+        "of a dir with no committed checkpoint (it starts from step 0 and says so on stderr)",
+        "steps",
     )
     power: dict[str, Any] | None = _field(
         "``source``, ``available``, ``reason`` of the power reading; ``method`` (``counter`` |"
@@ -245,8 +247,24 @@ class Step(Event):
     type: ClassVar[str] = "step"
 
     step: int = _field("the step done (1-based)", "steps", required=True)
-    loss: float | None = _field("mean token cross-entropy (None when not finite)", "nats")
-    grad_norm: float | None = _field("global L2 norm of the gradients before clipping")
+    loss: float | None = _field(
+        "mean token cross-entropy (None when not finite: see ``nonfinite``)", "nats"
+    )
+    grad_norm: float | None = _field(
+        "global L2 norm of the gradients before clipping (None when not finite)"
+    )
+    nonfinite: dict[str, str] | None = _field(
+        "the step's metrics that were not finite, by field: ``nan``, ``inf`` or ``-inf`` (JSON "
+        "has no such numbers, so the field itself is null); the update was not applied "
+        "(``skipped``)",
+        omit_if_none=True,
+    )
+    skipped: bool | None = _field(
+        "true when the step's update was not applied because its loss or gradient norm was not "
+        "finite (checked on the device): parameters and optimizer state are the previous "
+        "step's, the batch is consumed (``--nonfinite``)",
+        omit_if_none=True,
+    )
     lr: float | None = _field("learning rate of the step")
     tokens: int | None = _field("tokens of this step (batch size x sequence length)", "tokens")
     tokens_seen: int | None = _field("tokens trained on up to this step", "tokens")
@@ -295,6 +313,22 @@ class Checkpoint(Event):
     step: int = _field("the step saved", "steps", required=True)
     seconds: float | None = _field("wall time of the save", "seconds")
     path: str | None = _field("the checkpoint's folder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossSpike(Event):
+    """A finite loss far above the recent ones (:class:`titan.trainer.guard.LossSpikeDetector`):
+    ``loss > mean + sigma x std`` of the finite losses of the ``window`` steps before it
+    (``--loss-spike-window``, ``--loss-spike-sigma``). Recorded only; the step was applied."""
+
+    type: ClassVar[str] = "loss_spike"
+
+    step: int = _field("the step whose loss spiked (1-based)", "steps", required=True)
+    loss: float = _field("the step's loss", "nats", required=True)
+    mean: float | None = _field("mean loss of the window", "nats")
+    std: float | None = _field("population standard deviation of the window's losses", "nats")
+    threshold: float | None = _field("mean + sigma x std: the loss a spike exceeds", "nats")
+    window: int | None = _field("finite losses in the window", "steps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,7 +424,23 @@ class RunEnd(Event):
         "the signal that stopped the run, e.g. ``SIGTERM``", omit_if_none=True
     )
     error: str | None = _field("what failed (``Type: message``)", omit_if_none=True)
-    reason: str | None = _field("``stall`` when the watchdog ended the run", omit_if_none=True)
+    reason: str | None = _field(
+        "why a run failed: ``stall`` (the watchdog ended it), ``nonfinite`` (a non-finite loss or"
+        " gradient norm under ``--nonfinite abort``, too many in a row under ``skip``, or "
+        "non-finite weights at a save)",
+        omit_if_none=True,
+    )
+    checkpoint_step: int | None = _field(
+        "on a watchdog or non-finite abort: the newest committed checkpoint, the step a resume "
+        "continues from (none yet: a resume starts from step 0)",
+        "steps",
+        omit_if_none=True,
+    )
+    saved: str | None = _field(
+        "on a watchdog abort: whether the abort saved the state (``saved``, ``already saved``) "
+        "or why it could not (``not reachable: ...``)",
+        omit_if_none=True,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,6 +464,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Compile,
     Step,
     Checkpoint,
+    LossSpike,
     Profile,
     Stall,
     Pipeline,
@@ -597,7 +648,8 @@ def markdown() -> str:
         "reader does not know are kept in `extra`.",
         "",
         f"Current schema version: {SCHEMA_VERSION} (lines without `schema` are version 0 and "
-        "read the same way). Non-finite numbers (a diverged loss) are written as `null`.",
+        "read the same way). Non-finite numbers (a diverged loss) are written as `null`; a `step` "
+        "event names them in its `nonfinite` field.",
         "",
         "## Every line",
         "",

@@ -8,6 +8,10 @@ and optimizer state are sharded by the logical rules of :mod:`titan.parallel.sha
 With ``--microbatches M`` > 1 the step accumulates gradients (in float32) over M microbatches
 of B/M rows with a ``jax.lax.scan`` inside the same program, then clips and updates once; the
 activations of one microbatch are live at a time. M = 1 is the program without the scan.
+
+The step checks its loss and gradient norm on the device: when either is not finite the new
+state is the old one, selected inside the program (:func:`titan.optimizer.keep_if_not_finite`),
+and the metrics' ``finite`` flag says so (read one step late, with the other metrics).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.observability.events import Compile, Event
-from titan.optimizer import clip_by_global_norm
+from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
@@ -156,12 +160,15 @@ class SpmdTrainer:
         grad_norm = optax.tree.norm(grads)
         grads = clip_by_global_norm(grads, grad_norm, self.grad_clip)
         updates, opt_state = self.tx.update(grads, chunk["opt_state"], chunk["params"])
-        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": self.lr_schedule(step)}
-        new_chunk = {
-            "params": optax.apply_updates(chunk["params"], updates),
-            "opt_state": opt_state,
+        finite = finite_step(loss, grad_norm)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": self.lr_schedule(step),
+            "finite": finite,
         }
-        return new_chunk, metrics
+        updated = {"params": optax.apply_updates(chunk["params"], updates), "opt_state": opt_state}
+        return keep_if_not_finite(finite, updated, chunk), metrics
 
     def trace(self) -> float:
         """Trace and lower the train step (this resolves op providers). Returns seconds."""

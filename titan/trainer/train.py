@@ -14,8 +14,12 @@ refused. SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write `
 several processes a signal to any of them stops all after the same step
 (:class:`titan.parallel.distributed.StopAgreement`). Process 0 alone writes the record; every
 process keeps ``processes/<id>.json`` (:mod:`titan.trainer.processes`).
-With ``--watchdog-abort 1`` a stall writes ``run_end`` ``failed`` and exits with
-:data:`EXIT_STALL` (3), leaving the last committed checkpoint to resume from.
+With ``--watchdog-abort 1`` a stall saves the state when it is reachable
+(:meth:`_Run.save_on_stall`), writes ``run_end`` ``failed`` and exits with :data:`EXIT_STALL`
+(3). A step whose loss or gradient norm is not finite changes nothing on the device; the loop
+records it and applies ``--nonfinite`` (:mod:`titan.trainer.guard`): a non-finite abort writes
+``run_end`` ``failed`` (reason ``nonfinite``), no checkpoint, and exits with
+:data:`EXIT_NONFINITE` (5). No save writes non-finite weights.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -37,7 +42,7 @@ from titan.config_files import config_to_data
 from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
-from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED
+from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
 from titan.observability.env import capture_environment
 from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
 from titan.observability.flops import FlopsMeter, device_peak
@@ -62,6 +67,14 @@ from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.claim import RunClaim, refuse_recorded
+from titan.trainer.guard import (
+    LossSpikeDetector,
+    NonFiniteAbort,
+    NonFiniteGuard,
+    nonfinite_fields,
+    poison_batch,
+    state_is_finite,
+)
 from titan.trainer.processes import (
     Heartbeat,
     agreed_run_id,
@@ -156,7 +169,8 @@ def train_from_cli(
 
     Returns:
         Exit code (:mod:`titan.exit_codes`): 0 completed, 4 stopped (0 with
-        ``--exit-zero-on-stop``), 1 failed, 3 a watchdog abort. Raises TitanError for bad input.
+        ``--exit-zero-on-stop``), 1 failed, 3 a watchdog abort, 5 a non-finite abort. Raises
+        TitanError for bad input.
     """
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
@@ -241,7 +255,8 @@ def _train_claimed(
                 **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
-                resumed_from_step=start_step if resume_dir else None,
+                # checkpoints are never of step 0: a resume without one starts fresh
+                resumed_from_step=start_step if resume_dir and start_step else None,
                 power=power_info,
             )
         )
@@ -252,6 +267,9 @@ def _train_claimed(
             step, status = run.loop(state, start_step)
         run.record.emit(RunEnd(status=status, step=step, signal=run.stop.signal_name or None))
         run.heartbeat.close(status, step)
+    except NonFiniteAbort as err:
+        run.end_nonfinite(err)
+        return EXIT_NONFINITE
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
             raise  # bad input found before the run started: one line; the claim removes the dir
@@ -338,6 +356,16 @@ class _Run:
         self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
         steps = obs.profile_steps
         self.profiler = StepProfiler(steps, self.record)
+        opt = self.cfg.optimizer
+        self.guard = NonFiniteGuard(opt.nonfinite, opt.nonfinite_patience)
+        self.spikes = LossSpikeDetector(obs.loss_spike_window, obs.loss_spike_sigma)
+        # Held while a step donates the state or a save reads it: the watchdog thread saves
+        # only when it can take it at once (the loop is stuck elsewhere).
+        self._dispatch = threading.Lock()
+        # (state, its data position, its step's finite flag on the device; None before the
+        # first step): the newest state.
+        self._newest: tuple[TrainState, int, Any] | None = None
+        self._saved_step: int | None = None
 
     def start_monitors(self) -> None:
         """Start the stall watchdog and the power sampler (background threads)."""
@@ -350,8 +378,8 @@ class _Run:
 
     def on_stall(self, stall: Stall) -> None:
         """Record a stall (on the watchdog thread, while the main thread is stuck); with
-        ``--watchdog-abort 1`` end the process with :data:`EXIT_STALL` without unwinding the
-        stuck thread (the last checkpoint was committed before the loop went on)."""
+        ``--watchdog-abort 1`` save the state when it is reachable (:meth:`save_on_stall`), then
+        end the process with :data:`EXIT_STALL` without unwinding the stuck thread."""
         self.record.emit(stall)
         print(
             f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
@@ -361,22 +389,77 @@ class _Run:
         )
         if not self.cfg.observability.watchdog_abort:
             return
+        saved = self.save_on_stall()
         self.record.emit(
             RunEnd(
                 status="failed",
                 step=stall.step,
                 reason="stall",
                 error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
+                checkpoint_step=self.checkpointer.latest_step(),
+                saved=saved,
             )
         )
         self.record.close()
         os._exit(EXIT_STALL)
+
+    def save_on_stall(self) -> str:
+        """Save the newest state from the watchdog thread when that is safe, and say what
+        happened (``RunEnd.saved``). Safe means: one process (a save is collective), the loop
+        is not inside a step dispatch (which donates the state) or a save (the lock is free at
+        once), the state is computed (``is_ready``, so a hung device cannot hang the save), its
+        step is known finite, and its weights are finite. The data position saved is the one
+        recorded with the state after its step, not the loader's live one."""
+        import jax
+
+        if process_count() > 1:
+            return "not reachable: a save needs every process, and only this one is stopping"
+        if not self._dispatch.acquire(blocking=False):
+            return "not reachable: the loop is stuck inside a step dispatch or a save"
+        try:
+            state, position, finite = self._newest
+            if state.step == self._saved_step:
+                return "already saved" if state.step else "nothing to save: no step done"
+            arrays = [*jax.tree.leaves(state), finite]
+            if not all(leaf.is_ready() for leaf in arrays):
+                return f"not reachable: the device has not finished step {state.step}"
+            if not bool(finite):
+                return f"not saved: step {state.step} was not finite"
+            self.save(state, position)
+            return "saved"
+        except NonFiniteAbort as err:
+            return f"not saved: {err}"
+        finally:
+            self._dispatch.release()
+
+    def end_nonfinite(self, err: NonFiniteAbort) -> None:
+        """Record a non-finite abort: one line on stderr and ``run_end`` ``failed`` (reason
+        ``nonfinite``) naming the newest committed checkpoint, which holds finite weights."""
+        latest = self.checkpointer.latest_step()
+        kept = "none (a resume starts from step 0)" if latest is None else f"step {latest}"
+        print(f"titan: non-finite: {err}; the last checkpoint is {kept}", file=sys.stderr)
+        self.record.emit(
+            RunEnd(
+                status="failed",
+                step=err.step,
+                reason="nonfinite",
+                error=f"{type(err).__name__}: {err}",
+                checkpoint_step=latest,
+            )
+        )
+        self.heartbeat.close("failed", err.step)
 
     def restore_or_init(self, resuming: bool) -> tuple[TrainState, int]:
         """(state, step): the latest checkpoint's when resuming and one exists, else fresh."""
         self.watchdog.enter("checkpoint_restore", 0)
         latest = self.checkpointer.latest_step() if resuming else None
         if latest is None:
+            if resuming:
+                print(
+                    "titan: --resume: the run has no committed checkpoint; starting from step 0",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return self.trainer.init_state(self.cfg.run.seed), 0
         state, meta = self.checkpointer.restore(latest, self.trainer)
         if meta["num_sequences"] != self.batches.num_sequences:
@@ -387,17 +470,26 @@ class _Run:
         self.batches.position = meta["data_position"]
         return state, latest
 
-    def save(self, state: TrainState) -> None:
+    def save(self, state: TrainState, position: int) -> None:
+        """Save ``state`` with the data position after its step (``position``), unless its
+        weights are not finite.
+
+        Raises:
+            NonFiniteAbort: a parameter or optimizer moment is not finite (nothing is written).
+        """
         step = state.step
         self.watchdog.enter("checkpoint_save", step)
+        if not state_is_finite(state):
+            raise NonFiniteAbort(step, f"step {step}: non-finite weights, not saved")
         meta = {
-            "data_position": self.batches.position,
+            "data_position": position,
             "num_sequences": self.batches.num_sequences,
             "layout": self.trainer.describe(),
         }
         seconds = self.checkpointer.save(state, meta)
         path = str(self.checkpointer.path(step))
         self.record.emit(Checkpoint(step=step, seconds=seconds, path=path))
+        self._saved_step = step
 
     def loop(self, state: TrainState, step: int) -> tuple[int, str]:
         """Train until ``--steps`` or a stop signal. Metrics are read one step late so the
@@ -407,7 +499,8 @@ class _Run:
             (last step done, ``completed`` or ``stopped``).
         """
         pending = None
-        saved_step = step
+        self._saved_step = step  # the state restored or initialised needs no save
+        self._newest = (state, self.batches.position, None)
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
         while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
@@ -417,10 +510,14 @@ class _Run:
             self.watchdog.enter("step", step + 1)
             if step + 1 == self.cfg.debugging.debug_stall_at_step:
                 self._debug_stall()
+            if step + 1 == self.cfg.debugging.debug_nonfinite_at_step:
+                batch = poison_batch(batch)
             if pending and self.trainer.next_step_blocks():
                 self._report(*pending)  # a blocking step must not count in the previous one
                 pending = None
-            state, metrics = self.trainer.step(state, batch)
+            with self._dispatch:
+                state, metrics = self.trainer.step(state, batch)
+                self._newest = (state, self.batches.position, metrics["finite"])
             step += 1
             self.agreement.contribute(step)
             if pending:
@@ -428,16 +525,22 @@ class _Run:
             pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
             self.profiler.step_done(step, state)
             if step % self.cfg.checkpoint.checkpoint_every == 0:
-                self._report(*pending)
+                self._report(*pending)  # a non-finite abort raises here, before the save
                 pending = None
-                self.save(state)
-                saved_step = step
+                self._save_newest()
         if pending:
             self._report(*pending)
-        if step != saved_step:
-            self.save(state)
+        if step != self._saved_step:
+            self._save_newest()
         self.watchdog.enter("idle", step)
         return step, "stopped" if self.agreement.agreed else "completed"
+
+    def _save_newest(self) -> None:
+        """Save the newest state from the loop (holding the dispatch lock, so that the
+        watchdog thread does not save it at the same time)."""
+        with self._dispatch:
+            state, position, _ = self._newest
+            self.save(state, position)
 
     def _debug_stall(self) -> None:
         """``--debug-stall-at-step``: hang here (a testing aid for the watchdog) until a stop
@@ -451,6 +554,8 @@ class _Run:
         import jax
 
         values = {key: float(value) for key, value in jax.device_get(metrics).items()}
+        finite = bool(values.pop("finite"))
+        nonfinite = nonfinite_fields(values)
         now = time.perf_counter()
         step_time_s, self._last_done = now - self._last_done, now
         self.watchdog.step_done(step_time_s)
@@ -468,9 +573,15 @@ class _Run:
                 batch_digest=batch_digest(ids),
                 **self.flops.step_fields(tokens / step_time_s),
                 **self.energy.step_fields(tokens),
+                nonfinite=nonfinite or None,
+                skipped=None if finite else True,
                 **fields,
             )
         )
         self.progress.step(event)
         for layout_event in self.trainer.drain_events():
             self.record.emit(layout_event)
+        spike = self.spikes.observe(step, values["loss"])
+        if spike is not None:
+            self.record.emit(spike)
+        self.guard.check(step, finite, nonfinite)
