@@ -407,9 +407,11 @@ class _Run:
         """Save the newest state from the watchdog thread when that is safe, and say what
         happened (``RunEnd.saved``). Safe means: one process (a save is collective), the loop
         is not inside a step dispatch (which donates the state) or a save (the lock is free at
-        once), the state is computed (``is_ready``, so a hung device cannot hang the save), its
-        step is known finite, and its weights are finite. The data position saved is the one
-        recorded with the state after its step, not the loader's live one."""
+        once), the state and its step's metrics are computed (``is_ready``, so a hung device
+        cannot hang the save), its step is known finite, and its weights are finite. The step's
+        unread metrics are recorded first (its ``step`` event, step time up to now), and the
+        data position saved is the one taken with the state after its step, not the loader's
+        live one."""
         import jax
 
         if process_count() > 1:
@@ -420,11 +422,14 @@ class _Run:
             state, position, finite = self._newest
             if state.step == self._saved_step:
                 return "already saved" if state.step else "nothing to save: no step done"
-            arrays = [*jax.tree.leaves(state), finite]
+            pending, self._pending = self._pending, None
+            arrays = jax.tree.leaves((state, finite, pending and pending[1]))
             if not all(leaf.is_ready() for leaf in arrays):
                 return f"not reachable: the device has not finished step {state.step}"
             if not bool(finite):
                 return f"not saved: step {state.step} was not finite"
+            if pending is not None:
+                self._report(*pending)  # the step's event comes before its checkpoint's
             self.save(state, position)
             return "saved"
         except NonFiniteAbort as err:
@@ -498,7 +503,7 @@ class _Run:
         Returns:
             (last step done, ``completed`` or ``stopped``).
         """
-        pending = None
+        self._pending = None  # the last step dispatched, its metrics not read yet
         self._saved_step = step  # the state restored or initialised needs no save
         self._newest = (state, self.batches.position, None)
         self._last_done = time.perf_counter()
@@ -512,24 +517,26 @@ class _Run:
                 self._debug_stall()
             if step + 1 == self.cfg.debugging.debug_nonfinite_at_step:
                 batch = poison_batch(batch)
-            if pending and self.trainer.next_step_blocks():
-                self._report(*pending)  # a blocking step must not count in the previous one
-                pending = None
-            with self._dispatch:
+            if self._pending and self.trainer.next_step_blocks():
+                self._report(*self._pending)  # a blocking step must not count in the previous one
+                self._pending = None
+            with self._dispatch:  # the newest state and its unread metrics change together
                 state, metrics = self.trainer.step(state, batch)
-                self._newest = (state, self.batches.position, metrics["finite"])
-            step += 1
+                step += 1
+                position = self.batches.position
+                self._newest = (state, position, metrics["finite"])
+                fields = self.trainer.step_fields()
+                previous, self._pending = self._pending, (step, metrics, ids, position, fields)
             self.agreement.contribute(step)
-            if pending:
-                self._report(*pending)
-            pending = (step, metrics, ids, self.batches.position, self.trainer.step_fields())
+            if previous:
+                self._report(*previous)
             self.profiler.step_done(step, state)
             if step % self.cfg.checkpoint.checkpoint_every == 0:
-                self._report(*pending)  # a non-finite abort raises here, before the save
-                pending = None
+                self._report(*self._pending)  # a non-finite abort raises here, before the save
+                self._pending = None
                 self._save_newest()
-        if pending:
-            self._report(*pending)
+        if self._pending:
+            self._report(*self._pending)
         if step != self._saved_step:
             self._save_newest()
         self.watchdog.enter("idle", step)
