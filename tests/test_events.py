@@ -17,6 +17,7 @@ from titan.observability.events import (
     Compile,
     EventError,
     FlopsPerToken,
+    LossSpike,
     Mfu,
     Pipeline,
     PipelineTiming,
@@ -72,7 +73,15 @@ EXAMPLES = [
         dispatch_s=0.01,
     ),
     Step(step=1, mfu=None, mfu_reason="no peak for cpu"),
+    Step(
+        step=7,
+        loss=None,
+        grad_norm=None,
+        nonfinite={"loss": "nan", "grad_norm": "inf"},
+        skipped=True,
+    ),
     Checkpoint(step=4, seconds=0.25, path="checkpoints/4"),
+    LossSpike(step=9, loss=9.5, mean=5.0, std=0.5, threshold=8.0, window=100),
     Profile(steps=[2, 3], requested=[2, 3], complete=True, dir="profile", files=[], seconds=0.1),
     Stall(phase="step", elapsed_s=9.9, threshold_s=9.4, step=25, stacks=[{"thread": "main"}]),
     Pipeline(
@@ -88,6 +97,17 @@ EXAMPLES = [
     ),
     PipelineTiming(step=2, actions=[[0, 0, 0, "F", 0.0, 2.0]], step_time_s=6.0),
     RunEnd(status="failed", step=25, reason="stall", error="stalled in step for 9.9 s"),
+    RunEnd(
+        status="failed",
+        step=25,
+        reason="stall",
+        error="stalled in data_wait for 9.9 s",
+        checkpoint_step=24,
+        saved="saved",
+    ),
+    RunEnd(
+        status="failed", step=7, reason="nonfinite", error="step 7: loss nan", checkpoint_step=6
+    ),
 ]
 
 

@@ -5,8 +5,8 @@ tokenizer, build the layout and trainer (all validation happens here, before any
 written), write the run files, restore or initialise the state, compile, loop, checkpoint, record.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
-in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``profile``,
-``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``loss_spike``,
+``profile``, ``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
 refused. SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end``
