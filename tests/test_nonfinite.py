@@ -17,6 +17,8 @@ import pytest
 from helpers import cli_args, events, run_in_process, small_run, start_subprocess
 
 from titan.cli import main
+from titan.config import TrainConfig
+from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
 from titan.trainer.guard import LossSpikeDetector, NonFiniteAbort, NonFiniteGuard, state_is_finite
 from titan.trainer_state import TrainState
@@ -253,3 +255,14 @@ def test_resume_without_a_checkpoint_says_so_and_records_no_resumed_step(small_o
     assert "no committed checkpoint; starting from step 0" in capsys.readouterr().err
     start = events(run_dir, "run_start")[-1]
     assert (start["start_step"], start["resumed_from_step"]) == (0, None)
+
+
+def test_guard_options_are_validated():
+    with pytest.raises(TitanError, match="--nonfinite must be one of skip, abort, got 'never'"):
+        TrainConfig.of(nonfinite="never")
+    with pytest.raises(TitanError, match="--nonfinite-patience must be >= 1"):
+        TrainConfig.of(nonfinite_patience=0)
+    with pytest.raises(TitanError, match="--loss-spike-sigma must be > 0"):
+        TrainConfig.of(loss_spike_sigma=0)
+    with pytest.raises(TitanError, match="--loss-spike-window must be >= 2"):
+        TrainConfig.of(loss_spike_window=1)

@@ -507,10 +507,8 @@ class PipelineTrainer:
         for c, program in enumerate(self.programs):
             replicated = program.mesh.replicated()
             norms = tuple(transfer(s, replicated) for s in squared)
-            current = state.chunks[c]
-            params, opt_state, self._grads[c], chunk_norm, chunk_finite = program.compiled[
-                "update"
-            ](
+            current, update = state.chunks[c], program.compiled["update"]
+            params, opt_state, self._grads[c], chunk_norm, chunk_finite = update(
                 current["params"],
                 current["opt_state"],
                 self._grads[c],

@@ -365,6 +365,7 @@ class _Run:
         # (state, its data position, its step's finite flag on the device; None before the
         # first step): the newest state.
         self._newest: tuple[TrainState, int, Any] | None = None
+        self._pending: tuple | None = None  # the last step dispatched, its metrics not read yet
         self._saved_step: int | None = None
 
     def start_monitors(self) -> None:
@@ -416,6 +417,8 @@ class _Run:
 
         if process_count() > 1:
             return "not reachable: a save needs every process, and only this one is stopping"
+        if self._newest is None:
+            return "nothing to save: the loop has not started"
         if not self._dispatch.acquire(blocking=False):
             return "not reachable: the loop is stuck inside a step dispatch or a save"
         try:
@@ -434,6 +437,8 @@ class _Run:
             return "saved"
         except NonFiniteAbort as err:
             return f"not saved: {err}"
+        except Exception as err:  # noqa: BLE001 - the abort must go on to its run_end and exit
+            return f"not saved: {type(err).__name__}: {err}"
         finally:
             self._dispatch.release()
 
@@ -485,7 +490,7 @@ class _Run:
         step = state.step
         self.watchdog.enter("checkpoint_save", step)
         if not state_is_finite(state):
-            raise NonFiniteAbort(step, f"step {step}: non-finite weights, not saved")
+            raise NonFiniteAbort(step, f"step {step}: non-finite weights (nothing saved)")
         meta = {
             "data_position": position,
             "num_sequences": self.batches.num_sequences,
@@ -503,7 +508,6 @@ class _Run:
         Returns:
             (last step done, ``completed`` or ``stopped``).
         """
-        self._pending = None  # the last step dispatched, its metrics not read yet
         self._saved_step = step  # the state restored or initialised needs no save
         self._newest = (state, self.batches.position, None)
         self._last_done = time.perf_counter()
@@ -532,8 +536,9 @@ class _Run:
                 self._report(*previous)
             self.profiler.step_done(step, state)
             if step % self.cfg.checkpoint.checkpoint_every == 0:
-                self._report(*self._pending)  # a non-finite abort raises here, before the save
-                self._pending = None
+                if self._pending:  # a non-finite abort raises here, before the save
+                    self._report(*self._pending)
+                    self._pending = None
                 self._save_newest()
         if self._pending:
             self._report(*self._pending)
