@@ -119,6 +119,11 @@ class Trainer(Protocol):
         """One optimizer step, dispatched asynchronously. ``state`` is donated."""
         ...
 
+    def process_rows(self, batch_size: int) -> np.ndarray | None:
+        """(R,) int64 indices of the rows of a (B, ...) global batch this process materialises,
+        or None for all of them."""
+        ...
+
     def abstract_items(
         self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None
     ) -> dict[str, ChunkState]:

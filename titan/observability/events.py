@@ -335,6 +335,11 @@ class Stall(Event):
         "every thread's Python stack: ``thread`` (name), ``ident``, ``stack`` (formatted frames, "
         "innermost last)"
     )
+    process: int | None = _field(
+        "the process whose watchdog saw the stall, in a run of several (absent: process 0); "
+        "its stacks stay in that process's log",
+        omit_if_none=True,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,7 +395,11 @@ class RunEnd(Event):
         "the signal that stopped the run, e.g. ``SIGTERM``", omit_if_none=True
     )
     error: str | None = _field("what failed (``Type: message``)", omit_if_none=True)
-    reason: str | None = _field("``stall`` when the watchdog ended the run", omit_if_none=True)
+    reason: str | None = _field(
+        "``stall`` when the watchdog ended the run; ``lost_process`` when a process of the run "
+        "stopped beating (:mod:`titan.trainer.peers`)",
+        omit_if_none=True,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
