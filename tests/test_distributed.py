@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,3 +213,50 @@ def test_launch_exits_with_the_worst_childs_code(tmp_path):
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert {line[:3] for line in output.splitlines() if "no such file" in line} == {"[0]", "[1]"}
+
+
+def test_a_pipeline_with_a_stage_per_process_trains_checkpoints_and_resumes_anywhere(
+    options, one_process
+):
+    """pp=2 with each stage on its own process: 1F1B for 3 steps, then resumed on 2 processes
+    as interleaved 1F1B (other chunks: re-cut) to the end, and, from a copy of the first part,
+    on one process with the same chunks; every step equals the one-process SPMD run."""
+    # The first 3 steps' learning rates do not depend on --steps (2 warmup steps, then the peak).
+    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "microbatches": 2}
+    run_dir = Path(options["runs_root"]) / "stages"
+    proc = launch({**options, **pipeline, "steps": 3, "schedule": "1f1b", "run_id": "stages"})
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    items = sorted(p.name for p in (run_dir / "stage_checkpoints" / "3").iterdir())
+    assert items == ["chunk_0", "chunk_1"]  # each written by its own process
+    copy = Path(options["runs_root"]) / "stages-copy"
+    shutil.copytree(run_dir, copy)
+
+    interleaved = {**pipeline, "schedule": "interleaved-1f1b", "virtual_stages": 2}
+    proc = launch({"resume": run_dir, "steps": STEPS, **interleaved})
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    starts = events(run_dir, "run_start")
+    assert [(s["processes"], s["resumed_from_step"]) for s in starts] == [(2, None), (2, 3)]
+    assert [s["layout"]["schedule"] for s in starts] == ["1f1b", "interleaved-1f1b"]
+    assert_same_steps(step_values(run_dir), step_values(one_process))
+
+    code, _ = run_in_process({**options, **pipeline, "run_id": "stages-copy"}, resume=copy)
+    assert code == 0
+    assert [s["processes"] for s in events(copy, "run_start")] == [2, 1]
+    assert_same_steps(step_values(copy), step_values(one_process))
+
+
+def test_a_process_killed_with_sigkill_ends_the_run_naming_it(options):
+    run_dir = Path(options["runs_root"]) / "killed"
+    proc = launch({**options, "run_id": "killed", "steps": 500, "watchdog_floor": 5})
+    wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] == 2)
+    victim = heartbeats(run_dir)[1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, output
+    (end,) = events(run_dir, "run_end")
+    assert end["status"] == "failed" and end["reason"] == "lost_process"
+    assert f"lost process 1 (pid {victim} on " in end["error"]
+    assert heartbeats(run_dir)[0]["status"] == "failed"
+    assert "lost process 1" in output

@@ -124,6 +124,11 @@ class Trainer(Protocol):
         device) and ``finite`` False in its metrics."""
         ...
 
+    def process_rows(self, batch_size: int) -> np.ndarray | None:
+        """(R,) int64 indices of the rows of a (B, ...) global batch this process materialises,
+        or None for all of them."""
+        ...
+
     def abstract_items(
         self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None
     ) -> dict[str, ChunkState]:

@@ -36,7 +36,7 @@ from titan.exit_codes import EXIT_OK, EXIT_STOPPED, worst_exit_code
 
 PLATFORMS = ("auto", "cpu", "gpu")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-KILL_AFTER_S = 15.0
+KILL_AFTER_S = 45.0  # past titan.trainer.peers.LOST_AFTER_S: survivors first record the lost one
 _FORCE_DEVICES = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 

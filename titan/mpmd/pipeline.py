@@ -25,6 +25,14 @@ each chunk, compiled once per shape:
 One Python process (the controller) walks the schedule (:mod:`titan.mpmd.schedules`) in a
 dependency-respecting order and dispatches each action; JAX's asynchronous dispatch lets the
 stages run concurrently. Activations and their gradients cross stages through :func:`transfer`.
+
+Across processes (``jax.distributed``), every stage's devices belong to one process and each
+process is the controller of its own stages: it walks the same schedule, compiles and runs only
+its stages' programs, and takes part in every transfer that leaves or reaches them (JAX's
+cross-host transfers: a process holding no shard of the value passes a handle,
+:func:`titan.parallel.mesh.remote_array`). Every process walks the actions in the same order,
+so the transfers pair up. The arrays of another process's stages are such handles: the state of
+a chunk lives, and is checkpointed, on its own process (:mod:`titan.trainer.stage_store`).
 """
 
 from __future__ import annotations
@@ -55,20 +63,35 @@ from titan.mpmd.schedules import (
 from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
-from titan.parallel.mesh import DeviceMesh
+from titan.parallel.mesh import DeviceMesh, remote_array
 from titan.parallel.sharding import BATCH_AXES
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
-    """Move an activation (or its gradient) onto the receiving stage's devices.
+    """Move an activation (or its gradient, or a scalar) onto the receiving stage's devices.
 
     The one place where data crosses stages. ``jax.device_put`` returns at once and
-    copies device to device when ``x`` is ready (NVLink/PCIe between GPUs of one host). It
-    assumes the controller addresses both stages, true on one host; a multi-host pipeline
-    replaces this function with a cross-process send/receive.
+    copies device to device when ``x`` is ready (NVLink/PCIe between GPUs of one host). When the
+    stages belong to different processes it is a cross-host transfer, which both processes
+    call (the one without ``x``'s shards passes a :func:`titan.parallel.mesh.remote_array`); a
+    process owning neither stage gets a handle back at no cost. Source and destination have the
+    same number of devices (every stage has the same mesh shape), as cross-host copies require.
     """
     return jax.device_put(x, sharding)
+
+
+LOSS_DTYPE = jnp.float32  # the adapters' scalar loss (ModelAdapter.forward)
+
+
+def _scalar(mesh: DeviceMesh) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((), LOSS_DTYPE, sharding=mesh.replicated())
+
+
+def _local(x: jax.Array) -> jax.Array:
+    """This process's copy of a replicated value (readable with ``jax.device_get`` even when
+    the array spans several processes)."""
+    return x.addressable_data(0)
 
 
 def _squared_norm(tree: Any) -> jax.Array:
@@ -131,7 +154,8 @@ class ChunkPrograms:
         zeros = jax.tree.map(jnp.zeros_like, grads)
         return params, opt_state, zeros, global_norm, finite
 
-    def _activation_abstract(self) -> jax.ShapeDtypeStruct:
+    def activation_abstract(self) -> jax.ShapeDtypeStruct:
+        """The chunk's output (and the next chunk's input) of one microbatch."""
         shape, dtype = self.adapter.activation(self.rows, self.dtype)
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self.activation_sharding)
 
@@ -144,14 +168,14 @@ class ChunkPrograms:
         }
         parts = jax.eval_shape(self.adapter.stage_inputs, batch)
         place = functools.partial(_with_sharding, sharding)
-        x = place(parts.first) if self.chunk.first else self._activation_abstract()
+        x = place(parts.first) if self.chunk.first else self.activation_abstract()
         last = jax.tree.map(place, parts.last) if self.chunk.last else {}
         return x, jax.tree.map(place, parts.every), last
 
     def _output_gradient_abstract(self) -> jax.ShapeDtypeStruct:
         if self.chunk.last:
             return jax.ShapeDtypeStruct((), jnp.float32, sharding=self.mesh.replicated())
-        return self._activation_abstract()
+        return self.activation_abstract()
 
     def _zeros(self) -> Any:
         return jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), self.abstract["params"])
@@ -203,6 +227,24 @@ class ChunkPrograms:
 
 def _with_sharding(sharding: NamedSharding, leaf: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+
+def _check_whole_stages(meshes: list[DeviceMesh]) -> None:
+    """Across processes each stage must belong to one process (its controller).
+
+    Raises:
+        TitanError: a stage's devices span processes.
+    """
+    split = next((s for s, mesh in enumerate(meshes) if len(mesh.processes) > 1), None)
+    if split is None:
+        return
+    per_process = len(jax.local_devices())
+    raise TitanError(
+        f"--layout mpmd across processes needs each stage's devices on one process: stage "
+        f"{split} has {meshes[split].device_count} devices over processes "
+        f"{sorted(meshes[split].processes)} ({per_process} devices per process; give a stage "
+        "dp x fsdp x tp that divides the devices of a process)"
+    )
 
 
 @dataclass
@@ -269,9 +311,11 @@ class PipelineTrainer:
         """Validate the layout and build the programs (not compiled yet).
 
         Raises:
-            TitanError: microbatch rows that do not split over a stage's data x fsdp axes, or a
-                parameter dimension that does not divide its mesh axis.
+            TitanError: microbatch rows that do not split over a stage's data x fsdp axes, a
+                parameter dimension that does not divide its mesh axis, or (across processes)
+                a stage whose devices belong to several processes.
         """
+        _check_whole_stages(meshes)
         m = schedule.microbatches
         rows = batch_size // m
         mesh_shape = meshes[0].mesh_shape
@@ -342,18 +386,22 @@ class PipelineTrainer:
     def init_state(self, seed: int) -> TrainState:
         """Initialise the whole model on stage 0 (the same values as the SPMD layout for the
         same seed), then move each chunk's slice to its stage. Stage 0 must hold the whole
-        model's parameters once."""
+        model's parameters once. Across processes each process initialises the whole model on
+        its own first stage and keeps its own chunks (the others' are handles)."""
         whole = whole_model(self.adapter.n_layers)
         shapes, logical = self.adapter.abstract_params(whole)
+        home = next(mesh for mesh in self.meshes if mesh.is_local)
         init = jax.jit(
-            self.adapter.init_params,
-            out_shardings=self.meshes[0].param_shardings(shapes, logical),
+            self.adapter.init_params, out_shardings=home.param_shardings(shapes, logical)
         )
         joined = join_layers(
             [init(jax.random.key(seed))], self.adapter.is_layer_stacked, self.adapter.layer_axis
         )
         chunks = []
         for program in self.programs:
+            if not program.mesh.is_local:
+                chunks.append(jax.tree.map(remote_array, program.abstract))
+                continue
             params = cut_layers(
                 joined,
                 program.abstract["params"],
@@ -371,38 +419,45 @@ class PipelineTrainer:
 
     def compile(self) -> list[Compile]:
         """Compile every chunk's programs; one compile event per stage."""
-        seconds = [0.0] * self.pp
+        seconds: dict[int, float] = {}
         kinds = {action.kind for stage in self.schedule.stages for action in stage}
         for program in self.programs:
-            seconds[program.chunk.stage] += program.compile(kinds, len(self.programs))
-        self._grads = [p.compiled["zeros"]() for p in self.programs]
+            if program.mesh.is_local:
+                stage = program.chunk.stage
+                seconds[stage] = seconds.get(stage, 0.0) + program.compile(
+                    kinds, len(self.programs)
+                )
+        self._grads = [p.compiled["zeros"]() if p.mesh.is_local else None for p in self.programs]
         # Made once, on the last stage: built per step on the default device, the seed's copy
         # would queue behind stage 0's work and stall the last stage's first backward.
         last = self.programs[-1].mesh.replicated()
         self._loss_seed = jax.device_put(np.float32(1.0 / self.schedule.microbatches), last)
         # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
         self._lr = jax.jit(self.lr_schedule)
-        return [Compile(what="stage", stage=stage, seconds=s) for stage, s in enumerate(seconds)]
+        return [Compile(what="stage", stage=stage, seconds=s) for stage, s in seconds.items()]
 
     def _microbatches(self, batch: Batch) -> list[dict[str, Any]]:
         """Per microbatch: the first chunk's input on stage 0, the loss's inputs on the last
-        stage, and the arrays every chunk takes on every stage."""
+        stage, and the arrays every chunk takes on every stage (those of this process's stages:
+        every process reads the whole global batch, :meth:`process_rows`)."""
         first, last = self.programs[0], self.programs[-1]
         parts = self.adapter.stage_inputs(batch)
         pieces = []
         for i in range(self.schedule.microbatches):
             rows = slice(i * first.rows, (i + 1) * first.rows)
 
-            def on(mesh: DeviceMesh, value: np.ndarray, rows: slice = rows) -> jax.Array:
-                return mesh.shard_rows(np.ascontiguousarray(value[rows]))
+            def on(mesh: DeviceMesh, values: dict, rows: slice = rows) -> dict[str, jax.Array]:
+                if not mesh.is_local:  # another process's stage: it places its own rows
+                    return {}
+                return {
+                    k: mesh.shard_rows(np.ascontiguousarray(v[rows])) for k, v in values.items()
+                }
 
             pieces.append(
                 {
-                    "x": on(first.mesh, parts.first),
-                    "last": {k: on(last.mesh, v) for k, v in parts.last.items()},
-                    "every": [
-                        {k: on(mesh, v) for k, v in parts.every.items()} for mesh in self.meshes
-                    ],
+                    "x": on(first.mesh, {"x": parts.first}).get("x"),
+                    "last": on(last.mesh, parts.last),
+                    "every": [on(mesh, parts.every) for mesh in self.meshes],
                 }
             )
         return pieces
@@ -410,6 +465,8 @@ class PipelineTrainer:
     def _run(self, action: Action, state: TrainState, data: list, buffers: _StepBuffers) -> Any:
         c, i = action.chunk, action.microbatch
         program = self.programs[c]
+        if not program.mesh.is_local:
+            return self._pass_on(action, buffers)
         compiled = program.compiled
         params = state.chunks[c]["params"]
         key = (c, i)
@@ -441,6 +498,18 @@ class PipelineTrainer:
             buffers.grads_in[(c - 1, i)] = transfer(dx, self.programs[c - 1].activation_sharding)
         return (self._grads[c], dx) if action.kind == BACKWARD else dx
 
+    def _pass_on(self, action: Action, buffers: _StepBuffers) -> None:
+        """Another process's action: take part in the transfer it ends with (the activation to
+        the next chunk, or the input gradient to the previous one)."""
+        c, i = action.chunk, action.microbatch
+        program = self.programs[c]
+        if action.kind == FORWARD and not program.chunk.last:
+            sent = remote_array(program.activation_abstract())
+            buffers.inputs[(c + 1, i)] = transfer(sent, self.programs[c + 1].activation_sharding)
+        elif action.kind in (BACKWARD, BACKWARD_INPUT) and not program.chunk.first:
+            sent = remote_array(program.activation_abstract())
+            buffers.grads_in[(c - 1, i)] = transfer(sent, self.programs[c - 1].activation_sharding)
+
     def _output_gradient(self, program: ChunkPrograms, key, buffers: _StepBuffers) -> Any:
         if key in buffers.weight_dy:
             return buffers.weight_dy[key]
@@ -466,7 +535,7 @@ class PipelineTrainer:
         for action in self.order:
             begin = time.perf_counter()
             outputs = self._run(action, state, data, buffers)
-            if timed:
+            if timed and self.meshes[action.stage].is_local:
                 jax.block_until_ready(outputs)
                 spans.append(
                     [
@@ -478,8 +547,8 @@ class PipelineTrainer:
                         time.perf_counter() - start,
                     ]
                 )
-        loss = jnp.mean(jnp.stack(buffers.losses))
-        new_state, grad_norm, finite = self._update(state, loss)
+        losses = self._loss_on_stages(buffers)
+        new_state, grad_norm, finite = self._update(state, losses)
         self._fields = {"dispatch_s": time.perf_counter() - start}
         if timed:
             jax.block_until_ready(new_state)
@@ -491,33 +560,49 @@ class PipelineTrainer:
                 )
             )
         lr = self._lr(np.int32(state.step))
+        loss = _local(next(x for x, m in zip(losses, self.meshes, strict=True) if m.is_local))
         return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite}
 
+    def _loss_on_stages(self, buffers: _StepBuffers) -> list[jax.Array]:
+        """The step's mean loss, computed on the last stage, on every stage's devices (the
+        updates decide on it whether the step is finite; it is read where the record is
+        written). Across processes every process takes part in each transfer."""
+        last = self.programs[-1].mesh
+        loss = jnp.mean(jnp.stack(buffers.losses)) if last.is_local else remote_array(_scalar(last))
+        return [transfer(loss, mesh.replicated()) for mesh in self.meshes]
+
     def _update(
-        self, state: TrainState, loss: jax.Array
+        self, state: TrainState, losses: list[jax.Array]
     ) -> tuple[TrainState, jax.Array, jax.Array]:
         """Every chunk's update, each given the squared gradient norms of all chunks and the
-        loss, so that each decides alike, on its own devices, whether the step is finite
-        (:func:`titan.optimizer.finite_step`) before applying it. Returns (new state, global
-        gradient norm, finite flag)."""
+        loss on its stage (``losses``), so that each decides alike, on its own devices, whether
+        the step is finite (:func:`titan.optimizer.finite_step`) before applying it. Across
+        processes only this process's chunks are updated, and every process takes part in
+        sending each chunk's squared norm to every stage. Returns (new state, global gradient
+        norm, finite flag), the last two as this process's copies."""
         squared = [
-            p.compiled["squared_norm"](g) for p, g in zip(self.programs, self._grads, strict=True)
+            p.compiled["squared_norm"](g) if p.mesh.is_local else remote_array(_scalar(p.mesh))
+            for p, g in zip(self.programs, self._grads, strict=True)
         ]
+        on_stage = [tuple(transfer(s, mesh.replicated()) for s in squared) for mesh in self.meshes]
         chunks, norm, finite = [], None, None
         for c, program in enumerate(self.programs):
-            replicated = program.mesh.replicated()
-            norms = tuple(transfer(s, replicated) for s in squared)
-            current, update = state.chunks[c], program.compiled["update"]
-            params, opt_state, self._grads[c], chunk_norm, chunk_finite = update(
+            current, stage = state.chunks[c], program.chunk.stage
+            if not program.mesh.is_local:
+                chunks.append(current)
+                continue
+            params, opt_state, self._grads[c], chunk_norm, chunk_finite = program.compiled[
+                "update"
+            ](
                 current["params"],
                 current["opt_state"],
                 self._grads[c],
-                norms,
-                transfer(loss, replicated),
+                on_stage[stage],
+                losses[stage],
             )
             chunks.append({"params": params, "opt_state": opt_state})
             if norm is None:
-                norm, finite = chunk_norm, chunk_finite
+                norm, finite = _local(chunk_norm), _local(chunk_finite)
         return TrainState(state.step + 1, tuple(chunks)), norm, finite
 
     def next_step_blocks(self) -> bool:
@@ -532,6 +617,10 @@ class PipelineTrainer:
         """Host-side figures of the last step: ``dispatch_s`` (controller time to dispatch
         every action and update, seconds)."""
         return dict(self._fields)
+
+    def process_rows(self, batch_size: int) -> None:
+        """Every process reads the whole global batch: its stages take every microbatch."""
+        return None
 
     def abstract_items(
         self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None

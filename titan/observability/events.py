@@ -369,6 +369,11 @@ class Stall(Event):
         "every thread's Python stack: ``thread`` (name), ``ident``, ``stack`` (formatted frames, "
         "innermost last)"
     )
+    process: int | None = _field(
+        "the process whose watchdog saw the stall, in a run of several (absent: process 0); "
+        "its stacks stay in that process's log",
+        omit_if_none=True,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,7 +432,8 @@ class RunEnd(Event):
     reason: str | None = _field(
         "why a run failed: ``stall`` (the watchdog ended it), ``nonfinite`` (a non-finite loss or"
         " gradient norm under ``--nonfinite abort``, too many in a row under ``skip``, or "
-        "non-finite weights at a save)",
+        "non-finite weights at a save), ``lost_process`` (a process of the run stopped beating, "
+        ":mod:`titan.trainer.peers`)",
         omit_if_none=True,
     )
     checkpoint_step: int | None = _field(

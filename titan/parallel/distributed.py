@@ -12,8 +12,10 @@ Start-up (:func:`initialize`) turns the launch settings of ``titan train`` (``--
 
 On CPU the processes' collectives go through gloo (``jax_cpu_collectives_implementation``) and
 each process gets its share of CPU devices from ``JAX_NUM_CPU_DEVICES`` (``jax_num_cpu_devices``,
-which ``titan launch`` sets). Only SPMD runs across processes: no array crosses processes outside
-a jitted collective, so ``jax_cross_host_transfer_socket_address`` is not needed.
+which ``titan launch`` sets). An MPMD pipeline moves activations between processes with JAX's
+cross-host transfers, which on CPU need ``jax_cross_host_transfer_socket_address``: unless it is
+set (``JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS``), each process takes a free port on the address
+it reaches the coordinator from (:func:`transfer_address`).
 
 Beyond the train step itself the training entry needs three collectives, all here: a value
 decided by process 0 (:func:`broadcast_bytes`, the run id and the tokenizer), a barrier
@@ -22,6 +24,7 @@ decided by process 0 (:func:`broadcast_bytes`, the run id and the tokenizer), a 
 
 from __future__ import annotations
 
+import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,11 +132,34 @@ def initialize(settings: LaunchSettings) -> int:
 
     # gloo carries the CPU collectives between processes (ignored by GPU clients).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if not jax.config.read("jax_cross_host_transfer_socket_address"):
+        address = transfer_address(explicit.get("coordinator_address"))
+        jax.config.update("jax_cross_host_transfer_socket_address", address)
     try:
         jax.distributed.initialize(**explicit)
     except (ValueError, RuntimeError) as err:
         raise TitanError(f"jax.distributed.initialize: {str(err).splitlines()[0]}") from None
     return jax.process_count()
+
+
+def transfer_address(coordinator: str | None) -> str:
+    """``HOST:PORT`` for this process's cross-host transfer server: the local address of the
+    route to the coordinator (``HOST:PORT``; 127.0.0.1 when it is on this host), or this host's
+    name's address when the coordinator comes from cluster detection (None); and a port free now.
+
+    JAX needs an explicit port (port 0 is published as 0 and transfers then hang), so one is
+    taken from the kernel and released just before JAX binds it.
+    """
+    if coordinator:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((coordinator.rpartition(":")[0].strip("[]"), 9))  # sends nothing
+            local = probe.getsockname()[0]
+    else:
+        local = socket.gethostbyname(socket.gethostname())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as free:
+        free.bind((local, 0))
+        port = free.getsockname()[1]
+    return f"{local}:{port}"
 
 
 def process_index() -> int:

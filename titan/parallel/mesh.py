@@ -65,6 +65,16 @@ class DeviceMesh:
     def device_count(self) -> int:
         return int(self.jax_mesh.devices.size)
 
+    @property
+    def processes(self) -> frozenset[int]:
+        """Indices of the processes whose devices are in this mesh."""
+        return frozenset(int(d.process_index) for d in self.jax_mesh.devices.flat)
+
+    @property
+    def is_local(self) -> bool:
+        """Whether this process owns devices of the mesh (and so runs its programs)."""
+        return jax.process_index() in self.processes
+
     def param_shardings(self, shapes: Any, logical: Any) -> Any:
         """NamedShardings for a tree of parameter shapes and their logical axes.
 
@@ -164,6 +174,15 @@ def build_stage_meshes(dp: int, fsdp: int, tp: int, pp: int) -> list[DeviceMesh]
     shape = resolve_mesh_shape(dp, fsdp, tp, pp, len(devices))
     size = int(np.prod(list(shape.values())))
     return [DeviceMesh(_device_mesh(devices[s * size : (s + 1) * size], shape)) for s in range(pp)]
+
+
+def remote_array(abstract: jax.ShapeDtypeStruct) -> jax.Array:
+    """A handle, on a process that holds none of its shards, to an array of ``abstract``'s shape,
+    dtype and sharding that other processes hold: what this process passes to a collective or
+    transfer that involves the array (:func:`titan.mpmd.pipeline.transfer`)."""
+    return jax.make_array_from_single_device_arrays(
+        abstract.shape, abstract.sharding, [], dtype=abstract.dtype
+    )
 
 
 def host_mesh() -> DeviceMesh:

@@ -7,6 +7,11 @@ its chunks' layer ranges). Orbax writes everything into a temporary folder and r
 every item has been written, so a checkpoint is visible only when all stages have committed it,
 and a crash mid-save leaves the previous one as the latest.
 
+Under a pipeline whose stages live on different processes, each stage's chunks are held by one
+process, which writes them itself (:mod:`titan.trainer.stage_store`, outside orbax, which
+refuses such arrays); ``meta`` names them (``stage_items``) and is committed by orbax only after
+every process has written its own, so the step still counts only once all have.
+
 Restoring onto the same chunks (any mesh inside them) restores each array straight into its
 new sharding. Restoring onto other chunks (another ``pp``, virtual stages, or SPMD from MPMD
 and back) reads the items to host memory, joins the layer stacks in model order along the model
@@ -26,7 +31,9 @@ import orbax.checkpoint as ocp
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
+from titan.parallel.distributed import barrier
 from titan.parallel.mesh import host_mesh
+from titan.trainer.stage_store import StageStore
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
 CHECKPOINT_DIR = "checkpoints"
@@ -74,6 +81,7 @@ class Checkpointer:
         )
         self.directory = (Path(run_dir) / CHECKPOINT_DIR).absolute()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._stages = StageStore(run_dir)
 
     def latest_step(self) -> int | None:
         """Step of the newest committed checkpoint, or None. A step directory without the
@@ -85,12 +93,20 @@ class Checkpointer:
     def save(self, state: TrainState, meta: dict[str, Any]) -> float:
         """Save ``state``'s chunks and ``meta`` as checkpoint ``state.step``. Returns seconds."""
         start = time.perf_counter()
-        step = state.step
-        args = {name: ocp.args.StandardSave(tree) for name, tree in state.items().items()}
+        step, items = state.step, state.items()
+        stage_items = self._stages.save(step, items)
+        barrier(f"titan:stage-items:{step}")  # every process's own items, before the commit
+        args = {
+            name: ocp.args.StandardSave(tree)
+            for name, tree in items.items()
+            if name not in stage_items
+        }
+        meta = {**meta, "stage_items": stage_items}
         self._manager.save(
             step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args), force=True
         )
         self._manager.wait_until_finished()
+        self._stages.prune(self._manager.all_steps())
         return time.perf_counter() - start
 
     def restore(self, step: int, trainer: Trainer) -> tuple[TrainState, dict[str, Any]]:
@@ -108,7 +124,7 @@ class Checkpointer:
         current = trainer.describe()
         try:
             if meta["layout"]["chunks"] == current["chunks"]:
-                items = self._restore_items(step, trainer.abstract_items())
+                items = self._restore_items(step, meta, trainer.abstract_items())
             else:
                 items = self._restore_resharded(step, meta, trainer)
         except (ValueError, KeyError, TitanError) as err:
@@ -118,13 +134,23 @@ class Checkpointer:
             ) from None
         return TrainState.from_items(items, step), meta
 
-    def _restore_items(self, step: int, abstract: dict[str, Any]) -> dict[str, Any]:
-        args = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
-        return dict(self._manager.restore(step, args=ocp.args.Composite(**args)))
+    def _restore_items(
+        self, step: int, meta: dict[str, Any], abstract: dict[str, Any]
+    ) -> dict[str, Any]:
+        kept = set(meta.get("stage_items", []))
+        items = {name: self._stages.restore(step, name, abstract[name]) for name in kept}
+        args = {
+            name: ocp.args.StandardRestore(tree)
+            for name, tree in abstract.items()
+            if name not in kept
+        }
+        if args:
+            items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
+        return items
 
     def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
         saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
-        saved = self._restore_items(step, trainer.abstract_items(saved_chunks, host_mesh()))
+        saved = self._restore_items(step, meta, trainer.abstract_items(saved_chunks, host_mesh()))
         return reshard_items(
             saved, saved_chunks, trainer.abstract_items(), trainer.chunks, trainer.adapter
         )

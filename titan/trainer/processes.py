@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from titan.data.tokenizer import Tokenizer
-from titan.observability.events import Event
+from titan.observability.events import Event, Stall
 from titan.observability.records import RunRecord, new_run_id, write_json_atomic
 from titan.parallel.distributed import (
     barrier,
@@ -39,6 +40,7 @@ from titan.parallel.distributed import (
 
 PROCESSES_DIR = "processes"
 BEAT_INTERVAL_S = 1.0
+STALL_FIELDS = ("phase", "elapsed_s", "threshold_s", "step")  # published by a stalled process
 T = TypeVar("T")
 
 
@@ -48,12 +50,11 @@ def is_writer() -> bool:
 
 
 def batch_rows(trainer: Any, batch_size: int) -> np.ndarray | None:
-    """Rows of each global batch this process materialises (those its devices hold), or None
-    for all of them (one process). Only the SPMD layout (``trainer.mesh``) runs across
-    processes."""
+    """Rows of each global batch this process materialises (the trainer's
+    ``process_rows``), or None for all of them (one process, or a layout that reads them all)."""
     if process_count() == 1:
         return None
-    return trainer.mesh.process_rows(batch_size)
+    return trainer.process_rows(batch_size)
 
 
 def agreed_run_id(preset: str) -> str:
@@ -101,7 +102,9 @@ def open_record(run_dir: Path, run_id: str) -> RunRecord:
 
 
 class Heartbeat:
-    """This process's ``processes/<id>.json``, rewritten (atomically) at most once a second."""
+    """This process's ``processes/<id>.json``: who it is (host, pid, start time), its last step,
+    its status and, after a stall, the stall; rewritten atomically, at most once a second (from
+    the loop and, in a run of several processes, from :class:`titan.trainer.peers.PeerWatch`)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / PROCESSES_DIR / f"{process_index()}.json"
@@ -116,16 +119,23 @@ class Heartbeat:
             "status": "running",
         }
         self._last = 0.0
+        self._lock = threading.Lock()
         self.beat(None, force=True)
 
     def beat(self, step: int | None, force: bool = False) -> None:
         """Record ``step`` as the last one done; writes only if a second has passed (or
         ``force``)."""
-        self.fields["step"] = step if step is not None else self.fields["step"]
-        now = time.time()
-        if force or now - self._last >= BEAT_INTERVAL_S:
-            self._last = now
-            write_json_atomic(self.path, {**self.fields, "beat": now})
+        with self._lock:
+            self.fields["step"] = step if step is not None else self.fields["step"]
+            now = time.time()
+            if force or now - self._last >= BEAT_INTERVAL_S:
+                self._last = now
+                write_json_atomic(self.path, {**self.fields, "beat": now})
+
+    def stalled(self, stall: Stall) -> None:
+        """Publish a stall this process's watchdog found (the writer records it)."""
+        self.fields["stall"] = {name: getattr(stall, name) for name in STALL_FIELDS}
+        self.beat(None, force=True)
 
     def close(self, status: str, step: int | None) -> None:
         """The last beat: the run's end status."""

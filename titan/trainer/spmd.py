@@ -204,6 +204,10 @@ class SpmdTrainer:
         )
         return TrainState(state.step + 1, (chunk,)), metrics
 
+    def process_rows(self, batch_size: int) -> np.ndarray:
+        """(R,) indices of the batch rows this process's devices hold."""
+        return self.mesh.process_rows(batch_size)
+
     def abstract_items(
         self, chunks: list[Chunk] | None = None, mesh: DeviceMesh | None = None
     ) -> dict[str, ChunkState]:

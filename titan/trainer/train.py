@@ -75,6 +75,7 @@ from titan.trainer.guard import (
     poison_batch,
     state_is_finite,
 )
+from titan.trainer.peers import PeerWatch, end_for_lost, lost_after_s
 from titan.trainer.processes import (
     Heartbeat,
     agreed_run_id,
@@ -174,10 +175,7 @@ def train_from_cli(
     """
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
-    if initialize(launch or LaunchSettings()) > 1 and cfg.parallel.layout != "spmd":
-        raise TitanError(
-            f"--layout {cfg.parallel.layout} cannot run across processes yet (spmd can)"
-        )
+    initialize(launch or LaunchSettings())
     return train(cfg, resume_dir)
 
 
@@ -273,6 +271,7 @@ def _train_claimed(
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if isinstance(err, TitanError) and not started:
             raise  # bad input found before the run started: one line; the claim removes the dir
+        run.peers.settle()  # a peer killed mid-collective: the record names it, not the symptom
         traceback.print_exc()
         run.record.emit(RunEnd(status="failed", step=None, error=f"{type(err).__name__}: {err}"))
         run.heartbeat.close("failed", None)
@@ -367,21 +366,34 @@ class _Run:
         self._newest: tuple[TrainState, int, Any] | None = None
         self._pending: tuple | None = None  # the last step dispatched, its metrics not read yet
         self._saved_step: int | None = None
+        after_s = lost_after_s(obs.watchdog_floor)
+        self.peers = PeerWatch(
+            self.record.run_dir, self.heartbeat, self.record, after_s, self.on_lost
+        )
 
     def start_monitors(self) -> None:
-        """Start the stall watchdog and the power sampler (background threads)."""
+        """Start the stall watchdog, the power sampler and, with several processes, the watch
+        of the others (background threads)."""
         self.watchdog.start()
         self.power.start()
+        self.peers.start()
 
     def stop_monitors(self) -> None:
         self.watchdog.stop()
         self.power.stop()
+        self.peers.stop()
+
+    def on_lost(self, lost: list) -> None:
+        """A process of the run stopped beating: end this one (:mod:`titan.trainer.peers`)."""
+        end_for_lost(self.record.run_dir, self.record, self.heartbeat, lost, EXIT_FAILED)
 
     def on_stall(self, stall: Stall) -> None:
         """Record a stall (on the watchdog thread, while the main thread is stuck); with
         ``--watchdog-abort 1`` save the state when it is reachable (:meth:`save_on_stall`), then
-        end the process with :data:`EXIT_STALL` without unwinding the stuck thread."""
+        end the process with :data:`EXIT_STALL` without unwinding the stuck thread. Another
+        process's stall reaches the record through its heartbeat (:mod:`titan.trainer.peers`)."""
         self.record.emit(stall)
+        self.heartbeat.stalled(stall)
         print(
             f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
             f"(allowance {stall.threshold_s:.1f} s)",

@@ -1,0 +1,76 @@
+"""The watch of a run's other processes (titan.trainer.peers): which process counts as lost,
+and how another process's stall reaches the record, on real heartbeat files and a real record."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from helpers import events
+
+from titan.observability.records import RunRecord, write_json_atomic
+from titan.trainer.peers import (
+    LOST_AFTER_S,
+    PeerWatch,
+    lost_after_s,
+    lost_processes,
+    read_heartbeats,
+)
+from titan.trainer.processes import PROCESSES_DIR, Heartbeat
+
+
+def beat_file(run_dir: Path, process: int, **fields) -> None:
+    payload = {"process": process, "host": "node7", "pid": 4242 + process, "step": 5}
+    payload = {**payload, "status": "running", "beat": time.time(), **fields}
+    (run_dir / PROCESSES_DIR).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / PROCESSES_DIR / f"{process}.json", payload)
+
+
+def test_a_running_process_silent_past_the_allowance_is_lost(tmp_path):
+    now = time.time()
+    beat_file(tmp_path, 1, beat=now - 40)
+    beat_file(tmp_path, 2, beat=now - 1)
+    beat_file(tmp_path, 3, beat=now - 40, status="completed")  # ended: not lost
+    beat_file(tmp_path, 0, beat=now - 400)  # this process: never its own peer
+    (tmp_path / PROCESSES_DIR / "4.json").write_text("{torn")
+    (lost,) = lost_processes(read_heartbeats(tmp_path), now, LOST_AFTER_S)
+    assert (lost.process, lost.host, lost.pid, lost.step) == (1, "node7", 4243, 5)
+    assert (
+        lost.describe() == "lost process 1 (pid 4243 on node7): no heartbeat for 40 s, last step 5"
+    )
+
+
+def test_the_lost_allowance_follows_a_short_watchdog_floor():
+    assert lost_after_s(300.0) == LOST_AFTER_S
+    assert lost_after_s(5.0) == 5.0
+    assert lost_after_s(0.1) == 3.0  # never under three beats
+
+
+def test_another_processes_stall_is_recorded_once_with_its_process(tmp_path):
+    record = RunRecord(tmp_path, "run")
+    watch = PeerWatch(tmp_path, Heartbeat(tmp_path), record, LOST_AFTER_S, on_lost=print)
+    stall = {"phase": "step", "elapsed_s": 12.5, "threshold_s": 10.0, "step": 3}
+    beat_file(tmp_path, 1, stall=stall)
+    watch.check()
+    watch.check()
+    beat_file(tmp_path, 1, stall={**stall, "step": 4})
+    watch.check()
+    record.close()
+    stalls = events(tmp_path, "stall")
+    assert [(s["process"], s["step"], s["phase"]) for s in stalls] == [
+        (1, 3, "step"),
+        (1, 4, "step"),
+    ]
+    assert stalls[0]["elapsed_s"] == 12.5 and stalls[0]["threshold_s"] == 10.0
+
+
+def test_a_lost_peer_is_reported_once(tmp_path):
+    found = []
+    watch = PeerWatch(tmp_path, Heartbeat(tmp_path), RunRecord(tmp_path, "run"), 5.0, found.append)
+    beat_file(tmp_path, 1)
+    watch.check()
+    assert found == []
+    beat_file(tmp_path, 1, beat=time.time() - 6)
+    watch.check()
+    watch.check()
+    assert [[p.process for p in lost] for lost in found] == [[1]]
