@@ -12,6 +12,8 @@ from helpers import cli_args, events, run_in_process
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
+from titan.observability.report import memory_text
+from titan.observability.summarize import summarize_run_dir
 from titan.trainer.memory_check import check_memory
 
 VOCAB = 512
@@ -111,3 +113,10 @@ def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_opt
     (start,) = events(run_dir, "run_start")
     assert start["memory_check"]["usable_bytes"] is None
     assert start["memory_check"]["estimate_bytes"] > 0 and not start["memory_check"]["checked"]
+    summary = summarize_run_dir(run_dir)
+    program = memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+    program += memory["temp_bytes"] + memory["generated_code_bytes"]
+    assert summary.compiled_memory_bytes == program
+    assert summary.peak_memory_bytes is None
+    assert summary.memory_estimate_bytes == start["memory_check"]["estimate_bytes"]
+    assert memory_text(summary).startswith("peak not reported by the backend, compiled 0.")

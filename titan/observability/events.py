@@ -251,6 +251,17 @@ class Compile(Event):
         omit_if_none=True,
     )
 
+    @property
+    def program_bytes(self) -> int | None:
+        """argument + output - alias + temp + generated code bytes of :attr:`memory` (the
+        buffers XLA assigns the program, per device), or None without a complete analysis."""
+        keys = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
+        memory = self.memory if isinstance(self.memory, Mapping) else {}
+        values = [memory.get(k) for k in (*keys, "alias_bytes")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return None
+        return sum(values[:-1]) - values[-1]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Step(Event):
