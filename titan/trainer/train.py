@@ -5,8 +5,14 @@ tokenizer, build the layout and trainer (all validation happens here, before any
 written), write the run files, restore or initialise the state, compile, loop, checkpoint, record.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
-in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``profile``,
-``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
+``checkpoint_failed``, ``checkpoint_unrestorable``, ``profile``, ``stall``, ``run_end``;
+``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+
+Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
+the loop records each save's outcome once it settles and waits for the last one before
+``run_end``. Before compiling, :func:`titan.trainer.memory_check.check_memory` compares the
+planner's memory estimate with the devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
 refused. SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end``
