@@ -12,12 +12,14 @@ from helpers import cli_args, events, run_in_process
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
+from titan.observability.events import Compile
 from titan.observability.report import memory_text
 from titan.observability.summarize import summarize_run_dir
 from titan.trainer.memory_check import check_memory
 
 VOCAB = 512
 LAYOUT = {"devices": 1}
+PARTS = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
 
 
 class _Cpu:
@@ -120,3 +122,15 @@ def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_opt
     assert summary.peak_memory_bytes is None
     assert summary.memory_estimate_bytes == start["memory_check"]["estimate_bytes"]
     assert memory_text(summary).startswith("peak not reported by the backend, compiled 0.")
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [None, "lots", {"argument_bytes": 1}, {**dict.fromkeys(PARTS, 1), "temp_bytes": "9"}],
+    ids=["none", "text", "partial", "wrong-type"],
+)
+def test_a_compile_event_without_a_complete_analysis_has_no_program_bytes(memory):
+    event = Compile.from_json({"type": "compile", "time": 1.0, "memory": memory})
+    assert event.program_bytes is None
+    whole = Compile(memory={**dict.fromkeys(PARTS, 10), "alias_bytes": 5})
+    assert whole.program_bytes == 35
