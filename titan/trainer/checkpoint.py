@@ -340,10 +340,13 @@ class Checkpointer:
             else:
                 items = self._restore_resharded(step, meta, trainer)
         except (ValueError, KeyError, TitanError) as err:
-            raise TitanError(
-                f"checkpoint {step} written by {_layout_name(meta['layout'])} cannot be restored "
-                f"onto {_layout_name(current)}: {str(err).splitlines()[0]}"
-            ) from None
+            written, target = _layout_name(meta["layout"]), _layout_name(current)
+            what = (
+                f"checkpoint {step} ({target}) cannot be read"
+                if written == target
+                else f"checkpoint {step} written by {written} cannot be restored onto {target}"
+            )
+            raise TitanError(f"{what}: {str(err).splitlines()[0]}") from None
         return TrainState.from_items(items, step), meta
 
     def _set_aside(self, steps: list[int]) -> None:
