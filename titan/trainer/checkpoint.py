@@ -382,4 +382,7 @@ class Checkpointer:
         return self.directory / str(step)
 
     def close(self) -> None:
+        """Wait for a save still in flight (its outcome is dropped: after a crash nothing records
+        it) and close orbax's manager."""
+        self._settle()
         self._manager.close()
