@@ -540,7 +540,7 @@ class ParallelOptions:
 
 @_section
 class CheckpointOptions:
-    """When checkpoints are written."""
+    """When checkpoints are written, how (in the background or not) and which are kept."""
 
     checkpoint_every: int = field(
         default=100,
