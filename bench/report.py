@@ -405,6 +405,28 @@ def data_loader_table(path: Path, base: Path) -> list[str]:
     return lines + _table(["figure", "value"], rows) + [""]
 
 
+def checkpoint_table(path: Path, base: Path) -> list[str]:
+    """``bench/checkpoint.py``: synchronous against asynchronous saves, one row per variant."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`.", ""]
+    rows = []
+    for name, v in data["variants"].items():
+        rows.append(
+            [name, v["device"], str(v["saves"]), str(v["failed_saves"])]
+            + [_num(v[k], ".3f") for k in ("blocking_s", "commit_s", "final_save_s")]
+            + [_num(v[k], ".3f") for k in ("step_time_s", "saving_step_time_s")]
+            + [_pct(v["ettr"])]
+        )
+    ratios = data["ratios_async_over_sync"]
+    rows.append(
+        ["async / sync", "", "", "", _num(ratios["blocking_s"], ".2f"), "", ""]
+        + ["", _num(ratios["saving_step_time_s"], ".2f"), _num(ratios["ettr"], ".2f")]
+    )
+    header = ["variant", "device", "saves", "failed", "blocking (s)", "commit (s)", "final (s)"]
+    header += ["step time (s)", "step time while saving (s)", "ETTR"]
+    return lines + _table(header, rows) + [""]
+
+
 # ---------------------------------------------------------------- titan train run records
 
 
@@ -511,6 +533,11 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     lines += ["## Pipeline schedules (`bench/pipeline.py`)", ""]
     for path in sorted(results.glob("pipeline-*.json")):
         lines += pipeline_table(path, doc)
+    checkpoint_files = sorted(results.glob("checkpoint-*.json"))
+    if checkpoint_files:
+        lines += ["## Checkpoints, synchronous against async (`bench/checkpoint.py`)", ""]
+        for path in checkpoint_files:
+            lines += checkpoint_table(path, doc)
     if (results / "planner_accuracy.json").exists():
         lines += ["## Planner accuracy (`bench/planner_accuracy.py`)", ""]
         lines += planner_tables(results / "planner_accuracy.json", doc)

@@ -296,7 +296,13 @@ def _gpu_run(run_dir: Path, t0: float) -> None:
         mfu={"causal": 0.25, "full": 0.375},
         energy_j=2400.0,
         joules_per_token=2.4,
+        peak_memory_bytes=50_000_000_000,
     )
+    # 30 GB of state in, donated to the 30 GB out, 12 GB of temporaries: 42 GB
+    gb = 10**9
+    memory = {"argument_bytes": 30 * gb, "output_bytes": 30 * gb, "alias_bytes": 30 * gb}
+    memory |= {"temp_bytes": 12 * gb, "generated_code_bytes": 0}
+    compile_event = event("compile", t0 + 1, what="stage", seconds=1.0, memory=memory)
     timing = event(
         "pipeline_timing",
         t0 + 3,
@@ -313,7 +319,7 @@ def _gpu_run(run_dir: Path, t0: float) -> None:
             [0, 0, 1, "B", 5.0, 6.0],
         ],
     )
-    append_events(run_dir, [start, pipeline, step, timing])
+    append_events(run_dir, [start, compile_event, pipeline, step, timing])
 
 
 async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path: Path):
@@ -329,7 +335,7 @@ async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path:
         watts_tone = app.screen.query_one("#pw-watts", Stat).query_one(".stat-value").classes
         await pilot.press("5")
         await pilot.pause()
-        flops = {n: _value(app, n) for n in ("fl-tflops", "fl-mfu", "fl-tokens")}
+        flops = {n: _value(app, n) for n in ("fl-tflops", "fl-mfu", "fl-tokens", "fl-memory")}
         await pilot.press("6")
         await pilot.pause()
         pipeline = str(app.screen.query_one("PipelinePanel").content).splitlines()
@@ -345,6 +351,7 @@ async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path:
         "fl-tflops": "1.000",
         "fl-mfu": "25.0% (causal attention FLOPs, dense peak of the dtype)",
         "fl-tokens": "500",
+        "fl-memory": "peak 50.00 GB · compiled 42.00 GB",
     }
     assert pipeline[0] == "gpipe · 2 stages · 2 microbatches · theoretical bubble 33.3%"
     assert pipeline[1] == "step 1: 6.000 s, measured bubble 33.3%"

@@ -129,3 +129,21 @@ def test_a_recent_last_attempt_without_run_end_is_running_and_loses_nothing():
     assert [a.status for a in crashed.attempts] == ["crashed"]
     # Steps 3 (1.5 s less the 0.5 s save of step 2) and 4 (1.0 s less 0.25 s data wait).
     assert crashed.badput_s["lost_progress"] == pytest.approx(1.0 + 0.75)
+
+
+def test_a_failed_save_is_badput_but_no_checkpoint_to_survive_on():
+    """Step 2's save failed after the loop waited 0.5 s for it; the attempt crashed after step
+    3: only step 1, saved, survives, and the failed save's wait is checkpoint badput."""
+    events = [
+        _event("run_start", 0.0, start_step=0, resumed_from_step=None),
+        _event("step", 1.0, step=1, step_time_s=1.0),
+        _event("checkpoint", 1.2, step=1, seconds=0.2, commit_s=0.9, asynchronous=True),
+        _event("step", 2.2, step=2, step_time_s=1.2),
+        _event("checkpoint_failed", 2.7, step=2, seconds=0.5, commit_s=1.0, error="OSError"),
+        _event("step", 4.2, step=3, step_time_s=1.5),
+    ]
+    g = analyze(events)
+    assert g.attempts[0].last_checkpoint == 1
+    assert g.badput_s["checkpoint_save"] == pytest.approx(0.2 + 0.5)
+    assert g.productive_s == pytest.approx(1.0)
+    assert g.badput_s["lost_progress"] == pytest.approx((1.2 - 0.2) + (1.5 - 0.5))

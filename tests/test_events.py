@@ -14,6 +14,8 @@ from titan.observability.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     Checkpoint,
+    CheckpointFailed,
+    CheckpointUnrestorable,
     Compile,
     EventError,
     FlopsPerToken,
@@ -82,6 +84,9 @@ EXAMPLES = [
     ),
     Checkpoint(step=4, seconds=0.25, path="checkpoints/4"),
     LossSpike(step=9, loss=9.5, mean=5.0, std=0.5, threshold=8.0, window=100),
+    Checkpoint(step=4, seconds=0.25, commit_s=1.5, asynchronous=True, path="checkpoints/4"),
+    CheckpointFailed(step=6, error="OSError: [Errno 28] No space left", seconds=0.1, commit_s=0.4),
+    CheckpointUnrestorable(step=8, error="ValueError: corrupt"),
     Profile(steps=[2, 3], requested=[2, 3], complete=True, dir="profile", files=[], seconds=0.1),
     Stall(phase="step", elapsed_s=9.9, threshold_s=9.4, step=25, stacks=[{"thread": "main"}]),
     Pipeline(

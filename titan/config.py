@@ -494,6 +494,16 @@ class ComputeOptions:
             resumable=True,
         ),
     )
+    memory_check: bool = field(
+        default=True,
+        metadata=_opt(
+            "--memory-check",
+            "before compiling, compare the planner's memory estimate of the layout with the "
+            "device's usable memory and refuse a run that does not fit (naming what would); "
+            "--no-memory-check: run anyway",
+            resumable=True,
+        ),
+    )
 
 
 def _parallel(flag: str, help: str, default: int, minimum: int, **extra: Any) -> Any:
@@ -554,12 +564,49 @@ class ParallelOptions:
 
 @_section
 class CheckpointOptions:
-    """When checkpoints are written."""
+    """When checkpoints are written, how (in the background or not) and which are kept."""
 
     checkpoint_every: int = field(
         default=100,
         metadata=_opt(
             "--checkpoint-every", "save a checkpoint every N steps", minimum=1, resumable=True
+        ),
+    )
+    checkpoint_every_s: float = field(
+        default=0.0,
+        metadata=_opt(
+            "--checkpoint-every-s",
+            "also save after the first step that ends this many seconds after the last save "
+            "(0: steps only; one process only)",
+            minimum=0,
+            resumable=True,
+        ),
+    )
+    checkpoint_keep: int = field(
+        default=3,
+        metadata=_opt(
+            "--checkpoint-keep",
+            "keep the N newest committed checkpoints, deleting older ones",
+            minimum=1,
+            resumable=True,
+        ),
+    )
+    checkpoint_keep_every: int = field(
+        default=0,
+        metadata=_opt(
+            "--checkpoint-keep-every",
+            "also keep every checkpoint whose step is a multiple of K, forever (0: none)",
+            minimum=0,
+            resumable=True,
+        ),
+    )
+    checkpoint_async: bool = field(
+        default=True,
+        metadata=_opt(
+            "--checkpoint-async",
+            "write checkpoints in the background: the loop waits only for the copy to host "
+            "memory; --no-checkpoint-async: wait for every save to commit",
+            resumable=True,
         ),
     )
 
@@ -671,6 +718,16 @@ class DebuggingOptions:
             "--debug-nonfinite-at-step",
             "testing aid: poison the batch of step N with token ids beyond the vocabulary (their "
             "embedding is NaN) to exercise --nonfinite (0: never)",
+            minimum=0,
+            resumable=True,
+        ),
+    )
+    debug_usable_memory: float = field(
+        default=0.0,
+        metadata=_opt(
+            "--debug-usable-memory",
+            "testing aid: usable device memory in bytes for the memory check, in place of the "
+            "device's own figure (0: the device's; CPUs report none, so the check is skipped)",
             minimum=0,
             resumable=True,
         ),

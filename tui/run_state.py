@@ -90,6 +90,9 @@ class RunState:
         power_w: average power of each step with energy, watts (all devices).
         devices: devices the layout uses; tdp_w: the board power of one (None: not in the
             catalog, e.g. a CPU).
+        peak_memory_bytes: the last step's measured peak device memory (None: not reported);
+            compiled_memory_bytes: the largest compiled program's buffers
+            (:attr:`~titan.observability.events.Compile.program_bytes`).
         pipeline: the ``pipeline`` event of an MPMD run; pipeline_timing: its latest
             ``pipeline_timing`` event (per-action spans of one step).
     """
@@ -125,6 +128,8 @@ class RunState:
     power_w: list[float] = field(default_factory=list)
     devices: int | None = None
     tdp_w: float | None = None
+    peak_memory_bytes: int | None = None
+    compiled_memory_bytes: int | None = None
     pipeline: Pipeline | None = None
     pipeline_timing: PipelineTiming | None = None
     _step_times: deque[tuple[int, float]] = field(
@@ -198,6 +203,9 @@ class RunState:
 
     def _on_compile(self, event: Compile) -> None:
         self.compile_s += event.seconds or 0.0
+        program = event.program_bytes
+        if program is not None:
+            self.compiled_memory_bytes = max(self.compiled_memory_bytes or 0, program)
 
     def _on_step(self, event: Step) -> None:
         self.step = event.step
@@ -213,6 +221,7 @@ class RunState:
             self._watchdog.step_done(event.step_time_s)
         self._take_flops(event)
         self._take_energy(event)
+        self.peak_memory_bytes = event.peak_memory_bytes
 
     def _take_flops(self, event: Step) -> None:
         """MFU and FLOPs per token under :data:`MFU_CONVENTION` (as ``summarize`` reports)."""

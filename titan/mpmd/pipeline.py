@@ -60,6 +60,7 @@ from titan.mpmd.schedules import (
     execution_order,
     theoretical_bubble,
 )
+from titan.observability.device_memory import largest, program_memory
 from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
@@ -434,7 +435,15 @@ class PipelineTrainer:
         self._loss_seed = jax.device_put(np.float32(1.0 / self.schedule.microbatches), last)
         # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
         self._lr = jax.jit(self.lr_schedule)
-        return [Compile(what="stage", stage=stage, seconds=s) for stage, s in seconds.items()]
+        return [
+            Compile(what="stage", stage=stage, seconds=s, memory=self._stage_memory(stage))
+            for stage, s in seconds.items()
+        ]
+
+    def _stage_memory(self, stage: int) -> dict[str, int] | None:
+        """The largest memory-analysis figures over the compiled programs of ``stage``."""
+        compiled = [c for p in self.programs if p.chunk.stage == stage for c in p.compiled.values()]
+        return largest(program_memory(c) for c in compiled)
 
     def _microbatches(self, batch: Batch) -> list[dict[str, Any]]:
         """Per microbatch: the first chunk's input on stage 0, the loss's inputs on the last

@@ -169,6 +169,7 @@ def _print_summaries(root: Path, rows: list[Any]) -> None:
         "MFU",
         "energy (J)",
         "tokens/J",
+        "peak GB",
         "ETTR",
         "goodput",
         "stalls",
@@ -189,6 +190,9 @@ def _print_summaries(root: Path, rows: list[Any]) -> None:
             format_number(r.median_mfu, ".1%", "unknown"),
             format_number(r.energy_j, ",.0f", "unavailable"),
             format_number(r.tokens_per_j, ",.2f", "unavailable"),
+            format_number(
+                None if r.peak_memory_bytes is None else r.peak_memory_bytes / 1e9, ",.2f"
+            ),
             format_number(r.ettr, ".1%"),
             format_number(r.goodput, ".1%"),
             str(r.stalls),

@@ -22,7 +22,9 @@ checkpoint save and restore, progress wasted by a disruption)):
         compilation        = sum of ``compile`` events' ``seconds``
         data_wait          = sum of step events' ``data_wait_s`` (0 when the trainer does not
                              record it: ``data_wait_recorded`` is then False)
-        checkpoint_save    = sum of ``checkpoint`` events' ``seconds``
+        checkpoint_save    = sum of ``checkpoint`` and ``checkpoint_failed`` events' ``seconds``
+                             (the time the loop waited for the save; an async save's
+                             background writing is inside the step times)
         lost_progress      = compute time of steps that did not survive
         other              = available_s - everything above (shutdown, logging, the time after
                              the last step of a crashed attempt)
@@ -55,7 +57,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from titan.observability.events import Checkpoint, Compile, Event, RunEnd, RunStart, Stall, Step
+from titan.observability.events import (
+    Checkpoint,
+    CheckpointFailed,
+    Compile,
+    Event,
+    RunEnd,
+    RunStart,
+    Stall,
+    Step,
+)
 
 BADPUT_KINDS = (
     "initialization",
@@ -230,11 +241,12 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
             attempt.compile_s += seconds
             if first_work is None:
                 first_work = event.time - seconds
-        elif isinstance(event, Checkpoint):
+        elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = event.seconds or 0.0
             attempt.checkpoint_save_s += seconds
             save_since_step += seconds
-            attempt.last_checkpoint = event.step
+            if isinstance(event, Checkpoint):
+                attempt.last_checkpoint = event.step
         elif isinstance(event, Stall):
             attempt.stalls += 1
         elif isinstance(event, RunEnd):

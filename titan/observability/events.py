@@ -222,6 +222,12 @@ class RunStart(Event):
         " devices read: JAX id, library index, UUID) and ``fallbacks`` (why the counter or the"
         " power reading is not used) (:mod:`titan.observability.power`)"
     )
+    memory_check: dict[str, Any] | None = _field(
+        "the memory check before compiling (:mod:`titan.trainer.memory_check`): "
+        "``estimate_bytes`` (the planner's peak per device, :mod:`titan.planning.memory`), "
+        "``usable_bytes`` (the device's ``bytes_limit``; None when unknown), ``source`` of the "
+        "usable figure, ``checked`` (whether the estimate was compared)"
+    )
     processes: int | None = _field(
         "how many processes run the attempt (``jax.process_count()``; process 0 writes the "
         "record, each keeps ``processes/<id>.json``)"
@@ -237,6 +243,26 @@ class Compile(Event):
     what: str | None = _field("what was compiled: ``train_step`` (SPMD) or ``stage`` (MPMD)")
     seconds: float | None = _field("wall time of the compilation", "seconds")
     stage: int | None = _field("the pipeline stage compiled, MPMD only", omit_if_none=True)
+    memory: dict[str, int] | None = _field(
+        "XLA's memory analysis of the compiled program(s), per device (``compiled."
+        "memory_analysis()``): ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs "
+        "sharing a donated argument's buffer), ``temp_bytes``, ``generated_code_bytes``; for an "
+        "MPMD stage, each figure's largest value over its programs (they run one at a time); "
+        "absent when the backend gives none",
+        "bytes",
+        omit_if_none=True,
+    )
+
+    @property
+    def program_bytes(self) -> int | None:
+        """argument + output - alias + temp + generated code bytes of :attr:`memory` (the
+        buffers XLA assigns the program, per device), or None without a complete analysis."""
+        keys = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
+        memory = self.memory if isinstance(self.memory, Mapping) else {}
+        values = [memory.get(k) for k in (*keys, "alias_bytes")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return None
+        return sum(values[:-1]) - values[-1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,16 +328,34 @@ class Step(Event):
         "seconds",
         omit_if_none=True,
     )
+    peak_memory_bytes: int | None = _field(
+        "the highest ``peak_bytes_in_use`` of ``jax.Device.memory_stats()`` over the run's "
+        "devices in this process (the allocator's peak since the process started); absent "
+        "where the backend reports none (CPU)",
+        "bytes",
+        omit_if_none=True,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(Event):
-    """A checkpoint committed (:class:`titan.trainer.checkpoint.Checkpointer`)."""
+    """A checkpoint committed (:class:`titan.trainer.checkpoint.Checkpointer`); written once it
+    has (for an asynchronous save, after the steps that ran while it was written)."""
 
     type: ClassVar[str] = "checkpoint"
 
     step: int = _field("the step saved", "steps", required=True)
-    seconds: float | None = _field("wall time of the save", "seconds")
+    seconds: float | None = _field(
+        "time the training loop waited for the save (blocking: the previous save settling and "
+        "the copy to host memory; the whole save when synchronous, and for the run's last)",
+        "seconds",
+    )
+    commit_s: float | None = _field(
+        "time from the start of the save until it committed", "seconds", omit_if_none=True
+    )
+    asynchronous: bool | None = _field(
+        "written in the background (``--checkpoint-async``)", omit_if_none=True
+    )
     path: str | None = _field("the checkpoint's folder")
 
 
@@ -329,6 +373,31 @@ class LossSpike(Event):
     std: float | None = _field("population standard deviation of the window's losses", "nats")
     threshold: float | None = _field("mean + sigma x std: the loss a spike exceeds", "nats")
     window: int | None = _field("finite losses in the window", "steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointFailed(Event):
+    """A save that did not commit (:class:`titan.trainer.checkpoint.Checkpointer`): it is not a
+    checkpoint, a resume never picks it, and the run goes on."""
+
+    type: ClassVar[str] = "checkpoint_failed"
+
+    step: int = _field("the step whose save failed", "steps", required=True)
+    error: str | None = _field("why (``Type: message``, one line)")
+    seconds: float | None = _field("time the training loop waited for the save", "seconds")
+    commit_s: float | None = _field("time from the start of the save until it failed", "seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointUnrestorable(Event):
+    """A committed checkpoint that a resume could not restore (corrupt, or an incompatible
+    layout); the resume used an older one. Written after ``run_start``. The checkpoint is moved
+    to ``<run dir>/unrestorable_checkpoints/<step>``."""
+
+    type: ClassVar[str] = "checkpoint_unrestorable"
+
+    step: int = _field("the checkpoint skipped", "steps", required=True)
+    error: str | None = _field("why it could not be restored (one line)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -471,6 +540,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Step,
     Checkpoint,
     LossSpike,
+    CheckpointFailed,
+    CheckpointUnrestorable,
     Profile,
     Stall,
     Pipeline,

@@ -31,7 +31,7 @@ from titan.config import perf_key_options
 from titan.observability.ettr import split_attempts
 from titan.observability.events import Checkpoint, Event, Profile, RunStart, Step
 from titan.planning.gpus import gpu_for_device_kind
-from titan.planning.memory import Layout, Precision
+from titan.planning.memory import Layout, Precision, attention_kernel
 from titan.planning.step import Measurement
 from titan.shapes import ModelConfig
 
@@ -235,7 +235,7 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
         except (TypeError, ValueError):
             continue
         ops = lay.get("ops") if isinstance(lay.get("ops"), Mapping) else {}
-        attention = "flash" if ops.get("attention") in ("cudnn", "pallas") else "materialized"
+        attention = attention_kernel(ops.get("attention"))
         precision = Precision(
             str(lay.get("param_dtype") or "float32"),
             str(lay.get("compute_dtype") or gpu.compute_dtype),

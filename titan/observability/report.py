@@ -133,6 +133,19 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any
     return rows
 
 
+def memory_text(s: RunSummary) -> str:
+    """Measured peak, compiled program and the planner's estimate, in GB (1e9 bytes)."""
+    parts = [
+        ("peak", s.peak_memory_bytes, "not reported by the backend"),
+        ("compiled", s.compiled_memory_bytes, NOT_RECORDED),
+        ("estimate", s.memory_estimate_bytes, NOT_RECORDED),
+    ]
+    return ", ".join(
+        f"{name} {value / 1e9:,.2f}" if value is not None else f"{name} {missing}"
+        for name, value, missing in parts
+    )
+
+
 def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
     """A run summary as (label, value with its unit) rows: the report's table, the console's run
     detail."""
@@ -157,6 +170,7 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
         ("median MFU", mfu),
         ("energy (J)", energy),
         ("tokens/J", format_number(s.tokens_per_j, ",.2f", "unavailable")),
+        ("device memory (GB per device)", memory_text(s)),
         ("ETTR", format_number(s.ettr, ".1%")),
         ("goodput", format_number(s.goodput, ".1%") + (f" (badput: {badput})" if badput else "")),
         ("stalls", s.stalls),

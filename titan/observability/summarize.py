@@ -71,6 +71,7 @@ from titan.errors import TitanError
 from titan.observability import ettr, perfdb
 from titan.observability.events import (
     MFU_CONVENTION,
+    Compile,
     Event,
     EventError,
     RunEnd,
@@ -160,6 +161,9 @@ class RunSummary:
     final_loss: float | None
     best_loss: float | None
     bad_lines: int = 0
+    peak_memory_bytes: float | None = None
+    compiled_memory_bytes: float | None = None
+    memory_estimate_bytes: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -442,6 +446,15 @@ def _mfu(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float | None, str
     return (median, MFU_CONVENTION) if median is not None else (None, None)
 
 
+def _peak_memory(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+    """The largest measured ``peak_memory_bytes`` of the run's step events."""
+    return con.execute(
+        """SELECT max(TRY_CAST(json_extract_string(payload, '$.peak_memory_bytes') AS DOUBLE))
+        FROM events WHERE run_id = ? AND type = 'step'""",
+        [run_id],
+    ).fetchone()[0]
+
+
 def _optional(value: Any) -> float | None:
     return value if isinstance(value, int | float) and math.isfinite(value) else None
 
@@ -469,9 +482,8 @@ def compute_summary(
     bad = con.execute(
         "SELECT coalesce(sum(bad_lines), 0) FROM files WHERE run_id = ?", [run_id]
     ).fetchone()[0]
-    goodput = ettr.analyze(
-        _accounting_events(con, run_id) if events is None else events, now=time.time()
-    )
+    events = _accounting_events(con, run_id) if events is None else events
+    goodput = ettr.analyze(events, now=time.time())
     mfu, convention = _mfu(con, run_id)
     if energy_tokens and energy:
         tokens_per_j = energy_tokens / energy
@@ -481,6 +493,9 @@ def compute_summary(
         tokens_per_j = None
     ended = isinstance(end, RunEnd)
     power = (start.power if isinstance(start, RunStart) else None) or {}
+    programs = [e.program_bytes for e in events if isinstance(e, Compile)]
+    compiled = max((b for b in programs if b is not None), default=None)
+    memory_check = (start.memory_check if isinstance(start, RunStart) else None) or {}
     return RunSummary(
         run_id=run_id,
         status=end.status if ended else _unended_status(goodput),
@@ -503,6 +518,9 @@ def compute_summary(
         final_loss=_optional(final.loss) if isinstance(final, Step) else None,
         best_loss=_optional(best),
         bad_lines=int(bad),
+        peak_memory_bytes=_optional(_peak_memory(con, run_id)),
+        compiled_memory_bytes=_optional(compiled),
+        memory_estimate_bytes=_optional(memory_check.get("estimate_bytes")),
     )
 
 

@@ -289,6 +289,16 @@ class MemoryBreakdown:
         return {name: getattr(self, name) for name in _MEMORY_PARTS} | {"total": self.total}
 
 
+# Attention providers that keep only a log-sum-exp per head (Dao et al. 2022), not the (s, s)
+# probabilities: the ``flash`` entries of the activation model (titan.ops.providers).
+FLASH_ATTENTION_PROVIDERS = ("cudnn", "pallas")
+
+
+def attention_kernel(provider: str | None) -> str:
+    """``flash`` or ``materialized``: how the activation model prices an attention provider."""
+    return "flash" if provider in FLASH_ATTENTION_PROVIDERS else "materialized"
+
+
 @dataclass(frozen=True)
 class Precision:
     """Dtypes of a run: ``param_dtype`` (master weights, gradients, AdamW moments) and

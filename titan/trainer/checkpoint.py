@@ -17,12 +17,29 @@ new sharding. Restoring onto other chunks (another ``pp``, virtual stages, or SP
 and back) reads the items to host memory, joins the layer stacks in model order along the model
 family's layer axis, cuts them at the new chunk boundaries and places them on the new devices
 (:func:`titan.parallel.chunks.join_layers`, :func:`titan.parallel.chunks.cut_layers`).
+
+Saves are asynchronous by default (``--checkpoint-async``, orbax's async
+``CheckpointManager``): :meth:`Checkpointer.save` returns once every array of the state has been
+copied to host memory (orbax's blocking part), so the next step may donate the device buffers,
+and a background thread writes and commits the copy. A save is committed when its step folder
+(renamed from orbax's temporary folder) holds ``meta``; :class:`SaveResult` says whether it was,
+and only committed saves are kept, pruned or restored. Saves are ordered: a save first waits for
+the previous one to settle. Retention (:func:`steps_to_prune`): the ``--checkpoint-keep``
+newest committed checkpoints, and every step that is a multiple of ``--checkpoint-keep-every``.
+Pruning happens only between saves, on every process alike (orbax's delete is collective), and
+never touches a save in flight.
+
+Restoring (:meth:`Checkpointer.restore_latest`) takes the newest committed checkpoint that
+restores; a corrupt one is reported (:class:`Unrestorable`) and the one before it is tried.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +54,7 @@ from titan.trainer.stage_store import StageStore
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
 CHECKPOINT_DIR = "checkpoints"
-KEEP = 3
+UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
 
 
 def _layout_name(layout: dict[str, Any]) -> str:
@@ -71,30 +88,163 @@ def reshard_items(
     }
 
 
-class Checkpointer:
-    """Saves and restores a run's checkpoints (synchronously: a save has committed on return)."""
+@dataclass(frozen=True)
+class SaveResult:
+    """How one save ended.
 
-    def __init__(self, run_dir: Path) -> None:
+    Attributes:
+        step: the step saved.
+        blocking_s: seconds the training loop waited in :meth:`Checkpointer.save` (and, for
+            the last save, in :meth:`Checkpointer.wait`): the previous save settling, then
+            the copy to host memory; the whole save when synchronous.
+        commit_s: seconds from the start of the save until it committed or failed.
+        error: None when committed, else why not (one line).
+    """
+
+    step: int
+    blocking_s: float
+    commit_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Unrestorable:
+    """A committed checkpoint that could not be restored (corrupt, or written by an
+    incompatible layout); the restore went on with the one before it."""
+
+    step: int
+    error: str
+
+
+def steps_to_prune(committed: list[int], keep: int, keep_every: int) -> list[int]:
+    """The committed steps to delete: all but the ``keep`` newest and (``keep_every`` > 0)
+    the multiples of ``keep_every``, oldest first."""
+    newest = set(sorted(committed)[-keep:])
+    return [
+        s for s in sorted(committed) if s not in newest and not (keep_every and s % keep_every == 0)
+    ]
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class SaveSchedule:
+    """When the loop saves: after every ``every_steps``-th step and, with ``every_s`` > 0, after
+    the first step that ends ``every_s`` seconds or more after the last save (or the loop's
+    start).
+
+    Raises:
+        TitanError: ``every_s`` with several processes (each would read its own clock and
+            they could pick different steps; ``--checkpoint-every`` steps agree by
+            construction).
+    """
+
+    def __init__(
+        self,
+        every_steps: int,
+        every_s: float,
+        processes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every_s and processes > 1:
+            raise TitanError(
+                f"--checkpoint-every-s runs with one process, not {processes} (their clocks "
+                "would pick different steps); use --checkpoint-every"
+            )
+        self.every_steps, self.every_s, self._clock = every_steps, every_s, clock
+        self._last = clock()
+
+    def due(self, step: int) -> bool:
+        """Whether to save after ``step``."""
+        if step % self.every_steps == 0:
+            return True
+        return bool(self.every_s) and self._clock() - self._last >= self.every_s
+
+    def restart(self) -> None:
+        """The time-based interval starts again now (at the loop's start and after a save)."""
+        self._last = self._clock()
+
+
+class _PendingSave:
+    """An async save in flight: a thread waits for orbax to finish it, then checks the commit."""
+
+    def __init__(self, checkpointer: Checkpointer, step: int, start: float, blocking_s: float):
+        self.step, self.start, self.blocking_s = step, start, blocking_s
+        self.result: SaveResult | None = None
+        self._thread = threading.Thread(
+            target=self._wait, args=(checkpointer,), name=f"titan-save-{step}", daemon=True
+        )
+        self._thread.start()
+
+    def _wait(self, checkpointer: Checkpointer) -> None:
+        error = checkpointer.finish_orbax_save(self.step)
+        commit_s = time.perf_counter() - self.start
+        self.result = SaveResult(self.step, self.blocking_s, commit_s, error)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> SaveResult:
+        self._thread.join()
+        return self.result
+
+
+class Checkpointer:
+    """Saves and restores a run's checkpoints.
+
+    Args:
+        run_dir: the run dir (checkpoints go to ``<run dir>/checkpoints``).
+        keep: how many of the newest committed checkpoints to keep (``--checkpoint-keep``).
+        keep_every: also keep every step that is a multiple of this, forever (0: none;
+            ``--checkpoint-keep-every``).
+        asynchronous: write in a background thread (``--checkpoint-async``).
+    """
+
+    def __init__(
+        self, run_dir: Path, keep: int = 3, keep_every: int = 0, asynchronous: bool = False
+    ) -> None:
         logging.getLogger("absl").setLevel(logging.WARNING)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=KEEP, create=True, enable_async_checkpointing=False
+            max_to_keep=None, create=True, enable_async_checkpointing=asynchronous
         )
         self.directory = (Path(run_dir) / CHECKPOINT_DIR).absolute()
+        self.keep, self.keep_every, self.asynchronous = keep, keep_every, asynchronous
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._stages = StageStore(run_dir)
+        self._pending: _PendingSave | None = None
 
-    def latest_step(self) -> int | None:
-        """Step of the newest committed checkpoint, or None. A step directory without the
+    def committed_steps(self) -> list[int]:
+        """Steps of the committed checkpoints, oldest first. A step directory without the
         ``meta`` item (made by hand, or left by something other than a finished save) is not a
         checkpoint and is skipped."""
-        steps = [s for s in self._manager.all_steps() if (self.path(s) / "meta").is_dir()]
-        return max(steps, default=None)
+        return sorted(s for s in self._manager.all_steps() if self._is_committed(s))
 
-    def save(self, state: TrainState, meta: dict[str, Any]) -> float:
-        """Save ``state``'s chunks and ``meta`` as checkpoint ``state.step``. Returns seconds."""
+    def latest_step(self) -> int | None:
+        """Step of the newest committed checkpoint, or None."""
+        return max(self.committed_steps(), default=None)
+
+    def _is_committed(self, step: int) -> bool:
+        return (self.path(step) / "meta").is_dir()
+
+    def save(self, state: TrainState, meta: dict[str, Any]) -> list[SaveResult]:
+        """Save ``state``'s chunks and ``meta`` as checkpoint ``state.step``.
+
+        First settles the previous save and prunes (:func:`steps_to_prune`). Synchronous: returns
+        once the save has committed or failed. Asynchronous: returns once the state has been
+        copied to host memory (the caller may then donate its buffers); the result comes from
+        :meth:`results` or :meth:`wait`.
+
+        Returns:
+            The saves that settled during the call (the previous one; this one when synchronous).
+            A failed save is a result with ``error``, never an exception.
+        """
         start = time.perf_counter()
+        settled = self._settle()
+        self._prune()
         step, items = state.step, state.items()
-        stage_items = self._stages.save(step, items)
+        stage_items = self._stages.save(step, items)  # written now, whatever the mode
         barrier(f"titan:stage-items:{step}")  # every process's own items, before the commit
         args = {
             name: ocp.args.StandardSave(tree)
@@ -102,12 +252,91 @@ class Checkpointer:
             if name not in stage_items
         }
         meta = {**meta, "stage_items": stage_items}
-        self._manager.save(
-            step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args), force=True
-        )
-        self._manager.wait_until_finished()
-        self._stages.prune(self._manager.all_steps())
-        return time.perf_counter() - start
+        composite = ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args)
+        save_start = time.perf_counter()
+        try:
+            self._manager.save(step, args=composite, force=True)
+        except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
+            self.finish_orbax_save(step)
+            elapsed = time.perf_counter() - start
+            return [*settled, SaveResult(step, elapsed, elapsed, _one_line(err))]
+        if self.asynchronous:
+            self._pending = _PendingSave(self, step, save_start, time.perf_counter() - start)
+            return settled
+        error = self.finish_orbax_save(step)
+        elapsed = time.perf_counter() - start
+        return [*settled, SaveResult(step, elapsed, time.perf_counter() - save_start, error)]
+
+    def finish_orbax_save(self, step: int) -> str | None:
+        """Wait for orbax's save of ``step`` to finish (on the calling thread). Returns None when
+        it committed, else why not."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 - reported in the result
+            return _one_line(err)
+        if not self._is_committed(step):
+            return f"checkpoint {step} was not committed (no {self.path(step) / 'meta'})"
+        return None
+
+    def results(self) -> list[SaveResult]:
+        """The saves settled since the last call, without waiting."""
+        if self._pending is not None and self._pending.done():
+            return self._settle()
+        return []
+
+    def wait(self) -> list[SaveResult]:
+        """Wait for the save in flight (its waiting counts as blocking), prune, and return the
+        saves settled since the last call."""
+        start = time.perf_counter()
+        settled = self._settle(waited_from=start)
+        self._prune()
+        return settled
+
+    def _settle(self, waited_from: float | None = None) -> list[SaveResult]:
+        if self._pending is None:
+            return []
+        result = self._pending.join()
+        self._pending = None
+        if waited_from is not None:
+            blocking_s = result.blocking_s + time.perf_counter() - waited_from
+            result = replace(result, blocking_s=blocking_s)
+        try:  # orbax raises a failed save once per thread: consume it on this one
+            self._manager.wait_until_finished()
+        except Exception:  # noqa: BLE001, S110 - the watcher thread recorded it
+            pass
+        return [result]
+
+    def _prune(self) -> None:
+        """Delete what retention no longer keeps (no save is in flight here)."""
+        for step in steps_to_prune(self.committed_steps(), self.keep, self.keep_every):
+            self._manager.delete(step)
+        self._stages.prune(self.committed_steps())
+
+    def restore_latest(
+        self, trainer: Trainer
+    ) -> tuple[TrainState, dict[str, Any], list[Unrestorable]] | None:
+        """Restore the newest committed checkpoint that restores, newest first.
+
+        Returns:
+            None when there is no committed checkpoint; else (state, meta, the newer
+            checkpoints that could not be restored).
+
+        Raises:
+            TitanError: none restores (the newest one's error).
+        """
+        skipped: list[Unrestorable] = []
+        for step in reversed(self.committed_steps()):
+            try:
+                state, meta = self.restore(step, trainer)
+            except Exception as err:  # noqa: BLE001 - a corrupt checkpoint: try the previous
+                message = str(err) if isinstance(err, TitanError) else _one_line(err)
+                skipped.append(Unrestorable(step, message.splitlines()[0]))
+                continue
+            self._set_aside([s.step for s in skipped])
+            return state, meta, skipped
+        if skipped:
+            raise TitanError(f"--resume: {skipped[0].error}")
+        return None
 
     def restore(self, step: int, trainer: Trainer) -> tuple[TrainState, dict[str, Any]]:
         """Restore checkpoint ``step`` into ``trainer``'s layout (resharding as needed).
@@ -128,11 +357,32 @@ class Checkpointer:
             else:
                 items = self._restore_resharded(step, meta, trainer)
         except (ValueError, KeyError, TitanError) as err:
-            raise TitanError(
-                f"checkpoint {step} written by {_layout_name(meta['layout'])} cannot be restored "
-                f"onto {_layout_name(current)}: {str(err).splitlines()[0]}"
-            ) from None
+            written, target = _layout_name(meta["layout"]), _layout_name(current)
+            what = (
+                f"checkpoint {step} ({target}) cannot be read"
+                if written == target
+                else f"checkpoint {step} written by {written} cannot be restored onto {target}"
+            )
+            raise TitanError(f"{what}: {str(err).splitlines()[0]}") from None
         return TrainState.from_items(items, step), meta
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Move the unrestorable checkpoints newer than the restored one to
+        ``<run dir>/unrestorable_checkpoints/<step>`` (kept for inspection; the run saves
+        those steps again). Process 0 moves them; every process then re-reads the steps."""
+        if not steps:
+            return
+        if ocp.multihost.process_index() == 0:
+            aside = self.directory.parent / UNRESTORABLE_DIR
+            aside.mkdir(exist_ok=True)
+            for step in steps:
+                target = aside / str(step)
+                suffix = 1
+                while target.exists():
+                    target, suffix = aside / f"{step}.{suffix}", suffix + 1
+                self.path(step).rename(target)
+        ocp.multihost.sync_global_processes("titan:unrestorable-set-aside")
+        self._manager.reload()
 
     def _restore_items(
         self, step: int, meta: dict[str, Any], abstract: dict[str, Any]
@@ -159,4 +409,7 @@ class Checkpointer:
         return self.directory / str(step)
 
     def close(self) -> None:
+        """Wait for a save still in flight (its outcome is dropped: after a crash nothing records
+        it) and close orbax's manager."""
+        self._settle()
         self._manager.close()

@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
+from titan.observability.device_memory import program_memory
 from titan.observability.events import Compile, Event
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk
@@ -195,7 +196,8 @@ class SpmdTrainer:
         """XLA-compile the lowered step (after :meth:`trace`). Returns the compile event."""
         start = time.perf_counter()
         self._compiled = self._lowered.compile()
-        return [Compile(what="train_step", seconds=time.perf_counter() - start)]
+        seconds = time.perf_counter() - start
+        return [Compile(what="train_step", seconds=seconds, memory=program_memory(self._compiled))]
 
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
         """One optimizer step (asynchronous dispatch). Returns (new state, metrics on device)."""

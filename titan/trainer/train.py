@@ -5,8 +5,14 @@ tokenizer, build the layout and trainer (all validation happens here, before any
 written), write the run files, restore or initialise the state, compile, loop, checkpoint, record.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
-in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``, ``loss_spike``,
-``profile``, ``stall``, ``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
+``checkpoint_failed``, ``checkpoint_unrestorable``, ``loss_spike``, ``profile``, ``stall``,
+``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+
+Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
+the loop records each save's outcome once it settles and waits for the last one before
+``run_end``. Before compiling, :func:`titan.trainer.memory_check.check_memory` compares the
+planner's memory estimate with the devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
 refused. SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end``
@@ -43,8 +49,17 @@ from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, to
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
+from titan.inert import inert
+from titan.observability.device_memory import peak_bytes
 from titan.observability.env import capture_environment
-from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
+from titan.observability.events import (
+    Checkpoint,
+    CheckpointFailed,
+    CheckpointUnrestorable,
+    RunEnd,
+    RunStart,
+    Step,
+)
 from titan.observability.flops import FlopsMeter, device_peak
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
@@ -65,7 +80,7 @@ from titan.parallel.distributed import (
 )
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
-from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule, Unrestorable
 from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.guard import (
     LossSpikeDetector,
@@ -75,6 +90,7 @@ from titan.trainer.guard import (
     poison_batch,
     state_is_finite,
 )
+from titan.trainer.memory_check import check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost, lost_after_s
 from titan.trainer.processes import (
     Heartbeat,
@@ -209,7 +225,7 @@ def _train_claimed(
 
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
-        checkpointer = Checkpointer(run_dir)
+        checkpointer = _checkpointer(cfg, run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
     with progress.status("preparing the tokenizer"):
         tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir))
@@ -224,7 +240,8 @@ def _train_claimed(
     )
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
-    power_reader, power_info = open_reader(devices=jax.devices()[: trainer.describe()["devices"]])
+    run_devices = jax.devices()[: trainer.describe()["devices"]]
+    power_reader, power_info = open_reader(devices=run_devices)
 
     if is_writer():
         _write_run_files(run_dir, cfg, model_cfg, tokenizer)
@@ -233,13 +250,14 @@ def _train_claimed(
         cfg,
         trainer,
         batches,
-        checkpointer or Checkpointer(run_dir),
+        checkpointer or _checkpointer(cfg, run_dir),
         open_record(run_dir, run_dir.name),
         StopFlag(),
         progress,
         _flops_meter(trainer),
         PowerSampler(power_reader),
         Heartbeat(run_dir),
+        [d for d in run_devices if d.process_index == jax.process_index()],
     )
     run.stop.install()
     run.start_monitors()
@@ -248,6 +266,14 @@ def _train_claimed(
         state, start_step = run.restore_or_init(resume_dir is not None)
         run.watchdog.enter("compile", start_step)
         trainer.trace()
+        memory = check_memory(
+            cfg,
+            model_cfg,
+            trainer.describe(),
+            str(trainer.compute_dtype),
+            ops.served,
+            run.local_devices,
+        )
         run.record.emit(
             RunStart(
                 **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
@@ -256,9 +282,12 @@ def _train_claimed(
                 # checkpoints are never of step 0: a resume without one starts fresh
                 resumed_from_step=start_step if resume_dir and start_step else None,
                 power=power_info,
+                memory_check=memory.record(),
             )
         )
         started = claim.recorded = True
+        for skipped in run.unrestorable:
+            run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
         for event in [*trainer.compile(), *trainer.start_events()]:
             run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
@@ -287,6 +316,13 @@ def _train_claimed(
     barrier("titan:run-end")
     progress.finish(status, step, run_dir)
     return _exit_code(cfg, status)
+
+
+def _checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
+    options = cfg.checkpoint
+    return Checkpointer(
+        run_dir, options.checkpoint_keep, options.checkpoint_keep_every, options.checkpoint_async
+    )
 
 
 def _exit_code(cfg: TrainConfig, status: str) -> int:
@@ -348,9 +384,15 @@ class _Run:
     flops: FlopsMeter
     power: PowerSampler
     heartbeat: Heartbeat
+    local_devices: list  # the run's devices in this process (memory readings)
 
     def __post_init__(self) -> None:
         self.agreement = StopAgreement(lambda: self.stop.requested)
+        checkpoint = self.cfg.checkpoint
+        self.saves = SaveSchedule(
+            checkpoint.checkpoint_every, checkpoint.checkpoint_every_s, process_count()
+        )
+        self.unrestorable: list[Unrestorable] = []
         obs = self.cfg.observability
         self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
         steps = obs.profile_steps
@@ -446,6 +488,7 @@ class _Run:
             if pending is not None:
                 self._report(*pending)  # the step's event comes before its checkpoint's
             self.save(state, position)
+            self.record_saves(self.checkpointer.wait())  # committed before the process ends
             return "saved"
         except NonFiniteAbort as err:
             return f"not saved: {err}"
@@ -474,8 +517,8 @@ class _Run:
     def restore_or_init(self, resuming: bool) -> tuple[TrainState, int]:
         """(state, step): the latest checkpoint's when resuming and one exists, else fresh."""
         self.watchdog.enter("checkpoint_restore", 0)
-        latest = self.checkpointer.latest_step() if resuming else None
-        if latest is None:
+        restored = self.checkpointer.restore_latest(self.trainer) if resuming else None
+        if restored is None:
             if resuming:
                 print(
                     "titan: --resume: the run has no committed checkpoint; starting from step 0",
@@ -483,14 +526,21 @@ class _Run:
                     flush=True,
                 )
             return self.trainer.init_state(self.cfg.run.seed), 0
-        state, meta = self.checkpointer.restore(latest, self.trainer)
+        state, meta, self.unrestorable = restored
+        for skipped in self.unrestorable:
+            print(
+                f"titan: checkpoint {skipped.step} cannot be restored ({inert(skipped.error)}); "
+                "resuming from the one before it",
+                file=sys.stderr,
+                flush=True,
+            )
         if meta["num_sequences"] != self.batches.num_sequences:
             raise TitanError(
                 f"--resume: the corpus changed since the checkpoint ({meta['num_sequences']} "
                 f"sequences then, {self.batches.num_sequences} now)"
             )
         self.batches.position = meta["data_position"]
-        return state, latest
+        return state, state.step
 
     def save(self, state: TrainState, position: int) -> None:
         """Save ``state`` with the data position after its step (``position``), unless its
@@ -508,10 +558,37 @@ class _Run:
             "num_sequences": self.batches.num_sequences,
             "layout": self.trainer.describe(),
         }
-        seconds = self.checkpointer.save(state, meta)
-        path = str(self.checkpointer.path(step))
-        self.record.emit(Checkpoint(step=step, seconds=seconds, path=path))
+        self.record_saves(self.checkpointer.save(state, meta))
+        self.saves.restart()
         self._saved_step = step
+
+    def record_saves(self, results: list[SaveResult]) -> None:
+        """A ``checkpoint`` event per committed save, a ``checkpoint_failed`` event and a line
+        on stderr per failed one."""
+        for r in results:
+            if r.error is None:
+                path = str(self.checkpointer.path(r.step))
+                asynchronous = self.checkpointer.asynchronous or None
+                self.record.emit(
+                    Checkpoint(
+                        step=r.step,
+                        seconds=r.blocking_s,
+                        commit_s=r.commit_s,
+                        asynchronous=asynchronous,
+                        path=path,
+                    )
+                )
+                continue
+            self.record.emit(
+                CheckpointFailed(
+                    step=r.step, error=r.error, seconds=r.blocking_s, commit_s=r.commit_s
+                )
+            )
+            print(
+                f"titan: checkpoint {r.step} failed and is not committed: {inert(r.error)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def loop(self, state: TrainState, step: int) -> tuple[int, str]:
         """Train until ``--steps`` or a stop signal. Metrics are read one step late so the
@@ -524,6 +601,7 @@ class _Run:
         self._newest = (state, self.batches.position, None)
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
+        self.saves.restart()
         while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
             self.profiler.step_starts(step + 1)
             self.watchdog.enter("data_wait", step + 1)
@@ -547,7 +625,8 @@ class _Run:
             if previous:
                 self._report(*previous)
             self.profiler.step_done(step, state)
-            if step % self.cfg.checkpoint.checkpoint_every == 0:
+            self.record_saves(self.checkpointer.results())
+            if self.saves.due(step):
                 if self._pending:  # a non-finite abort raises here, before the save
                     self._report(*self._pending)
                     self._pending = None
@@ -556,6 +635,8 @@ class _Run:
             self._report(*self._pending)
         if step != self._saved_step:
             self._save_newest()
+        self.watchdog.enter("checkpoint_save", step)
+        self.record_saves(self.checkpointer.wait())  # the last save commits before run_end
         self.watchdog.enter("idle", step)
         return step, "stopped" if self.agreement.agreed else "completed"
 
@@ -599,6 +680,7 @@ class _Run:
                 **self.energy.step_fields(tokens),
                 nonfinite=nonfinite or None,
                 skipped=None if finite else True,
+                peak_memory_bytes=peak_bytes(self.local_devices),
                 **fields,
             )
         )

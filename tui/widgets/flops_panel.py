@@ -1,4 +1,5 @@
-"""The FLOPs panel: achieved TFLOP/s, MFU under the convention the trainer recorded, tokens/s."""
+"""The FLOPs panel: achieved TFLOP/s, MFU under the convention the trainer recorded, tokens/s,
+and device memory (measured peak and the compiled program's buffers)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from tui.widgets.stat import Stat
 
 class FlopsPanel(Vertical):
     """Achieved model TFLOP/s (tokens/s x model FLOPs per token of the convention, all devices),
-    MFU and its convention (or why there is none), tokens/s.
+    MFU and its convention (or why there is none), tokens/s, device memory per device (the
+    last step's measured peak, where the backend reports one, and the compiled program's).
 
     Args:
         id: the widget id.
@@ -22,6 +24,7 @@ class FlopsPanel(Vertical):
         yield Stat("MFU", id="fl-mfu")
         yield Stat("tokens/s", id="fl-tokens")
         yield Stat("FLOP/token", id="fl-per-token")
+        yield Stat("memory", id="fl-memory")
 
     def show(self, state: RunState) -> None:
         per_token, tokens_per_s = state.flops_per_token, state.tokens_per_s
@@ -39,3 +42,11 @@ class FlopsPanel(Vertical):
         self.query_one("#fl-per-token", Stat).show(
             "-" if per_token is None else f"{per_token:,.0f} ({convention})"
         )
+        self.query_one("#fl-memory", Stat).show(_memory(state))
+
+
+def _memory(state: RunState) -> str:
+    peak, compiled = state.peak_memory_bytes, state.compiled_memory_bytes
+    measured = "peak not reported" if peak is None else f"peak {peak / 1e9:,.2f} GB"
+    program = "" if compiled is None else f" · compiled {compiled / 1e9:,.2f} GB"
+    return measured + program

@@ -1,0 +1,122 @@
+"""Benchmark: synchronous against asynchronous checkpoints (``python bench/checkpoint.py``).
+
+Runs ``titan train`` twice with the same options, ``--no-checkpoint-async`` then
+``--checkpoint-async`` (default ``--preset llama3-1b``, 200 steps, a save every 50 steps and at
+the end), each in its own process, and reads each run's record:
+
+- ``blocking_s``: median ``seconds`` of the ``checkpoint`` events (what the loop waited for a
+  save), ``commit_s`` their median time to commit, and the final save's ``seconds`` (the run's
+  last save is waited for before ``run_end``);
+- ``step_time_s``: median ``step_time_s`` of the steps that ran while no save was in flight,
+  and ``saving_step_time_s`` of the steps that did: the step after each save (it holds the
+  blocking part) and, for an async save, every step reported before its commit;
+- ``ettr``: the run's ETTR (:func:`titan.observability.ettr.analyze`: productive step time over
+  the attempt's wall time, so every blocking second of a save is badput);
+
+and writes them with the ratios async / sync to ``bench/results/checkpoint-<device>.json`` (or
+``--out``). ``--preset tiny --steps 20 --checkpoint-every 5 --out /tmp/c.json`` is a smoke test
+that runs on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from titan.observability.ettr import analyze
+from titan.observability.records import load_events, read_events
+
+RESULTS = Path(__file__).parent / "results"
+VARIANTS = {"sync": "--no-checkpoint-async", "async": "--checkpoint-async"}
+
+
+def _train(args: argparse.Namespace, runs: Path, variant: str) -> Path:
+    command = [sys.executable, "-m", "titan.cli", "train", "--preset", args.preset]
+    command += ["--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every)]
+    command += ["--runs-root", str(runs), "--run-id", variant, VARIANTS[variant], *args.extra]
+    subprocess.run(command, check=True)
+    return runs / variant
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _saving_steps(events: list[dict[str, Any]]) -> set[int]:
+    """Steps that ran while a save was in flight: the one after each save, and those reported
+    before the save's ``checkpoint`` event (its commit)."""
+    saving: set[int] = set()
+    steps = [e for e in events if e["type"] == "step"]
+    for save in (e for e in events if e["type"] == "checkpoint"):
+        saving.add(save["step"] + 1)
+        saving |= {
+            s["step"] for s in steps if s["step"] > save["step"] and s["time"] < save["time"]
+        }
+    return saving
+
+
+def measure(run_dir: Path) -> dict[str, Any]:
+    """The figures of one run (module docstring)."""
+    events = read_events(run_dir)
+    saves = [e for e in events if e["type"] == "checkpoint"]
+    steps = [e for e in events if e["type"] == "step" and e["step"] > 1]  # 1 waits to compile
+    saving = _saving_steps(events)
+    device = next(e for e in events if e["type"] == "run_start")["env"].get("device_kinds", [])
+    return {
+        "device": ", ".join(device),
+        "saves": len(saves),
+        "failed_saves": sum(e["type"] == "checkpoint_failed" for e in events),
+        "blocking_s": _median([e["seconds"] for e in saves[:-1]]),
+        "commit_s": _median([e.get("commit_s") or e["seconds"] for e in saves[:-1]]),
+        "final_save_s": saves[-1]["seconds"] if saves else None,
+        "step_time_s": _median([e["step_time_s"] for e in steps if e["step"] not in saving]),
+        "saving_step_time_s": _median([e["step_time_s"] for e in steps if e["step"] in saving]),
+        "ettr": analyze(load_events(run_dir)).ettr,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="llama3-1b")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--out", type=Path, help="JSON results file")
+    parser.add_argument("extra", nargs="*", help="more titan train options (after --)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="titan-bench-checkpoint-") as runs:
+        variants = {v: measure(_train(args, Path(runs), v)) for v in VARIANTS}
+    sync, asynchronous = variants["sync"], variants["async"]
+    result = {
+        "command": shlex.join(["python", "bench/checkpoint.py", *sys.argv[1:]]),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "preset": args.preset,
+        "steps": args.steps,
+        "checkpoint_every": args.checkpoint_every,
+        "variants": variants,
+        "ratios_async_over_sync": {
+            key: _ratio(asynchronous[key], sync[key])
+            for key in ("blocking_s", "saving_step_time_s", "ettr")
+        },
+    }
+    slug = re.sub(r"[^a-z0-9]+", "-", sync["device"].lower()).strip("-") or "unknown"
+    out = args.out or RESULTS / f"checkpoint-{slug}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

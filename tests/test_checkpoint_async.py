@@ -1,0 +1,180 @@
+"""Checkpoints: async saves hold exactly their step's state, failed saves never count, retention
+keeps what it promises, time-based saves trigger, and a corrupt latest checkpoint falls back."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from helpers import events, run_in_process
+from orbax.checkpoint._src.path import atomicity
+
+from titan.config import TrainConfig, model_config
+from titan.errors import TitanError
+from titan.ops import Ops
+from titan.trainer.adapters import build_trainer
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
+
+VOCAB = 512
+
+
+def _batch(seed: int, rows: int = 8, seq_len: int = 32) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, VOCAB, (rows, seq_len + 1), dtype=np.int32)
+    return {"tokens": tokens, "segment_ids": np.ones((rows, seq_len), np.int32)}
+
+
+def _leaves_bytes(tree) -> list[tuple[tuple, str, bytes]]:
+    return [(a.shape, str(a.dtype), np.asarray(a).tobytes()) for a in jax.tree.leaves(tree)]
+
+
+def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_path):
+    cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)
+    trainer = build_trainer(cfg, model_config(cfg, VOCAB), Ops("cpu"))
+    trainer.trace()
+    trainer.compile()
+    state, _ = trainer.step(trainer.init_state(seed=0), _batch(1))
+    expected = _leaves_bytes(jax.device_get(state.items()))
+    meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe()}
+
+    synchronous = Checkpointer(tmp_path / "sync")
+    (result,) = synchronous.save(state, meta)
+    assert (result.step, result.error) == (1, None)
+    asynchronous = Checkpointer(tmp_path / "async", asynchronous=True)
+    assert asynchronous.save(state, meta) == []  # in flight: settles later
+    # Step 2 donates step 1's buffers while the save is being written. (On a GPU they are
+    # reused at once; on CPU orbax's host copy is a zero-copy view, which XLA keeps alive by
+    # not reusing the buffer. Either way the checkpoint must hold step 1.)
+    following, _ = trainer.step(state, _batch(2))
+    assert _leaves_bytes(jax.device_get(following.items())) != expected
+    for leaf in jax.tree.leaves(state.items()):  # nothing of step 1 is needed on the device
+        if not leaf.is_deleted():
+            leaf.delete()
+    (result,) = asynchronous.wait()
+    assert (result.step, result.error) == (1, None)
+    assert result.commit_s >= result.blocking_s > 0
+
+    for checkpointer in (asynchronous, synchronous):
+        restored, _ = checkpointer.restore(1, trainer)
+        assert restored.step == 1
+        assert _leaves_bytes(jax.device_get(restored.items())) == expected
+        checkpointer.close()
+
+
+def _fail_commit_of(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """Make orbax's final rename of checkpoint ``step`` fail as a full disk would (in the
+    background thread of an async save)."""
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def failing(self):
+        if self._final_path.name == str(step):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self._final_path))
+        return await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing)
+
+
+def test_failed_async_save_is_recorded_and_never_committed(small_options, monkeypatch):
+    _fail_commit_of(monkeypatch, 4)
+    options = {**small_options, "run_id": "failed", "checkpoint_every": 2, "checkpoint_async": True}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    (failed,) = events(run_dir, "checkpoint_failed")
+    assert failed["step"] == 4 and "No space left on device" in failed["error"]
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [2, 6]
+    assert all(e["asynchronous"] for e in events(run_dir, "checkpoint"))
+    # the run's last save is waited for: committed before run_end
+    kinds = [e["type"] for e in events(run_dir)]
+    assert kinds.index("run_end") > max(i for i, k in enumerate(kinds) if k == "checkpoint")
+    checkpointer = Checkpointer(run_dir)
+    assert checkpointer.committed_steps() == [2, 6]
+    checkpointer.close()
+
+
+@pytest.mark.parametrize(
+    ("committed", "keep", "keep_every", "pruned"),
+    [
+        ([1, 2, 3, 4, 5], 3, 0, [1, 2]),
+        ([1, 2, 3, 4, 5, 6, 7], 2, 3, [1, 2, 4, 5]),
+        ([10, 20], 3, 0, []),
+        ([5, 10, 15], 1, 10, [5]),
+    ],
+)
+def test_retention_keeps_the_newest_and_every_kth(committed, keep, keep_every, pruned):
+    assert steps_to_prune(committed, keep, keep_every) == pruned
+
+
+def test_time_based_saves_trigger_after_the_interval():
+    now = [100.0]
+    schedule = SaveSchedule(every_steps=1000, every_s=30.0, processes=1, clock=lambda: now[0])
+    assert not schedule.due(1)
+    now[0] = 129.9
+    assert not schedule.due(2)
+    now[0] = 130.0
+    assert schedule.due(3)
+    schedule.restart()
+    assert not schedule.due(4)
+    assert schedule.due(1000)  # the step interval still applies
+    assert not SaveSchedule(1000, 0.0, 1, clock=lambda: 1e9).due(5)  # 0: steps only
+
+
+def test_time_based_saves_refuse_several_processes():
+    with pytest.raises(TitanError, match="--checkpoint-every-s runs with one process, not 2"):
+        SaveSchedule(every_steps=100, every_s=60.0, processes=2)
+
+
+def test_time_based_saves_and_retention_in_a_run(small_options):
+    options = {
+        **small_options,
+        "run_id": "timed",
+        "steps": 7,
+        "checkpoint_every": 1000,
+        "checkpoint_every_s": 1e-9,  # due after every step
+        "checkpoint_keep": 2,
+        "checkpoint_keep_every": 3,
+    }
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [1, 2, 3, 4, 5, 6, 7]
+    folders = {p.name for p in (run_dir / CHECKPOINT_DIR).iterdir()}
+    assert folders == {"3", "6", "7"}
+
+
+def _corrupt(checkpoint: Path) -> None:
+    """Overwrite every array file of the checkpoint's chunk with zeros (same sizes)."""
+    files = [p for p in (checkpoint / "chunk_0").rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        path.write_bytes(b"\0" * path.stat().st_size)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(small_options, capfd):
+    options = {**small_options, "run_id": "corrupt", "steps": 4, "checkpoint_every": 2}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    first = {e["step"]: e["batch_digest"] for e in events(run_dir, "step")}
+    _corrupt(run_dir / CHECKPOINT_DIR / "4")
+    capfd.readouterr()
+
+    code, _ = run_in_process({**options, "steps": 6}, resume=run_dir)
+    assert code == 0
+    err = capfd.readouterr().err
+    assert [line for line in err.splitlines() if "cannot be restored" in line] == [
+        next(line for line in err.splitlines() if line.startswith("titan: checkpoint 4 cannot"))
+    ]
+    start = events(run_dir, "run_start")[-1]
+    assert start["resumed_from_step"] == 2
+    kinds = [e["type"] for e in events(run_dir)]
+    assert kinds[kinds.index("run_start", 1) + 1] == "checkpoint_unrestorable"
+    (skipped,) = events(run_dir, "checkpoint_unrestorable")
+    assert skipped["step"] == 4 and skipped["error"]
+    redone = [e for e in events(run_dir, "step") if e["time"] > start["time"]]
+    assert [e["step"] for e in redone] == [3, 4, 5, 6]
+    assert [e["batch_digest"] for e in redone[:2]] == [first[3], first[4]]
+    assert (run_dir / "unrestorable_checkpoints" / "4" / "chunk_0").is_dir()
+    checkpointer = Checkpointer(run_dir)
+    assert checkpointer.committed_steps()[-1] == 6
+    checkpointer.close()

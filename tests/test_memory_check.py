@@ -1,0 +1,136 @@
+"""Memory: the planner's estimate is checked against usable device memory before compiling, the
+compiled program's memory analysis is recorded, and peak memory is recorded only when measured."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import cli_args, events, run_in_process
+
+from titan.cli import main
+from titan.config import TrainConfig, model_config
+from titan.errors import TitanError
+from titan.observability.events import Compile
+from titan.observability.report import memory_text
+from titan.observability.summarize import summarize_run_dir
+from titan.trainer.memory_check import check_memory
+
+VOCAB = 512
+LAYOUT = {"devices": 1}
+PARTS = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
+
+
+class _Cpu:
+    """A device as the memory check sees it: its kind and (XLA:CPU) no memory figures."""
+
+    device_kind = "cpu"
+
+    def memory_stats(self):
+        return None
+
+
+class _Gpu:
+    """A device whose allocator reports a pool of ``limit`` bytes."""
+
+    device_kind = "NVIDIA H200"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def memory_stats(self):
+        return {"bytes_limit": self.limit, "peak_bytes_in_use": 0}
+
+
+def _check(devices, **options):
+    cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, **options)
+    return check_memory(cfg, model_config(cfg, VOCAB), LAYOUT, "float32", {}, devices)
+
+
+def test_cpu_reports_no_usable_memory_and_the_check_is_skipped():
+    check = _check([_Cpu()], batch_size=1 << 20, seq_len=4096)
+    assert check.usable_bytes is None and not check.checked
+    assert check.estimate_bytes > 1e12  # the absurd batch is estimated, just not refused
+
+
+def test_an_absurd_batch_is_refused_with_what_would_fit():
+    fits = _check([_Gpu(80 * 10**9)], batch_size=8, seq_len=2048)
+    assert fits.checked and fits.estimate_bytes < fits.usable_bytes == 80e9
+    with pytest.raises(TitanError) as refused:
+        _check([_Gpu(80 * 10**9)], batch_size=1 << 16, seq_len=2048)
+    message = str(refused.value)
+    assert "\n" not in message
+    match = re.search(r"needs an estimated ([\d,.]+) GB per device .* above the 80\.00 GB", message)
+    assert match and float(match.group(1).replace(",", "")) > 80
+    batch = int(re.search(r"would fit: --batch-size (\d+)", message).group(1))
+    assert 8 <= batch < 1 << 16
+    assert _check([_Gpu(80 * 10**9)], batch_size=batch, seq_len=2048).checked
+    with pytest.raises(TitanError):
+        _check([_Gpu(80 * 10**9)], batch_size=batch + 1, seq_len=2048)
+    assert "--no-memory-check runs anyway" in message
+
+
+def test_a_remat_policy_that_fits_is_named():
+    # at batch 64 no smaller batch is needed with full recomputation: the activations shrink
+    none = _check([_Gpu(10**15)], batch_size=64, seq_len=2048, remat="none").estimate_bytes
+    full = _check([_Gpu(10**15)], batch_size=64, seq_len=2048, remat="full").estimate_bytes
+    assert full < none
+    usable = int((none + full) / 2)
+    with pytest.raises(TitanError, match=r"or --remat full"):
+        _check([_Gpu(usable)], batch_size=64, seq_len=2048, remat="none")
+
+
+def test_the_check_can_be_switched_off():
+    check = _check([_Gpu(10**6)], batch_size=8, seq_len=32, memory_check=False)
+    assert not check.checked and check.estimate_bytes > check.usable_bytes
+
+
+def test_train_refuses_a_run_above_usable_memory_with_one_line_and_exit_2(small_options, capsys):
+    options = {**small_options, "run_id": "huge", "batch_size": 4096, "debug_usable_memory": 1e9}
+    assert main(["train", *cli_args(options)]) == 2
+    err = capsys.readouterr().err.strip()
+    print(err)
+    assert len(err.splitlines()) == 1
+    assert "memory check: --batch-size 4096" in err and "(--debug-usable-memory)" in err
+    assert re.search(r"would fit: --batch-size \d+", err)
+    assert not (Path(small_options["runs_root"]) / "huge").exists()
+
+
+def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_options):
+    code, run_dir = run_in_process({**small_options, "run_id": "analysed", "steps": 2})
+    assert code == 0
+    (compile_event,) = events(run_dir, "compile")
+    memory = compile_event["memory"]
+    assert set(memory) == {
+        "argument_bytes",
+        "output_bytes",
+        "alias_bytes",
+        "temp_bytes",
+        "generated_code_bytes",
+    }
+    assert memory["argument_bytes"] > 0 and memory["temp_bytes"] > 0
+    assert memory["alias_bytes"] > 0  # the donated state
+    assert all("peak_memory_bytes" not in e for e in events(run_dir, "step"))  # CPU: none
+    (start,) = events(run_dir, "run_start")
+    assert start["memory_check"]["usable_bytes"] is None
+    assert start["memory_check"]["estimate_bytes"] > 0 and not start["memory_check"]["checked"]
+    summary = summarize_run_dir(run_dir)
+    program = memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+    program += memory["temp_bytes"] + memory["generated_code_bytes"]
+    assert summary.compiled_memory_bytes == program
+    assert summary.peak_memory_bytes is None
+    assert summary.memory_estimate_bytes == start["memory_check"]["estimate_bytes"]
+    assert memory_text(summary).startswith("peak not reported by the backend, compiled 0.")
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [None, "lots", {"argument_bytes": 1}, {**dict.fromkeys(PARTS, 1), "temp_bytes": "9"}],
+    ids=["none", "text", "partial", "wrong-type"],
+)
+def test_a_compile_event_without_a_complete_analysis_has_no_program_bytes(memory):
+    event = Compile.from_json({"type": "compile", "time": 1.0, "memory": memory})
+    assert event.program_bytes is None
+    whole = Compile(memory={**dict.fromkeys(PARTS, 10), "alias_bytes": 5})
+    assert whole.program_bytes == 35

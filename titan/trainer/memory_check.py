@@ -1,0 +1,148 @@
+"""The memory check of ``titan train``, before compiling: the planner's estimate of the peak
+bytes per device of this layout (:func:`titan.planning.memory.memory_per_device`, the model
+``titan plan`` prints) against the device's usable memory.
+
+Usable memory is the smallest ``bytes_limit`` of ``memory_stats()`` over the run's devices in
+this process (the allocator's pool), or ``--debug-usable-memory``; XLA:CPU reports none, so on
+CPU the check says unknown and is skipped. Above it, the run is refused with one line giving the
+estimate and what would fit by the same estimator: the largest ``--batch-size`` (a multiple of
+dp x fsdp x microbatches) and the ``--remat`` policies that fit at this batch size.
+``--no-memory-check`` runs anyway.
+
+The attention kernel is priced from the provider that served ``attention`` in the trace; when
+none is known yet (MPMD traces while compiling) it is priced as ``flash``, the smaller estimate,
+so that an unknown kernel never refuses a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from titan.config import TrainConfig
+from titan.errors import TitanError
+from titan.observability.device_memory import usable_bytes
+from titan.planning.gpus import find_gpu, gpu_for_device_kind
+from titan.planning.memory import Layout, Precision, attention_kernel, memory_per_device
+from titan.remat import REMAT_POLICIES
+from titan.shapes import ModelConfig
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """The outcome, as ``run_start``'s ``memory_check``.
+
+    Attributes:
+        estimate_bytes: the planner's peak per device of the run's layout.
+        usable_bytes: the usable memory per device, or None when unknown.
+        source: where ``usable_bytes`` comes from.
+        checked: whether the estimate was compared (a known figure and the check enabled).
+    """
+
+    estimate_bytes: float
+    usable_bytes: float | None
+    source: str
+    checked: bool
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class _Estimator:
+    """The planner's estimate for the run, with batch size and remat as the free variables."""
+
+    cfg: TrainConfig
+    model: ModelConfig
+    devices: int
+    device_kind: str
+    precision: Precision
+
+    def bytes(self, batch_size: int, remat: str) -> float:
+        layout = Layout.from_parallel(self.cfg.parallel, self.devices, remat)
+        # Only the workspace allowance (none on CPU, one figure for every accelerator) is read
+        # from the catalog entry; an accelerator the catalog does not list uses the H200's.
+        gpu = gpu_for_device_kind(self.device_kind) or find_gpu("h200")
+        memory = memory_per_device(
+            self.model, layout, gpu, self.cfg.data.seq_len, batch_size, self.precision
+        )
+        return memory.total
+
+    def batch_unit(self) -> int:
+        layout = Layout.from_parallel(self.cfg.parallel, self.devices, self.cfg.compute.remat)
+        return layout.replicas * layout.microbatches
+
+    def largest_batch(self, usable: float) -> int | None:
+        """The largest batch size below the run's that fits (estimate <= usable), or None."""
+        unit, remat = self.batch_unit(), self.cfg.compute.remat
+        low, high = 0, self.cfg.data.batch_size // unit  # fits at low (0: none), not at high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (
+                (middle, high) if self.bytes(middle * unit, remat) <= usable else (low, middle)
+            )
+        return low * unit or None
+
+    def fitting_remat(self, usable: float) -> list[str]:
+        batch = self.cfg.data.batch_size
+        return [name for name in REMAT_POLICIES if self.bytes(batch, name) <= usable]
+
+
+def check_memory(
+    cfg: TrainConfig,
+    model: ModelConfig,
+    describe: dict[str, Any],
+    compute_dtype: str,
+    served: dict[str, str],
+    devices: Sequence[Any],
+) -> MemoryCheck:
+    """Compare the planner's estimate of the run with the usable memory of ``devices`` (the
+    run's devices in this process).
+
+    Args:
+        describe: the trainer's ``describe()`` (``devices``: the devices the layout uses).
+        compute_dtype: the resolved compute dtype (``float32`` or ``bfloat16``).
+        served: op -> provider that served it in the trace (``Ops.served``).
+
+    Raises:
+        TitanError: the estimate is above the usable memory and the check is on (one line: the
+            estimate, the usable memory, what would fit, and ``--no-memory-check``).
+    """
+    attention = attention_kernel(served.get("attention", "pallas"))
+    precision = Precision(cfg.compute.param_dtype, compute_dtype, attention)
+    estimator = _Estimator(cfg, model, describe["devices"], devices[0].device_kind, precision)
+    estimate = estimator.bytes(cfg.data.batch_size, cfg.compute.remat)
+    usable, source = _usable(cfg, devices)
+    check = MemoryCheck(estimate, usable, source, cfg.compute.memory_check and usable is not None)
+    if check.checked and estimate > usable:
+        raise TitanError(
+            f"memory check: --batch-size {cfg.data.batch_size} with --remat "
+            f"{cfg.compute.remat} needs an estimated {estimate / GB:,.2f} GB per device "
+            f"(titan.planning.memory), above the {usable / GB:,.2f} GB usable ({source}); "
+            f"{_what_fits(estimator, usable)}; --no-memory-check runs anyway"
+        )
+    return check
+
+
+def _usable(cfg: TrainConfig, devices: Sequence[Any]) -> tuple[float | None, str]:
+    if cfg.debugging.debug_usable_memory:
+        return cfg.debugging.debug_usable_memory, "--debug-usable-memory"
+    limit = usable_bytes(devices)
+    if limit is None:
+        return None, "unknown: the backend reports no bytes_limit"
+    return float(limit), "bytes_limit of jax.Device.memory_stats()"
+
+
+def _what_fits(estimator: _Estimator, usable: float) -> str:
+    options = []
+    batch = estimator.largest_batch(usable)
+    if batch is not None:
+        options.append(f"--batch-size {batch}")
+    options += [f"--remat {name}" for name in estimator.fitting_remat(usable)]
+    if not options:
+        return "no smaller batch or remat policy fits this layout (more devices or FSDP would)"
+    return "would fit: " + " or ".join(options)
