@@ -41,6 +41,7 @@ from titan.shapes import (
     model_text,
     parse_model,
 )
+from titan.stopping import PHASES
 
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
@@ -618,6 +619,17 @@ class DebuggingOptions:
             "--debug-stall-at-step",
             "testing aid: hang the loop before step N to exercise the watchdog (0: never)",
             minimum=0,
+            resumable=True,
+        ),
+    )
+    debug_signal_in: str = field(
+        default="",
+        metadata=_opt(
+            "--debug-signal-in",
+            "testing aid: send SIGINT to the process in this start-up phase (scan: the corpus, "
+            "tokenizer: its training, build: the model, tokenize: the corpus, restore: the "
+            "checkpoint, trace: the step; '': never)",
+            choices=("", *PHASES),
             resumable=True,
         ),
     )
