@@ -20,6 +20,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 import stat
 import threading
@@ -185,7 +186,9 @@ def disk_full(err: BaseException) -> str | None:
             return f"disk full (ENOSPC){where}"
         text = str(item)
         if os.strerror(errno.ENOSPC) in text:
-            return f"disk full (ENOSPC): {text.strip().splitlines()[0]}"
+            paths = re.findall(r'"(/[^"]+)"', text)  # tensorstore quotes the file it wrote
+            where = f"cannot write {paths[-1]}" if paths else text.strip().splitlines()[0]
+            return f"disk full (ENOSPC): {where}"
         pending += [item.__cause__, item.__context__, *getattr(item, "exceptions", ())]
     return None
 

@@ -16,8 +16,13 @@ family's layer axis, cuts them at the new chunk boundaries and places them on th
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
+import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +69,38 @@ def reshard_items(
     }
 
 
+_DISK_FULL = os.strerror(errno.ENOSPC)
+
+
+def _drop_disk_full(record: logging.LogRecord) -> bool:
+    """absl log filter: orbax logs a failed write (with its traceback) from each of its threads
+    before the save raises it; a full disk is said once, in one line, by the trainer."""
+    return _DISK_FULL not in record.getMessage()
+
+
+def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
+    """``sys.unraisablehook``: when a save fails, tensorstore's callbacks for the writes still in
+    flight reach the event loop orbax has closed already (``RuntimeError: Event loop is
+    closed``, one traceback per write); those are dropped, everything else passed on."""
+    err = unraisable.exc_value
+    if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+        previous(unraisable)
+
+
+def _quiet_failed_save_echoes() -> None:
+    """Install :func:`_drop_disk_full` and :func:`_drop_closed_loop` (once per process)."""
+    absl = logging.getLogger("absl")
+    if _drop_disk_full not in absl.filters:
+        absl.addFilter(_drop_disk_full)
+        sys.unraisablehook = functools.partial(_drop_closed_loop, previous=sys.unraisablehook)
+
+
 class Checkpointer:
     """Saves and restores a run's checkpoints (synchronously: a save has committed on return)."""
 
     def __init__(self, run_dir: Path) -> None:
         logging.getLogger("absl").setLevel(logging.WARNING)
+        _quiet_failed_save_echoes()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=KEEP, create=True, enable_async_checkpointing=False
         )
