@@ -15,7 +15,8 @@ held until it ends. It works in two modes:
 
 ``--debug-signal-in PHASE`` (a testing aid) sends SIGINT to the process itself in that
 start-up phase: at its first progress report for the tokenizer's training and the corpus's
-tokenization (inside the native call), on entry for the others.
+tokenization (inside the native call; at the phase's end when a cache served it), on entry for
+the others.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class StopFlag:
         if key not in INNER_PHASES:
             report()
         yield report
-        self.check()
+        report()  # the native call reported nothing (a cached tokenizer or token file)
 
     def _handle(self, signum: int, frame: Any) -> None:
         first = not self.requested
