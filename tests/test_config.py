@@ -50,14 +50,14 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 39
+    assert len(names) == len(set(names)) == 40
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
         *("steps", "checkpoint_every", "log_every", "timing_every", "layout", "dp", "fsdp"),
         *("tp", "pp", "microbatches", "schedule", "virtual_stages", "stage_layers", "ops"),
         *("remat", "layer_unroll", "watchdog_floor", "watchdog_factor", "watchdog_abort"),
-        *("profile_steps", "debug_stall_at_step", "exit_zero_on_stop"),
+        *("profile_steps", "debug_stall_at_step", "debug_signal_in", "exit_zero_on_stop"),
     }
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),

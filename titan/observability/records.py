@@ -253,7 +253,12 @@ def load_events(run_dir: Path) -> list[Event]:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half."""
+    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half
+    (and a failed write leaves ``path`` as it was and no temporary file)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a signal: no half-written temporary file stays
+        tmp.unlink(missing_ok=True)
+        raise

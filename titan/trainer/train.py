@@ -180,7 +180,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
         TitanError: bad input found before the run starts (before ``run_start``), or another
             live process holds the run dir (:mod:`titan.trainer.claim`).
     """
-    stop = stop or StopFlag(cfg.debugging.debug_signal_in)
+    stop = stop or StopFlag()
     stop.debug_signal_in = cfg.debugging.debug_signal_in
     stop.install()
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
