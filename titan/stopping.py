@@ -67,13 +67,16 @@ class StopFlag:
     _terminal_fds: list = dataclasses.field(default_factory=list)
 
     def install(self) -> None:
-        """Handle the stop signals from now on (start-up mode); again is a no-op."""
-        if self._previous:
-            return
-        # Known now: once the terminal hangs up, isatty() on it fails too.
-        self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
+        """Handle the stop signals from now on. Again takes them back from whatever replaced
+        the handlers since (``jax.distributed.initialize`` installs its own for SIGTERM);
+        :meth:`uninstall` still puts back those found the first time."""
+        first = not self._previous
+        if first:  # known now: once the terminal hangs up, isatty() on it fails too
+            self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
         for sig in SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            previous = signal.signal(sig, self._handle)
+            if first:
+                self._previous[sig] = previous
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before :meth:`install`."""
@@ -89,6 +92,7 @@ class StopFlag:
         """
         self.check()
         self.running = True
+        self.install()  # taken back from a library that set its own during start-up
 
     def check(self) -> None:
         """Raises StopRequested if a signal arrived during start-up."""
