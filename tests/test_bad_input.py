@@ -7,42 +7,18 @@ file whose first page is not mapped, so reading it fails with EIO.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import cli_args, run_in_process, small_run
+from helpers import cli_args, file_tree, small_run
 
 from titan.cli import main
 
 UNREADABLE = "/proc/self/mem"
 UNWRITABLE = "/sys/kernel"  # sysfs refuses a new directory, even to root
-
-
-def _tree(root: Path) -> dict[str, tuple]:
-    """Every path under ``root`` with its kind and, for a file, its content's digest."""
-    if not root.exists():
-        return {}
-    found = {}
-    for path in sorted(root.rglob("*")):
-        mode = path.lstat().st_mode
-        digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(mode) else ""
-        found[str(path.relative_to(root))] = (stat.S_IFMT(mode), digest)
-    return found
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, corpus_dir) -> Path:
-    """A real 2-step run with a checkpoint at step 2, copied by each resume case."""
-    root = tmp_path_factory.mktemp("finished")
-    options = small_run(corpus_dir, root, steps=2, checkpoint_every=2, dp=1, run_id="done")
-    code, run_dir = run_in_process(options)
-    assert code == 0
-    return run_dir
 
 
 def _meta_file(run_dir: Path) -> Path:
@@ -183,7 +159,7 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(
     argv, env = _argv(case, tmp_path, corpus_dir, finished_run)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    before = _tree(tmp_path)
+    before = file_tree(tmp_path)
     try:
         code = main(argv)
     except SystemExit as err:
@@ -194,4 +170,4 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(
     assert (code, len(lines)) == (2, 1), err
     if env:
         assert "TITAN_OPS" in lines[0]
-    assert _tree(tmp_path) == before
+    assert file_tree(tmp_path) == before

@@ -10,11 +10,11 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from helpers import cli_args, events, run_in_process, small_run, start_subprocess
-from test_bad_input import _tree
+from helpers import cli_args, events, file_tree, run_in_process, small_run, start_subprocess
 
 import titan.trainer.train as train_module
 from titan.cli import main
@@ -22,16 +22,6 @@ from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
 from titan.observability.events import RunEnd
 from titan.observability.records import EVENTS_FILE, RunRecord, disk_full
 from titan.stopping import PHASES
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, corpus_dir) -> Path:
-    """A real 2-step run with a checkpoint at step 2."""
-    root = tmp_path_factory.mktemp("finished")
-    options = small_run(corpus_dir, root, steps=2, checkpoint_every=2, dp=1, run_id="done")
-    code, run_dir = run_in_process(options)
-    assert code == 0
-    return run_dir
 
 
 def _stopped(proc: subprocess.Popen, phase: str) -> None:
@@ -64,10 +54,10 @@ def test_ctrl_c_while_a_resume_starts_leaves_the_record_byte_identical(
 ):
     run_dir = tmp_path / "done"
     shutil.copytree(finished_run, run_dir)
-    before = _tree(run_dir)
+    before = file_tree(run_dir)
     proc = start_subprocess({}, "--resume", str(run_dir), "--steps", "4", *_debug(phase))
     _stopped(proc, phase)
-    assert _tree(run_dir) == before
+    assert file_tree(run_dir) == before
 
 
 def _debug(phase: str) -> list[str]:
@@ -90,17 +80,34 @@ def test_sigterm_while_the_model_is_built_stops_in_process(small_options, monkey
     assert signal.getsignal(signal.SIGTERM) is handler  # put back
 
 
+def test_ctrl_c_before_the_trainer_is_imported_is_one_line_exit_4(tmp_path, monkeypatch, capsys):
+    def interrupted_import(*args):  # as if Ctrl-C came while JAX is being imported
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        raise AssertionError("the signal was not handled")
+
+    monkeypatch.setattr(train_module, "train_from_cli", interrupted_import)
+    handler = signal.getsignal(signal.SIGINT)
+    assert main(["train", "--runs-root", str(tmp_path / "runs")]) == EXIT_STOPPED
+    err = capsys.readouterr().err
+    assert err == (
+        "titan train: stopped by SIGINT while starting, before the run started: nothing recorded\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_resume_refused_while_tracing_leaves_config_json_and_resumes_after(
     finished_run, tmp_path, capsys
 ):
     run_dir = tmp_path / "done"
     shutil.copytree(finished_run, run_dir)
-    before = _tree(run_dir)
+    before = file_tree(run_dir)
     argv = ["train", "--resume", str(run_dir), "--steps", "3"]
     assert main([*argv, "--ops", "swiglu=pallas"]) == 2  # found only while tracing
     err = capsys.readouterr().err
     assert "ffn dim 688 must be a multiple of 128" in err and err.count("\n") == 1
-    assert _tree(run_dir) == before
+    assert file_tree(run_dir) == before
     assert main(argv) == 0  # the refused --ops was not saved
     starts = events(run_dir, "run_start")
     assert [s["resumed_from_step"] for s in starts] == [None, 2]
