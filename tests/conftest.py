@@ -80,3 +80,15 @@ def small_options(corpus_dir: Path, tmp_path: Path) -> dict:
         "dp": 1,
         "compute_dtype": "float32",
     }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
+    """A real 2-step run with a checkpoint at step 2 (copy it before changing it)."""
+    from helpers import run_in_process, small_run  # deferred: it imports JAX, light tests need not
+
+    root = tmp_path_factory.mktemp("finished")
+    options = small_run(corpus_dir, root, steps=2, checkpoint_every=2, dp=1, run_id="done")
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    return run_dir

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -80,3 +82,16 @@ def wait_for_event(run_dir: Path, predicate, timeout_s: float = 240) -> dict[str
                     return event
         time.sleep(0.2)
     raise AssertionError(f"no matching event in {run_dir} within {timeout_s} s")
+
+
+def file_tree(root: Path) -> dict[str, tuple]:
+    """Every path under ``root`` with its kind and, for a file, its content's digest (compares
+    a dir byte for byte before and after)."""
+    if not root.exists():
+        return {}
+    found = {}
+    for path in sorted(root.rglob("*")):
+        mode = path.lstat().st_mode
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(mode) else ""
+        found[str(path.relative_to(root))] = (stat.S_IFMT(mode), digest)
+    return found

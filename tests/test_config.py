@@ -50,19 +50,17 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 50
+    assert len(names) == len(set(names)) == 51
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
         *("steps", "checkpoint_every", "log_every", "timing_every", "layout", "dp", "fsdp"),
         *("tp", "pp", "microbatches", "schedule", "virtual_stages", "stage_layers", "ops"),
         *("remat", "layer_unroll", "watchdog_floor", "watchdog_factor", "watchdog_abort"),
-        *("profile_steps", "debug_stall_at_step", "exit_zero_on_stop"),
+        *("profile_steps", "debug_stall_at_step", "debug_signal_in", "exit_zero_on_stop"),
         *("nonfinite", "nonfinite_patience", "loss_spike_window", "loss_spike_sigma"),
-        "debug_nonfinite_at_step",
-        *("profile_steps", "debug_stall_at_step", "exit_zero_on_stop", "checkpoint_every_s"),
-        *("checkpoint_keep", "checkpoint_keep_every", "checkpoint_async", "memory_check"),
-        "debug_usable_memory",
+        *("checkpoint_every_s", "checkpoint_keep", "checkpoint_keep_every", "checkpoint_async"),
+        *("memory_check", "debug_nonfinite_at_step", "debug_usable_memory"),
     }
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),

@@ -71,7 +71,7 @@ def test_corpus_formats_give_the_same_documents(tmp_path):
 
 def test_bad_jsonl_names_the_line(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
-    with pytest.raises(TitanError, match="line 2 is not a JSON object with a 'text' field"):
+    with pytest.raises(TitanError, match="line 2 is not a UTF-8 JSON object with a 'text' field"):
         list(open_corpus(str(tmp_path / "bad.jsonl")).documents())
 
 

@@ -1,12 +1,15 @@
 """The ``titan`` command: subcommands built on argparse.
 
 User errors (bad values, impossible layouts, missing files) print one line and exit 2: argparse's
-own errors through :class:`Parser`, a :class:`titan.errors.TitanError` raised by a command here.
+own errors through :class:`Parser`, a :class:`titan.errors.TitanError` raised by a command here,
+and an operating-system error no command turned into one (a path that cannot be read or
+written), named by its path and the OS's reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -75,6 +78,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # interpreter's final flush of stdout would fail again, so stdout goes to /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except OSError as err:
+        print(f"titan {args.command}: error: {inert(os_error_line(err))}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def os_error_line(err: OSError) -> str:
+    """``<path>: <reason> (<errno name>)`` of an operating-system error, in one line."""
+    code = errno.errorcode.get(err.errno or 0, "")
+    reason = " ".join(str(err.strerror or err).split()) + (f" ({code})" if code else "")
+    paths = [str(p) for p in (err.filename, err.filename2) if p is not None]
+    return ": ".join([" -> ".join(paths), reason] if paths else [reason])
 
 
 if __name__ == "__main__":

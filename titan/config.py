@@ -41,6 +41,7 @@ from titan.shapes import (
     model_text,
     parse_model,
 )
+from titan.stopping import PHASES
 
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
@@ -729,6 +730,17 @@ class DebuggingOptions:
             "testing aid: usable device memory in bytes for the memory check, in place of the "
             "device's own figure (0: the device's; CPUs report none, so the check is skipped)",
             minimum=0,
+            resumable=True,
+        ),
+    )
+    debug_signal_in: str = field(
+        default="",
+        metadata=_opt(
+            "--debug-signal-in",
+            "testing aid: send SIGINT to the process in this start-up phase (scan: the corpus, "
+            "tokenizer: its training, build: the model, tokenize: the corpus, restore: the "
+            "checkpoint, trace: the step; '': never)",
+            choices=("", *PHASES),
             resumable=True,
         ),
     )

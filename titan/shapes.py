@@ -95,7 +95,7 @@ def parse_model(text: str, flag: str = "--model") -> ModelConfig:
             raise TitanError(f"{flag}: unknown field {key!r}; fields: {', '.join(SHAPE_FIELDS)}")
         try:
             values[key] = int(float(value))
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: inf
             raise TitanError(f"{flag}: {key} must be a number, got {value!r}") from None
     missing = [key for key in SHAPE_FIELDS if key not in values]
     if missing:

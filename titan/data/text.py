@@ -50,7 +50,10 @@ ENCODE_CHUNK_DOCS = 512
 
 
 def _read_text_file(path: Path) -> str | None:
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:  # a read error names no file: this one
+        raise OSError(err.errno, err.strerror, str(path)) from None
     if b"\0" in data:
         return None
     return data.decode("utf-8", errors="replace")
@@ -76,7 +79,20 @@ class Corpus:
     kind: str
 
     def documents(self) -> Iterator[str]:
-        """The documents' texts, in a fixed order."""
+        """The documents' texts, in a fixed order.
+
+        Raises:
+            TitanError: a file cannot be read (names it and the OS's reason).
+        """
+        try:
+            yield from self._documents()
+        except OSError as err:
+            where = err.filename or self.spec
+            raise TitanError(
+                f"--data {self.spec}: cannot read {where}: {err.strerror or err}"
+            ) from None
+
+    def _documents(self) -> Iterator[str]:
         if self.kind == "jsonl":
             yield from _jsonl_documents(self.files[0])
         elif self.kind == "parquet":
@@ -94,15 +110,15 @@ class Corpus:
 
 
 def _jsonl_documents(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                text = json.loads(line)["text"]
+            try:  # a UnicodeDecodeError is a ValueError
+                text = json.loads(line.decode("utf-8"))["text"]
             except (ValueError, KeyError, TypeError):
                 raise TitanError(
-                    f"--data {path}: line {number} is not a JSON object with a 'text' field"
+                    f"--data {path}: line {number} is not a UTF-8 JSON object with a 'text' field"
                 ) from None
             if isinstance(text, str) and text.strip():
                 yield text
@@ -178,32 +194,47 @@ def token_stream(
     """The corpus as one flat array of token ids, tokenized once and cached.
 
     Args:
-        progress: called with the number of documents done after each chunk.
+        progress: called with the number of documents done after each chunk; what it raises (a
+            stop signal's exception) is passed on, and no partial file stays in the cache.
 
     Returns:
         (N,) uint32 memory-mapped array: BOS doc EOS BOS doc EOS ...
 
     Raises:
-        TitanError: the corpus has no non-empty document.
+        TitanError: the corpus has no non-empty document, or a file of it cannot be read.
     """
     key = hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
     path = cache_dir() / "tokens" / f"{key}.u32"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        documents = 0
-        with open(tmp, "wb") as out:
-            for chunk in _batched(corpus.documents(), ENCODE_CHUNK_DOCS):
-                for ids in tokenizer.encode_documents(chunk):
-                    out.write(ids.astype(np.uint32).tobytes())
-                documents += len(chunk)
-                if progress:
-                    progress(documents)
-        if documents == 0:
-            tmp.unlink()
-            raise TitanError(f"--data {corpus.spec}: no non-empty document")
-        os.replace(tmp, path)
+        try:
+            documents = _write_tokens(corpus, tokenizer, tmp, progress)
+            if documents == 0:
+                raise TitanError(f"--data {corpus.spec}: no non-empty document")
+            os.replace(tmp, path)
+        except BaseException:  # an error or a stop signal: no partial file stays in the cache
+            tmp.unlink(missing_ok=True)
+            raise
     return np.memmap(path, dtype=np.uint32, mode="r")
+
+
+def _write_tokens(
+    corpus: Corpus,
+    tokenizer: DocumentEncoder,
+    out_path: Path,
+    progress: Callable[[int], None] | None,
+) -> int:
+    """Write the corpus's token ids to ``out_path`` (uint32); returns the documents done."""
+    documents = 0
+    with open(out_path, "wb") as out:
+        for chunk in _batched(corpus.documents(), ENCODE_CHUNK_DOCS):
+            for ids in tokenizer.encode_documents(chunk):
+                out.write(ids.astype(np.uint32).tobytes())
+            documents += len(chunk)
+            if progress:
+                progress(documents)
+    return documents
 
 
 @dataclass

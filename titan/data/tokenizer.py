@@ -17,6 +17,7 @@ import io
 import json
 import os
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from titan.errors import TitanError
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 SAMPLE_CHARS = 4_000_000
 SAMPLE_SEED = 0
+REPORT_EVERY_LINES = 4096
 TRAINER_SETTINGS = {
     "model_type": "bpe",
     "byte_fallback": True,
@@ -109,12 +111,16 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a sentencepiece ``.model`` (e.g. a Llama ``tokenizer.model``).
 
     Raises:
-        TitanError: the file is missing, is not a sentencepiece model, or has no BOS/EOS.
+        TitanError: the file is missing or unreadable, is not a sentencepiece model, or has no
+            BOS/EOS.
     """
     path = Path(path)
     if not path.is_file():
         raise TitanError(f"--tokenizer {path}: no such file")
-    proto = path.read_bytes()
+    try:
+        proto = path.read_bytes()
+    except OSError as err:
+        raise TitanError(f"--tokenizer {path}: cannot read it: {err.strerror or err}") from None
     try:
         spm.SentencePieceProcessor(model_proto=proto)
     except RuntimeError as err:
@@ -143,8 +149,24 @@ def _cache_key(corpus: Corpus, vocab_size: int) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
+def _reporting(lines: list[str], progress: Callable[[int], None] | None) -> Iterator[str]:
+    """``lines``, calling ``progress(lines given so far)`` before the first and every
+    :data:`REPORT_EVERY_LINES` after."""
+    for number, line in enumerate(lines):
+        if progress and number % REPORT_EVERY_LINES == 0:
+            progress(number)
+        yield line
+
+
+def train_tokenizer(
+    corpus: Corpus, vocab_size: int, progress: Callable[[int], None] | None = None
+) -> Tokenizer:
     """Train (or take from the cache) a BPE tokenizer of ``vocab_size`` pieces on ``corpus``.
+
+    Args:
+        progress: called with the sample lines handed to the trainer so far, from inside its
+            native call (a stop signal checked there; sentencepiece reports what it raises as
+            a ``RuntimeError``, so the caller looks at its stop flag first).
 
     Raises:
         TitanError: when the corpus is too small for ``vocab_size``.
@@ -158,7 +180,7 @@ def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample),
+            sentence_iterator=_reporting(sample, progress),
             model_writer=model,
             vocab_size=vocab_size,
             num_threads=os.cpu_count() or 1,

@@ -20,6 +20,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 import stat
 import threading
@@ -110,35 +111,86 @@ def _ends_mid_line(path: Path) -> bool:
 
 
 class RunRecord:
-    """Appends events to a run's ``events.jsonl``, one flushed line per event.
+    """Appends events to a run's ``events.jsonl``, one line per event, each written to the OS
+    whole or not at all.
 
-    The file is opened in append mode, so a resumed run continues the same record; a torn last
+    The file is opened for appending, so a resumed run continues the same record; a torn last
     line (a process killed mid-write) is ended first, so the next event starts a line of its
-    own and readers skip only the torn one.
+    own and readers skip only the torn one. A write that fails (a full disk) is cut back off
+    the file: the record never ends in a torn line of this writer's.
+
+    Raises:
+        OSError: ``events.jsonl`` cannot be opened or its torn last line ended.
     """
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
-        self._file = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        self.path = run_dir / EVENTS_FILE
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
-        if _ends_mid_line(run_dir / EVENTS_FILE):
-            self._file.write("\n")
-            self._file.flush()
+        try:
+            if _ends_mid_line(self.path):
+                self._append(b"\n")
+        except OSError:
+            self.close()
+            raise
 
     def emit(self, event: Event) -> Event:
-        """Write one event, stamped with the current ``time`` and this record's ``run_id``, and
-        flush it to the OS (non-finite numbers, e.g. a diverged loss, are written as null;
-        thread-safe: the watchdog writes from its own thread). Returns the event as written."""
+        """Write one event, stamped with the current ``time`` and this record's ``run_id``, as
+        one line handed to the OS (non-finite numbers, e.g. a diverged loss, are written as
+        null; thread-safe: the watchdog writes from its own thread). Returns the event as
+        written.
+
+        Raises:
+            OSError: the line could not be written (then none of it is in the file).
+        """
         event = dataclasses.replace(event, time=time.time(), run_id=self.run_id)
         line = json.dumps(_finite(event.to_json()), default=str, allow_nan=False) + "\n"
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
+            self._append(line.encode("utf-8"))
         return event
 
+    def _append(self, data: bytes) -> None:
+        """Append ``data`` whole; on a failed or short write, cut the file back to its end
+        before (ftruncate needs no free space) and raise the error naming the file."""
+        end = os.fstat(self._fd).st_size
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        except OSError as err:
+            os.ftruncate(self._fd, end)
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
+
     def close(self) -> None:
-        self._file.close()
+        """Close the file (again is a no-op)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def disk_full(err: BaseException) -> str | None:
+    """One line for a write that found the disk full (``ENOSPC`` in ``err`` or the errors it
+    came from), naming the path when the error does; None for any other error. Libraries that
+    wrap the OS error (orbax, tensorstore) keep its text, ``No space left on device``."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        item = pending.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OSError) and item.errno == errno.ENOSPC:
+            where = f": cannot write {item.filename}" if item.filename else ""
+            return f"disk full (ENOSPC){where}"
+        text = str(item)
+        if os.strerror(errno.ENOSPC) in text:
+            paths = re.findall(r'"(/[^"]+)"', text)  # tensorstore quotes the file it wrote
+            where = f"cannot write {paths[-1]}" if paths else text.strip().splitlines()[0]
+            return f"disk full (ENOSPC): {where}"
+        pending += [item.__cause__, item.__context__, *getattr(item, "exceptions", ())]
+    return None
 
 
 @dataclass
@@ -201,7 +253,12 @@ def load_events(run_dir: Path) -> list[Event]:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half."""
+    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half
+    (and a failed write leaves ``path`` as it was and no temporary file)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a signal: no half-written temporary file stays
+        tmp.unlink(missing_ok=True)
+        raise

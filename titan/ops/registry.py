@@ -144,19 +144,22 @@ def parse_overrides(text: str, source: str = "TITAN_OPS") -> dict[str, str]:
         TitanError: on a malformed entry, an op named twice, an unknown op or an unknown provider.
     """
     overrides = parse_assignments(text, source, shape="op=provider")
-    check_overrides(overrides)
+    check_overrides(overrides, source=source)
     return overrides
 
 
-def check_overrides(overrides: Mapping[str, str], backend: str | None = None) -> None:
-    """Raises TitanError naming an unknown op or provider in ``overrides``, or (with ``backend``)
-    a provider that cannot run on that backend at all."""
+def check_overrides(
+    overrides: Mapping[str, str], backend: str | None = None, source: str = "ops override"
+) -> None:
+    """Raises TitanError naming ``source`` (``TITAN_OPS``, ``--ops``) and an unknown op or
+    provider in ``overrides``, or (with ``backend``) a provider that cannot run on that backend
+    at all."""
     for op, name in overrides.items():
         if op not in _PROVIDERS:
-            raise TitanError(f"unknown op {op!r} in ops override; ops are {', '.join(OPS)}")
+            raise TitanError(f"{source}: unknown op {op!r}; ops are {', '.join(OPS)}")
         if name not in _PROVIDERS[op]:
             known = ", ".join(p.name for p in providers(op))
-            raise TitanError(f"unknown provider {name!r} for op {op}; known: {known}")
+            raise TitanError(f"{source}: unknown provider {name!r} for op {op}; known: {known}")
         if backend is not None and not runs_on(_PROVIDERS[op][name], backend):
             here = ", ".join(p.name for p in providers(op) if runs_on(p, backend))
             runs = ", ".join(_PROVIDERS[op][name].backends or ())

@@ -35,7 +35,11 @@ restores; a corrupt one is reported (:class:`Unrestorable`) and the one before i
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +90,32 @@ def reshard_items(
         chunk_item(c.index): cut_layers(joined, target[chunk_item(c.index)], c, stacked, axis)
         for c in target_chunks
     }
+
+
+_DISK_FULL = os.strerror(errno.ENOSPC)
+
+
+def _drop_disk_full(record: logging.LogRecord) -> bool:
+    """absl log filter: orbax logs a failed write (with its traceback) from each of its threads
+    before the save raises it; a full disk is said once, in one line, by the trainer."""
+    return _DISK_FULL not in record.getMessage()
+
+
+def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
+    """``sys.unraisablehook``: when a save fails, tensorstore's callbacks for the writes still in
+    flight reach the event loop orbax has closed already (``RuntimeError: Event loop is
+    closed``, one traceback per write); those are dropped, everything else passed on."""
+    err = unraisable.exc_value
+    if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+        previous(unraisable)
+
+
+def _quiet_failed_save_echoes() -> None:
+    """Install :func:`_drop_disk_full` and :func:`_drop_closed_loop` (once per process)."""
+    absl = logging.getLogger("absl")
+    if _drop_disk_full not in absl.filters:
+        absl.addFilter(_drop_disk_full)
+        sys.unraisablehook = functools.partial(_drop_closed_loop, previous=sys.unraisablehook)
 
 
 @dataclass(frozen=True)
@@ -206,6 +236,7 @@ class Checkpointer:
         self, run_dir: Path, keep: int = 3, keep_every: int = 0, asynchronous: bool = False
     ) -> None:
         logging.getLogger("absl").setLevel(logging.WARNING)
+        _quiet_failed_save_echoes()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None, create=True, enable_async_checkpointing=asynchronous
         )
@@ -319,7 +350,8 @@ class Checkpointer:
 
         Returns:
             None when there is no committed checkpoint; else (state, meta, the newer
-            checkpoints that could not be restored).
+            checkpoints that could not be restored; nothing on disk changes here: the caller
+            moves them aside with :meth:`set_aside` once the run has started).
 
         Raises:
             TitanError: none restores (the newest one's error).
@@ -332,7 +364,6 @@ class Checkpointer:
                 message = str(err) if isinstance(err, TitanError) else _one_line(err)
                 skipped.append(Unrestorable(step, message.splitlines()[0]))
                 continue
-            self._set_aside([s.step for s in skipped])
             return state, meta, skipped
         if skipped:
             raise TitanError(f"--resume: {skipped[0].error}")
@@ -366,7 +397,7 @@ class Checkpointer:
             raise TitanError(f"{what}: {str(err).splitlines()[0]}") from None
         return TrainState.from_items(items, step), meta
 
-    def _set_aside(self, steps: list[int]) -> None:
+    def set_aside(self, steps: list[int]) -> None:
         """Move the unrestorable checkpoints newer than the restored one to
         ``<run dir>/unrestorable_checkpoints/<step>`` (kept for inspection; the run saves
         those steps again). Process 0 moves them; every process then re-reads the steps."""

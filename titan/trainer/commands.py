@@ -16,6 +16,7 @@ from titan.config import SECTIONS, TrainConfig, option_fields
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
+from titan.stopping import StopFlag, StopRequested, stopped_at_start
 from titan.trainer.resume import resume_options
 
 
@@ -89,7 +90,8 @@ def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``titan train``; returns the exit code."""
+    """Run ``titan train``; returns the exit code. The stop signals are handled from here on,
+    before JAX is imported (:mod:`titan.stopping`)."""
     options = explicit_options(args)
     if args.print_config:
         cfg = (
@@ -97,7 +99,16 @@ def run(args: argparse.Namespace) -> int:
         )
         print(config_to_toml(cfg), end="")
         return 0
-    from titan.trainer.train import train_from_cli
+    stop = StopFlag()
+    stop.install()
+    try:
+        from titan.trainer.train import train_from_cli
 
-    launch = LaunchSettings(args.distributed, args.coordinator, args.num_processes, args.process_id)
-    return train_from_cli(options, args.resume, launch)
+        launch = LaunchSettings(
+            args.distributed, args.coordinator, args.num_processes, args.process_id
+        )
+        return train_from_cli(options, args.resume, launch, stop)
+    except StopRequested:  # before train() took over: importing JAX, reading a resumed config
+        return stopped_at_start(stop, bool(options.get("exit_zero_on_stop")), bool(args.resume))
+    finally:
+        stop.uninstall()

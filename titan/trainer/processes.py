@@ -96,11 +96,6 @@ class MutedRecord(RunRecord):
         pass
 
 
-def open_record(run_dir: Path, run_id: str) -> RunRecord:
-    """The run's record on the writer, a :class:`MutedRecord` on the other processes."""
-    return RunRecord(run_dir, run_id) if is_writer() else MutedRecord(run_dir, run_id)
-
-
 class Heartbeat:
     """This process's ``processes/<id>.json``: who it is (host, pid, start time), its last step,
     its status and, after a stall, the stall; rewritten atomically, at most once a second (from

@@ -1,8 +1,9 @@
 """Training entry: ``titan train``.
 
 The recipe (:func:`train`): resolve options, open the corpus, claim the run dir, prepare the
-tokenizer, build the layout and trainer (all validation happens here, before anything is
-written), write the run files, restore or initialise the state, compile, loop, checkpoint, record.
+tokenizer, build the layout and trainer, restore or initialise the state, trace the step (all
+validation happens up to here, before anything is written into the run dir), write the run
+files, record ``run_start``, compile, loop, checkpoint, record.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
@@ -15,7 +16,9 @@ the loop records each save's outcome once it settles and waits for the last one 
 planner's memory estimate with the devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
-refused. SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end``
+refused. During start-up a stop signal ends the process with one line and
+:data:`EXIT_STOPPED`, before anything is recorded (:mod:`titan.stopping`); once the run has
+started SIGTERM, SIGINT and SIGHUP finish the current step, checkpoint, write ``run_end``
 ``stopped`` and exit with :data:`EXIT_STOPPED` (4; 0 with ``--exit-zero-on-stop``); with
 several processes a signal to any of them stops all after the same step
 (:class:`titan.parallel.distributed.StopAgreement`). Process 0 alone writes the record; every
@@ -25,18 +28,21 @@ With ``--watchdog-abort 1`` a stall saves the state when it is reachable
 (3). A step whose loss or gradient norm is not finite changes nothing on the device; the loop
 records it and applies ``--nonfinite`` (:mod:`titan.trainer.guard`): a non-finite abort writes
 ``run_end`` ``failed`` (reason ``nonfinite``), no checkpoint, and exits with
-:data:`EXIT_NONFINITE` (5). No save writes non-finite weights.
+:data:`EXIT_NONFINITE` (5). No save writes non-finite weights. A failure after ``run_start``
+writes ``run_end`` ``failed`` and exits 1; a full disk is one line naming the path
+(:func:`titan.observability.records.disk_full`), with ``run_end`` written when there is room.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import signal
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +71,10 @@ from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
 from titan.observability.records import (
     CONFIG_FILE,
+    EVENTS_FILE,
     RunRecord,
     default_runs_root,
+    disk_full,
     write_json_atomic,
 )
 from titan.observability.watchdog import Stall, Watchdog
@@ -79,8 +87,15 @@ from titan.parallel.distributed import (
     process_count,
 )
 from titan.shapes import ModelConfig
+from titan.stopping import StopFlag, stopped_at_start
 from titan.trainer.adapters import build_trainer
-from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule, Unrestorable
+from titan.trainer.checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpointer,
+    SaveResult,
+    SaveSchedule,
+    Unrestorable,
+)
 from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.guard import (
     LossSpikeDetector,
@@ -94,53 +109,16 @@ from titan.trainer.memory_check import check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost, lost_after_s
 from titan.trainer.processes import (
     Heartbeat,
+    MutedRecord,
     agreed_run_id,
     batch_rows,
     first_then_others,
     is_writer,
     one_tokenizer,
-    open_record,
 )
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer_state import StepMetrics, Trainer, TrainState
-
-
-@dataclass
-class StopFlag:
-    """Set by SIGTERM, SIGINT or SIGHUP (the terminal or SSH session went away); the loop stops
-    after the step in flight."""
-
-    requested: bool = False
-    signal_name: str = ""
-    _previous: dict = dataclasses.field(default_factory=dict)
-    _terminal_fds: list = dataclasses.field(default_factory=list)
-
-    def install(self) -> None:
-        # Known now: once the terminal hangs up, isatty() on it fails too.
-        self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        """Put back the handlers that were there before :meth:`install`."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        if signum == signal.SIGHUP:
-            _detach_from_terminal(self._terminal_fds)
-
-
-def _detach_from_terminal(fds: list[int]) -> None:
-    """After a hangup the terminal is gone and writing to it fails (EIO): the standard streams
-    in ``fds`` that pointed at it now go to /dev/null, so the run can still checkpoint and end."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in fds:
-        os.dup2(devnull, fd)
-    os.close(devnull)
 
 
 def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
@@ -153,12 +131,35 @@ def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
         )
 
 
-def _tokenizer(cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None) -> Tokenizer:
+def _resumed_checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
+    """The checkpoints of a run being resumed, refused in one line when they cannot be read.
+
+    Raises:
+        TitanError: ``checkpoints`` is not a directory, or orbax cannot list it.
+    """
+    directory = run_dir / CHECKPOINT_DIR
+    if directory.exists() and not directory.is_dir():
+        raise TitanError(f"--resume {run_dir}: {directory} is not a directory")
+    try:
+        return _checkpointer(cfg, run_dir)
+    except (OSError, ValueError) as err:
+        raise TitanError(
+            f"--resume {run_dir}: cannot read {directory} ({_first_line(err)})"
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _tokenizer(
+    cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None, progress: Callable[[int], None]
+) -> Tokenizer:
     if resume_dir is not None:
         return load_tokenizer(resume_dir / TOKENIZER_FILE)
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
-    return train_tokenizer(corpus, cfg.data.vocab_size)
+    return train_tokenizer(corpus, cfg.data.vocab_size, progress)
 
 
 def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
@@ -179,10 +180,14 @@ def _write_run_files(run_dir: Path, cfg: TrainConfig, model: ModelConfig, tok: T
 
 
 def train_from_cli(
-    explicit: dict[str, Any], resume: str | None, launch: LaunchSettings | None = None
+    explicit: dict[str, Any],
+    resume: str | None,
+    launch: LaunchSettings | None = None,
+    stop: StopFlag | None = None,
 ) -> int:
     """``titan train``: options from the command line (only those given), optional resume dir,
-    and how this process joins a run of several (:mod:`titan.parallel.distributed`).
+    how this process joins a run of several (:mod:`titan.parallel.distributed`), and the stop
+    flag installed when the command started (:mod:`titan.stopping`).
 
     Returns:
         Exit code (:mod:`titan.exit_codes`): 0 completed, 4 stopped (0 with
@@ -192,24 +197,43 @@ def train_from_cli(
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
     initialize(launch or LaunchSettings())
-    return train(cfg, resume_dir)
+    return train(cfg, resume_dir, stop)
 
 
-def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
+def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | None = None) -> int:
     """Train per ``cfg``; continue the run in ``resume_dir`` when given. Returns the exit code.
 
+    Nothing in the run dir changes before the state is restored and the step traced: a start-up
+    that fails or is stopped by a signal leaves a resumed run's record byte-identical, and
+    removes the dir of a fresh run (:class:`titan.trainer.claim.RunClaim`).
+
+    Args:
+        stop: the stop flag (:mod:`titan.stopping`), installed here if not given.
+
     Raises:
-        TitanError: bad input found before the run starts (before ``run_start``; a forced op
-            provider that cannot serve the model is found while tracing, after the run dir is
-            written), or another live process holds the run dir (:mod:`titan.trainer.claim`). A
-            run dir this call created is removed again: nothing is left behind.
+        TitanError: bad input found before the run starts (before ``run_start``), or another
+            live process holds the run dir (:mod:`titan.trainer.claim`).
     """
+    stop = stop or StopFlag()
+    stop.debug_signal_in = cfg.debugging.debug_signal_in
+    stop.install()
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
-    corpus = open_corpus(cfg.data.corpus)
-    run_dir = _run_dir(cfg, resuming=resume_dir is not None)
-    # Claimed before anything slow (the tokenizer): a second run of this dir is refused at once.
-    with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
-        return _train_claimed(cfg, resume_dir, run_dir, claim, progress, corpus)
+    try:
+        with stop.during("scan"):
+            corpus = open_corpus(cfg.data.corpus)
+        run_dir = _run_dir(cfg, resuming=resume_dir is not None)
+        # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
+        # once.
+        with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
+            return _train_claimed(cfg, resume_dir, run_dir, claim, progress, corpus, stop)
+    except BaseException:
+        if not stop.requested or stop.running:
+            raise
+        # A signal during start-up; a native library may have turned it into its own error.
+        progress.close()
+        return stopped_at_start(stop, cfg.run.exit_zero_on_stop, resume_dir is not None)
+    finally:
+        stop.uninstall()
 
 
 def _train_claimed(
@@ -219,22 +243,28 @@ def _train_claimed(
     claim: RunClaim,
     progress: TrainProgress,
     corpus: Corpus,
+    stop: StopFlag,
 ) -> int:
     """:func:`train` once this process holds the run dir (or is not its writer)."""
     import jax
 
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
-        checkpointer = _checkpointer(cfg, run_dir)
+        checkpointer = _resumed_checkpointer(cfg, run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
-    with progress.status("preparing the tokenizer"):
-        tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir))
-    model_cfg = model_config(cfg, tokenizer.vocab_size)
-    ops = Ops(jax.default_backend(), cfg.compute.ops)
-    trainer = build_trainer(cfg, model_cfg, ops)
-    tokens = first_then_others(
-        "titan:tokens", lambda: progress.tokenize(lambda r: token_stream(corpus, tokenizer, r))
-    )
+    with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
+        tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
+    with stop.during("build"):
+        model_cfg = model_config(cfg, tokenizer.vocab_size)
+        ops = Ops(jax.default_backend(), cfg.compute.ops)
+        trainer = build_trainer(cfg, model_cfg, ops)
+    with stop.during("tokenize") as tick:
+        tokens = first_then_others(
+            "titan:tokens",
+            lambda: progress.tokenize(
+                lambda report: token_stream(corpus, tokenizer, _both(report, tick))
+            ),
+        )
     batches = PackedBatches(
         tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
@@ -242,38 +272,36 @@ def _train_claimed(
 
     run_devices = jax.devices()[: trainer.describe()["devices"]]
     power_reader, power_info = open_reader(devices=run_devices)
-
-    if is_writer():
-        _write_run_files(run_dir, cfg, model_cfg, tokenizer)
-    barrier("titan:run-files")  # then the others write their heartbeats there
     run = _Run(
         cfg,
+        run_dir,
         trainer,
         batches,
         checkpointer or _checkpointer(cfg, run_dir),
-        open_record(run_dir, run_dir.name),
-        StopFlag(),
+        stop,
         progress,
         _flops_meter(trainer),
         PowerSampler(power_reader),
-        Heartbeat(run_dir),
         [d for d in run_devices if d.process_index == jax.process_index()],
     )
-    run.stop.install()
     run.start_monitors()
     started = False
     try:
-        state, start_step = run.restore_or_init(resume_dir is not None)
-        run.watchdog.enter("compile", start_step)
-        trainer.trace()
-        memory = check_memory(
-            cfg,
-            model_cfg,
-            trainer.describe(),
-            str(trainer.compute_dtype),
-            ops.served,
-            run.local_devices,
-        )
+        with stop.during("restore"):
+            state, start_step = run.restore_or_init(resume_dir is not None)
+        with stop.during("trace"):
+            run.watchdog.enter("compile", start_step)
+            trainer.trace()
+            memory = check_memory(
+                cfg,
+                model_cfg,
+                trainer.describe(),
+                str(trainer.compute_dtype),
+                ops.served,
+                run.local_devices,
+            )
+        stop.start()  # from here a signal stops the run after a step, with a checkpoint
+        run.begin(model_cfg, tokenizer)
         run.record.emit(
             RunStart(
                 **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
@@ -288,6 +316,7 @@ def _train_claimed(
         started = claim.recorded = True
         for skipped in run.unrestorable:
             run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
+        run.checkpointer.set_aside([skipped.step for skipped in run.unrestorable])
         for event in [*trainer.compile(), *trainer.start_events()]:
             run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
@@ -298,18 +327,12 @@ def _train_claimed(
         run.end_nonfinite(err)
         return EXIT_NONFINITE
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
-        if isinstance(err, TitanError) and not started:
-            raise  # bad input found before the run started: one line; the claim removes the dir
-        run.peers.settle()  # a peer killed mid-collective: the record names it, not the symptom
-        traceback.print_exc()
-        run.record.emit(RunEnd(status="failed", step=None, error=f"{type(err).__name__}: {err}"))
-        run.heartbeat.close("failed", None)
-        return EXIT_FAILED
+        if not started:
+            raise  # before run_start nothing is recorded; the claim removes a fresh run's dir
+        return run.fail(err)
     finally:
         run.stop_monitors()
-        run.stop.uninstall()
-        run.checkpointer.close()
-        run.record.close()
+        run.close()
         progress.close()
     # No process leaves before the writer has closed the record: a stop's non-zero code must not
     # let srun --kill-on-bad-exit end process 0 before its run_end.
@@ -323,6 +346,29 @@ def _checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
     return Checkpointer(
         run_dir, options.checkpoint_keep, options.checkpoint_keep_every, options.checkpoint_async
     )
+
+
+def _both(first: Callable[[int], None], second: Callable[[int], None]) -> Callable[[int], None]:
+    """A progress callback that reports to ``first`` and then ``second``."""
+
+    def report(done: int) -> None:
+        first(done)
+        second(done)
+
+    return report
+
+
+def _open_record(run_dir: Path) -> RunRecord:
+    """The run's record, opened for appending.
+
+    Raises:
+        TitanError: ``events.jsonl`` cannot be opened (a directory there, no permission).
+    """
+    try:
+        return RunRecord(run_dir, run_dir.name)
+    except OSError as err:
+        path = run_dir / EVENTS_FILE
+        raise TitanError(f"cannot write the run record {path}: {err.strerror or err}") from None
 
 
 def _exit_code(cfg: TrainConfig, status: str) -> int:
@@ -372,21 +418,25 @@ def _run_start_fields(
 
 @dataclass
 class _Run:
-    """The pieces of a run the loop works with."""
+    """The pieces of a run the loop works with. Until :meth:`begin` its record is a
+    :class:`MutedRecord` (a stall during restore or trace is said, not recorded) and nothing is
+    written in the run dir."""
 
     cfg: TrainConfig
+    run_dir: Path
     trainer: Trainer
     batches: PackedBatches
     checkpointer: Checkpointer
-    record: RunRecord
     stop: StopFlag
     progress: TrainProgress
     flops: FlopsMeter
     power: PowerSampler
-    heartbeat: Heartbeat
     local_devices: list  # the run's devices in this process (memory readings)
+    record: RunRecord = dataclasses.field(init=False)
+    heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        self.record = MutedRecord(self.run_dir, self.run_dir.name)
         self.agreement = StopAgreement(lambda: self.stop.requested)
         checkpoint = self.cfg.checkpoint
         self.saves = SaveSchedule(
@@ -395,8 +445,6 @@ class _Run:
         self.unrestorable: list[Unrestorable] = []
         obs = self.cfg.observability
         self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
-        steps = obs.profile_steps
-        self.profiler = StepProfiler(steps, self.record)
         opt = self.cfg.optimizer
         self.guard = NonFiniteGuard(opt.nonfinite, opt.nonfinite_patience)
         self.spikes = LossSpikeDetector(obs.loss_spike_window, obs.loss_spike_sigma)
@@ -408,22 +456,65 @@ class _Run:
         self._newest: tuple[TrainState, int, Any] | None = None
         self._pending: tuple | None = None  # the last step dispatched, its metrics not read yet
         self._saved_step: int | None = None
-        after_s = lost_after_s(obs.watchdog_floor)
-        self.peers = PeerWatch(
-            self.record.run_dir, self.heartbeat, self.record, after_s, self.on_lost
-        )
+        self.peers: PeerWatch | None = None  # started by begin(), with the heartbeat
+
+    def begin(self, model_cfg: ModelConfig, tokenizer: Tokenizer) -> None:
+        """Open the record and write the run files (``config.json``, the tokenizer, the
+        heartbeats): the first writes into the run dir, once the state is restored and the step
+        traced.
+
+        Raises:
+            TitanError: ``events.jsonl`` cannot be opened for appending.
+        """
+        if is_writer():
+            record = _open_record(self.run_dir)
+            _write_run_files(self.run_dir, self.cfg, model_cfg, tokenizer)
+            self.record = record
+        barrier("titan:run-files")  # then the others write their heartbeats there
+        self.heartbeat = Heartbeat(self.run_dir)
+        self.profiler = StepProfiler(self.cfg.observability.profile_steps, self.record)
+        after_s = lost_after_s(self.cfg.observability.watchdog_floor)
+        self.peers = PeerWatch(self.run_dir, self.heartbeat, self.record, after_s, self.on_lost)
+        self.peers.start()
+
+    def fail(self, err: Exception) -> int:
+        """Say and record a failure after ``run_start`` (``run_end`` ``failed``, as far as the
+        disk allows); returns :data:`EXIT_FAILED`. A full disk is one line naming the path."""
+        if self.peers is not None:
+            self.peers.settle()  # a peer killed mid-collective: record it, not the symptom
+        full = disk_full(err)
+        if full is None:
+            traceback.print_exc()
+        else:
+            print(f"titan train: error: {full}", file=sys.stderr, flush=True)
+        error = full or f"{type(err).__name__}: {err}"
+        with contextlib.suppress(OSError):
+            self.record.emit(RunEnd(status="failed", step=None, error=error))
+        with contextlib.suppress(OSError):
+            self.heartbeat.close("failed", None)
+        return EXIT_FAILED
+
+    def close(self) -> None:
+        """Close the checkpointer and the record (after a full disk too)."""
+        try:
+            self.checkpointer.close()
+        except Exception as err:  # noqa: BLE001 - a failed last save was said already
+            if disk_full(err) is None:
+                raise
+        finally:
+            self.record.close()
 
     def start_monitors(self) -> None:
-        """Start the stall watchdog, the power sampler and, with several processes, the watch
-        of the others (background threads)."""
+        """Start the stall watchdog and the power sampler (background threads; the watch of the
+        other processes starts in :meth:`begin`)."""
         self.watchdog.start()
         self.power.start()
-        self.peers.start()
 
     def stop_monitors(self) -> None:
         self.watchdog.stop()
         self.power.stop()
-        self.peers.stop()
+        if self.peers is not None:
+            self.peers.stop()
 
     def on_lost(self, lost: list) -> None:
         """A process of the run stopped beating: end this one (:mod:`titan.trainer.peers`)."""
@@ -435,7 +526,8 @@ class _Run:
         end the process with :data:`EXIT_STALL` without unwinding the stuck thread. Another
         process's stall reaches the record through its heartbeat (:mod:`titan.trainer.peers`)."""
         self.record.emit(stall)
-        self.heartbeat.stalled(stall)
+        if self.heartbeat is not None:
+            self.heartbeat.stalled(stall)
         print(
             f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
             f"(allowance {stall.threshold_s:.1f} s)",
@@ -515,7 +607,12 @@ class _Run:
         self.heartbeat.close("failed", err.step)
 
     def restore_or_init(self, resuming: bool) -> tuple[TrainState, int]:
-        """(state, step): the latest checkpoint's when resuming and one exists, else fresh."""
+        """(state, step): the latest checkpoint's when resuming and one exists, else fresh.
+
+        Raises:
+            TitanError: the latest checkpoint cannot be read or restored onto this layout, or
+                the corpus changed since it was written.
+        """
         self.watchdog.enter("checkpoint_restore", 0)
         restored = self.checkpointer.restore_latest(self.trainer) if resuming else None
         if restored is None:
@@ -534,13 +631,21 @@ class _Run:
                 file=sys.stderr,
                 flush=True,
             )
-        if meta["num_sequences"] != self.batches.num_sequences:
+        latest = state.step
+        try:
+            saved_sequences, position = meta["num_sequences"], meta["data_position"]
+        except (KeyError, TypeError) as err:  # a hand-edited meta
             raise TitanError(
-                f"--resume: the corpus changed since the checkpoint ({meta['num_sequences']} "
+                f"--resume: checkpoint {latest} ({self.checkpointer.path(latest)}) cannot be "
+                f"read: {type(err).__name__}: {_first_line(err)}"
+            ) from None
+        if saved_sequences != self.batches.num_sequences:
+            raise TitanError(
+                f"--resume: the corpus changed since the checkpoint ({saved_sequences} "
                 f"sequences then, {self.batches.num_sequences} now)"
             )
-        self.batches.position = meta["data_position"]
-        return state, state.step
+        self.batches.position = position
+        return state, latest
 
     def save(self, state: TrainState, position: int) -> None:
         """Save ``state`` with the data position after its step (``position``), unless its

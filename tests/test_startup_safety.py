@@ -1,0 +1,189 @@
+"""Start-up that cannot hurt: a stop signal in any start-up phase is one line and exit 4 with
+nothing recorded; a failed resume leaves the record byte-identical; a full disk is one line,
+with ``run_end`` written where there is room and never a torn line."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import cli_args, events, file_tree, run_in_process, small_run, start_subprocess
+
+import titan.trainer.train as train_module
+from titan.cli import main
+from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
+from titan.observability.events import RunEnd
+from titan.observability.records import EVENTS_FILE, RunRecord, disk_full
+from titan.stopping import PHASES
+
+
+def _stopped(proc: subprocess.Popen, phase: str) -> None:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_STOPPED, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == [
+        line for line in err.strip().splitlines() if "stopped by SIGINT" in line
+    ]
+    assert f"stopped by SIGINT while {PHASES[phase]}, before the run started" in err
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_ctrl_c_in_each_start_up_phase_is_one_line_exit_4_and_leaves_nothing(
+    phase, corpus_dir, tmp_path, monkeypatch
+):
+    # A cache of its own: the tokenizer is trained and the corpus tokenized in this run.
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    options = small_run(corpus_dir, runs, steps=2, dp=1, run_id="r", debug_signal_in=phase)
+    _stopped(start_subprocess(options), phase)
+    assert not runs.exists()  # the claimed run dir (and the root it made) is removed again
+    tokens = tmp_path / "cache" / "tokens"
+    assert not tokens.exists() or all(p.suffix == ".u32" for p in tokens.iterdir())
+
+
+@pytest.mark.parametrize("phase", ["tokenizer", "build", "restore", "trace"])
+def test_ctrl_c_while_a_resume_starts_leaves_the_record_byte_identical(
+    phase, finished_run, tmp_path
+):
+    run_dir = tmp_path / "done"
+    shutil.copytree(finished_run, run_dir)
+    before = file_tree(run_dir)
+    proc = start_subprocess({}, "--resume", str(run_dir), "--steps", "4", *_debug(phase))
+    _stopped(proc, phase)
+    assert file_tree(run_dir) == before
+
+
+def _debug(phase: str) -> list[str]:
+    return cli_args({"debug_signal_in": phase})
+
+
+def test_sigterm_while_the_model_is_built_stops_in_process(small_options, monkeypatch):
+    built = train_module.build_trainer
+
+    def build_then_signal(*args, **kwargs):
+        trainer = built(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return trainer
+
+    monkeypatch.setattr(train_module, "build_trainer", build_then_signal)
+    handler = signal.getsignal(signal.SIGTERM)
+    code, run_dir = run_in_process({**small_options, "run_id": "term"})
+    assert code == EXIT_STOPPED
+    assert not run_dir.exists()
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back
+
+
+def test_ctrl_c_before_the_trainer_is_imported_is_one_line_exit_4(tmp_path, monkeypatch, capsys):
+    def interrupted_import(*args):  # as if Ctrl-C came while JAX is being imported
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        raise AssertionError("the signal was not handled")
+
+    monkeypatch.setattr(train_module, "train_from_cli", interrupted_import)
+    handler = signal.getsignal(signal.SIGINT)
+    assert main(["train", "--runs-root", str(tmp_path / "runs")]) == EXIT_STOPPED
+    err = capsys.readouterr().err
+    assert err == (
+        "titan train: stopped by SIGINT while starting, before the run started: nothing recorded\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_resume_refused_while_tracing_leaves_config_json_and_resumes_after(
+    finished_run, tmp_path, capsys
+):
+    run_dir = tmp_path / "done"
+    shutil.copytree(finished_run, run_dir)
+    before = file_tree(run_dir)
+    argv = ["train", "--resume", str(run_dir), "--steps", "3"]
+    assert main([*argv, "--ops", "swiglu=pallas"]) == 2  # found only while tracing
+    err = capsys.readouterr().err
+    assert "ffn dim 688 must be a multiple of 128" in err and err.count("\n") == 1
+    assert file_tree(run_dir) == before
+    assert main(argv) == 0  # the refused --ops was not saved
+    starts = events(run_dir, "run_start")
+    assert [s["resumed_from_step"] for s in starts] == [None, 2]
+    assert [e["type"] for e in events(run_dir)].count("run_end") == 2
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str):
+    """A tmpfs of ``size`` at ``path`` (skips the test where mounting is not allowed)."""
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the file system of ``directory`` to the last byte; returns the filler file."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"x" * 4096)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"x")
+    return filler
+
+
+def test_a_full_disk_never_leaves_a_torn_line_and_the_record_continues_after(tmp_path):
+    with _tmpfs(tmp_path / "disk", "64k") as disk:
+        record = RunRecord(disk, "full")
+        record.emit(RunEnd(status="stopped", step=1))
+        written = (disk / EVENTS_FILE).read_bytes()
+        filler = _fill(disk)
+        long_end = RunEnd(status="failed", step=2, error="x" * 20000)  # crosses pages
+        with pytest.raises(OSError) as caught:
+            record.emit(long_end)
+        assert caught.value.errno == errno.ENOSPC
+        assert (disk / EVENTS_FILE).read_bytes() == written  # cut back: no torn line
+        assert disk_full(caught.value) == f"disk full (ENOSPC): cannot write {disk / EVENTS_FILE}"
+        filler.unlink()
+        record.emit(long_end)
+        record.close()
+        assert [e["step"] for e in events(disk)] == [1, 2]
+
+
+def test_a_disk_that_fills_during_a_checkpoint_is_one_line_with_run_end(corpus_dir, tmp_path):
+    with _tmpfs(tmp_path / "disk", "1m") as disk:
+        options = small_run(corpus_dir, disk, steps=50, checkpoint_every=5, dp=1, run_id="full")
+        proc = start_subprocess(options)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == EXIT_FAILED
+        assert err.strip().splitlines() == [err.strip()], err  # one line
+        assert "titan train: error: disk full (ENOSPC): cannot write " in err
+        assert "/full/checkpoints/5" in err
+        raw = (disk / "full" / EVENTS_FILE).read_bytes()
+        assert raw.endswith(b"\n")
+        end = events(disk / "full")[-1]
+        assert (end["type"], end["status"]) == ("run_end", "failed")
+        assert end["error"].startswith("disk full (ENOSPC)")
+
+
+def test_disk_full_is_found_through_wrapping_errors():
+    inner = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/r/config.json")
+    try:
+        try:
+            raise inner
+        except OSError as err:
+            raise RuntimeError("save failed") from err
+    except RuntimeError as outer:
+        assert disk_full(outer) == "disk full (ENOSPC): cannot write /runs/r/config.json"
+    assert disk_full(ValueError('Failed writing: "/a/b": No space left on device')) == (
+        "disk full (ENOSPC): cannot write /a/b"
+    )
+    assert disk_full(OSError(errno.EIO, "Input/output error")) is None

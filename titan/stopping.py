@@ -1,0 +1,151 @@
+"""Stop signals in every phase of ``titan train``: SIGTERM, SIGINT (Ctrl-C) and SIGHUP.
+
+One :class:`StopFlag` is installed when ``titan train`` starts, before JAX is imported, and
+held until it ends. It works in two modes:
+
+- **Start-up** (corpus scan, tokenizer, model build, tokenization, restore, trace: before
+  ``run_start``). A signal raises :class:`StopRequested` in the main thread at once, and every
+  phase boundary checks the flag too, for a native library that turns the exception into an
+  error of its own (sentencepiece's trainer reports it as a ``RuntimeError``) or drops it.
+  ``titan train`` then prints one line and exits :data:`~titan.exit_codes.EXIT_STOPPED`; no
+  ``run_end`` is written, a fresh run's dir is removed and a resumed run's record is left as it
+  was (nothing in it has changed yet).
+- **Running** (from just before ``run_start``, :meth:`StopFlag.start`). A signal only sets the
+  flag: the loop finishes the step in flight, checkpoints and records ``run_end`` ``stopped``.
+
+``--debug-signal-in PHASE`` (a testing aid) sends SIGINT to the process itself in that
+start-up phase: at its first progress report for the tokenizer's training and the corpus's
+tokenization (inside the native call; at the phase's end when a cache served it), on entry for
+the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from titan.exit_codes import EXIT_OK, EXIT_STOPPED
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# --debug-signal-in choices: the start-up phases, by the name the stop line gives them.
+PHASES = {
+    "scan": "scanning the corpus",
+    "tokenizer": "preparing the tokenizer",
+    "build": "building the model",
+    "tokenize": "tokenizing the corpus",
+    "restore": "restoring the state",
+    "trace": "tracing the step",
+}
+INNER_PHASES = ("tokenizer", "tokenize")  # the debug signal comes from inside the native call
+
+
+class StopRequested(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error
+    """A stop signal arrived during start-up (a ``BaseException``, as ``KeyboardInterrupt``
+    is, so that no ``except Exception`` on the way swallows it)."""
+
+
+@dataclass
+class StopFlag:
+    """Set by SIGTERM, SIGINT or SIGHUP (the terminal or SSH session went away).
+
+    Args:
+        debug_signal_in: a :data:`PHASES` key: send SIGINT to this process in that phase.
+    """
+
+    debug_signal_in: str = ""
+    requested: bool = False
+    signal_name: str = ""
+    phase: str = "starting"
+    running: bool = False
+    _previous: dict = dataclasses.field(default_factory=dict)
+    _terminal_fds: list = dataclasses.field(default_factory=list)
+
+    def install(self) -> None:
+        """Handle the stop signals from now on. Again takes them back from whatever replaced
+        the handlers since (``jax.distributed.initialize`` installs its own for SIGTERM);
+        :meth:`uninstall` still puts back those found the first time."""
+        first = not self._previous
+        if first:  # known now: once the terminal hangs up, isatty() on it fails too
+            self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
+        for sig in SIGNALS:
+            previous = signal.signal(sig, self._handle)
+            if first:
+                self._previous[sig] = previous
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def start(self) -> None:
+        """The run is starting (``run_start`` comes next): a signal now stops it after a step.
+
+        Raises:
+            StopRequested: a signal arrived before.
+        """
+        self.check()
+        self.running = True
+        self.install()  # taken back from a library that set its own during start-up
+
+    def check(self) -> None:
+        """Raises StopRequested if a signal arrived during start-up."""
+        if self.requested and not self.running:
+            raise StopRequested(self.signal_name)
+
+    @contextlib.contextmanager
+    def during(self, key: str) -> Iterator[Callable[..., None]]:
+        """The start-up phase ``key`` (a :data:`PHASES` key), checked on entry and exit. Yields
+        a progress callback for the phase's native work (its first call sends the debug signal
+        of an inner phase)."""
+        self.phase = PHASES[key]
+        self.check()
+        fire = [self.debug_signal_in == key]
+
+        def report(*_: Any) -> None:
+            if fire[0]:
+                fire[0] = False
+                os.kill(os.getpid(), signal.SIGINT)
+            self.check()
+
+        if key not in INNER_PHASES:
+            report()
+        yield report
+        report()  # the native call reported nothing (a cached tokenizer or token file)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = not self.requested
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            _detach_from_terminal(self._terminal_fds)
+        if first and not self.running:
+            raise StopRequested(self.signal_name)  # once: a second signal lets clean-up finish
+
+
+def _detach_from_terminal(fds: list[int]) -> None:
+    """After a hangup the terminal is gone and writing to it fails (EIO): the standard streams
+    in ``fds`` that pointed at it now go to /dev/null, so the run can still checkpoint and end."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def stopped_at_start(stop: StopFlag, exit_zero_on_stop: bool, resumed: bool) -> int:
+    """Say in one line that a signal stopped start-up; returns the exit code
+    (:data:`EXIT_STOPPED`, 0 with ``--exit-zero-on-stop``)."""
+    left = "the run's record is as it was" if resumed else "nothing recorded"
+    print(
+        f"titan train: stopped by {stop.signal_name or 'a signal'} while {stop.phase}, before "
+        f"the run started: {left}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_OK if exit_zero_on_stop else EXIT_STOPPED
