@@ -34,7 +34,14 @@ import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
-from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
+from titan.data.text import (
+    Corpus,
+    PackedBatches,
+    TokenStream,
+    batch_digest,
+    open_corpus,
+    token_stream,
+)
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED
@@ -177,7 +184,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None) -> int:
             run dir this call created is removed again: nothing is left behind.
     """
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
-    corpus = open_corpus(cfg.data.corpus)
+    corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
     run_dir = _run_dir(cfg, resuming=resume_dir is not None)
     # Claimed before anything slow (the tokenizer): a second run of this dir is refused at once.
     with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
@@ -204,11 +211,11 @@ def _train_claimed(
     model_cfg = model_config(cfg, tokenizer.vocab_size)
     ops = Ops(jax.default_backend(), cfg.compute.ops)
     trainer = build_trainer(cfg, model_cfg, ops)
-    tokens = first_then_others(
+    stream = first_then_others(
         "titan:tokens", lambda: progress.tokenize(lambda r: token_stream(corpus, tokenizer, r))
     )
     batches = PackedBatches(
-        tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+        stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
@@ -238,7 +245,7 @@ def _train_claimed(
         trainer.trace()
         run.record.emit(
             RunStart(
-                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
+                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches, stream),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
                 resumed_from_step=start_step if resume_dir else None,
@@ -295,6 +302,7 @@ def _run_start_fields(
     ops: Ops,
     tokenizer: Tokenizer,
     batches: PackedBatches,
+    stream: TokenStream,
 ) -> dict[str, Any]:
     return {
         "config": cfg.record(),
@@ -312,6 +320,8 @@ def _run_start_fields(
             "source": cfg.data.corpus,
             "tokens": int(len(batches.tokens)),
             "sequences": batches.num_sequences,
+            "documents": stream.documents,
+            "dropped": stream.dropped,
         },
         "processes": process_count(),
     }

@@ -1,0 +1,131 @@
+"""Corpus formats chosen per file by name, dropped documents counted by reason."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+import zstandard
+
+from titan.data.text import DROP_REASONS, file_format, open_corpus, token_stream
+from titan.errors import TitanError
+
+
+def _jsonl(docs: list[str], field: str = "text") -> bytes:
+    return "".join(json.dumps({field: d}) + "\n" for d in docs).encode()
+
+
+def _write_parquet(path, docs: list[str], column: str = "text") -> None:
+    duckdb.execute(f"COPY (SELECT unnest(?) AS {column}) TO '{path}' (FORMAT parquet)", [docs])
+
+
+@pytest.fixture()
+def mixed_dir(tmp_path):
+    """A directory of shards in every format: a.jsonl, b.jsonl.gz, c.jsonl.zst, d.parquet,
+    e.txt, each holding known documents."""
+    root = tmp_path / "shards"
+    root.mkdir()
+    (root / "a.jsonl").write_bytes(_jsonl(["alpha one", "alpha two"]))
+    (root / "b.jsonl.gz").write_bytes(gzip.compress(_jsonl(["beta 🙂", "beta 日本"])))
+    (root / "c.jsonl.zst").write_bytes(zstandard.compress(_jsonl(["gamma\nwith lines"])))
+    _write_parquet(root / "d.parquet", ["delta one", "delta two", "delta three"])
+    (root / "e.txt").write_text("plain text file\nsecond line\n")
+    return root
+
+
+EXPECTED = [
+    "alpha one",
+    "alpha two",
+    "beta 🙂",
+    "beta 日本",
+    "gamma\nwith lines",
+    "delta one",
+    "delta two",
+    "delta three",
+    "plain text file\nsecond line\n",
+]
+
+
+def test_formats_are_chosen_by_file_name():
+    names = ["a.jsonl", "b.JSONL.GZ", "c.jsonl.zst", "d.parquet", "e.txt", "f.py", "g.json.gz"]
+    kinds = [file_format(Path(n)) for n in names]
+    assert kinds == ["jsonl", "jsonl", "jsonl", "parquet", "text", "text", "text"]
+
+
+def test_directory_of_mixed_shards_yields_exactly_their_documents(mixed_dir):
+    dropped = Counter()
+    assert list(open_corpus(str(mixed_dir)).documents(dropped)) == EXPECTED
+    assert sum(dropped.values()) == 0
+
+
+def test_glob_selects_shards_in_sorted_order(mixed_dir):
+    corpus = open_corpus(str(mixed_dir / "*.jsonl*"))
+    assert [p.name for p in corpus.files] == ["a.jsonl", "b.jsonl.gz", "c.jsonl.zst"]
+    assert list(corpus.documents()) == EXPECTED[:5]
+    with pytest.raises(TitanError, match="the pattern matches no files"):
+        open_corpus(str(mixed_dir / "*.nothing"))
+
+
+def test_text_field_names_the_json_field_and_parquet_column(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(["from json"], field="content"))
+    _write_parquet(tmp_path / "b.parquet", ["from parquet"], column="content")
+    corpus = open_corpus(str(tmp_path), text_field="content")
+    assert list(corpus.documents()) == ["from json", "from parquet"]
+    assert corpus.fingerprint() != open_corpus(str(tmp_path)).fingerprint()
+    with pytest.raises(TitanError, match="cannot read a 'text' column"):
+        list(open_corpus(str(tmp_path / "b.parquet")).documents())
+
+
+def test_parquet_is_read_in_batches_across_many_rows(tmp_path):
+    docs = [f"document {i}" for i in range(2500)]  # > 2 batches of PARQUET_BATCH_ROWS
+    _write_parquet(tmp_path / "big.parquet", docs)
+    assert list(open_corpus(str(tmp_path / "big.parquet")).documents()) == docs
+
+
+def test_dropped_records_are_counted_by_reason(tmp_path):
+    lines = [
+        json.dumps({"text": "kept"}),
+        json.dumps({"text": "   \n"}),  # empty
+        json.dumps({"text": 7}),  # non_text
+        json.dumps({"body": "no field"}),  # non_text
+        json.dumps({"text": "a\u0000b"}),  # nul_bytes
+        "{not json",  # bad_json
+        "[1, 2]",  # bad_json: not an object
+        "",  # blank line: not a record
+    ]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01binary")  # nul_bytes
+    (tmp_path / "blank.txt").write_text("\n\n")  # empty
+    dropped = Counter()
+    assert list(open_corpus(str(tmp_path)).documents(dropped)) == ["kept"]
+    assert dict(dropped) == {"empty": 2, "non_text": 2, "nul_bytes": 2, "bad_json": 2}
+    assert set(dropped) == set(DROP_REASONS)
+
+
+class _Encoder:
+    digest = "test-encoder"
+
+    def encode_documents(self, documents):
+        return [np.array([1, *map(ord, d), 2], dtype=np.int32) for d in documents]
+
+
+def test_token_stream_carries_the_counts_also_when_cached(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "ab"}\n{"text": ""}\nnot json\n')
+    corpus = open_corpus(str(tmp_path / "a.jsonl"))
+    first = token_stream(corpus, _Encoder())
+    again = token_stream(corpus, _Encoder())  # from the cache
+    for stream in (first, again):
+        assert stream.tokens.tolist() == [1, ord("a"), ord("b"), 2]
+        assert stream.documents == 1
+        assert stream.dropped == {"empty": 1, "non_text": 0, "nul_bytes": 0, "bad_json": 1}
+
+
+def test_corpus_of_only_dropped_records_names_the_reasons(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
+    with pytest.raises(TitanError, match=r"no non-empty document \(dropped: 2 non_text\)"):
+        token_stream(open_corpus(str(tmp_path / "a.jsonl")), _Encoder())
