@@ -13,6 +13,7 @@ import pytest
 import zstandard
 
 from titan.data.text import DROP_REASONS, file_format, open_corpus, token_stream
+from titan.data.tokenizer import MAX_SENTENCE_BYTES, split_line, train_tokenizer, training_sample
 from titan.errors import TitanError
 
 
@@ -129,3 +130,36 @@ def test_corpus_of_only_dropped_records_names_the_reasons(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
     with pytest.raises(TitanError, match=r"no non-empty document \(dropped: 2 non_text\)"):
         token_stream(open_corpus(str(tmp_path / "a.jsonl")), _Encoder())
+
+
+def test_split_line_keeps_every_character_and_respects_the_limit():
+    line = ("word " * 50 + "🙂日本é\u0301" * 40) * 3
+    pieces = split_line(line, max_bytes=64)
+    assert "".join(pieces) == line
+    assert all(len(p.encode("utf-8")) <= 64 for p in pieces) and len(pieces) > 10
+    assert split_line("short") == ["short"]
+
+
+def test_training_sample_is_bounded_seeded_and_drawn_from_the_whole_corpus(tmp_path):
+    docs = [f"document {i} " + "x" * 90 for i in range(400)]  # 100-odd bytes each, 40 kB
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(docs))
+    corpus = open_corpus(str(tmp_path / "a.jsonl"))
+    sample = training_sample(corpus, max_bytes=4000)
+    assert 4000 - 110 < sum(len(s.encode()) for s in sample) <= 4000
+    assert sample == training_sample(corpus, max_bytes=4000)  # deterministic
+    numbers = [int(s.split()[1]) for s in sample]
+    assert numbers == sorted(numbers) and max(numbers) > 200 and min(numbers) < 200
+    assert numbers != list(range(len(numbers)))  # a sample, not the corpus's head
+
+
+def test_tokenizer_trains_on_long_lines_instead_of_dropping_them(tmp_path):
+    # One line of 60 kB: sentencepiece alone skips lines over max_sentence_length (4192 bytes).
+    words = ["zqxvbn", "wplkjh", "mtrgfd"]
+    line = " ".join(words[i % 3] for i in range(9000))
+    (tmp_path / "long.txt").write_text(line)
+    assert len(line.encode()) > 10 * MAX_SENTENCE_BYTES
+    sample = training_sample(open_corpus(str(tmp_path / "long.txt")))
+    assert "".join(sample) == line
+    tokenizer = train_tokenizer(open_corpus(str(tmp_path / "long.txt")), 300)
+    for word in words:  # learned as whole pieces: the line was trained on
+        assert len(tokenizer.processor.encode(" " + word)) <= 2

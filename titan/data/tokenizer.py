@@ -4,8 +4,9 @@ Convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, b
 that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does) with identity
 normalisation and whitespace kept, so that source code round-trips, and split digits.
 
-Training reads a deterministic sample of the corpus (:data:`SAMPLE_CHARS` characters of lines
-from documents in a seeded order) and takes seconds. The result is cached under
+Training reads a deterministic sample of the corpus, streamed (:func:`training_sample`: at most
+:data:`SAMPLE_BYTES` bytes of lines of documents drawn in a seeded order, long lines split rather
+than dropped) and takes seconds. The result is cached under
 ``$TITAN_CACHE`` (default ``~/.cache/titan``) keyed by the corpus fingerprint and every trainer
 setting, so a second run on the same corpus reuses it.
 """
@@ -13,6 +14,7 @@ setting, so a second run on the same corpus reuses it.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import io
 import json
 import os
@@ -28,8 +30,13 @@ from titan.data.text import Corpus
 from titan.errors import TitanError
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
-SAMPLE_CHARS = 4_000_000
+SAMPLE_BYTES = 4_000_000
+"""Budget of the tokenizer's training sample (UTF-8 bytes): about 1M BPE tokens of English or
+code, enough for a stable 8k-32k vocabulary, and a few seconds of sentencepiece training."""
 SAMPLE_SEED = 0
+MAX_SENTENCE_BYTES = 4192
+"""sentencepiece's ``max_sentence_length`` default (bytes; ``trainer_spec.proto``): it skips longer
+sentences, so :func:`split_line` cuts lines to this length."""
 TRAINER_SETTINGS = {
     "model_type": "bpe",
     "byte_fallback": True,
@@ -43,6 +50,7 @@ TRAINER_SETTINGS = {
     "allow_whitespace_only_pieces": True,
     "character_coverage": 0.9999,
     "input_sentence_size": 0,
+    "max_sentence_length": MAX_SENTENCE_BYTES,
 }
 
 
@@ -122,23 +130,72 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return _check_convention(Tokenizer(proto), str(path))
 
 
-def training_sample(corpus: Corpus, max_chars: int = SAMPLE_CHARS) -> list[str]:
-    """Non-empty lines of documents taken in a seeded order until ``max_chars`` characters."""
-    documents = list(corpus.documents())
-    random.Random(SAMPLE_SEED).shuffle(documents)
-    lines, total = [], 0
-    for doc in documents:
-        for line in doc.splitlines():
-            if line.strip():
-                lines.append(line)
-                total += len(line)
-        if total >= max_chars:
-            break
-    return lines
+def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
+    """``line`` cut into pieces of at most ``max_bytes`` UTF-8 bytes, joined back equal to it:
+    each cut after the last space of its window when the window holds one past its middle,
+    else at the last character boundary (never inside a UTF-8 sequence)."""
+    data = line.encode("utf-8")
+    pieces = []
+    while len(data) > max_bytes:
+        cut = max_bytes
+        while data[cut] & 0xC0 == 0x80:  # a continuation byte: back to the character's start
+            cut -= 1
+        space = data.rfind(b" ", 0, cut)
+        if space >= max_bytes // 2:
+            cut = space + 1
+        pieces.append(data[:cut].decode("utf-8"))
+        data = data[cut:]
+    pieces.append(data.decode("utf-8"))
+    return pieces
+
+
+def _sentences(document: str, max_bytes: int) -> tuple[list[str], int]:
+    """The document's first sentences that fit in ``max_bytes``, and their size in bytes."""
+    sentences, size = [], 0
+    for line in document.splitlines():
+        for piece in split_line(line) if line.strip() else ():
+            length = len(piece.encode("utf-8"))
+            if size + length > max_bytes:
+                return sentences, size
+            sentences.append(piece)
+            size += length
+    return sentences, size
+
+
+def training_sample(corpus: Corpus, max_bytes: int = SAMPLE_BYTES) -> list[str]:
+    """The sentences the tokenizer trains on: a seeded random sample of the corpus's documents,
+    streamed: it holds at most ``max_bytes`` UTF-8 bytes of sentences (twice that while one
+    document is being placed), never the corpus.
+
+    Each document draws a key from ``random.Random(SAMPLE_SEED)`` in corpus order; the sample
+    is the longest run of documents in key order whose sentences (non-empty lines, each split by
+    :func:`split_line` so that none exceeds sentencepiece's ``max_sentence_length``) fit in
+    ``max_bytes``. A bottom-k selection (Cohen and Kaplan 2007, "Summarizing data using bottom-k
+    sketches"), kept with a heap; a document larger than the budget contributes its first
+    sentences that fit.
+
+    Returns:
+        The sample's sentences, documents in corpus order.
+    """
+    rng = random.Random(SAMPLE_SEED)
+    heap: list[tuple[float, int, list[str], int]] = []  # (-key, index, sentences, bytes)
+    total, threshold = 0, float("inf")  # threshold: the smallest key ever evicted
+    for index, document in enumerate(corpus.documents()):
+        key = rng.random()
+        if key >= threshold:
+            continue
+        sentences, size = _sentences(document, max_bytes)
+        heapq.heappush(heap, (-key, index, sentences, size))
+        total += size
+        while total > max_bytes:
+            evicted_key, _, _, evicted_size = heapq.heappop(heap)
+            total -= evicted_size
+            threshold = min(threshold, -evicted_key)
+    return [s for _, _, sentences, _ in sorted(heap, key=lambda item: item[1]) for s in sentences]
 
 
 def _cache_key(corpus: Corpus, vocab_size: int) -> str:
-    settings = {**TRAINER_SETTINGS, "vocab_size": vocab_size, "sample_chars": SAMPLE_CHARS}
+    settings = {**TRAINER_SETTINGS, "vocab_size": vocab_size, "sample_bytes": SAMPLE_BYTES}
     payload = json.dumps({"corpus": corpus.fingerprint(), "settings": settings}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
