@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from titan.data.text import DROP_REASONS, file_format, open_corpus, token_stream
+from titan.data.text import DROP_REASONS, PackedBatches, file_format, open_corpus, token_stream
 from titan.data.tokenizer import MAX_SENTENCE_BYTES, split_line, train_tokenizer, training_sample
 from titan.errors import TitanError
 
@@ -163,3 +163,59 @@ def test_tokenizer_trains_on_long_lines_instead_of_dropping_them(tmp_path):
     tokenizer = train_tokenizer(open_corpus(str(tmp_path / "long.txt")), 300)
     for word in words:  # learned as whole pieces: the line was trained on
         assert len(tokenizer.processor.encode(" " + word)) <= 2
+
+
+def _documents_stream(lengths: list[int]) -> np.ndarray:
+    """BOS doc EOS per document, document d's tokens all equal to 10 + d."""
+    return np.concatenate([[1, *([10 + d] * n), 2] for d, n in enumerate(lengths)]).astype(
+        np.uint32
+    )
+
+
+def _input_positions(loader: PackedBatches, batches: int) -> set[int]:
+    seen: set[int] = set()
+    for _ in range(batches):
+        _, ids = loader.next_batch()
+        for start in loader.sequence_starts(ids):
+            seen.update((start + np.arange(loader.seq_len)) % len(loader.tokens))
+    return {int(p) for p in seen}
+
+
+def test_every_token_is_trained_within_two_epochs_the_tail_opens_the_next_epoch():
+    stream = _documents_stream([3, 5, 40])  # 54 tokens: 3 sequences of 16 leave a tail of 6
+    loader = PackedBatches(stream, seq_len=16, batch_size=1, seed=0, bos_id=1)
+    assert loader.num_sequences == 3
+    epoch0 = _input_positions(loader, 3)
+    assert epoch0 == set(range(48))  # the first epoch: the stream's first 3 sequences
+    assert set(range(54)) - epoch0 == set(range(48, 54))
+    both = epoch0 | _input_positions(loader, 3)
+    assert both == set(range(54))  # every token an input within 2 epochs
+    # 40, 3, 5: the 5-token document lies wholly in the first epoch's tail (tokens 48 to 52)
+    for lengths in ([3, 5, 40], [40, 3, 5]):
+        for seed in range(10):
+            loader = PackedBatches(
+                _documents_stream(lengths), seq_len=16, batch_size=3, seed=seed, bos_id=1
+            )
+            inputs = np.concatenate([loader.next_batch()[0]["tokens"][:, :-1] for _ in range(2)])
+            assert {10, 11, 12} <= set(inputs.ravel().tolist())
+
+
+def test_a_wrapped_sequence_reads_the_stream_end_then_its_start_and_resumes_exactly():
+    stream = _documents_stream([3, 5, 40])
+    loader = PackedBatches(stream, seq_len=16, batch_size=1, seed=0, bos_id=1)
+    rows = [loader.next_batch() for _ in range(6)]
+    wrapped = next(batch for batch, ids in rows if ids[0] == 3)  # epoch 1's first: 48 on
+    expected = np.concatenate([stream[48:], stream[:11]])
+    np.testing.assert_array_equal(wrapped["tokens"][0], expected)
+    np.testing.assert_array_equal(
+        wrapped["segment_ids"][0], np.cumsum(expected[:-1] == 1, dtype=np.int32)
+    )
+    for position in range(7):
+        resumed = PackedBatches(stream, seq_len=16, batch_size=1, seed=0, bos_id=1)
+        resumed.position = position
+        straight = PackedBatches(stream, seq_len=16, batch_size=1, seed=0, bos_id=1)
+        for _ in range(position):
+            straight.next_batch()
+        a, b = resumed.next_batch(), straight.next_batch()
+        np.testing.assert_array_equal(a[0]["tokens"], b[0]["tokens"])
+        np.testing.assert_array_equal(a[1], b[1])

@@ -11,8 +11,10 @@ counted by reason (:data:`DROP_REASONS`), never dropped silently.
 Tokenization happens once per (corpus, tokenizer) ahead of training, into a cached flat token
 file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream into
 sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence ``k`` covering tokens
-``[k * seq_len, k * seq_len + seq_len]``. Each epoch visits every sequence once in an order drawn
-from ``(seed, epoch)``. The loader's whole state is one integer, the number of sequences
+``[k * seq_len, k * seq_len + seq_len]`` of the stream read as a cycle. Each epoch visits every sequence once in an order drawn
+from ``(seed, epoch)``; each epoch starts in the stream where the previous one ended, so the
+tail that does not fill a sequence opens the next epoch and no token goes untrained
+(:class:`PackedBatches`). The loader's whole state is one integer, the number of sequences
 consumed, which checkpoints store: a resumed run neither repeats nor skips a sequence.
 """
 
@@ -320,6 +322,16 @@ def token_stream(
 class PackedBatches:
     """Fixed-length sequences of a token stream, shuffled per epoch, served in batches.
 
+    The stream is read as a cycle of its N tokens. An epoch is K = (N - 1) // seq_len
+    sequences, visited in an order drawn from ``(seed, epoch)``; sequence ``g`` (ids count on
+    across epochs: epoch ``e`` holds ``e * K`` to ``e * K + K - 1``) is the ``seq_len + 1``
+    tokens from stream index ``(g * seq_len) mod N`` on, wrapping past the end to the start.
+    Epoch 0 therefore covers tokens ``[0, K * seq_len]``, and each later epoch starts where the
+    one before ended: the tail that one epoch leaves out opens the next, and every token is an
+    input within ``ceil(N / (K * seq_len))`` epochs (2 whenever N >= 2 * seq_len, as
+    K * seq_len > N - 1 - seq_len). The order and the windows are
+    functions of (seed, position) alone, so resuming at a saved :attr:`position` is exact.
+
     Args:
         tokens: (N,) token stream from :func:`token_stream`.
         seq_len: tokens per input sequence (each sequence holds ``seq_len + 1`` tokens).
@@ -361,12 +373,18 @@ class PackedBatches:
         return self._orders[epoch]
 
     def sequence_ids(self, position: int) -> np.ndarray:
-        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``."""
+        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``: the
+        sequence at place ``j`` of epoch ``e`` has id ``e * K + order_e[j]`` (K sequences per
+        epoch, ``order_e`` the epoch's permutation)."""
         ids = np.empty(self.batch_size, dtype=np.int64)
         for i, index in enumerate(range(position, position + self.batch_size)):
             epoch, offset = divmod(index, self.num_sequences)
-            ids[i] = self._order(epoch)[offset]
+            ids[i] = epoch * self.num_sequences + self._order(epoch)[offset]
         return ids
+
+    def sequence_starts(self, ids: np.ndarray) -> np.ndarray:
+        """Stream index of each sequence's first token: ``(id * seq_len) mod N``."""
+        return (ids * self.seq_len) % len(self.tokens)
 
     def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The next batch (its :attr:`rows`) and the whole batch's sequence ids; advances
@@ -377,8 +395,8 @@ class PackedBatches:
             R = B, or the number of :attr:`rows`
         """
         ids = self.sequence_ids(self.position)
-        starts = (ids if self.rows is None else ids[self.rows]) * self.seq_len
-        window = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
+        starts = self.sequence_starts(ids if self.rows is None else ids[self.rows])
+        window = (starts[:, None] + np.arange(self.seq_len + 1)[None, :]) % len(self.tokens)
         tokens = np.asarray(self.tokens[window], dtype=np.int32)
         segment_ids = np.cumsum(tokens[:, :-1] == self.bos_id, axis=1, dtype=np.int32)
         self.position += self.batch_size
