@@ -13,7 +13,13 @@ import pytest
 import zstandard
 
 from titan.data.text import DROP_REASONS, PackedBatches, file_format, open_corpus, token_stream
-from titan.data.tokenizer import MAX_SENTENCE_BYTES, split_line, train_tokenizer, training_sample
+from titan.data.tokenizer import (
+    MAX_SENTENCE_BYTES,
+    StreamDecoder,
+    split_line,
+    train_tokenizer,
+    training_sample,
+)
 from titan.errors import TitanError
 
 
@@ -219,3 +225,35 @@ def test_a_wrapped_sequence_reads_the_stream_end_then_its_start_and_resumes_exac
         a, b = resumed.next_batch(), straight.next_batch()
         np.testing.assert_array_equal(a[0]["tokens"], b[0]["tokens"])
         np.testing.assert_array_equal(a[1], b[1])
+
+
+STREAMED = " Hello world  again 🙂👍🏽 日本語のテキスト e\u0301 n\u0303 Å\u0327 done"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus_dir):
+    return train_tokenizer(open_corpus(str(corpus_dir)), 512)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_streamed_decodes_join_to_the_one_decode(tokenizer, chunk):
+    ids = tokenizer.processor.encode(STREAMED)
+    whole = tokenizer.decode(ids)
+    assert whole == STREAMED
+    decoder = StreamDecoder(tokenizer)
+    parts = [decoder.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    parts.append(decoder.flush())
+    assert "".join(parts) == whole
+    assert all("\ufffd" not in part for part in parts)  # no half character is ever emitted
+    naive = "".join(tokenizer.decode(ids[i : i + chunk]) for i in range(0, len(ids), chunk))
+    assert naive != whole  # what decoding chunks alone gives
+
+
+def test_stream_decoder_holds_back_an_incomplete_character_until_flushed(tokenizer):
+    emoji = tokenizer.processor.encode("🙂")[-4:]  # four byte-fallback pieces
+    decoder = StreamDecoder(tokenizer)
+    assert decoder.push(tokenizer.processor.encode("a")) == "a"
+    assert decoder.push(emoji[:3]) == ""  # the emoji's last byte is missing
+    assert decoder.push(emoji[3:]) == "🙂"
+    assert decoder.push(emoji[:2]) == ""
+    assert decoder.flush() == "\ufffd\ufffd"  # the end of the stream: shown as it is

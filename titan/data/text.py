@@ -9,13 +9,14 @@ file). Everything is streamed, one file open at a time. A record that is not a d
 counted by reason (:data:`DROP_REASONS`), never dropped silently.
 
 Tokenization happens once per (corpus, tokenizer) ahead of training, into a cached flat token
-file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream into
-sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence ``k`` covering tokens
-``[k * seq_len, k * seq_len + seq_len]`` of the stream read as a cycle. Each epoch visits every sequence once in an order drawn
-from ``(seed, epoch)``; each epoch starts in the stream where the previous one ended, so the
-tail that does not fill a sequence opens the next epoch and no token goes untrained
-(:class:`PackedBatches`). The loader's whole state is one integer, the number of sequences
-consumed, which checkpoints store: a resumed run neither repeats nor skips a sequence.
+file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream, read
+as a cycle, into sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence
+``k`` covering tokens ``[k * seq_len, k * seq_len + seq_len]`` (mod the stream's length). Each
+epoch visits its sequences once in an order drawn from ``(seed, epoch)`` and starts in the
+stream where the previous one ended, so the tail that does not fill a sequence opens the next
+epoch and no token goes untrained (:class:`PackedBatches`). The loader's whole state is one
+integer, the number of sequences consumed, which checkpoints store: a resumed run neither
+repeats nor skips a sequence.
 """
 
 from __future__ import annotations

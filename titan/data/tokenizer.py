@@ -95,7 +95,41 @@ class Tokenizer:
         return [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
         return self.processor.decode(ids)
+
+
+class StreamDecoder:
+    """Decodes token ids chunk by chunk (generation streams them) so that the joined outputs
+    equal one :meth:`Tokenizer.decode` of all the ids.
+
+    Decoding each chunk alone loses a chunk's leading space (sentencepiece strips it at the
+    start of a text) and splits a UTF-8 sequence spread over byte-fallback pieces into U+FFFD.
+    Here each push decodes a context window, the ids emitted last time followed by the new
+    ones, and emits the text past the context's own decode (the incremental detokenization of
+    vLLM and Hugging Face's ``TextStreamer``): text still ending in U+FFFD, an incomplete UTF-8
+    sequence, is held back until more ids (or :meth:`flush`) come.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._decode = tokenizer.decode
+        self._ids: list[int] = []  # from the context window's start on
+        self._read = 0  # ids of _ids whose text has been emitted
+
+    def push(self, ids: list[int] | np.ndarray) -> str:
+        """Add ``ids``; return the text they complete ("" while a character is incomplete)."""
+        self._ids.extend(int(i) for i in ids)
+        if self._decode(self._ids).endswith("\ufffd"):
+            return ""
+        return self.flush()
+
+    def flush(self) -> str:
+        """The text of every id pushed not yet returned, complete or not (at the stream's end)."""
+        done = self._decode(self._ids[: self._read])
+        text = self._decode(self._ids)[len(done) :]
+        self._ids = self._ids[self._read :]  # the last emitted ids stay as the next context
+        self._read = len(self._ids)
+        return text
 
 
 _PROCESSORS: dict[bytes, spm.SentencePieceProcessor] = {}
