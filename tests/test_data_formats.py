@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
+import tokenizers as hf_tokenizers
 import zstandard
+from helpers import events, run_in_process, small_run
 
 from titan.data.text import DROP_REASONS, PackedBatches, file_format, open_corpus, token_stream
 from titan.data.tokenizer import (
     MAX_SENTENCE_BYTES,
     StreamDecoder,
+    Tokenizer,
+    load_tokenizer,
     split_line,
     train_tokenizer,
     training_sample,
@@ -257,3 +262,79 @@ def test_stream_decoder_holds_back_an_incomplete_character_until_flushed(tokeniz
     assert decoder.push(emoji[3:]) == "🙂"
     assert decoder.push(emoji[:2]) == ""
     assert decoder.flush() == "\ufffd\ufffd"  # the end of the stream: shown as it is
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory, corpus_dir):
+    """A real byte-level BPE ``tokenizer.json`` (Llama 3's kind: BOS in its post-processor
+    template, EOS only in ``tokenizer_config.json``) trained on the test corpus."""
+    root = tmp_path_factory.mktemp("hf")
+    tok = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE())
+    tok.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = hf_tokenizers.decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    trainer = hf_tokenizers.trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=specials,
+        initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    texts = [p.read_text() for p in sorted(corpus_dir.iterdir())]
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = hf_tokenizers.processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
+    )
+    tok.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end_of_text|>"}))
+    return root
+
+
+def test_hugging_face_tokenizer_json_takes_bos_and_eos_from_its_config(hf_dir):
+    tok = load_tokenizer(hf_dir / "tokenizer.json")
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 600)
+    (ids,) = tok.encode_documents(["a"])
+    assert ids[0] == 0 and ids[-1] == 1 and (ids == 0).sum() == 1 and (ids == 1).sum() == 1
+    assert tok.decode(tok.encode(STREAMED)) == STREAMED
+    copy = Tokenizer(tok.model_proto)  # the run dir's tokenizer.model, as processes share it
+    assert copy.encode(STREAMED) == tok.encode(STREAMED) and copy.eos_id == 1
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_hugging_face_streamed_decodes_join_to_the_one_decode(hf_dir, chunk):
+    tok = load_tokenizer(hf_dir / "tokenizer.json")
+    ids = tok.encode(STREAMED)
+    decoder = StreamDecoder(tok)
+    parts = [decoder.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    assert "".join(parts) + decoder.flush() == STREAMED
+
+
+def test_hugging_face_tokenizer_without_eos_or_unreadable_is_refused(hf_dir, tmp_path):
+    shutil.copy(hf_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    with pytest.raises(TitanError, match="names no EOS token"):
+        load_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "bad.json").write_text('{"model": 3}')
+    with pytest.raises(TitanError, match="is not a Hugging Face tokenizer"):
+        load_tokenizer(tmp_path / "bad.json")
+
+
+def test_run_on_shards_with_a_tokenizer_json_records_drops_and_resumes(mixed_dir, hf_dir, tmp_path):
+    (mixed_dir / "blob.bin").write_bytes(b"\x00binary")
+    (mixed_dir / "f.jsonl").write_bytes(_jsonl([" ", "x" * 3000]) + b"{oops\n")
+    options = small_run(
+        mixed_dir,
+        tmp_path / "runs",
+        tokenizer=str(hf_dir / "tokenizer.json"),
+        seq_len=16,
+        batch_size=4,
+        dp=1,
+        steps=2,
+        checkpoint_every=1,
+        run_id="hf",
+    )
+    code, run_dir = run_in_process(options)
+    code_resumed, _ = run_in_process({**options, "steps": 3}, resume=run_dir)
+    assert (code, code_resumed) == (0, 0)
+    first, resumed = events(run_dir, "run_start")
+    assert first["data"]["documents"] == len(EXPECTED) + 1
+    assert first["data"]["dropped"] == {"empty": 1, "non_text": 0, "nul_bytes": 1, "bad_json": 1}
+    assert resumed["data"] == first["data"] and resumed["tokenizer"]["vocab_size"] == 600
+    assert [e["step"] for e in events(run_dir, "step")] == [1, 2, 3]

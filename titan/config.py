@@ -343,7 +343,9 @@ class DataOptions:
         default="",
         metadata=_opt(
             "--tokenizer",
-            "sentencepiece .model to use; empty trains one on the corpus (cached)",
+            "tokenizer to use, told by content: a sentencepiece .model or a Hugging Face "
+            "tokenizer.json (BOS/EOS from the tokenizer_config.json beside it, else its "
+            "template); empty trains one on the corpus (cached)",
         ),
     )
     vocab_size: int = field(

@@ -1,8 +1,11 @@
-"""Llama-convention sentencepiece tokenizer: load one, or train one on the corpus (cached).
+"""Tokenizers: load a sentencepiece model or a Hugging Face ``tokenizer.json`` behind one
+interface (:class:`Tokenizer`), or train a Llama-convention sentencepiece model on the corpus
+(cached); decode in chunks (:class:`StreamDecoder`).
 
-Convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte fallback so
-that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does) with identity
-normalisation and whitespace kept, so that source code round-trips, and split digits.
+Trained convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte
+fallback so that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does)
+with identity normalisation and whitespace kept, so that source code round-trips, and split
+digits.
 
 Training reads a deterministic sample of the corpus, streamed (:func:`training_sample`: at most
 :data:`SAMPLE_BYTES` bytes of lines of documents drawn in a seeded order, long lines split rather
@@ -21,9 +24,11 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers as hf_tokenizers
 
 from titan.data.cache import cache_dir
 from titan.data.text import Corpus
@@ -54,19 +59,27 @@ TRAINER_SETTINGS = {
 }
 
 
+class Backend(Protocol):
+    """What :class:`Tokenizer` needs of a tokenizer library (sentencepiece, Hugging Face)."""
+
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        """Ids of each text, no special tokens added."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        ...
+
+
 @dataclass(frozen=True)
-class Tokenizer:
-    """A loaded sentencepiece model.
+class SentencePieceBackend:
+    """A sentencepiece model: BOS and EOS are its own ``bos_id`` / ``eos_id``."""
 
-    Attributes:
-        model_proto: the serialized ``.model`` bytes (copied into each run dir).
-    """
-
-    model_proto: bytes
-
-    @property
-    def processor(self) -> spm.SentencePieceProcessor:
-        return _processor(self.model_proto)
+    processor: spm.SentencePieceProcessor
 
     @property
     def vocab_size(self) -> int:
@@ -80,10 +93,82 @@ class Tokenizer:
     def eos_id(self) -> int:
         return self.processor.eos_id()
 
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        return self.processor.encode(texts, num_threads=threads)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.processor.decode(ids)
+
+
+@dataclass(frozen=True)
+class HuggingFaceBackend:
+    """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), with the BOS and EOS
+    tokens that :func:`load_tokenizer` took from its configuration."""
+
+    tokenizer: hf_tokenizers.Tokenizer
+    bos_id: int
+    eos_id: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+HF_ENVELOPE = "titan.huggingface"
+"""``format`` of the JSON that holds a Hugging Face tokenizer in :attr:`Tokenizer.model_proto`:
+``{"format", "tokenizer": <tokenizer.json text>, "bos_token", "eos_token"}``."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A loaded tokenizer: a sentencepiece model or a Hugging Face ``tokenizer.json``.
+
+    Attributes:
+        model_proto: what defines it, copied into each run dir as ``tokenizer.model``: the
+            sentencepiece ``.model`` bytes, or the UTF-8 JSON of :data:`HF_ENVELOPE` (the
+            ``tokenizer.json`` with its BOS and EOS tokens), told apart by content.
+    """
+
+    model_proto: bytes
+
+    @property
+    def backend(self) -> Backend:
+        return _backend(self.model_proto)
+
+    @property
+    def processor(self) -> spm.SentencePieceProcessor:
+        """The sentencepiece processor (sentencepiece tokenizers only)."""
+        backend = self.backend
+        if not isinstance(backend, SentencePieceBackend):
+            raise TypeError("not a sentencepiece tokenizer")
+        return backend.processor
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
+
+    @property
+    def bos_id(self) -> int:
+        return self.backend.bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.backend.eos_id
+
     @property
     def digest(self) -> str:
         """sha256 of the model bytes (hex, 16 chars): identifies the tokenizer in cache keys."""
         return hashlib.sha256(self.model_proto).hexdigest()[:16]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` alone, no BOS or EOS."""
+        return self.backend.encode([text], 1)[0]
 
     def encode_documents(self, texts: list[str], threads: int = 0) -> list[np.ndarray]:
         """Token ids of each document with exactly one BOS before and one EOS after.
@@ -91,12 +176,12 @@ class Tokenizer:
         Returns:
             One int32 array per document, shape (len + 2,).
         """
-        ids = self.processor.encode(texts, num_threads=threads or (os.cpu_count() or 1))
+        ids = self.backend.encode(texts, threads or (os.cpu_count() or 1))
         return [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
-        return self.processor.decode(ids)
+        return self.backend.decode(ids)
 
 
 class StreamDecoder:
@@ -132,13 +217,24 @@ class StreamDecoder:
         return text
 
 
-_PROCESSORS: dict[bytes, spm.SentencePieceProcessor] = {}
+_BACKENDS: dict[bytes, Backend] = {}
 
 
-def _processor(model_proto: bytes) -> spm.SentencePieceProcessor:
-    if model_proto not in _PROCESSORS:
-        _PROCESSORS[model_proto] = spm.SentencePieceProcessor(model_proto=model_proto)
-    return _PROCESSORS[model_proto]
+def _is_json(data: bytes) -> bool:
+    return data.lstrip()[:1] == b"{"
+
+
+def _backend(model_proto: bytes) -> Backend:
+    if model_proto not in _BACKENDS:
+        if _is_json(model_proto):
+            envelope = json.loads(model_proto)
+            tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
+            ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
+            _BACKENDS[model_proto] = HuggingFaceBackend(tok, *ids)
+        else:
+            processor = spm.SentencePieceProcessor(model_proto=model_proto)
+            _BACKENDS[model_proto] = SentencePieceBackend(processor)
+    return _BACKENDS[model_proto]
 
 
 def _check_convention(tokenizer: Tokenizer, source: str) -> Tokenizer:
@@ -147,21 +243,86 @@ def _check_convention(tokenizer: Tokenizer, source: str) -> Tokenizer:
     return tokenizer
 
 
+def _token_content(value: object) -> str | None:
+    """A ``tokenizer_config.json`` token: a string or an ``AddedToken`` dict's ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _template_specials(spec: dict) -> tuple[str | None, str | None]:
+    """The special tokens before and after ``$A`` in the ``post_processor``'s single-sequence
+    template (``TemplateProcessing``; searched inside a ``Sequence`` of processors)."""
+    processors = [spec] if spec.get("type") != "Sequence" else spec.get("processors", [])
+    for processor in processors:
+        if processor.get("type") == "TemplateProcessing":
+            items = processor.get("single", [])
+            place = next((i for i, item in enumerate(items) if "Sequence" in item), len(items))
+            specials = [
+                (i, item["SpecialToken"]["id"])
+                for i, item in enumerate(items)
+                if "SpecialToken" in item
+            ]
+            before = [t for i, t in specials if i < place]
+            after = [t for i, t in specials if i > place]
+            return (before[-1] if before else None), (after[0] if after else None)
+    return None, None
+
+
+def _hf_special_tokens(path: Path, spec: dict) -> tuple[str | None, str | None]:
+    """BOS and EOS of a ``tokenizer.json``: ``bos_token`` / ``eos_token`` of the
+    ``tokenizer_config.json`` beside it (as ``transformers`` reads them), else the special
+    tokens around ``$A`` in its ``post_processor`` template."""
+    config_path = path.with_name("tokenizer_config.json")
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    bos, eos = _template_specials(spec.get("post_processor") or {})
+    return (
+        _token_content(config.get("bos_token")) or bos,
+        _token_content(config.get("eos_token")) or eos,
+    )
+
+
+def _load_huggingface(path: Path, data: bytes) -> Tokenizer:
+    text = data.decode("utf-8", errors="replace")
+    try:
+        spec = json.loads(text)
+        if spec.get("format") == HF_ENVELOPE:  # a run dir's copy
+            return Tokenizer(data)
+        tok = hf_tokenizers.Tokenizer.from_str(text)
+    except Exception as err:  # the library raises plain Exception for a bad file
+        reason = str(err).splitlines()[0]
+        raise TitanError(f"--tokenizer {path} is not a Hugging Face tokenizer ({reason})") from None
+    bos, eos = _hf_special_tokens(path, spec)
+    for name, token in (("BOS", bos), ("EOS", eos)):
+        if token is None or tok.token_to_id(token) is None:
+            raise TitanError(
+                f"--tokenizer {path} names no {name} token of its vocabulary "
+                "(tokenizer_config.json beside it, or its post_processor template)"
+            )
+    envelope = {"format": HF_ENVELOPE, "tokenizer": text, "bos_token": bos, "eos_token": eos}
+    return Tokenizer(json.dumps(envelope, sort_keys=True).encode())
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a sentencepiece ``.model`` (e.g. a Llama ``tokenizer.model``).
+    """Load a tokenizer, its kind told by the file's content: a sentencepiece ``.model`` (e.g.
+    a Llama 1/2 ``tokenizer.model``), a Hugging Face ``tokenizer.json`` (e.g. Llama 3's; BOS
+    and EOS from the ``tokenizer_config.json`` beside it, else its post-processor template), or
+    a run dir's ``tokenizer.model`` (either, as :attr:`Tokenizer.model_proto` holds it).
 
     Raises:
-        TitanError: the file is missing, is not a sentencepiece model, or has no BOS/EOS.
+        TitanError: the file is missing, is neither kind, or has no BOS/EOS.
     """
     path = Path(path)
     if not path.is_file():
         raise TitanError(f"--tokenizer {path}: no such file")
-    proto = path.read_bytes()
+    data = path.read_bytes()
+    if _is_json(data):
+        return _load_huggingface(path, data)
     try:
-        spm.SentencePieceProcessor(model_proto=proto)
+        spm.SentencePieceProcessor(model_proto=data)
     except RuntimeError as err:
         raise TitanError(f"--tokenizer {path} is not a sentencepiece model ({err})") from None
-    return _check_convention(Tokenizer(proto), str(path))
+    return _check_convention(Tokenizer(data), str(path))
 
 
 def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
