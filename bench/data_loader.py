@@ -39,12 +39,12 @@ def main() -> None:
     from titan.trainer.train import train
 
     cfg = TrainConfig.of(data=args.data, steps=args.train_steps, log_every=10**6)
-    corpus = open_corpus(cfg.data.corpus)
+    corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
     start = time.perf_counter()
     tokenizer = train_tokenizer(corpus, cfg.data.vocab_size)
     tokenizer_s = time.perf_counter() - start
     start = time.perf_counter()
-    tokens = token_stream(corpus, tokenizer)
+    tokens = token_stream(corpus, tokenizer).tokens
     tokenize_s = time.perf_counter() - start
 
     batches = PackedBatches(

@@ -330,16 +330,25 @@ class DataOptions:
         default="stdlib",
         metadata=_opt(
             "--data",
-            "corpus: 'stdlib' (this Python's standard library sources), or a text file, a "
-            "directory, a .jsonl file with a 'text' field, or a .parquet file with a 'text' column",
+            "corpus: 'stdlib' (this Python's standard library sources), a file, a directory or "
+            "a glob; each file's format by its name: .jsonl, .jsonl.gz, .jsonl.zst (one JSON "
+            "object per line), .parquet, anything else plain text (one document per file)",
             name="data",
+        ),
+    )
+    text_field: str = field(
+        default="text",
+        metadata=_opt(
+            "--text-field", "the JSON field (.jsonl*) or column (.parquet) holding the text"
         ),
     )
     tokenizer: str = field(
         default="",
         metadata=_opt(
             "--tokenizer",
-            "sentencepiece .model to use; empty trains one on the corpus (cached)",
+            "tokenizer to use, told by content: a sentencepiece .model or a Hugging Face "
+            "tokenizer.json (BOS/EOS from the tokenizer_config.json beside it, else its "
+            "template); empty trains one on the corpus (cached)",
         ),
     )
     vocab_size: int = field(

@@ -1,31 +1,43 @@
 """Text data: corpora, the tokenized token stream, and packed, shuffled, resumable batches.
 
 Corpora (``--data``): ``stdlib`` (the ``.py`` sources of the running Python's standard library,
-real text present on every machine), a text file, a directory (every UTF-8 text file below it),
-a ``.jsonl`` file (one JSON object per line with a ``text`` field) or a ``.parquet`` file with a
-``text`` column (read through DuckDB).
+real text present on every machine), a file, a directory (every file below it) or a glob. Each
+file's format comes from its name (:func:`file_format`): ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``
+(one JSON object per line, the text in ``--text-field``), ``.parquet`` (the ``--text-field``
+column, read through DuckDB in batches), anything else plain UTF-8 text (one document per
+file). Everything is streamed, one file open at a time. A record that is not a document is
+counted by reason (:data:`DROP_REASONS`), never dropped silently.
 
 Tokenization happens once per (corpus, tokenizer) ahead of training, into a cached flat token
-file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream into
-sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence ``k`` covering tokens
-``[k * seq_len, k * seq_len + seq_len]``. Each epoch visits every sequence once in an order drawn
-from ``(seed, epoch)``. The loader's whole state is one integer, the number of sequences
-consumed, which checkpoints store: a resumed run neither repeats nor skips a sequence.
+file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream, read
+as a cycle, into sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence
+``k`` covering tokens ``[k * seq_len, k * seq_len + seq_len]`` (mod the stream's length). Each
+epoch visits its sequences once in an order drawn from ``(seed, epoch)`` and starts in the
+stream where the previous one ended, so the tail that does not fill a sequence opens the next
+epoch and no token goes untrained (:class:`PackedBatches`). The loader's whole state is one
+integer, the number of sequences consumed, which checkpoints store: a resumed run neither
+repeats nor skips a sequence.
 """
 
 from __future__ import annotations
 
+import glob
+import gzip
 import hashlib
+import io
 import json
 import os
 import sysconfig
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
+import duckdb
 import numpy as np
+import zstandard
 
 from titan.data.cache import cache_dir
 from titan.errors import TitanError
@@ -47,19 +59,93 @@ class DocumentEncoder(Protocol):
 
 STDLIB = "stdlib"
 ENCODE_CHUNK_DOCS = 512
+PARQUET_BATCH_ROWS = 1024
+GLOB_CHARS = frozenset("*?[")
+DROP_REASONS = ("empty", "non_text", "nul_bytes", "bad_json")
+"""Why a record is not a document: ``empty`` (nothing but whitespace), ``non_text`` (the text
+field is missing, or holds no string), ``nul_bytes`` (a NUL byte: a binary file), ``bad_json``
+(a ``.jsonl`` line that is not a JSON object)."""
 
 
-def _read_text_file(path: Path) -> str | None:
+def _read_bytes(path: Path) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as err:  # a read error names no file: this one
         raise OSError(err.errno, err.strerror, str(path)) from None
+
+
+def _plain_text(data: bytes, dropped: Counter[str]) -> Iterator[str]:
+    """The one document of a plain text file (UTF-8, undecodable bytes replaced)."""
     if b"\0" in data:
-        return None
-    return data.decode("utf-8", errors="replace")
+        dropped["nul_bytes"] += 1
+        return
+    yield from _checked(data.decode("utf-8", errors="replace"), dropped)
 
 
-def _stat_fingerprint(paths: list[Path]) -> list[tuple[str, int, int]]:
+def _checked(text: object, dropped: Counter[str]) -> Iterator[str]:
+    if not isinstance(text, str):
+        dropped["non_text"] += 1
+    elif "\0" in text:
+        dropped["nul_bytes"] += 1
+    elif not text.strip():
+        dropped["empty"] += 1
+    else:
+        yield text
+
+
+def _open_lines(path: Path) -> IO[str]:
+    """A ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file as text lines, decompressed while read."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    if name.endswith(".zst"):
+        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        return io.TextIOWrapper(reader, encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _jsonl_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iterator[str]:
+    with _open_lines(path) as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                dropped["bad_json"] += 1
+                continue
+            if not isinstance(record, dict):
+                dropped["bad_json"] += 1
+                continue
+            yield from _checked(record.get(field_name), dropped)
+
+
+def _parquet_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iterator[str]:
+    """The ``field_name`` column, read through DuckDB in batches of
+    :data:`PARQUET_BATCH_ROWS` rows (never the whole file at once)."""
+    column = '"' + field_name.replace('"', '""') + '"'
+    try:
+        result = duckdb.connect().execute(f"SELECT {column} FROM read_parquet(?)", [str(path)])
+        while rows := result.fetchmany(PARQUET_BATCH_ROWS):
+            for (text,) in rows:
+                yield from _checked(text, dropped)
+    except duckdb.Error as err:
+        reason = str(err).splitlines()[0]
+        raise TitanError(f"--data {path}: cannot read a '{field_name}' column ({reason})") from None
+
+
+def file_format(path: Path) -> str:
+    """A corpus file's format by its name: ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
+    ``.jsonl.zst``), ``parquet`` (``.parquet``) or ``text`` (anything else: one document)."""
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    return "text"
+
+
+def _stat_fingerprint(paths: tuple[Path, ...]) -> list[tuple[str, int, int]]:
     return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
 
 
@@ -69,72 +155,49 @@ class Corpus:
 
     Attributes:
         spec: the ``--data`` value.
-        files: the files read, in order.
-        kind: ``files`` (one document per file), ``lines`` (plain text file: one document),
-            ``jsonl`` or ``parquet`` (one document per record).
+        files: the files read, in order; each one's format by its name (:func:`file_format`).
+        text_field: the field (``.jsonl``) or column (``.parquet``) holding a record's text.
     """
 
     spec: str
     files: tuple[Path, ...]
-    kind: str
+    text_field: str = "text"
 
-    def documents(self) -> Iterator[str]:
-        """The documents' texts, in a fixed order.
+    def documents(self, dropped: Counter[str] | None = None) -> Iterator[str]:
+        """The documents' texts, in a fixed order, streamed (one file open at a time).
+
+        Args:
+            dropped: counts the records that are not documents, by reason
+                (:data:`DROP_REASONS`), when given.
 
         Raises:
-            TitanError: a file cannot be read (names it and the OS's reason).
+            TitanError: a ``.parquet`` file has no ``text_field`` column, or a file cannot be
+                read (names it and the OS's reason).
         """
+        counts = Counter() if dropped is None else dropped
         try:
-            yield from self._documents()
+            yield from self._documents(counts)
         except OSError as err:
             where = err.filename or self.spec
             raise TitanError(
                 f"--data {self.spec}: cannot read {where}: {err.strerror or err}"
             ) from None
 
-    def _documents(self) -> Iterator[str]:
-        if self.kind == "jsonl":
-            yield from _jsonl_documents(self.files[0])
-        elif self.kind == "parquet":
-            yield from _parquet_documents(self.files[0])
-        else:
-            for path in self.files:
-                text = _read_text_file(path)
-                if text and text.strip():
-                    yield text
+    def _documents(self, counts: Counter[str]) -> Iterator[str]:
+        for path in self.files:
+            kind = file_format(path)
+            if kind == "jsonl":
+                yield from _jsonl_documents(path, self.text_field, counts)
+            elif kind == "parquet":
+                yield from _parquet_documents(path, self.text_field, counts)
+            else:
+                yield from _plain_text(_read_bytes(path), counts)
 
     def fingerprint(self) -> str:
-        """Identity of the corpus for caches: sha256 over (path, size, mtime) of its files."""
-        payload = json.dumps([self.kind, _stat_fingerprint(list(self.files))])
+        """Identity of the corpus for caches: sha256 over the text field and (path, size,
+        mtime) of its files."""
+        payload = json.dumps([self.text_field, _stat_fingerprint(self.files)])
         return hashlib.sha256(payload.encode()).hexdigest()[:24]
-
-
-def _jsonl_documents(path: Path) -> Iterator[str]:
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:  # a UnicodeDecodeError is a ValueError
-                text = json.loads(line.decode("utf-8"))["text"]
-            except (ValueError, KeyError, TypeError):
-                raise TitanError(
-                    f"--data {path}: line {number} is not a UTF-8 JSON object with a 'text' field"
-                ) from None
-            if isinstance(text, str) and text.strip():
-                yield text
-
-
-def _parquet_documents(path: Path) -> Iterator[str]:
-    import duckdb
-
-    try:
-        rows = duckdb.execute("SELECT text FROM read_parquet(?)", [str(path)]).fetchall()
-    except duckdb.Error as err:
-        reason = str(err).splitlines()[0]
-        raise TitanError(f"--data {path}: cannot read a 'text' column ({reason})") from None
-    for (text,) in rows:
-        if isinstance(text, str) and text.strip():
-            yield text
 
 
 def _stdlib_files() -> list[Path]:
@@ -142,24 +205,38 @@ def _stdlib_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file())
 
 
-def open_corpus(spec: str) -> Corpus:
-    """Resolve ``--data``.
+def _files_below(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def open_corpus(spec: str, text_field: str = "text") -> Corpus:
+    """Resolve ``--data``: ``stdlib``, a file, a directory (every file below it, hidden ones
+    excepted) or a glob (``shards/*.jsonl.zst``, ``**`` recursive; directories it matches are
+    read whole).
 
     Raises:
-        TitanError: the path does not exist or holds no files.
+        TitanError: the path does not exist, or the directory or glob holds no files.
     """
     if spec == STDLIB:
-        return Corpus(spec, tuple(_stdlib_files()), "files")
-    path = Path(spec)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return Corpus(spec, tuple(_stdlib_files()), text_field)
+    if GLOB_CHARS & set(spec):
+        files = [
+            f
+            for match in sorted(glob.glob(spec, recursive=True))
+            for f in _files_below(Path(match))
+        ]
         if not files:
-            raise TitanError(f"--data {spec}: directory holds no files")
-        return Corpus(spec, tuple(files), "files")
-    if not path.is_file():
+            raise TitanError(f"--data {spec}: the pattern matches no files")
+        return Corpus(spec, tuple(dict.fromkeys(files)), text_field)
+    path = Path(spec)
+    if not path.exists():
         raise TitanError(f"--data {spec}: no such file or directory (or 'stdlib')")
-    kind = {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "files")
-    return Corpus(spec, (path,), kind)
+    files = _files_below(path)
+    if not files:
+        raise TitanError(f"--data {spec}: directory holds no files")
+    return Corpus(spec, tuple(files), text_field)
 
 
 def check_inputs(data: str, tokenizer: str) -> None:
@@ -186,37 +263,83 @@ def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+@dataclass(frozen=True)
+class TokenStream:
+    """A tokenized corpus.
+
+    Attributes:
+        tokens: (N,) uint32 memory-mapped array: BOS doc EOS BOS doc EOS ...
+        documents: documents tokenized.
+        dropped: records that are not documents, by reason (:data:`DROP_REASONS`, every
+            reason present, zeros included).
+    """
+
+    tokens: np.ndarray
+    documents: int
+    dropped: dict[str, int]
+
+
+def _drop_summary(dropped: dict[str, int]) -> str:
+    return ", ".join(f"{count} {reason}" for reason, count in dropped.items() if count) or "none"
+
+
+def _write_tokens(
+    corpus: Corpus,
+    tokenizer: DocumentEncoder,
+    path: Path,
+    progress: Callable[[int], None] | None,
+) -> dict[str, int | dict[str, int]]:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    documents, dropped = 0, Counter()
+    try:
+        with open(tmp, "wb") as out:
+            for chunk in _batched(corpus.documents(dropped), ENCODE_CHUNK_DOCS):
+                for ids in tokenizer.encode_documents(chunk):
+                    out.write(ids.astype(np.uint32).tobytes())
+                documents += len(chunk)
+                if progress:
+                    progress(documents)
+    except BaseException:  # an error or a stop signal: no partial file stays in the cache
+        tmp.unlink(missing_ok=True)
+        raise
+    counts = {reason: dropped[reason] for reason in DROP_REASONS}
+    if documents == 0:
+        tmp.unlink()
+        raise TitanError(
+            f"--data {corpus.spec}: no non-empty document (dropped: {_drop_summary(counts)})"
+        )
+    os.replace(tmp, path)
+    return {"documents": documents, "dropped": counts}
+
+
 def token_stream(
     corpus: Corpus,
     tokenizer: DocumentEncoder,
     progress: Callable[[int], None] | None = None,
-) -> np.ndarray:
-    """The corpus as one flat array of token ids, tokenized once and cached.
+) -> TokenStream:
+    """The corpus as one flat array of token ids, tokenized once and cached (with its document
+    counts beside it, ``<key>.json``).
 
     Args:
         progress: called with the number of documents done after each chunk; what it raises (a
             stop signal's exception) is passed on, and no partial file stays in the cache.
 
-    Returns:
-        (N,) uint32 memory-mapped array: BOS doc EOS BOS doc EOS ...
-
     Raises:
-        TitanError: the corpus has no non-empty document, or a file of it cannot be read.
+        TitanError: the corpus has no non-empty document (the message counts the drops), or a
+            file of it cannot be read.
     """
     key = hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
     path = cache_dir() / "tokens" / f"{key}.u32"
-    if not path.is_file():
+    counts_path = path.with_suffix(".json")
+    if not (path.is_file() and counts_path.is_file()):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        try:
-            documents = _write_tokens(corpus, tokenizer, tmp, progress)
-            if documents == 0:
-                raise TitanError(f"--data {corpus.spec}: no non-empty document")
-            os.replace(tmp, path)
-        except BaseException:  # an error or a stop signal: no partial file stays in the cache
-            tmp.unlink(missing_ok=True)
-            raise
-    return np.memmap(path, dtype=np.uint32, mode="r")
+        counts = _write_tokens(corpus, tokenizer, path, progress)
+        tmp = counts_path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(counts))
+        os.replace(tmp, counts_path)
+    counts = json.loads(counts_path.read_text())
+    tokens = np.memmap(path, dtype=np.uint32, mode="r")
+    return TokenStream(tokens, counts["documents"], counts["dropped"])
 
 
 def _write_tokens(
@@ -240,6 +363,16 @@ def _write_tokens(
 @dataclass
 class PackedBatches:
     """Fixed-length sequences of a token stream, shuffled per epoch, served in batches.
+
+    The stream is read as a cycle of its N tokens. An epoch is K = (N - 1) // seq_len
+    sequences, visited in an order drawn from ``(seed, epoch)``; sequence ``g`` (ids count on
+    across epochs: epoch ``e`` holds ``e * K`` to ``e * K + K - 1``) is the ``seq_len + 1``
+    tokens from stream index ``(g * seq_len) mod N`` on, wrapping past the end to the start.
+    Epoch 0 therefore covers tokens ``[0, K * seq_len]``, and each later epoch starts where the
+    one before ended: the tail that one epoch leaves out opens the next, and every token is an
+    input within ``ceil(N / (K * seq_len))`` epochs (2 whenever N >= 2 * seq_len, as
+    K * seq_len > N - 1 - seq_len). The order and the windows are
+    functions of (seed, position) alone, so resuming at a saved :attr:`position` is exact.
 
     Args:
         tokens: (N,) token stream from :func:`token_stream`.
@@ -282,12 +415,18 @@ class PackedBatches:
         return self._orders[epoch]
 
     def sequence_ids(self, position: int) -> np.ndarray:
-        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``."""
+        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``: the
+        sequence at place ``j`` of epoch ``e`` has id ``e * K + order_e[j]`` (K sequences per
+        epoch, ``order_e`` the epoch's permutation)."""
         ids = np.empty(self.batch_size, dtype=np.int64)
         for i, index in enumerate(range(position, position + self.batch_size)):
             epoch, offset = divmod(index, self.num_sequences)
-            ids[i] = self._order(epoch)[offset]
+            ids[i] = epoch * self.num_sequences + self._order(epoch)[offset]
         return ids
+
+    def sequence_starts(self, ids: np.ndarray) -> np.ndarray:
+        """Stream index of each sequence's first token: ``(id * seq_len) mod N``."""
+        return (ids * self.seq_len) % len(self.tokens)
 
     def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The next batch (its :attr:`rows`) and the whole batch's sequence ids; advances
@@ -298,8 +437,8 @@ class PackedBatches:
             R = B, or the number of :attr:`rows`
         """
         ids = self.sequence_ids(self.position)
-        starts = (ids if self.rows is None else ids[self.rows]) * self.seq_len
-        window = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
+        starts = self.sequence_starts(ids if self.rows is None else ids[self.rows])
+        window = (starts[:, None] + np.arange(self.seq_len + 1)[None, :]) % len(self.tokens)
         tokens = np.asarray(self.tokens[window], dtype=np.int32)
         segment_ids = np.cumsum(tokens[:, :-1] == self.bos_id, axis=1, dtype=np.int32)
         self.position += self.batch_size

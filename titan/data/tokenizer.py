@@ -1,11 +1,15 @@
-"""Llama-convention sentencepiece tokenizer: load one, or train one on the corpus (cached).
+"""Tokenizers: load a sentencepiece model or a Hugging Face ``tokenizer.json`` behind one
+interface (:class:`Tokenizer`), or train a Llama-convention sentencepiece model on the corpus
+(cached); decode in chunks (:class:`StreamDecoder`).
 
-Convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte fallback so
-that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does) with identity
-normalisation and whitespace kept, so that source code round-trips, and split digits.
+Trained convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte
+fallback so that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does)
+with identity normalisation and whitespace kept, so that source code round-trips, and split
+digits.
 
-Training reads a deterministic sample of the corpus (:data:`SAMPLE_CHARS` characters of lines
-from documents in a seeded order) and takes seconds. The result is cached under
+Training reads a deterministic sample of the corpus, streamed (:func:`training_sample`: at most
+:data:`SAMPLE_BYTES` bytes of lines of documents drawn in a seeded order, long lines split rather
+than dropped) and takes seconds. The result is cached under
 ``$TITAN_CACHE`` (default ``~/.cache/titan``) keyed by the corpus fingerprint and every trainer
 setting, so a second run on the same corpus reuses it.
 """
@@ -13,6 +17,7 @@ setting, so a second run on the same corpus reuses it.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import io
 import json
 import os
@@ -20,18 +25,25 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers as hf_tokenizers
 
 from titan.data.cache import cache_dir
 from titan.data.text import Corpus
 from titan.errors import TitanError
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
-SAMPLE_CHARS = 4_000_000
+SAMPLE_BYTES = 4_000_000
+"""Budget of the tokenizer's training sample (UTF-8 bytes): about 1M BPE tokens of English or
+code, enough for a stable 8k-32k vocabulary, and a few seconds of sentencepiece training."""
 SAMPLE_SEED = 0
 REPORT_EVERY_LINES = 4096
+MAX_SENTENCE_BYTES = 4192
+"""sentencepiece's ``max_sentence_length`` default (bytes; ``trainer_spec.proto``): it skips longer
+sentences, so :func:`split_line` cuts lines to this length."""
 TRAINER_SETTINGS = {
     "model_type": "bpe",
     "byte_fallback": True,
@@ -45,22 +57,31 @@ TRAINER_SETTINGS = {
     "allow_whitespace_only_pieces": True,
     "character_coverage": 0.9999,
     "input_sentence_size": 0,
+    "max_sentence_length": MAX_SENTENCE_BYTES,
 }
 
 
+class Backend(Protocol):
+    """What :class:`Tokenizer` needs of a tokenizer library (sentencepiece, Hugging Face)."""
+
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        """Ids of each text, no special tokens added."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        ...
+
+
 @dataclass(frozen=True)
-class Tokenizer:
-    """A loaded sentencepiece model.
+class SentencePieceBackend:
+    """A sentencepiece model: BOS and EOS are its own ``bos_id`` / ``eos_id``."""
 
-    Attributes:
-        model_proto: the serialized ``.model`` bytes (copied into each run dir).
-    """
-
-    model_proto: bytes
-
-    @property
-    def processor(self) -> spm.SentencePieceProcessor:
-        return _processor(self.model_proto)
+    processor: spm.SentencePieceProcessor
 
     @property
     def vocab_size(self) -> int:
@@ -74,10 +95,82 @@ class Tokenizer:
     def eos_id(self) -> int:
         return self.processor.eos_id()
 
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        return self.processor.encode(texts, num_threads=threads)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.processor.decode(ids)
+
+
+@dataclass(frozen=True)
+class HuggingFaceBackend:
+    """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), with the BOS and EOS
+    tokens that :func:`load_tokenizer` took from its configuration."""
+
+    tokenizer: hf_tokenizers.Tokenizer
+    bos_id: int
+    eos_id: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+HF_ENVELOPE = "titan.huggingface"
+"""``format`` of the JSON that holds a Hugging Face tokenizer in :attr:`Tokenizer.model_proto`:
+``{"format", "tokenizer": <tokenizer.json text>, "bos_token", "eos_token"}``."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A loaded tokenizer: a sentencepiece model or a Hugging Face ``tokenizer.json``.
+
+    Attributes:
+        model_proto: what defines it, copied into each run dir as ``tokenizer.model``: the
+            sentencepiece ``.model`` bytes, or the UTF-8 JSON of :data:`HF_ENVELOPE` (the
+            ``tokenizer.json`` with its BOS and EOS tokens), told apart by content.
+    """
+
+    model_proto: bytes
+
+    @property
+    def backend(self) -> Backend:
+        return _backend(self.model_proto)
+
+    @property
+    def processor(self) -> spm.SentencePieceProcessor:
+        """The sentencepiece processor (sentencepiece tokenizers only)."""
+        backend = self.backend
+        if not isinstance(backend, SentencePieceBackend):
+            raise TypeError("not a sentencepiece tokenizer")
+        return backend.processor
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
+
+    @property
+    def bos_id(self) -> int:
+        return self.backend.bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.backend.eos_id
+
     @property
     def digest(self) -> str:
         """sha256 of the model bytes (hex, 16 chars): identifies the tokenizer in cache keys."""
         return hashlib.sha256(self.model_proto).hexdigest()[:16]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` alone, no BOS or EOS."""
+        return self.backend.encode([text], 1)[0]
 
     def encode_documents(self, texts: list[str], threads: int = 0) -> list[np.ndarray]:
         """Token ids of each document with exactly one BOS before and one EOS after.
@@ -85,20 +178,65 @@ class Tokenizer:
         Returns:
             One int32 array per document, shape (len + 2,).
         """
-        ids = self.processor.encode(texts, num_threads=threads or (os.cpu_count() or 1))
+        ids = self.backend.encode(texts, threads or (os.cpu_count() or 1))
         return [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
 
     def decode(self, ids: list[int]) -> str:
-        return self.processor.decode(ids)
+        """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
+        return self.backend.decode(ids)
 
 
-_PROCESSORS: dict[bytes, spm.SentencePieceProcessor] = {}
+class StreamDecoder:
+    """Decodes token ids chunk by chunk (generation streams them) so that the joined outputs
+    equal one :meth:`Tokenizer.decode` of all the ids.
+
+    Decoding each chunk alone loses a chunk's leading space (sentencepiece strips it at the
+    start of a text) and splits a UTF-8 sequence spread over byte-fallback pieces into U+FFFD.
+    Here each push decodes a context window, the ids emitted last time followed by the new
+    ones, and emits the text past the context's own decode (the incremental detokenization of
+    vLLM and Hugging Face's ``TextStreamer``): text still ending in U+FFFD, an incomplete UTF-8
+    sequence, is held back until more ids (or :meth:`flush`) come.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._decode = tokenizer.decode
+        self._ids: list[int] = []  # from the context window's start on
+        self._read = 0  # ids of _ids whose text has been emitted
+
+    def push(self, ids: list[int] | np.ndarray) -> str:
+        """Add ``ids``; return the text they complete ("" while a character is incomplete)."""
+        self._ids.extend(int(i) for i in ids)
+        if self._decode(self._ids).endswith("\ufffd"):
+            return ""
+        return self.flush()
+
+    def flush(self) -> str:
+        """The text of every id pushed not yet returned, complete or not (at the stream's end)."""
+        done = self._decode(self._ids[: self._read])
+        text = self._decode(self._ids)[len(done) :]
+        self._ids = self._ids[self._read :]  # the last emitted ids stay as the next context
+        self._read = len(self._ids)
+        return text
 
 
-def _processor(model_proto: bytes) -> spm.SentencePieceProcessor:
-    if model_proto not in _PROCESSORS:
-        _PROCESSORS[model_proto] = spm.SentencePieceProcessor(model_proto=model_proto)
-    return _PROCESSORS[model_proto]
+_BACKENDS: dict[bytes, Backend] = {}
+
+
+def _is_json(data: bytes) -> bool:
+    return data.lstrip()[:1] == b"{"
+
+
+def _backend(model_proto: bytes) -> Backend:
+    if model_proto not in _BACKENDS:
+        if _is_json(model_proto):
+            envelope = json.loads(model_proto)
+            tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
+            ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
+            _BACKENDS[model_proto] = HuggingFaceBackend(tok, *ids)
+        else:
+            processor = spm.SentencePieceProcessor(model_proto=model_proto)
+            _BACKENDS[model_proto] = SentencePieceBackend(processor)
+    return _BACKENDS[model_proto]
 
 
 def _check_convention(tokenizer: Tokenizer, source: str) -> Tokenizer:
@@ -107,44 +245,157 @@ def _check_convention(tokenizer: Tokenizer, source: str) -> Tokenizer:
     return tokenizer
 
 
+def _token_content(value: object) -> str | None:
+    """A ``tokenizer_config.json`` token: a string or an ``AddedToken`` dict's ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _template_specials(spec: dict) -> tuple[str | None, str | None]:
+    """The special tokens before and after ``$A`` in the ``post_processor``'s single-sequence
+    template (``TemplateProcessing``; searched inside a ``Sequence`` of processors)."""
+    processors = [spec] if spec.get("type") != "Sequence" else spec.get("processors", [])
+    for processor in processors:
+        if processor.get("type") == "TemplateProcessing":
+            items = processor.get("single", [])
+            place = next((i for i, item in enumerate(items) if "Sequence" in item), len(items))
+            specials = [
+                (i, item["SpecialToken"]["id"])
+                for i, item in enumerate(items)
+                if "SpecialToken" in item
+            ]
+            before = [t for i, t in specials if i < place]
+            after = [t for i, t in specials if i > place]
+            return (before[-1] if before else None), (after[0] if after else None)
+    return None, None
+
+
+def _hf_special_tokens(path: Path, spec: dict) -> tuple[str | None, str | None]:
+    """BOS and EOS of a ``tokenizer.json``: ``bos_token`` / ``eos_token`` of the
+    ``tokenizer_config.json`` beside it (as ``transformers`` reads them), else the special
+    tokens around ``$A`` in its ``post_processor`` template."""
+    config_path = path.with_name("tokenizer_config.json")
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    bos, eos = _template_specials(spec.get("post_processor") or {})
+    return (
+        _token_content(config.get("bos_token")) or bos,
+        _token_content(config.get("eos_token")) or eos,
+    )
+
+
+def _load_huggingface(path: Path, data: bytes) -> Tokenizer:
+    text = data.decode("utf-8", errors="replace")
+    try:
+        spec = json.loads(text)
+        if spec.get("format") == HF_ENVELOPE:  # a run dir's copy
+            return Tokenizer(data)
+        tok = hf_tokenizers.Tokenizer.from_str(text)
+    except Exception as err:  # the library raises plain Exception for a bad file
+        reason = str(err).splitlines()[0]
+        raise TitanError(f"--tokenizer {path} is not a Hugging Face tokenizer ({reason})") from None
+    bos, eos = _hf_special_tokens(path, spec)
+    for name, token in (("BOS", bos), ("EOS", eos)):
+        if token is None or tok.token_to_id(token) is None:
+            raise TitanError(
+                f"--tokenizer {path} names no {name} token of its vocabulary "
+                "(tokenizer_config.json beside it, or its post_processor template)"
+            )
+    envelope = {"format": HF_ENVELOPE, "tokenizer": text, "bos_token": bos, "eos_token": eos}
+    return Tokenizer(json.dumps(envelope, sort_keys=True).encode())
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a sentencepiece ``.model`` (e.g. a Llama ``tokenizer.model``).
+    """Load a tokenizer, its kind told by the file's content: a sentencepiece ``.model`` (e.g.
+    a Llama 1/2 ``tokenizer.model``), a Hugging Face ``tokenizer.json`` (e.g. Llama 3's; BOS
+    and EOS from the ``tokenizer_config.json`` beside it, else its post-processor template), or
+    a run dir's ``tokenizer.model`` (either, as :attr:`Tokenizer.model_proto` holds it).
 
     Raises:
-        TitanError: the file is missing or unreadable, is not a sentencepiece model, or has no
-            BOS/EOS.
+        TitanError: the file is missing or unreadable, is neither kind, or has no BOS/EOS.
     """
     path = Path(path)
     if not path.is_file():
         raise TitanError(f"--tokenizer {path}: no such file")
     try:
-        proto = path.read_bytes()
+        data = path.read_bytes()
     except OSError as err:
         raise TitanError(f"--tokenizer {path}: cannot read it: {err.strerror or err}") from None
+    if _is_json(data):
+        return _load_huggingface(path, data)
     try:
-        spm.SentencePieceProcessor(model_proto=proto)
+        spm.SentencePieceProcessor(model_proto=data)
     except RuntimeError as err:
         raise TitanError(f"--tokenizer {path} is not a sentencepiece model ({err})") from None
-    return _check_convention(Tokenizer(proto), str(path))
+    return _check_convention(Tokenizer(data), str(path))
 
 
-def training_sample(corpus: Corpus, max_chars: int = SAMPLE_CHARS) -> list[str]:
-    """Non-empty lines of documents taken in a seeded order until ``max_chars`` characters."""
-    documents = list(corpus.documents())
-    random.Random(SAMPLE_SEED).shuffle(documents)
-    lines, total = [], 0
-    for doc in documents:
-        for line in doc.splitlines():
-            if line.strip():
-                lines.append(line)
-                total += len(line)
-        if total >= max_chars:
-            break
-    return lines
+def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
+    """``line`` cut into pieces of at most ``max_bytes`` UTF-8 bytes, joined back equal to it:
+    each cut after the last space of its window when the window holds one past its middle,
+    else at the last character boundary (never inside a UTF-8 sequence)."""
+    data = line.encode("utf-8")
+    pieces = []
+    while len(data) > max_bytes:
+        cut = max_bytes
+        while data[cut] & 0xC0 == 0x80:  # a continuation byte: back to the character's start
+            cut -= 1
+        space = data.rfind(b" ", 0, cut)
+        if space >= max_bytes // 2:
+            cut = space + 1
+        pieces.append(data[:cut].decode("utf-8"))
+        data = data[cut:]
+    pieces.append(data.decode("utf-8"))
+    return pieces
+
+
+def _sentences(document: str, max_bytes: int) -> tuple[list[str], int]:
+    """The document's first sentences that fit in ``max_bytes``, and their size in bytes."""
+    sentences, size = [], 0
+    for line in document.splitlines():
+        for piece in split_line(line) if line.strip() else ():
+            length = len(piece.encode("utf-8"))
+            if size + length > max_bytes:
+                return sentences, size
+            sentences.append(piece)
+            size += length
+    return sentences, size
+
+
+def training_sample(corpus: Corpus, max_bytes: int = SAMPLE_BYTES) -> list[str]:
+    """The sentences the tokenizer trains on: a seeded random sample of the corpus's documents,
+    streamed: it holds at most ``max_bytes`` UTF-8 bytes of sentences (twice that while one
+    document is being placed), never the corpus.
+
+    Each document draws a key from ``random.Random(SAMPLE_SEED)`` in corpus order; the sample
+    is the longest run of documents in key order whose sentences (non-empty lines, each split by
+    :func:`split_line` so that none exceeds sentencepiece's ``max_sentence_length``) fit in
+    ``max_bytes``. A bottom-k selection (Cohen and Kaplan 2007, "Summarizing data using bottom-k
+    sketches"), kept with a heap; a document larger than the budget contributes its first
+    sentences that fit.
+
+    Returns:
+        The sample's sentences, documents in corpus order.
+    """
+    rng = random.Random(SAMPLE_SEED)
+    heap: list[tuple[float, int, list[str], int]] = []  # (-key, index, sentences, bytes)
+    total, threshold = 0, float("inf")  # threshold: the smallest key ever evicted
+    for index, document in enumerate(corpus.documents()):
+        key = rng.random()
+        if key >= threshold:
+            continue
+        sentences, size = _sentences(document, max_bytes)
+        heapq.heappush(heap, (-key, index, sentences, size))
+        total += size
+        while total > max_bytes:
+            evicted_key, _, _, evicted_size = heapq.heappop(heap)
+            total -= evicted_size
+            threshold = min(threshold, -evicted_key)
+    return [s for _, _, sentences, _ in sorted(heap, key=lambda item: item[1]) for s in sentences]
 
 
 def _cache_key(corpus: Corpus, vocab_size: int) -> str:
-    settings = {**TRAINER_SETTINGS, "vocab_size": vocab_size, "sample_chars": SAMPLE_CHARS}
+    settings = {**TRAINER_SETTINGS, "vocab_size": vocab_size, "sample_bytes": SAMPLE_BYTES}
     payload = json.dumps({"corpus": corpus.fingerprint(), "settings": settings}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 

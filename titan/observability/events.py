@@ -206,7 +206,12 @@ class RunStart(Event):
         "versions, device kinds and count, host, git (:mod:`titan.observability.env`)"
     )
     tokenizer: dict[str, Any] | None = _field("``vocab_size`` and ``source`` (a path or trained)")
-    data: dict[str, Any] | None = _field("``source``, ``tokens`` and ``sequences`` of the corpus")
+    data: dict[str, Any] | None = _field(
+        "``source``, ``tokens``, ``sequences`` and ``documents`` of the corpus, and ``dropped``: "
+        "records that are not documents by reason (``empty``, ``non_text``: the text field "
+        "missing or not a string, ``nul_bytes``, ``bad_json``: a .jsonl line that is not a JSON "
+        "object; :data:`titan.data.text.DROP_REASONS`)"
+    )
     start_step: int | None = _field(
         "the step this attempt starts after (0 for a fresh run)", "steps"
     )

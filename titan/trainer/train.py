@@ -51,7 +51,14 @@ import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
-from titan.data.text import Corpus, PackedBatches, batch_digest, open_corpus, token_stream
+from titan.data.text import (
+    Corpus,
+    PackedBatches,
+    TokenStream,
+    batch_digest,
+    open_corpus,
+    token_stream,
+)
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
@@ -220,7 +227,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     try:
         with stop.during("scan"):
-            corpus = open_corpus(cfg.data.corpus)
+            corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
@@ -259,14 +266,14 @@ def _train_claimed(
         ops = Ops(jax.default_backend(), cfg.compute.ops)
         trainer = build_trainer(cfg, model_cfg, ops)
     with stop.during("tokenize") as tick:
-        tokens = first_then_others(
+        stream = first_then_others(
             "titan:tokens",
             lambda: progress.tokenize(
                 lambda report: token_stream(corpus, tokenizer, _both(report, tick))
             ),
         )
     batches = PackedBatches(
-        tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+        stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
@@ -304,7 +311,7 @@ def _train_claimed(
         run.begin(model_cfg, tokenizer)
         run.record.emit(
             RunStart(
-                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches),
+                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches, stream),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
                 # checkpoints are never of step 0: a resume without one starts fresh
@@ -394,6 +401,7 @@ def _run_start_fields(
     ops: Ops,
     tokenizer: Tokenizer,
     batches: PackedBatches,
+    stream: TokenStream,
 ) -> dict[str, Any]:
     return {
         "config": cfg.record(),
@@ -411,6 +419,8 @@ def _run_start_fields(
             "source": cfg.data.corpus,
             "tokens": int(len(batches.tokens)),
             "sequences": batches.num_sequences,
+            "documents": stream.documents,
+            "dropped": stream.dropped,
         },
         "processes": process_count(),
     }
