@@ -342,24 +342,6 @@ def token_stream(
     return TokenStream(tokens, counts["documents"], counts["dropped"])
 
 
-def _write_tokens(
-    corpus: Corpus,
-    tokenizer: DocumentEncoder,
-    out_path: Path,
-    progress: Callable[[int], None] | None,
-) -> int:
-    """Write the corpus's token ids to ``out_path`` (uint32); returns the documents done."""
-    documents = 0
-    with open(out_path, "wb") as out:
-        for chunk in _batched(corpus.documents(), ENCODE_CHUNK_DOCS):
-            for ids in tokenizer.encode_documents(chunk):
-                out.write(ids.astype(np.uint32).tobytes())
-            documents += len(chunk)
-            if progress:
-                progress(documents)
-    return documents
-
-
 @dataclass
 class PackedBatches:
     """Fixed-length sequences of a token stream, shuffled per epoch, served in batches.
