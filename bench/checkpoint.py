@@ -12,6 +12,8 @@ the end), each in its own process, and reads each run's record:
   blocking part) and, for an async save, every step reported before its commit;
 - ``ettr``: the run's ETTR (:func:`titan.observability.ettr.analyze`: productive step time over
   the attempt's wall time, so every blocking second of a save is badput);
+- ``memory_estimate_bytes``: the memory check's estimate (``run_start``), and
+  ``peak_memory_bytes`` the largest measured peak of the steps (where the backend reports it);
 
 and writes them with the ratios async / sync to ``bench/results/checkpoint-<device>.json`` (or
 ``--out``). ``--preset tiny --steps 20 --checkpoint-every 5 --out /tmp/c.json`` is a smoke test
@@ -70,7 +72,9 @@ def measure(run_dir: Path) -> dict[str, Any]:
     saves = [e for e in events if e["type"] == "checkpoint"]
     steps = [e for e in events if e["type"] == "step" and e["step"] > 1]  # 1 waits to compile
     saving = _saving_steps(events)
-    device = next(e for e in events if e["type"] == "run_start")["env"].get("device_kinds", [])
+    start = next(e for e in events if e["type"] == "run_start")
+    device = start["env"].get("device_kinds", [])
+    peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
     return {
         "device": ", ".join(device),
         "saves": len(saves),
@@ -81,6 +85,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "step_time_s": _median([e["step_time_s"] for e in steps if e["step"] not in saving]),
         "saving_step_time_s": _median([e["step_time_s"] for e in steps if e["step"] in saving]),
         "ettr": analyze(load_events(run_dir)).ettr,
+        "memory_estimate_bytes": start.get("memory_check", {}).get("estimate_bytes"),
+        "peak_memory_bytes": max(peaks, default=None),
     }
 
 
@@ -94,10 +100,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--out", type=Path, help="JSON results file")
+    parser.add_argument(
+        "--runs-root", type=Path, help="keep the two runs here (default: a temporary directory)"
+    )
     parser.add_argument("extra", nargs="*", help="more titan train options (after --)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="titan-bench-checkpoint-") as runs:
-        variants = {v: measure(_train(args, Path(runs), v)) for v in VARIANTS}
+        root = args.runs_root or Path(runs)
+        variants = {v: measure(_train(args, root, v)) for v in VARIANTS}
     sync, asynchronous = variants["sync"], variants["async"]
     result = {
         "command": shlex.join(["python", "bench/checkpoint.py", *sys.argv[1:]]),
