@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-import duckdb
 import numpy as np
 import zstandard
 
@@ -122,7 +121,10 @@ def _jsonl_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iter
 
 def _parquet_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iterator[str]:
     """The ``field_name`` column, read through DuckDB in batches of
-    :data:`PARQUET_BATCH_ROWS` rows (never the whole file at once)."""
+    :data:`PARQUET_BATCH_ROWS` rows (never the whole file at once). DuckDB is imported here,
+    by the corpora that need it: training on text needs no database."""
+    import duckdb
+
     column = '"' + field_name.replace('"', '""') + '"'
     try:
         result = duckdb.connect().execute(f"SELECT {column} FROM read_parquet(?)", [str(path)])
