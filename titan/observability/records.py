@@ -170,6 +170,13 @@ class RunRecord:
             self._fd = None
 
 
+DISK_FULL = "disk full (ENOSPC)"
+
+
+class DiskFull(Exception):
+    """A write found the disk full; the message is :func:`disk_full`'s line."""
+
+
 def disk_full(err: BaseException) -> str | None:
     """One line for a write that found the disk full (``ENOSPC`` in ``err`` or the errors it
     came from), naming the path when the error does; None for any other error. Libraries that
@@ -181,14 +188,16 @@ def disk_full(err: BaseException) -> str | None:
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
+        if isinstance(item, DiskFull):
+            return str(item)
         if isinstance(item, OSError) and item.errno == errno.ENOSPC:
             where = f": cannot write {item.filename}" if item.filename else ""
-            return f"disk full (ENOSPC){where}"
+            return f"{DISK_FULL}{where}"
         text = str(item)
         if os.strerror(errno.ENOSPC) in text:
             paths = re.findall(r'"(/[^"]+)"', text)  # tensorstore quotes the file it wrote
             where = f"cannot write {paths[-1]}" if paths else text.strip().splitlines()[0]
-            return f"disk full (ENOSPC): {where}"
+            return f"{DISK_FULL}: {where}"
         pending += [item.__cause__, item.__context__, *getattr(item, "exceptions", ())]
     return None
 

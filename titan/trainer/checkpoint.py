@@ -51,6 +51,7 @@ import orbax.checkpoint as ocp
 
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
+from titan.observability.records import DISK_FULL, disk_full
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier
 from titan.parallel.mesh import host_mesh
@@ -95,10 +96,18 @@ def reshard_items(
 _DISK_FULL = os.strerror(errno.ENOSPC)
 
 
+_BACKGROUND_FAILURE = "in background save thread"  # orbax's echo of a failed async save
+
+
 def _drop_disk_full(record: logging.LogRecord) -> bool:
     """absl log filter: orbax logs a failed write (with its traceback) from each of its threads
-    before the save raises it; a full disk is said once, in one line, by the trainer."""
-    return _DISK_FULL not in record.getMessage()
+    before the save raises it, and an async save's failure once more from its thread; a full
+    disk is said once, in one line, by the trainer, and any failed save in a
+    ``checkpoint_failed`` event and one line."""
+    message = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+        message += f" {record.exc_info[1]!r}"
+    return _DISK_FULL not in message and _BACKGROUND_FAILURE not in message
 
 
 def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
@@ -136,6 +145,11 @@ class SaveResult:
     commit_s: float
     error: str | None = None
 
+    @property
+    def disk_full(self) -> bool:
+        """Whether the save failed on a full disk (the run then ends: nothing more fits)."""
+        return self.error is not None and self.error.startswith(DISK_FULL)
+
 
 @dataclass(frozen=True)
 class Unrestorable:
@@ -153,6 +167,12 @@ def steps_to_prune(committed: list[int], keep: int, keep_every: int) -> list[int
     return [
         s for s in sorted(committed) if s not in newest and not (keep_every and s % keep_every == 0)
     ]
+
+
+def _save_error(err: BaseException) -> str:
+    """Why a save failed, one line: :func:`titan.observability.records.disk_full`'s line for a
+    full disk (:attr:`SaveResult.disk_full`), else the error's first line."""
+    return disk_full(err) or _one_line(err)
 
 
 def _one_line(err: BaseException) -> str:
@@ -290,7 +310,7 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
             self.finish_orbax_save(step)
             elapsed = time.perf_counter() - start
-            return [*settled, SaveResult(step, elapsed, elapsed, _one_line(err))]
+            return [*settled, SaveResult(step, elapsed, elapsed, _save_error(err))]
         if self.asynchronous:
             self._pending = _PendingSave(self, step, save_start, time.perf_counter() - start)
             return settled
@@ -304,7 +324,7 @@ class Checkpointer:
         try:
             self._manager.wait_until_finished()
         except Exception as err:  # noqa: BLE001 - reported in the result
-            return _one_line(err)
+            return _save_error(err)
         if not self._is_committed(step):
             return f"checkpoint {step} was not committed (no {self.path(step) / 'meta'})"
         return None

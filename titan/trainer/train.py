@@ -79,6 +79,7 @@ from titan.observability.profile import StepProfiler
 from titan.observability.records import (
     CONFIG_FILE,
     EVENTS_FILE,
+    DiskFull,
     RunRecord,
     default_runs_root,
     disk_full,
@@ -547,6 +548,8 @@ class _Run:
         if not self.cfg.observability.watchdog_abort:
             return
         saved = self.save_on_stall()
+        with contextlib.suppress(Exception):  # a save in flight commits before the exit
+            self.record_saves(self.checkpointer.wait())
         self.record.emit(
             RunEnd(
                 status="failed",
@@ -601,7 +604,10 @@ class _Run:
 
     def end_nonfinite(self, err: NonFiniteAbort) -> None:
         """Record a non-finite abort: one line on stderr and ``run_end`` ``failed`` (reason
-        ``nonfinite``) naming the newest committed checkpoint, which holds finite weights."""
+        ``nonfinite``) naming the newest committed checkpoint, which holds finite weights (a save
+        still in flight is waited for first)."""
+        with contextlib.suppress(DiskFull):
+            self.record_saves(self.checkpointer.wait())
         latest = self.checkpointer.latest_step()
         kept = "none (a resume starts from step 0)" if latest is None else f"step {latest}"
         print(f"titan: non-finite: {err}; the last checkpoint is {kept}", file=sys.stderr)
@@ -679,7 +685,12 @@ class _Run:
 
     def record_saves(self, results: list[SaveResult]) -> None:
         """A ``checkpoint`` event per committed save, a ``checkpoint_failed`` event and a line
-        on stderr per failed one."""
+        on stderr per failed one.
+
+        Raises:
+            DiskFull: a save found the disk full (after its ``checkpoint_failed`` event): the
+                run ends, with one line (:meth:`fail`).
+        """
         for r in results:
             if r.error is None:
                 path = str(self.checkpointer.path(r.step))
@@ -699,6 +710,8 @@ class _Run:
                     step=r.step, error=r.error, seconds=r.blocking_s, commit_s=r.commit_s
                 )
             )
+            if r.disk_full:
+                raise DiskFull(r.error)
             print(
                 f"titan: checkpoint {r.step} failed and is not committed: {inert(r.error)}",
                 file=sys.stderr,
