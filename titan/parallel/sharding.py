@@ -7,6 +7,11 @@ MLP sharding; Shoeybi et al. 2019). The batch is split over ``data`` x ``fsdp``.
 Rules (:data:`LOGICAL_RULES`): TP shards ``heads``, ``kv_heads``, ``mlp`` and ``vocab``; FSDP
 shards ``embed``, the model dimension, which is the largest dimension of every matrix that TP
 leaves unsharded. Norm scales, ``head_dim`` and the ``layers`` stacking axis are not sharded.
+
+Activations (:data:`ACTIVATION_RULES`) keep the batch split over ``data`` x ``fsdp`` from the
+embedding lookup to the loss; the model constrains the residual stream to
+:data:`ACTIVATION_AXES` and the embedding table, where it is read, to
+:data:`EMBEDDING_LOOKUP_AXES`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ ACTIVATION_RULES: Mapping[str, tuple[str, ...] | None] = {
     "activation_length": None,
     "activation_embed": None,
 }
+# The embedding table as the lookup reads it: rows (vocab) split over tensor as stored, the
+# model dimension laid out as in the activations, so gathered over fsdp first, as FSDP gathers
+# every weight before use. Left split over fsdp, the lookup's rows come out split along the
+# model dimension, which the partitioner cannot turn into rows split along the batch over
+# data x fsdp without replicating the whole global batch on every device ("involuntary full
+# rematerialization"), in the forward lookup and in its transpose, the gradient's scatter-add.
+EMBEDDING_LOOKUP_AXES = ("vocab", "activation_embed")
 MESH_AXIS_FLAGS = {"data": "--dp", "fsdp": "--fsdp", "tensor": "--tp"}
 
 
