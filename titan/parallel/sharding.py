@@ -10,8 +10,7 @@ leaves unsharded. Norm scales, ``head_dim`` and the ``layers`` stacking axis are
 
 Activations (:data:`ACTIVATION_RULES`) keep the batch split over ``data`` x ``fsdp`` from the
 embedding lookup to the loss; the model constrains the residual stream to
-:data:`ACTIVATION_AXES` and the embedding table, where it is read, to
-:data:`EMBEDDING_LOOKUP_AXES`.
+:data:`ACTIVATION_AXES` and the embedding lookup's output to :data:`EMBEDDING_LOOKUP_AXES`.
 """
 
 from __future__ import annotations
@@ -42,14 +41,16 @@ ACTIVATION_RULES: Mapping[str, tuple[str, ...] | None] = {
     "activation_batch": BATCH_AXES,
     "activation_length": None,
     "activation_embed": None,
+    "lookup_batch": ("data",),
 }
-# The embedding table as the lookup reads it: rows (vocab) split over tensor as stored, the
-# model dimension laid out as in the activations, so gathered over fsdp first, as FSDP gathers
-# every weight before use. Left split over fsdp, the lookup's rows come out split along the
-# model dimension, which the partitioner cannot turn into rows split along the batch over
-# data x fsdp without replicating the whole global batch on every device ("involuntary full
-# rematerialization"), in the forward lookup and in its transpose, the gradient's scatter-add.
-EMBEDDING_LOOKUP_AXES = ("vocab", "activation_embed")
+# The embedding lookup's output (B, S, E): batch over data only, the model dimension split over
+# fsdp as in the table, so each device looks up its data shard's tokens in its own slice of the
+# table (only token ids move), and the residual-stream constraint that follows moves the fsdp
+# split from E to B with an all-to-all of per-device activations (its transpose does the same for
+# the gradient's scatter-add). Neither the table nor any activation is gathered. Left to itself
+# the partitioner goes from the table's layout to the batch over data x fsdp by replicating the
+# whole global batch on every device ("involuntary full rematerialization").
+EMBEDDING_LOOKUP_AXES = ("lookup_batch", "activation_length", "embed")
 MESH_AXIS_FLAGS = {"data": "--dp", "fsdp": "--fsdp", "tensor": "--tp"}
 
 
