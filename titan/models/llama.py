@@ -6,7 +6,8 @@ keys; grouped-query attention; untied input embedding and output head. Layers ar
 
 Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``,
 ``head_dim``, ``mlp``, ``norm``, ``layers``), and the residual stream between blocks is
-constrained to logical activation axes; :mod:`titan.parallel.sharding` maps both to mesh axes
+constrained to logical activation axes, as is the embedding lookup's output;
+:mod:`titan.parallel.sharding` maps both to mesh axes
 when the trainer traces the model under its mesh. The model never mentions devices or meshes.
 
 Initialisation: normal(0.02) for every matrix, with the residual output projections (``wo``,
@@ -21,7 +22,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from titan.ops import Ops
-from titan.parallel.sharding import ACTIVATION_AXES
+from titan.parallel.sharding import ACTIVATION_AXES, EMBEDDING_LOOKUP_AXES
 from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
@@ -118,7 +119,7 @@ class LlamaStage(nn.Module):
         if self.has_embedding:
             shape = (cfg.vocab_size, cfg.d_model)
             embed = _param(self, "embed", ("vocab", "embed"), shape, INIT_STD)
-            x = jnp.take(embed, inputs, axis=0)
+            x = nn.with_logical_constraint(jnp.take(embed, inputs, axis=0), EMBEDDING_LOOKUP_AXES)
         x = nn.with_logical_constraint(x, ACTIVATION_AXES)
         block = Block
         if self.remat != "none":

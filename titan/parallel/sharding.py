@@ -7,6 +7,10 @@ MLP sharding; Shoeybi et al. 2019). The batch is split over ``data`` x ``fsdp``.
 Rules (:data:`LOGICAL_RULES`): TP shards ``heads``, ``kv_heads``, ``mlp`` and ``vocab``; FSDP
 shards ``embed``, the model dimension, which is the largest dimension of every matrix that TP
 leaves unsharded. Norm scales, ``head_dim`` and the ``layers`` stacking axis are not sharded.
+
+Activations (:data:`ACTIVATION_RULES`) keep the batch split over ``data`` x ``fsdp`` from the
+embedding lookup to the loss; the model constrains the residual stream to
+:data:`ACTIVATION_AXES` and the embedding lookup's output to :data:`EMBEDDING_LOOKUP_AXES`.
 """
 
 from __future__ import annotations
@@ -37,7 +41,16 @@ ACTIVATION_RULES: Mapping[str, tuple[str, ...] | None] = {
     "activation_batch": BATCH_AXES,
     "activation_length": None,
     "activation_embed": None,
+    "lookup_batch": ("data",),
 }
+# The embedding lookup's output (B, S, E): batch over data only, the model dimension split over
+# fsdp as in the table, so each device looks up its data shard's tokens in its own slice of the
+# table (only token ids move), and the residual-stream constraint that follows moves the fsdp
+# split from E to B with an all-to-all of per-device activations (its transpose does the same for
+# the gradient's scatter-add). Neither the table nor any activation is gathered. Left to itself
+# the partitioner goes from the table's layout to the batch over data x fsdp by replicating the
+# whole global batch on every device ("involuntary full rematerialization").
+EMBEDDING_LOOKUP_AXES = ("lookup_batch", "activation_length", "embed")
 MESH_AXIS_FLAGS = {"data": "--dp", "fsdp": "--fsdp", "tensor": "--tp"}
 
 
