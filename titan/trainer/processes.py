@@ -9,16 +9,16 @@ With several processes (:mod:`titan.parallel.distributed`) process 0 is the run'
 run dir up to date (:class:`Heartbeat`), so that a dead or hung process is named by its host,
 pid and the age of its last beat.
 
-Heartbeat file fields: ``process`` (index), ``processes`` (count), ``host``, ``pid``,
-``started`` (unix s, when the process started), ``step`` (last step reported), ``beat`` (unix s
-of the last update), ``status`` (``running``, then the run's ``run_end`` status).
+Heartbeat file fields: ``process`` (index), ``processes`` (count), ``host``, ``pid``, ``pgid``
+(process group), ``started`` (unix s, when the process started, from /proc), ``step`` (last
+step reported), ``beat`` (unix s of the last update), ``status`` (``running``, then the run's
+``run_end`` status). :mod:`titan.observability.liveness` reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +28,9 @@ import numpy as np
 
 from titan.data.tokenizer import Tokenizer
 from titan.observability.events import Event
+from titan.observability.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
 from titan.observability.records import RunRecord, new_run_id, write_json_atomic
+from titan.observability.ticker import Ticker
 from titan.parallel.distributed import (
     barrier,
     broadcast_bytes,
@@ -37,8 +39,6 @@ from titan.parallel.distributed import (
     process_index,
 )
 
-PROCESSES_DIR = "processes"
-BEAT_INTERVAL_S = 1.0
 T = TypeVar("T")
 
 
@@ -101,47 +101,43 @@ def open_record(run_dir: Path, run_id: str) -> RunRecord:
 
 
 class Heartbeat:
-    """This process's ``processes/<id>.json``, rewritten (atomically) at most once a second."""
+    """This process's ``processes/<id>.json``, rewritten (atomically) every
+    :data:`~titan.observability.liveness.BEAT_INTERVAL_S` by a thread between :meth:`start`
+    and :meth:`stop`, whatever the loop is doing (a hung step still beats: the process is alive;
+    its ``step`` does not move), and by the loop at most as often."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / PROCESSES_DIR / f"{process_index()}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fields: dict[str, Any] = {
-            "process": process_index(),
+            **ProcessId.current(process_index()).as_dict(),
             "processes": process_count(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": _process_start_time(),
             "step": None,
             "status": "running",
         }
         self._last = 0.0
+        self._lock = threading.Lock()  # the loop and the thread write the same file
+        self._ticker = Ticker(BEAT_INTERVAL_S, lambda: self.beat(None), "titan-heartbeat")
         self.beat(None, force=True)
 
+    def start(self) -> None:
+        """Beat from a background thread until :meth:`stop`."""
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._ticker.stop()
+
     def beat(self, step: int | None, force: bool = False) -> None:
-        """Record ``step`` as the last one done; writes only if a second has passed (or
+        """Record ``step`` as the last one done; writes only if a beat interval has passed (or
         ``force``)."""
-        self.fields["step"] = step if step is not None else self.fields["step"]
-        now = time.time()
-        if force or now - self._last >= BEAT_INTERVAL_S:
-            self._last = now
-            write_json_atomic(self.path, {**self.fields, "beat": now})
+        with self._lock:
+            self.fields["step"] = step if step is not None else self.fields["step"]
+            now = time.time()
+            if force or now - self._last >= BEAT_INTERVAL_S:
+                self._last = now
+                write_json_atomic(self.path, {**self.fields, "beat": now})
 
     def close(self, status: str, step: int | None) -> None:
         """The last beat: the run's end status."""
         self.fields["status"] = status
         self.beat(step, force=True)
-
-
-def _process_start_time() -> float:
-    """Unix time this process started (from /proc where there is one, else now)."""
-    try:
-        ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()

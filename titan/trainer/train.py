@@ -41,6 +41,7 @@ from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED
 from titan.observability.env import capture_environment
 from titan.observability.events import Checkpoint, RunEnd, RunStart, Step
 from titan.observability.flops import FlopsMeter, device_peak
+from titan.observability.liveness import ProcessId
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
 from titan.observability.records import (
@@ -57,6 +58,7 @@ from titan.parallel.distributed import (
     barrier,
     initialize,
     process_count,
+    process_index,
 )
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
@@ -314,6 +316,7 @@ def _run_start_fields(
             "sequences": batches.num_sequences,
         },
         "processes": process_count(),
+        "process": ProcessId.current(process_index()).as_dict(),
     }
 
 
@@ -338,15 +341,20 @@ class _Run:
         self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
         steps = obs.profile_steps
         self.profiler = StepProfiler(steps, self.record)
+        # The last step with a step event: what run_end's step says (the step in flight when
+        # the watchdog aborts was never recorded).
+        self.recorded_step: int | None = None
 
     def start_monitors(self) -> None:
-        """Start the stall watchdog and the power sampler (background threads)."""
+        """Start the stall watchdog, the power sampler and the heartbeat (background threads)."""
         self.watchdog.start()
         self.power.start()
+        self.heartbeat.start()
 
     def stop_monitors(self) -> None:
         self.watchdog.stop()
         self.power.stop()
+        self.heartbeat.stop()
 
     def on_stall(self, stall: Stall) -> None:
         """Record a stall (on the watchdog thread, while the main thread is stuck); with
@@ -364,7 +372,7 @@ class _Run:
         self.record.emit(
             RunEnd(
                 status="failed",
-                step=stall.step,
+                step=self.recorded_step,
                 reason="stall",
                 error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
             )
@@ -407,7 +415,7 @@ class _Run:
             (last step done, ``completed`` or ``stopped``).
         """
         pending = None
-        saved_step = step
+        saved_step = self.recorded_step = step
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
         while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
@@ -455,6 +463,7 @@ class _Run:
         step_time_s, self._last_done = now - self._last_done, now
         self.watchdog.step_done(step_time_s)
         self.heartbeat.beat(step)
+        self.recorded_step = step
         tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
         event = self.record.emit(
             Step.from_fields(
