@@ -14,7 +14,7 @@ process group, start time):
 rule that applies giving the state:
 
 1. ``completed``, ``stopped``, ``failed``: the last attempt's ``run_end`` status (``failed``
-   with its error).
+   with its error; a record's other status text is shown as it is).
 2. ``dead``: a process of the run that has not ended is gone. On the host it runs on, a pid is
    checked directly: gone (or a zombie), or now another process (its start time differs from
    the recorded one by more than :data:`START_TIME_TOLERANCE_S`), is dead at once. From another
@@ -69,7 +69,6 @@ START_TIME_TOLERANCE_S = 1.0
 # Bytes read from the end of stderr.log for a failed launch's reason.
 _STDERR_TAIL_BYTES = 4096
 
-ENDED = ("completed", "stopped", "failed")
 STARTING, RUNNING, STALLED, DEAD, FAILED = "starting", "running", "stalled", "dead", "failed"
 
 
@@ -290,7 +289,7 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
     """
     now = time.time() if now is None else now
     beats = read_beats(run_dir)
-    if facts.end_status in ENDED:
+    if facts.end_status is not None:
         return Liveness(
             facts.end_status, facts.end_error or "", no_control="the run has ended", processes=beats
         )
