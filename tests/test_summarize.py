@@ -188,7 +188,7 @@ def test_a_run_writing_events_now_is_running_not_dead(tmp_path):
     [s] = summarize.summarize(tmp_path)
     assert (s.status, s.badput["lost_progress"]) == ("running", 0.0)
     con = summarize.connect(tmp_path)
-    try:  # silent past the window: the next ingest finds it dead (no process recorded), with nothing new to read
+    try:  # silent past the window, no process recorded: the next ingest finds it dead
         con.execute("UPDATE events SET time = time - 1000 WHERE run_id = 'live'")
         summarize.ingest(con, tmp_path)
         [s] = summarize.summaries(con)
