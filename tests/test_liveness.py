@@ -7,12 +7,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from console_helpers import append_events, event
-from helpers import small_run, start_subprocess, wait_for_event
+from helpers import cli_args, small_run, start_subprocess, wait_for_event
 
 from titan.observability import summarize
 from titan.observability.liveness import (
@@ -179,3 +181,46 @@ def test_an_ended_run_reads_its_run_end_status_whatever_its_process(tmp_path: Pa
         "boom",
         "the run has ended",
     )
+
+
+def _wait_until_ended(pid: int, timeout_s: float = 30.0) -> None:
+    """Until ``pid`` is gone or a zombie (a SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still runs")
+
+
+def test_a_two_process_run_with_one_process_killed_names_it(corpus_dir: Path, tmp_path: Path):
+    opts = small_run(corpus_dir, tmp_path, steps=100_000, run_id="pair", dp=4)
+    args = cli_args({**opts, "checkpoint_every": 100_000})
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "titan.cli", "launch", "--processes", "2"]
+        + ["--devices-per-process", "2", "--platform", "cpu", "--", "train", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    run_dir = tmp_path / "pair"
+    try:
+        wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] >= 1)
+        before = _wait_for_beat_with_step(run_dir)
+        survivor, victim = (b.id for b in before.processes)
+        # Process 0 is frozen first, so that it cannot notice the loss and end the record: the
+        # moment between a node's loss and the survivors' reaction, held still.
+        os.kill(survivor.pid, signal.SIGSTOP)
+        os.kill(victim.pid, signal.SIGKILL)
+        _wait_until_ended(victim.pid)
+        judged = judge(run_dir, _facts(run_dir))
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    assert [b.id.process for b in before.processes] == [0, 1] and before.state == "running"
+    assert judged.state == DEAD and judged.lost == victim
+    name = f"process 1 (pid {victim.pid} on {victim.host})"
+    assert judged.reason in (f"{name} is gone", f"{name} has exited")  # reaped or not yet
