@@ -151,7 +151,10 @@ class RunState:
 
     @property
     def status(self) -> str:
-        """``starting`` (no ``run_start`` yet), ``running``, or the ``run_end`` status."""
+        """What the events alone say: ``starting`` (no ``run_start`` yet), ``running``, or the
+        ``run_end`` status. The screens show the run's state from
+        :func:`titan.observability.liveness.judge` (with :attr:`facts`), which also checks its
+        processes."""
         if self.end_status:
             return self.end_status
         return "running" if self.started_at is not None else "starting"
