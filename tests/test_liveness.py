@@ -224,3 +224,18 @@ def test_a_two_process_run_with_one_process_killed_names_it(corpus_dir: Path, tm
     assert judged.state == DEAD and judged.lost == victim
     name = f"process 1 (pid {victim.pid} on {victim.host})"
     assert judged.reason in (f"{name} is gone", f"{name} has exited")  # reaped or not yet
+
+
+def test_a_run_dir_with_only_old_logs_reads_failed_with_the_last_error(tmp_path: Path):
+    run_dir = tmp_path / "logs-only"
+    run_dir.mkdir()
+    (run_dir / "stderr.log").write_text("Traceback ...\nValueError: no devices\n")
+    old = time.time() - 3600
+    os.utime(run_dir / "stderr.log", (old, old))
+    judged = judge(run_dir, RecordFacts(), now=old + 3600)
+    fresh = judge(run_dir, RecordFacts(), now=old + 5)
+    assert judged.state == "failed"
+    assert judged.reason == (
+        "no run_start: no process recorded and nothing written for 3600 s: ValueError: no devices"
+    )
+    assert fresh.state == "starting"

@@ -24,7 +24,10 @@ rule that applies giving the state:
    says when it was last seen alive (the newest heartbeat or event) and why, naming the lost
    process (host, pid, process id).
 3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
-   devices cannot hold, a bad option): the last line of ``stderr.log`` is the reason.
+   devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
+   process whose ``stderr.log`` has not changed for
+   :data:`~titan.observability.ettr.RUNNING_WINDOW_S`: the last line of ``stderr.log`` is the
+   reason.
 4. ``stalled``: alive, and the record's last event is a ``stall`` event, the trainer's own
    watchdog saying that the phase in flight has run past its allowance (``--watchdog-floor``,
    ``--watchdog-factor``); it stays stalled until the next event.
@@ -306,9 +309,14 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
             reason = "exited before run_start" + _stderr_reason(run_dir)
             return Liveness(FAILED, reason, last_seen, lost, None, "the run has ended", beats)
         return Liveness(DEAD, why, last_seen, lost, None, "the run has ended", beats)
-    if not known and last_seen is not None and now - last_seen > RUNNING_WINDOW_S:
-        why = f"no event for {now - last_seen:.0f} s and no process recorded"
-        return Liveness(DEAD, why, last_seen, None, None, "the run has ended", beats)
+    if not known:
+        last_seen = last_seen or _mtime(Path(run_dir) / STDERR_LOG)
+        if last_seen is not None and now - last_seen > RUNNING_WINDOW_S:
+            silent = f"no process recorded and nothing written for {now - last_seen:.0f} s"
+            if not facts.started:
+                reason = f"no run_start: {silent}" + _stderr_reason(run_dir)
+                return Liveness(FAILED, reason, last_seen, None, None, "the run has ended", beats)
+            return Liveness(DEAD, silent, last_seen, None, None, "the run has ended", beats)
     control, no_control = _control(leader)
     if facts.stalled:
         state, reason = STALLED, "the watchdog recorded a stall and nothing since"
@@ -363,6 +371,14 @@ def _stderr_reason(run_dir: Path) -> str:
             if lines:
                 return f": {lines[-1].strip()}"
     return ""
+
+
+def _mtime(path: Path) -> float | None:
+    """When ``path`` was last written (unix s), or None when it is missing."""
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def _read_json(path: Path) -> Any:
