@@ -60,7 +60,8 @@ class HistoryRow:
     """One run of the History table (None where the records do not say).
 
     Attributes:
-        run_id: the run dir's name. status: the last attempt's (``crashed`` without run_end).
+        run_id: the run dir's name. status: the run's state at the last ingest
+            (:func:`titan.observability.liveness.judge`).
         preset, layout: from ``run_start``'s config (layout ``mpmd pp2`` for a pipeline).
         devices: devices the layout uses. steps: the last step.
         tokens_per_s, mfu: medians over step events. tokens_per_j: tokens per joule.
