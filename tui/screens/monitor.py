@@ -246,7 +246,7 @@ class MonitorScreen(Screen[None]):
             if refused is not None:
                 self.notify(f"Not sent: {refused}.", severity="warning", markup=False)
                 return
-            self._stop_sent = True
+            self._stop_sent = signum == signal.SIGTERM  # "stopping" until the run ends
             self.notify(f"{signum.name} sent to process group {process.pgid}.")
             self._show_state()
 
