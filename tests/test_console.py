@@ -33,8 +33,10 @@ from titan.observability.records import EVENTS_FILE, read_events
 from tui.app import TitanConsole, exit_message, main
 from tui.launcher import STDERR_LOG, STDOUT_LOG, start_run, train_argv
 from tui.options import config_from_texts, default_texts
+from tui.run_list import list_runs
 from tui.run_state import RunState
 from tui.screens.attach import AttachScreen
+from tui.screens.confirm import ConfirmScreen
 from tui.screens.keys import KeysScreen
 from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
@@ -228,10 +230,14 @@ async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
         await launch_from_form(app, pilot, too_wide)
         shown = {name: stat(app, name) for name in ("status", "process")}
         stderr_lines = list(app.screen.query_one("#stderr", Log).lines)
-    assert shown == {"status": "failed to start", "process": "exited rc 2"}
-    assert stderr_lines[-1].startswith(
-        "titan train: error: --dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present"
-    )
+    why = "titan train: error: --dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present"
+    assert shown["process"] == "exited rc 2"
+    assert shown["status"].startswith(f"failed: exited before run_start: {why}")
+    assert stderr_lines[-1].startswith(why)
+    # Any console listing the runs root later reads the same, from the launch record.
+    [listed] = list_runs(tmp_path / "runs")
+    assert listed.liveness.state == "failed"
+    assert listed.liveness.reason.startswith(f"exited before run_start: {why}")
 
 
 def test_launch_refuses_an_existing_run_dir(tmp_path: Path):
@@ -293,7 +299,7 @@ async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: 
         "status": "completed",
         "step": "3 / 3",
         "loss": "3.0000",
-        "process": "not launched here",
+        "process": "the run has ended",
         "eta": "0:00:00",
         "elapsed": "0:00:04",
     }
@@ -318,7 +324,9 @@ def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses()
     assert state.losses == [9.0, 8.0, 7.0, 6.0]
 
 
-async def test_stop_on_a_run_not_launched_here_only_warns(consoles, tmp_path: Path):
+async def test_a_run_that_names_no_process_is_not_offered_stop_and_says_why(
+    consoles, tmp_path: Path
+):
     run_dir = tmp_path / "test-run"
     run_dir.mkdir()
     append_events(run_dir, [event("run_start", time.time(), total_steps=5)])
@@ -326,11 +334,19 @@ async def test_stop_on_a_run_not_launched_here_only_warns(consoles, tmp_path: Pa
     notes: list[str] = []
     async with app.run_test(size=SIZE, message_hook=notes_into(notes)) as pilot:
         await wait_until(pilot, lambda: app.screen.status == "running", lambda: "no start", 10)
+        await wait_until(pilot, lambda: stat(app, "process") != "-", lambda: "no process", 10)
+        offered = {b.binding.action for b in app.screen.active_bindings.values()}
         await pilot.press("s")
         await pilot.pause()
-        status = app.screen.status
-    assert notes == ["This run was not launched by this console."]
-    assert status == "running"
+        status, process = app.screen.status, stat(app, "process")
+        confirm_shown = isinstance(app.screen, ConfirmScreen)
+    assert "signal('stop')" not in offered and "signal('kill')" not in offered
+    assert (status, process, confirm_shown, notes) == (
+        "running",
+        "the record names no process to signal",
+        False,
+        [],
+    )
 
 
 async def test_a_stopped_run_has_no_eta_and_a_long_failure_reason_is_shown_whole(
@@ -384,7 +400,7 @@ async def test_run_list_shows_runs_newest_first_and_opens_the_selected_one(
         await pilot.pause()
         opened = app.screen.run_dir if isinstance(app.screen, MonitorScreen) else None
     assert rows == [
-        ["new-run", "tiny", "running", "1/8", "5.500"],
+        ["new-run", "tiny", "dead", "1/8", "5.500"],  # silent for decades, no process
         ["old-run", "tiny", "completed", "1/8", "5.500"],
     ]
     assert opened == tmp_path / "old-run"
@@ -404,7 +420,8 @@ async def test_question_mark_lists_the_screen_keys_and_escape_closes_them(consol
         await pilot.pause()
         after = app.screen
     assert isinstance(keys_screen, KeysScreen)
-    assert {("s", "Stop run"), ("esc", "Back"), ("?, f1", "Keys"), ("q, ^q", "Quit")} <= rows
+    assert {("1", "Overview"), ("esc", "Back"), ("?, f1", "Keys"), ("q, ^q", "Quit")} <= rows
+    assert ("s", "Stop run") not in rows  # an empty run dir has no process to stop
     assert isinstance(after, MonitorScreen)
 
 
@@ -470,9 +487,9 @@ async def test_attach_opens_the_monitor_of_a_run_dir_typed_after_a(consoles, tmp
     assert monitor.run_dir == (runs_root / run_id).resolve()
     assert sub_title == run_id
     assert shown["status"] == "failed: stalled in step for 9.9 s"
-    assert shown["step"].startswith("25 / ")
+    assert shown["step"].startswith("23 / ")  # its last step event, as History counts
     assert shown["model"].startswith("tiny")
-    assert shown["process"] == "not launched here"
+    assert shown["process"] == "the run has ended"
 
 
 async def test_launch_bar_labels_are_apart_from_their_fields(consoles, tmp_path: Path):

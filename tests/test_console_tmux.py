@@ -69,7 +69,9 @@ def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: 
     )
     _tmux("new-session", "-d", "-s", SESSION, "-x", "100", "-y", "30", "-c", os.getcwd(), command)
     try:
-        _wait_for(FIRST_FLAG, 30)
+        # The help line names the focused option: typing starts once the first field has the
+        # focus (keys sent before the form's auto-focus would land one field behind).
+        _wait_for(f"{FIRST_FLAG}: ", 30)
         position = 0
         for name, tab in sorted(FIELD_TABS.items(), key=lambda item: item[1]):
             _send(*["Tab"] * (tab - position), f"-l {texts[name]}")

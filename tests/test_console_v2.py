@@ -210,8 +210,6 @@ async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Pat
     assert isinstance(compare, CompareScreen) and isinstance(detail, RunDetailScreen)
     assert [row[0] for row in diff_rows] == [
         "debug_stall_at_step",
-        "run_id",
-        "runs_root",
         "watchdog_abort",
         "watchdog_floor",
     ]
@@ -235,10 +233,10 @@ def test_history_store_downsamples_the_loss_curve_and_diffs_configs(sample_root:
     losses = [e["loss"] for e in events if e["type"] == "step"]
     assert [loss for _, loss in full] == pytest.approx(losses)
     assert len(coarse) == 50 and coarse[0] == (1, pytest.approx(sum(losses[:4]) / 4))
-    assert config_diff({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
-        ("b", 2, 3),
-        ("c", None, 4),
-    ]
+    # Placement and options one record does not hold are not differences between the runs.
+    a = {"a": 1, "b": 2, "run_id": "x", "runs_root": "/r"}
+    b = {"a": 1, "b": 3, "c": 4, "run_id": "y", "runs_root": "/s"}
+    assert config_diff(a, b) == [("b", 2, 3)]
 
 
 async def test_escape_in_the_history_filter_clears_it_and_stays_on_history(sample_root: Path):

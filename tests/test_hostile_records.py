@@ -209,7 +209,7 @@ def test_an_events_file_that_cannot_be_read_is_reported_and_the_others_listed(
     write_run(tmp_path, "bad", crash_then_resume()[:8])
     assert main(["summarize", str(tmp_path), "--json"]) == 0
     rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
-    assert (rows["bad"]["status"], rows["bad"]["steps"]) == ("crashed", 4)
+    assert (rows["bad"]["status"], rows["bad"]["steps"]) == ("dead", 4)
     assert main(["report", str(tmp_path / "good")]) == 0
 
 

@@ -3,38 +3,48 @@ and how another process's stall reaches the record, on real heartbeat files and 
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from helpers import events
 
+from titan.observability.liveness import read_beats
 from titan.observability.records import RunRecord, write_json_atomic
 from titan.trainer.peers import (
     LOST_AFTER_S,
     PeerWatch,
     lost_after_s,
     lost_processes,
-    read_heartbeats,
 )
 from titan.trainer.processes import PROCESSES_DIR, Heartbeat
 
 
 def beat_file(run_dir: Path, process: int, **fields) -> None:
-    payload = {"process": process, "host": "node7", "pid": 4242 + process, "step": 5}
+    payload = {"process": process, "host": "node7", "pid": 4242 + process, "pgid": 4242}
+    payload |= {"started": time.time() - 100, "processes": 5, "step": 5}
     payload = {**payload, "status": "running", "beat": time.time(), **fields}
     (run_dir / PROCESSES_DIR).mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / PROCESSES_DIR / f"{process}.json", payload)
 
 
 def test_a_running_process_silent_past_the_allowance_is_lost(tmp_path):
+    """On another host (its pid cannot be checked), by the age of its last beat."""
     now = time.time()
     beat_file(tmp_path, 1, beat=now - 40)
     beat_file(tmp_path, 2, beat=now - 1)
     beat_file(tmp_path, 3, beat=now - 40, status="completed")  # ended: not lost
     beat_file(tmp_path, 0, beat=now - 400)  # this process: never its own peer
     (tmp_path / PROCESSES_DIR / "4.json").write_text("{torn")
-    (lost,) = lost_processes(read_heartbeats(tmp_path), now, LOST_AFTER_S)
-    assert (lost.process, lost.host, lost.pid, lost.step) == (1, "node7", 4243, 5)
+    (lost,) = lost_processes(read_beats(tmp_path), now, LOST_AFTER_S)
+    assert (lost.process, lost.beat.id.host, lost.beat.id.pid, lost.beat.step) == (
+        1,
+        "node7",
+        4243,
+        5,
+    )
     assert (
         lost.describe() == "lost process 1 (pid 4243 on node7): no heartbeat for 40 s, last step 5"
     )
@@ -74,3 +84,11 @@ def test_a_lost_peer_is_reported_once(tmp_path):
     watch.check()
     watch.check()
     assert [[p.process for p in lost] for lost in found] == [[1]]
+
+
+def test_a_process_of_this_host_that_is_gone_is_lost_at_once(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    beat_file(tmp_path, 1, host=socket.gethostname(), pid=gone.pid)  # beating just now
+    (lost,) = lost_processes(read_beats(tmp_path), time.time(), LOST_AFTER_S)
+    assert lost.process == 1 and "is gone" in lost.describe()

@@ -108,7 +108,7 @@ def test_replaced_file_is_read_again(tmp_path):
     write_run(tmp_path, "again", events[:3])
     summarize.ingest(con, tmp_path)
     assert event_count(con, "again") == 3
-    assert summarize.summaries(con, "again")[0].status == "crashed"
+    assert summarize.summaries(con, "again")[0].status == "dead"
 
 
 def test_100k_step_events_ingest_once(tmp_path):
@@ -181,17 +181,17 @@ def test_a_resume_after_a_torn_last_line_starts_a_new_line(tmp_path):
     assert (s.status, s.restarts, s.steps) == ("completed", 1, 6)
 
 
-def test_a_run_writing_events_now_is_running_not_crashed(tmp_path):
+def test_a_run_writing_events_now_is_running_not_dead(tmp_path):
     events = crash_then_resume()[:8]  # one attempt, no run_end
     shift = time.time() - events[-1]["time"] - 5.0  # its last event 5 s ago
     write_run(tmp_path, "live", [{**e, "time": e["time"] + shift} for e in events])
     [s] = summarize.summarize(tmp_path)
     assert (s.status, s.badput["lost_progress"]) == ("running", 0.0)
     con = summarize.connect(tmp_path)
-    try:  # silent past the window: the next ingest finds it crashed, with nothing new to read
+    try:  # silent past the window, no process recorded: the next ingest finds it dead
         con.execute("UPDATE events SET time = time - 1000 WHERE run_id = 'live'")
         summarize.ingest(con, tmp_path)
         [s] = summarize.summaries(con)
     finally:
         con.close()
-    assert s.status == "crashed" and s.badput["lost_progress"] > 0
+    assert s.status == "dead" and s.badput["lost_progress"] > 0

@@ -124,6 +124,8 @@ def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_optio
     assert not any(line.lstrip().startswith('File "/') for line in main["stack"])
     end = events(run_dir)[-1]
     assert (end["type"], end["status"], end["reason"]) == ("run_end", "failed", "stall")
+    # run_end's step is the last step recorded (the stalled step 3 never finished).
+    assert end["step"] == events(run_dir, "step")[-1]["step"] == 2
     checkpointer = Checkpointer(run_dir)
     assert checkpointer.latest_step() == 2
     checkpointer.close()

@@ -6,7 +6,8 @@ With no option the console opens the launch form over the list of ``$TITAN_RUNS`
 ``./runs``); ``--runs-root DIR`` opens the list of DIR; ``--run RUN_DIR`` opens the monitor of
 one run over the list of its parent folder. ``Esc`` goes back to the screen below; ``n``, ``p``
 and ``h`` open the launch form, the planner and the history from anywhere (``ctrl+p``: the
-command palette lists the same). The terminal is restored on quit, on a crash and on SIGTERM.
+command palette lists the same). The terminal is restored on quit, on a crash, on SIGTERM and
+on SIGHUP (the terminal or SSH session went away).
 
 Quitting leaves the training runs this console started running (they are training runs, each in
 its own process group, with its output in its run dir) and prints how to stop or follow them.
@@ -28,10 +29,12 @@ from textual.binding import Binding
 from textual.geometry import Size
 from textual.screen import Screen
 
+from titan.errors import TitanError
 from titan.inert import inert
 from titan.observability.records import default_runs_root
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
+from tui.options import resume_texts
 from tui.screens.history import HistoryScreen
 from tui.screens.keys import KeysScreen
 from tui.screens.launch import LaunchScreen
@@ -100,8 +103,10 @@ class TitanConsole(App[None], inherit_bindings=False):
         # Below the minimum size every screen shows the same notice over its widgets.
         self.screen_change_signal.subscribe(self, self._add_size_notice)
         self._add_size_notice(self.screen)
-        # SIGTERM exits like q does, so the terminal is restored (Textual restores it on a crash).
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+        # SIGTERM and SIGHUP exit like q does, so the terminal is restored (Textual restores it
+        # on a crash).
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            asyncio.get_running_loop().add_signal_handler(signum, self.exit)
         if self._open_run is not None:
             self.push_screen(MonitorScreen(self._open_run))
         elif self._show_launch_form:
@@ -167,6 +172,15 @@ class TitanConsole(App[None], inherit_bindings=False):
     def on_runs_screen_open_run(self, message: RunsScreen.OpenRun) -> None:
         launched = self.launched.get(message.run_dir.resolve())
         self.push_screen(MonitorScreen(message.run_dir, launched))
+
+    def on_monitor_screen_resume(self, message: MonitorScreen.Resume) -> None:
+        """The launch form with the run's saved options, to resume it."""
+        try:
+            texts = resume_texts(message.run_dir)
+        except TitanError as err:
+            self.notify(inert(err), title="Cannot resume", severity="error", markup=False)
+            return
+        self.push_screen(LaunchScreen(self.runs_root, resume=message.run_dir, texts=texts))
 
     def on_launch_screen_launched(self, message: LaunchScreen.Launched) -> None:
         for run in message.runs:

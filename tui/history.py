@@ -25,6 +25,8 @@ from titan.observability.summarize import IngestReport, RunSummary
 # Points of a loss curve at most (nvitop-like restraint: more than a terminal can draw is waste).
 MAX_CURVE_POINTS = 2000
 EXPORT_FORMATS = ("csv", "parquet")
+# Options that say where a run was placed, not how it trained: every two runs differ there.
+NOT_COMPARED = ("run_id", "runs_root")
 
 # One row per run: the stored summary joined with its first run_start (preset, layout, devices,
 # start time). Parameter: the run ids to keep, or NULL for all.
@@ -58,7 +60,8 @@ class HistoryRow:
     """One run of the History table (None where the records do not say).
 
     Attributes:
-        run_id: the run dir's name. status: the last attempt's (``crashed`` without run_end).
+        run_id: the run dir's name. status: the run's state at the last ingest
+            (:func:`titan.observability.liveness.judge`).
         preset, layout: from ``run_start``'s config (layout ``mpmd pp2`` for a pipeline).
         devices: devices the layout uses. steps: the last step.
         tokens_per_s, mfu: medians over step events. tokens_per_j: tokens per joule.
@@ -195,7 +198,8 @@ def _history_row(run_id, status, preset, layout, pp, devices, *figures) -> Histo
 
 
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, value in a, value in b)`` for each config key whose values differ (a key missing
-    on one side shows ``None`` there), sorted by key."""
-    keys = sorted(a.keys() | b.keys())
-    return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+    """``(key, value in a, value in b)`` for each option recorded by both runs whose values
+    differ, sorted by key. Where each run was placed (:data:`NOT_COMPARED`) and options one
+    record does not hold (it predates them: its value is unknown, not None) are left out."""
+    keys = sorted((a.keys() & b.keys()) - set(NOT_COMPARED))
+    return [(k, a[k], b[k]) for k in keys if a[k] != b[k]]

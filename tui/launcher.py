@@ -1,38 +1,56 @@
-"""Start ``titan train`` as a child process in its own run dir, and stop it.
+"""Start ``titan train`` as a child process in its own run dir, and signal any run of this host.
 
 The child gets an argument list (never a shell string) with only the options that differ from
-:class:`titan.config.TrainConfig`'s defaults, runs in its own process group (so a stop signal
-reaches it and nothing else) and writes its output to ``stdout.log`` / ``stderr.log`` in the run
-dir, which is created here before the child starts.
+:class:`titan.config.TrainConfig`'s defaults (from the resumed run's saved options for a
+resume), runs in its own process group (so a stop signal reaches it and nothing else) and
+writes its output to ``stdout.log`` / ``stderr.log`` in the run dir, which is created here
+before the child starts (a resume appends to them). ``launch.json``
+(:data:`titan.observability.liveness.LAUNCH_FILE`) records the child's identity at once, so
+that any console tells a launch that failed before ``run_start`` from one still starting.
+
+:func:`signal_run` signals a run's recorded process group, whoever launched it, after checking
+that its pid is still the recorded process (same start time): a reused pid is never signalled.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from titan.config import TrainConfig, check_run_id, option_fields
 from titan.data.text import check_inputs
 from titan.errors import TitanError
-from titan.observability.records import default_runs_root, new_run_id
+from titan.observability.liveness import LAUNCH_FILE, STDERR_LOG, ProcessId
+from titan.observability.records import default_runs_root, new_run_id, write_json_atomic
+from titan.trainer.resume import resume_options
 
 STDOUT_LOG = "stdout.log"
-STDERR_LOG = "stderr.log"
 
 # Options the console always passes explicitly, because it creates the run dir itself.
 _PLACEMENT = ("runs_root", "run_id")
 
 
-def train_argv(config: TrainConfig, runs_root: Path, run_id: str) -> list[str]:
+def train_argv(
+    config: TrainConfig, runs_root: Path, run_id: str, base: TrainConfig | None = None
+) -> list[str]:
     """The child's command line: ``python -m titan.cli train --runs-root R --run-id I`` followed
-    by ``--flag value`` for each option of ``config`` that differs from its default."""
+    by ``--flag value`` for each option of ``config`` that differs from ``base`` (default:
+    the defaults). With ``base`` (a resumed run's saved options) the placement is ``--resume
+    <runs root>/<run id>`` instead."""
     argv = [sys.executable, "-m", "titan.cli", "train"]
-    argv += ["--runs-root", str(runs_root), "--run-id", run_id]
-    defaults = TrainConfig().flat()
+    if base is None:
+        argv += ["--runs-root", str(runs_root), "--run-id", run_id]
+    else:
+        argv += ["--resume", str(runs_root / run_id)]
+    defaults = (base or TrainConfig()).flat()
     for option, value in zip(option_fields(), config.flat().values(), strict=True):
         if option.name in _PLACEMENT or value == defaults[option.name]:
             continue
@@ -65,48 +83,63 @@ class LaunchedRun:
         """The exit code, or ``None`` while the child runs (never blocks)."""
         return self.process.poll()
 
-    def stop(self) -> bool:
-        """Send SIGTERM to the child's process group: the trainer finishes its step, saves a
-        checkpoint, records ``run_end`` with status ``stopped`` and exits 4
-        (:data:`titan.exit_codes.EXIT_STOPPED`; 0 with ``--exit-zero-on-stop``).
 
-        Returns:
-            False when the process group is already gone (nothing was signalled).
-        """
-        return self.signal(signal.SIGTERM)
+def signal_run(process: ProcessId, signum: signal.Signals) -> str | None:
+    """Send ``signum`` to ``process``'s recorded process group, once its pid is checked to be
+    the recorded process still (its start time) and in that group. SIGTERM: the trainer
+    finishes its step, saves a checkpoint, records ``run_end`` ``stopped`` and exits 4
+    (:data:`titan.exit_codes.EXIT_STOPPED`); SIGKILL: no checkpoint, no ``run_end``.
 
-    def signal(self, signum: signal.Signals) -> bool:
-        """Send ``signum`` to the child's process group (SIGKILL: no checkpoint, no
-        ``run_end``). Returns False when the group is already gone."""
-        try:
-            os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            return False
-        return True
+    Returns:
+        None when the signal was sent, else why not (one line): another host, the process is
+        gone or its pid is another process now, it left the group.
+    """
+    if not process.local:
+        return f"the run is on host {process.host}, not this one"
+    gone = process.gone()
+    if gone is not None:
+        return gone
+    try:
+        if os.getpgid(process.pid) != process.pgid:
+            return f"pid {process.pid} is no longer in process group {process.pgid}"
+        os.killpg(process.pgid, signum)
+    except ProcessLookupError:
+        return f"{process.name()} is gone"
+    except PermissionError:
+        return f"not allowed to signal process group {process.pgid} (another user's)"
+    return None
 
 
-def start_run(config: TrainConfig) -> LaunchedRun:
+def start_run(config: TrainConfig, resume: Path | None = None) -> LaunchedRun:
     """Create the run dir of ``config`` and start ``titan train`` in it.
 
     The runs root is ``config.run.runs_root`` (or ``$TITAN_RUNS`` / ``./runs``), made absolute; the
     run id is ``config.run.run_id`` or a fresh :func:`~titan.observability.records.new_run_id`.
+    With ``resume`` (a run dir) the child is ``titan train --resume <resume>`` with the options
+    of ``config`` that differ from the run's saved ones, appending to its logs.
 
     Raises:
         TitanError: ``--data`` or ``--tokenizer`` that ``titan train`` would refuse (checked
-            first, so that no run dir is left), or a run dir that already exists.
+            first, so that no run dir is left), a run dir that already exists, or a ``resume``
+            dir that ``titan train --resume`` would refuse.
         OSError: when the run dir or the child cannot be created.
     """
     check_inputs(config.data.corpus, config.data.tokenizer)
-    runs_root = default_runs_root(config.run.runs_root).resolve()
-    run_id = config.run.run_id or new_run_id(config.model.shape.name)
-    check_run_id(run_id)
-    run_dir = runs_root / run_id
-    try:
-        run_dir.mkdir(parents=True)
-    except FileExistsError:
-        raise TitanError(f"--run-id {run_id!r} already exists in {runs_root}") from None
-    argv = train_argv(config, runs_root, run_id)
-    with open(run_dir / STDOUT_LOG, "wb") as out, open(run_dir / STDERR_LOG, "wb") as err:
+    if resume is not None:
+        run_dir, base = Path(resume).resolve(), resume_options(Path(resume), {})
+        argv = train_argv(config, run_dir.parent, run_dir.name, base)
+    else:
+        runs_root = default_runs_root(config.run.runs_root).resolve()
+        run_id = config.run.run_id or new_run_id(config.model.shape.name)
+        check_run_id(run_id)
+        run_dir = runs_root / run_id
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise TitanError(f"--run-id {run_id!r} already exists in {runs_root}") from None
+        argv = train_argv(config, runs_root, run_id)
+    mode = "ab" if resume is not None else "wb"
+    with open(run_dir / STDOUT_LOG, mode) as out, open(run_dir / STDERR_LOG, mode) as err:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -115,4 +148,14 @@ def start_run(config: TrainConfig) -> LaunchedRun:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
+    identity = ProcessId(socket.gethostname(), process.pid, process.pid, _started(process.pid))
+    write_json_atomic(run_dir / LAUNCH_FILE, {**identity.as_dict(), "argv": argv})
     return LaunchedRun(run_dir, argv, process)
+
+
+def _started(pid: int) -> float:
+    """The start time of a child just started (now, if it is already gone)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return time.time()

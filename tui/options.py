@@ -13,6 +13,7 @@ from typing import Any
 
 from titan.config import Option, TrainConfig, option_fields
 from titan.errors import TitanError
+from titan.trainer.resume import resume_options
 
 # Form presets: options set over the defaults (by field name, as the form's texts).
 FORM_PRESETS: dict[str, dict[str, str]] = {
@@ -45,6 +46,20 @@ def default_texts(runs_root: Path) -> dict[str, str]:
     texts = {o.name: o.text(o.default) for o in option_fields()}
     texts["runs_root"] = str(runs_root)
     return texts
+
+
+def config_texts(config: TrainConfig) -> dict[str, str]:
+    """The form's texts of ``config``, keyed by field name."""
+    return {o.name: o.text(v) for o, v in zip(option_fields(), config.flat().values(), strict=True)}
+
+
+def resume_texts(run_dir: Path) -> dict[str, str]:
+    """The form's texts to resume ``run_dir``: its saved options (``titan train --resume``'s).
+
+    Raises:
+        TitanError: ``run_dir`` cannot be resumed (no ``config.json`` or tokenizer there).
+    """
+    return config_texts(resume_options(run_dir, {}))
 
 
 def preset_texts(runs_root: Path, preset: str) -> dict[str, str]:

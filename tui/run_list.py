@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan.observability.liveness import LAUNCH_FILE, STDERR_LOG, Liveness, judge
 from titan.observability.records import EVENTS_FILE, load_events
-from tui.launcher import STDERR_LOG
 from tui.run_state import RunState
 
 
@@ -21,16 +21,20 @@ class RunSummary:
         run_dir: the run dir.
         state: its events folded into a :class:`~tui.run_state.RunState`.
         created_at: unix seconds of its first event, or the dir's mtime when it has none yet.
+        liveness: its state (:func:`titan.observability.liveness.judge`).
     """
 
     run_dir: Path
     state: RunState
     created_at: float
+    liveness: Liveness
 
 
 def is_run_dir(path: Path) -> bool:
-    """A run dir has a run record, or at least the logs of a child this console started."""
-    return path.is_dir() and ((path / EVENTS_FILE).is_file() or (path / STDERR_LOG).is_file())
+    """A run dir has a run record, or at least what a console wrote starting its child."""
+    return path.is_dir() and any(
+        (path / name).is_file() for name in (EVENTS_FILE, LAUNCH_FILE, STDERR_LOG)
+    )
 
 
 def list_runs(runs_root: Path) -> list[RunSummary]:
@@ -44,5 +48,5 @@ def list_runs(runs_root: Path) -> list[RunSummary]:
         state = RunState()
         state.apply(events)
         created_at = events[0].time if events else run_dir.stat().st_mtime
-        summaries.append(RunSummary(run_dir, state, created_at))
+        summaries.append(RunSummary(run_dir, state, created_at, judge(run_dir, state.facts)))
     return sorted(summaries, key=lambda s: s.created_at, reverse=True)

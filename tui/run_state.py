@@ -31,6 +31,7 @@ from titan.observability.events import (
     Stall,
     Step,
 )
+from titan.observability.liveness import RecordFacts
 from titan.observability.watchdog import Watchdog
 from titan.planning.gpus import gpu_for_device_kind
 
@@ -68,7 +69,8 @@ class RunState:
         total_steps: the step the run stops at.
         started_at: unix seconds of the (latest) ``run_start``; ``None`` before it.
         resumed_from_step: the checkpoint step this segment resumed from, or ``None``.
-        step: last completed step (1-based; 0 before the first).
+        step: the last step with a ``step`` event (1-based; the attempt's start step before
+            its first): the one definition of a run's steps, as ``titan summarize`` counts them.
         loss: loss of the last step.
         tokens_per_s: throughput of the last step.
         tokens_seen: cumulative tokens trained on.
@@ -95,6 +97,7 @@ class RunState:
             (:attr:`~titan.observability.events.Compile.program_bytes`).
         pipeline: the ``pipeline`` event of an MPMD run; pipeline_timing: its latest
             ``pipeline_timing`` event (per-action spans of one step).
+        facts: what :func:`titan.observability.liveness.judge` needs from the events.
     """
 
     run_id: str = ""
@@ -132,6 +135,7 @@ class RunState:
     compiled_memory_bytes: int | None = None
     pipeline: Pipeline | None = None
     pipeline_timing: PipelineTiming | None = None
+    facts: RecordFacts = field(default_factory=RecordFacts)
     _step_times: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=RATE_WINDOW_STEPS), repr=False
     )
@@ -140,6 +144,8 @@ class RunState:
     def apply(self, events: Iterable[Event]) -> None:
         """Fold events into the state; unknown types are ignored so that newer records still
         display."""
+        events = list(events)
+        self.facts = self.facts.fold(events)
         for event in events:
             handler = getattr(self, f"_on_{event.type}", None)
             if handler is not None:
@@ -150,7 +156,10 @@ class RunState:
 
     @property
     def status(self) -> str:
-        """``starting`` (no ``run_start`` yet), ``running``, or the ``run_end`` status."""
+        """What the events alone say: ``starting`` (no ``run_start`` yet), ``running``, or the
+        ``run_end`` status. The screens show the run's state from
+        :func:`titan.observability.liveness.judge` (with :attr:`facts`), which also checks its
+        processes."""
         if self.end_status:
             return self.end_status
         return "running" if self.started_at is not None else "starting"
@@ -259,5 +268,3 @@ class RunState:
         self.end_status = event.status
         self.end_error = event.error
         self.ended_at = event.time
-        if event.step is not None:  # a run that failed before its first step has None
-            self.step = event.step

@@ -237,6 +237,11 @@ class RunStart(Event):
         "how many processes run the attempt (``jax.process_count()``; process 0 writes the "
         "record, each keeps ``processes/<id>.json``)"
     )
+    process: dict[str, Any] | None = _field(
+        "who writes the record: ``host``, ``pid``, ``pgid`` (process group), ``started`` (unix "
+        "s, from /proc) and ``process`` (index) of process 0, which the console checks and "
+        "signals (:mod:`titan.observability.liveness`)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,9 +39,10 @@ included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step even
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
-the last attempt's ``run_end`` status; without one, ``running`` when its last event is recent
-(:data:`titan.observability.ettr.RUNNING_WINDOW_S`; such runs are worked out again at each
-ingest) and ``crashed`` otherwise; ``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
+the run's liveness (:func:`titan.observability.liveness.judge`: the last attempt's ``run_end``
+status, else ``running``, ``stalled`` or ``dead`` from its recorded processes and heartbeats;
+runs not ended are worked out again at each ingest, and ``reason`` says why a run is dead);
+``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
 a run whose file or events could not be read; ETTR and goodput come from
 :mod:`titan.observability.ettr`.
 
@@ -68,7 +69,7 @@ from typing import Any
 import duckdb
 
 from titan.errors import TitanError
-from titan.observability import ettr, perfdb
+from titan.observability import ettr, liveness, perfdb
 from titan.observability.events import (
     MFU_CONVENTION,
     Compile,
@@ -76,6 +77,7 @@ from titan.observability.events import (
     EventError,
     RunEnd,
     RunStart,
+    Stall,
     Step,
     parse_event,
 )
@@ -347,9 +349,9 @@ def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
     # a run that was unreadable, or that has no summary (an ingest stopped before making it).
     stale = _ids(
         con,
-        "SELECT run_id FROM runs WHERE status IN (?, ?) UNION "
+        "SELECT run_id FROM runs WHERE list_contains(?, status) UNION "
         "SELECT run_id FROM files WHERE run_id NOT IN (SELECT run_id FROM runs)",
-        [ettr.RUNNING, UNREADABLE],
+        [[liveness.STARTING, liveness.RUNNING, liveness.STALLED, UNREADABLE]],
     )
     for run_id in dict.fromkeys([*changed, *sorted(stale)]):
         if run_id not in unreadable:
@@ -496,10 +498,11 @@ def compute_summary(
     programs = [e.program_bytes for e in events if isinstance(e, Compile)]
     compiled = max((b for b in programs if b is not None), default=None)
     memory_check = (start.memory_check if isinstance(start, RunStart) else None) or {}
+    judged = _liveness(con, run_id, start, end, t1)
     return RunSummary(
         run_id=run_id,
-        status=end.status if ended else _unended_status(goodput),
-        reason=end.reason if ended else None,
+        status=judged.state,
+        reason=end.reason if ended else judged.describe().partition(": ")[2] or None,
         steps=steps,
         tokens=tokens,
         wall_s=(t1 - t0) if t0 is not None and t1 is not None else None,
@@ -556,9 +559,24 @@ def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
     )
 
 
-def _unended_status(goodput: ettr.Goodput) -> str:
-    """``running`` or ``crashed`` for a run whose last attempt has no ``run_end``."""
-    return goodput.attempts[-1].status if goodput.attempts else ettr.CRASHED
+def _liveness(
+    con: duckdb.DuckDBPyConnection, run_id: str, start: Any, end: Any, last_at: float | None
+) -> liveness.Liveness:
+    """The run's state by :func:`titan.observability.liveness.judge`, from its stored events
+    and its run dir (the dir of the events file read)."""
+    path = con.execute("SELECT path FROM files WHERE run_id = ?", [run_id]).fetchone()
+    last = con.execute(
+        "SELECT type FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
+    ).fetchone()
+    facts = liveness.RecordFacts(
+        started=isinstance(start, RunStart),
+        process=liveness.ProcessId.of(start.process) if isinstance(start, RunStart) else None,
+        end_status=end.status if isinstance(end, RunEnd) else None,
+        end_error=end.error if isinstance(end, RunEnd) else None,
+        last_event_at=last_at,
+        stalled=last is not None and last[0] == Stall.type,
+    )
+    return liveness.judge(Path(path[0]).parent if path else Path(run_id), facts)
 
 
 def summaries(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list[RunSummary]:

@@ -20,22 +20,27 @@ reads the others' files on the same beat:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from titan.observability.events import RunEnd, Stall
+from titan.observability.liveness import (
+    BEAT_INTERVAL_S,
+    HEARTBEAT_TIMEOUT_S,
+    ProcessBeat,
+    read_beats,
+    read_json,
+)
 from titan.observability.records import RunRecord
 from titan.observability.ticker import Ticker
 from titan.parallel.distributed import process_count, process_index
-from titan.trainer.processes import BEAT_INTERVAL_S, PROCESSES_DIR, STALL_FIELDS, Heartbeat
+from titan.trainer.processes import PROCESSES_DIR, STALL_FIELDS, Heartbeat
 
-LOST_AFTER_S = 30.0  # 30 missed beats: well past scheduling hiccups, well before JAX's 100 s
+LOST_AFTER_S = HEARTBEAT_TIMEOUT_S  # 30 missed beats: past scheduling hiccups, before JAX's 100 s
 
 
 def lost_after_s(watchdog_floor_s: float) -> float:
@@ -47,52 +52,33 @@ def lost_after_s(watchdog_floor_s: float) -> float:
 
 @dataclass(frozen=True)
 class LostProcess:
-    """A process of the run that stopped beating: its index, host, pid, last step done and the
-    seconds since its last heartbeat."""
+    """A process of the run that counts as lost: its heartbeat and why."""
 
-    process: int
-    host: str
-    pid: int
-    step: int | None
-    silent_s: float
+    beat: ProcessBeat
+    why: str
+
+    @property
+    def process(self) -> int:
+        return self.beat.id.process
 
     def describe(self) -> str:
-        return (
-            f"lost process {self.process} (pid {self.pid} on {self.host}): no heartbeat for "
-            f"{self.silent_s:.0f} s, last step {self.step}"
-        )
+        return f"lost {self.why}, last step {self.beat.step}"
 
 
-def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """Process index -> its heartbeat fields (unreadable or half-written files are skipped)."""
-    beats = {}
-    for path in (Path(run_dir) / PROCESSES_DIR).glob("*.json"):
-        try:
-            data = json.loads(path.read_text())
-            beats[int(data["process"])] = data
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return beats
-
-
-def lost_processes(
-    beats: dict[int, dict[str, Any]], now: float, after_s: float
-) -> list[LostProcess]:
-    """The processes among ``beats`` (not this one) still ``running`` whose last beat (Unix
-    seconds) is more than ``after_s`` before ``now``."""
+def lost_processes(beats: list[ProcessBeat], now: float, after_s: float) -> list[LostProcess]:
+    """The processes among ``beats`` (not this one) still ``running`` that are gone: on this
+    host, by their pid (:meth:`titan.observability.liveness.ProcessId.gone`: at once); on any
+    host, by a last beat (Unix seconds) more than ``after_s`` before ``now``."""
     lost = []
-    for index, beat in sorted(beats.items()):
-        silent_s = now - float(beat.get("beat", now))
-        if index != process_index() and beat.get("status") == "running" and silent_s > after_s:
-            lost.append(
-                LostProcess(
-                    index,
-                    str(beat.get("host")),
-                    int(beat.get("pid", 0)),
-                    beat.get("step"),
-                    silent_s,
-                )
-            )
+    for beat in beats:
+        if beat.id.process == process_index() or beat.status != "running":
+            continue
+        silent_s = now - beat.beat
+        why = beat.id.gone() if beat.id.local else None
+        if why is None and silent_s > after_s:
+            why = f"{beat.id.name()}: no heartbeat for {silent_s:.0f} s"
+        if why is not None:
+            lost.append(LostProcess(beat, why))
     return lost
 
 
@@ -129,13 +115,11 @@ class PeerWatch:
         self._ticker.stop()
 
     def check(self) -> None:
-        """One beat: refresh this process's heartbeat, record the others' new stalls (on the
-        writer), and end the run if one is lost."""
-        self.heartbeat.beat(None, force=True)
-        beats = read_heartbeats(self.run_dir)
+        """One beat: record the others' new stalls (on the writer), and end the run if one is
+        lost."""
         if process_index() == 0:
-            self._record_stalls(beats)
-        lost = lost_processes(beats, time.time(), self.after_s)
+            self._record_stalls()
+        lost = lost_processes(read_beats(self.run_dir), time.time(), self.after_s)
         if lost and not self._lost_reported:
             self._lost_reported = True
             self.on_lost(lost)
@@ -148,15 +132,16 @@ class PeerWatch:
             return
         since = time.time()
         while time.time() - since < self.after_s + 2 * BEAT_INTERVAL_S:
-            beats = read_heartbeats(self.run_dir)
-            peers = [b for i, b in beats.items() if i != process_index()]
-            if all(b.get("status") != "running" or b.get("beat", 0) > since for b in peers):
+            peers = [b for b in read_beats(self.run_dir) if b.id.process != process_index()]
+            if all(b.status != "running" or b.beat > since for b in peers):
                 return
             time.sleep(BEAT_INTERVAL_S / 2)
 
-    def _record_stalls(self, beats: dict[int, dict[str, Any]]) -> None:
-        for index, beat in beats.items():
-            stall = beat.get("stall")
+    def _record_stalls(self) -> None:
+        for path in sorted((self.run_dir / PROCESSES_DIR).glob("*.json")):
+            beat = read_json(path)
+            index = beat.get("process") if isinstance(beat, dict) else None
+            stall = beat.get("stall") if isinstance(index, int) else None
             if index == 0 or not isinstance(stall, dict):
                 continue
             key = tuple(stall.get(name) for name in STALL_FIELDS)

@@ -9,16 +9,15 @@ With several processes (:mod:`titan.parallel.distributed`) process 0 is the run'
 run dir up to date (:class:`Heartbeat`), so that a dead or hung process is named by its host,
 pid and the age of its last beat.
 
-Heartbeat file fields: ``process`` (index), ``processes`` (count), ``host``, ``pid``,
-``started`` (unix s, when the process started), ``step`` (last step reported), ``beat`` (unix s
-of the last update), ``status`` (``running``, then the run's ``run_end`` status).
+Heartbeat file fields: ``process`` (index), ``processes`` (count), ``host``, ``pid``, ``pgid``
+(process group), ``started`` (unix s, when the process started, from /proc), ``step`` (last
+step reported), ``beat`` (unix s of the last update), ``status`` (``running``, then the run's
+``run_end`` status). :mod:`titan.observability.liveness` reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,9 @@ import numpy as np
 
 from titan.data.tokenizer import Tokenizer
 from titan.observability.events import Event, Stall
+from titan.observability.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
 from titan.observability.records import RunRecord, new_run_id, write_json_atomic
+from titan.observability.ticker import Ticker
 from titan.parallel.distributed import (
     barrier,
     broadcast_bytes,
@@ -38,8 +39,6 @@ from titan.parallel.distributed import (
     process_index,
 )
 
-PROCESSES_DIR = "processes"
-BEAT_INTERVAL_S = 1.0
 STALL_FIELDS = ("phase", "elapsed_s", "threshold_s", "step")  # published by a stalled process
 T = TypeVar("T")
 
@@ -97,28 +96,35 @@ class MutedRecord(RunRecord):
 
 
 class Heartbeat:
-    """This process's ``processes/<id>.json``: who it is (host, pid, start time), its last step,
-    its status and, after a stall, the stall; rewritten atomically, at most once a second (from
-    the loop and, in a run of several processes, from :class:`titan.trainer.peers.PeerWatch`)."""
+    """This process's ``processes/<id>.json``, rewritten (atomically) every
+    :data:`~titan.observability.liveness.BEAT_INTERVAL_S` by a thread between :meth:`start`
+    and :meth:`stop`, whatever the loop is doing (a hung step still beats: the process is alive;
+    its ``step`` does not move), and by the loop at most as often; after a stall it also holds
+    the stall (:meth:`stalled`), which the writer records (:mod:`titan.trainer.peers`)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / PROCESSES_DIR / f"{process_index()}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fields: dict[str, Any] = {
-            "process": process_index(),
+            **ProcessId.current(process_index()).as_dict(),
             "processes": process_count(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": _process_start_time(),
             "step": None,
             "status": "running",
         }
         self._last = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the loop and the thread write the same file
+        self._ticker = Ticker(BEAT_INTERVAL_S, lambda: self.beat(None), "titan-heartbeat")
         self.beat(None, force=True)
 
+    def start(self) -> None:
+        """Beat from a background thread until :meth:`stop`."""
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._ticker.stop()
+
     def beat(self, step: int | None, force: bool = False) -> None:
-        """Record ``step`` as the last one done; writes only if a second has passed (or
+        """Record ``step`` as the last one done; writes only if a beat interval has passed (or
         ``force``)."""
         with self._lock:
             self.fields["step"] = step if step is not None else self.fields["step"]
@@ -136,17 +142,3 @@ class Heartbeat:
         """The last beat: the run's end status."""
         self.fields["status"] = status
         self.beat(step, force=True)
-
-
-def _process_start_time() -> float:
-    """Unix time this process started (from /proc where there is one, else now)."""
-    try:
-        ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()

@@ -74,6 +74,7 @@ from titan.observability.events import (
     Step,
 )
 from titan.observability.flops import FlopsMeter, device_peak
+from titan.observability.liveness import ProcessId
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
 from titan.observability.records import (
@@ -93,6 +94,7 @@ from titan.parallel.distributed import (
     barrier,
     initialize,
     process_count,
+    process_index,
 )
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
@@ -424,6 +426,7 @@ def _run_start_fields(
             "dropped": stream.dropped,
         },
         "processes": process_count(),
+        "process": ProcessId.current(process_index()).as_dict(),
     }
 
 
@@ -468,6 +471,9 @@ class _Run:
         self._pending: tuple | None = None  # the last step dispatched, its metrics not read yet
         self._saved_step: int | None = None
         self.peers: PeerWatch | None = None  # started by begin(), with the heartbeat
+        # The last step with a step event: what run_end's step says (the step in flight when
+        # the watchdog aborts was never recorded).
+        self.recorded_step: int | None = None
 
     def begin(self, model_cfg: ModelConfig, tokenizer: Tokenizer) -> None:
         """Open the record and write the run files (``config.json``, the tokenizer, the
@@ -483,6 +489,7 @@ class _Run:
             self.record = record
         barrier("titan:run-files")  # then the others write their heartbeats there
         self.heartbeat = Heartbeat(self.run_dir)
+        self.heartbeat.start()
         self.profiler = StepProfiler(self.cfg.observability.profile_steps, self.record)
         after_s = lost_after_s(self.cfg.observability.watchdog_floor)
         self.peers = PeerWatch(self.run_dir, self.heartbeat, self.record, after_s, self.on_lost)
@@ -517,7 +524,7 @@ class _Run:
 
     def start_monitors(self) -> None:
         """Start the stall watchdog and the power sampler (background threads; the watch of the
-        other processes starts in :meth:`begin`)."""
+        other processes and the heartbeat start in :meth:`begin`)."""
         self.watchdog.start()
         self.power.start()
 
@@ -526,6 +533,8 @@ class _Run:
         self.power.stop()
         if self.peers is not None:
             self.peers.stop()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
     def on_lost(self, lost: list) -> None:
         """A process of the run stopped beating: end this one (:mod:`titan.trainer.peers`)."""
@@ -553,7 +562,7 @@ class _Run:
         self.record.emit(
             RunEnd(
                 status="failed",
-                step=stall.step,
+                step=self.recorded_step,
                 reason="stall",
                 error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
                 checkpoint_step=self.checkpointer.latest_step(),
@@ -725,7 +734,7 @@ class _Run:
         Returns:
             (last step done, ``completed`` or ``stopped``).
         """
-        self._saved_step = step  # the state restored or initialised needs no save
+        self._saved_step = self.recorded_step = step  # restored or initialised: no save needed
         self._newest = (state, self.batches.position, None)
         self._last_done = time.perf_counter()
         self.energy = StepEnergy(self.power)
@@ -793,6 +802,7 @@ class _Run:
         step_time_s, self._last_done = now - self._last_done, now
         self.watchdog.step_done(step_time_s)
         self.heartbeat.beat(step)
+        self.recorded_step = step
         tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
         event = self.record.emit(
             Step.from_fields(

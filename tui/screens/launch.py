@@ -16,6 +16,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
+from titan.inert import inert
 from tui.launcher import LaunchedRun, start_run
 from tui.options import FORM_PRESETS, config_from_texts, copies_of, default_texts, preset_texts
 from tui.widgets.option_input import OptionInput, help_line, row_of
@@ -31,6 +32,9 @@ class LaunchScreen(Screen[None]):
 
     Args:
         runs_root: prefilled ``--runs-root``.
+        resume: a run dir to resume (``titan train --resume``): the form holds its saved
+            options, and one run is launched in it.
+        texts: the form's texts (default: the defaults, with ``runs_root``).
     """
 
     CSS_PATH = "launch.tcss"
@@ -48,14 +52,18 @@ class LaunchScreen(Screen[None]):
 
         error: str
 
-    def __init__(self, runs_root: Path) -> None:
+    def __init__(
+        self, runs_root: Path, resume: Path | None = None, texts: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.runs_root = runs_root
-        self.sub_title = "launch a training run"
+        self.resume = resume
+        self.texts = texts or default_texts(runs_root)
+        self.sub_title = inert(f"resume {resume}") if resume else "launch a training run"
         self._launching = False
 
     def compose(self) -> ComposeResult:
-        texts = default_texts(self.runs_root)
+        texts = self.texts
         yield Header()
         with Grid(id="options"):
             section = None
@@ -67,12 +75,19 @@ class LaunchScreen(Screen[None]):
         yield Static(id="option-help", markup=False)
         yield Static(id="launch-error", markup=False)
         with HorizontalGroup(id="launch-bar"):
-            yield Button("Launch", id="launch", variant="primary", compact=True)
-            yield Label("preset")
-            presets = [(name, name) for name in FORM_PRESETS]
-            yield Select(presets, value="defaults", allow_blank=False, compact=True, id="preset")
-            yield Label("copies")
-            yield Input("1", type="integer", compact=True, id="copies")
+            yield Button(
+                "Resume" if self.resume else "Launch", id="launch", variant="primary", compact=True
+            )
+            if self.resume:
+                yield Label(inert(f"--resume {self.resume}"), id="resume-dir", markup=False)
+            else:
+                yield Label("preset")
+                presets = [(name, name) for name in FORM_PRESETS]
+                yield Select(
+                    presets, value="defaults", allow_blank=False, compact=True, id="preset"
+                )
+                yield Label("copies")
+                yield Input("1", type="integer", compact=True, id="copies")
         yield Footer()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
@@ -87,6 +102,7 @@ class LaunchScreen(Screen[None]):
         texts = preset_texts(self.runs_root, str(event.value))
         for row in self.query(OptionInput):
             row.control.value = texts[row.option_name]
+        self._show_error("")  # an error about the texts replaced no longer applies
 
     @on(Input.Submitted)
     def _next_field(self) -> None:
@@ -103,7 +119,7 @@ class LaunchScreen(Screen[None]):
         if self._launching:
             return
         rows = list(self.query(OptionInput))
-        copies = self.query_one("#copies", Input).value or "0"
+        copies = "1" if self.resume else self.query_one("#copies", Input).value or "0"
         try:
             config = config_from_texts({row.option_name: row.text for row in rows})
             configs = copies_of(config, int(copies))
@@ -119,7 +135,7 @@ class LaunchScreen(Screen[None]):
         runs = []
         try:
             for config in configs:
-                runs.append(start_run(config))
+                runs.append(start_run(config, self.resume))
         except (TitanError, OSError) as err:
             self.post_message(self.LaunchFailed(str(err)))
         if runs:

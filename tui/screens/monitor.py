@@ -19,7 +19,8 @@ from textual.worker import get_current_worker
 
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
-from tui.launcher import LaunchedRun
+from titan.observability.liveness import Liveness, ProcessId
+from tui.launcher import LaunchedRun, signal_run
 from tui.run_state import RunState
 from tui.run_watch import POLL_INTERVAL_S, RunUpdate, RunWatcher
 from tui.screens.confirm import ConfirmScreen
@@ -28,6 +29,7 @@ from tui.widgets.flops_panel import FlopsPanel
 from tui.widgets.loss_chart import LossChart
 from tui.widgets.pipeline_panel import PipelinePanel
 from tui.widgets.power_panel import PowerPanel
+from tui.widgets.process_table import ProcessTable
 from tui.widgets.stat import Stat
 from tui.widgets.step_progress import StepProgress
 from tui.widgets.watchdog_panel import WatchdogPanel
@@ -38,8 +40,13 @@ _STATUS_TONES = {
     "stopped": "warn",
     "stopping": "warn",
     "failed": "bad",
-    "failed to start": "bad",
-    "ended without run_end": "bad",
+    "dead": "bad",
+    "stalled": "warn",
+}
+# What each key does to the run's recorded process group, and the question asked first.
+_SIGNALS = {
+    "stop": (signal.SIGTERM, "Stop the run? SIGTERM: it checkpoints, then records 'stopped'."),
+    "kill": (signal.SIGKILL, "Kill the run? SIGKILL: no checkpoint and no run_end."),
 }
 # Refresh of elapsed time and heartbeat age between polls: both are shown in whole seconds, so
 # a faster tick would redraw the same text (nvitop: never poll faster than the data changes).
@@ -54,15 +61,20 @@ TABS = (
     ("power", "4"),
     ("flops", "5"),
     ("pipeline", "6"),
+    ("processes", "7"),
 )
 
 
 class MonitorScreen(Screen[None]):
     """Follows one run dir. A thread worker polls it (:class:`~tui.run_watch.RunWatcher`) and
     posts :class:`Polled`; the handler folds the events into a :class:`~tui.run_state.RunState`
-    and draws, at most every :data:`_DRAW_INTERVAL_S`. ``s`` stops a run this console launched
-    (SIGTERM to its process group), ``k`` kills it (SIGKILL), each after a confirmation; ``1``
-    to ``6`` show the tabs.
+    and draws, at most every :data:`_DRAW_INTERVAL_S`. The status is the run's liveness
+    (:func:`titan.observability.liveness.judge`). ``s`` stops a live run of this host, whoever
+    launched it (SIGTERM to its recorded process group), ``k`` kills it (SIGKILL), each after a
+    confirmation and only while its pid is still the recorded process
+    (:func:`tui.launcher.signal_run`); ``R`` opens the launch form to resume it. Where a key
+    cannot act (another host, an ended run) the footer does not offer it and the process panel
+    says why. ``1`` to ``7`` show the tabs.
 
     Args:
         run_dir: the run dir to follow.
@@ -71,8 +83,9 @@ class MonitorScreen(Screen[None]):
 
     CSS_PATH = "monitor.tcss"
     BINDINGS = [
-        Binding("s", "stop", "Stop run"),
-        Binding("k", "kill", "Kill run"),
+        Binding("s", "signal('stop')", "Stop run"),
+        Binding("k", "signal('kill')", "Kill run"),
+        Binding("R", "resume", "Resume"),
         *(Binding(key, f"show_tab('{tab}')", tab.capitalize()) for tab, key in TABS),
     ]
 
@@ -82,12 +95,19 @@ class MonitorScreen(Screen[None]):
 
         update: RunUpdate
 
+    @dataclass
+    class Resume(Message):
+        """Open the launch form to resume ``run_dir``."""
+
+        run_dir: Path
+
     def __init__(self, run_dir: Path, launched: LaunchedRun | None = None) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
         self.launched = launched
         self.state = RunState()
         self.returncode: int | None = None
+        self.liveness: Liveness | None = None
         self._stop_sent = False
         self._stderr_tail: tuple[str, ...] = ()
         self._drawn_at = 0.0
@@ -112,6 +132,8 @@ class MonitorScreen(Screen[None]):
                 yield FlopsPanel()
             with TabPane("pipeline", id="pipeline"):
                 yield PipelinePanel()
+            with TabPane("processes", id="processes"):
+                yield ProcessTable(id="process-table")
         yield Footer()
 
     def _overview(self) -> ComposeResult:
@@ -155,6 +177,10 @@ class MonitorScreen(Screen[None]):
         update = message.update
         self.state.apply(update.events)
         self.returncode = update.returncode
+        if update.liveness is not None:
+            if self.liveness is None or self.liveness.alive != update.liveness.alive:
+                self.refresh_bindings()
+            self.liveness = update.liveness
         if update.stderr_tail != self._stderr_tail:
             self._stderr_tail = update.stderr_tail
             log = self.query_one("#stderr", Log)
@@ -191,48 +217,54 @@ class MonitorScreen(Screen[None]):
         self.query_one(TabbedContent).active = tab
         self._show_state()
 
-    def action_stop(self) -> None:
-        """After a confirmation, SIGTERM to the run's process group; the trainer checkpoints and
-        records ``stopped``."""
-        self._confirm_signal(
-            signal.SIGTERM, "Stop the run? It checkpoints, then records 'stopped'."
-        )
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Offer Stop and Kill only for a live run of this host, Resume only for an ended one."""
+        if action == "signal":
+            return self._control() is not None
+        if action == "resume":
+            return self.liveness is not None and not self.liveness.alive
+        return True
 
-    def action_kill(self) -> None:
-        """After a confirmation, SIGKILL to the run's process group (no checkpoint)."""
-        self._confirm_signal(signal.SIGKILL, "Kill the run? SIGKILL: no checkpoint and no run_end.")
+    def _control(self) -> ProcessId | None:
+        """The process group a stop would signal, or None when none can be."""
+        if self.liveness is None or not self.liveness.alive:
+            return None
+        return self.liveness.control
 
-    def _confirm_signal(self, signum: signal.Signals, question: str) -> None:
-        if self.launched is None:
-            self.notify("This run was not launched by this console.", severity="warning")
+    def action_signal(self, what: str) -> None:
+        """After a confirmation, ``stop`` (SIGTERM: the trainer checkpoints and records
+        ``stopped``) or ``kill`` (SIGKILL) the run's recorded process group."""
+        process = self._control()
+        if process is None:
             return
-        if self.returncode is not None:
-            self.notify("The run's process has already exited.", severity="warning")
-            return
-        launched = self.launched
+        signum, question = _SIGNALS[what]
 
         def answered(yes: bool | None) -> None:
             if not yes:
                 return
-            if not launched.signal(signum):
-                self.notify("The run's process has already exited.", severity="warning")
+            refused = signal_run(process, signum)
+            if refused is not None:
+                self.notify(f"Not sent: {refused}.", severity="warning", markup=False)
                 return
-            self._stop_sent = True
-            self.notify(f"{signum.name} sent to process group {launched.pid}.")
+            self._stop_sent = signum == signal.SIGTERM  # "stopping" until the run ends
+            self.notify(f"{signum.name} sent to process group {process.pgid}.")
             self._show_state()
 
         self.app.push_screen(ConfirmScreen(question), answered)
 
+    def action_resume(self) -> None:
+        """Open the launch form with this run's options, to resume it (``--resume``)."""
+        self.post_message(self.Resume(self.run_dir))
+
     @property
     def status(self) -> str:
-        """The run status shown: the record's; ``stopping`` after a stop until ``run_end``; when
-        the child exited without ``run_end``, ``failed to start`` (no ``run_start`` either, e.g.
-        a layout the devices cannot hold: stderr.log says why) or ``ended without run_end``."""
-        if self.state.end_status is None and self.returncode is not None:
-            return "ended without run_end" if self.state.started_at else "failed to start"
-        if self.state.end_status is None and self._stop_sent:
+        """The run status shown: its liveness (the record's status until first judged);
+        ``stopping`` after a stop until the run ends."""
+        if self.liveness is None:
+            return self.state.status
+        if self._stop_sent and self.liveness.alive:
             return "stopping"
-        return self.state.status
+        return self.liveness.state
 
     def _show_state(self) -> None:
         """Draw the visible tab (a hidden tab is drawn when it is shown)."""
@@ -249,16 +281,17 @@ class MonitorScreen(Screen[None]):
             self.query_one(FlopsPanel).show(self.state)
         elif active == "pipeline":
             self.query_one(PipelinePanel).show(self.state)
+        elif active == "processes":
+            self.query_one(ProcessTable).show(self.liveness)
         self._show_clock()
         self._drawn_at = time.monotonic()
 
     def _show_overview(self) -> None:
         state = self.state
         status = self.status
-        detail = f": {state.end_error}" if state.end_error else ""
-        self.query_one("#status", Stat).show(
-            status + detail, _STATUS_TONES.get(status), wrap=bool(detail)
-        )
+        liveness = self.liveness
+        shown = liveness.describe() if liveness and status == liveness.state else status
+        self.query_one("#status", Stat).show(shown, _STATUS_TONES.get(status), wrap=shown != status)
         self._show_process()
         total = "?" if state.total_steps is None else str(state.total_steps)
         resumed_at = state.resumed_from_step
@@ -280,15 +313,21 @@ class MonitorScreen(Screen[None]):
 
     def _show_process(self) -> None:
         process = self.query_one("#process", Stat)
-        if self.launched is None:
-            process.show("not launched here")
-        elif self.returncode is None:
-            process.show(f"running (pid {self.launched.pid})")
-        elif self.returncode < 0:
-            process.show(f"killed by {signal.Signals(-self.returncode).name}", "bad")
+        liveness = self.liveness
+        if self.launched is not None and self.returncode is not None:
+            if self.returncode < 0:
+                process.show(f"killed by {signal.Signals(-self.returncode).name}", "bad")
+            else:
+                clean = self.returncode in (EXIT_OK, EXIT_STOPPED)  # completed or stopped
+                process.show(f"exited rc {self.returncode}", "good" if clean else "bad")
+        elif liveness is None:
+            process.show("-")
+        elif liveness.lost is not None:
+            process.show(f"gone: {liveness.lost.name()}", "bad")
+        elif liveness.alive and liveness.control is not None:
+            process.show(f"running (pid {liveness.control.pid})")
         else:
-            clean = self.returncode in (EXIT_OK, EXIT_STOPPED)  # completed, or stopped on request
-            process.show(f"exited rc {self.returncode}", "good" if clean else "bad")
+            process.show(liveness.no_control, wrap=True)
 
     def _tick(self) -> None:
         """The clock, unless a draw within the last tick already showed it: a run stepping

@@ -32,7 +32,7 @@ class RunTable(DataTable[str]):
             self.add_row(
                 cell(summary.run_dir.name),
                 cell(state.preset or "?"),
-                cell(state.status),
+                cell(summary.liveness.state),
                 cell(f"{state.step}/{state.total_steps or '?'}"),
                 cell("-" if state.loss is None else f"{state.loss:.3f}"),
                 key=str(summary.run_dir),

@@ -1,0 +1,86 @@
+"""Smaller console fixes, each on the real console through Textual's pilot: the launch form's
+error after a preset change, the planner's focused field, SIGHUP, and one count of a run's
+steps in the run list and History."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from console_helpers import fill_form, wait_until
+from samples import copy_sample_runs
+from textual.widgets import Select, Static
+
+from tui.app import TitanConsole
+from tui.screens.launch import LaunchScreen
+from tui.screens.planner import PlannerScreen
+from tui.widgets.history_table import HistoryTable
+from tui.widgets.option_input import OptionInput
+from tui.widgets.run_table import RunTable
+
+SIZE = (80, 24)
+STALL_RUN = "tiny-watchdog-stall"
+
+
+async def test_changing_the_preset_clears_the_launch_error(tmp_path: Path):
+    app = TitanConsole(tmp_path, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        fill_form(app, {"steps": "0"})
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        error = app.screen.query_one("#launch-error", Static)
+        before = str(error.render())
+        rows = list(app.screen.query(OptionInput))
+        invalid_before = [r.option_name for r in rows if r.has_class("-invalid")]
+        app.screen.query_one("#preset", Select).value = "cpu smoke test"
+        await pilot.pause()
+        after = str(error.render())
+        invalid_after = [r for r in rows if r.has_class("-invalid")]
+        steps = next(r for r in rows if r.option_name == "steps")
+        screen = app.screen
+    assert isinstance(screen, LaunchScreen)
+    assert before.startswith("--steps") and invalid_before == ["steps"]
+    assert after == "" and invalid_after == []
+    assert steps.text == "20"
+
+
+async def test_the_planners_focused_field_stands_out(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("p")
+        await pilot.pause()
+        assert isinstance(app.screen, PlannerScreen)
+        rows = list(app.screen.query(OptionInput))
+        rows[1].control.focus()
+        await pilot.pause()
+        focused, other = rows[1].control, rows[2].control
+        colours = (focused.styles.background, other.styles.background)
+        bold = focused.styles.text_style.bold
+    assert colours[0] != colours[1]
+    assert bold
+
+
+async def test_sighup_exits_the_console_like_quit(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        os.kill(os.getpid(), signal.SIGHUP)
+        await wait_until(pilot, lambda: app._exit, lambda: "still running", 5)
+    assert app.return_code == 0
+
+
+async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    app = TitanConsole(root)
+    async with app.run_test(size=(120, 30)) as pilot:
+        runs = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: runs.row_count == 4, lambda: "not listed", 20)
+        listed = str(runs.get_row(str(root / STALL_RUN))[3])
+        await pilot.press("h")
+        table = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: table.row_count == 4, lambda: "not in history", 20)
+        [row] = [r for r in table.all_rows if r.run_id == STALL_RUN]
+    # Both count the last step event (23); the watchdog's run_end names the step in flight.
+    assert listed == f"{row.steps}/40" == "23/40"

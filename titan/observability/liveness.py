@@ -1,0 +1,390 @@
+"""Whether a run is alive, decided from its record alone: one rule for the console (run list,
+monitor, History) and ``titan summarize``.
+
+A run's processes say who they are in three places, each a :class:`ProcessId` (host, pid,
+process group, start time):
+
+- ``launch.json``: written by the console's launcher when it starts ``titan train``, before the
+  child has written anything (:data:`LAUNCH_FILE`);
+- ``run_start``'s ``process`` field: process 0 of the attempt;
+- ``processes/<id>.json``: one heartbeat file per process (:class:`ProcessBeat`), rewritten
+  every :data:`BEAT_INTERVAL_S` by a thread of that process, whatever its loop is doing.
+
+:func:`judge` turns them, with the record's last events, into one :class:`Liveness`, the first
+rule that applies giving the state:
+
+1. ``completed``, ``stopped``, ``failed``: the last attempt's ``run_end`` status (``failed``
+   with its error; a record's other status text is shown as it is).
+2. ``dead``: a process of the run that has not ended is gone. On the host it runs on, a pid is
+   checked directly: gone (or a zombie), or now another process (its start time differs from
+   the recorded one by more than :data:`START_TIME_TOLERANCE_S`), is dead at once. From another
+   host a pid cannot be checked; there a heartbeat older than :data:`HEARTBEAT_TIMEOUT_S` is
+   dead. A record that names no process (written before processes were recorded) is dead once
+   its last event is older than :data:`titan.observability.ettr.RUNNING_WINDOW_S`. A dead run
+   says when it was last seen alive (the newest heartbeat or event) and why, naming the lost
+   process (host, pid, process id).
+3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
+   devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
+   process whose ``stderr.log`` has not changed for
+   :data:`~titan.observability.ettr.RUNNING_WINDOW_S`: the last line of ``stderr.log`` is the
+   reason.
+4. ``stalled``: alive, and the record's last event is a ``stall`` event, the trainer's own
+   watchdog saying that the phase in flight has run past its allowance (``--watchdog-floor``,
+   ``--watchdog-factor``); it stays stalled until the next event.
+5. ``starting``: alive (or not yet known to be gone) and no ``run_start`` yet.
+6. ``running``: otherwise.
+
+The console refreshes a run's state with each poll (about once a second), so a run killed with
+SIGKILL on this host reads ``dead`` within a second; on another host within
+:data:`HEARTBEAT_TIMEOUT_S` plus a second.
+
+This module imports neither JAX nor Textual nor DuckDB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from titan.observability.ettr import RUNNING_WINDOW_S
+from titan.observability.events import Event, RunEnd, RunStart, Stall
+from titan.observability.records import open_regular, parse_json
+
+LAUNCH_FILE = "launch.json"
+PROCESSES_DIR = "processes"
+STDERR_LOG = "stderr.log"
+# A heartbeat thread rewrites processes/<id>.json this often (seconds).
+BEAT_INTERVAL_S = 1.0
+# From another host, a process whose newest beat is older than this is dead: thirty missed
+# beats, so a thread starved for a while by a busy process is not taken for a lost one.
+HEARTBEAT_TIMEOUT_S = 30.0
+# Start times are read from /proc (clock ticks since boot, 1/100 s on Linux, plus the boot time,
+# a whole second): the same process reads within this of its recorded start time.
+START_TIME_TOLERANCE_S = 1.0
+# Bytes read from the end of stderr.log for a failed launch's reason.
+_STDERR_TAIL_BYTES = 4096
+
+STARTING, RUNNING, STALLED, DEAD, FAILED = "starting", "running", "stalled", "dead", "failed"
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    """Who one process of a run is.
+
+    Attributes:
+        host: ``socket.gethostname()`` of its machine.
+        pid: its process id there.
+        pgid: its process group (a stop signals the group).
+        started: unix seconds it started (psutil's ``create_time``: /proc's start time).
+        process: its index among the run's processes (``jax.process_index()``; 0 when one).
+    """
+
+    host: str
+    pid: int
+    pgid: int
+    started: float
+    process: int = 0
+
+    @classmethod
+    def current(cls, process: int = 0) -> ProcessId:
+        """The calling process."""
+        return cls(
+            socket.gethostname(),
+            os.getpid(),
+            os.getpgid(0),
+            psutil.Process().create_time(),
+            process,
+        )
+
+    @classmethod
+    def of(cls, record: Any) -> ProcessId | None:
+        """The identity held by a record's dict (``run_start.process``, a heartbeat or launch
+        file); None when a field is missing or of another type (a hostile or older record)."""
+        if not isinstance(record, dict):
+            return None
+        host, pid, pgid = record.get("host"), record.get("pid"), record.get("pgid")
+        started, process = record.get("started"), record.get("process", 0)
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (pid, pgid, process))
+        if not (isinstance(host, str) and ints and isinstance(started, int | float)):
+            return None
+        return cls(host, pid, pgid, float(started), process)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "started": self.started,
+            "process": self.process,
+        }
+
+    @property
+    def local(self) -> bool:
+        """Whether it runs on this host (only then can its pid be checked or signalled)."""
+        return self.host == socket.gethostname()
+
+    def name(self) -> str:
+        """``process 0 (pid 123 on host)``."""
+        return f"process {self.process} (pid {self.pid} on {self.host})"
+
+    def gone(self) -> str | None:
+        """Why this process, on this host, is not running any more (None: it runs).
+
+        Raises:
+            ValueError: it is on another host (:attr:`local` is False).
+        """
+        if not self.local:
+            raise ValueError(f"{self.name()} is on another host")
+        try:
+            proc = psutil.Process(self.pid)
+            started, status = proc.create_time(), proc.status()
+        except psutil.NoSuchProcess:
+            return f"{self.name()} is gone"
+        except psutil.AccessDenied:
+            return None  # exists, but another user's: it cannot be told apart, take it as alive
+        if abs(started - self.started) > START_TIME_TOLERANCE_S:
+            when = time.strftime("%H:%M:%S", time.localtime(started))
+            return f"pid {self.pid} is now another process (started {when})"
+        if status == psutil.STATUS_ZOMBIE:
+            return f"{self.name()} has exited"
+        return None
+
+
+@dataclass(frozen=True)
+class ProcessBeat:
+    """One ``processes/<id>.json``.
+
+    Attributes:
+        id: the process's identity.
+        processes: how many processes the run has.
+        step: last step it reported (None before the first).
+        beat: unix seconds of its last beat.
+        status: ``running``, then the run's ``run_end`` status.
+    """
+
+    id: ProcessId
+    processes: int
+    step: int | None
+    beat: float
+    status: str
+
+    @classmethod
+    def of(cls, record: Any) -> ProcessBeat | None:
+        """The beat of a heartbeat file's JSON; None when it is not one."""
+        identity = ProcessId.of(record)
+        if identity is None:
+            return None
+        count, step = record.get("processes"), record.get("step")
+        beat, status = record.get("beat"), record.get("status")
+        if not isinstance(count, int) or not isinstance(beat, int | float):
+            return None
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        return cls(identity, count, step, float(beat), status if isinstance(status, str) else "?")
+
+
+@dataclass(frozen=True)
+class RecordFacts:
+    """What the record's events say, as each reader folds them.
+
+    Attributes:
+        started: the last attempt has a ``run_start``.
+        process: that ``run_start``'s ``process`` (None: not recorded).
+        end_status: the last attempt's ``run_end`` status (None: no ``run_end`` yet).
+        end_error: its error text.
+        last_event_at: unix seconds of the record's last event (None: no events).
+        stalled: the last event is a ``stall`` event.
+    """
+
+    started: bool = False
+    process: ProcessId | None = None
+    end_status: str | None = None
+    end_error: str | None = None
+    last_event_at: float | None = None
+    stalled: bool = False
+
+    def fold(self, events: Iterable[Event]) -> RecordFacts:
+        """These facts with ``events`` (the record's next events, in file order) applied."""
+        started, process, status, error = (
+            self.started,
+            self.process,
+            self.end_status,
+            self.end_error,
+        )
+        last, stalled = self.last_event_at, self.stalled
+        for event in events:
+            last, stalled = event.time, isinstance(event, Stall)
+            if isinstance(event, RunStart):
+                started, process, status, error = True, ProcessId.of(event.process), None, None
+            elif isinstance(event, RunEnd):
+                status, error = event.status, event.error
+        return RecordFacts(started, process, status, error, last, stalled)
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """A run's state and why.
+
+    Attributes:
+        state: ``starting``, ``running``, ``stalled``, ``dead``, ``completed``, ``stopped`` or
+            ``failed``.
+        reason: why (for ``dead``: why it is judged dead; ``failed``: the error); "" when there
+            is nothing to say.
+        last_seen: unix seconds it was last seen alive (newest heartbeat or event), or None.
+        lost: the process judged gone (``dead``), or None.
+        control: the process to signal (process 0 of this host, alive), or None.
+        no_control: why the run cannot be stopped from here (another host, ended) when
+            ``control`` is None.
+        processes: the heartbeat of each process, by process index.
+    """
+
+    state: str
+    reason: str = ""
+    last_seen: float | None = None
+    lost: ProcessId | None = None
+    control: ProcessId | None = None
+    no_control: str = ""
+    processes: list[ProcessBeat] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (STARTING, RUNNING, STALLED)
+
+    def describe(self) -> str:
+        """``dead: process 0 (pid 12 on h) is gone; last seen 12:00:01``, one line."""
+        text = self.state + (f": {self.reason}" if self.reason else "")
+        if self.state == DEAD and self.last_seen is not None:
+            text += "; last seen " + time.strftime(
+                "%Y-%m-%d %H:%M:%S", time.localtime(self.last_seen)
+            )
+        return text
+
+
+def read_beats(run_dir: Path) -> list[ProcessBeat]:
+    """The heartbeat files of a run, by process index (files that are not one are skipped)."""
+    beats = []
+    for path in sorted(Path(run_dir, PROCESSES_DIR).glob("*.json")):
+        beat = ProcessBeat.of(read_json(path))
+        if beat is not None:
+            beats.append(beat)
+    return sorted(beats, key=lambda b: b.id.process)
+
+
+def read_launch(run_dir: Path) -> ProcessId | None:
+    """The process the console's launcher started for the run (``launch.json``), or None."""
+    return ProcessId.of(read_json(Path(run_dir) / LAUNCH_FILE))
+
+
+def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Liveness:
+    """The state of the run in ``run_dir`` (module docstring: the rules, in order).
+
+    Args:
+        run_dir: the run dir (its heartbeat files, ``launch.json`` and ``stderr.log`` are read).
+        facts: what the record's events say.
+        now: unix seconds (default: the clock).
+    """
+    now = time.time() if now is None else now
+    beats = read_beats(run_dir)
+    if facts.end_status is not None:
+        return Liveness(
+            facts.end_status, facts.end_error or "", no_control="the run has ended", processes=beats
+        )
+    leader = facts.process or read_launch(run_dir)
+    live_beats = [b for b in beats if b.status == RUNNING and not _earlier(b, leader)]
+    known = [b.id for b in live_beats]
+    if leader is not None and all(p.process != leader.process for p in known):
+        known.insert(0, leader)
+    seen = [t for t in (facts.last_event_at, *(b.beat for b in live_beats)) if t is not None]
+    last_seen = max(seen) if seen else None
+    lost, why = _lost(known, {b.id.process: b.beat for b in live_beats}, now)
+    if lost is not None:
+        if not facts.started and leader is not None and lost == leader:
+            reason = "exited before run_start" + _stderr_reason(run_dir)
+            return Liveness(FAILED, reason, last_seen, lost, None, "the run has ended", beats)
+        return Liveness(DEAD, why, last_seen, lost, None, "the run has ended", beats)
+    if not known:
+        last_seen = last_seen or _mtime(Path(run_dir) / STDERR_LOG)
+        if last_seen is not None and now - last_seen > RUNNING_WINDOW_S:
+            silent = f"no process recorded and nothing written for {now - last_seen:.0f} s"
+            if not facts.started:
+                reason = f"no run_start: {silent}" + _stderr_reason(run_dir)
+                return Liveness(FAILED, reason, last_seen, None, None, "the run has ended", beats)
+            return Liveness(DEAD, silent, last_seen, None, None, "the run has ended", beats)
+    control, no_control = _control(leader)
+    if facts.stalled:
+        state, reason = STALLED, "the watchdog recorded a stall and nothing since"
+    else:
+        state, reason = (RUNNING if facts.started else STARTING), ""
+    return Liveness(state, reason, last_seen, None, control, no_control, beats)
+
+
+def _earlier(beat: ProcessBeat, leader: ProcessId | None) -> bool:
+    """Whether a beat is from an earlier attempt of the run: its process started well before
+    this attempt's process 0 (the processes of one attempt start together)."""
+    return leader is not None and beat.id.started < leader.started - HEARTBEAT_TIMEOUT_S
+
+
+def _lost(
+    known: list[ProcessId], beat_at: dict[int, float], now: float
+) -> tuple[ProcessId | None, str]:
+    """The first process that is gone and why: by its pid on this host, by its heartbeat's age
+    elsewhere (a process with neither check is taken as alive)."""
+    for process in known:
+        if process.local:
+            why = process.gone()
+        elif process.process in beat_at and now - beat_at[process.process] > HEARTBEAT_TIMEOUT_S:
+            age = now - beat_at[process.process]
+            why = (
+                f"{process.name()}: no heartbeat for {age:.0f} s (over {HEARTBEAT_TIMEOUT_S:.0f} s;"
+                " its pid cannot be checked from this host)"
+            )
+        else:
+            why = None
+        if why is not None:
+            return process, why
+    return None, ""
+
+
+def _control(leader: ProcessId | None) -> tuple[ProcessId | None, str]:
+    """The process a stop signals, or why there is none."""
+    if leader is None:
+        return None, "the record names no process to signal"
+    if not leader.local:
+        return None, f"the run is on host {leader.host}, not this one: stop it there"
+    return leader, ""
+
+
+def _stderr_reason(run_dir: Path) -> str:
+    """``: <last line of stderr.log>``, or "" when there is none."""
+    with contextlib.suppress(OSError):
+        with open_regular(Path(run_dir) / STDERR_LOG) as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(size - _STDERR_TAIL_BYTES, 0))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line]
+            if lines:
+                return f": {lines[-1].strip()}"
+    return ""
+
+
+def _mtime(path: Path) -> float | None:
+    """When ``path`` was last written (unix s), or None when it is missing."""
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def read_json(path: Path) -> Any:
+    """The JSON of a small file, or None when it is missing, unreadable or not JSON."""
+    try:
+        with open_regular(path) as f:
+            return parse_json(f.read(1 << 16))
+    except OSError:
+        return None

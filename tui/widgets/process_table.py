@@ -1,0 +1,47 @@
+"""The processes of a run, one row each: host, pid, last step, heartbeat age, state."""
+
+from __future__ import annotations
+
+import time
+
+from textual.widgets import DataTable
+
+from titan.observability.liveness import HEARTBEAT_TIMEOUT_S, Liveness, ProcessBeat
+from tui.plain import cell
+
+
+def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
+    """One process's state: its heartbeat's status once it ended; ``lost`` for the process the
+    run's judgement names; ``silent`` for a beat older than
+    :data:`~titan.observability.liveness.HEARTBEAT_TIMEOUT_S`; else ``running``."""
+    if beat.status != "running":
+        return beat.status
+    if liveness.lost is not None and liveness.lost.process == beat.id.process:
+        return "lost"
+    return "silent" if now - beat.beat > HEARTBEAT_TIMEOUT_S else "running"
+
+
+class ProcessTable(DataTable[str]):
+    """The run's ``processes/<id>.json`` heartbeats (:class:`~titan.observability.liveness.
+    ProcessBeat`), drawn from a :class:`~titan.observability.liveness.Liveness`."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.add_columns("process", "host", "pid", "step", "heartbeat", "state")
+
+    def show(self, liveness: Liveness | None, now: float | None = None) -> None:
+        """Replace the rows (none before the run is judged or without heartbeat files)."""
+        now = time.time() if now is None else now
+        self.clear()
+        if liveness is None:
+            return
+        for beat in liveness.processes:
+            self.add_row(
+                str(beat.id.process),
+                cell(beat.id.host),
+                str(beat.id.pid),
+                "-" if beat.step is None else str(beat.step),
+                f"{max(now - beat.beat, 0.0):.0f} s ago",
+                cell(process_state(beat, liveness, now)),
+            )
+        self.border_title = f"{len(liveness.processes)} process(es)"
