@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,7 +16,8 @@ from textual.notifications import Notify
 from textual.pilot import Pilot
 
 from titan.observability.events import Event, parse_events
-from titan.observability.records import EVENTS_FILE, SCHEMA
+from titan.observability.liveness import PROCESSES_DIR, ProcessId
+from titan.observability.records import EVENTS_FILE, SCHEMA, write_json_atomic
 from tui.app import TitanConsole
 from tui.screens.monitor import MonitorScreen
 from tui.widgets.option_input import OptionInput
@@ -133,3 +135,14 @@ def append_events(run_dir: Path, events: Iterable[dict[str, Any]], tail: str = "
     lines = "".join(json.dumps(e) + "\n" for e in events)
     with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
         f.write(lines + tail)
+
+
+def write_lost_peer(run_dir: Path, host: str) -> ProcessId:
+    """Process 1 of a two-process run in ``run_dir``: a heartbeat, fresh and ``running``, of a
+    process on ``host`` that has already exited (its pid is gone). Returns its identity."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    lost = ProcessId(host, gone.pid, gone.pid, time.time() - 30, process=1)
+    beat = {**lost.as_dict(), "processes": 2, "step": 7, "status": "running", "beat": time.time()}
+    write_json_atomic(run_dir / PROCESSES_DIR / "1.json", beat)
+    return lost

@@ -21,6 +21,7 @@ from console_helpers import (
     stat,
     tiny_form_texts,
     wait_until,
+    write_lost_peer,
 )
 
 from titan.exit_codes import EXIT_STOPPED
@@ -192,22 +193,19 @@ async def test_a_multi_process_run_shows_a_row_per_process_and_names_the_lost_on
     me = ProcessId.current()
     run_dir = tmp_path / "run"
     _recorded_run(run_dir, me)
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    lost = ProcessId(me.host, gone.pid, gone.pid, time.time() - 30, process=1)
-    beat = {**lost.as_dict(), "processes": 2, "step": 7, "status": "running", "beat": time.time()}
-    write_json_atomic(run_dir / PROCESSES_DIR / "1.json", beat)
+    lost = write_lost_peer(run_dir, me.host)
     app = TitanConsole(tmp_path, open_run=run_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.screen.status == "dead", lambda: "not dead", 10)
+        # the screen's state first, then its status field, which is drawn from it a beat later
+        await wait_until(pilot, lambda: stat(app, "status").startswith("dead"), lambda: "", 10)
         status = stat(app, "status")
         await pilot.press("7")
         await pilot.pause()
         table = app.screen.query_one(ProcessTable)
         rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
-    assert status.startswith(f"dead: process 1 (pid {gone.pid} on {me.host}) is gone; last seen ")
+    assert status.startswith(f"dead: process 1 (pid {lost.pid} on {me.host}) is gone; last seen ")
     assert [(r[0], r[1], r[2], r[3], r[5]) for r in rows] == [
         ("0", me.host, str(me.pid), "2", "running"),
-        ("1", me.host, str(gone.pid), "7", "lost"),
+        ("1", me.host, str(lost.pid), "7", "lost"),
     ]
     assert all(r[4].endswith(" s ago") for r in rows)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from console_helpers import append_events, event
+from console_helpers import append_events, event, write_lost_peer
 from helpers import cli_args, small_run, start_subprocess, wait_for_event
 
 from titan.observability import summarize
@@ -159,15 +159,11 @@ def test_a_multi_process_run_names_the_lost_process(tmp_path: Path):
     me = ProcessId.current()
     run_dir = tmp_path / "two"
     _record_process(run_dir, me)
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    lost = ProcessId(me.host, gone.pid, gone.pid, time.time() - 30, process=1)
-    beat = {**lost.as_dict(), "processes": 2, "step": 7, "status": "running", "beat": time.time()}
-    write_json_atomic(run_dir / PROCESSES_DIR / "1.json", beat)
+    lost = write_lost_peer(run_dir, me.host)
     judged = judge(run_dir, _facts(run_dir))
     assert judged.state == DEAD
     assert judged.lost == lost
-    assert judged.reason == f"process 1 (pid {gone.pid} on {me.host}) is gone"
+    assert judged.reason == f"process 1 (pid {lost.pid} on {me.host}) is gone"
     assert [b.id.process for b in judged.processes] == [0, 1]
 
 
