@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from titan.observability.events import LossSpike
 from titan.trainer_state import Batch, TrainState
@@ -146,8 +147,14 @@ def _all_finite(tree) -> jax.Array:
 
 def state_is_finite(state: TrainState) -> bool:
     """Whether every parameter and optimizer moment of ``state`` is finite (one reduction per
-    chunk on its own devices, then a host read: used before a save, never per step)."""
-    return all(bool(_all_finite(chunk)) for chunk in state.chunks)
+    chunk on its own devices, then a host read: used before a save, never per step). With
+    several processes each checks the chunks it holds (a pipeline stage of another process is
+    only a handle here) and all agree on the answer (an all-gather of one flag)."""
+    held = [chunk for chunk in state.chunks if jax.tree.leaves(chunk)[0].addressable_shards]
+    finite = all(bool(_all_finite(chunk)) for chunk in held)
+    if jax.process_count() == 1:
+        return finite
+    return bool(np.all(multihost_utils.process_allgather(np.array(finite))))
 
 
 def poison_batch(batch: Batch) -> Batch:
