@@ -4,6 +4,7 @@ keeps what it promises, time-based saves trigger, and a corrupt latest checkpoin
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import jax
@@ -14,6 +15,7 @@ from orbax.checkpoint._src.path import atomicity
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_FAILED
 from titan.ops import Ops
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
@@ -64,26 +66,26 @@ def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_
         checkpointer.close()
 
 
-def _fail_commit_of(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """Make orbax's final rename of checkpoint ``step`` fail as a full disk would (in the
+def _fail_commit_of(monkeypatch: pytest.MonkeyPatch, step: int, code: int) -> None:
+    """Make orbax's final rename of checkpoint ``step`` fail with OS error ``code`` (in the
     background thread of an async save)."""
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
     async def failing(self):
         if self._final_path.name == str(step):
-            raise OSError(errno.ENOSPC, "No space left on device", str(self._final_path))
+            raise OSError(code, os.strerror(code), str(self._final_path))
         return await finalize(self)
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing)
 
 
 def test_failed_async_save_is_recorded_and_never_committed(small_options, monkeypatch):
-    _fail_commit_of(monkeypatch, 4)
+    _fail_commit_of(monkeypatch, 4, errno.EIO)
     options = {**small_options, "run_id": "failed", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == 0
     (failed,) = events(run_dir, "checkpoint_failed")
-    assert failed["step"] == 4 and "No space left on device" in failed["error"]
+    assert failed["step"] == 4 and os.strerror(errno.EIO) in failed["error"]
     assert [e["step"] for e in events(run_dir, "checkpoint")] == [2, 6]
     assert all(e["asynchronous"] for e in events(run_dir, "checkpoint"))
     # the run's last save is waited for: committed before run_end
@@ -92,6 +94,25 @@ def test_failed_async_save_is_recorded_and_never_committed(small_options, monkey
     checkpointer = Checkpointer(run_dir)
     assert checkpointer.committed_steps() == [2, 6]
     checkpointer.close()
+
+
+def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_checkpoint(
+    small_options, monkeypatch, capsys
+):
+    _fail_commit_of(monkeypatch, 4, errno.ENOSPC)
+    options = {**small_options, "run_id": "full", "checkpoint_every": 2, "checkpoint_async": True}
+    code, run_dir = run_in_process(options)
+    assert code == EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"titan train: error: disk full (ENOSPC): cannot write {run_dir}/checkpoints/4"]
+    (failed,) = events(run_dir, "checkpoint_failed")
+    end = events(run_dir)[-1]
+    assert failed["step"] == 4 and (end["type"], end["status"]) == ("run_end", "failed")
+    checkpointer = Checkpointer(run_dir)
+    committed = checkpointer.committed_steps()
+    checkpointer.close()
+    # 6 may have been started before 4's failure came back from its thread; 4 never counts
+    assert committed in ([2], [2, 6])
 
 
 @pytest.mark.parametrize(
