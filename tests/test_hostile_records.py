@@ -374,7 +374,7 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
         await pilot.pause(0.2)
         history_screen = _screen_text(app)
         assert isinstance(app.screen, HistoryScreen)
-        history.move_cursor(row=[r.run_id for r in history.all_rows].index(HOSTILE_ID))
+        history.move_cursor(row=[r.run_id for r in history.page.rows].index(HOSTILE_ID))
         await pilot.press("enter")
         detail = app.screen
         assert isinstance(detail, RunDetailScreen)
