@@ -186,6 +186,10 @@ class HistoryStore:
             finally:
                 con.close()
 
+    def exists(self) -> bool:
+        """Whether the runs root has a database already (a first ingest makes it)."""
+        return summarize.database_path(self.runs_root).is_file()
+
     def ingest(self) -> IngestReport:
         """Ingest the new complete lines of every run record.
 

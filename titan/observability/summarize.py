@@ -358,13 +358,14 @@ def _ids(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = 
     return [row[0] for row in con.execute(query, params or []).fetchall()]
 
 
-def _run_files(runs_root: Path) -> tuple[dict[str, tuple[Path, tuple[int, ...]]], dict[str, str]]:
-    """The ``<run id>/events.jsonl`` of the runs root with their ``stat`` key (device, inode,
-    size, ``st_mtime_ns``), and the runs that cannot be keyed, with the reason."""
+def _run_files(runs_root: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """The ``<run id>/events.jsonl`` of the runs root (paths as strings: one ``stat`` each and
+    no more, as this runs over every run dir at each ingest) with their ``stat`` key (device,
+    inode, size, ``st_mtime_ns``), and the runs that cannot be keyed, with the reason."""
     found, unreadable = {}, {}
     with os.scandir(runs_root) as entries:
         for entry in entries:
-            path = Path(entry.path) / EVENTS_FILE
+            path = os.path.join(entry.path, EVENTS_FILE)
             try:
                 info = os.stat(path)
                 key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
@@ -401,7 +402,9 @@ def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
     with _transaction(con):
         for run_id in gone:
             _forget(con, run_id)
-    todo = [(run_id, path) for run_id, (path, key) in found.items() if recorded.get(run_id) != key]
+    todo = [
+        (run_id, Path(path)) for run_id, (path, key) in found.items() if recorded.get(run_id) != key
+    ]
     changed = []
     with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
         for start in range(0, len(todo), BATCH_FILES):

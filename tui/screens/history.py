@@ -71,7 +71,8 @@ class HistoryScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.action_refresh()
+        """Show the stored runs at once, then ingest the new records and show them again."""
+        self._load(self.query_one(HistoryTable).requested, ingest=True, stored_first=True)
 
     def on_screen_resume(self) -> None:
         if self._ticker is None:
@@ -98,9 +99,13 @@ class HistoryScreen(Screen[None]):
         self._load(message.query, ingest=False)
 
     @work(thread=True, group="history")
-    def _load(self, query: HistoryQuery, ingest: bool) -> None:
-        """Sort, filter and page in SQL, off the UI thread (the page is drawn on it)."""
+    def _load(self, query: HistoryQuery, ingest: bool, stored_first: bool = False) -> None:
+        """Sort, filter and page in SQL, off the UI thread (the page is drawn on it); with
+        ``ingest``, after ingesting the new records (``stored_first``: the page of the records
+        already stored is posted before, so that a large runs root opens at once)."""
         try:
+            if stored_first and self.store.exists():
+                self.post_message(self.Loaded(self.store.page(query)))
             if ingest:
                 self.store.ingest()
             self.post_message(self.Loaded(self.store.page(query)))
