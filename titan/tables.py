@@ -103,4 +103,5 @@ def fitted_table(
 def print_fitted(out: Console, table: Table, width: int) -> None:
     """Print a :func:`fitted_table` whole: at its own ``width`` when wider than ``out`` (with
     ``--wide``), never cropped."""
-    out.print(table, width=max(out.width, width), crop=False)
+    out.width = max(out.width, width)  # Console.print's width is capped at the console's
+    out.print(table, crop=False)
