@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Points kept at most: more than a terminal chart can draw (plotext's braille gives two dots
-# per column) is waste.
-MAX_POINTS = 2048
+# Points kept at most: M4 draws a line exactly with 4 points per pixel column (Jugel et al.
+# 2014), and a chart 128 terminal columns wide has 256 (plotext's braille: two dots a column).
+MAX_POINTS = 1024
 
 Point = tuple[int, int, float | None, float]  # (arrival index, step, loss, learning rate)
 

@@ -27,8 +27,9 @@ from titan.observability.summarize import IngestReport, RunSummary
 # Points of a loss curve at most (nvitop-like restraint: more than a terminal can draw is waste).
 MAX_CURVE_POINTS = 2000
 EXPORT_FORMATS = ("csv", "parquet")
-# Rows of History fetched at a time: the table holds one page, never every run.
-PAGE_ROWS = 200
+# Rows of History fetched at a time: the table holds one page, never every run (a page fills
+# the tallest terminal; Textual's DataTable adds rows at about a millisecond each).
+PAGE_ROWS = 100
 
 # The sortable History fields (HistoryRow's names) and their SQL over the ``runs`` table
 # (:mod:`titan.observability.summarize` stores the first run_start's config there). Only these

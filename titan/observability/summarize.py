@@ -241,9 +241,10 @@ def _create_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Create the tables; drop and recreate them when they were made by another version."""
     con.execute(_SCHEMA[0])
     version = con.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
-    if version is not None and version[0] != str(DB_VERSION):
-        for table in _TABLES:
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+    if version is not None and version[0] == str(DB_VERSION):
+        return  # made by this version: nothing to write (a reader's connect stays cheap)
+    for table in _TABLES:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
     for statement in (*_SCHEMA[1:], *perfdb.SCHEMA):
         con.execute(statement)
     con.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", [str(DB_VERSION)])
