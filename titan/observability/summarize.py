@@ -137,6 +137,8 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS events (run_id VARCHAR, seq BIGINT, "
     + ", ".join(f"{name} {kind}" for name, kind in EVENT_FIELDS.items())
     + ", payload JSON)",
+    # Every summary query reads one run's events: an index on run_id spares a full scan each.
+    "CREATE INDEX IF NOT EXISTS events_run ON events (run_id)",
     """CREATE TABLE IF NOT EXISTS runs (run_id VARCHAR PRIMARY KEY, status VARCHAR,
     steps BIGINT, tokens BIGINT, wall_s DOUBLE, median_tokens_per_s DOUBLE, median_mfu DOUBLE,
     ettr DOUBLE, goodput DOUBLE, stalls BIGINT, restarts BIGINT, final_loss DOUBLE,
