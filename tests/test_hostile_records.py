@@ -402,7 +402,7 @@ async def test_console_survives_wrong_types_in_the_run_list_monitor_and_history(
         await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
         await pilot.press("enter")
         monitor = app.screen
-        await wait_until(pilot, lambda: monitor.state.steps, lambda: "not read", 20)
+        await wait_until(pilot, lambda: monitor.state.curve.count, lambda: "not read", 20)
         for key in "123456":
             await pilot.press(key)
             await pilot.pause(0.1)

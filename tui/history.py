@@ -255,12 +255,13 @@ class HistoryStore:
             raise ValueError(f"export to .csv or .parquet, not {path.name!r}")
         select, params = query.sql()
         with self._connection() as con:
+            (count,) = con.execute(f"SELECT count(*) FROM ({select})", params).fetchall()[0]
             relation = con.sql(select, params=params)
             if kind == "csv":
                 relation.write_csv(str(path))
             else:
                 relation.write_parquet(str(path))
-            return con.execute(f"SELECT count(*) FROM ({select})", params).fetchone()[0]
+        return count
 
 
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
