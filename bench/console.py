@@ -361,6 +361,7 @@ async def _curves_key(root: Path) -> dict:
 async def _lock(samples: Path) -> dict:
     """SUMMARIZE_CALLS ``titan summarize`` subprocesses while History ingests every 50 ms."""
     history_screen.REFRESH_INTERVAL_S = 0.05
+    history_screen.INGEST_SPACING = 0.0
     argv = [sys.executable, "-m", "titan.cli", "summarize", "--json", str(samples)]
     app = TitanConsole(samples)
     failures = 0

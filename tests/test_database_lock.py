@@ -40,6 +40,7 @@ async def _summarize(root: Path) -> tuple[int, str, str]:
 async def test_summarize_never_meets_the_lock_while_history_ingests(tmp_path, monkeypatch):
     root = copy_sample_runs(tmp_path / "runs")
     monkeypatch.setattr(history_screen, "REFRESH_INTERVAL_S", 0.05)  # ingest all the time
+    monkeypatch.setattr(history_screen, "INGEST_SPACING", 0.0)
     console_calls, console_errors = [], []
     ingest = HistoryStore.ingest
 

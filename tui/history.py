@@ -197,8 +197,9 @@ class HistoryStore:
         Raises:
             TitanError: the runs root does not exist or another process holds the database.
         """
+        scanned = summarize.scan_runs_root(self.runs_root)  # unlocked: pages meanwhile
         with self._connection() as con:
-            return summarize.ingest(con, self.runs_root)
+            return summarize.ingest(con, self.runs_root, scanned)
 
     def page(self, query: HistoryQuery) -> HistoryPage:
         """One page of the runs matching ``query``, sorted, filtered and counted in SQL (an

@@ -361,11 +361,18 @@ def _ids(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = 
     return [row[0] for row in con.execute(query, params or []).fetchall()]
 
 
-def _run_files(runs_root: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+RunFiles = tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]
+
+
+def scan_runs_root(runs_root: Path) -> RunFiles:
     """The ``<run id>/events.jsonl`` of the runs root (paths as strings: one ``stat`` each and
     no more, as this runs over every run dir at each ingest) with their ``stat`` key (device,
-    inode, size, ``st_mtime_ns``), and the runs that cannot be keyed, with the reason."""
+    inode, size, ``st_mtime_ns``), and the runs that cannot be keyed, with the reason. Needs no
+    database: a caller can scan before it opens one, so that the scan does not hold the lock
+    (nothing when ``runs_root`` is not a directory)."""
     found, unreadable = {}, {}
+    if not os.path.isdir(runs_root):
+        return found, unreadable
     with os.scandir(runs_root) as entries:
         for entry in entries:
             path = os.path.join(entry.path, EVENTS_FILE)
@@ -386,13 +393,17 @@ def _run_files(runs_root: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]],
     return dict(sorted(found.items())), unreadable
 
 
-def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
+def ingest(
+    con: duckdb.DuckDBPyConnection, runs_root: Path, scanned: RunFiles | None = None
+) -> IngestReport:
     """Ingest every ``<runs root>/<run id>/events.jsonl`` whose ``stat`` changed since it was
     last read (new complete lines only; a replaced file from the start) and recompute the
     summaries of the runs that got events; drop the runs whose dir is gone; give a run whose
-    file cannot be read the status :data:`UNREADABLE`. A run's id is its directory's name."""
+    file cannot be read the status :data:`UNREADABLE`. A run's id is its directory's name.
+    ``scanned``: the :func:`scan_runs_root` of ``runs_root`` when the caller made it."""
     report = IngestReport()
-    found, unreadable = _run_files(Path(runs_root))
+    found, unreadable = scanned if scanned is not None else scan_runs_root(Path(runs_root))
+    unreadable = dict(unreadable)
     recorded = {
         row[0]: tuple(row[1:])
         for row in con.execute("SELECT run_id, device, inode, size, mtime_ns FROM files").fetchall()

@@ -7,6 +7,7 @@ only ever draws a page."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +27,11 @@ from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
 
 # New records are ingested this often while the screen is shown (the timer is paused while a
-# detail, a comparison or another screen covers it).
+# detail, a comparison or another screen covers it), and never more often than every
+# INGEST_SPACING times the last ingest's duration (the stat of every run dir takes seconds at
+# 100k runs: the console would do nothing else), nor while one is under way.
 REFRESH_INTERVAL_S = 5.0
+INGEST_SPACING = 5.0
 
 
 class HistoryScreen(Screen[None]):
@@ -62,6 +66,8 @@ class HistoryScreen(Screen[None]):
         self.sub_title = inert(f"history of {store.runs_root}")
         self.loaded = False
         self._ticker: Timer | None = None
+        self._ingesting = False
+        self._next_ingest_at = 0.0  # time.monotonic() before which no periodic ingest starts
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -76,7 +82,7 @@ class HistoryScreen(Screen[None]):
 
     def on_screen_resume(self) -> None:
         if self._ticker is None:
-            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
+            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self._tick)
         else:
             self._ticker.resume()
 
@@ -94,6 +100,12 @@ class HistoryScreen(Screen[None]):
         """Ingest new records and fetch the page shown again (in a worker)."""
         self._load(self.query_one(HistoryTable).requested, ingest=True)
 
+    def _tick(self) -> None:
+        """The periodic refresh, unless an ingest is under way or the last one was recent for
+        its duration (:data:`INGEST_SPACING`)."""
+        if not self._ingesting and time.monotonic() >= self._next_ingest_at:
+            self.action_refresh()
+
     def on_history_table_query_changed(self, message: HistoryTable.QueryChanged) -> None:
         """Fetch another page (sort, filter or page changed), in a worker."""
         self._load(message.query, ingest=False)
@@ -107,10 +119,21 @@ class HistoryScreen(Screen[None]):
             if stored_first and self.store.exists():
                 self.post_message(self.Loaded(self.store.page(query)))
             if ingest:
-                self.store.ingest()
+                self._ingest()
             self.post_message(self.Loaded(self.store.page(query)))
         except TitanError as err:
             self.post_message(self.Loaded(None, inert(err)))
+
+    def _ingest(self) -> None:
+        """One ingest (in the worker), timed for :meth:`_tick`."""
+        self._ingesting = True
+        start = time.monotonic()
+        try:
+            self.store.ingest()
+        finally:
+            self._ingesting = False
+            end = time.monotonic()
+            self._next_ingest_at = end + INGEST_SPACING * (end - start)
 
     def on_history_screen_loaded(self, message: HistoryScreen.Loaded) -> None:
         table = self.query_one(HistoryTable)
