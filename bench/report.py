@@ -12,7 +12,8 @@ Result files and the scripts that write them:
 - ``ops-*.json``: ``titan ops check --json`` (providers against the native reference);
 - ``pipeline-*.json``: ``bench/pipeline.py`` (MPMD schedules against SPMD);
 - ``planner_accuracy.json``: ``bench/planner_accuracy.py``;
-- ``console.json``: ``bench/console.py``; ``data_loader.json``: ``bench/data_loader.py``;
+- ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
+  --scale <runs>``; ``data_loader.json``: ``bench/data_loader.py``;
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
 
 Imports no JAX (the GPU catalog only, for the peak of files that do not record it).
@@ -544,6 +545,10 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     if (results / "console.json").exists():
         lines += ["## Console (`bench/console.py`)", ""]
         lines += console_table(results / "console.json", doc)
+    for path in sorted(results.glob("console-scale-*.json"), key=lambda p: len(p.name)):
+        runs = json.loads(path.read_text())["figures"]["runs"]
+        lines += [f"## Console at {runs:,} runs (`bench/console.py --scale {runs}`)", ""]
+        lines += console_table(path, doc)
     if (results / "data_loader.json").exists():
         lines += ["## Data loader (`bench/data_loader.py`)", ""]
         lines += data_loader_table(results / "data_loader.json", doc)

@@ -154,7 +154,7 @@ async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
         await launch_from_form(app, pilot, tiny_form)
         run_dir = _only_run_dir(app)
         shown = {name: stat(app, name) for name in ("status", "step", "process", "checkpoint")}
-        losses = list(app.screen.state.losses)
+        losses = list(app.screen.state.curve.losses)
         chart_caption = app.screen.query_one(LossChart).border_subtitle
     launched = app.launched[run_dir]
     events = read_events(run_dir)
@@ -283,7 +283,7 @@ async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: 
         append_events(run_dir, [end])
         await wait_until(pilot, lambda: app.screen.status == "completed", lambda: "no end", 10)
         last = {n: stat(app, n) for n in ("status", "step", "loss", "process", "eta", "elapsed")}
-        losses = list(app.screen.state.losses)
+        losses = list(app.screen.state.curve.losses)
         await pilot.press("escape")
         await pilot.pause()
         back_on_list = isinstance(app.screen, RunsScreen)
@@ -321,7 +321,7 @@ def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses()
     )
     state.apply(parsed([event("step", 201.0, step=4, loss=6.0)]))
     assert (state.status, state.step, state.resumed_from_step) == ("running", 4, 3)
-    assert state.losses == [9.0, 8.0, 7.0, 6.0]
+    assert state.curve.losses == [9.0, 8.0, 7.0, 6.0]
 
 
 async def test_a_run_that_names_no_process_is_not_offered_stop_and_says_why(

@@ -81,6 +81,6 @@ async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
         await pilot.press("h")
         table = app.screen.query_one(HistoryTable)
         await wait_until(pilot, lambda: table.row_count == 4, lambda: "not in history", 20)
-        [row] = [r for r in table.all_rows if r.run_id == STALL_RUN]
+        [row] = [r for r in table.page.rows if r.run_id == STALL_RUN]
     # Both count the last step event (23); the watchdog's run_end names the step in flight.
     assert listed == f"{row.steps}/40" == "23/40"

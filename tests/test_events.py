@@ -191,7 +191,7 @@ def test_readers_ignore_an_unknown_event_type(tmp_path):
     assert [a.last_step for a in g.attempts] == [1]
     state = RunState()
     state.apply(events)
-    assert (state.step, state.losses, state.phase) == (1, [3.0], "step")
+    assert (state.step, state.curve.losses, state.phase) == (1, [3.0], "step")
 
 
 def test_emit_stamps_time_and_run_id_and_returns_the_event_as_written(tmp_path):

@@ -374,7 +374,7 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
         await pilot.pause(0.2)
         history_screen = _screen_text(app)
         assert isinstance(app.screen, HistoryScreen)
-        history.move_cursor(row=[r.run_id for r in history.all_rows].index(HOSTILE_ID))
+        history.move_cursor(row=[r.run_id for r in history.page.rows].index(HOSTILE_ID))
         await pilot.press("enter")
         detail = app.screen
         assert isinstance(detail, RunDetailScreen)
@@ -402,7 +402,7 @@ async def test_console_survives_wrong_types_in_the_run_list_monitor_and_history(
         await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
         await pilot.press("enter")
         monitor = app.screen
-        await wait_until(pilot, lambda: monitor.state.steps, lambda: "not read", 20)
+        await wait_until(pilot, lambda: monitor.state.curve.count, lambda: "not read", 20)
         for key in "123456":
             await pilot.press(key)
             await pilot.pause(0.1)

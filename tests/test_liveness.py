@@ -27,7 +27,7 @@ from titan.observability.liveness import (
     judge,
 )
 from titan.observability.records import load_events, write_json_atomic
-from tui.history import HistoryStore
+from tui.history import HistoryQuery, HistoryStore
 from tui.run_list import list_runs
 from tui.run_watch import RunWatcher
 
@@ -74,7 +74,7 @@ def test_a_run_killed_with_sigkill_reads_dead_everywhere(corpus_dir: Path, tmp_p
     [listed] = list_runs(tmp_path)
     store = HistoryStore(tmp_path)
     store.ingest()
-    [row] = store.rows()
+    [row] = store.page(HistoryQuery()).rows
     [summary] = summarize.summarize(tmp_path)
     assert (alive.state, alive.control.pid) == ("running", process.pid)
     assert judged.state == DEAD

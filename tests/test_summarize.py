@@ -195,3 +195,39 @@ def test_a_run_writing_events_now_is_running_not_dead(tmp_path):
     finally:
         con.close()
     assert s.status == "dead" and s.badput["lost_progress"] > 0
+
+
+def test_ingest_opens_only_the_run_files_whose_stat_changed(tmp_path, monkeypatch):
+    for name in ("run-a", "run-b", "run-c"):
+        write_run(tmp_path, name, crash_then_resume())
+    con = summarize.connect(tmp_path)
+    first = summarize.ingest(con, tmp_path)
+    opened = []
+    open_regular = summarize.open_regular
+    monkeypatch.setattr(
+        summarize,
+        "open_regular",
+        lambda path: opened.append(path.parent.name) or open_regular(path),
+    )
+    unchanged = summarize.ingest(con, tmp_path)
+    unchanged_opened = list(opened)
+    with (tmp_path / "run-b" / EVENTS_FILE).open("a") as f:
+        f.write(json.dumps({"type": "step", "time": time.time(), "run_id": "run-b", "step": 99}))
+        f.write("\n")
+    grown = summarize.ingest(con, tmp_path)
+    con.close()
+    assert first.runs == ("run-a", "run-b", "run-c")
+    assert unchanged_opened == [] and (unchanged.events, unchanged.runs) == (0, ())
+    assert opened == ["run-b"] and (grown.events, grown.runs) == (1, ("run-b",))
+
+
+def test_a_file_that_cannot_be_read_leaves_the_rest_of_its_batch_ingested(tmp_path):
+    for name in ("run-a", "run-c"):
+        write_run(tmp_path, name, crash_then_resume())
+    (tmp_path / "run-b" / EVENTS_FILE).mkdir(parents=True)  # a directory, not a file
+    con = summarize.connect(tmp_path)
+    report = summarize.ingest(con, tmp_path)
+    statuses = {s.run_id: s.status for s in summarize.summaries(con)}
+    con.close()
+    assert report.runs == ("run-a", "run-c")
+    assert statuses == {"run-a": "completed", "run-b": summarize.UNREADABLE, "run-c": "completed"}

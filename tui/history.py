@@ -4,13 +4,15 @@ The console is the database's one writer: :class:`HistoryStore` ingests the run 
 :func:`titan.observability.summarize.ingest` (the same code as ``titan summarize``) and reads the
 ``runs`` and ``events`` tables. Every method opens the database, runs its queries and closes
 it: call them from a thread worker, never from the UI thread. A lock serialises the workers.
+History is read a page at a time (:class:`HistoryQuery`): sorting, filtering and counting happen
+in SQL, so a runs root of 100k runs costs the same page of rows as one of ten.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,37 +29,97 @@ MAX_CURVE_POINTS = 2000
 EXPORT_FORMATS = ("csv", "parquet")
 # Options that say where a run was placed, not how it trained: every two runs differ there.
 NOT_COMPARED = ("run_id", "runs_root")
+# Rows of History fetched at a time: the table holds one page, never every run (a page fills
+# the tallest terminal; Textual's DataTable adds rows at about a millisecond each).
+PAGE_ROWS = 100
 
-# One row per run: the stored summary joined with its first run_start (preset, layout, devices,
-# start time). Parameter: the run ids to keep, or NULL for all.
-_ROWS = """
-WITH starts AS (
-    SELECT run_id, min(time) AS started_at, arg_min(payload, seq) AS payload
-    FROM events WHERE type = 'run_start' GROUP BY run_id)
-SELECT r.run_id, r.status, s.payload->>'$.config.preset' AS preset,
-    s.payload->>'$.config.layout' AS layout,
-    TRY_CAST(s.payload->>'$.config.pp' AS BIGINT) AS pp,
-    TRY_CAST(s.payload->>'$.layout.devices' AS BIGINT) AS devices,
-    r.steps, r.median_tokens_per_s AS tokens_per_s, r.median_mfu AS mfu,
-    TRY_CAST(r.summary->>'$.tokens_per_j' AS DOUBLE) AS tokens_per_j,
-    r.ettr, r.best_loss, s.started_at
-FROM runs r LEFT JOIN starts s USING (run_id)
-WHERE ?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], r.run_id)
-ORDER BY s.started_at DESC NULLS LAST, r.run_id
-"""
-# Mean loss per bucket of steps, at most ? buckets. Parameters: run id, buckets.
+# The sortable History fields (HistoryRow's names) and their SQL over the ``runs`` table
+# (:mod:`titan.observability.summarize` stores the first run_start's config there). Only these
+# names are put into SQL text.
+_LAYOUT = "CASE WHEN layout = 'mpmd' AND pp > 0 THEN 'mpmd pp' || pp ELSE layout END"
+SORT_FIELDS = {
+    "run_id": "run_id",
+    "status": "status",
+    "preset": "preset",
+    "layout": _LAYOUT,
+    "devices": "devices",
+    "steps": "steps",
+    "tokens_per_s": "median_tokens_per_s",
+    "mfu": "median_mfu",
+    "tokens_per_j": "tokens_per_j",
+    "ettr": "ettr",
+    "best_loss": "best_loss",
+    "started_at": "started_at",
+}
+# The rows matching a filter (a lower-case text, '' for all) in one order. Parameters: the
+# filter twice. Format fields: the sort column and direction.
+_SELECT = (
+    "SELECT "
+    + ", ".join(f"{sql} AS {name}" for name, sql in SORT_FIELDS.items())
+    + """ FROM runs
+WHERE ? = '' OR contains(lower(concat_ws(' ', run_id, status, preset, {layout})), ?)"""
+)
+_ORDER = " ORDER BY {column} {direction} NULLS LAST, run_id"
+# Min-max decimation of a loss curve: the steps cut into ? buckets of equal width, each giving
+# its lowest and highest point (one when they are the same step), so that spikes and dips
+# survive the downsampling (M4 without first/last: Jugel et al. 2014, "M4: A
+# Visualization-Oriented Time Series Data Aggregation", VLDB). Parameters: run id, buckets.
 _LOSS_CURVE = """
 WITH s AS (SELECT step, loss FROM events
     WHERE run_id = ? AND type = 'step' AND loss IS NOT NULL AND isfinite(loss)),
-    m AS (SELECT max(step) AS last FROM s)
-SELECT min(step) AS step, avg(loss) AS loss FROM s, m
-GROUP BY floor(step * ?::DOUBLE / (m.last + 1)) ORDER BY step
+    m AS (SELECT min(step) AS first, max(step) AS last FROM s),
+    b AS (SELECT floor((step - m.first) * ?::DOUBLE / (m.last - m.first + 1)) AS bucket,
+        arg_min(step, loss) AS low_step, min(loss) AS low,
+        arg_max(step, loss) AS high_step, max(loss) AS high
+    FROM s, m GROUP BY bucket)
+SELECT DISTINCT * FROM (SELECT low_step, low FROM b UNION ALL SELECT high_step, high FROM b)
+ORDER BY 1
 """
 
 
 @dataclass(frozen=True)
+class HistoryQuery:
+    """Which runs History shows and in which order.
+
+    Attributes:
+        sort: a :data:`SORT_FIELDS` name. descending: the order (runs without a value last).
+        text: keep the runs with this text (case-insensitive) in their run id, status, preset
+            or layout; '' keeps all.
+        offset: the first row (0-based) of the page. limit: rows of the page.
+    """
+
+    sort: str = "started_at"
+    descending: bool = True
+    text: str = ""
+    offset: int = 0
+    limit: int = PAGE_ROWS
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """The SELECT of every matching row in order (no page) and its parameters."""
+        text = self.text.strip().lower()
+        column = SORT_FIELDS[self.sort]
+        query = _SELECT.format(layout=_LAYOUT) + _ORDER.format(
+            column=column, direction="DESC" if self.descending else "ASC"
+        )
+        return query, [text, text]
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """One page of History: the query asked, its rows, where they start, the runs matching
+    and all runs."""
+
+    query: HistoryQuery
+    rows: list[HistoryRow]
+    offset: int
+    matched: int
+    total: int
+
+
+@dataclass(frozen=True)
 class HistoryRow:
-    """One run of the History table (None where the records do not say).
+    """One run of the History table (None where the records do not say); the fields are the
+    keys of :data:`SORT_FIELDS`, in its order.
 
     Attributes:
         run_id: the run dir's name. status: the run's state at the last ingest
@@ -127,28 +189,41 @@ class HistoryStore:
             finally:
                 con.close()
 
+    def exists(self) -> bool:
+        """Whether the runs root has a database already (a first ingest makes it)."""
+        return summarize.database_path(self.runs_root).is_file()
+
     def ingest(self) -> IngestReport:
         """Ingest the new complete lines of every run record.
 
         Raises:
             TitanError: the runs root does not exist or another process holds the database.
         """
+        scanned = summarize.scan_runs_root(self.runs_root)  # unlocked: pages meanwhile
         with self._connection() as con:
-            return summarize.ingest(con, self.runs_root)
+            return summarize.ingest(con, self.runs_root, scanned)
 
-    def rows(self, run_ids: Sequence[str] | None = None) -> list[HistoryRow]:
-        """Every ingested run (or those of ``run_ids``), newest first."""
-        ids = None if run_ids is None else list(run_ids)
+    def page(self, query: HistoryQuery) -> HistoryPage:
+        """One page of the runs matching ``query``, sorted, filtered and counted in SQL (an
+        offset past the end gives the last ``limit`` rows)."""
+        select, params = query.sql()
         with self._connection() as con:
-            found = con.execute(_ROWS, [ids, ids]).fetchall()
-        return [_history_row(*row) for row in found]
+            total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+            matched = con.execute(f"SELECT count(*) FROM ({select})", params).fetchone()[0]
+            offset = query.offset if query.offset < matched else max(0, matched - query.limit)
+            found = con.execute(
+                f"{select} LIMIT ? OFFSET ?", [*params, query.limit, offset]
+            ).fetchall()
+        return HistoryPage(query, [HistoryRow(*row) for row in found], offset, matched, total)
 
     def loss_curve(
         self, run_id: str, max_points: int = MAX_CURVE_POINTS
     ) -> list[tuple[int, float]]:
-        """``(step, loss)`` of a run, downsampled to at most ``max_points`` bucket means."""
+        """``(step, loss)`` of a run, in step order: every point when there are at most
+        ``max_points // 2`` steps, else the lowest and highest point of each of
+        ``max_points // 2`` buckets of steps (at most ``max_points`` points)."""
         with self._connection() as con:
-            return con.execute(_LOSS_CURVE, [run_id, max_points]).fetchall()
+            return con.execute(_LOSS_CURVE, [run_id, max(1, max_points // 2)]).fetchall()
 
     def detail(self, run_id: str) -> RunDetail:
         """Summary, config, environment, attempts and stalls of one run."""
@@ -171,9 +246,9 @@ class HistoryStore:
             stalls=[e for e in events if isinstance(e, Stall)],
         )
 
-    def export(self, path: Path, run_ids: Sequence[str]) -> int:
-        """Write the rows of ``run_ids`` (as :meth:`rows` gives them) to ``path``, CSV or Parquet
-        by its suffix. Returns the rows written.
+    def export(self, path: Path, query: HistoryQuery) -> int:
+        """Write every run matching ``query`` (all pages, in its order, the columns of
+        :class:`HistoryRow`) to ``path``, CSV or Parquet by its suffix. Returns the rows written.
 
         Raises:
             ValueError: a suffix other than ``.csv`` or ``.parquet``.
@@ -181,20 +256,15 @@ class HistoryStore:
         kind = path.suffix.lstrip(".")
         if kind not in EXPORT_FORMATS:
             raise ValueError(f"export to .csv or .parquet, not {path.name!r}")
-        ids = list(run_ids)
+        select, params = query.sql()
         with self._connection() as con:
-            relation = con.sql(_ROWS, params=[ids, ids])
+            (count,) = con.execute(f"SELECT count(*) FROM ({select})", params).fetchall()[0]
+            relation = con.sql(select, params=params)
             if kind == "csv":
                 relation.write_csv(str(path))
             else:
                 relation.write_parquet(str(path))
-        return len(ids)
-
-
-def _history_row(run_id, status, preset, layout, pp, devices, *figures) -> HistoryRow:
-    if layout == "mpmd" and pp:
-        layout = f"mpmd pp{pp}"
-    return HistoryRow(run_id, status, preset, layout, devices, *figures)
+        return count
 
 
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:

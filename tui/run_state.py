@@ -34,6 +34,7 @@ from titan.observability.events import (
 from titan.observability.liveness import RecordFacts
 from titan.observability.watchdog import Watchdog
 from titan.planning.gpus import gpu_for_device_kind
+from tui.curve import Curve
 
 # Steps over which the step rate for the ETA is measured (wall clock between step events).
 RATE_WINDOW_STEPS = 20
@@ -74,13 +75,13 @@ class RunState:
         loss: loss of the last step.
         tokens_per_s: throughput of the last step.
         tokens_seen: cumulative tokens trained on.
-        losses: loss of every step seen, in order.
+        curve: the steps' ``(step, loss, lr)``, decimated to a bounded number of points
+            (:class:`tui.curve.Curve`; ``steps``, ``losses`` and ``lrs`` read it).
         compile_s: seconds spent compiling, summed over ``compile`` events.
         checkpoint_step: step of the last saved checkpoint, or ``None``.
         end_status: ``completed``, ``stopped`` or ``failed`` from ``run_end``; ``None`` before.
         end_error: the error text of a failed run.
         ended_at: unix seconds of ``run_end``.
-        steps: the step number of each entry of ``losses``; lrs: its learning rate.
         last_event_at: unix seconds of the latest event (the heartbeat the panel ages).
         phase: the watchdog phase the last event implies (see the module docstring).
         stalls: the ``stall`` events (phase, elapsed_s, threshold_s, step, stacks).
@@ -110,14 +111,12 @@ class RunState:
     loss: float | None = None
     tokens_per_s: float | None = None
     tokens_seen: int = 0
-    losses: list[float] = field(default_factory=list)
+    curve: Curve = field(default_factory=Curve)
     compile_s: float = 0.0
     checkpoint_step: int | None = None
     end_status: str | None = None
     end_error: str | None = None
     ended_at: float | None = None
-    steps: list[int] = field(default_factory=list)
-    lrs: list[float] = field(default_factory=list)
     last_event_at: float | None = None
     phase: str = "idle"
     stalls: list[Stall] = field(default_factory=list)
@@ -219,9 +218,7 @@ class RunState:
     def _on_step(self, event: Step) -> None:
         self.step = event.step
         self.loss = event.loss
-        self.losses.append(event.loss)
-        self.steps.append(event.step)
-        self.lrs.append(event.lr or 0.0)
+        self.curve.append(event.step, event.loss, event.lr or 0.0)
         self.tokens_per_s = event.tokens_per_s
         if event.tokens_seen is not None:
             self.tokens_seen = event.tokens_seen

@@ -19,6 +19,7 @@ from titan.errors import TitanError
 from titan.inert import inert
 from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import default_runs_root
+from titan.tables import Column, console, fitted_table, print_fitted
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
 
@@ -63,7 +64,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
-    """``RUNS_ROOT``, ``--run``, ``--json`` and the command's ``run``."""
+    """``RUNS_ROOT``, ``--run``, ``--json``, ``--wide`` and the command's ``run``."""
     parser.add_argument(
         "runs_root",
         nargs="?",
@@ -75,6 +76,12 @@ def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
         "--run", dest="run_id", default=None, metavar="RUN_ID", help="only this run"
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column, however wide the terminal (default: the columns that fit, by "
+        "priority; the run id is never cut)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -98,7 +105,7 @@ def run_summarize(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        _print_summaries(root, rows)
+        _print_summaries(root, rows, args.wide)
     return EXIT_OK
 
 
@@ -120,7 +127,7 @@ def run_perf_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:
-        _print_checks(root, checks)
+        _print_checks(root, checks, args.wide)
     return EXIT_FLAGGED if any(c.flagged for c in checks) else EXIT_OK
 
 
@@ -132,14 +139,6 @@ def run_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _console() -> Any:
-    """A rich console; 200 columns when the output is not a terminal (pipes, files, tests)."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
-
 def _plain(value: Any) -> Any:
     """A string from a record (or a path) as a table cell: control characters escaped
     (:func:`~titan.inert.inert`) and Rich markup shown as written, never
@@ -149,79 +148,80 @@ def _plain(value: Any) -> Any:
     return Text(inert(value))
 
 
-def _print_summaries(root: Path, rows: list[Any]) -> None:
-    from rich.table import Table
+# The summary's columns, by priority (0 always shown; the rest as the width allows).
+SUMMARY_COLUMNS = (
+    Column("run", 0, "left", key=True),
+    Column("status", 0, "left", max_width=24),
+    Column("steps", 1),
+    Column("tokens", 7),
+    Column("wall", 6),
+    Column("tokens/s", 3),
+    Column("MFU", 4),
+    Column("energy (J)", 10),
+    Column("tokens/J", 11),
+    Column("peak GB", 14),
+    Column("ETTR", 5),
+    Column("goodput", 9),
+    Column("stalls", 12),
+    Column("restarts", 13),
+    Column("final loss", 2),
+    Column("best loss", 8),
+)
+CHECK_COLUMNS = (
+    Column("run", 0, "left", key=True),
+    Column("median step (s)", 0),
+    Column("best earlier (s)", 2),
+    Column("best earlier run", 3, "left", key=True),
+    Column("slower", 1),
+    Column("flag", 0),
+)
+# Width of the tables when the output is neither a terminal nor sized by $COLUMNS.
+PIPE_WIDTH = 200
 
+
+def _print_summaries(root: Path, rows: list[Any], wide: bool) -> None:
     conventions = sorted({r.mfu_convention for r in rows if r.mfu_convention})
-    table = Table(
-        title=_plain(f"runs in {root}"),
+    cells = []
+    for r in rows:
+        status = f"{r.status} ({r.reason})" if r.reason else r.status
+        cells.append(
+            (
+                _plain(r.run_id),
+                _plain(status),
+                format_number(r.steps, ","),
+                format_number(r.tokens, ","),
+                format_duration(r.wall_s),
+                format_number(r.median_tokens_per_s, ",.0f"),
+                format_number(r.median_mfu, ".1%", "unknown"),
+                format_number(r.energy_j, ",.0f", "unavailable"),
+                format_number(r.tokens_per_j, ",.2f", "unavailable"),
+                format_number(
+                    None if r.peak_memory_bytes is None else r.peak_memory_bytes / 1e9, ",.2f"
+                ),
+                format_number(r.ettr, ".1%"),
+                format_number(r.goodput, ".1%"),
+                str(r.stalls),
+                str(r.restarts),
+                format_number(r.final_loss, ".3f"),
+                format_number(r.best_loss, ".3f"),
+            )
+        )
+    out = console(PIPE_WIDTH)
+    table, width = fitted_table(
+        SUMMARY_COLUMNS,
+        cells,
+        None if wide else out.width,
         caption="ETTR: productive / available time (Kokolis et al. 2024); goodput badput "
         "breakdown in --json"
         + (f"; MFU convention: {', '.join(conventions)}" if conventions else ""),
+        title=_plain(f"runs in {root}"),
     )
-    for name in (
-        "run",
-        "status",
-        "steps",
-        "tokens",
-        "wall",
-        "tokens/s",
-        "MFU",
-        "energy (J)",
-        "tokens/J",
-        "peak GB",
-        "ETTR",
-        "goodput",
-        "stalls",
-        "restarts",
-        "final loss",
-        "best loss",
-    ):
-        table.add_column(name, justify="left" if name in ("run", "status") else "right")
-    for r in rows:
-        status = f"{r.status} ({r.reason})" if r.reason else r.status
-        table.add_row(
-            _plain(r.run_id),
-            _plain(status),
-            format_number(r.steps, ","),
-            format_number(r.tokens, ","),
-            format_duration(r.wall_s),
-            format_number(r.median_tokens_per_s, ",.0f"),
-            format_number(r.median_mfu, ".1%", "unknown"),
-            format_number(r.energy_j, ",.0f", "unavailable"),
-            format_number(r.tokens_per_j, ",.2f", "unavailable"),
-            format_number(
-                None if r.peak_memory_bytes is None else r.peak_memory_bytes / 1e9, ",.2f"
-            ),
-            format_number(r.ettr, ".1%"),
-            format_number(r.goodput, ".1%"),
-            str(r.stalls),
-            str(r.restarts),
-            format_number(r.final_loss, ".3f"),
-            format_number(r.best_loss, ".3f"),
-        )
-    _console().print(table)
+    print_fitted(out, table, width)
 
 
-def _print_checks(root: Path, checks: list[Any]) -> None:
-    from rich.table import Table
-
-    table = Table(
-        title=_plain(f"step times in {root}"),
-        caption="median step_time_s, first 3 steps of each attempt left out; flagged: more "
-        "than 5% slower than the best earlier run of the same key",
-    )
-    for name in (
-        "run",
-        "median step (s)",
-        "best earlier (s)",
-        "best earlier run",
-        "slower",
-        "flag",
-    ):
-        table.add_column(name, justify="left" if name in ("run", "best earlier run") else "right")
-    for c in checks:
-        table.add_row(
+def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
+    cells = [
+        (
             _plain(c.run_id),
             f"{c.median_step_s:.4f}",
             format_number(c.best_earlier_s, ".4f"),
@@ -229,4 +229,15 @@ def _print_checks(root: Path, checks: list[Any]) -> None:
             format_number(c.slower, "+.1%"),
             "[red]SLOWER[/red]" if c.flagged else "ok",
         )
-    _console().print(table)
+        for c in checks
+    ]
+    out = console(PIPE_WIDTH)
+    table, width = fitted_table(
+        CHECK_COLUMNS,
+        cells,
+        None if wide else out.width,
+        caption="median step_time_s, first 3 steps of each attempt left out; flagged: more "
+        "than 5% slower than the best earlier run of the same key",
+        title=_plain(f"step times in {root}"),
+    )
+    print_fitted(out, table, width)

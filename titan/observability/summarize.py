@@ -4,11 +4,14 @@ The database is ``<runs root>/titan.duckdb``. DuckDB allows one read-write proce
 the trainer never opens it: it appends JSON lines, and ``titan summarize`` (or the console) is the
 one writer. Tables:
 
-- ``files(run_id, path, offset, seq, bad_lines, device, inode, head_len, head_digest)``: how
-  far each run's ``events.jsonl`` was read (keyed by run id, the run dir's name, so a moved runs
-  root is not read twice) and which file it was. Only complete lines are consumed (a torn last
-  line waits for the next ingest, as in :class:`titan.observability.records.EventTail`); a
-  complete line that is not a JSON object is skipped and counted. A file that is not the one
+- ``files(run_id, path, offset, seq, bad_lines, device, inode, head_len, head_digest, size,
+  mtime_ns)``: how far each run's ``events.jsonl`` was read (keyed by run id, the run dir's
+  name, so a moved runs root is not read twice) and which file it was. A file whose ``stat``
+  (device, inode, size, ``st_mtime_ns``) is the one recorded when it was last read is not
+  opened again: an ingest of unchanged run dirs costs one ``stat`` per run. Only complete lines
+  are consumed (a torn last line waits for the next ingest, as in
+  :class:`titan.observability.records.EventTail`); a complete line that is not a JSON object
+  is skipped and counted. A file that is not the one
   read before (another device or inode, shorter than the offset read, or other first bytes:
   ``head_digest`` is the SHA-256 of the first ``head_len`` bytes) was replaced: its run is read
   again from the start. A run dir that is gone (or lost its ``events.jsonl``) is dropped from
@@ -26,11 +29,19 @@ Parsing happens inside DuckDB (``read_text`` of the new complete lines staged in
 file, ``json_transform`` of each line once): Python never decodes the events one by one (only
 a line with more opening brackets than :data:`~titan.observability.records.MAX_JSON_DEPTH` is,
 to refuse one nested deeper, as every reader does: it counts as a bad line).
-- ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`).
+- ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`),
+  with ``tokens_per_j`` and the first ``run_start``'s time, preset, layout, pipeline stages and
+  devices, so that the History screen sorts, filters and pages in SQL over this table alone.
 - ``perf``: measured step times, see :mod:`titan.observability.perfdb`.
 
-Each file is ingested in one transaction (events and the new offset together), so an interrupted
-ingest leaves no half; a second ingest of unchanged files adds nothing. Every query takes its
+The files that changed are ingested in transactions of up to :data:`BATCH_FILES` files (events
+and the new offsets together, then their summaries), so an interrupted ingest leaves no half; a
+second ingest of unchanged files adds nothing.
+
+DuckDB lets one process at a time open the database (:func:`connect`); a process that finds it
+held waits, retrying with exponential backoff for up to :data:`LOCK_WAIT_S` seconds, so that
+``titan summarize`` and the console, each holding it for one short ingest or query, take turns
+instead of failing. Every query takes its
 values as parameters: run ids and paths are never put into SQL text.
 
 Summary fields: ``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
@@ -55,13 +66,16 @@ This module imports DuckDB but not JAX or Textual.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
+import random
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +105,15 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 3
+DB_VERSION = 4
+# Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
+BATCH_FILES = 256
+# How long connect() waits for another process to release the database, and its backoff: the
+# first retry after LOCK_FIRST_WAIT_S, doubling up to LOCK_MAX_WAIT_S, each with +-50% jitter so
+# that two waiting processes do not retry in step.
+LOCK_WAIT_S = 30.0
+LOCK_FIRST_WAIT_S = 0.01
+LOCK_MAX_WAIT_S = 0.5
 # Fields of the events (titan.observability.events) copied into typed columns (NULL when absent
 # or of another type), so that summaries do not parse the JSON payload again.
 EVENT_FIELDS = {
@@ -114,14 +136,17 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
     """CREATE TABLE IF NOT EXISTS files (run_id VARCHAR PRIMARY KEY, path VARCHAR,
     "offset" BIGINT, seq BIGINT, bad_lines BIGINT, device BIGINT, inode BIGINT,
-    head_len BIGINT, head_digest VARCHAR)""",
+    head_len BIGINT, head_digest VARCHAR, size BIGINT, mtime_ns BIGINT)""",
     "CREATE TABLE IF NOT EXISTS events (run_id VARCHAR, seq BIGINT, "
     + ", ".join(f"{name} {kind}" for name, kind in EVENT_FIELDS.items())
     + ", payload JSON)",
+    # Every summary query reads one run's events: an index on run_id spares a full scan each.
+    "CREATE INDEX IF NOT EXISTS events_run ON events (run_id)",
     """CREATE TABLE IF NOT EXISTS runs (run_id VARCHAR PRIMARY KEY, status VARCHAR,
     steps BIGINT, tokens BIGINT, wall_s DOUBLE, median_tokens_per_s DOUBLE, median_mfu DOUBLE,
     ettr DOUBLE, goodput DOUBLE, stalls BIGINT, restarts BIGINT, final_loss DOUBLE,
-    best_loss DOUBLE, summary JSON)""",
+    best_loss DOUBLE, summary JSON, tokens_per_j DOUBLE, started_at DOUBLE, preset VARCHAR,
+    layout VARCHAR, pp BIGINT, devices BIGINT)""",
 )
 # The complete lines of a staged file, numbered from a parameter, the JSON objects among them
 # transformed to the typed columns in one parse each (json_transform gives NULL for a field of
@@ -189,13 +214,14 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
     """Open (creating if needed) the runs root's database with its tables.
 
     Raises:
-        TitanError: the runs root does not exist, or another process holds the database.
+        TitanError: the runs root does not exist, or another process held the database for
+            longer than :data:`LOCK_WAIT_S`.
     """
     root = Path(runs_root)
     if not root.is_dir():
         raise TitanError(f"runs root {root} does not exist (give RUNS_ROOT or set $TITAN_RUNS)")
     try:
-        con = duckdb.connect(str(database_path(root)), read_only=read_only)
+        con = _connect_waiting(database_path(root), read_only)
     except duckdb.Error as err:
         raise TitanError(f"{database_path(root)}: {str(err).splitlines()[0]}") from None
     if not read_only:
@@ -203,13 +229,30 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
     return con
 
 
+def _connect_waiting(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """``duckdb.connect``, retried while another process holds the file's lock (DuckDB's
+    ``Could not set lock`` error) with exponential backoff and jitter, for up to
+    :data:`LOCK_WAIT_S` seconds; other errors, and the lock error after that, are raised."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    wait = LOCK_FIRST_WAIT_S
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as err:
+            if "Could not set lock" not in str(err) or time.monotonic() + wait > deadline:
+                raise
+        time.sleep(wait * random.uniform(0.5, 1.5))
+        wait = min(wait * 2, LOCK_MAX_WAIT_S)
+
+
 def _create_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Create the tables; drop and recreate them when they were made by another version."""
     con.execute(_SCHEMA[0])
     version = con.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
-    if version is not None and version[0] != str(DB_VERSION):
-        for table in _TABLES:
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+    if version is not None and version[0] == str(DB_VERSION):
+        return  # made by this version: nothing to write (a reader's connect stays cheap)
+    for table in _TABLES:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
     for statement in (*_SCHEMA[1:], *perfdb.SCHEMA):
         con.execute(statement)
     con.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", [str(DB_VERSION)])
@@ -221,14 +264,27 @@ def _head_digest(f: Any, length: int) -> str:
     return hashlib.sha256(f.read(length)).hexdigest()
 
 
+@contextlib.contextmanager
+def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """One transaction: committed when the block ends, rolled back when it raises."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
 def _ingest_file(
     con: duckdb.DuckDBPyConnection, path: Path, run_id: str, tmp: Path
 ) -> tuple[int, int, bool]:
-    """Add the new complete lines of one events file. Returns the events added, the bad lines
-    skipped and whether the file had been replaced (its run's events were read again).
+    """Add the new complete lines of one events file (inside the caller's transaction).
+    Returns the events added, the bad lines skipped and whether the file had been replaced (its
+    run's events were read again).
 
     Raises:
-        OSError: the file cannot be read (nothing of it is stored then).
+        OSError: the file cannot be read (the caller rolls its transaction back).
     """
     known = con.execute(
         'SELECT "offset", seq, bad_lines, device, inode, head_len, head_digest FROM files '
@@ -244,54 +300,51 @@ def _ingest_file(
             or head_len is None
             or _head_digest(f, head_len) != digest
         )
-        con.execute("BEGIN TRANSACTION")
-        try:
-            if replaced:
-                con.execute("DELETE FROM events WHERE run_id = ?", [run_id])
-                offset, seq, bad = 0, 0, 0
-            added, bad_before = 0, bad
-            f.seek(offset)
-            while True:
-                chunk = f.read(READ_CHUNK_BYTES)
-                while b"\n" not in chunk and len(chunk) % READ_CHUNK_BYTES == 0:
-                    more = f.read(READ_CHUNK_BYTES)  # one line longer than a chunk
-                    if not more:
-                        break
-                    chunk += more
-                end = chunk.rfind(b"\n")
-                if end < 0:
+        if replaced:
+            con.execute("DELETE FROM events WHERE run_id = ?", [run_id])
+            offset, seq, bad = 0, 0, 0
+        added, bad_before = 0, bad
+        f.seek(offset)
+        while True:
+            chunk = f.read(READ_CHUNK_BYTES)
+            while b"\n" not in chunk and len(chunk) % READ_CHUNK_BYTES == 0:
+                more = f.read(READ_CHUNK_BYTES)  # one line longer than a chunk
+                if not more:
                     break
-                offset += end + 1
-                f.seek(offset)
-                lines = chunk.count(b"\n", 0, end + 1)
-                staged = tmp / "batch.jsonl"
-                # read_text needs UTF-8: undecodable bytes become U+FFFD.
-                text = _without_deep_lines(chunk[: end + 1])
-                staged.write_bytes(text.decode("utf-8", "replace").encode("utf-8"))
-                count = con.execute(_INSERT_EVENTS, [run_id, seq, str(staged)]).fetchone()[0]
-                seq += lines
-                bad += lines - count
-                added += count
-            head_len = min(offset, HEAD_BYTES)
-            con.execute(
-                'INSERT OR REPLACE INTO files (run_id, path, "offset", seq, bad_lines, device, '
-                "inode, head_len, head_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    run_id,
-                    str(path),
-                    offset,
-                    seq,
-                    bad,
-                    info.st_dev,
-                    info.st_ino,
-                    head_len,
-                    _head_digest(f, head_len),
-                ],
-            )
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+                chunk += more
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                break
+            offset += end + 1
+            f.seek(offset)
+            lines = chunk.count(b"\n", 0, end + 1)
+            staged = tmp / "batch.jsonl"
+            # read_text needs UTF-8: undecodable bytes become U+FFFD.
+            text = _without_deep_lines(chunk[: end + 1])
+            staged.write_bytes(text.decode("utf-8", "replace").encode("utf-8"))
+            count = con.execute(_INSERT_EVENTS, [run_id, seq, str(staged)]).fetchone()[0]
+            seq += lines
+            bad += lines - count
+            added += count
+        head_len = min(offset, HEAD_BYTES)
+        con.execute(
+            'INSERT OR REPLACE INTO files (run_id, path, "offset", seq, bad_lines, device, '
+            "inode, head_len, head_digest, size, mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?)",
+            [
+                run_id,
+                str(path),
+                offset,
+                seq,
+                bad,
+                info.st_dev,
+                info.st_ino,
+                head_len,
+                _head_digest(f, head_len),
+                info.st_size,
+                info.st_mtime_ns,
+            ],
+        )
     return added, bad - bad_before, replaced
 
 
@@ -314,37 +367,74 @@ def _ids(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = 
     return [row[0] for row in con.execute(query, params or []).fetchall()]
 
 
-def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
-    """Ingest every ``<runs root>/<run id>/events.jsonl`` (new complete lines only; a replaced
-    file from the start) and recompute the summaries of the runs that got events; drop the runs
-    whose dir is gone; give a run whose file cannot be read the status :data:`UNREADABLE`. A
-    run's id is its directory's name."""
-    report = IngestReport()
-    changed, unreadable = [], {}
-    paths = {}
-    for path in sorted(Path(runs_root).glob(f"*/{EVENTS_FILE}")):
-        name = path.parent.name
-        # A name that is not UTF-8 (its bytes decoded with surrogates) cannot be a key: the run
-        # is listed under its bytes written out, as unreadable.
-        run_id = os.fsencode(name).decode("utf-8", "backslashreplace")
-        if run_id != name:
-            unreadable[run_id] = "the run dir's name is not UTF-8; rename the dir"
-        else:
-            paths[run_id] = path
-    for run_id in _ids(con, "SELECT run_id FROM files UNION SELECT run_id FROM runs"):
-        if run_id not in paths and run_id not in unreadable:
-            _forget(con, run_id)
-    with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
-        for run_id, path in paths.items():
+RunFiles = tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]
+
+
+def scan_runs_root(runs_root: Path) -> RunFiles:
+    """The ``<run id>/events.jsonl`` of the runs root (paths as strings: one ``stat`` each and
+    no more, as this runs over every run dir at each ingest) with their ``stat`` key (device,
+    inode, size, ``st_mtime_ns``), and the runs that cannot be keyed, with the reason. Needs no
+    database: a caller can scan before it opens one, so that the scan does not hold the lock
+    (nothing when ``runs_root`` is not a directory)."""
+    found, unreadable = {}, {}
+    if not os.path.isdir(runs_root):
+        return found, unreadable
+    with os.scandir(runs_root) as entries:
+        for entry in entries:
+            path = os.path.join(entry.path, EVENTS_FILE)
             try:
-                added, bad, replaced = _ingest_file(con, path, run_id, Path(tmp))
-            except OSError as err:
-                unreadable[run_id] = _one_line(err)
-                continue
-            report.events += added
-            report.bad_lines += bad
-            if added or bad or replaced:
-                changed.append(run_id)
+                info = os.stat(path)
+                key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            except OSError:
+                if not os.path.lexists(path):
+                    continue  # not a run dir
+                key = ()  # a dangling link: read (and found unreadable) at each ingest
+            # A name that is not UTF-8 (its bytes decoded with surrogates) cannot be a key: the
+            # run is listed under its bytes written out, as unreadable.
+            run_id = os.fsencode(entry.name).decode("utf-8", "backslashreplace")
+            if run_id != entry.name:
+                unreadable[run_id] = "the run dir's name is not UTF-8; rename the dir"
+            else:
+                found[run_id] = (path, key)
+    return dict(sorted(found.items())), unreadable
+
+
+def ingest(
+    con: duckdb.DuckDBPyConnection, runs_root: Path, scanned: RunFiles | None = None
+) -> IngestReport:
+    """Ingest every ``<runs root>/<run id>/events.jsonl`` whose ``stat`` changed since it was
+    last read (new complete lines only; a replaced file from the start) and recompute the
+    summaries of the runs that got events; drop the runs whose dir is gone; give a run whose
+    file cannot be read the status :data:`UNREADABLE`. A run's id is its directory's name.
+    ``scanned``: the :func:`scan_runs_root` of ``runs_root`` when the caller made it."""
+    report = IngestReport()
+    found, unreadable = scanned if scanned is not None else scan_runs_root(Path(runs_root))
+    unreadable = dict(unreadable)
+    recorded = {
+        row[0]: tuple(row[1:])
+        for row in con.execute("SELECT run_id, device, inode, size, mtime_ns FROM files").fetchall()
+    }
+    gone = [
+        run_id
+        for run_id in _ids(con, "SELECT run_id FROM files UNION SELECT run_id FROM runs")
+        if run_id not in found and run_id not in unreadable
+    ]
+    with _transaction(con):
+        for run_id in gone:
+            _forget(con, run_id)
+    todo = [
+        (run_id, Path(path)) for run_id, (path, key) in found.items() if recorded.get(run_id) != key
+    ]
+    changed = []
+    with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
+        for start in range(0, len(todo), BATCH_FILES):
+            results, failed = _ingest_batch(con, todo[start : start + BATCH_FILES], Path(tmp))
+            unreadable.update(failed)
+            for run_id, added, bad, replaced in results:
+                report.events += added
+                report.bad_lines += bad
+                if added or bad or replaced:
+                    changed.append(run_id)
     # A run seen running and silent since may have died: its status is worked out again. So is
     # a run that was unreadable, or that has no summary (an ingest stopped before making it).
     stale = _ids(
@@ -353,13 +443,48 @@ def ingest(con: duckdb.DuckDBPyConnection, runs_root: Path) -> IngestReport:
         "SELECT run_id FROM files WHERE run_id NOT IN (SELECT run_id FROM runs)",
         [[liveness.STARTING, liveness.RUNNING, liveness.STALLED, UNREADABLE]],
     )
-    for run_id in dict.fromkeys([*changed, *sorted(stale)]):
-        if run_id not in unreadable:
-            _refresh_or_mark(con, run_id)
-    for run_id, reason in unreadable.items():
-        _store_summary(con, _unreadable_summary(run_id, reason))
+    refresh = [r for r in dict.fromkeys([*changed, *sorted(stale)]) if r not in unreadable]
+    for start in range(0, len(refresh), BATCH_FILES):
+        _refresh_batch(con, refresh[start : start + BATCH_FILES])
+    with _transaction(con):
+        for run_id, reason in unreadable.items():
+            _store_summary(con, _unreadable_summary(run_id, reason))
     report.runs = tuple(changed)
     return report
+
+
+def _ingest_batch(
+    con: duckdb.DuckDBPyConnection, batch: list[tuple[str, Path]], tmp: Path
+) -> tuple[list[tuple[str, int, int, bool]], dict[str, str]]:
+    """:func:`_ingest_file` for each ``(run id, path)`` of ``batch`` in one transaction. A file
+    that cannot be read rolls the transaction back and the batch is ingested again without it.
+    Returns ``(run id, events added, bad lines, replaced)`` of each file ingested, and the runs
+    that could not be read with the error."""
+    failed: dict[str, str] = {}
+    while True:
+        results, current = [], None
+        try:
+            with _transaction(con):
+                for current, path in batch:
+                    if current not in failed:
+                        results.append((current, *_ingest_file(con, path, current, tmp)))
+        except OSError as err:
+            failed[current] = _one_line(err)
+            continue
+        return results, failed
+
+
+def _refresh_batch(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
+    """:func:`refresh_run` for each run in one transaction; when one of them cannot be
+    summarised (which aborts the transaction), each run on its own with
+    :func:`_refresh_or_mark`."""
+    try:
+        with _transaction(con):
+            for run_id in run_ids:
+                refresh_run(con, run_id)
+    except _SUMMARY_ERRORS:
+        for run_id in run_ids:
+            _refresh_or_mark(con, run_id)
 
 
 def _forget(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
@@ -537,9 +662,13 @@ def refresh_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunSummary:
 
 
 def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
-    """Write one run's row of ``runs``."""
+    """Write one run's row of ``runs`` (with its first ``run_start``'s time and config)."""
     con.execute(
-        """INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        """INSERT OR REPLACE INTO runs SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+        started_at, p->>'$.config.preset', p->>'$.config.layout',
+        TRY_CAST(p->>'$.config.pp' AS BIGINT), TRY_CAST(p->>'$.layout.devices' AS BIGINT)
+        FROM (SELECT min(time) AS started_at, arg_min(payload, seq) AS p FROM events
+            WHERE run_id = ? AND type = 'run_start')""",
         [
             s.run_id,
             s.status,
@@ -555,6 +684,8 @@ def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
             s.final_loss,
             s.best_loss,
             json.dumps(s.as_dict()),
+            s.tokens_per_j,
+            s.run_id,
         ],
     )
 
@@ -602,7 +733,8 @@ def summarize_run_dir(run_dir: Path) -> RunSummary:
         _create_tables(con)
         with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
             try:
-                _ingest_file(con, run_dir / EVENTS_FILE, run_dir.name, Path(tmp))
+                with _transaction(con):
+                    _ingest_file(con, run_dir / EVENTS_FILE, run_dir.name, Path(tmp))
             except OSError as err:
                 raise TitanError(f"cannot read {run_dir / EVENTS_FILE}: {_one_line(err)}") from None
         return compute_summary(con, run_dir.name)

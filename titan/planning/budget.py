@@ -200,23 +200,27 @@ def search(request: PlanRequest) -> list[Plan]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (O(sqrt n):
+    a million GPUs take a thousand trials, not a million)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> Iterator[Layout]:
     """Every (dp, fsdp, tp, pp, microbatches, schedule, virtual stages, remat) whose product of
-    parallel sizes is ``gpus`` and that passes :func:`titan.planning.memory.check_layout`."""
-    tp_dims = (model.n_heads, model.n_kv_heads, model.ffn_dim, model.vocab_size)
-    for tp in _divisors(gpus):
-        if any(dim % tp for dim in tp_dims):
-            continue
-        for pp in _divisors(gpus // tp):
-            if pp > model.n_layers:
-                continue
-            for fsdp in _divisors(gpus // (tp * pp)):
-                if model.d_model % fsdp:
-                    continue
-                dp = gpus // (tp * pp * fsdp)
+    parallel sizes is ``gpus`` and that passes :func:`titan.planning.memory.check_layout`.
+
+    The sizes are enumerated from the model, not from ``gpus``: tp divides the heads, KV heads,
+    FFN and vocabulary sizes (the divisors of their gcd with ``gpus``), pp is at most the layer
+    count, fsdp divides ``d_model``, and dp is what is left. So the candidates, and the time to
+    rank them, are bounded by the model's shape whatever the GPU count (a million GPUs ranks in
+    about a second)."""
+    tp_gcd = math.gcd(gpus, model.n_heads, model.n_kv_heads, model.ffn_dim, model.vocab_size)
+    for tp in _divisors(tp_gcd):
+        rest = gpus // tp
+        for pp in (k for k in range(1, min(model.n_layers, rest) + 1) if rest % k == 0):
+            for fsdp in _divisors(math.gcd(rest // pp, model.d_model)):
+                dp = rest // (pp * fsdp)
                 if batch_sequences % (dp * fsdp):
                     continue
                 for m in _divisors(batch_sequences // (dp * fsdp)):

@@ -1,8 +1,10 @@
 """``titan plan``: memory, step time, throughput and budget of a training run before it runs.
 
 One layout (the flags of ``titan train``) prints its memory breakdown with a fits / does-not-fit
-verdict, its step-time breakdown and the totals; ``--search`` ranks every layout that fits.
-``--json`` prints the same as JSON (bytes, seconds, kWh).
+verdict, its step-time breakdown and the totals; ``--search`` ranks every layout that fits
+(its table keeps the columns that fit the terminal, by priority; ``--wide`` shows all). Both end
+with the ``titan train`` command of the layout (the best one with ``--search``), on one line.
+``--json`` prints the same as JSON (bytes, seconds, kWh; the command as ``train_command``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import shlex
 from pathlib import Path
 from typing import Any
 
-from titan.config import ParallelOptions
+from titan.config import ParallelOptions, flag_of
 from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.mpmd.schedules import SCHEDULES
@@ -21,6 +25,7 @@ from titan.planning.budget import Plan, PlanRequest, plan, search
 from titan.planning.gpus import CATALOG, find_gpu
 from titan.planning.memory import Layout, Precision
 from titan.planning.models import ATTENTION_KERNELS, resolve_model
+from titan.tables import Column, console, fitted_table, print_fitted
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
 # tokens, batches of 4M tokens and more.
@@ -89,6 +94,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--search", action="store_true", help="rank every layout that fits")
     p.add_argument("--top", type=int, default=20, help="rows of the --search table")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="every --search column, however wide the terminal (default: the columns that fit, "
+        "by priority; dp, fsdp, tp and pp always)",
+    )
     p.set_defaults(run=run)
 
 
@@ -168,16 +179,51 @@ def run(args: argparse.Namespace) -> int:
         raise TitanError(f"--top must be >= 1, got {args.top}")
     request = request_from_args(args)
     plans = search(request) if args.search else [plan(request, layout_from_args(args))]
+    command = train_command(args.model, plans[0]) if plans else None
     if args.json:
         report = _json(request, plans[: args.top])
         if args.search:
             report["layouts_fit"] = len(plans)
+        report["train_command"] = command
         print(json.dumps(report, indent=2))
-    elif args.search:
-        _print_search(request, plans[: args.top], len(plans))
+        return 0 if plans else 1
+    if args.search:
+        _print_search(request, plans[: args.top], len(plans), args.wide)
     else:
         _print_plan(plans[0])
+    if command is not None:
+        print(f"{'best layout' if args.search else 'this layout'}, for titan train:")
+        print(command)
     return 0 if plans else 1
+
+
+def train_command(model: str, p: Plan) -> str:
+    """The ``titan train`` command line (one line, shell-quoted) of a plan: the model as
+    ``--model`` was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the
+    batch in sequences, the precision and every parallel option of the layout (``--layout
+    mpmd`` with a pipeline)."""
+    request, layout = p.request, p.layout
+    values = {
+        "preset": model,  # --model
+        "steps": math.ceil(request.tokens / (request.batch_sequences * request.seq_len)),
+        "batch_size": request.batch_sequences,
+        "seq_len": request.seq_len,
+        "param_dtype": request.precision.param_dtype,
+        "compute_dtype": request.precision.compute_dtype,
+        "remat": layout.remat,
+        "layout": "mpmd" if layout.pp > 1 else "spmd",
+        "dp": layout.dp,
+        "fsdp": layout.fsdp,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "microbatches": layout.microbatches,
+    }
+    if layout.pp > 1:
+        values |= {"schedule": layout.schedule, "virtual_stages": layout.virtual_stages}
+    words = ["titan", "train"]
+    for name, value in values.items():
+        words += [flag_of(name), str(value)]
+    return shlex.join(words)
 
 
 def _json(request: PlanRequest, plans: list[Plan]) -> dict[str, Any]:
@@ -227,22 +273,17 @@ def _duration(seconds: float) -> str:
     return f"{days:,.1f} d" if days >= 1 else f"{seconds / 3600:,.2f} h"
 
 
-def _console() -> Any:
-    """A rich console; 160 columns wide when the output is not a terminal (files, logs), where
-    rich would otherwise wrap the tables at 80."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+# Width of the output when it is neither a terminal nor sized by $COLUMNS (files, logs).
+PIPE_WIDTH = 160
 
 
 def _print_plan(p: Plan) -> None:
     from rich.table import Table
 
-    console = _console()
+    out = console(PIPE_WIDTH)
     request = p.request
-    console.print(_header(request))
-    console.print(f"layout: {p.layout.label()}")
+    out.print(_header(request))
+    out.print(f"layout: {p.layout.label()}")
     memory = Table(title="memory per device (GB)")
     memory.add_column("part")
     memory.add_column("GB", justify="right")
@@ -251,14 +292,14 @@ def _print_plan(p: Plan) -> None:
     verdict = "[green]fits[/]" if p.memory.fits else "[red]does not fit[/]"
     memory.add_row("usable", f"{p.memory.capacity / GB:,.2f}")
     memory.caption = f"{verdict} ({p.memory.total / p.memory.capacity:.0%} of usable memory)"
-    console.print(memory)
+    out.print(memory)
     step = Table(title="step time (s)")
     step.add_column("part")
     step.add_column("s", justify="right")
     for name, value in p.step.as_dict().items():
         step.add_row(name.removesuffix("_s"), f"{value:.4f}")
     step.caption = f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls"
-    console.print(step)
+    out.print(step)
     totals = Table(title="run", caption=_mfu_caption(request, "halved for causal / in full"))
     totals.add_column("quantity")
     totals.add_column("value", justify="right")
@@ -273,7 +314,7 @@ def _print_plan(p: Plan) -> None:
         totals.add_row(name, value)
     if p.cost is not None:
         totals.add_row("cost (--price currency)", f"{p.cost:,.0f}")
-    console.print(totals)
+    out.print(totals)
 
 
 def _schedule_cell(layout: Layout) -> str:
@@ -283,26 +324,36 @@ def _schedule_cell(layout: Layout) -> str:
     return f"{short}x{layout.virtual_stages}" if layout.virtual_stages > 1 else short
 
 
-def _print_search(request: PlanRequest, plans: list[Plan], total: int) -> None:
-    from rich import box
-    from rich.table import Table
+# The --search table's columns, by priority (0 always shown: the rank and the layout).
+SEARCH_COLUMNS = (
+    Column("#", 0),
+    Column("dp", 0),
+    Column("fsdp", 0),
+    Column("tp", 0),
+    Column("pp", 0),
+    Column("sched", 1),
+    Column("m", 1),
+    Column("remat", 2),
+    Column("GB/dev", 3),
+    Column("step s", 5),
+    Column("tokens/s", 2),
+    Column("MFU", 4),
+    Column("time", 4),
+    Column("GPU-h", 6),
+    Column("MWh", 7),
+)
+COST_COLUMN = Column("cost", 6)
 
-    console = _console()
-    console.print(_header(request))
+
+def _print_search(request: PlanRequest, plans: list[Plan], total: int, wide: bool) -> None:
+    from rich import box
+
+    out = console(PIPE_WIDTH)
+    out.print(_header(request))
     if not plans:
-        console.print("[red]no layout fits in memory[/]")
+        out.print("[red]no layout fits in memory[/]")
         return
-    table = Table(
-        title=f"{total} layouts fit; fastest {len(plans)} (int = interleaved-1f1b x chunks, "
-        "zb = zero-bubble)",
-        caption=_mfu_caption(request, "halved for the causal mask"),
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    columns = ("#", "dp", "fsdp", "tp", "pp", "sched", "m", "remat", "GB/dev", "step s")
-    columns += ("tokens/s", "MFU", "time", "GPU-h", "MWh")
-    for name in columns + (("cost",) if plans[0].cost is not None else ()):
-        table.add_column(name, justify="right", no_wrap=True)
+    rows = []
     for rank, p in enumerate(plans, 1):
         layout = p.layout
         row = [
@@ -324,5 +375,16 @@ def _print_search(request: PlanRequest, plans: list[Plan], total: int) -> None:
         ]
         if p.cost is not None:
             row.append(f"{p.cost:,.0f}")
-        table.add_row(*row)
-    console.print(table)
+        rows.append(row)
+    columns = SEARCH_COLUMNS + ((COST_COLUMN,) if plans[0].cost is not None else ())
+    table, width = fitted_table(
+        columns,
+        rows,
+        None if wide else out.width,
+        caption=_mfu_caption(request, "halved for the causal mask"),
+        title=f"{total} layouts fit; fastest {len(plans)} (int = interleaved-1f1b x chunks, "
+        "zb = zero-bubble)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    print_fitted(out, table, width)

@@ -1,9 +1,13 @@
 """History: the runs of the runs root's DuckDB database, sortable and filterable, to open,
-compare and export. The console ingests the records (it is the database's one writer) in a
-worker when the screen opens, on ``r`` and every few seconds while the screen is shown."""
+compare and export. The console ingests the records in a worker when the screen opens, on ``r``
+and every few seconds while the screen is shown; sorting, filtering and paging run in SQL in a
+worker too, and the table holds one page (:data:`tui.history.PAGE_ROWS` rows), so the UI thread
+only ever draws a page."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,14 +21,17 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
 from titan.inert import inert
-from tui.history import HistoryRow, HistoryStore
+from tui.history import HistoryPage, HistoryQuery, HistoryStore
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
 
 # New records are ingested this often while the screen is shown (the timer is paused while a
-# detail, a comparison or another screen covers it).
+# detail, a comparison or another screen covers it), and never more often than every
+# INGEST_SPACING times the last ingest's duration (the stat of every run dir takes seconds at
+# 100k runs: the console would do nothing else), nor while one is under way.
 REFRESH_INTERVAL_S = 5.0
+INGEST_SPACING = 5.0
 
 
 class HistoryScreen(Screen[None]):
@@ -47,9 +54,10 @@ class HistoryScreen(Screen[None]):
 
     @dataclass
     class Loaded(Message):
-        """The rows after an ingest, or the error that stopped it (posted by the worker)."""
+        """A page of rows (after an ingest, or a new sort, filter or page), or the error that
+        stopped it (posted by the worker)."""
 
-        rows: list[HistoryRow]
+        page: HistoryPage | None
         error: str = ""
 
     def __init__(self, store: HistoryStore) -> None:
@@ -58,6 +66,8 @@ class HistoryScreen(Screen[None]):
         self.sub_title = inert(f"history of {store.runs_root}")
         self.loaded = False
         self._ticker: Timer | None = None
+        self._ingesting = False
+        self._next_ingest_at = 0.0  # time.monotonic() before which no periodic ingest starts
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -67,11 +77,12 @@ class HistoryScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.action_refresh()
+        """Show the stored runs at once, then ingest the new records and show them again."""
+        self._load(self.query_one(HistoryTable).requested, ingest=True, stored_first=True)
 
     def on_screen_resume(self) -> None:
         if self._ticker is None:
-            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
+            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self._tick)
         else:
             self._ticker.resume()
 
@@ -86,36 +97,73 @@ class HistoryScreen(Screen[None]):
         return True
 
     def action_refresh(self) -> None:
-        """Ingest new records and list the runs again (in a worker)."""
-        self._load()
+        """Ingest new records and fetch the page shown again (in a worker)."""
+        self._load(self.query_one(HistoryTable).requested, ingest=True)
 
-    @work(thread=True, exclusive=True, group="history")
-    def _load(self) -> None:
+    def _tick(self) -> None:
+        """The periodic refresh, unless an ingest is under way or the last one was recent for
+        its duration (:data:`INGEST_SPACING`)."""
+        if not self._ingesting and time.monotonic() >= self._next_ingest_at:
+            self.action_refresh()
+
+    def on_history_table_query_changed(self, message: HistoryTable.QueryChanged) -> None:
+        """Fetch another page (sort, filter or page changed), in a worker."""
+        self._load(message.query, ingest=False)
+
+    @work(thread=True, group="history")
+    def _load(self, query: HistoryQuery, ingest: bool, stored_first: bool = False) -> None:
+        """Sort, filter and page in SQL, off the UI thread (the page is drawn on it); with
+        ``ingest``, after ingesting the new records (``stored_first``: the page of the records
+        already stored is posted before, so that a large runs root opens at once)."""
+        try:
+            if stored_first and self.store.exists():
+                self.post_message(self.Loaded(self.store.page(query)))
+            if ingest:
+                self._ingest()
+            self.post_message(self.Loaded(self.store.page(query)))
+        except TitanError as err:
+            self.post_message(self.Loaded(None, inert(err)))
+
+    def _ingest(self) -> None:
+        """One ingest (in the worker), timed for :meth:`_tick`."""
+        self._ingesting = True
+        start = time.monotonic()
         try:
             self.store.ingest()
-            self.post_message(self.Loaded(self.store.rows()))
-        except TitanError as err:
-            self.post_message(self.Loaded([], inert(err)))
+        finally:
+            self._ingesting = False
+            end = time.monotonic()
+            self._next_ingest_at = end + INGEST_SPACING * (end - start)
 
     def on_history_screen_loaded(self, message: HistoryScreen.Loaded) -> None:
         table = self.query_one(HistoryTable)
-        if message.error:
+        if message.page is None:
             self._status(message.error)
             return
-        if [r for r in table.all_rows] != message.rows:
-            table.show(message.rows)
+        if message.page.query != table.requested:
+            return  # an answer to a query since replaced
+        if message.page != table.page:
+            table.show(message.page)
         self.loaded = True
         self._show_count()
 
     def _show_count(self) -> None:
-        """The runs shown (``1 of 4 runs`` under a filter) and the keys, on the status line."""
-        table = self.query_one(HistoryTable)
-        total = len(table.all_rows)
-        count = f"{table.row_count} of {total}" if table.filter_text else f"{total}"
-        self._status(
-            f"{count} runs · enter: detail · space: mark two, c: compare · "
+        """The runs matching (``1 of 4 runs`` under a filter), the rows of the page when there
+        is more than one, and the keys, on the status line."""
+        page = self.query_one(HistoryTable).page
+        parts = [
+            f"{page.matched:,} of {page.total:,} runs"
+            if page.query.text
+            else f"{page.total:,} runs"
+        ]
+        if page.matched > len(page.rows):
+            last = page.offset + len(page.rows)
+            parts.append(f"rows {page.offset + 1:,}-{last:,}, ]/[: next/previous page")
+        parts.append(
+            "enter: detail · space: mark two, c: compare · "
             "o/O: sort by the next column / reverse · /: filter · x/X: export CSV/Parquet"
         )
+        self._status(" · ".join(parts))
 
     def _status(self, text: str) -> None:
         self.query_one("#history-status", Static).update(text)
@@ -133,8 +181,6 @@ class HistoryScreen(Screen[None]):
         table = self.query_one(HistoryTable)
         table.set_filter("")
         table.focus()
-        if self.loaded:
-            self._show_count()
 
     @on(Input.Submitted, "#history-filter")
     def _apply_filter(self, event: Input.Submitted) -> None:
@@ -142,8 +188,6 @@ class HistoryScreen(Screen[None]):
         table.set_filter(event.value)
         event.input.set_class(bool(event.value.strip()), "-shown")
         table.focus()
-        if self.loaded:
-            self._show_count()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.app.push_screen(RunDetailScreen(self.store, str(event.row_key.value)))
@@ -156,15 +200,15 @@ class HistoryScreen(Screen[None]):
         self.app.push_screen(CompareScreen(self.store, *marked))
 
     def action_export(self, kind: str) -> None:
-        """Write the shown rows to ``<runs root>/history.<kind>`` (in a worker)."""
-        self._export(
-            self.store.runs_root / f"history.{kind}", self.query_one(HistoryTable).shown_ids()
-        )
+        """Write every run matching the filter, in the table's order, to
+        ``<runs root>/history.<kind>`` (in a worker)."""
+        query = dataclasses.replace(self.query_one(HistoryTable).requested, offset=0)
+        self._export(self.store.runs_root / f"history.{kind}", query)
 
     @work(thread=True, group="export")
-    def _export(self, path: Path, run_ids: list[str]) -> None:
+    def _export(self, path: Path, query: HistoryQuery) -> None:
         try:
-            count = self.store.export(path, run_ids)
+            count = self.store.export(path, query)
         except TitanError as err:
             self.app.call_from_thread(self.notify, inert(err), severity="error", markup=False)
             return

@@ -272,9 +272,10 @@ class MonitorScreen(Screen[None]):
         if active == "overview":
             self._show_overview()
         elif active == "curves":
-            state = self.state
-            self.query_one("#loss-plot", CurvePlot).show([("loss", state.steps, state.losses)])
-            self.query_one("#lr-plot", CurvePlot).show([("lr", state.steps, state.lrs)])
+            curve = self.state.curve
+            steps = curve.steps
+            self.query_one("#loss-plot", CurvePlot).show([("loss", steps, curve.losses)])
+            self.query_one("#lr-plot", CurvePlot).show([("lr", steps, curve.lrs)])
         elif active == "power":
             self.query_one(PowerPanel).show(self.state)
         elif active == "flops":
@@ -344,7 +345,7 @@ class MonitorScreen(Screen[None]):
         if active == "overview":
             self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(time.time())))
             ended = self.state.end_status is not None or self.returncode is not None
-            self.query_one(LossChart).show(self.state.losses, force=ended)
+            self.query_one(LossChart).show(self.state.curve, force=ended)
         elif active == "watchdog":
             self.query_one(WatchdogPanel).show(self.state)
 

@@ -1,17 +1,21 @@
-"""The History table: one row per ingested run, sortable by any column, filtered by text."""
+"""The History table: a page of the ingested runs, sorted by any column and filtered by text in
+SQL (:class:`tui.history.HistoryQuery`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding
+from textual.message import Message
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from tui.history import HistoryRow
+from tui.history import HistoryPage, HistoryQuery, HistoryRow
 from tui.plain import cell
 
 COLUMNS = (
@@ -28,7 +32,7 @@ COLUMNS = (
     "best loss",
     "started",
 )
-# The HistoryRow field behind each column (the sort key).
+# The HistoryRow field behind each column (the sort key, a tui.history.SORT_FIELDS name).
 _FIELDS = (
     "run_id",
     "status",
@@ -71,64 +75,105 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
 
 
 class HistoryTable(DataTable[str]):
-    """Rows keyed by run id. ``o`` sorts by the next column, ``O`` reverses the order,
-    ``space`` marks a run for comparison; ``enter`` selects (``DataTable.RowSelected``). Cells
-    are inert plain text (:func:`tui.plain.cell`)."""
+    """One page of History (:class:`~tui.history.HistoryPage`), rows keyed by run id. The table
+    never queries: ``o`` (sort by the next column), ``O`` (reverse), a filter, ``]``/``[`` and
+    moving past the first or last row of the page post :class:`QueryChanged`, and the screen
+    fetches that page in a worker and calls :meth:`show`. ``space`` marks a run for comparison;
+    ``enter`` selects (``DataTable.RowSelected``). Cells are inert plain text
+    (:func:`tui.plain.cell`); the run column comes first and is never truncated."""
 
     BINDINGS = [
         Binding("enter", "select_cursor", "Detail"),
         Binding("o", "sort_next", "Sort"),
         Binding("O", "sort_reverse", "Reverse"),
         Binding("space", "mark", "Mark"),
+        Binding("right_square_bracket", "page(1)", "Next page", show=False),
+        Binding("left_square_bracket", "page(-1)", "Previous page", show=False),
     ]
+
+    @dataclass
+    class QueryChanged(Message):
+        """The rows to show changed (sort, filter or page): fetch ``query``'s page."""
+
+        query: HistoryQuery
 
     def __init__(self, *, id: str) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self.all_rows: list[HistoryRow] = []
+        self.page = HistoryPage(HistoryQuery(), [], 0, 0, 0)
+        self.requested = HistoryQuery()  # newest first
         self.marked: list[str] = []
-        self.filter_text = ""
-        self._sort: tuple[int, bool] = (len(COLUMNS) - 1, True)  # newest first
+        self._cursor_to: int | None = None  # the row the cursor goes to on the next page
         self._column_keys: list[ColumnKey] = []
 
     def on_mount(self) -> None:
         self._column_keys = self.add_columns(*self._labels())
 
+    @property
+    def filter_text(self) -> str:
+        return self.requested.text
+
+    @property
+    def current(self) -> bool:
+        """Whether the page shown is the one last requested."""
+        return self.page.query == self.requested
+
     def _labels(self) -> list[str]:
         """The column headings, the sort column's with its order (``▲`` ascending, ``▼``
         descending; ``^`` and ``v`` with ``--ascii``)."""
-        column, reverse = self._sort
+        column = _FIELDS.index(self.requested.sort)
         ascending, descending = ("^", "v") if getattr(self.app, "ascii_only", False) else "▲▼"
-        arrow = descending if reverse else ascending
+        arrow = descending if self.requested.descending else ascending
         return [f"{name} {arrow}" if i == column else name for i, name in enumerate(COLUMNS)]
-
-    def shown_ids(self) -> list[str]:
-        """The run ids shown, in table order."""
-        return [
-            str(self.coordinate_to_cell_key((i, 0)).row_key.value) for i in range(self.row_count)
-        ]
-
-    def show(self, rows: Sequence[HistoryRow]) -> None:
-        """Replace the runs (the filter and sort stay)."""
-        self.all_rows = list(rows)
-        self._redraw()
-
-    def set_filter(self, text: str) -> None:
-        """Show only the runs with ``text`` in one of their cells (case-insensitive)."""
-        self.filter_text = text.strip().lower()
-        self._redraw()
 
     @property
     def sorted_by(self) -> str:
         """The sort column and order (``steps ascending``)."""
-        column, reverse = self._sort
-        return f"{COLUMNS[column]} {'descending' if reverse else 'ascending'}"
+        column = COLUMNS[_FIELDS.index(self.requested.sort)]
+        return f"{column} {'descending' if self.requested.descending else 'ascending'}"
+
+    def _request(self, cursor_to: int | None = None, **changes: Any) -> None:
+        """Ask for another page: the query with ``changes``; the cursor then goes to row
+        ``cursor_to`` (-1: the last) of it, else stays on its run when listed."""
+        self.requested = dataclasses.replace(self.requested, **changes)
+        self._cursor_to = cursor_to
+        self._relabel()
+        self.post_message(self.QueryChanged(self.requested))
+
+    def set_filter(self, text: str) -> None:
+        """Show only the runs with ``text`` in their run id, status, preset or layout
+        (case-insensitive), from the first page."""
+        self._request(text=text.strip().lower(), offset=0)
 
     def action_sort_next(self) -> None:
-        self._sort = ((self._sort[0] + 1) % len(COLUMNS), False)
-        self._redraw()
+        column = (_FIELDS.index(self.requested.sort) + 1) % len(COLUMNS)
+        self._request(sort=_FIELDS[column], descending=False, offset=0)
 
     def action_sort_reverse(self) -> None:
-        self._sort = (self._sort[0], not self._sort[1])
+        self._request(descending=not self.requested.descending, offset=0)
+
+    def action_page(self, pages: int) -> None:
+        """The next (``1``) or previous (``-1``) page, when there is one."""
+        offset = self.page.offset + pages * self.requested.limit
+        if 0 <= offset < self.page.matched and offset != self.page.offset:
+            self._request(0 if pages > 0 else -1, offset=max(offset, 0))
+
+    def action_cursor_down(self) -> None:
+        """Down a row; from the page's last row to the next page."""
+        if self.row_count and self.cursor_row == self.row_count - 1:
+            self.action_page(1)
+        else:
+            super().action_cursor_down()
+
+    def action_cursor_up(self) -> None:
+        """Up a row; from the page's first row to the previous page."""
+        if self.cursor_row == 0 and self.page.offset > 0:
+            self.action_page(-1)
+        else:
+            super().action_cursor_up()
+
+    def show(self, page: HistoryPage) -> None:
+        """Draw ``page`` (the cursor as :meth:`_request` asked, else on the same run)."""
+        self.page = page
         self._redraw()
 
     def action_mark(self) -> None:
@@ -141,26 +186,25 @@ class HistoryTable(DataTable[str]):
             self.marked = [*self.marked[-1:], run_id]  # the last two marked are compared
         self._redraw()
 
-    def _redraw(self) -> None:
-        selected = None
-        if self.row_count:
-            selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        column, reverse = self._sort
+    def _relabel(self) -> None:
         for key, label in zip(self._column_keys, self._labels(), strict=True):
             heading = self.columns[key]
             heading.label = Text(label)
             heading.content_width = max(heading.content_width, cell_len(label))
-        field = _FIELDS[column]
-        rows = [r for r in self.all_rows if self._matches(r)]
-        present = [r for r in rows if getattr(r, field) is not None]
-        present.sort(key=lambda r: getattr(r, field), reverse=reverse)
+        self.refresh()
+
+    def _redraw(self) -> None:
+        selected = None
+        if self.row_count:
+            selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        self._relabel()
         self.clear()
-        for row in present + [r for r in rows if getattr(r, field) is None]:
+        for row in self.page.rows:
             cells = _cells(row)
             mark = "* " if row.run_id in self.marked else ""
             self.add_row(*(cell(c) for c in (mark + cells[0], *cells[1:])), key=row.run_id)
-        if selected is not None and selected in self.rows:
+        if self._cursor_to is not None and self.row_count:
+            self.move_cursor(row=self._cursor_to % self.row_count)
+            self._cursor_to = None
+        elif selected is not None and selected in self.rows:
             self.move_cursor(row=self.get_row_index(selected))
-
-    def _matches(self, row: HistoryRow) -> bool:
-        return not self.filter_text or any(self.filter_text in c.lower() for c in _cells(row))

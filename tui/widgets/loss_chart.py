@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from statistics import fmean
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
+from tui.curve import Curve
 from tui.widgets.sparkline import ColumnSparkline
 
 # The chart is a trend over every step: while steps arrive it is redrawn at most this often (a
@@ -18,7 +18,7 @@ REDRAW_INTERVAL_S = 5.0
 
 
 class LossChart(Vertical):
-    """Loss per step, one column per bucket of steps (the bucket's mean).
+    """Loss over the steps, one column per bucket of the curve's points (their mean).
 
     Args:
         id: the widget id.
@@ -29,21 +29,25 @@ class LossChart(Vertical):
         self.border_title = "loss"
         self.border_subtitle = "no steps yet"
         self._drawn_at = -REDRAW_INTERVAL_S  # time.monotonic() of the last draw
+        self._drawn_count = 0  # the curve's points appended at the last draw
 
     def compose(self) -> ComposeResult:
         yield ColumnSparkline([], summary_function=fmean)
 
-    def show(self, losses: Sequence[float], *, force: bool = False) -> None:
-        """Draw ``losses`` (one per step, in order) when some were added, unless the last draw
-        is less than :data:`REDRAW_INTERVAL_S` old and ``force`` is false."""
-        sparkline = self.query_one(ColumnSparkline)
-        if not losses or len(losses) == len(sparkline.data or ()):
+    def show(self, curve: Curve, *, force: bool = False) -> None:
+        """Draw the losses of ``curve`` (bounded: :class:`tui.curve.Curve` keeps each bucket's
+        first, lowest, highest and last) when steps were added, unless the last draw is less
+        than :data:`REDRAW_INTERVAL_S` old and ``force`` is false."""
+        if curve.count == self._drawn_count:
             return
         now = time.monotonic()
         if not force and now - self._drawn_at < REDRAW_INTERVAL_S:
             return
-        self._drawn_at = now
-        sparkline.data = list(losses)
+        losses = [loss for loss in curve.losses if loss is not None]
+        if not losses:
+            return
+        self._drawn_at, self._drawn_count = now, curve.count
+        self.query_one(ColumnSparkline).data = losses
         self.border_subtitle = (
             f"first {losses[0]:.3f} · min {min(losses):.3f} · last {losses[-1]:.3f}"
         )

@@ -1,0 +1,98 @@
+"""History at scale: a runs root of 10k runs paged, sorted and filtered in SQL in a worker."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from console_helpers import wait_until
+from textual.widgets import Static
+
+from bench.synthetic_history import run_id, synthesize
+from titan.observability import summarize
+from tui.app import TitanConsole
+from tui.history import PAGE_ROWS, HistoryPage, HistoryQuery, HistoryStore
+from tui.screens.history import HistoryScreen
+from tui.widgets.history_table import HistoryTable
+
+RUNS = 10_000
+
+
+@pytest.fixture(scope="module")
+def big_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("big") / "runs"
+    synthesize(root, RUNS, steps=2)
+    return root
+
+
+def _ids(table: HistoryTable) -> list[str]:
+    return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+
+async def test_history_of_10k_runs_pages_sorts_and_filters_in_a_worker(big_root, monkeypatch):
+    threads: list[str] = []
+    page = HistoryStore.page
+
+    def recorded(store: HistoryStore, query) -> HistoryPage:
+        threads.append(threading.current_thread().name)
+        return page(store, query)
+
+    monkeypatch.setattr(HistoryStore, "page", recorded)
+    parsed: list[str] = []
+    ingest_file = summarize._ingest_file
+    monkeypatch.setattr(
+        summarize,
+        "_ingest_file",
+        lambda con, path, *a: parsed.append(path) or ingest_file(con, path, *a),
+    )
+    app = TitanConsole(big_root)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("h")
+        screen = app.screen
+        table = screen.query_one(HistoryTable)
+
+        def settled() -> bool:
+            return table.current and table.row_count > 0 and screen.loaded
+
+        async def settle(what: str) -> list[str]:
+            await wait_until(pilot, settled, lambda: f"not {what}", 30)
+            return _ids(table)
+
+        newest = await settle("listed")
+        status = str(screen.query_one("#history-status", Static).content)
+        await pilot.press("o")  # sort by run, ascending
+        by_run = await settle("sorted")
+        await pilot.press("right_square_bracket")
+        second_page = (await settle("paged"), table.page.offset)
+        await pilot.press("left_square_bracket")
+        await settle("paged back")
+        table.move_cursor(row=table.row_count - 1)
+        await pilot.press("down")  # past the last row: the next page, cursor on its first
+        by_cursor = (await settle("scrolled"), table.cursor_row)
+        await pilot.press("O")
+        reversed_ids = await settle("reversed")
+        await pilot.press("slash", *"run-00012", "enter")
+        filtered = await settle("filtered")
+        filtered_count = str(screen.query_one("#history-status", Static).content)
+    assert isinstance(screen, HistoryScreen)
+    assert threads and all(name != threading.main_thread().name for name in threads)
+    assert parsed == []  # every run dir unchanged since the bulk ingest: none was opened
+    assert len(newest) == PAGE_ROWS and newest[:2] == [run_id(RUNS - 1), run_id(RUNS - 2)]
+    assert status.startswith(f"{RUNS:,} runs · rows 1-{PAGE_ROWS}")
+    assert by_run[:2] == [run_id(0), run_id(1)] and len(by_run) == PAGE_ROWS
+    assert second_page == ([run_id(i) for i in range(PAGE_ROWS, 2 * PAGE_ROWS)], PAGE_ROWS)
+    assert by_cursor == ([run_id(i) for i in range(PAGE_ROWS, 2 * PAGE_ROWS)], 0)
+    assert reversed_ids[:2] == [run_id(RUNS - 1), run_id(RUNS - 2)]
+    assert filtered == [run_id(i) for i in range(129, 119, -1)]
+    assert filtered_count.startswith(f"10 of {RUNS:,} runs · enter")
+
+
+def test_history_store_sorts_by_status_and_filters_by_preset_in_sql(big_root):
+    store = HistoryStore(big_root)
+    by_status = store.page(HistoryQuery(sort="status", descending=False, limit=3))
+    llama = store.page(HistoryQuery(text="LLAMA3", limit=5, offset=RUNS))
+    assert [r.status for r in by_status.rows] == ["completed"] * 3
+    assert by_status.matched == RUNS and by_status.total == RUNS
+    assert llama.matched == len(range(2, RUNS, 3)) and llama.offset == llama.matched - 5
+    assert {r.preset for r in llama.rows} == {"llama3-1b"}

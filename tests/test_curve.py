@@ -1,0 +1,40 @@
+"""The monitor's bounded curve: M4 decimation keeps the extremes, the ends and a bound."""
+
+from __future__ import annotations
+
+import math
+
+from tui.curve import Curve
+
+
+def _wave(step: int) -> float:
+    """A decaying loss with one spike (step 7,777) and one dip (step 31,337)."""
+    return 10.0 + 100.0 * (step == 7_777) - 9.5 * (step == 31_337) + math.sin(step / 50) / step
+
+
+def test_curve_keeps_every_point_while_under_its_bound():
+    curve = Curve(max_points=64)
+    for step in range(1, 17):
+        curve.append(step, float(step), 0.1)
+    assert curve.steps == list(range(1, 17)) and curve.losses == [float(s) for s in range(1, 17)]
+
+
+def test_curve_is_bounded_and_keeps_minimum_maximum_first_and_last():
+    curve = Curve(max_points=64)
+    steps = range(1, 50_001)
+    for step in steps:
+        curve.append(step, _wave(step), step * 1e-6)
+    losses = curve.losses
+    assert curve.count == 50_000 and 16 < len(losses) <= 64
+    assert max(losses) == max(map(_wave, steps)) and 7_777 in curve.steps
+    assert min(losses) == min(map(_wave, steps)) and 31_337 in curve.steps
+    assert (curve.steps[0], curve.steps[-1]) == (1, 50_000)
+    assert curve.steps == sorted(curve.steps) and curve.lrs[-1] == 50_000 * 1e-6
+
+
+def test_curve_skips_non_finite_losses_as_extremes():
+    curve = Curve(max_points=8)
+    for step, loss in enumerate([3.0, math.nan, None, 1.0, math.inf, 2.0, 5.0, 4.0, 0.5, 6.0]):
+        curve.append(step, loss, 0.0)
+    finite = [v for v in curve.losses if isinstance(v, float) and math.isfinite(v)]
+    assert min(finite) == 0.5 and max(finite) == 6.0 and len(curve.losses) <= 8

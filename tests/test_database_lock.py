@@ -1,0 +1,70 @@
+"""No lock errors: ``titan summarize`` runs again and again while the console's History ingests
+the same runs root (DuckDB lets one process open the file at a time; both wait their turn)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from console_helpers import wait_until
+from samples import copy_sample_runs
+
+from titan.errors import TitanError
+from tui.app import TitanConsole
+from tui.history import HistoryStore
+from tui.screens import history as history_screen
+from tui.widgets.history_table import HistoryTable
+
+# Subprocesses of `titan summarize` (the benchmark, bench/console.py --scale, runs 100; a
+# subprocess costs about a second of CPU on the 2-core CI machines, so the test runs fewer).
+CALLS, AT_ONCE = 24, 4
+
+
+async def _summarize(root: Path) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "titan.cli",
+        "summarize",
+        "--json",
+        str(root),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_summarize_never_meets_the_lock_while_history_ingests(tmp_path, monkeypatch):
+    root = copy_sample_runs(tmp_path / "runs")
+    monkeypatch.setattr(history_screen, "REFRESH_INTERVAL_S", 0.05)  # ingest all the time
+    monkeypatch.setattr(history_screen, "INGEST_SPACING", 0.0)
+    console_calls, console_errors = [], []
+    ingest = HistoryStore.ingest
+
+    def counted(store: HistoryStore):
+        console_calls.append(1)
+        try:
+            return ingest(store)
+        except TitanError as err:
+            console_errors.append(str(err))
+            raise
+
+    monkeypatch.setattr(HistoryStore, "ingest", counted)
+    app = TitanConsole(root)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("h")
+        table = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: table.row_count == 4, lambda: "not listed", 30)
+        before = len(console_calls)
+        results = []
+        for start in range(0, CALLS, AT_ONCE):
+            batch = [_summarize(root) for _ in range(min(AT_ONCE, CALLS - start))]
+            results += await asyncio.gather(*batch)
+        during = len(console_calls) - before
+    failures = [(rc, err) for rc, _, err in results if rc != 0]
+    assert failures == [] and console_errors == []
+    assert all(len(json.loads(out)) == 4 for _, out, _ in results)
+    assert during >= CALLS  # the console held the database again and again meanwhile

@@ -1,0 +1,119 @@
+"""A run's loss and learning-rate curve, kept in bounded memory for the monitor.
+
+The monitor follows a run for its whole life (a million steps and more); keeping every point
+would grow without bound and make each redraw slower. :class:`Curve` keeps at most
+:data:`MAX_POINTS` points by M4 decimation (Jugel et al. 2014, "M4: A Visualization-Oriented
+Time Series Data Aggregation", VLDB): the steps are cut into at most ``MAX_POINTS // 4``
+buckets of equal count, and each bucket keeps its first, lowest-loss, highest-loss and last
+point. A line drawn through those points has the same extremes as one through every point, so
+spikes and the final loss are never lost. When the buckets fill up, neighbours are merged
+pairwise (a bucket's width doubles), so appending is O(1) amortised.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Points kept at most: M4 draws a line exactly with 4 points per pixel column (Jugel et al.
+# 2014), and a chart 128 terminal columns wide has 256 (plotext's braille: two dots a column).
+MAX_POINTS = 1024
+
+Point = tuple[int, int, float | None, float]  # (arrival index, step, loss, learning rate)
+
+
+def _value(point: Point) -> float | None:
+    """The loss of a point when it is a finite number (None otherwise: never an extreme)."""
+    loss = point[2]
+    return loss if isinstance(loss, int | float) and math.isfinite(loss) else None
+
+
+@dataclass
+class _Bucket:
+    """Consecutive points summarised by their first, lowest, highest and last."""
+
+    first: Point
+    low: Point
+    high: Point
+    last: Point
+
+    def add(self, point: Point) -> None:
+        self.last = point
+        value = _value(point)
+        if value is not None:
+            if _value(self.low) is None or value < _value(self.low):
+                self.low = point
+            if _value(self.high) is None or value > _value(self.high):
+                self.high = point
+
+    def merge(self, later: _Bucket) -> None:
+        for point in (later.low, later.high):
+            self.add(point)
+        self.last = later.last
+
+    def points(self) -> list[Point]:
+        return sorted({self.first, self.low, self.high, self.last})
+
+
+class Curve:
+    """``(step, loss, learning rate)`` of each step, M4-decimated to at most ``max_points``.
+
+    Args:
+        max_points: points kept at most (a multiple of 4; every point is kept while fewer than
+            ``max_points // 4`` were appended).
+    """
+
+    def __init__(self, max_points: int = MAX_POINTS) -> None:
+        self._capacity = max(1, max_points // 4)  # buckets
+        self._buckets: list[_Bucket] = []
+        self._width = 1  # points per bucket (the last one may hold fewer)
+        self._filled = 0  # points in the last bucket
+        self.count = 0  # points appended
+
+    def append(self, step: int, loss: float | None, lr: float) -> None:
+        """Add one step's point (after every earlier step's)."""
+        point = (self.count, step, loss, lr)
+        self.count += 1
+        if self._buckets and self._filled < self._width:
+            self._buckets[-1].add(point)
+            self._filled += 1
+            return
+        if len(self._buckets) == self._capacity:
+            self._halve()
+            if self._filled < self._width:
+                self._buckets[-1].add(point)
+                self._filled += 1
+                return
+        self._buckets.append(_Bucket(point, point, point, point))
+        self._filled = 1
+
+    def _halve(self) -> None:
+        """Merge neighbouring buckets pairwise: half as many, twice as wide."""
+        merged = []
+        for i in range(0, len(self._buckets), 2):
+            bucket = self._buckets[i]
+            if i + 1 < len(self._buckets):
+                bucket.merge(self._buckets[i + 1])
+            merged.append(bucket)
+        last_full = len(self._buckets) % 2 == 0
+        self._filled = self._filled + (self._width if last_full else 0)
+        self._buckets = merged
+        self._width *= 2
+
+    def _points(self) -> list[Point]:
+        return [p for bucket in self._buckets for p in bucket.points()]
+
+    @property
+    def steps(self) -> list[int]:
+        """The step of each point kept, in order."""
+        return [p[1] for p in self._points()]
+
+    @property
+    def losses(self) -> list[float | None]:
+        """The loss of each point kept (the steps' order)."""
+        return [p[2] for p in self._points()]
+
+    @property
+    def lrs(self) -> list[float]:
+        """The learning rate of each point kept (the steps' order)."""
+        return [p[3] for p in self._points()]
