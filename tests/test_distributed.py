@@ -212,7 +212,10 @@ def test_launch_exits_with_the_worst_childs_code(tmp_path):
     proc = launch({"data": str(tmp_path / "missing"), "runs_root": str(tmp_path / "runs")})
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2
-    assert {line[:3] for line in output.splitlines() if "no such file" in line} == {"[0]", "[1]"}
+    # The first child to find the bad --data says so; the launcher then stops the other at once,
+    # which may or may not have reached the check itself.
+    said = {line[:3] for line in output.splitlines() if "no such file" in line}
+    assert said and said <= {"[0]", "[1]"}
 
 
 def test_a_pipeline_with_a_stage_per_process_trains_checkpoints_and_resumes_anywhere(
