@@ -84,3 +84,20 @@ async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
         [row] = [r for r in table.page.rows if r.run_id == STALL_RUN]
     # Both count the last step event (23); the watchdog's run_end names the step in flight.
     assert listed == f"{row.steps}/40" == "23/40"
+
+
+async def test_the_planner_sends_its_plan_to_the_launch_form(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("p")
+        planner = app.screen
+        await wait_until(pilot, lambda: planner.report is not None, lambda: "no plan", 30)
+        options = planner.report["train_options"]
+        await pilot.press("ctrl+t")
+        await wait_until(
+            pilot, lambda: isinstance(app.screen, LaunchScreen), lambda: "no launch form", 10
+        )
+        form = {row.option_name: row.text for row in app.screen.query(OptionInput)}
+    for name in ("preset", "layout", "dp", "fsdp", "tp", "pp", "microbatches", "batch_size"):
+        assert form[name] == str(options[name])
+    assert form["steps"] == str(options["steps"]) and int(form["steps"]) > 0

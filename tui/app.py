@@ -34,7 +34,7 @@ from titan.inert import inert
 from titan.observability.records import default_runs_root
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
-from tui.options import resume_texts
+from tui.options import default_texts, resume_texts
 from tui.screens.history import HistoryScreen
 from tui.screens.keys import KeysScreen
 from tui.screens.launch import LaunchScreen
@@ -181,6 +181,12 @@ class TitanConsole(App[None], inherit_bindings=False):
             self.notify(inert(err), title="Cannot resume", severity="error", markup=False)
             return
         self.push_screen(LaunchScreen(self.runs_root, resume=message.run_dir, texts=texts))
+
+    def on_planner_screen_train_plan(self, message: PlannerScreen.TrainPlan) -> None:
+        """The launch form with a plan's ``titan train`` options over the defaults."""
+        texts = default_texts(self.runs_root)
+        texts |= {name: str(value) for name, value in message.options.items() if name in texts}
+        self.push_screen(LaunchScreen(self.runs_root, texts=texts))
 
     def on_launch_screen_launched(self, message: LaunchScreen.Launched) -> None:
         for run in message.runs:

@@ -16,7 +16,7 @@ from typing import Any
 from titan.cli import build_parser
 from titan.errors import TitanError
 from titan.planning.budget import plan, search
-from titan.planning.commands import layout_from_args, request_from_args
+from titan.planning.commands import layout_from_args, request_from_args, train_options
 
 # Options of ``titan plan`` the form leaves out: output formatting, a file path, and the batch in
 # sequences (the form names the batch in tokens, --batch-tokens; the CLI takes either).
@@ -108,7 +108,9 @@ def plan_argv(texts: dict[str, str]) -> list[str]:
 
 def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     """The planner's answer for the form's texts: ``{"search": bool, "layouts_fit": int,
-    "plans": [Plan.as_dict(), ...]}`` (one plan, or the best :data:`SEARCH_TOP` of a search).
+    "plans": [Plan.as_dict(), ...], "train_options": {...} | None}`` (one plan, or the best
+    :data:`SEARCH_TOP` of a search; the ``titan train`` options of the first,
+    :func:`titan.planning.commands.train_options`).
 
     Raises:
         TitanError: one line naming the bad option (argparse's wording, or the planner's).
@@ -120,4 +122,5 @@ def plan_report(texts: dict[str, str]) -> dict[str, Any]:
         "search": args.search,
         "layouts_fit": len(plans),
         "plans": [p.as_dict() for p in plans[:SEARCH_TOP]],
+        "train_options": train_options(args.model, plans[0]) if plans else None,
     }

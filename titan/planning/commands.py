@@ -198,10 +198,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def train_command(model: str, p: Plan) -> str:
-    """The ``titan train`` command line (one line, shell-quoted) of a plan: the model as
-    ``--model`` was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the
-    batch in sequences, the precision and every parallel option of the layout (``--layout
-    mpmd`` with a pipeline)."""
+    """The ``titan train`` command line (one line, shell-quoted) of a plan
+    (:func:`train_options`)."""
+    words = ["titan", "train"]
+    for name, value in train_options(model, p).items():
+        words += [flag_of(name), str(value)]
+    return shlex.join(words)
+
+
+def train_options(model: str, p: Plan) -> dict[str, Any]:
+    """The ``titan train`` options of a plan, by config field name: the model as ``--model``
+    was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the batch in
+    sequences, the precision and every parallel option of the layout (``--layout mpmd`` with a
+    pipeline)."""
     request, layout = p.request, p.layout
     values = {
         "preset": model,  # --model
@@ -220,10 +229,7 @@ def train_command(model: str, p: Plan) -> str:
     }
     if layout.pp > 1:
         values |= {"schedule": layout.schedule, "virtual_stages": layout.virtual_stages}
-    words = ["titan", "train"]
-    for name, value in values.items():
-        words += [flag_of(name), str(value)]
-    return shlex.join(words)
+    return values
 
 
 def _json(request: PlanRequest, plans: list[Plan]) -> dict[str, Any]:

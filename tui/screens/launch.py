@@ -61,6 +61,7 @@ class LaunchScreen(Screen[None]):
         self.texts = texts or default_texts(runs_root)
         self.sub_title = inert(f"resume {resume}") if resume else "launch a training run"
         self._launching = False
+        self._preset = "defaults"  # the form preset the Select shows
 
     def compose(self) -> ComposeResult:
         texts = self.texts
@@ -98,8 +99,12 @@ class LaunchScreen(Screen[None]):
 
     @on(Select.Changed, "#preset")
     def _apply_preset(self, event: Select.Changed) -> None:
-        """Fill every field from the chosen form preset."""
-        texts = preset_texts(self.runs_root, str(event.value))
+        """Fill every field from the chosen form preset (a choice of another one: the Select's
+        first value, posted as it mounts, leaves the texts the form was opened with)."""
+        if str(event.value) == self._preset:
+            return
+        self._preset = str(event.value)
+        texts = preset_texts(self.runs_root, self._preset)
         for row in self.query(OptionInput):
             row.control.value = texts[row.option_name]
         self._show_error("")  # an error about the texts replaced no longer applies

@@ -8,6 +8,7 @@ from typing import Any
 
 from textual import events, on, work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
@@ -27,9 +28,11 @@ _SWITCH_CHOICES = [("off", ""), ("on", "1")]
 class PlannerScreen(Screen[None]):
     """The form (left) and the plan (right). Each change restarts a short timer; when it fires
     a thread worker runs :func:`~tui.planner_form.plan_report` (the code of ``titan plan``) and
-    posts :class:`Planned`. A bad field shows the planner's one-line error."""
+    posts :class:`Planned`. A bad field shows the planner's one-line error. ``ctrl+t`` sends the
+    plan shown (the best of a search) to the launch form (:class:`TrainPlan`)."""
 
     CSS_PATH = "planner.tcss"
+    BINDINGS = [Binding("ctrl+t", "train_plan", "Train this plan")]
 
     @dataclass
     class Planned(Message):
@@ -37,6 +40,12 @@ class PlannerScreen(Screen[None]):
 
         report: dict[str, Any] | None
         error: str = ""
+
+    @dataclass
+    class TrainPlan(Message):
+        """Open the launch form with these ``titan train`` options (by config field name)."""
+
+        options: dict[str, Any]
 
     def __init__(self) -> None:
         super().__init__()
@@ -102,3 +111,13 @@ class PlannerScreen(Screen[None]):
         help_static.update("")
         self.report = message.report
         tables.show(message.report)
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``train_plan`` only once there is a valid plan (shown dimmed before)."""
+        if action == "train_plan":
+            return bool(self.report and self.report.get("train_options")) or None
+        return True
+
+    def action_train_plan(self) -> None:
+        self.post_message(self.TrainPlan(dict(self.report["train_options"])))
