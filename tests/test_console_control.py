@@ -95,6 +95,7 @@ async def test_a_run_launched_by_one_console_is_stopped_from_another_and_resumed
         await wait_until(
             pilot, lambda: monitor.status == "stalled", lambda: run_context(run.run_dir), 120
         )
+        await wait_until(pilot, lambda: stat(second, "process") != "-", lambda: "", 10)
         stalled = {"process": stat(second, "process"), "offered": _offered(second)}
         await pilot.press("s")
         await pilot.pause()
@@ -103,7 +104,9 @@ async def test_a_run_launched_by_one_console_is_stopped_from_another_and_resumed
         await wait_until(
             pilot, lambda: monitor.status == "stopped", lambda: run_context(run.run_dir), 120
         )
-        await pilot.pause(0.3)
+        await wait_until(
+            pilot, lambda: stat(second, "process") == "the run has ended", lambda: "", 10
+        )
         stopped = {"process": stat(second, "process"), "offered": _offered(second)}
         await pilot.press("R")  # resume: the launch form with the run's options
         await pilot.pause()
@@ -176,7 +179,8 @@ async def test_a_run_on_another_host_is_not_offered_stop_and_the_monitor_says_wh
     notes: list[str] = []
     async with app.run_test(size=SIZE, message_hook=notes_into(notes)) as pilot:
         await wait_until(pilot, lambda: app.screen.status == "running", lambda: "?", 10)
-        await pilot.pause(0.3)
+        # the process field is drawn from the screen's state a beat later
+        await wait_until(pilot, lambda: stat(app, "process") != "-", lambda: "not drawn", 10)
         offered = _offered(app)
         process = stat(app, "process")
         await pilot.press("s")
