@@ -120,10 +120,14 @@ def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
 
 
 def _quiet_failed_save_echoes() -> None:
-    """Install :func:`_drop_disk_full` and :func:`_drop_closed_loop` (once per process)."""
+    """Install :func:`_drop_disk_full` (on absl's and asyncio's loggers) and
+    :func:`_drop_closed_loop` (once per process)."""
     absl = logging.getLogger("absl")
     if _drop_disk_full not in absl.filters:
         absl.addFilter(_drop_disk_full)
+        # orbax's write tasks that fail after the save gave up: "Task exception was never
+        # retrieved", from asyncio's own logger
+        logging.getLogger("asyncio").addFilter(_drop_disk_full)
         sys.unraisablehook = functools.partial(_drop_closed_loop, previous=sys.unraisablehook)
 
 
