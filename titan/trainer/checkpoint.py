@@ -54,7 +54,7 @@ from titan.models.adapters.base import ModelAdapter
 from titan.observability.records import DISK_FULL, disk_full
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier
-from titan.parallel.mesh import host_mesh
+from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.trainer.stage_store import StageStore
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
@@ -403,8 +403,7 @@ class Checkpointer:
             TitanError: the checkpoint cannot be mapped onto the trainer's model (names both
                 layouts).
         """
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = meta["meta"]
+        meta = self._meta(step)
         current = trainer.describe()
         try:
             if meta["layout"]["chunks"] == current["chunks"]:
@@ -453,9 +452,29 @@ class Checkpointer:
             items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
         return items
 
-    def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
+    def restore_host(
+        self, step: int, abstract: Callable[[list[Chunk], DeviceMesh], dict[str, ChunkState]]
+    ) -> tuple[dict[str, ChunkState], list[Chunk], dict[str, Any]]:
+        """Read checkpoint ``step`` as written, into this process's host memory.
+
+        Args:
+            abstract: (the checkpoint's chunks, the host mesh) -> their items as
+                ``jax.ShapeDtypeStruct`` trees (:meth:`Trainer.abstract_items`).
+
+        Returns:
+            (``chunk_<c>`` -> host state, the checkpoint's chunks, its meta).
+        """
+        meta = self._meta(step)
         saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
-        saved = self._restore_items(step, meta, trainer.abstract_items(saved_chunks, host_mesh()))
+        items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()))
+        return items, saved_chunks, meta
+
+    def _meta(self, step: int) -> dict[str, Any]:
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return meta["meta"]
+
+    def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
+        saved, saved_chunks, _ = self.restore_host(step, trainer.abstract_items)
         return reshard_items(
             saved, saved_chunks, trainer.abstract_items(), trainer.chunks, trainer.adapter
         )
