@@ -34,7 +34,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from titan.config import TrainConfig
-from titan.config_files import config_from_dict, config_to_data
+from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
@@ -46,7 +46,8 @@ from titan.parallel.chunks import Chunk, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_adapter
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
+from titan.trainer.checkpoint import Checkpointer, open_checkpoint
+from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer_state import ChunkState, TrainState, chunk_item
 
@@ -222,37 +223,6 @@ def _write_config(directory: Path, cfg: TrainConfig, model: ModelConfig, source:
     (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
 
 
-def saved_model(run_dir: Path, flag: str) -> tuple[TrainConfig, ModelConfig]:
-    """The options and model shape of a run dir (or an imported checkpoint's dir).
-
-    Raises:
-        TitanError: no readable ``config.json`` with both.
-    """
-    saved = _read_json(run_dir / CONFIG_FILE, flag)
-    try:
-        return config_from_dict(saved["train"]), ModelConfig(**saved["model"])
-    except (KeyError, TypeError) as err:
-        raise TitanError(f"{flag}: {run_dir / CONFIG_FILE} has no usable model ({err})") from None
-
-
-def checkpoint_step(run_dir: Path, step: int | None, flag: str) -> tuple[Checkpointer, int]:
-    """The checkpoints of ``run_dir`` and the step to read: ``step``, else the newest.
-
-    Raises:
-        TitanError: no checkpoints there, or no committed checkpoint ``step``.
-    """
-    if not (run_dir / CHECKPOINT_DIR).is_dir():
-        raise TitanError(f"{flag} {run_dir}: no {CHECKPOINT_DIR}/ there")
-    checkpointer = Checkpointer(run_dir)
-    steps = checkpointer.committed_steps()
-    chosen = steps[-1] if step is None and steps else step
-    if chosen not in steps:
-        checkpointer.close()
-        have = ", ".join(map(str, steps)) or "none"
-        raise TitanError(f"{flag} {run_dir}: no committed checkpoint {chosen} (committed: {have})")
-    return checkpointer, chosen
-
-
 def export_hf(
     run_dir: Path, step: int | None, out: Path | None, dtype: str = "float32"
 ) -> tuple[int, Path]:
@@ -265,7 +235,7 @@ def export_hf(
     """
     cfg, model = saved_model(run_dir, "titan export hf")
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
-    checkpointer, step = checkpoint_step(run_dir, step, "titan export hf")
+    checkpointer, step = open_checkpoint(run_dir, step, "titan export hf")
     out = out or Path(f"{run_dir.absolute().name}-hf-{step}")
     adapter, tx = _build(model, cfg)
     try:
