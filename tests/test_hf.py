@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from titan.cli import main
 from titan.config import TrainConfig
+from titan.config_files import config_to_toml, read_config_file
 from titan.data.text import PackedBatches, open_corpus, token_stream
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
@@ -252,3 +253,10 @@ def test_init_from_refuses_another_model_and_import_refuses_other_rope_scaling(
     with pytest.raises(TitanError, match="exists already"):
         import_hf(hf_models["untied"][0], imported["untied"])
     assert TrainConfig.of(init_from=str(imported["untied"])).checkpoint.init_from
+
+
+def test_a_scaled_shape_round_trips_through_toml(imported, tmp_path):
+    _, model = saved_model(imported["llama3"], "test")
+    path = tmp_path / "run.toml"
+    path.write_text(config_to_toml(TrainConfig.of(preset=model)))
+    assert TrainConfig.of(**read_config_file(str(path))).model.shape == model

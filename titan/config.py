@@ -183,7 +183,10 @@ def _shape(value: Any, flag: str) -> ModelConfig:
 
 
 def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
-    return m.name if PRESETS.get(m.name) == m else dataclasses.asdict(m)
+    """A preset's name, else the shape's fields (None ones left out: TOML has no null)."""
+    if PRESETS.get(m.name) == m:
+        return m.name
+    return {k: v for k, v in dataclasses.asdict(m).items() if v is not None}
 
 
 CODECS: dict[str, Codec] = {

@@ -38,8 +38,7 @@ from titan.errors import TitanError
 from titan.shapes import ModelConfig, RopeScaling, check_shape
 
 LAYER_PREFIX = "model.layers"
-# Titan name in ``layers`` -> (Hugging Face name in a layer, HF -> Titan, Titan -> HF) for
-# a model of shape (E, H, K, D); ``t`` is the transpose of a matrix.
+# Titan's name in ``layers`` -> the Hugging Face name inside ``model.layers.<i>``
 _LAYER_NAMES = {
     "wq": "self_attn.q_proj.weight",
     "wk": "self_attn.k_proj.weight",
