@@ -45,12 +45,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import planner_space
+
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.planning.step import Measurement, calibrate
 from titan.shapes import ModelConfig
 
 RESULTS = Path(__file__).parent / "results" / "planner_accuracy.json"
+# The measured draws of bench/planner_space.py, by seed.
+DRAWS = Path(__file__).parent / "results" / "planner_draws.json"
 
 # Shapes: (d_model, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size).
 CPU_SHAPES = {
@@ -115,8 +119,23 @@ def devices_of(config: dict[str, Any]) -> int:
 # ---------------------------------------------------------------- child: one measured run
 
 
-def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
-    """Run one configuration in this process (JAX imported here) and return its measurements."""
+def model_of(config: dict[str, Any]) -> ModelConfig:
+    """The model shape of a configuration: a name of :data:`SHAPES` or the shape's fields."""
+    shape = config["shape"]
+    if isinstance(shape, dict):
+        return ModelConfig("custom", **shape)
+    d, layers, heads, kv_heads, ffn, vocab = SHAPES[shape]
+    return ModelConfig(shape, vocab, d, layers, heads, kv_heads, ffn)
+
+
+# Options of a configuration that are not titan train options.
+NOT_OPTIONS = ("shape", "suite", "devices")
+
+
+def measure(config: dict[str, Any], steps: int, warmup: int, emit: Any) -> dict[str, Any]:
+    """Run one configuration in this process (JAX imported here) and return its measurements;
+    ``emit`` gets the compiled program's memory analysis as soon as it is known, so that a run
+    that then runs out of memory still reports it."""
     import jax
     import numpy as np
 
@@ -124,20 +143,31 @@ def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
     from titan.ops import Ops
     from titan.trainer.adapters import build_trainer
 
-    d, layers, heads, kv_heads, ffn, vocab = SHAPES[config["shape"]]
-    model = ModelConfig(config["shape"], vocab, d, layers, heads, kv_heads, ffn)
-    options = {k: v for k, v in config.items() if k != "shape"}
+    model = model_of(config)
+    options = {k: v for k, v in config.items() if k not in NOT_OPTIONS}
     cfg = TrainConfig.of(**options, steps=steps, warmup_steps=1)
-    ops = Ops(jax.default_backend())
+    ops = Ops(jax.default_backend(), cfg.compute.ops)
     trainer = build_trainer(cfg, model, ops)
+    start = time.perf_counter()
     trainer.trace()
     trainer.compile()
+    device = jax.devices()[0]
+    compiled = {
+        "compile_s": time.perf_counter() - start,
+        "compiled_memory": _compiled_memory(trainer),
+        "device_kind": device.device_kind,
+        "backend": jax.default_backend(),
+        "ops": ops.served,
+        "compute_dtype": str(trainer.compute_dtype),
+        "bytes_limit": (device.memory_stats() or {}).get("bytes_limit"),
+    }
+    emit(compiled)
     state = trainer.init_state(0)
     matmul_before = matmul_flops_per_s()
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(
-            0, vocab, (cfg.data.batch_size, cfg.data.seq_len + 1), dtype=np.int32
+            0, model.vocab_size, (cfg.data.batch_size, cfg.data.seq_len + 1), dtype=np.int32
         ),
         "segment_ids": np.zeros((cfg.data.batch_size, cfg.data.seq_len), np.int32),
     }
@@ -152,16 +182,11 @@ def measure(config: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
         pending = metrics
     jax.block_until_ready(pending)
     times.append(time.perf_counter() - last)
-    device = jax.devices()[0]
-    return {
+    return compiled | {
         "step_s": statistics.median(times[warmup:]),
         "step_times_s": times,
         "matmul_flops_per_s": (matmul_before + matmul_flops_per_s()) / 2,
         "peak_bytes": _peak_bytes(trainer),
-        "device_kind": device.device_kind,
-        "backend": jax.default_backend(),
-        "ops": ops.served,
-        "compute_dtype": str(trainer.compute_dtype),
     }
 
 
@@ -182,31 +207,56 @@ def matmul_flops_per_s(n: int = 1024, reps: int = 5) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
+def _compiled_memory(trainer: Any) -> dict[str, float] | None:
+    """XLA's buffer assignment of the compiled SPMD step (``memory_analysis()``), bytes, with
+    ``peak`` = arguments + outputs - aliased + temporaries; None for MPMD (one program per
+    action). The trainer has no public handle on its compiled step, hence the private field."""
+    compiled = getattr(trainer, "_compiled", None)
+    if compiled is None:
+        return None
+    m = compiled.memory_analysis()
+    fields = ("argument", "output", "alias", "temp", "generated_code")
+    out = {name: float(getattr(m, f"{name}_size_in_bytes")) for name in fields}
+    out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
 def _peak_bytes(trainer: Any) -> float | None:
+    """``peak_bytes_in_use`` of the devices (the largest), or on CPU, where the runtime keeps
+    no such statistic, the compiled program's peak (:func:`_compiled_memory`)."""
     import jax
 
     stats = [d.memory_stats() for d in jax.local_devices()]
     if all(stats):
         return float(max(s["peak_bytes_in_use"] for s in stats))
-    # CPU: the runtime keeps no statistics; XLA's buffer assignment of the SPMD step is the
-    # peak. The trainer has no public handle on its compiled step, hence the private field.
-    compiled = getattr(trainer, "_compiled", None)
-    if compiled is None:
-        return None
-    m = compiled.memory_analysis()
-    size = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-    return float(size + m.temp_size_in_bytes)
+    compiled = _compiled_memory(trainer)
+    return None if compiled is None else compiled["peak"]
+
+
+# Words of XLA's out-of-memory errors (RESOURCE_EXHAUSTED on every backend).
+OOM_WORDS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
 
 def child_main(config: dict[str, Any], steps: int, warmup: int) -> None:
-    print(json.dumps(measure(config, steps, warmup)), flush=True)
+    """Print the measurements as JSON lines: the compiled program's first, then the run's, or
+    the one-line error (``oom`` when the device ran out of memory)."""
+
+    def emit(record: dict[str, Any]) -> None:
+        print(json.dumps(record), flush=True)
+
+    try:
+        emit(measure(config, steps, warmup, emit))
+    except Exception as err:  # noqa: BLE001 - any failure of one run is that run's record
+        text = f"{type(err).__name__}: {err}"
+        emit({"error": text.splitlines()[0][:300], "oom": any(w in text for w in OOM_WORDS)})
 
 
 # ---------------------------------------------------------------- parent: predict and compare
 
 
 def run_child(config: dict[str, Any], steps: int, warmup: int, timeout_s: int) -> dict[str, Any]:
-    """Measure ``config`` in a fresh process (fresh device memory statistics)."""
+    """Measure ``config`` in a fresh process (fresh device memory statistics), merging the JSON
+    lines it printed (those before a crash or a timeout too)."""
     env = dict(os.environ)
     if config["suite"] == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -214,11 +264,23 @@ def run_child(config: dict[str, Any], steps: int, warmup: int, timeout_s: int) -
     run = {k: v for k, v in config.items() if k != "suite"}
     argv = [sys.executable, __file__, "--child", json.dumps(run)]
     argv += ["--steps", str(steps), "--warmup", str(warmup)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": tail}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = child.communicate(timeout=timeout_s)
+        failure = None
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        failure = f"timed out after {timeout_s} s"
+    record: dict[str, Any] = {}
+    for line in out.decode(errors="replace").splitlines():
+        if line.startswith("{"):
+            record |= json.loads(line)
+    if failure or (child.returncode and "error" not in record):
+        tail = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        record["error"] = failure or tail[:300]
+        record.setdefault("oom", any(w in tail for w in OOM_WORDS))
+    return record
 
 
 def planner_inputs(config: dict[str, Any], measured: dict[str, Any]) -> Measurement:
@@ -304,10 +366,16 @@ def _label(config: dict[str, Any]) -> str:
     layout = [f"{k}{config[k]}" for k in ("dp", "fsdp", "tp", "pp") if config.get(k, 1) > 1]
     if config.get("layout") == "mpmd":
         layout += [config.get("schedule", "1f1b"), f"m{config['microbatches']}"]
-    return " ".join(
-        [config["shape"], f"b{config['batch_size']}", f"s{config['seq_len']}", config["remat"]]
-        + (layout or ["1 device"])
-    )
+    elif config.get("microbatches", 1) > 1:
+        layout.append(f"m{config['microbatches']}")
+    model = model_of(config)
+    words = [f"{model.param_count() / 1e9:.2f}B" if model.name == "custom" else model.name]
+    words += [f"b{config['batch_size']}", f"s{config['seq_len']}", config["remat"]]
+    if "param_dtype" in config:
+        ops = config.get("ops", {})
+        words += [config["param_dtype"][:4], config["attention_mask"][:3]]
+        words += [f"{op[:4]}={name}" for op, name in ops.items()]
+    return " ".join(words + (layout or ["1 device"]))
 
 
 def markdown(rows: list[dict[str, Any]], report: dict[str, Any]) -> str:
@@ -366,10 +434,22 @@ def main() -> None:
     parser.add_argument(
         "--no-run", action="store_true", help="re-evaluate the stored runs of --out, run nothing"
     )
+    parser.add_argument(
+        "--draw",
+        type=int,
+        help="measure the draw of bench/planner_space.py with this seed (results: --draws)",
+    )
+    parser.add_argument("--count", type=int, default=36, help="configurations of --draw")
+    parser.add_argument("--first", type=int, default=0, help="first index of --draw to run")
+    parser.add_argument("--budget-s", type=float, default=540, help="--draw: start no run after")
+    parser.add_argument("--draws", type=Path, default=DRAWS, help="JSON results of --draw")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child_main(json.loads(args.child), args.steps, args.warmup)
+        return
+    if args.draw is not None:
+        run_draw(args)
         return
     suites = [] if args.no_run else args.suite or ["cpu"]
     previous = json.loads(args.out.read_text()).get("runs", []) if args.out.exists() else []
@@ -387,6 +467,34 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(rows, report))
+
+
+def run_draw(args: argparse.Namespace) -> None:
+    """Measure the configurations ``--first``.. of draw ``--draw`` until ``--budget-s`` has
+    passed, merging them into ``--draws`` by (seed, index); each is written as soon as it is
+    measured."""
+    start = time.perf_counter()
+    stored = json.loads(args.draws.read_text()) if args.draws.exists() else {}
+    draw = stored.setdefault(str(args.draw), {"seed": args.draw, "runs": {}})
+    configs = planner_space.draw(args.draw, args.count)
+    draw["configs"] = configs
+    for index in range(args.first, args.count):
+        if time.perf_counter() - start > args.budget_s:
+            print(f"budget spent: stopped before index {index}", file=sys.stderr, flush=True)
+            break
+        config = {"suite": f"draw{args.draw}", **configs[index]}
+        began = time.perf_counter()
+        measured = run_child(config, args.steps, args.warmup, args.timeout)
+        measured["wall_s"] = time.perf_counter() - began
+        draw["runs"][str(index)] = measured
+        args.draws.parent.mkdir(parents=True, exist_ok=True)
+        args.draws.write_text(json.dumps(stored, indent=1) + "\n")
+        what = measured.get("error", f"{measured.get('step_s', 0):.3f} s/step")
+        print(
+            f"{index} {_label(config)}: {what} ({measured['wall_s']:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
