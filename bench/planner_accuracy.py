@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -49,7 +50,7 @@ import planner_space
 
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
-from titan.planning.step import Measurement, calibrate
+from titan.planning.step import Cluster, Measurement, calibrate, estimate_step
 from titan.shapes import ModelConfig
 
 RESULTS = Path(__file__).parent / "results" / "planner_accuracy.json"
@@ -284,8 +285,8 @@ def run_child(config: dict[str, Any], steps: int, warmup: int, timeout_s: int) -
 
 
 def planner_inputs(config: dict[str, Any], measured: dict[str, Any]) -> Measurement:
-    """A measured run as the planner sees it (``titan.planning.step.Measurement``)."""
-    d, layers, heads, kv_heads, ffn, vocab = SHAPES[config["shape"]]
+    """A measured run as the planner sees it (``titan.planning.step.Measurement``; ``step_s``
+    is NaN for a run that did not step)."""
     layout = Layout(
         dp=config["dp"],
         fsdp=config.get("fsdp", 1),
@@ -305,16 +306,18 @@ def planner_inputs(config: dict[str, Any], measured: dict[str, Any]) -> Measurem
             bf16_flops=measured["matmul_flops_per_s"] / shared,
             hbm_bytes_per_s=gpu.hbm_bytes_per_s / shared,
         )
-    attention = "materialized" if measured["ops"].get("attention") == "native" else "flash"
+    precision = Precision.of_providers(
+        config.get("param_dtype", "float32"), measured["compute_dtype"], measured["ops"]
+    )
     return Measurement(
-        model=ModelConfig(config["shape"], vocab, d, layers, heads, kv_heads, ffn),
+        model=model_of(config),
         layout=layout,
         gpu=gpu,
         gpus_per_node=devices_of(config),
         seq_len=config["seq_len"],
         batch_sequences=config["batch_size"],
-        precision=Precision("float32", measured["compute_dtype"], attention),
-        step_s=measured["step_s"],
+        precision=precision,
+        step_s=measured.get("step_s", math.nan),
     )
 
 
@@ -424,6 +427,213 @@ def markdown(rows: list[dict[str, Any]], report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- draws: fit on half, score
+
+
+def _errors(values: list[float]) -> dict[str, Any]:
+    """Mean and worst absolute percentage error of signed percentage errors."""
+    if not values:
+        return {"n": 0}
+    absolute = [abs(v) for v in values]
+    return {
+        "n": len(values),
+        "mean_abs_pct": statistics.fmean(absolute),
+        "worst_abs_pct": max(absolute),
+    }
+
+
+def _draw_rows(draw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measured configurations of one draw, in index order, with their planner inputs and
+    the compiled programs' peak (bytes; also for runs that then ran out of memory)."""
+    rows = []
+    for index in sorted(int(i) for i in draw["runs"]):
+        config, measured = draw["configs"][index], draw["runs"][str(index)]
+        if not measured.get("compiled_memory"):
+            continue
+        config = {"suite": f"draw{draw['seed']}", **config}
+        run = planner_inputs(config, measured)
+        memory = memory_per_device(
+            run.model, run.layout, run.gpu, run.seq_len, run.batch_sequences, run.precision
+        )
+        rows.append(
+            {
+                "index": index,
+                "label": _label(config),
+                "run": run,
+                "memory": memory,
+                "peak_bytes": measured["compiled_memory"]["peak"],
+                "bytes_limit": measured.get("bytes_limit"),
+                "oom": bool(measured.get("oom")),
+            }
+        )
+    return rows
+
+
+def _step_parts(run: Measurement) -> tuple[float, float, float]:
+    """Seconds of a one-GPU step per unit of 1 / (matmul fraction of peak), 1 / (attention
+    fraction of peak) and 1 / (fraction of HBM bandwidth): on one GPU the planner's step time
+    is their sum, weighted (``titan.planning.step.estimate_step``: no communication, no
+    bubble)."""
+    step = estimate_step(
+        run.model,
+        run.layout,
+        Cluster(run.gpu, 1, {run.gpu.name: 1.0}),
+        run.seq_len,
+        run.batch_sequences,
+        run.precision,
+    )
+    peak, bandwidth = run.gpu.bf16_flops, run.gpu.hbm_bytes_per_s
+    matmul = step.device_flops - step.attention_flops
+    return matmul / peak, step.attention_flops / peak, step.memory_bytes / bandwidth
+
+
+def fit_step_constants(runs: list[Measurement]) -> dict[str, float]:
+    """The matmul and attention fractions of peak and the fraction of HBM bandwidth that fit
+    ``runs`` best (least squares of the relative error; the planner's
+    ``DEFAULT_ACHIEVABLE_FRACTION``, ``ATTENTION_EFFICIENCY`` x it and ``MEMORY_EFFICIENCY``)."""
+    import numpy as np
+
+    parts = np.array([_step_parts(run) for run in runs])
+    measured = np.array([run.step_s for run in runs])
+    inverse = np.linalg.lstsq(parts / measured[:, None], np.ones(len(runs)), rcond=None)[0]
+    matmul, attention, memory = (1 / inverse).tolist()
+    return {"matmul": matmul, "attention": attention, "memory": memory}
+
+
+def predict_step_s(run: Measurement, constants: dict[str, float]) -> float:
+    """One-GPU step time with ``constants`` (:func:`fit_step_constants`)."""
+    matmul, attention, memory = _step_parts(run)
+    return (
+        matmul / constants["matmul"]
+        + attention / constants["attention"]
+        + memory / constants["memory"]
+    )
+
+
+def _score(rows: list[dict[str, Any]], constants: dict[str, float]) -> dict[str, Any]:
+    """Errors of ``rows`` with step ``constants``: step time (runs that stepped) and peak
+    memory (every compiled program), per row and summarised."""
+    step, memory = [], []
+    for row in rows:
+        run = row["run"]
+        row["memory_error_pct"] = _pct(row["memory"].total, row["peak_bytes"])
+        memory.append(row["memory_error_pct"])
+        if not math.isnan(run.step_s):
+            row["step_error_pct"] = _pct(predict_step_s(run, constants), run.step_s)
+            step.append(row["step_error_pct"])
+    return {"step": _errors(step), "memory": _errors(memory)}
+
+
+def _false_fits(rows: list[dict[str, Any]]) -> list[int]:
+    """Indices the planner calls a fit (margin included) that ran out of memory or whose
+    compiled peak exceeds the device's pool."""
+    return [
+        row["index"]
+        for row in rows
+        if row["memory"].fits
+        and (row["oom"] or (row["bytes_limit"] and row["peak_bytes"] > row["bytes_limit"]))
+    ]
+
+
+def evaluate_draw(draw: dict[str, Any]) -> dict[str, Any]:
+    """Fit the achievable fraction on a random half of a draw (``planner_space.split`` with
+    the draw's seed), score both halves, and leave-one-out over the whole draw; the memory
+    model has no fitted constant, and the margin its verdict needs is the largest
+    under-prediction on the fitting half."""
+    rows = _draw_rows(draw)
+    fit_at, score_at = planner_space.split(len(rows), draw["seed"])
+    fit, held = [rows[i] for i in fit_at], [rows[i] for i in score_at]
+    timed = [row for row in rows if not math.isnan(row["run"].step_s)]
+
+    def constants_of(group: list[dict[str, Any]]) -> dict[str, float]:
+        return fit_step_constants([r["run"] for r in group if not math.isnan(r["run"].step_s)])
+
+    constants = constants_of(fit)
+    loo = []
+    for row in timed:
+        others = constants_of([r for r in timed if r is not row])
+        loo.append(_pct(predict_step_s(row["run"], others), row["run"].step_s))
+    fit_score, held_score = _score(fit, constants), _score(held, constants)
+    under = [-min(row["memory_error_pct"], 0.0) / 100 for row in fit]
+    margin = max(1 / (1 - u) - 1 for u in under)
+    return {
+        "seed": draw["seed"],
+        "configurations": len(rows),
+        "fit_indices": [row["index"] for row in fit],
+        "step_constants": constants,
+        "fit": fit_score,
+        "held_out": held_score,
+        "leave_one_out_step": _errors(loo),
+        "margin_needed": margin,
+        "false_fits": _false_fits(rows),
+        "rows": [
+            {
+                key: row.get(key)
+                for key in ("index", "label", "oom", "step_error_pct", "memory_error_pct")
+            }
+            | {"fits": row["memory"].fits, "peak_gb": row["peak_bytes"] / 1e9}
+            | {"predicted_gb": row["memory"].total / 1e9}
+            for row in rows
+        ],
+    }
+
+
+def evaluate_draws(stored: dict[str, Any]) -> dict[str, Any]:
+    """Each draw fitted and scored on its own halves (:func:`evaluate_draw`), every other draw
+    also scored whole with the first draw's fitted fraction, and the spread between draws'
+    held-out figures."""
+    draws = [evaluate_draw(stored[key]) for key in sorted(stored, key=int)]
+    first = draws[0]
+    for key, report in zip(sorted(stored, key=int)[1:], draws[1:], strict=True):
+        rows = _draw_rows(stored[key])
+        report["with_first_draw_fit"] = _score(rows, first["step_constants"])
+    spread = {
+        kind: max(d["held_out"][kind].get("mean_abs_pct", 0) for d in draws)
+        - min(d["held_out"][kind].get("mean_abs_pct", 0) for d in draws)
+        for kind in ("step", "memory")
+    }
+    return {"draws": draws, "held_out_spread_pct": spread}
+
+
+def draws_markdown(report: dict[str, Any]) -> str:
+    """The figures of :func:`evaluate_draws` as a markdown table."""
+    lines = [
+        "| draw (seed) | configs | half | step time mean / worst | peak memory mean / worst |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(errors: dict[str, Any]) -> str:
+        if not errors.get("n"):
+            return "-"
+        return f"{errors['mean_abs_pct']:.1f}% / {errors['worst_abs_pct']:.1f}% (n={errors['n']})"
+
+    for d in report["draws"]:
+        halves = [("fit", d["fit"]), ("held out", d["held_out"])]
+        if "with_first_draw_fit" in d:
+            halves.append(("all, draw 1's fit", d["with_first_draw_fit"]))
+        for name, score in halves:
+            lines.append(
+                f"| {d['seed']} | {d['configurations']} | {name} | {cell(score['step'])} | "
+                f"{cell(score['memory'])} |"
+            )
+        loo = d["leave_one_out_step"]
+        lines.append(f"| {d['seed']} | {d['configurations']} | leave-one-out | {cell(loo)} | - |")
+    for d in report["draws"]:
+        lines.append(
+            f"- draw {d['seed']}: fitted on its fit half: matmul "
+            f"{d['step_constants']['matmul']:.3f} and attention "
+            f"{d['step_constants']['attention']:.3f} of peak, "
+            f"{d['step_constants']['memory']:.3f} of HBM bandwidth; margin needed on its fit half "
+            f"{d['margin_needed']:.1%}; false fits {d['false_fits'] or 'none'}"
+        )
+    spread = report["held_out_spread_pct"]
+    lines.append(
+        f"- held-out spread between draws: step time {spread['step']:.1f} points, peak memory "
+        f"{spread['memory']:.1f} points"
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", action="append", choices=tuple(SUITES), help="default: cpu")
@@ -443,6 +653,11 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="first index of --draw to run")
     parser.add_argument("--budget-s", type=float, default=540, help="--draw: start no run after")
     parser.add_argument("--draws", type=Path, default=DRAWS, help="JSON results of --draw")
+    parser.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="fit and score the measured draws of --draws (no run); report beside it",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -450,6 +665,13 @@ def main() -> None:
         return
     if args.draw is not None:
         run_draw(args)
+        return
+    if args.evaluate:
+        stored = json.loads(args.draws.read_text())
+        report = evaluate_draws(stored)
+        stored_report = args.draws.with_name("planner_draws_evaluation.json")
+        stored_report.write_text(json.dumps(report, indent=1) + "\n")
+        print(draws_markdown(report))
         return
     suites = [] if args.no_run else args.suite or ["cpu"]
     previous = json.loads(args.out.read_text()).get("runs", []) if args.out.exists() else []

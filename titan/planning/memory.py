@@ -81,15 +81,18 @@ from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-# Allowance for framework and compiler workspace on an accelerator, bytes. Assumed: cuBLAS
-# workspaces (tens of MiB per stream), cuDNN attention workspace, XLA temporaries the model does
-# not count and allocator fragmentation; to be replaced by the measured residual of
-# bench/planner_accuracy.py on the device.
-ACCELERATOR_WORKSPACE_BYTES = 1.0 * 2**30
-# Share of device memory a run may use. JAX's default GPU allocator preallocates 75% of device
-# memory and grows up to all of it (JAX documentation, "GPU memory allocation"); the CUDA/ROCm
-# context, library handles and NCCL buffers outside XLA's pool take the rest, assumed 5%.
-USABLE_MEMORY_FRACTION = 0.95
+# Share of device memory a run may use: JAX's GPU allocator preallocates 75% of device memory
+# and XLA's buffers live in that pool (JAX documentation, "GPU memory allocation",
+# XLA_PYTHON_CLIENT_MEM_FRACTION, default .75); the H200s of bench/results/planner_draws.json
+# report a bytes_limit of 112.58e9 (75% of their 150.76e9 bytes, less 0.5 GB), above 75% of the
+# datasheet's 141 GB. The compiled programs' peak (XLA's buffer assignment) matched the
+# runtime's peak_bytes_in_use within 0.01% there: no workspace outside it.
+USABLE_MEMORY_FRACTION = 0.75
+# Margin a "fits" verdict keeps: the largest under-prediction of the compiled programs' peak
+# over the fitting half of draw 1 of bench/results/planner_draws.json
+# (``python bench/planner_accuracy.py --evaluate`` prints it), so that no configuration of that
+# half that the planner calls a fit needs more than the capacity.
+FIT_MARGIN = 0.22
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,12 @@ class ActivationBytes:
 
 @functools.cache
 def layer_activation_bytes(
-    model: ModelConfig, seq_len: int, remat: str, compute_bytes: int, attention: str
+    model: ModelConfig,
+    seq_len: int,
+    remat: str,
+    compute_bytes: int,
+    attention: str,
+    swiglu: str = "native",
 ) -> ActivationBytes:
     """Bytes per token that one decoder layer keeps for the backward pass (module docstring).
 
@@ -231,18 +239,12 @@ def layer_activation_bytes(
         remat: a :data:`titan.remat.REMAT_POLICIES` name, whose ``saved`` it prices.
         compute_bytes: bytes of the compute dtype (2 for bfloat16, 4 for float32).
         attention: ``flash`` or ``materialized``.
+        swiglu: ``fused`` (the Pallas SwiGLU, whose VJP keeps its compute-dtype inputs) or
+            ``native``.
     """
     d, kv, f, h = model.d_model, kv_dim(model), model.ffn_dim, model.n_heads
-    saved = REMAT_POLICIES[remat].saved(compute_bytes, d, kv, f, h, seq_len, attention)
+    saved = REMAT_POLICIES[remat].saved(compute_bytes, d, kv, f, h, seq_len, attention, swiglu)
     return ActivationBytes(*saved)
-
-
-@functools.cache
-def layer_gradient_bytes(model: ModelConfig, seq_len: int, attention: str) -> float:
-    """Bytes per token of the float32 gradient temporaries of one layer's backward pass
-    (module docstring)."""
-    scores = 4 * model.n_heads * seq_len if attention == "materialized" else 0
-    return scores + 8 * model.ffn_dim + 20 * model.d_model
 
 
 @functools.cache
@@ -282,7 +284,13 @@ class MemoryBreakdown:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        """The total with the :data:`FIT_MARGIN` added is within the capacity."""
+        return self.total * (1 + FIT_MARGIN) <= self.capacity
+
+    @property
+    def fit_bytes(self) -> float:
+        """The total with its margin (what ``fits`` compares with the capacity)."""
+        return self.total * (1 + FIT_MARGIN)
 
     def as_dict(self) -> dict[str, float]:
         """Each part and the total, bytes."""
@@ -301,13 +309,39 @@ def attention_kernel(provider: str | None) -> str:
 
 @dataclass(frozen=True)
 class Precision:
-    """Dtypes of a run: ``param_dtype`` (master weights, gradients, AdamW moments) and
+    """Dtypes and kernels of a run: ``param_dtype`` (master weights, AdamW moments) and
     ``compute_dtype`` (matmuls and activations); ``attention`` is ``flash`` or
-    ``materialized``."""
+    ``materialized``; ``swiglu`` ``fused`` (the Pallas provider) or ``native``; ``loss``
+    ``materialized`` (the full (tokens, vocabulary) logits exist) or ``chunked``."""
 
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     attention: str = "flash"
+    swiglu: str = "fused"
+    loss: str = "materialized"
+
+    @classmethod
+    def of_providers(
+        cls, param_dtype: str, compute_dtype: str, served: dict[str, str]
+    ) -> Precision:
+        """The precision of a run whose operators were served by ``served`` (op -> provider,
+        as ``run_start`` records it); an op not listed is priced as its larger kernel."""
+        return cls(
+            param_dtype,
+            compute_dtype,
+            attention_kernel(served.get("attention")),
+            "fused" if served.get("swiglu") == "pallas" else "native",
+            "chunked" if served.get("cross_entropy") == "chunked" else "materialized",
+        )
+
+
+# Bytes per token that the loss keeps from the forward to the backward pass besides the logits:
+# the last layer's output, the final RMSNorm's float32 input, normalised output and scale, and
+# its compute-dtype output (10 d for bfloat16 compute), counted with
+# ``jax._src.ad_checkpoint.saved_residuals`` on ``titan.models.llama`` (docs/planner.md).
+HEAD_SAVED_PER_D = 10
+# A materialized loss keeps the float32 logits (4 bytes per vocabulary entry and token), ibid.
+LOGIT_BYTES = 4
 
 
 def memory_per_device(
@@ -333,34 +367,38 @@ def memory_per_device(
     compute_weights = stage_params * compute_bytes if compute_bytes != param_bytes else 0.0
     if layout.fsdp > 1:
         compute_weights += 2 * matrices / layout.tp * compute_bytes
+    # The backward pass emits the gradients of the compute-dtype copy (the layer scan's
+    # stacked output); accumulated over microbatches they are summed into float32 buffers
+    # (titan.trainer.spmd, titan.mpmd.pipeline), next to the current microbatch's.
+    accumulated = layout.pp > 1 or layout.microbatches > 1
+    gradients = stage_params * (compute_bytes + (4 if accumulated else 0))
 
     tokens = batch_sequences * seq_len / (layout.replicas * layout.microbatches)
-    saved = layer_activation_bytes(
-        model, seq_len, layout.remat, compute_bytes, precision.attention
-    ).per_device(layout.tp, layout.sequence_parallel)
-    full_layer = layer_activation_bytes(
-        model, seq_len, "none", compute_bytes, precision.attention
-    ).per_device(layout.tp, layout.sequence_parallel)
-    grad_temps = layer_gradient_bytes(model, seq_len, precision.attention) / layout.tp
+
+    def per_token(remat: str) -> float:
+        return layer_activation_bytes(
+            model, seq_len, remat, compute_bytes, precision.attention, precision.swiglu
+        ).per_device(layout.tp, layout.sequence_parallel)
+
+    saved, whole = per_token(layout.remat), per_token("none")
+    logits = LOGIT_BYTES * model.vocab_size / layout.tp if precision.loss == "materialized" else 0
     activations = saved * layers * tokens * in_flight_microbatches(layout)
+    activations += (HEAD_SAVED_PER_D * model.d_model + logits) * tokens
     if layout.remat == "none" and precision.attention == "materialized":
         activations += 5 * model.n_heads / layout.tp * seq_len * tokens
-    layer_backward = full_layer * tokens
-    if layout.remat != "none":
-        layer_backward += (grad_temps - saved) * tokens
-    logits = 2 * compute_bytes * model.vocab_size / layout.tp * tokens
-    workspace = 0.0 if gpu.name == "cpu" else ACCELERATOR_WORKSPACE_BYTES
-    # One backward per step (SPMD): gradients leave it in the compute dtype and XLA fuses their
-    # float32 conversion into the clipping and AdamW fusions; accumulated over microbatches
-    # (MPMD), they live in param-dtype buffers.
-    accumulated = layout.pp > 1 or layout.microbatches > 1
+    # The larger of one layer's backward (the gradients of everything the layer computes, as
+    # large as what it keeps without recomputation; with recomputation also the recomputed
+    # values, which the gradients replace as they are consumed) and the loss's backward (the
+    # logits' gradient in the compute dtype, which feeds the head's two matmuls).
+    logit_gradient = compute_bytes * logits / LOGIT_BYTES
+    transient = max(whole, logit_gradient) * tokens
     return MemoryBreakdown(
         weights=weights,
-        gradients=stage_params * (param_bytes if accumulated else compute_bytes),
+        gradients=gradients,
         optimizer=2 * weights,
         compute_weights=compute_weights,
         activations=activations,
-        transient=max(layer_backward, logits),
-        workspace=workspace,
+        transient=transient,
+        workspace=0.0,
         capacity=gpu.hbm_bytes * USABLE_MEMORY_FRACTION,
     )
