@@ -161,7 +161,8 @@ def check_layout(model: ModelConfig, layout: Layout, gpus: int, batch_sequences:
     Raises:
         TitanError: the layout's devices differ from ``gpus``; a mesh axis does not divide the
             dimension it shards; the batch does not split into replicas x microbatches; a
-            schedule option does not fit.
+            schedule option does not fit; the layers do not split evenly into the pipeline's
+            chunks.
     """
     if layout.devices != gpus:
         raise TitanError(
@@ -186,10 +187,12 @@ def check_layout(model: ModelConfig, layout: Layout, gpus: int, batch_sequences:
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
     check_schedule_options(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     chunks = layout.pp * layout.virtual_stages
-    if chunks > model.n_layers:
+    if model.n_layers % chunks:
+        # titan train splits the layers evenly unless --stage-layers is given
+        # (titan.parallel.chunks.plan_chunks), and the planner prices the even split.
         raise TitanError(
             f"--pp {layout.pp} x --virtual-stages {layout.virtual_stages} = {chunks} chunks "
-            f"for {model.n_layers} layers"
+            f"do not split {model.n_layers} layers evenly"
         )
 
 
