@@ -242,6 +242,7 @@ def test_titan_plan_reads_a_calibration_file(capsys, tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps({"calibration": {"H200": 0.5}}))
     argv = ("--model", "llama3-8b", "--gpu", "h200", "--gpus", "8", "--tokens", "1e11", "--json")
+    argv += ("--fsdp", "8", "--microbatches", "32", "--remat", "dots-attention")
     code, out, _ = run_plan(capsys, *argv, "--calibration", str(path))
     assert code == 0 and json.loads(out)["plans"][0]["achievable_fraction"] == 0.5
     path.write_text(json.dumps({"h200": 1.5}))
@@ -313,7 +314,7 @@ def test_titan_plan_json_reports_memory_verdict_step_and_totals(capsys):
     code, out, _ = run_plan(
         capsys,
         *("--model", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--tokens", "1e11"),
-        *("--fsdp", "8", "--microbatches", "64", "--remat", "dots", "--price", "2", "--json"),
+        *("--fsdp", "8", "--microbatches", "64", "--remat", "full", "--price", "2", "--json"),
     )
     assert code == 0
     report = json.loads(out)
