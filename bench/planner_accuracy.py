@@ -543,6 +543,7 @@ def evaluate_draw(draw: dict[str, Any]) -> dict[str, Any]:
     rows = _draw_rows(draw)
     fit_at, score_at = planner_space.split(len(rows), draw["seed"])
     fit, held = [rows[i] for i in fit_at], [rows[i] for i in score_at]
+    fit_indices = {row["index"] for row in fit}
     timed = [row for row in rows if not math.isnan(row["run"].step_s)]
 
     def constants_of(group: list[dict[str, Any]]) -> dict[str, float]:
@@ -559,22 +560,33 @@ def evaluate_draw(draw: dict[str, Any]) -> dict[str, Any]:
     return {
         "seed": draw["seed"],
         "configurations": len(rows),
-        "fit_indices": [row["index"] for row in fit],
+        "fit_indices": sorted(fit_indices),
         "step_constants": constants,
         "fit": fit_score,
         "held_out": held_score,
         "leave_one_out_step": _errors(loo),
         "margin_needed": margin,
         "false_fits": _false_fits(rows),
-        "rows": [
-            {
-                key: row.get(key)
-                for key in ("index", "label", "oom", "step_error_pct", "memory_error_pct")
-            }
-            | {"fits": row["memory"].fits, "peak_gb": row["peak_bytes"] / 1e9}
-            | {"predicted_gb": row["memory"].total / 1e9}
-            for row in rows
-        ],
+        "rows": [_row_record(row, constants, row["index"] in fit_indices) for row in rows],
+    }
+
+
+def _row_record(row: dict[str, Any], constants: dict[str, float], fitted: bool) -> dict[str, Any]:
+    """One configuration of a draw as the evaluation file keeps it (seconds, GB)."""
+    run = row["run"]
+    stepped = not math.isnan(run.step_s)
+    return {
+        "index": row["index"],
+        "half": "fit" if fitted else "held out",
+        "label": row["label"],
+        "oom": row["oom"],
+        "step_s": run.step_s if stepped else None,
+        "predicted_step_s": predict_step_s(run, constants),
+        "step_error_pct": row.get("step_error_pct"),
+        "peak_gb": row["peak_bytes"] / 1e9,
+        "predicted_gb": row["memory"].total / 1e9,
+        "memory_error_pct": row["memory_error_pct"],
+        "fits": row["memory"].fits,
     }
 
 
@@ -697,9 +709,12 @@ def run_draw(args: argparse.Namespace) -> None:
     measured."""
     start = time.perf_counter()
     stored = json.loads(args.draws.read_text()) if args.draws.exists() else {}
-    draw = stored.setdefault(str(args.draw), {"seed": args.draw, "runs": {}})
+    draw = stored.setdefault(str(args.draw), {"seed": args.draw, "runs": {}, "commands": []})
     configs = planner_space.draw(args.draw, args.count)
     draw["configs"] = configs
+    draw.setdefault("commands", []).append(
+        "python bench/planner_accuracy.py " + " ".join(sys.argv[1:])
+    )
     for index in range(args.first, args.count):
         if time.perf_counter() - start > args.budget_s:
             print(f"budget spent: stopped before index {index}", file=sys.stderr, flush=True)
