@@ -1,4 +1,4 @@
-"""Memory per device: parameters, gradients, optimizer state, activations and workspace.
+"""Memory per device: parameters, gradients, optimizer state, activations and transients.
 
 Everything is in bytes per device, for the stage that holds the most (the first pipeline
 stage for activations, with the embedding; the last stage for the output head and its logits).
@@ -7,11 +7,14 @@ States (per parameter, in ``--param-dtype``, as Titan keeps them; Rajbhandari et
 "ZeRO", Sec. 3.1, count the same 16 bytes per parameter for mixed-precision AdamW: fp32 master
 weights 4, two fp32 moments 4 + 4, and 16-bit weights and gradients 2 + 2):
 
-- master weights: ``param_bytes``; AdamW's two moments: ``param_bytes`` each; gradients:
-  ``param_bytes`` when accumulated over microbatches (MPMD), else the compute dtype, which is
-  what the backward pass emits (XLA fuses the float32 conversion into the clipping and the
-  update). So 16 bytes per parameter with float32 master weights and bf16 compute, as in ZeRO,
-  and 18 in a pipeline;
+- master weights: ``param_bytes``; AdamW's two moments: ``param_bytes`` each (the compiled
+  programs' arguments are exactly 3 x ``param_bytes`` per parameter: bench/results/
+  planner_draws.json); gradients: the compute dtype, which is what the backward pass of the
+  compute-dtype weights emits (the layer scan's stacked output; XLA fuses the conversion to
+  the parameter dtype into the clipping and the update); accumulated over microbatches (SPMD
+  ``--microbatches``, MPMD) also a float32 accumulator (``titan.trainer.spmd``), 4 bytes per
+  parameter. So 16 bytes per parameter with float32 master weights and bf16 compute, as in
+  ZeRO, and 20 with accumulation;
 - the compute-dtype copy of the weights (``bf16`` cast of the fp32 masters, kept by autodiff
   for the backward pass): 2 bytes per parameter when the dtypes differ;
 - with FSDP, each device keeps 1/fsdp of every matrix, and gathers one layer's weights (two,
@@ -22,13 +25,17 @@ FSDP the model dimension: ``titan.parallel.sharding``); norm scales are replicat
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", Sec. 4.1 (per layer, s b h (34 + 5 a s / h) bytes for GPT with 16-bit
-activations), adapted to what Titan's Llama saves for the backward pass (counted with
-``jax.ad_checkpoint.print_saved_residuals`` on ``titan.models.llama``): RMSNorm keeps its float32
-input and normalised output, SwiGLU keeps its two float32 projections, there is no dropout, keys
-and values are ``n_kv_heads`` wide (GQA), and attention keeps either the (s, s) probabilities
-(``materialized``) or only a log-sum-exp per head (``flash``, Dao et al. 2022). The bytes per
-token and layer that each ``--remat`` policy saves are registered with the policy
-(``titan.remat.REMAT_POLICIES``, ``RematPolicy.saved``), next to the JAX policy the model runs.
+activations), adapted to what Titan's Llama saves for the backward pass, counted with
+``jax._src.ad_checkpoint.saved_residuals`` on ``titan.models.llama`` with the providers that
+serve on GPUs (docs/planner.md): RMSNorm keeps its float32 input and normalised output, the
+native SwiGLU its float32 projections while the fused (Pallas) one keeps only its compute-dtype
+inputs and product, there is no dropout, keys and values are ``n_kv_heads`` wide (GQA), and
+attention keeps either the (s, s) probabilities (``materialized``) or only a log-sum-exp per
+head (``flash``, Dao et al. 2022). The bytes per token and layer that each ``--remat`` policy
+saves are registered with the policy (``titan.remat.REMAT_POLICIES``, ``RematPolicy.saved``),
+next to the JAX policy the model runs. Outside the layers the loss keeps the final norm's
+inputs (:data:`HEAD_SAVED_PER_D`) and, unless the cross-entropy is chunked, the float32 logits
+(:data:`LOGIT_BYTES` per vocabulary entry).
 
 Without sequence parallelism the replicated part stays whole on every TP rank (Korthikanti
 et al. 2022, Sec. 4.2.2: s b h (10 + 24 / t + 5 a s / (h t))); with it (``sequence_parallel``)
@@ -45,25 +52,19 @@ stage's VJP and so keeps each deferred microbatch's residuals (``titan.mpmd.sche
 interleaving with ``v`` chunks keeps pp (1 + (pp - 1) / (pp v)) stage-equivalents (Korthikanti et
 al. 2022, Sec. 4.2.3).
 
-Transient memory, the larger of two moments of the backward pass:
+Transient memory, the larger of two moments of the backward pass: one layer's backward (the
+gradients of everything the layer computes, as large as what it keeps without recomputation,
+``none``) and the loss's backward (the logits' gradient in the compute dtype). A materialized
+attention without recomputation also keeps its boolean mask and the float32 zeros of the masked
+select once for all layers (5 h s bytes per token).
 
-- one layer's backward: without recomputation, a copy of that layer's saved activations (the
-  loop reads them out of the stacked buffer); with it, the recomputed part (``none`` minus what
-  the policy saved) plus float32 gradient temporaries of 4 h s (materialized scores) + 8 f +
-  20 d bytes per token;
-- the loss: the logits (the head matmul's output, in the compute dtype) and their gradient,
-  2 p V bytes per token (split over TP with the vocabulary); XLA fuses the float32 softmax
-  into the reductions that read them.
-
-A materialized attention without recomputation also keeps its boolean mask and the float32
-zeros of the masked select once for all layers (5 h s bytes per token). These transient terms
-were fitted to XLA's buffer assignment of Titan's train step on CPU (float32,
-``bench/planner_accuracy.py``; 24 configurations within 11%, FSDP excepted: XLA:CPU partitions
-FSDP as a split contraction and gathers activations instead of weights, so measured FSDP
-memory is far above the ZeRO-3 figure modelled here).
-
-Workspace: a fixed allowance on accelerators for what the model does not count (cuBLAS/cuDNN
-workspaces, XLA temporaries, allocator fragmentation, the batch).
+No workspace is added: on the H200 the compiled programs' peak (XLA's buffer assignment,
+arguments + outputs - aliases + temporaries) matched the allocator's ``peak_bytes_in_use``
+within 0.01% in every configuration of bench/results/planner_draws.json. Scored on the
+held-out half of that suite the estimate is within 4.9% on average (worst 11.9%) of the
+compiled peak; a "fits" verdict adds :data:`FIT_MARGIN` (the largest under-estimate on the
+fitting half). XLA:CPU partitions FSDP as a split contraction and gathers activations instead
+of weights, so measured FSDP memory on CPU is far above the ZeRO-3 figure modelled here.
 """
 
 from __future__ import annotations

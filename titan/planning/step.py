@@ -4,7 +4,8 @@ communication and the pipeline bubble.
 For the most loaded device (the last pipeline stage, which also holds the output head), one
 optimizer step takes
 
-    t_stage = FLOPs / (peak x eta) + bytes / (HBM bandwidth x MEMORY_EFFICIENCY)
+    t_stage = (matmul FLOPs + attention FLOPs / ATTENTION_EFFICIENCY) / (peak x eta)
+              + bytes / (HBM bandwidth x MEMORY_EFFICIENCY)
     t_step  = t_stage x (1 + bubble) + exposed communication
 
 - FLOPs: forward, backward (2 x forward) and recomputation (``titan.planning.models``) of the
@@ -14,9 +15,15 @@ optimizer step takes
   mapping catalog name -> measured fraction (from the performance database, or
   ``bench/planner_accuracy.py``), or :data:`DEFAULT_ACHIEVABLE_FRACTION` when the device has no
   measurements.
+- attention FLOPs (q k^T and the weighted sum of values) run at ``ATTENTION_EFFICIENCY`` of
+  the matmuls' fraction (flash kernels and XLA's batched score products reach less of peak than
+  the projections' GEMMs);
 - bytes: the memory-bound kernels (norms, RoPE, SwiGLU activation, residuals, softmax of a
-  materialized attention, the loss over the vocabulary, the optimizer update), counted from what
-  each writes and reads: :func:`elementwise_bytes_per_token`.
+  materialized attention, the loss over the vocabulary, the optimizer update and, with
+  microbatches, the float32 gradient accumulation), counted from what each writes and reads:
+  :func:`elementwise_bytes_per_token`. ``eta`` (the default), ``ATTENTION_EFFICIENCY`` and
+  ``MEMORY_EFFICIENCY`` are fitted together on half of a random draw of configurations
+  (``bench/planner_accuracy.py --evaluate``) and scored on the other half.
 - bubble (Narayanan et al. 2021, Sec. 2.2.1 and 2.2.2; Qi et al. 2023, Sec. 3.1), as a fraction
   of the ideal pipeline time: GPipe and 1F1B (pp - 1) / m; interleaved 1F1B (pp - 1) / (v m);
   ZB-H1 (pp - 1) / (3 m), a third of 1F1B's. Titan's zero-bubble backward costs more than
