@@ -30,6 +30,16 @@ that make ``--remat none`` slower than ``full``.
 
 Suites: ``cpu`` (small float32 models, 1 and 2 forced host devices), ``h200x1`` and ``h200x2``
 (bfloat16 compute on one and two H200s).
+
+Random draws (the held-out figures): ``--draw SEED`` measures the configurations that
+``bench/planner_space.py`` draws with that seed (``--count``, from index ``--first``, until
+``--budget-s`` has passed), each in its own process, recording the compiled program's memory
+analysis before it runs (so a run that then runs out of memory keeps its peak, and is recorded
+as ``oom``), into ``bench/results/planner_draws.json``. ``--evaluate`` (no JAX) fits the step
+time's three constants on a random half of each draw, scores both halves and leave-one-out,
+scores later draws with the first draw's constants too, checks that no configuration the
+planner calls a fit ran out of memory, and writes ``bench/results/planner_draws_evaluation.json``
+and a markdown table.
 """
 
 from __future__ import annotations
