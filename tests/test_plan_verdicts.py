@@ -111,6 +111,10 @@ def test_from_a_run_dir_prints_the_prediction_against_the_measurements(capsys):
     assert (run.layout.remat, run.seq_len, run.batch_sequences) == ("dots", 2048, 8)
     measured = [line for line in out.splitlines() if "step time (s)" in line][0]
     assert f"{run.step_s:,.4g}" in measured and "%" in measured
+    code, out, _ = run_plan(capsys, "--from", str(SAMPLE_H200_RUN), "--json")
+    report = json.loads(out)
+    assert code == EXIT_OK and report["measured"]["step_s"] == run.step_s
+    assert report["plans"][0]["layout_fields"]["remat"] == "dots" and report["verdict"]["fits"]
     code, _, err = run_plan(capsys, "--from", "/nonexistent-run-dir")
     assert code == 2 and err.count("\n") == 1
 
