@@ -23,6 +23,10 @@ PACKAGES = ("titan", "tui")
 ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # the training entry imports JAX, flax, optax and orbax
     "titan/trainer/commands.py:run": "from titan.trainer.train import train_from_cli",
+    # generation imports JAX, flax and orbax
+    "titan/generation/commands.py:run": (
+        "from titan.generation.generate import Sampling, generate_from_cli"
+    ),
     # the conformance harness imports JAX and every provider
     "titan/ops/commands.py:run": "from titan.ops import conformance",
     # run summaries and the performance database import DuckDB; reports also matplotlib
