@@ -370,6 +370,30 @@ class Checkpoint(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Eval(Event):
+    """The loss on held-out data after a step (``--eval-every``; :mod:`titan.trainer.evaluation`):
+    the model's mean next-token loss over the same ``--eval-batches`` batches of the held-out
+    documents (``--eval-data`` or ``--eval-split``) every time, forward passes only."""
+
+    type: ClassVar[str] = "eval"
+
+    step: int = _field("the step after which the model was evaluated", "steps", required=True)
+    loss: float = _field(
+        "mean cross-entropy over the held-out tokens evaluated (every batch holds as many)",
+        "nats",
+        required=True,
+    )
+    perplexity: float | None = _field("exp(loss)")
+    tokens: int | None = _field("held-out tokens evaluated (batches x batch size x seq len)")
+    batches: int | None = _field("batches evaluated", "batches")
+    seconds: float | None = _field(
+        "time the training loop spent evaluating (the first evaluation compiles the forward "
+        "pass); badput of its own in ETTR",
+        "seconds",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class LossSpike(Event):
     """A finite loss far above the recent ones (:class:`titan.trainer.guard.LossSpikeDetector`):
     ``loss > mean + sigma x std`` of the finite losses of the ``window`` steps before it
@@ -549,6 +573,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Compile,
     Step,
     Checkpoint,
+    Eval,
     LossSpike,
     CheckpointFailed,
     CheckpointUnrestorable,

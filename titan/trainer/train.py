@@ -51,6 +51,7 @@ import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
+from titan.data.heldout import split_corpus
 from titan.data.text import (
     Corpus,
     PackedBatches,
@@ -107,6 +108,7 @@ from titan.trainer.checkpoint import (
     Unrestorable,
 )
 from titan.trainer.claim import RunClaim, refuse_recorded
+from titan.trainer.evaluation import Evaluation, open_evaluation
 from titan.trainer.guard import (
     LossSpikeDetector,
     NonFiniteAbort,
@@ -231,11 +233,14 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     try:
         with stop.during("scan"):
             corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
+            corpus, held_out = split_corpus(corpus, cfg.data.eval_data, cfg.data.eval_split)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
         with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
-            return _train_claimed(cfg, resume_dir, run_dir, claim, progress, corpus, stop)
+            return _train_claimed(
+                cfg, resume_dir, run_dir, claim, progress, (corpus, held_out), stop
+            )
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -252,11 +257,14 @@ def _train_claimed(
     run_dir: Path,
     claim: RunClaim,
     progress: TrainProgress,
-    corpus: Corpus,
+    corpora: tuple[Corpus, Corpus | None],
     stop: StopFlag,
 ) -> int:
-    """:func:`train` once this process holds the run dir (or is not its writer)."""
+    """:func:`train` once this process holds the run dir (or is not its writer); ``corpora``:
+    what to train on and the held-out data (:func:`titan.data.heldout.split_corpus`)."""
     import jax
+
+    corpus, held_out = corpora
 
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
@@ -279,6 +287,8 @@ def _train_claimed(
         stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
+    with stop.during("tokenize") as tick:
+        evaluation = open_evaluation(cfg, held_out, tokenizer, trainer, tick)
 
     run_devices = jax.devices()[: trainer.describe()["devices"]]
     power_reader, power_info = open_reader(devices=run_devices)
@@ -293,6 +303,7 @@ def _train_claimed(
         _flops_meter(trainer),
         PowerSampler(power_reader),
         [d for d in run_devices if d.process_index == jax.process_index()],
+        evaluation,
     )
     run.start_monitors()
     started = False
@@ -446,6 +457,7 @@ class _Run:
     flops: FlopsMeter
     power: PowerSampler
     local_devices: list  # the run's devices in this process (memory readings)
+    evaluation: Evaluation | None = None  # --eval-every
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
 
@@ -768,6 +780,8 @@ class _Run:
                     self._report(*self._pending)
                     self._pending = None
                 self._save_newest()
+            if self.evaluation and self.evaluation.due(step):
+                self._evaluate(state, step)
         if self._pending:
             self._report(*self._pending)
         if step != self._saved_step:
@@ -776,6 +790,16 @@ class _Run:
         self.record_saves(self.checkpointer.wait())  # the last save commits before run_end
         self.watchdog.enter("idle", step)
         return step, "stopped" if self.agreement.agreed else "completed"
+
+    def _evaluate(self, state: TrainState, step: int) -> None:
+        """Record the ``eval`` event of ``state`` after ``step`` (its ``step`` event first); the
+        next step's time starts after it, so evaluation is in no step's time."""
+        if self._pending:
+            self._report(*self._pending)
+            self._pending = None
+        self.watchdog.enter("eval", step)
+        self.progress.eval(self.record.emit(self.evaluation.run(state, step)))
+        self._last_done = time.perf_counter()
 
     def _save_newest(self) -> None:
         """Save the newest state from the loop (holding the dispatch lock, so that the
