@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import run_in_process, small_run
 
 from titan.cli import main
 from titan.generation.generate import Generator, Sampling, printable
@@ -21,21 +20,13 @@ from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.ops.native import rms_norm
 
-MODEL = "d_model=64,n_layers=4,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
 NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory, corpus_dir):
-    """A 2-step MPMD run (2 stages of 2 layers) with its checkpoint at step 2."""
-    root = tmp_path_factory.mktemp("generate")
-    options = small_run(
-        corpus_dir, root, steps=2, checkpoint_every=2, run_id="pp", preset=MODEL, lr=0.02
-    )
-    layout = {"layout": "mpmd", "pp": 2, "dp": 1, "microbatches": 2}
-    code, run_dir = run_in_process({**options, **layout})
-    assert code == 0
-    return run_dir
+def pipeline_run(mpmd_eval_run):
+    """A 5-step MPMD run (2 stages of 2 layers) with its checkpoint at step 5."""
+    return mpmd_eval_run
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +60,14 @@ def _logits(model, params, tokens):
 def test_stage_checkpoints_join_into_the_whole_model(pipeline_run, loaded):
     """Layers 0-1 come from stage 0's chunk, 2-3 from stage 1's; the embedding from the
     first, the head from the last."""
-    path = pipeline_run / "checkpoints" / "2"
+    path = pipeline_run / "checkpoints" / "5"
     reader = ocp.StandardCheckpointer()
     first, last = (reader.restore(path / f"chunk_{c}")["params"] for c in (0, 1))
     joined = np.concatenate([first["layers"]["wq"], last["layers"]["wq"]])
     np.testing.assert_array_equal(np.asarray(loaded.params["layers"]["wq"]), joined)
     np.testing.assert_array_equal(np.asarray(loaded.params["embed"]), first["embed"])
     np.testing.assert_array_equal(np.asarray(loaded.params["head"]), last["head"])
-    assert loaded.step == 2
+    assert loaded.step == 5
 
 
 def test_greedy_decoding_is_the_argmax_of_full_forward_passes(loaded, generator):
@@ -126,7 +117,7 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-        (["--step", "1"], "has no checkpoint of it (it has: 2)"),
+        (["--step", "1"], "has no checkpoint of it (it has: 5)"),
     ],
 )
 def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, message):
@@ -137,10 +128,10 @@ def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, m
 
 
 def test_generate_cli_streams_from_a_checkpoint_path(pipeline_run, capsys):
-    checkpoint = pipeline_run / "checkpoints" / "2"
+    checkpoint = pipeline_run / "checkpoints" / "5"
     assert main(["generate", str(checkpoint), "--prompt", "class", "--max-new-tokens", "4"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("class")
-    assert "step 2" in captured.err
+    assert "step 5" in captured.err
     assert main(["generate", str(pipeline_run.parent), "--prompt", "x"]) == 2
     assert "neither a run dir" in capsys.readouterr().err
