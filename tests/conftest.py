@@ -94,10 +94,10 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> 
     return run_dir
 
 
-# A small model for the eval and generation tests: 4 layers, so that 2 pipeline stages hold 2.
-EVAL_MODEL = "d_model=64,n_layers=4,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
+# A small model for the eval and generation tests: 2 layers, one per pipeline stage.
+EVAL_MODEL = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
 EVAL_LAYOUTS = {
-    "spmd": {"layout": "spmd", "dp": 2, "microbatches": 2},
+    "spmd": {"layout": "spmd", "dp": 1, "microbatches": 2},
     "mpmd": {"layout": "mpmd", "pp": 2, "dp": 1, "microbatches": 2},
 }
 
@@ -132,5 +132,5 @@ def mpmd_eval_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) ->
 
 @pytest.fixture(scope="session")
 def spmd_eval_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
-    """:func:`_eval_run` on an SPMD mesh of 2 devices, accumulating 2 microbatches."""
+    """:func:`_eval_run` on one device, accumulating 2 microbatches."""
     return _eval_run(tmp_path_factory.mktemp("eval-spmd"), corpus_dir, "spmd")

@@ -21,11 +21,12 @@ from titan.ops import Ops
 from titan.ops.native import rms_norm
 
 NEW_TOKENS = 12
+PROMPT = "def main("  # one prompt and length throughout: the decoder compiles once
 
 
 @pytest.fixture(scope="module")
 def pipeline_run(mpmd_eval_run):
-    """A 5-step MPMD run (2 stages of 2 layers) with its checkpoint at step 5."""
+    """A 5-step MPMD run (2 stages of 1 layer) with its checkpoint at step 5."""
     return mpmd_eval_run
 
 
@@ -58,7 +59,7 @@ def _logits(model, params, tokens):
 
 
 def test_stage_checkpoints_join_into_the_whole_model(pipeline_run, loaded):
-    """Layers 0-1 come from stage 0's chunk, 2-3 from stage 1's; the embedding from the
+    """Layer 0 comes from stage 0's chunk, layer 1 from stage 1's; the embedding from the
     first, the head from the last."""
     path = pipeline_run / "checkpoints" / "5"
     reader = ocp.StandardCheckpointer()
@@ -71,7 +72,7 @@ def test_stage_checkpoints_join_into_the_whole_model(pipeline_run, loaded):
 
 
 def test_greedy_decoding_is_the_argmax_of_full_forward_passes(loaded, generator):
-    prompt = generator.prompt_ids("def main(")
+    prompt = generator.prompt_ids(PROMPT)
     greedy = Sampling(max_new_tokens=NEW_TOKENS, temperature=0.0)
     cached = list(generator.tokens(prompt, greedy))
     expected, ids = [], list(prompt)
@@ -82,22 +83,22 @@ def test_greedy_decoding_is_the_argmax_of_full_forward_passes(loaded, generator)
         expected.append(token)
         ids.append(token)
     assert cached == expected
-    assert len(cached) == NEW_TOKENS  # a 2-step model does not stop at EOS this early
+    assert len(cached) >= 3  # the 5-step model says EOS after a few tokens, not at once
     assert list(generator.tokens(prompt, greedy)) == cached  # deterministic
 
 
 def test_streamed_text_is_the_decode_of_the_new_tokens(loaded, generator):
     out = io.StringIO()
     sampling = Sampling(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, seed=5)
-    ids = generator.stream("import os", sampling, out)
-    assert out.getvalue() == "import os" + printable(loaded.tokenizer.decode(ids)) + "\n"
+    ids = generator.stream(PROMPT, sampling, out)
+    assert out.getvalue() == PROMPT + printable(loaded.tokenizer.decode(ids)) + "\n"
     assert len(ids) == NEW_TOKENS
-    assert generator.stream("import os", sampling, io.StringIO()) == ids  # same seed
+    assert generator.stream(PROMPT, sampling, io.StringIO()) == ids  # same seed
 
 
 def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
-    rows = jnp.broadcast_to(logits, (400, 4))  # 400 independent draws, one per row
+    rows = jnp.broadcast_to(logits, (256, 4))  # 256 independent draws, one per row
     drawn = jax.jit(lambda t, p: sample(rows, jax.random.key(0), t, p, 4))
 
     def kept(temperature, top_p):
@@ -129,7 +130,7 @@ def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, m
 
 def test_generate_cli_streams_from_a_checkpoint_path(pipeline_run, capsys):
     checkpoint = pipeline_run / "checkpoints" / "5"
-    assert main(["generate", str(checkpoint), "--prompt", "class", "--max-new-tokens", "4"]) == 0
+    assert main(["generate", str(checkpoint), "--prompt", "class", "--max-new-tokens", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("class")
     assert "step 5" in captured.err
