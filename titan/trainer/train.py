@@ -8,7 +8,8 @@ files, record ``run_start``, compile, loop, checkpoint, record.
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
 ``checkpoint_failed``, ``checkpoint_unrestorable``, ``loss_spike``, ``profile``, ``stall``,
-``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+``run_end``; ``eval`` with ``--eval-every`` (:mod:`titan.trainer.evaluation`); ``pipeline``
+and ``pipeline_timing`` from an MPMD trainer).
 
 Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
 the loop records each save's outcome once it settles and waits for the last one before
