@@ -38,7 +38,10 @@ def test_held_out_documents_never_appear_in_a_training_batch(spmd_eval_run, corp
     batches = PackedBatches(stream, 32, 8, 0, tokenizer.bos_id)
     digests = [batch_digest(batches.next_batch()[1]) for _ in range(5)]
     assert digests == [e["batch_digest"] for e in events(spmd_eval_run, "step")]
-    assert events(spmd_eval_run, "run_start")[0]["data"]["documents"] == len(kept)
+    data = events(spmd_eval_run, "run_start")[0]["data"]
+    assert data["documents"] == len(kept)
+    assert data["eval"]["documents"] == len(documents) - len(kept)
+    assert data["eval"]["batches"] == 2
     train, evaluate = split_corpus(open_corpus(str(corpus_dir)), "", SPLIT)
     assert set(train.documents()) == set(kept)
     assert set(evaluate.documents()) == set(documents) - set(kept)

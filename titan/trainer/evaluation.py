@@ -40,11 +40,21 @@ class Evaluation:
         trainer: the run's trainer (its layout's forward).
         batches: the held-out batches.
         every: ``--eval-every``.
+        documents: held-out documents tokenized.
     """
 
     trainer: Trainer
     batches: EvalBatches
     every: int
+    documents: int
+
+    def describe(self) -> dict[str, int]:
+        """``run_start``'s ``data.eval``: held-out documents and tokens, batches evaluated."""
+        return {
+            "documents": self.documents,
+            "tokens": int(len(self.batches.tokens)),
+            "batches": self.batches.count,
+        }
 
     def due(self, step: int) -> bool:
         """Whether to evaluate after ``step``."""
@@ -97,4 +107,4 @@ def open_evaluation(
         cfg.observability.eval_batches,
         batch_rows(trainer, data.batch_size),
     )
-    return Evaluation(trainer, batches, cfg.observability.eval_every)
+    return Evaluation(trainer, batches, cfg.observability.eval_every, stream.documents)

@@ -326,7 +326,9 @@ def _train_claimed(
         run.begin(model_cfg, tokenizer)
         run.record.emit(
             RunStart(
-                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches, stream),
+                **_run_start_fields(
+                    cfg, model_cfg, trainer, ops, tokenizer, batches, stream, evaluation
+                ),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
                 # checkpoints are never of step 0: a resume without one starts fresh
@@ -417,7 +419,9 @@ def _run_start_fields(
     tokenizer: Tokenizer,
     batches: PackedBatches,
     stream: TokenStream,
+    evaluation: Evaluation | None,
 ) -> dict[str, Any]:
+    held_out = {"eval": evaluation.describe()} if evaluation else {}
     return {
         "config": cfg.record(),
         "model": dataclasses.asdict(model_cfg),
@@ -436,6 +440,7 @@ def _run_start_fields(
             "sequences": batches.num_sequences,
             "documents": stream.documents,
             "dropped": stream.dropped,
+            **held_out,
         },
         "processes": process_count(),
         "process": ProcessId.current(process_index()).as_dict(),
