@@ -114,12 +114,15 @@ class Generator:
 
     def stream(self, prompt: str, sampling: Sampling, out: IO[str]) -> list[int]:
         """Print the prompt, then each new piece of text as soon as it is complete
-        (:func:`printable`). Returns the new ids."""
+        (:func:`printable`): the decode of prompt and new ids past the prompt's own, so that a
+        space between them survives. Returns the new ids."""
         decoder = StreamDecoder(self.loaded.tokenizer)
+        prompt_ids = self.prompt_ids(prompt)
+        decoder.push(prompt_ids)  # the context of the first new ids; the prompt is printed as given
         out.write(printable(prompt))
         out.flush()
         ids = []
-        for token in self.tokens(self.prompt_ids(prompt), sampling):
+        for token in self.tokens(prompt_ids, sampling):
             ids.append(token)
             out.write(printable(decoder.push([token])))
             out.flush()
