@@ -92,3 +92,45 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> 
     code, run_dir = run_in_process(options)
     assert code == 0
     return run_dir
+
+
+# A small model for the eval and generation tests: 2 layers, one per pipeline stage.
+EVAL_MODEL = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
+EVAL_LAYOUTS = {
+    "spmd": {"layout": "spmd", "dp": 1, "microbatches": 2},
+    "mpmd": {"layout": "mpmd", "pp": 2, "dp": 1, "microbatches": 2},
+}
+
+
+def _eval_run(root: Path, corpus_dir: Path, layout: str) -> Path:
+    """A real 5-step run holding out a quarter of the test corpus, evaluated after steps 2 and
+    4, checkpointed at step 5 (its final one)."""
+    from helpers import run_in_process, small_run  # deferred: it imports JAX
+
+    options = small_run(
+        corpus_dir,
+        root,
+        steps=5,
+        checkpoint_every=5,
+        run_id=layout,
+        preset=EVAL_MODEL,
+        eval_split=0.25,
+        eval_every=2,
+        eval_batches=2,
+        **EVAL_LAYOUTS[layout],
+    )
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def mpmd_eval_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
+    """:func:`_eval_run` on 2 pipeline stages (shared by the eval and generation tests)."""
+    return _eval_run(tmp_path_factory.mktemp("eval-mpmd"), corpus_dir, "mpmd")
+
+
+@pytest.fixture(scope="session")
+def spmd_eval_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
+    """:func:`_eval_run` on one device, accumulating 2 microbatches."""
+    return _eval_run(tmp_path_factory.mktemp("eval-spmd"), corpus_dir, "spmd")

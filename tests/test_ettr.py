@@ -64,6 +64,7 @@ def test_ettr_and_badput_of_a_crash_and_resume_match_hand_computation():
             "data_wait": 0.25,
             "checkpoint_save": 1.0,
             "checkpoint_restore": 3.0,
+            "eval": 0.0,
             "lost_progress": 1.0 + 0.75,  # attempt 0's steps 3 and 4, redone in attempt 1
             "other": 0.0,
         },

@@ -26,6 +26,10 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # Hugging Face import and export read checkpoints with JAX and orbax
     "titan/trainer/hf_commands.py:run_import": "from titan.trainer import hf_checkpoints",
     "titan/trainer/hf_commands.py:run_export": "from titan.trainer import hf_checkpoints",
+    # generation imports JAX, flax and orbax
+    "titan/generation/commands.py:run": (
+        "from titan.generation.generate import Sampling, generate_from_cli"
+    ),
     # the conformance harness imports JAX and every provider
     "titan/ops/commands.py:run": "from titan.ops import conformance",
     # run summaries and the performance database import DuckDB; reports also matplotlib

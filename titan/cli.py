@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "titan.observability.commands",
     "titan.launch.commands",
     "titan.trainer.hf_commands",
+    "titan.generation.commands",
 )
 
 

@@ -370,8 +370,29 @@ class DataOptions:
     seq_len: int = field(
         default=128, metadata=_opt("--seq-len", "tokens per sequence", minimum=1, perf=True)
     )
+    eval_data: str = field(
+        default="",
+        metadata=_opt(
+            "--eval-data",
+            "held-out corpus for --eval-every (read like --data; the same tokenizer), or use "
+            "--eval-split",
+        ),
+    )
+    eval_split: float = field(
+        default=0.0,
+        metadata=_opt(
+            "--eval-split",
+            "fraction of --data's documents held out for --eval-every, chosen per document by "
+            "a hash of its text and never trained on (0: none)",
+            minimum=0,
+        ),
+    )
 
     def _check(self) -> None:
+        if self.eval_split >= 1:
+            raise TitanError(f"--eval-split must be < 1, got {self.eval_split}")
+        if self.eval_split and self.eval_data:
+            raise TitanError("--eval-split and --eval-data exclude each other: give one")
         if self.vocab_size < 259:
             raise TitanError(
                 "--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), "
@@ -701,6 +722,26 @@ class ObservabilityOptions:
             resumable=True,
         ),
     )
+    eval_every: int = field(
+        default=0,
+        metadata=_opt(
+            "--eval-every",
+            "evaluate the held-out data (--eval-data or --eval-split) after every N-th step, "
+            "recorded as eval events (0: never)",
+            minimum=0,
+            resumable=True,
+        ),
+    )
+    eval_batches: int = field(
+        default=4,
+        metadata=_opt(
+            "--eval-batches",
+            "batches of --batch-size x --seq-len held-out tokens per evaluation (the same ones "
+            "each time; fewer when the held-out data holds fewer)",
+            minimum=1,
+            resumable=True,
+        ),
+    )
     profile_steps: tuple[int, int] | None = field(
         default=None,
         metadata=_opt(
@@ -959,6 +1000,13 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
     if parallel.layout == "mpmd":
         parallel.check_schedule()
+    held_out = bool(cfg.data.eval_data or cfg.data.eval_split)
+    if held_out != bool(cfg.observability.eval_every):
+        raise TitanError(
+            "--eval-every N needs --eval-data or --eval-split"
+            if cfg.observability.eval_every
+            else "--eval-data and --eval-split need --eval-every N"
+        )
     bounds, steps = cfg.observability.profile_steps, cfg.optimizer.steps
     if bounds is not None and not 1 <= bounds[0] <= bounds[1] <= steps:
         raise TitanError(

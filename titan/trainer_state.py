@@ -124,6 +124,12 @@ class Trainer(Protocol):
         device) and ``finite`` False in its metrics."""
         ...
 
+    def eval_loss(self, state: TrainState, batch: Batch) -> Any:
+        """The mean loss of ``batch`` under ``state``'s parameters, forward passes only
+        (``--eval-every``); ``state`` is not donated. Returns a float32 scalar on the device
+        (this process's copy)."""
+        ...
+
     def process_rows(self, batch_size: int) -> np.ndarray | None:
         """(R,) int64 indices of the rows of a (B, ...) global batch this process materialises,
         or None for all of them."""

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 # 2014), and a chart 128 terminal columns wide has 256 (plotext's braille: two dots a column).
 MAX_POINTS = 1024
 
-Point = tuple[int, int, float | None, float]  # (arrival index, step, loss, learning rate)
+# (arrival index, step, loss, learning rate: None for a curve without one, such as eval losses)
+Point = tuple[int, int, float | None, float | None]
 
 
 def _value(point: Point) -> float | None:
@@ -56,7 +57,8 @@ class _Bucket:
 
 
 class Curve:
-    """``(step, loss, learning rate)`` of each step, M4-decimated to at most ``max_points``.
+    """``(step, loss, learning rate)`` of each step (or ``(step, eval loss)`` of each
+    evaluation), M4-decimated to at most ``max_points``.
 
     Args:
         max_points: points kept at most (a multiple of 4; every point is kept while fewer than
@@ -70,7 +72,7 @@ class Curve:
         self._filled = 0  # points in the last bucket
         self.count = 0  # points appended
 
-    def append(self, step: int, loss: float | None, lr: float) -> None:
+    def append(self, step: int, loss: float | None, lr: float | None = None) -> None:
         """Add one step's point (after every earlier step's)."""
         point = (self.count, step, loss, lr)
         self.count += 1
@@ -114,6 +116,6 @@ class Curve:
         return [p[2] for p in self._points()]
 
     @property
-    def lrs(self) -> list[float]:
+    def lrs(self) -> list[float | None]:
         """The learning rate of each point kept (the steps' order)."""
         return [p[3] for p in self._points()]

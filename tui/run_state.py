@@ -23,6 +23,7 @@ from titan.observability.events import (
     MFU_CONVENTION,
     Checkpoint,
     Compile,
+    Eval,
     Event,
     Pipeline,
     PipelineTiming,
@@ -39,7 +40,13 @@ from tui.curve import Curve
 # Steps over which the step rate for the ETA is measured (wall clock between step events).
 RATE_WINDOW_STEPS = 20
 # The phase the loop is in after each event type (the watchdog's phase names).
-_PHASE_AFTER = {"run_start": "compile", "step": "step", "checkpoint": "step", "run_end": "idle"}
+_PHASE_AFTER = {
+    "run_start": "compile",
+    "step": "step",
+    "checkpoint": "step",
+    "eval": "step",
+    "run_end": "idle",
+}
 # Until run_start tells the run's options: titan train's defaults.
 _WATCHDOG_DEFAULTS = (300.0, 10.0)
 
@@ -77,6 +84,8 @@ class RunState:
         tokens_seen: cumulative tokens trained on.
         curve: the steps' ``(step, loss, lr)``, decimated to a bounded number of points
             (:class:`tui.curve.Curve`; ``steps``, ``losses`` and ``lrs`` read it).
+        eval_curve: the ``eval`` events' ``(step, held-out loss)``, decimated the same way;
+            eval_loss: the last one's loss (None before the first).
         compile_s: seconds spent compiling, summed over ``compile`` events.
         checkpoint_step: step of the last saved checkpoint, or ``None``.
         end_status: ``completed``, ``stopped`` or ``failed`` from ``run_end``; ``None`` before.
@@ -112,6 +121,8 @@ class RunState:
     tokens_per_s: float | None = None
     tokens_seen: int = 0
     curve: Curve = field(default_factory=Curve)
+    eval_curve: Curve = field(default_factory=Curve)
+    eval_loss: float | None = None
     compile_s: float = 0.0
     checkpoint_step: int | None = None
     end_status: str | None = None
@@ -228,6 +239,10 @@ class RunState:
         self._take_flops(event)
         self._take_energy(event)
         self.peak_memory_bytes = event.peak_memory_bytes
+
+    def _on_eval(self, event: Eval) -> None:
+        self.eval_loss = event.loss
+        self.eval_curve.append(event.step, event.loss)
 
     def _take_flops(self, event: Step) -> None:
         """MFU and FLOPs per token under :data:`MFU_CONVENTION` (as ``summarize`` reports)."""

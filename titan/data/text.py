@@ -424,9 +424,15 @@ class PackedBatches:
         starts = self.sequence_starts(ids if self.rows is None else ids[self.rows])
         window = (starts[:, None] + np.arange(self.seq_len + 1)[None, :]) % len(self.tokens)
         tokens = np.asarray(self.tokens[window], dtype=np.int32)
-        segment_ids = np.cumsum(tokens[:, :-1] == self.bos_id, axis=1, dtype=np.int32)
+        segment_ids = document_ids(tokens, self.bos_id)
         self.position += self.batch_size
         return {"tokens": tokens, "segment_ids": segment_ids}, ids
+
+
+def document_ids(tokens: np.ndarray, bos_id: int) -> np.ndarray:
+    """(R, S) int32 document ids of the inputs of (R, S + 1) packed ``tokens``: the BOS tokens
+    up to and including each input position (attention stays within a document)."""
+    return np.cumsum(tokens[:, :-1] == bos_id, axis=1, dtype=np.int32)
 
 
 def batch_digest(sequence_ids: np.ndarray) -> str:

@@ -49,26 +49,50 @@ class Block(nn.Module):
         cfg, ops = self.config, self.ops
         e, h, k, d, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
         out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        attn_norm = _param(self, "attn_norm", ("norm",), (e,), None)
-        wq = _param(self, "wq", ("embed", "heads", "head_dim"), (e, h, d), INIT_STD)
-        wk = _param(self, "wk", ("embed", "kv_heads", "head_dim"), (e, k, d), INIT_STD)
-        wv = _param(self, "wv", ("embed", "kv_heads", "head_dim"), (e, k, d), INIT_STD)
-        wo = _param(self, "wo", ("heads", "head_dim", "embed"), (h, d, e), out_std)
-        mlp_norm = _param(self, "mlp_norm", ("norm",), (e,), None)
-        w_gate = _param(self, "w_gate", ("embed", "mlp"), (e, f), INIT_STD)
-        w_up = _param(self, "w_up", ("embed", "mlp"), (e, f), INIT_STD)
-        w_down = _param(self, "w_down", ("mlp", "embed"), (f, e), out_std)
+        specs = {  # name: (logical axes, shape, init std; None: ones), in creation order
+            "attn_norm": (("norm",), (e,), None),
+            "wq": (("embed", "heads", "head_dim"), (e, h, d), INIT_STD),
+            "wk": (("embed", "kv_heads", "head_dim"), (e, k, d), INIT_STD),
+            "wv": (("embed", "kv_heads", "head_dim"), (e, k, d), INIT_STD),
+            "wo": (("heads", "head_dim", "embed"), (h, d, e), out_std),
+            "mlp_norm": (("norm",), (e,), None),
+            "w_gate": (("embed", "mlp"), (e, f), INIT_STD),
+            "w_up": (("embed", "mlp"), (e, f), INIT_STD),
+            "w_down": (("mlp", "embed"), (f, e), out_std),
+        }
+        weights = {name: _param(self, name, *spec) for name, spec in specs.items()}
 
-        hidden = ops.rms_norm(x, attn_norm, eps=cfg.norm_eps)
-        rope = functools.partial(ops.rope, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
-        q = rope(jnp.einsum("bse,ehd->bshd", hidden, wq), positions)
-        key = rope(jnp.einsum("bse,ekd->bskd", hidden, wk), positions)
-        value = jnp.einsum("bse,ekd->bskd", hidden, wv)
-        attended = ops.attention(q, key, value, segment_ids=segment_ids, causal=True)
-        x = x + jnp.einsum("bshd,hde->bse", attended, wo)
-        hidden = ops.rms_norm(x, mlp_norm, eps=cfg.norm_eps)
-        x = x + ops.swiglu(hidden, w_gate, w_up, w_down)
+        def attend(q, key, value):
+            return ops.attention(q, key, value, segment_ids=segment_ids, causal=True), None
+
+        x, _ = block_forward(cfg, ops, weights, x, positions, attend)
         return nn.with_logical_constraint(x, ACTIVATION_AXES), None
+
+
+def block_forward(cfg: ModelConfig, ops: Ops, weights: dict, x, positions, attend):
+    """One decoder block's math on its ``weights`` (the parameters :class:`Block` creates, by
+    name), shared by :class:`Block` and the KV-cache decoder (:mod:`titan.models.kv_cache`).
+
+    Args:
+        x: (B, S, E) in the compute dtype; positions: (B, S) int32.
+        attend: ``(q (B, S, H, D), k (B, S, K, D), v (B, S, K, D)) -> ((B, S, H, D), aux)``,
+            the attention over this block's keys and values (with a cache: over the cached
+            ones too); ``aux`` is passed back (the updated cache).
+
+    Returns:
+        ((B, S, E) in x's dtype, aux).
+    """
+    hidden = ops.rms_norm(x, weights["attn_norm"], eps=cfg.norm_eps)
+    q = jnp.einsum("bse,ehd->bshd", hidden, weights["wq"])
+    key = jnp.einsum("bse,ekd->bskd", hidden, weights["wk"])
+    value = jnp.einsum("bse,ekd->bskd", hidden, weights["wv"])
+    rope = functools.partial(ops.rope, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+    q, key = rope(q, positions), rope(key, positions)
+    attended, aux = attend(q, key, value)
+    x = x + jnp.einsum("bshd,hde->bse", attended, weights["wo"])
+    hidden = ops.rms_norm(x, weights["mlp_norm"], eps=cfg.norm_eps)
+    x = x + ops.swiglu(hidden, weights["w_gate"], weights["w_up"], weights["w_down"])
+    return x, aux
 
 
 class LlamaStage(nn.Module):

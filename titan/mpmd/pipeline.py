@@ -119,6 +119,7 @@ class ChunkPrograms:
     abstract: ChunkState
     rows: int
     compiled: dict[str, Any] = field(default_factory=dict)
+    _eval: Any = None
 
     @property
     def activation_sharding(self) -> NamedSharding:
@@ -128,6 +129,14 @@ class ChunkPrograms:
 
     def _apply(self, params, x, every, last):
         return self.adapter.forward(self.chunk, params, x, every, last, self.dtype)
+
+    def eval_forward(self, params, x, every, last):
+        """The chunk's forward alone, no VJP (evaluation): its output, the mean loss on the
+        last chunk. Jitted on first call (under the stage mesh's tracing context)."""
+        if self._eval is None:
+            self._eval = jax.jit(self._apply)
+        with self.mesh.tracing():
+            return self._eval(params, x, every, last)
 
     def _forward(self, params, x, every, last):
         if self.chunk.first:
@@ -569,8 +578,43 @@ class PipelineTrainer:
                 )
             )
         lr = self._lr(np.int32(state.step))
-        loss = _local(next(x for x, m in zip(losses, self.meshes, strict=True) if m.is_local))
+        loss = self._local_loss(losses)
         return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite}
+
+    def _local_loss(self, losses: list[jax.Array]) -> jax.Array:
+        """This process's copy of the loss of :meth:`_loss_on_stages`."""
+        return _local(next(x for x, m in zip(losses, self.meshes, strict=True) if m.is_local))
+
+    def eval_loss(self, state: TrainState, batch: Batch) -> jax.Array:
+        """The mean loss of ``batch``, forward passes only (evaluation): each microbatch goes
+        through the chunks in model order, each chunk's forward on its own stage
+        (:meth:`ChunkPrograms.eval_forward`), activations crossing stages by :func:`transfer`
+        (across processes every process takes part in each transfer, as in a step); no
+        schedule, no residuals kept. Returns this process's copy of the float32 scalar."""
+        buffers = _StepBuffers()
+        for piece in self._microbatches(batch):
+            x = piece["x"]
+            for program in self.programs:
+                x = self._eval_chunk(program, state, piece, x, buffers)
+        return self._local_loss(self._loss_on_stages(buffers))
+
+    def _eval_chunk(
+        self, program: ChunkPrograms, state: TrainState, piece: dict, x: Any, buffers: _StepBuffers
+    ) -> Any:
+        """One chunk's forward of one microbatch: the next chunk's input (None after the last
+        chunk, whose loss goes to ``buffers.losses``)."""
+        chunk = program.chunk
+        if not program.mesh.is_local:  # another process's chunk: take part in its transfer
+            out = None if chunk.last else remote_array(program.activation_abstract())
+        else:
+            last = piece["last"] if chunk.last else {}
+            every = piece["every"][chunk.stage]
+            out = program.eval_forward(state.chunks[chunk.index]["params"], x, every, last)
+            if chunk.last:
+                buffers.losses.append(out)
+        if chunk.last:
+            return None
+        return transfer(out, self.programs[chunk.index + 1].activation_sharding)
 
     def _loss_on_stages(self, buffers: _StepBuffers) -> list[jax.Array]:
         """The step's mean loss, computed on the last stage, on every stage's devices (the

@@ -166,6 +166,7 @@ SUMMARY_COLUMNS = (
     Column("restarts", 13),
     Column("final loss", 2),
     Column("best loss", 8),
+    Column("best eval", 15),
 )
 CHECK_COLUMNS = (
     Column("run", 0, "left", key=True),
@@ -204,6 +205,7 @@ def _print_summaries(root: Path, rows: list[Any], wide: bool) -> None:
                 str(r.restarts),
                 format_number(r.final_loss, ".3f"),
                 format_number(r.best_loss, ".3f"),
+                format_number(r.best_eval_loss, ".3f"),
             )
         )
     out = console(PIPE_WIDTH)

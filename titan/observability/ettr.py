@@ -25,6 +25,8 @@ checkpoint save and restore, progress wasted by a disruption)):
         checkpoint_save    = sum of ``checkpoint`` and ``checkpoint_failed`` events' ``seconds``
                              (the time the loop waited for the save; an async save's
                              background writing is inside the step times)
+        eval               = sum of ``eval`` events' ``seconds`` (validation, ``--eval-every``;
+                             the trainer keeps it out of every step's time)
         lost_progress      = compute time of steps that did not survive
         other              = available_s - everything above (shutdown, logging, the time after
                              the last step of a crashed attempt)
@@ -61,6 +63,7 @@ from titan.observability.events import (
     Checkpoint,
     CheckpointFailed,
     Compile,
+    Eval,
     Event,
     RunEnd,
     RunStart,
@@ -74,6 +77,7 @@ BADPUT_KINDS = (
     "data_wait",
     "checkpoint_save",
     "checkpoint_restore",
+    "eval",
     "lost_progress",
     "other",
 )
@@ -100,6 +104,7 @@ class Attempt:
     restore_s: float = 0.0
     compile_s: float = 0.0
     checkpoint_save_s: float = 0.0
+    eval_s: float = 0.0
     data_wait_s: float = 0.0
     productive_s: float = 0.0
     lost_s: float = 0.0
@@ -121,6 +126,7 @@ class Attempt:
             + self.restore_s
             + self.compile_s
             + self.checkpoint_save_s
+            + self.eval_s
             + self.data_wait_s
             + self.productive_s
             + self.lost_s
@@ -162,6 +168,7 @@ class Goodput:
             "data_wait": lambda a: a.data_wait_s,
             "checkpoint_save": lambda a: a.checkpoint_save_s,
             "checkpoint_restore": lambda a: a.restore_s,
+            "eval": lambda a: a.eval_s,
             "lost_progress": lambda a: a.lost_s,
             "other": lambda a: a.other_s,
         }
@@ -247,6 +254,8 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
             save_since_step += seconds
             if isinstance(event, Checkpoint):
                 attempt.last_checkpoint = event.step
+        elif isinstance(event, Eval):
+            attempt.eval_s += event.seconds or 0.0
         elif isinstance(event, Stall):
             attempt.stalls += 1
         elif isinstance(event, RunEnd):

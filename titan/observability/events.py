@@ -210,7 +210,9 @@ class RunStart(Event):
         "``source``, ``tokens``, ``sequences`` and ``documents`` of the corpus, and ``dropped``: "
         "records that are not documents by reason (``empty``, ``non_text``: the text field "
         "missing or not a string, ``nul_bytes``, ``bad_json``: a .jsonl line that is not a JSON "
-        "object; :data:`titan.data.text.DROP_REASONS`)"
+        "object; :data:`titan.data.text.DROP_REASONS`); with ``--eval-every``, ``eval``: the "
+        "held-out ``documents``, their ``tokens`` and the ``batches`` each evaluation covers "
+        "(the corpus's counts are then of the training side)"
     )
     start_step: int | None = _field(
         "the step this attempt starts after (0 for a fresh run)", "steps"
@@ -367,6 +369,30 @@ class Checkpoint(Event):
         "written in the background (``--checkpoint-async``)", omit_if_none=True
     )
     path: str | None = _field("the checkpoint's folder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eval(Event):
+    """The loss on held-out data after a step (``--eval-every``; :mod:`titan.trainer.evaluation`):
+    the model's mean next-token loss over the same ``--eval-batches`` batches of the held-out
+    documents (``--eval-data`` or ``--eval-split``) every time, forward passes only."""
+
+    type: ClassVar[str] = "eval"
+
+    step: int = _field("the step after which the model was evaluated", "steps", required=True)
+    loss: float = _field(
+        "mean cross-entropy over the held-out tokens evaluated (every batch holds as many)",
+        "nats",
+        required=True,
+    )
+    perplexity: float | None = _field("exp(loss)")
+    tokens: int | None = _field("held-out tokens evaluated (batches x batch size x seq len)")
+    batches: int | None = _field("batches evaluated", "batches")
+    seconds: float | None = _field(
+        "time the training loop spent evaluating (the first evaluation compiles the forward "
+        "pass); badput of its own in ETTR",
+        "seconds",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -549,6 +575,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Compile,
     Step,
     Checkpoint,
+    Eval,
     LossSpike,
     CheckpointFailed,
     CheckpointUnrestorable,

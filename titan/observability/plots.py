@@ -29,6 +29,8 @@ class StepSeries:
         mfu: fraction of peak per convention (``causal``, ``full``; or the recorded name).
         step_time_s: wall time of the step, seconds.
         energy_j: energy of the step, joules.
+        eval_steps, eval_loss: the steps after which the held-out data was evaluated, and
+            its loss (``eval`` events), nats.
     """
 
     label: str
@@ -39,6 +41,8 @@ class StepSeries:
     mfu: dict[str, list[float | None]] = field(default_factory=dict)
     step_time_s: list[float | None] = field(default_factory=list)
     energy_j: list[float | None] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    eval_loss: list[float | None] = field(default_factory=list)
 
 
 def _pyplot() -> Any:
@@ -72,20 +76,20 @@ def _save(fig: Any, ax: Any, path: Path, legend: bool) -> Path:
     return path
 
 
-def _step_figure(path: Path, series: list[StepSeries], attr: str, title: str, ylabel: str) -> Path:
+def plot_loss(path: Path, series: list[StepSeries]) -> Path:
+    """Training loss (nats) against step, and the held-out (eval) loss where recorded."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    evaluated = any(s.eval_steps for s in series)
     for s in series:
-        ax.plot(*_points(s.steps, getattr(s, attr)), marker=".", markersize=3, label=s.label)
-    ax.set(title=title, xlabel="step", ylabel=ylabel)
-    return _save(fig, ax, path, legend=len(series) > 1)
-
-
-def plot_loss(path: Path, series: list[StepSeries]) -> Path:
-    """Training loss (nats) against step."""
-    return _step_figure(
-        path, series, "loss", "Training loss", "loss (mean token cross-entropy, nats)"
-    )
+        label = f"{s.label}, train" if evaluated else s.label
+        ax.plot(*_points(s.steps, s.loss), marker=".", markersize=3, label=label)
+        if s.eval_steps:
+            xs, ys = _points(s.eval_steps, s.eval_loss)
+            ax.plot(xs, ys, marker="o", markersize=4, linestyle="--", label=f"{s.label}, eval")
+    title = "Training and eval loss" if evaluated else "Training loss"
+    ax.set(title=title, xlabel="step", ylabel="loss (mean token cross-entropy, nats)")
+    return _save(fig, ax, path, legend=len(series) > 1 or evaluated)
 
 
 def plot_throughput(path: Path, series: list[StepSeries], median: float | None) -> Path:

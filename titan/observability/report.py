@@ -27,7 +27,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.observability import ettr, plots
-from titan.observability.events import Event, Profile, RunStart, Step
+from titan.observability.events import Eval, Event, Profile, RunStart, Step
 from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.summarize import RunSummary, summarize_run_dir
@@ -93,6 +93,10 @@ def step_series(events: list[Event]) -> list[plots.StepSeries]:
             values = _mfu_values(e)
             for c in conventions:
                 s.mfu[c].append(values.get(c))
+        for e in attempt:
+            if isinstance(e, Eval):
+                s.eval_steps.append(e.step)
+                s.eval_loss.append(e.loss)
         series.append(s)
     return series
 
@@ -177,6 +181,7 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
         ("restarts", s.restarts),
         ("final loss", format_number(s.final_loss, ".4f")),
         ("best loss", format_number(s.best_loss, ".4f")),
+        ("best eval loss", format_number(s.best_eval_loss, ".4f")),
     ]
 
 
@@ -232,6 +237,25 @@ def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
     else:
         lines += [f"power: unavailable ({s.energy_reason or NOT_RECORDED}).", ""]
     return lines
+
+
+def _eval_lines(events: list[Event]) -> list[str]:
+    """The validation section: one row per ``eval`` event; nothing when the run has none."""
+    rows = [
+        (
+            e.step,
+            format_number(e.loss, ".4f"),
+            format_number(e.perplexity, ",.2f"),
+            format_number(e.tokens, ","),
+            format_number(e.seconds, ".2f"),
+        )
+        for e in events
+        if isinstance(e, Eval)
+    ]
+    if not rows:
+        return []
+    header = ("after step", "eval loss (nats)", "perplexity", "tokens", "seconds")
+    return ["## Validation", "", "Held-out loss (`eval` events).", "", *_table(header, rows)]
 
 
 def _profile_lines(run_dir: Path, out: Path, events: list[Event]) -> list[str]:
@@ -345,6 +369,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
             _attempt_rows(events),
         ),
         *_figures(out, events, summary),
+        *_eval_lines(events),
         *_profile_lines(run_dir, out, events),
         "## Configuration",
         "",

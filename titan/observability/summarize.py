@@ -105,7 +105,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 4
+DB_VERSION = 5
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # How long connect() waits for another process to release the database, and its backoff: the
@@ -146,7 +146,7 @@ _SCHEMA = (
     steps BIGINT, tokens BIGINT, wall_s DOUBLE, median_tokens_per_s DOUBLE, median_mfu DOUBLE,
     ettr DOUBLE, goodput DOUBLE, stalls BIGINT, restarts BIGINT, final_loss DOUBLE,
     best_loss DOUBLE, summary JSON, tokens_per_j DOUBLE, started_at DOUBLE, preset VARCHAR,
-    layout VARCHAR, pp BIGINT, devices BIGINT)""",
+    layout VARCHAR, pp BIGINT, devices BIGINT, best_eval_loss DOUBLE)""",
 )
 # The complete lines of a staged file, numbered from a parameter, the JSON objects among them
 # transformed to the typed columns in one parse each (json_transform gives NULL for a field of
@@ -191,6 +191,7 @@ class RunSummary:
     peak_memory_bytes: float | None = None
     compiled_memory_bytes: float | None = None
     memory_estimate_bytes: float | None = None
+    best_eval_loss: float | None = None  # the lowest finite loss of the run's eval events
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -591,7 +592,7 @@ def compute_summary(
 ) -> RunSummary:
     """The summary of one ingested run, from the ``events`` table (``events``: the run's
     accounting events when the caller already fetched them)."""
-    (steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt) = con.execute(
+    (steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt, best_eval) = con.execute(
         """SELECT max(step) FILTER (type = 'step'),
         max(tokens_seen) FILTER (type = 'step'),
         min(time) FILTER (type = 'run_start'), max(time),
@@ -599,7 +600,8 @@ def compute_summary(
         min(loss) FILTER (type = 'step' AND isfinite(loss)),
         sum(energy_j) FILTER (type = 'step'),
         sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL),
-        median(joules_per_token) FILTER (type = 'step')
+        median(joules_per_token) FILTER (type = 'step'),
+        min(loss) FILTER (type = 'eval' AND isfinite(loss))
         FROM events WHERE run_id = ?""",
         [run_id],
     ).fetchone()
@@ -649,6 +651,7 @@ def compute_summary(
         peak_memory_bytes=_optional(_peak_memory(con, run_id)),
         compiled_memory_bytes=_optional(compiled),
         memory_estimate_bytes=_optional(memory_check.get("estimate_bytes")),
+        best_eval_loss=_optional(best_eval),
     )
 
 
@@ -666,7 +669,7 @@ def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
     con.execute(
         """INSERT OR REPLACE INTO runs SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
         started_at, p->>'$.config.preset', p->>'$.config.layout',
-        TRY_CAST(p->>'$.config.pp' AS BIGINT), TRY_CAST(p->>'$.layout.devices' AS BIGINT)
+        TRY_CAST(p->>'$.config.pp' AS BIGINT), TRY_CAST(p->>'$.layout.devices' AS BIGINT), ?
         FROM (SELECT min(time) AS started_at, arg_min(payload, seq) AS p FROM events
             WHERE run_id = ? AND type = 'run_start')""",
         [
@@ -685,6 +688,7 @@ def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
             s.best_loss,
             json.dumps(s.as_dict()),
             s.tokens_per_j,
+            s.best_eval_loss,
             s.run_id,
         ],
     )

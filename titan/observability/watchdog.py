@@ -33,8 +33,17 @@ from typing import Any
 from titan.observability.events import Stall
 from titan.observability.ticker import Ticker
 
-PHASES = ("idle", "compile", "checkpoint_restore", "data_wait", "step", "checkpoint_save")
-LONG_PHASES = frozenset({"compile", "checkpoint_save", "checkpoint_restore"})
+PHASES = (
+    "idle",
+    "compile",
+    "checkpoint_restore",
+    "data_wait",
+    "step",
+    "checkpoint_save",
+    "eval",
+)
+# eval: the first evaluation compiles its forward pass
+LONG_PHASES = frozenset({"compile", "checkpoint_save", "checkpoint_restore", "eval"})
 WINDOW = 20  # step times in the rolling median
 LONG_PHASE_FLOORS = 20  # compile and checkpoint allowance, in floors
 LONG_PHASE_MIN_S = 30.0  # and never under this many seconds

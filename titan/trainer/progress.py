@@ -26,7 +26,7 @@ from rich.progress import (
 from rich.text import Text
 
 from titan.inert import inert
-from titan.observability.events import Step
+from titan.observability.events import Eval, Step
 
 
 class TrainProgress:
@@ -84,6 +84,15 @@ class TrainProgress:
                 f"{event.tokens_per_s:,.0f} tok/s",
                 flush=True,
             )
+
+    def eval(self, event: Eval) -> None:
+        """Show one ``eval`` event (one line, above the progress bar when there is one)."""
+        perplexity = "" if event.perplexity is None else f"  perplexity {event.perplexity:.2f}"
+        print(
+            f"eval after step {event.step}: loss {event.loss:.4f}{perplexity}  "
+            f"{event.tokens:,} tokens  {event.seconds:.2f} s",
+            flush=True,
+        )
 
     def _ensure_bar(self, start: int) -> None:
         if self._bar is None:

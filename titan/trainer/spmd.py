@@ -16,6 +16,7 @@ and the metrics' ``finite`` flag says so (read one step late, with the other met
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ class SpmdTrainer:
         self.chunk_shardings, self.chunk_abstract = self._chunk_shardings(self.chunks[0], self.mesh)
         self._lowered: Any = None
         self._compiled: Any = None
+        self._eval: Any = None
 
     def _chunk_shardings(self, chunk: Chunk, mesh: DeviceMesh) -> tuple[Any, ChunkState]:
         shapes, logical = self.adapter.abstract_params(chunk)
@@ -106,17 +108,36 @@ class SpmdTrainer:
         init = jax.jit(self._init_chunk, out_shardings=self.chunk_shardings)
         return TrainState(0, (init(jax.random.key(seed)),))
 
+    def _loss(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        """The mean loss of one batch or microbatch."""
+        inputs = self.adapter.stage_inputs(batch)
+        return self.adapter.forward(
+            self.chunks[0], params, inputs.first, inputs.every, inputs.last, self.compute_dtype
+        )
+
     def _loss_and_grads(self, params: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
         """(mean loss, gradients in the parameters' dtype) of one batch or microbatch."""
-        whole = self.chunks[0]
-        inputs = self.adapter.stage_inputs(batch)
+        return jax.value_and_grad(self._loss)(params, batch)
 
-        def loss_fn(params):
-            return self.adapter.forward(
-                whole, params, inputs.first, inputs.every, inputs.last, self.compute_dtype
+    def _eval_step(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        """The mean loss of a batch, forward only, microbatch by microbatch (equal rows: the
+        mean of their means) so that no more activations are live than in a train step."""
+        if self.microbatches == 1:
+            return self._loss(params, batch)
+        split = self._split_microbatches(batch)
+        return jnp.mean(jax.lax.map(functools.partial(self._loss, params), split))
+
+    def eval_loss(self, state: TrainState, batch: Batch) -> jax.Array:
+        """The mean loss of ``batch`` under ``state``'s parameters, forward only (evaluation;
+        jitted on the first call). Returns a replicated float32 scalar."""
+        if self._eval is None:
+            shardings = (self.chunk_shardings["params"], self.mesh.batch_sharding(self.batch_size))
+            self._eval = jax.jit(
+                self._eval_step, in_shardings=shardings, out_shardings=self.mesh.replicated()
             )
-
-        return jax.value_and_grad(loss_fn)(params)
+        placed = self.mesh.shard_batch(batch, self.batch_size)
+        with self.mesh.tracing():
+            return self._eval(state.chunks[0]["params"], placed)
 
     def _split_microbatches(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """(B, ...) -> (M, B/M, ...): microbatch i takes rows i, M + i, 2M + i, ... so that

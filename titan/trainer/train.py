@@ -8,7 +8,8 @@ files, record ``run_start``, compile, loop, checkpoint, record.
 Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
 ``checkpoint_failed``, ``checkpoint_unrestorable``, ``loss_spike``, ``profile``, ``stall``,
-``run_end``; ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
+``run_end``; ``eval`` with ``--eval-every`` (:mod:`titan.trainer.evaluation`); ``pipeline``
+and ``pipeline_timing`` from an MPMD trainer).
 
 Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
 the loop records each save's outcome once it settles and waits for the last one before
@@ -51,6 +52,7 @@ import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
+from titan.data.heldout import split_corpus
 from titan.data.text import (
     Corpus,
     PackedBatches,
@@ -108,6 +110,7 @@ from titan.trainer.checkpoint import (
     initial_state,
 )
 from titan.trainer.claim import RunClaim, refuse_recorded
+from titan.trainer.evaluation import Evaluation, open_evaluation
 from titan.trainer.guard import (
     LossSpikeDetector,
     NonFiniteAbort,
@@ -232,11 +235,14 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     try:
         with stop.during("scan"):
             corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
+            corpus, held_out = split_corpus(corpus, cfg.data.eval_data, cfg.data.eval_split)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
         with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
-            return _train_claimed(cfg, resume_dir, run_dir, claim, progress, corpus, stop)
+            return _train_claimed(
+                cfg, resume_dir, run_dir, claim, progress, (corpus, held_out), stop
+            )
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -253,11 +259,14 @@ def _train_claimed(
     run_dir: Path,
     claim: RunClaim,
     progress: TrainProgress,
-    corpus: Corpus,
+    corpora: tuple[Corpus, Corpus | None],
     stop: StopFlag,
 ) -> int:
-    """:func:`train` once this process holds the run dir (or is not its writer)."""
+    """:func:`train` once this process holds the run dir (or is not its writer); ``corpora``:
+    what to train on and the held-out data (:func:`titan.data.heldout.split_corpus`)."""
     import jax
+
+    corpus, held_out = corpora
 
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
@@ -280,6 +289,8 @@ def _train_claimed(
         stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
+    with stop.during("tokenize") as tick:
+        evaluation = open_evaluation(cfg, held_out, tokenizer, trainer, tick)
 
     run_devices = jax.devices()[: trainer.describe()["devices"]]
     power_reader, power_info = open_reader(devices=run_devices)
@@ -294,6 +305,7 @@ def _train_claimed(
         _flops_meter(trainer),
         PowerSampler(power_reader),
         [d for d in run_devices if d.process_index == jax.process_index()],
+        evaluation,
     )
     run.start_monitors()
     started = False
@@ -315,7 +327,9 @@ def _train_claimed(
         run.begin(model_cfg, tokenizer)
         run.record.emit(
             RunStart(
-                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches, stream),
+                **_run_start_fields(
+                    cfg, model_cfg, trainer, ops, tokenizer, batches, stream, evaluation
+                ),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
                 # checkpoints are never of step 0: a resume without one starts fresh
@@ -406,7 +420,9 @@ def _run_start_fields(
     tokenizer: Tokenizer,
     batches: PackedBatches,
     stream: TokenStream,
+    evaluation: Evaluation | None,
 ) -> dict[str, Any]:
+    held_out = {"eval": evaluation.describe()} if evaluation else {}
     return {
         "config": cfg.record(),
         "model": dataclasses.asdict(model_cfg),
@@ -425,6 +441,7 @@ def _run_start_fields(
             "sequences": batches.num_sequences,
             "documents": stream.documents,
             "dropped": stream.dropped,
+            **held_out,
         },
         "processes": process_count(),
         "process": ProcessId.current(process_index()).as_dict(),
@@ -447,6 +464,7 @@ class _Run:
     flops: FlopsMeter
     power: PowerSampler
     local_devices: list  # the run's devices in this process (memory readings)
+    evaluation: Evaluation | None = None  # --eval-every
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
 
@@ -769,6 +787,8 @@ class _Run:
                     self._report(*self._pending)
                     self._pending = None
                 self._save_newest()
+            if self.evaluation and self.evaluation.due(step):
+                self._evaluate(state, step)
         if self._pending:
             self._report(*self._pending)
         if step != self._saved_step:
@@ -777,6 +797,16 @@ class _Run:
         self.record_saves(self.checkpointer.wait())  # the last save commits before run_end
         self.watchdog.enter("idle", step)
         return step, "stopped" if self.agreement.agreed else "completed"
+
+    def _evaluate(self, state: TrainState, step: int) -> None:
+        """Record the ``eval`` event of ``state`` after ``step`` (its ``step`` event first); the
+        next step's time starts after it, so evaluation is in no step's time."""
+        if self._pending:
+            self._report(*self._pending)
+            self._pending = None
+        self.watchdog.enter("eval", step)
+        self.progress.eval(self.record.emit(self.evaluation.run(state, step)))
+        self._last_done = time.perf_counter()
 
     def _save_newest(self) -> None:
         """Save the newest state from the loop (holding the dispatch lock, so that the

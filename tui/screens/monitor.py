@@ -272,9 +272,12 @@ class MonitorScreen(Screen[None]):
         if active == "overview":
             self._show_overview()
         elif active == "curves":
-            curve = self.state.curve
+            curve, held_out = self.state.curve, self.state.eval_curve
             steps = curve.steps
-            self.query_one("#loss-plot", CurvePlot).show([("loss", steps, curve.losses)])
+            losses = [("loss", steps, curve.losses)]
+            if held_out.count:
+                losses.append(("eval loss", held_out.steps, held_out.losses))
+            self.query_one("#loss-plot", CurvePlot).show(losses)
             self.query_one("#lr-plot", CurvePlot).show([("lr", steps, curve.lrs)])
         elif active == "power":
             self.query_one(PowerPanel).show(self.state)

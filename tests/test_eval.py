@@ -1,0 +1,114 @@
+"""Validation (``--eval-split``, ``--eval-every``): held-out documents never trained on, eval
+events at the set steps on both layouts, their badput, the summaries, the report and the
+console's loss curve, on two real runs (conftest: ``spmd_eval_run``, ``mpmd_eval_run``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from console_helpers import wait_until
+from helpers import events
+
+from titan.config import TrainConfig
+from titan.data.heldout import EvalBatches, held_out, split_corpus
+from titan.data.text import PackedBatches, batch_digest, open_corpus
+from titan.data.tokenizer import load_tokenizer
+from titan.errors import TitanError
+from titan.observability import ettr
+from titan.observability.events import parse_event
+from titan.observability.report import write_report
+from titan.observability.summarize import summarize
+from tui.app import TitanConsole
+from tui.widgets.curve_plot import CurvePlot
+
+SPLIT = 0.25
+
+
+def test_held_out_documents_never_appear_in_a_training_batch(spmd_eval_run, corpus_dir):
+    """The run trained on exactly the stream of the documents not held out: its batches'
+    digests are those of that stream's packed batches, and the stream holds every training
+    document and no held-out one."""
+    documents = list(open_corpus(str(corpus_dir)).documents())
+    kept = [d for d in documents if not held_out(d, SPLIT)]
+    assert 0 < len(kept) < len(documents)
+    tokenizer = load_tokenizer(spmd_eval_run / "tokenizer.model")
+    stream = np.concatenate(tokenizer.encode_documents(kept)).astype(np.uint32)
+    batches = PackedBatches(stream, 32, 8, 0, tokenizer.bos_id)
+    digests = [batch_digest(batches.next_batch()[1]) for _ in range(5)]
+    assert digests == [e["batch_digest"] for e in events(spmd_eval_run, "step")]
+    data = events(spmd_eval_run, "run_start")[0]["data"]
+    assert data["documents"] == len(kept)
+    assert data["eval"]["documents"] == len(documents) - len(kept)
+    assert data["eval"]["batches"] == 2
+    train, evaluate = split_corpus(open_corpus(str(corpus_dir)), "", SPLIT)
+    assert set(train.documents()) == set(kept)
+    assert set(evaluate.documents()) == set(documents) - set(kept)
+
+
+def test_eval_events_at_exactly_the_set_steps_on_both_layouts(spmd_eval_run, mpmd_eval_run):
+    spmd, mpmd = events(spmd_eval_run, "eval"), events(mpmd_eval_run, "eval")
+    assert [e["step"] for e in spmd] == [e["step"] for e in mpmd] == [2, 4]
+    for e in spmd + mpmd:
+        assert e["tokens"] == 2 * 8 * 32 and e["batches"] == 2
+        assert e["perplexity"] == pytest.approx(math.exp(e["loss"]))
+        assert e["seconds"] > 0
+    # the same weights and held-out batches: the pipeline's forward gives the SPMD loss
+    for a, b in zip(spmd, mpmd, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert spmd[1]["loss"] < spmd[0]["loss"]
+    order = [e["type"] for e in events(spmd_eval_run) if e["type"] in ("step", "eval")]
+    assert order == ["step", "step", "eval", "step", "step", "eval", "step"]
+
+
+def test_eval_time_is_its_own_badput(spmd_eval_run):
+    lines = events(spmd_eval_run)
+    goodput = ettr.analyze([parse_event(line) for line in lines])
+    seconds = sum(e["seconds"] for e in lines if e["type"] == "eval")
+    assert goodput.badput_s["eval"] == pytest.approx(seconds)
+    assert "eval" in goodput.as_dict()["badput"]
+
+
+def test_summarize_and_report_show_the_best_eval_loss(spmd_eval_run, tmp_path, capsys):
+    best = min(e["loss"] for e in events(spmd_eval_run, "eval"))
+    (row,) = summarize(spmd_eval_run.parent)
+    assert row.best_eval_loss == pytest.approx(best)
+    report = write_report(spmd_eval_run, tmp_path / "report").read_text()
+    assert f"| best eval loss | {best:.4f} |" in report
+    assert "## Validation" in report
+
+
+async def test_the_monitor_curves_show_the_eval_loss(spmd_eval_run):
+    expected = [(e["step"], e["loss"]) for e in events(spmd_eval_run, "eval")]
+    app = TitanConsole(spmd_eval_run.parent, open_run=spmd_eval_run)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.screen.state.eval_loss is not None, lambda: "", 10)
+        await pilot.press("2")
+        plot = app.screen.query_one("#loss-plot", CurvePlot)
+        await wait_until(pilot, lambda: len(plot.series) == 2, lambda: str(plot.series), 10)
+        label, steps, losses = plot.series[1]
+    assert label == "eval loss"
+    assert list(zip(steps, losses, strict=True)) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"eval_every": 2}, "--eval-every N needs --eval-data or --eval-split"),
+        ({"eval_split": 0.1}, "--eval-data and --eval-split need --eval-every N"),
+        ({"eval_split": 1.0, "eval_every": 1}, "--eval-split must be < 1"),
+        ({"eval_split": 0.1, "eval_data": "x", "eval_every": 1}, "exclude each other"),
+    ],
+)
+def test_bad_eval_options_are_refused(options, message):
+    with pytest.raises(TitanError, match=message):
+        TrainConfig.of(**options)
+
+
+def test_held_out_data_smaller_than_a_batch_is_refused(tmp_path):
+    with pytest.raises(TitanError, match="fewer than one batch"):
+        EvalBatches(np.zeros(100, np.uint32), 32, 8, 1, 4)
+    with pytest.raises(TitanError, match="--eval-data .*: no such file"):
+        (tmp_path / "a.txt").write_text("text")
+        split_corpus(open_corpus(str(tmp_path)), str(tmp_path / "missing"), 0.0)

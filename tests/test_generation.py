@@ -1,0 +1,141 @@
+"""``titan generate``: the KV-cache decoder against full forward passes, on the checkpoint of a
+real MPMD run (its two stages' chunks joined into the whole model), sampling and the CLI."""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from titan.cli import main
+from titan.generation.generate import Generator, Sampling, printable
+from titan.generation.loading import load_model
+from titan.generation.sampling import sample
+from titan.models.llama import LlamaStage
+from titan.ops import Ops
+from titan.ops.native import rms_norm
+
+NEW_TOKENS = 12
+PROMPT = "def main("  # one prompt and length throughout: the decoder compiles once
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(mpmd_eval_run):
+    """A 5-step MPMD run (2 stages of 1 layer) with its checkpoint at step 5."""
+    return mpmd_eval_run
+
+
+@pytest.fixture(scope="module")
+def loaded(pipeline_run):
+    return load_model(str(pipeline_run))
+
+
+@pytest.fixture(scope="module")
+def generator(loaded):
+    return Generator(loaded)
+
+
+def full_forward_argmax(loaded, ids: list[int], length: int) -> int:
+    """The argmax of the last position's logits from the training model's own forward pass over
+    all of ``ids``, no cache: the blocks of :class:`LlamaStage`, then the final norm and the
+    head. ``ids`` are padded to ``length`` (causal: the padding after them changes nothing) so
+    that the pass compiles once."""
+    padded = jnp.asarray([ids + [0] * (length - len(ids))], jnp.int32)
+    return int(_logits(loaded.model, loaded.params, padded)[len(ids) - 1].argmax())
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model, params, tokens):
+    body = LlamaStage(model, Ops("cpu"), model.n_layers, has_head=False)
+    positions = jnp.arange(tokens.shape[1])[None]
+    weights = {"embed": params["embed"], "layers": params["layers"]}
+    hidden = body.apply({"params": weights}, tokens, positions, jnp.ones_like(tokens))
+    return rms_norm(hidden, params["final_norm"], eps=model.norm_eps)[0] @ params["head"]
+
+
+def test_stage_checkpoints_join_into_the_whole_model(pipeline_run, loaded):
+    """Layer 0 comes from stage 0's chunk, layer 1 from stage 1's; the embedding from the
+    first, the head from the last."""
+    path = pipeline_run / "checkpoints" / "5"
+    reader = ocp.StandardCheckpointer()
+    first, last = (reader.restore(path / f"chunk_{c}")["params"] for c in (0, 1))
+    joined = np.concatenate([first["layers"]["wq"], last["layers"]["wq"]])
+    np.testing.assert_array_equal(np.asarray(loaded.params["layers"]["wq"]), joined)
+    np.testing.assert_array_equal(np.asarray(loaded.params["embed"]), first["embed"])
+    np.testing.assert_array_equal(np.asarray(loaded.params["head"]), last["head"])
+    assert loaded.step == 5
+
+
+def test_greedy_decoding_is_the_argmax_of_full_forward_passes(loaded, generator):
+    prompt = generator.prompt_ids(PROMPT)
+    greedy = Sampling(max_new_tokens=NEW_TOKENS, temperature=0.0)
+    cached = list(generator.tokens(prompt, greedy))
+    expected, ids = [], list(prompt)
+    for _ in range(NEW_TOKENS):
+        token = full_forward_argmax(loaded, ids, len(prompt) + NEW_TOKENS)
+        if token == loaded.tokenizer.eos_id:
+            break
+        expected.append(token)
+        ids.append(token)
+    assert cached == expected
+    assert len(cached) >= 3  # the 5-step model says EOS after a few tokens, not at once
+    assert list(generator.tokens(prompt, greedy)) == cached  # deterministic
+
+
+def test_streamed_text_is_the_decode_of_the_new_tokens(loaded, generator):
+    out = io.StringIO()
+    sampling = Sampling(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, seed=5)
+    ids = generator.stream(PROMPT, sampling, out)
+    prompt = generator.prompt_ids(PROMPT)
+    decode = loaded.tokenizer.decode
+    continuation = decode(prompt + ids)[len(decode(prompt)) :]
+    assert out.getvalue() == PROMPT + printable(continuation) + "\n"
+    assert len(ids) == NEW_TOKENS
+    assert generator.stream(PROMPT, sampling, io.StringIO()) == ids  # same seed
+
+
+def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
+    rows = jnp.broadcast_to(logits, (256, 4))  # 256 independent draws, one per row
+    drawn = jax.jit(lambda t, p: sample(rows, jax.random.key(0), t, p, 4))
+
+    def kept(temperature, top_p):
+        return set(np.asarray(drawn(np.float32(temperature), np.float32(top_p))).tolist())
+
+    assert kept(1.0, 0.7) == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
+    assert kept(1.0, 1.0) == {0, 1, 2, 3}
+    assert kept(1.0, 0.4) == {0}
+    assert kept(0.0, 1.0) == {0}  # greedy
+    beyond_vocab = sample(jnp.asarray([[0.0, 0.0, 9.0]]), jax.random.key(0), 0.0, 1.0, 2)
+    assert int(beyond_vocab[0]) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--step", "1"], "has no checkpoint of it (it has: 5)"),
+    ],
+)
+def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, message):
+    assert main(["generate", str(pipeline_run), "--prompt", "x", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_generate_cli_streams_from_a_checkpoint_path(pipeline_run, capsys):
+    checkpoint = pipeline_run / "checkpoints" / "5"
+    assert main(["generate", str(checkpoint), "--prompt", "class", "--max-new-tokens", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("class")
+    assert "step 5" in captured.err
+    assert main(["generate", str(pipeline_run.parent), "--prompt", "x"]) == 2
+    assert "neither a run dir" in capsys.readouterr().err

@@ -1,0 +1,50 @@
+"""``titan generate``: continue a prompt from a run's checkpoint (:mod:`titan.generation`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``generate`` to the ``titan`` subcommands."""
+    generate = subparsers.add_parser(
+        "generate",
+        help="generate text from a run's checkpoint",
+        description="Continue --prompt with the model of a run dir (its newest committed "
+        "checkpoint, or --step N) or of one checkpoint <run dir>/checkpoints/<step>, written by "
+        "any layout; tokens stream to stdout as they are decoded (KV cache, one jitted step "
+        "per token). Example: titan generate runs/<run id> --prompt 'def main(' "
+        "--max-new-tokens 64 --temperature 0.8 --top-p 0.95",
+    )
+    generate.add_argument("source", metavar="RUN_DIR|CHECKPOINT")
+    generate.add_argument("--prompt", required=True, help="text to continue")
+    generate.add_argument(
+        "--step", type=int, default=None, help="checkpoint step of a run dir (default: newest)"
+    )
+    generate.add_argument(
+        "--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: 64)"
+    )
+    generate.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="softmax temperature; 0 is greedy, the argmax (default: 0)",
+    )
+    generate.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="nucleus sampling: draw from the most probable tokens holding this much "
+        "probability (default: 1, all)",
+    )
+    generate.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    generate.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``titan generate``; returns the exit code (TitanError for bad input)."""
+    from titan.generation.generate import Sampling, generate_from_cli
+
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    return generate_from_cli(args.source, args.step, args.prompt, sampling)

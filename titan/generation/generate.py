@@ -1,0 +1,144 @@
+"""``titan generate``: text from a checkpoint, streamed to the terminal token by token.
+
+The prompt (BOS, then its ids) is prefilled in one call of the cached forward
+(:func:`titan.models.kv_cache.cached_forward`), then one token at a time is decoded, each step
+one call of a jitted program that writes the token's keys and values into the cache, samples
+the next token (:func:`titan.generation.sampling.sample`) and splits the PRNG key. The cache is
+preallocated to prompt + ``--max-new-tokens`` positions, so the prefill compiles once per
+prompt length and the decode step once. Decoding stops after ``--max-new-tokens`` or at the
+tokenizer's EOS (not printed). Text is printed through
+:class:`titan.data.tokenizer.StreamDecoder`, so the streamed pieces join to the decode of all
+the ids.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titan.data.tokenizer import StreamDecoder
+from titan.errors import TitanError
+from titan.generation.loading import LoadedModel, load_model
+from titan.generation.sampling import sample
+from titan.inert import inert
+from titan.models.kv_cache import cached_forward, init_cache
+from titan.ops import Ops
+
+
+def printable(text: str) -> str:
+    """``text`` for the terminal: newlines and tabs kept (generated code has them), every
+    other control or bidi character escaped (:func:`titan.inert.inert`)."""
+    return "\n".join(inert(line).replace("\\x09", "\t") for line in text.split("\n"))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are drawn (``--temperature``, ``--top-p``, ``--seed``, ``--max-new-tokens``).
+
+    Raises (on construction):
+        TitanError: a negative temperature, top_p outside (0, 1], fewer than 1 new token or a
+            negative seed.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise TitanError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise TitanError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise TitanError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.seed < 2**32:
+            raise TitanError(f"--seed must be in [0, 2**32), got {self.seed}")
+
+
+@dataclass
+class Generator:
+    """Decodes from a :class:`titan.generation.loading.LoadedModel` with a KV cache.
+
+    Attributes:
+        loaded: the model, its parameters and tokenizer.
+        ops: the operators (the registry chooses; attention is the cached native formula).
+    """
+
+    loaded: LoadedModel
+    ops: Ops = field(default_factory=lambda: Ops(jax.default_backend(), from_env=False))
+
+    def __post_init__(self) -> None:
+        self._step = jax.jit(self._forward_and_sample, donate_argnums=1)
+
+    def _forward_and_sample(self, params, cache, tokens, start, key, temperature, top_p):
+        logits, cache = cached_forward(self.loaded.model, self.ops, params, tokens, start, cache)
+        key, drawn = jax.random.split(key)
+        vocab = self.loaded.tokenizer.vocab_size
+        return sample(logits[:, -1], drawn, temperature, top_p, vocab), cache, key
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """BOS, then the prompt's ids (a document's start, as in training)."""
+        return [self.loaded.tokenizer.bos_id, *self.loaded.tokenizer.encode(prompt)]
+
+    def tokens(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[int]:
+        """The new token ids, one per decode step, until ``max_new_tokens`` or EOS (excluded).
+
+        Raises:
+            TitanError: an empty prompt (not even BOS).
+        """
+        if not prompt_ids:
+            raise TitanError("--prompt: no tokens")
+        length = len(prompt_ids) + sampling.max_new_tokens
+        cache = init_cache(self.loaded.model, 1, length, self.loaded.dtype)
+        knobs = (np.float32(sampling.temperature), np.float32(sampling.top_p))
+        key = jax.random.key(sampling.seed)
+        params = self.loaded.params
+        tokens = jnp.asarray([prompt_ids], jnp.int32)
+        token, cache, key = self._step(params, cache, tokens, np.int32(0), key, *knobs)
+        eos = self.loaded.tokenizer.eos_id
+        for i in range(sampling.max_new_tokens):
+            new = int(token[0])
+            if new == eos:
+                return
+            yield new
+            if i + 1 < sampling.max_new_tokens:
+                start = np.int32(len(prompt_ids) + i)
+                token, cache, key = self._step(params, cache, token[:, None], start, key, *knobs)
+
+    def stream(self, prompt: str, sampling: Sampling, out: IO[str]) -> list[int]:
+        """Print the prompt, then each new piece of text as soon as it is complete
+        (:func:`printable`): the decode of prompt and new ids past the prompt's own, so that a
+        space between them survives. Returns the new ids."""
+        decoder = StreamDecoder(self.loaded.tokenizer)
+        prompt_ids = self.prompt_ids(prompt)
+        decoder.push(prompt_ids)  # the context of the first new ids; the prompt is printed as given
+        out.write(printable(prompt))
+        out.flush()
+        ids = []
+        for token in self.tokens(prompt_ids, sampling):
+            ids.append(token)
+            out.write(printable(decoder.push([token])))
+            out.flush()
+        out.write(printable(decoder.flush()) + "\n")
+        out.flush()
+        return ids
+
+
+def generate_from_cli(source: str, step: int | None, prompt: str, sampling: Sampling) -> int:
+    """``titan generate``: load, then stream the continuation of ``prompt`` to stdout (the
+    checkpoint used goes to stderr). Returns exit code 0.
+
+    Raises:
+        TitanError: bad source, step or sampling option.
+    """
+    loaded = load_model(source, step)
+    print(f"titan generate: {loaded.run_dir} step {loaded.step}", file=sys.stderr, flush=True)
+    Generator(loaded).stream(prompt, sampling, sys.stdout)
+    return 0

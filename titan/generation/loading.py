@@ -1,0 +1,120 @@
+"""A run's model and tokenizer for generation: the whole model's parameters from one of its
+checkpoints, on one device, whatever layout wrote it.
+
+The checkpoint is restored onto a one-device SPMD trainer of the run's own config
+(:class:`titan.trainer.checkpoint.Checkpointer`): a checkpoint of another layout, such as an
+MPMD run's per-stage (and virtual-stage) chunks, is joined along the layer axis into the one
+chunk of the whole model (:func:`titan.parallel.chunks.join_layers`), as a resume onto SPMD
+does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from titan.config import ParallelOptions, TrainConfig
+from titan.config_files import config_from_dict
+from titan.data.tokenizer import Tokenizer, load_tokenizer
+from titan.errors import TitanError
+from titan.models.adapters.base import cast_tree
+from titan.observability.records import CONFIG_FILE
+from titan.ops import Ops
+from titan.shapes import ModelConfig
+from titan.trainer.adapters import build_trainer, compute_dtype
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
+from titan.trainer.resume import TOKENIZER_FILE
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint's model, ready to decode.
+
+    Attributes:
+        model: the model shape (vocabulary resolved).
+        params: the whole model's parameters in ``dtype`` on one device (the names of
+            :class:`titan.models.llama.LlamaStage`).
+        dtype: the run's compute dtype on this backend.
+        tokenizer: the run's tokenizer.
+        run_dir: the run dir; step: the checkpoint's step.
+    """
+
+    model: ModelConfig
+    params: Any
+    dtype: jnp.dtype
+    tokenizer: Tokenizer
+    run_dir: Path
+    step: int
+
+
+def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
+    """(run dir, step or None for the newest) of ``RUN_DIR`` or ``RUN_DIR/checkpoints/STEP``.
+
+    Raises:
+        TitanError: ``source`` is neither, or ``step`` contradicts a checkpoint path.
+    """
+    path = Path(source)
+    if (path / CONFIG_FILE).is_file():
+        return path, step
+    run_dir = path.parent.parent
+    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit():
+        if (run_dir / CONFIG_FILE).is_file():
+            if step is not None and step != int(path.name):
+                raise TitanError(f"--step {step} contradicts the checkpoint {source}")
+            return run_dir, int(path.name)
+    raise TitanError(
+        f"{source}: neither a run dir (with {CONFIG_FILE}) nor a checkpoint "
+        f"<run dir>/{CHECKPOINT_DIR}/<step>"
+    )
+
+
+def _run_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig]:
+    try:
+        saved = json.loads((run_dir / CONFIG_FILE).read_text())
+        cfg = config_from_dict(saved["train"])
+        model = ModelConfig(**saved["model"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise TitanError(f"{run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
+    # one device, the whole model: any checkpoint of the run restores onto it
+    one_device = dataclasses.replace(cfg.data, batch_size=1)
+    return dataclasses.replace(cfg, parallel=ParallelOptions(dp=1), data=one_device), model
+
+
+def load_model(source: str, step: int | None = None) -> LoadedModel:
+    """The model of ``source`` (a run dir, or one of its checkpoints ``<run dir>/checkpoints/
+    <step>``) at ``step`` (default: the checkpoint named, else the newest committed one).
+
+    Raises:
+        TitanError: ``source`` is no run or checkpoint, the run has no committed checkpoint
+            (or not ``step``; names those it has), or the checkpoint cannot be restored.
+    """
+    run_dir, step = resolve_source(source, step)
+    cfg, model = _run_config(run_dir)
+    if not (run_dir / TOKENIZER_FILE).is_file():
+        raise TitanError(f"{run_dir}: no {TOKENIZER_FILE} there")
+    if not (run_dir / CHECKPOINT_DIR).is_dir():
+        raise TitanError(f"{run_dir}: no checkpoints (no {CHECKPOINT_DIR}/ folder)")
+    tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
+    checkpointer = Checkpointer(run_dir)
+    try:
+        steps = checkpointer.committed_steps()
+        if step is None and not steps:
+            raise TitanError(f"{run_dir}: no committed checkpoint")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            have = ", ".join(map(str, steps)) or "none"
+            raise TitanError(f"--step {step}: {run_dir} has no checkpoint of it (it has: {have})")
+        backend = jax.default_backend()
+        trainer = build_trainer(cfg, model, Ops(backend))
+        state, _ = checkpointer.restore(step, trainer)
+    finally:
+        checkpointer.close()
+    dtype = compute_dtype(cfg, backend)
+    params = cast_tree(state.chunks[0]["params"], dtype)
+    return LoadedModel(model, params, dtype, tokenizer, run_dir, step)

@@ -1,0 +1,110 @@
+"""Validation during training (``--eval-every N``): the loss on held-out data, as ``eval`` events.
+
+After every N-th step the loop evaluates the state on the same ``--eval-batches`` batches of
+the held-out documents (:mod:`titan.data.heldout`: ``--eval-split`` or ``--eval-data``), forward
+passes only, on the run's own layout (:meth:`titan.trainer_state.Trainer.eval_loss`: the SPMD
+step's forward; under MPMD each chunk's forward on its stage). The loss is the mean over the
+batches of each batch's mean token loss (every batch has ``--batch-size x --seq-len`` tokens,
+so it is the mean over all of them); perplexity is exp(loss) (Jelinek et al. 1977). The time
+spent, compiling the forward the first time included, is the ``eval`` event's ``seconds``,
+which ETTR counts as badput of its own (:mod:`titan.observability.ettr`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from titan.config import TrainConfig
+from titan.data.heldout import EvalBatches, SplitCorpus
+from titan.data.text import Corpus, token_stream
+from titan.data.tokenizer import Tokenizer
+from titan.errors import TitanError
+from titan.observability.events import Eval
+from titan.trainer.processes import batch_rows, first_then_others
+from titan.trainer_state import Trainer, TrainState
+
+MAX_EXP_ARG = 709.0  # math.exp overflows a float64 beyond this
+
+
+@dataclass
+class Evaluation:
+    """When and on what the loop evaluates.
+
+    Attributes:
+        trainer: the run's trainer (its layout's forward).
+        batches: the held-out batches.
+        every: ``--eval-every``.
+        documents: held-out documents tokenized.
+    """
+
+    trainer: Trainer
+    batches: EvalBatches
+    every: int
+    documents: int
+
+    def describe(self) -> dict[str, int]:
+        """``run_start``'s ``data.eval``: held-out documents and tokens, batches evaluated."""
+        return {
+            "documents": self.documents,
+            "tokens": int(len(self.batches.tokens)),
+            "batches": self.batches.count,
+        }
+
+    def due(self, step: int) -> bool:
+        """Whether to evaluate after ``step``."""
+        return step % self.every == 0
+
+    def run(self, state: TrainState, step: int) -> Eval:
+        """Evaluate ``state`` (after ``step``); blocks until the losses are read."""
+        start = time.perf_counter()
+        losses = [
+            self.trainer.eval_loss(state, self.batches.batch(i)) for i in range(self.batches.count)
+        ]
+        loss = float(np.mean(jax.device_get(losses)))
+        return Eval(
+            step=step,
+            loss=loss,
+            perplexity=math.exp(loss) if loss <= MAX_EXP_ARG else None,
+            tokens=self.batches.count * self.batches.tokens_per_batch,
+            batches=self.batches.count,
+            seconds=time.perf_counter() - start,
+        )
+
+
+def open_evaluation(
+    cfg: TrainConfig,
+    held_out: Corpus | SplitCorpus | None,
+    tokenizer: Tokenizer,
+    trainer: Trainer,
+    progress: Callable[[int], None],
+) -> Evaluation | None:
+    """The run's evaluation (None without ``--eval-every``): the held-out corpus tokenized
+    (cached, process 0 first) and cut into the eval batches of this process's rows.
+
+    Raises:
+        TitanError: the held-out data holds less than one batch, or cannot be read.
+    """
+    if held_out is None:
+        return None
+    try:
+        stream = first_then_others(
+            "titan:eval-tokens", lambda: token_stream(held_out, tokenizer, progress)
+        )
+    except TitanError as err:
+        raise TitanError(f"held-out data: {err}") from None
+    data = cfg.data
+    batches = EvalBatches(
+        stream.tokens,
+        data.seq_len,
+        data.batch_size,
+        tokenizer.bos_id,
+        cfg.observability.eval_batches,
+        batch_rows(trainer, data.batch_size),
+    )
+    return Evaluation(trainer, batches, cfg.observability.eval_every, stream.documents)
