@@ -549,8 +549,10 @@ class MaxTextAdapter:
         return _pure(nnx.state(model, nnx.Param))
 
     def is_layer_stacked(self, path: tuple) -> bool:
+        """``decoder/layers/...`` of the parameters, and of their optimizer moments (whose
+        paths start with the optimizer's own keys)."""
         keys = [getattr(k, "key", None) for k in path]
-        return keys[:2] == ["decoder", "layers"]
+        return any(keys[i : i + 2] == ["decoder", "layers"] for i in range(len(keys)))
 
     def model_state(self, chunk: Chunk) -> PyTree:
         """Non-parameter state other than RNG streams (none for the carried families)."""
