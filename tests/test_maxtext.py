@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
@@ -18,7 +19,7 @@ from helpers import events, run_in_process, small_run  # noqa: E402
 from titan.errors import TitanError  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel, titan_axis  # noqa: E402
-from titan.parallel.chunks import plan_chunks, whole_model  # noqa: E402
+from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 
 TINY = {
@@ -36,6 +37,8 @@ FAMILIES = {
     "qwen3-0.6b": ("qwen3", {}),
     "mixtral-8x7b": ("mixtral", {"num_experts": "4", "base_moe_mlp_dim": "64"}),
 }
+F32 = np.dtype(np.float32)
+CPU = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 TRAIN_SET = " ".join(f"{k}={v}" for k, v in TINY.items())
 
 
@@ -71,6 +74,37 @@ def test_each_family_builds_with_titan_axes_and_shardings(name: str):
     assert adapter.model_state(whole_model(4)) == {}
     model_flops, hardware_flops = adapter.token_flops()
     assert 0 < model_flops["causal"] < model_flops["full"] <= hardware_flops["full"]
+    if not adapter.tied:
+        assert _two_chunks_loss(adapter) == _whole_loss(adapter)
+
+
+def _inputs(adapter: MaxTextAdapter):
+    tokens = np.random.default_rng(0).integers(0, 128, (2, 17), dtype=np.int32)
+    return adapter.stage_inputs({"tokens": tokens, "segment_ids": np.zeros((2, 16), np.int32)})
+
+
+def _whole_loss(adapter: MaxTextAdapter) -> float:
+    params = jax.jit(adapter.init_params)(jax.random.key(0))
+    inputs, whole = _inputs(adapter), whole_model(4)
+    forward = jax.jit(lambda p, x: adapter.forward(whole, p, x, inputs.every, inputs.last, F32))
+    return float(forward(params, inputs.first))
+
+
+def _two_chunks_loss(adapter: MaxTextAdapter) -> float:
+    """The loss through two chunks cut from the whole model's parameters (a pipeline of 2)."""
+    params, inputs = jax.jit(adapter.init_params)(jax.random.key(0)), _inputs(adapter)
+    joined = join_layers([params], adapter.is_layer_stacked, adapter.layer_axis)
+    x = inputs.first
+    for chunk in plan_chunks(4, 2, 1):
+        target = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=CPU),
+            adapter.abstract_params(chunk)[0],
+        )
+        part = cut_layers(joined, target, chunk, adapter.is_layer_stacked, adapter.layer_axis)
+        x = jax.jit(lambda p, x, c=chunk: adapter.forward(c, p, x, inputs.every, inputs.last, F32))(
+            part, x
+        )
+    return float(x)
 
 
 def test_mixtral_counts_only_the_experts_a_token_takes():
