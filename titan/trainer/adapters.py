@@ -46,8 +46,9 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
     ``--maxtext-set vocab_size=...`` says otherwise).
 
     Raises:
-        TitanError: MaxText is not installed or refuses the model, or its vocabulary is smaller
-            than the tokenizer's.
+        TitanError: MaxText is not installed or refuses the model, its vocabulary is smaller
+            than the tokenizer's, or ``--ops`` forces providers (MaxText's layers do not call
+            Titan's operators).
     """
     if cfg.model.model_source == "maxtext":
         return _maxtext_adapter(cfg, model_cfg.vocab_size)
@@ -63,6 +64,11 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
 
 
 def _maxtext_adapter(cfg: TrainConfig, tokenizer_vocab: int) -> MaxTextAdapter:
+    if cfg.compute.ops:
+        raise TitanError(
+            "--ops does not apply to --model-source maxtext: MaxText's layers call their own "
+            "kernels (choose them with --maxtext-set attention=...)"
+        )
     settings = cfg.model.maxtext_set
     model = MaxTextModel(
         cfg.model.maxtext_model,
