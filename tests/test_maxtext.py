@@ -18,7 +18,15 @@ from helpers import events, run_in_process, small_run  # noqa: E402
 
 from titan.errors import TitanError  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
+from titan.models.adapters.llama import LlamaAdapter  # noqa: E402
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel, titan_axis  # noqa: E402
+from titan.models.adapters.maxtext_checkpoints import (  # noqa: E402
+    export_run,
+    import_maxtext,
+    read_imported,
+    read_run_params,
+)
+from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 
@@ -214,3 +222,22 @@ def test_resume_onto_another_layout_continues_the_losses(
     assert code == 0
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
     assert _losses(run_dir)[2:] == pytest.approx(_losses(one_device)[2:], rel=1e-5)
+
+
+def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
+    one_device: Path, tmp_path: Path
+):
+    exported, imported = tmp_path / "maxtext", tmp_path / "llama"
+    assert export_run(one_device, exported)["settings"]["vocab_size"] == 512
+    import_maxtext(exported, imported)
+    params, shape = read_imported(imported)
+    weights, _, _ = read_run_params(one_device)
+    adapter = _adapter("llama2-7b", vocab_size="512")
+    inputs = _inputs(adapter)
+    whole = whole_model(4)
+    maxtext = jax.jit(
+        lambda p: adapter.forward(whole, p, inputs.first, inputs.every, inputs.last, F32)
+    )
+    llama = LlamaAdapter(shape, Ops("cpu", {}), seq_len=16)
+    titan = jax.jit(lambda p: llama.forward(whole, p, inputs.first, inputs.every, inputs.last, F32))
+    assert float(titan(params)) == pytest.approx(float(maxtext(weights)), abs=1e-5)

@@ -217,7 +217,11 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, A
     model = config["train"].get("model", {})
     if model.get("model_source") == "maxtext":
         weights = params
-        settings = {"model_name": model["maxtext_model"], **model.get("maxtext_set", {})}
+        settings = {
+            "model_name": model["maxtext_model"],
+            "vocab_size": config["model"]["vocab_size"],
+            **model.get("maxtext_set", {}),
+        }
     else:
         weights = llama_to_maxtext(params)
         shape = config["model"]
