@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
