@@ -50,7 +50,7 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 57
+    assert len(names) == len(set(names)) == 60
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
@@ -68,6 +68,21 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
         *("stage_layers", "batch_size", "seq_len", "param_dtype", "compute_dtype", "remat"),
         *("attention_mask", "layer_unroll"),
     }
+
+
+def test_maxtext_options_parse_and_need_each_other():
+    cfg = TrainConfig.of(
+        model_source="maxtext", maxtext_model="llama2-7b", maxtext_set="a=1  b=[x,y]"
+    )
+    assert cfg.model.maxtext_set == {"a": "1", "b": "[x,y]"}
+    assert TrainConfig.of(**cfg.flat()).model == cfg.model  # the flat form round-trips
+    assert cfg.record()["maxtext_set"] == "a=1 b=[x,y]"
+    with pytest.raises(TitanError, match="--model-source maxtext needs --maxtext-model"):
+        TrainConfig.of(model_source="maxtext")
+    with pytest.raises(TitanError, match="--maxtext-set needs --model-source maxtext"):
+        TrainConfig.of(maxtext_set=["a=1"])
+    with pytest.raises(TitanError, match="'a' is not key=value"):
+        TrainConfig.of(model_source="maxtext", maxtext_model="x", maxtext_set=["a"])
 
 
 def test_toml_round_trip_gives_the_same_config(tmp_path: Path):

@@ -40,6 +40,13 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     "titan/observability/commands.py:run_report": (
         "from titan.observability.report import write_report"
     ),
+    # the MaxText checkpoint converter imports JAX and orbax
+    "titan/models/commands.py:run_import": (
+        "from titan.models.adapters.maxtext_checkpoints import import_maxtext"
+    ),
+    "titan/models/commands.py:run_export": (
+        "from titan.models.adapters.maxtext_checkpoints import export_run"
+    ),
 }
 # What importing a light module must leave out of sys.modules: JAX and the libraries built on it,
 # and the console (CONVENTIONS.md, "Engine and UI apart").

@@ -51,6 +51,8 @@ ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+ModelSource = Literal["titan", "maxtext"]
+MODEL_SOURCES: tuple[ModelSource, ...] = ("titan", "maxtext")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
 
@@ -182,6 +184,24 @@ def _shape(value: Any, flag: str) -> ModelConfig:
     raise TitanError(f"{flag} must be a preset name or a shape, got {value!r}")
 
 
+def _settings(value: Any, flag: str) -> dict[str, str]:
+    """``key=value`` entries (texts of them separated by spaces, or a mapping) as a key ->
+    value-text mapping (values hold no spaces)."""
+    if isinstance(value, Mapping):
+        value = [f"{key}={text}" for key, text in value.items()]
+    if isinstance(value, str):
+        value = value.split()
+    if not isinstance(value, list | tuple):
+        raise TitanError(f"{flag} must be key=value entries, got {value!r}")
+    settings = {}
+    for entry in [word for item in value for word in str(item).split()]:
+        key, sep, text = str(entry).partition("=")
+        if not sep or not key.strip():
+            raise TitanError(f"{flag}: {inert(str(entry))!r} is not key=value")
+        settings[key.strip()] = text.strip()
+    return settings
+
+
 def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
     """A preset's name, else the shape's fields (None ones left out: TOML has no null)."""
     if PRESETS.get(m.name) == m:
@@ -202,6 +222,7 @@ CODECS: dict[str, Codec] = {
     ),
     "ops": Codec(_ops, dict, lambda v: ",".join(f"{op}={name}" for op, name in v.items())),
     "shape": Codec(_shape, _dump_shape, model_text),
+    "settings": Codec(_settings, dict, lambda v: " ".join(f"{k}={t}" for k, t in v.items())),
 }
 
 
@@ -323,6 +344,39 @@ class ModelOptions:
             name="preset",
         ),
     )
+    model_source: ModelSource = field(
+        default="titan",
+        metadata=_opt(
+            "--model-source",
+            "who builds the model: 'titan' (Titan's Llama of --model), 'maxtext' (a MaxText "
+            "model, --maxtext-model; needs the [maxtext] extra, Python 3.12+; docs/maxtext.md)",
+            choices=MODEL_SOURCES,
+        ),
+    )
+    maxtext_model: str = field(
+        default="",
+        metadata=_opt(
+            "--maxtext-model",
+            "MaxText model name (a yml of maxtext/configs/models: llama2-7b, llama3-8b, "
+            "mistral-7b, gemma2-2b, qwen3-0.6b, mixtral-8x7b, ...) with --model-source maxtext",
+        ),
+    )
+    maxtext_set: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_opt(
+            "--maxtext-set",
+            "MaxText config overrides KEY=VALUE ... (as MaxText's command line takes them, e.g. "
+            "base_emb_dim=256 base_num_decoder_layers=4); repeatable",
+            codec="settings",
+        ),
+    )
+
+    def _check(self) -> None:
+        if self.model_source == "maxtext" and not self.maxtext_model:
+            raise TitanError("--model-source maxtext needs --maxtext-model NAME")
+        if self.model_source != "maxtext" and (self.maxtext_model or self.maxtext_set):
+            flag = "--maxtext-model" if self.maxtext_model else "--maxtext-set"
+            raise TitanError(f"{flag} needs --model-source maxtext")
 
 
 @_section

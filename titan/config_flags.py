@@ -41,6 +41,11 @@ def add_arguments(
             common["help"] = "a preset model shape (the same as --model NAME)"
             parser.add_argument("--preset", choices=tuple(PRESETS), **common)
             continue
+        if option.kind == "settings":  # KEY=VALUE ..., repeatable
+            parser.add_argument(
+                option.flag, nargs="+", action="extend", metavar="KEY=VALUE", **common
+            )
+            continue
         parser.add_argument(
             option.flag,
             type=types.get(option.kind, str),

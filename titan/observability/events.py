@@ -195,6 +195,11 @@ class RunStart(Event):
         "values as their CLI texts, e.g. ``stage_layers`` ``3,5,5,3``)"
     )
     model: dict[str, Any] | None = _field("the model shape (``titan.config.ModelConfig``)")
+    model_source: dict[str, Any] | None = _field(
+        "the model adapter's ``describe()``: ``family`` and ``layers_by`` (``titan``, or "
+        "``maxtext <version>`` with ``maxtext_model``, ``decoder_block``, ``settings``, "
+        "``attention``, ``remat_policy``, ``tied_embedding``; :mod:`titan.models.adapters`)"
+    )
     param_count: int | None = _field("parameters of the model", "parameters")
     layout: dict[str, Any] | None = _field(
         "the trainer's ``describe()``: ``layout`` (spmd | mpmd), mesh or stages, ``devices`` "

@@ -70,7 +70,7 @@ def mesh_spec(
 
     Args:
         name: parameter path, for error messages (``layers/wq``).
-        logical: logical axis names, one per dimension.
+        logical: logical axis names, one per dimension (None: a replicated dimension).
         shape: the parameter's shape.
         mesh_shape: mesh axis name -> size.
 
@@ -80,7 +80,7 @@ def mesh_spec(
     """
     axes = []
     for logical_axis, size in zip(logical, shape, strict=True):
-        mesh_axis = LOGICAL_RULES[logical_axis]
+        mesh_axis = LOGICAL_RULES[logical_axis] if logical_axis else None
         parts = mesh_shape.get(mesh_axis, 1) if mesh_axis else 1
         if size % parts:
             raise TitanError(

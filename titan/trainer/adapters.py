@@ -7,7 +7,8 @@ trainer (:class:`titan.trainer_state.Trainer`).
   chunk and action on its stage's devices, driven by a pipeline schedule from one Python
   process.
 
-The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama.
+The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama, or a
+MaxText model (``--model-source maxtext``, :mod:`titan.models.adapters.maxtext`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.llama import LlamaAdapter
+from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
@@ -39,7 +41,17 @@ def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
 
 
 def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
-    """The model family of the run: Titan's Llama of shape ``model_cfg``."""
+    """The model family of the run: Titan's Llama of shape ``model_cfg``, or the MaxText model
+    of ``--maxtext-model`` (its vocabulary the tokenizer's, ``model_cfg.vocab_size``, unless
+    ``--maxtext-set vocab_size=...`` says otherwise).
+
+    Raises:
+        TitanError: MaxText is not installed or refuses the model, its vocabulary is smaller
+            than the tokenizer's, or ``--ops`` forces providers (MaxText's layers do not call
+            Titan's operators).
+    """
+    if cfg.model.model_source == "maxtext":
+        return _maxtext_adapter(cfg, model_cfg.vocab_size)
     return LlamaAdapter(
         model_cfg,
         ops,
@@ -49,6 +61,30 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
         document_mask=cfg.compute.attention_mask == "document",
         param_dtype=jnp.dtype(cfg.compute.param_dtype),
     )
+
+
+def _maxtext_adapter(cfg: TrainConfig, tokenizer_vocab: int) -> MaxTextAdapter:
+    if cfg.compute.ops:
+        raise TitanError(
+            "--ops does not apply to --model-source maxtext: MaxText's layers call their own "
+            "kernels (choose them with --maxtext-set attention=...)"
+        )
+    settings = cfg.model.maxtext_set
+    model = MaxTextModel(
+        cfg.model.maxtext_model,
+        tuple(settings.items()),
+        cfg.data.seq_len,
+        vocab_size=0 if "vocab_size" in settings else tokenizer_vocab,
+        remat=cfg.compute.remat,
+        param_dtype=cfg.compute.param_dtype,
+    )
+    adapter = MaxTextAdapter(model, document_mask=cfg.compute.attention_mask == "document")
+    if adapter.config.vocab_size < tokenizer_vocab:
+        raise TitanError(
+            f"--maxtext-set vocab_size={adapter.config.vocab_size} is smaller than the "
+            f"tokenizer's {tokenizer_vocab} pieces"
+        )
+    return adapter
 
 
 def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
@@ -80,6 +116,8 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
             adapter, meshes[0], chunks, *optimizer, dtype, grad_clip, batch_size, par.microbatches
         )
     label = f"--preset {cfg.model.shape.name}"
+    if cfg.model.model_source == "maxtext":
+        label = f"--maxtext-model {cfg.model.maxtext_model}"
     chunks = plan_chunks(adapter.n_layers, pp, par.virtual_stages, par.stage_layers, label)
     _check_model_state(adapter, chunks)
     schedule = build_schedule(par.schedule, pp, par.microbatches, par.virtual_stages)

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from titan.models import commands as maxtext_commands
+
 EXPORT_DTYPES = ("float32", "bfloat16")
 
 
@@ -29,6 +31,7 @@ def add_parser(subparsers: Any) -> None:
         "--out", metavar="PATH", help="directory to write (default: ./<DIR name>-titan)"
     )
     hf.set_defaults(run=run_import)
+    maxtext_commands.add_import_format(formats)
 
     exports = subparsers.add_parser(
         "export", help="export a run's checkpoint", description="Export a run's checkpoint."
@@ -54,6 +57,7 @@ def add_parser(subparsers: Any) -> None:
         help="dtype of the tensors (default: float32, the master weights)",
     )
     hf.set_defaults(run=run_export)
+    maxtext_commands.add_export_format(formats)
 
 
 def run_import(args: argparse.Namespace) -> int:

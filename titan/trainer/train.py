@@ -278,6 +278,7 @@ def _train_claimed(
         model_cfg = model_config(cfg, tokenizer.vocab_size)
         ops = Ops(jax.default_backend(), cfg.compute.ops)
         trainer = build_trainer(cfg, model_cfg, ops)
+        model_cfg = trainer.adapter.config  # the shape the family built (MaxText's own)
     with stop.during("tokenize") as tick:
         stream = first_then_others(
             "titan:tokens",
@@ -426,6 +427,7 @@ def _run_start_fields(
     return {
         "config": cfg.record(),
         "model": dataclasses.asdict(model_cfg),
+        "model_source": trainer.adapter.describe(),
         "param_count": trainer.adapter.param_count(),
         "layout": trainer.describe(),
         "compute_dtype": str(trainer.compute_dtype),

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from titan.parallel.chunks import Chunk
+from titan.shapes import ModelConfig
 
 PyTree = Any  # a JAX pytree of arrays
 
@@ -47,11 +48,14 @@ class ModelAdapter(Protocol):
         n_layers: layers the model is cut into chunks along.
         layer_axis: the axis of a layer-stacked parameter that indexes layers (0 for Titan's
             Llama; MaxText's scanned decoders use 1).
+        config: the model's shape as Titan's planner and records read it (for another family,
+            the Llama of the same widths).
     """
 
     family: str
     n_layers: int
     layer_axis: int
+    config: ModelConfig
 
     def describe(self) -> dict[str, Any]:
         """What ``run_start`` records of the model: family, who serves its layers, its shape."""
@@ -122,3 +126,21 @@ class ModelAdapter(Protocol):
 def cast_tree(tree: PyTree, dtype: jnp.dtype) -> PyTree:
     """Every leaf of ``tree`` as ``dtype`` (parameters to the compute dtype)."""
     return jax.tree.map(lambda leaf: leaf.astype(dtype), tree)
+
+
+def next_token_batch(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The batch of a next-token language model: ``tokens`` (B, S + 1) int32 (inputs and
+    shifted targets) and ``segment_ids`` (B, S) int32 (document ids of the packed rows)."""
+    return {
+        "tokens": jax.ShapeDtypeStruct((batch_size, seq_len + 1), jnp.int32),
+        "segment_ids": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32),
+    }
+
+
+def next_token_inputs(batch: dict[str, Any]) -> StageInputs:
+    """A :func:`next_token_batch` split: ``tokens[:, :-1]`` into the first chunk, the document
+    ids into every chunk, ``tokens[:, 1:]`` as the loss's targets."""
+    tokens = batch["tokens"]
+    return StageInputs(
+        tokens[:, :-1], {"segment_ids": batch["segment_ids"]}, {"targets": tokens[:, 1:]}
+    )

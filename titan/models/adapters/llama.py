@@ -17,7 +17,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from titan.models.adapters.base import PyTree, StageInputs, cast_tree
+from titan.models.adapters.base import (
+    PyTree,
+    StageInputs,
+    cast_tree,
+    next_token_batch,
+    next_token_inputs,
+)
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk, whole_model
@@ -67,6 +73,9 @@ class LlamaAdapter:
             param_dtype=jnp.dtype(self.param_dtype),
         )
 
+    def describe(self) -> dict[str, Any]:
+        return {"family": self.family, "layers_by": "titan"}
+
     def param_count(self) -> int:
         return self.config.param_count()
 
@@ -101,16 +110,10 @@ class LlamaAdapter:
         return {}
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-        return {
-            "tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32),
-            "segment_ids": jax.ShapeDtypeStruct((batch_size, self.seq_len), jnp.int32),
-        }
+        return next_token_batch(batch_size, self.seq_len)
 
     def stage_inputs(self, batch: dict[str, Any]) -> StageInputs:
-        tokens = batch["tokens"]
-        return StageInputs(
-            tokens[:, :-1], {"segment_ids": batch["segment_ids"]}, {"targets": tokens[:, 1:]}
-        )
+        return next_token_inputs(batch)
 
     def activation(self, rows: int, dtype: jnp.dtype) -> tuple[tuple[int, ...], jnp.dtype]:
         return (rows, self.seq_len, self.config.d_model), dtype

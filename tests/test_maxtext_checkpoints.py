@@ -1,0 +1,115 @@
+"""MaxText params checkpoints and Titan's Llama (no maxtext needed: runs on Python 3.11 too). The
+fixture was written once by MaxText 0.2.5 (tests/fixtures/make_maxtext_fixture.py), with
+MaxText's own per-token loss on a fixed batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import run_in_process, small_run
+
+from titan.cli import main
+from titan.errors import TitanError
+from titan.models.adapters.llama import LlamaAdapter
+from titan.models.adapters.maxtext_checkpoints import (
+    import_maxtext,
+    llama_to_maxtext,
+    maxtext_to_llama,
+    read_imported,
+    read_maxtext_params,
+    read_run_params,
+)
+from titan.ops import Ops
+from titan.parallel.chunks import whole_model
+
+FIXTURE = Path(__file__).parent / "fixtures" / "maxtext_llama2_tiny"
+REFERENCE = json.loads((FIXTURE / "reference.json").read_text())
+
+
+def _per_token_loss(params: dict, shape) -> np.ndarray:
+    """Titan's Llama per-token loss (B, S) on the fixture's tokens (one document per row)."""
+    adapter = LlamaAdapter(shape, Ops("cpu", {}), seq_len=16)
+    tokens = jnp.asarray(REFERENCE["tokens"], jnp.int32)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    module = adapter.module(whole_model(shape.n_layers))
+    return np.asarray(
+        module.apply({"params": params}, inputs, positions, jnp.zeros_like(inputs), targets)
+    )
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "llama"
+    code = main(["import", "maxtext", str(FIXTURE / "checkpoint"), "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_a_maxtext_checkpoint_imports_with_maxtexts_per_token_loss(imported: Path):
+    params, shape = read_imported(imported)
+    assert (shape.d_model, shape.n_layers, shape.n_heads, shape.n_kv_heads) == (32, 2, 4, 2)
+    assert (shape.ffn_dim, shape.vocab_size, shape.rope_theta) == (64, 128, 10000.0)
+    loss = _per_token_loss(params, shape)
+    expected = np.asarray(REFERENCE["per_token_loss"], np.float32)
+    assert loss.shape == expected.shape == (2, 16)
+    np.testing.assert_allclose(loss, expected, rtol=0, atol=1e-5)
+
+
+def test_the_converter_scales_the_query_and_moves_the_layer_axis():
+    weights = read_maxtext_params(FIXTURE / "checkpoint")
+    params = maxtext_to_llama(weights)
+    query = np.asarray(weights["decoder"]["layers"]["self_attention"]["query"]["kernel"])
+    assert query.shape == (32, 2, 4, 8) and params["layers"]["wq"].shape == (2, 32, 4, 8)
+    np.testing.assert_array_equal(params["layers"]["wq"][1], query[:, 1] * np.float32(8**0.5))
+    back = llama_to_maxtext(params)
+    for path in (("token_embedder", "embedding"), ("decoder", "layers", "mlp", "wo", "kernel")):
+        a, b = weights, back
+        for key in path:
+            a, b = a[key], b[key]
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory, corpus_dir: Path) -> Path:
+    """A 1-step run of Titan's Llama with head_dim 16 (sqrt 4: the query scaling is exact)."""
+    root = tmp_path_factory.mktemp("llama16")
+    shape = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
+    options = small_run(corpus_dir, root, steps=1, checkpoint_every=1, dp=1, run_id="hd16")
+    code, run_dir = run_in_process({**options, "preset": shape})
+    assert code == 0
+    return run_dir
+
+
+def test_export_then_import_round_trips_bit_exact(llama_run: Path, tmp_path: Path):
+    exported = tmp_path / "maxtext"
+    assert main(["export", "maxtext", str(llama_run), "--out", str(exported)]) == 0
+    assert main(["import", "maxtext", str(exported), "--out", str(tmp_path / "back")]) == 0
+    original, _, step = read_run_params(llama_run)
+    back, shape = read_imported(tmp_path / "back")
+    assert step == 1 and shape.d_model == 64 and shape.head_dim == 16
+    flat_a, flat_b = _flat(original), _flat(back)
+    assert flat_a.keys() == flat_b.keys()
+    for name, value in flat_a.items():
+        np.testing.assert_array_equal(value, flat_b[name], err_msg=name)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[prefix + key] = np.asarray(value)
+    return out
+
+
+def test_import_refuses_what_is_not_a_maxtext_checkpoint(tmp_path: Path, capsys):
+    assert main(["import", "maxtext", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "not a MaxText params checkpoint" in capsys.readouterr().err
+    with pytest.raises(TitanError, match="exists"):
+        import_maxtext(FIXTURE / "checkpoint", tmp_path)

@@ -1,0 +1,272 @@
+"""MaxText parameter checkpoints and Titan's Llama: a converter both ways, and the files of
+``titan import maxtext`` and ``titan export maxtext``. Needs no maxtext (numpy and orbax only),
+so it runs on Python 3.11 too.
+
+MaxText's Llama-family decoder (the ``llama2`` block: llama2, llama3, and mistral without its
+sliding window) and Titan's Llama compute the same function with three differences
+(checked against MaxText's own per-token loss, ``tests/test_maxtext_checkpoints.py``):
+
+- names: :data:`LAYER_NAMES` and :data:`TOP_NAMES`;
+- the layer axis of stacked parameters: 1 in MaxText's scanned decoder (``param_scan_axis``),
+  0 in Titan's;
+- the query kernel: MaxText folds attention's 1/sqrt(head_dim) into the query projection's
+  initialisation and does not scale inside attention (``query_pre_attn_scalar`` unset), so
+  Titan's ``wq`` is MaxText's query kernel times sqrt(head_dim). When sqrt(head_dim) is a power of
+  two (head_dim 4, 16, 64, 256) the scaling is exact and a round trip is bit-exact; otherwise it
+  is exact to float32 rounding.
+
+A MaxText params checkpoint is orbax's, as ``maxtext.common.checkpointing.save_params_to_path``
+writes it: a checkpointable ``items`` holding ``params/params/<MaxText names>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import v1 as ocp_v1
+
+from titan.errors import TitanError
+from titan.parallel.chunks import chunks_from_ranges, join_layers
+from titan.shapes import ModelConfig
+from titan.trainer_state import chunk_item
+
+# Titan's Llama layer parameter -> its path under MaxText's decoder/layers.
+LAYER_NAMES = {
+    "attn_norm": ("pre_self_attention_layer_norm", "scale"),
+    "mlp_norm": ("post_self_attention_layer_norm", "scale"),
+    "wq": ("self_attention", "query", "kernel"),
+    "wk": ("self_attention", "key", "kernel"),
+    "wv": ("self_attention", "value", "kernel"),
+    "wo": ("self_attention", "out", "kernel"),
+    "w_gate": ("mlp", "wi_0", "kernel"),
+    "w_up": ("mlp", "wi_1", "kernel"),
+    "w_down": ("mlp", "wo", "kernel"),
+}
+# Titan's Llama parameters outside the layers -> their MaxText paths.
+TOP_NAMES = {
+    "embed": ("token_embedder", "embedding"),
+    "final_norm": ("decoder", "decoder_norm", "scale"),
+    "head": ("decoder", "logits_dense", "kernel"),
+}
+MAXTEXT_LAYER_AXIS, TITAN_LAYER_AXIS = 1, 0
+MODEL_FILE, PARAMS_DIR = "model.json", "params"
+# MaxText's llama2 block defaults (maxtext/configs/models/llama2-7b.yml, base.yml)
+DEFAULT_ROPE_THETA, DEFAULT_NORM_EPS = 10_000.0, 1e-5
+
+
+def _get(tree: dict, path: tuple[str, ...], source: str) -> np.ndarray:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            raise TitanError(f"{source}: no parameter {'/'.join(path)} (not a llama2-block model)")
+        tree = tree[key]
+    return np.asarray(tree)
+
+
+def _put(tree: dict, path: tuple[str, ...], value: np.ndarray) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _query_scale(wq: np.ndarray) -> np.float32:
+    """sqrt(head_dim) of a query kernel (..., heads, head_dim), in float32."""
+    return np.float32(math.sqrt(wq.shape[-1]))
+
+
+def maxtext_to_llama(weights: dict, source: str = "checkpoint") -> dict[str, Any]:
+    """Titan's Llama parameters (nested dict of numpy arrays, layers stacked on axis 0) from
+    MaxText's llama2-block parameters (``token_embedder``, ``decoder``).
+
+    Raises:
+        TitanError: a parameter is missing (names it and ``source``).
+    """
+    layers = {}
+    for name, path in LAYER_NAMES.items():
+        value = np.moveaxis(_get(weights, ("decoder", "layers", *path), source), 1, 0)
+        layers[name] = value * _query_scale(value) if name == "wq" else value
+    params = {name: _get(weights, path, source) for name, path in TOP_NAMES.items()}
+    return {**params, "layers": layers}
+
+
+def llama_to_maxtext(params: dict) -> dict[str, Any]:
+    """MaxText's llama2-block parameters from Titan's Llama parameters (the inverse of
+    :func:`maxtext_to_llama`)."""
+    weights: dict[str, Any] = {}
+    for name, path in TOP_NAMES.items():
+        _put(weights, path, np.asarray(params[name]))
+    for name, path in LAYER_NAMES.items():
+        value = np.asarray(params["layers"][name])
+        if name == "wq":
+            value = value / _query_scale(value)
+        _put(weights, ("decoder", "layers", *path), np.moveaxis(value, 0, 1))
+    return weights
+
+
+def llama_shape(
+    params: dict, rope_theta: float, norm_eps: float, name: str = "custom"
+) -> ModelConfig:
+    """The shape of Titan's Llama parameters.
+
+    Raises:
+        TitanError: head_dim is not d_model / n_heads (Titan's Llama derives it).
+    """
+    vocab, d_model = np.shape(params["embed"])
+    n_layers, _, n_heads, head_dim = np.shape(params["layers"]["wq"])
+    if n_heads * head_dim != d_model:
+        raise TitanError(
+            f"head_dim {head_dim} x {n_heads} heads != d_model {d_model}: Titan's Llama takes "
+            "head_dim = d_model / n_heads"
+        )
+    n_kv = np.shape(params["layers"]["wk"])[2]
+    ffn = np.shape(params["layers"]["w_gate"])[2]
+    return ModelConfig(name, vocab, d_model, n_layers, n_heads, n_kv, ffn, rope_theta, norm_eps)
+
+
+def _as_numpy(path: Path) -> Any:
+    """An orbax pytree item read to host numpy arrays (no devices or shardings needed)."""
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(path)
+    tree = getattr(getattr(tree, "item_metadata", None), "tree", tree)
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    return checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+
+
+def read_maxtext_params(path: Path) -> dict[str, Any]:
+    """MaxText's parameters (``items/params/params``) of a params checkpoint, as numpy.
+
+    Raises:
+        TitanError: ``path`` holds no such checkpoint.
+    """
+    items = Path(path).absolute() / "items"
+    if not items.is_dir():
+        raise TitanError(f"{path}: not a MaxText params checkpoint (no items/)")
+    tree = _as_numpy(items)
+    try:
+        return tree["params"]["params"]
+    except (KeyError, TypeError):
+        raise TitanError(f"{path}: no items/params/params in the checkpoint") from None
+
+
+def write_maxtext_params(path: Path, weights: dict) -> None:
+    """Write MaxText's parameters as MaxText's ``save_params_to_path`` does (``items``,
+    ``params/params/...``). Raises TitanError if ``path`` exists."""
+    path = Path(path).absolute()
+    if path.exists():
+        raise TitanError(f"--out {path} exists; give a new path")
+    ocp_v1.save(path, {"params": {"params": weights}}, checkpointable_name="items")
+
+
+def read_run_params(run_dir: Path, step: int | None = None) -> tuple[dict, dict, int]:
+    """A Titan run's whole-model parameters at ``step`` (default: the newest checkpoint),
+    joined from its chunks to host numpy arrays, with its ``config.json`` and the step.
+
+    Raises:
+        TitanError: no config.json, no checkpoint, or not the step asked for.
+    """
+    run_dir = Path(run_dir).absolute()
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise TitanError(f"{run_dir}: not a Titan run dir (no config.json)")
+    config = json.loads(config_path.read_text())
+    root = run_dir / "checkpoints"
+    steps = sorted(int(p.name) for p in root.glob("*") if (p / "meta" / "metadata").is_file())
+    if not steps or (step is not None and step not in steps):
+        raise TitanError(f"{run_dir}: no checkpoint {'' if step is None else step} in {root}")
+    step = steps[-1] if step is None else step
+    meta = json.loads((root / str(step) / "meta" / "metadata").read_text())
+    chunks = chunks_from_ranges(meta["layout"]["chunks"])
+    trees = [_as_numpy(root / str(step) / chunk_item(c.index))["params"] for c in chunks]
+    maxtext = config["train"].get("model", {}).get("model_source") == "maxtext"
+    axis = MAXTEXT_LAYER_AXIS if maxtext else TITAN_LAYER_AXIS
+    joined = join_layers(trees, _stacks_layers(maxtext), axis)
+    return _unflatten(joined), config, step
+
+
+def _stacks_layers(maxtext: bool):
+    def stacked(path: tuple) -> bool:
+        keys = [getattr(k, "key", None) for k in path]
+        return keys[:2] == ["decoder", "layers"] if maxtext else "layers" in keys
+
+    return stacked
+
+
+def _unflatten(joined: dict[str, Any]) -> dict[str, Any]:
+    """``join_layers``' ``keystr`` names (``['layers']['wq']``) back to a nested dict."""
+    tree: dict[str, Any] = {}
+    for name, value in joined.items():
+        _put(tree, tuple(part.strip("'") for part in name[1:-1].split("][")), np.asarray(value))
+    return tree
+
+
+def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, Any]:
+    """Write a Titan run's parameters as a MaxText params checkpoint at ``out``: Titan's Llama
+    converted (:func:`llama_to_maxtext`), a MaxText-source run's as they are. Returns the
+    MaxText settings that build the model (``base_emb_dim=...``) and the step.
+
+    Raises:
+        TitanError: not a run dir, no checkpoint, ``out`` exists.
+    """
+    params, config, step = read_run_params(run_dir, step)
+    model = config["train"].get("model", {})
+    if model.get("model_source") == "maxtext":
+        weights = params
+        settings = {
+            "model_name": model["maxtext_model"],
+            "vocab_size": config["model"]["vocab_size"],
+            **model.get("maxtext_set", {}),
+        }
+    else:
+        weights = llama_to_maxtext(params)
+        shape = config["model"]
+        settings = {
+            "model_name": "llama2-7b",
+            "base_emb_dim": shape["d_model"],
+            "base_num_query_heads": shape["n_heads"],
+            "base_num_kv_heads": shape["n_kv_heads"],
+            "base_mlp_dim": shape["ffn_dim"],
+            "base_num_decoder_layers": shape["n_layers"],
+            "head_dim": shape["d_model"] // shape["n_heads"],
+            "vocab_size": shape["vocab_size"],
+            "rope_max_timescale": shape["rope_theta"],
+            "normalization_layer_epsilon": shape["norm_eps"],
+        }
+    write_maxtext_params(out, weights)
+    return {"step": step, "settings": settings}
+
+
+def import_maxtext(
+    path: Path,
+    out: Path,
+    rope_theta: float = DEFAULT_ROPE_THETA,
+    norm_eps: float = DEFAULT_NORM_EPS,
+) -> ModelConfig:
+    """Convert a MaxText params checkpoint into Titan's Llama parameters at ``out``:
+    ``model.json`` (the shape) and ``params/`` (orbax). Returns the shape.
+
+    Raises:
+        TitanError: not a llama2-block checkpoint, a shape Titan's Llama cannot take, or
+            ``out`` exists.
+    """
+    out = Path(out).absolute()
+    if out.exists():
+        raise TitanError(f"--out {out} exists; give a new path")
+    params = maxtext_to_llama(read_maxtext_params(path), str(path))
+    shape = llama_shape(params, rope_theta, norm_eps, name=f"maxtext:{Path(path).name}")
+    out.mkdir(parents=True)
+    ocp.PyTreeCheckpointer().save(out / PARAMS_DIR, params)
+    (out / MODEL_FILE).write_text(json.dumps(dataclasses.asdict(shape), indent=1) + "\n")
+    return shape
+
+
+def read_imported(out: Path) -> tuple[dict[str, Any], ModelConfig]:
+    """Titan's Llama parameters (numpy) and shape written by :func:`import_maxtext`."""
+    out = Path(out).absolute()
+    shape = ModelConfig(**json.loads((out / MODEL_FILE).read_text()))
+    return _as_numpy(out / PARAMS_DIR), shape

@@ -1,0 +1,74 @@
+"""``titan import maxtext`` and ``titan export maxtext``: move parameters between MaxText's params
+checkpoints and Titan (:mod:`titan.models.adapters.maxtext_checkpoints`; no maxtext needed).
+JAX and orbax are imported only when a command runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_import_format(kinds: Any) -> None:
+    """Add ``maxtext`` to the formats of ``titan import``."""
+    maxtext = kinds.add_parser(
+        "maxtext",
+        help="a MaxText llama2-block params checkpoint (llama2, llama3, mistral)",
+        description="Read a MaxText params checkpoint (orbax, items/params/params, as MaxText's "
+        "save_params_to_path writes it) of a llama2-block model and write Titan's Llama "
+        "parameters to --out: model.json (the shape) and params/ (orbax). The query kernel is "
+        "scaled by sqrt(head_dim) and the layer axis moved from 1 to 0 (docs/maxtext.md).",
+    )
+    maxtext.add_argument("path", help="the MaxText checkpoint (the folder holding items/)")
+    maxtext.add_argument("--out", required=True, help="new folder for Titan's parameters")
+    maxtext.add_argument(
+        "--rope-theta",
+        type=float,
+        default=10_000.0,
+        help="RoPE base of the model (MaxText's rope_max_timescale; llama2: 10000, llama3: "
+        "500000) (default: %(default)s)",
+    )
+    maxtext.add_argument(
+        "--norm-eps",
+        type=float,
+        default=1e-5,
+        help="RMSNorm epsilon (MaxText's normalization_layer_epsilon) (default: %(default)s)",
+    )
+    maxtext.set_defaults(run=run_import)
+
+
+def add_export_format(kinds: Any) -> None:
+    """Add ``maxtext`` to the formats of ``titan export``."""
+    maxtext = kinds.add_parser(
+        "maxtext",
+        help="as a MaxText params checkpoint",
+        description="Write the parameters of a run's newest checkpoint (or --step) as a MaxText "
+        "params checkpoint at --out, joined from every pipeline chunk: Titan's Llama converted "
+        "to MaxText's llama2 block, a --model-source maxtext run's parameters as they are. "
+        "Prints the MaxText settings that build the model.",
+    )
+    maxtext.add_argument("run_dir", help="the Titan run dir")
+    maxtext.add_argument("--out", required=True, help="new folder for the MaxText checkpoint")
+    maxtext.add_argument("--step", type=int, help="the checkpoint step (default: the newest)")
+    maxtext.set_defaults(run=run_export)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from titan.models.adapters.maxtext_checkpoints import import_maxtext
+
+    shape = import_maxtext(args.path, args.out, args.rope_theta, args.norm_eps)
+    print(
+        f"titan import maxtext: wrote {args.out}: Titan's Llama d_model={shape.d_model} "
+        f"n_layers={shape.n_layers} n_heads={shape.n_heads} n_kv_heads={shape.n_kv_heads} "
+        f"ffn_dim={shape.ffn_dim} vocab_size={shape.vocab_size}, "
+        f"{shape.param_count():,} parameters"
+    )
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from titan.models.adapters.maxtext_checkpoints import export_run
+
+    written = export_run(args.run_dir, args.out, args.step)
+    settings = " ".join(f"{key}={value}" for key, value in written["settings"].items())
+    print(f"titan export maxtext: wrote {args.out} (step {written['step']}); MaxText: {settings}")
+    return 0
