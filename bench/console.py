@@ -310,7 +310,7 @@ async def _history_at_scale(root: Path) -> dict:
     return {
         "history_open_s": opened,
         **{f"history_{k}_s": statistics.median(v) for k, v in times.items()},
-        "history_max_loop_lag_s": max(lags),
+        "history_max_loop_lag_s": max(lags, default=0.0),
     }
 
 

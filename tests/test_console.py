@@ -235,7 +235,7 @@ async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
     assert shown["status"].startswith(f"failed: exited before run_start: {why}")
     assert stderr_lines[-1].startswith(why)
     # Any console listing the runs root later reads the same, from the launch record.
-    [listed] = list_runs(tmp_path / "runs")
+    [listed] = list_runs(tmp_path / "runs").summaries
     assert listed.liveness.state == "failed"
     assert listed.liveness.reason.startswith(f"exited before run_start: {why}")
 

@@ -88,6 +88,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         ascii_only: bool = False,
     ) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            # No animations unless asked for: a tab's sliding underline repaints the screen for
+            # 0.3 s, twice the CPU of drawing the tab itself, and every frame crosses the SSH
+            # link (bench/console.py --scale, monitor_curves_key_s).
+            self.animation_level = "none"
         self.runs_root = runs_root
         self.ascii_only = ascii_only
         self._open_run = open_run

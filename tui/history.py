@@ -51,14 +51,19 @@ SORT_FIELDS = {
     "best_loss": "best_loss",
     "started_at": "started_at",
 }
-# The rows matching a filter (a lower-case text, '' for all) in one order. Parameters: the
-# filter twice. Format fields: the sort column and direction.
+# The columns a filter looks in, each by itself: a text matches a run when one of them holds it.
+FILTER_FIELDS = ("run_id", "status", "preset", "layout")
+# The columns of a page (no payload: a page reads only what its rows show). Format field: the
+# WHERE clause.
 _SELECT = (
     "SELECT "
     + ", ".join(f"{sql} AS {name}" for name, sql in SORT_FIELDS.items())
-    + """ FROM runs
-WHERE ? = '' OR contains(lower(concat_ws(' ', run_id, status, preset, {layout})), ?)"""
+    + " FROM runs{where}"
 )
+# The runs holding a text (lower-case; parameters: the text once per FILTER_FIELDS name): each
+# column lower-cased and searched on its own, which DuckDB scans at about 15 ms per 100k runs
+# where one concatenated string per run costs twice that (bench/console.py --scale).
+_WHERE = " WHERE " + " OR ".join(f"contains(lower({SORT_FIELDS[f]}), ?)" for f in FILTER_FIELDS)
 _ORDER = " ORDER BY {column} {direction} NULLS LAST, run_id"
 # Min-max decimation of a loss curve: the steps cut into ? buckets of equal width, each giving
 # its lowest and highest point (one when they are the same step), so that spikes and dips
@@ -94,14 +99,18 @@ class HistoryQuery:
     offset: int = 0
     limit: int = PAGE_ROWS
 
+    def where(self) -> tuple[str, list[Any]]:
+        """The WHERE clause of the filter ('' without one) and its parameters."""
+        text = self.text.strip().lower()
+        return (_WHERE, [text] * len(FILTER_FIELDS)) if text else ("", [])
+
     def sql(self) -> tuple[str, list[Any]]:
         """The SELECT of every matching row in order (no page) and its parameters."""
-        text = self.text.strip().lower()
-        column = SORT_FIELDS[self.sort]
-        query = _SELECT.format(layout=_LAYOUT) + _ORDER.format(
-            column=column, direction="DESC" if self.descending else "ASC"
+        where, params = self.where()
+        order = _ORDER.format(
+            column=SORT_FIELDS[self.sort], direction="DESC" if self.descending else "ASC"
         )
-        return query, [text, text]
+        return _SELECT.format(where=where) + order, params
 
 
 @dataclass(frozen=True)
@@ -207,9 +216,13 @@ class HistoryStore:
         """One page of the runs matching ``query``, sorted, filtered and counted in SQL (an
         offset past the end gives the last ``limit`` rows)."""
         select, params = query.sql()
+        where, where_params = query.where()
         with self._connection() as con:
             total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
-            matched = con.execute(f"SELECT count(*) FROM ({select})", params).fetchone()[0]
+            matched = total
+            if where:  # counted without sorting or building the page's columns
+                count = f"SELECT count(*) FROM runs{where}"
+                matched = con.execute(count, where_params).fetchone()[0]
             offset = query.offset if query.offset < matched else max(0, matched - query.limit)
             found = con.execute(
                 f"{select} LIMIT ? OFFSET ?", [*params, query.limit, offset]
