@@ -272,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {inert(args.run)}\n")
     if args.no_color:
         os.environ["NO_COLOR"] = "1"
+    # The terminal's own size, followed as it changes: Textual reads it with
+    # shutil.get_terminal_size, which takes exported COLUMNS and LINES first, so that those would
+    # pin the console at one size (and hide the "terminal too small" notice).
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     if args.run is not None:
         app = TitanConsole(
             args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=args.ascii

@@ -85,8 +85,8 @@ class HistoryTable(DataTable[str]):
     BINDINGS = [
         Binding("enter", "select_cursor", "Detail"),
         Binding("o", "sort_next", "Sort"),
-        Binding("O", "sort_reverse", "Reverse"),
-        Binding("space", "mark", "Mark"),
+        Binding("O", "sort_reverse", "Reverse", show=False),
+        Binding("space", "mark", "Mark", show=False),
         Binding("right_square_bracket", "page(1)", "Next page", show=False),
         Binding("left_square_bracket", "page(-1)", "Previous page", show=False),
     ]
