@@ -87,8 +87,7 @@ class RunsScreen(Screen[None]):
             status.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
         elif listing.total > shown:
             status.update(
-                f"{shown:,} most recently written of {listing.total:,} runs "
-                f"({listing.total - shown:,} not listed) · h: History lists every run"
+                f"{shown:,} most recently written of {listing.total:,} runs · h: History lists all"
             )
         status.set_class(bool(shown), "-count")
         status.display = listing.total > shown or not shown
