@@ -494,8 +494,9 @@ def main() -> None:
             live = asyncio.run(_monitor(root / "live"))
             result = _result({"first_frame_s": first_frame, **live, **db}, TARGETS)
             out = args.out or Path("bench/results/console.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+        # Written before the runs root is removed (minutes for 100k run dirs on a busy disk).
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 The console is the database's one writer: :class:`HistoryStore` ingests the run records with
 :func:`titan.observability.summarize.ingest` (the same code as ``titan summarize``) and reads the
 ``runs`` and ``events`` tables. Every method opens the database, runs its queries and closes
-it: call them from a thread worker, never from the UI thread. A lock serialises the workers.
+it: call them from a thread worker, never from the UI thread. A lock serialises the ingests;
+reads run beside an ingest (the connections of one process share the database, and a read sees
+what the ingest has committed), so that a page never waits for a 100k-run ingest.
 History is read a page at a time (:class:`HistoryQuery`): sorting, filtering and counting happen
 in SQL, so a runs root of 100k runs costs the same page of rows as one of ten.
 """
@@ -190,8 +192,11 @@ class HistoryStore:
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        with self._lock:
+    def _connection(self, writing: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection; ``writing`` (or while there is no database yet: its first connection
+        makes the tables), under the lock."""
+        lock = self._lock if writing or not self.exists() else contextlib.nullcontext()
+        with lock:
             con = summarize.connect(self.runs_root)
             try:
                 yield con
@@ -209,7 +214,7 @@ class HistoryStore:
             TitanError: the runs root does not exist or another process holds the database.
         """
         scanned = summarize.scan_runs_root(self.runs_root)  # unlocked: pages meanwhile
-        with self._connection() as con:
+        with self._connection(writing=True) as con:
             return summarize.ingest(con, self.runs_root, scanned)
 
     def page(self, query: HistoryQuery) -> HistoryPage:
