@@ -19,7 +19,9 @@ it) and one run of 1M steps:
   its first page drawn; then, once the ingest that follows has ended, ``history_sort_s``,
   ``history_filter_s``, ``history_page_s``: from the key to the new page drawn (medians), with
   ``history_max_loop_lag_s`` the event loop's worst delay meanwhile (a 20 ms timer running
-  throughout: what the UI thread was busy for at most, drawing a page included);
+  throughout: what the UI thread was busy for at most, drawing a page included), and
+  ``history_sort_cpu_s`` and the like the process's CPU seconds for a key (all threads: on a
+  shared machine the wall-clock figures also hold the time other processes had the cores);
 - ``ingest_unchanged_s``: an ingest when no run dir changed (one ``stat`` each), and per run;
   ``ingest_new_run_s``: per run, for 100 new run dirs (a batch);
 - ``summarize_s``: ``titan summarize`` over the runs root (a subprocess, 80 columns), printing
@@ -27,8 +29,8 @@ it) and one run of 1M steps:
 - ``loss_curve_1m_steps_query_s``: History's downsampled curve of the 1M-step run;
 - ``monitor_curves_key_s``: the monitor's curves tab (key ``2``) drawn with 1M steps appended to
   its :class:`tui.curve.Curve`, which keeps ``monitor_curve_points`` points in
-  ``monitor_curve_bytes`` (tracemalloc); ``monitor_curves_key_one_step_s``: the same key with
-  one step (the tab switch alone);
+  ``monitor_curve_bytes`` (tracemalloc), with ``monitor_curves_key_cpu_s`` the CPU seconds;
+  ``monitor_curves_key_one_step_s``: the same key with one step (the tab's first showing);
 - ``summarize_lock_failures`` of ``summarize_calls`` ``titan summarize`` subprocesses (4 at once)
   while History, open on ``sample_runs/``, ingests every 50 ms.
 
@@ -310,6 +312,7 @@ async def _history_at_scale(root: Path) -> dict:
         lags: list[float] = []
         sampler = asyncio.create_task(_loop_lags(lags))
         times: dict[str, list[float]] = {"sort": [], "filter": [], "page": []}
+        cpu: dict[str, list[float]] = {kind: [] for kind in times}
         for keys, kind in [
             ("o", "sort"),
             ("O", "sort"),
@@ -320,30 +323,34 @@ async def _history_at_scale(root: Path) -> dict:
             ("right_square_bracket", "page"),
             ("left_square_bracket", "page"),
         ]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             await pilot.press(keys)
             times[kind].append(time.perf_counter() - start + await _until(shown))
+            cpu[kind].append(time.process_time() - cpu_start)
         for text in ("run-0001", "llama3", "failed", "run-00042"):
             await pilot.press("slash", *text)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             await pilot.press("enter")
             times["filter"].append(time.perf_counter() - start + await _until(shown))
+            cpu["filter"].append(time.process_time() - cpu_start)
             await pilot.press("slash", "escape")
             await _until(shown)
         sampler.cancel()
     return {
         "history_open_s": opened,
         **{f"history_{k}_s": statistics.median(v) for k, v in times.items()},
+        **{f"history_{k}_cpu_s": statistics.median(v) for k, v in cpu.items()},
         "history_max_loop_lag_s": max(lags),
     }
 
 
-async def _key_time(pilot, key: str) -> float:
-    """Seconds from pressing ``key`` to the app idle again with the result drawn."""
-    start = time.perf_counter()
+async def _key_time(pilot, key: str) -> tuple[float, float]:
+    """Seconds from pressing ``key`` to the app idle again with the result drawn, and the
+    process's CPU seconds meanwhile."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     await pilot.press(key)
     await pilot.pause(0)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 async def _curves_key(root: Path) -> dict:
@@ -368,14 +375,15 @@ async def _curves_key(root: Path) -> dict:
         await app.push_screen(screen)
         while not screen.state.curve.count:
             await pilot.pause(0.05)
-        key_small_s = await _key_time(pilot, "2")  # one step: what the tab switch costs
+        key_small_s, _ = await _key_time(pilot, "2")  # one step: what the tab switch costs
         await pilot.press("1")
         screen.state.curve = curve
-        key_s = await _key_time(pilot, "2")
+        key_s, key_cpu_s = await _key_time(pilot, "2")
         drawn = len(screen.query_one("#loss-plot").series[0][1])
     return {
         "monitor_curve_append_1m_steps_s": append_s,
         "monitor_curves_key_s": key_s,
+        "monitor_curves_key_cpu_s": key_cpu_s,
         "monitor_curves_key_one_step_s": key_small_s,
         "monitor_curve_points": drawn,
         "monitor_curve_bytes": curve_bytes,
