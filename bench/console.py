@@ -5,22 +5,32 @@ Run from the repository root: ``.venv/bin/python bench/console.py [--out FILE]``
 runs headless (Textual's pilot, no terminal); run records are written with the trainer's own
 writer, :class:`titan.observability.records.RunRecord`. Writes ``bench/results/console.json``.
 
-``--scale RUNS`` measures History and the curves at scale instead, against :data:`SCALE_TARGETS`,
-and writes ``bench/results/console-scale-<RUNS>.json``: a runs root of RUNS runs of 8 steps (10
-events each: 1M events at 100k runs) made by :mod:`bench.synthetic_history` (real run dirs, the
-database filled in bulk as an ingest leaves it), one run of 1M steps, and History's screen in a
-headless app of its own (the run list, which reads every record, is not part of the figure):
+``--scale RUNS`` measures the console at scale instead, against :data:`SCALE_TARGETS` (open in
+about a second, sort, filter, page and a monitor key in about 200 ms, an ingest of unchanged run
+dirs next to nothing, no lock error), and writes ``bench/results/console-scale-<RUNS>.json``: a
+runs root of RUNS runs of 8 steps (10 events each: 1M events at 100k runs) made by
+:mod:`bench.synthetic_history` (real run dirs, the database filled in bulk as an ingest leaves
+it) and one run of 1M steps:
 
-- ``history_open_s``: from creating the app to History's first page drawn; ``history_sort_s``,
+- ``run_list_open_s``: from creating the console to its first screen, the run list, drawn
+  (it reads the records of the :data:`tui.run_list.RECENT_RUNS` run dirs written to last;
+  ``run_list_rows``);
+- ``history_open_s``: History's screen in a headless app of its own, from creating the app to
+  its first page drawn; then, once the ingest that follows has ended, ``history_sort_s``,
   ``history_filter_s``, ``history_page_s``: from the key to the new page drawn (medians), with
-  ``history_max_loop_lag_s`` the event loop's worst delay meanwhile (a 20 ms timer);
+  ``history_max_loop_lag_s`` the event loop's worst delay meanwhile (a 20 ms timer running
+  throughout: what the UI thread was busy for at most, drawing a page included), and
+  ``history_sort_cpu_s`` and the like the process's CPU seconds for a key (all threads: on a
+  shared machine the wall-clock figures also hold the time other processes had the cores);
 - ``ingest_unchanged_s``: an ingest when no run dir changed (one ``stat`` each), and per run;
   ``ingest_new_run_s``: per run, for 100 new run dirs (a batch);
+- ``summarize_s``: ``titan summarize`` over the runs root (a subprocess, 80 columns), printing
+  ``summarize_lines`` lines (the 50 most recent runs and a line saying how many are hidden);
 - ``loss_curve_1m_steps_query_s``: History's downsampled curve of the 1M-step run;
 - ``monitor_curves_key_s``: the monitor's curves tab (key ``2``) drawn with 1M steps appended to
   its :class:`tui.curve.Curve`, which keeps ``monitor_curve_points`` points in
-  ``monitor_curve_bytes`` (tracemalloc); ``monitor_curves_key_one_step_s``: the same key with
-  one step (the tab switch alone);
+  ``monitor_curve_bytes`` (tracemalloc), with ``monitor_curves_key_cpu_s`` the CPU seconds;
+  ``monitor_curves_key_one_step_s``: the same key with one step (the tab's first showing);
 - ``summarize_lock_failures`` of ``summarize_calls`` ``titan summarize`` subprocesses (4 at once)
   while History, open on ``sample_runs/``, ingests every 50 ms.
 
@@ -43,9 +53,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -67,6 +79,7 @@ from tui.screens import history as history_screen  # noqa: E402
 from tui.screens.history import HistoryScreen  # noqa: E402
 from tui.screens.monitor import MonitorScreen  # noqa: E402
 from tui.widgets.history_table import HistoryTable  # noqa: E402
+from tui.widgets.run_table import RunTable  # noqa: E402
 
 SIZE = (120, 40)
 TARGETS = {
@@ -84,6 +97,7 @@ LATENCY_STEPS = 20
 BURST_EVENTS, BURST_RATE = 100_000, 20_000
 DB_RUNS, DB_STEPS = 1000, 1000
 SCALE_TARGETS = {
+    "run_list_open_s": 1.0,
     "history_open_s": 1.0,
     "history_sort_s": 0.2,
     "history_filter_s": 0.2,
@@ -94,6 +108,9 @@ SCALE_TARGETS = {
     "summarize_lock_failures": 0,
 }
 CURVE_STEPS, SUMMARIZE_CALLS, NEW_RUNS = 1_000_000, 100, 100
+# The machine is shared: its 1-minute load average when the benchmark starts, recorded with
+# the figures.
+LOAD_AT_START = os.getloadavg()[0]
 
 
 def _start(record: RunRecord, total_steps: int) -> None:
@@ -132,14 +149,15 @@ class _Drawn:
         screen._show_state = timed
 
 
-async def _first_frame(root: Path) -> float:
-    """Seconds from creating the app to the run list of ``sample_runs/`` drawn."""
+async def _first_frame(root: Path) -> tuple[float, int]:
+    """Seconds from creating the app to the run list of ``root`` drawn, and its rows."""
     start = time.perf_counter()
     app = TitanConsole(root)
     async with app.run_test(size=SIZE) as pilot:
-        while app.screen.query_one("RunTable").row_count == 0:
+        table = app.screen.query_one(RunTable)
+        while table.row_count == 0:
             await pilot.pause(0.01)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, table.row_count
 
 
 async def _cpu_while(pilot, seconds: float) -> float:
@@ -261,20 +279,25 @@ class _HistoryApp(App[None]):
         self.push_screen(HistoryScreen(self.store))
 
 
-async def _until(pilot, condition, lags: list[float]) -> float:
-    """Seconds until ``condition()`` holds, recording the event loop's delays of a 20 ms sleep."""
+async def _until(condition) -> float:
+    """Seconds until ``condition()`` holds (checked every 5 ms)."""
     start = time.perf_counter()
     while not condition():
-        before = time.perf_counter()
-        await asyncio.sleep(0.02)
-        lags.append(time.perf_counter() - before - 0.02)
+        await asyncio.sleep(0.005)
         if time.perf_counter() - start > 120:
             raise RuntimeError("History did not answer in 120 s")
     return time.perf_counter() - start
 
 
+async def _loop_lags(lags: list[float]) -> None:
+    """Record the event loop's delay of a 20 ms sleep, until cancelled."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(0.02)
+        lags.append(time.perf_counter() - before - 0.02)
+
+
 async def _history_at_scale(root: Path) -> dict:
-    lags: list[float] = []
     start = time.perf_counter()
     app = _HistoryApp(HistoryStore(root))
     async with app.run_test(size=SIZE) as pilot:
@@ -283,10 +306,13 @@ async def _history_at_scale(root: Path) -> dict:
         screen = app.screen
         table = screen.query_one(HistoryTable)
         shown = lambda: table.current and table.row_count > 0 and screen.loaded  # noqa: E731
-        await _until(pilot, shown, lags)
+        await _until(shown)
         opened = time.perf_counter() - start
-        await pilot.pause(3.0)  # the ingest after the first page
+        await _until(lambda: screen._next_ingest_at > 0)  # the ingest after the first page
+        lags: list[float] = []
+        sampler = asyncio.create_task(_loop_lags(lags))
         times: dict[str, list[float]] = {"sort": [], "filter": [], "page": []}
+        cpu: dict[str, list[float]] = {kind: [] for kind in times}
         for keys, kind in [
             ("o", "sort"),
             ("O", "sort"),
@@ -297,29 +323,34 @@ async def _history_at_scale(root: Path) -> dict:
             ("right_square_bracket", "page"),
             ("left_square_bracket", "page"),
         ]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             await pilot.press(keys)
-            times[kind].append(time.perf_counter() - start + await _until(pilot, shown, lags))
+            times[kind].append(time.perf_counter() - start + await _until(shown))
+            cpu[kind].append(time.process_time() - cpu_start)
         for text in ("run-0001", "llama3", "failed", "run-00042"):
             await pilot.press("slash", *text)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             await pilot.press("enter")
-            times["filter"].append(time.perf_counter() - start + await _until(pilot, shown, lags))
+            times["filter"].append(time.perf_counter() - start + await _until(shown))
+            cpu["filter"].append(time.process_time() - cpu_start)
             await pilot.press("slash", "escape")
-            await _until(pilot, shown, lags)
+            await _until(shown)
+        sampler.cancel()
     return {
         "history_open_s": opened,
         **{f"history_{k}_s": statistics.median(v) for k, v in times.items()},
+        **{f"history_{k}_cpu_s": statistics.median(v) for k, v in cpu.items()},
         "history_max_loop_lag_s": max(lags),
     }
 
 
-async def _key_time(pilot, key: str) -> float:
-    """Seconds from pressing ``key`` to the app idle again with the result drawn."""
-    start = time.perf_counter()
+async def _key_time(pilot, key: str) -> tuple[float, float]:
+    """Seconds from pressing ``key`` to the app idle again with the result drawn, and the
+    process's CPU seconds meanwhile."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     await pilot.press(key)
     await pilot.pause(0)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 async def _curves_key(root: Path) -> dict:
@@ -344,14 +375,15 @@ async def _curves_key(root: Path) -> dict:
         await app.push_screen(screen)
         while not screen.state.curve.count:
             await pilot.pause(0.05)
-        key_small_s = await _key_time(pilot, "2")  # one step: what the tab switch costs
+        key_small_s, _ = await _key_time(pilot, "2")  # one step: what the tab switch costs
         await pilot.press("1")
         screen.state.curve = curve
-        key_s = await _key_time(pilot, "2")
+        key_s, key_cpu_s = await _key_time(pilot, "2")
         drawn = len(screen.query_one("#loss-plot").series[0][1])
     return {
         "monitor_curve_append_1m_steps_s": append_s,
         "monitor_curves_key_s": key_s,
+        "monitor_curves_key_cpu_s": key_cpu_s,
         "monitor_curves_key_one_step_s": key_small_s,
         "monitor_curve_points": drawn,
         "monitor_curve_bytes": curve_bytes,
@@ -391,7 +423,17 @@ def _scale(root: Path, runs: int) -> dict:
     start = time.perf_counter()
     store.ingest()
     unchanged_s = time.perf_counter() - start
+    run_list_s, run_list_rows = asyncio.run(_first_frame(root / "big"))
     history = asyncio.run(_history_at_scale(root / "big"))
+    start = time.perf_counter()
+    summary = subprocess.run(
+        [sys.executable, "-m", "titan.cli", "summarize", str(root / "big")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    summarize_s = time.perf_counter() - start
     synthetic_history.write_runs(root / "big", runs, NEW_RUNS, 8)
     start = time.perf_counter()
     store.ingest()
@@ -412,10 +454,14 @@ def _scale(root: Path, runs: int) -> dict:
         "runs": runs,
         "events": events,
         "synthesize_s": made_s,
+        "run_list_open_s": run_list_s,
+        "run_list_rows": run_list_rows,
         **history,
         "ingest_unchanged_s": unchanged_s,
         "ingest_unchanged_per_run_s": unchanged_s / runs,
         "ingest_new_run_s": new_s,
+        "summarize_s": summarize_s,
+        "summarize_lines": len(summary.stdout.splitlines()),
         "loss_curve_1m_steps_query_s": statistics.median(curve_s),
         "loss_curve_points": len(curve),
         **monitor,
@@ -433,7 +479,8 @@ def _result(figures: dict, targets: dict) -> dict:
             key: figures[key] >= target if key in higher else figures[key] <= target
             for key, target in targets.items()
         },
-        "machine": "CPU, 2 cores shared, headless Textual",
+        "machine": f"CPU, 2 cores shared (load average {LOAD_AT_START:.1f} at the start), "
+        "headless Textual",
     }
 
 
@@ -450,13 +497,14 @@ def main() -> None:
         else:
             db = _database(root / "db")
             shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs", root / "samples")
-            first_frame = asyncio.run(_first_frame(root / "samples"))
+            first_frame, _ = asyncio.run(_first_frame(root / "samples"))
             (root / "live").mkdir()
             live = asyncio.run(_monitor(root / "live"))
             result = _result({"first_frame_s": first_frame, **live, **db}, TARGETS)
             out = args.out or Path("bench/results/console.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+        # Written before the runs root is removed (minutes for 100k run dirs on a busy disk).
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2), flush=True)
 
 
 if __name__ == "__main__":

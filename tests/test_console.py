@@ -42,6 +42,7 @@ from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.runs import RunsScreen
 from tui.widgets.loss_chart import LossChart
+from tui.widgets.option_input import OptionInput
 from tui.widgets.run_table import RunTable
 from tui.widgets.stat import Stat
 from tui.widgets.too_small import TooSmall
@@ -235,7 +236,7 @@ async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
     assert shown["status"].startswith(f"failed: exited before run_start: {why}")
     assert stderr_lines[-1].startswith(why)
     # Any console listing the runs root later reads the same, from the launch record.
-    [listed] = list_runs(tmp_path / "runs")
+    [listed] = list_runs(tmp_path / "runs").summaries
     assert listed.liveness.state == "failed"
     assert listed.liveness.reason.startswith(f"exited before run_start: {why}")
 
@@ -492,7 +493,7 @@ async def test_attach_opens_the_monitor_of_a_run_dir_typed_after_a(consoles, tmp
     assert shown["process"] == "the run has ended"
 
 
-async def test_launch_bar_labels_are_apart_from_their_fields(consoles, tmp_path: Path):
+async def test_launch_form_labels_and_flags_are_apart_from_their_fields(consoles, tmp_path):
     app = consoles(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -500,9 +501,13 @@ async def test_launch_bar_labels_are_apart_from_their_fields(consoles, tmp_path:
         labels = {str(label.content): label.region for label in bar.query(Label)}
         preset = bar.query_one("#preset", Select).region
         copies = bar.query_one("#copies", Input).region
+        rows = list(app.screen.query(OptionInput))
+        gaps = {row.flag: row.control.region.x - row.query_one(Label).region.x for row in rows}
     # "preset defaults", "copies 1": a blank cell between each label and its field.
     assert labels["preset"].x + len("preset") < preset.x
     assert labels["copies"].x + len("copies") < copies.x
+    # "--nonfinite-patience 5", never "--nonfinite-patienc5", at 80 columns too.
+    assert SIZE[0] == 80 and rows and all(gap > len(flag) for flag, gap in gaps.items())
 
 
 async def test_every_screen_below_80x24_shows_the_terminal_too_small_notice(

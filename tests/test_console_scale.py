@@ -1,7 +1,9 @@
-"""History at scale: a runs root of 10k runs paged, sorted and filtered in SQL in a worker."""
+"""At scale: History over 10k runs paged, sorted and filtered in SQL in a worker; the run list
+reading only the most recently written records; ``titan summarize`` listing the most recent."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -10,11 +12,16 @@ from console_helpers import wait_until
 from textual.widgets import Static
 
 from bench.synthetic_history import run_id, synthesize
+from titan.cli import main
 from titan.observability import summarize
+from titan.observability.commands import SUMMARY_RUNS
+from tui import run_list
 from tui.app import TitanConsole
 from tui.history import PAGE_ROWS, HistoryPage, HistoryQuery, HistoryStore
+from tui.run_list import RECENT_RUNS
 from tui.screens.history import HistoryScreen
 from tui.widgets.history_table import HistoryTable
+from tui.widgets.run_table import RunTable
 
 RUNS = 10_000
 
@@ -85,7 +92,7 @@ async def test_history_of_10k_runs_pages_sorts_and_filters_in_a_worker(big_root,
     assert by_cursor == ([run_id(i) for i in range(PAGE_ROWS, 2 * PAGE_ROWS)], 0)
     assert reversed_ids[:2] == [run_id(RUNS - 1), run_id(RUNS - 2)]
     assert filtered == [run_id(i) for i in range(129, 119, -1)]
-    assert filtered_count.startswith(f"10 of {RUNS:,} runs · enter")
+    assert filtered_count.startswith(f"10 of {RUNS:,} runs · space")
 
 
 def test_history_store_sorts_by_status_and_filters_by_preset_in_sql(big_root):
@@ -96,3 +103,39 @@ def test_history_store_sorts_by_status_and_filters_by_preset_in_sql(big_root):
     assert by_status.matched == RUNS and by_status.total == RUNS
     assert llama.matched == len(range(2, RUNS, 3)) and llama.offset == llama.matched - 5
     assert {r.preset for r in llama.rows} == {"llama3-1b"}
+
+
+async def test_run_list_of_10k_runs_reads_only_the_most_recently_written(big_root, monkeypatch):
+    read: list[Path] = []
+    load_events = run_list.load_events
+    monkeypatch.setattr(run_list, "load_events", lambda d: read.append(d) or load_events(d))
+    app = TitanConsole(big_root)
+    async with app.run_test(size=(100, 30)) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count > 0, lambda: "no runs listed", 30)
+        keys = [table.coordinate_to_cell_key((i, 0)).row_key.value for i in (0, 1)]
+        status = str(app.screen.query_one("#runs-status", Static).content)
+    newest = [run_id(i) for i in range(RUNS - 1, RUNS - RECENT_RUNS - 1, -1)]
+    assert (table.row_count, sorted(d.name for d in read)) == (RECENT_RUNS, sorted(newest))
+    assert [Path(str(key)).name for key in keys] == newest[:2]
+    assert status == f"{RECENT_RUNS} most recently written of {RUNS:,} runs · h: History lists all"
+
+
+def test_summarize_of_10k_runs_lists_the_most_recent_and_says_how_many_are_hidden(
+    big_root, capsys, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["summarize", str(big_root), "--json"]) == 0
+    default = capsys.readouterr()
+    assert main(["summarize", str(big_root), "--last", "3"]) == 0
+    last_three = capsys.readouterr().out.splitlines()
+    shown = [d["run_id"] for d in json.loads(default.out)]
+    assert shown == [run_id(i) for i in range(RUNS - SUMMARY_RUNS, RUNS)]
+    hidden = f"of {RUNS:,} runs shown ({RUNS - SUMMARY_RUNS:,} hidden; --all lists all)"
+    assert default.err == f"{SUMMARY_RUNS} most recent {hidden}\n"
+    rows = [line for line in last_three if line.startswith("│ run-")]
+    assert [row.split()[1] for row in rows] == [run_id(i) for i in range(RUNS - 3, RUNS)]
+    assert (
+        last_three[-1]
+        == f"3 most recent of {RUNS:,} runs shown ({RUNS - 3:,} hidden; --all lists all)"
+    )

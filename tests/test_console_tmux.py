@@ -1,5 +1,7 @@
 """The console through a real terminal: tmux runs ``titan-console``, ``send-keys`` fills the
-launch form of a tiny run, ``capture-pane`` reads the monitor, ``q`` quits."""
+launch form of a tiny run, ``capture-pane`` reads the monitor, ``q`` quits; and every screen at
+80x24 shows what it must (run ids in full, states, the keys), and below it the "terminal too
+small" notice. ``TITAN_TMUX_CAPTURES=DIR`` saves the text of each screen at 80x24 in DIR."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from console_helpers import tiny_form_texts
+from samples import copy_sample_runs, sample_run_dirs
 
 from titan.config import option_fields
 from titan.observability.records import read_events
@@ -47,7 +50,8 @@ def _send(*keys: str) -> None:
     focus moved to it)."""
     for key in keys:
         _tmux("send-keys", "-t", SESSION, *key.split(" "))
-        time.sleep(0.2)
+        # After esc, a longer pause: esc and a key read together are alt and that key.
+        time.sleep(0.6 if key == "Escape" else 0.2)
 
 
 def _wait_for(text: str, timeout_s: float) -> str:
@@ -97,3 +101,64 @@ def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: 
     assert steps == [1, 2, 3, 4, 5, 6]
     assert events[-1]["status"] == "completed"
     assert exit_file.read_text() == ""  # quit after the run ended: nothing left running
+
+
+# Where test_every_screen_at_80x24_* writes the text of each screen (unset: nowhere).
+CAPTURES = os.environ.get("TITAN_TMUX_CAPTURES")
+SAMPLE_IDS = [d.name for d in sample_run_dirs()]
+TOO_SMALL = "Terminal too small: 70x20."
+
+
+def _shown(name: str, *texts: str, small: bool = True, timeout_s: float = 30) -> str:
+    """The screen once every one of ``texts`` is on it (saved as ``name``.txt under CAPTURES);
+    then, with ``small``, the terminal shrunk below the minimum size: the notice instead; and
+    back at 80x24."""
+    deadline = time.monotonic() + timeout_s
+    while not all(text in (screen := _screen()) for text in texts):
+        if time.monotonic() > deadline:
+            missing = [text for text in texts if text not in screen]
+            raise AssertionError(f"{name}: {missing} not on screen:\n{screen}")
+        time.sleep(0.3)
+    if CAPTURES:
+        Path(CAPTURES).mkdir(parents=True, exist_ok=True)
+        (Path(CAPTURES) / f"{name}.txt").write_text(screen)
+    if not small:
+        return screen
+    _tmux("resize-window", "-t", SESSION, "-x", "70", "-y", "20")
+    small = _wait_for(TOO_SMALL, 10)
+    _tmux("resize-window", "-t", SESSION, "-x", "80", "-y", "24")
+    _wait_for(texts[0], 10)
+    assert "enlarge the window" in small and texts[0] not in small, name
+    return screen
+
+
+def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_notice(
+    tmp_path: Path,
+):
+    root = copy_sample_runs(tmp_path / "runs")
+    command = f"{shlex.quote(sys.executable)} -m tui.app --runs-root {shlex.quote(str(root))}"
+    _tmux("new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", "-c", os.getcwd(), command)
+    keys = ("q Quit", "? Keys")
+    try:
+        runs = _shown("runs", *SAMPLE_IDS, "completed", "failed", "23/40", *keys, "a Attach")
+        _send("Enter")  # the newest run: llama3-1b-h200
+        monitor = _shown("monitor", "— llama3-1b-h200", "1 overview", "completed", *keys)
+        _send("2")
+        _shown("monitor-curves", "learning rate", "step", "R Resume", *keys, small=False)
+        _send("Escape", "h")
+        history = _shown("history", *SAMPLE_IDS, "4 runs", "failed", "⏎ Detail", *keys)
+        _send("Enter")
+        detail = _shown("detail", "— llama3-1b-h200", "1 summary", "completed", *keys)
+        _send("Escape", "Space", "Down", "Space", "c")
+        compare = _shown("compare", "llama3-1b-h200 vs tiny-watchdog-stall", "config", *keys)
+        _send("Escape", "Escape", "p")
+        planner = _shown("planner", "budget planner", "--model", "^t Train this plan", *keys)
+        _send("Escape", "n")
+        launch = _shown("launch", "--model: ", "--nonfinite-patience ", "^r Launch", "f1 Keys")
+        _send("Escape", "?")
+        help_ = _shown("keys", "esc, ? or f1 to close", "Attach", "History")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    screens = [runs, monitor, history, detail, compare, planner, launch, help_]
+    assert all(len(line) <= 80 for screen in screens for line in screen.splitlines())
+    assert "23" in history.split("tiny-watchdog-stall")[1].splitlines()[0]  # as the run list

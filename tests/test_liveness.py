@@ -71,7 +71,7 @@ def test_a_run_killed_with_sigkill_reads_dead_everywhere(corpus_dir: Path, tmp_p
     # The pid is checked on this host: dead at the first judgement after the exit.
     judged = judge(run_dir, _facts(run_dir))
     update = RunWatcher(run_dir).poll()
-    [listed] = list_runs(tmp_path)
+    [listed] = list_runs(tmp_path).summaries
     store = HistoryStore(tmp_path)
     store.ingest()
     [row] = store.page(HistoryQuery()).rows

@@ -88,6 +88,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         ascii_only: bool = False,
     ) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            # No animations unless asked for: a tab's sliding underline repaints the screen for
+            # 0.3 s, twice the CPU of drawing the tab itself, and every frame crosses the SSH
+            # link (bench/console.py --scale, monitor_curves_key_s).
+            self.animation_level = "none"
         self.runs_root = runs_root
         self.ascii_only = ascii_only
         self._open_run = open_run
@@ -267,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {inert(args.run)}\n")
     if args.no_color:
         os.environ["NO_COLOR"] = "1"
+    # The terminal's own size, followed as it changes: Textual reads it with
+    # shutil.get_terminal_size, which takes exported COLUMNS and LINES first, so that those would
+    # pin the console at one size (and hide the "terminal too small" notice).
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     if args.run is not None:
         app = TitanConsole(
             args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=args.ascii

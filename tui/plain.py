@@ -8,8 +8,12 @@ or an unbalanced ``[/]`` shows as typed instead of becoming a hyperlink or a mar
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions
+from rich.segment import Segment
 from rich.text import Text
 
 from titan.inert import inert
@@ -26,6 +30,24 @@ class PlainText(Text):
 
     def __hash__(self) -> int:
         return hash(self.plain)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        """One segment when the text is one unstyled line that fits ``options.max_width``
+        unjustified: what Rich's wrapping would give, without it. A table draws every visible
+        cell anew after each change, and the wrapping is most of a cell's cost (about half of
+        History's time from a new page to its rows drawn, bench/console.py --scale)."""
+        text = self.plain
+        if (
+            self.style
+            or self._spans
+            or "\n" in text
+            or "\t" in text
+            or (self.justify or options.justify) not in (None, "default", "left")
+            or cell_len(text) > options.max_width
+        ):
+            yield from super().__rich_console__(console, options)
+            return
+        yield Segment(text)
 
 
 def plain(value: object) -> PlainText:

@@ -1,16 +1,28 @@
 """The run dirs under a runs root, each with a summary of its record, newest first.
 
-Reads every listed run's ``events.jsonl``: call it from a worker, not the UI thread.
+A runs root may hold 100k runs: the list reads the records of the :data:`RECENT_RUNS` run dirs
+written to last (one ``stat`` per run dir finds them) and counts the rest; History lists every
+run from the database. Call it from a worker, not the UI thread.
 """
 
 from __future__ import annotations
 
+import heapq
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from titan.observability.liveness import LAUNCH_FILE, STDERR_LOG, Liveness, judge
 from titan.observability.records import EVENTS_FILE, load_events
 from tui.run_state import RunState
+
+# Runs whose records the run list reads, at most: a few screenfuls. A record is read whole
+# (about 3 ms for a short one), so this bounds the list's time at any size of runs root, where
+# the stat of each run dir costs about 5 us (bench/console.py --scale: run_list_open_s).
+RECENT_RUNS = 100
+# The files that make a folder a run dir, the first that exists giving its last write.
+_RUN_FILES = (EVENTS_FILE, LAUNCH_FILE, STDERR_LOG)
 
 
 @dataclass(frozen=True)
@@ -30,23 +42,55 @@ class RunSummary:
     liveness: Liveness
 
 
-def is_run_dir(path: Path) -> bool:
-    """A run dir has a run record, or at least what a console wrote starting its child."""
-    return path.is_dir() and any(
-        (path / name).is_file() for name in (EVENTS_FILE, LAUNCH_FILE, STDERR_LOG)
-    )
+@dataclass(frozen=True)
+class RunListing:
+    """The run list: the summaries of the most recently written run dirs, newest first, and
+    how many run dirs the runs root holds in all (``total > len(summaries)`` when some are
+    left out)."""
+
+    summaries: list[RunSummary]
+    total: int
 
 
-def list_runs(runs_root: Path) -> list[RunSummary]:
-    """Summaries of the run dirs directly under ``runs_root``, newest first (empty when the
-    folder does not exist)."""
+def _last_write(run_dir: str) -> float | None:
+    """``st_mtime`` of the run dir's record (``events.jsonl``, else the launch record, else
+    ``stderr.log``), or None when ``path`` holds none of them as a file: a run dir has a run
+    record, or at least what a console wrote starting its child."""
+    for name in _RUN_FILES:
+        try:
+            info = os.stat(f"{run_dir}{os.sep}{name}")
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            return info.st_mtime
+    return None
+
+
+def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
+    """The ``limit`` run dirs written to last, and the number of run dirs."""
+    written = []
+    with os.scandir(runs_root) as entries:
+        for entry in entries:
+            if entry.is_dir():
+                mtime = _last_write(entry.path)
+                if mtime is not None:
+                    written.append((mtime, entry.path))
+    recent = heapq.nlargest(limit, written)
+    return [Path(path) for _, path in recent], len(written)
+
+
+def list_runs(runs_root: Path, limit: int = RECENT_RUNS) -> RunListing:
+    """Summaries of the ``limit`` run dirs directly under ``runs_root`` whose record was
+    written last, newest first by their first event (empty when the folder does not exist)."""
     if not runs_root.is_dir():
-        return []
+        return RunListing([], 0)
+    run_dirs, total = _recent_run_dirs(runs_root, limit)
     summaries = []
-    for run_dir in filter(is_run_dir, runs_root.iterdir()):
+    for run_dir in run_dirs:
         events = load_events(run_dir)
         state = RunState()
         state.apply(events)
         created_at = events[0].time if events else run_dir.stat().st_mtime
         summaries.append(RunSummary(run_dir, state, created_at, judge(run_dir, state.facts)))
-    return sorted(summaries, key=lambda s: s.created_at, reverse=True)
+    summaries.sort(key=lambda s: s.created_at, reverse=True)
+    return RunListing(summaries, total)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,22 @@ from titan.observability.records import default_runs_root
 from titan.tables import Column, console, fitted_table, print_fitted
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
+# Runs that ``titan summarize`` lists by default: the most recent ones (a runs root may hold
+# 100k; History in the console and --all list every one).
+SUMMARY_RUNS = 50
+
+
+def _count(text: str) -> int:
+    """A ``--last`` value: a whole number of runs, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of runs, 1 or more, not {text!r}"
+        )
+    return value
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,6 +51,16 @@ def add_parser(subparsers: Any) -> None:
         "ETTR and goodput, stalls, restarts and losses.",
     )
     _add_common(s, run_summarize)
+    shown = s.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--last",
+        type=_count,
+        default=SUMMARY_RUNS,
+        metavar="N",
+        help=f"the N runs that started last, listed by run id (default: {SUMMARY_RUNS}; a line "
+        "after the table, or on stderr with --json, says how many are not shown)",
+    )
+    shown.add_argument("--all", action="store_true", help="every run of RUNS_ROOT")
 
     perf = subparsers.add_parser(
         "perf",
@@ -94,10 +121,12 @@ def run_summarize(args: argparse.Namespace) -> int:
     from titan.observability import summarize
 
     root = _root(args)
+    recent = None if args.all or args.run_id is not None else args.last
     con = summarize.connect(root)
     try:
         summarize.ingest(con, root)
-        rows = summarize.summaries(con, args.run_id)
+        rows = summarize.summaries(con, args.run_id, recent)
+        total = summarize.run_count(con) if args.run_id is None else len(rows)
     finally:
         con.close()
     if args.run_id is not None and not rows:
@@ -106,6 +135,12 @@ def run_summarize(args: argparse.Namespace) -> int:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
         _print_summaries(root, rows, args.wide)
+    if total > len(rows):
+        hidden = (
+            f"{len(rows):,} most recent of {total:,} runs shown ({total - len(rows):,} "
+            "hidden; --all lists all)"
+        )
+        print(hidden, file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 

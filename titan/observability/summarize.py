@@ -714,14 +714,29 @@ def _liveness(
     return liveness.judge(Path(path[0]).parent if path else Path(run_id), facts)
 
 
-def summaries(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list[RunSummary]:
-    """The stored summaries, by run id (one run's when ``run_id`` is given)."""
-    rows = con.execute(
-        "SELECT summary FROM runs WHERE ? IS NULL OR run_id = ? ORDER BY run_id",
-        [run_id, run_id],
-    ).fetchall()
+def summaries(
+    con: duckdb.DuckDBPyConnection, run_id: str | None = None, recent: int | None = None
+) -> list[RunSummary]:
+    """The stored summaries, by run id (one run's when ``run_id`` is given). ``recent``: only
+    the ``recent`` runs that started last (by their first ``run_start``; runs without one count
+    as the oldest), still listed by run id."""
+    where = "WHERE ? IS NULL OR run_id = ?"
+    if recent is None:
+        query, params = f"SELECT summary FROM runs {where} ORDER BY run_id", [run_id, run_id]
+    else:
+        query = (
+            f"SELECT summary FROM (SELECT run_id, summary FROM runs {where} "
+            "ORDER BY started_at DESC NULLS LAST, run_id DESC LIMIT ?) ORDER BY run_id"
+        )
+        params = [run_id, run_id, max(0, recent)]
+    rows = con.execute(query, params).fetchall()
     known = {f.name for f in dataclasses.fields(RunSummary)}
     return [RunSummary(**{k: v for k, v in json.loads(r[0]).items() if k in known}) for r in rows]
+
+
+def run_count(con: duckdb.DuckDBPyConnection) -> int:
+    """The runs of the database (every row of ``runs``)."""
+    return con.execute("SELECT count(*) FROM runs").fetchone()[0]
 
 
 def summarize_run_dir(run_dir: Path) -> RunSummary:

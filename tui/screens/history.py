@@ -43,13 +43,15 @@ class HistoryScreen(Screen[None]):
 
     CSS_PATH = "history.tcss"
     AUTO_FOCUS = "HistoryTable"
+    # The footer shows what fits at 80 columns with q and ?; the status line and the key help
+    # (?) name the rest.
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("escape", "close_filter", "Clear filter"),
-        Binding("r", "refresh", "Refresh"),
+        Binding("r", "refresh", "Refresh", show=False),
         Binding("c", "compare", "Compare"),
-        Binding("x", "export('csv')", "CSV"),
-        Binding("X", "export('parquet')", "Parquet"),
+        Binding("x", "export('csv')", "CSV", show=False),
+        Binding("X", "export('parquet')", "Parquet", show=False),
     ]
 
     @dataclass
@@ -159,10 +161,7 @@ class HistoryScreen(Screen[None]):
         if page.matched > len(page.rows):
             last = page.offset + len(page.rows)
             parts.append(f"rows {page.offset + 1:,}-{last:,}, ]/[: next/previous page")
-        parts.append(
-            "enter: detail · space: mark two, c: compare · "
-            "o/O: sort by the next column / reverse · /: filter · x/X: export CSV/Parquet"
-        )
+        parts.append("space: mark two, c: compare · O: reverse · x/X: export CSV/Parquet")
         self._status(" · ".join(parts))
 
     def _status(self, text: str) -> None:

@@ -86,7 +86,9 @@ class MonitorScreen(Screen[None]):
         Binding("s", "signal('stop')", "Stop run"),
         Binding("k", "signal('kill')", "Kill run"),
         Binding("R", "resume", "Resume"),
-        *(Binding(key, f"show_tab('{tab}')", tab.capitalize()) for tab, key in TABS),
+        # Each tab's title starts with its key: the footer leaves them out, so that at 80
+        # columns it still shows the run's keys and ? (the key help lists them all).
+        *(Binding(key, f"show_tab('{tab}')", tab.capitalize(), show=False) for tab, key in TABS),
     ]
 
     @dataclass
@@ -119,20 +121,20 @@ class MonitorScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with TabbedContent(initial="overview"):
-            with TabPane("overview", id="overview"):
+            with TabPane(_tab_title("overview"), id="overview"):
                 yield from self._overview()
-            with TabPane("curves", id="curves"):
+            with TabPane(_tab_title("curves"), id="curves"):
                 yield CurvePlot("loss", ascii_only=self.app.ascii_only, id="loss-plot")
                 yield CurvePlot("learning rate", ascii_only=self.app.ascii_only, id="lr-plot")
-            with TabPane("watchdog", id="watchdog"):
+            with TabPane(_tab_title("watchdog"), id="watchdog"):
                 yield WatchdogPanel()
-            with TabPane("power", id="power"):
+            with TabPane(_tab_title("power"), id="power"):
                 yield PowerPanel()
-            with TabPane("flops", id="flops"):
+            with TabPane(_tab_title("flops"), id="flops"):
                 yield FlopsPanel()
-            with TabPane("pipeline", id="pipeline"):
+            with TabPane(_tab_title("pipeline"), id="pipeline"):
                 yield PipelinePanel()
-            with TabPane("processes", id="processes"):
+            with TabPane(_tab_title("processes"), id="processes"):
                 yield ProcessTable(id="process-table")
         yield Footer()
 
@@ -351,6 +353,11 @@ class MonitorScreen(Screen[None]):
             self.query_one(LossChart).show(self.state.curve, force=ended)
         elif active == "watchdog":
             self.query_one(WatchdogPanel).show(self.state)
+
+
+def _tab_title(tab: str) -> str:
+    """A tab's title: its key and its name (``2 curves``)."""
+    return f"{dict(TABS)[tab]} {tab}"
 
 
 def _duration(seconds: float | None) -> str:

@@ -33,6 +33,11 @@ def _pairs(mapping: dict[str, Any]) -> list[tuple[Any, Any]]:
     ]
 
 
+def _title(tab: str) -> str:
+    """A tab's title: its key and its name (``2 config``)."""
+    return f"{TABS.index(tab) + 1} {tab}"
+
+
 def _key_value_table(id: str) -> DataTable[str]:
     table: DataTable[str] = DataTable(id=id, cursor_type="row", show_header=False)
     table.add_columns("key", "value")
@@ -49,7 +54,9 @@ class RunDetailScreen(Screen[None]):
 
     CSS_PATH = "run_detail.tcss"
     BINDINGS = [
-        Binding(str(i), f"show_tab('{tab}')", tab.capitalize()) for i, tab in enumerate(TABS, 1)
+        # The tab titles start with their keys (the footer leaves them out, as the monitor's).
+        Binding(str(i), f"show_tab('{tab}')", tab.capitalize(), show=False)
+        for i, tab in enumerate(TABS, 1)
     ]
 
     @dataclass
@@ -67,13 +74,13 @@ class RunDetailScreen(Screen[None]):
         yield Header()
         with TabbedContent(initial="summary"):
             for tab in TABS[:3]:
-                with TabPane(tab, id=tab):
+                with TabPane(_title(tab), id=tab):
                     yield _key_value_table(f"detail-{tab}")
-            with TabPane("restarts", id="restarts"):
+            with TabPane(_title("restarts"), id="restarts"):
                 table: DataTable[str] = DataTable(id="detail-restarts", cursor_type="row")
                 table.add_columns("attempt", "started", "from step", "resumed from")
                 yield table
-            with TabPane("stalls", id="stalls"):
+            with TabPane(_title("stalls"), id="stalls"):
                 yield Log(id="detail-stalls")
         yield Footer()
 

@@ -1,4 +1,5 @@
-"""The run list: the run dirs of a runs root, newest first, to open in the monitor."""
+"""The run list: the run dirs of a runs root, newest first, to open in the monitor (the most
+recently written :data:`tui.run_list.RECENT_RUNS`; History lists all)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from titan.inert import inert
-from tui.run_list import RunSummary, list_runs
+from tui.run_list import RunListing, list_runs
 from tui.screens.attach import AttachScreen
 from tui.widgets.run_table import RunTable
 
@@ -44,7 +45,7 @@ class RunsScreen(Screen[None]):
     class Listed(Message):
         """A finished listing of the runs root (posted by the worker)."""
 
-        summaries: list[RunSummary]
+        listing: RunListing
 
     def __init__(self, runs_root: Path) -> None:
         super().__init__()
@@ -54,7 +55,7 @@ class RunsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield RunTable(id="runs")
-        yield Static("Listing runs...", id="runs-empty", markup=False)
+        yield Static("Listing runs...", id="runs-status", markup=False)
         yield Footer()
 
     def on_screen_resume(self) -> None:
@@ -78,10 +79,18 @@ class RunsScreen(Screen[None]):
         self.post_message(self.Listed(list_runs(self.runs_root)))
 
     def on_runs_screen_listed(self, message: RunsScreen.Listed) -> None:
-        self.query_one(RunTable).show(message.summaries)
-        empty = self.query_one("#runs-empty", Static)
-        empty.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
-        empty.display = not message.summaries
+        listing = message.listing
+        self.query_one(RunTable).show(listing.summaries)
+        status = self.query_one("#runs-status", Static)
+        shown = len(listing.summaries)
+        if not shown:
+            status.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
+        elif listing.total > shown:
+            status.update(
+                f"{shown:,} most recently written of {listing.total:,} runs · h: History lists all"
+            )
+        status.set_class(bool(shown), "-count")
+        status.display = listing.total > shown or not shown
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.post_message(self.OpenRun(Path(str(event.row_key.value))))
