@@ -51,6 +51,8 @@ ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+Task = Literal["lm", "diffusion"]
+TASKS: tuple[Task, ...] = ("lm", "diffusion")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
 
@@ -320,6 +322,26 @@ class ModelOptions:
             name="preset",
         ),
     )
+    task: Task = field(
+        default="lm",
+        metadata=_opt(
+            "--task",
+            "'lm': a causal language model on --data; 'diffusion': a DiT (--preset dit-tiny, the "
+            "default there, to dit-xl-2) on --images, see the diffusion options",
+            choices=TASKS,
+            perf=True,
+        ),
+    )
+
+    def _check(self) -> None:
+        if self.task == "diffusion" and self.shape == PRESETS["tiny"]:
+            object.__setattr__(self, "shape", PRESETS["dit-tiny"])  # the task's default model
+        wanted = "dit" if self.task == "diffusion" else "llama"
+        if self.shape.family != wanted:
+            raise TitanError(
+                f"--preset {self.shape.name} is a {self.shape.family} model; --task {self.task} "
+                f"trains {wanted} models"
+            )
 
 
 @_section
@@ -755,6 +777,81 @@ class DebuggingOptions:
     )
 
 
+@_section
+class DiffusionOptions:
+    """The images and the training objective of ``--task diffusion``
+    (:mod:`titan.diffusion.objectives`, :mod:`titan.data.images`)."""
+
+    images: str = field(
+        default="digits",
+        metadata=_opt(
+            "--images",
+            "'digits' (scikit-learn's 1,797 8x8 digits, read from its installed files) or a "
+            "folder of PNG/JPEG files, one subfolder per class (sorted names are labels 0, 1, ..)",
+        ),
+    )
+    image_size: int = field(
+        default=0,
+        metadata=_opt(
+            "--image-size",
+            "side in pixels the images are resized and centre-cropped to (0: the preset's)",
+            minimum=0,
+        ),
+    )
+    objective: Literal["flow", "epsilon", "v"] = field(
+        default="flow",
+        metadata=_opt(
+            "--objective",
+            "'flow': flow matching (target noise - x); 'epsilon' or 'v': DDPM predicting the "
+            "noise or v",
+            choices=("flow", "epsilon", "v"),
+        ),
+    )
+    beta_schedule: Literal["linear", "cosine"] = field(
+        default="linear",
+        metadata=_opt(
+            "--beta-schedule",
+            "DDPM noise schedule over 1000 steps (Ho et al. 2020; cosine: Nichol & Dhariwal 2021)",
+            choices=("linear", "cosine"),
+        ),
+    )
+    snr_gamma: float = field(
+        default=0.0,
+        metadata=_opt(
+            "--snr-gamma",
+            "DDPM Min-SNR-gamma loss weighting (Hang et al. 2023 use 5; 0: unweighted)",
+            minimum=0,
+        ),
+    )
+    flow_shift: float = field(
+        default=1.0,
+        metadata=_opt("--flow-shift", "flow matching timestep shift (1: none; Wan trains with 5)"),
+    )
+    flow_weighting: Literal["gaussian", "none"] = field(
+        default="gaussian",
+        metadata=_opt(
+            "--flow-weighting",
+            "flow matching loss weight per timestep: MaxDiffusion's 'gaussian' or 'none'",
+            choices=("gaussian", "none"),
+        ),
+    )
+    label_dropout: float = field(
+        default=0.1,
+        metadata=_opt(
+            "--label-dropout",
+            "fraction of examples trained with the null label, for classifier-free guidance "
+            "(DiT uses 0.1)",
+            minimum=0,
+        ),
+    )
+
+    def _check(self) -> None:
+        if self.label_dropout > 1:
+            raise TitanError(f"--label-dropout must be within [0, 1], got {self.label_dropout}")
+        if not self.flow_shift > 0:
+            raise TitanError(f"--flow-shift must be > 0, got {self.flow_shift}")
+
+
 # Section name -> its dataclass, in ``titan train --help`` and TOML order.
 SECTIONS: dict[str, type] = {
     "model": ModelOptions,
@@ -766,6 +863,7 @@ SECTIONS: dict[str, type] = {
     "observability": ObservabilityOptions,
     "debugging": DebuggingOptions,
     "run": RunOptions,
+    "diffusion": DiffusionOptions,
 }
 
 
@@ -879,6 +977,7 @@ class TrainConfig:
     observability: ObservabilityOptions = field(default_factory=ObservabilityOptions)
     debugging: DebuggingOptions = field(default_factory=DebuggingOptions)
     run: RunOptions = field(default_factory=RunOptions)
+    diffusion: DiffusionOptions = field(default_factory=DiffusionOptions)
 
     def __post_init__(self) -> None:
         validate_train_config(self)

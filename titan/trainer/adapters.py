@@ -7,7 +7,8 @@ trainer (:class:`titan.trainer_state.Trainer`).
   chunk and action on its stage's devices, driven by a pipeline schedule from one Python
   process.
 
-The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama.
+The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama, or its
+DiT for ``--task diffusion``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
+from titan.models.adapters.dit import DitAdapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.mpmd.schedules import build_schedule
@@ -39,7 +41,15 @@ def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
 
 
 def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
-    """The model family of the run: Titan's Llama of shape ``model_cfg``."""
+    """The model family of the run: Titan's Llama or DiT of shape ``model_cfg``."""
+    if model_cfg.family == "dit":
+        return DitAdapter(
+            model_cfg,
+            ops,
+            remat=cfg.compute.remat,
+            layer_unroll=cfg.compute.layer_unroll,
+            param_dtype=jnp.dtype(cfg.compute.param_dtype),
+        )
     return LlamaAdapter(
         model_cfg,
         ops,
