@@ -158,7 +158,7 @@ class DitStage(nn.Module):
         t_b1 = _param(self, "t_b1", ("norm",), (e,), ZEROS)
         t_w2 = _param(self, "t_w2", ("embed", "norm"), (e, e), NORMAL)
         t_b2 = _param(self, "t_b2", ("norm",), (e,), ZEROS)
-        label_table = _param(self, "label_table", ("vocab", "embed"), (cfg.vocab_size, e), NORMAL)
+        label_table = _param(self, "label_table", ("label", "embed"), (cfg.vocab_size, e), NORMAL)
         dtype = images.dtype
         tokens = self.ops.patch_embed(images, patch_w, patch_b, patch=p)
         grid = cfg.image_size // p
