@@ -81,6 +81,13 @@ def unpatchify(x: jax.Array, patch: int, channels: int) -> jax.Array:
     return x.reshape(b, grid * patch, grid * patch, channels)
 
 
+def weighted_mse(prediction: jax.Array, target: jax.Array, weight: jax.Array) -> jax.Array:
+    """(B,) float32 ``weight_b * mean((prediction_b - target_b)^2)`` over each row's pixels
+    (the diffusion loss of :mod:`titan.diffusion.objectives`)."""
+    squared = jnp.square(prediction.astype(jnp.float32) - target.astype(jnp.float32))
+    return weight.astype(jnp.float32) * jnp.mean(squared, axis=tuple(range(1, squared.ndim)))
+
+
 def _modulation(module: nn.Module, name: str, c: jax.Array, chunks: int) -> jax.Array:
     """adaLN(-Zero)'s linear map of silu(c): (B, E) -> (B, chunks, E), zero-initialised."""
     e = c.shape[-1]
@@ -207,5 +214,4 @@ class DitStage(nn.Module):
         prediction = self._final(x)
         if target is None:
             return prediction
-        squared = jnp.square(prediction - target.astype(jnp.float32))
-        return weight.astype(jnp.float32) * jnp.mean(squared, axis=(1, 2, 3))
+        return weighted_mse(prediction, target, weight)

@@ -39,6 +39,8 @@ LOGICAL_RULES: Mapping[str, str | None] = {
     "timestep": None,
     "modulation": None,
     "label": None,
+    # every axis of a family whose parameters are not split (diffusers' UNet)
+    "replicated": None,
 }
 # The residual stream (B, S, E) between blocks: batch over data x fsdp, the rest replicated.
 # Without this constraint the partitioner may keep FSDP-sharded weights in place and split the

@@ -27,6 +27,26 @@ from titan.planning.models import training_flops_per_token
 from titan.shapes import ModelConfig
 
 
+def image_batch_shapes(
+    batch_size: int, image_shape: tuple[int, int, int]
+) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of a diffusion batch (:mod:`titan.data.images`) of (H, W, C) images."""
+    image = jax.ShapeDtypeStruct((batch_size, *image_shape), jnp.float32)
+    rows = jax.ShapeDtypeStruct((batch_size,), jnp.float32)
+    labels = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
+    return {"noisy": image, "t": rows, "labels": labels, "target": image, "weight": rows}
+
+
+def image_stage_inputs(batch: dict[str, Any]) -> StageInputs:
+    """A diffusion batch split: the noisy images enter the first chunk, timesteps and labels go
+    to every chunk, target and weight to the loss."""
+    return StageInputs(
+        batch["noisy"],
+        {"t": batch["t"], "labels": batch["labels"]},
+        {"target": batch["target"], "weight": batch["weight"]},
+    )
+
+
 @dataclass(frozen=True)
 class DitAdapter:
     """Titan's DiT as a :class:`titan.models.adapters.base.ModelAdapter`.
@@ -103,17 +123,10 @@ class DitAdapter:
         return {}
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-        image = jax.ShapeDtypeStruct((batch_size, *self.image_shape), jnp.float32)
-        rows = jax.ShapeDtypeStruct((batch_size,), jnp.float32)
-        labels = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
-        return {"noisy": image, "t": rows, "labels": labels, "target": image, "weight": rows}
+        return image_batch_shapes(batch_size, self.image_shape)
 
     def stage_inputs(self, batch: dict[str, Any]) -> StageInputs:
-        return StageInputs(
-            batch["noisy"],
-            {"t": batch["t"], "labels": batch["labels"]},
-            {"target": batch["target"], "weight": batch["weight"]},
-        )
+        return image_stage_inputs(batch)
 
     def activation(self, rows: int, dtype: jnp.dtype) -> tuple[tuple[int, ...], jnp.dtype]:
         return (rows, 1 + self.config.patches, self.config.d_model), dtype
