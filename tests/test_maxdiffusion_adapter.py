@@ -11,10 +11,9 @@ import os
 import numpy as np
 import pytest
 
+if not os.environ.get("TITAN_SLOW_TESTS"):
+    pytest.skip("slow on CPU: set TITAN_SLOW_TESTS=1", allow_module_level=True)
 pytest.importorskip("diffusers", reason="the [diffusion] extra is not installed")
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("TITAN_SLOW_TESTS"), reason="slow on CPU: set TITAN_SLOW_TESTS=1"
-)
 
 import jax  # noqa: E402
 

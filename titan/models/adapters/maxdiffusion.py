@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from diffusers import FlaxUNet2DConditionModel
 from jax.sharding import PartitionSpec
 
 from titan.models.adapters.base import PyTree, StageInputs, cast_tree
@@ -71,7 +70,11 @@ class DiffusersUNetAdapter:
     def image_shape(self) -> tuple[int, int, int]:
         return (self.shape.image_size, self.shape.image_size, self.shape.channels)
 
-    def module(self, dtype: Any = jnp.float32) -> FlaxUNet2DConditionModel:
+    def module(self, dtype: Any = jnp.float32) -> Any:
+        """The ``FlaxUNet2DConditionModel`` (diffusers is imported here, on first use: it takes
+        seconds and imports torch when torch is installed)."""
+        from diffusers import FlaxUNet2DConditionModel
+
         s = self.shape
         return FlaxUNet2DConditionModel(
             sample_size=s.image_size,
