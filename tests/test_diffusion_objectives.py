@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from titan.config import TrainConfig
 from titan.data.images import ImageBatches, load_folder, open_images, read_digits
 from titan.diffusion.objectives import (
     FLOW_SIGMA_MIN,
@@ -20,6 +21,8 @@ from titan.diffusion.objectives import (
 )
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
+from titan.planning.models import model_flops_per_token, resolve_model
+from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])
 NOISE = np.array([[2.0, 1.0]])
@@ -139,3 +142,33 @@ def test_grid_lays_images_out_row_major_with_padding():
     out = grid(images, columns=2)
     assert out.shape == (2 * 3 + 1, 2 * 3 + 1, 1)
     assert out[1, 1, 0] == 0 and out[1, 4, 0] == 255 and out[4, 1, 0] == 255 and out[4, 4, 0] == 0
+
+
+def test_dit_presets_have_the_published_parameter_counts_and_the_planner_knows_them():
+    # Peebles & Xie 2023, Table 1 (GFLOPs aside): 33 M, 130 M, 458 M, 675 M parameters
+    for name, published in (("dit-s-2", 33e6), ("dit-b-2", 130e6), ("dit-l-2", 458e6)):
+        assert resolve_model(name).param_count() == pytest.approx(published, rel=0.01)
+    xl = resolve_model("dit-xl-2")
+    assert xl.param_count() == pytest.approx(675e6, rel=0.01) and xl.patches == 256
+    assert model_flops_per_token(xl, 256, "causal") == model_flops_per_token(xl, 256, "full")
+    # forward FLOPs per image = 2 x the paper's Gflops (multiply-adds), Table 4: S/2 6.06,
+    # B/2 23.01, L/2 80.71, XL/2 118.64
+    for name, gflops in (
+        ("dit-s-2", 6.06),
+        ("dit-b-2", 23.01),
+        ("dit-l-2", 80.71),
+        ("dit-xl-2", 118.64),
+    ):
+        m = resolve_model(name)
+        forward = model_flops_per_token(m, m.patches, "full") / 3 * m.patches
+        assert forward == pytest.approx(2 * gflops * 1e9, rel=0.02), name
+    assert resolve_model("dit-tiny").vocab_size == 11
+
+
+def test_a_diffusion_run_with_a_missing_folder_is_one_line_and_leaves_nothing(tmp_path):
+    cfg = TrainConfig.of(task="diffusion", images=str(tmp_path / "none"), runs_root=str(tmp_path))
+    with pytest.raises(TitanError, match="--images .*none: not 'digits' nor a folder"):
+        train(cfg)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TitanError, match="--task diffusion trains dit models"):
+        TrainConfig.of(task="diffusion", preset="llama3-1b")
