@@ -65,7 +65,7 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),
         *("stage_layers", "batch_size", "seq_len", "param_dtype", "compute_dtype", "remat"),
-        *("attention_mask", "layer_unroll", "task"),
+        *("attention_mask", "layer_unroll"),
     }
 
 

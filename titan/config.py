@@ -185,7 +185,7 @@ def _shape(value: Any, flag: str) -> ModelConfig:
 
 
 def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
-    return m.name if PRESETS.get(m.name) == m else dataclasses.asdict(m)
+    return m.name if PRESETS.get(m.name) == m else m.record()
 
 
 CODECS: dict[str, Codec] = {
@@ -329,7 +329,6 @@ class ModelOptions:
             "'lm': a causal language model on --data; 'diffusion': a DiT (--preset dit-tiny, the "
             "default there, to dit-xl-2) on --images, see the diffusion options",
             choices=TASKS,
-            perf=True,
         ),
     )
 

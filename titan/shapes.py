@@ -8,6 +8,7 @@ This module imports neither JAX nor Textual.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from titan.errors import TitanError
@@ -59,6 +60,16 @@ class ModelConfig:
     def patches(self) -> int:
         """Tokens of a DiT's image: (image_size / patch_size)^2 (0 for a decoder)."""
         return (self.image_size // self.patch_size) ** 2 if self.patch_size else 0
+
+    def record(self) -> dict:
+        """The shape as run records hold it (``config.json``, ``run_start``): every field, less
+        the DiT's (``family`` and the image fields) for a decoder, so that a decoder's record
+        and performance key read as they always have."""
+        fields = dataclasses.asdict(self)
+        if self.family == "llama":
+            for name in ("family", "patch_size", "image_size", "channels"):
+                del fields[name]
+        return fields
 
     def param_count(self) -> int:
         """Number of parameters (untied embedding and head), from the shapes alone."""

@@ -187,7 +187,7 @@ def _write_run_files(
     run_dir: Path, cfg: TrainConfig, model: ModelConfig, files: dict[str, bytes]
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"train": config_to_data(cfg), "model": dataclasses.asdict(model)}
+    payload = {"train": config_to_data(cfg), "model": model.record()}
     write_json_atomic(run_dir / CONFIG_FILE, payload)
     for name, content in files.items():
         (run_dir / name).write_bytes(content)
@@ -470,7 +470,7 @@ def _run_start_fields(
 ) -> dict[str, Any]:
     return {
         "config": cfg.record(),
-        "model": dataclasses.asdict(model_cfg),
+        "model": model_cfg.record(),
         "param_count": trainer.adapter.param_count(),
         "layout": trainer.describe(),
         "compute_dtype": str(trainer.compute_dtype),
