@@ -11,7 +11,10 @@ Result files and the scripts that write them:
 - ``mfu-*.json``: ``bench/mfu.py`` (titan's train step against the plain-JAX baseline);
 - ``ops-*.json``: ``titan ops check --json`` (providers against the native reference);
 - ``pipeline-*.json``: ``bench/pipeline.py`` (MPMD schedules against SPMD);
-- ``planner_accuracy.json``: ``bench/planner_accuracy.py``;
+- ``planner_accuracy.json``: ``bench/planner_accuracy.py --suite ...``; ``planner_draws.json``:
+  ``bench/planner_accuracy.py --draw SEED`` (configurations drawn from ``bench/planner_space.py``),
+  ``planner_draws_evaluation.json``: ``bench/planner_accuracy.py --evaluate`` (fit on half, score
+  the other half);
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
   --scale <runs>``; ``data_loader.json``: ``bench/data_loader.py``;
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
@@ -372,6 +375,86 @@ def planner_tables(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+DRAWS_COMMAND = "python bench/planner_accuracy.py --evaluate"
+
+
+def _errors_cell(errors: dict[str, Any]) -> str:
+    if not errors.get("n"):
+        return "-"
+    return f"{errors['mean_abs_pct']:.1f}% / {errors['worst_abs_pct']:.1f}% ({errors['n']})"
+
+
+def planner_held_out_table(path: Path, base: Path) -> list[str]:
+    """The held-out figures of ``planner_draws_evaluation.json``: per draw, the fit half, the
+    held-out half and leave-one-out, as mean / worst absolute error (configurations)."""
+    data = json.loads(path.read_text())
+    measured = _link(path.with_name("planner_draws.json"), base)
+    lines = [
+        f"Result file: {_link(path, base)}, from {measured}. Command: `{DRAWS_COMMAND}`. "
+        "One H200; constants fitted on a random half of each draw, scored on the other half; "
+        "mean / worst absolute error (configurations).",
+        "",
+    ]
+    header = ["draw (seed)", "half", "step time", "peak memory", "false fits"]
+    rows = []
+    for draw in data["draws"]:
+        seed, fits = str(draw["seed"]), ", ".join(map(str, draw["false_fits"])) or "none"
+        rows.append([seed, "fit", _errors_cell(draw["fit"]["step"])])
+        rows[-1] += [_errors_cell(draw["fit"]["memory"]), fits]
+        rows.append([seed, "**held out**", _errors_cell(draw["held_out"]["step"])])
+        rows[-1] += [_errors_cell(draw["held_out"]["memory"]), fits]
+        if "with_first_draw_fit" in draw:
+            other = draw["with_first_draw_fit"]
+            rows.append([seed, "all, with draw 1's fit", _errors_cell(other["step"])])
+            rows[-1] += [_errors_cell(other["memory"]), fits]
+        rows.append([seed, "leave-one-out", _errors_cell(draw["leave_one_out_step"]), "-", ""])
+    draws = json.loads(path.with_name("planner_draws.json").read_text())
+    measured_by = [f"`{c}`" for key in sorted(draws, key=int) for c in draws[key]["commands"]]
+    lines[1:1] = ["", f"Measured with {', '.join(measured_by)} (each as far as its budget went)."]
+    spread = data["held_out_spread_pct"]
+    note = (
+        f"Held-out spread between the draws: {spread['step']:.1f} points (step time), "
+        f"{spread['memory']:.1f} points (peak memory)."
+    )
+    return lines + _table(header, rows) + ["", note]
+
+
+def planner_draw_tables(path: Path, base: Path) -> list[str]:
+    """``planner_draws_evaluation.json``: the held-out table, the fitted constants and every
+    configuration of every draw, predicted against measured."""
+    data = json.loads(path.read_text())
+    lines = planner_held_out_table(path, base) + [""]
+    for draw in data["draws"]:
+        c = draw["step_constants"]
+        lines.append(
+            f"- draw {draw['seed']} ({draw['configurations']} configurations): fitted on its fit "
+            f"half {draw['fit_indices']}: matmuls at {c['matmul']:.3f} of peak, attention at "
+            f"{c['attention']:.3f}, memory-bound kernels at {c['memory']:.3f} of HBM bandwidth; "
+            f"the fits verdict needs a margin of {draw['margin_needed']:.1%} on its fit half."
+        )
+    lines.append("")
+    header = ["draw", "#", "half", "configuration", "step s measured", "predicted", "error"]
+    header += ["peak GB compiled", "predicted", "error", "verdict"]
+    rows = []
+    for draw in data["draws"]:
+        for row in draw["rows"]:
+            stepped = row["step_s"] is not None
+            verdict = ("fits" if row["fits"] else "does not fit") + (", OOM" if row["oom"] else "")
+            rows.append(
+                [str(draw["seed"]), str(row["index"]), row["half"], row["label"]]
+                + [
+                    f"{row['step_s']:.4f}" if stepped else "OOM",
+                    f"{row['predicted_step_s']:.4f}",
+                    f"{row['step_error_pct']:+.1f}%" if stepped else "-",
+                    f"{row['peak_gb']:.2f}",
+                    f"{row['predicted_gb']:.2f}",
+                    f"{row['memory_error_pct']:+.1f}%",
+                    verdict,
+                ]
+            )
+    return lines + _table(header, rows) + [""]
+
+
 # ---------------------------------------------------------------- console and data loader
 
 
@@ -539,8 +622,11 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         lines += ["## Checkpoints, synchronous against async (`bench/checkpoint.py`)", ""]
         for path in checkpoint_files:
             lines += checkpoint_table(path, doc)
+    if (results / "planner_draws_evaluation.json").exists():
+        lines += ["## Planner accuracy on random draws (`bench/planner_accuracy.py --draw`)", ""]
+        lines += planner_draw_tables(results / "planner_draws_evaluation.json", doc)
     if (results / "planner_accuracy.json").exists():
-        lines += ["## Planner accuracy (`bench/planner_accuracy.py`)", ""]
+        lines += ["## Planner accuracy, fixed suites (`bench/planner_accuracy.py --suite`)", ""]
         lines += planner_tables(results / "planner_accuracy.json", doc)
     if (results / "console.json").exists():
         lines += ["## Console (`bench/console.py`)", ""]
@@ -556,10 +642,14 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
 
 
 def readme_blocks(results: Path = RESULTS, readme: Path = README) -> dict[str, str]:
-    """The README's generated blocks: the fastest train-step file and the pipeline file."""
+    """The README's generated blocks: the fastest train-step file, the planner's held-out
+    figures and the pipeline file."""
     train = mfu_files(results)[0]
     table = "\n".join(mfu_table(train, readme)[2:]).strip()
     blocks = {"train-step": f"Result file: {_link(train, readme)}.\n\n{table}"}
+    held_out = results / "planner_draws_evaluation.json"
+    if held_out.exists():
+        blocks["planner"] = "\n".join(planner_held_out_table(held_out, readme))
     pipelines = sorted(results.glob("pipeline-*.json"))
     if pipelines:
         block = pipeline_table(pipelines[0], readme, short=True)

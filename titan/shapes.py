@@ -9,10 +9,41 @@ This module imports neither JAX nor Textual.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 from titan.errors import TitanError
 from titan.parsing import parse_assignments
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (Hugging Face ``rope_type: llama3``; Meta,
+    ``llama_models/llama3/reference_impl/model.py`` ``apply_scaling``): RoPE wavelengths longer
+    than ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``,
+    those shorter than ``original_max_position_embeddings / high_freq_factor`` kept, and those in
+    between interpolated (:func:`titan.ops.native.rope_inv_freq` computes it).
+
+    Attributes:
+        factor: the stretch of the low frequencies (8 in Llama 3.1, 32 in Llama 3.2).
+        low_freq_factor, high_freq_factor: the band edges (1 and 4 in Llama 3.1).
+        original_max_position_embeddings: the context the model was pre-trained at (8192).
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    @classmethod
+    def of(cls, value: RopeScaling | Mapping | None) -> RopeScaling | None:
+        """A scaling from itself, a mapping of its fields (``config.json``), or None."""
+        if value is None or isinstance(value, RopeScaling):
+            return value
+        try:
+            return cls(**{f.name: value[f.name] for f in fields(cls)})
+        except (KeyError, TypeError) as err:
+            raise TitanError(f"rope_scaling: missing or bad field {err}") from None
 
 
 @dataclass(frozen=True)
@@ -31,6 +62,7 @@ class ModelConfig:
         ffn_dim: hidden size of the SwiGLU MLP (Shazeer 2020).
         rope_theta: RoPE base (Su et al. 2021); Llama 3 uses 500000.
         norm_eps: RMSNorm epsilon (Zhang & Sennrich 2019).
+        rope_scaling: Llama 3.1's RoPE frequency scaling, or None (plain RoPE).
         family: ``llama`` (a decoder) or ``dit`` (a diffusion transformer, Peebles & Xie 2023,
             :mod:`titan.models.dit`: ``vocab_size`` is then the class-label table, the classes
             plus the null label of classifier-free guidance, and ``n_kv_heads == n_heads``).
@@ -47,10 +79,14 @@ class ModelConfig:
     ffn_dim: int
     rope_theta: float = 500_000.0
     norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None
     family: str = "llama"
     patch_size: int = 0
     image_size: int = 0
     channels: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
 
     @property
     def head_dim(self) -> int:
@@ -93,16 +129,19 @@ class ModelConfig:
 # plus the null label. Titan's DiT uses SwiGLU, whose ffn_dim = 8 d / 3 (rounded up to a multiple
 # of 64) keeps the MLP's parameters those of the paper's 4 d GELU MLP. dit-tiny is the digits
 # shape (8 x 8 x 1, classes from the data) that trains on a CPU in minutes.
+def _dit(name: str, labels: int, d: int, layers: int, heads: int, ffn: int, image: int, c: int):
+    return ModelConfig(
+        name, labels, d, layers, heads, heads, ffn, 10_000.0, 1e-6,
+        family="dit", patch_size=2, image_size=image, channels=c,
+    )  # fmt: skip
+
+
 DIT_PRESETS: dict[str, ModelConfig] = {
-    "dit-tiny": ModelConfig("dit-tiny", 0, 128, 4, 4, 4, 384, 10_000.0, 1e-6, "dit", 2, 8, 1),
-    "dit-s-2": ModelConfig("dit-s-2", 1001, 384, 12, 6, 6, 1024, 10_000.0, 1e-6, "dit", 2, 32, 4),
-    "dit-b-2": ModelConfig("dit-b-2", 1001, 768, 12, 12, 12, 2048, 10_000.0, 1e-6, "dit", 2, 32, 4),
-    "dit-l-2": ModelConfig(
-        "dit-l-2", 1001, 1024, 24, 16, 16, 2752, 10_000.0, 1e-6, "dit", 2, 32, 4
-    ),
-    "dit-xl-2": ModelConfig(
-        "dit-xl-2", 1001, 1152, 28, 16, 16, 3072, 10_000.0, 1e-6, "dit", 2, 32, 4
-    ),
+    "dit-tiny": _dit("dit-tiny", 0, 128, 4, 4, 384, 8, 1),
+    "dit-s-2": _dit("dit-s-2", 1001, 384, 12, 6, 1024, 32, 4),
+    "dit-b-2": _dit("dit-b-2", 1001, 768, 12, 12, 2048, 32, 4),
+    "dit-l-2": _dit("dit-l-2", 1001, 1024, 24, 16, 2752, 32, 4),
+    "dit-xl-2": _dit("dit-xl-2", 1001, 1152, 28, 16, 3072, 32, 4),
 }
 
 PRESETS: dict[str, ModelConfig] = {

@@ -18,9 +18,10 @@ from titan.errors import TitanError
 from titan.planning.budget import plan, search
 from titan.planning.commands import layout_from_args, request_from_args, train_options
 
-# Options of ``titan plan`` the form leaves out: output formatting, a file path, and the batch in
-# sequences (the form names the batch in tokens, --batch-tokens; the CLI takes either).
-_NOT_IN_FORM = {"help", "json", "top", "calibration", "run", "batch_size"}
+# Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
+# the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
+# either).
+_NOT_IN_FORM = {"help", "json", "top", "calibration", "runs_root", "from_run", "run", "batch_size"}
 # The form opens on a plan that fits (8B on 64 H100s), so its first screen shows a verdict.
 FORM_START = {
     "model": "llama3-8b",

@@ -22,16 +22,20 @@ This module imports DuckDB only through the connection it is given, and no JAX.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from titan.config import perf_key_options
+from titan.errors import TitanError
 from titan.observability.ettr import split_attempts
-from titan.observability.events import Checkpoint, Event, Profile, RunStart, Step
+from titan.observability.events import Checkpoint, Compile, Event, Profile, RunStart, Step
+from titan.observability.records import load_events
 from titan.planning.gpus import gpu_for_device_kind
-from titan.planning.memory import Layout, Precision, attention_kernel
+from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
 from titan.shapes import ModelConfig
 
@@ -235,11 +239,10 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
         except (TypeError, ValueError):
             continue
         ops = lay.get("ops") if isinstance(lay.get("ops"), Mapping) else {}
-        attention = attention_kernel(ops.get("attention"))
-        precision = Precision(
+        precision = Precision.of_providers(
             str(lay.get("param_dtype") or "float32"),
             str(lay.get("compute_dtype") or gpu.compute_dtype),
-            attention,
+            {str(op): str(provider) for op, provider in ops.items()},
         )
         result.append(
             Measurement(
@@ -254,3 +257,36 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
             )
         )
     return result
+
+
+def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
+    """A run dir's configuration and measurements as the planner sees them: its first
+    ``run_start`` (the model, layout, batch, dtypes and providers), the median of its steady
+    step times (:func:`steady_step_times`; NaN when it has none) and the largest compiled
+    program's bytes of its ``compile`` events (None when none recorded them).
+
+    Raises:
+        TitanError: no events, no ``run_start``, or a device the GPU catalog does not list.
+    """
+    events = load_events(run_dir)
+    start = next((e for e in events if isinstance(e, RunStart)), None)
+    if start is None:
+        raise TitanError(f"--from {run_dir}: no run_start record (not a run dir?)")
+    times = steady_step_times(events)
+    key = perf_key(start)
+    row = PerfRow(
+        run_id=start.run_id,
+        **key,
+        median_step_s=statistics.median(times) if times else math.nan,
+        steps=len(times),
+        time=start.time,
+    )
+    found = planner_measurements([row])
+    if not found:
+        raise TitanError(
+            f"--from {run_dir}: device {key['device_kind']!r} is not in the GPU catalog or the "
+            "run_start record is incomplete"
+        )
+    programs = [e.program_bytes for e in events if isinstance(e, Compile)]
+    peaks = [b for b in programs if b is not None]
+    return found[0], max(peaks) if peaks else None

@@ -7,6 +7,7 @@
 - :mod:`~titan.planning.step`: step time, with the calibration of achievable fractions.
 - :mod:`~titan.planning.budget`: plans and the layout search behind ``titan plan``
   (:mod:`~titan.planning.commands`).
+- :mod:`~titan.planning.verdict`: fits or by how much not, what would fit, GPUs needed.
 
 Pure Python: importing it loads neither JAX nor Textual (the console uses it directly).
 """

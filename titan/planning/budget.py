@@ -192,6 +192,7 @@ def search(request: PlanRequest) -> list[Plan]:
     check_request(request)
     plans = []
     for layout in candidate_layouts(request.model, request.gpus, request.batch_sequences):
+        check_layout(request.model, layout, request.gpus, request.batch_sequences)
         memory = _memory(request, layout)
         if memory.fits:
             plans.append(_estimate(request, layout, memory))
@@ -214,11 +215,12 @@ def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> It
     FFN and vocabulary sizes (the divisors of their gcd with ``gpus``), pp is at most the layer
     count, fsdp divides ``d_model``, and dp is what is left. So the candidates, and the time to
     rank them, are bounded by the model's shape whatever the GPU count (a million GPUs ranks in
-    about a second)."""
+    about a second). Pipeline stages (and interleaved chunks) split the layers evenly, as
+    ``titan train`` does without ``--stage-layers``."""
     tp_gcd = math.gcd(gpus, model.n_heads, model.n_kv_heads, model.ffn_dim, model.vocab_size)
     for tp in _divisors(tp_gcd):
         rest = gpus // tp
-        for pp in (k for k in range(1, min(model.n_layers, rest) + 1) if rest % k == 0):
+        for pp in (k for k in _divisors(model.n_layers) if rest % k == 0):
             for fsdp in _divisors(math.gcd(rest // pp, model.d_model)):
                 dp = rest // (pp * fsdp)
                 if batch_sequences % (dp * fsdp):
@@ -240,5 +242,5 @@ def _schedules(model: ModelConfig, pp: int, m: int) -> Iterator[tuple[str, int]]
             yield schedule, 1
         elif m % pp == 0:
             for virtual in (2, 4):
-                if pp * virtual <= model.n_layers:
+                if model.n_layers % (pp * virtual) == 0:
                     yield schedule, virtual

@@ -17,14 +17,21 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from titan.config import ParallelOptions, flag_of
 from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.mpmd.schedules import SCHEDULES
+from titan.observability import perfdb, summarize
+from titan.observability.records import default_runs_root
 from titan.planning.budget import Plan, PlanRequest, plan, search
 from titan.planning.gpus import CATALOG, find_gpu
-from titan.planning.memory import Layout, Precision
+from titan.planning.memory import FIT_MARGIN, Layout, Precision
 from titan.planning.models import ATTENTION_KERNELS, resolve_model
+from titan.planning.step import Measurement, calibrate
+from titan.planning.verdict import MAX_GPU_FACTOR, Verdict, gpus_needed, verdict
 from titan.tables import Column, console, fitted_table, print_fitted
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
@@ -46,13 +53,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--model",
-        required=True,
         metavar="PRESET|SHAPE",
         help="a preset or d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. "
         "(as titan train --model takes it)",
     )
-    p.add_argument("--gpu", required=True, help=f"GPU model: {', '.join(CATALOG)}")
-    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--gpu", help=f"GPU model: {', '.join(CATALOG)}")
+    p.add_argument("--gpus", type=int, help="number of GPUs")
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU's server")
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
     batch = p.add_mutually_exclusive_group()
@@ -69,7 +75,17 @@ def add_parser(subparsers: Any) -> None:
         help="global batch in sequences per step, as titan train names it (tokens: --batch-size "
         "x --seq-len)",
     )
-    p.add_argument("--tokens", type=float, required=True, help="training budget, tokens")
+    p.add_argument(
+        "--tokens", type=float, help="training budget, tokens (with --from: one step's batch)"
+    )
+    p.add_argument(
+        "--from",
+        dest="from_run",
+        type=Path,
+        metavar="RUN_DIR",
+        help="predict the configuration of this run (its run_start record) and print the "
+        "prediction against what the run measured; --model, --gpu and --gpus come from it",
+    )
     p.add_argument(
         "--price",
         type=float,
@@ -87,9 +103,17 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--calibration",
+        default=None,
+        metavar="FILE|perfdb",
+        help="achievable fraction of peak per GPU: a JSON file (GPU name -> fraction, or a "
+        "planner_accuracy result), or 'perfdb': fitted to the measured runs of the performance "
+        "database of --runs-root",
+    )
+    p.add_argument(
+        "--runs-root",
         type=Path,
         default=None,
-        help="JSON file: GPU name -> achievable fraction of peak (or a planner_accuracy result)",
+        help="runs root of --calibration perfdb (default: $TITAN_RUNS, else ./runs)",
     )
     p.add_argument("--search", action="store_true", help="rank every layout that fits")
     p.add_argument("--top", type=int, default=20, help="rows of the --search table")
@@ -103,15 +127,43 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
-def load_calibration(path: Path | None) -> dict[str, float]:
-    """Calibration from a JSON file: a mapping GPU name -> fraction, or an object with such a
-    mapping under ``calibration`` (as ``bench/planner_accuracy.py`` writes).
+# --calibration's value that fits the calibration to the performance database.
+PERFDB = "perfdb"
+
+
+def perfdb_calibration(runs_root: Path | None) -> dict[str, float]:
+    """The achievable fraction per GPU fitted (``titan.planning.step.calibrate``) to every run
+    of the performance database of ``runs_root`` (ingested first, as ``titan summarize``
+    does) whose device the catalog lists.
+
+    Raises:
+        TitanError: no runs root there, or no run of a catalog GPU with steady steps in it.
+    """
+    root = default_runs_root(str(runs_root or ""))
+    con = summarize.connect(root)
+    try:
+        summarize.ingest(con, root)
+        found = perfdb.planner_measurements(perfdb.measurements(con))
+    finally:
+        con.close()
+    if not found:
+        raise TitanError(f"--calibration perfdb: no measured run of a catalog GPU in {root}")
+    return calibrate(found)
+
+
+def load_calibration(value: str | None, runs_root: Path | None = None) -> dict[str, float]:
+    """Calibration from ``perfdb`` (:func:`perfdb_calibration`) or a JSON file: a mapping GPU
+    name -> fraction, or an object with such a mapping under ``calibration`` (as
+    ``bench/planner_accuracy.py`` writes).
 
     Raises:
         TitanError: unreadable file or values outside (0, 1].
     """
-    if path is None:
+    if value is None:
         return {}
+    if value == PERFDB:
+        return perfdb_calibration(runs_root)
+    path = Path(value)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -144,8 +196,13 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     Raises:
         TitanError: unknown model or GPU, bad calibration file.
     """
+    missing = [flag for flag in ("model", "gpu", "gpus", "tokens") if getattr(args, flag) is None]
+    if missing:
+        raise TitanError(f"--{missing[0]} is required (or give --from RUN_DIR)")
     gpu = find_gpu(args.gpu)
     compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
+    # The registry's SwiGLU: the fused Pallas kernel on accelerators, native on CPU.
+    swiglu = "native" if gpu.name == "cpu" else "fused"
     return PlanRequest(
         model=resolve_model(args.model),
         gpu=gpu,
@@ -155,8 +212,27 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         batch_tokens=batch_tokens(args),
         tokens=args.tokens,
         price_per_gpu_hour=args.price,
-        precision=Precision(args.param_dtype, compute, args.attention),
-        calibration=load_calibration(args.calibration),
+        precision=Precision(args.param_dtype, compute, args.attention, swiglu),
+        calibration=load_calibration(args.calibration, args.runs_root),
+    )
+
+
+def request_from_run(args: argparse.Namespace, run: Measurement) -> PlanRequest:
+    """The :class:`PlanRequest` of a measured run (``--from``): its model, GPUs, batch and
+    precision; ``--tokens`` (default: one step's batch), ``--price`` and ``--calibration``
+    from the command line."""
+    batch = run.batch_sequences * run.seq_len
+    return PlanRequest(
+        model=run.model,
+        gpu=run.gpu,
+        gpus=run.layout.devices,
+        gpus_per_node=run.gpus_per_node,
+        seq_len=run.seq_len,
+        batch_tokens=batch,
+        tokens=args.tokens or batch,
+        price_per_gpu_hour=args.price,
+        precision=run.precision,
+        calibration=load_calibration(args.calibration, args.runs_root),
     )
 
 
@@ -174,27 +250,69 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``titan plan``; returns the exit code (1 when ``--search`` finds nothing that fits)."""
+    """Run ``titan plan``; returns the exit code: :data:`EXIT_FAILED` when the layout does not
+    fit (or, with ``--search``, when none does), else :data:`EXIT_OK`."""
     if args.top < 1:
         raise TitanError(f"--top must be >= 1, got {args.top}")
+    if args.from_run is not None:
+        return run_from(args)
     request = request_from_args(args)
     plans = search(request) if args.search else [plan(request, layout_from_args(args))]
+    judged = None if args.search else verdict(plans[0])
+    needed = gpus_needed(request) if args.search and not plans else None
+    fits = bool(plans) and (judged is None or judged.fits)
     command = train_command(args.model, plans[0]) if plans else None
     if args.json:
         report = _json(request, plans[: args.top])
         if args.search:
             report["layouts_fit"] = len(plans)
+            report["gpus_needed"] = needed
+        else:
+            report["verdict"] = dataclasses.asdict(judged)
         report["train_command"] = command
         print(json.dumps(report, indent=2))
-        return 0 if plans else 1
+        return EXIT_OK if fits else EXIT_FAILED
     if args.search:
-        _print_search(request, plans[: args.top], len(plans), args.wide)
+        _print_search(request, plans[: args.top], len(plans), args.wide, needed)
     else:
-        _print_plan(plans[0])
+        _print_plan(plans[0], judged)
     if command is not None:
         print(f"{'best layout' if args.search else 'this layout'}, for titan train:")
         print(command)
-    return 0 if plans else 1
+    return EXIT_OK if fits else EXIT_FAILED
+
+
+def run_from(args: argparse.Namespace) -> int:
+    """``titan plan --from RUN_DIR``: the run's configuration predicted, against what the run
+    measured (median steady step time, compiled programs' peak bytes); exit code as
+    :func:`run` for a single layout."""
+    run, peak = perfdb.run_measurement(args.from_run)
+    p = plan(request_from_run(args, run), run.layout)
+    judged = verdict(p)
+    rows = [
+        ("step time (s)", p.step.step_s, None if math.isnan(run.step_s) else run.step_s, 1.0),
+        ("peak memory (GB)", p.memory.total, peak, GB),
+    ]
+    if args.json:
+        report = _json(p.request, [p]) | {"verdict": dataclasses.asdict(judged)}
+        report["measured"] = {"step_s": rows[0][2], "peak_bytes": peak}
+        print(json.dumps(report, indent=2))
+        return EXIT_OK if judged.fits else EXIT_FAILED
+    from rich.table import Table
+
+    out = console(PIPE_WIDTH)
+    out.print(Text(f"{args.from_run}: {_header(p.request)}"))
+    out.print(f"layout: {p.layout.label()}")
+    table = Table(title="predicted against measured")
+    for name in ("quantity", "predicted", "measured", "error"):
+        table.add_column(name, justify="left" if name == "quantity" else "right")
+    for name, predicted, measured, unit in rows:
+        shown = "-" if measured is None else f"{measured / unit:,.4g}"
+        error = "-" if measured is None else f"{predicted / measured - 1:+.1%}"
+        table.add_row(name, f"{predicted / unit:,.4g}", shown, error)
+    out.print(table)
+    out.print(Text(judged.summary(p), style="green" if judged.fits else "red"))
+    return EXIT_OK if judged.fits else EXIT_FAILED
 
 
 def train_command(model: str, p: Plan) -> str:
@@ -283,7 +401,7 @@ def _duration(seconds: float) -> str:
 PIPE_WIDTH = 160
 
 
-def _print_plan(p: Plan) -> None:
+def _print_plan(p: Plan, judged: Verdict) -> None:
     from rich.table import Table
 
     out = console(PIPE_WIDTH)
@@ -295,10 +413,14 @@ def _print_plan(p: Plan) -> None:
     memory.add_column("GB", justify="right")
     for name, value in p.memory.as_dict().items():
         memory.add_row(name.replace("_", " "), f"{value / GB:,.2f}")
-    verdict = "[green]fits[/]" if p.memory.fits else "[red]does not fit[/]"
     memory.add_row("usable", f"{p.memory.capacity / GB:,.2f}")
-    memory.caption = f"{verdict} ({p.memory.total / p.memory.capacity:.0%} of usable memory)"
+    memory.caption = f"margin for the verdict: {FIT_MARGIN:.0%} (titan.planning.memory)"
     out.print(memory)
+    out.print(Text(judged.summary(p), style="green" if judged.fits else "red"))
+    if judged.remedies:
+        out.print("would fit with:")
+        for remedy in judged.remedies:
+            out.print(Text(f"  {remedy}"))
     step = Table(title="step time (s)")
     step.add_column("part")
     step.add_column("s", justify="right")
@@ -351,13 +473,20 @@ SEARCH_COLUMNS = (
 COST_COLUMN = Column("cost", 6)
 
 
-def _print_search(request: PlanRequest, plans: list[Plan], total: int, wide: bool) -> None:
+def _print_search(
+    request: PlanRequest, plans: list[Plan], total: int, wide: bool, needed: int | None
+) -> None:
     from rich import box
 
     out = console(PIPE_WIDTH)
     out.print(_header(request))
     if not plans:
-        out.print("[red]no layout fits in memory[/]")
+        more = (
+            f"{needed} GPUs would be needed (titan plan --gpus {needed} --search)"
+            if needed
+            else f"not even {request.gpus * MAX_GPU_FACTOR} GPUs would do"
+        )
+        out.print(Text(f"no layout of {request.gpus} GPUs fits in memory; {more}", style="red"))
         return
     rows = []
     for rank, p in enumerate(plans, 1):

@@ -1,4 +1,4 @@
-"""Memory per device: parameters, gradients, optimizer state, activations and workspace.
+"""Memory per device: parameters, gradients, optimizer state, activations and transients.
 
 Everything is in bytes per device, for the stage that holds the most (the first pipeline
 stage for activations, with the embedding; the last stage for the output head and its logits).
@@ -7,11 +7,14 @@ States (per parameter, in ``--param-dtype``, as Titan keeps them; Rajbhandari et
 "ZeRO", Sec. 3.1, count the same 16 bytes per parameter for mixed-precision AdamW: fp32 master
 weights 4, two fp32 moments 4 + 4, and 16-bit weights and gradients 2 + 2):
 
-- master weights: ``param_bytes``; AdamW's two moments: ``param_bytes`` each; gradients:
-  ``param_bytes`` when accumulated over microbatches (MPMD), else the compute dtype, which is
-  what the backward pass emits (XLA fuses the float32 conversion into the clipping and the
-  update). So 16 bytes per parameter with float32 master weights and bf16 compute, as in ZeRO,
-  and 18 in a pipeline;
+- master weights: ``param_bytes``; AdamW's two moments: ``param_bytes`` each (the compiled
+  programs' arguments are exactly 3 x ``param_bytes`` per parameter: bench/results/
+  planner_draws.json); gradients: the compute dtype, which is what the backward pass of the
+  compute-dtype weights emits (the layer scan's stacked output; XLA fuses the conversion to
+  the parameter dtype into the clipping and the update); accumulated over microbatches (SPMD
+  ``--microbatches``, MPMD) also a float32 accumulator (``titan.trainer.spmd``), 4 bytes per
+  parameter. So 16 bytes per parameter with float32 master weights and bf16 compute, as in
+  ZeRO, and 20 with accumulation;
 - the compute-dtype copy of the weights (``bf16`` cast of the fp32 masters, kept by autodiff
   for the backward pass): 2 bytes per parameter when the dtypes differ;
 - with FSDP, each device keeps 1/fsdp of every matrix, and gathers one layer's weights (two,
@@ -22,13 +25,17 @@ FSDP the model dimension: ``titan.parallel.sharding``); norm scales are replicat
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", Sec. 4.1 (per layer, s b h (34 + 5 a s / h) bytes for GPT with 16-bit
-activations), adapted to what Titan's Llama saves for the backward pass (counted with
-``jax.ad_checkpoint.print_saved_residuals`` on ``titan.models.llama``): RMSNorm keeps its float32
-input and normalised output, SwiGLU keeps its two float32 projections, there is no dropout, keys
-and values are ``n_kv_heads`` wide (GQA), and attention keeps either the (s, s) probabilities
-(``materialized``) or only a log-sum-exp per head (``flash``, Dao et al. 2022). The bytes per
-token and layer that each ``--remat`` policy saves are registered with the policy
-(``titan.remat.REMAT_POLICIES``, ``RematPolicy.saved``), next to the JAX policy the model runs.
+activations), adapted to what Titan's Llama saves for the backward pass, counted with
+``jax._src.ad_checkpoint.saved_residuals`` on ``titan.models.llama`` with the providers that
+serve on GPUs (docs/planner.md): RMSNorm keeps its float32 input and normalised output, the
+native SwiGLU its float32 projections while the fused (Pallas) one keeps only its compute-dtype
+inputs and product, there is no dropout, keys and values are ``n_kv_heads`` wide (GQA), and
+attention keeps either the (s, s) probabilities (``materialized``) or only a log-sum-exp per
+head (``flash``, Dao et al. 2022). The bytes per token and layer that each ``--remat`` policy
+saves are registered with the policy (``titan.remat.REMAT_POLICIES``, ``RematPolicy.saved``),
+next to the JAX policy the model runs. Outside the layers the loss keeps the final norm's
+inputs (:data:`HEAD_SAVED_PER_D`) and, unless the cross-entropy is chunked, the float32 logits
+(:data:`LOGIT_BYTES` per vocabulary entry).
 
 Without sequence parallelism the replicated part stays whole on every TP rank (Korthikanti
 et al. 2022, Sec. 4.2.2: s b h (10 + 24 / t + 5 a s / (h t))); with it (``sequence_parallel``)
@@ -45,25 +52,20 @@ stage's VJP and so keeps each deferred microbatch's residuals (``titan.mpmd.sche
 interleaving with ``v`` chunks keeps pp (1 + (pp - 1) / (pp v)) stage-equivalents (Korthikanti et
 al. 2022, Sec. 4.2.3).
 
-Transient memory, the larger of two moments of the backward pass:
+Transient memory, the larger of two moments of the backward pass: one layer's backward (the
+gradients of everything the layer computes, as large as what it keeps without recomputation,
+``none``, and with a materialized attention the float32 gradients of its probabilities and
+scores, 8 h s) and the loss's backward (the logits' gradient in the compute dtype). A materialized
+attention without recomputation also keeps its boolean mask and the float32 zeros of the masked
+select once for all layers (5 h s bytes per token).
 
-- one layer's backward: without recomputation, a copy of that layer's saved activations (the
-  loop reads them out of the stacked buffer); with it, the recomputed part (``none`` minus what
-  the policy saved) plus float32 gradient temporaries of 4 h s (materialized scores) + 8 f +
-  20 d bytes per token;
-- the loss: the logits (the head matmul's output, in the compute dtype) and their gradient,
-  2 p V bytes per token (split over TP with the vocabulary); XLA fuses the float32 softmax
-  into the reductions that read them.
-
-A materialized attention without recomputation also keeps its boolean mask and the float32
-zeros of the masked select once for all layers (5 h s bytes per token). These transient terms
-were fitted to XLA's buffer assignment of Titan's train step on CPU (float32,
-``bench/planner_accuracy.py``; 24 configurations within 11%, FSDP excepted: XLA:CPU partitions
-FSDP as a split contraction and gathers activations instead of weights, so measured FSDP
-memory is far above the ZeRO-3 figure modelled here).
-
-Workspace: a fixed allowance on accelerators for what the model does not count (cuBLAS/cuDNN
-workspaces, XLA temporaries, allocator fragmentation, the batch).
+No workspace is added: on the H200 the compiled programs' peak (XLA's buffer assignment,
+arguments + outputs - aliases + temporaries) matched the allocator's ``peak_bytes_in_use``
+within 0.01% in every configuration of bench/results/planner_draws.json. Scored on the
+held-out half of that suite the estimate is within 5.3% on average (worst 11.9%) of the
+compiled peak; a "fits" verdict adds :data:`FIT_MARGIN` (the largest under-estimate on the
+fitting half). XLA:CPU partitions FSDP as a split contraction and gathers activations instead
+of weights, so measured FSDP memory on CPU is far above the ZeRO-3 figure modelled here.
 """
 
 from __future__ import annotations
@@ -81,15 +83,18 @@ from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-# Allowance for framework and compiler workspace on an accelerator, bytes. Assumed: cuBLAS
-# workspaces (tens of MiB per stream), cuDNN attention workspace, XLA temporaries the model does
-# not count and allocator fragmentation; to be replaced by the measured residual of
-# bench/planner_accuracy.py on the device.
-ACCELERATOR_WORKSPACE_BYTES = 1.0 * 2**30
-# Share of device memory a run may use. JAX's default GPU allocator preallocates 75% of device
-# memory and grows up to all of it (JAX documentation, "GPU memory allocation"); the CUDA/ROCm
-# context, library handles and NCCL buffers outside XLA's pool take the rest, assumed 5%.
-USABLE_MEMORY_FRACTION = 0.95
+# Share of device memory a run may use: JAX's GPU allocator preallocates 75% of device memory
+# and XLA's buffers live in that pool (JAX documentation, "GPU memory allocation",
+# XLA_PYTHON_CLIENT_MEM_FRACTION, default .75); the H200s of bench/results/planner_draws.json
+# report a bytes_limit of 112.58e9 (75% of their 150.76e9 bytes, less 0.5 GB), above 75% of the
+# datasheet's 141 GB. The compiled programs' peak (XLA's buffer assignment) matched the
+# runtime's peak_bytes_in_use within 0.01% there: no workspace outside it.
+USABLE_MEMORY_FRACTION = 0.75
+# Margin a "fits" verdict keeps: the largest under-prediction of the compiled programs' peak
+# over the fitting half of draw 1 of bench/results/planner_draws.json
+# (``python bench/planner_accuracy.py --evaluate`` prints it), so that no configuration of that
+# half that the planner calls a fit needs more than the capacity.
+FIT_MARGIN = 0.19
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,8 @@ def check_layout(model: ModelConfig, layout: Layout, gpus: int, batch_sequences:
     Raises:
         TitanError: the layout's devices differ from ``gpus``; a mesh axis does not divide the
             dimension it shards; the batch does not split into replicas x microbatches; a
-            schedule option does not fit.
+            schedule option does not fit; the layers do not split evenly into the pipeline's
+            chunks.
     """
     if layout.devices != gpus:
         raise TitanError(
@@ -183,10 +189,12 @@ def check_layout(model: ModelConfig, layout: Layout, gpus: int, batch_sequences:
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
     check_schedule_options(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     chunks = layout.pp * layout.virtual_stages
-    if chunks > model.n_layers:
+    if model.n_layers % chunks:
+        # titan train splits the layers evenly unless --stage-layers is given
+        # (titan.parallel.chunks.plan_chunks), and the planner prices the even split.
         raise TitanError(
             f"--pp {layout.pp} x --virtual-stages {layout.virtual_stages} = {chunks} chunks "
-            f"for {model.n_layers} layers"
+            f"do not split {model.n_layers} layers evenly"
         )
 
 
@@ -223,7 +231,12 @@ class ActivationBytes:
 
 @functools.cache
 def layer_activation_bytes(
-    model: ModelConfig, seq_len: int, remat: str, compute_bytes: int, attention: str
+    model: ModelConfig,
+    seq_len: int,
+    remat: str,
+    compute_bytes: int,
+    attention: str,
+    swiglu: str = "native",
 ) -> ActivationBytes:
     """Bytes per token that one decoder layer keeps for the backward pass (module docstring).
 
@@ -231,18 +244,12 @@ def layer_activation_bytes(
         remat: a :data:`titan.remat.REMAT_POLICIES` name, whose ``saved`` it prices.
         compute_bytes: bytes of the compute dtype (2 for bfloat16, 4 for float32).
         attention: ``flash`` or ``materialized``.
+        swiglu: ``fused`` (the Pallas SwiGLU, whose VJP keeps its compute-dtype inputs) or
+            ``native``.
     """
     d, kv, f, h = model.d_model, kv_dim(model), model.ffn_dim, model.n_heads
-    saved = REMAT_POLICIES[remat].saved(compute_bytes, d, kv, f, h, seq_len, attention)
+    saved = REMAT_POLICIES[remat].saved(compute_bytes, d, kv, f, h, seq_len, attention, swiglu)
     return ActivationBytes(*saved)
-
-
-@functools.cache
-def layer_gradient_bytes(model: ModelConfig, seq_len: int, attention: str) -> float:
-    """Bytes per token of the float32 gradient temporaries of one layer's backward pass
-    (module docstring)."""
-    scores = 4 * model.n_heads * seq_len if attention == "materialized" else 0
-    return scores + 8 * model.ffn_dim + 20 * model.d_model
 
 
 @functools.cache
@@ -282,7 +289,13 @@ class MemoryBreakdown:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        """The total with the :data:`FIT_MARGIN` added is within the capacity."""
+        return self.total * (1 + FIT_MARGIN) <= self.capacity
+
+    @property
+    def fit_bytes(self) -> float:
+        """The total with its margin (what ``fits`` compares with the capacity)."""
+        return self.total * (1 + FIT_MARGIN)
 
     def as_dict(self) -> dict[str, float]:
         """Each part and the total, bytes."""
@@ -301,13 +314,39 @@ def attention_kernel(provider: str | None) -> str:
 
 @dataclass(frozen=True)
 class Precision:
-    """Dtypes of a run: ``param_dtype`` (master weights, gradients, AdamW moments) and
+    """Dtypes and kernels of a run: ``param_dtype`` (master weights, AdamW moments) and
     ``compute_dtype`` (matmuls and activations); ``attention`` is ``flash`` or
-    ``materialized``."""
+    ``materialized``; ``swiglu`` ``fused`` (the Pallas provider) or ``native``; ``loss``
+    ``materialized`` (the full (tokens, vocabulary) logits exist) or ``chunked``."""
 
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     attention: str = "flash"
+    swiglu: str = "fused"
+    loss: str = "materialized"
+
+    @classmethod
+    def of_providers(
+        cls, param_dtype: str, compute_dtype: str, served: dict[str, str]
+    ) -> Precision:
+        """The precision of a run whose operators were served by ``served`` (op -> provider,
+        as ``run_start`` records it); an op not listed is priced as its larger kernel."""
+        return cls(
+            param_dtype,
+            compute_dtype,
+            attention_kernel(served.get("attention")),
+            "fused" if served.get("swiglu") == "pallas" else "native",
+            "chunked" if served.get("cross_entropy") == "chunked" else "materialized",
+        )
+
+
+# Bytes per token that the loss keeps from the forward to the backward pass besides the logits:
+# the last layer's output, the final RMSNorm's float32 input, normalised output and scale, and
+# its compute-dtype output (10 d for bfloat16 compute), counted with
+# ``jax._src.ad_checkpoint.saved_residuals`` on ``titan.models.llama`` (docs/planner.md).
+HEAD_SAVED_PER_D = 10
+# A materialized loss keeps the float32 logits (4 bytes per vocabulary entry and token), ibid.
+LOGIT_BYTES = 4
 
 
 def memory_per_device(
@@ -333,34 +372,43 @@ def memory_per_device(
     compute_weights = stage_params * compute_bytes if compute_bytes != param_bytes else 0.0
     if layout.fsdp > 1:
         compute_weights += 2 * matrices / layout.tp * compute_bytes
+    # The backward pass emits the gradients of the compute-dtype copy (the layer scan's
+    # stacked output); accumulated over microbatches they are summed into float32 buffers
+    # (titan.trainer.spmd, titan.mpmd.pipeline), next to the current microbatch's.
+    accumulated = layout.pp > 1 or layout.microbatches > 1
+    gradients = stage_params * (compute_bytes + (4 if accumulated else 0))
 
     tokens = batch_sequences * seq_len / (layout.replicas * layout.microbatches)
-    saved = layer_activation_bytes(
-        model, seq_len, layout.remat, compute_bytes, precision.attention
-    ).per_device(layout.tp, layout.sequence_parallel)
-    full_layer = layer_activation_bytes(
-        model, seq_len, "none", compute_bytes, precision.attention
-    ).per_device(layout.tp, layout.sequence_parallel)
-    grad_temps = layer_gradient_bytes(model, seq_len, precision.attention) / layout.tp
+
+    def per_token(remat: str) -> float:
+        return layer_activation_bytes(
+            model, seq_len, remat, compute_bytes, precision.attention, precision.swiglu
+        ).per_device(layout.tp, layout.sequence_parallel)
+
+    saved, whole = per_token(layout.remat), per_token("none")
+    logits = LOGIT_BYTES * model.vocab_size / layout.tp if precision.loss == "materialized" else 0
     activations = saved * layers * tokens * in_flight_microbatches(layout)
+    activations += (HEAD_SAVED_PER_D * model.d_model + logits) * tokens
     if layout.remat == "none" and precision.attention == "materialized":
         activations += 5 * model.n_heads / layout.tp * seq_len * tokens
-    layer_backward = full_layer * tokens
-    if layout.remat != "none":
-        layer_backward += (grad_temps - saved) * tokens
-    logits = 2 * compute_bytes * model.vocab_size / layout.tp * tokens
-    workspace = 0.0 if gpu.name == "cpu" else ACCELERATOR_WORKSPACE_BYTES
-    # One backward per step (SPMD): gradients leave it in the compute dtype and XLA fuses their
-    # float32 conversion into the clipping and AdamW fusions; accumulated over microbatches
-    # (MPMD), they live in param-dtype buffers.
-    accumulated = layout.pp > 1 or layout.microbatches > 1
+    # The larger of one layer's backward (the gradients of everything the layer computes, as
+    # large as what it keeps without recomputation; with recomputation also the recomputed
+    # values, which the gradients replace as they are consumed) and the loss's backward (the
+    # logits' gradient in the compute dtype, which feeds the head's two matmuls).
+    logit_gradient = compute_bytes * logits / LOGIT_BYTES
+    # A materialized softmax's backward also holds the float32 gradients of the probabilities
+    # and of the scores (4 + 4 bytes per score; titan.ops.native.attention).
+    score_gradients = 0.0
+    if precision.attention == "materialized":
+        score_gradients = 8 * model.n_heads / layout.tp * seq_len
+    transient = max(whole + score_gradients, logit_gradient) * tokens
     return MemoryBreakdown(
         weights=weights,
-        gradients=stage_params * (param_bytes if accumulated else compute_bytes),
+        gradients=gradients,
         optimizer=2 * weights,
         compute_weights=compute_weights,
         activations=activations,
-        transient=max(layer_backward, logits),
-        workspace=workspace,
+        transient=transient,
+        workspace=0.0,
         capacity=gpu.hbm_bytes * USABLE_MEMORY_FRACTION,
     )

@@ -4,7 +4,8 @@ communication and the pipeline bubble.
 For the most loaded device (the last pipeline stage, which also holds the output head), one
 optimizer step takes
 
-    t_stage = FLOPs / (peak x eta) + bytes / (HBM bandwidth x MEMORY_EFFICIENCY)
+    t_stage = (matmul FLOPs + attention FLOPs / ATTENTION_EFFICIENCY) / (peak x eta)
+              + bytes / (HBM bandwidth x MEMORY_EFFICIENCY)
     t_step  = t_stage x (1 + bubble) + exposed communication
 
 - FLOPs: forward, backward (2 x forward) and recomputation (``titan.planning.models``) of the
@@ -14,9 +15,15 @@ optimizer step takes
   mapping catalog name -> measured fraction (from the performance database, or
   ``bench/planner_accuracy.py``), or :data:`DEFAULT_ACHIEVABLE_FRACTION` when the device has no
   measurements.
+- attention FLOPs (q k^T and the weighted sum of values) run at ``ATTENTION_EFFICIENCY`` of
+  the matmuls' fraction (flash kernels and XLA's batched score products reach less of peak than
+  the projections' GEMMs);
 - bytes: the memory-bound kernels (norms, RoPE, SwiGLU activation, residuals, softmax of a
-  materialized attention, the loss over the vocabulary, the optimizer update), counted from what
-  each writes and reads: :func:`elementwise_bytes_per_token`.
+  materialized attention, the loss over the vocabulary, the optimizer update and, with
+  microbatches, the float32 gradient accumulation), counted from what each writes and reads:
+  :func:`elementwise_bytes_per_token`. ``eta`` (the default), ``ATTENTION_EFFICIENCY`` and
+  ``MEMORY_EFFICIENCY`` are fitted together on half of a random draw of configurations
+  (``bench/planner_accuracy.py --evaluate``) and scored on the other half.
 - bubble (Narayanan et al. 2021, Sec. 2.2.1 and 2.2.2; Qi et al. 2023, Sec. 3.1), as a fraction
   of the ideal pipeline time: GPipe and 1F1B (pp - 1) / m; interleaved 1F1B (pp - 1) / (v m);
   ZB-H1 (pp - 1) / (3 m), a third of 1F1B's. Titan's zero-bubble backward costs more than
@@ -37,6 +44,7 @@ optimizer step takes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,22 +62,26 @@ from titan.planning.memory import (
 )
 from titan.planning.models import (
     ATTENTION_CONVENTIONS,
+    TokenFlops,
     layer_recompute_flops,
     model_flops_per_token,
     token_flops,
 )
+from titan.remat import effective_policy
 from titan.shapes import ModelConfig
 
 # Achievable fraction of dense peak for the matmuls of a training step, used when the
-# calibration has no entry for the device. Fitted with this model (0.634) to the two cuDNN-
-# attention runs of bench/baselines/plain_jax_llama.py (0.886B Llama, one H200, seq 2048,
-# batch 8: 0.190 s/step with dots remat, 81.1k tokens/s without); it then predicts
-# the baseline's XLA-attention run (47.2k tokens/s) within 6%. The same machine's bf16 8192^3
-# matmul reaches 0.88 to 0.90 of peak.
-DEFAULT_ACHIEVABLE_FRACTION = 0.63
-# Fraction of HBM bandwidth that memory-bound fusions reach. Assumed: large streaming kernels
-# reach 80 to 90% of the datasheet bandwidth on current GPUs.
-MEMORY_EFFICIENCY = 0.8
+# calibration has no entry for the device: fitted, with ATTENTION_EFFICIENCY and
+# MEMORY_EFFICIENCY, on the fitting half of draw 1 of bench/results/planner_draws.json (one
+# H200; ``python bench/planner_accuracy.py --evaluate``, which scores them on the other half).
+# The same machine's bf16 8192^3 matmul reaches 0.88 to 0.90 of peak.
+DEFAULT_ACHIEVABLE_FRACTION = 0.742
+# Fraction of HBM bandwidth that the memory-bound fusions reach, and attention's achievable
+# fraction of peak relative to the matmuls' (eta: flash kernels and XLA's batched score
+# matmuls run at a lower fraction than the projections' GEMMs): fitted with
+# DEFAULT_ACHIEVABLE_FRACTION (above; 0.600 of bandwidth, attention at 0.297 of peak).
+MEMORY_EFFICIENCY = 0.600
+ATTENTION_EFFICIENCY = 0.400
 # Memory traffic of one element of a materialized (float32) score matrix per token, bytes:
 # forward: scores written (4), masked and softmaxed in a reduction that reads them twice (8) and
 # writes float32 probabilities (4), read again for their compute-dtype copy (4; the copy's own
@@ -114,8 +126,8 @@ def elementwise_bytes_per_token(
     consumers inside fusions. A materialized score matrix adds its own passes, twice forward
     when attention is recomputed."""
     p = DTYPE_BYTES[precision.compute_dtype]
-    saved = layer_activation_bytes(model, seq_len, remat, p, "flash")
-    whole = layer_activation_bytes(model, seq_len, "none", p, "flash")
+    saved = layer_activation_bytes(model, seq_len, remat, p, "flash", precision.swiglu)
+    whole = layer_activation_bytes(model, seq_len, "none", p, "flash", precision.swiglu)
     traffic = SAVED_PASSES * (saved.replicated + saved.sharded)
     traffic += GRADIENT_PASSES * (whole.replicated + whole.sharded)
     if precision.attention == "materialized":
@@ -134,7 +146,9 @@ class StepEstimate:
         bubble_s: pipeline bubble.
         tp_s, fsdp_s, dp_s, pp_s: exposed communication of each kind.
         step_s: the whole step.
-        device_flops: FLOPs one device executes per step (recomputation included).
+        device_flops: FLOPs one device executes per step (recomputation included), of which
+            attention_flops in attention's score and value products.
+        memory_bytes: bytes the memory-bound kernels move per step on one device.
         tokens: tokens per step over all devices.
         achievable_fraction: the ``eta`` used.
     """
@@ -148,6 +162,8 @@ class StepEstimate:
     pp_s: float
     step_s: float
     device_flops: float
+    attention_flops: float
+    memory_bytes: float
     tokens: float
     achievable_fraction: float
 
@@ -189,26 +205,37 @@ def estimate_step(
     microbatch_tokens = replica_tokens / m
 
     flops = token_flops(model, seq_len, causal=precision.attention == "flash")
-    recompute = layer_recompute_flops(flops, layout.remat)
-    layer_flops = 3 * (flops.layer_matmul + flops.layer_attention) + recompute
-    head_passes = 3
-    if layout.pp > 1 and SCHEDULES[layout.schedule].split_backward:
-        # Titan's split backward re-derives the activation-gradient chain in W (module
-        # docstring): one more forward's worth of matmuls and the recomputation again.
-        layer_flops += flops.layer_matmul + flops.layer_attention + recompute
-        head_passes += 1
-    device_flops = replica_tokens * (layers * layer_flops + head_passes * flops.head) / tp
-    compute_s = device_flops / (gpu.bf16_flops * eta)
+    remat = effective_policy(layout.remat, precision.attention)
+    split_backward = layout.pp > 1 and SCHEDULES[layout.schedule].split_backward
+
+    def layer_flops(f: TokenFlops) -> float:
+        recompute = layer_recompute_flops(f, remat)
+        total = 3 * (f.layer_matmul + f.layer_attention) + recompute
+        if split_backward:
+            # Titan's split backward re-derives the activation-gradient chain in W (module
+            # docstring): one more forward's worth of matmuls and the recomputation again.
+            total += f.layer_matmul + f.layer_attention + recompute
+        return total
+
+    head_passes = 4 if split_backward else 3
+    attention_only = dataclasses.replace(flops, layer_matmul=0.0, head=0.0)
+    attention_flops = replica_tokens * layers * layer_flops(attention_only) / tp
+    device_flops = replica_tokens * (layers * layer_flops(flops) + head_passes * flops.head) / tp
+    matmul_flops = device_flops - attention_flops
+    compute_s = (matmul_flops + attention_flops / ATTENTION_EFFICIENCY) / (gpu.bf16_flops * eta)
 
     matrices, norms = layer_params(model)
     local_params = layers * (matrices / (layout.fsdp * tp) + norms)
     local_params += 2 * model.vocab_size * model.d_model / (layout.fsdp * tp * layout.pp)
     traffic = replica_tokens * (
-        layers * elementwise_bytes_per_token(model, seq_len, layout.remat, precision)
+        layers * elementwise_bytes_per_token(model, seq_len, remat, precision)
         + LOSS_BYTES_PER_VOCAB * model.vocab_size
     )
     casts = 2 * (param_bytes + compute_bytes) if param_bytes != compute_bytes else 0
     traffic = traffic / tp + local_params * (OPTIMIZER_PASSES * param_bytes + casts)
+    if m > 1 or layout.pp > 1:
+        # Each microbatch adds its gradients into float32 accumulators: read both, write one.
+        traffic += local_params * (2 * 4 + compute_bytes) * m
     memory_s = traffic / (gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY)
 
     stage_s = compute_s + memory_s
@@ -231,6 +258,8 @@ def estimate_step(
         pp_s=pp_s,
         step_s=step_s,
         device_flops=device_flops,
+        attention_flops=attention_flops,
+        memory_bytes=traffic,
         tokens=batch_sequences * seq_len,
         achievable_fraction=eta,
     )

@@ -25,7 +25,7 @@ from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.observability.device_memory import usable_bytes
 from titan.planning.gpus import find_gpu, gpu_for_device_kind
-from titan.planning.memory import Layout, Precision, attention_kernel, memory_per_device
+from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
@@ -111,8 +111,8 @@ def check_memory(
         TitanError: the estimate is above the usable memory and the check is on (one line: the
             estimate, the usable memory, what would fit, and ``--no-memory-check``).
     """
-    attention = attention_kernel(served.get("attention", "pallas"))
-    precision = Precision(cfg.compute.param_dtype, compute_dtype, attention)
+    served = {"attention": "pallas", **served}
+    precision = Precision.of_providers(cfg.compute.param_dtype, compute_dtype, served)
     estimator = _Estimator(cfg, model, describe["devices"], devices[0].device_kind, precision)
     estimate = estimator.bytes(cfg.data.batch_size, cfg.compute.remat)
     usable, source = _usable(cfg, devices)

@@ -1,0 +1,115 @@
+"""Verdicts of ``titan plan``: by how much a layout misses the memory, what would make it fit,
+and how many GPUs a model needs when no layout of the GPUs given fits.
+
+A layout fits when its estimated peak with the margin (``titan.planning.memory.FIT_MARGIN``)
+is within the usable memory. What would make a layout that does not fit fit is searched with
+the same estimator, changing one thing at a time: the ``--remat`` policy, more
+``--microbatches`` (smaller microbatches), a larger ``--fsdp`` in place of data parallelism,
+and more GPUs (the smallest power-of-two multiple of ``--gpus`` whose ``--search`` finds a
+layout that fits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from titan.errors import TitanError
+from titan.planning.budget import Plan, PlanRequest, plan, search
+from titan.planning.memory import Layout
+from titan.remat import REMAT_POLICIES
+
+GB = 1e9
+# The largest factor of --gpus that the GPU count search tries (2^20: a million times more).
+MAX_GPU_FACTOR = 2**20
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A plan's memory verdict.
+
+    Attributes:
+        fits: the estimate with its margin is within the usable memory.
+        over_bytes: bytes per device above the usable memory (margin included; <= 0 fits).
+        remedies: ``titan train`` flags (or a GPU count) that make the layout fit, each with
+            its estimate, as one line each; empty when it fits.
+    """
+
+    fits: bool
+    over_bytes: float
+    remedies: tuple[str, ...]
+
+    def summary(self, p: Plan) -> str:
+        """One line: fits, or by how much it does not."""
+        m = p.memory
+        if self.fits:
+            return (
+                f"fits: {m.total / GB:,.2f} GB estimated, {m.fit_bytes / GB:,.2f} GB with the "
+                f"margin, of {m.capacity / GB:,.2f} GB usable"
+            )
+        return (
+            f"does not fit: {m.total / GB:,.2f} GB estimated, {m.fit_bytes / GB:,.2f} GB with "
+            f"the margin, {self.over_bytes / GB:,.2f} GB over the {m.capacity / GB:,.2f} GB "
+            "usable"
+        )
+
+
+def verdict(p: Plan) -> Verdict:
+    """The verdict of plan ``p``, with what would make it fit when it does not."""
+    over = p.memory.fit_bytes - p.memory.capacity
+    if p.memory.fits:
+        return Verdict(True, over, ())
+    return Verdict(False, over, tuple(_remedies(p)))
+
+
+def _fitting(request: PlanRequest, layout: Layout) -> Plan | None:
+    try:
+        candidate = plan(request, layout)
+    except TitanError:
+        return None
+    return candidate if candidate.memory.fits else None
+
+
+def _describe(flags: str, p: Plan) -> str:
+    return f"{flags}: {p.memory.total / GB:,.2f} GB estimated"
+
+
+def _remedies(p: Plan) -> Iterator[str]:
+    request, layout = p.request, p.layout
+    for remat in REMAT_POLICIES:
+        if remat != layout.remat and (fit := _fitting(request, _with(layout, remat=remat))):
+            yield _describe(f"--remat {remat}", fit)
+    rows = request.batch_sequences // layout.replicas
+    for m in (k for k in range(layout.microbatches + 1, rows + 1) if rows % k == 0):
+        if fit := _fitting(request, _with(layout, microbatches=m)):
+            yield _describe(f"--microbatches {m}", fit)
+            break
+    data = layout.dp * layout.fsdp
+    for fsdp in (k for k in range(layout.fsdp + 1, data + 1) if data % k == 0):
+        if fit := _fitting(request, _with(layout, fsdp=fsdp, dp=data // fsdp)):
+            yield _describe(f"--fsdp {fsdp} --dp {data // fsdp}", fit)
+            break
+    needed = gpus_needed(request)
+    if needed is not None:
+        best = search(dataclasses.replace(request, gpus=needed))[0]
+        yield _describe(f"--gpus {needed} ({best.layout.label()})", best)
+
+
+def _with(layout: Layout, **changes: object) -> Layout:
+    return dataclasses.replace(layout, **changes)
+
+
+def gpus_needed(request: PlanRequest) -> int | None:
+    """The smallest power-of-two multiple of ``request.gpus`` (above it) at which ``--search``
+    finds a layout that fits, or None up to :data:`MAX_GPU_FACTOR` times more."""
+    factor = 2
+    while factor <= MAX_GPU_FACTOR:
+        gpus = request.gpus * factor
+        if gpus > request.gpus_per_node and gpus % request.gpus_per_node:
+            factor *= 2
+            continue
+        if search(dataclasses.replace(request, gpus=gpus)):
+            return gpus
+        factor *= 2
+    return None
