@@ -23,6 +23,8 @@ PACKAGES = ("titan", "tui")
 ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # the training entry imports JAX, flax, optax and orbax
     "titan/trainer/commands.py:run": "from titan.trainer.train import train_from_cli",
+    # sampling a diffusion run imports JAX and the trainer
+    "titan/trainer/sample_command.py:run": "from titan.trainer.sampling import write_sample_grid",
     # Hugging Face import and export read checkpoints with JAX and orbax
     "titan/trainer/hf_commands.py:run_import": "from titan.trainer import hf_checkpoints",
     "titan/trainer/hf_commands.py:run_export": "from titan.trainer import hf_checkpoints",

@@ -339,7 +339,7 @@ def test_ops_check_prints_a_table_and_rejects_unknown_names(capsys):
     assert main(["ops", "check", "--op", "attn"]) == 2
     assert capsys.readouterr().err.strip() == (
         "titan ops: error: --op must be one of attention, rms_norm, rope, swiglu, cross_entropy, "
-        "got 'attn'"
+        "modulate, patch_embed, got 'attn'"
     )
     assert main(["ops", "check", "--op", "rope", "--provider", "pallas"]) == 2
     assert "'pallas' is not registered for op rope; known: fused, native" in capsys.readouterr().err

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "titan.launch.commands",
     "titan.trainer.hf_commands",
     "titan.generation.commands",
+    "titan.trainer.sample_command",
 )
 
 

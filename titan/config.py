@@ -53,6 +53,8 @@ LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
 ModelSource = Literal["titan", "maxtext"]
 MODEL_SOURCES: tuple[ModelSource, ...] = ("titan", "maxtext")
+Task = Literal["lm", "diffusion"]
+TASKS: tuple[Task, ...] = ("lm", "diffusion")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
 
@@ -206,7 +208,7 @@ def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
     """A preset's name, else the shape's fields (None ones left out: TOML has no null)."""
     if PRESETS.get(m.name) == m:
         return m.name
-    return {k: v for k, v in dataclasses.asdict(m).items() if v is not None}
+    return {k: v for k, v in m.record().items() if v is not None}
 
 
 CODECS: dict[str, Codec] = {
@@ -370,13 +372,32 @@ class ModelOptions:
             codec="settings",
         ),
     )
+    task: Task = field(
+        default="lm",
+        metadata=_opt(
+            "--task",
+            "'lm': a causal language model on --data; 'diffusion': a DiT (--preset dit-tiny, the "
+            "default there, to dit-xl-2) on --images, see the diffusion options",
+            choices=TASKS,
+        ),
+    )
 
     def _check(self) -> None:
         if self.model_source == "maxtext" and not self.maxtext_model:
             raise TitanError("--model-source maxtext needs --maxtext-model NAME")
+        if self.model_source == "maxtext" and self.task != "lm":
+            raise TitanError("--model-source maxtext trains language models (--task lm)")
         if self.model_source != "maxtext" and (self.maxtext_model or self.maxtext_set):
             flag = "--maxtext-model" if self.maxtext_model else "--maxtext-set"
             raise TitanError(f"{flag} needs --model-source maxtext")
+        if self.task == "diffusion" and self.shape == PRESETS["tiny"]:
+            object.__setattr__(self, "shape", PRESETS["dit-tiny"])  # the task's default model
+        wanted = "dit" if self.task == "diffusion" else "llama"
+        if self.shape.family != wanted:
+            raise TitanError(
+                f"--preset {self.shape.name} is a {self.shape.family} model; --task {self.task} "
+                f"trains {wanted} models"
+            )
 
 
 @_section
@@ -864,6 +885,81 @@ class DebuggingOptions:
     )
 
 
+@_section
+class DiffusionOptions:
+    """The images and the training objective of ``--task diffusion``
+    (:mod:`titan.diffusion.objectives`, :mod:`titan.data.images`)."""
+
+    images: str = field(
+        default="digits",
+        metadata=_opt(
+            "--images",
+            "'digits' (scikit-learn's 1,797 8x8 digits, read from its installed files) or a "
+            "folder of PNG/JPEG files, one subfolder per class (sorted names are labels 0, 1, ..)",
+        ),
+    )
+    image_size: int = field(
+        default=0,
+        metadata=_opt(
+            "--image-size",
+            "side in pixels the images are resized and centre-cropped to (0: the preset's)",
+            minimum=0,
+        ),
+    )
+    objective: Literal["flow", "epsilon", "v"] = field(
+        default="flow",
+        metadata=_opt(
+            "--objective",
+            "'flow': flow matching (target noise - x); 'epsilon' or 'v': DDPM predicting the "
+            "noise or v",
+            choices=("flow", "epsilon", "v"),
+        ),
+    )
+    beta_schedule: Literal["linear", "cosine"] = field(
+        default="linear",
+        metadata=_opt(
+            "--beta-schedule",
+            "DDPM noise schedule over 1000 steps (Ho et al. 2020; cosine: Nichol & Dhariwal 2021)",
+            choices=("linear", "cosine"),
+        ),
+    )
+    snr_gamma: float = field(
+        default=0.0,
+        metadata=_opt(
+            "--snr-gamma",
+            "DDPM Min-SNR-gamma loss weighting (Hang et al. 2023 use 5; 0: unweighted)",
+            minimum=0,
+        ),
+    )
+    flow_shift: float = field(
+        default=1.0,
+        metadata=_opt("--flow-shift", "flow matching timestep shift (1: none; Wan trains with 5)"),
+    )
+    flow_weighting: Literal["gaussian", "none"] = field(
+        default="gaussian",
+        metadata=_opt(
+            "--flow-weighting",
+            "flow matching loss weight per timestep: MaxDiffusion's 'gaussian' or 'none'",
+            choices=("gaussian", "none"),
+        ),
+    )
+    label_dropout: float = field(
+        default=0.1,
+        metadata=_opt(
+            "--label-dropout",
+            "fraction of examples trained with the null label, for classifier-free guidance "
+            "(DiT uses 0.1)",
+            minimum=0,
+        ),
+    )
+
+    def _check(self) -> None:
+        if self.label_dropout > 1:
+            raise TitanError(f"--label-dropout must be within [0, 1], got {self.label_dropout}")
+        if not self.flow_shift > 0:
+            raise TitanError(f"--flow-shift must be > 0, got {self.flow_shift}")
+
+
 # Section name -> its dataclass, in ``titan train --help`` and TOML order.
 SECTIONS: dict[str, type] = {
     "model": ModelOptions,
@@ -875,6 +971,7 @@ SECTIONS: dict[str, type] = {
     "observability": ObservabilityOptions,
     "debugging": DebuggingOptions,
     "run": RunOptions,
+    "diffusion": DiffusionOptions,
 }
 
 
@@ -988,6 +1085,7 @@ class TrainConfig:
     observability: ObservabilityOptions = field(default_factory=ObservabilityOptions)
     debugging: DebuggingOptions = field(default_factory=DebuggingOptions)
     run: RunOptions = field(default_factory=RunOptions)
+    diffusion: DiffusionOptions = field(default_factory=DiffusionOptions)
 
     def __post_init__(self) -> None:
         validate_train_config(self)

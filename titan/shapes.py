@@ -1,4 +1,5 @@
-"""Model shapes: the Llama-style shape of a decoder (:class:`ModelConfig`), the published presets,
+"""Model shapes: the Llama-style shape of a decoder or of a DiT (:class:`ModelConfig`), the
+published presets,
 and the ``--model`` text of a shape (a preset name or ``d_model=...,n_layers=...``), shared by
 ``titan train`` and ``titan plan``.
 
@@ -7,6 +8,7 @@ This module imports neither JAX nor Textual.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -61,6 +63,11 @@ class ModelConfig:
         rope_theta: RoPE base (Su et al. 2021); Llama 3 uses 500000.
         norm_eps: RMSNorm epsilon (Zhang & Sennrich 2019).
         rope_scaling: Llama 3.1's RoPE frequency scaling, or None (plain RoPE).
+        family: ``llama`` (a decoder) or ``dit`` (a diffusion transformer, Peebles & Xie 2023,
+            :mod:`titan.models.dit`: ``vocab_size`` is then the class-label table, the classes
+            plus the null label of classifier-free guidance, and ``n_kv_heads == n_heads``).
+        patch_size, image_size, channels: the DiT's patch side, image side and channels
+            (0 for a decoder); the image is ``image_size`` x ``image_size`` x ``channels``.
     """
 
     name: str
@@ -73,6 +80,10 @@ class ModelConfig:
     rope_theta: float = 500_000.0
     norm_eps: float = 1e-5
     rope_scaling: RopeScaling | None = None
+    family: str = "llama"
+    patch_size: int = 0
+    image_size: int = 0
+    channels: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
@@ -81,8 +92,25 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def patches(self) -> int:
+        """Tokens of a DiT's image: (image_size / patch_size)^2 (0 for a decoder)."""
+        return (self.image_size // self.patch_size) ** 2 if self.patch_size else 0
+
+    def record(self) -> dict:
+        """The shape as run records hold it (``config.json``, ``run_start``): every field, less
+        the DiT's (``family`` and the image fields) for a decoder, so that a decoder's record
+        and performance key read as they always have."""
+        fields = dataclasses.asdict(self)
+        if self.family == "llama":
+            for name in ("family", "patch_size", "image_size", "channels"):
+                del fields[name]
+        return fields
+
     def param_count(self) -> int:
         """Number of parameters (untied embedding and head), from the shapes alone."""
+        if self.family == "dit":
+            return dit_param_count(self)
         kv_dim = self.n_kv_heads * self.head_dim
         attention = 2 * self.d_model * self.d_model + 2 * self.d_model * kv_dim
         mlp = 3 * self.d_model * self.ffn_dim
@@ -96,13 +124,47 @@ class ModelConfig:
 # 405B: 126, 16384, 53248, 128, 8; vocab 128256, RoPE theta 500000).
 # llama3-1b is the Llama 3.2 1B shape (16 layers, d 2048, ffn 8192, 32 heads, 8 KV heads); the
 # published 1.24e9 count ties embedding and head, ours are untied (1.50e9).
+# DiT (Peebles & Xie 2023, Table 1): S 12 layers, d 384, 6 heads; B 12, 768, 12; L 24, 1024, 16;
+# XL 28, 1152, 16; patch 2 on the 32 x 32 x 4 latent of a 256 x 256 image, 1000 ImageNet classes
+# plus the null label. Titan's DiT uses SwiGLU, whose ffn_dim = 8 d / 3 (rounded up to a multiple
+# of 64) keeps the MLP's parameters those of the paper's 4 d GELU MLP. dit-tiny is the digits
+# shape (8 x 8 x 1, classes from the data) that trains on a CPU in minutes.
+def _dit(name: str, labels: int, d: int, layers: int, heads: int, ffn: int, image: int, c: int):
+    return ModelConfig(
+        name, labels, d, layers, heads, heads, ffn, 10_000.0, 1e-6,
+        family="dit", patch_size=2, image_size=image, channels=c,
+    )  # fmt: skip
+
+
+DIT_PRESETS: dict[str, ModelConfig] = {
+    "dit-tiny": _dit("dit-tiny", 0, 128, 4, 4, 384, 8, 1),
+    "dit-s-2": _dit("dit-s-2", 1001, 384, 12, 6, 1024, 32, 4),
+    "dit-b-2": _dit("dit-b-2", 1001, 768, 12, 12, 2048, 32, 4),
+    "dit-l-2": _dit("dit-l-2", 1001, 1024, 24, 16, 2752, 32, 4),
+    "dit-xl-2": _dit("dit-xl-2", 1001, 1152, 28, 16, 3072, 32, 4),
+}
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("tiny", 0, 256, 4, 8, 4, 688, rope_theta=10_000.0),
     "llama3-1b": ModelConfig("llama3-1b", 128_256, 2048, 16, 32, 8, 8192),
     "llama3-8b": ModelConfig("llama3-8b", 128_256, 4096, 32, 32, 8, 14_336),
     "llama3-70b": ModelConfig("llama3-70b", 128_256, 8192, 80, 64, 8, 28_672),
     "llama3-405b": ModelConfig("llama3-405b", 128_256, 16_384, 126, 128, 8, 53_248),
+    **DIT_PRESETS,
 }
+TIMESTEP_FREQUENCIES = 256  # sinusoidal timestep features of the DiT (Peebles & Xie 2023, code)
+
+
+def dit_param_count(m: ModelConfig) -> int:
+    """Parameters of Titan's DiT (:mod:`titan.models.dit`): the patch embedding (P^2 C E + E),
+    the timestep MLP (256 E + E + E^2 + E), the label table (V E); per block attention (4 E^2),
+    SwiGLU (3 E F), two RMSNorm scales (2 E) and the adaLN-Zero modulation (6 E^2 + 6 E); the
+    final norm (E), modulation (2 E^2 + 2 E) and linear layer (E P^2 C + P^2 C)."""
+    e, patch_out = m.d_model, m.patch_size**2 * m.channels
+    embed = patch_out * e + e + TIMESTEP_FREQUENCIES * e + e + e * e + e + m.vocab_size * e
+    block = 4 * e * e + 3 * e * m.ffn_dim + 2 * e + 6 * e * e + 6 * e
+    final = e + 2 * e * e + 2 * e + e * patch_out + patch_out
+    return embed + m.n_layers * block + final
 
 
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")

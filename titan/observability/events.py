@@ -210,14 +210,18 @@ class RunStart(Event):
     env: dict[str, Any] | None = _field(
         "versions, device kinds and count, host, git (:mod:`titan.observability.env`)"
     )
-    tokenizer: dict[str, Any] | None = _field("``vocab_size`` and ``source`` (a path or trained)")
+    tokenizer: dict[str, Any] | None = _field(
+        "``vocab_size`` and ``source`` (a path or trained); None for a diffusion run"
+    )
     data: dict[str, Any] | None = _field(
         "``source``, ``tokens``, ``sequences`` and ``documents`` of the corpus, and ``dropped``: "
         "records that are not documents by reason (``empty``, ``non_text``: the text field "
         "missing or not a string, ``nul_bytes``, ``bad_json``: a .jsonl line that is not a JSON "
         "object; :data:`titan.data.text.DROP_REASONS`); with ``--eval-every``, ``eval``: the "
         "held-out ``documents``, their ``tokens`` and the ``batches`` each evaluation covers "
-        "(the corpus's counts are then of the training side)"
+        "(the corpus's counts are then of the training side); "
+        "of a diffusion run ``source``, "
+        "``images``, ``classes``, ``shape`` (H, W, C) and ``digest`` (:mod:`titan.data.images`)"
     )
     start_step: int | None = _field(
         "the step this attempt starts after (0 for a fresh run)", "steps"
@@ -309,7 +313,11 @@ class Step(Event):
         omit_if_none=True,
     )
     lr: float | None = _field("learning rate of the step")
-    tokens: int | None = _field("tokens of this step (batch size x sequence length)", "tokens")
+    tokens: int | None = _field(
+        "tokens of this step (batch size x sequence length; a DiT's: batch size x patches per "
+        "image)",
+        "tokens",
+    )
     tokens_seen: int | None = _field("tokens trained on up to this step", "tokens")
     step_time_s: float | None = _field(
         "wall time between this step's completion and the previous one's (a checkpoint saved "
@@ -317,6 +325,9 @@ class Step(Event):
         "seconds",
     )
     tokens_per_s: float | None = _field("tokens / step_time_s", "tokens per second")
+    images_per_s: float | None = _field(
+        "images / step_time_s of a diffusion run (None for a language model)", "images per second"
+    )
     data_position: int | None = _field("sequences consumed after this step", "sequences")
     batch_digest: str | None = _field("crc32 of the batch's sequence ids, hex")
     model_flops_per_token: FlopsPerToken | None = _field(

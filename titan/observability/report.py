@@ -8,7 +8,9 @@ summary table is :func:`titan.observability.summarize.summarize_run_dir`'s, the 
 :func:`titan.observability.ettr.split_attempts`). MFU is plotted as the trainer recorded it,
 titled with its peak (``peak_flops``, ``peak_kind`` of the step's
 :class:`~titan.observability.events.Mfu`) and said to be unknown, with the recorded reason, when
-the record has none; the same for power (``run_start``'s ``power.reason``). Events are read with
+the record has none; the same for power (``run_start``'s ``power.reason``). A diffusion run's
+report shows ``samples.png``, a grid of samples of its newest checkpoint drawn by ``titan sample``
+in a child process (so that this module stays free of JAX). Events are read with
 :func:`titan.observability.events.parse_event`; a torn last line (a writer killed mid-line) and
 lines that are not events are skipped and counted in the report.
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,7 +39,8 @@ from titan.observability.trace_summary import summarize_trace
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"
-FIGURES = ("loss.png", "throughput.png", "mfu.png", "power.png")
+FIGURES = ("loss.png", "throughput.png", "mfu.png", "power.png", "samples.png")
+SAMPLES_TIMEOUT_S = 600
 POWER_WINDOW_S = 5.0
 NOT_RECORDED = "not recorded in the events"
 MFU_CONVENTIONS = ("causal", "full")  # the fields of Mfu that are MFU (not HFU or the peak)
@@ -328,6 +333,36 @@ def _operation_time_lines(run_dir: Path, profile: Profile) -> list[str]:
     ]
 
 
+def _sample_lines(run_dir: Path, out: Path, last: RunStart) -> list[str]:
+    """A diffusion run's sample grid at its newest checkpoint (``titan sample`` in a child
+    process), or why there is none; nothing for a language model."""
+    if (last.model or {}).get("family") != "dit":
+        return []
+    command = [sys.executable, "-m", "titan.cli", "sample", str(run_dir)]
+    try:
+        done = subprocess.run(
+            [*command, "--out", str(out / "samples.png")],
+            capture_output=True,
+            text=True,
+            timeout=SAMPLES_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return ["## Samples", "", f"none: titan sample took over {SAMPLES_TIMEOUT_S} s", ""]
+    if done.returncode:
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        return ["## Samples", "", f"none: {said}", ""]
+    said = done.stdout.strip().splitlines()[-1]
+    return [
+        "## Samples",
+        "",
+        f"One row per class, from `{said.removeprefix('titan sample: ')}` (Euler steps for flow "
+        "matching, DDIM for DDPM; 50 steps, seed 0, no guidance).",
+        "",
+        "![samples](samples.png)",
+        "",
+    ]
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write ``report.md`` and its figures for ``run_dir`` into ``out`` (default
     ``run_dir/report``). Returns the report's path.
@@ -370,6 +405,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         ),
         *_figures(out, events, summary),
         *_eval_lines(events),
+        *_sample_lines(run_dir, out, last),
         *_profile_lines(run_dir, out, events),
         "## Configuration",
         "",

@@ -7,7 +7,8 @@ Each operator is a method of :class:`Ops`, which dispatches to a provider throug
 on import of this package (their table says what each one serves).
 
 Shapes use B = batch, S = sequence, H = query heads, K = key/value heads, D = head dim,
-E = model dim, F = MLP hidden dim, V = vocabulary.
+E = model dim, F = MLP hidden dim, V = vocabulary; for images (H, W, C) = height, width,
+channels and P = patch side.
 
 Importing this package imports no JAX: implementations are registered by name and imported when
 first called, so the ``titan`` CLI (whose ``ops`` subcommand lives here) starts quickly.
@@ -130,3 +131,32 @@ class Ops:
             (B, S) float32 negative log-likelihoods (natural log, nats).
         """
         return self._table.call("cross_entropy", x, w_out, targets)
+
+    def modulate(self, x, shift, scale):
+        """adaLN modulation (DiT, Peebles & Xie 2023, Sec. 3.2): x * (1 + scale) + shift, with
+        one (shift, scale) per row broadcast over the sequence.
+
+        Args:
+            x: (B, S, E); shift, scale: (B, E). Returns x's shape and dtype (float32 math).
+        """
+        return self._table.call("modulate", x, shift, scale)
+
+    def patch_embed(self, images, w, bias, *, patch):
+        """Patch embedding (ViT, Dosovitskiy et al. 2021, Eq. 1; DiT's "patchify" layer):
+        non-overlapping P x P patches in row-major order, each projected linearly.
+
+        Args:
+            images: (B, H, W, C) with H and W multiples of ``patch``; w: (P, P, C, E);
+                bias: (E,).
+        Returns:
+            (B, H/P * W/P, E) in images' dtype, accumulated in float32.
+
+        Raises:
+            TitanError: H or W is not a multiple of ``patch``.
+        """
+        if images.shape[1] % patch or images.shape[2] % patch:
+            raise TitanError(
+                f"patch_embed: image {images.shape[1]}x{images.shape[2]} is not a multiple of "
+                f"the patch size {patch}"
+            )
+        return self._table.call("patch_embed", images, w, bias, patch=patch)

@@ -139,6 +139,25 @@ def cross_entropy_case(b, s, e, v) -> Case:
     return Case("cross_entropy", f"B{b} S{s} E{e} V{v}", build, (0, 1))
 
 
+def modulate_case(b, s, e) -> Case:
+    def build(key, dtype):
+        keys = jax.random.split(key, 3)
+        shift, scale = (_normal(kk, (b, e), dtype, 0.1) for kk in keys[1:])
+        return (_normal(keys[0], (b, s, e), dtype), shift, scale), {}
+
+    return Case("modulate", f"B{b} S{s} E{e}", build, (0, 1, 2))
+
+
+def patch_embed_case(b, side, c, p, e) -> Case:
+    def build(key, dtype):
+        keys = jax.random.split(key, 3)
+        images = _normal(keys[0], (b, side, side, c), dtype)
+        w = _normal(keys[1], (p, p, c, e), dtype, (p * p * c) ** -0.5)
+        return (images, w, _normal(keys[2], (e,), dtype, 0.1)), {"patch": p}
+
+    return Case("patch_embed", f"B{b} {side}x{side}x{c} P{p} E{e}", build, (0, 1, 2))
+
+
 def cases(backend: str) -> list[Case]:
     """The grid: small shapes everywhere, on accelerators also the 0.9B benchmark model's.
 
@@ -155,6 +174,8 @@ def cases(backend: str) -> list[Case]:
         rope_case(2, 64, 4, 16, RopeScaling(8.0, 1.0, 4.0, 32)),
         swiglu_case(2, 64, 128, 256),
         cross_entropy_case(2, 1100, 32, 256),
+        modulate_case(2, 64, 128),
+        patch_embed_case(2, 16, 4, 2, 64),
     ]
     if backend != "cpu":
         grid += [
@@ -163,6 +184,8 @@ def cases(backend: str) -> list[Case]:
             rope_case(8, 2048, 16, 128),
             swiglu_case(8, 2048, 2048, 5632),
             cross_entropy_case(8, 2048, 2048, 32_000),
+            modulate_case(64, 256, 1024),
+            patch_embed_case(64, 32, 4, 2, 1024),
         ]
     return grid
 

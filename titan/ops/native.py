@@ -112,3 +112,23 @@ def cross_entropy(x, w_out, targets):
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return log_z - target_logit
+
+
+def modulate(x, shift, scale):
+    x32 = x.astype(F32)
+    shift32, scale32 = shift.astype(F32)[:, None, :], scale.astype(F32)[:, None, :]
+    return (x32 * (1.0 + scale32) + shift32).astype(x.dtype)
+
+
+def patchify(images, patch: int):
+    """(B, H, W, C) -> (B, H/p * W/p, p, p, C): non-overlapping p x p patches in row-major
+    order (ViT, Dosovitskiy et al. 2021, Sec. 3.1)."""
+    b, h, w, c = images.shape
+    x = images.reshape(b, h // patch, patch, w // patch, patch, c)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (h // patch) * (w // patch), patch, patch, c)
+
+
+def patch_embed(images, w, bias, *, patch):
+    x = patchify(images, patch)
+    out = jnp.einsum("bnijc,ijce->bne", x, w, preferred_element_type=F32)
+    return (out + bias.astype(F32)).astype(images.dtype)

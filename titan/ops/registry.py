@@ -28,7 +28,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.parsing import parse_assignments
 
-OPS = ("attention", "rms_norm", "rope", "swiglu", "cross_entropy")
+OPS = ("attention", "rms_norm", "rope", "swiglu", "cross_entropy", "modulate", "patch_embed")
 NATIVE = "native"
 # A function, or "module:function" imported on first use.
 Ref = Callable[..., Any] | str

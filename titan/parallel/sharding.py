@@ -6,7 +6,8 @@ MLP sharding; Shoeybi et al. 2019). The batch is split over ``data`` x ``fsdp``.
 
 Rules (:data:`LOGICAL_RULES`): TP shards ``heads``, ``kv_heads``, ``mlp`` and ``vocab``; FSDP
 shards ``embed``, the model dimension, which is the largest dimension of every matrix that TP
-leaves unsharded. Norm scales, ``head_dim`` and the ``layers`` stacking axis are not sharded.
+leaves unsharded. Norm scales, ``head_dim``, the ``layers`` stacking axis and the DiT's small
+axes (``patch``, ``timestep``, ``modulation``, ``label``) are not sharded.
 
 Activations (:data:`ACTIVATION_RULES`) keep the batch split over ``data`` x ``fsdp`` from the
 embedding lookup to the loss; the model constrains the residual stream to
@@ -32,6 +33,14 @@ LOGICAL_RULES: Mapping[str, str | None] = {
     "head_dim": None,
     "norm": None,
     "layers": None,
+    # the DiT's (titan.models.dit): pixels of a patch, timestep frequencies, adaLN's chunks,
+    # class labels (a few rows: not worth splitting)
+    "patch": None,
+    "timestep": None,
+    "modulation": None,
+    "label": None,
+    # every axis of a family whose parameters are not split (diffusers' UNet)
+    "replicated": None,
 }
 # The residual stream (B, S, E) between blocks: batch over data x fsdp, the rest replicated.
 # Without this constraint the partitioner may keep FSDP-sharded weights in place and split the

@@ -33,6 +33,7 @@ from titan.remat import REMAT_POLICIES
 from titan.shapes import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
 
 ATTENTION_CONVENTIONS = ("causal", "full")
+DIGITS_LABELS = 11  # the digits' 10 classes and classifier-free guidance's null label
 # How attention is computed: "flash" (a fused kernel, O(s) memory, skips masked blocks) or
 # "materialized" (the ``native`` provider of titan.ops: the (s, s) scores exist in memory).
 ATTENTION_KERNELS = ("flash", "materialized")
@@ -43,14 +44,16 @@ def resolve_model(text: str) -> ModelConfig:
     ``titan train --model`` takes it (:func:`titan.config.parse_model`).
 
     The ``tiny`` preset takes its vocabulary from a tokenizer trained per corpus; here it gets the
-    default ``--vocab-size`` of ``titan train`` (4096).
+    default ``--vocab-size`` of ``titan train`` (4096); ``dit-tiny``, whose label table has a row
+    per class of the data plus the null label, gets the digits' 11.
 
     Raises:
         TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
     """
     shape = parse_model(text)
     if shape.vocab_size == 0:
-        return dataclasses.replace(shape, vocab_size=DEFAULT_VOCAB_SIZE)
+        vocab = DIGITS_LABELS if shape.family == "dit" else DEFAULT_VOCAB_SIZE
+        return dataclasses.replace(shape, vocab_size=vocab)
     return shape
 
 
@@ -82,9 +85,25 @@ class TokenFlops:
 
 
 def token_flops(m: ModelConfig, seq_len: int, causal: bool) -> TokenFlops:
-    """Forward FLOPs per token (see :class:`TokenFlops`); ``causal`` halves attention."""
+    """Forward FLOPs per token (see :class:`TokenFlops`); ``causal`` halves attention. A DiT
+    (:func:`dit_token_flops`) attends in full under both conventions."""
+    if m.family == "dit":
+        return dit_token_flops(m)
     attention = 4.0 * seq_len * m.d_model * (0.5 if causal else 1.0)
     return TokenFlops(2.0 * layer_matmul_params(m), attention, 2.0 * m.d_model * m.vocab_size)
+
+
+def dit_token_flops(m: ModelConfig) -> TokenFlops:
+    """Forward FLOPs per patch token of Titan's DiT (:mod:`titan.models.dit`), N = its patches:
+    per layer the projections and SwiGLU (2 (4 d^2 + 3 d ffn)) plus the adaLN modulation, done
+    once per image (2 x 6 d^2 / N), and attention over all N patches (4 N d, no causal mask);
+    the ends (as ``head``): the patch embedding and the final linear layer (2 x 2 d P^2 C) plus,
+    once per image, the timestep MLP and the final modulation (2 (256 d + d^2 + 2 d^2) / N). The
+    label lookup is a gather. FLOPs per image are N times these."""
+    d, n, pixels = m.d_model, m.patches, m.patch_size**2 * m.channels
+    layer = 2.0 * (4 * d * d + 3 * d * m.ffn_dim) + 2.0 * 6 * d * d / n
+    ends = 4.0 * d * pixels + 2.0 * (256 * d + 3 * d * d) / n
+    return TokenFlops(layer, 4.0 * n * d, ends)
 
 
 def model_flops_per_token(m: ModelConfig, seq_len: int, convention: str = "causal") -> float:

@@ -7,8 +7,9 @@ trainer (:class:`titan.trainer_state.Trainer`).
   chunk and action on its stage's devices, driven by a pipeline schedule from one Python
   process.
 
-The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama, or a
-MaxText model (``--model-source maxtext``, :mod:`titan.models.adapters.maxtext`).
+The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama, its
+DiT for ``--task diffusion``, or a MaxText model (``--model-source maxtext``,
+:mod:`titan.models.adapters.maxtext`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
+from titan.models.adapters.dit import DitAdapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
 from titan.mpmd.pipeline import PipelineTrainer
@@ -41,8 +43,8 @@ def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
 
 
 def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
-    """The model family of the run: Titan's Llama of shape ``model_cfg``, or the MaxText model
-    of ``--maxtext-model`` (its vocabulary the tokenizer's, ``model_cfg.vocab_size``, unless
+    """The model family of the run: Titan's Llama or DiT of shape ``model_cfg``, or the MaxText
+    model of ``--maxtext-model`` (its vocabulary the tokenizer's, ``model_cfg.vocab_size``, unless
     ``--maxtext-set vocab_size=...`` says otherwise).
 
     Raises:
@@ -52,6 +54,14 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
     """
     if cfg.model.model_source == "maxtext":
         return _maxtext_adapter(cfg, model_cfg.vocab_size)
+    if model_cfg.family == "dit":
+        return DitAdapter(
+            model_cfg,
+            ops,
+            remat=cfg.compute.remat,
+            layer_unroll=cfg.compute.layer_unroll,
+            param_dtype=jnp.dtype(cfg.compute.param_dtype),
+        )
     return LlamaAdapter(
         model_cfg,
         ops,

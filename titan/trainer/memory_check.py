@@ -67,9 +67,8 @@ class _Estimator:
         # Only the workspace allowance (none on CPU, one figure for every accelerator) is read
         # from the catalog entry; an accelerator the catalog does not list uses the H200's.
         gpu = gpu_for_device_kind(self.device_kind) or find_gpu("h200")
-        memory = memory_per_device(
-            self.model, layout, gpu, self.cfg.data.seq_len, batch_size, self.precision
-        )
+        tokens = self.model.patches or self.cfg.data.seq_len  # a DiT's row is one image
+        memory = memory_per_device(self.model, layout, gpu, tokens, batch_size, self.precision)
         return memory.total
 
     def batch_unit(self) -> int:

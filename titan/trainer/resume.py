@@ -25,15 +25,15 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
-    if not (run_dir / TOKENIZER_FILE).is_file():
-        raise TitanError(
-            f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
-            "its tokenizer and checkpoints cannot be resumed)"
-        )
     try:
         saved = config_from_dict(json.loads(config_path.read_text())["train"])
     except (ValueError, KeyError, TypeError) as err:
         raise TitanError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
+    if saved.model.task == "lm" and not (run_dir / TOKENIZER_FILE).is_file():
+        raise TitanError(
+            f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
+            "its tokenizer and checkpoints cannot be resumed)"
+        )
     placed = sorted({"runs_root", "run_id"} & explicit.keys())
     if placed:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")

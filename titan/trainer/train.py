@@ -53,10 +53,10 @@ import numpy as np
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
 from titan.data.heldout import split_corpus
+from titan.data.images import ImageBatches
 from titan.data.text import (
     Corpus,
     PackedBatches,
-    TokenStream,
     batch_digest,
     open_corpus,
     token_stream,
@@ -119,6 +119,7 @@ from titan.trainer.guard import (
     poison_batch,
     state_is_finite,
 )
+from titan.trainer.images import image_batches
 from titan.trainer.memory_check import check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost, lost_after_s
 from titan.trainer.processes import (
@@ -186,11 +187,14 @@ def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
     return run_dir
 
 
-def _write_run_files(run_dir: Path, cfg: TrainConfig, model: ModelConfig, tok: Tokenizer) -> None:
+def _write_run_files(
+    run_dir: Path, cfg: TrainConfig, model: ModelConfig, files: dict[str, bytes]
+) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"train": config_to_data(cfg), "model": dataclasses.asdict(model)}
+    payload = {"train": config_to_data(cfg), "model": model.record()}
     write_json_atomic(run_dir / CONFIG_FILE, payload)
-    (run_dir / TOKENIZER_FILE).write_bytes(tok.model_proto)
+    for name, content in files.items():
+        (run_dir / name).write_bytes(content)
 
 
 def train_from_cli(
@@ -234,8 +238,10 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     try:
         with stop.during("scan"):
-            corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
-            corpus, held_out = split_corpus(corpus, cfg.data.eval_data, cfg.data.eval_split)
+            corpus = held_out = None  # a diffusion run reads images (titan.trainer.images)
+            if cfg.model.task == "lm":
+                corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
+                corpus, held_out = split_corpus(corpus, cfg.data.eval_data, cfg.data.eval_split)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
@@ -266,32 +272,16 @@ def _train_claimed(
     what to train on and the held-out data (:func:`titan.data.heldout.split_corpus`)."""
     import jax
 
-    corpus, held_out = corpora
-
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
     if resume_dir is not None:
         checkpointer = _resumed_checkpointer(cfg, run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
-    with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
-        tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
-    with stop.during("build"):
-        model_cfg = model_config(cfg, tokenizer.vocab_size)
-        ops = Ops(jax.default_backend(), cfg.compute.ops)
-        trainer = build_trainer(cfg, model_cfg, ops)
-        model_cfg = trainer.adapter.config  # the shape the family built (MaxText's own)
-    with stop.during("tokenize") as tick:
-        stream = first_then_others(
-            "titan:tokens",
-            lambda: progress.tokenize(
-                lambda report: token_stream(corpus, tokenizer, _both(report, tick))
-            ),
-        )
-    batches = PackedBatches(
-        stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
-    )
+    if cfg.model.task == "diffusion":
+        data = _image_data(cfg, stop)
+    else:
+        data = _text_data(cfg, corpora, resume_dir, progress, stop)
+    model_cfg, ops, trainer, batches = data.model, data.ops, data.trainer, data.batches
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
-    with stop.during("tokenize") as tick:
-        evaluation = open_evaluation(cfg, held_out, tokenizer, trainer, tick)
 
     run_devices = jax.devices()[: trainer.describe()["devices"]]
     power_reader, power_info = open_reader(devices=run_devices)
@@ -306,7 +296,9 @@ def _train_claimed(
         _flops_meter(trainer),
         PowerSampler(power_reader),
         [d for d in run_devices if d.process_index == jax.process_index()],
-        evaluation,
+        data.tokens_per_row,
+        data.images,
+        data.evaluation,
     )
     run.start_monitors()
     started = False
@@ -325,12 +317,10 @@ def _train_claimed(
                 run.local_devices,
             )
         stop.start()  # from here a signal stops the run after a step, with a checkpoint
-        run.begin(model_cfg, tokenizer)
+        run.begin(model_cfg, data.files)
         run.record.emit(
             RunStart(
-                **_run_start_fields(
-                    cfg, model_cfg, trainer, ops, tokenizer, batches, stream, evaluation
-                ),
+                **_run_start_fields(cfg, model_cfg, trainer, ops, data.record),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
                 # checkpoints are never of step 0: a resume without one starts fresh
@@ -365,6 +355,86 @@ def _train_claimed(
     barrier("titan:run-end")
     progress.finish(status, step, run_dir)
     return _exit_code(cfg, status)
+
+
+@dataclass(frozen=True)
+class _RunData:
+    """What a task's data gives the run: the model shape and its trainer, the batches, the run
+    files beside ``config.json``, the ``tokenizer``/``data`` sections of ``run_start``, tokens
+    per batch row and whether rows are images (``step`` events' ``images_per_s``)."""
+
+    model: ModelConfig
+    ops: Ops
+    trainer: Trainer
+    batches: PackedBatches | ImageBatches
+    files: dict[str, bytes]
+    record: dict[str, Any]
+    tokens_per_row: int
+    images: bool = False
+    evaluation: Evaluation | None = None  # --eval-every
+
+
+def _build(cfg: TrainConfig, model_cfg: ModelConfig, stop: StopFlag) -> tuple[Ops, Trainer]:
+    import jax
+
+    with stop.during("build"):
+        ops = Ops(jax.default_backend(), cfg.compute.ops)
+        return ops, build_trainer(cfg, model_cfg, ops)
+
+
+def _text_data(
+    cfg: TrainConfig,
+    corpora: tuple[Corpus, Corpus | None],
+    resume_dir: Path | None,
+    progress: TrainProgress,
+    stop: StopFlag,
+) -> _RunData:
+    """The tokenizer (trained, loaded or the resumed run's), the model, the token stream, and the
+    evaluation of the held-out ``corpora[1]`` (:func:`titan.data.heldout.split_corpus`)."""
+    corpus, held_out = corpora
+    with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
+        tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
+    ops, trainer = _build(cfg, model_config(cfg, tokenizer.vocab_size), stop)
+    model_cfg = trainer.adapter.config  # the shape the family built (MaxText's own)
+    with stop.during("tokenize") as tick:
+        stream = first_then_others(
+            "titan:tokens",
+            lambda: progress.tokenize(
+                lambda report: token_stream(corpus, tokenizer, _both(report, tick))
+            ),
+        )
+    batches = PackedBatches(
+        stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+    )
+    with stop.during("tokenize") as tick:
+        evaluation = open_evaluation(cfg, held_out, tokenizer, trainer, tick)
+    record = {
+        "tokenizer": {
+            "vocab_size": tokenizer.vocab_size,
+            "source": cfg.data.tokenizer or "trained",
+        },
+        "data": {
+            "source": cfg.data.corpus,
+            "tokens": int(len(batches.tokens)),
+            "sequences": batches.num_sequences,
+            "documents": stream.documents,
+            "dropped": stream.dropped,
+            **({"eval": evaluation.describe()} if evaluation else {}),
+        },
+    }
+    files = {TOKENIZER_FILE: tokenizer.model_proto}
+    return _RunData(
+        model_cfg, ops, trainer, batches, files, record, cfg.data.seq_len, False, evaluation
+    )
+
+
+def _image_data(cfg: TrainConfig, stop: StopFlag) -> _RunData:
+    """The images of a diffusion run, its DiT and batches (:mod:`titan.trainer.images`)."""
+    with stop.during("scan"):
+        model_cfg, batches = image_batches(cfg)
+    ops, trainer = _build(cfg, model_cfg, stop)
+    record = {"tokenizer": None, "data": batches.data.record()}
+    return _RunData(model_cfg, ops, trainer, batches, {}, record, model_cfg.patches, True)
 
 
 def _checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
@@ -414,37 +484,18 @@ def _flops_meter(trainer: Trainer) -> FlopsMeter:
 
 
 def _run_start_fields(
-    cfg: TrainConfig,
-    model_cfg: ModelConfig,
-    trainer: Trainer,
-    ops: Ops,
-    tokenizer: Tokenizer,
-    batches: PackedBatches,
-    stream: TokenStream,
-    evaluation: Evaluation | None,
+    cfg: TrainConfig, model_cfg: ModelConfig, trainer: Trainer, ops: Ops, data: dict[str, Any]
 ) -> dict[str, Any]:
-    held_out = {"eval": evaluation.describe()} if evaluation else {}
     return {
         "config": cfg.record(),
-        "model": dataclasses.asdict(model_cfg),
+        "model": model_cfg.record(),
         "model_source": trainer.adapter.describe(),
         "param_count": trainer.adapter.param_count(),
         "layout": trainer.describe(),
         "compute_dtype": str(trainer.compute_dtype),
         "ops": ops.served,
         "env": capture_environment(),
-        "tokenizer": {
-            "vocab_size": tokenizer.vocab_size,
-            "source": cfg.data.tokenizer or "trained",
-        },
-        "data": {
-            "source": cfg.data.corpus,
-            "tokens": int(len(batches.tokens)),
-            "sequences": batches.num_sequences,
-            "documents": stream.documents,
-            "dropped": stream.dropped,
-            **held_out,
-        },
+        **data,
         "processes": process_count(),
         "process": ProcessId.current(process_index()).as_dict(),
     }
@@ -459,13 +510,15 @@ class _Run:
     cfg: TrainConfig
     run_dir: Path
     trainer: Trainer
-    batches: PackedBatches
+    batches: PackedBatches | ImageBatches
     checkpointer: Checkpointer
     stop: StopFlag
     progress: TrainProgress
     flops: FlopsMeter
     power: PowerSampler
     local_devices: list  # the run's devices in this process (memory readings)
+    tokens_per_row: int  # tokens of a batch row: --seq-len, or a DiT's patches per image
+    images: bool = False  # rows are images: step events carry images_per_s
     evaluation: Evaluation | None = None  # --eval-every
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
@@ -496,17 +549,17 @@ class _Run:
         # the watchdog aborts was never recorded).
         self.recorded_step: int | None = None
 
-    def begin(self, model_cfg: ModelConfig, tokenizer: Tokenizer) -> None:
-        """Open the record and write the run files (``config.json``, the tokenizer, the
-        heartbeats): the first writes into the run dir, once the state is restored and the step
-        traced.
+    def begin(self, model_cfg: ModelConfig, files: dict[str, bytes]) -> None:
+        """Open the record and write the run files (``config.json``, the tokenizer of a text
+        run, the heartbeats): the first writes into the run dir, once the state is restored and
+        the step traced.
 
         Raises:
             TitanError: ``events.jsonl`` cannot be opened for appending.
         """
         if is_writer():
             record = _open_record(self.run_dir)
-            _write_run_files(self.run_dir, self.cfg, model_cfg, tokenizer)
+            _write_run_files(self.run_dir, self.cfg, model_cfg, files)
             self.record = record
         barrier("titan:run-files")  # then the others write their heartbeats there
         self.heartbeat = Heartbeat(self.run_dir)
@@ -836,7 +889,8 @@ class _Run:
         self.watchdog.step_done(step_time_s)
         self.heartbeat.beat(step)
         self.recorded_step = step
-        tokens = self.cfg.data.batch_size * self.cfg.data.seq_len
+        tokens = self.cfg.data.batch_size * self.tokens_per_row
+        images_per_s = self.cfg.data.batch_size / step_time_s if self.images else None
         event = self.record.emit(
             Step.from_fields(
                 step=step,
@@ -845,6 +899,7 @@ class _Run:
                 tokens_seen=step * tokens,
                 step_time_s=step_time_s,
                 tokens_per_s=tokens / step_time_s,
+                images_per_s=images_per_s,
                 data_position=position,
                 batch_digest=batch_digest(ids),
                 **self.flops.step_fields(tokens / step_time_s),

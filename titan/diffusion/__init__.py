@@ -1,0 +1,1 @@
+"""Diffusion training: objectives (noise schedules, targets, weights) and deterministic samplers."""

@@ -1,0 +1,51 @@
+"""``titan sample RUN_DIR``: a grid PNG of class-conditional samples of a diffusion run's newest
+checkpoint (:mod:`titan.trainer.sampling`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``sample`` to the ``titan`` subcommands."""
+    sample = subparsers.add_parser(
+        "sample",
+        help="write a grid PNG of samples of a diffusion run",
+        description="Restore the newest committed checkpoint of a --task diffusion run onto one "
+        "device and write a grid of samples, one row per class (deterministic for a seed: "
+        "Euler steps for flow matching, DDIM for DDPM, optional classifier-free guidance).",
+    )
+    sample.add_argument("run_dir", metavar="RUN_DIR", help="the run dir")
+    sample.add_argument(
+        "--out", default=None, help="the PNG to write (default: RUN_DIR/samples-<step>.png)"
+    )
+    sample.add_argument("--per-class", type=int, default=8, help="samples per class (default 8)")
+    sample.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    sample.add_argument("--sample-steps", type=int, default=50, help="sampler steps (default 50)")
+    sample.add_argument(
+        "--guidance",
+        type=float,
+        default=1.0,
+        help="classifier-free guidance scale (1: the conditional model alone; default 1)",
+    )
+    sample.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the grid; prints its path. Returns 0 (bad input raises TitanError: exit 2)."""
+    from titan.trainer.sampling import write_sample_grid
+
+    run_dir = Path(args.run_dir)
+    out = Path(args.out) if args.out else None
+    path, step = write_sample_grid(
+        run_dir,
+        out,
+        per_class=args.per_class,
+        seed=args.seed,
+        steps=args.sample_steps,
+        guidance=args.guidance,
+    )
+    print(f"titan sample: step {step}: {path}")
+    return 0

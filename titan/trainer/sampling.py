@@ -1,0 +1,80 @@
+"""Samples of a diffusion run: the DiT of a run dir restored from its newest committed checkpoint
+(onto one device, re-cut from whatever layout wrote it) and a grid PNG of class-conditional
+samples (:mod:`titan.diffusion.samplers`): ``titan sample RUN_DIR``, and the sample grid of
+``titan report``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from titan.config_files import config_from_dict
+from titan.data.images import encode_png
+from titan.diffusion.samplers import grid, sample
+from titan.errors import TitanError
+from titan.observability.records import CONFIG_FILE
+from titan.ops import Ops
+from titan.shapes import ModelConfig
+from titan.trainer.adapters import build_trainer
+from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.images import objective_of
+
+ONE_DEVICE = {"layout": "spmd", "dp": 1, "fsdp": 1, "tp": 1, "microbatches": 1}
+
+
+def sample_grid(
+    run_dir: Path, *, per_class: int = 4, seed: int = 0, steps: int = 50, guidance: float = 1.0
+) -> tuple[np.ndarray, int]:
+    """(grid image (H', W', C) uint8, the checkpoint's step): ``per_class`` samples of every
+    class, one class per row.
+
+    Raises:
+        TitanError: ``run_dir`` is not a diffusion run or has no committed checkpoint.
+    """
+    try:
+        saved = json.loads((run_dir / CONFIG_FILE).read_text())
+        cfg = config_from_dict(saved["train"])
+        model = ModelConfig(**saved["model"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise TitanError(f"{run_dir}: not a run dir ({CONFIG_FILE}: {err})") from None
+    if cfg.model.task != "diffusion" or per_class < 1 or steps < 1:
+        if cfg.model.task == "diffusion":
+            raise TitanError("--per-class and --sample-steps must be >= 1")
+        raise TitanError(f"{run_dir}: a --task {cfg.model.task} run has no images to sample")
+    pipeline = {"pp": 1, "virtual_stages": 1, "schedule": "1f1b", "stage_layers": ()}
+    one = cfg.replace(**ONE_DEVICE, **pipeline)
+    trainer = build_trainer(one, model, Ops(jax.default_backend(), cfg.compute.ops))
+    restored = Checkpointer(run_dir, 1, 0, False).restore_latest(trainer)
+    if restored is None:
+        raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
+    state = restored[0]
+    adapter, dtype = trainer.adapter, trainer.compute_dtype
+    params = state.chunks[0]["params"]
+    classes = model.vocab_size - 1
+    labels = np.repeat(np.arange(classes), per_class)
+    predict = jax.jit(lambda x, t, y: adapter.predict(params, x, t, y, dtype))
+    images = sample(
+        predict,
+        objective_of(cfg),
+        adapter.image_shape,
+        labels,
+        classes,
+        seed=seed,
+        steps=steps,
+        guidance=guidance,
+    )
+    return grid(images, columns=per_class), state.step
+
+
+def write_sample_grid(run_dir: Path, out: Path | None, **options: Any) -> tuple[Path, int]:
+    """Write :func:`sample_grid`'s image as the PNG ``out`` (None:
+    ``RUN_DIR/samples-<step>.png``); returns (the path, the checkpoint's step)."""
+    image, step = sample_grid(run_dir, **options)
+    out = out or run_dir / f"samples-{step}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(encode_png(image))
+    return out, step
