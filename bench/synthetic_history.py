@@ -87,9 +87,9 @@ INSERT INTO runs SELECT run_id, status, steps, tokens, wall_s, tps, NULL, NULL, 
         'mfu_convention', NULL, 'mfu_reason', NULL, 'energy_j', NULL, 'energy_reason', NULL,
         'tokens_per_j', NULL, 'ettr', NULL, 'goodput', NULL, 'badput', json('{}'),
         'stalls', 0, 'restarts', 0, 'final_loss', final_loss, 'best_loss', best_loss,
-        'bad_lines', 0),
+        'bad_lines', 0, 'best_eval_loss', NULL),
     NULL, started_at, p->>'$.config.preset', p->>'$.config.layout',
-    TRY_CAST(p->>'$.config.pp' AS BIGINT), TRY_CAST(p->>'$.layout.devices' AS BIGINT)
+    TRY_CAST(p->>'$.config.pp' AS BIGINT), TRY_CAST(p->>'$.layout.devices' AS BIGINT), NULL
 FROM (SELECT run_id,
     arg_max(payload->>'$.status', seq) FILTER (type = 'run_end') AS status,
     max(step) FILTER (type = 'step') AS steps,
