@@ -511,6 +511,39 @@ def checkpoint_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def dit_table(path: Path, base: Path) -> list[str]:
+    """``bench/dit.py``: Titan's DiT train step against the plain-JAX DiT step, one row each."""
+    data = json.loads(path.read_text())
+    command = f"`{data['command']}`" if "command" in data else "not recorded (`bench/dit.py`)"
+    peak = _catalog_peak(data["device_kind"])
+    lines = [
+        f"Result file: {_link(path, base)}; command: {command}. Batch {data['batch']} of 32 x 32 "
+        f"x 4 random latents (a 256 x 256 image), {data['steps']} timed steps, "
+        f"{data['device_kind']}, jax {data['jax']}.",
+        "",
+        _peak_line(peak, data["device_kind"], False),
+        "",
+        "MFU: images/s x model FLOPs per image over the peak, attention in full (a DiT's "
+        "attention is not causal). Titan counts with `titan.planning.models.dit_token_flops`, "
+        "where the adaLN modulation acts once per image; the baseline counts 6 x its matmul "
+        "parameters per patch, adaLN included, so its FLOPs per image are higher for the same "
+        "size and its MFU reads higher: compare the images/s.",
+        "",
+    ]
+    base_run, titan = data["baseline"], data["titan"]
+    served = ", ".join(f"{op} {name}" for op, name in titan["served"].items())
+    rows = [
+        ["plain-JAX baseline (`bench/baselines/plain_jax_dit.py`)", f"{base_run['params']:,}"]
+        + [_num(base_run["images_s"], ",.0f"), _pct(base_run["mfu"])]
+        + [_num(base_run["peak_mem_gb"], ".1f"), "1.00", "-"],
+        [f"titan `{titan['preset']}`", f"{titan['params']:,}", _num(titan["images_s"], ",.0f")]
+        + [_pct(titan["mfu"]), _num(titan["peak_mem_gb"], ".1f")]
+        + [_num(titan["images_s"] / base_run["images_s"], ".2f"), served],
+    ]
+    header = ["step", "parameters", "images/s", "MFU", "peak GB", "vs baseline", "providers"]
+    return lines + _table(header, rows) + [""]
+
+
 # ---------------------------------------------------------------- titan train run records
 
 
@@ -635,6 +668,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         runs = json.loads(path.read_text())["figures"]["runs"]
         lines += [f"## Console at {runs:,} runs (`bench/console.py --scale {runs}`)", ""]
         lines += console_table(path, doc)
+    for path in sorted(results.glob("dit-*.json")):
+        lines += ["## DiT train step against plain JAX (`bench/dit.py`, one GPU)", ""]
+        lines += dit_table(path, doc)
     if (results / "data_loader.json").exists():
         lines += ["## Data loader (`bench/data_loader.py`)", ""]
         lines += data_loader_table(results / "data_loader.json", doc)
