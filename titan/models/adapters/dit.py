@@ -11,15 +11,14 @@ chunk boundary is (B, 1 + N, E): the conditioning row and the N patch tokens.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from titan.models.adapters.base import PyTree, StageInputs, cast_tree
+from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.dit import DitStage
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk, whole_model
@@ -48,7 +47,7 @@ def image_stage_inputs(batch: dict[str, Any]) -> StageInputs:
 
 
 @dataclass(frozen=True)
-class DitAdapter:
+class DitAdapter(FlaxStages):
     """Titan's DiT as a :class:`titan.models.adapters.base.ModelAdapter`.
 
     Attributes:
@@ -66,10 +65,6 @@ class DitAdapter:
     param_dtype: Any = jnp.float32
     family: str = "dit"
     layer_axis: int = 0
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -90,12 +85,6 @@ class DitAdapter:
             param_dtype=jnp.dtype(self.param_dtype),
         )
 
-    def describe(self) -> dict[str, Any]:
-        return {"family": self.family, "layers_by": "titan"}
-
-    def param_count(self) -> int:
-        return self.config.param_count()
-
     def token_flops(self) -> tuple[dict[str, float], dict[str, float]]:
         """Training FLOPs per patch token (a DiT's FLOPs per image over its N patches;
         :func:`titan.planning.models.token_flops`)."""
@@ -111,19 +100,6 @@ class DitAdapter:
         target, weight = jnp.zeros((1, *self.image_shape), jnp.float32), jnp.ones((1,))
         creator = self.module(chunk).clone(ops=self.ops.unforced())
         return creator.init(key, inputs, t, labels, target, weight)["params"]
-
-    def abstract_params(self, chunk: Chunk) -> tuple[PyTree, PyTree]:
-        boxed = jax.eval_shape(functools.partial(self.boxed_params, chunk), jax.random.key(0))
-        return nn.unbox(boxed), nn.get_partition_spec(boxed)
-
-    def init_params(self, key: jax.Array) -> PyTree:
-        return nn.unbox(self.boxed_params(whole_model(self.n_layers), key))
-
-    def is_layer_stacked(self, path: tuple) -> bool:
-        return any(getattr(key, "key", None) == "layers" for key in path)
-
-    def model_state(self, chunk: Chunk) -> PyTree:
-        return {}
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         return image_batch_shapes(batch_size, self.image_shape)

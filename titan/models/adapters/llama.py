@@ -9,11 +9,9 @@ name in every chunk, so chunks re-cut by stacking ``layers`` along axis 0. A bat
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -24,15 +22,16 @@ from titan.models.adapters.base import (
     next_token_batch,
     next_token_inputs,
 )
+from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
-from titan.parallel.chunks import Chunk, whole_model
+from titan.parallel.chunks import Chunk
 from titan.planning.models import training_flops_per_token
 from titan.shapes import ModelConfig
 
 
 @dataclass(frozen=True)
-class LlamaAdapter:
+class LlamaAdapter(FlaxStages):
     """Titan's Llama as a :class:`titan.models.adapters.base.ModelAdapter`.
 
     Attributes:
@@ -55,10 +54,6 @@ class LlamaAdapter:
     family: str = "llama"
     layer_axis: int = 0
 
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
-
     def module(self, chunk: Chunk) -> LlamaStage:
         """The flax module of ``chunk`` (the whole model for :func:`whole_model`)."""
         return LlamaStage(
@@ -72,12 +67,6 @@ class LlamaAdapter:
             document_mask=self.document_mask,
             param_dtype=jnp.dtype(self.param_dtype),
         )
-
-    def describe(self) -> dict[str, Any]:
-        return {"family": self.family, "layers_by": "titan"}
-
-    def param_count(self) -> int:
-        return self.config.param_count()
 
     def token_flops(self) -> tuple[dict[str, float], dict[str, float]]:
         return training_flops_per_token(self.config, self.seq_len, self.remat)
@@ -93,21 +82,6 @@ class LlamaAdapter:
         # providers for that trace, since a provider forced for the bf16 step may refuse float32.
         creator = self.module(chunk).clone(ops=self.ops.unforced())
         return creator.init(key, inputs, tokens, tokens, tokens)["params"]
-
-    def abstract_params(self, chunk: Chunk) -> tuple[PyTree, PyTree]:
-        boxed = jax.eval_shape(functools.partial(self.boxed_params, chunk), jax.random.key(0))
-        return nn.unbox(boxed), nn.get_partition_spec(boxed)
-
-    def init_params(self, key: jax.Array) -> PyTree:
-        """The whole model's initial parameters for ``key`` (the layouts cut chunks from it,
-        so every layout starts from the same values)."""
-        return nn.unbox(self.boxed_params(whole_model(self.n_layers), key))
-
-    def is_layer_stacked(self, path: tuple) -> bool:
-        return any(getattr(key, "key", None) == "layers" for key in path)
-
-    def model_state(self, chunk: Chunk) -> PyTree:
-        return {}
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         return next_token_batch(batch_size, self.seq_len)
