@@ -332,7 +332,9 @@ class DataOptions:
             "--data",
             "corpus: 'stdlib' (this Python's standard library sources), a file, a directory or "
             "a glob; each file's format by its name: .jsonl, .jsonl.gz, .jsonl.zst (one JSON "
-            "object per line), .parquet, anything else plain text (one document per file)",
+            "object per line), .parquet, anything else plain text (one document per file); a "
+            "weighted mixture as 'web/*.jsonl.zst:0.7,code/:0.3' (each part sampled in "
+            "proportion to its weight)",
             name="data",
         ),
     )
@@ -349,6 +351,16 @@ class DataOptions:
             "tokenizer to use, told by content: a sentencepiece .model or a Hugging Face "
             "tokenizer.json (BOS/EOS from the tokenizer_config.json beside it, else its "
             "template); empty trains one on the corpus (cached)",
+        ),
+    )
+    data_workers: int = field(
+        default=0,
+        metadata=_opt(
+            "--data-workers",
+            "worker processes that tokenize the corpus (0: one per CPU core; a corpus of one "
+            "chunk, 4 Mi characters, is tokenized in the training process)",
+            minimum=0,
+            resumable=True,
         ),
     )
     vocab_size: int = field(

@@ -45,20 +45,22 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
-from titan.data.text import (
-    Corpus,
-    PackedBatches,
-    TokenStream,
-    batch_digest,
-    open_corpus,
-    token_stream,
+from titan.data.mixture import (
+    Batches,
+    Source,
+    data_record,
+    make_batches,
+    open_sources,
+    union_corpus,
 )
+from titan.data.text import Corpus, batch_digest
+from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
@@ -129,6 +131,8 @@ from titan.trainer.processes import (
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer_state import StepMetrics, Trainer, TrainState
+
+T = TypeVar("T")
 
 
 def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
@@ -230,12 +234,12 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     try:
         with stop.during("scan"):
-            corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
+            sources = open_sources(cfg.data.corpus, cfg.data.text_field)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
         with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
-            return _train_claimed(cfg, resume_dir, run_dir, claim, progress, corpus, stop)
+            return _train_claimed(cfg, resume_dir, run_dir, claim, progress, sources, stop)
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -252,7 +256,7 @@ def _train_claimed(
     run_dir: Path,
     claim: RunClaim,
     progress: TrainProgress,
-    corpus: Corpus,
+    sources: list[Source],
     stop: StopFlag,
 ) -> int:
     """:func:`train` once this process holds the run dir (or is not its writer)."""
@@ -263,20 +267,21 @@ def _train_claimed(
         checkpointer = _resumed_checkpointer(cfg, run_dir)
         _check_steps_left(cfg, checkpointer.latest_step())
     with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
+        corpus = union_corpus(cfg.data.corpus, sources)
         tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
     with stop.during("build"):
         model_cfg = model_config(cfg, tokenizer.vocab_size)
         ops = Ops(jax.default_backend(), cfg.compute.ops)
         trainer = build_trainer(cfg, model_cfg, ops)
     with stop.during("tokenize") as tick:
-        stream = first_then_others(
+        streams = first_then_others(
             "titan:tokens",
             lambda: progress.tokenize(
-                lambda report: token_stream(corpus, tokenizer, _both(report, tick))
+                lambda report: _streams(cfg, sources, tokenizer, report, tick)
             ),
         )
-    batches = PackedBatches(
-        stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+    batches = make_batches(
+        sources, streams, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
@@ -314,7 +319,8 @@ def _train_claimed(
         run.begin(model_cfg, tokenizer)
         run.record.emit(
             RunStart(
-                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer, batches, stream),
+                **_run_start_fields(cfg, model_cfg, trainer, ops, tokenizer),
+                data=data_record(cfg.data.corpus, sources, streams, batches),
                 start_step=start_step,
                 total_steps=cfg.optimizer.steps,
                 # checkpoints are never of step 0: a resume without one starts fresh
@@ -358,10 +364,24 @@ def _checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
     )
 
 
-def _both(first: Callable[[int], None], second: Callable[[int], None]) -> Callable[[int], None]:
+def _streams(
+    cfg: TrainConfig,
+    sources: list[Source],
+    tokenizer: Tokenizer,
+    report: Callable[[Any], None],
+    tick: Callable[..., None],
+) -> list[TokenStream]:
+    """Each source's token stream (tokenized with ``--data-workers`` workers, or cached)."""
+    workers = cfg.data.data_workers or os.cpu_count() or 1
+    return [
+        token_stream(source.corpus, tokenizer, _both(report, tick), workers) for source in sources
+    ]
+
+
+def _both(first: Callable[[T], None], second: Callable[..., None]) -> Callable[[T], None]:
     """A progress callback that reports to ``first`` and then ``second``."""
 
-    def report(done: int) -> None:
+    def report(done: T) -> None:
         first(done)
         second(done)
 
@@ -403,8 +423,6 @@ def _run_start_fields(
     trainer: Trainer,
     ops: Ops,
     tokenizer: Tokenizer,
-    batches: PackedBatches,
-    stream: TokenStream,
 ) -> dict[str, Any]:
     return {
         "config": cfg.record(),
@@ -417,13 +435,6 @@ def _run_start_fields(
         "tokenizer": {
             "vocab_size": tokenizer.vocab_size,
             "source": cfg.data.tokenizer or "trained",
-        },
-        "data": {
-            "source": cfg.data.corpus,
-            "tokens": int(len(batches.tokens)),
-            "sequences": batches.num_sequences,
-            "documents": stream.documents,
-            "dropped": stream.dropped,
         },
         "processes": process_count(),
         "process": ProcessId.current(process_index()).as_dict(),
@@ -439,7 +450,7 @@ class _Run:
     cfg: TrainConfig
     run_dir: Path
     trainer: Trainer
-    batches: PackedBatches
+    batches: Batches
     checkpointer: Checkpointer
     stop: StopFlag
     progress: TrainProgress
