@@ -53,6 +53,8 @@ LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
+MetricsSink = Literal["none", "tensorboard"]  # titan.observability.sinks.LIVE_SINKS
+METRICS_SINKS: tuple[MetricsSink, ...] = ("none", "tensorboard")
 
 
 # Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
@@ -707,6 +709,17 @@ class ObservabilityOptions:
             "<run dir>/profile/ (open with TensorBoard's or XProf's profile plugin, or Perfetto); "
             "empty: no trace",
             codec="range",
+            resumable=True,
+        ),
+    )
+    metrics: MetricsSink = field(
+        default="none",
+        metadata=_opt(
+            "--metrics",
+            "live metrics writer that follows events.jsonl while the run trains: 'tensorboard' "
+            "writes TensorBoard event files into <run dir>/tensorboard/ (needs the [sinks] "
+            "extra); 'none': only events.jsonl (titan export writes sinks afterwards)",
+            choices=METRICS_SINKS,
             resumable=True,
         ),
     )

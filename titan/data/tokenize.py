@@ -6,8 +6,9 @@ into chunks of at most :data:`CHUNK_DOCS` documents or :data:`CHUNK_CHARS` chara
 (:class:`concurrent.futures.ProcessPoolExecutor`, spawned: the trainer's JAX threads are never
 forked), at most ``2 x workers`` chunks in flight, and written in chunk order: the token file is
 the same for any number of workers. Memory is bounded by the chunks in flight (about
-``2 x workers x CHUNK_CHARS`` characters plus their ids), never by the corpus. A corpus of at most
-one chunk on disk, or ``workers`` = 0, is encoded in the calling process.
+``2 x workers x CHUNK_CHARS`` characters plus their ids), never by the corpus. A corpus of one
+chunk, or ``workers`` = 0, is encoded in the calling process (with the tokenizer library's
+threads).
 
 Resuming: tokens are appended to ``<key>.partial``; after each chunk the file is flushed and
 fsynced and the commit ``<key>.commit.json`` (:class:`Commit`: tokens and documents written, the
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -207,25 +209,49 @@ def _chunks(corpus: Corpus, start: Commit, chunk_chars: int) -> Iterator[_Chunk]
     yield _Chunk(texts, end, offsets[-1])
 
 
-def _ordered(
-    encode: Callable[[list[str]], bytes], chunks: Iterable[_Chunk], pool: ProcessPoolExecutor | None
-) -> Iterator[tuple[_Chunk, bytes]]:
-    """Each chunk with its encoding, in order: in ``pool`` (at most :data:`IN_FLIGHT_PER_WORKER`
-    chunks per worker in flight) or here."""
-    if pool is None:
-        for chunk in chunks:
-            yield chunk, encode(chunk.texts)
-        return
-    depth = IN_FLIGHT_PER_WORKER * pool._max_workers
-    pending: deque[tuple[_Chunk, Future[bytes]]] = deque()
-    for chunk in chunks:
-        pending.append((chunk, pool.submit(_encode_in_worker, chunk.texts)))
-        if len(pending) >= depth:
+class _Encoder:
+    """Encodes chunks in order: in the calling process while the corpus has shown one chunk,
+    then (``workers`` > 0) in spawned worker processes, at most :data:`IN_FLIGHT_PER_WORKER`
+    chunks per worker in flight."""
+
+    def __init__(self, tokenizer: Tokenizer, workers: int) -> None:
+        self.tokenizer, self.workers = tokenizer, workers
+        self.pool: ProcessPoolExecutor | None = None
+
+    def _start(self) -> ProcessPoolExecutor:
+        self.pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self.tokenizer.model_proto,),
+        )
+        return self.pool
+
+    def ordered(self, chunks: Iterable[_Chunk]) -> Iterator[tuple[_Chunk, bytes]]:
+        """Each chunk with its encoding, in order."""
+        chunks = iter(chunks)
+        first = next(chunks)
+        second = next(chunks, None)
+        if self.workers <= 0 or second is None or not second.texts:  # one chunk: no workers
+            for chunk in (first, second) if second else (first,):
+                yield chunk, encode_chunk(self.tokenizer, chunk.texts)
+            yield from ((c, encode_chunk(self.tokenizer, c.texts)) for c in chunks)
+            return
+        pool = self._start()
+        pending: deque[tuple[_Chunk, Future[bytes]]] = deque()
+        for chunk in itertools.chain((first, second), chunks):
+            pending.append((chunk, pool.submit(_encode_in_worker, chunk.texts)))
+            if len(pending) >= IN_FLIGHT_PER_WORKER * self.workers:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
             done, future = pending.popleft()
             yield done, future.result()
-    while pending:
-        done, future = pending.popleft()
-        yield done, future.result()
+
+    def close(self) -> None:
+        """Stop the workers (a chunk being encoded is abandoned)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -263,17 +289,6 @@ def _read_commit(paths: _Paths) -> Commit:
     return commit if paths.partial.stat().st_size >= 4 * commit.tokens else Commit()
 
 
-def _pool(tokenizer: Tokenizer, workers: int, corpus: Corpus) -> ProcessPoolExecutor | None:
-    if workers <= 0 or sum(corpus.file_sizes()) <= CHUNK_CHARS:
-        return None
-    return ProcessPoolExecutor(
-        workers,
-        mp_context=get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(tokenizer.model_proto,),
-    )
-
-
 def _append(out: IO[bytes], data: bytes) -> None:
     out.write(data)
     out.flush()
@@ -292,13 +307,12 @@ def _tokenize(
     commit = _read_commit(paths)
     sizes = corpus.file_sizes()
     clock = _Clock(time.monotonic(), commit.tokens, sum(sizes[: commit.file]), sum(sizes))
-    pool = _pool(tokenizer, workers, corpus)
+    encoder = _Encoder(tokenizer, workers)
     try:
         with open(paths.partial, "r+b" if commit.tokens else "wb") as out:
             out.truncate(4 * commit.tokens)
             out.seek(4 * commit.tokens)
-            encode = lambda texts: encode_chunk(tokenizer, texts)  # noqa: E731
-            for chunk, data in _ordered(encode, _chunks(corpus, commit, chunk_chars), pool):
+            for chunk, data in encoder.ordered(_chunks(corpus, commit, chunk_chars)):
                 _append(out, data)
                 commit = dataclasses.replace(
                     chunk.end,
@@ -309,8 +323,7 @@ def _tokenize(
                 if progress:
                     progress(clock.report(commit, chunk.bytes_done))
     finally:
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        encoder.close()
     _publish(corpus, paths, commit)
 
 

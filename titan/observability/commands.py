@@ -5,7 +5,9 @@ ingest the new lines of every ``events.jsonl`` first (:mod:`titan.observability.
 so they are the database's one writer while they run. ``--json`` prints the same as JSON.
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
 earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
-report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`).
+report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`);
+``titan export`` its metrics to TensorBoard, a CSV or a W&B offline run
+(:mod:`titan.observability.sinks`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.observability import sinks
 from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import default_runs_root
 from titan.tables import Column, console, fitted_table, print_fitted
@@ -25,7 +28,7 @@ EXIT_OK, EXIT_FLAGGED = 0, 1
 
 
 def add_parser(subparsers: Any) -> None:
-    """Add ``summarize`` and ``perf`` to the ``titan`` subcommands."""
+    """Add ``summarize``, ``perf``, ``report`` and ``export`` to the ``titan`` subcommands."""
     s = subparsers.add_parser(
         "summarize",
         help="summarize the runs of a runs root",
@@ -61,6 +64,24 @@ def add_parser(subparsers: Any) -> None:
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
     r.add_argument("--out", default=None, metavar="DIR", help="default: RUN_DIR/report")
     r.set_defaults(run=run_report)
+
+    e = subparsers.add_parser(
+        "export",
+        help="write a run's metrics as TensorBoard event files, a CSV or a W&B offline run",
+        description="Write the scalars of RUN_DIR's events.jsonl (step, eval and checkpoint "
+        "events, one value per step and field) as TensorBoard event files (tensorboardX), a "
+        "CSV, or a Weights & Biases offline run (wandb, for wandb sync). events.jsonl stays the "
+        "source of truth; an export can be written again at any time.",
+    )
+    e.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
+    e.add_argument("--to", required=True, choices=sinks.SINKS, help="the format written")
+    e.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="default: RUN_DIR/tensorboard, RUN_DIR/metrics.csv or RUN_DIR/wandb",
+    )
+    e.set_defaults(run=run_export)
 
 
 def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
@@ -241,3 +262,10 @@ def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
         title=_plain(f"step times in {root}"),
     )
     print_fitted(out, table, width)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """``titan export``: prints the path written."""
+    out = sinks.export_run(Path(args.run_dir), args.to, Path(args.out) if args.out else None)
+    print(inert(str(out)))
+    return EXIT_OK

@@ -88,6 +88,7 @@ from titan.observability.records import (
     disk_full,
     write_json_atomic,
 )
+from titan.observability.sinks import LiveTensorBoard, check_library, live_sink
 from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
 from titan.parallel.distributed import (
@@ -235,6 +236,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     try:
         with stop.during("scan"):
             sources = open_sources(cfg.data.corpus, cfg.data.text_field)
+            check_library(cfg.observability.metrics)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
@@ -459,6 +461,7 @@ class _Run:
     local_devices: list  # the run's devices in this process (memory readings)
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
+    metrics: LiveTensorBoard | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.record = MutedRecord(self.run_dir, self.run_dir.name)
@@ -498,6 +501,7 @@ class _Run:
             record = _open_record(self.run_dir)
             _write_run_files(self.run_dir, self.cfg, model_cfg, tokenizer)
             self.record = record
+            self.metrics = live_sink(self.cfg.observability.metrics, self.run_dir)
         barrier("titan:run-files")  # then the others write their heartbeats there
         self.heartbeat = Heartbeat(self.run_dir)
         self.heartbeat.start()
@@ -541,6 +545,8 @@ class _Run:
 
     def stop_monitors(self) -> None:
         self.watchdog.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.power.stop()
         if self.peers is not None:
             self.peers.stop()
