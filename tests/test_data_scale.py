@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import zstandard
-from helpers import events, run_in_process, small_run
 
-from titan.config import TrainConfig
-from titan.data.mixture import BLOCK_SEQUENCES, MixtureBatches, make_batches, open_sources
+from titan.data.mixture import BLOCK_SEQUENCES, MixtureBatches, open_sources
 from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer
@@ -247,41 +245,3 @@ def test_mixture_specs_are_parsed_and_bad_ones_named(tmp_path):
         open_sources(f"{tmp_path}/code.txt:0,{tmp_path}/web:1")
     with pytest.raises(TitanError, match="no such file"):
         open_sources(f"{tmp_path}/nothing:1,{tmp_path}/web:1")
-
-
-def test_a_mixture_run_samples_its_parts_in_order_and_live_tensorboard_follows_it(
-    corpus_dir, tokenizer, tmp_path
-):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    files = sorted(corpus_dir.iterdir())
-    data = f"{corpus_dir}/{files[0].name}:0.8,{corpus_dir}/{files[1].name}:0.2"
-    (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
-    options = small_run(
-        corpus_dir,
-        tmp_path / "runs",
-        data=data,
-        tokenizer=str(tmp_path / "tok.model"),
-        steps=2,
-        dp=1,
-        run_id="mix",
-        metrics="tensorboard",
-    )
-    code, run_dir = run_in_process(options)
-    assert code == 0
-    start = events(run_dir, "run_start")[0]
-    assert [p["weight"] for p in start["data"]["parts"]] == [0.8, 0.2]
-    assert start["data"]["tokens"] == sum(p["tokens"] for p in start["data"]["parts"])
-    steps = events(run_dir, "step")
-    sources = open_sources(data)
-    streams = [token_stream(s.corpus, tokenizer) for s in sources]  # the cached streams
-    batches = make_batches(sources, streams, 32, 8, TrainConfig().run.seed, tokenizer.bos_id)
-    assert [e["batch_digest"] for e in steps] == [
-        batch_digest(batches.next_batch()[1]) for _ in range(2)
-    ]
-    accumulator = EventAccumulator(str(run_dir / "tensorboard"))
-    accumulator.Reload()
-    loss = accumulator.Scalars("train/loss")
-    assert [(s.step, s.value) for s in loss] == [
-        (e["step"], pytest.approx(e["loss"])) for e in steps
-    ]

@@ -159,6 +159,7 @@ def write_wandb_offline(
             run.log(row.values, step=row.step)
     finally:
         run.finish()
+        wandb.teardown()  # waits for the wandb service to write the run's file out
     return Path(run.dir).parent
 
 
