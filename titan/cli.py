@@ -31,7 +31,7 @@ COMMAND_MODULES = (
     "titan.planning.commands",
     "titan.observability.commands",
     "titan.launch.commands",
-    "titan.data.commands",
+    "titan.trainer.tokenize_command",
 )
 
 

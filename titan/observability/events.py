@@ -210,7 +210,9 @@ class RunStart(Event):
         "``source``, ``tokens``, ``sequences`` and ``documents`` of the corpus, and ``dropped``: "
         "records that are not documents by reason (``empty``, ``non_text``: the text field "
         "missing or not a string, ``nul_bytes``, ``bad_json``: a .jsonl line that is not a JSON "
-        "object; :data:`titan.data.text.DROP_REASONS`)"
+        "object; :data:`titan.data.text.DROP_REASONS`), summed over the parts of a mixture; "
+        "for a mixture also ``parts``: each one's ``source``, ``weight``, ``tokens``, "
+        "``documents`` and ``dropped`` (:mod:`titan.data.mixture`)"
     )
     start_step: int | None = _field(
         "the step this attempt starts after (0 for a fresh run)", "steps"
