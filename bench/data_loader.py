@@ -6,7 +6,8 @@ near 1, so that the tokenizer meets a natural-looking vocabulary), measures on t
 - tokenizer training (:func:`titan.data.tokenizer.train_tokenizer`: streaming its bounded sample
   over the whole corpus, then sentencepiece);
 - tokenization throughput (:func:`titan.data.tokenize.token_stream`, cold cache) with one worker
-  on the first shard, and with ``--workers`` workers on the whole corpus, and the peak RSS of the
+  on the first shard, and with ``--workers`` workers on the whole corpus, each for a time budget
+  (``--budget-s``; stopped then as a stop signal would, resumable), and the peak RSS of the
   calling process and of each worker (VmHWM, sampled from /proc);
 - batch assembly throughput of the packed batches, the per-step host cost,
 and compares them with the training throughput they must feed: the median tokens/s of the
@@ -119,29 +120,46 @@ class PeakRss:
         self.parent = self._hwm(os.getpid())
 
 
-def tokenize(corpus, tokenizer, workers: int) -> dict:
-    """Tokenize ``corpus`` into a fresh cache with ``workers`` workers; throughput and peaks."""
+class _Budget(Exception):
+    pass
+
+
+def tokenize(corpus, tokenizer, workers: int, budget_s: float) -> dict:
+    """Tokenize ``corpus`` into a fresh cache with ``workers`` workers for at most ``budget_s``
+    seconds (then stopped as a stop signal would: the work stays committed, resumable);
+    throughput over the tokens committed, and the peaks."""
     from titan.data.tokenize import token_stream
 
     os.environ["TITAN_CACHE"] = tempfile.mkdtemp(prefix="titan-bench-tokens-")
+    reports = []
+
+    def report(progress) -> None:
+        reports.append(progress)
+        if progress.elapsed_s >= budget_s:
+            raise _Budget
+
     with PeakRss() as peak:
-        start = time.perf_counter()
-        stream = token_stream(corpus, tokenizer, workers=workers)
-        seconds = time.perf_counter() - start
-    tokens = int(len(stream.tokens))
+        try:
+            token_stream(corpus, tokenizer, report, workers)
+        except _Budget:
+            pass
+    last = reports[-1]
     return {
         "workers": workers,
         "files": len(corpus.files),
-        "bytes_on_disk": sum(corpus.file_sizes()),
-        "documents": stream.documents,
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "tokens_per_s_per_worker": tokens / seconds / max(workers, 1),
+        "bytes_on_disk": last.bytes_total,
+        "complete": last.bytes_done >= last.bytes_total,
+        "share_read": last.bytes_done / last.bytes_total,
+        "documents": last.documents,
+        "tokens": last.tokens,
+        "seconds": last.elapsed_s,
+        "tokens_per_s": last.tokens_per_s,
+        "tokens_per_s_per_worker": last.tokens_per_s / max(workers, 1),
+        "eta_s_at_stop": last.eta_s,
         "peak_rss_parent_bytes": peak.parent,
         "peak_rss_worker_bytes": max(peak.children.values(), default=0),
         "workers_seen": len(peak.children),
-        "stream": stream,
+        "partial": str(next(Path(os.environ["TITAN_CACHE"], "tokens").glob("*.partial"), "")),
     }
 
 
@@ -160,6 +178,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--batches", type=int, default=2000, help="batches to assemble")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=600.0,
+        help="seconds of tokenization with all workers (a quarter of it with one worker); "
+        "tokens/s is measured over the tokens committed by then",
+    )
     parser.add_argument("--train-record", type=Path, default=TRAIN_RECORD)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args()
@@ -171,19 +196,21 @@ def main() -> None:
     root = make_corpus(args.corpus, args.shards, args.shard_mb << 20)
     generate_s = time.perf_counter() - started
     corpus = open_corpus(str(root / "*.jsonl.zst"))
-    os.environ["TITAN_CACHE"] = tempfile.mkdtemp(prefix="titan-bench-tokenizer-")
+    os.environ["TITAN_CACHE"] = str(args.corpus / "tokenizer-cache")  # kept with the corpus
     started = time.perf_counter()
     tokenizer = train_tokenizer(corpus, args.vocab_size)
     tokenizer_s = time.perf_counter() - started
     print(f"tokenizer: {tokenizer_s:.1f} s", flush=True)
 
-    one = tokenize(Corpus(corpus.spec, corpus.files[:1]), tokenizer, 1)
+    one = tokenize(Corpus(corpus.spec, corpus.files[:1]), tokenizer, 1, args.budget_s / 4)
     print(f"1 worker, 1 shard: {one['tokens_per_s']:,.0f} tokens/s", flush=True)
-    every = tokenize(corpus, tokenizer, args.workers)
+    every = tokenize(corpus, tokenizer, args.workers, args.budget_s)
     print(f"{args.workers} workers: {every['tokens_per_s']:,.0f} tokens/s", flush=True)
 
-    batches = PackedBatches(every.pop("stream").tokens, 2048, 8, 0, tokenizer.bos_id)
-    one.pop("stream")
+    committed = one["tokens"]  # the single worker's committed tokens, as training reads them
+    tokens = np.memmap(Path(one.pop("partial")), dtype=np.uint32, mode="r")[:committed]
+    every.pop("partial")
+    batches = PackedBatches(tokens, 2048, 8, 0, tokenizer.bos_id)
     started = time.perf_counter()
     for _ in range(args.batches):
         batches.next_batch()
@@ -196,8 +223,6 @@ def main() -> None:
             "shards": args.shards,
             "text_bytes": args.shards * (args.shard_mb << 20),
             "bytes_on_disk": every["bytes_on_disk"],
-            "documents": every["documents"],
-            "tokens": every["tokens"],
             "generate_s": generate_s,
         },
         "tokenizer": {"vocab_size": args.vocab_size, "train_s": tokenizer_s},

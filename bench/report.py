@@ -404,8 +404,8 @@ def data_loader_table(path: Path, base: Path) -> list[str]:
     lines = [
         f"Result file: {_link(path, base)}; command: `{data['command']}`. Corpus: "
         f"{corpus['shards']} `.jsonl.zst` shards, {corpus['text_bytes'] / 1e9:.2f} GB of text "
-        f"({corpus['bytes_on_disk'] / 1e9:.2f} GB on disk), {corpus['documents']:,} documents, "
-        f"{corpus['tokens']:,} tokens; {data['cpu_count']} CPU cores, load average "
+        f"({corpus['bytes_on_disk'] / 1e9:.2f} GB on disk); {data['cpu_count']} CPU cores, load "
+        f"average "
         f"{data['load_average'][0]:.1f} at the end (shared machine). Training to feed: "
         f"{train['what']}, {train['tokens_per_s']:,.0f} tokens/s "
         f"({_link(REPO / train['record'], base)}).",
@@ -419,7 +419,7 @@ def data_loader_table(path: Path, base: Path) -> list[str]:
         rows.append(
             [
                 f"tokenize, {t['workers']} worker(s), {t['files']} shard(s)",
-                f"{t['seconds']:.1f} s",
+                f"{t['seconds']:.1f} s ({t['share_read']:.0%} read, {t['tokens']:,} tokens)",
                 f"{t['tokens_per_s']:,.0f}",
                 f"{t['tokens_per_s_per_worker']:,.0f}",
                 f"{peaks[0]:,.0f} / {peaks[1]:,.0f}",

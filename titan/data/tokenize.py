@@ -34,6 +34,7 @@ import itertools
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +56,7 @@ CHUNK_CHARS = 4 << 20
 """Characters of text per chunk (4 Mi: about a second of one core's sentencepiece encoding, so
 that a commit, and the work an interruption loses, stays small)."""
 IN_FLIGHT_PER_WORKER = 2
+PARENT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -161,11 +163,20 @@ class _Chunk:
 _WORKER_TOKENIZER: list[Tokenizer] = []
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once its parent is gone (killed: a worker blocked on its queue would
+    otherwise wait forever, as every worker holds the queue's write end)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
 def _init_worker(model_proto: bytes) -> None:
-    """A worker process: the parent decides on stops (signals are its to handle), and the
-    worker is one core (its tokenizer library runs one thread)."""
+    """A worker process: the parent decides on stops (signals are its to handle), the worker
+    ends with it, and it is one core (its tokenizer library runs one thread)."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER_TOKENIZER.append(Tokenizer(model_proto))
 
