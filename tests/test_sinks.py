@@ -47,9 +47,9 @@ def test_tensorboard_export_reads_back_with_tensorboards_reader_at_every_step(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "tb"
-    assert main(["export", str(finished_run), "--to", "tensorboard", "--out", str(out)]) == 0
+    assert main(["export", "tensorboard", str(finished_run), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
-    assert main(["export", str(finished_run), "--to", "tensorboard", "--out", str(out)]) == 0
+    assert main(["export", "tensorboard", str(finished_run), "--out", str(out)]) == 0
     assert len(list(out.iterdir())) == 1  # a second export replaces the first
     accumulator = EventAccumulator(str(out))
     accumulator.Reload()
@@ -68,7 +68,7 @@ def test_tensorboard_export_reads_back_with_tensorboards_reader_at_every_step(
 
 def test_csv_export_holds_every_step(finished_run, tmp_path):
     out = tmp_path / "metrics.csv"
-    assert main(["export", str(finished_run), "--to", "csv", "--out", str(out)]) == 0
+    assert main(["export", "csv", str(finished_run), "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     steps = events(finished_run, "step")
     assert [int(r["step"]) for r in rows] == [e["step"] for e in steps]
@@ -78,7 +78,7 @@ def test_csv_export_holds_every_step(finished_run, tmp_path):
 
 def test_wandb_offline_export_is_a_run_that_wandb_sync_reads(finished_run, tmp_path, capsys):
     out = tmp_path / "wb"
-    assert main(["export", str(finished_run), "--to", "wandb-offline", "--out", str(out)]) == 0
+    assert main(["export", "wandb-offline", str(finished_run), "--out", str(out)]) == 0
     run_dir = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert run_dir.parent == out / "wandb" and run_dir.name.startswith("offline-run-")
     (wandb_file,) = run_dir.glob("run-*.wandb")
@@ -108,7 +108,7 @@ def test_a_replayed_step_is_exported_once_as_its_last_record():
 
 
 def test_export_of_a_dir_without_a_record_is_one_line_exit_2(tmp_path, capsys):
-    assert main(["export", str(tmp_path), "--to", "csv"]) == 2
+    assert main(["export", "csv", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no events.jsonl" in err
     assert not (tmp_path / "metrics.csv").exists()

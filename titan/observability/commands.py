@@ -6,8 +6,8 @@ so they are the database's one writer while they run. ``--json`` prints the same
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
 earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
 report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`);
-``titan export`` its metrics to TensorBoard, a CSV or a W&B offline run
-(:mod:`titan.observability.sinks`).
+``titan export tensorboard|csv|wandb-offline`` its metrics (:mod:`titan.observability.sinks`;
+formats of the ``export`` command that :mod:`titan.trainer.hf_commands` defines).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ EXIT_OK, EXIT_FLAGGED = 0, 1
 
 
 def add_parser(subparsers: Any) -> None:
-    """Add ``summarize``, ``perf``, ``report`` and ``export`` to the ``titan`` subcommands."""
+    """Add ``summarize``, ``perf`` and ``report`` to the ``titan`` subcommands (the metric sinks
+    join ``export``'s formats: :func:`add_export_formats`)."""
     s = subparsers.add_parser(
         "summarize",
         help="summarize the runs of a runs root",
@@ -64,24 +65,6 @@ def add_parser(subparsers: Any) -> None:
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
     r.add_argument("--out", default=None, metavar="DIR", help="default: RUN_DIR/report")
     r.set_defaults(run=run_report)
-
-    e = subparsers.add_parser(
-        "export",
-        help="write a run's metrics as TensorBoard event files, a CSV or a W&B offline run",
-        description="Write the scalars of RUN_DIR's events.jsonl (step, eval and checkpoint "
-        "events, one value per step and field) as TensorBoard event files (tensorboardX), a "
-        "CSV, or a Weights & Biases offline run (wandb, for wandb sync). events.jsonl stays the "
-        "source of truth; an export can be written again at any time.",
-    )
-    e.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
-    e.add_argument("--to", required=True, choices=sinks.SINKS, help="the format written")
-    e.add_argument(
-        "--out",
-        default=None,
-        metavar="PATH",
-        help="default: RUN_DIR/tensorboard, RUN_DIR/metrics.csv or RUN_DIR/wandb",
-    )
-    e.set_defaults(run=run_export)
 
 
 def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
@@ -264,8 +247,30 @@ def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
     print_fitted(out, table, width)
 
 
+def add_export_formats(formats: Any) -> None:
+    """Add the metric sinks (:data:`titan.observability.sinks.SINKS`) as formats of
+    ``titan export``: ``titan export tensorboard|csv|wandb-offline RUN_DIR [--out PATH]``."""
+    described = {
+        "tensorboard": "TensorBoard event files (tensorboardX); default RUN_DIR/tensorboard",
+        "csv": "a CSV, one line per step, one column per scalar; default RUN_DIR/metrics.csv",
+        "wandb-offline": "a W&B offline run (the wandb library, offline: upload it with wandb "
+        "sync); default RUN_DIR/wandb",
+    }
+    for sink in sinks.SINKS:
+        f = formats.add_parser(
+            sink,
+            help=f"a run's metrics as {described[sink].split(';')[0]}",
+            description=f"Write the scalars of RUN_DIR's events.jsonl (step, eval and checkpoint "
+            f"events, one value per step and field) as {described[sink]}. events.jsonl stays "
+            "the source of truth; an export can be written again at any time.",
+        )
+        f.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
+        f.add_argument("--out", default=None, metavar="PATH", help="where to write")
+        f.set_defaults(run=run_export, sink=sink)
+
+
 def run_export(args: argparse.Namespace) -> int:
     """``titan export``: prints the path written."""
-    out = sinks.export_run(Path(args.run_dir), args.to, Path(args.out) if args.out else None)
+    out = sinks.export_run(Path(args.run_dir), args.sink, Path(args.out) if args.out else None)
     print(inert(str(out)))
     return EXIT_OK

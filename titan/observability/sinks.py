@@ -1,6 +1,7 @@
 """Metric sinks: a run's ``events.jsonl`` written as TensorBoard event files, a CSV, or a
-Weights & Biases offline run (``titan export RUN_DIR --to ...``), and a live TensorBoard writer
-that follows a run's record while it trains (``titan train --metrics tensorboard``).
+Weights & Biases offline run (``titan export tensorboard|csv|wandb-offline RUN_DIR``), and a live
+TensorBoard writer that follows a run's record while it trains (``titan train --metrics
+tensorboard``).
 
 ``events.jsonl`` stays the source of truth: a sink is derived from it and can be written again at
 any time. The scalars (:func:`metric_rows`) are the numeric fields of the events in
