@@ -23,6 +23,9 @@ PACKAGES = ("titan", "tui")
 ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # the training entry imports JAX, flax, optax and orbax
     "titan/trainer/commands.py:run": "from titan.trainer.train import train_from_cli",
+    # Hugging Face import and export read checkpoints with JAX and orbax
+    "titan/trainer/hf_commands.py:run_import": "from titan.trainer import hf_checkpoints",
+    "titan/trainer/hf_commands.py:run_export": "from titan.trainer import hf_checkpoints",
     # the conformance harness imports JAX and every provider
     "titan/ops/commands.py:run": "from titan.ops import conformance",
     # run summaries and the performance database import DuckDB; reports also matplotlib

@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "titan.planning.commands",
     "titan.observability.commands",
     "titan.launch.commands",
+    "titan.trainer.hf_commands",
     "titan.trainer.tokenize_command",
 )
 

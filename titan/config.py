@@ -185,7 +185,10 @@ def _shape(value: Any, flag: str) -> ModelConfig:
 
 
 def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
-    return m.name if PRESETS.get(m.name) == m else dataclasses.asdict(m)
+    """A preset's name, else the shape's fields (None ones left out: TOML has no null)."""
+    if PRESETS.get(m.name) == m:
+        return m.name
+    return {k: v for k, v in dataclasses.asdict(m).items() if v is not None}
 
 
 CODECS: dict[str, Codec] = {
@@ -588,7 +591,8 @@ class ParallelOptions:
 
 @_section
 class CheckpointOptions:
-    """When checkpoints are written, how (in the background or not) and which are kept."""
+    """When checkpoints are written, how (in the background or not) and which are kept; the
+    checkpoint a new run starts from."""
 
     checkpoint_every: int = field(
         default=100,
@@ -631,6 +635,16 @@ class CheckpointOptions:
             "write checkpoints in the background: the loop waits only for the copy to host "
             "memory; --no-checkpoint-async: wait for every save to commit",
             resumable=True,
+        ),
+    )
+    init_from: str = field(
+        default="",
+        metadata=_opt(
+            "--init-from",
+            "start from the weights of this checkpoint (a run dir or titan import hf output: "
+            "its newest checkpoint; or <dir>/checkpoints/<step>) at step 0 with a fresh "
+            "optimizer, on any layout; its model shape and tokenizer unless --tokenizer is "
+            "given (a different --model is refused)",
         ),
     )
 

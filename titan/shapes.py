@@ -7,10 +7,41 @@ This module imports neither JAX nor Textual.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 from titan.errors import TitanError
 from titan.parsing import parse_assignments
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (Hugging Face ``rope_type: llama3``; Meta,
+    ``llama_models/llama3/reference_impl/model.py`` ``apply_scaling``): RoPE wavelengths longer
+    than ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``,
+    those shorter than ``original_max_position_embeddings / high_freq_factor`` kept, and those in
+    between interpolated (:func:`titan.ops.native.rope_inv_freq` computes it).
+
+    Attributes:
+        factor: the stretch of the low frequencies (8 in Llama 3.1, 32 in Llama 3.2).
+        low_freq_factor, high_freq_factor: the band edges (1 and 4 in Llama 3.1).
+        original_max_position_embeddings: the context the model was pre-trained at (8192).
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    @classmethod
+    def of(cls, value: RopeScaling | Mapping | None) -> RopeScaling | None:
+        """A scaling from itself, a mapping of its fields (``config.json``), or None."""
+        if value is None or isinstance(value, RopeScaling):
+            return value
+        try:
+            return cls(**{f.name: value[f.name] for f in fields(cls)})
+        except (KeyError, TypeError) as err:
+            raise TitanError(f"rope_scaling: missing or bad field {err}") from None
 
 
 @dataclass(frozen=True)
@@ -29,6 +60,7 @@ class ModelConfig:
         ffn_dim: hidden size of the SwiGLU MLP (Shazeer 2020).
         rope_theta: RoPE base (Su et al. 2021); Llama 3 uses 500000.
         norm_eps: RMSNorm epsilon (Zhang & Sennrich 2019).
+        rope_scaling: Llama 3.1's RoPE frequency scaling, or None (plain RoPE).
     """
 
     name: str
@@ -40,6 +72,10 @@ class ModelConfig:
     ffn_dim: int
     rope_theta: float = 500_000.0
     norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
 
     @property
     def head_dim(self) -> int:

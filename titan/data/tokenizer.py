@@ -1,6 +1,16 @@
-"""Tokenizers: load a sentencepiece model or a Hugging Face ``tokenizer.json`` behind one
-interface (:class:`Tokenizer`), or train a Llama-convention sentencepiece model on the corpus
-(cached); decode in chunks (:class:`StreamDecoder`).
+"""Tokenizers: load a sentencepiece model, a Hugging Face ``tokenizer.json`` or Llama 3's
+tiktoken ``tokenizer.model`` behind one interface (:class:`Tokenizer`), or train a
+Llama-convention sentencepiece model on the corpus (cached); decode in chunks
+(:class:`StreamDecoder`).
+
+BOS and EOS: their ids are each tokenizer's own (sentencepiece's ``bos_id``/``eos_id``, the
+``bos_token``/``eos_token`` of a ``tokenizer.json``'s config, Llama 3's ``<|begin_of_text|>`` and
+``<|end_of_text|>``), and whether :meth:`Tokenizer.encode` adds them (``add_special_tokens``)
+comes from the ``add_bos_token``/``add_eos_token`` of the ``tokenizer_config.json`` beside the
+file, else each kind's own default: the ``tokenizer.json``'s post-processor template, BOS only
+for sentencepiece (transformers' ``LlamaTokenizer``) and tiktoken (Llama 3). Training documents
+always get one BOS and one EOS (:meth:`Tokenizer.encode_documents`): the packer counts BOS
+tokens as document boundaries.
 
 Trained convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte
 fallback so that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does)
@@ -16,6 +26,8 @@ setting, so a second run on the same corpus reuses it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import heapq
 import io
@@ -29,6 +41,7 @@ from typing import Protocol
 
 import numpy as np
 import sentencepiece as spm
+import tiktoken
 import tokenizers as hf_tokenizers
 
 from titan.data.cache import cache_dir
@@ -67,6 +80,8 @@ class Backend(Protocol):
     vocab_size: int
     bos_id: int
     eos_id: int
+    add_bos: bool  # encode(add_special_tokens=True) puts BOS first
+    add_eos: bool  # ... and EOS last
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         """Ids of each text, no special tokens added."""
@@ -82,6 +97,8 @@ class SentencePieceBackend:
     """A sentencepiece model: BOS and EOS are its own ``bos_id`` / ``eos_id``."""
 
     processor: spm.SentencePieceProcessor
+    add_bos: bool = True
+    add_eos: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -110,6 +127,8 @@ class HuggingFaceBackend:
     tokenizer: hf_tokenizers.Tokenizer
     bos_id: int
     eos_id: int
+    add_bos: bool
+    add_eos: bool
 
     @property
     def vocab_size(self) -> int:
@@ -122,19 +141,75 @@ class HuggingFaceBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+@dataclass(frozen=True)
+class TiktokenBackend:
+    """A tiktoken BPE (Llama 3's ``tokenizer.model``: base64 byte sequences and their ranks),
+    its special tokens numbered after the ranks."""
+
+    encoding: tiktoken.Encoding
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    add_eos: bool
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode(self, texts: list[str], threads: int) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(texts, num_threads=max(threads, 1))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.encoding.decode(ids)  # an incomplete UTF-8 sequence decodes to U+FFFD
+
+
 HF_ENVELOPE = "titan.huggingface"
 """``format`` of the JSON that holds a Hugging Face tokenizer in :attr:`Tokenizer.model_proto`:
-``{"format", "tokenizer": <tokenizer.json text>, "bos_token", "eos_token"}``."""
+``{"format", "tokenizer": <tokenizer.json text>, "bos_token", "eos_token", "add_bos",
+"add_eos"}`` (``add_*`` absent in older run dirs: the template's)."""
+TIKTOKEN_ENVELOPE = "titan.tiktoken"
+"""``format`` of the JSON that holds a tiktoken BPE: ``{"format", "ranks": <the file's text>,
+"pattern", "special_tokens": [names, numbered from the number of ranks], "bos_token",
+"eos_token", "add_bos", "add_eos"}``."""
+SENTENCEPIECE_ENVELOPE = "titan.sentencepiece"
+"""``format`` of the JSON that holds a sentencepiece model whose ``tokenizer_config.json`` set
+other rules than the default (add BOS, not EOS): ``{"format", "model": <base64 of the .model>,
+"add_bos", "add_eos"}``. Without one, :attr:`Tokenizer.model_proto` is the ``.model`` itself."""
+
+# Meta's Llama 3 tokenizer (llama_models/llama3/tokenizer.py): the pre-tokenizer pattern, and
+# 256 special tokens numbered from the number of ranks (128000 in Llama 3).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_NAMED_SPECIALS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+)
+LLAMA3_SPECIAL_TOKENS = LLAMA3_NAMED_SPECIALS + tuple(
+    f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(LLAMA3_NAMED_SPECIALS))
+)
 
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """A loaded tokenizer: a sentencepiece model or a Hugging Face ``tokenizer.json``.
+    """A loaded tokenizer: a sentencepiece model, a Hugging Face ``tokenizer.json`` or a
+    tiktoken BPE.
 
     Attributes:
         model_proto: what defines it, copied into each run dir as ``tokenizer.model``: the
-            sentencepiece ``.model`` bytes, or the UTF-8 JSON of :data:`HF_ENVELOPE` (the
-            ``tokenizer.json`` with its BOS and EOS tokens), told apart by content.
+            sentencepiece ``.model`` bytes, or the UTF-8 JSON of :data:`HF_ENVELOPE`,
+            :data:`TIKTOKEN_ENVELOPE` or :data:`SENTENCEPIECE_ENVELOPE` (the tokenizer with its
+            BOS and EOS tokens and rules), told apart by content.
     """
 
     model_proto: bytes
@@ -164,16 +239,31 @@ class Tokenizer:
         return self.backend.eos_id
 
     @property
+    def add_bos(self) -> bool:
+        """Whether :meth:`encode` with ``add_special_tokens`` puts BOS first (its config's)."""
+        return self.backend.add_bos
+
+    @property
+    def add_eos(self) -> bool:
+        """Whether :meth:`encode` with ``add_special_tokens`` puts EOS last (its config's)."""
+        return self.backend.add_eos
+
+    @property
     def digest(self) -> str:
         """sha256 of the model bytes (hex, 16 chars): identifies the tokenizer in cache keys."""
         return hashlib.sha256(self.model_proto).hexdigest()[:16]
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` alone, no BOS or EOS."""
-        return self.backend.encode([text], 1)[0]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Ids of ``text``; with ``add_special_tokens``, BOS first and EOS last as the
+        tokenizer's config says (:attr:`add_bos`, :attr:`add_eos`), else neither."""
+        ids = self.backend.encode([text], 1)[0]
+        if not add_special_tokens:
+            return ids
+        return [self.bos_id] * self.add_bos + ids + [self.eos_id] * self.add_eos
 
     def encode_documents(self, texts: list[str], threads: int = 0) -> list[np.ndarray]:
-        """Token ids of each document with exactly one BOS before and one EOS after.
+        """Token ids of each training document with exactly one BOS before and one EOS after,
+        whatever the config's rules (the packer counts BOS tokens as document boundaries).
 
         Returns:
             One int32 array per document, shape (len + 2,).
@@ -226,17 +316,66 @@ def _is_json(data: bytes) -> bool:
     return data.lstrip()[:1] == b"{"
 
 
+def _huggingface_backend(envelope: dict) -> HuggingFaceBackend:
+    tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
+    ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
+    before, after = _template_specials(
+        json.loads(envelope["tokenizer"]).get("post_processor") or {}
+    )
+    add_bos = envelope.get("add_bos", before is not None)
+    return HuggingFaceBackend(tok, *ids, add_bos, envelope.get("add_eos", after is not None))
+
+
+def tiktoken_ranks(text: str) -> dict[bytes, int]:
+    """The mergeable ranks of a tiktoken file (``<base64 bytes> <rank>`` per line; tiktoken's
+    ``load_tiktoken_bpe`` format).
+
+    Raises:
+        ValueError: a line is not of that form.
+    """
+    ranks = {}
+    for line in text.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+    return ranks
+
+
+def _tiktoken_backend(envelope: dict) -> TiktokenBackend:
+    ranks = tiktoken_ranks(envelope["ranks"])
+    specials = {name: len(ranks) + i for i, name in enumerate(envelope["special_tokens"])}
+    encoding = tiktoken.Encoding(
+        "titan", pat_str=envelope["pattern"], mergeable_ranks=ranks, special_tokens=specials
+    )
+    bos, eos = specials[envelope["bos_token"]], specials[envelope["eos_token"]]
+    return TiktokenBackend(encoding, bos, eos, envelope["add_bos"], envelope["add_eos"])
+
+
+def _sentencepiece_backend(envelope: dict) -> SentencePieceBackend:
+    processor = spm.SentencePieceProcessor(model_proto=base64.b64decode(envelope["model"]))
+    return SentencePieceBackend(processor, envelope["add_bos"], envelope["add_eos"])
+
+
+_ENVELOPES: dict[str, Callable[[dict], Backend]] = {
+    HF_ENVELOPE: _huggingface_backend,
+    TIKTOKEN_ENVELOPE: _tiktoken_backend,
+    SENTENCEPIECE_ENVELOPE: _sentencepiece_backend,
+}
+
+
 def _backend(model_proto: bytes) -> Backend:
     if model_proto not in _BACKENDS:
         if _is_json(model_proto):
             envelope = json.loads(model_proto)
-            tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
-            ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
-            _BACKENDS[model_proto] = HuggingFaceBackend(tok, *ids)
+            _BACKENDS[model_proto] = _ENVELOPES[envelope["format"]](envelope)
         else:
             processor = spm.SentencePieceProcessor(model_proto=model_proto)
             _BACKENDS[model_proto] = SentencePieceBackend(processor)
     return _BACKENDS[model_proto]
+
+
+def _envelope(fields: dict) -> Tokenizer:
+    return Tokenizer(json.dumps(fields, sort_keys=True).encode())
 
 
 def _check_convention(tokenizer: Tokenizer, source: str) -> Tokenizer:
@@ -271,12 +410,39 @@ def _template_specials(spec: dict) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _hf_special_tokens(path: Path, spec: dict) -> tuple[str | None, str | None]:
-    """BOS and EOS of a ``tokenizer.json``: ``bos_token`` / ``eos_token`` of the
-    ``tokenizer_config.json`` beside it (as ``transformers`` reads them), else the special
-    tokens around ``$A`` in its ``post_processor`` template."""
-    config_path = path.with_name("tokenizer_config.json")
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def tokenizer_config(path: Path) -> dict:
+    """The ``tokenizer_config.json`` beside ``path`` ({} when there is none).
+
+    Raises:
+        TitanError: it is not a JSON object.
+    """
+    config_path = path.with_name(TOKENIZER_CONFIG)
+    if not config_path.is_file():
+        return {}
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise TitanError(f"--tokenizer {config_path} is not JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise TitanError(f"--tokenizer {config_path} is not a JSON object")
+    return config
+
+
+def _rules(config: dict, add_bos: bool, add_eos: bool) -> dict[str, bool]:
+    """``add_bos``/``add_eos``: the config's ``add_bos_token``/``add_eos_token``, else these."""
+    return {
+        "add_bos": bool(config.get("add_bos_token", add_bos)),
+        "add_eos": bool(config.get("add_eos_token", add_eos)),
+    }
+
+
+def _hf_special_tokens(config: dict, spec: dict) -> tuple[str | None, str | None]:
+    """BOS and EOS of a ``tokenizer.json``: ``bos_token`` / ``eos_token`` of its
+    ``tokenizer_config.json`` (as ``transformers`` reads them), else the special tokens around
+    ``$A`` in its ``post_processor`` template."""
     bos, eos = _template_specials(spec.get("post_processor") or {})
     return (
         _token_content(config.get("bos_token")) or bos,
@@ -288,28 +454,87 @@ def _load_huggingface(path: Path, data: bytes) -> Tokenizer:
     text = data.decode("utf-8", errors="replace")
     try:
         spec = json.loads(text)
-        if spec.get("format") == HF_ENVELOPE:  # a run dir's copy
+        if spec.get("format") in _ENVELOPES:  # a run dir's copy
             return Tokenizer(data)
         tok = hf_tokenizers.Tokenizer.from_str(text)
     except Exception as err:  # the library raises plain Exception for a bad file
         reason = str(err).splitlines()[0]
         raise TitanError(f"--tokenizer {path} is not a Hugging Face tokenizer ({reason})") from None
-    bos, eos = _hf_special_tokens(path, spec)
+    config = tokenizer_config(path)
+    bos, eos = _hf_special_tokens(config, spec)
     for name, token in (("BOS", bos), ("EOS", eos)):
         if token is None or tok.token_to_id(token) is None:
             raise TitanError(
                 f"--tokenizer {path} names no {name} token of its vocabulary "
                 "(tokenizer_config.json beside it, or its post_processor template)"
             )
-    envelope = {"format": HF_ENVELOPE, "tokenizer": text, "bos_token": bos, "eos_token": eos}
-    return Tokenizer(json.dumps(envelope, sort_keys=True).encode())
+    before, after = _template_specials(spec.get("post_processor") or {})
+    return _envelope(
+        {
+            "format": HF_ENVELOPE,
+            "tokenizer": text,
+            "bos_token": bos,
+            "eos_token": eos,
+            **_rules(config, before is not None, after is not None),
+        }
+    )
+
+
+def _is_tiktoken(data: bytes) -> bool:
+    """Whether ``data`` starts like a tiktoken file (``<base64> <rank>``)."""
+    first = data[:256].split(b"\n", 1)[0].split()
+    try:
+        return (
+            len(first) == 2
+            and bool(base64.b64decode(first[0], validate=True))
+            and (first[1].isdigit())
+        )
+    except binascii.Error:
+        return False
+
+
+def _load_tiktoken(path: Path, data: bytes) -> Tokenizer:
+    """Llama 3's ``tokenizer.model``: its ranks with Llama 3's pattern and special tokens."""
+    text = data.decode("utf-8", errors="replace")
+    try:
+        tiktoken_ranks(text)
+    except (ValueError, binascii.Error) as err:
+        raise TitanError(f"--tokenizer {path} is not a tiktoken BPE file ({err})") from None
+    specials = LLAMA3_SPECIAL_TOKENS
+    return _envelope(
+        {
+            "format": TIKTOKEN_ENVELOPE,
+            "ranks": text,
+            "pattern": LLAMA3_PATTERN,
+            "special_tokens": list(specials),
+            "bos_token": specials[0],
+            "eos_token": specials[1],
+            **_rules(tokenizer_config(path), True, False),
+        }
+    )
+
+
+def _load_sentencepiece(path: Path, data: bytes) -> Tokenizer:
+    try:
+        spm.SentencePieceProcessor(model_proto=data)
+    except RuntimeError as err:
+        raise TitanError(f"--tokenizer {path} is not a sentencepiece model ({err})") from None
+    rules = _rules(tokenizer_config(path), True, False)
+    tokenizer = Tokenizer(data)
+    if rules != {"add_bos": True, "add_eos": False}:
+        model = base64.b64encode(data).decode()
+        tokenizer = _envelope({"format": SENTENCEPIECE_ENVELOPE, "model": model, **rules})
+    return _check_convention(tokenizer, str(path))
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a tokenizer, its kind told by the file's content: a sentencepiece ``.model`` (e.g.
     a Llama 1/2 ``tokenizer.model``), a Hugging Face ``tokenizer.json`` (e.g. Llama 3's; BOS
-    and EOS from the ``tokenizer_config.json`` beside it, else its post-processor template), or
-    a run dir's ``tokenizer.model`` (either, as :attr:`Tokenizer.model_proto` holds it).
+    and EOS from the ``tokenizer_config.json`` beside it, else its post-processor template),
+    Llama 3's tiktoken ``tokenizer.model`` (Meta's ``original/tokenizer.model``), or a run dir's
+    ``tokenizer.model`` (any of these, as :attr:`Tokenizer.model_proto` holds it). The
+    ``tokenizer_config.json`` beside the file sets whether :meth:`Tokenizer.encode` adds BOS and
+    EOS (``add_bos_token``, ``add_eos_token``).
 
     Raises:
         TitanError: the file is missing or unreadable, is neither kind, or has no BOS/EOS.
@@ -323,11 +548,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise TitanError(f"--tokenizer {path}: cannot read it: {err.strerror or err}") from None
     if _is_json(data):
         return _load_huggingface(path, data)
-    try:
-        spm.SentencePieceProcessor(model_proto=data)
-    except RuntimeError as err:
-        raise TitanError(f"--tokenizer {path} is not a sentencepiece model ({err})") from None
-    return _check_convention(Tokenizer(data), str(path))
+    if _is_tiktoken(data):
+        return _load_tiktoken(path, data)
+    return _load_sentencepiece(path, data)
 
 
 def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
@@ -448,3 +671,29 @@ def train_tokenizer(
     tmp.write_bytes(model.getvalue())
     os.replace(tmp, cached)
     return Tokenizer(model.getvalue())
+
+
+def tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:
+    """The files of ``tokenizer`` in a Hugging Face model directory (relative path -> bytes):
+    ``tokenizer.json`` (a Hugging Face tokenizer), ``tokenizer.model`` (sentencepiece) or
+    ``original/tokenizer.model`` (tiktoken, where Meta's Llama 3 repositories keep it), each with
+    the ``tokenizer_config.json`` beside it that :func:`load_tokenizer` reads back (BOS and EOS
+    tokens, ``add_bos_token``, ``add_eos_token``)."""
+    backend = tokenizer.backend
+    config: dict = {"add_bos_token": tokenizer.add_bos, "add_eos_token": tokenizer.add_eos}
+    if isinstance(backend, SentencePieceBackend):
+        processor = backend.processor
+        name, data = "tokenizer.model", processor.serialized_model_proto()
+        config |= {"tokenizer_class": "LlamaTokenizer"}
+        bos, eos = processor.id_to_piece(tokenizer.bos_id), processor.id_to_piece(tokenizer.eos_id)
+    else:
+        envelope = json.loads(tokenizer.model_proto)
+        bos, eos = envelope["bos_token"], envelope["eos_token"]
+        if isinstance(backend, HuggingFaceBackend):
+            name, data = "tokenizer.json", envelope["tokenizer"].encode()
+            config |= {"tokenizer_class": "PreTrainedTokenizerFast"}
+        else:
+            name, data = "original/tokenizer.model", envelope["ranks"].encode()
+    config |= {"bos_token": bos, "eos_token": eos}
+    config_name = str(Path(name).with_name(TOKENIZER_CONFIG))
+    return {name: data, config_name: json.dumps(config, indent=2).encode()}

@@ -1,8 +1,10 @@
 """The Llama decoder (Touvron et al. 2023; Meta 2024), written only against ``titan.ops``.
 
 Pre-norm blocks: x + Attention(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); RoPE on queries and
-keys; grouped-query attention; untied input embedding and output head. Layers are stacked with
-``nn.scan`` so each parameter of the blocks has a leading ``layers`` axis.
+keys (with Llama 3.1's frequency scaling when the shape has it); grouped-query attention; untied
+input embedding and output head (a tied checkpoint is imported with the head a copy of the
+embedding, :mod:`titan.models.hf_llama`). Layers are stacked with ``nn.scan`` so each parameter
+of the blocks has a leading ``layers`` axis.
 
 Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``,
 ``head_dim``, ``mlp``, ``norm``, ``layers``), and the residual stream between blocks is
@@ -16,6 +18,7 @@ Initialisation: normal(0.02) for every matrix, with the residual output projecti
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -57,8 +60,9 @@ class Block(nn.Module):
         w_down = _param(self, "w_down", ("mlp", "embed"), (f, e), out_std)
 
         hidden = ops.rms_norm(x, attn_norm, eps=cfg.norm_eps)
-        q = ops.rope(jnp.einsum("bse,ehd->bshd", hidden, wq), positions, theta=cfg.rope_theta)
-        key = ops.rope(jnp.einsum("bse,ekd->bskd", hidden, wk), positions, theta=cfg.rope_theta)
+        rope = functools.partial(ops.rope, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+        q = rope(jnp.einsum("bse,ehd->bshd", hidden, wq), positions)
+        key = rope(jnp.einsum("bse,ekd->bskd", hidden, wk), positions)
         value = jnp.einsum("bse,ekd->bskd", hidden, wv)
         attended = ops.attention(q, key, value, segment_ids=segment_ids, causal=True)
         x = x + jnp.einsum("bshd,hde->bse", attended, wo)

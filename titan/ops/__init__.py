@@ -92,13 +92,15 @@ class Ops:
         """
         return self._table.call("rms_norm", x, scale, eps=eps)
 
-    def rope(self, x, positions, *, theta):
+    def rope(self, x, positions, *, theta, scaling=None):
         """Rotary position embedding (Su et al. 2021, Eq. 34), rotate-half layout: the first and
         second halves of the head dim form the (real, imaginary) pairs, frequency
-        theta^(-2i/D) for pair i.
+        theta^(-2i/D) for pair i, scaled as Llama 3.1 does when ``scaling`` is given
+        (:func:`titan.ops.native.rope_inv_freq`). Every provider of ``rope`` takes ``scaling``.
 
         Args:
-            x: (B, S, N, D) with D even; positions: (B, S) integer positions.
+            x: (B, S, N, D) with D even; positions: (B, S) integer positions;
+            scaling: a :class:`titan.shapes.RopeScaling` or None.
         Returns:
             (B, S, N, D) in x's dtype.
 
@@ -107,7 +109,7 @@ class Ops:
         """
         if x.shape[-1] % 2:
             raise TitanError(f"rope needs an even head dim, got {x.shape[-1]}")
-        return self._table.call("rope", x, positions, theta=theta)
+        return self._table.call("rope", x, positions, theta=theta, scaling=scaling)
 
     def swiglu(self, x, w_gate, w_up, w_down):
         """SwiGLU MLP (Shazeer 2020, Eq. 6): (silu(x W_gate) * (x W_up)) W_down.

@@ -30,6 +30,7 @@ import numpy as np
 
 from titan.errors import TitanError
 from titan.ops import registry
+from titan.shapes import RopeScaling
 
 F32 = jnp.float32
 TIMED_RUNS = 10
@@ -107,12 +108,15 @@ def rms_norm_case(b, s, e) -> Case:
     return Case("rms_norm", f"B{b} S{s} E{e}", build, (0, 1))
 
 
-def rope_case(b, s, n, d) -> Case:
+def rope_case(b, s, n, d, scaling: RopeScaling | None = None) -> Case:
     def build(key, dtype):
         positions = jnp.broadcast_to(jnp.arange(s), (b, s))
-        return (_normal(key, (b, s, n, d), dtype), positions), {"theta": 10_000.0}
+        return (_normal(key, (b, s, n, d), dtype), positions), {"theta": 10_000.0} | (
+            {"scaling": scaling} if scaling else {}
+        )
 
-    return Case("rope", f"B{b} S{s} N{n} D{d}", build, (0,))
+    label = " llama3-scaled" if scaling else ""
+    return Case("rope", f"B{b} S{s} N{n} D{d}{label}", build, (0,))
 
 
 def swiglu_case(b, s, e, f) -> Case:
@@ -147,6 +151,8 @@ def cases(backend: str) -> list[Case]:
         attention_case(2, 256, 2, 1, 16, causal=False, window=40),
         rms_norm_case(2, 64, 128),
         rope_case(2, 64, 4, 16),
+        # context 32 over D 16: one kept, one interpolated and six stretched frequencies
+        rope_case(2, 64, 4, 16, RopeScaling(8.0, 1.0, 4.0, 32)),
         swiglu_case(2, 64, 128, 256),
         cross_entropy_case(2, 1100, 32, 256),
     ]

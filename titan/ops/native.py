@@ -14,6 +14,8 @@ float32 scores (the softmax needs them); it serves on GPUs only when no fused pr
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -49,10 +51,33 @@ def rms_norm(x, scale, *, eps):
     return (normed * scale.astype(F32)).astype(x.dtype)
 
 
-def rope_cos_sin(positions, half: int, theta: float):
-    """cos and sin of RoPE's angles position * theta^(-i/half), each (B, S, 1, half) float32."""
+def rope_inv_freq(half: int, theta: float, scaling=None):
+    """(half,) float32 RoPE frequencies theta^(-i/half) (Su et al. 2021, Eq. 34), with Llama 3.1's
+    scaling when ``scaling`` (a :class:`titan.shapes.RopeScaling`) is given: wavelengths
+    2 pi / f above L / low_freq_factor are divided by ``factor``, those below
+    L / high_freq_factor kept, and in between f ((1 - s) / factor + s) with
+    s = (L / wavelength - low) / (high - low), L = ``original_max_position_embeddings``
+    (Meta's ``llama_models`` ``apply_scaling``; transformers' ``_compute_llama3_parameters``)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=F32) / half))
-    angles = positions.astype(F32)[..., None] * inv_freq
+    if scaling is None:
+        return inv_freq
+    context, low, high = (
+        scaling.original_max_position_embeddings,
+        scaling.low_freq_factor,
+        scaling.high_freq_factor,
+    )
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = jnp.where(wavelength > context / low, inv_freq / scaling.factor, inv_freq)
+    medium = (wavelength >= context / high) & (wavelength <= context / low)
+    return jnp.where(medium, blended, scaled)
+
+
+def rope_cos_sin(positions, half: int, theta: float, scaling=None):
+    """cos and sin of RoPE's angles position * :func:`rope_inv_freq`, each (B, S, 1, half)
+    float32."""
+    angles = positions.astype(F32)[..., None] * rope_inv_freq(half, theta, scaling)
     return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
 
 
@@ -65,8 +90,8 @@ def rotate_halves(x, cos, sin):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def rope(x, positions, *, theta):
-    return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta))
+def rope(x, positions, *, theta, scaling=None):
+    return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta, scaling))
 
 
 def swiglu_gating(gate, up):

@@ -47,6 +47,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from titan.errors import TitanError
@@ -54,11 +56,12 @@ from titan.models.adapters.base import ModelAdapter
 from titan.observability.records import DISK_FULL, disk_full
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier
-from titan.parallel.mesh import host_mesh
+from titan.parallel.mesh import DeviceMesh, host_mesh
+from titan.trainer.init_from import checkpoint_location
 from titan.trainer.stage_store import StageStore
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = "checkpoints"  # titan.trainer.init_from.CHECKPOINT_DIR too
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
 
 
@@ -403,8 +406,7 @@ class Checkpointer:
             TitanError: the checkpoint cannot be mapped onto the trainer's model (names both
                 layouts).
         """
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = meta["meta"]
+        meta = self._meta(step)
         current = trainer.describe()
         try:
             if meta["layout"]["chunks"] == current["chunks"]:
@@ -453,9 +455,29 @@ class Checkpointer:
             items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
         return items
 
-    def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
+    def restore_host(
+        self, step: int, abstract: Callable[[list[Chunk], DeviceMesh], dict[str, ChunkState]]
+    ) -> tuple[dict[str, ChunkState], list[Chunk], dict[str, Any]]:
+        """Read checkpoint ``step`` as written, into this process's host memory.
+
+        Args:
+            abstract: (the checkpoint's chunks, the host mesh) -> their items as
+                ``jax.ShapeDtypeStruct`` trees (:meth:`Trainer.abstract_items`).
+
+        Returns:
+            (``chunk_<c>`` -> host state, the checkpoint's chunks, its meta).
+        """
+        meta = self._meta(step)
         saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
-        saved = self._restore_items(step, meta, trainer.abstract_items(saved_chunks, host_mesh()))
+        items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()))
+        return items, saved_chunks, meta
+
+    def _meta(self, step: int) -> dict[str, Any]:
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return meta["meta"]
+
+    def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
+        saved, saved_chunks, _ = self.restore_host(step, trainer.abstract_items)
         return reshard_items(
             saved, saved_chunks, trainer.abstract_items(), trainer.chunks, trainer.adapter
         )
@@ -468,3 +490,60 @@ class Checkpointer:
         it) and close orbax's manager."""
         self._settle()
         self._manager.close()
+
+
+def open_checkpoint(run_dir: Path, step: int | None, flag: str) -> tuple[Checkpointer, int]:
+    """The checkpoints of ``run_dir`` (read only: nothing is created) and the step to read:
+    ``step``, else the newest committed one.
+
+    Raises:
+        TitanError: no ``checkpoints/`` there, or no committed checkpoint ``step``.
+    """
+    if not (run_dir / CHECKPOINT_DIR).is_dir():
+        raise TitanError(f"{flag} {run_dir}: no {CHECKPOINT_DIR}/ there")
+    checkpointer = Checkpointer(run_dir)
+    steps = checkpointer.committed_steps()
+    chosen = steps[-1] if step is None and steps else step
+    if chosen not in steps:
+        checkpointer.close()
+        have = ", ".join(map(str, steps)) or "none"
+        raise TitanError(f"{flag} {run_dir}: no committed checkpoint {chosen} (committed: {have})")
+    return checkpointer, chosen
+
+
+def initial_state(trainer: Trainer, seed: int, init_from: str = "") -> TrainState:
+    """The state a new run starts from: ``trainer.init_state(seed)``; with ``init_from``
+    (``--init-from``, :func:`titan.trainer.init_from.checkpoint_location`), that checkpoint's
+    parameters, restored onto the trainer's chunks and shardings whatever layout wrote them, at
+    step 0 with a fresh optimizer state (:func:`fresh_optimizer_state`); nothing is initialised
+    at random.
+
+    Raises:
+        TitanError: no such committed checkpoint, or it does not fit the trainer's model.
+    """
+    if not init_from:
+        return trainer.init_state(seed)
+    run_dir, step = checkpoint_location(init_from)
+    checkpointer, step = open_checkpoint(run_dir, step, "--init-from")
+    try:
+        restored, _ = checkpointer.restore(step, trainer)
+    except TitanError as err:
+        raise TitanError(f"--init-from {init_from}: {err}") from None
+    finally:
+        checkpointer.close()
+    chunks = [
+        {"params": c["params"], "opt_state": fresh_optimizer_state(c["opt_state"])}
+        for c in restored.chunks
+    ]
+    return TrainState(0, tuple(chunks))
+
+
+def fresh_optimizer_state(opt_state: Any) -> Any:
+    """AdamW's initial state in ``opt_state``'s structure and shardings: every leaf zero (optax's
+    ``scale_by_adam`` starts its step count and both moments at 0, the schedule's count at 0,
+    weight decay and the mask hold no arrays); the old state's buffers are donated."""
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, opt_state)
+    zeros = jax.jit(
+        lambda tree: jax.tree.map(jnp.zeros_like, tree), out_shardings=shardings, donate_argnums=0
+    )
+    return zeros(opt_state)

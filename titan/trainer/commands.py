@@ -17,6 +17,7 @@ from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
+from titan.trainer.init_from import init_from_options
 from titan.trainer.resume import resume_options
 
 
@@ -92,7 +93,7 @@ def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan train``; returns the exit code. The stop signals are handled from here on,
     before JAX is imported (:mod:`titan.stopping`)."""
-    options = explicit_options(args)
+    options = init_from_options(explicit_options(args))
     if args.print_config:
         cfg = (
             resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)

@@ -108,6 +108,7 @@ from titan.trainer.checkpoint import (
     SaveResult,
     SaveSchedule,
     Unrestorable,
+    initial_state,
 )
 from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.guard import (
@@ -664,7 +665,7 @@ class _Run:
                     file=sys.stderr,
                     flush=True,
                 )
-            return self.trainer.init_state(self.cfg.run.seed), 0
+            return initial_state(self.trainer, self.cfg.run.seed, self.cfg.checkpoint.init_from), 0
         state, meta, self.unrestorable = restored
         for skipped in self.unrestorable:
             print(

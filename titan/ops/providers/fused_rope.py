@@ -17,8 +17,8 @@ native's up to rounding, in bfloat16 a few elements can differ from native's by 
 (the two sum the halves' products in another order), so a bf16 run drifts from a native-RoPE run
 the way two reduction orders do. Runs on every backend; the registry chooses it before
 ``native``. Restrictions, none of which the model runs into: reverse-mode autodiff only
-(``jax.custom_vjp``), ``theta`` a Python number (static), no gradient for the (integer)
-positions.
+(``jax.custom_vjp``), ``theta`` a Python number and ``scaling`` a frozen dataclass or None
+(both static), no gradient for the (integer) positions.
 
 Measurements (``bench/mfu.py --levers rope``, ``titan train --preset llama3-1b``):
 ``docs/benchmarks.md``.
@@ -34,17 +34,17 @@ import numpy as np
 from titan.ops.native import rope_cos_sin, rotate_halves
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _rope(x, positions, theta):
-    return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta))
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rope(x, positions, theta, scaling):
+    return rotate_halves(x, *rope_cos_sin(positions, x.shape[-1] // 2, theta, scaling))
 
 
-def _forward(x, positions, theta):
-    return _rope(x, positions, theta), positions
+def _forward(x, positions, theta, scaling):
+    return _rope(x, positions, theta, scaling), positions
 
 
-def _backward(theta, positions, g):
-    cos, sin = rope_cos_sin(positions, g.shape[-1] // 2, theta)
+def _backward(theta, scaling, positions, g):
+    cos, sin = rope_cos_sin(positions, g.shape[-1] // 2, theta, scaling)
     no_gradient = np.zeros(positions.shape, jax.dtypes.float0)  # integer positions
     return rotate_halves(g, cos, -sin), no_gradient
 
@@ -52,7 +52,7 @@ def _backward(theta, positions, g):
 _rope.defvjp(_forward, _backward)
 
 
-def rope(x, positions, *, theta):
+def rope(x, positions, *, theta, scaling=None):
     """RoPE; arguments and result as :meth:`titan.ops.Ops.rope` (x (B, S, N, D) with D even,
-    positions (B, S) integers; returns x's shape and dtype)."""
-    return _rope(x, positions, theta)
+    positions (B, S) integers, ``scaling`` Llama 3.1's or None; returns x's shape and dtype)."""
+    return _rope(x, positions, theta, scaling)

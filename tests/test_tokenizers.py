@@ -1,0 +1,164 @@
+"""One tokenizer interface over sentencepiece, Hugging Face ``tokenizer.json`` and Llama 3's
+tiktoken files: round trips, streamed decodes, BOS/EOS rules from each tokenizer's config, and
+the files written for a Hugging Face directory read back."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import tokenizers as hf_tokenizers
+from tiktoken._educational import bpe_train
+
+from titan.data.text import open_corpus
+from titan.data.tokenizer import (
+    LLAMA3_PATTERN,
+    StreamDecoder,
+    TiktokenBackend,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_files,
+    train_tokenizer,
+)
+from titan.errors import TitanError
+
+TEXT = " Hello world  again 🙂👍🏽 日本語のテキスト 한국어 e\u0301 n\u0303 Å\u0327 done\n\tend "
+BACKENDS = ("sentencepiece", "huggingface", "tiktoken")
+
+
+def _sample(corpus_dir: Path) -> str:
+    return "".join(p.read_text() for p in sorted(corpus_dir.iterdir())[:2])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, corpus_dir) -> dict[str, Path]:
+    """backend -> a tokenizer file of that kind, each in its own directory (no config)."""
+    root = tmp_path_factory.mktemp("tokenizers")
+    for backend in BACKENDS:
+        (root / backend).mkdir()
+    sp = train_tokenizer(open_corpus(str(corpus_dir)), 512)
+    (root / "sentencepiece" / "tokenizer.model").write_bytes(sp.model_proto)
+
+    hf = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE())
+    hf.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = hf_tokenizers.decoders.ByteLevel()
+    trainer = hf_tokenizers.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    hf.train_from_iterator([_sample(corpus_dir)], trainer)
+    hf.post_processor = hf_tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 0)]
+    )
+    hf.save(str(root / "huggingface" / "tokenizer.json"))
+    (root / "huggingface" / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+
+    # Llama 3's format: base64 byte sequences and their ranks, one per line
+    ranks = bpe_train(_sample(corpus_dir)[:20_000], 300, LLAMA3_PATTERN, visualise=None)
+    lines = [f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in ranks.items()]
+    (root / "tiktoken" / "tokenizer.model").write_text("".join(lines))
+    return {
+        "sentencepiece": root / "sentencepiece" / "tokenizer.model",
+        "huggingface": root / "huggingface" / "tokenizer.json",
+        "tiktoken": root / "tiktoken" / "tokenizer.model",
+    }
+
+
+def _configured(path: Path, tmp_path: Path, **config: object) -> Path:
+    """A copy of ``path`` whose ``tokenizer_config.json`` holds ``config`` over the original's."""
+    target = tmp_path / path.name
+    shutil.copy(path, target)
+    original = path.with_name("tokenizer_config.json")
+    base = json.loads(original.read_text()) if original.is_file() else {}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(base | config))
+    return target
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_emoji_cjk_and_combining_marks_round_trip(files, backend):
+    tok = load_tokenizer(files[backend])
+    ids = tok.encode(TEXT)
+    assert tok.decode(ids) == TEXT
+    assert max(ids) < tok.vocab_size and tok.bos_id not in ids and tok.eos_id not in ids
+    copy = Tokenizer(tok.model_proto)  # the run dir's tokenizer.model
+    assert copy.encode(TEXT) == ids and (copy.bos_id, copy.eos_id) == (tok.bos_id, tok.eos_id)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_chunked_decodes_join_to_the_full_decode(files, backend, chunk):
+    tok = load_tokenizer(files[backend])
+    ids = tok.encode(TEXT)
+    decoder = StreamDecoder(tok)
+    parts = [decoder.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    parts.append(decoder.flush())
+    assert "".join(parts) == tok.decode(ids) == TEXT
+    assert all("\ufffd" not in part for part in parts)  # a half character is never emitted
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gets_exactly_one_bos_and_one_eos_where_configured(files, backend, tmp_path):
+    both = load_tokenizer(
+        _configured(files[backend], tmp_path, add_bos_token=True, add_eos_token=True)
+    )
+    ids = both.encode("a", add_special_tokens=True)
+    assert ids[0] == both.bos_id and ids[-1] == both.eos_id
+    assert ids.count(both.bos_id) == ids.count(both.eos_id) == 1
+    assert ids[1:-1] == both.encode("a")
+    assert Tokenizer(both.model_proto).encode("a", add_special_tokens=True) == ids
+    neither = load_tokenizer(
+        _configured(files[backend], tmp_path, add_bos_token=False, add_eos_token=False)
+    )
+    assert neither.encode("a", add_special_tokens=True) == neither.encode("a")
+    (document,) = neither.encode_documents(["a"])  # training documents: always both
+    assert list(document) == [neither.bos_id, *neither.encode("a"), neither.eos_id]
+
+
+def test_default_rules_are_each_kinds_own(files):
+    """Without add_bos_token/add_eos_token: BOS only for sentencepiece (transformers'
+    LlamaTokenizer) and tiktoken (Llama 3), the template's (BOS before $A) for tokenizer.json."""
+    for backend in BACKENDS:
+        tok = load_tokenizer(files[backend])
+        assert (tok.add_bos, tok.add_eos) == (True, False), backend
+
+
+def test_tiktoken_file_has_llama3_special_tokens_after_its_ranks(files):
+    tok = load_tokenizer(files["tiktoken"])
+    assert isinstance(tok.backend, TiktokenBackend)
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (300, 301, 300 + 256)
+    assert tok.decode([tok.bos_id, *tok.encode("hi"), tok.eos_id]) == (
+        "<|begin_of_text|>hi<|end_of_text|>"
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_files_for_a_hugging_face_directory_load_back_the_same_tokenizer(files, backend, tmp_path):
+    tok = load_tokenizer(_configured(files[backend], tmp_path, add_eos_token=True))
+    written = tokenizer_files(tok)
+    out = tmp_path / "export"
+    for name, data in written.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    (name,) = [n for n in written if not n.endswith("tokenizer_config.json")]
+    back = load_tokenizer(out / name)
+    assert back.encode(TEXT, add_special_tokens=True) == tok.encode(TEXT, add_special_tokens=True)
+    assert (back.bos_id, back.eos_id, back.add_bos, back.add_eos) == (
+        tok.bos_id,
+        tok.eos_id,
+        True,
+        True,
+    )
+
+
+def test_a_bad_tiktoken_file_or_config_is_one_line(tmp_path):
+    (tmp_path / "tokenizer.model").write_text("aGk= 0\nnot-base64!! x\n")
+    with pytest.raises(TitanError, match="is not a tiktoken BPE file"):
+        load_tokenizer(tmp_path / "tokenizer.model")
+    (tmp_path / "tokenizer.model").write_text("aGk= 0\n")
+    (tmp_path / "tokenizer_config.json").write_text("[1]")
+    with pytest.raises(TitanError, match="tokenizer_config.json is not a JSON object"):
+        load_tokenizer(tmp_path / "tokenizer.model")

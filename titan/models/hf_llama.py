@@ -1,0 +1,244 @@
+"""Hugging Face Llama checkpoints <-> Titan's Llama: the config and the parameter layouts.
+
+A Hugging Face ``LlamaForCausalLM`` (``transformers/models/llama/modeling_llama.py``) stores
+each ``nn.Linear`` weight as (out features, in features) and each layer under its own name
+``model.layers.<i>.*``; Titan stores matrices (in, out), splits the head axis out of the
+attention projections and stacks the layers on axis 0 (:mod:`titan.models.llama`):
+
+| Hugging Face | shape | Titan | shape |
+|---|---|---|---|
+| ``model.embed_tokens.weight`` | (V, E) | ``embed`` | (V, E) |
+| ``...self_attn.q_proj.weight`` | (H D, E) | ``layers/wq`` | (L, E, H, D) |
+| ``...self_attn.k_proj.weight``, ``v_proj`` | (K D, E) | ``layers/wk``, ``wv`` | (L, E, K, D) |
+| ``...self_attn.o_proj.weight`` | (E, H D) | ``layers/wo`` | (L, H, D, E) |
+| ``...mlp.gate_proj.weight``, ``up_proj`` | (F, E) | ``layers/w_gate``, ``w_up`` | (L, E, F) |
+| ``...mlp.down_proj.weight`` | (E, F) | ``layers/w_down`` | (L, F, E) |
+| ``...input_layernorm.weight`` | (E,) | ``layers/attn_norm`` | (L, E) |
+| ``...post_attention_layernorm.weight`` | (E,) | ``layers/mlp_norm`` | (L, E) |
+| ``model.norm.weight`` | (E,) | ``final_norm`` | (E,) |
+| ``lm_head.weight`` | (V, E) | ``head`` | (E, V) |
+
+Hugging Face's q/k projections are already in the rotate-half RoPE layout that Titan uses (the
+conversion from Meta's interleaved layout permutes them, ``convert_llama_weights_to_hf.py``), so
+no row permutation is needed. A checkpoint with ``tie_word_embeddings`` has no ``lm_head``: its
+head is the embedding's transpose, and Titan trains the two apart from then on. The mapping is a
+permutation of each array's elements, so import followed by export is bit-exact.
+
+Only numpy here: no JAX, torch or transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from titan.errors import TitanError
+from titan.shapes import ModelConfig, RopeScaling, check_shape
+
+LAYER_PREFIX = "model.layers"
+# Titan's name in ``layers`` -> the Hugging Face name inside ``model.layers.<i>``
+_LAYER_NAMES = {
+    "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight",
+    "w_gate": "mlp.gate_proj.weight",
+    "w_up": "mlp.up_proj.weight",
+    "w_down": "mlp.down_proj.weight",
+    "attn_norm": "input_layernorm.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+}
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+def _refuse(field: str, value: Any, allowed: str) -> TitanError:
+    return TitanError(f"config.json {field} is {value!r}; Titan's Llama supports {allowed}")
+
+
+def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) of a config: ``rope_theta`` and ``rope_scaling`` (transformers 4),
+    or ``rope_parameters`` holding both (transformers 5)."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10_000.0)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise _refuse("rope_scaling.rope_type", kind, "'llama3' scaling or none")
+    return theta, RopeScaling.of(params) if kind == "llama3" else None
+
+
+def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
+    """The Titan shape of a Hugging Face Llama ``config.json``.
+
+    Raises:
+        TitanError: not a Llama, a feature Titan's Llama lacks (biases, another activation, a
+            head dim other than hidden_size / num_attention_heads, a RoPE scaling other than
+            Llama 3's), or an inconsistent shape; one line naming the field.
+    """
+    if hf.get("model_type") != "llama":
+        raise _refuse("model_type", hf.get("model_type"), "'llama'")
+    for field in ("attention_bias", "mlp_bias"):
+        if hf.get(field):
+            raise _refuse(field, hf[field], "false")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise _refuse("hidden_act", hf["hidden_act"], "'silu'")
+    try:
+        d_model, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        shape = dict(
+            vocab_size=int(hf["vocab_size"]),
+            d_model=d_model,
+            n_layers=int(hf["num_hidden_layers"]),
+            n_heads=n_heads,
+            n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+            ffn_dim=int(hf["intermediate_size"]),
+        )
+    except KeyError as err:
+        raise TitanError(f"config.json has no {err.args[0]}") from None
+    head_dim = hf.get("head_dim") or d_model // n_heads
+    if head_dim * n_heads != d_model:
+        raise _refuse(
+            "head_dim", head_dim, f"hidden_size / num_attention_heads = {d_model}/{n_heads}"
+        )
+    theta, scaling = _rope(hf)
+    eps = float(hf.get("rms_norm_eps", 1e-6))
+    model = ModelConfig("custom", **shape, rope_theta=theta, norm_eps=eps, rope_scaling=scaling)
+    check_shape(model, "config.json")
+    return model
+
+
+def config_to_hf(
+    model: ModelConfig, bos_id: int, eos_id: int, max_positions: int, dtype: str
+) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` for ``model`` (untied head, ``rope_theta`` and
+    ``rope_scaling`` as Llama 3.1's ``config.json`` has them; transformers 4 and 5 read it).
+
+    Args:
+        max_positions: ``max_position_embeddings`` (informative for Llama: RoPE has no table).
+        dtype: the tensors' dtype name (``float32``, ``bfloat16``).
+    """
+    scaling = model.rope_scaling
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.d_model,
+        "num_hidden_layers": model.n_layers,
+        "num_attention_heads": model.n_heads,
+        "num_key_value_heads": model.n_kv_heads,
+        "head_dim": model.head_dim,
+        "intermediate_size": model.ffn_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": model.norm_eps,
+        "rope_theta": model.rope_theta,
+        "rope_scaling": None
+        if scaling is None
+        else {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        },
+        "max_position_embeddings": max_positions,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": dtype,
+    }
+
+
+def _layouts(model: ModelConfig) -> dict[str, tuple[Callable, Callable]]:
+    """Titan layer name -> (HF array -> Titan array, Titan array -> HF array)."""
+    e, h, k, d = model.d_model, model.n_heads, model.n_kv_heads, model.head_dim
+
+    def heads(n):  # (n D, E) <-> (E, n, D)
+        return (lambda w: w.T.reshape(e, n, d), lambda w: w.reshape(e, n * d).T)
+
+    same = (lambda w: w, lambda w: w)
+    transposed = (lambda w: w.T, lambda w: w.T)
+    return {
+        "wq": heads(h),
+        "wk": heads(k),
+        "wv": heads(k),
+        "wo": (lambda w: w.T.reshape(h, d, e), lambda w: w.reshape(h * d, e).T),
+        "w_gate": transposed,
+        "w_up": transposed,
+        "w_down": transposed,
+        "attn_norm": same,
+        "mlp_norm": same,
+    }
+
+
+def _take(tensors: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    if name not in tensors:
+        raise TitanError(f"the safetensors have no tensor {name}")
+    value = tensors[name]
+    if tuple(value.shape) != shape:
+        raise TitanError(f"tensor {name} has shape {tuple(value.shape)}, config.json says {shape}")
+    return value
+
+
+def params_from_hf(
+    tensors: Mapping[str, np.ndarray], model: ModelConfig, tied: bool
+) -> dict[str, Any]:
+    """Titan's whole-model parameter tree (host arrays, the tensors' dtype) from a Hugging Face
+    state dict.
+
+    Args:
+        tensors: name -> array (every shard's tensors; read lazily is fine).
+        tied: ``tie_word_embeddings``: the head is the embedding's transpose (``lm_head.weight``
+            is then ignored when present).
+
+    Raises:
+        TitanError: a tensor is missing or has the wrong shape (names it).
+    """
+    v, e, f = model.vocab_size, model.d_model, model.ffn_dim
+    hd, kd = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    hf_shapes = {
+        "wq": (hd, e),
+        "wk": (kd, e),
+        "wv": (kd, e),
+        "wo": (e, hd),
+        "w_gate": (f, e),
+        "w_up": (f, e),
+        "w_down": (e, f),
+        "attn_norm": (e,),
+        "mlp_norm": (e,),
+    }
+    layouts = _layouts(model)
+    layers = {
+        name: np.stack(
+            [
+                layouts[name][0](_take(tensors, f"{LAYER_PREFIX}.{i}.{hf_name}", hf_shapes[name]))
+                for i in range(model.n_layers)
+            ]
+        )
+        for name, hf_name in _LAYER_NAMES.items()
+    }
+    embed = _take(tensors, "model.embed_tokens.weight", (v, e))
+    head = embed if tied else _take(tensors, "lm_head.weight", (v, e))
+    return {
+        "embed": np.asarray(embed),
+        "layers": layers,
+        "final_norm": np.asarray(_take(tensors, "model.norm.weight", (e,))),
+        "head": np.ascontiguousarray(head.T),
+    }
+
+
+def params_to_hf(params: Mapping[str, Any], model: ModelConfig) -> dict[str, np.ndarray]:
+    """A Hugging Face state dict (contiguous host arrays, untied ``lm_head``) from Titan's
+    whole-model parameter tree (:func:`params_from_hf` inverted)."""
+    layouts = _layouts(model)
+    tensors = {
+        "model.embed_tokens.weight": params["embed"],
+        "model.norm.weight": params["final_norm"],
+        "lm_head.weight": params["head"].T,
+    }
+    for name, hf_name in _LAYER_NAMES.items():
+        stacked = np.asarray(params["layers"][name])
+        for i in range(model.n_layers):
+            tensors[f"{LAYER_PREFIX}.{i}.{hf_name}"] = layouts[name][1](stacked[i])
+    return {name: np.ascontiguousarray(value) for name, value in tensors.items()}

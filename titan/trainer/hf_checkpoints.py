@@ -1,0 +1,298 @@
+"""Hugging Face Llama directories in and out of Titan: ``titan import hf`` and ``titan export hf``.
+
+Import (:func:`import_hf`) reads a Hugging Face Llama directory (``config.json``, the
+safetensors, one file or shards with ``model.safetensors.index.json``, and its tokenizer:
+``tokenizer.json``, ``tokenizer.model`` or Meta's ``original/tokenizer.model``) and writes a
+directory shaped like a run dir: ``config.json`` (the model shape and default options),
+``tokenizer.model`` and a Titan checkpoint at step 0 (``checkpoints/0``: the whole model as one
+SPMD chunk with a fresh AdamW state), which ``titan train --init-from`` starts from on any layout
+and ``titan export hf`` reads back. Weights become float32 master weights (an exact widening of
+bfloat16 or float16); names and layouts are mapped by :mod:`titan.models.hf_llama`.
+
+Export (:func:`export_hf`) reads a run's checkpoint (any layout: the chunks are joined on the
+host) and writes ``model.safetensors`` (or shards of at most :data:`SHARD_BYTES` with their
+index), ``config.json`` and the tokenizer's files (:func:`titan.data.tokenizer.tokenizer_files`).
+
+Both write into a temporary sibling of the output and rename it at the end, so a failure leaves
+nothing behind; an existing output is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from titan.config import TrainConfig
+from titan.config_files import config_to_data
+from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
+from titan.errors import TitanError
+from titan.models.adapters.base import ModelAdapter
+from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
+from titan.observability.records import CONFIG_FILE
+from titan.ops import Ops
+from titan.optimizer import build_optimizer
+from titan.parallel.chunks import Chunk, join_layers, whole_model
+from titan.parallel.mesh import DeviceMesh, host_mesh
+from titan.shapes import ModelConfig
+from titan.trainer.adapters import build_adapter
+from titan.trainer.checkpoint import Checkpointer, open_checkpoint
+from titan.trainer.init_from import saved_model
+from titan.trainer.resume import TOKENIZER_FILE
+from titan.trainer_state import ChunkState, TrainState, chunk_item
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+SHARD_BYTES = 5 * 10**9
+"""Largest safetensors shard written (bytes): transformers' ``save_pretrained`` default
+``max_shard_size="5GB"``."""
+TOKENIZER_CANDIDATES = ("tokenizer.json", "tokenizer.model", "original/tokenizer.model")
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TitanError(f"{what}: no {path}") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise TitanError(f"{what}: {path} is not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise TitanError(f"{what}: {path} is not a JSON object")
+    return value
+
+
+def _safetensors_files(source: Path) -> list[Path]:
+    """The shards named by the index, else ``model.safetensors``, else every ``*.safetensors``."""
+    index = source / INDEX_FILE
+    if index.is_file():
+        weight_map = _read_json(index, "titan import hf").get("weight_map", {})
+        return [source / name for name in sorted(set(weight_map.values()))]
+    if (source / SINGLE_FILE).is_file():
+        return [source / SINGLE_FILE]
+    files = sorted(source.glob("*.safetensors"))
+    if not files:
+        raise TitanError(f"titan import hf: no safetensors in {source}")
+    return files
+
+
+def read_safetensors(source: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a directory's safetensors, as numpy arrays (bfloat16 as ml_dtypes').
+
+    Raises:
+        TitanError: a shard is missing or unreadable.
+    """
+    tensors: dict[str, np.ndarray] = {}
+    for path in _safetensors_files(source):
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                tensors.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118
+        except (OSError, ValueError) as err:
+            raise TitanError(f"titan import hf: cannot read {path} ({err})") from None
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            raise TitanError(f"titan import hf: {path} is not safetensors ({err})") from None
+    return tensors
+
+
+def find_tokenizer(source: Path) -> Tokenizer:
+    """The tokenizer of a Hugging Face directory: the first of :data:`TOKENIZER_CANDIDATES`.
+
+    Raises:
+        TitanError: none is there, or it does not load.
+    """
+    for name in TOKENIZER_CANDIDATES:
+        if (source / name).is_file():
+            return load_tokenizer(source / name)
+    raise TitanError(
+        f"titan import hf: no tokenizer in {source} ({', '.join(TOKENIZER_CANDIDATES)})"
+    )
+
+
+def host_abstract(
+    adapter: ModelAdapter, tx: Any
+) -> Callable[[list[Chunk], DeviceMesh], dict[str, ChunkState]]:
+    """(chunks, mesh) -> their checkpoint items as ``jax.ShapeDtypeStruct`` trees (parameters
+    and optimizer state of ``tx``), as the layouts' ``abstract_items`` give them."""
+
+    def abstract(chunks: list[Chunk], mesh: DeviceMesh) -> dict[str, ChunkState]:
+        return {
+            chunk_item(c.index): mesh.state_shardings(tx, *adapter.abstract_params(c))[1]
+            for c in chunks
+        }
+
+    return abstract
+
+
+@contextmanager
+def _staged(out: Path, flag: str) -> Iterator[Path]:
+    """A temporary sibling of ``out``, renamed to ``out`` when the block succeeds and removed
+    when it fails."""
+    if out.exists():
+        raise TitanError(f"{flag} {out} exists already")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        yield staging
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _whole_tree(joined: dict[str, Any], shapes: Any) -> Any:
+    """The nested parameter tree of ``shapes`` filled from :func:`join_layers`'s flat dict."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: joined[jax.tree_util.keystr(path)], shapes
+    )
+
+
+def _build(model: ModelConfig, cfg: TrainConfig) -> tuple[ModelAdapter, Any]:
+    """The model adapter (on the CPU) and the optimizer of a run of ``cfg``."""
+    return build_adapter(cfg, model, Ops("cpu", from_env=False)), build_optimizer(cfg)[0]
+
+
+def import_hf(source: Path, out: Path) -> ModelConfig:
+    """Write ``out``: the Titan checkpoint at step 0 of the Hugging Face Llama in ``source``.
+
+    Returns:
+        The model shape (written to ``out/config.json`` as ``model``).
+
+    Raises:
+        TitanError: ``source`` is not a supported Llama directory (one line naming the file or
+            field), its tokenizer has more tokens than the embedding, or ``out`` exists.
+    """
+    hf = _read_json(source / "config.json", "titan import hf")
+    model = config_from_hf(hf)
+    tokenizer = find_tokenizer(source)
+    if tokenizer.vocab_size > model.vocab_size:
+        raise TitanError(
+            f"titan import hf: the tokenizer has {tokenizer.vocab_size} tokens, config.json "
+            f"vocab_size is {model.vocab_size}"
+        )
+    tied = bool(hf.get("tie_word_embeddings", False))
+    params = params_from_hf(read_safetensors(source), model, tied)
+    cfg = TrainConfig.of(preset=model)
+    adapter, tx = _build(model, cfg)
+    mesh, chunk = host_mesh(), whole_model(model.n_layers)
+    target = host_abstract(adapter, tx)([chunk], mesh)[chunk_item(0)]["params"]
+    placed = jax.tree.map(
+        lambda value, leaf: jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding),
+        params,
+        target,
+    )
+    state = TrainState(0, ({"params": placed, "opt_state": tx.init(placed)},))
+    layout = {
+        "layout": "spmd",
+        "mesh": mesh.mesh_shape,
+        "devices": 1,
+        "chunks": [[0, model.n_layers]],
+    }
+    with _staged(out, "--out") as staging:
+        staging.mkdir()
+        _write_config(staging, cfg, model, {"source": str(source.absolute())})
+        (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+        checkpointer = Checkpointer(staging, asynchronous=False)
+        try:
+            results = checkpointer.save(
+                state, {"layout": layout, "data_position": 0, "num_sequences": 0}
+            )
+        finally:
+            checkpointer.close()
+        if results[-1].error:
+            raise TitanError(
+                f"titan import hf: the checkpoint was not written ({results[-1].error})"
+            )
+    return model
+
+
+def _write_config(directory: Path, cfg: TrainConfig, model: ModelConfig, source: dict) -> None:
+    payload = {
+        "train": config_to_data(cfg),
+        "model": dataclasses.asdict(model),
+        "hf_import": source,
+    }
+    (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
+
+
+def export_hf(
+    run_dir: Path, step: int | None, out: Path | None, dtype: str = "float32"
+) -> tuple[int, Path]:
+    """Write ``out`` (default ``./<run id>-hf-<step>``): a Hugging Face Llama directory of
+    ``run_dir``'s checkpoint ``step`` (the newest when None), tensors in ``dtype``. Returns
+    (the step exported, the directory written).
+
+    Raises:
+        TitanError: not a run dir, no such committed checkpoint, or ``out`` exists.
+    """
+    cfg, model = saved_model(run_dir, "titan export hf")
+    tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
+    checkpointer, step = open_checkpoint(run_dir, step, "titan export hf")
+    out = out or Path(f"{run_dir.absolute().name}-hf-{step}")
+    adapter, tx = _build(model, cfg)
+    try:
+        items, chunks, _ = checkpointer.restore_host(step, host_abstract(adapter, tx))
+    finally:
+        checkpointer.close()
+    params = [items[chunk_item(c.index)]["params"] for c in chunks]
+    joined = join_layers(params, adapter.is_layer_stacked, adapter.layer_axis)
+    shapes, _ = adapter.abstract_params(whole_model(model.n_layers))
+    whole = jax.tree.map(np.asarray, _whole_tree(joined, shapes))
+    tensors = {
+        name: value.astype(jax.numpy.dtype(dtype))
+        for name, value in params_to_hf(whole, model).items()
+    }
+    max_positions = cfg.data.seq_len
+    if model.rope_scaling is not None:
+        scaling = model.rope_scaling
+        max_positions = max(
+            max_positions, int(scaling.factor * scaling.original_max_position_embeddings)
+        )
+    hf = config_to_hf(model, tokenizer.bos_id, tokenizer.eos_id, max_positions, dtype)
+    with _staged(out, "--out") as staging:
+        staging.mkdir()
+        _write_safetensors(staging, tensors)
+        (staging / "config.json").write_text(json.dumps(hf, indent=2))
+        for name, data in tokenizer_files(tokenizer).items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes(data)
+    return step, out
+
+
+def shard_names(tensors: dict[str, np.ndarray], max_bytes: int = SHARD_BYTES) -> list[list[str]]:
+    """Tensor names grouped into shards of at most ``max_bytes`` (a larger tensor alone), in
+    order."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, value in tensors.items():
+        if shards[-1] and size + value.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += value.nbytes
+    return shards
+
+
+def _write_safetensors(directory: Path, tensors: dict[str, np.ndarray]) -> None:
+    """``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` and their index."""
+    shards = shard_names(tensors)
+    metadata = {"format": "pt"}  # what transformers' loader expects of a PyTorch checkpoint
+    if len(shards) == 1:
+        save_file(tensors, str(directory / SINGLE_FILE), metadata=metadata)
+        return
+    weight_map = {}
+    for i, names in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: tensors[n] for n in names}, str(directory / file), metadata=metadata)
+        weight_map.update(dict.fromkeys(names, file))
+    total = sum(value.nbytes for value in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))

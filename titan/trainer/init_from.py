@@ -1,0 +1,70 @@
+"""``titan train --init-from CHECKPOINT``: the options a run takes from the checkpoint it starts
+from (its model shape and tokenizer), read without JAX; the weights themselves are read by
+:func:`titan.trainer.checkpoint.initial_state`.
+
+CHECKPOINT is a run dir or a ``titan import hf`` output (its newest committed checkpoint), or
+one step of it, ``<dir>/checkpoints/<step>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from titan.config import TrainConfig
+from titan.config_files import config_from_dict
+from titan.errors import TitanError
+from titan.observability.records import CONFIG_FILE
+from titan.shapes import SHAPE_FIELDS, ModelConfig, model_text
+from titan.trainer.resume import TOKENIZER_FILE
+
+CHECKPOINT_DIR = "checkpoints"  # titan.trainer.checkpoint's (that module imports orbax)
+
+
+def checkpoint_location(text: str) -> tuple[Path, int | None]:
+    """(the dir holding ``checkpoints/``, the step or None for the newest) of a CHECKPOINT."""
+    path = Path(text)
+    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit():
+        return path.parent.parent, int(path.name)
+    return path, None
+
+
+def saved_model(run_dir: Path, flag: str) -> tuple[TrainConfig, ModelConfig]:
+    """The options and the model shape recorded in a run dir's (or an import's) ``config.json``.
+
+    Raises:
+        TitanError: no readable ``config.json`` holding both.
+    """
+    path = run_dir / CONFIG_FILE
+    try:
+        saved = json.loads(path.read_text())
+        return config_from_dict(saved["train"]), ModelConfig(**saved["model"])
+    except FileNotFoundError:
+        raise TitanError(f"{flag} {run_dir}: no {CONFIG_FILE} there (not a run dir)") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise TitanError(f"{flag} {run_dir}: {path} has no usable model ({err})") from None
+
+
+def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
+    """``explicit`` (flat option names) with the model shape of ``init_from``'s checkpoint and,
+    unless ``tokenizer`` is given, its tokenizer; unchanged without ``init_from``.
+
+    Raises:
+        TitanError: the checkpoint's dir is not a run dir, or ``preset`` (``--model``) names
+            another shape than the checkpoint's.
+    """
+    text = explicit.get("init_from")
+    if not text:
+        return explicit
+    run_dir, _ = checkpoint_location(str(text))
+    _, model = saved_model(run_dir, "--init-from")
+    if "preset" in explicit:
+        asked = TrainConfig.of(preset=explicit["preset"]).model.shape
+        if any(getattr(asked, f) != getattr(model, f) for f in SHAPE_FIELDS):
+            raise TitanError(
+                f"--model {model_text(asked)} conflicts with the model of --init-from {text} "
+                f"({model_text(model)}); leave --model out"
+            )
+    tokenizer = explicit.get("tokenizer") or str(run_dir / TOKENIZER_FILE)
+    return {**explicit, "preset": model, "tokenizer": tokenizer}
