@@ -159,8 +159,13 @@ def tokenize(corpus, tokenizer, workers: int, budget_s: float) -> dict:
         "peak_rss_parent_bytes": peak.parent,
         "peak_rss_worker_bytes": max(peak.children.values(), default=0),
         "workers_seen": len(peak.children),
-        "partial": str(next(Path(os.environ["TITAN_CACHE"], "tokens").glob("*.partial"), "")),
+        "token_file": str(_token_file(Path(os.environ["TITAN_CACHE"], "tokens"))),
     }
+
+
+def _token_file(tokens_dir: Path) -> Path:
+    """The partial token file of a stopped tokenization, else the finished one."""
+    return next(tokens_dir.glob("*.partial"), None) or next(tokens_dir.glob("*.u32"))
 
 
 def train_throughput(record: Path) -> float:
@@ -208,8 +213,8 @@ def main() -> None:
     print(f"{args.workers} workers: {every['tokens_per_s']:,.0f} tokens/s", flush=True)
 
     committed = one["tokens"]  # the single worker's committed tokens, as training reads them
-    tokens = np.memmap(Path(one.pop("partial")), dtype=np.uint32, mode="r")[:committed]
-    every.pop("partial")
+    tokens = np.memmap(Path(one.pop("token_file")), dtype=np.uint32, mode="r")[:committed]
+    every.pop("token_file")
     batches = PackedBatches(tokens, 2048, 8, 0, tokenizer.bos_id)
     started = time.perf_counter()
     for _ in range(args.batches):
