@@ -201,7 +201,7 @@ def main() -> None:
     root = make_corpus(args.corpus, args.shards, args.shard_mb << 20)
     generate_s = time.perf_counter() - started
     corpus = open_corpus(str(root / "*.jsonl.zst"))
-    os.environ["TITAN_CACHE"] = str(args.corpus / "tokenizer-cache")  # kept with the corpus
+    os.environ["TITAN_CACHE"] = tempfile.mkdtemp(prefix="titan-bench-tokenizer-")  # cold
     started = time.perf_counter()
     tokenizer = train_tokenizer(corpus, args.vocab_size)
     tokenizer_s = time.perf_counter() - started
