@@ -480,13 +480,55 @@ def console_table(path: Path, base: Path) -> list[str]:
 
 
 def data_loader_table(path: Path, base: Path) -> list[str]:
+    """``bench/data_loader.py``: tokenizer training, tokenization with one worker and with all,
+    peak RSS, batch assembly, against the training throughput they feed."""
     data = json.loads(path.read_text())
-    command = (
-        f"`{data['command']}`" if "command" in data else "not recorded (`bench/data_loader.py`)"
+    corpus, train = data["corpus"], data["train"]
+    lines = [
+        f"Result file: {_link(path, base)}; command: `{data['command']}`. Corpus: "
+        f"{corpus['shards']} `.jsonl.zst` shards, {corpus['text_bytes'] / 1e9:.2f} GB of text "
+        f"({corpus['bytes_on_disk'] / 1e9:.2f} GB on disk); {data['cpu_count']} CPU cores, load "
+        f"average "
+        f"{data['load_average'][0]:.1f} at the end (shared machine). Training to feed: "
+        f"{train['what']}, {train['tokens_per_s']:,.0f} tokens/s "
+        f"({_link(REPO / train['record'], base)}).",
+        "",
+    ]
+    rows = [["tokenizer training (sample streamed + sentencepiece)", "", "", "", "", ""]]
+    rows[0][1] = f"{data['tokenizer']['train_s']:.1f} s"
+    for key in ("tokenize_one_worker", "tokenize_all_workers"):
+        t = data[key]
+        peaks = [t[f"peak_rss_{who}_bytes"] / 2**20 for who in ("parent", "worker")]
+        rows.append(
+            [
+                f"tokenize, {t['workers']} worker(s), {t['files']} shard(s)",
+                f"{t['seconds']:.1f} s ({t['share_read']:.0%} read, {t['tokens']:,} tokens)",
+                f"{t['tokens_per_s']:,.0f}",
+                f"{t['tokens_per_s_per_worker']:,.0f}",
+                f"{peaks[0]:,.0f} / {peaks[1]:,.0f}",
+                f"{t['tokens_per_s'] / train['tokens_per_s']:.2f}",
+            ]
+        )
+    assembly = data["batch_assembly"]
+    rows.append(
+        [
+            f"batch assembly ({assembly['batch_size']} x {assembly['seq_len']})",
+            "",
+            f"{assembly['tokens_per_s']:,.0f}",
+            "",
+            "",
+            f"{data['assembly_over_train']:,.0f}",
+        ]
     )
-    lines = [f"Result file: {_link(path, base)}; command: {command}.", ""]
-    rows = [[k, _figure(v)] for k, v in data.items() if k not in ("command", "time")]
-    return lines + _table(["figure", "value"], rows) + [""]
+    header = ["stage", "time", "tokens/s", "tokens/s per worker", "peak RSS MiB (parent / worker)"]
+    header.append("over training")
+    footer = [
+        "",
+        f"Workers needed to feed the training run at one worker's rate: "
+        f"{data['workers_to_feed_training']}.",
+        "",
+    ]
+    return lines + _table(header, rows) + footer
 
 
 def checkpoint_table(path: Path, base: Path) -> list[str]:

@@ -8,7 +8,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from titan.data.text import PackedBatches, open_corpus, token_stream
+from titan.data.text import PackedBatches, open_corpus
+from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 

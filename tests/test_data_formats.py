@@ -15,7 +15,8 @@ import tokenizers as hf_tokenizers
 import zstandard
 from helpers import events, run_in_process, small_run
 
-from titan.data.text import DROP_REASONS, PackedBatches, file_format, open_corpus, token_stream
+from titan.data.text import DROP_REASONS, PackedBatches, file_format, open_corpus
+from titan.data.tokenize import token_stream
 from titan.data.tokenizer import (
     MAX_SENTENCE_BYTES,
     StreamDecoder,
@@ -122,7 +123,7 @@ def test_dropped_records_are_counted_by_reason(tmp_path):
 class _Encoder:
     digest = "test-encoder"
 
-    def encode_documents(self, documents):
+    def encode_documents(self, documents, threads=0):
         return [np.array([1, *map(ord, d), 2], dtype=np.int32) for d in documents]
 
 

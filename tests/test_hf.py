@@ -21,7 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.config_files import config_to_toml, read_config_file
-from titan.data.text import PackedBatches, open_corpus, token_stream
+from titan.data.text import PackedBatches, open_corpus
+from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 from titan.models.adapters.llama import LlamaAdapter

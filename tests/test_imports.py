@@ -26,8 +26,12 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # sampling a diffusion run imports JAX and the trainer
     "titan/trainer/sample_command.py:run": "from titan.trainer.sampling import write_sample_grid",
     # Hugging Face import and export read checkpoints with JAX and orbax
-    "titan/trainer/hf_commands.py:run_import": "from titan.trainer import hf_checkpoints",
-    "titan/trainer/hf_commands.py:run_export": "from titan.trainer import hf_checkpoints",
+    "titan/trainer/import_export_commands.py:run_import": (
+        "from titan.trainer import hf_checkpoints"
+    ),
+    "titan/trainer/import_export_commands.py:run_export": (
+        "from titan.trainer import hf_checkpoints"
+    ),
     # generation imports JAX, flax and orbax
     "titan/generation/commands.py:run": (
         "from titan.generation.generate import Sampling, generate_from_cli"

@@ -31,9 +31,10 @@ COMMAND_MODULES = (
     "titan.planning.commands",
     "titan.observability.commands",
     "titan.launch.commands",
-    "titan.trainer.hf_commands",
+    "titan.trainer.import_export_commands",
     "titan.generation.commands",
     "titan.trainer.sample_command",
+    "titan.trainer.tokenize_command",
 )
 
 

@@ -57,6 +57,8 @@ Task = Literal["lm", "diffusion"]
 TASKS: tuple[Task, ...] = ("lm", "diffusion")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
+MetricsSink = Literal["none", "tensorboard"]  # titan.observability.sinks.LIVE_SINKS
+METRICS_SINKS: tuple[MetricsSink, ...] = ("none", "tensorboard")
 
 
 # Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
@@ -410,7 +412,9 @@ class DataOptions:
             "--data",
             "corpus: 'stdlib' (this Python's standard library sources), a file, a directory or "
             "a glob; each file's format by its name: .jsonl, .jsonl.gz, .jsonl.zst (one JSON "
-            "object per line), .parquet, anything else plain text (one document per file)",
+            "object per line), .parquet, anything else plain text (one document per file); a "
+            "weighted mixture as 'web/*.jsonl.zst:0.7,code/:0.3' (each part sampled in "
+            "proportion to its weight)",
             name="data",
         ),
     )
@@ -427,6 +431,16 @@ class DataOptions:
             "tokenizer to use, told by content: a sentencepiece .model or a Hugging Face "
             "tokenizer.json (BOS/EOS from the tokenizer_config.json beside it, else its "
             "template); empty trains one on the corpus (cached)",
+        ),
+    )
+    data_workers: int = field(
+        default=0,
+        metadata=_opt(
+            "--data-workers",
+            "worker processes that tokenize the corpus (0: one per CPU core; a corpus of one "
+            "chunk, 4 Mi characters, is tokenized in the training process)",
+            minimum=0,
+            resumable=True,
         ),
     )
     vocab_size: int = field(
@@ -825,6 +839,17 @@ class ObservabilityOptions:
             "<run dir>/profile/ (open with TensorBoard's or XProf's profile plugin, or Perfetto); "
             "empty: no trace",
             codec="range",
+            resumable=True,
+        ),
+    )
+    metrics: MetricsSink = field(
+        default="none",
+        metadata=_opt(
+            "--metrics",
+            "live metrics writer that follows events.jsonl while the run trains: 'tensorboard' "
+            "writes TensorBoard event files into <run dir>/tensorboard/ (needs the [sinks] "
+            "extra); 'none': only events.jsonl (titan export writes sinks afterwards)",
+            choices=METRICS_SINKS,
             resumable=True,
         ),
     )

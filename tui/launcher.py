@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from titan.config import TrainConfig, check_run_id, option_fields
-from titan.data.text import check_inputs
+from titan.data.mixture import check_inputs
 from titan.errors import TitanError
 from titan.observability.liveness import LAUNCH_FILE, STDERR_LOG, ProcessId
 from titan.observability.records import default_runs_root, new_run_id, write_json_atomic

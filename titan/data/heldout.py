@@ -16,6 +16,7 @@ the same every evaluation, packed like training sequences (:class:`titan.data.te
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections import Counter
@@ -25,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from titan.data.text import Corpus, document_ids, open_corpus
+from titan.data.mixture import Source, union_corpus
+from titan.data.text import Corpus, FilePosition, batch_of, open_corpus
 from titan.errors import TitanError
 
 HASH_BYTES = 8
@@ -70,9 +72,26 @@ class SplitCorpus:
         Raises:
             TitanError: as :meth:`titan.data.text.Corpus.documents`.
         """
-        for text in self.corpus.documents(dropped):
+        counts = Counter() if dropped is None else dropped
+        for index in range(len(self.files)):
+            yield from self.file_documents(index, counts)
+
+    def file_documents(
+        self, index: int, dropped: Counter[str], position: FilePosition | None = None
+    ) -> Iterator[str]:
+        """This side's documents of ``files[index]`` (:meth:`titan.data.text.Corpus.
+        file_documents`, which ``position`` follows).
+
+        Raises:
+            TitanError: as :meth:`titan.data.text.Corpus.documents`.
+        """
+        for text in self.corpus.file_documents(index, dropped, position):
             if held_out(text, self.fraction) == self.held_out:
                 yield text
+
+    def file_sizes(self) -> list[int]:
+        """The corpus's file sizes (bytes): progress follows the bytes read of both sides."""
+        return self.corpus.file_sizes()
 
     def fingerprint(self) -> str:
         """The corpus's fingerprint with the split's fraction and side."""
@@ -96,6 +115,25 @@ def split_corpus(
         except TitanError as err:
             raise TitanError(str(err).replace("--data", "--eval-data", 1)) from None
     return corpus, None
+
+
+def split_sources(
+    data: str, sources: list[Source], eval_data: str, eval_split: float
+) -> tuple[list[Source], Corpus | SplitCorpus | None]:
+    """(the ``--data`` parts to train on, the held-out corpus or None) for ``--eval-split`` or
+    ``--eval-data``: with a split, each part keeps its training side and the held-out side is
+    that of all the parts' files together (the same documents: the split is per document).
+
+    Raises:
+        TitanError: ``eval_data`` does not exist or holds no files.
+    """
+    if not eval_split:
+        return sources, split_corpus(sources[0].corpus, eval_data, 0.0)[1]
+    train = [
+        dataclasses.replace(s, corpus=SplitCorpus(s.corpus, eval_split, False)) for s in sources
+    ]
+    everything = union_corpus(data, sources)
+    return train, SplitCorpus(everything, eval_split, True)
 
 
 @dataclass(frozen=True)
@@ -147,4 +185,4 @@ class EvalBatches:
             ids = ids[self.rows]
         window = ids[:, None] * self.seq_len + np.arange(self.seq_len + 1)[None, :]
         tokens = np.asarray(self.tokens[window], dtype=np.int32)
-        return {"tokens": tokens, "segment_ids": document_ids(tokens, self.bos_id)}
+        return batch_of(tokens, self.bos_id)

@@ -9,7 +9,8 @@ file). Everything is streamed, one file open at a time. A record that is not a d
 counted by reason (:data:`DROP_REASONS`), never dropped silently.
 
 Tokenization happens once per (corpus, tokenizer) ahead of training, into a cached flat token
-file: every document contributes BOS, its ids, EOS, exactly once. Packing cuts the stream, read
+file (:mod:`titan.data.tokenize`: streamed, in worker processes, resumable): every document
+contributes BOS, its ids, EOS, exactly once. Packing cuts the stream, read
 as a cycle, into sequences of ``seq_len + 1`` tokens (inputs and shifted targets), sequence
 ``k`` covering tokens ``[k * seq_len, k * seq_len + seq_len]`` (mod the stream's length). Each
 epoch visits its sequences once in an order drawn from ``(seed, epoch)`` and starts in the
@@ -26,38 +27,20 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import sysconfig
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
 import numpy as np
 import zstandard
 
-from titan.data.cache import cache_dir
 from titan.errors import TitanError
 
-
-class DocumentEncoder(Protocol):
-    """What :func:`token_stream` needs of a tokenizer (:class:`titan.data.tokenizer.Tokenizer`).
-
-    Attributes:
-        digest: identifies the tokenizer's model (part of the cache key).
-    """
-
-    digest: str
-
-    def encode_documents(self, documents: list[str]) -> list[np.ndarray]:
-        """Each document as BOS ids EOS, int32."""
-        ...
-
-
 STDLIB = "stdlib"
-ENCODE_CHUNK_DOCS = 512
 PARQUET_BATCH_ROWS = 1024
 GLOB_CHARS = frozenset("*?[")
 DROP_REASONS = ("empty", "non_text", "nul_bytes", "bad_json")
@@ -92,19 +75,39 @@ def _checked(text: object, dropped: Counter[str]) -> Iterator[str]:
         yield text
 
 
-def _open_lines(path: Path) -> IO[str]:
-    """A ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file as text lines, decompressed while read."""
+class FilePosition:
+    """How far the file being read is, in bytes of the file on disk (compressed bytes for
+    ``.gz`` and ``.zst``): what progress and its ETA are measured in."""
+
+    def __init__(self) -> None:
+        self.raw: IO[bytes] | None = None
+
+    def bytes_read(self) -> int:
+        """Bytes of the current file read so far (0 when it is not a stream: Parquet, text)."""
+        try:
+            return self.raw.tell() if self.raw is not None and not self.raw.closed else 0
+        except (OSError, ValueError):
+            return 0
+
+
+def _text_lines(path: Path, raw: IO[bytes]) -> IO[str]:
+    """The raw bytes of a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file as text lines,
+    decompressed while read."""
     name = path.name.lower()
     if name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    if name.endswith(".zst"):
-        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-        return io.TextIOWrapper(reader, encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif name.endswith(".zst"):
+        binary = zstandard.ZstdDecompressor().stream_reader(raw)
+    else:
+        binary = raw
+    return io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
 
 
-def _jsonl_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iterator[str]:
-    with _open_lines(path) as lines:
+def _jsonl_documents(
+    path: Path, field_name: str, dropped: Counter[str], position: FilePosition
+) -> Iterator[str]:
+    with open(path, "rb") as raw, _text_lines(path, raw) as lines:
+        position.raw = raw
         for line in lines:
             if not line.strip():
                 continue
@@ -177,23 +180,36 @@ class Corpus:
                 read (names it and the OS's reason).
         """
         counts = Counter() if dropped is None else dropped
+        for index in range(len(self.files)):
+            yield from self.file_documents(index, counts)
+
+    def file_documents(
+        self, index: int, dropped: Counter[str], position: FilePosition | None = None
+    ) -> Iterator[str]:
+        """The documents of ``files[index]`` (as :meth:`documents`), ``position`` following
+        the bytes of the file read so far.
+
+        Raises:
+            TitanError: as :meth:`documents`.
+        """
+        path, position = self.files[index], position or FilePosition()
+        kind = file_format(path)
         try:
-            yield from self._documents(counts)
+            if kind == "jsonl":
+                yield from _jsonl_documents(path, self.text_field, dropped, position)
+            elif kind == "parquet":
+                yield from _parquet_documents(path, self.text_field, dropped)
+            else:
+                yield from _plain_text(_read_bytes(path), dropped)
         except OSError as err:
-            where = err.filename or self.spec
+            where = err.filename or path
             raise TitanError(
                 f"--data {self.spec}: cannot read {where}: {err.strerror or err}"
             ) from None
 
-    def _documents(self, counts: Counter[str]) -> Iterator[str]:
-        for path in self.files:
-            kind = file_format(path)
-            if kind == "jsonl":
-                yield from _jsonl_documents(path, self.text_field, counts)
-            elif kind == "parquet":
-                yield from _parquet_documents(path, self.text_field, counts)
-            else:
-                yield from _plain_text(_read_bytes(path), counts)
+    def file_sizes(self) -> list[int]:
+        """Each file's size on disk (bytes), in :attr:`files` order."""
+        return [p.stat().st_size for p in self.files]
 
     def fingerprint(self) -> str:
         """Identity of the corpus for caches: sha256 over the text field and (path, size,
@@ -241,109 +257,6 @@ def open_corpus(spec: str, text_field: str = "text") -> Corpus:
     return Corpus(spec, tuple(files), text_field)
 
 
-def check_inputs(data: str, tokenizer: str) -> None:
-    """The file checks ``titan train`` makes of ``--data`` and ``--tokenizer`` before it creates
-    a run dir, for callers that create one first (the console).
-
-    Raises:
-        TitanError: ``data`` does not exist or holds no files; ``tokenizer`` is given and is not
-            a file.
-    """
-    open_corpus(data)
-    if tokenizer and not Path(tokenizer).is_file():
-        raise TitanError(f"--tokenizer {tokenizer}: no such file")
-
-
-def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-@dataclass(frozen=True)
-class TokenStream:
-    """A tokenized corpus.
-
-    Attributes:
-        tokens: (N,) uint32 memory-mapped array: BOS doc EOS BOS doc EOS ...
-        documents: documents tokenized.
-        dropped: records that are not documents, by reason (:data:`DROP_REASONS`, every
-            reason present, zeros included).
-    """
-
-    tokens: np.ndarray
-    documents: int
-    dropped: dict[str, int]
-
-
-def _drop_summary(dropped: dict[str, int]) -> str:
-    return ", ".join(f"{count} {reason}" for reason, count in dropped.items() if count) or "none"
-
-
-def _write_tokens(
-    corpus: Corpus,
-    tokenizer: DocumentEncoder,
-    path: Path,
-    progress: Callable[[int], None] | None,
-) -> dict[str, int | dict[str, int]]:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    documents, dropped = 0, Counter()
-    try:
-        with open(tmp, "wb") as out:
-            for chunk in _batched(corpus.documents(dropped), ENCODE_CHUNK_DOCS):
-                for ids in tokenizer.encode_documents(chunk):
-                    out.write(ids.astype(np.uint32).tobytes())
-                documents += len(chunk)
-                if progress:
-                    progress(documents)
-    except BaseException:  # an error or a stop signal: no partial file stays in the cache
-        tmp.unlink(missing_ok=True)
-        raise
-    counts = {reason: dropped[reason] for reason in DROP_REASONS}
-    if documents == 0:
-        tmp.unlink()
-        raise TitanError(
-            f"--data {corpus.spec}: no non-empty document (dropped: {_drop_summary(counts)})"
-        )
-    os.replace(tmp, path)
-    return {"documents": documents, "dropped": counts}
-
-
-def token_stream(
-    corpus: Corpus,
-    tokenizer: DocumentEncoder,
-    progress: Callable[[int], None] | None = None,
-) -> TokenStream:
-    """The corpus as one flat array of token ids, tokenized once and cached (with its document
-    counts beside it, ``<key>.json``).
-
-    Args:
-        progress: called with the number of documents done after each chunk; what it raises (a
-            stop signal's exception) is passed on, and no partial file stays in the cache.
-
-    Raises:
-        TitanError: the corpus has no non-empty document (the message counts the drops), or a
-            file of it cannot be read.
-    """
-    key = hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
-    path = cache_dir() / "tokens" / f"{key}.u32"
-    counts_path = path.with_suffix(".json")
-    if not (path.is_file() and counts_path.is_file()):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        counts = _write_tokens(corpus, tokenizer, path, progress)
-        tmp = counts_path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(counts))
-        os.replace(tmp, counts_path)
-    counts = json.loads(counts_path.read_text())
-    tokens = np.memmap(path, dtype=np.uint32, mode="r")
-    return TokenStream(tokens, counts["documents"], counts["dropped"])
-
-
 @dataclass
 class PackedBatches:
     """Fixed-length sequences of a token stream, shuffled per epoch, served in batches.
@@ -367,6 +280,7 @@ class PackedBatches:
         position: sequences consumed so far (the loader state saved in checkpoints).
         rows: the rows of each batch to materialise (sorted; None: all), for a process that
             holds only some rows of the global batch; the ids are always the whole batch's.
+        salt: more seed words of the order (a mixture's part index); ``()`` for one corpus.
 
     Raises:
         TitanError: the stream holds fewer sequences than one batch.
@@ -379,6 +293,7 @@ class PackedBatches:
     bos_id: int
     position: int = 0
     rows: np.ndarray | None = None
+    salt: tuple[int, ...] = ()
     _orders: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -392,25 +307,39 @@ class PackedBatches:
     def num_sequences(self) -> int:
         return max(len(self.tokens) - 1, 0) // self.seq_len
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the stream."""
+        return len(self.tokens)
+
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
-            rng = np.random.default_rng([self.seed, epoch])
+            rng = np.random.default_rng([self.seed, epoch, *self.salt])
             self._orders = {epoch: rng.permutation(self.num_sequences)}
         return self._orders[epoch]
 
-    def sequence_ids(self, position: int) -> np.ndarray:
-        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``: the
+    def sequence_id(self, index: int) -> int:
+        """The id of the sequence at place ``index`` of the visiting order (all epochs): the
         sequence at place ``j`` of epoch ``e`` has id ``e * K + order_e[j]`` (K sequences per
         epoch, ``order_e`` the epoch's permutation)."""
-        ids = np.empty(self.batch_size, dtype=np.int64)
-        for i, index in enumerate(range(position, position + self.batch_size)):
-            epoch, offset = divmod(index, self.num_sequences)
-            ids[i] = epoch * self.num_sequences + self._order(epoch)[offset]
-        return ids
+        epoch, offset = divmod(index, self.num_sequences)
+        return epoch * self.num_sequences + int(self._order(epoch)[offset])
+
+    def sequence_ids(self, position: int) -> np.ndarray:
+        """(batch_size,) int64 ids of the sequences of the batch starting at ``position``
+        (:meth:`sequence_id` of each place)."""
+        places = range(position, position + self.batch_size)
+        return np.array([self.sequence_id(i) for i in places], dtype=np.int64)
 
     def sequence_starts(self, ids: np.ndarray) -> np.ndarray:
         """Stream index of each sequence's first token: ``(id * seq_len) mod N``."""
         return (ids * self.seq_len) % len(self.tokens)
+
+    def windows(self, ids: np.ndarray) -> np.ndarray:
+        """(R, seq_len + 1) int32 tokens of the sequences ``ids`` (R,), wrapping at the end."""
+        starts = self.sequence_starts(ids)
+        window = (starts[:, None] + np.arange(self.seq_len + 1)[None, :]) % len(self.tokens)
+        return np.asarray(self.tokens[window], dtype=np.int32)
 
     def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The next batch (its :attr:`rows`) and the whole batch's sequence ids; advances
@@ -421,12 +350,15 @@ class PackedBatches:
             R = B, or the number of :attr:`rows`
         """
         ids = self.sequence_ids(self.position)
-        starts = self.sequence_starts(ids if self.rows is None else ids[self.rows])
-        window = (starts[:, None] + np.arange(self.seq_len + 1)[None, :]) % len(self.tokens)
-        tokens = np.asarray(self.tokens[window], dtype=np.int32)
-        segment_ids = document_ids(tokens, self.bos_id)
+        tokens = self.windows(ids if self.rows is None else ids[self.rows])
         self.position += self.batch_size
-        return {"tokens": tokens, "segment_ids": segment_ids}, ids
+        return batch_of(tokens, self.bos_id), ids
+
+
+def batch_of(tokens: np.ndarray, bos_id: int) -> dict[str, np.ndarray]:
+    """A batch from (R, S + 1) int32 sequences: ``tokens``, and their :func:`document_ids` as
+    ``segment_ids`` (documents are the attention segments)."""
+    return {"tokens": tokens, "segment_ids": document_ids(tokens, bos_id)}
 
 
 def document_ids(tokens: np.ndarray, bos_id: int) -> np.ndarray:

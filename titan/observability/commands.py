@@ -5,7 +5,9 @@ ingest the new lines of every ``events.jsonl`` first (:mod:`titan.observability.
 so they are the database's one writer while they run. ``--json`` prints the same as JSON.
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
 earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
-report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`).
+report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`);
+``titan export tensorboard|csv|wandb-offline`` its metrics (:mod:`titan.observability.sinks`;
+formats of the ``export`` command that :mod:`titan.trainer.import_export_commands` defines).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.observability import sinks
 from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import default_runs_root
 from titan.tables import Column, console, fitted_table, print_fitted
@@ -42,7 +45,8 @@ def _count(text: str) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Add ``summarize`` and ``perf`` to the ``titan`` subcommands."""
+    """Add ``summarize``, ``perf`` and ``report`` to the ``titan`` subcommands (the metric sinks
+    join ``export``'s formats: :func:`add_export_formats`)."""
     s = subparsers.add_parser(
         "summarize",
         help="summarize the runs of a runs root",
@@ -278,3 +282,32 @@ def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
         title=_plain(f"step times in {root}"),
     )
     print_fitted(out, table, width)
+
+
+def add_export_formats(formats: Any) -> None:
+    """Add the metric sinks (:data:`titan.observability.sinks.SINKS`) as formats of
+    ``titan export``: ``titan export tensorboard|csv|wandb-offline RUN_DIR [--out PATH]``."""
+    described = {
+        "tensorboard": "TensorBoard event files (tensorboardX); default RUN_DIR/tensorboard",
+        "csv": "a CSV, one line per step, one column per scalar; default RUN_DIR/metrics.csv",
+        "wandb-offline": "a W&B offline run (the wandb library, offline: upload it with wandb "
+        "sync); default RUN_DIR/wandb",
+    }
+    for sink in sinks.SINKS:
+        f = formats.add_parser(
+            sink,
+            help=f"a run's metrics as {described[sink].split(';')[0]}",
+            description=f"Write the scalars of RUN_DIR's events.jsonl (step, eval and checkpoint "
+            f"events, one value per step and field) as {described[sink]}. events.jsonl stays "
+            "the source of truth; an export can be written again at any time.",
+        )
+        f.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
+        f.add_argument("--out", default=None, metavar="PATH", help="where to write")
+        f.set_defaults(run=run_export, sink=sink)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """``titan export``: prints the path written."""
+    out = sinks.export_run(Path(args.run_dir), args.sink, Path(args.out) if args.out else None)
+    print(inert(str(out)))
+    return EXIT_OK

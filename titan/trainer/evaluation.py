@@ -22,7 +22,8 @@ import numpy as np
 
 from titan.config import TrainConfig
 from titan.data.heldout import EvalBatches, SplitCorpus
-from titan.data.text import Corpus, token_stream
+from titan.data.text import Corpus
+from titan.data.tokenize import token_stream
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
 from titan.observability.events import Eval

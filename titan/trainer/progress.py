@@ -1,8 +1,9 @@
 """What ``titan train`` shows while it works.
 
 In a terminal: a rich progress bar with step, loss, tokens/s, elapsed and remaining time, and a
-spinner/bar for tokenization. Otherwise (a pipe, a log file, the console's subprocess): one plain
-line every ``log_every`` steps, so logs stay small and readable.
+bar for tokenization (bytes read, tokens/s, ETA). Otherwise (a pipe, a log file, the console's
+subprocess): one plain line every ``log_every`` steps (and every 10 s of tokenization), so logs
+stay small and readable.
 """
 
 from __future__ import annotations
@@ -18,15 +19,39 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.text import Text
 
+from titan.data.tokenize import TokenizeProgress
 from titan.inert import inert
 from titan.observability.events import Eval, Step
+from titan.observability.formatting import format_duration
+
+TOKENIZE_LOG_EVERY_S = 10.0
+
+
+def _line(done: TokenizeProgress) -> str:
+    """``45% of 2.1 GB, 123,456 tokens, 1,234,567 tokens/s, ETA 1m40s``."""
+    share = done.bytes_done / done.bytes_total if done.bytes_total else 1.0
+    return (
+        f"{share:.0%} of {done.bytes_total / 1e9:.1f} GB, {done.tokens:,} tokens, "
+        f"{done.tokens_per_s:,.0f} tokens/s, ETA {format_duration(done.eta_s)}"
+    )
+
+
+class _TokenizeLog:
+    """Plain progress lines of tokenization, one every :data:`TOKENIZE_LOG_EVERY_S` seconds."""
+
+    def __init__(self) -> None:
+        self._next = TOKENIZE_LOG_EVERY_S
+
+    def report(self, done: TokenizeProgress) -> None:
+        if done.elapsed_s >= self._next:
+            self._next = done.elapsed_s + TOKENIZE_LOG_EVERY_S
+            print(f"titan: tokenizing: {_line(done)}", flush=True)
 
 
 class TrainProgress:
@@ -56,20 +81,28 @@ class TrainProgress:
             print(f"titan: {inert(message)}", flush=True)
             yield
 
-    def tokenize(self, build: Callable[[Callable[[int], None]], Any]) -> Any:
-        """Run ``build(report)``, where ``report(documents_done)`` advances a progress line."""
+    def tokenize(self, build: Callable[[Callable[[TokenizeProgress], None]], Any]) -> Any:
+        """Run ``build(report)``, where ``report(progress)`` after each chunk advances a bar
+        (terminal: bytes read, tokens, tokens/s, ETA) or prints a line every
+        :data:`TOKENIZE_LOG_EVERY_S` seconds (no terminal)."""
         if not self.interactive:
-            return build(lambda done: None)
+            return build(_TokenizeLog().report)
         with Progress(
-            SpinnerColumn(),
             TextColumn("tokenizing the corpus"),
-            TextColumn("{task.completed:,} documents"),
+            BarColumn(),
+            TextColumn("{task.fields[fields]}"),
             TimeElapsedColumn(),
             console=self.console,
             transient=True,
         ) as bar:
-            task = bar.add_task("tokenize", total=None)
-            return build(lambda done: bar.update(task, completed=done))
+            task = bar.add_task("tokenize", total=None, fields="")
+
+            def report(done: TokenizeProgress) -> None:
+                bar.update(
+                    task, completed=done.bytes_done, total=done.bytes_total, fields=_line(done)
+                )
+
+            return build(report)
 
     def step(self, event: Step) -> None:
         """Show one ``step`` event."""

@@ -46,21 +46,24 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
-from titan.data.heldout import split_corpus
+from titan.data.heldout import split_sources
 from titan.data.images import ImageBatches
-from titan.data.text import (
-    Corpus,
-    PackedBatches,
-    batch_digest,
-    open_corpus,
-    token_stream,
+from titan.data.mixture import (
+    Batches,
+    Source,
+    data_record,
+    make_batches,
+    open_sources,
+    union_corpus,
 )
+from titan.data.text import Corpus, batch_digest
+from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
@@ -88,6 +91,7 @@ from titan.observability.records import (
     disk_full,
     write_json_atomic,
 )
+from titan.observability.sinks import LiveTensorBoard, check_library, live_sink
 from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
 from titan.parallel.distributed import (
@@ -134,6 +138,8 @@ from titan.trainer.processes import (
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from titan.trainer_state import StepMetrics, Trainer, TrainState
+
+T = TypeVar("T")
 
 
 def _check_steps_left(cfg: TrainConfig, latest: int | None) -> None:
@@ -238,16 +244,19 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     try:
         with stop.during("scan"):
-            corpus = held_out = None  # a diffusion run reads images (titan.trainer.images)
+            sources = held_out = None  # a diffusion run reads images (titan.trainer.images)
             if cfg.model.task == "lm":
-                corpus = open_corpus(cfg.data.corpus, cfg.data.text_field)
-                corpus, held_out = split_corpus(corpus, cfg.data.eval_data, cfg.data.eval_split)
+                sources = open_sources(cfg.data.corpus, cfg.data.text_field)
+                sources, held_out = split_sources(
+                    cfg.data.corpus, sources, cfg.data.eval_data, cfg.data.eval_split
+                )
+            check_library(cfg.observability.metrics)
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
         with RunClaim(run_dir, fresh=resume_dir is None, enabled=is_writer()) as claim:
             return _train_claimed(
-                cfg, resume_dir, run_dir, claim, progress, (corpus, held_out), stop
+                cfg, resume_dir, run_dir, claim, progress, (sources, held_out), stop
             )
     except BaseException:
         if not stop.requested or stop.running:
@@ -265,11 +274,12 @@ def _train_claimed(
     run_dir: Path,
     claim: RunClaim,
     progress: TrainProgress,
-    corpora: tuple[Corpus, Corpus | None],
+    corpora: tuple[list[Source] | None, Corpus | None],
     stop: StopFlag,
 ) -> int:
     """:func:`train` once this process holds the run dir (or is not its writer); ``corpora``:
-    what to train on and the held-out data (:func:`titan.data.heldout.split_corpus`)."""
+    the ``--data`` parts to train on and the held-out data (:func:`titan.data.heldout.
+    split_sources`), None for a diffusion run."""
     import jax
 
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
@@ -366,7 +376,7 @@ class _RunData:
     model: ModelConfig
     ops: Ops
     trainer: Trainer
-    batches: PackedBatches | ImageBatches
+    batches: Batches | ImageBatches
     files: dict[str, bytes]
     record: dict[str, Any]
     tokens_per_row: int
@@ -384,43 +394,41 @@ def _build(cfg: TrainConfig, model_cfg: ModelConfig, stop: StopFlag) -> tuple[Op
 
 def _text_data(
     cfg: TrainConfig,
-    corpora: tuple[Corpus, Corpus | None],
+    corpora: tuple[list[Source], Corpus | None],
     resume_dir: Path | None,
     progress: TrainProgress,
     stop: StopFlag,
 ) -> _RunData:
-    """The tokenizer (trained, loaded or the resumed run's), the model, the token stream, and the
-    evaluation of the held-out ``corpora[1]`` (:func:`titan.data.heldout.split_corpus`)."""
-    corpus, held_out = corpora
+    """The tokenizer (trained, loaded or the resumed run's), the model, the token streams of the
+    ``--data`` parts, and the evaluation of the held-out corpus
+    (:func:`titan.data.heldout.split_sources`)."""
+    sources, held_out = corpora
     with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
+        corpus = union_corpus(cfg.data.corpus, sources)
         tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
     ops, trainer = _build(cfg, model_config(cfg, tokenizer.vocab_size), stop)
     model_cfg = trainer.adapter.config  # the shape the family built (MaxText's own)
     with stop.during("tokenize") as tick:
-        stream = first_then_others(
+        streams = first_then_others(
             "titan:tokens",
             lambda: progress.tokenize(
-                lambda report: token_stream(corpus, tokenizer, _both(report, tick))
+                lambda report: _streams(cfg, sources, tokenizer, report, tick)
             ),
         )
-    batches = PackedBatches(
-        stream.tokens, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
+    batches = make_batches(
+        sources, streams, cfg.data.seq_len, cfg.data.batch_size, cfg.run.seed, tokenizer.bos_id
     )
     with stop.during("tokenize") as tick:
         evaluation = open_evaluation(cfg, held_out, tokenizer, trainer, tick)
+    data = data_record(cfg.data.corpus, sources, streams, batches)
+    if evaluation:
+        data["eval"] = evaluation.describe()
     record = {
         "tokenizer": {
             "vocab_size": tokenizer.vocab_size,
             "source": cfg.data.tokenizer or "trained",
         },
-        "data": {
-            "source": cfg.data.corpus,
-            "tokens": int(len(batches.tokens)),
-            "sequences": batches.num_sequences,
-            "documents": stream.documents,
-            "dropped": stream.dropped,
-            **({"eval": evaluation.describe()} if evaluation else {}),
-        },
+        "data": data,
     }
     files = {TOKENIZER_FILE: tokenizer.model_proto}
     return _RunData(
@@ -444,10 +452,24 @@ def _checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
     )
 
 
-def _both(first: Callable[[int], None], second: Callable[[int], None]) -> Callable[[int], None]:
+def _streams(
+    cfg: TrainConfig,
+    sources: list[Source],
+    tokenizer: Tokenizer,
+    report: Callable[[Any], None],
+    tick: Callable[..., None],
+) -> list[TokenStream]:
+    """Each source's token stream (tokenized with ``--data-workers`` workers, or cached)."""
+    workers = cfg.data.data_workers or os.cpu_count() or 1
+    return [
+        token_stream(source.corpus, tokenizer, _both(report, tick), workers) for source in sources
+    ]
+
+
+def _both(first: Callable[[T], None], second: Callable[..., None]) -> Callable[[T], None]:
     """A progress callback that reports to ``first`` and then ``second``."""
 
-    def report(done: int) -> None:
+    def report(done: T) -> None:
         first(done)
         second(done)
 
@@ -510,7 +532,7 @@ class _Run:
     cfg: TrainConfig
     run_dir: Path
     trainer: Trainer
-    batches: PackedBatches | ImageBatches
+    batches: Batches | ImageBatches
     checkpointer: Checkpointer
     stop: StopFlag
     progress: TrainProgress
@@ -522,6 +544,7 @@ class _Run:
     evaluation: Evaluation | None = None  # --eval-every
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
+    metrics: LiveTensorBoard | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.record = MutedRecord(self.run_dir, self.run_dir.name)
@@ -561,6 +584,7 @@ class _Run:
             record = _open_record(self.run_dir)
             _write_run_files(self.run_dir, self.cfg, model_cfg, files)
             self.record = record
+            self.metrics = live_sink(self.cfg.observability.metrics, self.run_dir)
         barrier("titan:run-files")  # then the others write their heartbeats there
         self.heartbeat = Heartbeat(self.run_dir)
         self.heartbeat.start()
@@ -604,6 +628,8 @@ class _Run:
 
     def stop_monitors(self) -> None:
         self.watchdog.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.power.stop()
         if self.peers is not None:
             self.peers.stop()

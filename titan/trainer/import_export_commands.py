@@ -1,5 +1,8 @@
-"""``titan import hf DIR`` and ``titan export hf RUN_DIR``: Hugging Face Llama directories in and
-out (:mod:`titan.trainer.hf_checkpoints`, imported when a command runs: it imports JAX)."""
+"""``titan import hf|maxtext`` and ``titan export hf|maxtext|tensorboard|csv|wandb-offline``:
+models in and out of Titan checkpoints (Hugging Face Llama directories here,
+:mod:`titan.trainer.hf_checkpoints`, imported when a command runs: it imports JAX; MaxText's
+formats from :mod:`titan.models.commands`) and a run's metrics out
+(:func:`titan.observability.commands.add_export_formats`)."""
 
 from __future__ import annotations
 
@@ -8,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from titan.models import commands as maxtext_commands
+from titan.observability.commands import add_export_formats
 
 EXPORT_DTYPES = ("float32", "bfloat16")
 
 
 def add_parser(subparsers: Any) -> None:
-    """Add ``import`` and ``export`` (each with its ``hf`` format) to the subcommands."""
+    """Add ``import`` and ``export`` (each with its ``hf`` format; ``export`` also with the
+    metric sinks' formats) to the subcommands."""
     imports = subparsers.add_parser(
         "import", help="import a model into a Titan checkpoint", description="Import a model."
     )
@@ -34,7 +39,10 @@ def add_parser(subparsers: Any) -> None:
     maxtext_commands.add_import_format(formats)
 
     exports = subparsers.add_parser(
-        "export", help="export a run's checkpoint", description="Export a run's checkpoint."
+        "export",
+        help="export a run's checkpoint or its metrics",
+        description="Export a run's checkpoint (hf) or its metrics (tensorboard, csv, "
+        "wandb-offline).",
     )
     formats = exports.add_subparsers(dest="format", required=True, parser_class=type(exports))
     hf = formats.add_parser(
@@ -58,6 +66,7 @@ def add_parser(subparsers: Any) -> None:
     )
     hf.set_defaults(run=run_export)
     maxtext_commands.add_export_format(formats)
+    add_export_formats(formats)  # tensorboard, csv, wandb-offline: a run's metrics
 
 
 def run_import(args: argparse.Namespace) -> int:

@@ -1,0 +1,138 @@
+"""Metric sinks: ``titan export`` to TensorBoard (read back with tensorboard's own reader), CSV
+and a W&B offline run, from the run's events.jsonl."""
+
+from __future__ import annotations
+
+import csv
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from helpers import events
+
+from titan.cli import main
+from titan.observability.sinks import LiveTensorBoard, metric_rows
+
+WANDB_HEADER = 7  # ":W&B", magic 0xBEE1, version: the LevelDB log format's records follow
+WANDB_BLOCK = 32768
+
+
+def _wandb_records(path):
+    """The protobuf records of a W&B ``.wandb`` file (LevelDB log framing: 32 KiB blocks of
+    records with a 7-byte header: crc32, length, type FULL/FIRST/MIDDLE/LAST)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, records, parts, offset = path.read_bytes(), [], b"", WANDB_HEADER
+    while offset + 7 <= len(data):
+        if WANDB_BLOCK - offset % WANDB_BLOCK < 7:  # a block's tail too short for a header
+            offset += WANDB_BLOCK - offset % WANDB_BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        if kind == 0:
+            break
+        parts += data[offset + 7 : offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+            parts = b""
+    return records
+
+
+def test_tensorboard_export_reads_back_with_tensorboards_reader_at_every_step(
+    finished_run, tmp_path, capsys
+):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    assert main(["export", "tensorboard", str(finished_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert main(["export", "tensorboard", str(finished_run), "--out", str(out)]) == 0
+    assert len(list(out.iterdir())) == 1  # a second export replaces the first
+    accumulator = EventAccumulator(str(out))
+    accumulator.Reload()
+    steps = events(finished_run, "step")
+    assert [e["step"] for e in steps] == [1, 2]
+    for tag, field in (
+        ("train/loss", "loss"),
+        ("train/lr", "lr"),
+        ("train/grad_norm", "grad_norm"),
+    ):
+        scalars = accumulator.Scalars(tag)
+        assert [(s.step, s.value) for s in scalars] == [
+            (e["step"], pytest.approx(e[field])) for e in steps
+        ]
+
+
+def test_csv_export_holds_every_step(finished_run, tmp_path):
+    out = tmp_path / "metrics.csv"
+    assert main(["export", "csv", str(finished_run), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    steps = events(finished_run, "step")
+    assert [int(r["step"]) for r in rows] == [e["step"] for e in steps]
+    assert [float(r["train/loss"]) for r in rows] == pytest.approx([e["loss"] for e in steps])
+    assert float(rows[0]["time"]) == pytest.approx(steps[0]["time"])
+
+
+def test_wandb_offline_export_is_a_run_that_wandb_sync_reads(finished_run, tmp_path, capsys):
+    out = tmp_path / "wb"
+    assert main(["export", "wandb-offline", str(finished_run), "--out", str(out)]) == 0
+    run_dir = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert run_dir.parent == out / "wandb" and run_dir.name.startswith("offline-run-")
+    (wandb_file,) = run_dir.glob("run-*.wandb")
+    history = [r.history for r in _wandb_records(wandb_file) if r.HasField("history")]
+    logged = [
+        {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in h.item}
+        for h in history
+    ]
+    steps = events(finished_run, "step")
+    assert [h["_step"] for h in logged] == [e["step"] for e in steps]
+    assert [h["train/loss"] for h in logged] == pytest.approx([e["loss"] for e in steps])
+
+
+def test_a_replayed_step_is_exported_once_as_its_last_record():
+    records = [
+        {"type": "step", "time": 1.0, "step": 1, "loss": 5.0, "mfu": {"mfu": 0.1, "hfu": None}},
+        {"type": "step", "time": 2.0, "step": 2, "loss": 4.0, "skipped": True},
+        {"type": "run_start", "time": 3.0, "step": 0, "param_count": 7},
+        {"type": "step", "time": 4.0, "step": 2, "loss": 3.5},  # replayed after a resume
+        {"type": "step", "time": 5.0, "step": 3, "loss": float("nan")},
+    ]
+    rows = metric_rows(records)
+    assert [(r.step, r.time, r.values) for r in rows] == [
+        (1, 1.0, {"train/loss": 5.0, "train/mfu.mfu": 0.1}),
+        (2, 4.0, {"train/loss": 3.5}),
+    ]
+
+
+def test_export_of_a_dir_without_a_record_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["export", "csv", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no events.jsonl" in err
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def _line(event: dict) -> bytes:
+    return (json.dumps({"schema": 1, "run_id": "r", **event}) + "\n").encode()
+
+
+def test_live_tensorboard_follows_the_events_written_after_it_started(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    record = tmp_path / "events.jsonl"
+    record.write_bytes(_line({"type": "step", "time": 1.0, "step": 1, "loss": 6.0}))
+    live = LiveTensorBoard(tmp_path, poll_s=0.01)  # a resumed run: step 1 is an earlier one's
+    live.start()
+    with open(record, "ab") as f:
+        f.write(_line({"type": "step", "time": 2.0, "step": 2, "loss": 5.0}))
+        f.flush()
+        torn = _line({"type": "step", "time": 3.0, "step": 3, "loss": 4.0})
+        f.write(torn[:20])  # the trainer mid-write
+        f.flush()
+        f.write(torn[20:])
+    live.stop()  # writes what is left
+    accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    assert [(s.step, s.value) for s in accumulator.Scalars("train/loss")] == [(2, 5.0), (3, 4.0)]

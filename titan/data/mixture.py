@@ -1,0 +1,268 @@
+"""Weighted mixtures of corpora (``--data 'web/*.jsonl.zst:0.7,code/:0.3'``) and the batches
+that sample them.
+
+``--data`` is one corpus (:func:`titan.data.text.open_corpus`) or comma-separated parts, each
+``SPEC:WEIGHT`` (every part weighted; weights > 0, normalised to sum to 1). Each part is its
+own token stream (tokenized and cached on its own) with its own shuffled epochs
+(:class:`titan.data.text.PackedBatches`, salted by the part's index); the tokenizer trains on
+the union of the parts' files.
+
+Sampling (:class:`MixtureBatches`): the visiting order is cut into blocks of
+:data:`BLOCK_SEQUENCES` places. Each block gives part ``c`` exactly ``n_c`` places, the
+largest-remainder rounding of ``w_c x BLOCK_SEQUENCES`` (Hamilton's apportionment), in an order
+drawn from ``(seed, block)``; the ``k``-th place of part ``c`` overall takes that part's ``k``-th
+sequence in its own order. So each block holds the weights to within ``1 / BLOCK_SEQUENCES``,
+every prefix to within the sampling error of a draw without replacement, and the place of
+every sequence is a function of (seed, position) alone: the loader state stays the one integer
+that checkpoints store, and a resume mid-epoch neither repeats nor skips a sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from titan.data.text import Corpus, PackedBatches, batch_of, open_corpus
+from titan.data.tokenize import TokenStream
+from titan.errors import TitanError
+
+BLOCK_SEQUENCES = 4096
+MIX_SALT = 0x6D6978  # "mix": the block orders' own seed word, apart from the parts' orders
+
+
+class Batches(Protocol):
+    """What the training loop needs of its batches (:class:`PackedBatches`,
+    :class:`MixtureBatches`).
+
+    Attributes:
+        position: sequences consumed so far (the loader state saved in checkpoints).
+        rows: the rows of each global batch this process materialises (None: all).
+    """
+
+    position: int
+    rows: np.ndarray | None
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences of one epoch (identifies the corpus in checkpoints)."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the stream(s)."""
+        ...
+
+    def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The next batch (its rows) and the whole batch's (B,) int64 sequence ids."""
+        ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """One part of ``--data``: its spec, normalised weight and corpus."""
+
+    spec: str
+    weight: float
+    corpus: Corpus
+
+
+def _weighted(part: str) -> tuple[str, float] | None:
+    """``(spec, weight)`` of a ``SPEC:WEIGHT`` part, or None when it names no weight."""
+    spec, sep, tail = part.rpartition(":")
+    if not sep or not spec:
+        return None
+    try:
+        return spec, float(tail)
+    except ValueError:
+        return None
+
+
+def open_sources(data: str, text_field: str = "text") -> list[Source]:
+    """Resolve ``--data``: one corpus (weight 1), or a weighted mixture of comma-separated
+    ``SPEC:WEIGHT`` parts (weights normalised to sum to 1).
+
+    Raises:
+        TitanError: a part names no weight while another does, a weight is not a finite
+            number > 0, or a part's files cannot be found (:func:`open_corpus`).
+    """
+    parts = data.split(",")
+    weighted = [_weighted(part) for part in parts]
+    if len(parts) == 1 and weighted[0] is None:
+        return [Source(data, 1.0, open_corpus(data, text_field))]
+    for part, pair in zip(parts, weighted, strict=True):
+        if pair is None:
+            raise TitanError(f"--data {data}: part '{part}' has no ':WEIGHT' (give every part one)")
+        if not (math.isfinite(pair[1]) and pair[1] > 0):
+            raise TitanError(f"--data {data}: part '{part}' needs a weight > 0, got {pair[1]}")
+    total = sum(weight for _, weight in weighted)
+    return [Source(spec, w / total, open_corpus(spec, text_field)) for spec, w in weighted]
+
+
+def check_inputs(data: str, tokenizer: str) -> None:
+    """The file checks ``titan train`` makes of ``--data`` and ``--tokenizer`` before it creates
+    a run dir, for callers that create one first (the console).
+
+    Raises:
+        TitanError: ``data`` does not exist, holds no files or is a malformed mixture;
+            ``tokenizer`` is given and is not a file.
+    """
+    open_sources(data)
+    if tokenizer and not Path(tokenizer).is_file():
+        raise TitanError(f"--tokenizer {tokenizer}: no such file")
+
+
+def union_corpus(data: str, sources: list[Source]) -> Corpus:
+    """All the sources' files as one corpus (what the tokenizer trains on)."""
+    if len(sources) == 1:
+        return sources[0].corpus
+    files = dict.fromkeys(f for source in sources for f in source.corpus.files)
+    return Corpus(data, tuple(files), sources[0].corpus.text_field)
+
+
+def apportion(weights: list[float], places: int) -> np.ndarray:
+    """(C,) int64 places per part: ``floor(w_c x places)``, the places left going to the
+    largest remainders (Hamilton's method; ties to the lower index). Sums to ``places``."""
+    quotas = np.asarray(weights, dtype=np.float64) * places
+    counts = np.floor(quotas).astype(np.int64)
+    left = places - int(counts.sum())
+    order = sorted(range(len(weights)), key=lambda c: (-(quotas[c] - counts[c]), c))
+    counts[order[:left]] += 1
+    return counts
+
+
+@dataclass
+class MixtureBatches:
+    """Batches sampled from several token streams in proportion to their weights (see the
+    module's docstring for the rule); the same interface as :class:`PackedBatches`.
+
+    A sequence's id is ``local_id x C + c``: its id in part ``c``'s own stream
+    (:meth:`PackedBatches.sequence_id`) and the part, over C parts.
+
+    Args:
+        parts: one :class:`PackedBatches` per part (batch size 1; its ``salt`` its index).
+        weights: (C,) weights summing to 1.
+        batch_size: sequences per batch.
+        seed: the run's seed (orders of the blocks).
+        position: sequences consumed so far (the loader state saved in checkpoints).
+        rows: as :class:`PackedBatches`.
+    """
+
+    parts: list[PackedBatches]
+    weights: list[float]
+    batch_size: int
+    seed: int
+    position: int = 0
+    rows: np.ndarray | None = None
+    _block: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.quota = apportion(self.weights, BLOCK_SEQUENCES)
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences of one epoch of every part (identifies the corpus in checkpoints)."""
+        return sum(part.num_sequences for part in self.parts)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(part.num_tokens for part in self.parts)
+
+    def _block_places(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(part, place within the part overall) of each place of ``block``."""
+        if self._block is None or self._block[0] != block:
+            rng = np.random.default_rng([self.seed, block, MIX_SALT])
+            part = rng.permutation(np.repeat(np.arange(len(self.parts)), self.quota))
+            local = np.empty(BLOCK_SEQUENCES, dtype=np.int64)
+            for c in range(len(self.parts)):
+                mine = part == c
+                local[mine] = block * self.quota[c] + np.arange(int(self.quota[c]))
+            self._block = (block, part, local)
+        return self._block[1], self._block[2]
+
+    def places(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) part and (B,) place within that part of the batch starting at ``position``."""
+        parts = np.empty(self.batch_size, dtype=np.int64)
+        local = np.empty(self.batch_size, dtype=np.int64)
+        for i, index in enumerate(range(position, position + self.batch_size)):
+            block, offset = divmod(index, BLOCK_SEQUENCES)
+            block_parts, block_local = self._block_places(block)
+            parts[i], local[i] = block_parts[offset], block_local[offset]
+        return parts, local
+
+    def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """As :meth:`PackedBatches.next_batch`."""
+        parts, local = self.places(self.position)
+        part_ids = np.array(
+            [self.parts[c].sequence_id(int(k)) for c, k in zip(parts, local, strict=True)],
+            dtype=np.int64,
+        )
+        rows = np.arange(self.batch_size) if self.rows is None else self.rows
+        tokens = np.empty((len(rows), self.parts[0].seq_len + 1), dtype=np.int32)
+        for c, part in enumerate(self.parts):
+            mine = parts[rows] == c
+            if mine.any():
+                tokens[mine] = part.windows(part_ids[rows][mine])
+        self.position += self.batch_size
+        return batch_of(tokens, self.parts[0].bos_id), part_ids * len(self.parts) + parts
+
+
+def make_batches(
+    sources: list[Source],
+    streams: list[TokenStream],
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    bos_id: int,
+) -> PackedBatches | MixtureBatches:
+    """The batches of ``--data``: :class:`PackedBatches` of one corpus, or a
+    :class:`MixtureBatches` over the parts' streams (``streams[c]`` of ``sources[c]``).
+
+    Raises:
+        TitanError: the corpus holds fewer sequences than a batch, or a part holds none.
+    """
+    if len(sources) == 1:
+        return PackedBatches(streams[0].tokens, seq_len, batch_size, seed, bos_id)
+    parts = []
+    for c, (source, stream) in enumerate(zip(sources, streams, strict=True)):
+        if (len(stream.tokens) - 1) // seq_len < 1:
+            raise TitanError(
+                f"--data part {source.spec} has {len(stream.tokens)} tokens: not one sequence "
+                f"of --seq-len {seq_len}"
+            )
+        parts.append(PackedBatches(stream.tokens, seq_len, 1, seed, bos_id, salt=(c,)))
+    return MixtureBatches(parts, [s.weight for s in sources], batch_size, seed)
+
+
+def data_record(
+    data: str, sources: list[Source], streams: list[TokenStream], batches: Batches
+) -> dict[str, Any]:
+    """``run_start``'s ``data``: source, tokens, sequences, documents and drops by reason (summed
+    over the parts), and for a mixture ``parts``: each one's spec, weight, tokens, documents
+    and drops."""
+    dropped: Counter[str] = Counter()
+    for stream in streams:
+        dropped.update(stream.dropped)
+    record: dict[str, Any] = {
+        "source": data,
+        "tokens": batches.num_tokens,
+        "sequences": batches.num_sequences,
+        "documents": sum(stream.documents for stream in streams),
+        "dropped": {reason: dropped[reason] for reason in streams[0].dropped},
+    }
+    if len(sources) > 1:
+        record["parts"] = [
+            {
+                "source": source.spec,
+                "weight": source.weight,
+                "tokens": len(stream.tokens),
+                "documents": stream.documents,
+                "dropped": stream.dropped,
+            }
+            for source, stream in zip(sources, streams, strict=True)
+        ]
+    return record

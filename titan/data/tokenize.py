@@ -1,0 +1,387 @@
+"""Tokenizing a corpus into its cached token file: streamed, in worker processes, resumable.
+
+The calling process reads the corpus in order, one file open at a time, and cuts its documents
+into chunks of at most :data:`CHUNK_DOCS` documents or :data:`CHUNK_CHARS` characters. With
+``workers`` > 0 (``--data-workers``), the chunks are encoded by that many worker processes
+(:class:`concurrent.futures.ProcessPoolExecutor`, spawned: the trainer's JAX threads are never
+forked), at most ``2 x workers`` chunks in flight, and written in chunk order: the token file is
+the same for any number of workers. Memory is bounded by the chunks in flight (about
+``2 x workers x CHUNK_CHARS`` characters plus their ids), never by the corpus. A corpus of one
+chunk, or ``workers`` = 0, is encoded in the calling process (with the tokenizer library's
+threads).
+
+Resuming: tokens are appended to ``<key>.partial``; after each chunk the file is flushed and
+fsynced and the commit ``<key>.commit.json`` (:class:`Commit`: tokens and documents written, the
+file being read, its documents done, the drop counts before it) replaces the previous one. A run
+that is stopped, killed or crashes leaves both; the next one truncates the partial file to the
+committed tokens, skips the files done, re-reads (without encoding) the documents done of the
+current one, and goes on. The finished file becomes ``<key>.u32``, its counts ``<key>.json``.
+``<key>.lock`` (``flock``) keeps two processes of one host from tokenizing into the same file: the
+second waits, then reads the finished one.
+
+Training starts once the whole stream exists: an epoch's order is a permutation of all of its
+sequences (:class:`titan.data.text.PackedBatches`), which needs the stream's length. To
+tokenize ahead of training, run ``titan tokenize`` with the run's ``--data`` and tokenizer first
+(the training run then finds the cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from titan.data.cache import cache_dir
+from titan.data.text import DROP_REASONS, Corpus, FilePosition
+from titan.data.tokenizer import Tokenizer
+from titan.errors import TitanError
+
+CHUNK_DOCS = 512
+CHUNK_CHARS = 4 << 20
+"""Characters of text per chunk (4 Mi: about a second of one core's sentencepiece encoding, so
+that a commit, and the work an interruption loses, stays small)."""
+IN_FLIGHT_PER_WORKER = 2
+PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """A tokenized corpus.
+
+    Attributes:
+        tokens: (N,) uint32 memory-mapped array: BOS doc EOS BOS doc EOS ...
+        documents: documents tokenized.
+        dropped: records that are not documents, by reason (:data:`DROP_REASONS`, every
+            reason present, zeros included).
+    """
+
+    tokens: np.ndarray
+    documents: int
+    dropped: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """How far tokenization is, as committed after a chunk (``<key>.commit.json``).
+
+    Attributes:
+        tokens: tokens in the partial file (the file is truncated to this on resume).
+        documents: documents encoded into them.
+        file: index in :attr:`Corpus.files` of the file the last chunk ended in
+            (``len(files)``: every file read).
+        file_documents: documents of that file the chunks hold.
+        dropped_before_file: drop counts by reason of the files before ``file``.
+    """
+
+    tokens: int = 0
+    documents: int = 0
+    file: int = 0
+    file_documents: int = 0
+    dropped_before_file: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenizeProgress:
+    """Where tokenization stands, reported after each chunk written.
+
+    Attributes:
+        documents: documents encoded so far (those of an earlier, interrupted run included).
+        tokens: tokens written so far (likewise).
+        bytes_done: bytes of the corpus files read (on disk: compressed bytes for ``.gz``,
+            ``.zst``; Parquet and text files count when finished).
+        bytes_total: the corpus files' total size on disk.
+        elapsed_s: seconds since this run of the tokenizer started.
+        start_tokens, start_bytes: ``tokens`` and ``bytes_done`` when it started (a resume's).
+    """
+
+    documents: int
+    tokens: int
+    bytes_done: int
+    bytes_total: int
+    elapsed_s: float
+    start_tokens: int = 0
+    start_bytes: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens written per second by this run."""
+        return (self.tokens - self.start_tokens) / max(self.elapsed_s, 1e-9)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at this run's rate of bytes read (None before any byte was read)."""
+        done = self.bytes_done - self.start_bytes
+        if done <= 0:
+            return None
+        return max(self.bytes_total - self.bytes_done, 0) * self.elapsed_s / done
+
+
+@dataclass(frozen=True)
+class _Clock:
+    """When and where this run of the tokenizer started (for rates and the ETA)."""
+
+    started: float
+    start_tokens: int
+    start_bytes: int
+    bytes_total: int
+
+    def report(self, commit: Commit, bytes_done: int) -> TokenizeProgress:
+        elapsed_s = time.monotonic() - self.started
+        return TokenizeProgress(
+            commit.documents,
+            commit.tokens,
+            bytes_done,
+            self.bytes_total,
+            elapsed_s,
+            self.start_tokens,
+            self.start_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    texts: list[str]
+    end: Commit  # tokens and documents left at 0: the writer counts them
+    bytes_done: int
+
+
+_WORKER_TOKENIZER: list[Tokenizer] = []
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once its parent is gone (killed: a worker blocked on its queue would
+    otherwise wait forever, as every worker holds the queue's write end)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _init_worker(model_proto: bytes) -> None:
+    """A worker process: the parent decides on stops (signals are its to handle), the worker
+    ends with it, and it is one core (its tokenizer library runs one thread)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER_TOKENIZER.append(Tokenizer(model_proto))
+
+
+def _encode_in_worker(texts: list[str]) -> bytes:
+    return encode_chunk(_WORKER_TOKENIZER[0], texts, threads=1)
+
+
+def encode_chunk(tokenizer: Tokenizer, texts: list[str], threads: int = 0) -> bytes:
+    """The chunk's documents as BOS ids EOS each, concatenated: uint32 bytes (native order).
+
+    Args:
+        threads: the tokenizer library's threads (0: one per core).
+    """
+    if not texts:
+        return b""
+    arrays = tokenizer.encode_documents(texts, threads)
+    return np.concatenate(arrays).astype(np.uint32).tobytes()
+
+
+def _chunks(corpus: Corpus, start: Commit, chunk_chars: int) -> Iterator[_Chunk]:
+    """The corpus's documents from ``start`` on, in chunks; the last chunk (maybe empty) ends
+    at ``file == len(files)`` with the final drop counts."""
+    dropped: Counter[str] = Counter(start.dropped_before_file)
+    offsets = np.concatenate([[0], np.cumsum(corpus.file_sizes())]).tolist()
+    texts: list[str] = []
+    chars = 0
+    for index in range(start.file, len(corpus.files)):
+        before, position = dict(dropped), FilePosition()
+        skip = start.file_documents if index == start.file else 0
+        for number, document in enumerate(corpus.file_documents(index, dropped, position), 1):
+            if number <= skip:
+                continue
+            texts.append(document)
+            chars += len(document)
+            if len(texts) >= CHUNK_DOCS or chars >= chunk_chars:
+                end = Commit(file=index, file_documents=number, dropped_before_file=before)
+                yield _Chunk(texts, end, offsets[index] + position.bytes_read())
+                texts, chars = [], 0
+    end = Commit(file=len(corpus.files), dropped_before_file=dict(dropped))
+    yield _Chunk(texts, end, offsets[-1])
+
+
+class _Encoder:
+    """Encodes chunks in order: in the calling process while the corpus has shown one chunk,
+    then (``workers`` > 0) in spawned worker processes, at most :data:`IN_FLIGHT_PER_WORKER`
+    chunks per worker in flight."""
+
+    def __init__(self, tokenizer: Tokenizer, workers: int) -> None:
+        self.tokenizer, self.workers = tokenizer, workers
+        self.pool: ProcessPoolExecutor | None = None
+
+    def _start(self) -> ProcessPoolExecutor:
+        self.pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self.tokenizer.model_proto,),
+        )
+        return self.pool
+
+    def ordered(self, chunks: Iterable[_Chunk]) -> Iterator[tuple[_Chunk, bytes]]:
+        """Each chunk with its encoding, in order."""
+        chunks = iter(chunks)
+        first = next(chunks)
+        second = next(chunks, None)
+        if self.workers <= 0 or second is None or not second.texts:  # one chunk: no workers
+            for chunk in (first, second) if second else (first,):
+                yield chunk, encode_chunk(self.tokenizer, chunk.texts)
+            yield from ((c, encode_chunk(self.tokenizer, c.texts)) for c in chunks)
+            return
+        pool = self._start()
+        pending: deque[tuple[_Chunk, Future[bytes]]] = deque()
+        for chunk in itertools.chain((first, second), chunks):
+            pending.append((chunk, pool.submit(_encode_in_worker, chunk.texts)))
+            if len(pending) >= IN_FLIGHT_PER_WORKER * self.workers:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+
+    def close(self) -> None:
+        """Stop the workers (a chunk being encoded is abandoned)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class _Paths:
+    tokens: Path
+    counts: Path
+    partial: Path
+    commit: Path
+    lock: Path
+
+    @classmethod
+    def of(cls, key: str) -> _Paths:
+        base = cache_dir() / "tokens" / key
+        names = (".u32", ".json", ".partial", ".commit.json", ".lock")
+        return cls(*(base.with_name(key + suffix) for suffix in names))
+
+    def done(self) -> bool:
+        return self.tokens.is_file() and self.counts.is_file()
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _read_commit(paths: _Paths) -> Commit:
+    """The committed state of an interrupted run, or a fresh start."""
+    if not (paths.partial.is_file() and paths.commit.is_file()):
+        return Commit()
+    try:
+        commit = Commit(**json.loads(paths.commit.read_text()))
+    except (ValueError, TypeError):  # a torn or foreign commit file: start over
+        return Commit()
+    return commit if paths.partial.stat().st_size >= 4 * commit.tokens else Commit()
+
+
+def _append(out: IO[bytes], data: bytes) -> None:
+    out.write(data)
+    out.flush()
+    os.fsync(out.fileno())
+
+
+def _tokenize(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    paths: _Paths,
+    workers: int,
+    chunk_chars: int,
+    progress: Callable[[TokenizeProgress], None] | None,
+) -> None:
+    """Tokenize into ``paths.partial`` from its commit on, then publish the finished file."""
+    commit = _read_commit(paths)
+    sizes = corpus.file_sizes()
+    clock = _Clock(time.monotonic(), commit.tokens, sum(sizes[: commit.file]), sum(sizes))
+    encoder = _Encoder(tokenizer, workers)
+    try:
+        with open(paths.partial, "r+b" if commit.tokens else "wb") as out:
+            out.truncate(4 * commit.tokens)
+            out.seek(4 * commit.tokens)
+            for chunk, data in encoder.ordered(_chunks(corpus, commit, chunk_chars)):
+                _append(out, data)
+                commit = dataclasses.replace(
+                    chunk.end,
+                    tokens=commit.tokens + len(data) // 4,
+                    documents=commit.documents + len(chunk.texts),
+                )
+                _write_json(paths.commit, dataclasses.asdict(commit))
+                if progress:
+                    progress(clock.report(commit, chunk.bytes_done))
+    finally:
+        encoder.close()
+    _publish(corpus, paths, commit)
+
+
+def _publish(corpus: Corpus, paths: _Paths, commit: Commit) -> None:
+    dropped = {reason: commit.dropped_before_file.get(reason, 0) for reason in DROP_REASONS}
+    if commit.documents == 0:
+        paths.partial.unlink(missing_ok=True)
+        paths.commit.unlink(missing_ok=True)
+        summary = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"
+        raise TitanError(f"--data {corpus.spec}: no non-empty document (dropped: {summary})")
+    _write_json(paths.counts, {"documents": commit.documents, "dropped": dropped})
+    os.replace(paths.partial, paths.tokens)
+    paths.commit.unlink(missing_ok=True)
+
+
+def stream_key(corpus: Corpus, tokenizer: Tokenizer) -> str:
+    """The cache key of a (corpus, tokenizer) token file: sha256 of both fingerprints."""
+    return hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
+
+
+def token_stream(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    progress: Callable[[TokenizeProgress], None] | None = None,
+    workers: int = 0,
+    chunk_chars: int = CHUNK_CHARS,
+) -> TokenStream:
+    """The corpus as one flat array of token ids, tokenized once and cached (with its document
+    counts beside it, ``<key>.json``); an interrupted tokenization resumes where it stopped.
+
+    Args:
+        progress: called after each chunk written; what it raises (a stop signal's exception)
+            is passed on, and the work committed so far stays for the next run.
+        workers: worker processes that encode chunks (0: the calling process).
+        chunk_chars: characters per chunk (tests make it small).
+
+    Raises:
+        TitanError: the corpus has no non-empty document (the message counts the drops), or a
+            file of it cannot be read.
+    """
+    paths = _Paths.of(stream_key(corpus, tokenizer))
+    if not paths.done():
+        paths.lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(paths.lock, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+            if not paths.done():  # another process may have finished it meanwhile
+                _tokenize(corpus, tokenizer, paths, workers, chunk_chars, progress)
+    counts = json.loads(paths.counts.read_text())
+    tokens = np.memmap(paths.tokens, dtype=np.uint32, mode="r")
+    return TokenStream(tokens, counts["documents"], counts["dropped"])

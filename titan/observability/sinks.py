@@ -1,0 +1,237 @@
+"""Metric sinks: a run's ``events.jsonl`` written as TensorBoard event files, a CSV, or a
+Weights & Biases offline run (``titan export tensorboard|csv|wandb-offline RUN_DIR``), and a live
+TensorBoard writer that follows a run's record while it trains (``titan train --metrics
+tensorboard``).
+
+``events.jsonl`` stays the source of truth: a sink is derived from it and can be written again at
+any time. The scalars (:func:`metric_rows`) are the numeric fields of the events in
+:data:`SCALAR_EVENTS`, nested objects flattened (``mfu.mfu``), tagged ``<group>/<field>``
+(``train/loss``, ``eval/loss``, ``checkpoint/save_s``) at the event's step. A step recorded more
+than once (steps replayed after a resume from an earlier checkpoint) is exported once, as its
+last record, the one the run went on from. The libraries (``tensorboardX``, ``wandb``: the
+``[sinks]`` extra) are imported by the sink that needs them, never by the trainer otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titan.errors import TitanError
+from titan.observability.records import EVENTS_FILE, EventTail, read_events
+
+SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
+"""Event types exported as scalars, and the group (tag prefix) of each."""
+SKIPPED_FIELDS = frozenset({"schema", "step", "time"})
+SINKS = ("tensorboard", "csv", "wandb-offline")
+LIVE_SINKS = ("none", "tensorboard")
+LIVE_POLL_S = 1.0
+EXPORT_SUFFIX = ".titan-export"
+LIVE_SUFFIX = ".titan-live"
+"""Suffixes of the TensorBoard event files written by ``titan export`` and by the live writer
+(an export replaces its own earlier file, never the live one)."""
+
+
+def _numbers(prefix: str, value: Any) -> Iterator[tuple[str, float]]:
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int | float):
+        if math.isfinite(value):
+            yield prefix, float(value)
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _numbers(f"{prefix}.{key}", inner)
+
+
+def event_scalars(event: dict[str, Any]) -> list[tuple[str, float]]:
+    """``(tag, value)`` of each finite numeric field of an event of :data:`SCALAR_EVENTS` (none
+    for other events, or one without an integer ``step``)."""
+    group = SCALAR_EVENTS.get(event.get("type", ""))
+    step = event.get("step")
+    if group is None or isinstance(step, bool) or not isinstance(step, int):
+        return []
+    return [
+        (f"{group}/{tag}", value)
+        for key, inner in event.items()
+        if key not in SKIPPED_FIELDS
+        for tag, value in _numbers(key, inner)
+    ]
+
+
+@dataclass
+class MetricRow:
+    """The scalars of one step: ``time`` (unix seconds of its latest event) and ``values`` by
+    tag."""
+
+    step: int
+    time: float
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def metric_rows(events: Iterable[dict[str, Any]]) -> list[MetricRow]:
+    """One row per step that has scalars, in step order; for each (event type, step) the last
+    event recorded wins."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for event in events:
+        if event_scalars(event):
+            latest.pop((event["type"], event["step"]), None)  # re-inserted last: file order
+            latest[(event["type"], event["step"])] = event
+    rows: dict[int, MetricRow] = {}
+    for (_, step), event in latest.items():
+        row = rows.setdefault(step, MetricRow(step, float(event["time"])))
+        row.time = max(row.time, float(event["time"]))
+        row.values.update(event_scalars(event))
+    return [rows[step] for step in sorted(rows)]
+
+
+def check_library(sink: str) -> None:
+    """Raise unless the library of ``sink`` (a :data:`SINKS` or :data:`LIVE_SINKS` name) is
+    installed (found, not imported).
+
+    Raises:
+        TitanError: it is not (names the extra that installs it).
+    """
+    module = {"tensorboard": "tensorboardX", "wandb-offline": "wandb"}.get(sink)
+    if module and importlib.util.find_spec(module) is None:
+        raise TitanError(f"{sink} needs {module}: pip install 'titan-jax[sinks]'")
+
+
+def _tensorboard_writer(out: Path, suffix: str) -> Any:
+    check_library("tensorboard")
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(logdir=str(out), filename_suffix=suffix)
+
+
+def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
+    """TensorBoard event files of ``rows`` in ``out`` (replacing an earlier export's file there);
+    returns ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"events.out.tfevents.*{EXPORT_SUFFIX}"):
+        old.unlink()
+    writer = _tensorboard_writer(out, EXPORT_SUFFIX)
+    try:
+        for row in rows:
+            for tag, value in row.values.items():
+                writer.add_scalar(tag, value, global_step=row.step, walltime=row.time)
+    finally:
+        writer.close()
+    return out
+
+
+def write_csv(rows: list[MetricRow], out: Path) -> Path:
+    """A CSV of ``rows``: columns ``step``, ``time`` and each tag (in first-seen order), one
+    line per step, empty where a step has no value of a tag; returns its path."""
+    tags = list(dict.fromkeys(tag for row in rows for tag in row.values))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "time", *tags])
+        for row in rows:
+            writer.writerow([row.step, row.time, *(row.values.get(t, "") for t in tags)])
+    tmp.replace(out)
+    return out
+
+
+def write_wandb_offline(
+    rows: list[MetricRow], out: Path, run_id: str, config: dict[str, Any]
+) -> Path:
+    """A W&B offline run of ``rows`` under ``out`` (``wandb/offline-run-*``, for ``wandb
+    sync``), written by the ``wandb`` library in offline mode (no network); returns the run's
+    directory."""
+    check_library("wandb-offline")
+    import wandb
+
+    out.mkdir(parents=True, exist_ok=True)
+    settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)
+    run = wandb.init(
+        mode="offline", dir=str(out), project="titan", id=run_id, name=run_id,
+        config=config, settings=settings,
+    )  # fmt: skip
+    try:
+        for row in rows:
+            run.log(row.values, step=row.step)
+    finally:
+        run.finish()
+        wandb.teardown()  # waits for the wandb service to write the run's file out
+    return Path(run.dir).parent
+
+
+def default_out(run_dir: Path, sink: str) -> Path:
+    """Where ``titan export`` writes by default: ``<run dir>/tensorboard``, ``metrics.csv`` or
+    ``wandb``."""
+    return run_dir / {"tensorboard": "tensorboard", "csv": "metrics.csv"}.get(sink, "wandb")
+
+
+def export_run(run_dir: Path, sink: str, out: Path | None = None) -> Path:
+    """Write a run's metrics to ``sink`` (a :data:`SINKS` name); returns what was written.
+
+    Raises:
+        TitanError: ``run_dir`` has no ``events.jsonl``, or the sink's library is missing.
+    """
+    if not (run_dir / EVENTS_FILE).is_file():
+        raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} (not a run directory)")
+    events = read_events(run_dir)
+    rows = metric_rows(events)
+    out = out or default_out(run_dir, sink)
+    if sink == "tensorboard":
+        return write_tensorboard(rows, out)
+    if sink == "csv":
+        return write_csv(rows, out)
+    start = next((e for e in events if e.get("type") == "run_start"), {})
+    return write_wandb_offline(rows, out, str(start.get("run_id", run_dir.name)), start)
+
+
+class LiveTensorBoard:
+    """Follows a run's ``events.jsonl`` from its current end and writes the scalars of each new
+    event to ``<run dir>/tensorboard`` (a thread polling every :data:`LIVE_POLL_S` s; what the
+    trainer wrote before :meth:`stop` is written before it returns).
+
+    Raises:
+        TitanError: tensorboardX is not installed (from the constructor).
+    """
+
+    def __init__(self, run_dir: Path, poll_s: float = LIVE_POLL_S) -> None:
+        path = run_dir / EVENTS_FILE
+        self._tail = EventTail(path, path.stat().st_size if path.is_file() else 0)
+        self._writer = _tensorboard_writer(default_out(run_dir, "tensorboard"), LIVE_SUFFIX)
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="titan-tensorboard", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _drain(self) -> None:
+        for event in self._tail.read_new():
+            for tag, value in event_scalars(event):
+                self._writer.add_scalar(tag, value, event["step"], float(event["time"]))
+        self._writer.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            self._drain()
+
+    def stop(self) -> None:
+        """Write what is left and close the event file."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._drain()
+        self._writer.close()
+
+
+def live_sink(kind: str, run_dir: Path) -> LiveTensorBoard | None:
+    """The live writer ``--metrics`` names (:data:`LIVE_SINKS`), started; None for ``none``."""
+    if kind == "none":
+        return None
+    sink = LiveTensorBoard(run_dir)
+    sink.start()
+    return sink

@@ -1,0 +1,63 @@
+"""``titan tokenize``: tokenize a corpus into the cache ahead of training.
+
+It prepares what ``titan train`` with the same ``--data``, ``--text-field`` and ``--tokenizer``
+(or ``--vocab-size``) prepares before its first step: the tokenizer (trained and cached when
+none is given) and each part's token file (:mod:`titan.data.tokenize`), so that a training run
+started afterwards, on this host or one sharing ``$TITAN_CACHE``, finds both in the cache. An
+interrupted ``titan tokenize`` resumes where it stopped, as training does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from titan.config import DataOptions
+from titan.data.mixture import open_sources, union_corpus
+from titan.data.tokenize import token_stream
+from titan.data.tokenizer import load_tokenizer, train_tokenizer
+from titan.inert import inert
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``tokenize`` to the ``titan`` subcommands."""
+    t = subparsers.add_parser(
+        "tokenize",
+        help="tokenize a corpus into the cache ahead of training",
+        description="Train (or load) the tokenizer and tokenize every part of --data into "
+        "$TITAN_CACHE (default ~/.cache/titan), as titan train does before its first step; a "
+        "later titan train with the same --data, --text-field and --tokenizer or --vocab-size "
+        "starts from the cache. Interrupted, it resumes where it stopped.",
+    )
+    defaults = DataOptions()
+    t.add_argument("--data", required=True, help="as titan train --data (a mixture too)")
+    t.add_argument("--text-field", default=defaults.text_field, help="as titan train")
+    t.add_argument("--tokenizer", default="", help="as titan train (empty: train one)")
+    t.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="as titan train")
+    t.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="worker processes (default 0: one per CPU core)",
+    )
+    t.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints one line per part: its spec, documents, tokens."""
+    sources = open_sources(args.data, args.text_field)
+    if args.tokenizer:
+        tokenizer = load_tokenizer(args.tokenizer)
+    else:
+        tokenizer = train_tokenizer(union_corpus(args.data, sources), args.vocab_size)
+    workers = args.data_workers or os.cpu_count() or 1
+    for source in sources:
+        stream = token_stream(source.corpus, tokenizer, workers=workers)
+        print(
+            f"{inert(source.spec)}: {stream.documents:,} documents, {len(stream.tokens):,} tokens",
+            file=sys.stdout,
+        )
+    return 0
