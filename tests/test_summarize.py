@@ -58,7 +58,7 @@ def test_missing_mfu_and_energy_are_none_and_shown_as_unknown(tmp_path, capsys):
             e["power"] = {"source": None, "available": False, "reason": "no NVML, no RAPL"}
     events[-3].update(mfu=None, mfu_reason="no peak for cpu")
     write_run(tmp_path, "run-b", events)
-    assert main(["summarize", str(tmp_path)]) == 0
+    assert main(["summarize", str(tmp_path), "--wide"]) == 0  # every column, at any width
     out = capsys.readouterr().out
     assert "unknown" in out and "unavailable" in out and "run-b" in out
     assert main(["summarize", str(tmp_path), "--json"]) == 0

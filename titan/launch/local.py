@@ -15,7 +15,8 @@ fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`
 sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a collective
 for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
 child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over completion; a
-child killed by signal S counts as 128 + S).
+child killed by signal S counts as 128 + S), of the children that ended by themselves: one the
+launcher stopped because another failed does not hide that failure's code.
 """
 
 from __future__ import annotations
@@ -173,28 +174,31 @@ def launch_local(
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        _wait(children)
+        stopped = _wait(children)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
-    return worst_exit_code(exit_code(c.returncode) for c in children)
+    ended = [c for i, c in enumerate(children) if i not in stopped]
+    return worst_exit_code(exit_code(c.returncode) for c in ended)
 
 
-def _wait(children: list[subprocess.Popen]) -> None:
+def _wait(children: list[subprocess.Popen]) -> set[int]:
     """Wait for every child; after one fails, SIGTERM the rest, and SIGKILL them after
-    :data:`KILL_AFTER_S`."""
-    kill_at = None
+    :data:`KILL_AFTER_S`. Returns the indices of the children it signalled."""
+    kill_at, stopped = None, set()
     while any(c.poll() is None for c in children):
         failed = any(c.returncode not in (None, EXIT_OK, EXIT_STOPPED) for c in children)
         if failed and kill_at is None:
             kill_at = time.monotonic() + KILL_AFTER_S
-            for child in children:
+            for i, child in enumerate(children):
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
+                    stopped.add(i)
         if kill_at is not None and time.monotonic() > kill_at:
             for child in children:
                 if child.poll() is None:
                     child.kill()
         time.sleep(0.1)
+    return stopped
