@@ -42,7 +42,8 @@ class UNetShape:
         image_size, channels: the image is image_size x image_size x channels (in and out).
         labels: rows of the label table (classes plus the null label).
         block_out_channels, layers_per_block, attention_head_dim, cross_attention_dim,
-        down_block_types, up_block_types: as diffusers names them.
+        down_block_types, up_block_types, mid_block_type: as diffusers names them
+            (``mid_block_type=None``: no mid block).
     """
 
     image_size: int
@@ -54,6 +55,7 @@ class UNetShape:
     cross_attention_dim: int = 32
     down_block_types: tuple[str, ...] = ("CrossAttnDownBlock2D", "DownBlock2D")
     up_block_types: tuple[str, ...] = ("UpBlock2D", "CrossAttnUpBlock2D")
+    mid_block_type: str | None = "UNetMidBlock2DCrossAttn"
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class DiffusersUNetAdapter:
             out_channels=s.channels,
             down_block_types=s.down_block_types,
             up_block_types=s.up_block_types,
+            mid_block_type=s.mid_block_type,
             block_out_channels=s.block_out_channels,
             layers_per_block=s.layers_per_block,
             attention_head_dim=s.attention_head_dim,
