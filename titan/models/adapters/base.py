@@ -77,9 +77,10 @@ class ModelAdapter(Protocol):
         names per leaf (mapped to mesh axes by :mod:`titan.parallel.sharding`)."""
         ...
 
-    def init_params(self, chunk: Chunk, key: jax.Array) -> PyTree:
-        """Initial parameters of ``chunk`` (traceable: the layouts jit it into its shardings).
-        The chunks of one key together equal the whole model's parameters of that key."""
+    def init_params(self, key: jax.Array) -> PyTree:
+        """The whole model's initial parameters for ``key`` (traceable: the layouts jit it into
+        their shardings and cut the chunks from it, so every layout starts from the same
+        values)."""
         ...
 
     def is_layer_stacked(self, path: tuple) -> bool:
