@@ -113,3 +113,23 @@ def test_import_refuses_what_is_not_a_maxtext_checkpoint(tmp_path: Path, capsys)
     assert "not a MaxText params checkpoint" in capsys.readouterr().err
     with pytest.raises(TitanError, match="exists"):
         import_maxtext(FIXTURE / "checkpoint", tmp_path)
+
+
+def test_export_fails_at_once_when_out_is_under_a_regular_file(llama_run, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "sub"
+    assert main(["export", "maxtext", str(llama_run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {out}" in err and "not a directory" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+@pytest.mark.parametrize("flag", ["--rope-theta", "--norm-eps"])
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_import_refuses_non_positive_rope_theta_and_norm_eps(tmp_path, capsys, flag, value):
+    out = tmp_path / "o"
+    args = ["import", "maxtext", str(FIXTURE / "checkpoint"), "--out", str(out), flag, value]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err and "must be > 0" in err
+    assert not out.exists()

@@ -38,10 +38,12 @@ from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
+from titan.models.adapters.maxtext_checkpoints import NO_LLAMA
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
 from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
+from titan.out_paths import check_new_dir, make_dir
 from titan.parallel.chunks import Chunk, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.shapes import ModelConfig
@@ -134,14 +136,17 @@ def host_abstract(
 
 @contextmanager
 def _staged(out: Path, flag: str) -> Iterator[Path]:
-    """A temporary sibling of ``out``, renamed to ``out`` when the block succeeds and removed
-    when it fails."""
-    if out.exists():
-        raise TitanError(f"{flag} {out} exists already")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """A new temporary sibling of ``out`` (parents made), renamed to ``out`` when the block
+    succeeds and removed when it fails.
+
+    Raises:
+        TitanError: ``out`` exists or cannot be created (names ``flag`` and ``out``).
+    """
+    given, out = out, check_new_dir(out, flag)
     staging = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
+        make_dir(staging, given, flag)
         yield staging
         os.replace(staging, out)
     finally:
@@ -168,8 +173,10 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
 
     Raises:
         TitanError: ``source`` is not a supported Llama directory (one line naming the file or
-            field), its tokenizer has more tokens than the embedding, or ``out`` exists.
+            field), its tokenizer has more tokens than the embedding, or ``out`` exists or
+            cannot be made.
     """
+    check_new_dir(out)  # before the read: a bad --out fails at once
     hf = _read_json(source / "config.json", "titan import hf")
     model = config_from_hf(hf)
     tokenizer = find_tokenizer(source)
@@ -197,7 +204,6 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
         "chunks": [[0, model.n_layers]],
     }
     with _staged(out, "--out") as staging:
-        staging.mkdir()
         _write_config(staging, cfg, model, {"source": str(source.absolute())})
         (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
         checkpointer = Checkpointer(staging, asynchronous=False)
@@ -231,9 +237,12 @@ def export_hf(
     (the step exported, the directory written).
 
     Raises:
-        TitanError: not a run dir, no such committed checkpoint, or ``out`` exists.
+        TitanError: not a run dir, a diffusion run, no such committed checkpoint, or ``out``
+            exists or cannot be made.
     """
     cfg, model = saved_model(run_dir, "titan export hf")
+    if model.family != "llama":
+        raise TitanError(f"titan export hf: {run_dir} {NO_LLAMA}")
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
     checkpointer, step = open_checkpoint(run_dir, step, "titan export hf")
     out = out or Path(f"{run_dir.absolute().name}-hf-{step}")
@@ -258,7 +267,6 @@ def export_hf(
         )
     hf = config_to_hf(model, tokenizer.bos_id, tokenizer.eos_id, max_positions, dtype)
     with _staged(out, "--out") as staging:
-        staging.mkdir()
         _write_safetensors(staging, tensors)
         (staging / "config.json").write_text(json.dumps(hf, indent=2))
         for name, data in tokenizer_files(tokenizer).items():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import v1 as ocp_v1
 
 from titan.errors import TitanError
+from titan.out_paths import check_new_dir, make_dir
 from titan.parallel.chunks import chunks_from_ranges, join_layers
 from titan.shapes import ModelConfig
 from titan.trainer_state import chunk_item
@@ -59,6 +61,9 @@ MAXTEXT_LAYER_AXIS, TITAN_LAYER_AXIS = 1, 0
 MODEL_FILE, PARAMS_DIR = "model.json", "params"
 # MaxText's llama2 block defaults (maxtext/configs/models/llama2-7b.yml, base.yml)
 DEFAULT_ROPE_THETA, DEFAULT_NORM_EPS = 10_000.0, 1e-5
+# What the exports say of a run whose model is not a Llama (config.json's model.family).
+NO_LLAMA = "is a diffusion (DiT) run, which has no Llama to export"
+_MISSING_METADATA = "Metadata file does not exist"  # orbax's warning, dropped on absl's logger
 
 
 def _get(tree: dict, path: tuple[str, ...], source: str) -> np.ndarray:
@@ -129,8 +134,18 @@ def llama_shape(
     return ModelConfig(name, vocab, d_model, n_layers, n_heads, n_kv, ffn, rope_theta, norm_eps)
 
 
+def _drop_missing_metadata(record: logging.LogRecord) -> bool:
+    """absl log filter: orbax warns that ``_CHECKPOINT_METADATA`` is missing when it reads an
+    item without it (MaxText's and these commands' items); reading works, and an error after it
+    is to be one line."""
+    return not record.getMessage().startswith(_MISSING_METADATA)
+
+
 def _as_numpy(path: Path) -> Any:
     """An orbax pytree item read to host numpy arrays (no devices or shardings needed)."""
+    absl = logging.getLogger("absl")
+    if _drop_missing_metadata not in absl.filters:
+        absl.addFilter(_drop_missing_metadata)
     checkpointer = ocp.PyTreeCheckpointer()
     tree = checkpointer.metadata(path)
     tree = getattr(getattr(tree, "item_metadata", None), "tree", tree)
@@ -157,9 +172,7 @@ def read_maxtext_params(path: Path) -> dict[str, Any]:
 def write_maxtext_params(path: Path, weights: dict) -> None:
     """Write MaxText's parameters as MaxText's ``save_params_to_path`` does (``items``,
     ``params/params/...``). Raises TitanError if ``path`` exists."""
-    path = Path(path).absolute()
-    if path.exists():
-        raise TitanError(f"--out {path} exists; give a new path")
+    path = check_new_dir(path)
     ocp_v1.save(path, {"params": {"params": weights}}, checkpointable_name="items")
 
 
@@ -168,17 +181,20 @@ def read_run_params(run_dir: Path, step: int | None = None) -> tuple[dict, dict,
     joined from its chunks to host numpy arrays, with its ``config.json`` and the step.
 
     Raises:
-        TitanError: no config.json, no checkpoint, or not the step asked for.
+        TitanError: no config.json, a diffusion run, no checkpoint, or not the step asked for.
     """
     run_dir = Path(run_dir).absolute()
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise TitanError(f"{run_dir}: not a Titan run dir (no config.json)")
     config = json.loads(config_path.read_text())
+    if config.get("model", {}).get("family", "llama") != "llama":
+        raise TitanError(f"{run_dir} {NO_LLAMA}")
     root = run_dir / "checkpoints"
     steps = sorted(int(p.name) for p in root.glob("*") if (p / "meta" / "metadata").is_file())
     if not steps or (step is not None and step not in steps):
-        raise TitanError(f"{run_dir}: no checkpoint {'' if step is None else step} in {root}")
+        wanted = "no checkpoint" if step is None else f"no checkpoint at step {step}"
+        raise TitanError(f"{run_dir}: {wanted} in {root}")
     step = steps[-1] if step is None else step
     meta = json.loads((root / str(step) / "meta" / "metadata").read_text())
     chunks = chunks_from_ranges(meta["layout"]["chunks"])
@@ -211,8 +227,10 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, A
     MaxText settings that build the model (``base_emb_dim=...``) and the step.
 
     Raises:
-        TitanError: not a run dir, no checkpoint, ``out`` exists.
+        TitanError: not a run dir, a diffusion run, no checkpoint, ``out`` exists or cannot
+            be made.
     """
+    check_new_dir(out)  # before the read: a bad --out fails at once
     params, config, step = read_run_params(run_dir, step)
     model = config["train"].get("model", {})
     if model.get("model_source") == "maxtext":
@@ -252,14 +270,15 @@ def import_maxtext(
 
     Raises:
         TitanError: not a llama2-block checkpoint, a shape Titan's Llama cannot take, or
-            ``out`` exists.
+            ``out`` exists or cannot be made, or ``rope_theta`` or ``norm_eps`` is not positive.
     """
-    out = Path(out).absolute()
-    if out.exists():
-        raise TitanError(f"--out {out} exists; give a new path")
+    for flag, value in (("--rope-theta", rope_theta), ("--norm-eps", norm_eps)):
+        if not value > 0:
+            raise TitanError(f"{flag} {value}: must be > 0")
+    out = check_new_dir(out)
     params = maxtext_to_llama(read_maxtext_params(path), str(path))
     shape = llama_shape(params, rope_theta, norm_eps, name=f"maxtext:{Path(path).name}")
-    out.mkdir(parents=True)
+    make_dir(out, out)
     ocp.PyTreeCheckpointer().save(out / PARAMS_DIR, params)
     (out / MODEL_FILE).write_text(json.dumps(dataclasses.asdict(shape), indent=1) + "\n")
     return shape

@@ -1,0 +1,42 @@
+"""Checks on a new output directory (``--out``) before anything is written there, so that a bad
+path fails at once in one line naming the flag and the path given, not a temporary path or an
+error from a writer's background thread."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from titan.errors import TitanError
+
+
+def check_new_dir(out: Path, flag: str = "--out") -> Path:
+    """``out`` made absolute, after checking it can be created as a new directory.
+
+    Raises:
+        TitanError: ``out`` exists, or its nearest existing ancestor is not a writable
+            directory (one line naming ``flag`` and ``out``).
+    """
+    out = Path(out).absolute()
+    if out.exists():
+        raise TitanError(f"{flag} {out} exists already; give a new path")
+    ancestor = out.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise TitanError(f"{flag} {out}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise TitanError(f"{flag} {out}: {ancestor} is not writable")
+    return out
+
+
+def make_dir(path: Path, out: Path, flag: str = "--out") -> None:
+    """``mkdir -p path`` (``out`` or a staging sibling of it).
+
+    Raises:
+        TitanError: the directory cannot be made (one line naming ``flag`` and ``out``).
+    """
+    try:
+        path.mkdir(parents=True)
+    except OSError as err:
+        raise TitanError(f"{flag} {out}: cannot create it ({err.strerror})") from None
