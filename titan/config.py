@@ -402,6 +402,9 @@ class ModelOptions:
             )
 
 
+_WEIGHT_TAIL = re.compile(r":\s*[0-9.eE+-]+\s*$")  # a mixture part's ':WEIGHT'
+
+
 @_section
 class DataOptions:
     """The corpus, its tokenizer and the batch."""
@@ -463,8 +466,8 @@ class DataOptions:
         default="",
         metadata=_opt(
             "--eval-data",
-            "held-out corpus for --eval-every (read like --data; the same tokenizer), or use "
-            "--eval-split",
+            "held-out corpus for --eval-every: one corpus (a file, a directory or a glob, read "
+            "like --data with the same tokenizer), no mixture or weights; or use --eval-split",
         ),
     )
     eval_split: float = field(
@@ -478,6 +481,15 @@ class DataOptions:
     )
 
     def _check(self) -> None:
+        if not self.corpus.strip():
+            raise TitanError("--data is empty")
+        if self.eval_data and not self.eval_data.strip():
+            raise TitanError("--eval-data is empty")
+        if "," in self.eval_data or _WEIGHT_TAIL.search(self.eval_data):
+            raise TitanError(
+                f"--eval-data {self.eval_data}: takes one corpus (files, globs, dirs), no "
+                "mixture or weights"
+            )
         if self.eval_split >= 1:
             raise TitanError(f"--eval-split must be < 1, got {self.eval_split}")
         if self.eval_split and self.eval_data:
