@@ -1189,6 +1189,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
     if parallel.layout == "mpmd":
         parallel.check_schedule()
+    check_task_options(cfg)
     held_out = bool(cfg.data.eval_data or cfg.data.eval_split)
     if held_out != bool(cfg.observability.eval_every):
         raise TitanError(
@@ -1202,6 +1203,35 @@ def validate_train_config(cfg: TrainConfig) -> None:
             f"--profile-steps {bounds[0]}:{bounds[1]}: need 1 <= A <= B <= --steps ({steps}), "
             f"got A={bounds[0]}, B={bounds[1]}"
         )
+
+
+# Options only --task lm reads (a diffusion run reads --images); --task lm reads no
+# DiffusionOptions.
+LM_ONLY_OPTIONS = (
+    "data", "tokenizer", "text_field", "vocab_size", "data_workers", "eval_data", "eval_split",
+    "eval_every",
+)  # fmt: skip
+
+
+def check_task_options(cfg: TrainConfig) -> None:
+    """Refuse an option of the other task set away from its default (given, then ignored).
+
+    Raises:
+        TitanError: ``--data does not apply to --task diffusion (it reads --images)``, or a
+            diffusion option given with ``--task lm``.
+    """
+    flat = cfg.flat()
+    sections = {name: cls() for name, cls in SECTIONS.items()}
+    defaults = {o.name: getattr(sections[o.section], o.field.name) for o in option_fields()}
+    if cfg.model.task == "diffusion":
+        names = LM_ONLY_OPTIONS
+        reason = "--task diffusion (it reads --images)"
+    else:
+        names = tuple(o.name for o in option_fields() if o.section == "diffusion")
+        reason = f"--task {cfg.model.task} (only --task diffusion reads it)"
+    for name in names:
+        if flat[name] != defaults[name]:
+            raise TitanError(f"{flag_of(name)} does not apply to {reason}")
 
 
 def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
