@@ -7,6 +7,7 @@ file whose first page is not mapped, so reading it fails with EIO.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -16,6 +17,8 @@ import pytest
 from helpers import cli_args, file_tree, small_run
 
 from titan.cli import main
+from titan.config import TrainConfig
+from titan.config_files import config_to_data
 
 UNREADABLE = "/proc/self/mem"
 UNWRITABLE = "/sys/kernel"  # sysfs refuses a new directory, even to root
@@ -170,4 +173,64 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(
     assert (code, len(lines)) == (2, 1), err
     if env:
         assert "TITAN_OPS" in lines[0]
+    assert file_tree(tmp_path) == before
+
+
+def _diffusion_run_without_checkpoints(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "diffusion_run"
+    run_dir.mkdir()
+    cfg = TrainConfig.of(task="diffusion")
+    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    return run_dir
+
+
+def _run_with_events(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text('{"kind": "step", "step": 1, "time": 1.0}\n')
+    (tmp_path / "out").mkdir()
+    return run_dir
+
+
+# (name, argv builder, the flag or text the one line names): commands other than train.
+COMMANDS = {
+    "tokenize_data_empty": (lambda tmp: ["tokenize", "--data", ""], "--data is empty"),
+    "tokenize_data_workers_negative": (
+        lambda tmp: ["tokenize", "--data", "stdlib", "--data-workers", "-1"],
+        "--data-workers",
+    ),
+    "train_diffusion_with_data": (
+        lambda tmp: ["train", "--task", "diffusion", "--data", str(tmp)],
+        "--data does not apply to --task diffusion",
+    ),
+    "export_csv_out_a_directory": (
+        lambda tmp: ["export", "csv", str(_run_with_events(tmp)), "--out", str(tmp / "out")],
+        "--out",
+    ),
+    "sample_without_checkpoints": (
+        lambda tmp: ["sample", str(_diffusion_run_without_checkpoints(tmp))],
+        "no committed checkpoint",
+    ),
+    "sample_guidance_negative": (
+        lambda tmp: ["sample", str(_diffusion_run_without_checkpoints(tmp)), "--guidance", "-1"],
+        "--guidance",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", COMMANDS)
+def test_bad_command_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    build, names = COMMANDS[case]
+    argv = build(tmp_path)
+    before = file_tree(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as err:
+        code = err.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert (code, len(err.strip().splitlines())) == (2, 1), err
+    assert names in err
     assert file_tree(tmp_path) == before

@@ -256,3 +256,22 @@ def test_config_imports_without_jax():
     code = "import sys, titan.config, titan.planning.commands; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"data": ""}, "--data is empty"),
+        ({"data": "  "}, "--data is empty"),
+        ({"eval_data": " ", "eval_every": 5}, "--eval-data is empty"),
+        ({"eval_data": "a:0.5,b:0.5", "eval_every": 5}, "--eval-data .* takes one corpus"),
+        ({"task": "diffusion", "data": "web/"}, r"--data does not apply to --task diffusion"),
+        ({"task": "diffusion", "tokenizer": "t.model"}, "--tokenizer does not apply"),
+        ({"task": "diffusion", "eval_every": 5}, "--eval-every does not apply"),
+        ({"task": "diffusion", "vocab_size": 512}, "--vocab-size does not apply"),
+        ({"objective": "v"}, r"--objective does not apply to --task lm"),
+    ],
+)
+def test_options_the_run_would_ignore_or_misread_are_refused(options, message):
+    with pytest.raises(TitanError, match=message):
+        TrainConfig.of(**options)

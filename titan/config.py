@@ -402,6 +402,9 @@ class ModelOptions:
             )
 
 
+_WEIGHT_TAIL = re.compile(r":\s*[0-9.eE+-]+\s*$")  # a mixture part's ':WEIGHT'
+
+
 @_section
 class DataOptions:
     """The corpus, its tokenizer and the batch."""
@@ -463,8 +466,8 @@ class DataOptions:
         default="",
         metadata=_opt(
             "--eval-data",
-            "held-out corpus for --eval-every (read like --data; the same tokenizer), or use "
-            "--eval-split",
+            "held-out corpus for --eval-every: one corpus (a file, a directory or a glob, read "
+            "like --data with the same tokenizer), no mixture or weights; or use --eval-split",
         ),
     )
     eval_split: float = field(
@@ -478,6 +481,15 @@ class DataOptions:
     )
 
     def _check(self) -> None:
+        if not self.corpus.strip():
+            raise TitanError("--data is empty")
+        if self.eval_data and not self.eval_data.strip():
+            raise TitanError("--eval-data is empty")
+        if "," in self.eval_data or _WEIGHT_TAIL.search(self.eval_data):
+            raise TitanError(
+                f"--eval-data {self.eval_data}: takes one corpus (files, globs, dirs), no "
+                "mixture or weights"
+            )
         if self.eval_split >= 1:
             raise TitanError(f"--eval-split must be < 1, got {self.eval_split}")
         if self.eval_split and self.eval_data:
@@ -1177,6 +1189,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
     if parallel.layout == "mpmd":
         parallel.check_schedule()
+    check_task_options(cfg)
     held_out = bool(cfg.data.eval_data or cfg.data.eval_split)
     if held_out != bool(cfg.observability.eval_every):
         raise TitanError(
@@ -1190,6 +1203,35 @@ def validate_train_config(cfg: TrainConfig) -> None:
             f"--profile-steps {bounds[0]}:{bounds[1]}: need 1 <= A <= B <= --steps ({steps}), "
             f"got A={bounds[0]}, B={bounds[1]}"
         )
+
+
+# Options only --task lm reads (a diffusion run reads --images); --task lm reads no
+# DiffusionOptions.
+LM_ONLY_OPTIONS = (
+    "data", "tokenizer", "text_field", "vocab_size", "data_workers", "eval_data", "eval_split",
+    "eval_every",
+)  # fmt: skip
+
+
+def check_task_options(cfg: TrainConfig) -> None:
+    """Refuse an option of the other task set away from its default (given, then ignored).
+
+    Raises:
+        TitanError: ``--data does not apply to --task diffusion (it reads --images)``, or a
+            diffusion option given with ``--task lm``.
+    """
+    flat = cfg.flat()
+    sections = {name: cls() for name, cls in SECTIONS.items()}
+    defaults = {o.name: getattr(sections[o.section], o.field.name) for o in option_fields()}
+    if cfg.model.task == "diffusion":
+        names = LM_ONLY_OPTIONS
+        reason = "--task diffusion (it reads --images)"
+    else:
+        names = tuple(o.name for o in option_fields() if o.section == "diffusion")
+        reason = f"--task {cfg.model.task} (only --task diffusion reads it)"
+    for name in names:
+        if flat[name] != defaults[name]:
+            raise TitanError(f"{flag_of(name)} does not apply to {reason}")
 
 
 def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:

@@ -87,15 +87,22 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
     ``SPEC:WEIGHT`` parts (weights normalised to sum to 1).
 
     Raises:
-        TitanError: a part names no weight while another does, a weight is not a finite
-            number > 0, or a part's files cannot be found (:func:`open_corpus`).
+        TitanError: ``data`` is empty, a part names no weight while another does, a weight is
+            not a finite number > 0, or a part's files cannot be found (:func:`open_corpus`).
     """
+    if not data.strip():
+        raise TitanError("--data is empty")
     parts = data.split(",")
     weighted = [_weighted(part) for part in parts]
     if len(parts) == 1 and weighted[0] is None:
         return [Source(data, 1.0, open_corpus(data, text_field))]
     for part, pair in zip(parts, weighted, strict=True):
         if pair is None:
+            spec, sep, tail = part.rpartition(":")
+            if sep and spec:
+                raise TitanError(
+                    f"--data {data}: part '{part}': the weight '{tail}' is not a number"
+                )
             raise TitanError(f"--data {data}: part '{part}' has no ':WEIGHT' (give every part one)")
         if not (math.isfinite(pair[1]) and pair[1] > 0):
             raise TitanError(f"--data {data}: part '{part}' needs a weight > 0, got {pair[1]}")

@@ -17,7 +17,12 @@ def add_parser(subparsers: Any) -> None:
         "per token). Example: titan generate runs/<run id> --prompt 'def main(' "
         "--max-new-tokens 64 --temperature 0.8 --top-p 0.95",
     )
-    generate.add_argument("source", metavar="RUN_DIR|CHECKPOINT")
+    generate.add_argument(
+        "source",
+        metavar="RUN_DIR|CHECKPOINT",
+        help="a run dir (its newest committed checkpoint, or --step N) or one checkpoint "
+        "<run dir>/checkpoints/<step>",
+    )
     generate.add_argument("--prompt", required=True, help="text to continue")
     generate.add_argument(
         "--step", type=int, default=None, help="checkpoint step of a run dir (default: newest)"

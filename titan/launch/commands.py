@@ -18,7 +18,13 @@ def add_parser(subparsers: Any) -> None:
         "to all; prefix each line with [process]; exit with the worst exit code. "
         "Example: titan launch --processes 2 --devices-per-process 2 -- train --preset tiny",
     )
-    launch.add_argument("--processes", type=int, required=True, metavar="N")
+    launch.add_argument(
+        "--processes",
+        type=int,
+        required=True,
+        metavar="N",
+        help="local processes to start, one JAX process each (required)",
+    )
     launch.add_argument(
         "--devices-per-process",
         type=int,

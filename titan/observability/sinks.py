@@ -127,16 +127,27 @@ def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
 
 def write_csv(rows: list[MetricRow], out: Path) -> Path:
     """A CSV of ``rows``: columns ``step``, ``time`` and each tag (in first-seen order), one
-    line per step, empty where a step has no value of a tag; returns its path."""
+    line per step, empty where a step has no value of a tag; returns its path. It is written to
+    ``<out>.tmp`` and renamed, so a failed write leaves neither file.
+
+    Raises:
+        TitanError: ``out`` is a directory or cannot be written (names ``--out``).
+    """
+    if out.is_dir():
+        raise TitanError(f"--out {out}: is a directory (give the CSV file's path)")
     tags = list(dict.fromkeys(tag for row in rows for tag in row.values))
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["step", "time", *tags])
-        for row in rows:
-            writer.writerow([row.step, row.time, *(row.values.get(t, "") for t in tags)])
-    tmp.replace(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "time", *tags])
+            for row in rows:
+                writer.writerow([row.step, row.time, *(row.values.get(t, "") for t in tags)])
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise TitanError(f"--out {out}: cannot write ({e.strerror or e})") from None
     return out
 
 

@@ -20,7 +20,7 @@ from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
-from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.images import objective_of
 
 ONE_DEVICE = {"layout": "spmd", "dp": 1, "fsdp": 1, "tp": 1, "microbatches": 1}
@@ -33,8 +33,11 @@ def sample_grid(
     class, one class per row.
 
     Raises:
-        TitanError: ``run_dir`` is not a diffusion run or has no committed checkpoint.
+        TitanError: ``guidance`` < 0, ``run_dir`` is not a diffusion run or has no committed
+            checkpoint (then nothing is created in it).
     """
+    if not guidance >= 0:
+        raise TitanError(f"--guidance must be >= 0, got {guidance}")
     try:
         saved = json.loads((run_dir / CONFIG_FILE).read_text())
         cfg = config_from_dict(saved["train"])
@@ -45,6 +48,8 @@ def sample_grid(
         if cfg.model.task == "diffusion":
             raise TitanError("--per-class and --sample-steps must be >= 1")
         raise TitanError(f"{run_dir}: a --task {cfg.model.task} run has no images to sample")
+    if not (run_dir / CHECKPOINT_DIR).is_dir():  # Checkpointer would create it
+        raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
     pipeline = {"pp": 1, "virtual_stages": 1, "schedule": "1f1b", "stage_layers": ()}
     one = cfg.replace(**ONE_DEVICE, **pipeline)
     trainer = build_trainer(one, model, Ops(jax.default_backend(), cfg.compute.ops))

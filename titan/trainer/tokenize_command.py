@@ -47,13 +47,24 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints one line per part: its spec, documents, tokens."""
-    sources = open_sources(args.data, args.text_field)
-    if args.tokenizer:
-        tokenizer = load_tokenizer(args.tokenizer)
+    """Prints one line per part: its spec, documents, tokens.
+
+    Raises:
+        TitanError: a bad option, checked as ``titan train`` checks it (:class:`DataOptions`).
+    """
+    options = DataOptions(
+        corpus=args.data,
+        text_field=args.text_field,
+        tokenizer=args.tokenizer,
+        data_workers=args.data_workers,
+        vocab_size=args.vocab_size,
+    )
+    sources = open_sources(options.corpus, options.text_field)
+    if options.tokenizer:
+        tokenizer = load_tokenizer(options.tokenizer)
     else:
-        tokenizer = train_tokenizer(union_corpus(args.data, sources), args.vocab_size)
-    workers = args.data_workers or os.cpu_count() or 1
+        tokenizer = train_tokenizer(union_corpus(options.corpus, sources), options.vocab_size)
+    workers = options.data_workers or os.cpu_count() or 1
     for source in sources:
         stream = token_stream(source.corpus, tokenizer, workers=workers)
         print(
