@@ -123,10 +123,12 @@ async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: P
     async with app.run_test(size=SIZE, message_hook=notes_into(notes)) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, LaunchScreen)
-        await pilot.press("tab", "0", "ctrl+r")  # preset -> steps (its text selected), type 0
+        steps_row = app.screen.query_one("#option-steps")
+        steps_row.control.focus()
+        steps_row.control.clear()
+        await pilot.press("0", "ctrl+r")
         await pilot.pause()
         shown = str(app.screen.query_one("#launch-error").content)
-        steps_row = app.screen.query_one("#option-steps")
         assert isinstance(app.screen, LaunchScreen)
         assert steps_row.has_class("-invalid")
         assert app.focused is steps_row.control

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rich.cells import cell_len
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -31,6 +32,17 @@ def _pairs(mapping: dict[str, Any]) -> list[tuple[Any, Any]]:
         (cell(key), cell(value if isinstance(value, str) else json.dumps(value)))
         for key, value in mapping.items()
     ]
+
+
+def _fill_key_values(table: DataTable[str], rows: list[tuple[Any, Any]]) -> None:
+    """Put ``(key, value)`` rows in a :func:`_key_value_table`, its columns as wide as their
+    widest cell at once (DataTable widens auto-width columns only when the app is idle, which a
+    loaded machine can put off for seconds, leaving the values cut to the header's width)."""
+    table.clear(columns=True)
+    for index, label in enumerate(("key", "value")):
+        width = max((cell_len(str(row[index])) for row in rows), default=len(label))
+        table.add_column(label, width=width)
+    table.add_rows(rows)
 
 
 def _title(tab: str) -> str:
@@ -100,11 +112,11 @@ class RunDetailScreen(Screen[None]):
     def on_run_detail_screen_loaded(self, message: RunDetailScreen.Loaded) -> None:
         detail = self.detail = message.detail
         rows = summary_rows(detail.summary, detail.config.get("steps"))
-        self.query_one("#detail-summary", DataTable).add_rows(
-            tuple(cell(value) for value in row) for row in rows
-        )
-        self.query_one("#detail-config", DataTable).add_rows(_pairs(detail.config))
-        self.query_one("#detail-environment", DataTable).add_rows(_pairs(detail.environment))
+        summary = [(cell(key), cell(value)) for key, value in rows]
+        _fill_key_values(self.query_one("#detail-summary", DataTable), summary)
+        _fill_key_values(self.query_one("#detail-config", DataTable), _pairs(detail.config))
+        environment = self.query_one("#detail-environment", DataTable)
+        _fill_key_values(environment, _pairs(detail.environment))
         self.query_one("#detail-restarts", DataTable).add_rows(
             (
                 str(i),
