@@ -458,6 +458,30 @@ def planner_draw_tables(path: Path, base: Path) -> list[str]:
 # ---------------------------------------------------------------- console and data loader
 
 
+def planner_microbatch_table(path: Path, base: Path) -> list[str]:
+    """``bench/planner_microbatch.py``: per configuration, the microbatched step against one
+    batch and against M steps of one microbatch's batch."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`.", ""]
+    groups: dict[str, dict[str, dict[str, Any]]] = {}
+    for key, run in data["runs"].items():
+        index, name = key.split(":")
+        groups.setdefault(index, {})[name] = run
+    rows = []
+    for index, runs in groups.items():
+        drawn, whole, part = runs.values()
+        m = drawn["config"]["microbatches"]
+        rows.append(
+            [index, drawn["label"], str(m)]
+            + [_num(r["step_s"], ".4f") for r in (drawn, whole, part)]
+            + [_num(drawn["step_s"] / whole["step_s"], ".3f")]
+            + [_num(drawn["step_s"] / (m * part["step_s"]), ".3f")]
+        )
+    header = ["#", "configuration", "M", "step (s)", "M = 1 (s)", "M = 1, batch / M (s)"]
+    header += ["step / M = 1", "step / (M x batch / M)"]
+    return lines + _table(header, rows) + [""]
+
+
 def _figure(value: Any) -> str:
     if isinstance(value, bool | str):
         return str(value)
@@ -700,6 +724,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     if (results / "planner_draws_evaluation.json").exists():
         lines += ["## Planner accuracy on random draws (`bench/planner_accuracy.py --draw`)", ""]
         lines += planner_draw_tables(results / "planner_draws_evaluation.json", doc)
+    if (results / "planner_microbatch.json").exists():
+        lines += ["## Gradient accumulation's step time (`bench/planner_microbatch.py`)", ""]
+        lines += planner_microbatch_table(results / "planner_microbatch.json", doc)
     if (results / "planner_accuracy.json").exists():
         lines += ["## Planner accuracy, fixed suites (`bench/planner_accuracy.py --suite`)", ""]
         lines += planner_tables(results / "planner_accuracy.json", doc)

@@ -21,8 +21,9 @@ heads and sequence length; each is (replicated over TP, sharded by TP):
 - ``dots-attention``: ``dots`` plus the fused attention kernel's output p d and its float32
   log-sum-exp 4 h (AXLearn's flash-attention remat policy saves the same); with a
   materialized attention there is no fused kernel, and it saves what ``dots`` saves;
-- ``full`` (``nothing_saveable``): the layer input p d; the whole layer forward is recomputed
-  (Korthikanti et al. 2022, Sec. 5: one extra forward pass).
+- ``full`` (``nothing_saveable``): the layer input p d; the layer forward is recomputed
+  (Korthikanti et al. 2022, Sec. 5: one extra forward pass) but for its last projection, whose
+  output no backward step reads.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ class RematPolicy:
         saved: (p, d, kv, f, h, s, attention, swiglu) -> (replicated, sharded) bytes per token
             that one layer keeps for the backward pass (module docstring); ``swiglu`` is
             ``fused`` or ``native``.
-        recomputed: (layer matmul FLOPs, layer attention FLOPs) per token -> the forward FLOPs
-            redone in the backward pass.
+        recomputed: (layer matmul FLOPs, layer attention FLOPs, FLOPs of the layer's output
+            projection) per token -> the forward FLOPs redone in the backward pass (the
+            output projection is never redone: ``titan.planning.models.TokenFlops``).
     """
 
     name: str
@@ -94,7 +96,7 @@ class RematPolicy:
 REMAT_POLICIES: dict[str, RematPolicy] = {
     policy.name: policy
     for policy in (
-        RematPolicy("none", None, _saved_none, lambda matmul, attention: 0.0),
+        RematPolicy("none", None, _saved_none, lambda matmul, attention, output=0.0: 0.0),
         RematPolicy(
             "dots",
             _dots_policy,
@@ -102,7 +104,7 @@ REMAT_POLICIES: dict[str, RematPolicy] = {
                 2 * p * d,
                 p * d + 2 * p * kv + 2 * p * f,
             ),
-            lambda matmul, attention: attention,
+            lambda matmul, attention, output=0.0: attention,
         ),
         RematPolicy(
             "dots-attention",
@@ -111,13 +113,13 @@ REMAT_POLICIES: dict[str, RematPolicy] = {
                 2 * p * d,
                 p * d + 2 * p * kv + 2 * p * f + (p * d + 4 * h if a == "flash" else 0),
             ),
-            lambda matmul, attention: 0.0,
+            lambda matmul, attention, output=0.0: 0.0,
         ),
         RematPolicy(
             "full",
             _nothing_policy,
             lambda p, d, kv, f, h, s, a, swiglu="native": (p * d, 0.0),
-            lambda matmul, attention: matmul + attention,
+            lambda matmul, attention, output=0.0: matmul - output + attention,
         ),
     )
 }

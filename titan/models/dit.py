@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titan.models.layer_stack import layer_stack
 from titan.models.llama import INIT_STD
 from titan.ops import Ops
 from titan.parallel.sharding import ACTIVATION_AXES
-from titan.remat import REMAT_POLICIES
 from titan.shapes import TIMESTEP_FREQUENCIES, ModelConfig
 
 
@@ -194,20 +194,7 @@ class DitStage(nn.Module):
     def __call__(self, inputs, t, labels, target=None, weight=None):
         x = self._embed(inputs, t, labels) if self.has_embedding else inputs
         x = nn.with_logical_constraint(x, ACTIVATION_AXES)
-        block = DitBlock
-        if self.remat != "none":
-            block = nn.remat(
-                DitBlock, policy=REMAT_POLICIES[self.remat].jax_policy(), prevent_cse=False
-            )
-        stack = nn.scan(
-            block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(nn.broadcast,),
-            length=self.n_layers,
-            unroll=min(self.layer_unroll or self.n_layers, self.n_layers),
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
+        stack = layer_stack(DitBlock, self.remat, self.n_layers, self.layer_unroll, args=1)
         x, _ = stack(self.config, self.ops, self.param_dtype, name="layers")(x, None)
         if not self.has_head:
             return x

@@ -24,9 +24,9 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
+from titan.models.layer_stack import layer_stack
 from titan.ops import Ops
 from titan.parallel.sharding import ACTIVATION_AXES, EMBEDDING_LOOKUP_AXES
-from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
 INIT_STD = 0.02
@@ -149,20 +149,7 @@ class LlamaStage(nn.Module):
             embed = _param(self, "embed", ("vocab", "embed"), shape, INIT_STD)
             x = nn.with_logical_constraint(jnp.take(embed, inputs, axis=0), EMBEDDING_LOOKUP_AXES)
         x = nn.with_logical_constraint(x, ACTIVATION_AXES)
-        block = Block
-        if self.remat != "none":
-            block = nn.remat(
-                Block, policy=REMAT_POLICIES[self.remat].jax_policy(), prevent_cse=False
-            )
-        stack = nn.scan(
-            block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast),
-            length=self.n_layers,
-            unroll=min(self.layer_unroll or self.n_layers, self.n_layers),
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
+        stack = layer_stack(Block, self.remat, self.n_layers, self.layer_unroll, args=2)
         x, _ = stack(cfg, self.ops, self.param_dtype, name="layers")(x, positions, segment_ids)
         if not self.has_head:
             return x

@@ -19,9 +19,10 @@ kernel skips masked blocks (causal), a materialized score matrix computes all of
 Recomputation (``--remat``) adds forward work that model FLOPs (and MFU) do not count:
 ``none`` adds nothing; ``dots`` (JAX ``dots_with_no_batch_dims_saveable``) keeps the projection
 outputs and recomputes attention (its matmuls have batch dimensions), so it adds one attention
-forward per layer; ``full`` (``nothing_saveable``) recomputes the whole layer forward
-(Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-Sec. 5: full recomputation costs one extra forward pass, about 33% more).
+forward per layer; ``full`` (``nothing_saveable``) recomputes the layer forward (Korthikanti et
+al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Sec. 5: one extra
+forward pass) except its last projection, whose output no backward step reads
+(:attr:`TokenFlops.layer_output`).
 """
 
 from __future__ import annotations
@@ -77,11 +78,17 @@ class TokenFlops:
         layer_attention: q k^T and probabilities x values of one layer over ``seq_len`` keys
             (halved when ``causal``).
         head: output projection (2 d V).
+        layer_output: the part of ``layer_matmul`` in the layer's last projection, whose output
+            only enters the residual sum (2 d ffn, Llama's SwiGLU down projection). A backward
+            pass never needs that output, so recomputation never redoes it: JAX drops it from
+            the recomputed forward as dead code (the compiled step's ``cost_analysis()``,
+            ``tests/test_planner_flops.py``). 0 where the output is needed (a DiT gates it).
     """
 
     layer_matmul: float
     layer_attention: float
     head: float
+    layer_output: float = 0.0
 
 
 def token_flops(m: ModelConfig, seq_len: int, causal: bool) -> TokenFlops:
@@ -90,7 +97,8 @@ def token_flops(m: ModelConfig, seq_len: int, causal: bool) -> TokenFlops:
     if m.family == "dit":
         return dit_token_flops(m)
     attention = 4.0 * seq_len * m.d_model * (0.5 if causal else 1.0)
-    return TokenFlops(2.0 * layer_matmul_params(m), attention, 2.0 * m.d_model * m.vocab_size)
+    head = 2.0 * m.d_model * m.vocab_size
+    return TokenFlops(2.0 * layer_matmul_params(m), attention, head, 2.0 * m.d_model * m.ffn_dim)
 
 
 def dit_token_flops(m: ModelConfig) -> TokenFlops:
@@ -128,7 +136,7 @@ def layer_recompute_flops(f: TokenFlops, remat: str) -> float:
     """
     if remat not in REMAT_POLICIES:
         raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {remat!r}")
-    return REMAT_POLICIES[remat].recomputed(f.layer_matmul, f.layer_attention)
+    return REMAT_POLICIES[remat].recomputed(f.layer_matmul, f.layer_attention, f.layer_output)
 
 
 def hardware_flops_per_token(m: ModelConfig, seq_len: int, remat: str, convention: str) -> float:
