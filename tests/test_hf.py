@@ -241,6 +241,11 @@ def test_init_from_refuses_another_model_and_import_refuses_other_rope_scaling(
     err = capsys.readouterr().err
     assert "--model" in err and "conflicts with the model of --init-from" in err
     assert len(err.strip().splitlines()) == 1
+    argv = ["train", "--task", "diffusion", "--init-from", str(imported["untied"]), "--steps", "1"]
+    assert main([*argv, "--runs-root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "holds a llama model; --task diffusion trains dit models" in err
+    assert not (tmp_path / "runs").exists()
     directory = tmp_path / "yarn"
     directory.mkdir()
     config = json.loads((hf_models["untied"][0] / "config.json").read_text())

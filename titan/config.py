@@ -54,6 +54,8 @@ Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.
 ModelSource = Literal["titan", "maxtext"]
 MODEL_SOURCES: tuple[ModelSource, ...] = ("titan", "maxtext")
 Task = Literal["lm", "diffusion"]
+# The model family each --task trains.
+TASK_FAMILIES = {"lm": "llama", "diffusion": "dit"}
 TASKS: tuple[Task, ...] = ("lm", "diffusion")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
@@ -394,7 +396,7 @@ class ModelOptions:
             raise TitanError(f"{flag} needs --model-source maxtext")
         if self.task == "diffusion" and self.shape == PRESETS["tiny"]:
             object.__setattr__(self, "shape", PRESETS["dit-tiny"])  # the task's default model
-        wanted = "dit" if self.task == "diffusion" else "llama"
+        wanted = TASK_FAMILIES[self.task]
         if self.shape.family != wanted:
             raise TitanError(
                 f"--preset {self.shape.name} is a {self.shape.family} model; --task {self.task} "

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from titan.config import TrainConfig
+from titan.config import TASK_FAMILIES, TrainConfig
 from titan.config_files import config_from_dict
 from titan.errors import TitanError
 from titan.observability.records import CONFIG_FILE
@@ -51,14 +51,21 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
     unless ``tokenizer`` is given, its tokenizer; unchanged without ``init_from``.
 
     Raises:
-        TitanError: the checkpoint's dir is not a run dir, or ``preset`` (``--model``) names
-            another shape than the checkpoint's.
+        TitanError: the checkpoint's dir is not a run dir, its model is not of the family
+            ``task`` trains, or ``preset`` (``--model``) names another shape than the
+            checkpoint's.
     """
     text = explicit.get("init_from")
     if not text:
         return explicit
     run_dir, _ = checkpoint_location(str(text))
     _, model = saved_model(run_dir, "--init-from")
+    task = explicit.get("task", "lm")
+    if model.family != TASK_FAMILIES.get(task, model.family):
+        raise TitanError(
+            f"--init-from {text} holds a {model.family} model; --task {task} trains "
+            f"{TASK_FAMILIES[task]} models"
+        )
     if "preset" in explicit:
         asked = TrainConfig.of(preset=explicit["preset"]).model.shape
         if any(getattr(asked, f) != getattr(model, f) for f in SHAPE_FIELDS):
