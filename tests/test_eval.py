@@ -4,6 +4,7 @@ console's loss curve, on two real runs (conftest: ``spmd_eval_run``, ``mpmd_eval
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -12,7 +13,8 @@ from console_helpers import wait_until
 from helpers import events
 
 from titan.config import TrainConfig
-from titan.data.heldout import EvalBatches, held_out, split_corpus
+from titan.data.heldout import EvalBatches, held_out, split_corpus, split_sources, training_corpus
+from titan.data.mixture import open_sources
 from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
@@ -112,3 +114,17 @@ def test_held_out_data_smaller_than_a_batch_is_refused(tmp_path):
     with pytest.raises(TitanError, match="--eval-data .*: no such file"):
         (tmp_path / "a.txt").write_text("text")
         split_corpus(open_corpus(str(tmp_path)), str(tmp_path / "missing"), 0.0)
+
+
+def test_the_tokenizer_of_a_split_mixture_reads_no_held_out_document(tmp_path):
+    for part in ("a", "b"):
+        (tmp_path / part).mkdir()
+        lines = [json.dumps({"text": f"part {part} document {i} " * 3}) for i in range(40)]
+        (tmp_path / part / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    data = f"{tmp_path / 'a'}:0.5,{tmp_path / 'b'}:0.5"
+    sources, held = split_sources(data, open_sources(data, "text"), "", SPLIT)
+    trained_on = list(training_corpus(data, sources).documents())
+    held_docs = set(held.documents())
+    assert held_docs and len(trained_on) == 80 - len(held_docs)
+    assert not held_docs & set(trained_on)
+    assert {d.split()[1] for d in trained_on} == {"a", "b"}

@@ -136,6 +136,17 @@ def split_sources(
     return train, SplitCorpus(everything, eval_split, True)
 
 
+def training_corpus(data: str, sources: list[Source]) -> Corpus | SplitCorpus:
+    """All the training parts' documents as one corpus, what the tokenizer trains on: with
+    ``--eval-split``, the training side of all the parts' files together, so that no held-out
+    document shapes the vocabulary either."""
+    splits = [s.corpus for s in sources if isinstance(s.corpus, SplitCorpus)]
+    if len(sources) == 1 or not splits:
+        return union_corpus(data, sources)
+    whole = [dataclasses.replace(s, corpus=s.corpus.corpus) for s in sources]
+    return SplitCorpus(union_corpus(data, whole), splits[0].fraction, False)
+
+
 @dataclass(frozen=True)
 class EvalBatches:
     """The eval batches: sequence k of the held-out stream is tokens ``[k * seq_len,

@@ -52,7 +52,7 @@ import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.config_files import config_to_data
-from titan.data.heldout import split_sources
+from titan.data.heldout import split_sources, training_corpus
 from titan.data.images import ImageBatches
 from titan.data.mixture import (
     Batches,
@@ -60,7 +60,6 @@ from titan.data.mixture import (
     data_record,
     make_batches,
     open_sources,
-    union_corpus,
 )
 from titan.data.text import Corpus, batch_digest
 from titan.data.tokenize import TokenStream, token_stream
@@ -404,7 +403,7 @@ def _text_data(
     (:func:`titan.data.heldout.split_sources`)."""
     sources, held_out = corpora
     with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
-        corpus = union_corpus(cfg.data.corpus, sources)
+        corpus = training_corpus(cfg.data.corpus, sources)
         tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
     ops, trainer = _build(cfg, model_config(cfg, tokenizer.vocab_size), stop)
     model_cfg = trainer.adapter.config  # the shape the family built (MaxText's own)
