@@ -20,15 +20,12 @@ from titan.errors import TitanError  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
 from titan.models.adapters.llama import LlamaAdapter  # noqa: E402
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel, titan_axis  # noqa: E402
-from titan.models.adapters.maxtext_checkpoints import (  # noqa: E402
-    export_run,
-    import_maxtext,
-    read_imported,
-    read_run_params,
-)
+from titan.models.adapters.maxtext_checkpoints import export_run, read_run_params  # noqa: E402
 from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
+from titan.shapes import ModelConfig  # noqa: E402
+from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 
 TINY = {
     "base_emb_dim": "32",
@@ -229,8 +226,9 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
 ):
     exported, imported = tmp_path / "maxtext", tmp_path / "llama"
     assert export_run(one_device, exported)["settings"]["vocab_size"] == 512
-    import_maxtext(exported, imported)
-    params, shape = read_imported(imported)
+    import_maxtext(exported, imported, one_device / "tokenizer.model")
+    params, config, _ = read_run_params(imported)
+    shape = ModelConfig(**config["model"])
     weights, _, _ = read_run_params(one_device)
     adapter = _adapter("llama2-7b", vocab_size="512")
     inputs = _inputs(adapter)
