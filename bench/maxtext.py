@@ -69,6 +69,7 @@ COMMON = {
     "checkpoint_every": 100_000,
 }
 SMOKE = {"seq_len": 32, "batch_size": 2}
+FRACTIONS = ("causal", "full", "hfu_causal", "hfu_full")  # of a step record's mfu
 
 
 def maxtext_set(shape: dict[str, int], attention: str) -> list[str]:
@@ -123,10 +124,11 @@ def summary(run_dir: Path, skip: int, seconds: float) -> dict:
         "tokens_per_step": steps[-1]["tokens"],
         "tokens_per_s": statistics.median(e["tokens_per_s"] for e in steps),
         "step_time_s": statistics.median(e["step_time_s"] for e in steps),
-        "mfu": {k: statistics.median(m[k] for m in mfu) for k in mfu[0]} if mfu else None,
+        "mfu": {k: statistics.median(m[k] for m in mfu) for k in FRACTIONS} if mfu else None,
         "mfu_reason": steps[-1].get("mfu_reason"),
         "peak_flops": peak.flops,
         "peak_kind": peak.kind,
+        "peak_source": peak.source,
         "loss_first": lines[[e["type"] for e in lines].index("step")]["loss"],
         "loss_last": steps[-1]["loss"],
         "compile_s": sum(e["seconds"] for e in lines if e["type"] == "compile"),
