@@ -239,3 +239,42 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
     llama = LlamaAdapter(shape, Ops("cpu", {}), seq_len=16)
     titan = jax.jit(lambda p: llama.forward(whole, p, inputs.first, inputs.every, inputs.last, F32))
     assert float(titan(params)) == pytest.approx(float(maxtext(weights)), abs=1e-5)
+
+
+# Two scanned layers each; mixtral with MaxText's load-balancing loss on (its yml leaves it 0).
+TRAINED_FAMILIES = {
+    "gemma2-2b": ("gemma2", {}),
+    "qwen3-0.6b": ("qwen3", {}),
+    "mixtral-8x7b": (
+        "mixtral",
+        {"num_experts": "4", "base_moe_mlp_dim": "64", "load_balance_loss_weight": "0.01"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAINED_FAMILIES))
+def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp_path: Path):
+    family, extra = TRAINED_FAMILIES[name]
+    settings = {**TINY, "base_num_decoder_layers": "2", **extra}
+    options = _options(corpus_dir, tmp_path, name, dp=1, steps=2)
+    options["maxtext_model"] = name
+    options["maxtext_set"] = " ".join(f"{k}={v}" for k, v in settings.items())
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    losses = _losses(run_dir)
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    source = events(run_dir, "run_start")[0]["model_source"]
+    assert source["family"] == family and source["maxtext_model"] == name
+    assert source["load_balance_loss_weight"] == float(extra.get("load_balance_loss_weight", 0))
+
+
+def test_mixtral_adds_maxtexts_load_balancing_loss_on_one_stage_only():
+    weight = 0.01
+    balanced = _adapter("mixtral-8x7b", load_balance_loss_weight=str(weight))
+    plain = _adapter("mixtral-8x7b")
+    assert balanced.load_balanced and not plain.load_balanced
+    extra = _whole_loss(balanced) - _whole_loss(plain)  # same parameters: the init ignores it
+    # Switch's loss (MaxText's load_balance_loss): weight x E x sum(density x probability) >= weight
+    assert weight * 0.999 <= extra < weight * 4
+    with pytest.raises(TitanError, match="load-balancing loss .* not carried across pipeline"):
+        balanced.abstract_params(plan_chunks(4, 2, 1)[0])
