@@ -266,15 +266,30 @@ def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp
     source = events(run_dir, "run_start")[0]["model_source"]
     assert source["family"] == family and source["maxtext_model"] == name
     assert source["load_balance_loss_weight"] == float(extra.get("load_balance_loss_weight", 0))
+    balance = [e.get("moe_lb_loss") for e in events(run_dir, "step")]
+    if family == "mixtral":  # its own field of the step record, a term of the loss
+        assert all(0 < b <= 4 * 0.01 for b in balance)
+    else:
+        assert balance == [None, None]
 
 
 def test_mixtral_adds_maxtexts_load_balancing_loss_on_one_stage_only():
     weight = 0.01
     balanced = _adapter("mixtral-8x7b", load_balance_loss_weight=str(weight))
     plain = _adapter("mixtral-8x7b")
-    assert balanced.load_balanced and not plain.load_balanced
-    extra = _whole_loss(balanced) - _whole_loss(plain)  # same parameters: the init ignores it
-    # Switch's loss (MaxText's load_balance_loss): weight x E x sum(density x probability) >= weight
-    assert weight * 0.999 <= extra < weight * 4
+    assert balanced.loss_terms() == ("moe_lb_loss",) and plain.loss_terms() == ()
+    params = jax.jit(plain.init_params)(jax.random.key(0))  # the weight changes no parameter
+    inputs, whole = _inputs(plain), whole_model(4)
+
+    def loss(adapter: MaxTextAdapter):
+        return jax.jit(
+            lambda p: adapter.forward(whole, p, inputs.first, inputs.every, inputs.last, F32)
+        )(params)
+
+    total, terms = loss(balanced)
+    term = float(terms["moe_lb_loss"])
+    assert float(total) == pytest.approx(float(loss(plain)) + term, abs=1e-6)
+    # MaxText's load_balance_loss: weight x E x sum_i(density_i x probability_i), E = 4 experts
+    assert 0 < term <= 4 * weight
     with pytest.raises(TitanError, match="load-balancing loss .* not carried across pipeline"):
         balanced.abstract_params(plan_chunks(4, 2, 1)[0])

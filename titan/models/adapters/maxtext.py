@@ -466,6 +466,9 @@ class MaxTextAdapter:
         c = self.config_of(None)
         return c.num_experts > 1 and c.load_balance_loss_weight > 0
 
+    def loss_terms(self) -> tuple[str, ...]:
+        return ("moe_lb_loss",) if self.load_balanced else ()
+
     @property
     def tied(self) -> bool:
         return bool(self.config_of(None).logits_via_embedding)
@@ -631,15 +634,19 @@ class MaxTextAdapter:
             )[:3]
         if not chunk.last:
             return hidden.astype(dtype)
-        return jnp.mean(_cross_entropy(logits, last["targets"])) + _load_balance_loss(model)
+        loss = jnp.mean(_cross_entropy(logits, last["targets"]))
+        if not self.load_balanced:
+            return loss
+        balance = _load_balance_loss(model)
+        return loss + balance, {"moe_lb_loss": balance}
 
 
 def _load_balance_loss(model: Any) -> jax.Array:
     """MaxText's MoE load-balancing loss of the forward pass just run, as MaxText's pre-training
     step adds it to the loss (``maxtext/trainers/pre_train/train.py``): the mean over the layers
     of the ``moe_lb_loss`` each MoE layer sows, already scaled by ``load_balance_loss_weight``
-    (``maxtext/layers/moe.py``, ``load_balance_loss``). 0 where no layer sows it: a dense model,
-    or a weight of 0 (``base.yml``'s default)."""
+    (``maxtext/layers/moe.py``, ``load_balance_loss``); recorded as the step's ``moe_lb_loss``.
+    0 where no layer sows it."""
     nnx = importlib.import_module("flax.nnx")
     sown = nnx.pop(model, nnx.Intermediate).to_pure_dict()
     losses = [
