@@ -274,12 +274,12 @@ def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp
 
 
 def test_mixtral_adds_maxtexts_load_balancing_loss_on_one_stage_only():
-    weight = 0.01
-    balanced = _adapter("mixtral-8x7b", load_balance_loss_weight=str(weight))
-    plain = _adapter("mixtral-8x7b")
+    weight, layers = 0.01, {"base_num_decoder_layers": "2"}
+    balanced = _adapter("mixtral-8x7b", load_balance_loss_weight=str(weight), **layers)
+    plain = _adapter("mixtral-8x7b", **layers)
     assert balanced.loss_terms() == ("moe_lb_loss",) and plain.loss_terms() == ()
     params = jax.jit(plain.init_params)(jax.random.key(0))  # the weight changes no parameter
-    inputs, whole = _inputs(plain), whole_model(4)
+    inputs, whole = _inputs(plain), whole_model(2)
 
     def loss(adapter: MaxTextAdapter):
         return jax.jit(
@@ -292,4 +292,4 @@ def test_mixtral_adds_maxtexts_load_balancing_loss_on_one_stage_only():
     # MaxText's load_balance_loss: weight x E x sum_i(density_i x probability_i), E = 4 experts
     assert 0 < term <= 4 * weight
     with pytest.raises(TitanError, match="load-balancing loss .* not carried across pipeline"):
-        balanced.abstract_params(plan_chunks(4, 2, 1)[0])
+        balanced.abstract_params(plan_chunks(2, 2, 1)[0])
