@@ -24,9 +24,10 @@ that machine lacks; ``pip download --no-deps --only-binary=:all: --python-versio
 installed with ``pip install --no-deps --target``, and ``bench/stubs`` on ``PYTHONPATH``: a
 stand-in for xprof (a 32 MB profiler wheel that tokamax imports at import time and training never
 calls). Both runs' tokenizer and token cache are shared through ``TITAN_CACHE``; each run's final
-checkpoint (10 GB at this size) is removed once its records are read. Should MaxText's run fail
-with ``cudnn_flash_jax``, it is run again with its ``dot_product`` attention (run
-``maxtext-dot_product``), so that the file still compares the two models.
+checkpoint (10 GB at this size) is removed once its records are read, and a run dir left by an
+earlier call is removed before its run. Should MaxText's run fail with ``cudnn_flash_jax``, it
+is run again with its ``dot_product`` attention (run ``maxtext-dot_product``), so that the file
+still compares the two models.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def main() -> None:
     for name in names:
         command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps)]
         command += ["--out", args.out, "--runs-root", args.runs_root] + ["--smoke"] * args.smoke
+        shutil.rmtree(Path(args.runs_root) / name, ignore_errors=True)  # a run of an earlier call
         start = time.perf_counter()
         code = subprocess.run(command).returncode
         seconds = time.perf_counter() - start
