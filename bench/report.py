@@ -17,6 +17,7 @@ Result files and the scripts that write them:
   the other half);
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
   --scale <runs>``; ``data_loader.json``: ``bench/data_loader.py``;
+- ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
 
 Imports no JAX (the GPU catalog only, for the peak of files that do not record it).
@@ -610,6 +611,48 @@ def dit_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def _maxtext_providers(run: dict[str, Any]) -> str:
+    """A MaxText run's attention kernel and remat policy, or a Titan run's operator providers."""
+    source = run["model_source"]
+    if source.get("layers_by", "titan") == "titan":
+        return ", ".join(f"{op} {name}" for op, name in run["ops"].items())
+    return f"MaxText attention {source['attention']}, remat {source['remat_policy']}"
+
+
+def maxtext_table(path: Path, base: Path) -> list[str]:
+    """``bench/maxtext.py``: a MaxText llama and Titan's Llama of one shape, one row a run."""
+    data = json.loads(path.read_text())
+    shape, options = data["shape"], data["options"]
+    runs = data["runs"]
+    first = next(iter(runs.values()))
+    lines = [
+        f"Result file: {_link(path, base)}; command: `python bench/maxtext.py` (each model "
+        "trained by Titan's trainer in its own process). Model: "
+        f"{shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads, "
+        f"{shape['n_kv_heads']} KV heads, ffn {shape['ffn_dim']}, vocabulary "
+        f"{shape['vocab_size']} ({first['param_count']:,} parameters); batch "
+        f"{options['batch_size']} x {options['seq_len']} tokens of `{options['data']}`, "
+        f"`--remat {options['remat']}`, `--attention-mask {options['attention_mask']}`, "
+        f"{first['compute_dtype']} compute; medians of {first['steps_timed']} steps after "
+        f"{data['skip']}; {first['env']['device_kinds'][0]}, jax "
+        f"{first['env']['packages']['jax']}.",
+        "",
+        _peak_line(first["peak_flops"], first["env"]["device_kinds"][0], True),
+        "",
+        f"MaxText's settings: `{' '.join(data['maxtext_set'])}` (`llama2-7b` reshaped). "
+        f"{data.get('provenance', '')}",
+        "",
+    ]
+    rows = [
+        [name, run["model_source"]["layers_by"], _num(run["tokens_per_s"], ",.0f")]
+        + [_pct(run["mfu"]["causal"]), _pct(run["mfu"]["full"]), _num(run["compile_s"], ".1f")]
+        + [_num(run["loss_last"], ".3f"), _maxtext_providers(run)]
+        for name, run in runs.items()
+    ]
+    header = ["run", "layers by", "tokens/s", "MFU causal", "MFU full", "compile s"]
+    return lines + _table(header + ["last loss", "providers"], rows) + [""]
+
+
 # ---------------------------------------------------------------- titan train run records
 
 
@@ -740,6 +783,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     for path in sorted(results.glob("dit-*.json")):
         lines += ["## DiT train step against plain JAX (`bench/dit.py`, one GPU)", ""]
         lines += dit_table(path, doc)
+    for path in sorted(results.glob("maxtext-*.json")):
+        lines += ["## MaxText's llama against Titan's Llama (`bench/maxtext.py`, one GPU)", ""]
+        lines += maxtext_table(path, doc)
     if (results / "data_loader.json").exists():
         lines += ["## Data loader (`bench/data_loader.py`)", ""]
         lines += data_loader_table(results / "data_loader.json", doc)

@@ -48,7 +48,7 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     ),
     # the MaxText checkpoint converter imports JAX and orbax
     "titan/models/commands.py:run_import": (
-        "from titan.models.adapters.maxtext_checkpoints import import_maxtext"
+        "from titan.trainer.maxtext_import import import_maxtext"
     ),
     "titan/models/commands.py:run_export": (
         "from titan.models.adapters.maxtext_checkpoints import export_run"

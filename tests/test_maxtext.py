@@ -20,15 +20,12 @@ from titan.errors import TitanError  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
 from titan.models.adapters.llama import LlamaAdapter  # noqa: E402
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel, titan_axis  # noqa: E402
-from titan.models.adapters.maxtext_checkpoints import (  # noqa: E402
-    export_run,
-    import_maxtext,
-    read_imported,
-    read_run_params,
-)
+from titan.models.adapters.maxtext_checkpoints import export_run, read_run_params  # noqa: E402
 from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
+from titan.shapes import ModelConfig  # noqa: E402
+from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 
 TINY = {
     "base_emb_dim": "32",
@@ -229,8 +226,9 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
 ):
     exported, imported = tmp_path / "maxtext", tmp_path / "llama"
     assert export_run(one_device, exported)["settings"]["vocab_size"] == 512
-    import_maxtext(exported, imported)
-    params, shape = read_imported(imported)
+    import_maxtext(exported, imported, one_device / "tokenizer.model")
+    params, config, _ = read_run_params(imported)
+    shape = ModelConfig(**config["model"])
     weights, _, _ = read_run_params(one_device)
     adapter = _adapter("llama2-7b", vocab_size="512")
     inputs = _inputs(adapter)
@@ -241,3 +239,44 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
     llama = LlamaAdapter(shape, Ops("cpu", {}), seq_len=16)
     titan = jax.jit(lambda p: llama.forward(whole, p, inputs.first, inputs.every, inputs.last, F32))
     assert float(titan(params)) == pytest.approx(float(maxtext(weights)), abs=1e-5)
+
+
+# Two scanned layers (gemma2: one (local, global) pair); mixtral with MaxText's load-balancing
+# loss on (its yml leaves it 0).
+TRAINED_FAMILIES = {
+    "gemma2-2b": ("gemma2", {"base_num_decoder_layers": "1"}),
+    "qwen3-0.6b": ("qwen3", {}),
+    "mixtral-8x7b": (
+        "mixtral",
+        {"num_experts": "4", "base_moe_mlp_dim": "64", "load_balance_loss_weight": "0.01"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAINED_FAMILIES))
+def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp_path: Path):
+    family, extra = TRAINED_FAMILIES[name]
+    settings = {**TINY, "base_num_decoder_layers": "2", **extra}
+    options = _options(corpus_dir, tmp_path, name, dp=1, steps=2)
+    options["maxtext_model"] = name
+    options["maxtext_set"] = " ".join(f"{k}={v}" for k, v in settings.items())
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    losses = _losses(run_dir)
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    source = events(run_dir, "run_start")[0]["model_source"]
+    assert source["family"] == family and source["maxtext_model"] == name
+    assert source["load_balance_loss_weight"] == float(extra.get("load_balance_loss_weight", 0))
+    balance = [e.get("moe_lb_loss") for e in events(run_dir, "step")]
+    if family == "mixtral":  # its own field of the step record, a term of the loss
+        # MaxText's load_balance_loss: weight x E x sum_i(density_i x probability_i), E = 4
+        assert all(0 < b <= 4 * 0.01 for b in balance)
+    else:
+        assert balance == [None, None]
+
+
+def test_the_load_balancing_loss_is_a_named_term_of_one_stage_only():
+    balanced = _adapter("mixtral-8x7b", load_balance_loss_weight="0.01")
+    assert balanced.loss_terms() == ("moe_lb_loss",) and _adapter("qwen3-0.6b").loss_terms() == ()
+    with pytest.raises(TitanError, match="load-balancing loss .* not carried across pipeline"):
+        balanced.abstract_params(plan_chunks(4, 2, 1)[0])

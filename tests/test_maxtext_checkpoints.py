@@ -10,21 +10,27 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tokenizers as hf_tokenizers
 from helpers import run_in_process, small_run
+from safetensors.numpy import load_file
 
 from titan.cli import main
+from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
+from titan.generation.generate import load_model
 from titan.models.adapters.llama import LlamaAdapter
 from titan.models.adapters.maxtext_checkpoints import (
-    import_maxtext,
     llama_to_maxtext,
     maxtext_to_llama,
-    read_imported,
     read_maxtext_params,
     read_run_params,
 )
+from titan.models.hf_llama import params_to_hf
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
+from titan.shapes import ModelConfig
+from titan.trainer.init_from import init_from_options
+from titan.trainer.maxtext_import import import_maxtext
 
 FIXTURE = Path(__file__).parent / "fixtures" / "maxtext_llama2_tiny"
 REFERENCE = json.loads((FIXTURE / "reference.json").read_text())
@@ -42,16 +48,39 @@ def _per_token_loss(params: dict, shape) -> np.ndarray:
     )
 
 
+def _read_imported(out: Path) -> tuple[dict, ModelConfig]:
+    """The parameters (numpy) and shape of a ``titan import maxtext`` output."""
+    params, config, step = read_run_params(out)
+    assert step == 0 and config["maxtext_import"]["source"]
+    return params, ModelConfig(**config["model"])
+
+
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory) -> Path:
+def tokenizer(tmp_path_factory, corpus_dir: Path) -> Path:
+    """A character-level BPE ``tokenizer.json`` of at most 128 tokens (the fixture's vocabulary)
+    with its BOS and EOS."""
+    directory = tmp_path_factory.mktemp("tokenizer")
+    tok = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE())
+    trainer = hf_tokenizers.trainers.BpeTrainer(
+        vocab_size=100, special_tokens=["<s>", "</s>"], limit_alphabet=60
+    )
+    tok.train_from_iterator([p.read_text() for p in sorted(corpus_dir.iterdir())[:2]], trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, tokenizer: Path) -> Path:
     out = tmp_path_factory.mktemp("imported") / "llama"
-    code = main(["import", "maxtext", str(FIXTURE / "checkpoint"), "--out", str(out)])
-    assert code == 0
+    args = ["import", "maxtext", str(FIXTURE / "checkpoint"), "--out", str(out)]
+    assert main([*args, "--tokenizer", str(tokenizer)]) == 0
     return out
 
 
 def test_a_maxtext_checkpoint_imports_with_maxtexts_per_token_loss(imported: Path):
-    params, shape = read_imported(imported)
+    params, shape = _read_imported(imported)
     assert (shape.d_model, shape.n_layers, shape.n_heads, shape.n_kv_heads) == (32, 2, 4, 2)
     assert (shape.ffn_dim, shape.vocab_size, shape.rope_theta) == (64, 128, 10000.0)
     loss = _per_token_loss(params, shape)
@@ -88,9 +117,10 @@ def llama_run(tmp_path_factory, corpus_dir: Path) -> Path:
 def test_export_then_import_round_trips_bit_exact(llama_run: Path, tmp_path: Path):
     exported = tmp_path / "maxtext"
     assert main(["export", "maxtext", str(llama_run), "--out", str(exported)]) == 0
-    assert main(["import", "maxtext", str(exported), "--out", str(tmp_path / "back")]) == 0
+    args = ["import", "maxtext", str(exported), "--out", str(tmp_path / "back")]
+    assert main([*args, "--tokenizer", str(llama_run / "tokenizer.model")]) == 0
     original, _, step = read_run_params(llama_run)
-    back, shape = read_imported(tmp_path / "back")
+    back, shape = _read_imported(tmp_path / "back")
     assert step == 1 and shape.d_model == 64 and shape.head_dim == 16
     flat_a, flat_b = _flat(original), _flat(back)
     assert flat_a.keys() == flat_b.keys()
@@ -108,11 +138,38 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-def test_import_refuses_what_is_not_a_maxtext_checkpoint(tmp_path: Path, capsys):
-    assert main(["import", "maxtext", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+def test_the_import_is_a_checkpoint_that_export_hf_generate_and_init_from_take(
+    imported: Path, tokenizer: Path, tmp_path: Path
+):
+    params, shape = _read_imported(imported)
+    assert main(["export", "hf", str(imported), "--out", str(tmp_path / "hf")]) == 0
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    expected = params_to_hf(params, shape)
+    assert tensors.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_array_equal(tensors[name], value, err_msg=name)
+    loaded = load_model(str(imported), None)  # what titan generate samples from
+    assert (
+        loaded.step == 0 and loaded.tokenizer.model_proto == load_tokenizer(tokenizer).model_proto
+    )
+    np.testing.assert_array_equal(np.asarray(loaded.params["embed"]), params["embed"])
+    options = init_from_options({"init_from": str(imported)})
+    assert options["preset"] == shape and options["tokenizer"] == str(imported / "tokenizer.model")
+
+
+def test_import_refuses_what_is_not_a_maxtext_checkpoint(tmp_path: Path, tokenizer, capsys):
+    args = ["import", "maxtext", str(tmp_path), "--out", str(tmp_path / "x")]
+    assert main([*args, "--tokenizer", str(tokenizer)]) == 2
     assert "not a MaxText params checkpoint" in capsys.readouterr().err
     with pytest.raises(TitanError, match="exists"):
-        import_maxtext(FIXTURE / "checkpoint", tmp_path)
+        import_maxtext(FIXTURE / "checkpoint", tmp_path, tokenizer)
+
+
+def test_import_refuses_a_tokenizer_larger_than_the_embedding(llama_run: Path, tmp_path: Path):
+    out = tmp_path / "o"
+    with pytest.raises(TitanError, match="512 tokens, more than the checkpoint's 128"):
+        import_maxtext(FIXTURE / "checkpoint", out, llama_run / "tokenizer.model")
+    assert not out.exists()
 
 
 def test_export_fails_at_once_when_out_is_under_a_regular_file(llama_run, tmp_path, capsys):
@@ -126,10 +183,12 @@ def test_export_fails_at_once_when_out_is_under_a_regular_file(llama_run, tmp_pa
 
 @pytest.mark.parametrize("flag", ["--rope-theta", "--norm-eps"])
 @pytest.mark.parametrize("value", ["-5", "0"])
-def test_import_refuses_non_positive_rope_theta_and_norm_eps(tmp_path, capsys, flag, value):
+def test_import_refuses_non_positive_rope_theta_and_norm_eps(
+    tmp_path, tokenizer, capsys, flag, value
+):
     out = tmp_path / "o"
     args = ["import", "maxtext", str(FIXTURE / "checkpoint"), "--out", str(out), flag, value]
-    assert main(args) == 2
+    assert main([*args, "--tokenizer", str(tokenizer)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err and "must be > 0" in err
     assert not out.exists()

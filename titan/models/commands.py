@@ -1,5 +1,6 @@
 """``titan import maxtext`` and ``titan export maxtext``: move parameters between MaxText's params
-checkpoints and Titan (:mod:`titan.models.adapters.maxtext_checkpoints`; no maxtext needed).
+checkpoints and Titan (:mod:`titan.trainer.maxtext_import`,
+:mod:`titan.models.adapters.maxtext_checkpoints`; no maxtext needed).
 JAX and orbax are imported only when a command runs."""
 
 from __future__ import annotations
@@ -14,12 +15,20 @@ def add_import_format(kinds: Any) -> None:
         "maxtext",
         help="a MaxText llama2-block params checkpoint (llama2, llama3, mistral)",
         description="Read a MaxText params checkpoint (orbax, items/params/params, as MaxText's "
-        "save_params_to_path writes it) of a llama2-block model and write Titan's Llama "
-        "parameters to --out: model.json (the shape) and params/ (orbax). The query kernel is "
-        "scaled by sqrt(head_dim) and the layer axis moved from 1 to 0 (docs/maxtext.md).",
+        "save_params_to_path writes it) of a llama2-block model and write --out as titan "
+        "import hf does: a Titan Llama checkpoint at step 0 (config.json, tokenizer.model, "
+        "checkpoints/0) that titan train --init-from, titan export hf and titan generate "
+        "read. The query kernel is scaled by sqrt(head_dim) and the layer axis moved from 1 "
+        "to 0 (docs/maxtext.md).",
     )
     maxtext.add_argument("path", help="the MaxText checkpoint (the folder holding items/)")
-    maxtext.add_argument("--out", required=True, help="new folder for Titan's parameters")
+    maxtext.add_argument("--out", required=True, help="new folder for the Titan checkpoint")
+    maxtext.add_argument(
+        "--tokenizer",
+        required=True,
+        help="the model's tokenizer (a sentencepiece .model, tokenizer.json or Llama 3's "
+        "tiktoken file; MaxText's config names it as tokenizer_path); copied into --out",
+    )
     maxtext.add_argument(
         "--rope-theta",
         type=float,
@@ -53,9 +62,9 @@ def add_export_format(kinds: Any) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from titan.models.adapters.maxtext_checkpoints import import_maxtext
+    from titan.trainer.maxtext_import import import_maxtext
 
-    shape = import_maxtext(args.path, args.out, args.rope_theta, args.norm_eps)
+    shape = import_maxtext(args.path, args.out, args.tokenizer, args.rope_theta, args.norm_eps)
     print(
         f"titan import maxtext: wrote {args.out}: Titan's Llama d_model={shape.d_model} "
         f"n_layers={shape.n_layers} n_heads={shape.n_heads} n_kv_heads={shape.n_kv_heads} "

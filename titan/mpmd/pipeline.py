@@ -322,10 +322,16 @@ class PipelineTrainer:
 
         Raises:
             TitanError: microbatch rows that do not split over a stage's data x fsdp axes, a
-                parameter dimension that does not divide its mesh axis, or (across processes)
-                a stage whose devices belong to several processes.
+                parameter dimension that does not divide its mesh axis, (across processes)
+                a stage whose devices belong to several processes, or a model whose loss has
+                terms (:meth:`~titan.models.adapters.base.ModelAdapter.loss_terms`).
         """
         _check_whole_stages(meshes)
+        if adapter.loss_terms():
+            raise TitanError(
+                f"--layout mpmd: the loss has terms that the pipeline does not carry "
+                f"({', '.join(adapter.loss_terms())}): use --layout spmd"
+            )
         m = schedule.microbatches
         rows = batch_size // m
         mesh_shape = meshes[0].mesh_shape

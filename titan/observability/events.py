@@ -303,6 +303,11 @@ class Step(Event):
     grad_norm: float | None = _field(
         "global L2 norm of the gradients before clipping (None when not finite)"
     )
+    moe_lb_loss: float | None = _field(
+        "MaxText's MoE load-balancing loss, a term of ``loss`` (``--maxtext-set "
+        "load_balance_loss_weight=W``, already scaled by W; SPMD only)",
+        omit_if_none=True,
+    )
     nonfinite: dict[str, str] | None = _field(
         "the step's metrics that were not finite, by field: ``nan``, ``inf`` or ``-inf`` (JSON "
         "has no such numbers, so the field itself is null); the update was not applied "

@@ -187,6 +187,31 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
         )
     tied = bool(hf.get("tie_word_embeddings", False))
     params = params_from_hf(read_safetensors(source), model, tied)
+    write_llama_checkpoint(
+        out, model, params, tokenizer, {"hf_import": {"source": str(source.absolute())}}
+    )
+    return model
+
+
+def write_llama_checkpoint(
+    out: Path,
+    model: ModelConfig,
+    params: Any,
+    tokenizer: Tokenizer,
+    record: dict[str, Any],
+    what: str = "titan import hf",
+) -> None:
+    """Write ``out``, a dir shaped like a run dir: ``config.json`` (the default options of
+    ``model``, the shape, and ``record``: where the weights came from), ``tokenizer.model`` and
+    the checkpoint at step 0 of Titan's Llama ``params`` (a nested dict of host arrays, cast to
+    the master weights' dtype) as one SPMD chunk with a fresh AdamW state. ``titan train
+    --init-from``, ``titan export hf`` and ``titan generate`` read it. Written into a temporary
+    sibling and renamed at the end: a failure leaves nothing behind.
+
+    Raises:
+        TitanError: ``out`` exists or cannot be made, or the checkpoint is not written (names
+            ``what``, the command).
+    """
     cfg = TrainConfig.of(preset=model)
     adapter, tx = _build(model, cfg)
     mesh, chunk = host_mesh(), whole_model(model.n_layers)
@@ -204,7 +229,7 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
         "chunks": [[0, model.n_layers]],
     }
     with _staged(out, "--out") as staging:
-        _write_config(staging, cfg, model, {"source": str(source.absolute())})
+        _write_config(staging, cfg, model, record)
         (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
         checkpointer = Checkpointer(staging, asynchronous=False)
         try:
@@ -214,18 +239,11 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
         finally:
             checkpointer.close()
         if results[-1].error:
-            raise TitanError(
-                f"titan import hf: the checkpoint was not written ({results[-1].error})"
-            )
-    return model
+            raise TitanError(f"{what}: the checkpoint was not written ({results[-1].error})")
 
 
-def _write_config(directory: Path, cfg: TrainConfig, model: ModelConfig, source: dict) -> None:
-    payload = {
-        "train": config_to_data(cfg),
-        "model": dataclasses.asdict(model),
-        "hf_import": source,
-    }
+def _write_config(directory: Path, cfg: TrainConfig, model: ModelConfig, record: dict) -> None:
+    payload = {"train": config_to_data(cfg), "model": dataclasses.asdict(model), **record}
     (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
 
 

@@ -16,7 +16,6 @@ and the metrics' ``finite`` flag says so (read one step late, with the other met
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,8 @@ from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
+
+Terms = dict[str, Any]  # a loss's named terms (ModelAdapter.loss_terms), scalars
 
 
 @dataclass
@@ -108,24 +109,27 @@ class SpmdTrainer:
         init = jax.jit(self._init_chunk, out_shardings=self.chunk_shardings)
         return TrainState(0, (init(jax.random.key(seed)),))
 
-    def _loss(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
-        """The mean loss of one batch or microbatch."""
+    def _loss(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, Terms]:
+        """(the mean loss, its :meth:`~titan.models.adapters.base.ModelAdapter.loss_terms`) of
+        one batch or microbatch."""
         inputs = self.adapter.stage_inputs(batch)
-        return self.adapter.forward(
+        out = self.adapter.forward(
             self.chunks[0], params, inputs.first, inputs.every, inputs.last, self.compute_dtype
         )
+        return out if self.adapter.loss_terms() else (out, {})
 
     def _loss_and_grads(self, params: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
-        """(mean loss, gradients in the parameters' dtype) of one batch or microbatch."""
-        return jax.value_and_grad(self._loss)(params, batch)
+        """((mean loss, its terms), gradients in the parameters' dtype) of one batch or
+        microbatch."""
+        return jax.value_and_grad(self._loss, has_aux=True)(params, batch)
 
     def _eval_step(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         """The mean loss of a batch, forward only, microbatch by microbatch (equal rows: the
         mean of their means) so that no more activations are live than in a train step."""
         if self.microbatches == 1:
-            return self._loss(params, batch)
+            return self._loss(params, batch)[0]
         split = self._split_microbatches(batch)
-        return jnp.mean(jax.lax.map(functools.partial(self._loss, params), split))
+        return jnp.mean(jax.lax.map(lambda microbatch: self._loss(params, microbatch)[0], split))
 
     def eval_loss(self, state: TrainState, batch: Batch) -> jax.Array:
         """The mean loss of ``batch`` under ``state``'s parameters, forward only (evaluation;
@@ -153,32 +157,34 @@ class SpmdTrainer:
 
     def _accumulated_loss_and_grads(
         self, params: Any, batch: dict[str, jax.Array]
-    ) -> tuple[jax.Array, Any]:
-        """(mean loss, mean gradients) over the microbatches, summed in float32 by a scan:
-        one microbatch's activations are live at a time. Equal rows per microbatch, so the
-        mean of the microbatch means is the batch's mean."""
+    ) -> tuple[tuple[jax.Array, Terms], Any]:
+        """((mean loss, mean terms), mean gradients) over the microbatches, summed in float32
+        by a scan: one microbatch's activations are live at a time. Equal rows per microbatch,
+        so the mean of the microbatch means is the batch's mean."""
         m = self.microbatches
         grad_shardings = self.chunk_shardings["params"]
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
 
         def accumulate(carry, microbatch):
-            loss_sum, grad_sum = carry
-            loss, grads = self._loss_and_grads(params, microbatch)
+            sums, grad_sum = carry
+            loss_and_terms, grads = self._loss_and_grads(params, microbatch)
+            sums = jax.tree.map(lambda a, v: a + v.astype(jnp.float32), sums, loss_and_terms)
             grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
             grad_sum = jax.lax.with_sharding_constraint(grad_sum, grad_shardings)
-            return (loss_sum + loss.astype(jnp.float32), grad_sum), None
+            return (sums, grad_sum), None
 
-        start = (jnp.zeros((), jnp.float32), zeros)
-        (loss_sum, grad_sum), _ = jax.lax.scan(accumulate, start, self._split_microbatches(batch))
+        terms = {name: jnp.zeros((), jnp.float32) for name in self.adapter.loss_terms()}
+        start = ((jnp.zeros((), jnp.float32), terms), zeros)
+        (sums, grad_sum), _ = jax.lax.scan(accumulate, start, self._split_microbatches(batch))
         grads = jax.tree.map(lambda g, p: (g / m).astype(p.dtype), grad_sum, params)
-        return loss_sum / m, grads
+        return jax.tree.map(lambda total: total / m, sums), grads
 
     def _step(self, chunk: ChunkState, step: jax.Array, batch: dict[str, jax.Array]):
         if self.microbatches == 1:
-            loss, grads = self._loss_and_grads(chunk["params"], batch)
+            (loss, terms), grads = self._loss_and_grads(chunk["params"], batch)
         else:
-            loss, grads = self._accumulated_loss_and_grads(chunk["params"], batch)
+            (loss, terms), grads = self._accumulated_loss_and_grads(chunk["params"], batch)
         grad_norm = optax.tree.norm(grads)
         grads = clip_by_global_norm(grads, grad_norm, self.grad_clip)
         updates, opt_state = self.tx.update(grads, chunk["opt_state"], chunk["params"])
@@ -188,6 +194,7 @@ class SpmdTrainer:
             "grad_norm": grad_norm,
             "lr": self.lr_schedule(step),
             "finite": finite,
+            **terms,  # Step fields of the same names
         }
         updated = {"params": optax.apply_updates(chunk["params"], updates), "opt_state": opt_state}
         return keep_if_not_finite(finite, updated, chunk), metrics

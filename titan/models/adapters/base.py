@@ -105,6 +105,14 @@ class ModelAdapter(Protocol):
         """(shape, dtype) of what crosses a chunk boundary for ``rows`` rows."""
         ...
 
+    def loss_terms(self) -> tuple[str, ...]:
+        """Names of the terms that the last chunk's loss holds besides the data loss (MaxText's
+        MoE load-balancing loss, ``moe_lb_loss``), each a field of the step record
+        (:class:`titan.observability.events.Step`); empty for most models. With any, the last
+        chunk's :meth:`forward` returns ``(loss, {name: term})``, and only the SPMD layout
+        trains the model."""
+        ...
+
     def forward(
         self,
         chunk: Chunk,
@@ -115,7 +123,8 @@ class ModelAdapter(Protocol):
         dtype: jnp.dtype,
     ) -> jax.Array:
         """``chunk``'s forward pass in the compute ``dtype``: the activations it hands on, or,
-        for the last chunk, the scalar mean loss (float32) of the rows.
+        for the last chunk, the scalar mean loss (float32) of the rows (with its
+        :meth:`loss_terms`, if any).
 
         Args:
             x: :attr:`StageInputs.first` for the first chunk, else the previous chunk's output.

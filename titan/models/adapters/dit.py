@@ -110,6 +110,9 @@ class DitAdapter(FlaxStages):
     def activation(self, rows: int, dtype: jnp.dtype) -> tuple[tuple[int, ...], jnp.dtype]:
         return (rows, 1 + self.config.patches, self.config.d_model), dtype
 
+    def loss_terms(self) -> tuple[str, ...]:
+        return ()
+
     def forward(
         self,
         chunk: Chunk,

@@ -92,6 +92,9 @@ class LlamaAdapter(FlaxStages):
     def activation(self, rows: int, dtype: jnp.dtype) -> tuple[tuple[int, ...], jnp.dtype]:
         return (rows, self.seq_len, self.config.d_model), dtype
 
+    def loss_terms(self) -> tuple[str, ...]:
+        return ()
+
     def forward(
         self,
         chunk: Chunk,

@@ -157,6 +157,9 @@ class DiffusersUNetAdapter:
         )
         return out.transpose(0, 2, 3, 1).astype(jnp.float32)
 
+    def loss_terms(self) -> tuple[str, ...]:
+        return ()
+
     def forward(
         self,
         chunk: Chunk | None,

@@ -328,6 +328,10 @@ def check_supported(config: Any, name: str) -> None:
         (config.ici_pipeline_parallelism > 1, "MaxText's pipeline (use --layout mpmd --pp)"),
         (config.num_vocab_tiling > 1, "vocabulary tiling (num_vocab_tiling)"),
         (bool(config.routed_bias), "a routing bias updated outside the gradient (routed_bias)"),
+        (
+            bool(config.moe_use_megatron_seq_aux_loss),
+            "Megatron's sequence load-balancing loss (moe_use_megatron_seq_aux_loss)",
+        ),
         (block not in FAMILIES, f"decoder_block {block} (carried: {', '.join(FAMILIES)})"),
     ]
     for refused, what in refusals:
@@ -438,6 +442,12 @@ class MaxTextAdapter:
                 end of the model but not the other (stages would train two copies).
         """
         keys = [getattr(k, "key", None) for k in path]
+        if self.load_balanced and chunk.first != chunk.last:
+            raise TitanError(
+                f"--maxtext-model {self.model.name}: the MoE load-balancing loss "
+                "(load_balance_loss_weight > 0) is not carried across pipeline stages: use "
+                "--layout spmd or --maxtext-set load_balance_loss_weight=0"
+            )
         if self.tied and chunk.first != chunk.last:
             raise TitanError(
                 f"--maxtext-model {self.model.name} ties its embedding to its output head "
@@ -449,6 +459,15 @@ class MaxTextAdapter:
         if keys[:2] == ["decoder", "layers"]:
             return True
         return chunk.last
+
+    @property
+    def load_balanced(self) -> bool:
+        """Whether the loss has MaxText's MoE load-balancing term (:func:`_load_balance_loss`)."""
+        c = self.config_of(None)
+        return c.num_experts > 1 and c.load_balance_loss_weight > 0
+
+    def loss_terms(self) -> tuple[str, ...]:
+        return ("moe_lb_loss",) if self.load_balanced else ()
 
     @property
     def tied(self) -> bool:
@@ -490,6 +509,7 @@ class MaxTextAdapter:
             "attention": c.attention,
             "remat_policy": c.remat_policy,
             "tied_embedding": self.tied,
+            "load_balance_loss_weight": float(c.load_balance_loss_weight),
         }
 
     def param_count(self) -> int:
@@ -614,7 +634,27 @@ class MaxTextAdapter:
             )[:3]
         if not chunk.last:
             return hidden.astype(dtype)
-        return jnp.mean(_cross_entropy(logits, last["targets"]))
+        loss = jnp.mean(_cross_entropy(logits, last["targets"]))
+        if not self.load_balanced:
+            return loss
+        balance = _load_balance_loss(model)
+        return loss + balance, {"moe_lb_loss": balance}
+
+
+def _load_balance_loss(model: Any) -> jax.Array:
+    """MaxText's MoE load-balancing loss of the forward pass just run, as MaxText's pre-training
+    step adds it to the loss (``maxtext/trainers/pre_train/train.py``): the mean over the layers
+    of the ``moe_lb_loss`` each MoE layer sows, already scaled by ``load_balance_loss_weight``
+    (``maxtext/layers/moe.py``, ``load_balance_loss``); recorded as the step's ``moe_lb_loss``.
+    0 where no layer sows it."""
+    nnx = importlib.import_module("flax.nnx")
+    sown = nnx.pop(model, nnx.Intermediate).to_pure_dict()
+    losses = [
+        jnp.ravel(value)
+        for path, value in jax.tree_util.tree_leaves_with_path(sown)
+        if [k.key for k in path if hasattr(k, "key")][-1:] == ["moe_lb_loss"]  # (value,) tuples
+    ]
+    return jnp.mean(jnp.concatenate(losses)) if losses else jnp.zeros((), jnp.float32)
 
 
 def _is_spec(x: Any) -> bool:

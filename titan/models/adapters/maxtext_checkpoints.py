@@ -1,5 +1,6 @@
-"""MaxText parameter checkpoints and Titan's Llama: a converter both ways, and the files of
-``titan import maxtext`` and ``titan export maxtext``. Needs no maxtext (numpy and orbax only),
+"""MaxText parameter checkpoints and Titan's Llama: a converter both ways, MaxText's checkpoint
+files, and ``titan export maxtext`` (``titan import maxtext`` writes its output as ``titan import
+hf`` does: :mod:`titan.trainer.maxtext_import`). Needs no maxtext (numpy and orbax only),
 so it runs on Python 3.11 too.
 
 MaxText's Llama-family decoder (the ``llama2`` block: llama2, llama3, and mistral without its
@@ -21,7 +22,6 @@ writes it: a checkpointable ``items`` holding ``params/params/<MaxText names>``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import v1 as ocp_v1
 
 from titan.errors import TitanError
-from titan.out_paths import check_new_dir, make_dir
+from titan.out_paths import check_new_dir
 from titan.parallel.chunks import chunks_from_ranges, join_layers
 from titan.shapes import ModelConfig
 from titan.trainer_state import chunk_item
@@ -58,7 +58,6 @@ TOP_NAMES = {
     "head": ("decoder", "logits_dense", "kernel"),
 }
 MAXTEXT_LAYER_AXIS, TITAN_LAYER_AXIS = 1, 0
-MODEL_FILE, PARAMS_DIR = "model.json", "params"
 # MaxText's llama2 block defaults (maxtext/configs/models/llama2-7b.yml, base.yml)
 DEFAULT_ROPE_THETA, DEFAULT_NORM_EPS = 10_000.0, 1e-5
 # What the exports say of a run whose model is not a Llama (config.json's model.family).
@@ -257,35 +256,3 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, A
         }
     write_maxtext_params(out, weights)
     return {"step": step, "settings": settings}
-
-
-def import_maxtext(
-    path: Path,
-    out: Path,
-    rope_theta: float = DEFAULT_ROPE_THETA,
-    norm_eps: float = DEFAULT_NORM_EPS,
-) -> ModelConfig:
-    """Convert a MaxText params checkpoint into Titan's Llama parameters at ``out``:
-    ``model.json`` (the shape) and ``params/`` (orbax). Returns the shape.
-
-    Raises:
-        TitanError: not a llama2-block checkpoint, a shape Titan's Llama cannot take, or
-            ``out`` exists or cannot be made, or ``rope_theta`` or ``norm_eps`` is not positive.
-    """
-    for flag, value in (("--rope-theta", rope_theta), ("--norm-eps", norm_eps)):
-        if not value > 0:
-            raise TitanError(f"{flag} {value}: must be > 0")
-    out = check_new_dir(out)
-    params = maxtext_to_llama(read_maxtext_params(path), str(path))
-    shape = llama_shape(params, rope_theta, norm_eps, name=f"maxtext:{Path(path).name}")
-    make_dir(out, out)
-    ocp.PyTreeCheckpointer().save(out / PARAMS_DIR, params)
-    (out / MODEL_FILE).write_text(json.dumps(dataclasses.asdict(shape), indent=1) + "\n")
-    return shape
-
-
-def read_imported(out: Path) -> tuple[dict[str, Any], ModelConfig]:
-    """Titan's Llama parameters (numpy) and shape written by :func:`import_maxtext`."""
-    out = Path(out).absolute()
-    shape = ModelConfig(**json.loads((out / MODEL_FILE).read_text()))
-    return _as_numpy(out / PARAMS_DIR), shape

@@ -1,0 +1,1 @@
+"""Part of the xprof stand-in (bench/stubs/xprof/__init__.py)."""
