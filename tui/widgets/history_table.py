@@ -187,11 +187,12 @@ class HistoryTable(PlainTable):
         self._redraw()
 
     def _relabel(self) -> None:
+        """Put the sort arrow on the headings; they are drawn with the next page (DataTable
+        keeps drawn cells until its rows change: a refresh now would draw the old ones)."""
         for key, label in zip(self._column_keys, self._labels(), strict=True):
             heading = self.columns[key]
             heading.label = Text(label)
             heading.content_width = max(heading.content_width, cell_len(label))
-        self.refresh()
 
     def _redraw(self) -> None:
         selected = None
