@@ -41,9 +41,9 @@ async def test_history_of_10k_runs_pages_sorts_and_filters_in_a_worker(big_root,
     threads: list[str] = []
     page = HistoryStore.page
 
-    def recorded(store: HistoryStore, query) -> HistoryPage:
+    def recorded(store: HistoryStore, query, *args) -> HistoryPage:
         threads.append(threading.current_thread().name)
-        return page(store, query)
+        return page(store, query, *args)
 
     monkeypatch.setattr(HistoryStore, "page", recorded)
     parsed: list[str] = []

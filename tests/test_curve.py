@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tui.curve import Curve
+from tui.curve import Curve, thin
 
 
 def _wave(step: int) -> float:
@@ -38,3 +38,16 @@ def test_curve_skips_non_finite_losses_as_extremes():
         curve.append(step, loss, 0.0)
     finite = [v for v in curve.losses if isinstance(v, float) and math.isfinite(v)]
     assert min(finite) == 0.5 and max(finite) == 6.0 and len(curve.losses) <= 8
+
+
+def test_thin_keeps_each_columns_extremes_and_the_ends():
+    steps = list(range(1, 10_001))
+    values = [_wave(step) for step in steps]
+    values[5_000] = math.nan  # no value: never an extreme, the column keeps its others
+    kept_steps, kept_values = thin(steps, values, columns=40)
+    finite = [v for v in kept_values if math.isfinite(v)]
+    assert len(kept_steps) <= 2 * 40 + 2 and kept_steps == sorted(kept_steps)
+    assert (kept_steps[0], kept_steps[-1]) == (1, 10_000)
+    every = [v for v in values if math.isfinite(v)]
+    assert 7_777 in kept_steps and (min(finite), max(finite)) == (min(every), max(every))
+    assert thin(steps[:80], values[:80], columns=40) == (steps[:80], values[:80])

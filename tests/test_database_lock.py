@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 from console_helpers import wait_until
 from samples import copy_sample_runs
 
 from titan.errors import TitanError
+from titan.observability import summarize
 from tui.app import TitanConsole
-from tui.history import HistoryStore
+from tui.history import HistoryQuery, HistoryStore
 from tui.screens import history as history_screen
 from tui.widgets.history_table import HistoryTable
 
@@ -68,3 +70,22 @@ async def test_summarize_never_meets_the_lock_while_history_ingests(tmp_path, mo
     assert failures == [] and console_errors == []
     assert all(len(json.loads(out)) == 4 for _, out, _ in results)
     assert during >= CALLS  # the console held the database again and again meanwhile
+
+
+def test_history_keys_in_a_burst_open_the_database_once_then_let_it_go(tmp_path, monkeypatch):
+    store = HistoryStore(copy_sample_runs(tmp_path / "runs"))
+    store.ingest()
+    first_three = [row.run_id for row in store.page(HistoryQuery(limit=3)).rows]
+    opened: list[Path] = []
+    connect = summarize.connect
+    monkeypatch.setattr(
+        summarize, "connect", lambda root, **kw: opened.append(root) or connect(root, **kw)
+    )
+    pages = [store.page(HistoryQuery(offset=i, limit=1), hold_s=0.2) for i in range(3)]
+    burst = len(opened)
+    deadline = time.monotonic() + 10
+    while len(opened) == burst and time.monotonic() < deadline:  # until a page opens its own
+        store.page(HistoryQuery(limit=1))
+        time.sleep(0.05)
+    assert [page.rows[0].run_id for page in pages] == first_three
+    assert (burst, len(opened)) == (1, 2)  # held for the burst, closed after it

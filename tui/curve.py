@@ -13,6 +13,7 @@ pairwise (a bucket's width doubles), so appending is O(1) amortised.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Points kept at most: M4 draws a line exactly with 4 points per pixel column (Jugel et al.
@@ -119,3 +120,41 @@ class Curve:
     def lrs(self) -> list[float | None]:
         """The learning rate of each point kept (the steps' order)."""
         return [p[3] for p in self._points()]
+
+
+def thin(
+    steps: Sequence[float], values: Sequence[float | None], columns: int
+) -> tuple[list[float], list[float | None]]:
+    """The points of a line as a chart ``columns`` dots wide can show them: the steps cut into
+    ``columns`` ranges of equal width, each keeping its lowest and highest point in step order
+    (min-max decimation, the pixel-column half of M4: Jugel et al. 2014), the first point of a
+    range without a finite value, and the line's first and last points. A line of at most
+    ``2 * columns`` points comes back whole.
+
+    Args:
+        steps: the x of each point, ascending. values: the y of each (None or NaN: no value).
+        columns: the chart's width in dots (plotext's braille: two a terminal column).
+
+    Returns:
+        ``(steps, values)`` of the points kept (at most ``2 * columns + 2``), in step order.
+    """
+    if len(steps) <= 2 * columns:
+        return list(steps), list(values)
+    first, span = steps[0], (steps[-1] - steps[0]) or 1
+    kept = {0, len(steps) - 1}
+    ranges: dict[int, list[int]] = {}  # range -> [lowest, highest] or [first without value]
+    for i, (step, value) in enumerate(zip(steps, values, strict=True)):
+        column = min(int((step - first) * columns / span), columns - 1)
+        extremes = ranges.get(column)
+        finite = isinstance(value, int | float) and math.isfinite(value)
+        if extremes is None or (finite and len(extremes) == 1):
+            ranges[column] = [i, i] if finite else [i]
+        elif finite:
+            if value < values[extremes[0]]:
+                extremes[0] = i
+            if value > values[extremes[1]]:
+                extremes[1] = i
+    for extremes in ranges.values():
+        kept.update(extremes)
+    order = sorted(kept)
+    return [steps[i] for i in order], [values[i] for i in order]

@@ -3,7 +3,9 @@
 The console is the database's one writer: :class:`HistoryStore` ingests the run records with
 :func:`titan.observability.summarize.ingest` (the same code as ``titan summarize``) and reads the
 ``runs`` and ``events`` tables. Every method opens the database, runs its queries and closes
-it: call them from a thread worker, never from the UI thread. A lock serialises the ingests;
+it (a page asked for with ``hold_s`` keeps its connection open that long for the next key:
+:data:`READ_HOLD_S`); call them from a thread worker, never from the UI thread. A lock
+serialises the ingests;
 reads run beside an ingest (the connections of one process share the database, and a read sees
 what the ingest has committed), so that a page never waits for a 100k-run ingest.
 History is read a page at a time (:class:`HistoryQuery`): sorting, filtering and counting happen
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,15 @@ NOT_COMPARED = ("run_id", "runs_root")
 # Rows of History fetched at a time: the table holds one page, never every run (a page fills
 # the tallest terminal; Textual's DataTable adds rows at about a millisecond each).
 PAGE_ROWS = 100
+
+# Seconds a read connection asked to be held stays open after its last page, and at most in
+# all (then it is closed and opened again, so that another process, whose connect retries for
+# LOCK_WAIT_S, finds the file free between the keys of someone paging on and on). Opening the
+# database costs about 15 ms of CPU whatever its size (DuckDB's connection setup: the same for
+# ':memory:'), the most of a sorted page at 100k runs (bench/console.py --scale); the keys of
+# someone browsing History come in bursts (typing a filter takes a second or two).
+READ_HOLD_S = 2.0
+READ_HOLD_MAX_S = 10.0
 
 # The sortable History fields (HistoryRow's names) and their SQL over the ``runs`` table
 # (:mod:`titan.observability.summarize` stores the first run_start's config there). Only these
@@ -190,6 +202,11 @@ class HistoryStore:
     def __init__(self, runs_root: Path) -> None:
         self.runs_root = Path(runs_root)
         self._lock = threading.Lock()
+        self._held: duckdb.DuckDBPyConnection | None = None  # the held read connection
+        self._held_lock = threading.Lock()
+        self._held_users = 0
+        self._held_opened = 0.0  # time.monotonic() when it was opened
+        self._held_until = 0.0  # time.monotonic() after which it is closed when unused
 
     @contextlib.contextmanager
     def _connection(self, writing: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -202,6 +219,45 @@ class HistoryStore:
                 yield con
             finally:
                 con.close()
+
+    @contextlib.contextmanager
+    def _reader(self, hold_s: float = 0.0) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read connection: a cursor of the held connection when one is open (``hold_s``
+        opens it, once the database exists, and keeps it open for ``hold_s`` after this use,
+        :data:`READ_HOLD_MAX_S` at most in all), else a connection of its own
+        (:meth:`_connection`)."""
+        with self._held_lock:
+            if self._held is None and hold_s > 0 and self.exists():
+                self._held = summarize.connect(self.runs_root)
+                self._held_opened = time.monotonic()
+            held = self._held
+            self._held_users += held is not None
+        if held is None:
+            with self._connection() as con:
+                yield con
+            return
+        cursor = held.cursor()
+        try:
+            yield cursor
+        finally:
+            cursor.close()
+            with self._held_lock:
+                self._held_users -= 1
+                now = time.monotonic()
+                if hold_s > 0:
+                    until = max(self._held_until, now + hold_s)
+                    self._held_until = min(until, self._held_opened + READ_HOLD_MAX_S)
+                timer = threading.Timer(max(0.0, self._held_until - now), self._release_held)
+                timer.daemon = True
+                timer.start()
+
+    def _release_held(self) -> None:
+        """Close the held connection when unused and its time is up (a timer after each use)."""
+        with self._held_lock:
+            if self._held is not None and not self._held_users:
+                if time.monotonic() >= self._held_until:
+                    self._held.close()
+                    self._held = None
 
     def exists(self) -> bool:
         """Whether the runs root has a database already (a first ingest makes it)."""
@@ -217,12 +273,13 @@ class HistoryStore:
         with self._connection(writing=True) as con:
             return summarize.ingest(con, self.runs_root, scanned)
 
-    def page(self, query: HistoryQuery) -> HistoryPage:
+    def page(self, query: HistoryQuery, hold_s: float = 0.0) -> HistoryPage:
         """One page of the runs matching ``query``, sorted, filtered and counted in SQL (an
-        offset past the end gives the last ``limit`` rows)."""
+        offset past the end gives the last ``limit`` rows); ``hold_s``: keep the connection
+        open that long after it, for the next page (:data:`READ_HOLD_S`)."""
         select, params = query.sql()
         where, where_params = query.where()
-        with self._connection() as con:
+        with self._reader(hold_s) as con:
             total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
             matched = total
             if where:  # counted without sorting or building the page's columns

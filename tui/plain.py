@@ -36,18 +36,25 @@ class PlainText(Text):
         unjustified: what Rich's wrapping would give, without it. A table draws every visible
         cell anew after each change, and the wrapping is most of a cell's cost (about half of
         History's time from a new page to its rows drawn, bench/console.py --scale)."""
+        if self.one_line(options.max_width, options.justify) is None:
+            yield from super().__rich_console__(console, options)
+            return
+        yield Segment(self.plain)
+
+    def one_line(self, width: int, justify: str | None = None) -> str | None:
+        """The text when it is one unstyled line of at most ``width`` cells, drawn left-aligned
+        (then it is drawn as it is, in one segment), else None."""
         text = self.plain
         if (
             self.style
             or self._spans
             or "\n" in text
             or "\t" in text
-            or (self.justify or options.justify) not in (None, "default", "left")
-            or cell_len(text) > options.max_width
+            or (self.justify or justify) not in (None, "default", "left")
+            or cell_len(text) > width
         ):
-            yield from super().__rich_console__(console, options)
-            return
-        yield Segment(text)
+            return None
+        return text
 
 
 def plain(value: object) -> PlainText:

@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
 from titan.inert import inert
-from tui.history import HistoryPage, HistoryQuery, HistoryStore
+from tui.history import READ_HOLD_S, HistoryPage, HistoryQuery, HistoryStore
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
@@ -109,11 +109,14 @@ class HistoryScreen(Screen[None]):
             self.action_refresh()
 
     def on_history_table_query_changed(self, message: HistoryTable.QueryChanged) -> None:
-        """Fetch another page (sort, filter or page changed), in a worker."""
-        self._load(message.query, ingest=False)
+        """Fetch another page (sort, filter or page changed), in a worker; its connection is
+        held for the next key (:data:`tui.history.READ_HOLD_S`)."""
+        self._load(message.query, ingest=False, hold_s=READ_HOLD_S)
 
     @work(thread=True, group="history")
-    def _load(self, query: HistoryQuery, ingest: bool, stored_first: bool = False) -> None:
+    def _load(
+        self, query: HistoryQuery, ingest: bool, stored_first: bool = False, hold_s: float = 0.0
+    ) -> None:
         """Sort, filter and page in SQL, off the UI thread (the page is drawn on it); with
         ``ingest``, after ingesting the new records (``stored_first``: the page of the records
         already stored is posted before, so that a large runs root opens at once)."""
@@ -122,7 +125,7 @@ class HistoryScreen(Screen[None]):
                 self.post_message(self.Loaded(self.store.page(query)))
             if ingest:
                 self._ingest()
-            self.post_message(self.Loaded(self.store.page(query)))
+            self.post_message(self.Loaded(self.store.page(query, hold_s)))
         except TitanError as err:
             self.post_message(self.Loaded(None, inert(err)))
 

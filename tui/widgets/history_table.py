@@ -12,11 +12,11 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
-from textual.widgets import DataTable
-from textual.widgets.data_table import Column, ColumnKey
+from textual.widgets.data_table import ColumnKey
 
 from tui.history import HistoryPage, HistoryQuery, HistoryRow
 from tui.plain import cell
+from tui.widgets.plain_table import PlainTable
 
 COLUMNS = (
     "run",
@@ -74,7 +74,7 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
     )
 
 
-class HistoryTable(DataTable[str]):
+class HistoryTable(PlainTable):
     """One page of History (:class:`~tui.history.HistoryPage`), rows keyed by run id. The table
     never queries: ``o`` (sort by the next column), ``O`` (reverse), a filter, ``]``/``[`` and
     moving past the first or last row of the page post :class:`QueryChanged`, and the screen
@@ -98,7 +98,6 @@ class HistoryTable(DataTable[str]):
         query: HistoryQuery
 
     def __init__(self, *, id: str) -> None:
-        self._columns_in_order: list[Column] = []
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.page = HistoryPage(HistoryQuery(), [], 0, 0, 0)
         self.requested = HistoryQuery()  # newest first
@@ -108,15 +107,6 @@ class HistoryTable(DataTable[str]):
 
     def on_mount(self) -> None:
         self._column_keys = self.add_columns(*self._labels())
-
-    @property
-    def ordered_columns(self) -> list[Column]:
-        """The columns as added (they are never moved). DataTable works this list out again
-        for every cell it draws or measures, a linear search per column: kept, it spares about
-        a third of the time from a new page to its rows drawn (bench/console.py --scale)."""
-        if len(self._columns_in_order) != len(self.columns):
-            self._columns_in_order = super().ordered_columns
-        return self._columns_in_order
 
     @property
     def filter_text(self) -> str:
@@ -197,11 +187,12 @@ class HistoryTable(DataTable[str]):
         self._redraw()
 
     def _relabel(self) -> None:
+        """Put the sort arrow on the headings; they are drawn with the next page (DataTable
+        keeps drawn cells until its rows change: a refresh now would draw the old ones)."""
         for key, label in zip(self._column_keys, self._labels(), strict=True):
             heading = self.columns[key]
             heading.label = Text(label)
             heading.content_width = max(heading.content_width, cell_len(label))
-        self.refresh()
 
     def _redraw(self) -> None:
         selected = None

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from textual.binding import Binding
-from textual.widgets import DataTable
 
 from tui.plain import cell
 from tui.run_list import RunSummary
+from tui.widgets.plain_table import PlainTable
 
 
-class RunTable(DataTable[str]):
+class RunTable(PlainTable):
     """Runs with their status, progress and last loss; ``Enter`` selects the row under the
     cursor (``DataTable.RowSelected``, whose row key is the run dir's path). Names, presets and
     statuses are shown as inert plain text (:func:`tui.plain.cell`)."""
