@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from titan.launch.local import PLATFORMS, launch_local
+from titan.launch.local import PLATFORMS, PROCESSES_PER_CPU, STOP_GRACE_S, launch_local
 
 
 def add_parser(subparsers: Any) -> None:
@@ -15,7 +15,9 @@ def add_parser(subparsers: Any) -> None:
         help="run one training run as several local processes",
         description="Start N local processes of one run (JAX's distributed runtime on a free "
         "local port), each with its share of the devices; forward SIGTERM, SIGINT and SIGHUP "
-        "to all; prefix each line with [process]; exit with the worst exit code. "
+        f"to all (SIGKILL to those still running {STOP_GRACE_S:.0f} s after the first or at a "
+        "second); children die with the launcher; prefix each line with [process]; exit with "
+        "the worst exit code. "
         "Example: titan launch --processes 2 --devices-per-process 2 -- train --preset tiny",
     )
     launch.add_argument(
@@ -23,7 +25,8 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         required=True,
         metavar="N",
-        help="local processes to start, one JAX process each (required)",
+        help="local processes to start, one JAX process each (required; at most "
+        f"{PROCESSES_PER_CPU} per CPU this launcher may run on)",
     )
     launch.add_argument(
         "--devices-per-process",
@@ -39,11 +42,13 @@ def add_parser(subparsers: Any) -> None:
         help="how devices are split: cpu (JAX_NUM_CPU_DEVICES) or gpu (CUDA_VISIBLE_DEVICES); "
         "auto: gpu when GPUs are visible (default: auto)",
     )
-    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- train OPTIONS")
+    launch.add_argument(
+        "train_args", nargs=argparse.REMAINDER, metavar="command", help="-- train OPTIONS"
+    )
     launch.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``titan launch``; returns the worst child's exit code."""
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return launch_local(command, args.processes, args.devices_per_process, args.platform)

@@ -10,7 +10,13 @@ with:
 - GPU: ``CUDA_VISIBLE_DEVICES``, consecutive GPUs per process.
 
 SIGTERM, SIGINT and SIGHUP are forwarded to every child (each one's run then stops after the
-same step as the others). Each line a child prints comes out prefixed ``[I]``. When a child
+same step as the others); children still running :data:`STOP_GRACE_S` after the first, or at a
+second one, get SIGKILL (a child blocked in a native call, such as JAX's distributed start-up
+waiting for peers, cannot act on the signal). Children never outlive the launcher: each starts
+with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux (the kernel kills it when the launcher dies,
+even by SIGKILL), and the launcher kills any child still running when it returns or raises.
+``--processes`` is at most :data:`PROCESSES_PER_CPU` per CPU this process may run on
+(``os.sched_getaffinity``). Each line a child prints comes out prefixed ``[I]``. When a child
 fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) the others are
 sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a collective
 for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
@@ -21,6 +27,7 @@ launcher stopped because another failed does not hide that failure's code.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -38,6 +45,12 @@ from titan.exit_codes import EXIT_OK, EXIT_STOPPED, worst_exit_code
 PLATFORMS = ("auto", "cpu", "gpu")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 KILL_AFTER_S = 45.0  # past titan.trainer.peers.LOST_AFTER_S: survivors first record the lost one
+# A stop checkpoints first: the grace covers writing a large model's checkpoint to local disk.
+STOP_GRACE_S = 300.0
+# Each child is one JAX process (an interpreter, XLA's thread pool, a gloo or NCCL peer); past a
+# few per CPU they only time-slice, and a starved one misses the coordination service's heartbeats.
+PROCESSES_PER_CPU = 4
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _FORCE_DEVICES = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 
@@ -76,6 +89,11 @@ def child_envs(
     """
     if processes < 1:
         raise TitanError(f"--processes {processes}: must be at least 1")
+    if processes > max_processes():
+        raise TitanError(
+            f"--processes {processes}: this host holds at most {max_processes()} "
+            f"({PROCESSES_PER_CPU} per CPU, {usable_cpus()} CPUs)"
+        )
     if devices_per_process is not None and devices_per_process < 1:
         raise TitanError(f"--devices-per-process {devices_per_process}: must be at least 1")
     base = {**env, "PYTHONUNBUFFERED": "1"}
@@ -97,6 +115,38 @@ def child_envs(
         {**base, "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_gpu : (i + 1) * per_gpu])}
         for i in range(processes)
     ]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def max_processes() -> int:
+    """The most ``--processes`` this host holds: :data:`PROCESSES_PER_CPU` x :func:`usable_cpus`."""
+    return PROCESSES_PER_CPU * usable_cpus()
+
+
+def _die_with(parent_pid: int) -> None:
+    """In a child before exec (Linux): SIGKILL when the launcher dies; exit if it already has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    parent = os.getpid()
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=(lambda: _die_with(parent)) if sys.platform == "linux" else None,
+    )
 
 
 def child_command(train_args: list[str], port: int, processes: int, index: int) -> list[str]:
@@ -149,17 +199,20 @@ def launch_local(
     )
     port = free_port()
     out = out or sys.stdout
+    children: list[subprocess.Popen] = []
+    try:
+        for i, env in enumerate(envs):
+            children.append(_start(child_command(train_args, port, processes, i), env))
+        return _supervise(children, out)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+
+
+def _supervise(children: list[subprocess.Popen], out: TextIO) -> int:
+    """Relay the children's lines, forward stop signals, wait; the worst child's exit code."""
     lock = threading.Lock()
-    children = [
-        subprocess.Popen(
-            child_command(train_args, port, processes, i),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i, env in enumerate(envs)
-    ]
     relays = [
         threading.Thread(target=_relay, args=(i, c.stdout, out, lock), daemon=True)
         for i, c in enumerate(children)
@@ -167,14 +220,17 @@ def launch_local(
     for relay in relays:
         relay.start()
 
+    kill_at: list[float] = []  # set by the first forwarded signal, moved to now by a second
+
     def forward(signum: int, frame: object) -> None:
+        kill_at[:] = [time.monotonic() + (STOP_GRACE_S if not kill_at else 0.0)]
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        stopped = _wait(children)
+        stopped = _wait(children, kill_at)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -184,19 +240,23 @@ def launch_local(
     return worst_exit_code(exit_code(c.returncode) for c in ended)
 
 
-def _wait(children: list[subprocess.Popen]) -> set[int]:
+def _wait(children: list[subprocess.Popen], kill_at: list[float]) -> set[int]:
     """Wait for every child; after one fails, SIGTERM the rest, and SIGKILL them after
-    :data:`KILL_AFTER_S`. Returns the indices of the children it signalled."""
-    kill_at, stopped = None, set()
+    :data:`KILL_AFTER_S`; SIGKILL any still running at ``kill_at[0]`` (a forwarded stop's
+    deadline) too. Returns the indices of the children it signalled after a failure."""
+    stopped: set[int] = set()
+    failure_seen = False
     while any(c.poll() is None for c in children):
         failed = any(c.returncode not in (None, EXIT_OK, EXIT_STOPPED) for c in children)
-        if failed and kill_at is None:
-            kill_at = time.monotonic() + KILL_AFTER_S
+        if failed and not failure_seen:
+            failure_seen = True
+            deadline = time.monotonic() + KILL_AFTER_S
+            kill_at[:] = [min(kill_at + [deadline])]
             for i, child in enumerate(children):
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
                     stopped.add(i)
-        if kill_at is not None and time.monotonic() > kill_at:
+        if kill_at and time.monotonic() > kill_at[0]:
             for child in children:
                 if child.poll() is None:
                     child.kill()
