@@ -11,6 +11,7 @@ import pytest
 from helpers import events, run_in_process, start_subprocess, wait_for_event
 from PIL import Image
 
+from titan.cli import main
 from titan.observability.report import write_report
 from titan.observability.summarize import summarize_run_dir
 from titan.trainer.checkpoint import Checkpointer
@@ -85,6 +86,26 @@ def test_sample_grid_is_deterministic_and_written(trained, tmp_path):
     path, _ = write_sample_grid(trained, tmp_path / "grid.png", per_class=2, steps=4, seed=1)
     written = np.asarray(Image.open(io.BytesIO(path.read_bytes())))
     np.testing.assert_array_equal(written[..., None], image)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sample", "--per-class", "100000000"], "--per-class must be in [1, 64], got 100000000"),
+        (["sample", "--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
+        (["sample", "--sample-steps", "1001"], "--sample-steps must be in [1, 1000]"),
+        (["sample", "--out", "FILE/x.png"], "FILE is not a directory"),
+        (["generate", "--prompt", "x"], "a diffusion run (no text): use titan sample"),
+    ],
+)
+def test_bad_sample_input_is_one_line_naming_the_option(trained, tmp_path, capsys, args, message):
+    (tmp_path / "FILE").write_text("")
+    args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
+    before = sorted(trained.iterdir())
+    assert main([args[0], str(trained), *args[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert sorted(trained.iterdir()) == before
 
 
 def test_report_shows_the_sample_grid_of_the_last_checkpoint(trained, tmp_path):

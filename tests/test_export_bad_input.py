@@ -40,3 +40,26 @@ def test_import_hf_names_out_under_a_regular_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--out {out}" in err and "not a directory" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_export_hf_of_a_run_without_its_tokenizer_names_the_missing_file(tmp_path, capsys):
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    cfg = TrainConfig.of(preset="tiny", vocab_size=512)
+    payload = {"train": config_to_data(cfg), "model": cfg.model.shape.record()}
+    (run_dir / "config.json").write_text(json.dumps(payload))
+    assert main(["export", "hf", str(run_dir), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no tokenizer.model there" in err and "--tokenizer" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_csv_names_out_under_a_regular_file(tmp_path, capsys):
+    run_dir = tmp_path / "r2"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("")
+    (tmp_path / "t.sh").write_text("x")
+    out = tmp_path / "t.sh" / "x.csv"
+    assert main(["export", "csv", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {out}: {tmp_path / 't.sh'} is not a directory" in err

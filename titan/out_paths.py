@@ -1,6 +1,6 @@
-"""Checks on a new output directory (``--out``) before anything is written there, so that a bad
-path fails at once in one line naming the flag and the path given, not a temporary path or an
-error from a writer's background thread."""
+"""Checks on a new output directory or file (``--out``) before anything is written there, so
+that a bad path fails at once in one line naming the flag and the path given, not a temporary
+path or an error from a writer's background thread."""
 
 from __future__ import annotations
 
@@ -20,6 +20,26 @@ def check_new_dir(out: Path, flag: str = "--out") -> Path:
     out = Path(out).absolute()
     if out.exists():
         raise TitanError(f"{flag} {out} exists already; give a new path")
+    _check_parent(out, flag)
+    return out
+
+
+def check_file(out: Path, flag: str = "--out") -> Path:
+    """``out`` made absolute, after checking a file can be written there (an existing file is
+    replaced; missing parent directories are created by the writer).
+
+    Raises:
+        TitanError: ``out`` is a directory, or its nearest existing ancestor is not a writable
+            directory (one line naming ``flag`` and ``out``).
+    """
+    out = Path(out).absolute()
+    if out.is_dir():
+        raise TitanError(f"{flag} {out}: is a directory (give the file's path)")
+    _check_parent(out, flag)
+    return out
+
+
+def _check_parent(out: Path, flag: str) -> None:
     ancestor = out.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -27,7 +47,6 @@ def check_new_dir(out: Path, flag: str = "--out") -> Path:
         raise TitanError(f"{flag} {out}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise TitanError(f"{flag} {out}: {ancestor} is not writable")
-    return out
 
 
 def make_dir(path: Path, out: Path, flag: str = "--out") -> None:

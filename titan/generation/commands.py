@@ -28,7 +28,11 @@ def add_parser(subparsers: Any) -> None:
         "--step", type=int, default=None, help="checkpoint step of a run dir (default: newest)"
     )
     generate.add_argument(
-        "--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: 64)"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens to generate at most; prompt and new tokens fit in the run's --seq-len "
+        "(default: 64, fewer where --seq-len leaves less room)",
     )
     generate.add_argument(
         "--temperature",

@@ -6,9 +6,10 @@ one call of a jitted program that writes the token's keys and values into the ca
 the next token (:func:`titan.generation.sampling.sample`) and splits the PRNG key. The cache is
 preallocated to prompt + ``--max-new-tokens`` positions, so the prefill compiles once per
 prompt length and the decode step once. Decoding stops after ``--max-new-tokens`` or at the
-tokenizer's EOS (not printed). Text is printed through
-:class:`titan.data.tokenizer.StreamDecoder`, so the streamed pieces join to the decode of all
-the ids.
+tokenizer's EOS (not printed). Prompt and new tokens together fit in the run's ``--seq-len``
+(the positions its model was trained to attend to, :func:`new_token_budget`). Text is printed
+through :class:`titan.data.tokenizer.StreamDecoder`, so the streamed pieces join to the decode
+of all the ids.
 """
 
 from __future__ import annotations
@@ -37,22 +38,51 @@ def printable(text: str) -> str:
     return "\n".join(inert(line).replace("\\x09", "\t") for line in text.split("\n"))
 
 
+DEFAULT_NEW_TOKENS = 64
+
+
+def new_token_budget(prompt_tokens: int, seq_len: int, requested: int | None) -> int:
+    """Tokens to generate after ``prompt_tokens`` (BOS included): ``requested``, or
+    :data:`DEFAULT_NEW_TOKENS` when None, and never past the run's ``seq_len``.
+
+    Raises:
+        TitanError: the prompt fills ``seq_len``, or ``requested`` goes past it.
+    """
+    room = seq_len - prompt_tokens
+    if room < 1:
+        raise TitanError(
+            f"--prompt: {prompt_tokens} tokens (BOS included) leave no room in the run's "
+            f"--seq-len {seq_len}"
+        )
+    if requested is None:
+        return min(DEFAULT_NEW_TOKENS, room)
+    if requested > room:
+        raise TitanError(
+            f"--max-new-tokens {requested}: the run's model attends to --seq-len {seq_len} "
+            f"positions and the prompt takes {prompt_tokens} (BOS included): at most {room}"
+        )
+    return requested
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How tokens are drawn (``--temperature``, ``--top-p``, ``--seed``, ``--max-new-tokens``).
+
+    ``max_new_tokens`` None: :data:`DEFAULT_NEW_TOKENS`, fewer where the run's ``--seq-len``
+    leaves less room (:func:`new_token_budget`).
 
     Raises (on construction):
         TitanError: a negative temperature, top_p outside (0, 1], fewer than 1 new token or a
             negative seed.
     """
 
-    max_new_tokens: int = 64
+    max_new_tokens: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise TitanError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0:
             raise TitanError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}")
@@ -91,11 +121,13 @@ class Generator:
         """The new token ids, one per decode step, until ``max_new_tokens`` or EOS (excluded).
 
         Raises:
-            TitanError: an empty prompt (not even BOS).
+            TitanError: an empty prompt (not even BOS), or more tokens than the run's
+                ``--seq-len`` (:func:`new_token_budget`).
         """
         if not prompt_ids:
             raise TitanError("--prompt: no tokens")
-        length = len(prompt_ids) + sampling.max_new_tokens
+        budget = new_token_budget(len(prompt_ids), self.loaded.seq_len, sampling.max_new_tokens)
+        length = len(prompt_ids) + budget
         cache = init_cache(self.loaded.model, 1, length, self.loaded.dtype)
         knobs = (np.float32(sampling.temperature), np.float32(sampling.top_p))
         key = jax.random.key(sampling.seed)
@@ -103,12 +135,12 @@ class Generator:
         tokens = jnp.asarray([prompt_ids], jnp.int32)
         token, cache, key = self._step(params, cache, tokens, np.int32(0), key, *knobs)
         eos = self.loaded.tokenizer.eos_id
-        for i in range(sampling.max_new_tokens):
+        for i in range(budget):
             new = int(token[0])
             if new == eos:
                 return
             yield new
-            if i + 1 < sampling.max_new_tokens:
+            if i + 1 < budget:
                 start = np.int32(len(prompt_ids) + i)
                 token, cache, key = self._step(params, cache, token[:, None], start, key, *knobs)
 
@@ -136,9 +168,14 @@ def generate_from_cli(source: str, step: int | None, prompt: str, sampling: Samp
     checkpoint used goes to stderr). Returns exit code 0.
 
     Raises:
-        TitanError: bad source, step or sampling option.
+        TitanError: bad source, step or sampling option, or a prompt and --max-new-tokens
+            past the run's --seq-len.
     """
     loaded = load_model(source, step)
-    print(f"titan generate: {loaded.run_dir} step {loaded.step}", file=sys.stderr, flush=True)
-    Generator(loaded).stream(prompt, sampling, sys.stdout)
+    generator = Generator(loaded)
+    # refused before any output, not after the header
+    new_token_budget(len(generator.prompt_ids(prompt)), loaded.seq_len, sampling.max_new_tokens)
+    header = f"titan generate: {inert(loaded.run_dir)} step {loaded.step}"
+    print(header, file=sys.stderr, flush=True)
+    generator.stream(prompt, sampling, sys.stdout)
     return 0

@@ -43,6 +43,7 @@ class LoadedModel:
         dtype: the run's compute dtype on this backend.
         tokenizer: the run's tokenizer.
         run_dir: the run dir; step: the checkpoint's step.
+        seq_len: the run's ``--seq-len``, the positions its model was trained to attend to.
     """
 
     model: ModelConfig
@@ -51,6 +52,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     run_dir: Path
     step: int
+    seq_len: int
 
 
 def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
@@ -91,11 +93,14 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
     <step>``) at ``step`` (default: the checkpoint named, else the newest committed one).
 
     Raises:
-        TitanError: ``source`` is no run or checkpoint, the run has no committed checkpoint
+        TitanError: ``source`` is no run or checkpoint, a diffusion run's (no text), the run
+            has no committed checkpoint
             (or not ``step``; names those it has), or the checkpoint cannot be restored.
     """
     run_dir, step = resolve_source(source, step)
     cfg, model = _run_config(run_dir)
+    if model.family == "dit":
+        raise TitanError(f"{run_dir}: a diffusion run (no text): use titan sample")
     if not (run_dir / TOKENIZER_FILE).is_file():
         raise TitanError(f"{run_dir}: no {TOKENIZER_FILE} there")
     if not (run_dir / CHECKPOINT_DIR).is_dir():
@@ -117,4 +122,4 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
         checkpointer.close()
     dtype = compute_dtype(cfg, backend)
     params = cast_tree(state.chunks[0]["params"], dtype)
-    return LoadedModel(model, params, dtype, tokenizer, run_dir, step)
+    return LoadedModel(model, params, dtype, tokenizer, run_dir, step, cfg.data.seq_len)

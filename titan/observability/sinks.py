@@ -25,6 +25,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.observability.records import EVENTS_FILE, EventTail, read_events
+from titan.out_paths import check_file
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
 """Event types exported as scalars, and the group (tag prefix) of each."""
@@ -133,8 +134,7 @@ def write_csv(rows: list[MetricRow], out: Path) -> Path:
     Raises:
         TitanError: ``out`` is a directory or cannot be written (names ``--out``).
     """
-    if out.is_dir():
-        raise TitanError(f"--out {out}: is a directory (give the CSV file's path)")
+    check_file(out)
     tags = list(dict.fromkeys(tag for row in rows for tag in row.values))
     tmp = out.with_name(out.name + ".tmp")
     try:

@@ -261,6 +261,8 @@ def export_hf(
     cfg, model = saved_model(run_dir, "titan export hf")
     if model.family != "llama":
         raise TitanError(f"titan export hf: {run_dir} {NO_LLAMA}")
+    if not (run_dir / TOKENIZER_FILE).is_file():
+        raise TitanError(f"titan export hf: {run_dir}: no {TOKENIZER_FILE} there (no tokenizer)")
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
     checkpointer, step = open_checkpoint(run_dir, step, "titan export hf")
     out = out or Path(f"{run_dir.absolute().name}-hf-{step}")

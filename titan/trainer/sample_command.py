@@ -21,9 +21,15 @@ def add_parser(subparsers: Any) -> None:
     sample.add_argument(
         "--out", default=None, help="the PNG to write (default: RUN_DIR/samples-<step>.png)"
     )
-    sample.add_argument("--per-class", type=int, default=8, help="samples per class (default 8)")
-    sample.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
-    sample.add_argument("--sample-steps", type=int, default=50, help="sampler steps (default 50)")
+    sample.add_argument(
+        "--per-class", type=int, default=8, help="samples per class, 1 to 64 (default 8)"
+    )
+    sample.add_argument(
+        "--seed", type=int, default=0, help="seed of the initial noise, in [0, 2**32) (default 0)"
+    )
+    sample.add_argument(
+        "--sample-steps", type=int, default=50, help="sampler steps, 1 to 1000 (default 50)"
+    )
     sample.add_argument(
         "--guidance",
         type=float,

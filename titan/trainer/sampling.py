@@ -14,16 +14,42 @@ import numpy as np
 
 from titan.config_files import config_from_dict
 from titan.data.images import encode_png
+from titan.diffusion.objectives import TRAIN_TIMESTEPS
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
+from titan.out_paths import check_file
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.images import objective_of
 
+# All classes x --per-class samples go through the model as one batch on one device (the grid is
+# --per-class columns wide): 64 bounds that batch at 64 images per class.
+MAX_PER_CLASS = 64
+MAX_SEED = 2**32  # --seed in [0, 2**32): the PRNG seed range, as titan generate's
 ONE_DEVICE = {"layout": "spmd", "dp": 1, "fsdp": 1, "tp": 1, "microbatches": 1}
+
+
+def check_options(per_class: int, seed: int, steps: int, guidance: float) -> None:
+    """Bounds of ``titan sample``'s options: ``--per-class`` in [1, :data:`MAX_PER_CLASS`],
+    ``--seed`` in [0, 2**32), ``--sample-steps`` in [1, T] (T = 1000, the training timesteps
+    the sampler steps are spaced over), ``--guidance`` >= 0.
+
+    Raises:
+        TitanError: the first option out of bounds, named.
+    """
+    bounds = {
+        "--per-class": (per_class, 1, MAX_PER_CLASS),
+        "--seed": (seed, 0, MAX_SEED - 1),
+        "--sample-steps": (steps, 1, TRAIN_TIMESTEPS),
+    }
+    for flag, (value, low, high) in bounds.items():
+        if not low <= value <= high:
+            raise TitanError(f"{flag} must be in [{low}, {high}], got {value}")
+    if not guidance >= 0:
+        raise TitanError(f"--guidance must be >= 0, got {guidance}")
 
 
 def sample_grid(
@@ -33,20 +59,17 @@ def sample_grid(
     class, one class per row.
 
     Raises:
-        TitanError: ``guidance`` < 0, ``run_dir`` is not a diffusion run or has no committed
-            checkpoint (then nothing is created in it).
+        TitanError: an option out of :func:`check_options`' bounds, ``run_dir`` is not a
+            diffusion run or has no committed checkpoint (then nothing is created in it).
     """
-    if not guidance >= 0:
-        raise TitanError(f"--guidance must be >= 0, got {guidance}")
+    check_options(per_class, seed, steps, guidance)
     try:
         saved = json.loads((run_dir / CONFIG_FILE).read_text())
         cfg = config_from_dict(saved["train"])
         model = ModelConfig(**saved["model"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise TitanError(f"{run_dir}: not a run dir ({CONFIG_FILE}: {err})") from None
-    if cfg.model.task != "diffusion" or per_class < 1 or steps < 1:
-        if cfg.model.task == "diffusion":
-            raise TitanError("--per-class and --sample-steps must be >= 1")
+    if cfg.model.task != "diffusion":
         raise TitanError(f"{run_dir}: a --task {cfg.model.task} run has no images to sample")
     if not (run_dir / CHECKPOINT_DIR).is_dir():  # Checkpointer would create it
         raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
@@ -77,7 +100,13 @@ def sample_grid(
 
 def write_sample_grid(run_dir: Path, out: Path | None, **options: Any) -> tuple[Path, int]:
     """Write :func:`sample_grid`'s image as the PNG ``out`` (None:
-    ``RUN_DIR/samples-<step>.png``); returns (the path, the checkpoint's step)."""
+    ``RUN_DIR/samples-<step>.png``); returns (the path, the checkpoint's step).
+
+    Raises:
+        TitanError: as :func:`sample_grid`, or ``out`` cannot be written (checked first).
+    """
+    if out is not None:
+        check_file(out)
     image, step = sample_grid(run_dir, **options)
     out = out or run_dir / f"samples-{step}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
