@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from console_helpers import append_events, event, wait_until
+from markdown_it import MarkdownIt
 from test_ettr import crash_then_resume
 from test_summarize import write_run
 from textual.widgets import DataTable
@@ -311,7 +312,26 @@ def test_report_md_holds_no_raw_escape(tmp_path: Path):
     assert main(["report", str(path.parent)]) == 0
     text = (path.parent / "report" / REPORT_FILE).read_text()
     assert ESC not in text and "\x07" not in text
-    assert "\\x1b]52;c;" in text and "completed[/]" in text and "tiny[/bogus]" in text
+    assert "\\x1b\\]52;c;" in text and "completed\\[/\\]" in text and "tiny\\[/bogus\\]" in text
+
+
+def test_report_md_renders_record_html_and_markdown_as_text(tmp_path: Path):
+    events = hostile_events()
+    hostile = "x | y\n<script>alert(1)</script>![img](http://evil/x.png) &amp; `code`"
+    for start in (e for e in events if e["type"] == "run_start"):
+        start["config"] = {**start["config"], "data": hostile}
+    path = write_run(tmp_path, "markup", events)
+    assert main(["report", str(path.parent), "--out", str(tmp_path / "out")]) == 0
+    rendered = (
+        MarkdownIt("commonmark")
+        .enable("table")
+        .render((tmp_path / "out" / REPORT_FILE).read_text())
+    )
+    assert "<script" not in rendered
+    assert set(re.findall(r'<img src="([^"]*)"', rendered)) == {"loss.png", "throughput.png"}
+    assert "<code>code</code>" not in rendered and '<a href="http://x' not in rendered
+    cell = "x | y &lt;script&gt;alert(1)&lt;/script&gt;![img](http://evil/x.png) &amp;amp; `code`"
+    assert f"<td>{cell}</td>" in rendered
 
 
 def test_training_log_lines_show_a_hostile_run_dir_inert(capsys):

@@ -18,7 +18,8 @@ def add_arguments(
 ) -> None:
     """Add a flag per option to ``parser``: switches as ``--x`` / ``--no-x``, numbers and names
     with argparse's type and choices (argparse's own one-line errors), composite values as text
-    parsed when the config is constructed. ``--model`` also gets ``--preset`` (presets only).
+    parsed when the config is constructed. ``--model`` also gets ``--preset`` (presets only; the
+    two are mutually exclusive).
 
     Args:
         explicit: default every flag to None, so that the options a user typed can be told from
@@ -36,10 +37,11 @@ def add_arguments(
         if option.kind == "bool":
             parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
             continue
-        if option.kind == "shape":
-            parser.add_argument(option.flag, metavar="PRESET|SHAPE", **common)
-            common["help"] = "a preset model shape (the same as --model NAME)"
-            parser.add_argument("--preset", choices=tuple(PRESETS), **common)
+        if option.kind == "shape":  # --preset is an alias: giving both is refused
+            either = parser.add_mutually_exclusive_group()
+            either.add_argument(option.flag, metavar="PRESET|SHAPE", **common)
+            common["help"] = "a preset model shape (the same as --model NAME; not with --model)"
+            either.add_argument("--preset", choices=tuple(PRESETS), **common)
             continue
         if option.kind == "settings":  # KEY=VALUE ..., repeatable
             parser.add_argument(

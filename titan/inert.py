@@ -6,7 +6,8 @@ sequence (OSC 52 writes the clipboard, OSC 0/2 the window title, CSI moves the c
 bidi override reorders what is read. :func:`inert` writes each such character as its Python
 escape (``\\x1b``, ``\\x07``, ``\\u202e``), so the text shows what the record holds and the
 terminal receives nothing but printable characters. Markup (Rich, Textual) is a separate matter:
-callers pass the result as plain text (``rich.text.Text``, ``markup=False``) or escape it.
+callers pass the result as plain text (``rich.text.Text``, ``markup=False``) or escape it;
+:func:`markdown_text` escapes it for Markdown (``titan report``).
 
 This module imports nothing beyond the standard library.
 """
@@ -33,3 +34,28 @@ def inert(text: object) -> str:
     for a right-to-left override, ``"\\udcff"`` for a lone surrogate (a byte of a file name that
     is not UTF-8). Printable text, other scripts and emoji pass unchanged."""
     return (text if isinstance(text, str) else str(text)).translate(_TABLE)
+
+
+# HTML's special characters as entities (an HTML tag, an entity, an autolink <http://...>) and
+# the Markdown punctuation that opens links, images, code spans and table cells, escaped with a
+# backslash (CommonMark 0.31, Sec. 2.4: any ASCII punctuation may be).
+_MARKDOWN = str.maketrans(
+    {
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "\\": "\\\\",
+        "[": "\\[",
+        "]": "\\]",
+        "`": "\\`",
+        "|": "\\|",
+        "\n": " ",
+    }
+)
+
+
+def markdown_text(text: object) -> str:
+    """``text`` (``str()`` of it when not a string) as inert Markdown: it renders as the text it
+    is, never as HTML, a link, an image, a code span or another table cell, on one line. Control
+    characters are left to :func:`inert`."""
+    return (text if isinstance(text, str) else str(text)).translate(_MARKDOWN)

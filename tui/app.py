@@ -31,7 +31,7 @@ from textual.screen import Screen
 
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.observability.records import default_runs_root
+from titan.observability.records import check_runs_root, default_runs_root
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
 from tui.options import default_texts, resume_texts
@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         type=Path,
         help="list the run dirs in DIR (newest first) to open in the monitor; new runs are "
-        "created in DIR (default: $TITAN_RUNS, else ./runs, with the launch form open)",
+        "created in DIR, and DIR by the first (default: $TITAN_RUNS, else ./runs, with the "
+        "launch form open)",
     )
     target.add_argument(
         "--run",
@@ -270,6 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.run is not None and not args.run.is_dir():
         parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {inert(args.run)}\n")
+    try:  # a runs root that does not exist yet is created by the first run launched
+        if args.run is None:
+            check_runs_root(args.runs_root or default_runs_root(), created=True)
+    except TitanError as err:
+        parser.exit(EXIT_USAGE, f"titan-console: error: --runs-root: {inert(err)}\n")
     if args.no_color:
         os.environ["NO_COLOR"] = "1"
     # The terminal's own size, followed as it changes: Textual reads it with

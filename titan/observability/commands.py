@@ -131,6 +131,7 @@ def run_summarize(args: argparse.Namespace) -> int:
         summarize.ingest(con, root)
         rows = summarize.summaries(con, args.run_id, recent)
         total = summarize.run_count(con) if args.run_id is None else len(rows)
+        peaks = summarize.mfu_peaks(con, [r.run_id for r in rows])
     finally:
         con.close()
     if args.run_id is not None and not rows:
@@ -138,7 +139,7 @@ def run_summarize(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        _print_summaries(root, rows, args.wide)
+        _print_summaries(root, rows, args.wide, sorted(set(peaks.values())))
     if total > len(rows):
         hidden = (
             f"{len(rows):,} most recent of {total:,} runs shown ({total - len(rows):,} "
@@ -219,7 +220,9 @@ CHECK_COLUMNS = (
 PIPE_WIDTH = 200
 
 
-def _print_summaries(root: Path, rows: list[Any], wide: bool) -> None:
+def _print_summaries(root: Path, rows: list[Any], wide: bool, peaks: list[str]) -> None:
+    """The summary table; its caption names the MFU convention and the ``peaks`` it divides by
+    (:func:`titan.observability.summarize.mfu_peaks`)."""
     conventions = sorted({r.mfu_convention for r in rows if r.mfu_convention})
     cells = []
     for r in rows:
@@ -236,7 +239,9 @@ def _print_summaries(root: Path, rows: list[Any], wide: bool) -> None:
                 format_number(r.energy_j, ",.0f", "unavailable"),
                 format_number(r.tokens_per_j, ",.2f", "unavailable"),
                 format_number(
-                    None if r.peak_memory_bytes is None else r.peak_memory_bytes / 1e9, ",.2f"
+                    None if r.peak_memory_bytes is None else r.peak_memory_bytes / 1e9,
+                    ",.2f",
+                    "not reported",
                 ),
                 format_number(r.ettr, ".1%"),
                 format_number(r.goodput, ".1%"),
@@ -254,7 +259,8 @@ def _print_summaries(root: Path, rows: list[Any], wide: bool) -> None:
         None if wide else out.width,
         caption="ETTR: productive / available time (Kokolis et al. 2024); goodput badput "
         "breakdown in --json"
-        + (f"; MFU convention: {', '.join(conventions)}" if conventions else ""),
+        + (f"; MFU convention: {', '.join(conventions)}" if conventions else "")
+        + (f", of the peak of {'; '.join(peaks)}" if peaks else ""),
         title=_plain(f"runs in {root}"),
     )
     print_fitted(out, table, width)

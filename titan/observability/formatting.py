@@ -8,6 +8,15 @@ def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
     return missing if value is None else format(value, fmt)
 
 
+def format_count(n: int) -> str:
+    """A count with a short scale: ``1.50B`` (billions, 2 decimals), ``5.0M``, ``12.3K``, or the
+    number itself below a thousand."""
+    for scale, suffix, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{digits}f}{suffix}"
+    return str(n)
+
+
 def format_duration(seconds: float | None) -> str:
     """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None)."""
     if seconds is None:

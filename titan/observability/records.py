@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from titan.errors import TitanError
 from titan.observability.events import SCHEMA_VERSION, Event, parse_events
 
 SCHEMA = SCHEMA_VERSION
@@ -42,6 +43,26 @@ MAX_JSON_DEPTH = 64
 def default_runs_root(explicit: str = "") -> Path:
     """The runs root: ``explicit`` if given, else ``$TITAN_RUNS``, else ``./runs``."""
     return Path(explicit or os.environ.get("TITAN_RUNS") or "runs")
+
+
+def check_runs_root(root: Path, *, created: bool = False) -> Path:
+    """``root`` after checking it is a runs root: a directory, or (``created``: one the first
+    run creates) a path whose nearest existing ancestor is a directory.
+
+    Raises:
+        TitanError: ``root`` exists and is not a directory, or does not exist (when not
+            ``created``; else when its nearest existing ancestor is not a directory).
+    """
+    if root.exists() and not root.is_dir():
+        raise TitanError(f"runs root {root} is not a directory")
+    if not root.exists() and not created:
+        raise TitanError(f"runs root {root} does not exist (give RUNS_ROOT or set $TITAN_RUNS)")
+    ancestor = root.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise TitanError(f"runs root {root}: {ancestor} is not a directory")
+    return root
 
 
 def new_run_id(preset: str) -> str:

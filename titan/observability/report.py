@@ -27,9 +27,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from titan.errors import TitanError
-from titan.inert import inert
+from titan.inert import inert, markdown_text
 from titan.observability import ettr, plots
 from titan.observability.events import Eval, Event, Profile, RunStart, Step
 from titan.observability.formatting import format_duration, format_number
@@ -121,8 +122,7 @@ def _cell(value: Any) -> str:
     """A value as one Markdown table cell."""
     if isinstance(value, dict | list):
         value = json.dumps(value)
-    text = "-" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return "-" if value is None else markdown_text(value)
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
@@ -209,9 +209,8 @@ def _changes(starts: list[RunStart], key: str, title: str) -> list[str]:
         after = dict(_flatten(getattr(starts[index], key) or {}))
         for name in sorted(before.keys() | after.keys()):
             if before.get(name) != after.get(name):
-                changes.append(
-                    f"- attempt {index + 1}: `{name}` {before.get(name)!r} -> {after.get(name)!r}"
-                )
+                was, now = (markdown_text(repr(v.get(name))) for v in (before, after))
+                changes.append(f"- attempt {index + 1}: {markdown_text(name)}: {was} -> {now}")
     return [f"{title}:", "", *changes, ""] if changes else []
 
 
@@ -227,20 +226,21 @@ def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
         plots.plot_mfu(out / "mfu.png", series, peak)
         lines += [
             f"MFU: model FLOPs per token (`causal`: attention halved for the causal mask, "
-            f"`full`: counted in full; `titan.observability.flops`) x tokens/s over {peak}"
-            + (f", source: {source}" if source else "")
+            f"`full`: counted in full; `titan.observability.flops`) x tokens/s over "
+            f"{markdown_text(peak)}"
+            + (f", source: {markdown_text(source)}" if source else "")
             + ".",
             "",
             "![MFU vs step](mfu.png)",
             "",
         ]
     else:
-        lines += [f"MFU: unknown ({s.mfu_reason or NOT_RECORDED}).", ""]
+        lines += [f"MFU: unknown ({markdown_text(s.mfu_reason or NOT_RECORDED)}).", ""]
     if any(e is not None for x in series for e in x.energy_j):
         plots.plot_power(out / "power.png", series, POWER_WINDOW_S)
         lines += ["![power and cumulative energy over time](power.png)", ""]
     else:
-        lines += [f"power: unavailable ({s.energy_reason or NOT_RECORDED}).", ""]
+        lines += [f"power: unavailable ({markdown_text(s.energy_reason or NOT_RECORDED)}).", ""]
     return lines
 
 
@@ -283,16 +283,16 @@ def _profile_lines(run_dir: Path, out: Path, events: list[Event]) -> list[str]:
         return []
     lines = ["## Profile", ""]
     for p in profiles:
-        link = os.path.relpath(run_dir / (p.dir or "profile"), out)
+        link = quote(os.path.relpath(run_dir / (p.dir or "profile"), out))
         steps = p.steps or ["-", "-"]
-        note = f", error: {p.error}" if p.error else ""
+        note = f", error: {markdown_text(p.error)}" if p.error else ""
         lines.append(
-            f"- steps {steps[0]} to {steps[-1]} (asked {p.requested}): "
-            f"[{p.dir}]({link}), profiler overhead "
+            f"- steps {steps[0]} to {steps[-1]} (asked {markdown_text(p.requested)}): "
+            f"[{markdown_text(p.dir)}]({link}), profiler overhead "
             f"{format_number(p.seconds, '.2f')} s{note}"
         )
     if not profiles:
-        lines.append(f"- [profile/]({os.path.relpath(run_dir / 'profile', out)})")
+        lines.append(f"- [profile/]({quote(os.path.relpath(run_dir / 'profile', out))})")
     lines += ["", "Open with TensorBoard's or XProf's profile plugin, or Perfetto.", ""]
     for p in profiles:
         lines += _operation_time_lines(run_dir, p)
@@ -308,7 +308,7 @@ def _operation_time_lines(run_dir: Path, profile: Profile) -> list[str]:
     try:
         summary = summarize_trace(run_dir / traces[0])
     except TitanError as err:
-        return [f"Operation time: unavailable ({err}).", ""]
+        return [f"Operation time: unavailable ({markdown_text(err)}).", ""]
     n = steps[1] - steps[0] + 1
     total = summary.total_us or 1.0
     rows = [
@@ -350,12 +350,13 @@ def _sample_lines(run_dir: Path, out: Path, last: RunStart) -> list[str]:
         return ["## Samples", "", f"none: titan sample took over {SAMPLES_TIMEOUT_S} s", ""]
     if done.returncode:
         said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        return ["## Samples", "", f"none: {said}", ""]
+        return ["## Samples", "", f"none: {markdown_text(said)}", ""]
     said = done.stdout.strip().splitlines()[-1]
     return [
         "## Samples",
         "",
-        f"One row per class, from `{said.removeprefix('titan sample: ')}` (Euler steps for flow "
+        f"One row per class, from {markdown_text(said.removeprefix('titan sample: '))} (Euler "
+        "steps for flow "
         "matching, DDIM for DDPM; 50 steps, seed 0, no guidance).",
         "",
         "![samples](samples.png)",
@@ -389,10 +390,10 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         f", a torn last line ({torn} bytes) ignored" if torn else ""
     )
     lines = [
-        f"# Run report: {summary.run_id}",
+        f"# Run report: {markdown_text(summary.run_id)}",
         "",
-        f"From `{run_dir / EVENTS_FILE}`: {len(events)} events, {len(starts)} attempt(s), "
-        f"{skipped}.",
+        f"From {markdown_text(run_dir / EVENTS_FILE)}: {len(events)} events, "
+        f"{len(starts)} attempt(s), {skipped}.",
         "",
         "## Summary",
         "",

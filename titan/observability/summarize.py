@@ -95,7 +95,13 @@ from titan.observability.events import (
     Step,
     parse_event,
 )
-from titan.observability.records import EVENTS_FILE, MAX_JSON_DEPTH, open_regular, parse_json
+from titan.observability.records import (
+    EVENTS_FILE,
+    MAX_JSON_DEPTH,
+    check_runs_root,
+    open_regular,
+    parse_json,
+)
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
@@ -215,12 +221,10 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
     """Open (creating if needed) the runs root's database with its tables.
 
     Raises:
-        TitanError: the runs root does not exist, or another process held the database for
+        TitanError: the runs root is no directory, or another process held the database for
             longer than :data:`LOCK_WAIT_S`.
     """
-    root = Path(runs_root)
-    if not root.is_dir():
-        raise TitanError(f"runs root {root} does not exist (give RUNS_ROOT or set $TITAN_RUNS)")
+    root = check_runs_root(Path(runs_root))
     try:
         con = _connect_waiting(database_path(root), read_only)
     except duckdb.Error as err:
@@ -572,6 +576,38 @@ def _mfu(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float | None, str
         ["$." + MFU_CONVENTION, run_id],
     ).fetchone()[0]
     return (median, MFU_CONVENTION) if median is not None else (None, None)
+
+
+def mfu_peaks(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
+    """What the MFU of each of ``run_ids`` that recorded one divides by, per device: e.g.
+    ``NVIDIA H200: 989.5 TFLOP/s per device (datasheet_dense_bfloat16)`` from its last MFU's
+    ``peak_flops`` over its ``run_start``'s ``env.device_count``, or ``<device kind>: peak
+    unknown`` when the record names no peak."""
+    rows = con.execute(
+        """SELECT run_id,
+        arg_max(TRY_CAST(json_extract_string(mfu, '$.peak_flops') AS DOUBLE), seq)
+            FILTER (type = 'step' AND mfu IS NOT NULL),
+        arg_max(json_extract_string(mfu, '$.peak_kind'), seq)
+            FILTER (type = 'step' AND mfu IS NOT NULL),
+        arg_max(json_extract_string(payload, '$.env.device_kinds'), seq)
+            FILTER (type = 'run_start'),
+        arg_max(TRY_CAST(json_extract_string(payload, '$.env.device_count') AS BIGINT), seq)
+            FILTER (type = 'run_start'),
+        count(*) FILTER (type = 'step' AND mfu IS NOT NULL)
+        FROM events WHERE list_contains(?, run_id) GROUP BY run_id""",
+        [run_ids],
+    ).fetchall()
+    return {run_id: _peak_label(*rest) for run_id, *rest, mfu_steps in rows if mfu_steps}
+
+
+def _peak_label(flops: float | None, kind: str | None, kinds: str | None, count: int | None):
+    try:
+        device = ", ".join(json.loads(kinds)) if kinds else "device kind unknown"
+    except (ValueError, TypeError):
+        device = "device kind unknown"
+    if not flops or not count or not math.isfinite(flops):
+        return f"{device}: peak unknown"
+    return f"{device}: {flops / count / 1e12:,.1f} TFLOP/s per device ({kind or 'kind unknown'})"
 
 
 def _peak_memory(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:

@@ -200,6 +200,35 @@ def search(request: PlanRequest) -> list[Plan]:
     return plans
 
 
+def tp_limit(model: ModelConfig) -> int:
+    """The largest tensor-parallel size: the gcd of the dimensions tp shards (heads, KV heads,
+    FFN, vocabulary)."""
+    return math.gcd(model.n_heads, model.n_kv_heads, model.ffn_dim, model.vocab_size)
+
+
+def max_layout_gpus(model: ModelConfig, batch_sequences: int) -> int:
+    """An upper bound on the GPUs of any layout of ``model`` and the batch: dp x fsdp divides
+    the batch, tp divides :func:`tp_limit`, pp is at most the layer count."""
+    return batch_sequences * tp_limit(model) * model.n_layers
+
+
+def check_layouts_exist(request: PlanRequest) -> None:
+    """Refuse a GPU count no layout of the model and batch spans (``--search``).
+
+    Raises:
+        TitanError: no :func:`candidate_layouts` of ``request.gpus`` GPUs; names the rules.
+    """
+    m = request.model
+    if next(candidate_layouts(m, request.gpus, request.batch_sequences), None) is None:
+        raise TitanError(
+            f"--gpus {request.gpus}: no layout splits this model and batch over "
+            f"{request.gpus} GPUs (dp x fsdp x tp x pp, dp x fsdp x microbatches dividing the "
+            f"batch of {request.batch_sequences} sequences, fsdp d_model {m.d_model}, tp "
+            f"{tp_limit(m)} (the gcd of heads, KV heads, FFN and vocabulary), pp the "
+            f"{m.n_layers} layers)"
+        )
+
+
 def _divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (O(sqrt n):
     a million GPUs take a thousand trials, not a million)."""
@@ -217,7 +246,7 @@ def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> It
     rank them, are bounded by the model's shape whatever the GPU count (a million GPUs ranks in
     about a second). Pipeline stages (and interleaved chunks) split the layers evenly, as
     ``titan train`` does without ``--stage-layers``."""
-    tp_gcd = math.gcd(gpus, model.n_heads, model.n_kv_heads, model.ffn_dim, model.vocab_size)
+    tp_gcd = math.gcd(gpus, tp_limit(model))
     for tp in _divisors(tp_gcd):
         rest = gpus // tp
         for pp in (k for k in _divisors(model.n_layers) if rest % k == 0):

@@ -23,15 +23,24 @@ from titan.config import ParallelOptions, flag_of
 from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
+from titan.inert import inert
 from titan.mpmd.schedules import SCHEDULES
 from titan.observability import perfdb, summarize
-from titan.observability.records import default_runs_root
-from titan.planning.budget import Plan, PlanRequest, plan, search
+from titan.observability.formatting import format_count
+from titan.observability.records import check_runs_root, default_runs_root
+from titan.planning.budget import (
+    Plan,
+    PlanRequest,
+    check_layouts_exist,
+    max_layout_gpus,
+    plan,
+    search,
+)
 from titan.planning.gpus import CATALOG, find_gpu
 from titan.planning.memory import FIT_MARGIN, Layout, Precision
 from titan.planning.models import ATTENTION_KERNELS, resolve_model
 from titan.planning.step import Measurement, calibrate
-from titan.planning.verdict import MAX_GPU_FACTOR, Verdict, gpus_needed, verdict
+from titan.planning.verdict import Verdict, gpus_needed, verdict
 from titan.tables import Column, console, fitted_table, print_fitted
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
@@ -84,7 +93,8 @@ def add_parser(subparsers: Any) -> None:
         type=Path,
         metavar="RUN_DIR",
         help="predict the configuration of this run (its run_start record) and print the "
-        "prediction against what the run measured; --model, --gpu and --gpus come from it",
+        "prediction against what the run measured; the model, GPUs, batch, precision and "
+        "layout come from it (giving one of their options too is refused)",
     )
     p.add_argument(
         "--price",
@@ -124,7 +134,42 @@ def add_parser(subparsers: Any) -> None:
         help="every --search column, however wide the terminal (default: the columns that fit, "
         "by priority; dp, fsdp, tp and pp always)",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, plan_defaults={dest: p.get_default(dest) for dest in FROM_RUN_DESTS})
+
+
+# The options of one layout: --search ranks every value of them.
+LAYOUT_DESTS = (*(o.name for o in section_options("parallel", planner=True)), "remat")
+# The options whose values --from takes from the run.
+FROM_RUN_DESTS = (
+    *("model", "gpu", "gpus", "gpus_per_node", "seq_len", "batch_tokens", "batch_size"),
+    *LAYOUT_DESTS,
+    *("param_dtype", "compute_dtype", "attention", "search"),
+)
+
+
+def _first_given(args: argparse.Namespace, dests: tuple[str, ...]) -> str | None:
+    """The flag of the first of ``dests`` set away from its default, or None."""
+    given = (d for d in dests if getattr(args, d) != args.plan_defaults[d])
+    return next(("--" + d.replace("_", "-") for d in given), None)
+
+
+def check_exclusive_options(args: argparse.Namespace) -> None:
+    """Refuse options that ``--from`` (the run gives them) or ``--search`` (it ranks every
+    layout) would override.
+
+    Raises:
+        TitanError: names the first such option.
+    """
+    if args.from_run is not None and (flag := _first_given(args, FROM_RUN_DESTS)):
+        raise TitanError(
+            f"{flag} conflicts with --from: the run gives its model, GPUs, batch, precision "
+            "and layout"
+        )
+    if args.search and (flag := _first_given(args, LAYOUT_DESTS)):
+        raise TitanError(
+            f"{flag} conflicts with --search: it ranks every layout (dp, fsdp, tp, pp, "
+            "microbatches, schedule, virtual stages, remat)"
+        )
 
 
 # --calibration's value that fits the calibration to the performance database.
@@ -137,17 +182,25 @@ def perfdb_calibration(runs_root: Path | None) -> dict[str, float]:
     does) whose device the catalog lists.
 
     Raises:
-        TitanError: no runs root there, or no run of a catalog GPU with steady steps in it.
+        TitanError: no runs root there, or no run of a catalog GPU with steady steps in it
+            (then a database this call created is removed: nothing is left written).
     """
-    root = default_runs_root(str(runs_root or ""))
+    root = check_runs_root(default_runs_root(str(runs_root or "")))
+    none_found = TitanError(f"--calibration perfdb: no measured run of a catalog GPU in {root}")
+    scanned = summarize.scan_runs_root(root)
+    if not scanned[0] and not scanned[1]:
+        raise none_found  # before the database is opened (and created)
+    fresh = not summarize.database_path(root).exists()
     con = summarize.connect(root)
     try:
-        summarize.ingest(con, root)
+        summarize.ingest(con, root, scanned)
         found = perfdb.planner_measurements(perfdb.measurements(con))
     finally:
         con.close()
     if not found:
-        raise TitanError(f"--calibration perfdb: no measured run of a catalog GPU in {root}")
+        if fresh:
+            summarize.database_path(root).unlink(missing_ok=True)
+        raise none_found
     return calibrate(found)
 
 
@@ -241,11 +294,17 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
     takes), with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
 
     Raises:
-        TitanError: a size below its minimum, an unknown schedule.
+        TitanError: a size below its minimum, an unknown schedule, a schedule option without
+            a pipeline.
     """
     parallel = ParallelOptions(
         **{o.field.name: getattr(args, o.name) for o in section_options("parallel", planner=True)}
     )
+    if parallel.pp == 1:  # no pipeline: as titan train's --layout spmd
+        defaults = ParallelOptions()
+        for name in ("schedule", "virtual_stages"):
+            if getattr(parallel, name) != getattr(defaults, name):
+                raise TitanError(f"{flag_of(name)} needs a pipeline (--pp > 1)")
     return Layout.from_parallel(parallel, args.gpus, args.remat)
 
 
@@ -254,9 +313,12 @@ def run(args: argparse.Namespace) -> int:
     fit (or, with ``--search``, when none does), else :data:`EXIT_OK`."""
     if args.top < 1:
         raise TitanError(f"--top must be >= 1, got {args.top}")
+    check_exclusive_options(args)
     if args.from_run is not None:
         return run_from(args)
     request = request_from_args(args)
+    if args.search:
+        check_layouts_exist(request)
     plans = search(request) if args.search else [plan(request, layout_from_args(args))]
     judged = None if args.search else verdict(plans[0])
     needed = gpus_needed(request) if args.search and not plans else None
@@ -301,13 +363,13 @@ def run_from(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     out = console(PIPE_WIDTH)
-    out.print(Text(f"{args.from_run}: {_header(p.request)}"))
+    out.print(Text(inert(f"{args.from_run}: {_header(p.request)}")))  # names from the record
     out.print(f"layout: {p.layout.label()}")
     table = Table(title="predicted against measured")
     for name in ("quantity", "predicted", "measured", "error"):
         table.add_column(name, justify="left" if name == "quantity" else "right")
     for name, predicted, measured, unit in rows:
-        shown = "-" if measured is None else f"{measured / unit:,.4g}"
+        shown = "not reported" if measured is None else f"{measured / unit:,.4g}"
         error = "-" if measured is None else f"{predicted / measured - 1:+.1%}"
         table.add_row(name, f"{predicted / unit:,.4g}", shown, error)
     out.print(table)
@@ -378,7 +440,7 @@ _MFU_CONVENTION = (
 def _header(request: PlanRequest) -> str:
     m = request.model
     return (
-        f"{m.name}: {m.param_count() / 1e9:.2f}B params, {request.gpus} x {request.gpu.label} "
+        f"{m.name}: {format_count(m.param_count())} params, {request.gpus} x {request.gpu.label} "
         f"({request.gpus_per_node} per node), seq {request.seq_len}, batch "
         f"{request.batch_tokens:,} tokens, budget {request.tokens:.3g} tokens"
     )
@@ -484,7 +546,8 @@ def _print_search(
         more = (
             f"{needed} GPUs would be needed (titan plan --gpus {needed} --search)"
             if needed
-            else f"not even {request.gpus * MAX_GPU_FACTOR} GPUs would do"
+            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} GPUs "
+            "would do (the most any layout of this model and batch spans)"
         )
         out.print(Text(f"no layout of {request.gpus} GPUs fits in memory; {more}", style="red"))
         return

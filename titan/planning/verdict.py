@@ -6,7 +6,8 @@ is within the usable memory. What would make a layout that does not fit fit is s
 the same estimator, changing one thing at a time: the ``--remat`` policy, more
 ``--microbatches`` (smaller microbatches), a larger ``--fsdp`` in place of data parallelism,
 and more GPUs (the smallest power-of-two multiple of ``--gpus`` whose ``--search`` finds a
-layout that fits).
+layout that fits, up to :func:`titan.planning.budget.max_layout_gpus`, past which no layout of
+the model and batch exists).
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from titan.errors import TitanError
-from titan.planning.budget import Plan, PlanRequest, plan, search
+from titan.planning.budget import Plan, PlanRequest, max_layout_gpus, plan, search
 from titan.planning.memory import Layout
 from titan.remat import REMAT_POLICIES
 
 GB = 1e9
-# The largest factor of --gpus that the GPU count search tries (2^20: a million times more).
-MAX_GPU_FACTOR = 2**20
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,9 @@ def _with(layout: Layout, **changes: object) -> Layout:
 
 def gpus_needed(request: PlanRequest) -> int | None:
     """The smallest power-of-two multiple of ``request.gpus`` (above it) at which ``--search``
-    finds a layout that fits, or None up to :data:`MAX_GPU_FACTOR` times more."""
+    finds a layout that fits, or None up to :func:`max_layout_gpus` (no layout spans more)."""
     factor = 2
-    while factor <= MAX_GPU_FACTOR:
+    while request.gpus * factor <= max_layout_gpus(request.model, request.batch_sequences):
         gpus = request.gpus * factor
         if gpus > request.gpus_per_node and gpus % request.gpus_per_node:
             factor *= 2
