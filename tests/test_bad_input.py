@@ -19,6 +19,8 @@ from helpers import cli_args, file_tree, small_run
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.config_files import config_to_data
+from titan.observability.records import check_runs_root
+from tui.app import main as console_main
 
 UNREADABLE = "/proc/self/mem"
 UNWRITABLE = "/sys/kernel"  # sysfs refuses a new directory, even to root
@@ -193,6 +195,20 @@ def _run_with_events(tmp_path: Path) -> Path:
     return run_dir
 
 
+SAMPLE_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
+PLAN_TINY = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]
+
+
+def _empty(tmp_path: Path) -> Path:
+    (tmp_path / "empty").mkdir()
+    return tmp_path / "empty"
+
+
+def _a_file(tmp_path: Path) -> Path:
+    (tmp_path / "a_file").write_text("x\n")
+    return tmp_path / "a_file"
+
+
 # (name, argv builder, the flag or text the one line names): commands other than train.
 COMMANDS = {
     "tokenize_data_empty": (lambda tmp: ["tokenize", "--data", ""], "--data is empty"),
@@ -212,6 +228,36 @@ COMMANDS = {
         lambda tmp: ["sample", str(_diffusion_run_without_checkpoints(tmp))],
         "no committed checkpoint",
     ),
+    "train_model_and_preset": (
+        lambda tmp: ["train", "--model", "tiny", "--preset", "llama3-1b"],
+        "argument --preset: not allowed with argument --model",
+    ),
+    "plan_from_with_gpus": (
+        lambda tmp: ["plan", "--from", str(SAMPLE_RUN), "--gpus", "8"],
+        "--gpus conflicts with --from",
+    ),
+    "plan_from_with_model": (
+        lambda tmp: ["plan", "--from", str(SAMPLE_RUN), "--model", "tiny"],
+        "--model conflicts with --from",
+    ),
+    "plan_search_with_a_layout": (
+        lambda tmp: [*PLAN_TINY, "--search", "--dp", "2", "--tp", "4"],
+        "--dp conflicts with --search",
+    ),
+    "plan_schedule_without_a_pipeline": (
+        lambda tmp: [*PLAN_TINY, "--schedule", "zero-bubble"],
+        "--schedule needs a pipeline (--pp > 1)",
+    ),
+    "plan_search_over_gpus_no_layout_spans": (
+        lambda tmp: [*PLAN_TINY[:-3], "3", "--tokens", "1e9", "--search"],
+        "--gpus 3: no layout splits this model and batch over 3 GPUs",
+    ),
+    "plan_perfdb_calibration_of_an_empty_runs_root": (
+        lambda tmp: [*PLAN_TINY, "--calibration", "perfdb", "--runs-root", str(_empty(tmp))],
+        "--calibration perfdb: no measured run",
+    ),
+    "summarize_a_file": (lambda tmp: ["summarize", str(_a_file(tmp))], "is not a directory"),
+    "perf_check_a_file": (lambda tmp: ["perf", "check", str(_a_file(tmp))], "is not a directory"),
     "sample_guidance_negative": (
         lambda tmp: ["sample", str(_diffusion_run_without_checkpoints(tmp)), "--guidance", "-1"],
         "--guidance",
@@ -234,3 +280,16 @@ def test_bad_command_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsy
     assert (code, len(err.strip().splitlines())) == (2, 1), err
     assert names in err
     assert file_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("under", ["", "runs"])
+def test_console_refuses_a_runs_root_that_is_no_directory_before_it_starts(under, tmp_path, capsys):
+    root = _a_file(tmp_path) / under if under else _a_file(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        console_main(["--runs-root", str(root)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("titan-console: error: --runs-root: ") and "is not a directory" in err
+    # A runs root still to be made is the console's to create at the first launch (the docs).
+    assert check_runs_root(tmp_path / "new" / "runs", created=True) == tmp_path / "new" / "runs"
+    assert not (tmp_path / "new").exists()

@@ -13,7 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from titan.cli import main
-from titan.generation.generate import Generator, Sampling, printable
+from titan.errors import TitanError
+from titan.generation.generate import Generator, Sampling, new_token_budget, printable
 from titan.generation.loading import load_model
 from titan.generation.sampling import sample
 from titan.models.llama import LlamaStage
@@ -140,3 +141,20 @@ def test_generate_cli_streams_from_a_checkpoint_path(pipeline_run, capsys):
     assert "step 5" in captured.err
     assert main(["generate", str(pipeline_run.parent), "--prompt", "x"]) == 2
     assert "neither a run dir" in capsys.readouterr().err
+
+
+def test_generate_header_shows_a_hostile_run_dir_inert(pipeline_run, tmp_path, capsys):
+    hostile = tmp_path / "e\x1b[31mDIR[bold]x"
+    hostile.symlink_to(pipeline_run, target_is_directory=True)
+    assert main(["generate", str(hostile), "--prompt", "class", "--max-new-tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "e\\x1b[31mDIR[bold]x step 5" in err
+
+
+def test_prompt_and_new_tokens_fit_in_the_runs_seq_len():
+    assert [new_token_budget(3, 32, None), new_token_budget(3, 2048, None)] == [29, 64]
+    assert new_token_budget(3, 32, 29) == 29
+    with pytest.raises(TitanError, match=r"--max-new-tokens 30: .* --seq-len 32 .*at most 29$"):
+        new_token_budget(3, 32, 30)
+    with pytest.raises(TitanError, match="--prompt: 32 tokens"):
+        new_token_budget(32, 32, None)

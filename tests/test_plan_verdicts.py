@@ -5,6 +5,7 @@ many GPUs are needed, and ``--from`` / ``--calibration perfdb`` read measured ru
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from titan.planning.step import calibrate
 from titan.trainer.adapters import build_adapter
 
 SAMPLE_H200_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
+SAMPLE_RUN_WITHOUT_PEAK = SAMPLE_H200_RUN.parent / "tiny-killed-resumed"  # 8 CPU devices
 
 
 def _accepted_by_titan_train(model: str, options: dict) -> None:
@@ -117,6 +119,23 @@ def test_from_a_run_dir_prints_the_prediction_against_the_measurements(capsys):
     assert report["plans"][0]["layout_fields"]["remat"] == "dots" and report["verdict"]["fits"]
     code, _, err = run_plan(capsys, "--from", "/nonexistent-run-dir")
     assert code == 2 and err.count("\n") == 1
+
+
+def test_from_a_hostile_run_dir_shows_it_inert_and_its_unknown_peak_not_reported(capsys, tmp_path):
+    hostile = tmp_path / "e\x1b[31mDIR[bold]x"
+    shutil.copytree(SAMPLE_RUN_WITHOUT_PEAK, hostile)
+    code, out, _ = run_plan(capsys, "--from", str(hostile))
+    assert code == EXIT_OK and "\x1b" not in out
+    assert out.startswith(f"{tmp_path}/e\\x1b[31mDIR[bold]x: measured: 5.0M params, 8 x ")
+    assert re.search(r"peak memory \(GB\) │ [\d.]+ │ not reported │ - │", out), out
+
+
+def test_a_search_that_fits_nowhere_names_the_most_gpus_a_layout_spans(capsys):
+    # One sequence a step: no pipeline (it needs a microbatch per stage), tp at most 8.
+    argv = ("--model", "llama3-70b", "--gpu", "h200", "--gpus", "1", "--tokens", "1e9")
+    code, out, _ = run_plan(capsys, *argv, "--batch-tokens", "8192", "--search")
+    assert code == EXIT_FAILED
+    assert "not even 640 GPUs would do (the most any layout of this model and batch spans)" in out
 
 
 def test_calibration_from_the_performance_database(capsys, tmp_path):

@@ -159,6 +159,29 @@ def test_sample_runs_summary(tmp_path):
     assert 0.9 < s.ettr < 1.0
 
 
+def test_the_summary_names_the_peak_each_runs_mfu_divides_by(tmp_path, capsys):
+    root = copy_sample_runs(tmp_path / "runs")
+    events = crash_then_resume()  # MFU without a peak, of 2 devices of a kind
+    for e in events:
+        if e["type"] == "run_start":
+            e["env"] = {"device_kinds": ["TPU v9"], "device_count": 2}
+        if e["type"] == "step":
+            e["mfu"] = {"causal": 0.3, "full": 0.4}
+    write_run(root, "no-peak", events)
+    h200 = "NVIDIA H200: 989.5 TFLOP/s per device (datasheet_dense_bfloat16)"
+    con = summarize.connect(root)
+    try:
+        summarize.ingest(con, root)
+        peaks = summarize.mfu_peaks(con, ["llama3-1b-h200", "no-peak", "tiny-killed-resumed"])
+    finally:
+        con.close()
+    assert peaks == {"llama3-1b-h200": h200, "no-peak": "TPU v9: peak unknown"}
+    assert main(["summarize", str(root), "--wide"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"MFU convention: causal, of the peak of {h200}; TPU v9: peak unknown" in out
+    assert "| not reported |" in out.replace("│", "|")  # the peak memory no sample run has
+
+
 def test_missing_runs_root_is_a_one_line_error(tmp_path, capsys):
     with pytest.raises(TitanError, match="does not exist"):
         summarize.summarize(tmp_path / "nope")
