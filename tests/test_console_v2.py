@@ -105,8 +105,11 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
         fresh = not screen.query_one(PlanTables).has_class("-stale")
     argv = [sys.executable, "-m", "titan.cli", "plan", *plan_argv(start_texts()), "--json"]
     cli = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    search = ["titan.cli", "plan", *plan_argv({**start_texts(), "search": "1"}), "--json"]
     cli_search = json.loads(
-        subprocess.run([*argv, "--search", "--top", "10"], capture_output=True, check=True).stdout
+        subprocess.run(
+            [sys.executable, "-m", *search, "--top", "10"], capture_output=True, check=True
+        ).stdout
     )
     assert first["plans"] == cli["plans"]
     assert totals == [list(row) for row in totals_rows(cli["plans"][0])]

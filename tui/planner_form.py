@@ -16,7 +16,12 @@ from typing import Any
 from titan.cli import build_parser
 from titan.errors import TitanError
 from titan.planning.budget import plan, search
-from titan.planning.commands import layout_from_args, request_from_args, train_options
+from titan.planning.commands import (
+    LAYOUT_DESTS,
+    layout_from_args,
+    request_from_args,
+    train_options,
+)
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
@@ -96,10 +101,14 @@ def start_texts() -> dict[str, str]:
 
 def plan_argv(texts: dict[str, str]) -> list[str]:
     """``titan plan`` arguments for the form's texts (keyed by dest; empty texts left out, a
-    switch given when its text is ``"1"``)."""
+    switch given when its text is ``"1"``; the layout options left out with ``--search``, which
+    ranks every layout and refuses them)."""
     argv = []
+    searching = texts.get("search", "").strip() == "1"
     for option in plan_options():
         text = texts.get(option.dest, "").strip()
+        if searching and option.dest in LAYOUT_DESTS:
+            continue
         if option.switch:
             argv += [option.flag] if text == "1" else []
         elif text:

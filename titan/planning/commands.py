@@ -125,7 +125,11 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="runs root of --calibration perfdb (default: $TITAN_RUNS, else ./runs)",
     )
-    p.add_argument("--search", action="store_true", help="rank every layout that fits")
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="rank every layout that fits (the layout options --dp ... --remat are not taken)",
+    )
     p.add_argument("--top", type=int, default=20, help="rows of the --search table")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
