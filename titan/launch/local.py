@@ -28,6 +28,7 @@ launcher stopped because another failed does not hide that failure's code.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -129,23 +131,26 @@ def max_processes() -> int:
     return PROCESSES_PER_CPU * usable_cpus()
 
 
-def _die_with(parent_pid: int) -> None:
-    """In a child before exec (Linux): SIGKILL when the launcher dies; exit if it already has."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _die_with(parent_pid: int, prctl: Callable[..., int]) -> None:
+    """In a child before exec (Linux): SIGKILL when the launcher dies; exit if it already has
+    (it died between the fork and here)."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(1)
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    parent = os.getpid()
+    """One child, its output piped; on Linux it dies with this process (:func:`_die_with`)."""
+    die_with = None
+    if sys.platform == "linux":  # libc looked up before the fork: the child only calls it
+        die_with = functools.partial(_die_with, os.getpid(), ctypes.CDLL(None).prctl)
     return subprocess.Popen(
         command,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=(lambda: _die_with(parent)) if sys.platform == "linux" else None,
+        preexec_fn=die_with,
     )
 
 

@@ -600,7 +600,7 @@ def mfu_peaks(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, s
     return {run_id: _peak_label(*rest) for run_id, *rest, mfu_steps in rows if mfu_steps}
 
 
-def _peak_label(flops: float | None, kind: str | None, kinds: str | None, count: int | None):
+def _peak_label(flops: float | None, kind: str | None, kinds: str | None, count: int | None) -> str:
     try:
         device = ", ".join(json.loads(kinds)) if kinds else "device kind unknown"
     except (ValueError, TypeError):
