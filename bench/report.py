@@ -246,7 +246,7 @@ def _pipeline_command(data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def pipeline_table(path: Path, base: Path, *, short: bool = False) -> list[str]:
+def pipeline_table(path: Path, base: Path) -> list[str]:
     """One ``bench/pipeline.py`` file: SPMD and every schedule and microbatch count."""
     data = json.loads(path.read_text())
     results = [r for r in data["results"] if "tokens_per_s" in r]
@@ -254,7 +254,7 @@ def pipeline_table(path: Path, base: Path, *, short: bool = False) -> list[str]:
     args = data["args"]
     device = next((r["device_kind"] for r in results), "unknown device")
     peak = next((r.get("peak_flops_per_device") for r in results), None)
-    lines = [] if short else [f"### {_link(path, base)}", ""]
+    lines = [f"### {_link(path, base)}", ""]
     lines += [
         f"`{args['preset']}` ({args['layers']} layers), global batch {args['batch_size']} x "
         f"{args['seq_len']} tokens, `{args['remat']}` remat, {args['steps']} timed steps after "
@@ -267,12 +267,12 @@ def pipeline_table(path: Path, base: Path, *, short: bool = False) -> list[str]:
         "",
     ]
     header = ["layout", "schedule", "M", "stage layers", "tokens/s", "vs SPMD", "MFU causal / full"]
-    header += ["bubble measured (per stage)", "bubble theory", "peak GiB per GPU"]
-    if not short:
-        header.insert(-1, "controller overhead")
+    header += ["bubble measured (per stage)", "bubble theory", "controller overhead"]
+    header += ["peak GiB per GPU"]
     rows = []
     for r in results:
         mpmd = r["layout"] == "mpmd"
+        overhead = r.get("controller_overhead")
         schedule = r["schedule"] + (f", v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
         bubble = "-"
         if mpmd and "measured_bubble" in r:
@@ -288,28 +288,25 @@ def pipeline_table(path: Path, base: Path, *, short: bool = False) -> list[str]:
             f"{_pct(r.get('mfu_causal'))} / {_pct(r.get('mfu_full'))}",
             bubble,
             f"{r['theoretical_bubble']:.1%}" if mpmd else "-",
+            f"{overhead:+.1%}" if mpmd and overhead is not None else "-",
             ", ".join(f"{g:.1f}" for g in r["peak_gib"]),
         ]
-        if not short:
-            overhead = r.get("controller_overhead")
-            row.insert(-1, f"{overhead:+.1%}" if mpmd and overhead is not None else "-")
         rows.append(row)
     lines += _table(header, rows)
     failed = [r for r in data["results"] if "tokens_per_s" not in r]
     lines += [""] + [
         f"- failed: {r.get('schedule')} M={r.get('microbatches')}: {r.get('error')}" for r in failed
     ]
-    if not short:
-        lines += [
-            "Measured bubble: one step runs with a block after every action; per device group, "
-            "1 - (its action times) / (normal step time - its update time), averaged over the "
-            "groups (per stage in parentheses). Blocking overstates each action a little, so an "
-            "almost never idle stage can come out slightly negative. Controller overhead: "
-            "1 - (the schedule replayed with the blocked action times on ideal hardware, "
-            "`titan.mpmd.schedules.simulate`) / (normal step time); negative means the real "
-            "steps are faster than that replay.",
-            "",
-        ]
+    lines += [
+        "Measured bubble: one step runs with a block after every action; per device group, "
+        "1 - (its action times) / (normal step time - its update time), averaged over the "
+        "groups (per stage in parentheses). Blocking overstates each action a little, so an "
+        "almost never idle stage can come out slightly negative. Controller overhead: "
+        "1 - (the schedule replayed with the blocked action times on ideal hardware, "
+        "`titan.mpmd.schedules.simulate`) / (normal step time); negative means the real "
+        "steps are faster than that replay.",
+        "",
+    ]
     return lines
 
 
@@ -793,20 +790,14 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
 
 
 def readme_blocks(results: Path = RESULTS, readme: Path = README) -> dict[str, str]:
-    """The README's generated blocks: the fastest train-step file, the planner's held-out
-    figures and the pipeline file."""
+    """The README's generated blocks: the fastest train-step file and the planner's held-out
+    figures."""
     train = mfu_files(results)[0]
     table = "\n".join(mfu_table(train, readme)[2:]).strip()
     blocks = {"train-step": f"Result file: {_link(train, readme)}.\n\n{table}"}
     held_out = results / "planner_draws_evaluation.json"
     if held_out.exists():
         blocks["planner"] = "\n".join(planner_held_out_table(held_out, readme))
-    pipelines = sorted(results.glob("pipeline-*.json"))
-    if pipelines:
-        block = pipeline_table(pipelines[0], readme, short=True)
-        blocks["pipeline"] = (
-            f"Result file: {_link(pipelines[0], readme)}.\n\n" + "\n".join(block).strip()
-        )
     return blocks
 
 

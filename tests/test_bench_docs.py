@@ -29,7 +29,7 @@ def test_readme_results_tables_match_the_result_files():
     report = _report_module()
     readme = (REPO / "README.md").read_text()
     blocks = report.readme_blocks()
-    assert set(blocks) == {"train-step", "planner", "pipeline"}
+    assert set(blocks) == {"train-step", "planner"}
     for name in blocks:
         assert f"<!-- bench:{name} -->" in readme and f"<!-- /bench:{name} -->" in readme
     assert readme == report.render_readme(readme, blocks), (
