@@ -480,6 +480,26 @@ def planner_microbatch_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def planner_unroll_table(path: Path, base: Path) -> list[str]:
+    """``bench/planner_unroll.py``: one configuration's compiled peak and step time under each
+    remat policy, the layer loop rolled and fully unrolled."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`.", ""]
+    machine = data.get("machine", "machine not recorded")
+    lines += [f"Configuration: {data['label']} ({machine}).", ""]
+    rows = [
+        [
+            r["remat"],
+            str(r["layer_unroll"]),
+            _num(r["peak_bytes"] and r["peak_bytes"] / 1e9, ".2f"),
+            _num(r["step_s"], ".4f") if r["step_s"] else (r["error"] or "-"),
+        ]
+        for r in data["runs"]
+    ]
+    header = ["remat", "--layer-unroll", "compiled peak (GB)", "step (s)"]
+    return lines + _table(header, rows) + [""]
+
+
 def _figure(value: Any) -> str:
     if isinstance(value, bool | str):
         return str(value)
@@ -767,6 +787,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     if (results / "planner_microbatch.json").exists():
         lines += ["## Gradient accumulation's step time (`bench/planner_microbatch.py`)", ""]
         lines += planner_microbatch_table(results / "planner_microbatch.json", doc)
+    if (results / "planner_unroll.json").exists():
+        lines += ["## Remat, layer loop rolled and unrolled (`bench/planner_unroll.py`)", ""]
+        lines += planner_unroll_table(results / "planner_unroll.json", doc)
     if (results / "planner_accuracy.json").exists():
         lines += ["## Planner accuracy, fixed suites (`bench/planner_accuracy.py --suite`)", ""]
         lines += planner_tables(results / "planner_accuracy.json", doc)
