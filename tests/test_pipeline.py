@@ -127,10 +127,10 @@ def test_checkpoint_moves_from_pp4_to_pp2_and_spmd(corpus_dir, tmp_path):
     )
     _, pp4_dir = run_in_process(first)
     # as `titan train --resume` takes them: onto SPMD the saved pipeline options fall back to
-    # their defaults and --microbatches 4 stays (gradient accumulation)
+    # their defaults; --fsdp 2 and --microbatches 4 (gradient accumulation) stay
     targets = {
         "pp2": {"layout": "mpmd", "pp": 2, "microbatches": 2, "fsdp": 1},
-        "spmd": {"layout": "spmd", "fsdp": 2, "tp": 2},
+        "spmd": {"layout": "spmd"},
     }
     for name, layout in targets.items():
         run_dir = tmp_path / name
