@@ -187,6 +187,17 @@ def _diffusion_run_without_checkpoints(tmp_path: Path) -> Path:
     return run_dir
 
 
+def _run_of_model_source(tmp_path: Path, **source: str) -> str:
+    """A run dir's ``config.json`` as a run of ``source`` (``--model-source``, and its
+    ``--maxtext-model``) records it: what ``--init-from`` reads before any checkpoint."""
+    run_dir = tmp_path / "source_run"
+    run_dir.mkdir()
+    cfg = TrainConfig.of(**source)
+    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    return str(run_dir)
+
+
 def _run_with_events(tmp_path: Path) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -219,6 +230,29 @@ COMMANDS = {
     "train_diffusion_with_data": (
         lambda tmp: ["train", "--task", "diffusion", "--data", str(tmp)],
         "--data does not apply to --task diffusion",
+    ),
+    "init_from_a_maxtext_run_onto_titan": (
+        lambda tmp: [
+            "train",
+            "--init-from",
+            _run_of_model_source(tmp, model_source="maxtext", maxtext_model="llama2-7b"),
+            "--dp",
+            "1",
+        ],
+        "holds a maxtext model (--model-source maxtext); this run builds titan's llama "
+        "(--model-source titan)",
+    ),
+    "init_from_a_titan_run_onto_maxtext": (
+        lambda tmp: [
+            "train",
+            "--model-source",
+            "maxtext",
+            "--maxtext-model",
+            "llama2-7b",
+            "--init-from",
+            _run_of_model_source(tmp),
+        ],
+        "holds titan's llama (--model-source titan); this run builds a maxtext model",
     ),
     "export_csv_out_a_directory": (
         lambda tmp: ["export", "csv", str(_run_with_events(tmp)), "--out", str(tmp / "out")],

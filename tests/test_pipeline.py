@@ -12,6 +12,7 @@ import pytest
 from helpers import events, run_in_process, small_run
 
 from titan.cli import main
+from titan.trainer.train import resume_options, train
 
 STEPS = 3
 
@@ -125,15 +126,16 @@ def test_checkpoint_moves_from_pp4_to_pp2_and_spmd(corpus_dir, tmp_path):
         fsdp=2,
     )
     _, pp4_dir = run_in_process(first)
+    # as `titan train --resume` takes them: onto SPMD the saved pipeline options fall back to
+    # their defaults; --fsdp 2 and --microbatches 4 (gradient accumulation) stay
     targets = {
         "pp2": {"layout": "mpmd", "pp": 2, "microbatches": 2, "fsdp": 1},
-        "spmd": {"layout": "spmd", "pp": 1, "microbatches": 1, "fsdp": 1},
+        "spmd": {"layout": "spmd"},
     }
     for name, layout in targets.items():
         run_dir = tmp_path / name
         shutil.copytree(pp4_dir, run_dir)
-        code, _ = run_in_process({**first, **layout, "run_id": name, "steps": 4}, resume=run_dir)
-        assert code == 0
+        assert train(resume_options(run_dir, {**layout, "steps": 4}), run_dir) == 0
         assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
         resumed = [e["loss"] for e in events(run_dir, "step")][2:]
         assert resumed == pytest.approx(expected, rel=1e-5), name

@@ -191,3 +191,40 @@ def test_resume_cuts_the_saved_profile_range_to_a_lowered_steps(tmp_path, explic
         explicit["steps"],
         profile_steps,
     )
+
+
+@pytest.mark.parametrize(
+    ("explicit", "expected"),
+    [
+        # onto SPMD: the saved pipeline options fall back to their defaults, --microbatches stays
+        ({"layout": "spmd", "fsdp": 2, "tp": 2}, (1, 1, "1f1b", (), 2)),
+        # an option given on this command line is kept (and checked as given)
+        ({"layout": "spmd", "microbatches": 1}, (1, 1, "1f1b", (), 1)),
+        # the pipeline stays as saved when the layout does
+        ({"steps": 4}, (2, 2, "interleaved-1f1b", (1, 1, 1, 1), 2)),
+    ],
+)
+def test_resume_onto_spmd_resets_the_saved_pipeline_options(tmp_path, explicit, expected):
+    saved = TrainConfig.of(
+        layout="mpmd",
+        pp=2,
+        dp=1,
+        microbatches=2,
+        schedule="interleaved-1f1b",
+        virtual_stages=2,
+        stage_layers=(1, 1, 1, 1),
+    )
+    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    p = resume_options(tmp_path, explicit).parallel
+    assert (p.pp, p.virtual_stages, p.schedule, p.stage_layers, p.microbatches) == expected
+    with pytest.raises(TitanError, match="^--pp needs --layout mpmd$"):
+        resume_options(tmp_path, {"layout": "spmd", "pp": 2})
+
+
+def test_resume_of_an_spmd_run_onto_mpmd_takes_the_pipeline_options_given(tmp_path):
+    saved = TrainConfig.of(dp=1, microbatches=2)
+    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    p = resume_options(tmp_path, {"layout": "mpmd", "pp": 2}).parallel
+    assert (p.layout, p.pp, p.microbatches, p.schedule) == ("mpmd", 2, 2, "1f1b")

@@ -1171,6 +1171,10 @@ class TrainConfig:
         }
 
 
+# The options only --layout mpmd reads (SPMD takes --microbatches too: gradient accumulation).
+PIPELINE_ONLY_OPTIONS = ("pp", "virtual_stages", "schedule", "stage_layers")
+
+
 def validate_train_config(cfg: TrainConfig) -> None:
     """The checks across sections (each section checks its own options on construction); run
     when a :class:`TrainConfig` is constructed.
@@ -1181,7 +1185,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     parallel = cfg.parallel
     if parallel.layout == "spmd":
         defaults = ParallelOptions()
-        for name in ("pp", "virtual_stages", "schedule", "stage_layers"):
+        for name in PIPELINE_ONLY_OPTIONS:
             if getattr(parallel, name) != getattr(defaults, name):
                 raise TitanError(f"{flag_of(name)} needs --layout mpmd")
     if cfg.data.batch_size % parallel.microbatches:

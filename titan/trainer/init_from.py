@@ -20,6 +20,8 @@ from titan.shapes import SHAPE_FIELDS, ModelConfig, model_text
 from titan.trainer.resume import TOKENIZER_FILE
 
 CHECKPOINT_DIR = "checkpoints"  # titan.trainer.checkpoint's (that module imports orbax)
+# What each --model-source builds, as errors name it.
+SOURCE_MODELS = {"titan": "titan's llama", "maxtext": "a maxtext model"}
 
 
 def checkpoint_location(text: str) -> tuple[Path, int | None]:
@@ -51,15 +53,16 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
     unless ``tokenizer`` is given, its tokenizer; unchanged without ``init_from``.
 
     Raises:
-        TitanError: the checkpoint's dir is not a run dir, its model is not of the family
-            ``task`` trains, or ``preset`` (``--model``) names another shape than the
-            checkpoint's.
+        TitanError: the checkpoint's dir is not a run dir, its model was built by another
+            ``--model-source`` than this run's, its model is not of the family ``task``
+            trains, or ``preset`` (``--model``) names another shape than the checkpoint's.
     """
     text = explicit.get("init_from")
     if not text:
         return explicit
     run_dir, _ = checkpoint_location(str(text))
-    _, model = saved_model(run_dir, "--init-from")
+    saved, model = saved_model(run_dir, "--init-from")
+    check_model_source(text, saved.model.model_source, explicit.get("model_source", "titan"))
     task = explicit.get("task", "lm")
     if model.family != TASK_FAMILIES.get(task, model.family):
         raise TitanError(
@@ -75,3 +78,14 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
             )
     tokenizer = explicit.get("tokenizer") or str(run_dir / TOKENIZER_FILE)
     return {**explicit, "preset": model, "tokenizer": tokenizer}
+
+
+def check_model_source(text: str, saved: str, asked: str) -> None:
+    """Raises TitanError when the checkpoint ``text`` holds a model of another
+    ``--model-source`` (``saved``, as its ``config.json`` records it) than the run builds
+    (``asked``): their parameter trees differ, so no restore could match them."""
+    if saved != asked:
+        raise TitanError(
+            f"--init-from {text} holds {SOURCE_MODELS[saved]} (--model-source {saved}); "
+            f"this run builds {SOURCE_MODELS[asked]} (--model-source {asked})"
+        )

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from titan.config import TrainConfig, flag_of
+from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
 from titan.config_files import config_from_dict, resumed_config
 from titan.errors import TitanError
 from titan.observability.records import CONFIG_FILE
@@ -18,6 +18,10 @@ TOKENIZER_FILE = "tokenizer.model"
 
 def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     """The saved options of ``run_dir`` with the allowed explicit overrides applied.
+
+    A resume onto ``--layout spmd`` resets the pipeline options the saved run set
+    (:data:`titan.config.PIPELINE_ONLY_OPTIONS`) to their defaults, unless ``explicit`` gives
+    them; ``--microbatches`` stays (SPMD accumulates gradients over it).
 
     Raises:
         TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
@@ -38,4 +42,14 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     if placed:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
     placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
-    return resumed_config(saved, explicit).replace(**placement)
+    changes = {**pipeline_reset(explicit), **explicit}
+    return resumed_config(saved, changes).replace(**placement)
+
+
+def pipeline_reset(explicit: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of the pipeline options ``explicit`` leaves out when it asks for
+    ``--layout spmd`` (none otherwise): the saved run's pipeline does not carry over."""
+    if explicit.get("layout") != "spmd":
+        return {}
+    defaults = ParallelOptions()
+    return {n: getattr(defaults, n) for n in PIPELINE_ONLY_OPTIONS if n not in explicit}

@@ -44,6 +44,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -136,6 +137,7 @@ from titan.trainer.processes import (
 )
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
+from titan.trainer.step_clock import StepClock
 from titan.trainer_state import StepMetrics, Trainer, TrainState
 
 T = TypeVar("T")
@@ -835,7 +837,7 @@ class _Run:
         """
         self._saved_step = self.recorded_step = step  # restored or initialised: no save needed
         self._newest = (state, self.batches.position, None)
-        self._last_done = time.perf_counter()
+        self.clock = StepClock()
         self.energy = StepEnergy(self.power)
         self.saves.restart()
         while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
@@ -856,7 +858,9 @@ class _Run:
                 position = self.batches.position
                 self._newest = (state, position, metrics["finite"])
                 fields = self.trainer.step_fields()
-                previous, self._pending = self._pending, (step, metrics, ids, position, fields)
+                end = self.clock.dispatched(metrics)
+                previous = self._pending
+                self._pending = (step, metrics, ids, position, fields, end)
             self.agreement.contribute(step)
             if previous:
                 self._report(*previous)
@@ -869,8 +873,9 @@ class _Run:
                 self._save_newest()
             if self.evaluation and self.evaluation.due(step):
                 self._evaluate(state, step)
-        if self._pending:
-            self._report(*self._pending)
+        if self._pending:  # the last step ends when its whole new state is ready
+            self._report(*self._pending, also=self._newest[0])
+        self.clock.close()
         if step != self._saved_step:
             self._save_newest()
         self.watchdog.enter("checkpoint_save", step)
@@ -886,7 +891,7 @@ class _Run:
             self._pending = None
         self.watchdog.enter("eval", step)
         self.progress.eval(self.record.emit(self.evaluation.run(state, step)))
-        self._last_done = time.perf_counter()
+        self.clock.restart()
 
     def _save_newest(self) -> None:
         """Save the newest state from the loop (holding the dispatch lock, so that the
@@ -902,15 +907,21 @@ class _Run:
             time.sleep(0.1)
 
     def _report(
-        self, step: int, metrics: StepMetrics, ids: np.ndarray, position: int, fields: dict
+        self,
+        step: int,
+        metrics: StepMetrics,
+        ids: np.ndarray,
+        position: int,
+        fields: dict,
+        end: Future[float],
+        also: Any = None,
     ) -> None:
         import jax
 
         values = {key: float(value) for key, value in jax.device_get(metrics).items()}
         finite = bool(values.pop("finite"))
         nonfinite = nonfinite_fields(values)
-        now = time.perf_counter()
-        step_time_s, self._last_done = now - self._last_done, now
+        step_time_s = self.clock.step_time_s(end, also)
         self.watchdog.step_done(step_time_s)
         self.heartbeat.beat(step)
         self.recorded_step = step
