@@ -21,6 +21,9 @@ from typing import Any
 
 import jax
 
+# Seconds close() waits for the steps still on the device (a stuck one is the watchdog's).
+CLOSE_WAIT_S = 60.0
+
 
 def ready_at(outputs: Any, dispatched_s: float) -> float:
     """The ``time.perf_counter()`` second at which ``outputs`` (a pytree of arrays) are ready,
@@ -38,7 +41,10 @@ class StepClock:
             queue.SimpleQueue()
         )
         self._last_end_s = time.perf_counter()
-        threading.Thread(target=self._wait_loop, name="titan-step-clock", daemon=True).start()
+        self._thread = threading.Thread(
+            target=self._wait_loop, name="titan-step-clock", daemon=True
+        )
+        self._thread.start()
 
     def restart(self) -> None:
         """The next step's time starts now (after an evaluation, which is in no step's time)."""
@@ -66,9 +72,12 @@ class StepClock:
         step_s, self._last_end_s = end_s - self._last_end_s, end_s
         return step_s
 
-    def close(self) -> None:
-        """Ends the thread once the steps dispatched so far have ended."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Ends the thread once the steps dispatched so far have ended, waiting up to
+        ``wait_s`` seconds for it: a process that exits while the thread still waits inside
+        the runtime is aborted by it (SIGABRT) instead of exiting with its own code."""
         self._waits.put(None)
+        self._thread.join(wait_s)
 
     def _wait_loop(self) -> None:
         while (wait := self._waits.get()) is not None:

@@ -840,6 +840,20 @@ class _Run:
         self.clock = StepClock()
         self.energy = StepEnergy(self.power)
         self.saves.restart()
+        try:
+            step = self._steps(state, step)
+        finally:  # no clock thread left waiting on the device when the loop fails
+            self.clock.close()
+        if step != self._saved_step:
+            self._save_newest()
+        self.watchdog.enter("checkpoint_save", step)
+        self.record_saves(self.checkpointer.wait())  # the last save commits before run_end
+        self.watchdog.enter("idle", step)
+        return step, "stopped" if self.agreement.agreed else "completed"
+
+    def _steps(self, state: TrainState, step: int) -> int:
+        """The steps of :meth:`loop` from ``step``, each reported one step late. Returns the
+        last step done."""
         while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
             self.profiler.step_starts(step + 1)
             self.watchdog.enter("data_wait", step + 1)
@@ -850,7 +864,8 @@ class _Run:
             if step + 1 == self.cfg.debugging.debug_nonfinite_at_step:
                 batch = poison_batch(batch)
             if self._pending and self.trainer.next_step_blocks():
-                self._report(*self._pending)  # a blocking step must not count in the previous one
+                # a blocking step must not count in the previous one
+                self._report(*self._pending)
                 self._pending = None
             with self._dispatch:  # the newest state and its unread metrics change together
                 state, metrics = self.trainer.step(state, batch)
@@ -875,13 +890,7 @@ class _Run:
                 self._evaluate(state, step)
         if self._pending:  # the last step ends when its whole new state is ready
             self._report(*self._pending, also=self._newest[0])
-        self.clock.close()
-        if step != self._saved_step:
-            self._save_newest()
-        self.watchdog.enter("checkpoint_save", step)
-        self.record_saves(self.checkpointer.wait())  # the last save commits before run_end
-        self.watchdog.enter("idle", step)
-        return step, "stopped" if self.agreement.agreed else "completed"
+        return step
 
     def _evaluate(self, state: TrainState, step: int) -> None:
         """Record the ``eval`` event of ``state`` after ``step`` (its ``step`` event first); the
