@@ -271,6 +271,9 @@ def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp
     if family == "mixtral":  # its own field of the step record, a term of the loss
         # MaxText's load_balance_loss: weight x E x sum_i(density_i x probability_i), E = 4
         assert all(0 < b <= 4 * 0.01 for b in balance)
+        # the experts' MLP sharded over the tensor axis gives the one-device losses
+        code, tensor_run = run_in_process({**options, "tp": 2, "run_id": "tp"})
+        assert code == 0 and _losses(tensor_run) == pytest.approx(losses, rel=1e-5)
     else:
         assert balance == [None, None]
 

@@ -252,8 +252,16 @@ class MaxTextModel:
     remat: str = "none"
     param_dtype: str = "float32"
 
-    def config_keys(self, n_layers: int | None, dtype: str) -> dict[str, Any]:
-        """The keys given to ``pyconfig.initialize``: Titan's, then the run's settings."""
+    def config_keys(
+        self, n_layers: int | None, dtype: str, tensor_sharded: bool = False
+    ) -> dict[str, Any]:
+        """The keys given to ``pyconfig.initialize``: Titan's, then the run's settings.
+
+        ``tensor_sharded`` (the mesh's tensor axis has more than one device) turns MaxText's
+        sparse MoE matmul off (``sparse_matmul=false``: the dense einsums, exact with the
+        default ``capacity_factor=-1``): its ``shard_map`` scatters the expert output's embed
+        axis over the tensor axis, which it expects MaxText's own rule ``activation_embed:
+        tensor`` to carry out of the map, while Titan keeps activations' embed replicated."""
         keys: dict[str, Any] = {
             "model_name": self.name,
             "override_model_config": True,
@@ -280,19 +288,27 @@ class MaxTextModel:
         keys.update(parse_settings(dict(self.settings)))
         if n_layers is not None:
             keys["base_num_decoder_layers"] = n_layers
+        if tensor_sharded:
+            keys["sparse_matmul"] = False
         return keys
 
 
 @functools.cache
-def load_config(model: MaxTextModel, n_layers: int | None = None, dtype: str = "float32") -> Any:
-    """MaxText's config of ``model`` with ``n_layers`` scanned layers (None: the model's own).
+def load_config(
+    model: MaxTextModel,
+    n_layers: int | None = None,
+    dtype: str = "float32",
+    tensor_sharded: bool = False,
+) -> Any:
+    """MaxText's config of ``model`` with ``n_layers`` scanned layers (None: the model's own),
+    for a mesh whose tensor axis is sharded or not (:meth:`MaxTextModel.config_keys`).
 
     Raises:
         TitanError: MaxText rejects the name or a setting (its first line), or the model uses
             something Titan does not carry (:func:`check_supported`).
     """
     pyconfig = _import("maxtext.configs.pyconfig")
-    keys = model.config_keys(n_layers, dtype)
+    keys = model.config_keys(n_layers, dtype, tensor_sharded)
     path = os.path.join(os.path.dirname(pyconfig.__file__), "models", f"{model.name}.yml")
     if not os.path.isfile(path):
         raise TitanError(f"--maxtext-model {model.name}: no such MaxText model ({path})")
@@ -363,6 +379,11 @@ def _mesh_for_build() -> Any:
         return mesh
     devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
     return jax.sharding.Mesh(devices, MESH_AXES)
+
+
+def _tensor_sharded(mesh: Any) -> bool:
+    """Whether ``mesh``'s tensor axis has more than one device."""
+    return dict(mesh.shape).get("tensor", 1) > 1
 
 
 def _key_or_zeros(leaf: Any) -> jax.Array:
@@ -563,8 +584,8 @@ class MaxTextAdapter:
         """The whole model's initial parameters from MaxText's own initialisers (traceable)."""
         models = _import("maxtext.models.models")
         nnx = importlib.import_module("flax.nnx")
-        config = self.config_of(None)
         mesh = _mesh_for_build()
+        config = load_config(self.model, None, "float32", _tensor_sharded(mesh))
         with nn.logical_axis_rules(mesh_rules()):
             model = models.Transformer(config, mesh, None, rngs=nnx.Rngs(params=key, dropout=0))
         return _pure(nnx.state(model, nnx.Param))
@@ -666,7 +687,7 @@ def _build(model: MaxTextModel, n_layers: int, dtype: str, mesh: Any) -> _Built:
     """The abstract Transformer of ``n_layers`` layers (no arrays are created)."""
     models = _import("maxtext.models.models")
     nnx = importlib.import_module("flax.nnx")
-    config = load_config(model, n_layers, dtype)
+    config = load_config(model, n_layers, dtype, _tensor_sharded(mesh))
     with nn.logical_axis_rules(mesh_rules()):
         abstract = nnx.eval_shape(
             lambda: models.Transformer(config, mesh, None, rngs=nnx.Rngs(params=0, dropout=0))
