@@ -18,6 +18,7 @@ pytest.importorskip("maxtext", reason="maxtext installs on Python 3.12+ ([maxtex
 from helpers import events, run_in_process, small_run  # noqa: E402
 
 from titan.errors import TitanError  # noqa: E402
+from titan.generation.loading import load_model  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
 from titan.models.adapters import maxtext_errors  # noqa: E402
 from titan.models.adapters.llama import LlamaAdapter  # noqa: E402
@@ -27,6 +28,7 @@ from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 from titan.shapes import ModelConfig  # noqa: E402
+from titan.trainer.hf_checkpoints import export_hf  # noqa: E402
 from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 
 TINY = {
@@ -274,6 +276,14 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
     llama = LlamaAdapter(shape, Ops("cpu", {}), seq_len=16)
     titan = jax.jit(lambda p: llama.forward(whole, p, inputs.first, inputs.every, inputs.last, F32))
     assert float(titan(params)) == pytest.approx(float(maxtext(weights)), abs=1e-5)
+
+
+def test_generate_and_export_hf_refuse_a_maxtext_run(one_device: Path, tmp_path: Path):
+    with pytest.raises(TitanError, match="titan generate: .* then titan import maxtext"):
+        load_model(str(one_device))
+    with pytest.raises(TitanError, match="titan export hf: .* titan export maxtext, then"):
+        export_hf(one_device, None, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 # Two scanned layers (gemma2: one (local, global) pair); mixtral with MaxText's load-balancing

@@ -65,6 +65,21 @@ NO_LLAMA = "is a diffusion (DiT) run, which has no Llama to export"
 _MISSING_METADATA = "Metadata file does not exist"  # orbax's warning, dropped on absl's logger
 
 
+def refuse_maxtext_source(model_source: str, run_dir: Path, what: str) -> None:
+    """Refuse a MaxText-source run where Titan's Llama parameters are needed (``what``: the
+    command), pointing to the conversion.
+
+    Raises:
+        TitanError: ``model_source`` is ``maxtext``.
+    """
+    if model_source == "maxtext":
+        raise TitanError(
+            f"{what}: {run_dir} holds MaxText parameters (--model-source maxtext): convert a "
+            "llama-family run with titan export maxtext, then titan import maxtext (a Titan "
+            "Llama checkpoint)"
+        )
+
+
 def _get(tree: dict, path: tuple[str, ...], source: str) -> np.ndarray:
     for key in path:
         if not isinstance(tree, dict) or key not in tree:
