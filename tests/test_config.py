@@ -84,6 +84,8 @@ def test_maxtext_options_parse_and_need_each_other():
         TrainConfig.of(maxtext_set=["a=1"])
     with pytest.raises(TitanError, match="'a' is not key=value"):
         TrainConfig.of(model_source="maxtext", maxtext_model="x", maxtext_set=["a"])
+    with pytest.raises(TitanError, match="--preset/--model: not with --model-source maxtext"):
+        TrainConfig.of(model_source="maxtext", maxtext_model="x", preset="llama3-1b")
 
 
 def test_toml_round_trip_gives_the_same_config(tmp_path: Path):

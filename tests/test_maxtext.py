@@ -5,6 +5,7 @@ run resumes onto another layout."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import jax
@@ -17,7 +18,9 @@ pytest.importorskip("maxtext", reason="maxtext installs on Python 3.12+ ([maxtex
 from helpers import events, run_in_process, small_run  # noqa: E402
 
 from titan.errors import TitanError  # noqa: E402
+from titan.generation.loading import load_model  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
+from titan.models.adapters import maxtext_errors  # noqa: E402
 from titan.models.adapters.llama import LlamaAdapter  # noqa: E402
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel, titan_axis  # noqa: E402
 from titan.models.adapters.maxtext_checkpoints import export_run, read_run_params  # noqa: E402
@@ -25,6 +28,7 @@ from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 from titan.shapes import ModelConfig  # noqa: E402
+from titan.trainer.hf_checkpoints import export_hf  # noqa: E402
 from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 
 TINY = {
@@ -131,6 +135,39 @@ def test_families_with_what_titan_does_not_carry_are_refused():
         _adapter("llama2-7b", quantization="int8")
     with pytest.raises(TitanError, match="set by --seq-len"):
         _adapter("llama2-7b", max_target_length="64")
+
+
+BAD_SETTINGS = {
+    "nosuchkey=1": r"^--maxtext-set nosuchkey: not a MaxText key$",
+    "base_emb_dm=32": r"^--maxtext-set base_emb_dm: not a MaxText key \(close: base_emb_dim,",
+    "base_emb_dim=abc": r"^--maxtext-set base_emb_dim=abc: Input should be a valid integer",
+    "base_num_query_heads=3": r"^--maxtext-set base_num_query_heads=3: not a multiple of base_num",
+    "base_emb_dim=-64": r"^--maxtext-set base_emb_dim=-64: must be > 0$",
+    "attention=nosuch": r"^--maxtext-set attention=nosuch: not one of MaxText's attention kernels",
+}
+
+
+@pytest.mark.parametrize("setting", list(BAD_SETTINGS))
+def test_bad_settings_are_one_line_naming_the_key(setting: str, caplog):
+    key, value = setting.split("=")
+    with caplog.at_level("DEBUG"), pytest.raises(TitanError, match=BAD_SETTINGS[setting]) as err:
+        _adapter("llama2-7b", **{key: value})
+    assert "\n" not in str(err.value) and len(str(err.value)) < 200
+    assert caplog.records == []  # MaxText's logging is quiet while it is configured
+    assert logging.root.manager.disable == logging.NOTSET  # and restored
+
+
+def test_a_model_that_does_not_build_names_the_settings():
+    err = maxtext_errors.build_error(ValueError("Invalid num_kv_heads.\nmore"), {"a": "1"})
+    assert str(err) == "--maxtext-set a=1: MaxText cannot build the model: Invalid num_kv_heads."
+    named = maxtext_errors.build_error(ValueError("bad head_dim"), {"a": "1", "head_dim": "3"})
+    assert str(named) == "--maxtext-set head_dim=3: MaxText cannot build the model: bad head_dim"
+
+
+def test_a_model_name_must_be_one_of_maxtexts():
+    for name in ("../base", "nosuch-7b"):
+        with pytest.raises(TitanError, match=f"^--maxtext-model {name}: no such MaxText model"):
+            _adapter(name)
 
 
 def test_tied_embeddings_are_not_cut_across_stages():
@@ -241,6 +278,14 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
     assert float(titan(params)) == pytest.approx(float(maxtext(weights)), abs=1e-5)
 
 
+def test_generate_and_export_hf_refuse_a_maxtext_run(one_device: Path, tmp_path: Path):
+    with pytest.raises(TitanError, match="titan generate: .* then titan import maxtext"):
+        load_model(str(one_device))
+    with pytest.raises(TitanError, match="titan export hf: .* titan export maxtext, then"):
+        export_hf(one_device, None, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 # Two scanned layers (gemma2: one (local, global) pair); mixtral with MaxText's load-balancing
 # loss on (its yml leaves it 0).
 TRAINED_FAMILIES = {
@@ -271,6 +316,9 @@ def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp
     if family == "mixtral":  # its own field of the step record, a term of the loss
         # MaxText's load_balance_loss: weight x E x sum_i(density_i x probability_i), E = 4
         assert all(0 < b <= 4 * 0.01 for b in balance)
+        # the experts' MLP sharded over the tensor axis gives the one-device losses
+        code, tensor_run = run_in_process({**options, "tp": 2, "run_id": "tp"})
+        assert code == 0 and _losses(tensor_run) == pytest.approx(losses, rel=1e-5)
     else:
         assert balance == [None, None]
 

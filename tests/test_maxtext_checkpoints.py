@@ -24,6 +24,7 @@ from titan.models.adapters.maxtext_checkpoints import (
     maxtext_to_llama,
     read_maxtext_params,
     read_run_params,
+    rope_settings,
 )
 from titan.models.hf_llama import params_to_hf
 from titan.ops import Ops
@@ -192,3 +193,12 @@ def test_import_refuses_non_positive_rope_theta_and_norm_eps(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err and "must be > 0" in err
     assert not out.exists()
+
+
+def test_llama31_rope_scaling_is_carried_into_maxtexts_settings_and_others_refused():
+    llama31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    llama31["original_max_position_embeddings"] = 8192
+    assert rope_settings(None, "run") == {}
+    assert rope_settings(llama31, "run") == {"rope_type": "llama3.1"}
+    with pytest.raises(TitanError, match="^run: RoPE scaling \\(factor 32.0, .* not MaxText's"):
+        rope_settings({**llama31, "factor": 32.0}, "run")

@@ -391,6 +391,11 @@ class ModelOptions:
             raise TitanError("--model-source maxtext needs --maxtext-model NAME")
         if self.model_source == "maxtext" and self.task != "lm":
             raise TitanError("--model-source maxtext trains language models (--task lm)")
+        if self.model_source == "maxtext" and self.shape != PRESETS["tiny"]:
+            raise TitanError(
+                "--preset/--model: not with --model-source maxtext (the shape comes from "
+                "--maxtext-model and --maxtext-set)"
+            )
         if self.model_source != "maxtext" and (self.maxtext_model or self.maxtext_set):
             flag = "--maxtext-model" if self.maxtext_model else "--maxtext-set"
             raise TitanError(f"{flag} needs --model-source maxtext")

@@ -24,6 +24,7 @@ from titan.config_files import config_from_dict
 from titan.data.tokenizer import Tokenizer, load_tokenizer
 from titan.errors import TitanError
 from titan.models.adapters.base import cast_tree
+from titan.models.adapters.maxtext_checkpoints import refuse_maxtext_source
 from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.shapes import ModelConfig
@@ -99,6 +100,7 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
     """
     run_dir, step = resolve_source(source, step)
     cfg, model = _run_config(run_dir)
+    refuse_maxtext_source(cfg.model.model_source, run_dir, "titan generate")
     if model.family == "dit":
         raise TitanError(f"{run_dir}: a diffusion run (no text): use titan sample")
     if not (run_dir / TOKENIZER_FILE).is_file():

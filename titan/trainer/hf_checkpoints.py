@@ -38,7 +38,7 @@ from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
-from titan.models.adapters.maxtext_checkpoints import NO_LLAMA
+from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
 from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
@@ -261,6 +261,7 @@ def export_hf(
     cfg, model = saved_model(run_dir, "titan export hf")
     if model.family != "llama":
         raise TitanError(f"titan export hf: {run_dir} {NO_LLAMA}")
+    refuse_maxtext_source(cfg.model.model_source, run_dir, "titan export hf")
     if not (run_dir / TOKENIZER_FILE).is_file():
         raise TitanError(f"titan export hf: {run_dir}: no {TOKENIZER_FILE} there (no tokenizer)")
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)

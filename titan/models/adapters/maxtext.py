@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from titan.errors import TitanError
+from titan.models.adapters import maxtext_errors
 from titan.models.adapters.base import PyTree, StageInputs, next_token_batch, next_token_inputs
 from titan.parallel.chunks import Chunk, whole_model
 from titan.parallel.sharding import ACTIVATION_RULES, LOGICAL_RULES, MESH_AXES
@@ -182,7 +183,8 @@ def _import(module: str) -> Any:
             "--model-source maxtext needs the maxtext package (Python 3.12+): "
             "pip install 'titan-jax[maxtext]'"
         )
-    return importlib.import_module(module)
+    with maxtext_errors.quiet():  # transformers' and MaxText's import-time advisories
+        return importlib.import_module(module)
 
 
 def titan_axis(name: str) -> str | None:
@@ -252,8 +254,16 @@ class MaxTextModel:
     remat: str = "none"
     param_dtype: str = "float32"
 
-    def config_keys(self, n_layers: int | None, dtype: str) -> dict[str, Any]:
-        """The keys given to ``pyconfig.initialize``: Titan's, then the run's settings."""
+    def config_keys(
+        self, n_layers: int | None, dtype: str, tensor_sharded: bool = False
+    ) -> dict[str, Any]:
+        """The keys given to ``pyconfig.initialize``: Titan's, then the run's settings.
+
+        ``tensor_sharded`` (the mesh's tensor axis has more than one device) turns MaxText's
+        sparse MoE matmul off (``sparse_matmul=false``: the dense einsums, exact with the
+        default ``capacity_factor=-1``): its ``shard_map`` scatters the expert output's embed
+        axis over the tensor axis, which it expects MaxText's own rule ``activation_embed:
+        tensor`` to carry out of the map, while Titan keeps activations' embed replicated."""
         keys: dict[str, Any] = {
             "model_name": self.name,
             "override_model_config": True,
@@ -280,36 +290,44 @@ class MaxTextModel:
         keys.update(parse_settings(dict(self.settings)))
         if n_layers is not None:
             keys["base_num_decoder_layers"] = n_layers
+        if tensor_sharded:
+            keys["sparse_matmul"] = False
         return keys
 
 
 @functools.cache
-def load_config(model: MaxTextModel, n_layers: int | None = None, dtype: str = "float32") -> Any:
-    """MaxText's config of ``model`` with ``n_layers`` scanned layers (None: the model's own).
+def load_config(
+    model: MaxTextModel,
+    n_layers: int | None = None,
+    dtype: str = "float32",
+    tensor_sharded: bool = False,
+) -> Any:
+    """MaxText's config of ``model`` with ``n_layers`` scanned layers (None: the model's own),
+    for a mesh whose tensor axis is sharded or not (:meth:`MaxTextModel.config_keys`), built
+    with MaxText's logging quiet (:func:`maxtext_errors.quiet`).
 
     Raises:
-        TitanError: MaxText rejects the name or a setting (its first line), or the model uses
-            something Titan does not carry (:func:`check_supported`).
+        TitanError: not one of MaxText's models, a key MaxText does not know, MaxText rejects a
+            setting (names it), a shape it cannot build (:func:`maxtext_errors.check_shape`),
+            or the model uses something Titan does not carry (:func:`check_supported`).
     """
     pyconfig = _import("maxtext.configs.pyconfig")
-    keys = model.config_keys(n_layers, dtype)
-    path = os.path.join(os.path.dirname(pyconfig.__file__), "models", f"{model.name}.yml")
-    if not os.path.isfile(path):
-        raise TitanError(f"--maxtext-model {model.name}: no such MaxText model ({path})")
+    types = _import("maxtext.configs.types")
+    settings = dict(model.settings)
+    models = os.path.join(os.path.dirname(pyconfig.__file__), "models")
+    names = {f.removesuffix(".yml") for f in os.listdir(models) if f.endswith(".yml")}
+    if model.name.replace("-Instruct", "") not in names:  # as MaxText reads the name
+        raise TitanError(f"--maxtext-model {model.name}: no such MaxText model (see {models})")
+    maxtext_errors.check_keys(settings, types.MaxTextConfig.model_fields)
+    keys = model.config_keys(n_layers, dtype, tensor_sharded)
     try:
-        config = pyconfig.initialize([""], **keys)
+        with maxtext_errors.quiet():  # MaxText's own error handler logs and may sys.exit(2)
+            config = pyconfig.HyperParameters(pyconfig._initialize_pydantic([""], **keys))
     except Exception as err:  # noqa: BLE001 - MaxText's config errors are pydantic's or its own
-        raise TitanError(
-            f"--maxtext-set: MaxText rejects the config: {_first_error(err)}"
-        ) from None
+        raise maxtext_errors.config_error(err, settings) from None
+    maxtext_errors.check_shape(config, settings)
     check_supported(config, model.name)
     return config
-
-
-def _first_error(err: Exception) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower() and "validation error" not in line]
-    return (errors or lines or [type(err).__name__])[0]
 
 
 def check_supported(config: Any, name: str) -> None:
@@ -363,6 +381,11 @@ def _mesh_for_build() -> Any:
         return mesh
     devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
     return jax.sharding.Mesh(devices, MESH_AXES)
+
+
+def _tensor_sharded(mesh: Any) -> bool:
+    """Whether ``mesh``'s tensor axis has more than one device."""
+    return dict(mesh.shape).get("tensor", 1) > 1
 
 
 def _key_or_zeros(leaf: Any) -> jax.Array:
@@ -563,8 +586,8 @@ class MaxTextAdapter:
         """The whole model's initial parameters from MaxText's own initialisers (traceable)."""
         models = _import("maxtext.models.models")
         nnx = importlib.import_module("flax.nnx")
-        config = self.config_of(None)
         mesh = _mesh_for_build()
+        config = load_config(self.model, None, "float32", _tensor_sharded(mesh))
         with nn.logical_axis_rules(mesh_rules()):
             model = models.Transformer(config, mesh, None, rngs=nnx.Rngs(params=key, dropout=0))
         return _pure(nnx.state(model, nnx.Param))
@@ -666,11 +689,14 @@ def _build(model: MaxTextModel, n_layers: int, dtype: str, mesh: Any) -> _Built:
     """The abstract Transformer of ``n_layers`` layers (no arrays are created)."""
     models = _import("maxtext.models.models")
     nnx = importlib.import_module("flax.nnx")
-    config = load_config(model, n_layers, dtype)
-    with nn.logical_axis_rules(mesh_rules()):
-        abstract = nnx.eval_shape(
-            lambda: models.Transformer(config, mesh, None, rngs=nnx.Rngs(params=0, dropout=0))
-        )
+    config = load_config(model, n_layers, dtype, _tensor_sharded(mesh))
+    try:
+        with nn.logical_axis_rules(mesh_rules()), maxtext_errors.quiet():
+            abstract = nnx.eval_shape(
+                lambda: models.Transformer(config, mesh, None, rngs=nnx.Rngs(params=0, dropout=0))
+            )
+    except (ValueError, TypeError) as err:  # the model's construction, no training yet
+        raise maxtext_errors.build_error(err, dict(model.settings)) from None
     graphdef, params, rngs, other = nnx.split(abstract, nnx.Param, nnx.RngState, ...)
     logical = nnx.get_partition_spec(params).to_pure_dict()
     return _Built(graphdef, params, rngs, other, logical)

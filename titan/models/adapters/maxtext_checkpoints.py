@@ -62,7 +62,49 @@ MAXTEXT_LAYER_AXIS, TITAN_LAYER_AXIS = 1, 0
 DEFAULT_ROPE_THETA, DEFAULT_NORM_EPS = 10_000.0, 1e-5
 # What the exports say of a run whose model is not a Llama (config.json's model.family).
 NO_LLAMA = "is a diffusion (DiT) run, which has no Llama to export"
+# The RoPE scaling of MaxText's rope_type "llama3.1" (fixed there: maxtext/layers/embeddings.py,
+# LLaMARotaryEmbedding._apply_scaling_factor), in Titan's RopeScaling fields.
+MAXTEXT_LLAMA31_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 _MISSING_METADATA = "Metadata file does not exist"  # orbax's warning, dropped on absl's logger
+
+
+def refuse_maxtext_source(model_source: str, run_dir: Path, what: str) -> None:
+    """Refuse a MaxText-source run where Titan's Llama parameters are needed (``what``: the
+    command), pointing to the conversion.
+
+    Raises:
+        TitanError: ``model_source`` is ``maxtext``.
+    """
+    if model_source == "maxtext":
+        raise TitanError(
+            f"{what}: {run_dir} holds MaxText parameters (--model-source maxtext): convert a "
+            "llama-family run with titan export maxtext, then titan import maxtext (a Titan "
+            "Llama checkpoint)"
+        )
+
+
+def rope_settings(scaling: dict | None, source: str) -> dict[str, Any]:
+    """MaxText's settings for a Titan Llama's RoPE scaling (``config.json``'s
+    ``model.rope_scaling``): none for plain RoPE, ``rope_type=llama3.1`` for Llama 3.1's
+    (:data:`MAXTEXT_LLAMA31_SCALING`, the only scaling MaxText's llama2 block takes).
+
+    Raises:
+        TitanError: another scaling (names ``source`` and its factors).
+    """
+    if scaling is None:
+        return {}
+    if {k: scaling.get(k) for k in MAXTEXT_LLAMA31_SCALING} == MAXTEXT_LLAMA31_SCALING:
+        return {"rope_type": "llama3.1"}
+    fields = ", ".join(f"{k} {scaling.get(k)}" for k in MAXTEXT_LLAMA31_SCALING)
+    raise TitanError(
+        f"{source}: RoPE scaling ({fields}) is not MaxText's llama3.1 scaling (factor 8, "
+        "low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)"
+    )
 
 
 def _get(tree: dict, path: tuple[str, ...], source: str) -> np.ndarray:
@@ -226,8 +268,8 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, A
     MaxText settings that build the model (``base_emb_dim=...``) and the step.
 
     Raises:
-        TitanError: not a run dir, a diffusion run, no checkpoint, ``out`` exists or cannot
-            be made.
+        TitanError: not a run dir, a diffusion run, no checkpoint, a RoPE scaling MaxText does
+            not take (:func:`rope_settings`), ``out`` exists or cannot be made.
     """
     check_new_dir(out)  # before the read: a bad --out fails at once
     params, config, step = read_run_params(run_dir, step)
@@ -253,6 +295,7 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, A
             "vocab_size": shape["vocab_size"],
             "rope_max_timescale": shape["rope_theta"],
             "normalization_layer_epsilon": shape["norm_eps"],
+            **rope_settings(shape.get("rope_scaling"), str(run_dir)),
         }
     write_maxtext_params(out, weights)
     return {"step": step, "settings": settings}
