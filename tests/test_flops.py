@@ -26,13 +26,15 @@ from titan.shapes import ModelConfig
 XLA_TOLERANCE = 0.03
 
 
-def _xla_training_flops(m: ModelConfig, batch: int, seq_len: int, remat: str) -> float:
+def _xla_training_flops(
+    m: ModelConfig, batch: int, seq_len: int, remat: str, layer_unroll: int = 0
+) -> float:
     """FLOPs of forward + backward of the mean token loss, as counted by XLA:CPU.
 
-    The layer loop is unrolled (``layer_unroll=0``), so the count covers every layer: XLA's cost
-    analysis counts a while loop's body once, whatever its trip count.
+    By default the layer loop is unrolled (``layer_unroll=0``), so the count covers every
+    layer: XLA's cost analysis counts a while loop's body once, whatever its trip count.
     """
-    adapter = LlamaAdapter(m, Ops("cpu", {}), seq_len, remat=remat, layer_unroll=0)
+    adapter = LlamaAdapter(m, Ops("cpu", {}), seq_len, remat=remat, layer_unroll=layer_unroll)
     chunk = whole_model(m.n_layers)
     params = adapter.abstract_params(chunk)[0]
 
@@ -80,18 +82,7 @@ def _rolled_loop_flops(remat: str, layers: int) -> float:
     (``layer_unroll=1``, as the planner's accuracy draws run): the cost analysis counts the
     loop's body, one layer, once."""
     m = dataclasses.replace(ROLLED, n_layers=layers)
-    adapter = LlamaAdapter(m, Ops("cpu", {}), ROLLED_SEQ, remat=remat, layer_unroll=1)
-    chunk = whole_model(m.n_layers)
-    params = adapter.abstract_params(chunk)[0]
-
-    def loss(p, batch):
-        inputs = adapter.stage_inputs(batch)
-        dtype = jnp.dtype(jnp.float32)
-        return adapter.forward(chunk, p, inputs.first, inputs.every, inputs.last, dtype)
-
-    shapes = adapter.batch_shapes(ROLLED_BATCH)
-    cost = jax.jit(jax.grad(loss)).lower(params, shapes).compile().cost_analysis()
-    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+    return _xla_training_flops(m, ROLLED_BATCH, ROLLED_SEQ, remat, layer_unroll=1)
 
 
 # Two layers: one would let XLA turn the loop into straight-line code.

@@ -37,14 +37,19 @@ def _children(pid: int, count: int) -> list[psutil.Process]:
     raise AssertionError(f"launcher {pid} did not start {count} children")
 
 
-def test_children_die_with_a_killed_launcher(corpus_dir: Path, tmp_path: Path):
-    args = cli_args(small_run(corpus_dir, tmp_path, steps=100_000, run_id="orphan", dp=2))
-    launcher = subprocess.Popen(
+def _launch_two(corpus_dir: Path, tmp_path: Path, run_id: str) -> subprocess.Popen:
+    """``titan launch`` of a 2-process CPU run that would run for a long time."""
+    args = cli_args(small_run(corpus_dir, tmp_path, steps=100_000, run_id=run_id, dp=2))
+    return subprocess.Popen(
         [sys.executable, "-m", "titan.cli", "launch", "--processes", "2", "--platform", "cpu"]
         + ["--", "train", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def test_children_die_with_a_killed_launcher(corpus_dir: Path, tmp_path: Path):
+    launcher = _launch_two(corpus_dir, tmp_path, "orphan")
     children = _children(launcher.pid, 2)
     for child in children:  # held still: no broken pipe or lost peer can end them instead
         child.send_signal(signal.SIGSTOP)
@@ -64,13 +69,7 @@ def _catches_sigterm(pid: int) -> bool:
 
 
 def test_a_second_stop_signal_kills_children_that_do_not_stop(corpus_dir: Path, tmp_path: Path):
-    args = cli_args(small_run(corpus_dir, tmp_path, steps=100_000, run_id="deaf", dp=2))
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "titan.cli", "launch", "--processes", "2", "--platform", "cpu"]
-        + ["--", "train", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    launcher = _launch_two(corpus_dir, tmp_path, "deaf")
     children = _children(launcher.pid, 2)
     for child in children:  # deaf to SIGTERM, as a child blocked in a native call is
         child.send_signal(signal.SIGSTOP)
