@@ -284,7 +284,10 @@ async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: 
         with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
             f.write(third_line[20:])
         append_events(run_dir, [end])
+        # the rendered panels, not only the state, as above
+        await wait_until(pilot, lambda: stat(app, "step") == "3 / 3", lambda: "no end", 10)
         await wait_until(pilot, lambda: app.screen.status == "completed", lambda: "no end", 10)
+        await wait_until(pilot, lambda: stat(app, "status") == "completed", lambda: "no end", 10)
         last = {n: stat(app, n) for n in ("status", "step", "loss", "process", "eta", "elapsed")}
         losses = list(app.screen.state.curve.losses)
         await pilot.press("escape")
