@@ -157,6 +157,15 @@ def _argv(case: str, tmp_path: Path, corpus_dir: Path, finished_run: Path) -> tu
     return [_fill(a, places) for a in argv], env
 
 
+def _run_main(argv: list[str], capsys) -> tuple[int, str]:
+    """(exit code, stderr) of ``titan ARGV`` run in this process (argparse exits too)."""
+    try:
+        code = main(argv)
+    except SystemExit as err:
+        code = err.code
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(
     case, tmp_path, corpus_dir, finished_run, capsys, monkeypatch
@@ -165,11 +174,7 @@ def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     before = file_tree(tmp_path)
-    try:
-        code = main(argv)
-    except SystemExit as err:
-        code = err.code
-    err = capsys.readouterr().err
+    code, err = _run_main(argv, capsys)
     lines = err.strip().splitlines()
     assert "Traceback" not in err, err
     assert (code, len(lines)) == (2, 1), err
@@ -305,11 +310,7 @@ def test_bad_command_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsy
     build, names = COMMANDS[case]
     argv = build(tmp_path)
     before = file_tree(tmp_path)
-    try:
-        code = main(argv)
-    except SystemExit as err:
-        code = err.code
-    err = capsys.readouterr().err
+    code, err = _run_main(argv, capsys)
     assert "Traceback" not in err, err
     assert (code, len(err.strip().splitlines())) == (2, 1), err
     assert names in err
