@@ -13,6 +13,7 @@ import pytest
 import titan
 from titan.cli import build_parser, main
 from titan.config import option_fields
+from tui.app import main as console_main
 
 
 def test_help_documents_every_option():
@@ -117,7 +118,15 @@ def test_version_flag_prints_the_installed_distributions_version(capsys):
         expected = metadata.version(titan.DISTRIBUTION)
     except metadata.PackageNotFoundError:  # a checkout that is not installed
         expected = titan.__version__
+    assert titan.installed_version() == expected
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"titan {expected}\n"
+
+
+def test_console_version_flag_prints_the_same_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        console_main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"titan-console {titan.installed_version()}\n"

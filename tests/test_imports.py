@@ -16,7 +16,7 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ("titan", "tui")
 # Function-local imports of titan modules that are accepted, as
 # {"titan/<file>.py:<function>": "<import statement>"}, each with a comment saying why. An import
-# inside a function to dodge a cycle is a design bug (CONVENTIONS.md, "No hidden cycles"); the
+# inside a function to dodge a cycle is a design bug (docs/architecture.md, "Packages"); the
 # entries here are the subcommands' own implementations, deferred so that ``titan --help`` and
 # every other subcommand start without importing JAX. Third-party imports inside functions
 # (jax, pynvml, ...) are not flagged: deferring a heavy or optional library is allowed.
@@ -55,7 +55,7 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     ),
 }
 # What importing a light module must leave out of sys.modules: JAX and the libraries built on it,
-# and the console (CONVENTIONS.md, "Engine and UI apart").
+# and the console (docs/architecture.md: the engine never imports the console).
 HEAVY_ROOTS = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "textual", "tui"})
 LIGHT_MODULES = ("titan.planning", "titan.observability.summarize", "titan.config")
 

@@ -14,10 +14,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any, NoReturn
 
-from titan import DISTRIBUTION, __version__
+from titan import installed_version
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_USAGE
 from titan.inert import inert
@@ -49,19 +48,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def version() -> str:
-    """The installed distribution's version; :data:`titan.__version__` when run from a checkout
-    that is not installed."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return __version__
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full ``titan`` parser (used by ``main`` and by tests of ``--help``)."""
     parser = Parser(prog="titan", description="Titan: train Llama-class models with JAX.")
-    parser.add_argument("--version", action="version", version=f"titan {version()}")
+    parser.add_argument("--version", action="version", version=f"titan {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for module in _command_modules():
         module.add_parser(subparsers)

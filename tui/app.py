@@ -29,6 +29,7 @@ from textual.binding import Binding
 from textual.geometry import Size
 from textual.screen import Screen
 
+from titan import installed_version
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.observability.records import check_runs_root, default_runs_root
@@ -234,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Keys: q quits (ctrl+q inside text fields), ? or f1 lists the keys, esc goes back, "
         "n / p / h open launch, planner, history. "
         "Quitting leaves started runs running and prints how to stop them.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"titan-console {installed_version()}"
     )
     parser.add_argument(
         "--no-color", action="store_true", help="no colours (the same as NO_COLOR=1)"
