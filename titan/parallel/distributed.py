@@ -19,19 +19,26 @@ it reaches the coordinator from (:func:`transfer_address`).
 
 Beyond the train step itself the training entry needs three collectives, all here: a value
 decided by process 0 (:func:`broadcast_bytes`, the run id and the tokenizer), a barrier
-(:func:`barrier`) and the stop agreement (:class:`StopAgreement`).
+(:func:`barrier`) and the stop agreement (:class:`StopAgreement`). Each spans every device of
+every process and is issued from the main thread only (:func:`one_thread`), in an order that
+every process derives from the step number (docs/architecture.md, "Several processes").
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from titan.errors import TitanError
+
+if TYPE_CHECKING:
+    import jax
 
 DISTRIBUTED_MODES = ("auto", "off")
 
@@ -180,6 +187,7 @@ def barrier(name: str) -> None:
     from jax.experimental import multihost_utils
 
     if jax.process_count() > 1:
+        one_thread(f"barrier {name}")
         multihost_utils.sync_global_devices(name)
 
 
@@ -190,6 +198,7 @@ def broadcast_bytes(data: bytes | None) -> bytes:
 
     if jax.process_count() == 1:
         return data or b""
+    one_thread("a broadcast from process 0")
     first = jax.process_index() == 0
     size = multihost_utils.broadcast_one_to_all(np.int32(len(data) if first else 0))
     buffer = np.frombuffer(data, np.uint8) if first else np.zeros(int(size), np.uint8)
@@ -201,16 +210,49 @@ def broadcast_text(text: str | None) -> str:
     return broadcast_bytes(text.encode() if text is not None else None).decode()
 
 
+AXES = ("processes", "local_devices")  # the axes of all_devices_mesh
+
+
+def all_devices_mesh() -> jax.sharding.Mesh:
+    """A mesh of every device of every process, shape (processes, devices per process), axes
+    :data:`AXES`: the mesh of JAX's own ``multihost_utils`` barriers and broadcasts, and of the
+    stop agreement (the same number of devices in every process, as JAX requires there)."""
+    import jax
+
+    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    return jax.sharding.Mesh(devices, AXES)
+
+
+def one_thread(what: str) -> None:
+    """Refuse a cross-process collective issued off the main thread: every process issues its
+    collectives from the thread that runs the loop, in the order the step numbers give, so that
+    they pair up (a second thread's would meet the step's in another order on another process).
+
+    Raises:
+        RuntimeError: called from another thread while several processes run.
+    """
+    if process_count() > 1 and threading.current_thread() is not threading.main_thread():
+        name = threading.current_thread().name
+        raise RuntimeError(f"{what} is a cross-process collective, issued from thread {name}")
+
+
 class StopAgreement:
     """Whether any process has asked to stop, agreed by all processes at the same step.
 
-    After each step every process dispatches a one-element max-reduce of its own stop flag over
-    one device per process (:meth:`contribute`); nobody waits for it then. Before dispatching
-    step ``n + 1`` the loop reads the reduce of step ``n - 1`` (:meth:`stop_before`), which has
-    already finished, since step ``n - 1``'s metrics were read one step late. Every process
-    reads the same value at the same point, so all stop after the same step, at most two steps
-    after the signal. Cost: one scalar all-reduce per step, dispatched asynchronously (a few ms
-    over gloo on CPU, microseconds over NCCL); the host never blocks on it.
+    After each step every process dispatches a max-reduce of its own stop flag over every
+    device of every process (:meth:`contribute`, the mesh of :func:`all_devices_mesh`); nobody
+    waits for it then. Before dispatching step ``n + 1`` the loop reads the reduce of step
+    ``n - 1`` (:meth:`stop_before`), which has already finished, since step ``n - 1``'s metrics
+    were read one step late. Every process reads the same value at the same point, so all stop
+    after the same step, at most two steps after the signal. Cost: one all-reduce of one int32
+    per device per step, dispatched asynchronously (a few ms over gloo on CPU, microseconds
+    over NCCL); the host never blocks on it.
+
+    The reduce spans all devices so that it runs after the step, never beside it: the CPU
+    runtime runs a program that has one device in this process as soon as its inputs are ready,
+    while programs of several devices here (the step's) run one at a time in dispatch order. A
+    reduce over one device per process used the same gloo pair as the step's FSDP collectives
+    over those devices and met them mid-step (``op.preamble.length <= op.nbytes``, SIGABRT).
 
     With one process the local flag is the agreement (stop after the step in flight).
     """
@@ -222,12 +264,8 @@ class StopAgreement:
         self._pending: deque[tuple[int, jax.Array]] = deque()  # (step, reduced flag)
         self._reduce = None
         if jax.process_count() > 1:
-            devices = [
-                next(d for d in jax.devices() if d.process_index == p)
-                for p in range(jax.process_count())
-            ]
-            mesh = jax.sharding.Mesh(np.array(devices), ("process",))
-            self._sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("process"))
+            mesh = all_devices_mesh()
+            self._sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*AXES))
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
             self._reduce = jax.jit(lambda flags: flags.max(), out_shardings=replicated)
         self._agreed = False
@@ -243,10 +281,10 @@ class StopAgreement:
             return
         import jax
 
-        local = np.array([int(self._requested())], np.int32)
-        flags = jax.make_array_from_process_local_data(
-            self._sharding, local, (jax.process_count(),)
-        )
+        one_thread("the stop agreement")
+        shape = self._sharding.mesh.devices.shape  # (processes, devices per process)
+        local = np.full((1, shape[1]), int(self._requested()), np.int32)
+        flags = jax.make_array_from_process_local_data(self._sharding, local, shape)
         self._pending.append((step, self._reduce(flags)))
 
     def stop_before(self, step: int) -> bool:

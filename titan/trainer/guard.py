@@ -32,6 +32,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from titan.observability.events import LossSpike
+from titan.parallel.distributed import one_thread
 from titan.trainer_state import Batch, TrainState
 
 GUARDED_METRICS = ("loss", "grad_norm")  # the values the device checks (finite_step)
@@ -150,6 +151,7 @@ def state_is_finite(state: TrainState) -> bool:
     chunk on its own devices, then a host read: used before a save, never per step). With
     several processes each checks the chunks it holds (a pipeline stage of another process is
     only a handle here) and all agree on the answer (an all-gather of one flag)."""
+    one_thread("the finite-weights check")  # its reductions span the processes
     held = [chunk for chunk in state.chunks if jax.tree.leaves(chunk)[0].addressable_shards]
     finite = all(bool(_all_finite(chunk)) for chunk in held)
     if jax.process_count() == 1:
