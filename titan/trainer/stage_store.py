@@ -13,7 +13,9 @@ layer under orbax), one zarr array per leaf:
 ``leaves.json`` is written last, so an item without it is incomplete. A step counts only once
 orbax commits the checkpoint's ``meta`` (:mod:`titan.trainer.checkpoint`), which every process
 reaches only after its own items are written (a barrier), and ``meta`` lists the items kept here
-(``stage_items``). Nothing crosses processes to save: each process writes from its own devices.
+(``stage_items``). Items are removed only after a commit every process has seen, and only those
+of steps up to it (:mod:`titan.trainer.checkpoint_protocol`). Nothing crosses processes to
+save: each process writes from its own devices.
 Restoring reads an item to host memory and places it; any process can read any item (the run
 dir is on a file system they share), so a run resumes on another number of processes.
 """
@@ -32,6 +34,7 @@ import tensorstore as ts
 from titan.errors import TitanError
 from titan.parallel.distributed import process_count, process_index
 from titan.parallel.mesh import remote_array
+from titan.trainer.checkpoint_protocol import leftovers
 
 STAGE_CHECKPOINT_DIR = "stage_checkpoints"
 LEAVES_FILE = "leaves.json"
@@ -123,10 +126,11 @@ class StageStore:
             placed.append(jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding))
         return jax.tree_util.tree_unflatten(treedef, placed)
 
-    def prune(self, kept_steps: list[int]) -> None:
-        """Remove the items of steps orbax no longer keeps (process 0 does it)."""
+    def prune(self, kept_steps: list[int], upto: int | None) -> None:
+        """Remove (process 0) the items of the steps up to ``upto`` (any step: None) that are
+        not among ``kept_steps``, the committed checkpoints; a higher step's items may be
+        another process's save in progress (:mod:`titan.trainer.checkpoint_protocol`)."""
         if process_index() != 0 or not self.directory.is_dir():
             return
-        for step_dir in self.directory.iterdir():
-            if not step_dir.name.isdigit() or int(step_dir.name) not in kept_steps:
-                shutil.rmtree(step_dir, ignore_errors=True)
+        for step_dir in leftovers(self.directory.iterdir(), upto, set(kept_steps)):
+            shutil.rmtree(step_dir, ignore_errors=True)
