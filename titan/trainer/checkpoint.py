@@ -64,7 +64,7 @@ from titan.parallel.distributed import barrier, process_count, process_index
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
 from titan.trainer.init_from import checkpoint_location
-from titan.trainer.stage_store import StageStore
+from titan.trainer.stage_store import StageStore, check_dtype
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
 CHECKPOINT_DIR = "checkpoints"  # titan.trainer.init_from.CHECKPOINT_DIR too
@@ -505,9 +505,21 @@ class Checkpointer:
             for name, tree in abstract.items()
             if name not in kept
         }
+        for name in args:  # orbax would cast each array to the target's dtype
+            self._check_dtypes(step, name, abstract[name])
         if args:
             items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
         return items
+
+    def _check_dtypes(self, step: int, name: str, abstract: Any) -> None:
+        """:func:`titan.trainer.stage_store.check_dtype` for each leaf of orbax item ``name``
+        (its saved dtypes from orbax's metadata, by orbax's leaf names)."""
+        saved = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
+        dtypes = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(saved)}
+        names = jax.tree.leaves(ocp.tree.get_param_names(abstract))
+        for leaf_name, leaf in zip(names, jax.tree.leaves(abstract), strict=True):
+            if leaf_name in dtypes:
+                check_dtype(step, name, leaf_name, dtypes[leaf_name], leaf.dtype)
 
     def restore_host(
         self, step: int, abstract: Callable[[list[Chunk], DeviceMesh], dict[str, ChunkState]]

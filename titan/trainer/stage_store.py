@@ -51,6 +51,21 @@ def owner(tree: Any) -> int | None:
     return processes.pop() if len(processes) == 1 else None
 
 
+def check_dtype(step: int, item: str, leaf: str, saved: Any, wanted: Any) -> None:
+    """Refuse to restore an array whose saved dtype is not the one asked for (a restore never
+    casts: the Python API would otherwise change a checkpoint's precision without a word).
+
+    Raises:
+        TitanError: ``saved`` differs from ``wanted`` (one line naming the item, the leaf and
+            both dtypes).
+    """
+    if jax.numpy.dtype(saved) != jax.numpy.dtype(wanted):
+        raise TitanError(
+            f"checkpoint {step}: {item} {leaf} was saved as {jax.numpy.dtype(saved)}, the model "
+            f"asks for {jax.numpy.dtype(wanted)} (a restore never casts)"
+        )
+
+
 def _zarr(path: Path, shape: tuple[int, ...] = (), dtype: Any = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)}}
     if dtype is not None:  # TensorStore's dtype names cover bfloat16 (numpy's do not)
@@ -102,7 +117,8 @@ class StageStore:
         handles, :func:`titan.parallel.mesh.remote_array`).
 
         Raises:
-            TitanError: the item is missing or incomplete, or does not match ``abstract``.
+            TitanError: the item is missing or incomplete, or does not match ``abstract`` (a
+                leaf's shape or dtype: :func:`check_dtype`).
         """
         directory = self.item_dir(step, name)
         listing_file = directory / LEAVES_FILE
@@ -115,15 +131,17 @@ class StageStore:
             key = jax.tree_util.keystr(path)
             if key not in listing:
                 raise TitanError(f"checkpoint {step}: {name} has no array {key}")
+            store = ts.open(_zarr(directory / str(listing[key]))).result()  # metadata only
+            check_dtype(step, name, key, store.dtype.name, leaf.dtype)  # on every process alike
             if not any(d.process_index == process_index() for d in leaf.sharding.device_set):
                 placed.append(remote_array(leaf))
                 continue
-            value = ts.open(_zarr(directory / str(listing[key]))).result().read().result()
+            value = store.read().result()
             if value.shape != leaf.shape:
                 raise TitanError(
                     f"checkpoint {step}: {name} {key} has shape {value.shape}, not {leaf.shape}"
                 )
-            placed.append(jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding))
+            placed.append(jax.device_put(np.asarray(value), leaf.sharding))
         return jax.tree_util.tree_unflatten(treedef, placed)
 
     def prune(self, kept_steps: list[int], upto: int | None) -> None:
