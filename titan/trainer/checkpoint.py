@@ -10,7 +10,9 @@ and a crash mid-save leaves the previous one as the latest.
 Under a pipeline whose stages live on different processes, each stage's chunks are held by one
 process, which writes them itself (:mod:`titan.trainer.stage_store`, outside orbax, which
 refuses such arrays); ``meta`` names them (``stage_items``) and is committed by orbax only after
-every process has written its own, so the step still counts only once all have.
+every process has written its own, so the step still counts only once all have. The order of a
+save across processes (write, barrier, commit, seen, prune) is
+:mod:`titan.trainer.checkpoint_protocol`.
 
 Restoring onto the same chunks (any mesh inside them) restores each array straight into its
 new sharding. Restoring onto other chunks (another ``pp``, virtual stages, or SPMD from MPMD
@@ -26,8 +28,10 @@ and a background thread writes and commits the copy. A save is committed when it
 and only committed saves are kept, pruned or restored. Saves are ordered: a save first waits for
 the previous one to settle. Retention (:func:`steps_to_prune`): the ``--checkpoint-keep``
 newest committed checkpoints, and every step that is a multiple of ``--checkpoint-keep-every``.
-Pruning happens only between saves, on every process alike (orbax's delete is collective), and
-never touches a save in flight.
+Pruning happens only between saves, once every process has seen the last one committed, on
+every process alike (orbax's delete is collective), and never touches a step above it. A save
+that fails leaves nothing behind: its temporary folder and stage items are removed once nobody
+can still write them (:meth:`Checkpointer.remove_leftovers`).
 
 Restoring (:meth:`Checkpointer.restore_latest`) takes the newest committed checkpoint that
 restores; a corrupt one is reported (:class:`Unrestorable`) and the one before it is tried.
@@ -39,6 +43,7 @@ import errno
 import functools
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -55,10 +60,11 @@ from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.observability.records import DISK_FULL, disk_full
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
-from titan.parallel.distributed import barrier
+from titan.parallel.distributed import barrier, process_count, process_index
 from titan.parallel.mesh import DeviceMesh, host_mesh
+from titan.trainer.checkpoint_protocol import fault_point, leftovers
 from titan.trainer.init_from import checkpoint_location
-from titan.trainer.stage_store import StageStore
+from titan.trainer.stage_store import StageStore, check_dtype
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
 CHECKPOINT_DIR = "checkpoints"  # titan.trainer.init_from.CHECKPOINT_DIR too
@@ -272,6 +278,8 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._stages = StageStore(run_dir)
         self._pending: _PendingSave | None = None
+        self._settled: SaveResult | None = None  # the last save settled, not yet concluded
+        self._saved = False  # whether this checkpointer has saved yet
 
     def committed_steps(self) -> list[int]:
         """Steps of the committed checkpoints, oldest first. A step directory without the
@@ -289,10 +297,12 @@ class Checkpointer:
     def save(self, state: TrainState, meta: dict[str, Any]) -> list[SaveResult]:
         """Save ``state``'s chunks and ``meta`` as checkpoint ``state.step``.
 
-        First settles the previous save and prunes (:func:`steps_to_prune`). Synchronous: returns
-        once the save has committed or failed. Asynchronous: returns once the state has been
-        copied to host memory (the caller may then donate its buffers); the result comes from
-        :meth:`results` or :meth:`wait`.
+        Goes through the phases of :mod:`titan.trainer.checkpoint_protocol`: first settles the
+        previous save and, once every process has seen it committed, prunes; then writes this
+        process's stage items, waits for every process's, and commits. Synchronous: returns
+        once the save has committed (and been pruned after) or failed. Asynchronous: returns
+        once the state has been copied to host memory (the caller may then donate its
+        buffers); the result comes from :meth:`results` or :meth:`wait`.
 
         Returns:
             The saves that settled during the call (the previous one; this one when synchronous).
@@ -300,10 +310,17 @@ class Checkpointer:
         """
         start = time.perf_counter()
         settled = self._settle()
-        self._prune()
+        self._conclude()
+        if not self._saved:  # what an earlier run's failed or killed saves left
+            self.remove_leftovers(None)
+            barrier("titan:checkpoint-leftovers")
+            self._saved = True
         step, items = state.step, state.items()
+        fault_point("write", step)
         stage_items = self._stages.save(step, items)  # written now, whatever the mode
+        fault_point("barrier", step)
         barrier(f"titan:stage-items:{step}")  # every process's own items, before the commit
+        fault_point("commit", step)
         args = {
             name: ocp.args.StandardSave(tree)
             for name, tree in items.items()
@@ -317,13 +334,16 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
             self.finish_orbax_save(step)
             elapsed = time.perf_counter() - start
-            return [*settled, SaveResult(step, elapsed, elapsed, _save_error(err))]
+            return [*settled, self._settle_as(SaveResult(step, elapsed, elapsed, _save_error(err)))]
         if self.asynchronous:
             self._pending = _PendingSave(self, step, save_start, time.perf_counter() - start)
             return settled
         error = self.finish_orbax_save(step)
         elapsed = time.perf_counter() - start
-        return [*settled, SaveResult(step, elapsed, time.perf_counter() - save_start, error)]
+        result = SaveResult(step, elapsed, time.perf_counter() - save_start, error)
+        self._settle_as(result)
+        self._conclude()
+        return [*settled, result]
 
     def finish_orbax_save(self, step: int) -> str | None:
         """Wait for orbax's save of ``step`` to finish (on the calling thread). Returns None when
@@ -343,11 +363,11 @@ class Checkpointer:
         return []
 
     def wait(self) -> list[SaveResult]:
-        """Wait for the save in flight (its waiting counts as blocking), prune, and return the
-        saves settled since the last call."""
+        """Wait for the save in flight (its waiting counts as blocking), prune once every
+        process has seen it committed, and return the saves settled since the last call."""
         start = time.perf_counter()
         settled = self._settle(waited_from=start)
-        self._prune()
+        self._conclude()
         return settled
 
     def _settle(self, waited_from: float | None = None) -> list[SaveResult]:
@@ -362,13 +382,47 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception:  # noqa: BLE001, S110 - the watcher thread recorded it
             pass
-        return [result]
+        return [self._settle_as(result)]
 
-    def _prune(self) -> None:
-        """Delete what retention no longer keeps (no save is in flight here)."""
-        for step in steps_to_prune(self.committed_steps(), self.keep, self.keep_every):
+    def _settle_as(self, result: SaveResult) -> SaveResult:
+        """Hold ``result`` for :meth:`_conclude`; a failed save's leftovers go at once when this
+        is the only process (nobody else may still write them)."""
+        self._settled = result
+        if result.error is not None and process_count() == 1:
+            self.remove_leftovers(result.step)
+        return result
+
+    def _conclude(self) -> None:
+        """The ``seen`` and ``prune`` phases after the save settled last, if it committed:
+        every process has seen it (a barrier), then process 0 prunes up to its step."""
+        result, self._settled = self._settled, None
+        if result is None or result.error is not None:
+            return
+        fault_point("seen", result.step)
+        barrier(f"titan:checkpoint-seen:{result.step}")
+        fault_point("prune", result.step)
+        self._prune(result.step)
+
+    def _prune(self, upto: int) -> None:
+        """Delete what retention no longer keeps among the steps up to ``upto`` (orbax's folder
+        first, which uncommits the step, then its stage items; orbax's delete is collective),
+        and the leftovers of saves up to ``upto`` that never committed."""
+        committed = [s for s in self.committed_steps() if s <= upto]
+        for step in steps_to_prune(committed, self.keep, self.keep_every):
             self._manager.delete(step)
-        self._stages.prune(self.committed_steps())
+        self.remove_leftovers(upto)
+
+    def remove_leftovers(self, upto: int | None) -> None:
+        """Remove (process 0) orbax's temporary folders and the stage items of steps up to
+        ``upto`` (any step: None) that are not committed checkpoints: what saves that failed or
+        were killed left (:func:`titan.trainer.checkpoint_protocol.leftovers`). Only where
+        nobody is saving those steps: after a commit of ``upto`` that every process has seen,
+        after a failed save of the only process, or before this checkpointer's first save (only
+        the run that holds the run dir saves)."""
+        if process_index() == 0:
+            for folder in leftovers(self.directory.iterdir(), upto, None):
+                shutil.rmtree(folder, ignore_errors=True)
+        self._stages.prune(self.committed_steps(), upto)
 
     def restore_latest(
         self, trainer: Trainer
@@ -451,9 +505,21 @@ class Checkpointer:
             for name, tree in abstract.items()
             if name not in kept
         }
+        for name in args:  # orbax would cast each array to the target's dtype
+            self._check_dtypes(step, name, abstract[name])
         if args:
             items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
         return items
+
+    def _check_dtypes(self, step: int, name: str, abstract: Any) -> None:
+        """:func:`titan.trainer.stage_store.check_dtype` for each leaf of orbax item ``name``
+        (its saved dtypes from orbax's metadata, by orbax's leaf names)."""
+        saved = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
+        dtypes = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(saved)}
+        names = jax.tree.leaves(ocp.tree.get_param_names(abstract))
+        for leaf_name, leaf in zip(names, jax.tree.leaves(abstract), strict=True):
+            if leaf_name in dtypes:
+                check_dtype(step, name, leaf_name, dtypes[leaf_name], leaf.dtype)
 
     def restore_host(
         self, step: int, abstract: Callable[[list[Chunk], DeviceMesh], dict[str, ChunkState]]

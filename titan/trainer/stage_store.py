@@ -13,7 +13,9 @@ layer under orbax), one zarr array per leaf:
 ``leaves.json`` is written last, so an item without it is incomplete. A step counts only once
 orbax commits the checkpoint's ``meta`` (:mod:`titan.trainer.checkpoint`), which every process
 reaches only after its own items are written (a barrier), and ``meta`` lists the items kept here
-(``stage_items``). Nothing crosses processes to save: each process writes from its own devices.
+(``stage_items``). Items are removed only after a commit every process has seen, and only those
+of steps up to it (:mod:`titan.trainer.checkpoint_protocol`). Nothing crosses processes to
+save: each process writes from its own devices.
 Restoring reads an item to host memory and places it; any process can read any item (the run
 dir is on a file system they share), so a run resumes on another number of processes.
 """
@@ -32,6 +34,7 @@ import tensorstore as ts
 from titan.errors import TitanError
 from titan.parallel.distributed import process_count, process_index
 from titan.parallel.mesh import remote_array
+from titan.trainer.checkpoint_protocol import leftovers
 
 STAGE_CHECKPOINT_DIR = "stage_checkpoints"
 LEAVES_FILE = "leaves.json"
@@ -46,6 +49,21 @@ def owner(tree: Any) -> int | None:
     shardings = [leaf.sharding for leaf in jax.tree.leaves(tree)]
     processes = {d.process_index for s in shardings for d in s.device_set}
     return processes.pop() if len(processes) == 1 else None
+
+
+def check_dtype(step: int, item: str, leaf: str, saved: Any, wanted: Any) -> None:
+    """Refuse to restore an array whose saved dtype is not the one asked for (a restore never
+    casts: the Python API would otherwise change a checkpoint's precision without a word).
+
+    Raises:
+        TitanError: ``saved`` differs from ``wanted`` (one line naming the item, the leaf and
+            both dtypes).
+    """
+    if jax.numpy.dtype(saved) != jax.numpy.dtype(wanted):
+        raise TitanError(
+            f"checkpoint {step}: {item} {leaf} was saved as {jax.numpy.dtype(saved)}, the model "
+            f"asks for {jax.numpy.dtype(wanted)} (a restore never casts)"
+        )
 
 
 def _zarr(path: Path, shape: tuple[int, ...] = (), dtype: Any = None) -> dict[str, Any]:
@@ -99,7 +117,8 @@ class StageStore:
         handles, :func:`titan.parallel.mesh.remote_array`).
 
         Raises:
-            TitanError: the item is missing or incomplete, or does not match ``abstract``.
+            TitanError: the item is missing or incomplete, or does not match ``abstract`` (a
+                leaf's shape or dtype: :func:`check_dtype`).
         """
         directory = self.item_dir(step, name)
         listing_file = directory / LEAVES_FILE
@@ -112,21 +131,24 @@ class StageStore:
             key = jax.tree_util.keystr(path)
             if key not in listing:
                 raise TitanError(f"checkpoint {step}: {name} has no array {key}")
+            store = ts.open(_zarr(directory / str(listing[key]))).result()  # metadata only
+            check_dtype(step, name, key, store.dtype.name, leaf.dtype)  # on every process alike
             if not any(d.process_index == process_index() for d in leaf.sharding.device_set):
                 placed.append(remote_array(leaf))
                 continue
-            value = ts.open(_zarr(directory / str(listing[key]))).result().read().result()
+            value = store.read().result()
             if value.shape != leaf.shape:
                 raise TitanError(
                     f"checkpoint {step}: {name} {key} has shape {value.shape}, not {leaf.shape}"
                 )
-            placed.append(jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding))
+            placed.append(jax.device_put(np.asarray(value), leaf.sharding))
         return jax.tree_util.tree_unflatten(treedef, placed)
 
-    def prune(self, kept_steps: list[int]) -> None:
-        """Remove the items of steps orbax no longer keeps (process 0 does it)."""
+    def prune(self, kept_steps: list[int], upto: int | None) -> None:
+        """Remove (process 0) the items of the steps up to ``upto`` (any step: None) that are
+        not among ``kept_steps``, the committed checkpoints; a higher step's items may be
+        another process's save in progress (:mod:`titan.trainer.checkpoint_protocol`)."""
         if process_index() != 0 or not self.directory.is_dir():
             return
-        for step_dir in self.directory.iterdir():
-            if not step_dir.name.isdigit() or int(step_dir.name) not in kept_steps:
-                shutil.rmtree(step_dir, ignore_errors=True)
+        for step_dir in leftovers(self.directory.iterdir(), upto, set(kept_steps)):
+            shutil.rmtree(step_dir, ignore_errors=True)
