@@ -84,7 +84,7 @@ class Backend(Protocol):
     add_eos: bool  # ... and EOS last
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
-        """Ids of each text, no special tokens added."""
+        """Ids of each text as ordinary text: no special tokens added, none parsed from it."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -122,7 +122,8 @@ class SentencePieceBackend:
 @dataclass(frozen=True)
 class HuggingFaceBackend:
     """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), with the BOS and EOS
-    tokens that :func:`load_tokenizer` took from its configuration."""
+    tokens that :func:`load_tokenizer` took from its configuration; its ``encode_special_tokens``
+    is set, so that text spelling a special token encodes as ordinary text."""
 
     tokenizer: hf_tokenizers.Tokenizer
     bos_id: int
@@ -263,13 +264,27 @@ class Tokenizer:
 
     def encode_documents(self, texts: list[str], threads: int = 0) -> list[np.ndarray]:
         """Token ids of each training document with exactly one BOS before and one EOS after,
-        whatever the config's rules (the packer counts BOS tokens as document boundaries).
+        whatever the config's rules (the packer counts BOS tokens as document boundaries); the
+        text between them is ordinary text, so the BOS tokens are exactly the documents.
 
         Returns:
             One int32 array per document, shape (len + 2,).
+
+        Raises:
+            TitanError: the tokenizer encodes a document's ordinary text to the BOS or EOS id
+                (a ``tokenizer.json`` whose BOS or EOS is an added token not marked special),
+                which would make one document look like several.
         """
         ids = self.backend.encode(texts, threads or (os.cpu_count() or 1))
-        return [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
+        docs = [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
+        stream = np.concatenate(docs) if docs else np.zeros(0, np.int32)
+        if np.count_nonzero((stream == self.bos_id) | (stream == self.eos_id)) != 2 * len(docs):
+            raise TitanError(
+                f"--tokenizer encodes document text to its BOS or EOS id "
+                f"({self.bos_id}, {self.eos_id}): mark them special in its tokenizer.json "
+                "(added_tokens) so that text stays text"
+            )
+        return docs
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
@@ -318,6 +333,7 @@ def _is_json(data: bytes) -> bool:
 
 def _huggingface_backend(envelope: dict) -> HuggingFaceBackend:
     tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
+    tok.encode_special_tokens = True  # text is text: "<s>" in a document is not BOS
     ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
     before, after = _template_specials(
         json.loads(envelope["tokenizer"]).get("post_processor") or {}
