@@ -12,6 +12,13 @@ for sentencepiece (transformers' ``LlamaTokenizer``) and tiktoken (Llama 3). Tra
 always get one BOS and one EOS (:meth:`Tokenizer.encode_documents`): the packer counts BOS
 tokens as document boundaries.
 
+Text is always ordinary text, on every path: a document or prompt that holds ``<s>``, ``</s>``
+or ``<|eot_id|>`` encodes those characters as ordinary pieces, never as the special tokens of
+the same name (sentencepiece never matches its control symbols in text; a ``tokenizer.json`` is
+loaded with ``encode_special_tokens`` set, so its special added tokens are not split out;
+tiktoken encodes with ``encode_ordinary``, as Meta's Llama 3 tokenizer does by default). Special
+tokens come only from configuration: the BOS and EOS added around each document.
+
 Trained convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte
 fallback so that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does)
 with identity normalisation and whitespace kept, so that source code round-trips, and split
