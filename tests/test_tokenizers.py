@@ -9,13 +9,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers as hf_tokenizers
 from tiktoken._educational import bpe_train
 
-from titan.data.text import open_corpus
+from titan.data.text import document_ids, open_corpus
+from titan.data.tokenize import token_stream
 from titan.data.tokenizer import (
     LLAMA3_PATTERN,
+    HuggingFaceBackend,
     StreamDecoder,
     TiktokenBackend,
     Tokenizer,
@@ -47,7 +50,7 @@ def files(tmp_path_factory, corpus_dir) -> dict[str, Path]:
     hf.decoder = hf_tokenizers.decoders.ByteLevel()
     trainer = hf_tokenizers.trainers.BpeTrainer(
         vocab_size=400,
-        special_tokens=["<s>", "</s>"],
+        special_tokens=["<s>", "</s>", "<|eot_id|>"],
         initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet(),
     )
     hf.train_from_iterator([_sample(corpus_dir)], trainer)
@@ -116,6 +119,62 @@ def test_a_gets_exactly_one_bos_and_one_eos_where_configured(files, backend, tmp
     assert neither.encode("a", add_special_tokens=True) == neither.encode("a")
     (document,) = neither.encode_documents(["a"])  # training documents: always both
     assert list(document) == [neither.bos_id, *neither.encode("a"), neither.eos_id]
+
+
+SPECIALS_AS_TEXT = "<s>x</s> <|begin_of_text|>y<|end_of_text|><|eot_id|> <unk>"
+
+
+def _special_ids(tok: Tokenizer) -> set[int]:
+    """Every id of a special token of ``tok``: control pieces, special added tokens, tiktoken's
+    specials."""
+    backend = tok.backend
+    if isinstance(backend, TiktokenBackend):
+        return set(backend.encoding._special_tokens.values())
+    if isinstance(backend, HuggingFaceBackend):
+        added = backend.tokenizer.get_added_tokens_decoder().items()
+        return {i for i, token in added if token.special}
+    processor = tok.processor
+    return {i for i in range(tok.vocab_size) if processor.is_control(i) or processor.is_unknown(i)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_special_token_text_in_a_document_stays_ordinary_text(files, backend):
+    tok = load_tokenizer(files[backend])
+    (document,) = tok.encode_documents([SPECIALS_AS_TEXT])
+    inner = [int(i) for i in document[1:-1]]
+    assert int(document[0]) == tok.bos_id and int(document[-1]) == tok.eos_id
+    assert not _special_ids(tok) & set(inner)
+    assert tok.decode(inner) == SPECIALS_AS_TEXT
+    assert tok.encode(SPECIALS_AS_TEXT) == inner  # prompts too
+    assert Tokenizer(tok.model_proto).encode(SPECIALS_AS_TEXT) == inner  # the run dir's copy
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_documents_spelling_special_tokens_pack_as_one_document_each(files, backend, tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    texts = [f"doc {n}: {SPECIALS_AS_TEXT} <s>" for n in range(4)]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tok = load_tokenizer(files[backend])
+    stream = token_stream(open_corpus(str(corpus)), tok)
+    tokens = np.asarray(stream.tokens, dtype=np.int32)
+    assert stream.documents == 4
+    assert np.count_nonzero(tokens == tok.bos_id) == np.count_nonzero(tokens == tok.eos_id) == 4
+    segments = document_ids(np.append(tokens, tok.bos_id)[None, :], tok.bos_id)[0]
+    assert segments[-1] == 4 and sorted(set(segments.tolist())) == [1, 2, 3, 4]
+
+
+def test_a_bos_that_text_can_spell_is_refused_in_one_line(files, tmp_path):
+    """A tokenizer.json whose BOS is an added token not marked special would turn "<s>" in a
+    document into a document boundary: encoding training documents refuses it."""
+    spec = json.loads(files["huggingface"].read_text())
+    for token in spec["added_tokens"]:
+        token["special"] = token["content"] != "<s>"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    shutil.copy(files["huggingface"].with_name("tokenizer_config.json"), tmp_path)
+    tok = load_tokenizer(tmp_path / "tokenizer.json")
+    assert len(tok.encode_documents(["plain text"])[0]) > 2
+    with pytest.raises(TitanError, match=r"^--tokenizer encodes document text to its BOS or EOS"):
+        tok.encode_documents(["plain text", "a <s> b"])
 
 
 def test_default_rules_are_each_kinds_own(files):

@@ -350,9 +350,16 @@ def _publish(corpus: Corpus, paths: _Paths, commit: Commit) -> None:
     paths.commit.unlink(missing_ok=True)
 
 
+ENCODING_VERSION = 2
+"""Version of :meth:`Tokenizer.encode_documents`'s output, part of the cache key: a token file
+written by another version (one where document text spelling ``<s>`` became BOS) is not reused."""
+
+
 def stream_key(corpus: Corpus, tokenizer: Tokenizer) -> str:
-    """The cache key of a (corpus, tokenizer) token file: sha256 of both fingerprints."""
-    return hashlib.sha256(f"{corpus.fingerprint()}:{tokenizer.digest}".encode()).hexdigest()[:24]
+    """The cache key of a (corpus, tokenizer) token file: sha256 of both fingerprints and
+    :data:`ENCODING_VERSION`."""
+    payload = f"{corpus.fingerprint()}:{tokenizer.digest}:{ENCODING_VERSION}"
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
 def token_stream(

@@ -12,6 +12,13 @@ for sentencepiece (transformers' ``LlamaTokenizer``) and tiktoken (Llama 3). Tra
 always get one BOS and one EOS (:meth:`Tokenizer.encode_documents`): the packer counts BOS
 tokens as document boundaries.
 
+Text is always ordinary text, on every path: a document or prompt that holds ``<s>``, ``</s>``
+or ``<|eot_id|>`` encodes those characters as ordinary pieces, never as the special tokens of
+the same name (sentencepiece never matches its control symbols in text; a ``tokenizer.json`` is
+loaded with ``encode_special_tokens`` set, so its special added tokens are not split out;
+tiktoken encodes with ``encode_ordinary``, as Meta's Llama 3 tokenizer does by default). Special
+tokens come only from configuration: the BOS and EOS added around each document.
+
 Trained convention (Llama 1/2 ``tokenizer.model``): unk = 0, bos = 1, eos = 2, no pad, byte
 fallback so that no text is ever out of vocabulary. Trained tokenizers use BPE (as Llama does)
 with identity normalisation and whitespace kept, so that source code round-trips, and split
@@ -84,7 +91,7 @@ class Backend(Protocol):
     add_eos: bool  # ... and EOS last
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
-        """Ids of each text, no special tokens added."""
+        """Ids of each text as ordinary text: no special tokens added, none parsed from it."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -122,7 +129,8 @@ class SentencePieceBackend:
 @dataclass(frozen=True)
 class HuggingFaceBackend:
     """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), with the BOS and EOS
-    tokens that :func:`load_tokenizer` took from its configuration."""
+    tokens that :func:`load_tokenizer` took from its configuration; its ``encode_special_tokens``
+    is set, so that text spelling a special token encodes as ordinary text."""
 
     tokenizer: hf_tokenizers.Tokenizer
     bos_id: int
@@ -263,13 +271,27 @@ class Tokenizer:
 
     def encode_documents(self, texts: list[str], threads: int = 0) -> list[np.ndarray]:
         """Token ids of each training document with exactly one BOS before and one EOS after,
-        whatever the config's rules (the packer counts BOS tokens as document boundaries).
+        whatever the config's rules (the packer counts BOS tokens as document boundaries); the
+        text between them is ordinary text, so the BOS tokens are exactly the documents.
 
         Returns:
             One int32 array per document, shape (len + 2,).
+
+        Raises:
+            TitanError: the tokenizer encodes a document's ordinary text to the BOS or EOS id
+                (a ``tokenizer.json`` whose BOS or EOS is an added token not marked special),
+                which would make one document look like several.
         """
         ids = self.backend.encode(texts, threads or (os.cpu_count() or 1))
-        return [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
+        docs = [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
+        stream = np.concatenate(docs) if docs else np.zeros(0, np.int32)
+        if np.count_nonzero((stream == self.bos_id) | (stream == self.eos_id)) != 2 * len(docs):
+            raise TitanError(
+                f"--tokenizer encodes document text to its BOS or EOS id "
+                f"({self.bos_id}, {self.eos_id}): mark them special in its tokenizer.json "
+                "(added_tokens) so that text stays text"
+            )
+        return docs
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
@@ -318,6 +340,7 @@ def _is_json(data: bytes) -> bool:
 
 def _huggingface_backend(envelope: dict) -> HuggingFaceBackend:
     tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
+    tok.encode_special_tokens = True  # text is text: "<s>" in a document is not BOS
     ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
     before, after = _template_specials(
         json.loads(envelope["tokenizer"]).get("post_processor") or {}
