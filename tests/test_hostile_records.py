@@ -24,8 +24,9 @@ from titan.config import check_run_id
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.observability import summarize
-from titan.observability.records import EVENTS_FILE, EventTail, parse_json
+from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.report import REPORT_FILE
+from titan.reading import parse_json
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main

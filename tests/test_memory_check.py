@@ -3,6 +3,7 @@ compiled program's memory analysis is recorded, and peak memory is recorded only
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from helpers import cli_args, events, run_in_process
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
+from titan.observability.device_memory import host_memory_bytes
 from titan.observability.events import Compile
 from titan.observability.report import memory_text
 from titan.observability.summarize import summarize_run_dir
@@ -25,7 +27,7 @@ PARTS = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
 class _Cpu:
     """A device as the memory check sees it: its kind and (XLA:CPU) no memory figures."""
 
-    device_kind = "cpu"
+    device_kind = platform = "cpu"
 
     def memory_stats(self):
         return None
@@ -48,10 +50,14 @@ def _check(devices, **options):
     return check_memory(cfg, model_config(cfg, VOCAB), LAYOUT, "float32", {}, devices)
 
 
-def test_cpu_reports_no_usable_memory_and_the_check_is_skipped():
-    check = _check([_Cpu()], batch_size=1 << 20, seq_len=4096)
-    assert check.usable_bytes is None and not check.checked
-    assert check.estimate_bytes > 1e12  # the absurd batch is estimated, just not refused
+def test_cpu_devices_share_the_host_memory_and_an_absurd_batch_is_refused():
+    host = host_memory_bytes()
+    assert 0 < host <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    check = _check([_Cpu(), _Cpu()], batch_size=8, seq_len=32)
+    assert check.checked and check.usable_bytes == host / 2
+    assert check.source == "the host's memory shared by 2 CPU devices"
+    with pytest.raises(TitanError, match=r"above the [\d,.]+ GB usable \(the host's memory"):
+        _check([_Cpu()], batch_size=1 << 20, seq_len=4096)
 
 
 def test_an_absurd_batch_is_refused_with_what_would_fit():
@@ -113,8 +119,8 @@ def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_opt
     assert memory["alias_bytes"] > 0  # the donated state
     assert all("peak_memory_bytes" not in e for e in events(run_dir, "step"))  # CPU: none
     (start,) = events(run_dir, "run_start")
-    assert start["memory_check"]["usable_bytes"] is None
-    assert start["memory_check"]["estimate_bytes"] > 0 and not start["memory_check"]["checked"]
+    assert start["memory_check"]["usable_bytes"] == host_memory_bytes()  # one CPU device
+    assert 0 < start["memory_check"]["estimate_bytes"] and start["memory_check"]["checked"]
     summary = summarize_run_dir(run_dir)
     program = memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
     program += memory["temp_bytes"] + memory["generated_code_bytes"]

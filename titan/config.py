@@ -410,6 +410,9 @@ class ModelOptions:
 
 
 _WEIGHT_TAIL = re.compile(r":\s*[0-9.eE+-]+\s*$")  # a mixture part's ':WEIGHT'
+# Largest --data-workers: the cores of the largest two-socket hosts (2 x 128); each
+# worker holds up to two 4 Mi-character chunks (titan.data.tokenize), 10000 would fork that many.
+MAX_DATA_WORKERS = 256
 
 
 @_section
@@ -447,8 +450,9 @@ class DataOptions:
         default=0,
         metadata=_opt(
             "--data-workers",
-            "worker processes that tokenize the corpus (0: one per CPU core; a corpus of one "
-            "chunk, 4 Mi characters, is tokenized in the training process)",
+            f"worker processes that tokenize the corpus, 0 to {MAX_DATA_WORKERS} (0: one per "
+            "CPU core; a corpus of one chunk, 4 Mi characters, is tokenized in the training "
+            "process)",
             minimum=0,
             resumable=True,
         ),
@@ -490,6 +494,10 @@ class DataOptions:
     def _check(self) -> None:
         if not self.corpus.strip():
             raise TitanError("--data is empty")
+        if self.data_workers > MAX_DATA_WORKERS:
+            raise TitanError(
+                f"--data-workers must be <= {MAX_DATA_WORKERS}, got {self.data_workers}"
+            )
         if self.eval_data and not self.eval_data.strip():
             raise TitanError("--eval-data is empty")
         if "," in self.eval_data or _WEIGHT_TAIL.search(self.eval_data):
@@ -1216,11 +1224,11 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
 
 
-# Options only --task lm reads (a diffusion run reads --images); --task lm reads no
-# DiffusionOptions.
+# Options only --task lm reads (a diffusion run reads --images, its sequence is the image's
+# patches, attended to in full); --task lm reads no DiffusionOptions.
 LM_ONLY_OPTIONS = (
     "data", "tokenizer", "text_field", "vocab_size", "data_workers", "eval_data", "eval_split",
-    "eval_every",
+    "eval_every", "seq_len", "attention_mask",
 )  # fmt: skip
 
 
@@ -1236,7 +1244,7 @@ def check_task_options(cfg: TrainConfig) -> None:
     defaults = {o.name: getattr(sections[o.section], o.field.name) for o in option_fields()}
     if cfg.model.task == "diffusion":
         names = LM_ONLY_OPTIONS
-        reason = "--task diffusion (it reads --images)"
+        reason = "--task diffusion (it reads --images, each one sequence of its patches)"
     else:
         names = tuple(o.name for o in option_fields() if o.section == "diffusion")
         reason = f"--task {cfg.model.task} (only --task diffusion reads it)"

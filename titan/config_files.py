@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from titan.config import (
@@ -24,6 +24,7 @@ from titan.config import (
     resumable_options,
 )
 from titan.errors import TitanError
+from titan.reading import field, read_json, read_toml
 
 
 def config_to_data(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
@@ -60,20 +61,39 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     return TrainConfig(**sections)
 
 
+def read_run_config(path: Path, what: str) -> tuple[TrainConfig, dict[str, Any]]:
+    """(the options, the model shape's fields) of a run's ``config.json`` at ``path``
+    (``{"train": {...}, "model": {...}}``), read by :func:`titan.reading.read_json`.
+
+    Args:
+        what: the flag that named the run (``--resume``), for errors.
+
+    Raises:
+        TitanError: a file :func:`titan.reading.read_json` refuses, ``train`` or ``model``
+            missing or not an object, or an option :func:`config_from_dict` refuses (each names
+            the file and the field).
+    """
+    where = f"{what} {path}"
+    saved = read_json(path, what)
+    train = field(saved, "train", dict, where)
+    model = field(saved, "model", dict, where)
+    try:
+        return config_from_dict(train), model
+    except TitanError as err:
+        raise TitanError(f"{where}: {err}") from None
+    except (TypeError, ValueError) as err:  # a value no option's codec reached
+        raise TitanError(f"{where}: field 'train': {err}") from None
+
+
 def read_config_file(path: str) -> dict[str, Any]:
     """The options of a TOML config file (``--config``), by flat name: the file holds sections
     as tables (``[data]`` ``batch_size = 8``), as :func:`config_to_toml` writes them.
 
     Raises:
-        TitanError: unreadable file, bad TOML, unknown section or option.
+        TitanError: a file :func:`titan.reading.read_toml` refuses (unreadable, not a regular
+            file, too large, not UTF-8, bad TOML), unknown section or option.
     """
-    try:
-        with open(path, "rb") as file:
-            values = tomllib.load(file)
-    except OSError as err:
-        raise TitanError(f"--config {path}: {err.strerror or err}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise TitanError(f"--config {path}: {err}") from None
+    values = read_toml(path, "--config")
     by_field = {(o.section, o.field.name): o.name for o in option_fields()}
     flat = {}
     for section, options in values.items():

@@ -1,10 +1,12 @@
 """Checks on a new output directory or file (``--out``) before anything is written there, so
 that a bad path fails at once in one line naming the flag and the path given, not a temporary
-path or an error from a writer's background thread."""
+path or an error from a writer's background thread. Writability is tried, not only read from the
+permission bits: a probe file is made and removed in the nearest existing directory."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from titan.errors import TitanError
@@ -47,6 +49,12 @@ def _check_parent(out: Path, flag: str) -> None:
         raise TitanError(f"{flag} {out}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise TitanError(f"{flag} {out}: {ancestor} is not writable")
+    try:  # the permission bits say yes in /proc or /sys to root: make (and remove) a file there
+        probe, name = tempfile.mkstemp(prefix=".titan-probe-", dir=ancestor)
+    except OSError as err:
+        raise TitanError(f"{flag} {out}: {ancestor} is not writable ({err.strerror})") from None
+    os.close(probe)
+    os.unlink(name)
 
 
 def make_dir(path: Path, out: Path, flag: str = "--out") -> None:

@@ -26,8 +26,8 @@ import duckdb
 
 from titan.observability import summarize
 from titan.observability.events import RunStart, Stall, parse_events
-from titan.observability.records import parse_json
 from titan.observability.summarize import IngestReport, RunSummary
+from titan.reading import parse_json
 
 # Points of a loss curve at most (nvitop-like restraint: more than a terminal can draw is waste).
 MAX_CURVE_POINTS = 2000

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from titan.observability.events import Event, RunEnd, RunStart
 from titan.observability.liveness import STDERR_LOG, Liveness, RecordFacts, judge
-from titan.observability.records import EVENTS_FILE, EventTail, open_regular
+from titan.observability.records import EVENTS_FILE, EventTail
+from titan.reading import open_regular
 from tui.launcher import LaunchedRun
 
 # A stat of the record every 0.1 s costs microseconds and puts a step on screen well within

@@ -2,8 +2,8 @@
 that sample them.
 
 ``--data`` is one corpus (:func:`titan.data.text.open_corpus`) or comma-separated parts, each
-``SPEC:WEIGHT`` (every part weighted; weights > 0, normalised to sum to 1). Each part is its
-own token stream (tokenized and cached on its own) with its own shuffled epochs
+``SPEC:WEIGHT`` (every part weighted; weights > 0 with a finite sum, normalised to sum to 1).
+Each part is its own token stream (tokenized and cached on its own) with its own shuffled epochs
 (:class:`titan.data.text.PackedBatches`, salted by the part's index); the tokenizer trains on
 the union of the parts' files.
 
@@ -20,6 +20,7 @@ that checkpoints store, and a resume mid-epoch neither repeats nor skips a seque
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +89,8 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
 
     Raises:
         TitanError: ``data`` is empty, a part names no weight while another does, a weight is
-            not a finite number > 0, or a part's files cannot be found (:func:`open_corpus`).
+            not a finite number > 0, the weights' sum is not finite, or a part's files cannot
+            be found (:func:`open_corpus`).
     """
     if not data.strip():
         raise TitanError("--data is empty")
@@ -107,6 +109,11 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
         if not (math.isfinite(pair[1]) and pair[1] > 0):
             raise TitanError(f"--data {data}: part '{part}' needs a weight > 0, got {pair[1]}")
     total = sum(weight for _, weight in weighted)
+    if not math.isfinite(total):
+        raise TitanError(
+            f"--data {data}: the weights sum past the largest float "
+            f"({sys.float_info.max:.3g}); scale them down (only their ratios count)"
+        )
     return [Source(spec, w / total, open_corpus(spec, text_field)) for spec, w in weighted]
 
 

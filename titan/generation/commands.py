@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from titan.generation import MAX_TEMPERATURE
+
 
 def add_parser(subparsers: Any) -> None:
     """Add ``generate`` to the ``titan`` subcommands."""
@@ -38,16 +40,18 @@ def add_parser(subparsers: Any) -> None:
         "--temperature",
         type=float,
         default=0.0,
-        help="softmax temperature; 0 is greedy, the argmax (default: 0)",
+        help=f"softmax temperature, 0 to {MAX_TEMPERATURE:g}; 0 is greedy, the argmax (default: 0)",
     )
     generate.add_argument(
         "--top-p",
         type=float,
         default=1.0,
         help="nucleus sampling: draw from the most probable tokens holding this much "
-        "probability (default: 1, all)",
+        "probability, in (0, 1] (default: 1, all)",
     )
-    generate.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    generate.add_argument(
+        "--seed", type=int, default=0, help="sampling seed, 0 to 2**32 - 1 (default: 0)"
+    )
     generate.set_defaults(run=run)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from titan.data.tokenizer import StreamDecoder
 from titan.errors import TitanError
+from titan.generation import MAX_TEMPERATURE
 from titan.generation.loading import LoadedModel, load_model
 from titan.generation.sampling import sample
 from titan.inert import inert
@@ -72,8 +73,8 @@ class Sampling:
     leaves less room (:func:`new_token_budget`).
 
     Raises (on construction):
-        TitanError: a negative temperature, top_p outside (0, 1], fewer than 1 new token or a
-            negative seed.
+        TitanError: a temperature outside [0, :data:`MAX_TEMPERATURE`], top_p outside (0, 1],
+            fewer than 1 new token or a seed outside [0, 2**32).
     """
 
     max_new_tokens: int | None = None
@@ -84,8 +85,11 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise TitanError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise TitanError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise TitanError(
+                f"--temperature must be in [0, {MAX_TEMPERATURE:g}] (0: greedy), got "
+                f"{self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise TitanError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.seed < 2**32:

@@ -11,7 +11,6 @@ does.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from titan.config import ParallelOptions, TrainConfig
-from titan.config_files import config_from_dict
 from titan.data.tokenizer import Tokenizer, load_tokenizer
 from titan.errors import TitanError
 from titan.models.adapters.base import cast_tree
@@ -30,6 +28,7 @@ from titan.ops import Ops
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer, compute_dtype
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
+from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 
 
@@ -78,12 +77,7 @@ def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
 
 
 def _run_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig]:
-    try:
-        saved = json.loads((run_dir / CONFIG_FILE).read_text())
-        cfg = config_from_dict(saved["train"])
-        model = ModelConfig(**saved["model"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise TitanError(f"{run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
+    cfg, model = saved_model(run_dir, "RUN_DIR")
     # one device, the whole model: any checkpoint of the run restores onto it
     one_device = dataclasses.replace(cfg.data, batch_size=1)
     return dataclasses.replace(cfg, parallel=ParallelOptions(dp=1), data=one_device), model

@@ -53,6 +53,8 @@ STOP_GRACE_S = 300.0
 # few per CPU they only time-slice, and a starved one misses the coordination service's heartbeats.
 PROCESSES_PER_CPU = 4
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The train flags each child gets from the launcher (:func:`child_command`).
+LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id")
 _FORCE_DEVICES = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 
@@ -192,10 +194,18 @@ def launch_local(
     worst child's exit code.
 
     Raises:
-        TitanError: ``train_args`` is not a ``train`` command, or the devices do not split.
+        TitanError: ``train_args`` is not a ``train`` command, gives a flag of
+            :data:`LAUNCHER_FLAGS`, or the devices do not split.
     """
     if not train_args or train_args[0] != "train":
         raise TitanError("titan launch runs 'train': give it as -- train OPTIONS")
+    for name in (arg.split("=")[0] for arg in train_args if arg.startswith("--")):
+        given = [flag for flag in LAUNCHER_FLAGS if len(name) > 2 and flag.startswith(name)]
+        if given:  # argparse takes a unique prefix of a flag as the flag
+            raise TitanError(
+                f"{given[0]} is set by titan launch for each process; leave it out of the "
+                "train options"
+            )
     envs = child_envs(
         processes,
         devices_per_process,

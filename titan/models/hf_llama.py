@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from titan.errors import TitanError
+from titan.reading import field
 from titan.shapes import ModelConfig, RopeScaling, check_shape
 
 LAYER_PREFIX = "model.layers"
@@ -51,6 +52,7 @@ _LAYER_NAMES = {
     "mlp_norm": "post_attention_layernorm.weight",
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+_HEADS = "num_attention_heads"
 
 
 def _refuse(field: str, value: Any, allowed: str) -> TitanError:
@@ -60,8 +62,14 @@ def _refuse(field: str, value: Any, allowed: str) -> TitanError:
 def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     """(rope_theta, scaling) of a config: ``rope_theta`` and ``rope_scaling`` (transformers 4),
     or ``rope_parameters`` holding both (transformers 5)."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10_000.0)
+    where = "config.json"
+    params = (
+        field(hf, "rope_parameters", (dict, type(None)), where, None)
+        or field(hf, "rope_scaling", (dict, type(None)), where, None)
+        or {}
+    )
+    theta = field(hf, "rope_theta", (float, type(None)), where, None)
+    theta = float(theta or field(params, "rope_theta", (float, type(None)), where, None) or 1e4)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in SUPPORTED_ROPE_TYPES:
         raise _refuse("rope_scaling.rope_type", kind, "'llama3' scaling or none")
@@ -78,33 +86,30 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     """
     if hf.get("model_type") != "llama":
         raise _refuse("model_type", hf.get("model_type"), "'llama'")
-    for field in ("attention_bias", "mlp_bias"):
-        if hf.get(field):
-            raise _refuse(field, hf[field], "false")
+    for bias in ("attention_bias", "mlp_bias"):
+        if hf.get(bias):
+            raise _refuse(bias, hf[bias], "false")
     if hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf["hidden_act"], "'silu'")
-    try:
-        d_model, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-        shape = dict(
-            vocab_size=int(hf["vocab_size"]),
-            d_model=d_model,
-            n_layers=int(hf["num_hidden_layers"]),
-            n_heads=n_heads,
-            n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-            ffn_dim=int(hf["intermediate_size"]),
-        )
-    except KeyError as err:
-        raise TitanError(f"config.json has no {err.args[0]}") from None
-    head_dim = hf.get("head_dim") or d_model // n_heads
+    where = "config.json"
+    d_model, n_heads = field(hf, "hidden_size", int, where), field(hf, _HEADS, int, where)
+    shape = dict(
+        vocab_size=field(hf, "vocab_size", int, where),
+        d_model=d_model,
+        n_layers=field(hf, "num_hidden_layers", int, where),
+        n_heads=n_heads,
+        n_kv_heads=field(hf, "num_key_value_heads", (int, type(None)), where, None) or n_heads,
+        ffn_dim=field(hf, "intermediate_size", int, where),
+    )
+    check_shape(ModelConfig("custom", **shape), where)
+    head_dim = field(hf, "head_dim", (int, type(None)), where, None) or d_model // n_heads
     if head_dim * n_heads != d_model:
         raise _refuse(
             "head_dim", head_dim, f"hidden_size / num_attention_heads = {d_model}/{n_heads}"
         )
     theta, scaling = _rope(hf)
-    eps = float(hf.get("rms_norm_eps", 1e-6))
-    model = ModelConfig("custom", **shape, rope_theta=theta, norm_eps=eps, rope_scaling=scaling)
-    check_shape(model, "config.json")
-    return model
+    eps = float(field(hf, "rms_norm_eps", float, where, 1e-6))
+    return ModelConfig("custom", **shape, rope_theta=theta, norm_eps=eps, rope_scaling=scaling)
 
 
 def config_to_hf(

@@ -290,6 +290,15 @@ def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
     print_fitted(out, table, width)
 
 
+OUT_HELP = {
+    "tensorboard": "the directory to write to (an earlier export's event file there is "
+    "replaced; the live writer's is kept)",
+    "csv": "the file to write (an existing one is refused unless --force; the default "
+    "RUN_DIR/metrics.csv is replaced)",
+    "wandb-offline": "the directory to write to (each export adds an offline run there)",
+}
+
+
 def add_export_formats(formats: Any) -> None:
     """Add the metric sinks (:data:`titan.observability.sinks.SINKS`) as formats of
     ``titan export``: ``titan export tensorboard|csv|wandb-offline RUN_DIR [--out PATH]``."""
@@ -308,12 +317,17 @@ def add_export_formats(formats: Any) -> None:
             "the source of truth; an export can be written again at any time.",
         )
         f.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
-        f.add_argument("--out", default=None, metavar="PATH", help="where to write")
-        f.set_defaults(run=run_export, sink=sink)
+        f.add_argument("--out", default=None, metavar="PATH", help=OUT_HELP[sink])
+        if sink == "csv":
+            f.add_argument(
+                "--force", action="store_true", help="replace the file --out if it exists"
+            )
+        f.set_defaults(run=run_export, sink=sink, force=False)
 
 
 def run_export(args: argparse.Namespace) -> int:
     """``titan export``: prints the path written."""
-    out = sinks.export_run(Path(args.run_dir), args.sink, Path(args.out) if args.out else None)
+    out = Path(args.out) if args.out else None
+    out = sinks.export_run(Path(args.run_dir), args.sink, out, args.force)
     print(inert(str(out)))
     return EXIT_OK

@@ -2,14 +2,24 @@
 (``jax.Device.memory_stats()``), and the memory analysis of a compiled program.
 
 Figures come only from the backend: where it reports none (XLA:CPU's ``memory_stats()`` is
-None), the readers return None and nothing is recorded. This module takes devices and compiled
-programs as arguments and imports no JAX itself.
+None), the readers return None and nothing is recorded; the memory of the host, which XLA:CPU's
+devices share, is read from the OS (:func:`host_memory_bytes`). This module takes devices and
+compiled programs as arguments and imports no JAX itself.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
+
+from titan.errors import TitanError
+from titan.reading import read_text
+
+# cgroup v2's memory limit of this process's container ("max": none); Linux's
+# Documentation/admin-guide/cgroup-v2.rst, "memory.max".
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
 
 # CompiledMemoryStats attribute -> the key recorded in the ``compile`` event (bytes per device).
 _ANALYSIS_KEYS = {
@@ -34,6 +44,23 @@ def usable_bytes(devices: Sequence[Any]) -> int | None:
     """The smallest ``bytes_limit`` (the allocator's pool: what XLA may use) of ``devices``, or
     None when the backend reports none."""
     return min(_stats(devices, "bytes_limit"), default=None)
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this process's host may give it (bytes): the physical memory
+    (``sysconf(_SC_PHYS_PAGES) x sysconf(_SC_PAGE_SIZE)``), or the container's cgroup v2 limit
+    (:data:`CGROUP_MEMORY_MAX`) when lower; None where the OS reports neither."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        physical = None
+    try:
+        text = read_text(CGROUP_MEMORY_MAX, limit=64).strip()
+    except TitanError:  # no cgroup v2 here
+        text = "max"
+    limit = int(text) if text.isdigit() else None
+    known = [b for b in (physical, limit) if b is not None and b > 0]
+    return min(known, default=None)
 
 
 def peak_bytes(devices: Sequence[Any]) -> int | None:

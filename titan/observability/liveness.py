@@ -56,7 +56,7 @@ import psutil
 
 from titan.observability.ettr import RUNNING_WINDOW_S
 from titan.observability.events import Event, RunEnd, RunStart, Stall
-from titan.observability.records import open_regular, parse_json
+from titan.reading import open_regular, parse_json
 
 LAUNCH_FILE = "launch.json"
 PROCESSES_DIR = "processes"

@@ -22,22 +22,19 @@ import math
 import os
 import re
 import secrets
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from titan.errors import TitanError
 from titan.observability.events import SCHEMA_VERSION, Event, parse_events
+from titan.reading import open_regular, parse_json
 
 SCHEMA = SCHEMA_VERSION
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
-# Arrays and objects nested deeper than this in one line are not a record's (the events nest
-# five deep at most); readers skip such a line (:func:`parse_json`).
-MAX_JSON_DEPTH = 64
 
 
 def default_runs_root(explicit: str = "") -> Path:
@@ -69,46 +66,6 @@ def new_run_id(preset: str) -> str:
     """A fresh run id: ``<preset>-<UTC yyyymmdd-hhmmss>-<4 hex>``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{preset}-{stamp}-{secrets.token_hex(2)}"
-
-
-def parse_json(line: str | bytes) -> Any:
-    """The JSON value of one record line, or None when it is not a record's: malformed, or
-    nested deeper than :data:`MAX_JSON_DEPTH` (a line nested a thousand deep makes
-    ``json.loads`` raise ``RecursionError``, and one a little less deep would make the readers
-    that walk it recursively raise it; no line, however built, gets past here to stop a
-    reader)."""
-    try:
-        value = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return value if _depth_within(value, MAX_JSON_DEPTH) else None
-
-
-def _depth_within(value: Any, limit: int) -> bool:
-    """Whether the arrays and objects of ``value`` nest at most ``limit`` deep (iteratively:
-    the walk itself cannot overflow the stack)."""
-    pending = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if not isinstance(item, dict | list):
-            continue
-        if depth > limit:
-            return False
-        children = item.values() if isinstance(item, dict) else item
-        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return True
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for reading bytes, refused unless it is a regular file (a directory
-    fails to open anyway; a FIFO would block the reader forever).
-
-    Raises:
-        OSError: it cannot be opened, or it is not a regular file.
-    """
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return open(path, "rb")  # noqa: SIM115
 
 
 def _finite(value: Any) -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
-from titan.observability.records import EVENTS_FILE, EventTail, read_events
+from titan.observability.records import EVENTS_FILE, EventTail
 from titan.out_paths import check_file
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
@@ -126,15 +126,21 @@ def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
     return out
 
 
-def write_csv(rows: list[MetricRow], out: Path) -> Path:
+def write_csv(rows: list[MetricRow], out: Path, force: bool = False) -> Path:
     """A CSV of ``rows``: columns ``step``, ``time`` and each tag (in first-seen order), one
     line per step, empty where a step has no value of a tag; returns its path. It is written to
     ``<out>.tmp`` and renamed, so a failed write leaves neither file.
 
+    Args:
+        force: replace an existing file ``out`` (else it is refused).
+
     Raises:
-        TitanError: ``out`` is a directory or cannot be written (names ``--out``).
+        TitanError: ``out`` is a directory, an existing file (without ``force``), or cannot be
+            written (names ``--out``).
     """
     check_file(out)
+    if out.exists() and not force:
+        raise TitanError(f"--out {out} exists already; give a new path or --force to replace it")
     tags = list(dict.fromkeys(tag for row in rows for tag in row.values))
     tmp = out.with_name(out.name + ".tmp")
     try:
@@ -181,21 +187,38 @@ def default_out(run_dir: Path, sink: str) -> Path:
     return run_dir / {"tensorboard": "tensorboard", "csv": "metrics.csv"}.get(sink, "wandb")
 
 
-def export_run(run_dir: Path, sink: str, out: Path | None = None) -> Path:
+def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = False) -> Path:
     """Write a run's metrics to ``sink`` (a :data:`SINKS` name); returns what was written.
 
+    Args:
+        out: where to write; default :func:`default_out` (a CSV there is the export's own,
+            replaced by the next export).
+        force: ``csv``: replace an existing file ``out`` given here.
+
     Raises:
-        TitanError: ``run_dir`` has no ``events.jsonl``, or the sink's library is missing.
+        TitanError: ``run_dir`` has no readable ``events.jsonl``, or one without a single
+            event (nothing is written then), the sink's library is missing, or ``out`` is
+            refused (:func:`write_csv`).
     """
-    if not (run_dir / EVENTS_FILE).is_file():
+    path = run_dir / EVENTS_FILE
+    if not path.exists():
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} (not a run directory)")
-    events = read_events(run_dir)
+    tail = EventTail(path)
+    events = tail.read_new()
+    if tail.error is not None:
+        raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
+    if not events:
+        raise TitanError(
+            f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no event ({tail.bad_lines} lines that are "
+            "not events): not a run record"
+        )
     rows = metric_rows(events)
+    force = force or out is None
     out = out or default_out(run_dir, sink)
     if sink == "tensorboard":
         return write_tensorboard(rows, out)
     if sink == "csv":
-        return write_csv(rows, out)
+        return write_csv(rows, out, force)
     start = next((e for e in events if e.get("type") == "run_start"), {})
     return write_wandb_offline(rows, out, str(start.get("run_id", run_dir.name)), start)
 

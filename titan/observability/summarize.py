@@ -27,7 +27,7 @@ one writer. Tables:
 
 Parsing happens inside DuckDB (``read_text`` of the new complete lines staged in a temporary
 file, ``json_transform`` of each line once): Python never decodes the events one by one (only
-a line with more opening brackets than :data:`~titan.observability.records.MAX_JSON_DEPTH` is,
+a line with more opening brackets than :data:`~titan.reading.MAX_JSON_DEPTH` is,
 to refuse one nested deeper, as every reader does: it counts as a bad line).
 - ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`),
   with ``tokens_per_j`` and the first ``run_start``'s time, preset, layout, pipeline stages and
@@ -95,13 +95,8 @@ from titan.observability.events import (
     Step,
     parse_event,
 )
-from titan.observability.records import (
-    EVENTS_FILE,
-    MAX_JSON_DEPTH,
-    check_runs_root,
-    open_regular,
-    parse_json,
-)
+from titan.observability.records import EVENTS_FILE, check_runs_root
+from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
@@ -357,7 +352,7 @@ def _without_deep_lines(data: bytes) -> bytes:
     """``data`` (complete lines) with each line that :func:`~titan.observability.records.
     parse_json` refuses for its nesting emptied (so it counts as a bad line, as in every other
     reader, and the lines keep their numbers). Only a line with more than
-    :data:`~titan.observability.records.MAX_JSON_DEPTH` opening brackets can be that deep, so
+    :data:`~titan.reading.MAX_JSON_DEPTH` opening brackets can be that deep, so
     the others are not decoded here."""
     if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
         return data

@@ -41,6 +41,7 @@ from titan.planning.memory import FIT_MARGIN, Layout, Precision
 from titan.planning.models import ATTENTION_KERNELS, resolve_model
 from titan.planning.step import Measurement, calibrate
 from titan.planning.verdict import Verdict, gpus_needed, verdict
+from titan.reading import read_json
 from titan.tables import Column, console, fitted_table, print_fitted
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
@@ -48,6 +49,7 @@ from titan.tables import Column, console, fitted_table, print_fitted
 DEFAULT_SEQ_LEN = 8192
 DEFAULT_BATCH_TOKENS = 512 * 8192
 GB = 1e9
+DEFAULT_TOP = 20  # rows of the --search table
 
 
 def add_parser(subparsers: Any) -> None:
@@ -130,7 +132,13 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="rank every layout that fits (the layout options --dp ... --remat are not taken)",
     )
-    p.add_argument("--top", type=int, default=20, help="rows of the --search table")
+    p.add_argument(
+        "--top",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"rows of the --search table, at least 1 (default {DEFAULT_TOP}); only with --search",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
         "--wide",
@@ -214,18 +222,15 @@ def load_calibration(value: str | None, runs_root: Path | None = None) -> dict[s
     ``bench/planner_accuracy.py`` writes).
 
     Raises:
-        TitanError: unreadable file or values outside (0, 1].
+        TitanError: a file :func:`titan.reading.read_json` refuses, or values outside (0, 1].
     """
     if value is None:
         return {}
     if value == PERFDB:
         return perfdb_calibration(runs_root)
     path = Path(value)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise TitanError(f"--calibration {path}: {err}") from None
-    mapping = data.get("calibration", data) if isinstance(data, dict) else None
+    data = read_json(path, "--calibration")
+    mapping = data.get("calibration", data)
     if not isinstance(mapping, dict) or not all(
         isinstance(v, int | float) and 0 < v <= 1 for v in mapping.values()
     ):
@@ -315,8 +320,11 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan plan``; returns the exit code: :data:`EXIT_FAILED` when the layout does not
     fit (or, with ``--search``, when none does), else :data:`EXIT_OK`."""
-    if args.top < 1:
-        raise TitanError(f"--top must be >= 1, got {args.top}")
+    if args.top is not None and not args.search:
+        raise TitanError("--top needs --search (it sets the rows of the ranked table)")
+    top = DEFAULT_TOP if args.top is None else args.top
+    if top < 1:
+        raise TitanError(f"--top must be >= 1, got {top}")
     check_exclusive_options(args)
     if args.from_run is not None:
         return run_from(args)
@@ -329,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     fits = bool(plans) and (judged is None or judged.fits)
     command = train_command(args.model, plans[0]) if plans else None
     if args.json:
-        report = _json(request, plans[: args.top])
+        report = _json(request, plans[:top])
         if args.search:
             report["layouts_fit"] = len(plans)
             report["gpus_needed"] = needed
@@ -339,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return EXIT_OK if fits else EXIT_FAILED
     if args.search:
-        _print_search(request, plans[: args.top], len(plans), args.wide, needed)
+        _print_search(request, plans[:top], len(plans), args.wide, needed)
     else:
         _print_plan(plans[0], judged)
     if command is not None:

@@ -62,6 +62,7 @@ from titan.observability.records import DISK_FULL, disk_full
 from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier, process_count, process_index
 from titan.parallel.mesh import DeviceMesh, host_mesh
+from titan.reading import read_json
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
 from titan.trainer.init_from import checkpoint_location
 from titan.trainer.stage_store import StageStore, check_dtype
@@ -532,15 +533,26 @@ class Checkpointer:
 
         Returns:
             (``chunk_<c>`` -> host state, the checkpoint's chunks, its meta).
+
+        Raises:
+            TitanError: the checkpoint cannot be read (corrupt metadata or arrays).
         """
-        meta = self._meta(step)
-        saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
-        items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()))
+        try:
+            meta = self._meta(step)
+            saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
+            items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()))
+        except TitanError:
+            raise
+        except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, a hand-edited meta
+            raise TitanError(
+                f"checkpoint {step} ({self.path(step)}) cannot be read: {_one_line(err)}"
+            ) from None
         return items, saved_chunks, meta
 
     def _meta(self, step: int) -> dict[str, Any]:
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return meta["meta"]
+        """The ``meta`` item of checkpoint ``step``, orbax's ``JsonSave`` file read through
+        :func:`titan.reading.read_json`."""
+        return read_json(self.path(step) / "meta" / "metadata", f"checkpoint {step}")
 
     def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
         saved, saved_chunks, _ = self.restore_host(step, trainer.abstract_items)

@@ -46,6 +46,7 @@ from titan.optimizer import build_optimizer
 from titan.out_paths import check_new_dir, make_dir
 from titan.parallel.chunks import Chunk, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
+from titan.reading import field, read_json
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_adapter
 from titan.trainer.checkpoint import Checkpointer, open_checkpoint
@@ -61,24 +62,15 @@ SHARD_BYTES = 5 * 10**9
 TOKENIZER_CANDIDATES = ("tokenizer.json", "tokenizer.model", "original/tokenizer.model")
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TitanError(f"{what}: no {path}") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TitanError(f"{what}: {path} is not JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise TitanError(f"{what}: {path} is not a JSON object")
-    return value
-
-
 def _safetensors_files(source: Path) -> list[Path]:
     """The shards named by the index, else ``model.safetensors``, else every ``*.safetensors``."""
     index = source / INDEX_FILE
     if index.is_file():
-        weight_map = _read_json(index, "titan import hf").get("weight_map", {})
-        return [source / name for name in sorted(set(weight_map.values()))]
+        where = f"titan import hf {index}"
+        weight_map = field(read_json(index, "titan import hf"), "weight_map", dict, where, {})
+        return [
+            source / name for name in sorted({field(weight_map, k, str, where) for k in weight_map})
+        ]
     if (source / SINGLE_FILE).is_file():
         return [source / SINGLE_FILE]
     files = sorted(source.glob("*.safetensors"))
@@ -177,7 +169,7 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
             cannot be made.
     """
     check_new_dir(out)  # before the read: a bad --out fails at once
-    hf = _read_json(source / "config.json", "titan import hf")
+    hf = read_json(source / "config.json", "titan import hf")
     model = config_from_hf(hf)
     tokenizer = find_tokenizer(source)
     if tokenizer.vocab_size > model.vocab_size:

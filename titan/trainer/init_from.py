@@ -8,12 +8,11 @@ one step of it, ``<dir>/checkpoints/<step>``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from titan.config import TASK_FAMILIES, TrainConfig
-from titan.config_files import config_from_dict
+from titan.config_files import read_run_config
 from titan.errors import TitanError
 from titan.observability.records import CONFIG_FILE
 from titan.shapes import SHAPE_FIELDS, ModelConfig, model_text
@@ -36,16 +35,17 @@ def saved_model(run_dir: Path, flag: str) -> tuple[TrainConfig, ModelConfig]:
     """The options and the model shape recorded in a run dir's (or an import's) ``config.json``.
 
     Raises:
-        TitanError: no readable ``config.json`` holding both.
+        TitanError: no ``config.json`` there, or one :func:`titan.config_files.read_run_config`
+            refuses, or a ``model`` that is no shape.
     """
     path = run_dir / CONFIG_FILE
+    if not path.exists():
+        raise TitanError(f"{flag} {run_dir}: no {CONFIG_FILE} there (not a run dir)")
+    cfg, model = read_run_config(path, flag)
     try:
-        saved = json.loads(path.read_text())
-        return config_from_dict(saved["train"]), ModelConfig(**saved["model"])
-    except FileNotFoundError:
-        raise TitanError(f"{flag} {run_dir}: no {CONFIG_FILE} there (not a run dir)") from None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise TitanError(f"{flag} {run_dir}: {path} has no usable model ({err})") from None
+        return cfg, ModelConfig(**model)
+    except (TypeError, ValueError, TitanError) as err:
+        raise TitanError(f"{flag} {path}: field 'model': {err}") from None
 
 
 def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,10 @@ bytes per device of this layout (:func:`titan.planning.memory.memory_per_device`
 ``titan plan`` prints) against the device's usable memory.
 
 Usable memory is the smallest ``bytes_limit`` of ``memory_stats()`` over the run's devices in
-this process (the allocator's pool), or ``--debug-usable-memory``; XLA:CPU reports none, so on
-CPU the check says unknown and is skipped. Above it, the run is refused with one line giving the
+this process (the allocator's pool), or ``--debug-usable-memory``. XLA:CPU reports none: its
+devices share the host's memory (:func:`titan.observability.device_memory.host_memory_bytes`),
+so each has that divided by the run's devices in this process. Where neither is known the check
+says unknown and is skipped. Above it, the run is refused with one line giving the
 estimate and what would fit by the same estimator: the largest ``--batch-size`` (a multiple of
 dp x fsdp x microbatches) and the ``--remat`` policies that fit at this batch size.
 ``--no-memory-check`` runs anyway.
@@ -23,7 +25,7 @@ from typing import Any
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
-from titan.observability.device_memory import usable_bytes
+from titan.observability.device_memory import host_memory_bytes, usable_bytes
 from titan.planning.gpus import find_gpu, gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.remat import REMAT_POLICIES
@@ -131,9 +133,13 @@ def _usable(cfg: TrainConfig, devices: Sequence[Any]) -> tuple[float | None, str
     if cfg.debugging.debug_usable_memory:
         return cfg.debugging.debug_usable_memory, "--debug-usable-memory"
     limit = usable_bytes(devices)
-    if limit is None:
-        return None, "unknown: the backend reports no bytes_limit"
-    return float(limit), "bytes_limit of jax.Device.memory_stats()"
+    if limit is not None:
+        return float(limit), "bytes_limit of jax.Device.memory_stats()"
+    host = host_memory_bytes()
+    if host is not None and all(getattr(d, "platform", "") == "cpu" for d in devices):
+        shared = f"{len(devices)} CPU device" + ("s" if len(devices) > 1 else "")
+        return host / len(devices), f"the host's memory shared by {shared}"
+    return None, "unknown: the backend reports no bytes_limit"
 
 
 def _what_fits(estimator: _Estimator, usable: float) -> str:

@@ -4,12 +4,11 @@ the allowed overrides of the command line, read without JAX (``--print-config`` 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
-from titan.config_files import config_from_dict, resumed_config
+from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
 from titan.observability.records import CONFIG_FILE
 
@@ -27,12 +26,9 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
         TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
     """
     config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
+    if not config_path.exists():
         raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
-    try:
-        saved = config_from_dict(json.loads(config_path.read_text())["train"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise TitanError(f"--resume {run_dir}: {CONFIG_FILE} is unreadable ({err})") from None
+    saved, _ = read_run_config(config_path, "--resume")
     if saved.model.task == "lm" and not (run_dir / TOKENIZER_FILE).is_file():
         raise TitanError(
             f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "

@@ -5,25 +5,22 @@ samples (:mod:`titan.diffusion.samplers`): ``titan sample RUN_DIR``, and the sam
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from titan.config_files import config_from_dict
 from titan.data.images import encode_png
 from titan.diffusion.objectives import TRAIN_TIMESTEPS
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
-from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.out_paths import check_file
-from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.images import objective_of
+from titan.trainer.init_from import saved_model
 
 # All classes x --per-class samples go through the model as one batch on one device (the grid is
 # --per-class columns wide): 64 bounds that batch at 64 images per class.
@@ -63,12 +60,7 @@ def sample_grid(
             diffusion run or has no committed checkpoint (then nothing is created in it).
     """
     check_options(per_class, seed, steps, guidance)
-    try:
-        saved = json.loads((run_dir / CONFIG_FILE).read_text())
-        cfg = config_from_dict(saved["train"])
-        model = ModelConfig(**saved["model"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise TitanError(f"{run_dir}: not a run dir ({CONFIG_FILE}: {err})") from None
+    cfg, model = saved_model(run_dir, "RUN_DIR")
     if cfg.model.task != "diffusion":
         raise TitanError(f"{run_dir}: a --task {cfg.model.task} run has no images to sample")
     if not (run_dir / CHECKPOINT_DIR).is_dir():  # Checkpointer would create it

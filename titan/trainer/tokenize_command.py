@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from titan.config import DataOptions
+from titan.config import MAX_DATA_WORKERS, DataOptions
 from titan.data.mixture import open_sources, union_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="worker processes (default 0: one per CPU core)",
+        help=f"worker processes, 0 to {MAX_DATA_WORKERS} (default 0: one per CPU core)",
     )
     t.set_defaults(run=run)
 

@@ -13,8 +13,8 @@ and ``pipeline_timing`` from an MPMD trainer).
 
 Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
 the loop records each save's outcome once it settles and waits for the last one before
-``run_end``. Before compiling, :func:`titan.trainer.memory_check.check_memory` compares the
-planner's memory estimate with the devices' usable memory.
+``run_end``. Before the state is made or restored, :func:`titan.trainer.memory_check.
+check_memory` compares the planner's memory estimate with the devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
 refused. During start-up a stop signal ends the process with one line and
@@ -314,10 +314,7 @@ def _train_claimed(
     run.start_monitors()
     started = False
     try:
-        with stop.during("restore"):
-            state, start_step = run.restore_or_init(resume_dir is not None)
-        with stop.during("trace"):
-            run.watchdog.enter("compile", start_step)
+        with stop.during("trace"):  # checked before the state takes any memory
             trainer.trace()
             memory = check_memory(
                 cfg,
@@ -327,6 +324,9 @@ def _train_claimed(
                 ops.served,
                 run.local_devices,
             )
+        with stop.during("restore"):
+            state, start_step = run.restore_or_init(resume_dir is not None)
+        run.watchdog.enter("compile", start_step)
         stop.start()  # from here a signal stops the run after a step, with a checkpoint
         run.begin(model_cfg, data.files)
         run.record.emit(
