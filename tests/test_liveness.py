@@ -18,9 +18,11 @@ from helpers import cli_args, small_run, start_subprocess, wait_for_event
 
 from titan.observability import summarize
 from titan.observability.liveness import (
+    BEAT_INTERVAL_S,
     DEAD,
     HEARTBEAT_TIMEOUT_S,
     PROCESSES_DIR,
+    UNRESPONSIVE,
     Liveness,
     ProcessId,
     RecordFacts,
@@ -129,10 +131,53 @@ def test_a_recorded_pid_now_another_process_reads_dead(tmp_path: Path):
 
 def test_a_live_recorded_process_reads_running_and_is_offered_for_control(tmp_path: Path):
     me = ProcessId.current()
-    _record_process(tmp_path / "live", me, beat_age_s=HEARTBEAT_TIMEOUT_S * 10)
+    _record_process(tmp_path / "live", me, beat_age_s=1.0)
     judged = judge(tmp_path / "live", _facts(tmp_path / "live"))
-    # On this host the pid decides: an old heartbeat does not make a live process dead.
     assert (judged.state, judged.control, judged.no_control) == ("running", me, "")
+
+
+def test_a_live_process_with_a_heartbeat_past_the_allowance_reads_unresponsive(tmp_path: Path):
+    me = ProcessId.current()
+    _record_process(tmp_path / "frozen", me, beat_age_s=HEARTBEAT_TIMEOUT_S + 10)
+    judged = judge(tmp_path / "frozen", _facts(tmp_path / "frozen"))
+    # On this host an old heartbeat does not make a live process dead: it is unresponsive, and
+    # still offered for a stop or a kill.
+    assert (judged.state, judged.control, judged.alive) == (UNRESPONSIVE, me, True)
+    assert judged.reason == (
+        f"{me.name()}: no heartbeat for {HEARTBEAT_TIMEOUT_S + 10:.0f} s (allowance "
+        f"{HEARTBEAT_TIMEOUT_S:.0f} s); it exists but does not run (stopped or frozen)"
+    )
+
+
+def test_a_sigstopped_run_reads_unresponsive_everywhere_within_its_allowance(
+    corpus_dir: Path, tmp_path: Path
+):
+    # --watchdog-floor 3 makes the allowance 3 s (heartbeat_allowance_s), for every reader.
+    process = _long_run(corpus_dir, tmp_path, "frozen", watchdog_floor=3)
+    run_dir = tmp_path / "frozen"
+    try:
+        wait_for_event(run_dir, lambda e: e["type"] == "step" and e["step"] >= 2)
+        alive = _wait_for_beat_with_step(run_dir)
+        os.kill(process.pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        time.sleep(alive.allowance_s + 1.5 * BEAT_INTERVAL_S)
+        judged = judge(run_dir, _facts(run_dir))
+        update = RunWatcher(run_dir).poll()
+        [listed] = list_runs(tmp_path).summaries
+        [summary] = summarize.summarize(tmp_path)
+        frozen_for = time.time() - stopped_at
+    finally:
+        process.send_signal(signal.SIGCONT)
+        _stop(process)
+    assert (alive.state in ("running", "stalled"), alive.allowance_s) == (True, 3.0)
+    assert (judged.state, judged.control.pid) == (UNRESPONSIVE, process.pid)
+    assert update.liveness.state == listed.liveness.state == summary.status == UNRESPONSIVE
+    assert summary.reason.partition(": no heartbeat")[0] == f"{judged.control.name()}"
+    [beat] = judged.processes
+    assert time.time() - beat.beat >= frozen_for - BEAT_INTERVAL_S  # no beat since the stop
+    assert judged.reason.startswith(f"process 0 (pid {process.pid} on {socket.gethostname()}): ")
+    frozen_text = " (allowance 3 s); it exists but does not run (stopped or frozen)"
+    assert judged.reason.endswith(frozen_text)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +192,7 @@ def test_on_another_host_the_heartbeat_age_decides(tmp_path: Path, beat_age_s: f
     if state == DEAD:
         assert judged.reason == (
             f"process 0 (pid 4242 on another-host.example): no heartbeat for {beat_age_s:.0f} s "
-            f"(over {HEARTBEAT_TIMEOUT_S:.0f} s; its pid cannot be checked from this host)"
+            f"(allowance {HEARTBEAT_TIMEOUT_S:.0f} s); its pid cannot be checked from this host"
         )
     else:
         assert judged.no_control == (

@@ -11,14 +11,9 @@ from pathlib import Path
 
 from helpers import events
 
-from titan.observability.liveness import read_beats
+from titan.observability.liveness import HEARTBEAT_TIMEOUT_S, heartbeat_allowance_s, read_beats
 from titan.observability.records import RunRecord, write_json_atomic
-from titan.trainer.peers import (
-    LOST_AFTER_S,
-    PeerWatch,
-    lost_after_s,
-    lost_processes,
-)
+from titan.trainer.peers import PeerWatch, lost_processes
 from titan.trainer.processes import PROCESSES_DIR, Heartbeat
 
 
@@ -38,7 +33,7 @@ def test_a_running_process_silent_past_the_allowance_is_lost(tmp_path):
     beat_file(tmp_path, 3, beat=now - 40, status="completed")  # ended: not lost
     beat_file(tmp_path, 0, beat=now - 400)  # this process: never its own peer
     (tmp_path / PROCESSES_DIR / "4.json").write_text("{torn")
-    (lost,) = lost_processes(read_beats(tmp_path), now, LOST_AFTER_S)
+    (lost,) = lost_processes(read_beats(tmp_path), now, HEARTBEAT_TIMEOUT_S)
     assert (lost.process, lost.beat.id.host, lost.beat.id.pid, lost.beat.step) == (
         1,
         "node7",
@@ -51,14 +46,15 @@ def test_a_running_process_silent_past_the_allowance_is_lost(tmp_path):
 
 
 def test_the_lost_allowance_follows_a_short_watchdog_floor():
-    assert lost_after_s(300.0) == LOST_AFTER_S
-    assert lost_after_s(5.0) == 5.0
-    assert lost_after_s(0.1) == 3.0  # never under three beats
+    assert heartbeat_allowance_s(300.0) == HEARTBEAT_TIMEOUT_S
+    assert heartbeat_allowance_s(5.0) == 5.0
+    assert heartbeat_allowance_s(0.1) == 3.0  # never under three beats
+    assert heartbeat_allowance_s(None) == HEARTBEAT_TIMEOUT_S  # a record without a floor
 
 
 def test_another_processes_stall_is_recorded_once_with_its_process(tmp_path):
     record = RunRecord(tmp_path, "run")
-    watch = PeerWatch(tmp_path, Heartbeat(tmp_path), record, LOST_AFTER_S, on_lost=print)
+    watch = PeerWatch(tmp_path, Heartbeat(tmp_path), record, HEARTBEAT_TIMEOUT_S, on_lost=print)
     stall = {"phase": "step", "elapsed_s": 12.5, "threshold_s": 10.0, "step": 3}
     beat_file(tmp_path, 1, stall=stall)
     watch.check()
@@ -90,5 +86,5 @@ def test_a_process_of_this_host_that_is_gone_is_lost_at_once(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     beat_file(tmp_path, 1, host=socket.gethostname(), pid=gone.pid)  # beating just now
-    (lost,) = lost_processes(read_beats(tmp_path), time.time(), LOST_AFTER_S)
+    (lost,) = lost_processes(read_beats(tmp_path), time.time(), HEARTBEAT_TIMEOUT_S)
     assert lost.process == 1 and "is gone" in lost.describe()

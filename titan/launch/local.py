@@ -46,7 +46,7 @@ from titan.exit_codes import EXIT_OK, EXIT_STOPPED, worst_exit_code
 
 PLATFORMS = ("auto", "cpu", "gpu")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-KILL_AFTER_S = 45.0  # past titan.trainer.peers.LOST_AFTER_S: survivors first record the lost one
+KILL_AFTER_S = 45.0  # past liveness.HEARTBEAT_TIMEOUT_S: survivors first record the lost one
 # A stop checkpoints first: the grace covers writing a large model's checkpoint to local disk.
 STOP_GRACE_S = 300.0
 # Each child is one JAX process (an interpreter, XLA's thread pool, a gloo or NCCL peer); past a

@@ -18,25 +18,36 @@ rule that applies giving the state:
 2. ``dead``: a process of the run that has not ended is gone. On the host it runs on, a pid is
    checked directly: gone (or a zombie), or now another process (its start time differs from
    the recorded one by more than :data:`START_TIME_TOLERANCE_S`), is dead at once. From another
-   host a pid cannot be checked; there a heartbeat older than :data:`HEARTBEAT_TIMEOUT_S` is
-   dead. A record that names no process (written before processes were recorded) is dead once
-   its last event is older than :data:`titan.observability.ettr.RUNNING_WINDOW_S`. A dead run
-   says when it was last seen alive (the newest heartbeat or event) and why, naming the lost
-   process (host, pid, process id).
+   host a pid cannot be checked; there a heartbeat older than the run's allowance
+   (:func:`heartbeat_allowance_s`) is dead. A record that names no process (written before
+   processes were recorded) is dead once its last event is older than
+   :data:`titan.observability.ettr.RUNNING_WINDOW_S`. A dead run says when it was last seen
+   alive (the newest heartbeat or event) and why, naming the lost process (host, pid, process
+   id).
 3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
    devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
    process whose ``stderr.log`` has not changed for
    :data:`~titan.observability.ettr.RUNNING_WINDOW_S`: the last line of ``stderr.log`` is the
    reason.
-4. ``stalled``: alive, and the record's last event is a ``stall`` event, the trainer's own
+4. ``unresponsive``: a process of this host exists but its heartbeat is older than the run's
+   allowance (:func:`heartbeat_allowance_s`): its heartbeat thread, which beats whatever the
+   loop does, has not run for that long, so the whole process is stopped (SIGSTOP, a debugger)
+   or frozen; its own watchdog cannot record a stall. It can still be stopped or killed.
+5. ``stalled``: alive, and the record's last event is a ``stall`` event, the trainer's own
    watchdog saying that the phase in flight has run past its allowance (``--watchdog-floor``,
    ``--watchdog-factor``); it stays stalled until the next event.
-5. ``starting``: alive (or not yet known to be gone) and no ``run_start`` yet.
-6. ``running``: otherwise.
+6. ``starting``: alive (or not yet known to be gone) and no ``run_start`` yet.
+7. ``running``: otherwise.
 
 The console refreshes a run's state with each poll (about once a second), so a run killed with
-SIGKILL on this host reads ``dead`` within a second; on another host within
-:data:`HEARTBEAT_TIMEOUT_S` plus a second.
+SIGKILL on this host reads ``dead`` within a second, and a process frozen there reads
+``unresponsive`` within its allowance plus a second; on another host a lost process reads
+``dead`` within its allowance plus a second.
+
+The allowance is one rule, :func:`heartbeat_allowance_s` of the run's ``--watchdog-floor``
+(recorded in ``run_start``'s config), shared by the console, ``titan summarize`` and the
+multi-process peer watch (:mod:`titan.trainer.peers`), which ends a run whose peer is silent
+for that long.
 
 This module imports neither JAX nor Textual nor DuckDB.
 """
@@ -63,9 +74,12 @@ PROCESSES_DIR = "processes"
 STDERR_LOG = "stderr.log"
 # A heartbeat thread rewrites processes/<id>.json this often (seconds).
 BEAT_INTERVAL_S = 1.0
-# From another host, a process whose newest beat is older than this is dead: thirty missed
-# beats, so a thread starved for a while by a busy process is not taken for a lost one.
+# The longest heartbeat allowance (heartbeat_allowance_s): thirty missed beats, so a thread
+# starved for a while by a busy process is not taken for a lost one, and under JAX's own
+# coordination timeout (100 s), so the record names the lost process first.
 HEARTBEAT_TIMEOUT_S = 30.0
+# The shortest allowance: three missed beats.
+MIN_ALLOWANCE_BEATS = 3
 # Start times are read from /proc (clock ticks since boot, 1/100 s on Linux, plus the boot time,
 # a whole second): the same process reads within this of its recorded start time.
 START_TIME_TOLERANCE_S = 1.0
@@ -73,6 +87,21 @@ START_TIME_TOLERANCE_S = 1.0
 _STDERR_TAIL_BYTES = 4096
 
 STARTING, RUNNING, STALLED, DEAD, FAILED = "starting", "running", "stalled", "dead", "failed"
+UNRESPONSIVE = "unresponsive"
+
+
+def heartbeat_allowance_s(watchdog_floor_s: float | None = None) -> float:
+    """Seconds a process of a run may go without a heartbeat before it counts as unresponsive
+    (on this host) or lost (elsewhere, and for the peer watch): :data:`HEARTBEAT_TIMEOUT_S`,
+    or the run's ``--watchdog-floor`` when that is shorter (a run that allows short stalls also
+    notices a silent process soon), never under :data:`MIN_ALLOWANCE_BEATS` beats.
+
+    Args:
+        watchdog_floor_s: the run's ``--watchdog-floor`` in seconds (None: not recorded).
+    """
+    if watchdog_floor_s is None:
+        return HEARTBEAT_TIMEOUT_S
+    return max(MIN_ALLOWANCE_BEATS * BEAT_INTERVAL_S, min(HEARTBEAT_TIMEOUT_S, watchdog_floor_s))
 
 
 @dataclass(frozen=True)
@@ -201,6 +230,8 @@ class RecordFacts:
         end_error: its error text.
         last_event_at: unix seconds of the record's last event (None: no events).
         stalled: the last event is a ``stall`` event.
+        allowance_s: the last attempt's heartbeat allowance (:func:`heartbeat_allowance_s` of
+            its ``run_start``'s ``watchdog_floor``).
     """
 
     started: bool = False
@@ -209,6 +240,7 @@ class RecordFacts:
     end_error: str | None = None
     last_event_at: float | None = None
     stalled: bool = False
+    allowance_s: float = HEARTBEAT_TIMEOUT_S
 
     def fold(self, events: Iterable[Event]) -> RecordFacts:
         """These facts with ``events`` (the record's next events, in file order) applied."""
@@ -218,14 +250,23 @@ class RecordFacts:
             self.end_status,
             self.end_error,
         )
-        last, stalled = self.last_event_at, self.stalled
+        last, stalled, allowance = self.last_event_at, self.stalled, self.allowance_s
         for event in events:
             last, stalled = event.time, isinstance(event, Stall)
             if isinstance(event, RunStart):
                 started, process, status, error = True, ProcessId.of(event.process), None, None
+                allowance = run_allowance_s(event)
             elif isinstance(event, RunEnd):
                 status, error = event.status, event.error
-        return RecordFacts(started, process, status, error, last, stalled)
+        return RecordFacts(started, process, status, error, last, stalled, allowance)
+
+
+def run_allowance_s(start: RunStart) -> float:
+    """The heartbeat allowance of the attempt ``start`` begins (:func:`heartbeat_allowance_s`
+    of its config's ``watchdog_floor``; the longest when the record has none)."""
+    floor = (start.config or {}).get("watchdog_floor") if isinstance(start.config, dict) else None
+    valid = isinstance(floor, int | float) and not isinstance(floor, bool) and floor > 0
+    return heartbeat_allowance_s(float(floor) if valid else None)
 
 
 @dataclass(frozen=True)
@@ -233,8 +274,8 @@ class Liveness:
     """A run's state and why.
 
     Attributes:
-        state: ``starting``, ``running``, ``stalled``, ``dead``, ``completed``, ``stopped`` or
-            ``failed``.
+        state: ``starting``, ``running``, ``stalled``, ``unresponsive``, ``dead``,
+            ``completed``, ``stopped`` or ``failed``.
         reason: why (for ``dead``: why it is judged dead; ``failed``: the error); "" when there
             is nothing to say.
         last_seen: unix seconds it was last seen alive (newest heartbeat or event), or None.
@@ -243,6 +284,7 @@ class Liveness:
         no_control: why the run cannot be stopped from here (another host, ended) when
             ``control`` is None.
         processes: the heartbeat of each process, by process index.
+        allowance_s: the heartbeat allowance the run was judged by (s).
     """
 
     state: str
@@ -252,10 +294,16 @@ class Liveness:
     control: ProcessId | None = None
     no_control: str = ""
     processes: list[ProcessBeat] = field(default_factory=list)
+    allowance_s: float = HEARTBEAT_TIMEOUT_S
 
     @property
     def alive(self) -> bool:
-        return self.state in (STARTING, RUNNING, STALLED)
+        """Whether a process of the run still exists (it may be stopped or killed)."""
+        return self.state in (STARTING, RUNNING, STALLED, UNRESPONSIVE)
+
+    def silent(self, beat: ProcessBeat, now: float) -> bool:
+        """Whether ``beat`` (unix s ``now``) is older than the run's allowance."""
+        return now - beat.beat > self.allowance_s
 
     def describe(self) -> str:
         """``dead: process 0 (pid 12 on h) is gone; last seen 12:00:01``, one line."""
@@ -291,10 +339,11 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
         now: unix seconds (default: the clock).
     """
     now = time.time() if now is None else now
-    beats = read_beats(run_dir)
+    beats, allowance = read_beats(run_dir), facts.allowance_s
+    ended = "the run has ended"
     if facts.end_status is not None:
         return Liveness(
-            facts.end_status, facts.end_error or "", no_control="the run has ended", processes=beats
+            facts.end_status, facts.end_error or "", None, None, None, ended, beats, allowance
         )
     leader = facts.process or read_launch(run_dir)
     live_beats = [b for b in beats if b.status == RUNNING and not _earlier(b, leader)]
@@ -303,26 +352,50 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
         known.insert(0, leader)
     seen = [t for t in (facts.last_event_at, *(b.beat for b in live_beats)) if t is not None]
     last_seen = max(seen) if seen else None
-    lost, why = _lost(known, {b.id.process: b.beat for b in live_beats}, now)
+    beat_at = {b.id.process: b.beat for b in live_beats}
+    lost, why = _lost(known, beat_at, now, allowance)
     if lost is not None:
         if not facts.started and leader is not None and lost == leader:
             reason = "exited before run_start" + _stderr_reason(run_dir)
-            return Liveness(FAILED, reason, last_seen, lost, None, "the run has ended", beats)
-        return Liveness(DEAD, why, last_seen, lost, None, "the run has ended", beats)
+            return Liveness(FAILED, reason, last_seen, lost, None, ended, beats, allowance)
+        return Liveness(DEAD, why, last_seen, lost, None, ended, beats, allowance)
     if not known:
         last_seen = last_seen or _mtime(Path(run_dir) / STDERR_LOG)
         if last_seen is not None and now - last_seen > RUNNING_WINDOW_S:
             silent = f"no process recorded and nothing written for {now - last_seen:.0f} s"
             if not facts.started:
                 reason = f"no run_start: {silent}" + _stderr_reason(run_dir)
-                return Liveness(FAILED, reason, last_seen, None, None, "the run has ended", beats)
-            return Liveness(DEAD, silent, last_seen, None, None, "the run has ended", beats)
+                return Liveness(FAILED, reason, last_seen, None, None, ended, beats, allowance)
+            return Liveness(DEAD, silent, last_seen, None, None, ended, beats, allowance)
     control, no_control = _control(leader)
-    if facts.stalled:
+    frozen = _frozen(known, beat_at, now, allowance)
+    if frozen:
+        state, reason = UNRESPONSIVE, frozen
+    elif facts.stalled:
         state, reason = STALLED, "the watchdog recorded a stall and nothing since"
     else:
         state, reason = (RUNNING if facts.started else STARTING), ""
-    return Liveness(state, reason, last_seen, None, control, no_control, beats)
+    return Liveness(state, reason, last_seen, None, control, no_control, beats, allowance)
+
+
+def _silence(process: ProcessId, age_s: float, allowance_s: float) -> str:
+    """``process 0 (pid 1 on h): no heartbeat for 40 s (allowance 30 s)``."""
+    return f"{process.name()}: no heartbeat for {age_s:.0f} s (allowance {allowance_s:.0f} s)"
+
+
+def _frozen(
+    known: list[ProcessId], beat_at: dict[int, float], now: float, allowance_s: float
+) -> str:
+    """Why a process of this host that exists is unresponsive (its heartbeat is older than the
+    allowance), or "" when none is."""
+    for process in known:
+        age = now - beat_at.get(process.process, now)
+        if process.local and age > allowance_s:
+            return (
+                _silence(process, age, allowance_s)
+                + "; it exists but does not run (stopped or frozen)"
+            )
+    return ""
 
 
 def _earlier(beat: ProcessBeat, leader: ProcessId | None) -> bool:
@@ -332,19 +405,16 @@ def _earlier(beat: ProcessBeat, leader: ProcessId | None) -> bool:
 
 
 def _lost(
-    known: list[ProcessId], beat_at: dict[int, float], now: float
+    known: list[ProcessId], beat_at: dict[int, float], now: float, allowance_s: float
 ) -> tuple[ProcessId | None, str]:
     """The first process that is gone and why: by its pid on this host, by its heartbeat's age
-    elsewhere (a process with neither check is taken as alive)."""
+    (over ``allowance_s``) elsewhere (a process with neither check is taken as alive)."""
     for process in known:
         if process.local:
             why = process.gone()
-        elif process.process in beat_at and now - beat_at[process.process] > HEARTBEAT_TIMEOUT_S:
+        elif process.process in beat_at and now - beat_at[process.process] > allowance_s:
             age = now - beat_at[process.process]
-            why = (
-                f"{process.name()}: no heartbeat for {age:.0f} s (over {HEARTBEAT_TIMEOUT_S:.0f} s;"
-                " its pid cannot be checked from this host)"
-            )
+            why = _silence(process, age, allowance_s) + "; its pid cannot be checked from this host"
         else:
             why = None
         if why is not None:

@@ -51,7 +51,8 @@ included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step even
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
 the run's liveness (:func:`titan.observability.liveness.judge`: the last attempt's ``run_end``
-status, else ``running``, ``stalled`` or ``dead`` from its recorded processes and heartbeats;
+status, else ``running``, ``stalled``, ``unresponsive`` or ``dead`` from its recorded processes
+and heartbeats;
 runs not ended are worked out again at each ingest, and ``reason`` says why a run is dead);
 ``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
 a run whose file or events could not be read; ETTR and goodput come from
@@ -133,6 +134,8 @@ EVENT_FIELDS = {
     "mfu": "JSON",
 }
 _TABLES = ("files", "events", "runs", "perf")
+# The states of a run that has not ended: judged again at each ingest.
+_NOT_ENDED = (liveness.STARTING, liveness.RUNNING, liveness.STALLED, liveness.UNRESPONSIVE)
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
     """CREATE TABLE IF NOT EXISTS files (run_id VARCHAR PRIMARY KEY, path VARCHAR,
@@ -441,7 +444,7 @@ def ingest(
         con,
         "SELECT run_id FROM runs WHERE list_contains(?, status) UNION "
         "SELECT run_id FROM files WHERE run_id NOT IN (SELECT run_id FROM runs)",
-        [[liveness.STARTING, liveness.RUNNING, liveness.STALLED, UNREADABLE]],
+        [[*_NOT_ENDED, UNREADABLE]],
     )
     refresh = [r for r in dict.fromkeys([*changed, *sorted(stale)]) if r not in unreadable]
     for start in range(0, len(refresh), BATCH_FILES):
@@ -741,6 +744,11 @@ def _liveness(
         end_error=end.error if isinstance(end, RunEnd) else None,
         last_event_at=last_at,
         stalled=last is not None and last[0] == Stall.type,
+        allowance_s=(
+            liveness.run_allowance_s(start)
+            if isinstance(start, RunStart)
+            else liveness.HEARTBEAT_TIMEOUT_S
+        ),
     )
     return liveness.judge(Path(path[0]).parent if path else Path(run_id), facts)
 

@@ -4,8 +4,9 @@ Every process keeps its heartbeat file ``processes/<id>.json`` (:class:`Heartbea
 background thread (:class:`PeerWatch`, once a second), whatever the training loop is doing, and
 reads the others' files on the same beat:
 
-- A process whose status is ``running`` and whose heartbeat is older than ``lost_after_s``
-  (:func:`lost_after_s`: 30 s, or ``--watchdog-floor`` when that is shorter) is **lost**: killed,
+- A process whose status is ``running`` and whose heartbeat is older than the run's allowance
+  (:func:`titan.observability.liveness.heartbeat_allowance_s`: 30 s, or ``--watchdog-floor``
+  when that is shorter; the console and ``titan summarize`` use the same) is **lost**: killed,
   crashed or cut off (a process stuck in a collective still beats; the stall watchdog covers
   it). The first process to see it ends the run: the writer (process 0) records ``run_end``
   ``failed`` with reason ``lost_process`` naming it; when process 0 is the one lost, the lowest
@@ -30,7 +31,6 @@ from pathlib import Path
 from titan.observability.events import RunEnd, Stall
 from titan.observability.liveness import (
     BEAT_INTERVAL_S,
-    HEARTBEAT_TIMEOUT_S,
     ProcessBeat,
     read_beats,
     read_json,
@@ -39,15 +39,6 @@ from titan.observability.records import RunRecord
 from titan.observability.ticker import Ticker
 from titan.parallel.distributed import process_count, process_index
 from titan.trainer.processes import PROCESSES_DIR, STALL_FIELDS, Heartbeat
-
-LOST_AFTER_S = HEARTBEAT_TIMEOUT_S  # 30 missed beats: past scheduling hiccups, before JAX's 100 s
-
-
-def lost_after_s(watchdog_floor_s: float) -> float:
-    """Seconds without a heartbeat after which a process counts as lost: :data:`LOST_AFTER_S`,
-    or the watchdog floor when that is shorter (a run that allows short stalls also notices a
-    lost process soon), never under 3 beats."""
-    return max(3 * BEAT_INTERVAL_S, min(LOST_AFTER_S, watchdog_floor_s))
 
 
 @dataclass(frozen=True)

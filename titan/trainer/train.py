@@ -79,7 +79,7 @@ from titan.observability.events import (
     Step,
 )
 from titan.observability.flops import FlopsMeter, device_peak
-from titan.observability.liveness import ProcessId
+from titan.observability.liveness import ProcessId, heartbeat_allowance_s
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
 from titan.observability.records import (
@@ -125,7 +125,7 @@ from titan.trainer.guard import (
 )
 from titan.trainer.images import image_batches
 from titan.trainer.memory_check import check_memory
-from titan.trainer.peers import PeerWatch, end_for_lost, lost_after_s
+from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.processes import (
     Heartbeat,
     MutedRecord,
@@ -590,7 +590,7 @@ class _Run:
         self.heartbeat = Heartbeat(self.run_dir)
         self.heartbeat.start()
         self.profiler = StepProfiler(self.cfg.observability.profile_steps, self.record)
-        after_s = lost_after_s(self.cfg.observability.watchdog_floor)
+        after_s = heartbeat_allowance_s(self.cfg.observability.watchdog_floor)
         self.peers = PeerWatch(self.run_dir, self.heartbeat, self.record, after_s, self.on_lost)
         self.peers.start()
 

@@ -42,6 +42,7 @@ _STATUS_TONES = {
     "failed": "bad",
     "dead": "bad",
     "stalled": "warn",
+    "unresponsive": "bad",
 }
 # What each key does to the run's recorded process group, and the question asked first.
 _SIGNALS = {

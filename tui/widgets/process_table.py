@@ -6,19 +6,20 @@ import time
 
 from textual.widgets import DataTable
 
-from titan.observability.liveness import HEARTBEAT_TIMEOUT_S, Liveness, ProcessBeat
+from titan.observability.liveness import Liveness, ProcessBeat
 from tui.plain import cell
 
 
 def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
     """One process's state: its heartbeat's status once it ended; ``lost`` for the process the
     run's judgement names; ``silent`` for a beat older than
-    :data:`~titan.observability.liveness.HEARTBEAT_TIMEOUT_S`; else ``running``."""
+    the run's heartbeat allowance (:meth:`~titan.observability.liveness.Liveness.silent`);
+    else ``running``."""
     if beat.status != "running":
         return beat.status
     if liveness.lost is not None and liveness.lost.process == beat.id.process:
         return "lost"
-    return "silent" if now - beat.beat > HEARTBEAT_TIMEOUT_S else "running"
+    return "silent" if liveness.silent(beat, now) else "running"
 
 
 class ProcessTable(DataTable[str]):
