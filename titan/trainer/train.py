@@ -104,7 +104,7 @@ from titan.parallel.distributed import (
 )
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
-from titan.trainer.adapters import build_trainer
+from titan.trainer.adapters import build_trainer, check_layout_fits
 from titan.trainer.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -252,6 +252,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                     cfg.data.corpus, sources, cfg.data.eval_data, cfg.data.eval_split
                 )
             check_library(cfg.observability.metrics)
+            check_layout_fits(cfg)  # before the tokenizer, which may take minutes
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
