@@ -103,7 +103,8 @@ def test_titan_train_refuses_microbatch_rows_in_one_line_before_the_run_dir(
         (["--dp", "16"], "--dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present (cpu)"),
         (
             ["--dp", "3"],
-            "--batch-size 16 is not a multiple of dp x fsdp = 3 x 1 (mesh axes 'data' x 'fsdp'): --batch-size 18 would split",
+            "--batch-size 16 is not a multiple of dp x fsdp = 3 x 1 (mesh axes 'data' x "
+            "'fsdp'): --batch-size 18 would split",
         ),
     ],
 )

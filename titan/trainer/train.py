@@ -170,6 +170,17 @@ def _resumed_checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
         ) from None
 
 
+def _schedule_text(cfg: TrainConfig) -> str:
+    """``to step 30; learning rate: cosine to 3.00e-04 at step 20, then constant``."""
+    opt = cfg.optimizer
+    horizon = opt.decay_steps or opt.steps
+    after = ", then constant" if opt.steps > horizon else ""
+    return (
+        f"to step {opt.steps}; learning rate: cosine to {opt.lr * opt.min_lr_ratio:.2e} at step "
+        f"{horizon}{after} (--decay-steps sets where the decay ends)"
+    )
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -759,6 +770,7 @@ class _Run:
                 flush=True,
             )
         latest = state.step
+        print(f"titan: resuming from step {latest}: {_schedule_text(self.cfg)}", file=sys.stderr)
         try:
             saved_sequences, position = meta["num_sequences"], meta["data_position"]
         except (KeyError, TypeError) as err:  # a hand-edited meta
