@@ -1,8 +1,7 @@
-"""Write ``docs/benchmarks.md`` (and the README's two results tables) from ``bench/results/``.
+"""Write ``docs/benchmarks.md`` from ``bench/results/``.
 
-``python bench/report.py`` rewrites ``docs/benchmarks.md`` and the README blocks between
-``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; ``--check`` only compares and exits 1 when
-either is stale (``tests/test_bench_docs.py`` does the same). Every number comes from a result
+``python bench/report.py`` rewrites ``docs/benchmarks.md``; ``--check`` only compares and exits 1
+when it is stale (``tests/test_bench_docs.py`` does the same). Every number comes from a result
 file; each table names its file, the command that produced it where the file records it, and,
 for MFU, the attention convention and the peak it divides by.
 
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -41,7 +39,6 @@ from titan.planning.gpus import gpu_for_device_kind  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 DOC = REPO / "docs" / "benchmarks.md"
-README = REPO / "README.md"
 
 MFU_CONVENTION = (
     "MFU = tokens/s x model FLOPs per token / peak FLOP/s of the devices. Model FLOPs per token: "
@@ -812,31 +809,11 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def readme_blocks(results: Path = RESULTS, readme: Path = README) -> dict[str, str]:
-    """The README's generated blocks: the fastest train-step file and the planner's held-out
-    figures."""
-    train = mfu_files(results)[0]
-    table = "\n".join(mfu_table(train, readme)[2:]).strip()
-    blocks = {"train-step": f"Result file: {_link(train, readme)}.\n\n{table}"}
-    held_out = results / "planner_draws_evaluation.json"
-    if held_out.exists():
-        blocks["planner"] = "\n".join(planner_held_out_table(held_out, readme))
-    return blocks
-
-
-def render_readme(text: str, blocks: dict[str, str]) -> str:
-    """``text`` with each ``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->`` block replaced."""
-    for name, body in blocks.items():
-        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
-    return text
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a document is stale")
     args = parser.parse_args()
-    expected = {DOC: render(), README: render_readme(README.read_text(), readme_blocks())}
+    expected = {DOC: render()}
     stale = [p for p, text in expected.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for path in stale:

@@ -72,7 +72,7 @@ def test_microbatch_rows_must_split_over_dp_x_fsdp():
     message = str(err.value)
     assert message == (
         "--batch-size 8 / --microbatches 4 = 2 rows per microbatch, not a multiple of "
-        "dp x fsdp = 2 x 2 (mesh axes 'data' x 'fsdp')"
+        "dp x fsdp = 2 x 2 (mesh axes 'data' x 'fsdp'): --batch-size 16 would split"
     )
     with pytest.raises(TitanError, match="--batch-size 8 is not a multiple of --microbatches 3"):
         TrainConfig.of(batch_size=8, microbatches=3)
@@ -88,6 +88,36 @@ def test_titan_train_refuses_microbatch_rows_in_one_line_before_the_run_dir(
     err = capsys.readouterr().err.strip()
     assert "--batch-size 8 / --microbatches 4 = 2 rows per microbatch" in err
     assert len(err.splitlines()) == 1
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("layout", "error"),
+    [
+        # the default batch of 16 in 8 microbatches over pp 2 x dp 4: 2 rows per microbatch
+        (
+            ["--layout", "mpmd", "--pp", "2", "--microbatches", "8", "--schedule", "1f1b"],
+            "--batch-size 16 / --microbatches 8 = 2 rows per microbatch, not a multiple of "
+            "dp x fsdp = 4 x 1 (mesh axes 'data' x 'fsdp'): --batch-size 32 would split",
+        ),
+        (["--dp", "16"], "--dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present (cpu)"),
+        (
+            ["--dp", "3"],
+            "--batch-size 16 is not a multiple of dp x fsdp = 3 x 1 (mesh axes 'data' x "
+            "'fsdp'): --batch-size 18 would split",
+        ),
+    ],
+)
+def test_layout_errors_name_the_fix_and_come_before_the_tokenizer(
+    corpus_dir, tmp_path, capsys, layout, error
+):
+    runs = tmp_path / "runs"
+    argv = ["train", "--data", str(corpus_dir), "--vocab-size", "512", "--runs-root", str(runs)]
+    assert main([*argv, *layout]) == 2
+    out, err = capsys.readouterr()
+    assert error in err
+    assert len(err.strip().splitlines()) == 1
+    assert "tokenizer" not in out + err  # refused before the tokenizer is trained
     assert not runs.exists() or not any(runs.iterdir())
 
 

@@ -87,12 +87,16 @@ def test_a_layout_that_does_not_fit_exits_1_with_the_shortfall_and_what_would_fi
     assert code == EXIT_FAILED
     assert "does not fit:" in out and "GB over the 60.00 GB usable" in out
     assert "--remat full:" in out and "--microbatches 64:" in out and "--gpus 16 (" in out
+    assert "titan train" not in out  # no command to run a layout that does not fit
     code, out, _ = run_plan(capsys, *argv, "--json")
-    verdict = json.loads(out)["verdict"]
+    report = json.loads(out)
+    verdict = report["verdict"]
     assert code == EXIT_FAILED and not verdict["fits"] and verdict["over_bytes"] > 0
     assert verdict["remedies"][0].startswith("--remat full: ")
+    assert report["train_command"] is None
     code, out, _ = run_plan(capsys, *argv[:-1], "full")
     assert code == EXIT_OK and "fits:" in out
+    assert "this layout, for titan train: titan train --model llama3-8b" in out
 
 
 def test_search_with_nothing_fitting_says_how_many_gpus_are_needed(capsys):

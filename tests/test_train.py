@@ -70,6 +70,37 @@ def test_resume_continues_data_and_loss_exactly(small_options):
         assert got[s][1] == pytest.approx(expected[s][1], rel=1e-5)
 
 
+def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
+    small_options, capsys
+):
+    options = {**small_options, "run_id": "extend", "steps": 4, "warmup_steps": 1, "lr": 1e-3}
+    options["checkpoint_every"] = 4
+    _, run_dir = run_in_process(options)
+    assert run_in_process({**options, "steps": 7}, resume=run_dir)[0] == 0
+    err = capsys.readouterr().err
+    assert (
+        "titan: resuming from step 4: to step 7; learning rate: cosine to 1.00e-04 at step 4, "
+        "then constant (--decay-steps sets where the decay ends)"
+    ) in err
+    lrs = [e["lr"] for e in events(run_dir, "step")]
+    assert lrs[0] == pytest.approx(1e-3)  # after the one warmup step
+    assert lrs[1] > lrs[2] > 1e-4  # the cosine of the first 4 steps, unchanged
+    assert lrs[4:] == pytest.approx([1e-4] * 3)  # steps 5 to 7 at --min-lr-ratio x --lr
+    saved = json.loads((run_dir / "config.json").read_text())["train"]["optimizer"]
+    assert (saved["steps"], saved["decay_steps"]) == (7, 4)
+
+
+@pytest.mark.parametrize(
+    ("explicit", "decay_steps"),
+    [({"steps": 30}, 20), ({"steps": 30, "decay_steps": 30}, 30), ({"steps": 10}, 20)],
+)
+def test_resume_keeps_the_decay_length_unless_decay_steps_is_given(tmp_path, explicit, decay_steps):
+    saved = TrainConfig.of(steps=20)
+    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    assert resume_options(tmp_path, explicit).optimizer.decay_steps == decay_steps
+
+
 def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
     options = {**small_options, "run_id": "sig", "steps": 100000, "checkpoint_every": 1000}
     options["exit_zero_on_stop"] = True  # exit 0, not EXIT_STOPPED

@@ -537,6 +537,16 @@ class OptimizerOptions:
         default=30,
         metadata=_opt("--warmup-steps", "linear warmup steps before cosine decay", minimum=0),
     )
+    decay_steps: int = field(
+        default=0,
+        metadata=_opt(
+            "--decay-steps",
+            "step at which the cosine decay reaches --min-lr-ratio x --lr, which later steps "
+            "keep (0: --steps); a resumed run keeps its schedule's length unless this is given",
+            minimum=0,
+            resumable=True,
+        ),
+    )
     weight_decay: float = field(
         default=0.1,
         metadata=_opt("--weight-decay", "AdamW decoupled weight decay", minimum=0),

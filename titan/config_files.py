@@ -153,6 +153,9 @@ def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConf
                 "changeable: " + ", ".join(sorted(flag_of(n) for n in resumable_options()))
             )
     changes = dict(explicit)
+    if "decay_steps" not in explicit and not saved.optimizer.decay_steps:
+        # a longer --steps continues at the minimum learning rate: the schedule keeps its length
+        changes["decay_steps"] = saved.optimizer.steps
     if "profile_steps" not in explicit and saved.observability.profile_steps is not None:
         steps = by_name["steps"].coerce(explicit.get("steps", saved.optimizer.steps))
         first, last = saved.observability.profile_steps

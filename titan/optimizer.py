@@ -3,8 +3,11 @@
 AdamW: Loshchilov & Hutter 2019 (decoupled weight decay), betas (0.9, 0.95) and eps 1e-8 as in
 Llama 2 (Touvron et al. 2023, Sec. 2.2). Weight decay is not applied to RMSNorm scales. The learning
 rate rises linearly from 0 to ``lr`` over ``warmup_steps`` and follows a cosine down to
-``lr * min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017). Clipping by global norm: Pascanu
-et al. 2013. Optimizer moments are kept in the parameters' dtype (float32 master weights).
+``lr * min_lr_ratio`` at ``decay_steps`` (``steps`` when 0) and stays there (Loshchilov & Hutter
+2017); a resumed run keeps the length it started with (:func:`titan.config_files.resumed_config`),
+so extending it continues at the minimum (MaxText's ``learning_rate_schedule_steps`` is the same
+separate length). Clipping by global norm: Pascanu et al. 2013. Optimizer moments are kept in
+the parameters' dtype (float32 master weights).
 
 A step whose loss or global gradient norm is not finite leaves the parameters and optimizer
 state as they were (:func:`finite_step`, :func:`keep_if_not_finite`, selected on the device),
@@ -28,12 +31,13 @@ ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
     """Learning rate (per step, unitless multiplier of the update) as a function of the step."""
     opt = cfg.optimizer
-    warmup = min(opt.warmup_steps, opt.steps)
-    return optax.warmup_cosine_decay_schedule(
+    horizon = opt.decay_steps or opt.steps
+    warmup = min(opt.warmup_steps, horizon)
+    return optax.warmup_cosine_decay_schedule(  # constant at end_value after decay_steps
         init_value=0.0,
         peak_value=opt.lr,
         warmup_steps=warmup,
-        decay_steps=max(opt.steps, warmup + 1),
+        decay_steps=max(horizon, warmup + 1),
         end_value=opt.lr * opt.min_lr_ratio,
     )
 

@@ -65,7 +65,7 @@ from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, remote_array
-from titan.parallel.sharding import BATCH_AXES
+from titan.parallel.sharding import BATCH_AXES, microbatch_rows
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 
@@ -333,14 +333,7 @@ class PipelineTrainer:
                 f"({', '.join(adapter.loss_terms())}): use --layout spmd"
             )
         m = schedule.microbatches
-        rows = batch_size // m
-        mesh_shape = meshes[0].mesh_shape
-        if rows % (mesh_shape["data"] * mesh_shape["fsdp"]):
-            raise TitanError(
-                f"--batch-size {batch_size} / --microbatches {m} = {rows} rows "
-                f"per microbatch, not a multiple of a stage's dp x fsdp = {mesh_shape['data']} x "
-                f"{mesh_shape['fsdp']} (--dp 0 takes the devices left: devices / (pp x fsdp x tp))"
-            )
+        rows = microbatch_rows(batch_size, m, meshes[0].mesh_shape)  # a stage's dp x fsdp
         tx, lr_schedule = optimizer
         programs = []
         for chunk in chunks:

@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
     judged = None if args.search else verdict(plans[0])
     needed = gpus_needed(request) if args.search and not plans else None
     fits = bool(plans) and (judged is None or judged.fits)
-    command = train_command(args.model, plans[0]) if plans else None
+    command = train_command(args.model, plans[0]) if fits else None  # never for a misfit
     if args.json:
         report = _json(request, plans[:top])
         if args.search:

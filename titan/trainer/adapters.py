@@ -28,7 +28,8 @@ from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
 from titan.parallel.chunks import Chunk, plan_chunks
-from titan.parallel.mesh import build_stage_meshes
+from titan.parallel.mesh import build_stage_meshes, resolve_mesh_shape
+from titan.parallel.sharding import microbatch_rows
 from titan.shapes import ModelConfig
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer_state import Trainer
@@ -104,6 +105,21 @@ def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
             f"model family {adapter.family} carries non-parameter state, which the SPMD and "
             "MPMD layouts do not train yet"
         )
+
+
+def check_layout_fits(cfg: TrainConfig) -> None:
+    """Refuse, before any data is read, a layout that the devices present cannot hold or a
+    batch whose microbatches do not split over its replicas (:func:`build_trainer` builds
+    the same meshes later, after the tokenizer).
+
+    Raises:
+        TitanError: the layout asks for more devices than are present, or the rows per
+            microbatch are not a multiple of dp x fsdp.
+    """
+    par = cfg.parallel
+    pp = par.pp if par.layout == "mpmd" else 1
+    shape = resolve_mesh_shape(par.dp, par.fsdp, par.tp, pp, len(jax.devices()))
+    microbatch_rows(cfg.data.batch_size, par.microbatches, shape)
 
 
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:

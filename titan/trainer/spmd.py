@@ -26,14 +26,13 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.observability.device_memory import program_memory
 from titan.observability.events import Compile, Event
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk
 from titan.parallel.mesh import DeviceMesh
-from titan.parallel.sharding import BATCH_AXES
+from titan.parallel.sharding import BATCH_AXES, microbatch_rows
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 Terms = dict[str, Any]  # a loss's named terms (ModelAdapter.loss_terms), scalars
@@ -72,13 +71,7 @@ class SpmdTrainer:
 
     def __post_init__(self) -> None:
         self.mesh.batch_sharding(self.batch_size)
-        rows, shape = self.batch_size // self.microbatches, self.mesh.mesh_shape
-        if self.batch_size % self.microbatches or rows % (shape["data"] * shape["fsdp"]):
-            raise TitanError(
-                f"--batch-size {self.batch_size} / --microbatches {self.microbatches} = "
-                f"{self.batch_size / self.microbatches:g} rows per microbatch, not a multiple of "
-                f"dp x fsdp = {shape['data']} x {shape['fsdp']} (mesh axes 'data' x 'fsdp')"
-            )
+        microbatch_rows(self.batch_size, self.microbatches, self.mesh.mesh_shape)
         self.chunk_shardings, self.chunk_abstract = self._chunk_shardings(self.chunks[0], self.mesh)
         self._lowered: Any = None
         self._compiled: Any = None

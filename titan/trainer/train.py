@@ -104,7 +104,7 @@ from titan.parallel.distributed import (
 )
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
-from titan.trainer.adapters import build_trainer
+from titan.trainer.adapters import build_trainer, check_layout_fits
 from titan.trainer.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -168,6 +168,17 @@ def _resumed_checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:
         raise TitanError(
             f"--resume {run_dir}: cannot read {directory} ({_first_line(err)})"
         ) from None
+
+
+def _schedule_text(cfg: TrainConfig) -> str:
+    """``to step 30; learning rate: cosine to 3.00e-04 at step 20, then constant``."""
+    opt = cfg.optimizer
+    horizon = opt.decay_steps or opt.steps
+    after = ", then constant" if opt.steps > horizon else ""
+    return (
+        f"to step {opt.steps}; learning rate: cosine to {opt.lr * opt.min_lr_ratio:.2e} at step "
+        f"{horizon}{after} (--decay-steps sets where the decay ends)"
+    )
 
 
 def _first_line(err: BaseException) -> str:
@@ -252,6 +263,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                     cfg.data.corpus, sources, cfg.data.eval_data, cfg.data.eval_split
                 )
             check_library(cfg.observability.metrics)
+            check_layout_fits(cfg)  # before the tokenizer, which may take minutes
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
@@ -758,6 +770,7 @@ class _Run:
                 flush=True,
             )
         latest = state.step
+        print(f"titan: resuming from step {latest}: {_schedule_text(self.cfg)}", file=sys.stderr)
         try:
             saved_sequences, position = meta["num_sequences"], meta["data_position"]
         except (KeyError, TypeError) as err:  # a hand-edited meta
