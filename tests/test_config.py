@@ -50,7 +50,7 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 71
+    assert len(names) == len(set(names)) == 72
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
@@ -62,7 +62,7 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
         *("checkpoint_every_s", "checkpoint_keep", "checkpoint_keep_every", "checkpoint_async"),
         *("memory_check", "debug_nonfinite_at_step", "debug_usable_memory"),
         *("eval_every", "eval_batches"),
-        *("data_workers", "metrics"),
+        *("data_workers", "metrics", "compilation_cache"),
     }
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),

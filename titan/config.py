@@ -636,12 +636,21 @@ class ComputeOptions:
         default=0,
         metadata=_opt(
             "--layer-unroll",
-            "decoder blocks per iteration of the layer scan; 0: all of them (the loop fully "
-            "unrolled: a larger program that compiles slower and runs faster on GPUs), 1: a "
-            "rolled loop (the smallest program)",
+            "decoder blocks per iteration of the layer scan; 0: chosen by depth (all of them, "
+            "the loop fully unrolled, up to 16 layers: faster on GPUs; deeper models 1, a "
+            "rolled loop that compiles in seconds); N >= the layer count: fully unrolled",
             minimum=0,
             resumable=True,
             perf=True,
+        ),
+    )
+    compilation_cache: bool = field(
+        default=True,
+        metadata=_opt(
+            "--compilation-cache",
+            "keep compiled programs in $TITAN_CACHE/xla (default ~/.cache/titan/xla), so that a "
+            "second start of the same configuration loads its step instead of compiling it",
+            resumable=True,
         ),
     )
     ops: dict[str, str] = field(

@@ -260,13 +260,28 @@ class RunStart(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Compile(Event):
-    """One XLA compilation, before the first step (one per stage for an MPMD run)."""
+    """One XLA compilation: the step's, before the first step (one per stage for an MPMD run),
+    and any function compiled a second time during the run (with its ``reason``)."""
 
     type: ClassVar[str] = "compile"
 
     what: str | None = _field("what was compiled: ``train_step`` (SPMD) or ``stage`` (MPMD)")
     seconds: float | None = _field("wall time of the compilation", "seconds")
     stage: int | None = _field("the pipeline stage compiled, MPMD only", omit_if_none=True)
+    reason: str | None = _field(
+        "why a function was compiled again during the run (JAX's explanation of its tracing-cache "
+        "miss: which input changed); absent on the first compilation",
+        omit_if_none=True,
+    )
+    cache_dir: str | None = _field(
+        "the persistent compilation cache this compilation read and wrote "
+        "(``$TITAN_CACHE/xla``; ``--no-compilation-cache``: absent)",
+        omit_if_none=True,
+    )
+    cache_hits: int | None = _field(
+        "programs loaded from the persistent compilation cache instead of compiled",
+        omit_if_none=True,
+    )
     memory: dict[str, int] | None = _field(
         "XLA's memory analysis of the compiled program(s), per device (``compiled."
         "memory_analysis()``): ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs "

@@ -74,6 +74,7 @@ from titan.observability.events import (
     Checkpoint,
     CheckpointFailed,
     CheckpointUnrestorable,
+    Compile,
     RunEnd,
     RunStart,
     Step,
@@ -114,6 +115,7 @@ from titan.trainer.checkpoint import (
     initial_state,
 )
 from titan.trainer.claim import RunClaim, refuse_recorded
+from titan.trainer.compilation import CompileWatch, compilation_settings
 from titan.trainer.evaluation import Evaluation, open_evaluation
 from titan.trainer.guard import (
     LossSpikeDetector,
@@ -239,6 +241,9 @@ def train_from_cli(
 def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | None = None) -> int:
     """Train per ``cfg``; continue the run in ``resume_dir`` when given. Returns the exit code.
 
+    JAX's persistent compilation cache (``--compilation-cache``) and the watch on repeated
+    compilations hold for the run (:mod:`titan.trainer.compilation`).
+
     Nothing in the run dir changes before the state is restored and the step traced: a start-up
     that fails or is stopped by a signal leaves a resumed run's record byte-identical, and
     removes the dir of a fresh run (:class:`titan.trainer.claim.RunClaim`).
@@ -293,6 +298,24 @@ def _train_claimed(
     """:func:`train` once this process holds the run dir (or is not its writer); ``corpora``:
     the ``--data`` parts to train on and the held-out data (:func:`titan.data.heldout.
     split_sources`), None for a diffusion run."""
+    with compilation_settings(cfg.compute.compilation_cache) as cache, CompileWatch() as compiles:
+        args = (cfg, resume_dir, run_dir, claim, progress, corpora, stop)
+        return _train_compiling(*args, cache, compiles)
+
+
+def _train_compiling(
+    cfg: TrainConfig,
+    resume_dir: Path | None,
+    run_dir: Path,
+    claim: RunClaim,
+    progress: TrainProgress,
+    corpora: tuple[list[Source] | None, Corpus | None],
+    stop: StopFlag,
+    cache: Path | None,
+    compiles: CompileWatch,
+) -> int:
+    """:func:`_train_claimed` in its compilation settings (``cache``: the cache folder, or
+    None; ``compiles``: the watch on repeated compilations)."""
     import jax
 
     checkpointer = None  # made after the checks of a fresh run: it creates its directory
@@ -322,6 +345,7 @@ def _train_claimed(
         data.tokens_per_row,
         data.images,
         data.evaluation,
+        compiles,
     )
     run.start_monitors()
     started = False
@@ -356,7 +380,7 @@ def _train_claimed(
         for skipped in run.unrestorable:
             run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
         run.checkpointer.set_aside([skipped.step for skipped in run.unrestorable])
-        for event in [*trainer.compile(), *trainer.start_events()]:
+        for event in [*_compile(trainer, cache, compiles), *trainer.start_events()]:
             run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
@@ -378,6 +402,17 @@ def _train_claimed(
     barrier("titan:run-end")
     progress.finish(status, step, run_dir)
     return _exit_code(cfg, status)
+
+
+def _compile(trainer: Trainer, cache: Path | None, compiles: CompileWatch) -> list[Compile]:
+    """The trainer's compile events, the first with the cache folder and the programs loaded
+    from it meanwhile."""
+    hits = compiles.cache_hits
+    events = trainer.compile()
+    if events and cache is not None:
+        loaded = compiles.cache_hits - hits
+        events[0] = dataclasses.replace(events[0], cache_dir=str(cache), cache_hits=loaded)
+    return events
 
 
 @dataclass(frozen=True)
@@ -555,6 +590,7 @@ class _Run:
     tokens_per_row: int  # tokens of a batch row: --seq-len, or a DiT's patches per image
     images: bool = False  # rows are images: step events carry images_per_s
     evaluation: Evaluation | None = None  # --eval-every
+    compiles: CompileWatch | None = None  # functions compiled again: compile events
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
     metrics: LiveTensorBoard | None = dataclasses.field(init=False, default=None)
@@ -894,6 +930,8 @@ class _Run:
                 self._report(*previous)
             self.profiler.step_done(step, state)
             self.record_saves(self.checkpointer.results())
+            for event in self.compiles.drain() if self.compiles else []:
+                self.record.emit(event)
             if self.saves.due(step):
                 if self._pending:  # a non-finite abort raises here, before the save
                     self._report(*self._pending)

@@ -54,7 +54,7 @@ class DitAdapter(FlaxStages):
         config: the model shape (``family == "dit"``).
         ops: semantic operators.
         remat: the remat policy of every block.
-        layer_unroll: blocks per iteration of the layer scan (0: fully unrolled).
+        layer_unroll: blocks per iteration of the layer scan (0: chosen by depth).
         param_dtype: dtype of the master weights.
     """
 

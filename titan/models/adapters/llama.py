@@ -39,7 +39,7 @@ class LlamaAdapter(FlaxStages):
         ops: semantic operators (providers chosen per backend).
         seq_len: tokens per sequence of the run.
         remat: the remat policy of every block (:class:`titan.models.llama.LlamaStage`).
-        layer_unroll: blocks per iteration of the layer scan (0: fully unrolled).
+        layer_unroll: blocks per iteration of the layer scan (0: chosen by depth).
         document_mask: attention stays within a document; False: causal over the sequence.
         param_dtype: dtype of the master weights.
     """
