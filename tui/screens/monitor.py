@@ -113,6 +113,7 @@ class MonitorScreen(Screen[None]):
         self.liveness: Liveness | None = None
         self._stop_sent = False
         self._stderr_tail: tuple[str, ...] = ()
+        self._stderr_drawn: tuple[str, ...] = ()
         self._unread_bytes = 0
         self._drawn_at = 0.0
         self._draw_pending = False
@@ -184,24 +185,20 @@ class MonitorScreen(Screen[None]):
                 self.refresh_bindings()
             self.state = update.state
         self._unread_bytes = update.unread_bytes
+        exited = update.returncode is not None and update.returncode != self.returncode
         self.returncode = update.returncode
         if update.liveness is not None:
             if self.liveness is None or self.liveness.alive != update.liveness.alive:
                 self.refresh_bindings()
             self.liveness = update.liveness
-        if update.stderr_tail != self._stderr_tail:
-            self._stderr_tail = update.stderr_tail
-            log = self.query_one("#stderr", Log)
-            log.clear()
-            log.write_lines(inert(line) for line in update.stderr_tail)
-            log.border_subtitle = "" if update.stderr_tail else "empty"
+        self._stderr_tail = update.stderr_tail
         if not self.is_current:  # under another screen: drawn when shown again
             self._stale = True
             return
         if self._draw_pending:
             return
         due = self._drawn_at + _DRAW_INTERVAL_S - time.monotonic()
-        if due <= 0 or update.returncode is not None:
+        if due <= 0 or exited:
             self._show_state()
         else:
             self._draw_pending = True
@@ -325,6 +322,17 @@ class MonitorScreen(Screen[None]):
         saved = "-" if saved_at is None else f"checkpoint at step {saved_at}"
         self.query_one("#checkpoint", Stat).show(saved)
         self.query_one("#progress", StepProgress).show(state.step, state.total_steps)
+        self._show_stderr()
+
+    def _show_stderr(self) -> None:
+        """The tail of ``stderr.log``, when it changed since drawn."""
+        if self._stderr_tail == self._stderr_drawn:
+            return
+        self._stderr_drawn = self._stderr_tail
+        log = self.query_one("#stderr", Log)
+        log.clear()
+        log.write_lines(inert(line) for line in self._stderr_tail)
+        log.border_subtitle = "" if self._stderr_tail else "empty"
 
     def _show_process(self) -> None:
         process = self.query_one("#process", Stat)
