@@ -12,6 +12,7 @@ pairwise (a bucket's width doubles), so appending is O(1) amortised.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -89,6 +90,18 @@ class Curve:
                 return
         self._buckets.append(_Bucket(point, point, point, point))
         self._filled = 1
+
+    def copy(self) -> Curve:
+        """An independent copy (its buckets copied: appends to either leave the other as is)."""
+        copy = Curve()
+        copy._capacity, copy._width, copy._filled, copy.count = (
+            self._capacity,
+            self._width,
+            self._filled,
+            self.count,
+        )
+        copy._buckets = [dataclasses.replace(bucket) for bucket in self._buckets]
+        return copy
 
     def _halve(self) -> None:
         """Merge neighbouring buckets pairwise: half as many, twice as wide."""

@@ -2,9 +2,11 @@
 
 :class:`RunState` is plain data: :meth:`RunState.apply` takes events in file order (the typed
 events of :mod:`titan.observability.events`, ``docs/events.md``) and keeps what the screens
-draw. It does no I/O, so it runs on the UI thread and in tests alike. A resumed run appends a
-second ``run_start`` to the same record; the state then follows the new segment and keeps the
-loss history.
+draw. It does no I/O, so it runs in the monitor's polling worker and in tests alike; the
+worker hands the UI thread :meth:`RunState.snapshot` copies to draw. Its memory does not grow
+with the record: the curves are decimated, and of the per-step series (power, stalls) only the
+last few are kept, with counts. A resumed run appends a second ``run_start`` to the same record;
+the state then follows the new segment and keeps the loss history.
 
 The watchdog panel's phase is the one the last event implies (``run_start``: compile; ``step``
 and ``checkpoint``: the next step; ``stall``: its phase; ``run_end``: idle) and its allowance
@@ -14,6 +16,7 @@ the run's ``--watchdog-floor`` / ``--watchdog-factor``: the trainer's own rule.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,7 +36,7 @@ from titan.observability.events import (
     Step,
 )
 from titan.observability.liveness import RecordFacts
-from titan.observability.watchdog import Watchdog
+from titan.observability.watchdog import WINDOW, Watchdog
 from titan.planning.gpus import gpu_for_device_kind
 from tui.curve import Curve
 
@@ -49,6 +52,10 @@ _PHASE_AFTER = {
 }
 # Until run_start tells the run's options: titan train's defaults.
 _WATCHDOG_DEFAULTS = (300.0, 10.0)
+# The last stalls kept (with their stacks; the panel shows the last two and the count) and the
+# last steps' power kept (the power panel's sparkline shows 120).
+STALLS_KEPT = 8
+POWER_STEPS_KEPT = 256
 
 
 def _typed(mapping: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -76,6 +83,7 @@ class RunState:
         param_count: parameters of the model.
         total_steps: the step the run stops at.
         started_at: unix seconds of the (latest) ``run_start``; ``None`` before it.
+        attempts: ``run_start`` events read (1 for a fresh run, one more per resume).
         resumed_from_step: the checkpoint step this segment resumed from, or ``None``.
         step: the last step with a ``step`` event (1-based; the attempt's start step before
             its first): the one definition of a run's steps, as ``titan summarize`` counts them.
@@ -93,13 +101,15 @@ class RunState:
         ended_at: unix seconds of ``run_end``.
         last_event_at: unix seconds of the latest event (the heartbeat the panel ages).
         phase: the watchdog phase the last event implies (see the module docstring).
-        stalls: the ``stall`` events (phase, elapsed_s, threshold_s, step, stacks).
+        stalls: the last :data:`STALLS_KEPT` ``stall`` events (phase, elapsed_s, threshold_s,
+            step, stacks); stall_count: all of them.
         mfu: MFU of the last step under ``mfu_convention`` (:data:`MFU_CONVENTION` once a step
             recorded one); mfu_reason: why it is missing.
         flops_per_token: model FLOPs per token of the last step under ``mfu_convention``.
         energy_j: energy of every step so far (None without a power source);
         joules_per_token: of the last step; power_reason: why there is no power source.
-        power_w: average power of each step with energy, watts (all devices).
+        power_w: average power of each of the last :data:`POWER_STEPS_KEPT` steps with energy,
+            watts (all devices).
         devices: devices the layout uses; tdp_w: the board power of one (None: not in the
             catalog, e.g. a CPU).
         peak_memory_bytes: the last step's measured peak device memory (None: not reported);
@@ -115,6 +125,7 @@ class RunState:
     param_count: int | None = None
     total_steps: int | None = None
     started_at: float | None = None
+    attempts: int = 0
     resumed_from_step: int | None = None
     step: int = 0
     loss: float | None = None
@@ -131,6 +142,7 @@ class RunState:
     last_event_at: float | None = None
     phase: str = "idle"
     stalls: list[Stall] = field(default_factory=list)
+    stall_count: int = 0
     mfu: float | None = None
     mfu_convention: str | None = None
     mfu_reason: str | None = None
@@ -138,7 +150,7 @@ class RunState:
     energy_j: float | None = None
     joules_per_token: float | None = None
     power_reason: str | None = None
-    power_w: list[float] = field(default_factory=list)
+    power_w: deque[float] = field(default_factory=lambda: deque(maxlen=POWER_STEPS_KEPT))
     devices: int | None = None
     tdp_w: float | None = None
     peak_memory_bytes: int | None = None
@@ -149,7 +161,12 @@ class RunState:
     _step_times: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=RATE_WINDOW_STEPS), repr=False
     )
-    _watchdog: Watchdog = field(default_factory=lambda: _new_watchdog(*_WATCHDOG_DEFAULTS))
+    # The run's --watchdog-floor and --watchdog-factor, and its last step times (the rule's
+    # rolling window).
+    _watchdog_rule: tuple[float, float] = _WATCHDOG_DEFAULTS
+    _watchdog_step_times: deque[float] = field(
+        default_factory=lambda: deque(maxlen=WINDOW), repr=False
+    )
 
     def apply(self, events: Iterable[Event]) -> None:
         """Fold events into the state; unknown types are ignored so that newer records still
@@ -163,6 +180,19 @@ class RunState:
             self.run_id = event.run_id or self.run_id
             self.last_event_at = event.time
             self.phase = _PHASE_AFTER.get(event.type, self.phase)
+
+    def snapshot(self) -> RunState:
+        """A copy that later :meth:`apply` calls leave as it is (the worker folds, the UI thread
+        draws the copy): the mutable parts are copied, the events kept are shared (frozen)."""
+        return dataclasses.replace(
+            self,
+            curve=self.curve.copy(),
+            eval_curve=self.eval_curve.copy(),
+            stalls=list(self.stalls),
+            power_w=self.power_w.copy(),
+            _step_times=self._step_times.copy(),
+            _watchdog_step_times=self._watchdog_step_times.copy(),
+        )
 
     @property
     def status(self) -> str:
@@ -195,18 +225,24 @@ class RunState:
         return max(self.total_steps - self.step, 0) * seconds_per_step
 
     def threshold_s(self) -> float:
-        """The watchdog's allowance for :attr:`phase`, seconds (``inf`` when idle)."""
-        return self._watchdog.threshold_s(self.phase)
+        """The watchdog's allowance for :attr:`phase`, seconds (``inf`` when idle): the
+        trainer's rule (:meth:`titan.observability.watchdog.Watchdog.threshold_s`) over the
+        recorded step times."""
+        watchdog = _new_watchdog(*self._watchdog_rule)
+        for step_time_s in self._watchdog_step_times:
+            watchdog.step_done(step_time_s)
+        return watchdog.threshold_s(self.phase)
 
     def _on_run_start(self, event: RunStart) -> None:
         # Values inside the nested dicts are whatever the record holds: each is taken only when
         # it has the type it should have, so that a hostile or damaged record cannot crash us.
         config = event.config or {}
         self.preset = _typed(config, "preset", str, self.preset)
-        self._watchdog = _new_watchdog(
+        self._watchdog_rule = (
             _typed(config, "watchdog_floor", float, _WATCHDOG_DEFAULTS[0]),
             _typed(config, "watchdog_factor", float, _WATCHDOG_DEFAULTS[1]),
         )
+        self._watchdog_step_times.clear()
         self.devices = _typed(event.layout or {}, "devices", int, None)
         kinds = _typed(event.env or {}, "device_kinds", list, None) or [""]
         gpu = gpu_for_device_kind(kinds[0]) if isinstance(kinds[0], str) else None
@@ -215,6 +251,7 @@ class RunState:
         self.param_count = event.param_count
         self.total_steps = event.total_steps
         self.started_at = event.time
+        self.attempts += 1
         self.resumed_from_step = event.resumed_from_step
         self.step = event.start_step if event.start_step is not None else self.step
         self.end_status = self.end_error = self.ended_at = None
@@ -235,7 +272,7 @@ class RunState:
             self.tokens_seen = event.tokens_seen
         self._step_times.append((event.step, event.time))
         if event.step_time_s:
-            self._watchdog.step_done(event.step_time_s)
+            self._watchdog_step_times.append(event.step_time_s)
         self._take_flops(event)
         self._take_energy(event)
         self.peak_memory_bytes = event.peak_memory_bytes
@@ -264,7 +301,8 @@ class RunState:
             self.power_w.append(energy_j / event.step_time_s)
 
     def _on_stall(self, event: Stall) -> None:
-        self.stalls.append(event)
+        self.stalls = [*self.stalls[-(STALLS_KEPT - 1) :], event]
+        self.stall_count += 1
         self.phase = event.phase
 
     def _on_pipeline(self, event: Pipeline) -> None:

@@ -1,23 +1,40 @@
-"""Background polling of one run dir: new events, the child's exit code, the stderr tail and
-the run's liveness (:func:`titan.observability.liveness.judge`, at most every
-:data:`LIVENESS_INTERVAL_S`).
+"""Background polling of one run dir: new events folded into a :class:`~tui.run_state.RunState`,
+the child's exit code, the stderr tail and the run's liveness
+(:func:`titan.observability.liveness.judge`, at most every :data:`LIVENESS_INTERVAL_S` unless
+the record's facts change).
 
-:class:`RunWatcher` does the file reads; the monitor calls :meth:`RunWatcher.poll` from a thread
-worker every :data:`POLL_INTERVAL_S` and posts what changed to the UI thread, which only draws.
+:class:`RunWatcher` does the file reads, the parsing and the folding; the monitor calls
+:meth:`RunWatcher.poll` from a thread worker every :data:`POLL_INTERVAL_S` and posts a snapshot
+of what changed to the UI thread, which only draws. It keeps up with a run that writes faster
+than it can be parsed:
+
+- each poll parses slices of at most :data:`READ_SLICE_BYTES` of ``events.jsonl`` for at most
+  :data:`PARSE_BUDGET_S` of the worker's CPU, so a poll never takes long and the UI thread gets
+  the interpreter between polls;
+- when more than a slice is left to read, the newest complete lines (the last
+  :data:`HEAD_BYTES` of the file) are parsed as well and folded into a copy of the state: the
+  newest step is what is shown, while the history behind it (the curves, the counters) fills
+  in slice by slice;
+- the state keeps summaries, not events (:mod:`tui.run_state`), and stderr is read by its tail,
+  so memory does not grow with the record.
+
+The watcher follows the run, not one attempt: it keeps polling after ``run_end``, and a resume's
+``run_start`` (from this console or any other) is followed like the first.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from titan.observability.events import Event, RunEnd, RunStart
+from titan.observability.events import Event
 from titan.observability.liveness import STDERR_LOG, Liveness, RecordFacts, judge
-from titan.observability.records import EVENTS_FILE, EventTail
+from titan.observability.records import EVENTS_FILE, EventTail, read_last_events
 from titan.reading import open_regular
 from tui.launcher import LaunchedRun
+from tui.run_state import RunState
 
 # A stat of the record every 0.1 s costs microseconds and puts a step on screen well within
 # 250 ms; the file is opened only when the stat shows it grew, and the monitor batches repaints
@@ -29,6 +46,14 @@ STDERR_TAIL_LINES = 8
 LIVENESS_INTERVAL_S = 1.0
 # Bytes read from the end of stderr.log to find its last lines.
 _STDERR_TAIL_BYTES = 16_384
+# One read of events.jsonl: about 170 step lines of 380 bytes.
+READ_SLICE_BYTES = 65_536
+# CPU seconds of the worker thread spent parsing per poll at most (then it sleeps a poll
+# interval): at most about a third of the interpreter's time while a flood is read.
+PARSE_BUDGET_S = 0.04
+# The newest bytes of the record parsed when more than a slice is left to read: a few dozen
+# step lines, enough for the newest step, loss and rate.
+HEAD_BYTES = 16_384
 
 
 @dataclass(frozen=True)
@@ -36,17 +61,20 @@ class RunUpdate:
     """What changed in a run since the previous poll.
 
     Attributes:
-        events: new complete events, in file order (typed; lines that are not events skipped).
-        returncode: the child's exit code; ``None`` while it runs or when the run was not
-            launched by this console.
+        state: a snapshot of the run's state (:meth:`RunState.snapshot`) when events were read,
+            else ``None``; while history is being filled in, it holds the newest events too.
+        returncode: the child's exit code; ``None`` while it runs, when the run was not
+            launched by this console, or once another attempt has started.
         stderr_tail: the last lines of ``stderr.log`` (empty when there is none).
         liveness: the run's state, from the record and its processes (None: not judged yet).
+        unread_bytes: bytes of ``events.jsonl`` not yet folded into the history (0: caught up).
     """
 
-    events: list[Event] = field(default_factory=list)
+    state: RunState | None = None
     returncode: int | None = None
     stderr_tail: tuple[str, ...] = ()
     liveness: Liveness | None = None
+    unread_bytes: int = 0
 
 
 class RunWatcher:
@@ -65,41 +93,93 @@ class RunWatcher:
         self._stderr_tail: tuple[str, ...] = ()
         self._returncode: int | None = None
         self._run_dir = Path(run_dir)
-        self._facts = RecordFacts()
+        self._history = RunState()
+        self._facts = RecordFacts()  # of the newest events read
+        self._exit_size: int | None = None  # the record's size when the child's exit was seen
+        self._attempts_at_exit: int | None = None  # attempts once all the child wrote was read
+        self._head: list[Event] = []  # the newest events, while the history is behind them
+        self._head_start = 0  # where the head's first line starts in the file
+        self._head_end = 0  # the file's size when the head was read
+        self._judged_facts: tuple | None = None
         self._liveness: Liveness | None = None
         self._judged_at = -LIVENESS_INTERVAL_S
-        self._ended = False
-        self.done = False
-        """True once nothing more can change: the child exited (and its last events were read),
-        or, for a run not launched here, ``run_end`` was read."""
 
     def poll(self) -> RunUpdate | None:
         """Read what changed; ``None`` when nothing did. Never blocks on the child."""
         # Exit code first: once the child is gone, the events read below are all it wrote.
         returncode = self._launched.returncode() if self._launched else None
-        grew = (_size(self._events.path) or 0) > self._events.offset
-        events = self._events.read_new_events() if grew else []
-        self._facts = self._facts.fold(events)
-        for event in events:
-            if isinstance(event, RunStart | RunEnd):
-                self._ended = isinstance(event, RunEnd)
+        size = _size(self._events.path) or 0
+        if returncode is not None and self._exit_size is None:
+            self._exit_size = size
+        read = self._read_history(size) | self._read_head(size)
+        state = None
+        if read:
+            state = self._history.snapshot()
+            state.apply(self._head)
+            self._facts = state.facts
+            if self._resumed_elsewhere(state):
+                self._launched, returncode = None, None
         stderr_changed = self._read_stderr_tail()
-        judged = self._judge(bool(events) or returncode != self._returncode)
-        self.done = returncode is not None if self._launched else self._ended
-        if not events and not stderr_changed and returncode == self._returncode and not judged:
+        judged = self._judge(self._facts, returncode != self._returncode)
+        if not read and not stderr_changed and returncode == self._returncode and not judged:
             return None
         self._returncode = returncode
-        return RunUpdate(events, returncode, self._stderr_tail, self._liveness)
+        unread = max(size - self._events.offset, 0)
+        return RunUpdate(state, returncode, self._stderr_tail, self._liveness, unread)
 
-    def _judge(self, now_due: bool) -> bool:
-        """Judge the run again when an interval has passed (or ``now_due``); returns whether
-        its state or reason changed."""
-        clock = time.monotonic()
-        if not now_due and clock - self._judged_at < LIVENESS_INTERVAL_S:
+    def _read_history(self, size: int) -> bool:
+        """Fold the next slices of the record into the history, for at most
+        :data:`PARSE_BUDGET_S` of CPU; returns whether any bytes were read."""
+        start_offset, start_cpu = self._events.offset, time.thread_time()
+        # Until all the exited child wrote is read, not past it (see _resumed_elsewhere).
+        counting = self._exit_size is not None and self._attempts_at_exit is None
+        end = min(size, self._exit_size) if counting else size
+        while end > self._events.offset and time.thread_time() - start_cpu < PARSE_BUDGET_S:
+            before = self._events.offset
+            slice_bytes = min(READ_SLICE_BYTES, end - before)
+            self._history.apply(self._events.read_new_events(slice_bytes))
+            if self._events.offset == before:  # unreadable, or shrunk under us
+                break
+        if counting and self._events.offset >= self._exit_size:
+            self._attempts_at_exit = self._history.attempts
+        if self._head and self._events.offset >= self._head_start:
+            self._head = []  # the history has caught up with the head
+        return self._events.offset != start_offset
+
+    def _read_head(self, size: int) -> bool:
+        """Read the newest lines when the history is more than a slice behind them and the
+        file grew since they were read; returns whether it read them."""
+        if size - self._events.offset <= READ_SLICE_BYTES or size == self._head_end:
             return False
-        self._judged_at = clock
+        start, events = read_last_events(self._events.path, size, HEAD_BYTES)
+        self._head_end = size
+        if start < self._events.offset or not events:
+            return False
+        self._head, self._head_start = events, start
+        return True
+
+    def _resumed_elsewhere(self, state: RunState) -> bool:
+        """Whether an attempt started after this console's child exited (a resume from
+        another console or a shell): the run is that attempt now, and the child's exit code no
+        longer describes it. Counted once everything the child wrote has been read."""
+        if self._launched is None or self._attempts_at_exit is None:
+            return False
+        return state.attempts > self._attempts_at_exit
+
+    def _judge(self, facts: RecordFacts, now_due: bool) -> bool:
+        """Judge the run again when an interval has passed, ``now_due``, or the record's facts
+        other than its latest time changed; returns whether its state or reason changed."""
+        clock = time.monotonic()
+        key = (facts.started, facts.process, facts.end_status, facts.end_error, facts.stalled)
+        if (
+            not now_due
+            and key == self._judged_facts
+            and clock - self._judged_at < LIVENESS_INTERVAL_S
+        ):
+            return False
+        self._judged_at, self._judged_facts = clock, key
         before = self._liveness
-        self._liveness = judge(self._run_dir, self._facts)
+        self._liveness = judge(self._run_dir, facts)
         if before is None:
             return True
         return (before.state, before.reason, before.processes) != (
@@ -117,7 +197,7 @@ class RunWatcher:
         try:
             with open_regular(self._stderr_path) as f:
                 f.seek(max(size - _STDERR_TAIL_BYTES, 0))
-                text = f.read().decode("utf-8", errors="replace")
+                text = f.read(_STDERR_TAIL_BYTES).decode("utf-8", errors="replace")
         except OSError as err:  # a directory, a FIFO, unreadable: say so instead of a tail
             text = f"cannot read {STDERR_LOG}: {err.strerror or err}"
         self._stderr_tail = tuple(text.splitlines()[-STDERR_TAIL_LINES:])

@@ -30,7 +30,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -94,7 +94,7 @@ class Event:
         Raises:
             EventError: no numeric ``time``, or a required field missing or of another type.
         """
-        known = {f.name for f in _payload_fields(cls)}
+        known = _payload_names(cls)
         return cls.from_fields(
             **_header(line),
             extra={k: v for k, v in line.items() if k not in known and k not in _HEADER},
@@ -111,19 +111,15 @@ class Event:
             EventError: a required field missing or of another type.
             TypeError: a name that is no field of the class.
         """
-        hints = _hints(cls)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(values.keys() - names)
+        unknown = sorted(values.keys() - _names(cls))
         if unknown:
             raise TypeError(f"{cls.__name__} has no field {unknown[0]!r}")
         kwargs = {}
-        for f in _payload_fields(cls):
-            value = _decode(values.get(f.name), hints[f.name])
-            if value is None and _required(f):
-                raise EventError(
-                    f"{cls.type}: {f.name!r} must be {f.type}, got {values.get(f.name)!r}"
-                )
-            kwargs[f.name] = value
+        for name, decode, required, kind in _decoders(cls):
+            value = decode(values.get(name))
+            if value is None and required:
+                raise EventError(f"{cls.type}: {name!r} must be {kind}, got {values.get(name)!r}")
+            kwargs[name] = value
         for name in ("time", "run_id", "schema", "extra"):
             if name in values:
                 kwargs[name] = values[name]
@@ -665,13 +661,13 @@ def _header(line: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         EventError: ``time`` is not a number.
     """
-    time = _decode(line.get("time"), float)
+    time = _decoder(float)(line.get("time"))
     if time is None:
         raise EventError(f"{line.get('type')}: 'time' must be a number, got {line.get('time')!r}")
-    schema = _decode(line.get("schema"), int)
+    schema = _decoder(int)(line.get("schema"))
     return {
         "time": time,
-        "run_id": _decode(line.get("run_id"), str),
+        "run_id": _decoder(str)(line.get("run_id")),
         "schema": 0 if schema is None else schema,
     }
 
@@ -680,6 +676,25 @@ def _header(line: Mapping[str, Any]) -> dict[str, Any]:
 def _payload_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     """The fields of ``cls`` that are not in every line's header."""
     return tuple(f for f in dataclasses.fields(cls) if f.name not in (*_HEADER, "extra"))
+
+
+@functools.cache
+def _payload_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in _payload_fields(cls))
+
+
+@functools.cache
+def _names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _decoders(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool, Any], ...]:
+    """(name, decoder, required, declared type) of each payload field of ``cls``."""
+    hints = _hints(cls)
+    return tuple(
+        (f.name, _decoder(hints[f.name]), _required(f), f.type) for f in _payload_fields(cls)
+    )
 
 
 @functools.cache
@@ -719,40 +734,74 @@ def _encode_fields(obj: Any) -> dict[str, Any]:
     return out
 
 
-def _decode(value: Any, hint: Any) -> Any:
-    """``value`` (a JSON value) as ``hint``, or None when it is None or of another type."""
-    if value is None or hint is Any:
-        return value
+def _none_or(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``convert``, except that None stays None."""
+    return lambda value: None if value is None else convert(value)
+
+
+@functools.cache
+def _decoder(hint: Any) -> Callable[[Any], Any]:
+    """The function that turns a JSON value into ``hint`` (None when it is None or of another
+    type), built once per type (the readers
+    decode every line of every record: the type is taken apart here, not per value).
+
+    Raises:
+        TypeError: ``hint`` is no type a JSON value converts to.
+    """
+    if hint is Any:
+        return lambda value: value
     args = typing.get_args(hint)
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
         (inner,) = [a for a in args if a is not type(None)]
-        return _decode(value, inner)
+        return _decoder(inner)
     if hint is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return float(value) if ok else None
+        return _none_or(
+            lambda v: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+        )
     if hint is int:
-        if isinstance(value, bool):
-            return None
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return value if isinstance(value, int) else None
+        return _none_or(_int)
     if hint in (str, bool):
-        return value if isinstance(value, hint) else None
+        return _none_or(lambda v: v if isinstance(v, hint) else None)
     if origin is dict:
-        return dict(value) if isinstance(value, Mapping) else None
+        return _none_or(lambda v: dict(v) if isinstance(v, Mapping) else None)
     if origin is list:
+        return _none_or(_list_decoder(args[0]))
+    if dataclasses.is_dataclass(hint):
+        return _none_or(_dataclass_decoder(hint))
+    raise TypeError(f"no JSON conversion for {hint!r}")
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
+def _list_decoder(item: Any) -> Callable[[Any], Any]:
+    decode = _decoder(item)
+
+    def decode_list(value: Any) -> list[Any] | None:
         if not isinstance(value, list | tuple):
             return None
-        items = [_decode(v, args[0]) for v in value]
-        return None if any(i is None for i in items) and args[0] is not Any else items
-    if dataclasses.is_dataclass(hint):
+        items = [decode(v) for v in value]
+        return None if any(i is None for i in items) and item is not Any else items
+
+    return decode_list
+
+
+def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
+    hints = _hints(cls)
+    fields = [(f.name, _decoder(hints[f.name])) for f in dataclasses.fields(cls)]
+
+    def decode_dataclass(value: Any) -> Any:
         if not isinstance(value, Mapping):
             return None
-        fields = {f.name for f in dataclasses.fields(hint)}
-        hints = _hints(hint)
-        return hint(**{k: _decode(value.get(k), hints[k]) for k in fields})
-    raise TypeError(f"no JSON conversion for {hint!r}")
+        return cls(**{name: decode(value.get(name)) for name, decode in fields})
+
+    return decode_dataclass
 
 
 # --- documentation ----------------------------------------------------------------------------

@@ -197,11 +197,14 @@ class EventTail:
     error: str | None = None
     _pending: bytes = field(default=b"", repr=False)
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
+        """The complete lines appended since the last call, as JSON objects; with
+        ``max_bytes`` >= 0, of at most that many bytes read (a reader that keeps up with a fast
+        writer in bounded slices: the rest is read by the next calls)."""
         try:
             with open_regular(self.path) as f:
                 f.seek(self.offset)
-                chunk = f.read()
+                chunk = f.read(max_bytes)
         except OSError as err:
             self.error = f"{type(err).__name__}: {err.strerror or err}"
             return []
@@ -210,22 +213,52 @@ class EventTail:
         data = self._pending + chunk
         lines = data.split(b"\n")
         self._pending = lines.pop()
-        events = []
-        for line in lines:
-            event = parse_json(line)
-            if isinstance(event, dict) and {"type", "time"} <= event.keys():
-                events.append(event)
-            else:
-                self.bad_lines += 1
+        events, bad = _objects(lines)
+        self.bad_lines += bad
         return events
 
-    def read_new_events(self) -> list[Event]:
+    def read_new_events(self, max_bytes: int = -1) -> list[Event]:
         """:meth:`read_new`, each object parsed by :func:`~titan.observability.events.
         parse_event`; an object that is not an event (e.g. a non-numeric ``time``) is skipped
         and counted in ``bad_lines``. Unknown types come back as ``UnknownEvent``."""
-        events, skipped = parse_events(self.read_new())
+        events, skipped = parse_events(self.read_new(max_bytes))
         self.bad_lines += skipped
         return events
+
+
+def _objects(lines: list[bytes]) -> tuple[list[dict[str, Any]], int]:
+    """(the lines that are JSON objects with ``type`` and ``time``, parsed; how many are not)."""
+    events = []
+    for line in lines:
+        event = parse_json(line)
+        if isinstance(event, dict) and {"type", "time"} <= event.keys():
+            events.append(event)
+    return events, len(lines) - len(events)
+
+
+def read_last_events(path: Path, end: int, max_bytes: int) -> tuple[int, list[Event]]:
+    """The events of the complete lines among the ``max_bytes`` bytes of a record that end at
+    offset ``end``: what a reader far behind its writer shows first. A line cut by the start of
+    that window, a torn line at ``end`` and lines that are not events are left out.
+
+    Returns:
+        (the offset where the first line read starts, its events in file order); ``(end, [])``
+        when no whole line fits in the window or the file cannot be read.
+    """
+    start = max(0, end - max_bytes)
+    try:
+        with open_regular(path) as f:
+            f.seek(start)
+            data = f.read(end - start)
+    except OSError:
+        return end, []
+    if start > 0:
+        cut = data.find(b"\n") + 1
+        data, start = data[cut:], start + cut
+    lines = data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]
+    if not lines:
+        return end, []
+    return start, parse_events(_objects(lines)[0])[0]
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from titan.inert import inert
 from titan.observability.liveness import Liveness, ProcessId
 from tui.launcher import LaunchedRun, signal_run
 from tui.run_state import RunState
-from tui.run_watch import POLL_INTERVAL_S, RunUpdate, RunWatcher
+from tui.run_watch import POLL_INTERVAL_S, READ_SLICE_BYTES, RunUpdate, RunWatcher
 from tui.screens.confirm import ConfirmScreen
 from tui.widgets.curve_plot import CurvePlot
 from tui.widgets.flops_panel import FlopsPanel
@@ -67,9 +67,10 @@ TABS = (
 
 
 class MonitorScreen(Screen[None]):
-    """Follows one run dir. A thread worker polls it (:class:`~tui.run_watch.RunWatcher`) and
-    posts :class:`Polled`; the handler folds the events into a :class:`~tui.run_state.RunState`
-    and draws, at most every :data:`_DRAW_INTERVAL_S`. The status is the run's liveness
+    """Follows one run dir, every attempt of it (a resume's too). A thread worker polls it
+    (:class:`~tui.run_watch.RunWatcher`: reading, parsing and folding into a
+    :class:`~tui.run_state.RunState`) and posts :class:`Polled` with a snapshot; the handler
+    only draws, at most every :data:`_DRAW_INTERVAL_S`. The status is the run's liveness
     (:func:`titan.observability.liveness.judge`). ``s`` stops a live run of this host, whoever
     launched it (SIGTERM to its recorded process group), ``k`` kills it (SIGKILL), each after a
     confirmation and only while its pid is still the recorded process
@@ -113,6 +114,8 @@ class MonitorScreen(Screen[None]):
         self.liveness: Liveness | None = None
         self._stop_sent = False
         self._stderr_tail: tuple[str, ...] = ()
+        self._stderr_drawn: tuple[str, ...] = ()
+        self._unread_bytes = 0
         self._drawn_at = 0.0
         self._draw_pending = False
         self._stale = False  # events arrived while the screen was hidden
@@ -165,38 +168,38 @@ class MonitorScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="follow")
     def _follow(self) -> None:
-        """Poll the run dir every POLL_INTERVAL_S until nothing more can change."""
+        """Poll the run dir every POLL_INTERVAL_S while the screen lives: after ``run_end`` too,
+        since a resume appends the next attempt to the same record."""
         worker = get_current_worker()
         watcher = RunWatcher(self.run_dir, self.launched)
         while not worker.is_cancelled:
             update = watcher.poll()
             if update is not None:
                 self.post_message(self.Polled(update))
-            if watcher.done:
-                return
             time.sleep(POLL_INTERVAL_S)
 
     def on_monitor_screen_polled(self, message: MonitorScreen.Polled) -> None:
         update = message.update
-        self.state.apply(update.events)
+        if update.state is not None:
+            if update.state.attempts != self.state.attempts:
+                self._stop_sent = False  # a stop sent to an earlier attempt
+                self.refresh_bindings()
+            self.state = update.state
+        self._unread_bytes = update.unread_bytes
+        exited = update.returncode is not None and update.returncode != self.returncode
         self.returncode = update.returncode
         if update.liveness is not None:
             if self.liveness is None or self.liveness.alive != update.liveness.alive:
                 self.refresh_bindings()
             self.liveness = update.liveness
-        if update.stderr_tail != self._stderr_tail:
-            self._stderr_tail = update.stderr_tail
-            log = self.query_one("#stderr", Log)
-            log.clear()
-            log.write_lines(inert(line) for line in update.stderr_tail)
-            log.border_subtitle = "" if update.stderr_tail else "empty"
+        self._stderr_tail = update.stderr_tail
         if not self.is_current:  # under another screen: drawn when shown again
             self._stale = True
             return
         if self._draw_pending:
             return
         due = self._drawn_at + _DRAW_INTERVAL_S - time.monotonic()
-        if due <= 0 or update.returncode is not None:
+        if due <= 0 or exited:
             self._show_state()
         else:
             self._draw_pending = True
@@ -303,7 +306,10 @@ class MonitorScreen(Screen[None]):
         total = "?" if state.total_steps is None else str(state.total_steps)
         resumed_at = state.resumed_from_step
         resumed = "" if resumed_at is None else f" (resumed at {resumed_at})"
-        self.query_one("#step", Stat).show(f"{state.step} / {total}{resumed}")
+        # While the newest events are shown ahead of the history still being read.
+        unread = self._unread_bytes
+        behind = f" · {unread / 1e6:.1f} MB of history to read" if unread > READ_SLICE_BYTES else ""
+        self.query_one("#step", Stat).show(f"{state.step} / {total}{resumed}{behind}")
         params = "" if state.param_count is None else f" · {state.param_count / 1e6:.2f}M params"
         self.query_one("#model", Stat).show(f"{state.preset or '?'}{params}")
         self.query_one("#loss", Stat).show("-" if state.loss is None else f"{state.loss:.4f}")
@@ -317,6 +323,17 @@ class MonitorScreen(Screen[None]):
         saved = "-" if saved_at is None else f"checkpoint at step {saved_at}"
         self.query_one("#checkpoint", Stat).show(saved)
         self.query_one("#progress", StepProgress).show(state.step, state.total_steps)
+        self._show_stderr()
+
+    def _show_stderr(self) -> None:
+        """The tail of ``stderr.log``, when it changed since drawn."""
+        if self._stderr_tail == self._stderr_drawn:
+            return
+        self._stderr_drawn = self._stderr_tail
+        log = self.query_one("#stderr", Log)
+        log.clear()
+        log.write_lines(inert(line) for line in self._stderr_tail)
+        log.border_subtitle = "" if self._stderr_tail else "empty"
 
     def _show_process(self) -> None:
         process = self.query_one("#process", Stat)

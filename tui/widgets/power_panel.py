@@ -57,4 +57,4 @@ class PowerPanel(Vertical):
         self.query_one("#pw-source", Stat).show(
             "measured" if energy is not None else f"none: {state.power_reason or 'no reading yet'}"
         )
-        self.query_one(ColumnSparkline).data = state.power_w[-SPARK_STEPS:]
+        self.query_one(ColumnSparkline).data = list(state.power_w)[-SPARK_STEPS:]

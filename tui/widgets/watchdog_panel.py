@@ -63,10 +63,10 @@ class WatchdogPanel(Vertical):
             )
         )
         self.query_one("#wd-stalls", Stat).show(
-            f"{len(stalls)} · {summary}" if stalls else summary, "bad" if stalls else "good"
+            f"{state.stall_count} · {summary}" if stalls else summary, "bad" if stalls else "good"
         )
-        if len(stalls) != self._stacks_of:
-            self._stacks_of = len(stalls)
+        if state.stall_count != self._stacks_of:
+            self._stacks_of = state.stall_count
             self._show_stacks(stalls[-1] if stalls else None)
 
     def _show_stacks(self, stall: Stall | None) -> None:
