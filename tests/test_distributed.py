@@ -22,6 +22,7 @@ from helpers import cli_args, events, run_in_process, small_run, wait_for_event
 
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED, worst_exit_code
+from titan.launch.aborts import AbortText
 from titan.launch.local import child_envs, exit_code, supervise
 from titan.parallel.distributed import LaunchSettings, initialize
 
@@ -366,3 +367,24 @@ def test_a_child_aborted_in_native_code_is_one_line_and_the_worst_code(capfd):
         "distributed collective mismatch in your code?"
     )
     assert children[0].returncode == -signal.SIGTERM  # stopped by the launcher: said nowhere
+
+
+def test_an_xla_check_failure_is_taken_off_the_terminal_with_its_message():
+    abort = AbortText()
+    shown = [
+        line
+        for line in [
+            "step 3/20  loss 5.1\n",
+            "F1202 01:46:03.123456   16414 cpu_client.cc:1234] Check failed: ok Bad collective\n",
+            "*** Check failure stack trace: ***\n",
+            "    @     0x7f3a2c1d4e5f  (unknown)\n",
+            "Fatal Python error: Aborted\n",
+            "Thread 0x00007f3a (most recent call first):\n",
+        ]
+        if not abort.take(line)
+    ]
+    assert shown == ["step 3/20  loss 5.1\n"]
+    assert abort.death_line(1, 42, -signal.SIGABRT) == (
+        "titan launch: process 1 (pid 42) died of SIGABRT: Check failed: ok Bad collective\n"
+    )
+    assert abort.death_line(1, 42, 1) is None
