@@ -22,7 +22,8 @@ from helpers import cli_args, events, run_in_process, small_run, wait_for_event
 
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED, worst_exit_code
-from titan.launch.local import child_envs, exit_code
+from titan.launch.aborts import AbortText
+from titan.launch.local import child_envs, exit_code, supervise
 from titan.parallel.distributed import LaunchSettings, initialize
 
 STEPS = 8
@@ -263,3 +264,127 @@ def test_a_process_killed_with_sigkill_ends_the_run_naming_it(options):
     assert f"lost process 1 (pid {victim} on " in end["error"]
     assert heartbeats(run_dir)[0]["status"] == "failed"
     assert "lost process 1" in output
+
+
+# The stress runs: 2 processes x 2 devices, a small model (every layout's collectives, little
+# compute), 50 steps; every process issues the step's collectives and the stop agreement's in
+# the same order, or gloo aborts one of them (a mismatch, as the stop agreement over one device
+# per process met FSDP's collectives in about 2 of 3 runs of 20 steps).
+STRESS_STEPS = 50
+STRESS_MODEL = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
+STRESS_LAYOUTS = {
+    "fsdp2-tp2": {"dp": 1, "fsdp": 2, "tp": 2},
+    "pp2-stage-per-process": {"layout": "mpmd", "pp": 2, "dp": 2, "microbatches": 2},
+}
+NONFINITE_STEP = 23
+STRESS_VARIANTS = {
+    "steps": {"checkpoint_every": 1000},
+    # async saves every 5 steps (each with its finite-weights check across the processes) and
+    # one poisoned batch, which the guard skips
+    "checkpoints-nonfinite": {
+        "checkpoint_every": 5,
+        "checkpoint_async": True,
+        "debug_nonfinite_at_step": NONFINITE_STEP,
+    },
+}
+ABORT_TEXT = ("terminate called", "what():", "enforce fail", "Fatal Python error")
+
+
+@pytest.mark.parametrize("variant", list(STRESS_VARIANTS))
+@pytest.mark.parametrize("layout", list(STRESS_LAYOUTS))
+def test_two_processes_run_fifty_steps_without_a_collective_mismatch(
+    corpus_dir, tmp_path, layout, variant
+):
+    options = small_run(
+        corpus_dir,
+        tmp_path,
+        run_id="stress",
+        steps=STRESS_STEPS,
+        warmup_steps=2,
+        preset=STRESS_MODEL,
+        **STRESS_LAYOUTS[layout],
+        **STRESS_VARIANTS[variant],
+    )
+    proc = launch(options)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert not [line for line in output.splitlines() if any(t in line for t in ABORT_TEXT)]
+    run_dir = tmp_path / "stress"
+    (end,) = events(run_dir, "run_end")
+    assert (end["status"], end["step"]) == ("completed", STRESS_STEPS)
+    steps = events(run_dir, "step")
+    assert [s["step"] for s in steps] == list(range(1, STRESS_STEPS + 1))
+    skipped = [s["step"] for s in steps if s.get("skipped")]
+    saved = [c["step"] for c in events(run_dir, "checkpoint")]
+    if variant == "steps":
+        assert (skipped, saved) == ([], [STRESS_STEPS])
+    else:
+        assert skipped == [NONFINITE_STEP]
+        assert saved == list(range(5, STRESS_STEPS + 1, 5))
+        assert not events(run_dir, "checkpoint_failed")
+    assert [b["status"] for b in heartbeats(run_dir).values()] == ["completed", "completed"]
+
+
+GLOO_ABORT = (
+    "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+    "  what():  [enforce fail at external/gloo/gloo/transport/tcp/pair.cc:459] "
+    "op.preamble.length <= op.nbytes. 16384 vs 4. Received data size doesn't match expected "
+    "size. Is there a distributed collective mismatch in your code?\n"
+)
+
+
+# A child that would run on, ended by SIGTERM (whatever disposition it inherited).
+SLEEPER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); time.sleep(120)"
+
+
+def test_a_child_aborted_in_native_code_is_one_line_and_the_worst_code(capfd):
+    """A child that prints gloo's abort text (libstdc++'s terminate handler) and dies of a real
+    SIGABRT, beside one that would run on: the launcher stops the other, shows none of the
+    abort text, says the death in one line with the exception's message, and exits 134."""
+    aborting = (
+        "import os, sys; print('step 1', flush=True); "
+        f"sys.stderr.write({GLOO_ABORT!r}); sys.stderr.flush(); os.abort()"
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for code in (SLEEPER, aborting)
+    ]
+    code = supervise(children, sys.stdout)
+    lines = capfd.readouterr().out.splitlines()
+    assert code == 128 + signal.SIGABRT
+    assert "[1] step 1" in lines
+    assert not [line for line in lines if any(t in line for t in ABORT_TEXT[:2])]
+    (died,) = [line for line in lines if "died of" in line]
+    assert died == (
+        f"titan launch: process 1 (pid {children[1].pid}) died of SIGABRT: gloo::EnforceNotMet: "
+        "[enforce fail at external/gloo/gloo/transport/tcp/pair.cc:459] op.preamble.length <= "
+        "op.nbytes. 16384 vs 4. Received data size doesn't match expected size. Is there a "
+        "distributed collective mismatch in your code?"
+    )
+    assert children[0].returncode == -signal.SIGTERM  # stopped by the launcher: said nowhere
+
+
+def test_an_xla_check_failure_is_taken_off_the_terminal_with_its_message():
+    abort = AbortText()
+    shown = [
+        line
+        for line in [
+            "step 3/20  loss 5.1\n",
+            "F1202 01:46:03.123456   16414 cpu_client.cc:1234] Check failed: ok Bad collective\n",
+            "*** Check failure stack trace: ***\n",
+            "    @     0x7f3a2c1d4e5f  (unknown)\n",
+            "Fatal Python error: Aborted\n",
+            "Thread 0x00007f3a (most recent call first):\n",
+        ]
+        if not abort.take(line)
+    ]
+    assert shown == ["step 3/20  loss 5.1\n"]
+    assert abort.death_line(1, 42, -signal.SIGABRT) == (
+        "titan launch: process 1 (pid 42) died of SIGABRT: Check failed: ok Bad collective\n"
+    )
+    assert abort.death_line(1, 42, 1) is None

@@ -22,7 +22,9 @@ sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting i
 for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
 child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over completion; a
 child killed by signal S counts as 128 + S), of the children that ended by themselves: one the
-launcher stopped because another failed does not hide that failure's code.
+launcher stopped because another failed does not hide that failure's code. A child that dies of
+a signal by itself is said in one line, with the reason its native abort text gave; that text
+(a C++ exception's, a fatal log's stack trace) stays off the terminal (:mod:`titan.launch.aborts`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import TextIO
 
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED, worst_exit_code
+from titan.launch.aborts import AbortText
 
 PLATFORMS = ("auto", "cpu", "gpu")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -176,8 +179,10 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _relay(index: int, stream: TextIO, out: TextIO, lock: threading.Lock) -> None:
+def _relay(index: int, stream: TextIO, out: TextIO, lock: threading.Lock, abort: AbortText) -> None:
     for line in stream:
+        if abort.take(line):  # a native abort's text: said in one line once the child is dead
+            continue
         with lock:
             out.write(f"[{index}] {line}")
             out.flush()
@@ -218,18 +223,19 @@ def launch_local(
     try:
         for i, env in enumerate(envs):
             children.append(_start(child_command(train_args, port, processes, i), env))
-        return _supervise(children, out)
+        return supervise(children, out)
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
 
 
-def _supervise(children: list[subprocess.Popen], out: TextIO) -> int:
+def supervise(children: list[subprocess.Popen], out: TextIO) -> int:
     """Relay the children's lines, forward stop signals, wait; the worst child's exit code."""
     lock = threading.Lock()
+    aborts = [AbortText() for _ in children]
     relays = [
-        threading.Thread(target=_relay, args=(i, c.stdout, out, lock), daemon=True)
+        threading.Thread(target=_relay, args=(i, c.stdout, out, lock, aborts[i]), daemon=True)
         for i, c in enumerate(children)
     ]
     for relay in relays:
@@ -251,6 +257,11 @@ def _supervise(children: list[subprocess.Popen], out: TextIO) -> int:
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
+    for i, child in enumerate(children):
+        line = aborts[i].death_line(i, child.pid, child.returncode)
+        if line and i not in stopped:
+            out.write(line)
+    out.flush()
     ended = [c for i, c in enumerate(children) if i not in stopped]
     return worst_exit_code(exit_code(c.returncode) for c in ended)
 
@@ -261,7 +272,7 @@ def _wait(children: list[subprocess.Popen], kill_at: list[float]) -> set[int]:
     deadline) too. Returns the indices of the children it signalled after a failure."""
     stopped: set[int] = set()
     failure_seen = False
-    while any(c.poll() is None for c in children):
+    while [c.poll() for c in children].count(None):  # every child polled: each one's code is seen
         failed = any(c.returncode not in (None, EXIT_OK, EXIT_STOPPED) for c in children)
         if failed and not failure_seen:
             failure_seen = True

@@ -251,8 +251,9 @@ class StopAgreement:
     The reduce spans all devices so that it runs after the step, never beside it: the CPU
     runtime runs a program that has one device in this process as soon as its inputs are ready,
     while programs of several devices here (the step's) run one at a time in dispatch order. A
-    reduce over one device per process used the same gloo pair as the step's FSDP collectives
-    over those devices and met them mid-step (``op.preamble.length <= op.nbytes``, SIGABRT).
+    reduce over one device per process would share a gloo pair with the step's collectives over
+    those devices (FSDP's, with fsdp across processes) and could meet them mid-step (gloo then
+    aborts the process: ``op.preamble.length <= op.nbytes``).
 
     With one process the local flag is the agreement (stop after the step in flight).
     """
