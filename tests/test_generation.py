@@ -3,8 +3,10 @@ real MPMD run (its two stages' chunks joined into the whole model), sampling and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
+import json
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from titan.cli import main
+from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 from titan.generation.generate import Generator, Sampling, new_token_budget, printable
 from titan.generation.loading import load_model
@@ -100,6 +103,48 @@ def test_streamed_text_is_the_decode_of_the_new_tokens(loaded, generator):
     assert generator.stream(PROMPT, sampling, io.StringIO()) == ids  # same seed
 
 
+def test_generation_stops_at_every_end_token_the_tokenizers_config_names(
+    loaded, generator, tmp_path
+):
+    """A real tokenizer whose generation_config.json names EOS and a second end token (as Llama
+    3 Instruct's names <|end_of_text|> and <|eot_id|>): greedy decoding stops before the second
+    one, which is not printed."""
+    prompt = generator.prompt_ids(PROMPT)
+    greedy = Sampling(max_new_tokens=NEW_TOKENS, temperature=0.0)
+    free = list(generator.tokens(prompt, greedy))
+    end = free[3]
+    expected = free[: free.index(end)]
+    (tmp_path / "tokenizer.model").write_bytes(loaded.tokenizer.processor.serialized_model_proto())
+    ends = {"eos_token_id": [loaded.tokenizer.eos_id, end]}
+    (tmp_path / "generation_config.json").write_text(json.dumps(ends))
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.model")
+    ending = Generator(dataclasses.replace(loaded, tokenizer=tokenizer))
+    assert list(ending.tokens(prompt, greedy)) == expected
+    out = io.StringIO()
+    assert ending.stream(PROMPT, greedy, out) == expected
+    decode = tokenizer.decode
+    assert (
+        out.getvalue()
+        == PROMPT + printable(decode(prompt + expected)[len(decode(prompt)) :]) + "\n"
+    )
+
+
+def test_stop_adds_end_tokens_by_id_or_by_text(pipeline_run, loaded, generator, capsys):
+    prompt = generator.prompt_ids(PROMPT)
+    free = list(generator.tokens(prompt, Sampling(max_new_tokens=NEW_TOKENS)))
+    end = free[2]
+    expected = free[: free.index(end)]
+    piece = loaded.tokenizer.processor.id_to_piece(end)
+    for stop in (str(end), piece):
+        stopping = Sampling(max_new_tokens=NEW_TOKENS, stop=(stop,))
+        assert list(generator.tokens(prompt, stopping)) == expected, stop
+    out = io.StringIO()
+    generator.stream(PROMPT, Sampling(max_new_tokens=NEW_TOKENS, stop=(piece,)), out)
+    args = ["generate", str(pipeline_run), "--prompt", PROMPT, "--max-new-tokens", "12"]
+    assert main([*args, "--stop", str(loaded.tokenizer.eos_id), "--stop", str(end)]) == 0
+    assert capsys.readouterr().out == out.getvalue()
+
+
 def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
     rows = jnp.broadcast_to(logits, (256, 4))  # 256 independent draws, one per row
@@ -124,6 +169,8 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--max-new-tokens", "100000000"], "--max-new-tokens 100000000: the run's model attends"),
         (["--step", "1"], "has no checkpoint of it (it has: 5)"),
+        (["--stop", "512"], "--stop '512': neither a token id below 512 nor the text of one"),
+        (["--stop", "no such token"], "--stop 'no such token': neither a token id below 512"),
     ],
 )
 def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, message):

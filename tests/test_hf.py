@@ -161,6 +161,7 @@ def test_export_then_reimport_is_bit_exact_and_transformers_reads_the_export(
     step, out = export_hf(imported["untied"], None, tmp_path / "export")
     assert step == 0 and sorted(p.name for p in out.iterdir()) == [
         "config.json",
+        "generation_config.json",
         "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",

@@ -177,6 +177,34 @@ def test_a_bos_that_text_can_spell_is_refused_in_one_line(files, tmp_path):
         tok.encode_documents(["plain text", "a <s> b"])
 
 
+@pytest.mark.parametrize("config", ["generation_config.json", "config.json"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_end_tokens_are_eos_and_every_id_the_configs_name(files, backend, config, tmp_path):
+    """Llama 3 Instruct's generation_config.json names <|end_of_text|> and <|eot_id|>; Meta's
+    tiktoken tokenizer stops at both without any config."""
+    plain = load_tokenizer(files[backend])
+    own = {"tiktoken": (301, 309)}.get(backend, (plain.eos_id,))  # 300 ranks, then specials
+    assert plain.end_ids == own
+    path = _configured(files[backend], tmp_path)
+    (tmp_path / config).write_text(json.dumps({"eos_token_id": [plain.eos_id, 7, 9]}))
+    tok = load_tokenizer(path)
+    assert tok.end_ids == tuple(sorted({*own, 7, 9}))
+    assert Tokenizer(tok.model_proto).end_ids == tok.end_ids  # the run dir's copy keeps them
+    assert tok.encode(TEXT) == plain.encode(TEXT)
+
+
+def test_end_tokens_are_read_beside_the_tokenizer_and_in_its_model_directory(files, tmp_path):
+    """Meta's layout keeps the tiktoken file in original/ and the configs one level up."""
+    (tmp_path / "original").mkdir()
+    shutil.copy(files["tiktoken"], tmp_path / "original" / "tokenizer.model")
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [301, 308, 309]}')
+    tok = load_tokenizer(tmp_path / "original" / "tokenizer.model", config_dirs=(tmp_path,))
+    assert tok.end_ids == (301, 308, 309)
+    (tmp_path / "config.json").write_text('{"eos_token_id": "</s>"}')
+    with pytest.raises(TitanError, match=r"config.json: eos_token_id must be a token id or a"):
+        load_tokenizer(tmp_path / "original" / "tokenizer.model", config_dirs=(tmp_path,))
+
+
 def test_default_rules_are_each_kinds_own(files):
     """Without add_bos_token/add_eos_token: BOS only for sentencepiece (transformers'
     LlamaTokenizer) and tiktoken (Llama 3), the template's (BOS before $A) for tokenizer.json."""
@@ -196,14 +224,17 @@ def test_tiktoken_file_has_llama3_special_tokens_after_its_ranks(files):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_files_for_a_hugging_face_directory_load_back_the_same_tokenizer(files, backend, tmp_path):
-    tok = load_tokenizer(_configured(files[backend], tmp_path, add_eos_token=True))
+    end = 5  # an ordinary token named an end token: it must survive the round trip
+    path = _configured(files[backend], tmp_path, add_eos_token=True)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": end}))
+    tok = load_tokenizer(path)
     written = tokenizer_files(tok)
     out = tmp_path / "export"
     for name, data in written.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
-    (name,) = [n for n in written if not n.endswith("tokenizer_config.json")]
-    back = load_tokenizer(out / name)
+    (name,) = [n for n in written if not n.endswith("config.json")]
+    back = load_tokenizer(out / name, config_dirs=(out,))
     assert back.encode(TEXT, add_special_tokens=True) == tok.encode(TEXT, add_special_tokens=True)
     assert (back.bos_id, back.eos_id, back.add_bos, back.add_eos) == (
         tok.bos_id,
@@ -211,6 +242,7 @@ def test_files_for_a_hugging_face_directory_load_back_the_same_tokenizer(files, 
         True,
         True,
     )
+    assert end in back.end_ids and back.end_ids == tok.end_ids
 
 
 def test_a_bad_tiktoken_file_or_config_is_one_line(tmp_path):

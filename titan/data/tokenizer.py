@@ -12,6 +12,11 @@ for sentencepiece (transformers' ``LlamaTokenizer``) and tiktoken (Llama 3). Tra
 always get one BOS and one EOS (:meth:`Tokenizer.encode_documents`): the packer counts BOS
 tokens as document boundaries.
 
+End tokens (where generation stops, :attr:`Tokenizer.end_ids`): EOS, and the ids named by the
+``eos_token_id`` (an id or a list) of the ``generation_config.json`` and ``config.json`` beside
+the file (a Hugging Face model directory's: Llama 3 Instruct names 128001 and 128009), and for
+tiktoken Meta's stop tokens ``<|end_of_text|>`` and ``<|eot_id|>``.
+
 Text is always ordinary text, on every path: a document or prompt that holds ``<s>``, ``</s>``
 or ``<|eot_id|>`` encodes those characters as ordinary pieces, never as the special tokens of
 the same name (sentencepiece never matches its control symbols in text; a ``tokenizer.json`` is
@@ -89,6 +94,7 @@ class Backend(Protocol):
     eos_id: int
     add_bos: bool  # encode(add_special_tokens=True) puts BOS first
     add_eos: bool  # ... and EOS last
+    end_ids: tuple[int, ...]  # ids that end a generation besides EOS (its config's)
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         """Ids of each text as ordinary text: no special tokens added, none parsed from it."""
@@ -96,6 +102,11 @@ class Backend(Protocol):
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids``, special tokens included."""
+        ...
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token whose text is ``text`` (a special token's name included),
+        else None."""
         ...
 
 
@@ -106,6 +117,7 @@ class SentencePieceBackend:
     processor: spm.SentencePieceProcessor
     add_bos: bool = True
     add_eos: bool = False
+    end_ids: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -125,6 +137,10 @@ class SentencePieceBackend:
     def decode(self, ids: list[int]) -> str:
         return self.processor.decode(ids)
 
+    def token_id(self, text: str) -> int | None:
+        piece = self.processor.piece_to_id(text)  # the unknown piece's id when there is none
+        return piece if self.processor.id_to_piece(piece) == text else None
+
 
 @dataclass(frozen=True)
 class HuggingFaceBackend:
@@ -137,6 +153,7 @@ class HuggingFaceBackend:
     eos_id: int
     add_bos: bool
     add_eos: bool
+    end_ids: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -147,6 +164,9 @@ class HuggingFaceBackend:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_id(self, text: str) -> int | None:
+        return self.tokenizer.token_to_id(text)
 
 
 @dataclass(frozen=True)
@@ -159,6 +179,7 @@ class TiktokenBackend:
     eos_id: int
     add_bos: bool
     add_eos: bool
+    end_ids: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -170,19 +191,27 @@ class TiktokenBackend:
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)  # an incomplete UTF-8 sequence decodes to U+FFFD
 
+    def token_id(self, text: str) -> int | None:
+        try:
+            return self.encoding.encode_single_token(text)
+        except KeyError:
+            return None
+
 
 HF_ENVELOPE = "titan.huggingface"
 """``format`` of the JSON that holds a Hugging Face tokenizer in :attr:`Tokenizer.model_proto`:
 ``{"format", "tokenizer": <tokenizer.json text>, "bos_token", "eos_token", "add_bos",
-"add_eos"}`` (``add_*`` absent in older run dirs: the template's)."""
+"add_eos", "end_ids"}`` (``add_*`` absent in older run dirs: the template's; ``end_ids``, the
+ids that end a generation besides EOS, absent: none)."""
 TIKTOKEN_ENVELOPE = "titan.tiktoken"
 """``format`` of the JSON that holds a tiktoken BPE: ``{"format", "ranks": <the file's text>,
 "pattern", "special_tokens": [names, numbered from the number of ranks], "bos_token",
-"eos_token", "add_bos", "add_eos"}``."""
+"eos_token", "add_bos", "add_eos", "end_ids"}``."""
 SENTENCEPIECE_ENVELOPE = "titan.sentencepiece"
 """``format`` of the JSON that holds a sentencepiece model whose ``tokenizer_config.json`` set
-other rules than the default (add BOS, not EOS): ``{"format", "model": <base64 of the .model>,
-"add_bos", "add_eos"}``. Without one, :attr:`Tokenizer.model_proto` is the ``.model`` itself."""
+other rules than the default (add BOS, not EOS), or whose configs name end tokens besides EOS:
+``{"format", "model": <base64 of the .model>, "add_bos", "add_eos", "end_ids"}``. Without one,
+:attr:`Tokenizer.model_proto` is the ``.model`` itself."""
 
 # Meta's Llama 3 tokenizer (llama_models/llama3/tokenizer.py): the pre-tokenizer pattern, and
 # 256 special tokens numbered from the number of ranks (128000 in Llama 3).
@@ -206,6 +235,9 @@ LLAMA3_NAMED_SPECIALS = (
 LLAMA3_SPECIAL_TOKENS = LLAMA3_NAMED_SPECIALS + tuple(
     f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(LLAMA3_NAMED_SPECIALS))
 )
+LLAMA3_STOP_TOKENS = ("<|end_of_text|>", "<|eot_id|>")
+"""Where Meta's Llama 3 tokenizer stops a generation (``stop_tokens`` of
+llama3/tokenizer.py)."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +277,16 @@ class Tokenizer:
     @property
     def eos_id(self) -> int:
         return self.backend.eos_id
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """The ids that end a generation, sorted: EOS and those its configs name (the module's
+        docstring)."""
+        return tuple(sorted({self.eos_id, *self.backend.end_ids}))
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token whose text is ``text`` (``<|eom_id|>``), else None."""
+        return self.backend.token_id(text)
 
     @property
     def add_bos(self) -> bool:
@@ -346,7 +388,8 @@ def _huggingface_backend(envelope: dict) -> HuggingFaceBackend:
         json.loads(envelope["tokenizer"]).get("post_processor") or {}
     )
     add_bos = envelope.get("add_bos", before is not None)
-    return HuggingFaceBackend(tok, *ids, add_bos, envelope.get("add_eos", after is not None))
+    add_eos = envelope.get("add_eos", after is not None)
+    return HuggingFaceBackend(tok, *ids, add_bos, add_eos, tuple(envelope.get("end_ids", ())))
 
 
 def tiktoken_ranks(text: str) -> dict[bytes, int]:
@@ -371,12 +414,14 @@ def _tiktoken_backend(envelope: dict) -> TiktokenBackend:
         "titan", pat_str=envelope["pattern"], mergeable_ranks=ranks, special_tokens=specials
     )
     bos, eos = specials[envelope["bos_token"]], specials[envelope["eos_token"]]
-    return TiktokenBackend(encoding, bos, eos, envelope["add_bos"], envelope["add_eos"])
+    rules = envelope["add_bos"], envelope["add_eos"]
+    return TiktokenBackend(encoding, bos, eos, *rules, tuple(envelope.get("end_ids", ())))
 
 
 def _sentencepiece_backend(envelope: dict) -> SentencePieceBackend:
     processor = spm.SentencePieceProcessor(model_proto=base64.b64decode(envelope["model"]))
-    return SentencePieceBackend(processor, envelope["add_bos"], envelope["add_eos"])
+    rules = envelope["add_bos"], envelope["add_eos"]
+    return SentencePieceBackend(processor, *rules, tuple(envelope.get("end_ids", ())))
 
 
 _ENVELOPES: dict[str, Callable[[dict], Backend]] = {
@@ -436,22 +481,53 @@ def _template_specials(spec: dict) -> tuple[str | None, str | None]:
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
+def _read_config(path: Path) -> dict:
+    """A JSON object config file ({} when there is none).
+
+    Raises:
+        TitanError: it is not a JSON object.
+    """
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise TitanError(f"--tokenizer {path} is not JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise TitanError(f"--tokenizer {path} is not a JSON object")
+    return config
+
+
 def tokenizer_config(path: Path) -> dict:
     """The ``tokenizer_config.json`` beside ``path`` ({} when there is none).
 
     Raises:
         TitanError: it is not a JSON object.
     """
-    config_path = path.with_name(TOKENIZER_CONFIG)
-    if not config_path.is_file():
-        return {}
-    try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TitanError(f"--tokenizer {config_path} is not JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise TitanError(f"--tokenizer {config_path} is not a JSON object")
-    return config
+    return _read_config(path.with_name(TOKENIZER_CONFIG))
+
+
+END_ID_CONFIGS = ("generation_config.json", "config.json")
+
+
+def config_end_ids(directories: list[Path]) -> list[int]:
+    """The ids named by ``eos_token_id`` (an id or a list of ids, as ``transformers``'
+    ``GenerationConfig`` reads it) in the :data:`END_ID_CONFIGS` of ``directories``, sorted.
+
+    Raises:
+        TitanError: a file is not a JSON object, or its ``eos_token_id`` is neither.
+    """
+    ids: set[int] = set()
+    for path in (d / name for d in dict.fromkeys(directories) for name in END_ID_CONFIGS):
+        value = _read_config(path).get("eos_token_id")
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise TitanError(
+                f"--tokenizer {path}: eos_token_id must be a token id or a list of them, "
+                f"got {value!r}"
+            )
+        ids.update(values)
+    return sorted(ids)
 
 
 def _rules(config: dict, add_bos: bool, add_eos: bool) -> dict[str, bool]:
@@ -473,7 +549,12 @@ def _hf_special_tokens(config: dict, spec: dict) -> tuple[str | None, str | None
     )
 
 
-def _load_huggingface(path: Path, data: bytes) -> Tokenizer:
+def _end_ids(end_ids: list[int]) -> dict[str, list[int]]:
+    """The envelope's ``end_ids`` field, absent when there are none (older digests hold)."""
+    return {"end_ids": end_ids} if end_ids else {}
+
+
+def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
     text = data.decode("utf-8", errors="replace")
     try:
         spec = json.loads(text)
@@ -499,6 +580,7 @@ def _load_huggingface(path: Path, data: bytes) -> Tokenizer:
             "bos_token": bos,
             "eos_token": eos,
             **_rules(config, before is not None, after is not None),
+            **_end_ids(end_ids),
         }
     )
 
@@ -516,14 +598,16 @@ def _is_tiktoken(data: bytes) -> bool:
         return False
 
 
-def _load_tiktoken(path: Path, data: bytes) -> Tokenizer:
-    """Llama 3's ``tokenizer.model``: its ranks with Llama 3's pattern and special tokens."""
+def _load_tiktoken(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
+    """Llama 3's ``tokenizer.model``: its ranks with Llama 3's pattern, special tokens and stop
+    tokens."""
     text = data.decode("utf-8", errors="replace")
     try:
-        tiktoken_ranks(text)
+        ranks = len(tiktoken_ranks(text))
     except (ValueError, binascii.Error) as err:
         raise TitanError(f"--tokenizer {path} is not a tiktoken BPE file ({err})") from None
     specials = LLAMA3_SPECIAL_TOKENS
+    stops = [ranks + specials.index(name) for name in LLAMA3_STOP_TOKENS]
     return _envelope(
         {
             "format": TIKTOKEN_ENVELOPE,
@@ -533,34 +617,38 @@ def _load_tiktoken(path: Path, data: bytes) -> Tokenizer:
             "bos_token": specials[0],
             "eos_token": specials[1],
             **_rules(tokenizer_config(path), True, False),
+            **_end_ids(sorted({*stops, *end_ids})),
         }
     )
 
 
-def _load_sentencepiece(path: Path, data: bytes) -> Tokenizer:
+def _load_sentencepiece(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
     try:
         spm.SentencePieceProcessor(model_proto=data)
     except RuntimeError as err:
         raise TitanError(f"--tokenizer {path} is not a sentencepiece model ({err})") from None
     rules = _rules(tokenizer_config(path), True, False)
     tokenizer = Tokenizer(data)
-    if rules != {"add_bos": True, "add_eos": False}:
+    if rules != {"add_bos": True, "add_eos": False} or end_ids:
         model = base64.b64encode(data).decode()
-        tokenizer = _envelope({"format": SENTENCEPIECE_ENVELOPE, "model": model, **rules})
+        fields = {"format": SENTENCEPIECE_ENVELOPE, "model": model, **rules, **_end_ids(end_ids)}
+        tokenizer = _envelope(fields)
     return _check_convention(tokenizer, str(path))
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | Path, config_dirs: tuple[Path, ...] = ()) -> Tokenizer:
     """Load a tokenizer, its kind told by the file's content: a sentencepiece ``.model`` (e.g.
     a Llama 1/2 ``tokenizer.model``), a Hugging Face ``tokenizer.json`` (e.g. Llama 3's; BOS
     and EOS from the ``tokenizer_config.json`` beside it, else its post-processor template),
     Llama 3's tiktoken ``tokenizer.model`` (Meta's ``original/tokenizer.model``), or a run dir's
     ``tokenizer.model`` (any of these, as :attr:`Tokenizer.model_proto` holds it). The
     ``tokenizer_config.json`` beside the file sets whether :meth:`Tokenizer.encode` adds BOS and
-    EOS (``add_bos_token``, ``add_eos_token``).
+    EOS (``add_bos_token``, ``add_eos_token``); the ``eos_token_id`` of the configs beside it and
+    in ``config_dirs`` (:func:`config_end_ids`) adds end tokens (:attr:`Tokenizer.end_ids`).
 
     Raises:
-        TitanError: the file is missing or unreadable, is neither kind, or has no BOS/EOS.
+        TitanError: the file is missing or unreadable, is neither kind, or has no BOS/EOS, or
+            a config beside it is not a JSON object.
     """
     path = Path(path)
     if not path.is_file():
@@ -569,11 +657,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         data = path.read_bytes()
     except OSError as err:
         raise TitanError(f"--tokenizer {path}: cannot read it: {err.strerror or err}") from None
+    end_ids = config_end_ids([path.parent, *config_dirs])
     if _is_json(data):
-        return _load_huggingface(path, data)
+        return _load_huggingface(path, data, end_ids)
     if _is_tiktoken(data):
-        return _load_tiktoken(path, data)
-    return _load_sentencepiece(path, data)
+        return _load_tiktoken(path, data, end_ids)
+    return _load_sentencepiece(path, data, end_ids)
 
 
 def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
@@ -701,7 +790,8 @@ def tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:
     ``tokenizer.json`` (a Hugging Face tokenizer), ``tokenizer.model`` (sentencepiece) or
     ``original/tokenizer.model`` (tiktoken, where Meta's Llama 3 repositories keep it), each with
     the ``tokenizer_config.json`` beside it that :func:`load_tokenizer` reads back (BOS and EOS
-    tokens, ``add_bos_token``, ``add_eos_token``)."""
+    tokens, ``add_bos_token``, ``add_eos_token``), and ``generation_config.json`` (its
+    ``eos_token_id``: every end token, :attr:`Tokenizer.end_ids`)."""
     backend = tokenizer.backend
     config: dict = {"add_bos_token": tokenizer.add_bos, "add_eos_token": tokenizer.add_eos}
     if isinstance(backend, SentencePieceBackend):
@@ -719,4 +809,9 @@ def tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:
             name, data = "original/tokenizer.model", envelope["ranks"].encode()
     config |= {"bos_token": bos, "eos_token": eos}
     config_name = str(Path(name).with_name(TOKENIZER_CONFIG))
-    return {name: data, config_name: json.dumps(config, indent=2).encode()}
+    ends = {"bos_token_id": tokenizer.bos_id, "eos_token_id": list(tokenizer.end_ids)}
+    return {
+        name: data,
+        config_name: json.dumps(config, indent=2).encode(),
+        END_ID_CONFIGS[0]: json.dumps(ends, indent=2).encode(),
+    }

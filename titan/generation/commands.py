@@ -52,6 +52,17 @@ def add_parser(subparsers: Any) -> None:
     generate.add_argument(
         "--seed", type=int, default=0, help="sampling seed, 0 to 2**32 - 1 (default: 0)"
     )
+    generate.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help="also stop at this token, not printed: a token id when all digits (128008), else "
+        "the text of one token of the run's tokenizer ('<|eom_id|>'); repeat for more. "
+        "Generation always stops at the tokenizer's end tokens: its EOS and every id the "
+        "eos_token_id of the generation_config.json or config.json beside it named (Llama 3 "
+        "Instruct: 128001 and 128009)",
+    )
     generate.set_defaults(run=run)
 
 
@@ -59,5 +70,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``titan generate``; returns the exit code (TitanError for bad input)."""
     from titan.generation.generate import Sampling, generate_from_cli
 
-    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    sampling = Sampling(
+        args.max_new_tokens, args.temperature, args.top_p, args.seed, tuple(args.stop)
+    )
     return generate_from_cli(args.source, args.step, args.prompt, sampling)

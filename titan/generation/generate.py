@@ -5,11 +5,13 @@ The prompt (BOS, then its ids) is prefilled in one call of the cached forward
 one call of a jitted program that writes the token's keys and values into the cache, samples
 the next token (:func:`titan.generation.sampling.sample`) and splits the PRNG key. The cache is
 preallocated to prompt + ``--max-new-tokens`` positions, so the prefill compiles once per
-prompt length and the decode step once. Decoding stops after ``--max-new-tokens`` or at the
-tokenizer's EOS (not printed). Prompt and new tokens together fit in the run's ``--seq-len``
-(the positions its model was trained to attend to, :func:`new_token_budget`). Text is printed
-through :class:`titan.data.tokenizer.StreamDecoder`, so the streamed pieces join to the decode
-of all the ids.
+prompt length and the decode step once. Decoding stops after ``--max-new-tokens`` or at an end
+token (not printed): every one the tokenizer's config names (:attr:`Tokenizer.end_ids`: EOS,
+and Llama 3's ``<|eot_id|>``), and each ``--stop`` token (:func:`stop_ids`). Prompt and new
+tokens together fit in the run's ``--seq-len`` (the positions its model was trained to attend
+to, :func:`new_token_budget`). Text is printed through
+:class:`titan.data.tokenizer.StreamDecoder`, so the streamed pieces join to the decode of all
+the ids.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titan.data.tokenizer import StreamDecoder
+from titan.data.tokenizer import StreamDecoder, Tokenizer
 from titan.errors import TitanError
 from titan.generation import MAX_TEMPERATURE
 from titan.generation.loading import LoadedModel, load_model
@@ -65,9 +67,29 @@ def new_token_budget(prompt_tokens: int, seq_len: int, requested: int | None) ->
     return requested
 
 
+def stop_ids(tokenizer: Tokenizer, stop: tuple[str, ...]) -> frozenset[int]:
+    """The ids that end a generation: the tokenizer's end tokens and each ``--stop`` value, a
+    token id when it is all digits (``128008``), else the text of one token (``<|eom_id|>``).
+
+    Raises:
+        TitanError: a value is an id past the vocabulary, or the text of no single token.
+    """
+    ids = set(tokenizer.end_ids)
+    for value in stop:
+        token = int(value) if value.isascii() and value.isdigit() else tokenizer.token_id(value)
+        if token is None or token >= tokenizer.vocab_size:
+            raise TitanError(
+                f"--stop {value!r}: neither a token id below {tokenizer.vocab_size} nor the "
+                "text of one token of the run's tokenizer"
+            )
+        ids.add(token)
+    return frozenset(ids)
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """How tokens are drawn (``--temperature``, ``--top-p``, ``--seed``, ``--max-new-tokens``).
+    """How tokens are drawn (``--temperature``, ``--top-p``, ``--seed``, ``--max-new-tokens``)
+    and where drawing stops besides the tokenizer's end tokens (``--stop``: :func:`stop_ids`).
 
     ``max_new_tokens`` None: :data:`DEFAULT_NEW_TOKENS`, fewer where the run's ``--seq-len``
     leaves less room (:func:`new_token_budget`).
@@ -81,6 +103,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -122,14 +145,16 @@ class Generator:
         return [self.loaded.tokenizer.bos_id, *self.loaded.tokenizer.encode(prompt)]
 
     def tokens(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[int]:
-        """The new token ids, one per decode step, until ``max_new_tokens`` or EOS (excluded).
+        """The new token ids, one per decode step, until ``max_new_tokens`` or an end token
+        (:func:`stop_ids`; excluded).
 
         Raises:
-            TitanError: an empty prompt (not even BOS), or more tokens than the run's
-                ``--seq-len`` (:func:`new_token_budget`).
+            TitanError: an empty prompt (not even BOS), more tokens than the run's
+                ``--seq-len`` (:func:`new_token_budget`), or a bad ``--stop`` value.
         """
         if not prompt_ids:
             raise TitanError("--prompt: no tokens")
+        ends = stop_ids(self.loaded.tokenizer, sampling.stop)
         budget = new_token_budget(len(prompt_ids), self.loaded.seq_len, sampling.max_new_tokens)
         length = len(prompt_ids) + budget
         cache = init_cache(self.loaded.model, 1, length, self.loaded.dtype)
@@ -138,10 +163,9 @@ class Generator:
         params = self.loaded.params
         tokens = jnp.asarray([prompt_ids], jnp.int32)
         token, cache, key = self._step(params, cache, tokens, np.int32(0), key, *knobs)
-        eos = self.loaded.tokenizer.eos_id
         for i in range(budget):
             new = int(token[0])
-            if new == eos:
+            if new in ends:
                 return
             yield new
             if i + 1 < budget:
@@ -172,12 +196,13 @@ def generate_from_cli(source: str, step: int | None, prompt: str, sampling: Samp
     checkpoint used goes to stderr). Returns exit code 0.
 
     Raises:
-        TitanError: bad source, step or sampling option, or a prompt and --max-new-tokens
-            past the run's --seq-len.
+        TitanError: bad source, step, sampling or --stop option, or a prompt and
+            --max-new-tokens past the run's --seq-len.
     """
     loaded = load_model(source, step)
     generator = Generator(loaded)
     # refused before any output, not after the header
+    stop_ids(loaded.tokenizer, sampling.stop)
     new_token_budget(len(generator.prompt_ids(prompt)), loaded.seq_len, sampling.max_new_tokens)
     header = f"titan generate: {inert(loaded.run_dir)} step {loaded.step}"
     print(header, file=sys.stderr, flush=True)

@@ -98,14 +98,15 @@ def read_safetensors(source: Path) -> dict[str, np.ndarray]:
 
 
 def find_tokenizer(source: Path) -> Tokenizer:
-    """The tokenizer of a Hugging Face directory: the first of :data:`TOKENIZER_CANDIDATES`.
+    """The tokenizer of a Hugging Face directory: the first of :data:`TOKENIZER_CANDIDATES`,
+    with the end tokens its ``generation_config.json`` and ``config.json`` name.
 
     Raises:
         TitanError: none is there, or it does not load.
     """
     for name in TOKENIZER_CANDIDATES:
         if (source / name).is_file():
-            return load_tokenizer(source / name)
+            return load_tokenizer(source / name, config_dirs=(source,))
     raise TitanError(
         f"titan import hf: no tokenizer in {source} ({', '.join(TOKENIZER_CANDIDATES)})"
     )
