@@ -47,6 +47,7 @@ import tokenizers as hf_tokenizers
 from titan.data.cache import cache_dir
 from titan.data.text import Corpus
 from titan.errors import TitanError
+from titan.reading import read_json
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 SAMPLE_BYTES = 4_000_000
@@ -422,13 +423,7 @@ def tokenizer_config(path: Path) -> dict:
     config_path = path.with_name(TOKENIZER_CONFIG)
     if not config_path.is_file():
         return {}
-    try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TitanError(f"--tokenizer {config_path} is not JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise TitanError(f"--tokenizer {config_path} is not a JSON object")
-    return config
+    return read_json(config_path, "--tokenizer")
 
 
 def _rules(config: dict, add_bos: bool, add_eos: bool) -> dict[str, bool]:
