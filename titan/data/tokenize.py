@@ -388,5 +388,5 @@ def token_stream(
     return TokenStream(
         tokens,
         json_field(counts, "documents", int, where),
-        json_field(counts, "dropped", int, where),
+        json_field(counts, "dropped", dict, where),
     )
