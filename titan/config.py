@@ -667,9 +667,10 @@ class ComputeOptions:
         default=True,
         metadata=_opt(
             "--memory-check",
-            "before compiling, compare the planner's memory estimate of the layout with the "
-            "device's usable memory and refuse a run that does not fit (naming what would); "
-            "--no-memory-check: run anyway",
+            "before the state is made, compare the planner's memory estimate per device of the "
+            "model and layout with the device's usable memory (a GPU's allocator pool; on CPU "
+            "the host's memory divided by the run's devices) and refuse a run above it (naming "
+            "what would fit); --no-memory-check: run anyway",
             resumable=True,
         ),
     )
@@ -938,7 +939,7 @@ class DebuggingOptions:
         metadata=_opt(
             "--debug-usable-memory",
             "testing aid: usable device memory in bytes for the memory check, in place of the "
-            "device's own figure (0: the device's; CPUs report none, so the check is skipped)",
+            "device's own figure (0: the device's, or on CPU the host's share)",
             minimum=0,
             resumable=True,
         ),

@@ -24,7 +24,7 @@ from titan.config import (
     resumable_options,
 )
 from titan.errors import TitanError
-from titan.reading import field, read_json, read_toml
+from titan.reading import json_field, read_json, read_toml
 
 
 def config_to_data(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
@@ -75,8 +75,8 @@ def read_run_config(path: Path, what: str) -> tuple[TrainConfig, dict[str, Any]]
     """
     where = f"{what} {path}"
     saved = read_json(path, what)
-    train = field(saved, "train", dict, where)
-    model = field(saved, "model", dict, where)
+    train = json_field(saved, "train", dict, where)
+    model = json_field(saved, "model", dict, where)
     try:
         return config_from_dict(train), model
     except TitanError as err:

@@ -11,7 +11,7 @@ Every read here refuses, in one line naming the file (and, for a document, the f
 - JSON that is malformed, or nested deeper than :data:`MAX_JSON_DEPTH` (``json.loads`` itself
   raises ``RecursionError`` a thousand deep, and readers that walk a value recursively would
   fail a little less deep);
-- a value of the wrong JSON type where a field is read (:func:`field`).
+- a value of the wrong JSON type where a field is read (:func:`json_field`).
 
 The errors are :class:`titan.errors.TitanError` (the CLI's exit code 2). Lines of a record read
 while another process appends to it are parsed leniently instead (:func:`parse_json`: None for a
@@ -193,7 +193,7 @@ def read_toml(path: Path | str, what: str = "", limit: int = MAX_DOCUMENT_BYTES)
         raise TitanError(f"{_label(what, path)}: nested too deep") from None
 
 
-def field(
+def json_field(
     document: dict[str, Any],
     key: str,
     expect: type | tuple[type, ...],
@@ -209,8 +209,11 @@ def field(
         default: returned when ``key`` is missing (required when not given).
 
     Raises:
-        TitanError: ``key`` is missing (and required), or its value is of another type.
+        TitanError: ``document`` is not an object, ``key`` is missing (and required), or its
+            value is of another type.
     """
+    if not isinstance(document, dict):
+        raise TitanError(f"{where}: expected an object holding {key!r}, got {json_type(document)}")
     if key not in document:
         if default is not ...:
             return default

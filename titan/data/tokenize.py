@@ -50,6 +50,7 @@ from titan.data.cache import cache_dir
 from titan.data.text import DROP_REASONS, Corpus, FilePosition
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
+from titan.reading import json_field, read_json
 
 CHUNK_DOCS = 512
 CHUNK_CHARS = 4 << 20
@@ -389,6 +390,10 @@ def token_stream(
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
             if not paths.done():  # another process may have finished it meanwhile
                 _tokenize(corpus, tokenizer, paths, workers, chunk_chars, progress)
-    counts = json.loads(paths.counts.read_text())
+    counts, where = read_json(paths.counts, "token cache"), f"token cache {paths.counts}"
     tokens = np.memmap(paths.tokens, dtype=np.uint32, mode="r")
-    return TokenStream(tokens, counts["documents"], counts["dropped"])
+    return TokenStream(
+        tokens,
+        json_field(counts, "documents", int, where),
+        json_field(counts, "dropped", dict, where),
+    )

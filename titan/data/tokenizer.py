@@ -59,6 +59,7 @@ import tokenizers as hf_tokenizers
 from titan.data.cache import cache_dir
 from titan.data.text import Corpus
 from titan.errors import TitanError
+from titan.reading import read_json
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 SAMPLE_BYTES = 4_000_000
@@ -485,17 +486,11 @@ def _read_config(path: Path) -> dict:
     """A JSON object config file ({} when there is none).
 
     Raises:
-        TitanError: it is not a JSON object.
+        TitanError: it is not a JSON object (:func:`titan.reading.read_json`).
     """
     if not path.is_file():
         return {}
-    try:
-        config = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TitanError(f"--tokenizer {path} is not JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise TitanError(f"--tokenizer {path} is not a JSON object")
-    return config
+    return read_json(path, "--tokenizer")
 
 
 def tokenizer_config(path: Path) -> dict:

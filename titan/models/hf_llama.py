@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from titan.errors import TitanError
-from titan.reading import field
+from titan.reading import json_field
 from titan.shapes import ModelConfig, RopeScaling, check_shape
 
 LAYER_PREFIX = "model.layers"
@@ -64,12 +64,14 @@ def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     or ``rope_parameters`` holding both (transformers 5)."""
     where = "config.json"
     params = (
-        field(hf, "rope_parameters", (dict, type(None)), where, None)
-        or field(hf, "rope_scaling", (dict, type(None)), where, None)
+        json_field(hf, "rope_parameters", (dict, type(None)), where, None)
+        or json_field(hf, "rope_scaling", (dict, type(None)), where, None)
         or {}
     )
-    theta = field(hf, "rope_theta", (float, type(None)), where, None)
-    theta = float(theta or field(params, "rope_theta", (float, type(None)), where, None) or 1e4)
+    theta = json_field(hf, "rope_theta", (float, type(None)), where, None)
+    theta = float(
+        theta or json_field(params, "rope_theta", (float, type(None)), where, None) or 1e4
+    )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in SUPPORTED_ROPE_TYPES:
         raise _refuse("rope_scaling.rope_type", kind, "'llama3' scaling or none")
@@ -92,23 +94,23 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     if hf.get("hidden_act", "silu") != "silu":
         raise _refuse("hidden_act", hf["hidden_act"], "'silu'")
     where = "config.json"
-    d_model, n_heads = field(hf, "hidden_size", int, where), field(hf, _HEADS, int, where)
+    d_model, n_heads = json_field(hf, "hidden_size", int, where), json_field(hf, _HEADS, int, where)
     shape = dict(
-        vocab_size=field(hf, "vocab_size", int, where),
+        vocab_size=json_field(hf, "vocab_size", int, where),
         d_model=d_model,
-        n_layers=field(hf, "num_hidden_layers", int, where),
+        n_layers=json_field(hf, "num_hidden_layers", int, where),
         n_heads=n_heads,
-        n_kv_heads=field(hf, "num_key_value_heads", (int, type(None)), where, None) or n_heads,
-        ffn_dim=field(hf, "intermediate_size", int, where),
+        n_kv_heads=json_field(hf, "num_key_value_heads", (int, type(None)), where, None) or n_heads,
+        ffn_dim=json_field(hf, "intermediate_size", int, where),
     )
     check_shape(ModelConfig("custom", **shape), where)
-    head_dim = field(hf, "head_dim", (int, type(None)), where, None) or d_model // n_heads
+    head_dim = json_field(hf, "head_dim", (int, type(None)), where, None) or d_model // n_heads
     if head_dim * n_heads != d_model:
         raise _refuse(
             "head_dim", head_dim, f"hidden_size / num_attention_heads = {d_model}/{n_heads}"
         )
     theta, scaling = _rope(hf)
-    eps = float(field(hf, "rms_norm_eps", float, where, 1e-6))
+    eps = float(json_field(hf, "rms_norm_eps", float, where, 1e-6))
     return ModelConfig("custom", **shape, rope_theta=theta, norm_eps=eps, rope_scaling=scaling)
 
 

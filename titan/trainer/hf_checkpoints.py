@@ -46,7 +46,7 @@ from titan.optimizer import build_optimizer
 from titan.out_paths import check_new_dir, make_dir
 from titan.parallel.chunks import Chunk, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
-from titan.reading import field, read_json
+from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.trainer.adapters import build_adapter
 from titan.trainer.checkpoint import Checkpointer, open_checkpoint
@@ -67,9 +67,10 @@ def _safetensors_files(source: Path) -> list[Path]:
     index = source / INDEX_FILE
     if index.is_file():
         where = f"titan import hf {index}"
-        weight_map = field(read_json(index, "titan import hf"), "weight_map", dict, where, {})
+        weight_map = json_field(read_json(index, "titan import hf"), "weight_map", dict, where, {})
         return [
-            source / name for name in sorted({field(weight_map, k, str, where) for k in weight_map})
+            source / name
+            for name in sorted({json_field(weight_map, k, str, where) for k in weight_map})
         ]
     if (source / SINGLE_FILE).is_file():
         return [source / SINGLE_FILE]

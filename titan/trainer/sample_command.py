@@ -34,7 +34,8 @@ def add_parser(subparsers: Any) -> None:
         "--guidance",
         type=float,
         default=1.0,
-        help="classifier-free guidance scale, >= 0 (1: the conditional model alone; default 1)",
+        help="classifier-free guidance scale, a finite number >= 0 (1: the conditional model "
+        "alone; default 1)",
     )
     sample.set_defaults(run=run)
 

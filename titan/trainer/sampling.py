@@ -5,6 +5,7 @@ samples (:mod:`titan.diffusion.samplers`): ``titan sample RUN_DIR``, and the sam
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ ONE_DEVICE = {"layout": "spmd", "dp": 1, "fsdp": 1, "tp": 1, "microbatches": 1}
 def check_options(per_class: int, seed: int, steps: int, guidance: float) -> None:
     """Bounds of ``titan sample``'s options: ``--per-class`` in [1, :data:`MAX_PER_CLASS`],
     ``--seed`` in [0, 2**32), ``--sample-steps`` in [1, T] (T = 1000, the training timesteps
-    the sampler steps are spaced over), ``--guidance`` >= 0.
+    the sampler steps are spaced over), ``--guidance`` finite and >= 0.
 
     Raises:
         TitanError: the first option out of bounds, named.
@@ -45,8 +46,8 @@ def check_options(per_class: int, seed: int, steps: int, guidance: float) -> Non
     for flag, (value, low, high) in bounds.items():
         if not low <= value <= high:
             raise TitanError(f"{flag} must be in [{low}, {high}], got {value}")
-    if not guidance >= 0:
-        raise TitanError(f"--guidance must be >= 0, got {guidance}")
+    if not 0 <= guidance < math.inf:
+        raise TitanError(f"--guidance must be a finite number >= 0, got {guidance}")
 
 
 def sample_grid(

@@ -34,6 +34,7 @@ import tensorstore as ts
 from titan.errors import TitanError
 from titan.parallel.distributed import process_count, process_index
 from titan.parallel.mesh import remote_array
+from titan.reading import json_field, read_json
 from titan.trainer.checkpoint_protocol import leftovers
 
 STAGE_CHECKPOINT_DIR = "stage_checkpoints"
@@ -124,7 +125,9 @@ class StageStore:
         listing_file = directory / LEAVES_FILE
         if not listing_file.is_file():
             raise TitanError(f"checkpoint {step}: {directory} is missing or incomplete")
-        listing = {entry["path"]: i for i, entry in enumerate(json.loads(listing_file.read_text()))}
+        entries = read_json(listing_file, f"checkpoint {step}", expect=list)
+        where = f"checkpoint {step} {listing_file}"
+        listing = {json_field(entry, "path", str, where): i for i, entry in enumerate(entries)}
         leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
         placed = []
         for path, leaf in leaves:

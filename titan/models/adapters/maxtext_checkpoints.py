@@ -22,7 +22,6 @@ writes it: a checkpointable ``items`` holding ``params/params/<MaxText names>``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -36,6 +35,7 @@ from orbax.checkpoint import v1 as ocp_v1
 from titan.errors import TitanError
 from titan.out_paths import check_new_dir
 from titan.parallel.chunks import chunks_from_ranges, join_layers
+from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.trainer_state import chunk_item
 
@@ -228,8 +228,10 @@ def read_run_params(run_dir: Path, step: int | None = None) -> tuple[dict, dict,
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise TitanError(f"{run_dir}: not a Titan run dir (no config.json)")
-    config = json.loads(config_path.read_text())
-    if config.get("model", {}).get("family", "llama") != "llama":
+    where = f"RUN_DIR {config_path}"
+    config = read_json(config_path, "RUN_DIR")
+    model = json_field(config, "model", dict, where)
+    if json_field(model, "family", str, f"{where} model", "llama") != "llama":
         raise TitanError(f"{run_dir} {NO_LLAMA}")
     root = run_dir / "checkpoints"
     steps = sorted(int(p.name) for p in root.glob("*") if (p / "meta" / "metadata").is_file())
@@ -237,10 +239,12 @@ def read_run_params(run_dir: Path, step: int | None = None) -> tuple[dict, dict,
         wanted = "no checkpoint" if step is None else f"no checkpoint at step {step}"
         raise TitanError(f"{run_dir}: {wanted} in {root}")
     step = steps[-1] if step is None else step
-    meta = json.loads((root / str(step) / "meta" / "metadata").read_text())
-    chunks = chunks_from_ranges(meta["layout"]["chunks"])
+    meta_path = root / str(step) / "meta" / "metadata"
+    layout = json_field(read_json(meta_path, "RUN_DIR"), "layout", dict, f"RUN_DIR {meta_path}")
+    chunks = chunks_from_ranges(json_field(layout, "chunks", list, f"RUN_DIR {meta_path} layout"))
     trees = [_as_numpy(root / str(step) / chunk_item(c.index))["params"] for c in chunks]
-    maxtext = config["train"].get("model", {}).get("model_source") == "maxtext"
+    train = json_field(config, "train", dict, where)
+    maxtext = json_field(train, "model", dict, where, {}).get("model_source") == "maxtext"
     axis = MAXTEXT_LAYER_AXIS if maxtext else TITAN_LAYER_AXIS
     joined = join_layers(trees, _stacks_layers(maxtext), axis)
     return _unflatten(joined), config, step
