@@ -35,6 +35,18 @@ it) and one run of 1M steps:
 - ``summarize_lock_failures`` of ``summarize_calls`` ``titan summarize`` subprocesses (4 at once)
   while History, open on ``sample_runs/``, ingests every 50 ms.
 
+``--real RUNS`` measures ingest and summaries on records of real size, against
+:data:`REAL_TARGETS`, and writes ``bench/results/console-real-<RUNS>.json``: a runs root of RUNS
+copies of the run dirs of ``sample_runs/`` (about 92 events and 55 kB each) and
+:data:`LONG_RUNS` runs of :data:`LONG_STEPS` steps written with the trainer's writer (the
+``run_start`` and a step of ``sample_runs/llama3-1b-h200``, renumbered):
+
+- ``ingest_first_s``: the first ingest of that runs root (no database yet), in this process,
+  with ``ingest_first_cpu_s`` its CPU seconds; ``ingest_long_run_s``: the ingest of the runs of
+  10k steps added afterwards, per run;
+- ``summarize_100_s``: ``titan summarize`` (a subprocess, 80 columns) over a runs root of 100
+  copies of ``sample_runs/``, no database yet.
+
 CPU figures are the process's CPU time (all threads: UI and run-dir polling) over wall time, as
 a fraction of one core, each over ``IDLE_S`` or more seconds of one console session:
 
@@ -70,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -91,7 +104,7 @@ from textual.app import App  # noqa: E402
 
 from bench import synthetic_history  # noqa: E402
 from titan.observability.events import RunEnd, RunStart, Step  # noqa: E402
-from titan.observability.records import EVENTS_FILE, RunRecord  # noqa: E402
+from titan.observability.records import EVENTS_FILE, RunRecord, load_events  # noqa: E402
 from tui.app import TitanConsole  # noqa: E402
 from tui.curve import Curve  # noqa: E402
 from tui.history import HistoryQuery, HistoryStore  # noqa: E402
@@ -139,6 +152,9 @@ FLOOD_TARGETS = {
 }
 STREAM_EVENTS, STREAM_S, ONE_WRITE_EVENTS = 50_000, 5.0, 500_000
 FOLLOW_S, KEY_EVERY_S, FLOOD_WAIT_S = 20.0, 0.25, 60.0
+REAL_TARGETS = {"ingest_first_s": 10.0, "summarize_100_s": 3.0}
+LONG_RUNS, LONG_STEPS, SUMMARIZE_RUNS = 2, 10_000, 100
+SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 # The machine is shared: its 1-minute load average when the benchmark starts, recorded with
 # the figures.
 LOAD_AT_START = os.getloadavg()[0]
@@ -687,6 +703,51 @@ def _floods(root: Path) -> dict:
     }
 
 
+def _copy_samples(root: Path, runs: int) -> int:
+    """``runs`` copies of the run dirs of ``sample_runs/`` in ``root``; returns their events."""
+    samples = sorted(p.parent for p in SAMPLE_RUNS.glob("*/events.jsonl"))
+    for i in range(runs):
+        shutil.copytree(samples[i % len(samples)], root / f"{samples[i % len(samples)].name}-{i}")
+    return sum(len(p.read_bytes().splitlines()) for p in root.glob("*/events.jsonl"))
+
+
+def _real(root: Path, runs: int) -> dict:
+    events = _copy_samples(root / "copies", runs)
+    store = HistoryStore(root / "copies")
+    start, cpu = time.perf_counter(), time.process_time()
+    store.ingest()
+    first_s, first_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    sample = load_events(SAMPLE_RUNS / "llama3-1b-h200")
+    run_start = next(e for e in sample if isinstance(e, RunStart))
+    step = next(e for e in sample if isinstance(e, Step))  # a real step's fields, renumbered
+    for n in range(LONG_RUNS):
+        record = RunRecord(root / "copies" / f"long-{n}", f"long-{n}")
+        record.emit(dataclasses.replace(run_start, total_steps=LONG_STEPS))
+        for i in range(1, LONG_STEPS + 1):
+            record.emit(dataclasses.replace(step, step=i, tokens_seen=(step.tokens or 0) * i))
+        record.emit(RunEnd(status="completed", step=LONG_STEPS))
+        record.close()
+    start = time.perf_counter()
+    store.ingest()
+    long_s = (time.perf_counter() - start) / LONG_RUNS
+    _copy_samples(root / "hundred", SUMMARIZE_RUNS)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "titan.cli", "summarize", str(root / "hundred")],
+        capture_output=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    return {
+        "runs": runs,
+        "events": events,
+        "ingest_first_s": first_s,
+        "ingest_first_cpu_s": first_cpu_s,
+        "ingest_long_run_s": long_s,
+        "summarize_100_s": time.perf_counter() - start,
+    }
+
+
 def _result(figures: dict, targets: dict) -> dict:
     higher = {"ingest_events_per_s"}
     return {
@@ -709,6 +770,9 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=None, metavar="RUNS", help="History at scale")
     parser.add_argument("--flood", action="store_true", help="the monitor against floods of events")
     parser.add_argument("--write", nargs=3, help=argparse.SUPPRESS)  # the flood's writer process
+    parser.add_argument(
+        "--real", type=int, default=None, metavar="RUNS", help="ingest of RUNS copied sample runs"
+    )
     args = parser.parse_args()
     if args.write:
         _write(Path(args.write[0]), int(args.write[1]), float(args.write[2]))
@@ -718,6 +782,11 @@ def main() -> None:
         if args.flood:
             result = _result(_floods(root), FLOOD_TARGETS)
             out = args.out or Path("bench/results/console-flood.json")
+        elif args.real:
+            (root / "copies").mkdir()
+            (root / "hundred").mkdir()
+            result = _result(_real(root, args.real), REAL_TARGETS)
+            out = args.out or Path(f"bench/results/console-real-{args.real}.json")
         elif args.scale:
             result = _result(_scale(root, args.scale), SCALE_TARGETS)
             out = args.out or Path(f"bench/results/console-scale-{args.scale}.json")

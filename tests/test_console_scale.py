@@ -47,11 +47,11 @@ async def test_history_of_10k_runs_pages_sorts_and_filters_in_a_worker(big_root,
 
     monkeypatch.setattr(HistoryStore, "page", recorded)
     parsed: list[str] = []
-    ingest_file = summarize._ingest_file
+    stage_file = summarize._stage_file
     monkeypatch.setattr(
         summarize,
-        "_ingest_file",
-        lambda con, path, *a: parsed.append(path) or ingest_file(con, path, *a),
+        "_stage_file",
+        lambda path, *a: parsed.append(path) or stage_file(path, *a),
     )
     app = TitanConsole(big_root)
     async with app.run_test(size=(100, 30)) as pilot:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -89,3 +90,55 @@ def test_history_keys_in_a_burst_open_the_database_once_then_let_it_go(tmp_path,
         time.sleep(0.05)
     assert [page.rows[0].run_id for page in pages] == first_three
     assert (burst, len(opened)) == (1, 2)  # held for the burst, closed after it
+
+
+# A process that holds the database (DuckDB's file lock) until its stdin closes.
+_HOLDER = (
+    "import duckdb, sys; con = duckdb.connect(sys.argv[1]); print('held', flush=True); "
+    "sys.stdin.read(); con.close()"
+)
+
+
+async def test_history_ingests_again_within_seconds_of_a_long_lock_being_released(
+    tmp_path, monkeypatch
+):
+    root = copy_sample_runs(tmp_path / "runs")
+    HistoryStore(root).ingest()  # the database exists: another process can hold it
+    monkeypatch.setattr(summarize, "LOCK_WAIT_S", 2.0)  # a connect gives up long before...
+    held_s = 8.0  # ...the lock is released
+    monkeypatch.setattr(history_screen, "REFRESH_INTERVAL_S", 0.5)
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _HOLDER,
+        str(summarize.database_path(root)),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert (await asyncio.wait_for(holder.stdout.readline(), 60)).strip() == b"held"
+        held_at = time.monotonic()
+        app = TitanConsole(root)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("h")
+            screen = app.screen
+            table = screen.query_one(HistoryTable)
+            status = screen.query_one("#history-status")
+            await wait_until(
+                pilot, lambda: "Could not set lock" in str(status.content), lambda: "no error", 30
+            )
+            shutil.copytree(root / "tiny-killed-resumed", root / "another-run")
+            await pilot.pause(max(0.0, held_s - (time.monotonic() - held_at)))
+            holder.stdin.close()
+            await asyncio.wait_for(holder.wait(), 60)
+            released_at = time.monotonic()
+            await wait_until(pilot, lambda: table.row_count == 5, lambda: "not ingested", 60)
+            recovered_s = time.monotonic() - released_at
+            shown = str(status.content)
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+    # Before: the failed ingest put the next one off by 5 times its 2 s wait (10 s and more).
+    assert recovered_s < 5.0
+    assert shown.startswith("5 runs")

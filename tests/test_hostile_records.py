@@ -156,7 +156,7 @@ def test_a_run_whose_summary_crashed_is_summarised_at_the_next_ingest(tmp_path, 
     con = summarize.connect(tmp_path)
     try:
         with monkeypatch.context() as m:
-            m.setattr(summarize, "refresh_run", lambda *a: (_ for _ in ()).throw(SystemExit(1)))
+            m.setattr(summarize, "refresh_runs", lambda *a: (_ for _ in ()).throw(SystemExit(1)))
             with pytest.raises(SystemExit):
                 summarize.ingest(con, tmp_path)
         assert summarize.summaries(con) == []

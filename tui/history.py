@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,15 +263,17 @@ class HistoryStore:
         """Whether the runs root has a database already (a first ingest makes it)."""
         return summarize.database_path(self.runs_root).is_file()
 
-    def ingest(self) -> IngestReport:
-        """Ingest the new complete lines of every run record.
+    def ingest(self, progress: Callable[[int, int], None] | None = None) -> IngestReport:
+        """Ingest the new complete lines of every run record; ``progress`` is called with (run
+        dirs read, run dirs to read) after each batch is committed (a page shows it from then
+        on).
 
         Raises:
             TitanError: the runs root does not exist or another process holds the database.
         """
         scanned = summarize.scan_runs_root(self.runs_root)  # unlocked: pages meanwhile
         with self._connection(writing=True) as con:
-            return summarize.ingest(con, self.runs_root, scanned)
+            return summarize.ingest(con, self.runs_root, scanned, progress)
 
     def page(self, query: HistoryQuery, hold_s: float = 0.0) -> HistoryPage:
         """One page of the runs matching ``query``, sorted, filtered and counted in SQL (an

@@ -34,6 +34,7 @@ from titan.errors import TitanError
 from titan.observability.ettr import split_attempts
 from titan.observability.events import Checkpoint, Compile, Event, Profile, RunStart, Step
 from titan.observability.records import load_events
+from titan.observability.sql import insert_rows
 from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
@@ -140,44 +141,50 @@ def steady_step_times(events: Sequence[Event]) -> list[float]:
     return times
 
 
-def record(con: Any, run_id: str, events: Sequence[Event]) -> PerfRow | None:
-    """Store (or replace) the run's ``perf`` row; None when it has no run_start or no steady
-    steps. A run resumed with another layout (``--resume`` allows it) is measured by the
-    attempts that share its last attempt's key; ``time`` is the first of those attempts'
-    start."""
+def measure(run_id: str, events: Sequence[Event]) -> PerfRow | None:
+    """The run's ``perf`` row; None when it has no run_start or no steady steps. A run resumed
+    with another layout (``--resume`` allows it) is measured by the attempts that share its
+    last attempt's key; ``time`` is the first of those attempts' start."""
     attempts = split_attempts(events)
     if not attempts:
-        con.execute("DELETE FROM perf WHERE run_id = ?", [run_id])
         return None
     key = perf_key(attempts[-1][0])
     same = [a for a in attempts if _canonical(perf_key(a[0])) == _canonical(key)]
     times = steady_step_times([e for a in same for e in a])
     if not times:
-        con.execute("DELETE FROM perf WHERE run_id = ?", [run_id])
         return None
-    row = PerfRow(
+    return PerfRow(
         run_id=run_id,
         median_step_s=statistics.median(times),
         steps=len(times),
         time=same[0][0].time,
         **key,
     )
-    con.execute(
-        "INSERT OR REPLACE INTO perf VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+
+
+def store(con: Any, run_ids: Sequence[str], rows: Sequence[PerfRow]) -> None:
+    """Replace the ``perf`` rows of ``run_ids`` with ``rows`` (a run without one has none), in
+    one statement (:func:`~titan.observability.sql.insert_rows`)."""
+    con.execute("DELETE FROM perf WHERE list_contains(?, run_id)", [list(run_ids)])
+    insert_rows(
+        con,
+        "INSERT INTO perf",
         [
-            run_id,
-            _canonical(row.model),
-            _canonical(row.layout),
-            row.device_kind,
-            row.device_count,
-            row.jax_version,
-            row.jaxlib_version,
-            row.median_step_s,
-            row.steps,
-            row.time,
+            [
+                row.run_id,
+                _canonical(row.model),
+                _canonical(row.layout),
+                row.device_kind,
+                row.device_count,
+                row.jax_version,
+                row.jaxlib_version,
+                row.median_step_s,
+                row.steps,
+                row.time,
+            ]
+            for row in rows
         ],
     )
-    return row
 
 
 def measurements(con: Any) -> list[PerfRow]:

@@ -25,8 +25,9 @@ one writer. Tables:
 - ``meta``: the tables' version; tables of another version are dropped and rebuilt from the
   records.
 
-Parsing happens inside DuckDB (``read_text`` of the new complete lines staged in a temporary
-file, ``json_transform`` of each line once): Python never decodes the events one by one (only
+Parsing happens inside DuckDB (one ``read_text`` of the new complete lines of a batch's files,
+staged in temporary files, ``json_transform`` of each line once, one ``INSERT`` per batch):
+Python never decodes the events one by one (only
 a line with more opening brackets than :data:`~titan.reading.MAX_JSON_DEPTH` is,
 to refuse one nested deeper, as every reader does: it counts as a bad line).
 - ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`),
@@ -35,8 +36,10 @@ to refuse one nested deeper, as every reader does: it counts as a bad line).
 - ``perf``: measured step times, see :mod:`titan.observability.perfdb`.
 
 The files that changed are ingested in transactions of up to :data:`BATCH_FILES` files (events
-and the new offsets together, then their summaries), so an interrupted ingest leaves no half; a
-second ingest of unchanged files adds nothing.
+and the new offsets together, then their summaries, each in a few queries for the whole batch:
+:func:`refresh_runs`), so an interrupted ingest leaves no half, and a reader sees each batch
+once it is committed (``ingest``'s ``progress`` says when); a second ingest of unchanged files
+adds nothing.
 
 DuckDB lets one process at a time open the database (:func:`connect`); a process that finds it
 held waits, retrying with exponential backoff for up to :data:`LOCK_WAIT_S` seconds, so that
@@ -76,7 +79,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +100,7 @@ from titan.observability.events import (
     parse_event,
 )
 from titan.observability.records import EVENTS_FILE, check_runs_root
+from titan.observability.sql import insert_rows
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
 
 DB_FILE = "titan.duckdb"
@@ -152,19 +156,50 @@ _SCHEMA = (
     best_loss DOUBLE, summary JSON, tokens_per_j DOUBLE, started_at DOUBLE, preset VARCHAR,
     layout VARCHAR, pp BIGINT, devices BIGINT, best_eval_loss DOUBLE)""",
 )
-# The complete lines of a staged file, numbered from a parameter, the JSON objects among them
-# transformed to the typed columns in one parse each (json_transform gives NULL for a field of
-# another type). Parameters: run id, first seq, staged file.
-_INSERT_EVENTS = (
-    "INSERT INTO events SELECT ?, seq, "
+# The complete lines of the staged files of a batch, each file's lines numbered from its first
+# seq, the JSON objects among them transformed to the typed columns in one parse each
+# (json_transform gives NULL for a field of another type), into a temporary table. A staged
+# file ends with a newline, so its last split piece is empty and never valid JSON. Parameters:
+# the staged files, then the same files, their run ids and first seqs (lists of one length).
+_STAGE_EVENTS = (
+    "CREATE OR REPLACE TEMP TABLE staged_events AS SELECT run_id, seq, "
     + ", ".join(f"e.{name}" for name in EVENT_FIELDS)
-    + ", line::JSON FROM (SELECT seq, line, json_transform(line, '"
+    + ", line::JSON AS payload FROM (SELECT m.run_id, m.seq0 + t.i - 1 AS seq, t.line, "
+    + "json_transform(t.line, '"
     + json.dumps(EVENT_FIELDS)
-    + """') AS e FROM (SELECT ? + i - 1 AS seq, lines[i] AS line
-    FROM (SELECT string_split(content, chr(10)) AS lines FROM read_text(?)),
-    generate_series(1, len(lines) - 1) AS g(i))
-    WHERE json_valid(line) AND json_type(line) = 'OBJECT')"""
+    + """') AS e FROM (SELECT filename, unnest(string_split(content, chr(10))) AS line,
+        generate_subscripts(string_split(content, chr(10)), 1) AS i FROM read_text(?)) t
+    JOIN (SELECT unnest(?::VARCHAR[]) AS filename, unnest(?::VARCHAR[]) AS run_id,
+        unnest(?::BIGINT[]) AS seq0) m USING (filename)
+    WHERE json_valid(t.line) AND json_type(t.line) = 'OBJECT')"""
 )
+# What a batch of summaries needs from the events, one row per run asked for (NULLs for a run
+# without events; parameters: the run ids, the MFU convention's JSON path, the run ids again).
+_SUMMARY_FACTS = """SELECT run_id, steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt,
+    best_eval, mfu, peak_memory, final, last_start, last_end, last_type,
+    first_start->>'$.config.preset', first_start->>'$.config.layout',
+    TRY_CAST(first_start->>'$.config.pp' AS BIGINT),
+    TRY_CAST(first_start->>'$.layout.devices' AS BIGINT)
+FROM (SELECT unnest(?::VARCHAR[]) AS run_id) LEFT JOIN (SELECT run_id,
+    max(step) FILTER (type = 'step') AS steps,
+    max(tokens_seen) FILTER (type = 'step') AS tokens,
+    min(time) FILTER (type = 'run_start') AS t0, max(time) AS t1,
+    median(tokens_per_s) FILTER (type = 'step') AS tps,
+    min(loss) FILTER (type = 'step' AND isfinite(loss)) AS best,
+    sum(energy_j) FILTER (type = 'step') AS energy,
+    sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL) AS energy_tokens,
+    median(joules_per_token) FILTER (type = 'step') AS jpt,
+    min(loss) FILTER (type = 'eval' AND isfinite(loss)) AS best_eval,
+    median(TRY_CAST(json_extract_string(mfu, ?) AS DOUBLE))
+        FILTER (type = 'step' AND mfu IS NOT NULL) AS mfu,
+    max(TRY_CAST(json_extract_string(payload, '$.peak_memory_bytes') AS DOUBLE))
+        FILTER (type = 'step') AS peak_memory,
+    arg_max(payload, seq) FILTER (type = 'step') AS final,
+    arg_max(payload, seq) FILTER (type = 'run_start') AS last_start,
+    arg_max(payload, seq) FILTER (type IN ('run_start', 'run_end')) AS last_end,
+    arg_max(type, seq) AS last_type,
+    arg_min(payload, seq) FILTER (type = 'run_start') AS first_start
+    FROM events WHERE list_contains(?, run_id) GROUP BY run_id) USING (run_id)"""
 
 
 @dataclass
@@ -279,22 +314,42 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
-def _ingest_file(
-    con: duckdb.DuckDBPyConnection, path: Path, run_id: str, tmp: Path
-) -> tuple[int, int, bool]:
-    """Add the new complete lines of one events file (inside the caller's transaction).
-    Returns the events added, the bad lines skipped and whether the file had been replaced (its
-    run's events were read again).
+# A file's row of ``files``: how far it was read, and which file it was.
+_FileRow = tuple[int, int, int, int | None, int | None, int | None, str | None]
+
+
+@dataclass
+class _Staged:
+    """One events file's new complete lines, staged for a batch's insert.
+
+    Attributes:
+        run_id, path: the run and its events file.
+        row: its new row of ``files`` (the columns after run id and path).
+        lines: complete lines read (each becomes an event or a bad line).
+        chunks: ``(staged file, first seq)`` of each staged part.
+        replaced: the file is not the one read before: its run's events are read again.
+        bad_before: the bad lines counted before this ingest (0 when replaced).
+    """
+
+    run_id: str
+    path: Path
+    row: list[Any]
+    lines: int
+    chunks: list[tuple[str, int]]
+    replaced: bool
+    bad_before: int
+
+
+def _stage_file(path: Path, run_id: str, known: _FileRow | None, staged_stem: Path) -> _Staged:
+    """Read the new complete lines of one events file (a torn last line waits for the next
+    ingest) into staged files ``<staged_stem>-<n>.jsonl``, the whole file when it was
+    replaced; ``known``: its row of ``files`` (None: never read).
 
     Raises:
-        OSError: the file cannot be read (the caller rolls its transaction back).
+        OSError: the file cannot be read (the caller marks the run unreadable).
     """
-    known = con.execute(
-        'SELECT "offset", seq, bad_lines, device, inode, head_len, head_digest FROM files '
-        "WHERE run_id = ?",
-        [run_id],
-    ).fetchone()
-    offset, seq, bad, device, inode, head_len, digest = known if known else (0, 0, 0) + (None,) * 4
+    offset, seq, bad, device, inode, head_len, digest = known or (0, 0, 0, None, None, None, None)
+    chunks, lines = [], 0
     with open_regular(path) as f:
         info = os.fstat(f.fileno())
         replaced = known is not None and (
@@ -304,9 +359,7 @@ def _ingest_file(
             or _head_digest(f, head_len) != digest
         )
         if replaced:
-            con.execute("DELETE FROM events WHERE run_id = ?", [run_id])
             offset, seq, bad = 0, 0, 0
-        added, bad_before = 0, bad
         f.seek(offset)
         while True:
             chunk = f.read(READ_CHUNK_BYTES)
@@ -320,35 +373,46 @@ def _ingest_file(
                 break
             offset += end + 1
             f.seek(offset)
-            lines = chunk.count(b"\n", 0, end + 1)
-            staged = tmp / "batch.jsonl"
+            count = chunk.count(b"\n", 0, end + 1)
+            staged = Path(f"{staged_stem}-{len(chunks)}.jsonl")
             # read_text needs UTF-8: undecodable bytes become U+FFFD.
             text = _without_deep_lines(chunk[: end + 1])
             staged.write_bytes(text.decode("utf-8", "replace").encode("utf-8"))
-            count = con.execute(_INSERT_EVENTS, [run_id, seq, str(staged)]).fetchone()[0]
-            seq += lines
-            bad += lines - count
-            added += count
+            chunks.append((str(staged), seq + lines))
+            lines += count
         head_len = min(offset, HEAD_BYTES)
-        con.execute(
-            'INSERT OR REPLACE INTO files (run_id, path, "offset", seq, bad_lines, device, '
-            "inode, head_len, head_digest, size, mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?)",
-            [
-                run_id,
-                str(path),
-                offset,
-                seq,
-                bad,
-                info.st_dev,
-                info.st_ino,
-                head_len,
-                _head_digest(f, head_len),
-                info.st_size,
-                info.st_mtime_ns,
-            ],
+        row = [offset, seq + lines, bad, info.st_dev, info.st_ino, head_len]
+        row += [_head_digest(f, head_len), info.st_size, info.st_mtime_ns]
+    return _Staged(run_id, path, row, lines, chunks, replaced, bad)
+
+
+def _insert_staged(con: duckdb.DuckDBPyConnection, staged: list[_Staged]) -> dict[str, int]:
+    """Insert the staged lines of a batch (inside the caller's transaction) in one parse of
+    all its staged files, and the files' new rows; returns the events added per run."""
+    for item in staged:
+        if item.replaced:
+            con.execute("DELETE FROM events WHERE run_id = ?", [item.run_id])
+    parts = [(name, item.run_id, first) for item in staged for name, first in item.chunks]
+    added: dict[str, int] = {}
+    if parts:
+        names, run_ids, firsts = (list(column) for column in zip(*parts, strict=True))
+        con.execute(_STAGE_EVENTS, [names, names, run_ids, firsts])
+        con.execute("INSERT INTO events SELECT * FROM staged_events")
+        added = dict(
+            con.execute("SELECT run_id, count(*) FROM staged_events GROUP BY run_id").fetchall()
         )
-    return added, bad - bad_before, replaced
+        con.execute("DROP TABLE staged_events")
+    rows = []
+    for item in staged:
+        item.row[2] += item.lines - added.get(item.run_id, 0)  # bad lines
+        rows.append([item.run_id, str(item.path), *item.row])
+    insert_rows(
+        con,
+        'INSERT OR REPLACE INTO files (run_id, path, "offset", seq, bad_lines, device, inode, '
+        "head_len, head_digest, size, mtime_ns)",
+        rows,
+    )
+    return added
 
 
 def _without_deep_lines(data: bytes) -> bytes:
@@ -403,19 +467,27 @@ def scan_runs_root(runs_root: Path) -> RunFiles:
 
 
 def ingest(
-    con: duckdb.DuckDBPyConnection, runs_root: Path, scanned: RunFiles | None = None
+    con: duckdb.DuckDBPyConnection,
+    runs_root: Path,
+    scanned: RunFiles | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> IngestReport:
     """Ingest every ``<runs root>/<run id>/events.jsonl`` whose ``stat`` changed since it was
     last read (new complete lines only; a replaced file from the start) and recompute the
     summaries of the runs that got events; drop the runs whose dir is gone; give a run whose
     file cannot be read the status :data:`UNREADABLE`. A run's id is its directory's name.
-    ``scanned``: the :func:`scan_runs_root` of ``runs_root`` when the caller made it."""
+    ``scanned``: the :func:`scan_runs_root` of ``runs_root`` when the caller made it.
+    ``progress``: called with (run dirs done, run dirs to read) after each batch committed (a
+    reader sees the batch from then on)."""
     report = IngestReport()
     found, unreadable = scanned if scanned is not None else scan_runs_root(Path(runs_root))
     unreadable = dict(unreadable)
-    recorded = {
+    known: dict[str, tuple[Any, ...]] = {
         row[0]: tuple(row[1:])
-        for row in con.execute("SELECT run_id, device, inode, size, mtime_ns FROM files").fetchall()
+        for row in con.execute(
+            'SELECT run_id, device, inode, size, mtime_ns, "offset", seq, bad_lines, device, '
+            "inode, head_len, head_digest FROM files"
+        ).fetchall()
     }
     gone = [
         run_id
@@ -426,18 +498,25 @@ def ingest(
         for run_id in gone:
             _forget(con, run_id)
     todo = [
-        (run_id, Path(path)) for run_id, (path, key) in found.items() if recorded.get(run_id) != key
+        (run_id, Path(path))
+        for run_id, (path, key) in found.items()
+        if run_id not in known or known[run_id][:4] != key
     ]
-    changed = []
+    changed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
         for start in range(0, len(todo), BATCH_FILES):
-            results, failed = _ingest_batch(con, todo[start : start + BATCH_FILES], Path(tmp))
+            batch = todo[start : start + BATCH_FILES]
+            staged, failed = _stage_batch(batch, known, Path(tmp))
             unreadable.update(failed)
-            for run_id, added, bad, replaced in results:
-                report.events += added
-                report.bad_lines += bad
-                if added or bad or replaced:
-                    changed.append(run_id)
+            with _transaction(con):
+                added = _insert_staged(con, staged)
+            new = [i.run_id for i in staged if i.lines or i.replaced]
+            report.events += sum(added.values())
+            report.bad_lines += sum(i.lines - added.get(i.run_id, 0) for i in staged)
+            _refresh_batch(con, new)
+            changed += new
+            if progress is not None:
+                progress(start + len(batch), len(todo))
     # A run seen running and silent since may have died: its status is worked out again. So is
     # a run that was unreadable, or that has no summary (an ingest stopped before making it).
     stale = _ids(
@@ -446,45 +525,40 @@ def ingest(
         "SELECT run_id FROM files WHERE run_id NOT IN (SELECT run_id FROM runs)",
         [[*_NOT_ENDED, UNREADABLE]],
     )
-    refresh = [r for r in dict.fromkeys([*changed, *sorted(stale)]) if r not in unreadable]
+    done = set(changed)
+    refresh = [r for r in sorted(stale) if r not in unreadable and r not in done]
     for start in range(0, len(refresh), BATCH_FILES):
         _refresh_batch(con, refresh[start : start + BATCH_FILES])
     with _transaction(con):
         for run_id, reason in unreadable.items():
-            _store_summary(con, _unreadable_summary(run_id, reason))
+            _store_summary(con, _unreadable_summary(run_id, reason), None)
     report.runs = tuple(changed)
     return report
 
 
-def _ingest_batch(
-    con: duckdb.DuckDBPyConnection, batch: list[tuple[str, Path]], tmp: Path
-) -> tuple[list[tuple[str, int, int, bool]], dict[str, str]]:
-    """:func:`_ingest_file` for each ``(run id, path)`` of ``batch`` in one transaction. A file
-    that cannot be read rolls the transaction back and the batch is ingested again without it.
-    Returns ``(run id, events added, bad lines, replaced)`` of each file ingested, and the runs
-    that could not be read with the error."""
-    failed: dict[str, str] = {}
-    while True:
-        results, current = [], None
+def _stage_batch(
+    batch: list[tuple[str, Path]], known: dict[str, tuple[Any, ...]], tmp: Path
+) -> tuple[list[_Staged], dict[str, str]]:
+    """:func:`_stage_file` for each ``(run id, path)`` of ``batch``; returns the staged files
+    and the runs that could not be read, with the error."""
+    staged, failed = [], {}
+    for index, (run_id, path) in enumerate(batch):
+        row = known.get(run_id)
         try:
-            with _transaction(con):
-                for current, path in batch:
-                    if current not in failed:
-                        results.append((current, *_ingest_file(con, path, current, tmp)))
+            staged.append(_stage_file(path, run_id, row[4:] if row else None, tmp / str(index)))
         except OSError as err:
-            failed[current] = _one_line(err)
-            continue
-        return results, failed
+            failed[run_id] = _one_line(err)
+    return staged, failed
 
 
 def _refresh_batch(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
-    """:func:`refresh_run` for each run in one transaction; when one of them cannot be
-    summarised (which aborts the transaction), each run on its own with
-    :func:`_refresh_or_mark`."""
+    """:func:`refresh_runs` in one transaction; when one of them cannot be summarised (which
+    aborts the transaction), each run on its own with :func:`_refresh_or_mark`."""
+    if not run_ids:
+        return
     try:
         with _transaction(con):
-            for run_id in run_ids:
-                refresh_run(con, run_id)
+            refresh_runs(con, run_ids)
     except _SUMMARY_ERRORS:
         for run_id in run_ids:
             _refresh_or_mark(con, run_id)
@@ -507,12 +581,14 @@ _SUMMARY_ERRORS = (ValueError, TypeError, LookupError, AttributeError, Recursion
 
 
 def _refresh_or_mark(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """:func:`refresh_run`; a run whose stored events cannot be summarised (a line no reader
-    foresaw) is stored as :data:`UNREADABLE` with the error, and the ingest goes on."""
+    """:func:`refresh_runs` of one run; a run whose stored events cannot be summarised (a line
+    no reader foresaw) is stored as :data:`UNREADABLE` with the error, and the ingest goes
+    on."""
     try:
-        refresh_run(con, run_id)
+        with _transaction(con):
+            refresh_runs(con, [run_id])
     except _SUMMARY_ERRORS as err:
-        _store_summary(con, _unreadable_summary(run_id, _one_line(err)))
+        _store_summary(con, _unreadable_summary(run_id, _one_line(err)), None)
 
 
 def _unreadable_summary(run_id: str, reason: str) -> RunSummary:
@@ -522,27 +598,27 @@ def _unreadable_summary(run_id: str, reason: str) -> RunSummary:
     return RunSummary(**{**unknown, **known, "stalls": 0, "restarts": 0, "bad_lines": 0})
 
 
-def _accounting_events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Event]:
-    """The run's events as :func:`ettr.analyze` and :func:`perfdb.record` need them: step events
-    built from the typed columns with the fields they read, the others parsed whole (with the
-    ``time`` of their row). Rows that are not events are left out."""
+def _accounting_events(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, list]:
+    """The events of each run as :func:`ettr.analyze` and :func:`perfdb.measure` need them, in
+    file order: step events built from the typed columns with the fields they read, the others
+    parsed whole (with the ``time`` of their row). Rows that are not events are left out."""
     rows = con.execute(
-        """SELECT type, time, step, CASE WHEN type = 'step' THEN NULL ELSE payload END,
-        step_time_s, data_wait_s FROM events WHERE run_id = ? ORDER BY seq""",
-        [run_id],
+        """SELECT run_id, type, time, step, CASE WHEN type = 'step' THEN NULL ELSE payload END,
+        step_time_s, data_wait_s FROM events WHERE list_contains(?, run_id) ORDER BY run_id, seq""",
+        [run_ids],
     ).fetchall()
-    events: list[Event] = []
-    for kind, at, step, payload, step_time, wait in rows:
+    events: dict[str, list[Event]] = {run_id: [] for run_id in run_ids}
+    for run_id, kind, at, step, payload, step_time, wait in rows:
         if kind == Step.type:
             if at is not None and step is not None:
-                events.append(
+                events[run_id].append(
                     Step(time=at, run_id=run_id, step=step, step_time_s=step_time, data_wait_s=wait)
                 )
             continue
         line = parse_json(payload)
         event = _parse({**line, "time": at}) if isinstance(line, dict) else None
         if event is not None:
-            events.append(event)
+            events[run_id].append(event)
     return events
 
 
@@ -554,26 +630,10 @@ def _parse(line: Any) -> Event | None:
         return None
 
 
-def _last_event(con: duckdb.DuckDBPyConnection, run_id: str, types: tuple[str, ...]) -> Any:
-    """The run's last event of one of ``types`` (None when there is none)."""
-    row = con.execute(
-        """SELECT payload FROM events WHERE run_id = ? AND list_contains(?, type)
-        ORDER BY seq DESC LIMIT 1""",
-        [run_id, list(types)],
-    ).fetchone()
-    line = parse_json(row[0]) if row else None
+def _payload_event(payload: str | None) -> Event | None:
+    """The event of one stored payload (None: no payload, or not an event)."""
+    line = parse_json(payload) if payload is not None else None
     return _parse(line) if isinstance(line, dict) else None
-
-
-def _mfu(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float | None, str | None]:
-    """Median MFU over step events, under :data:`MFU_CONVENTION`, and that convention (None,
-    None when no step recorded one)."""
-    median = con.execute(
-        """SELECT median(TRY_CAST(json_extract_string(mfu, ?) AS DOUBLE)) FROM events
-        WHERE run_id = ? AND type = 'step' AND mfu IS NOT NULL""",
-        ["$." + MFU_CONVENTION, run_id],
-    ).fetchone()[0]
-    return (median, MFU_CONVENTION) if median is not None else (None, None)
 
 
 def mfu_peaks(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
@@ -608,58 +668,61 @@ def _peak_label(flops: float | None, kind: str | None, kinds: str | None, count:
     return f"{device}: {flops / count / 1e12:,.1f} TFLOP/s per device ({kind or 'kind unknown'})"
 
 
-def _peak_memory(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
-    """The largest measured ``peak_memory_bytes`` of the run's step events."""
-    return con.execute(
-        """SELECT max(TRY_CAST(json_extract_string(payload, '$.peak_memory_bytes') AS DOUBLE))
-        FROM events WHERE run_id = ? AND type = 'step'""",
-        [run_id],
-    ).fetchone()[0]
-
-
 def _optional(value: Any) -> float | None:
     return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def compute_summary(
-    con: duckdb.DuckDBPyConnection, run_id: str, events: list[dict[str, Any]] | None = None
+def compute_summaries(
+    con: duckdb.DuckDBPyConnection, run_ids: list[str], events: dict[str, list] | None = None
+) -> list[tuple[RunSummary, tuple[Any, ...]]]:
+    """The summaries of ingested runs, from the ``events`` table, in a few queries for all of
+    them (``events``: their accounting events when the caller already fetched them), each
+    with its ``runs`` columns from the first ``run_start``: ``(started_at, preset, layout,
+    pp, devices)``, in the order of ``run_ids``."""
+    events = _accounting_events(con, run_ids) if events is None else events
+    files = {
+        run_id: (path, bad)
+        for run_id, path, bad in con.execute(
+            "SELECT run_id, path, bad_lines FROM files WHERE list_contains(?, run_id)", [run_ids]
+        ).fetchall()
+    }
+    rows = con.execute(_SUMMARY_FACTS, [run_ids, "$." + MFU_CONVENTION, run_ids]).fetchall()
+    now = time.time()
+    result = []
+    order = {run_id: i for i, run_id in enumerate(run_ids)}
+    for row in sorted(rows, key=lambda r: order[r[0]]):
+        run_id, path_bad = row[0], files.get(row[0], (None, 0))
+        summary = _summary(run_id, row[1:17], events.get(run_id, []), path_bad, now)
+        result.append((summary, (row[3], *row[17:])))
+    return result
+
+
+def _summary(
+    run_id: str,
+    facts: tuple[Any, ...],
+    events: list[Event],
+    path_bad: tuple[str | None, int],
+    now: float,
 ) -> RunSummary:
-    """The summary of one ingested run, from the ``events`` table (``events``: the run's
-    accounting events when the caller already fetched them)."""
-    (steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt, best_eval) = con.execute(
-        """SELECT max(step) FILTER (type = 'step'),
-        max(tokens_seen) FILTER (type = 'step'),
-        min(time) FILTER (type = 'run_start'), max(time),
-        median(tokens_per_s) FILTER (type = 'step'),
-        min(loss) FILTER (type = 'step' AND isfinite(loss)),
-        sum(energy_j) FILTER (type = 'step'),
-        sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL),
-        median(joules_per_token) FILTER (type = 'step'),
-        min(loss) FILTER (type = 'eval' AND isfinite(loss))
-        FROM events WHERE run_id = ?""",
-        [run_id],
-    ).fetchone()
-    final = _last_event(con, run_id, (Step.type,))
-    start = _last_event(con, run_id, (RunStart.type,))
-    end = _last_event(con, run_id, (RunStart.type, RunEnd.type))
-    bad = con.execute(
-        "SELECT coalesce(sum(bad_lines), 0) FROM files WHERE run_id = ?", [run_id]
-    ).fetchone()[0]
-    events = _accounting_events(con, run_id) if events is None else events
-    goodput = ettr.analyze(events, now=time.time())
-    mfu, convention = _mfu(con, run_id)
+    """One run's summary from its row of :data:`_SUMMARY_FACTS` (after the run id), its
+    accounting events and its ``files`` path and bad lines."""
+    (steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt, best_eval, mfu, peak) = facts[
+        :12
+    ]
+    final, start, end = (_payload_event(p) for p in facts[12:15])
     if energy_tokens and energy:
         tokens_per_j = energy_tokens / energy
     elif jpt:
         tokens_per_j = 1 / jpt
     else:
         tokens_per_j = None
+    goodput = ettr.analyze(events, now=now)
     ended = isinstance(end, RunEnd)
     power = (start.power if isinstance(start, RunStart) else None) or {}
     programs = [e.program_bytes for e in events if isinstance(e, Compile)]
     compiled = max((b for b in programs if b is not None), default=None)
     memory_check = (start.memory_check if isinstance(start, RunStart) else None) or {}
-    judged = _liveness(con, run_id, start, end, t1)
+    judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)
     return RunSummary(
         run_id=run_id,
         status=judged.state,
@@ -669,7 +732,7 @@ def compute_summary(
         wall_s=(t1 - t0) if t0 is not None and t1 is not None else None,
         median_tokens_per_s=tps,
         median_mfu=mfu,
-        mfu_convention=convention,
+        mfu_convention=MFU_CONVENTION if mfu is not None else None,
         mfu_reason=None if mfu is not None or not isinstance(final, Step) else final.mfu_reason,
         energy_j=energy,
         energy_reason=None if energy is not None else power.get("reason"),
@@ -681,76 +744,87 @@ def compute_summary(
         restarts=goodput.restarts,
         final_loss=_optional(final.loss) if isinstance(final, Step) else None,
         best_loss=_optional(best),
-        bad_lines=int(bad),
-        peak_memory_bytes=_optional(_peak_memory(con, run_id)),
+        bad_lines=int(path_bad[1] or 0),
+        peak_memory_bytes=_optional(peak),
         compiled_memory_bytes=_optional(compiled),
         memory_estimate_bytes=_optional(memory_check.get("estimate_bytes")),
         best_eval_loss=_optional(best_eval),
     )
 
 
-def refresh_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunSummary:
-    """Recompute and store one run's rows of ``runs`` and ``perf``."""
-    events = _accounting_events(con, run_id)
-    perfdb.record(con, run_id, events)
-    s = compute_summary(con, run_id, events)
-    _store_summary(con, s)
-    return s
-
-
-def _store_summary(con: duckdb.DuckDBPyConnection, s: RunSummary) -> None:
-    """Write one run's row of ``runs`` (with its first ``run_start``'s time and config)."""
-    con.execute(
-        """INSERT OR REPLACE INTO runs SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-        started_at, p->>'$.config.preset', p->>'$.config.layout',
-        TRY_CAST(p->>'$.config.pp' AS BIGINT), TRY_CAST(p->>'$.layout.devices' AS BIGINT), ?
-        FROM (SELECT min(time) AS started_at, arg_min(payload, seq) AS p FROM events
-            WHERE run_id = ? AND type = 'run_start')""",
-        [
-            s.run_id,
-            s.status,
-            s.steps,
-            s.tokens,
-            s.wall_s,
-            s.median_tokens_per_s,
-            s.median_mfu,
-            s.ettr,
-            s.goodput,
-            s.stalls,
-            s.restarts,
-            s.final_loss,
-            s.best_loss,
-            json.dumps(s.as_dict()),
-            s.tokens_per_j,
-            s.best_eval_loss,
-            s.run_id,
-        ],
+def refresh_runs(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> list[RunSummary]:
+    """Recompute and store the rows of ``runs`` and ``perf`` of ``run_ids`` (a few queries for
+    all of them)."""
+    events = _accounting_events(con, run_ids)
+    perfdb.store(
+        con,
+        run_ids,
+        [row for r in run_ids if (row := perfdb.measure(r, events[r])) is not None],
     )
+    computed = compute_summaries(con, run_ids, events)
+    insert_rows(con, _STORE_SUMMARY, [_summary_row(s, first) for s, first in computed])
+    return [s for s, _ in computed]
+
+
+# Rows of ``runs``: the summary's columns, then its first run_start's.
+_STORE_SUMMARY = "INSERT OR REPLACE INTO runs"
+
+
+def _summary_row(s: RunSummary, first: tuple[Any, ...] | None) -> list[Any]:
+    """The values of :data:`_STORE_SUMMARY` (``first``: started_at, preset, layout, pp and
+    devices of the first ``run_start``; None when unknown)."""
+    started_at, preset, layout, pp, devices = first or (None,) * 5
+    return [
+        s.run_id,
+        s.status,
+        s.steps,
+        s.tokens,
+        s.wall_s,
+        s.median_tokens_per_s,
+        s.median_mfu,
+        s.ettr,
+        s.goodput,
+        s.stalls,
+        s.restarts,
+        s.final_loss,
+        s.best_loss,
+        json.dumps(s.as_dict()),
+        s.tokens_per_j,
+        started_at,
+        preset,
+        layout,
+        pp,
+        devices,
+        s.best_eval_loss,
+    ]
+
+
+def _store_summary(
+    con: duckdb.DuckDBPyConnection, s: RunSummary, first: tuple[Any, ...] | None
+) -> None:
+    """Write one run's row of ``runs``."""
+    insert_rows(con, _STORE_SUMMARY, [_summary_row(s, first)])
 
 
 def _liveness(
-    con: duckdb.DuckDBPyConnection, run_id: str, start: Any, end: Any, last_at: float | None
+    run_id: str, path: str | None, start: Any, end: Any, last_at: float | None, stalled: bool
 ) -> liveness.Liveness:
     """The run's state by :func:`titan.observability.liveness.judge`, from its stored events
-    and its run dir (the dir of the events file read)."""
-    path = con.execute("SELECT path FROM files WHERE run_id = ?", [run_id]).fetchone()
-    last = con.execute(
-        "SELECT type FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]
-    ).fetchone()
+    and its run dir (the dir of its events file ``path``)."""
     facts = liveness.RecordFacts(
         started=isinstance(start, RunStart),
         process=liveness.ProcessId.of(start.process) if isinstance(start, RunStart) else None,
         end_status=end.status if isinstance(end, RunEnd) else None,
         end_error=end.error if isinstance(end, RunEnd) else None,
         last_event_at=last_at,
-        stalled=last is not None and last[0] == Stall.type,
+        stalled=stalled,
         allowance_s=(
             liveness.run_allowance_s(start)
             if isinstance(start, RunStart)
             else liveness.HEARTBEAT_TIMEOUT_S
         ),
     )
-    return liveness.judge(Path(path[0]).parent if path else Path(run_id), facts)
+    return liveness.judge(Path(path).parent if path else Path(run_id), facts)
 
 
 def summaries(
@@ -791,11 +865,12 @@ def summarize_run_dir(run_dir: Path) -> RunSummary:
         _create_tables(con)
         with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
             try:
-                with _transaction(con):
-                    _ingest_file(con, run_dir / EVENTS_FILE, run_dir.name, Path(tmp))
+                staged = _stage_file(run_dir / EVENTS_FILE, run_dir.name, None, Path(tmp, "0"))
             except OSError as err:
                 raise TitanError(f"cannot read {run_dir / EVENTS_FILE}: {_one_line(err)}") from None
-        return compute_summary(con, run_dir.name)
+            with _transaction(con):
+                _insert_staged(con, [staged])
+        return compute_summaries(con, [run_dir.name])[0][0]
     finally:
         con.close()
 

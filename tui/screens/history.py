@@ -29,9 +29,13 @@ from tui.widgets.history_table import HistoryTable
 # New records are ingested this often while the screen is shown (the timer is paused while a
 # detail, a comparison or another screen covers it), and never more often than every
 # INGEST_SPACING times the last ingest's duration (the stat of every run dir takes seconds at
-# 100k runs: the console would do nothing else), nor while one is under way.
+# 100k runs: the console would do nothing else), nor while one is under way; but at least every
+# MAX_INGEST_GAP_S, so that new runs appear within half a minute whatever an ingest took. An
+# ingest that found the database held by another process (for longer than its connect waits,
+# summarize.LOCK_WAIT_S) is tried again at the next tick.
 REFRESH_INTERVAL_S = 5.0
 INGEST_SPACING = 5.0
+MAX_INGEST_GAP_S = 30.0
 
 
 class HistoryScreen(Screen[None]):
@@ -124,21 +128,35 @@ class HistoryScreen(Screen[None]):
             if stored_first and self.store.exists():
                 self.post_message(self.Loaded(self.store.page(query)))
             if ingest:
-                self._ingest()
+                self._ingest(query)
             self.post_message(self.Loaded(self.store.page(query, hold_s)))
         except TitanError as err:
             self.post_message(self.Loaded(None, inert(err)))
 
-    def _ingest(self) -> None:
-        """One ingest (in the worker), timed for :meth:`_tick`."""
+    def _ingest(self, query: HistoryQuery) -> None:
+        """One ingest (in the worker), timed for :meth:`_tick`; while it lasts, the status line
+        counts the run dirs read, and the page of ``query`` is shown again after each batch
+        (a first ingest of many runs fills the table as it goes)."""
         self._ingesting = True
         start = time.monotonic()
+
+        def progress(done: int, todo: int) -> None:
+            if done < todo:
+                self.post_message(self.Loaded(self.store.page(query)))
+                self.app.call_from_thread(
+                    self._status, f"Ingesting run records: {done:,} of {todo:,} run dirs read..."
+                )
+
         try:
-            self.store.ingest()
+            self.store.ingest(progress)
+        except TitanError:
+            self._next_ingest_at = 0.0  # the database was held: the next tick tries again
+            raise
+        else:
+            end = time.monotonic()
+            self._next_ingest_at = end + min(INGEST_SPACING * (end - start), MAX_INGEST_GAP_S)
         finally:
             self._ingesting = False
-            end = time.monotonic()
-            self._next_ingest_at = end + INGEST_SPACING * (end - start)
 
     def on_history_screen_loaded(self, message: HistoryScreen.Loaded) -> None:
         table = self.query_one(HistoryTable)
