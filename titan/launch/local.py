@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -174,11 +175,29 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _relay(index: int, stream: TextIO, out: TextIO, lock: threading.Lock) -> None:
+# gloo's rendezvous lines ("[Gloo] Rank 1 is connected to 1 peer ranks. ..."): shown only with
+# --all-logs.
+GLOO_PREFIX = "[Gloo] "
+HIDDEN_TAIL_LINES = 50  # of a process whose output is hidden, shown when it fails
+
+
+def _relay(
+    index: int,
+    stream: TextIO,
+    out: TextIO,
+    lock: threading.Lock,
+    tail: deque | None,
+    all_logs: bool,
+) -> None:
+    """Copy a child's lines to ``out`` as ``[index] line`` (gloo's only with ``all_logs``);
+    into ``tail`` instead when its output is hidden (``tail`` is None when it is shown)."""
     for line in stream:
-        with lock:
-            out.write(f"[{index}] {line}")
-            out.flush()
+        if tail is not None:
+            tail.append(line)
+        elif all_logs or not line.startswith(GLOO_PREFIX):
+            with lock:
+                out.write(f"[{index}] {line}")
+                out.flush()
 
 
 def launch_local(
@@ -187,9 +206,12 @@ def launch_local(
     devices_per_process: int | None = None,
     platform: str = "auto",
     out: TextIO | None = None,
+    all_logs: bool = False,
 ) -> int:
     """Run ``titan <train_args>`` as ``processes`` local processes of one run; returns the
-    worst child's exit code.
+    worst child's exit code. The output shown is process 0's (every process's with
+    ``all_logs``); a hidden process's last :data:`HIDDEN_TAIL_LINES` lines are shown when it
+    fails.
 
     Raises:
         TitanError: ``train_args`` is not a ``train`` command, or the devices do not split.
@@ -208,18 +230,24 @@ def launch_local(
     try:
         for i, env in enumerate(envs):
             children.append(_start(child_command(train_args, port, processes, i), env))
-        return _supervise(children, out)
+        return _supervise(children, out, all_logs)
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
 
 
-def _supervise(children: list[subprocess.Popen], out: TextIO) -> int:
+def _supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool) -> int:
     """Relay the children's lines, forward stop signals, wait; the worst child's exit code."""
     lock = threading.Lock()
+    tails = [
+        None if all_logs or i == 0 else deque(maxlen=HIDDEN_TAIL_LINES)
+        for i in range(len(children))
+    ]
     relays = [
-        threading.Thread(target=_relay, args=(i, c.stdout, out, lock), daemon=True)
+        threading.Thread(
+            target=_relay, args=(i, c.stdout, out, lock, tails[i], all_logs), daemon=True
+        )
         for i, c in enumerate(children)
     ]
     for relay in relays:
@@ -241,6 +269,10 @@ def _supervise(children: list[subprocess.Popen], out: TextIO) -> int:
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
+    for i, (child, tail) in enumerate(zip(children, tails, strict=True)):
+        if tail and exit_code(child.returncode) not in (EXIT_OK, EXIT_STOPPED):
+            out.writelines(f"[{i}] {line}" for line in tail)
+            out.flush()
     ended = [c for i, c in enumerate(children) if i not in stopped]
     return worst_exit_code(exit_code(c.returncode) for c in ended)
 
