@@ -86,6 +86,12 @@ def test_sample_grid_is_deterministic_and_written(trained, tmp_path):
     path, _ = write_sample_grid(trained, tmp_path / "grid.png", per_class=2, steps=4, seed=1)
     written = np.asarray(Image.open(io.BytesIO(path.read_bytes())))
     np.testing.assert_array_equal(written[..., None], image)
+    # --scale 3: each pixel a 3 x 3 block of the same value
+    path, _ = write_sample_grid(trained, tmp_path / "big.png", 3, per_class=2, steps=4, seed=1)
+    big = np.asarray(Image.open(io.BytesIO(path.read_bytes())))
+    assert big.shape == (3 * 91, 3 * 19)
+    np.testing.assert_array_equal(big[::3, ::3][..., None], image)
+    np.testing.assert_array_equal(big[2::3, 1::3][..., None], image)
 
 
 @pytest.mark.parametrize(
@@ -94,6 +100,7 @@ def test_sample_grid_is_deterministic_and_written(trained, tmp_path):
         (["sample", "--per-class", "100000000"], "--per-class must be in [1, 64], got 100000000"),
         (["sample", "--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
         (["sample", "--sample-steps", "1001"], "--sample-steps must be in [1, 1000]"),
+        (["sample", "--scale", "0"], "--scale must be in [1, 16], got 0"),
         (["sample", "--out", "FILE/x.png"], "FILE is not a directory"),
         (["generate", "--prompt", "x"], "a diffusion run (no text): use titan sample"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import psutil
 from helpers import cli_args, small_run
 
 from titan.cli import main
-from titan.launch.local import PROCESSES_PER_CPU, max_processes
+from titan.launch.local import PROCESSES_PER_CPU, max_processes, supervise
 
 
 def test_launch_refuses_more_processes_than_the_host_holds(capsys):
@@ -22,6 +23,36 @@ def test_launch_refuses_more_processes_than_the_host_holds(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("titan launch: error: --processes ") and len(err.splitlines()) == 1
     assert f"at most {max_processes()} ({PROCESSES_PER_CPU} per CPU" in err
+
+
+def _child(*lines: str, code: int = 0) -> subprocess.Popen:
+    """A process that prints ``lines`` and exits with ``code``, piped as the launcher pipes."""
+    script = f"import sys; print(*{list(lines)!r}, sep=chr(10)); sys.exit({code})"
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+GLOO = "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
+
+
+def test_launch_shows_process_0_without_gloo_lines_and_a_failed_process_last_lines():
+    out = io.StringIO()
+    code = supervise([_child(GLOO, "step 1/2"), _child(GLOO, "step 1/2")], out, False)
+    assert (code, out.getvalue()) == (0, "[0] step 1/2\n")
+    out = io.StringIO()
+    failing = _child("step 1/2", "titan train: error: bad", code=2)
+    assert supervise([_child("step 1/2"), failing], out, False) == 2
+    assert out.getvalue().splitlines() == [
+        "[0] step 1/2",
+        "[1] step 1/2",
+        "[1] titan train: error: bad",
+    ]
+    out = io.StringIO()  # --all-logs: every line of every process
+    assert supervise([_child(GLOO, "a"), _child(GLOO, "b")], out, True) == 0
+    assert sorted(out.getvalue().splitlines()) == sorted(
+        [f"[0] {GLOO}", "[0] a", f"[1] {GLOO}", "[1] b"]
+    )
 
 
 def _children(pid: int, count: int) -> list[psutil.Process]:

@@ -17,6 +17,7 @@ import warnings
 import pytest
 from helpers import cli_args, events, run_in_process, start_subprocess, wait_for_event
 
+from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STOPPED
@@ -76,15 +77,15 @@ def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
     options = {**small_options, "run_id": "extend", "steps": 4, "warmup_steps": 1, "lr": 1e-3}
     options["checkpoint_every"] = 4
     _, run_dir = run_in_process(options)
-    assert run_in_process({**options, "steps": 7}, resume=run_dir)[0] == 0
+    assert main(["train", "--resume", str(run_dir), "--steps", "7"]) == 0
     err = capsys.readouterr().err
     assert (
         "titan: resuming from step 4: to step 7; learning rate: cosine to 1.00e-04 at step 4, "
         "then constant (--decay-steps sets where the decay ends)"
     ) in err
     lrs = [e["lr"] for e in events(run_dir, "step")]
-    assert lrs[0] == pytest.approx(1e-3)  # after the one warmup step
-    assert lrs[1] > lrs[2] > 1e-4  # the cosine of the first 4 steps, unchanged
+    assert lrs[:2] == pytest.approx([0.0, 1e-3])  # the one warmup step, then the peak
+    assert lrs[1] > lrs[2] > lrs[3] > 1e-4  # the cosine of the first 4 steps, unchanged
     assert lrs[4:] == pytest.approx([1e-4] * 3)  # steps 5 to 7 at --min-lr-ratio x --lr
     saved = json.loads((run_dir / "config.json").read_text())["train"]["optimizer"]
     assert (saved["steps"], saved["decay_steps"]) == (7, 4)

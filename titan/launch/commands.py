@@ -16,8 +16,8 @@ def add_parser(subparsers: Any) -> None:
         description="Start N local processes of one run (JAX's distributed runtime on a free "
         "local port), each with its share of the devices; forward SIGTERM, SIGINT and SIGHUP "
         f"to all (SIGKILL to those still running {STOP_GRACE_S:.0f} s after the first or at a "
-        "second); children die with the launcher; prefix each line with [process]; exit with "
-        "the worst exit code. "
+        "second); children die with the launcher; show process 0's lines prefixed with [0] "
+        "(a failed process's last lines too); exit with the worst exit code. "
         "Example: titan launch --processes 2 --devices-per-process 2 -- train --preset tiny",
     )
     launch.add_argument(
@@ -43,6 +43,12 @@ def add_parser(subparsers: Any) -> None:
         "auto: gpu when GPUs are visible (default: auto)",
     )
     launch.add_argument(
+        "--all-logs",
+        action="store_true",
+        help="show every process's lines, gloo's connection lines among them (default: "
+        "process 0's)",
+    )
+    launch.add_argument(
         "train_args", nargs=argparse.REMAINDER, metavar="command", help="-- train OPTIONS"
     )
     launch.set_defaults(run=run)
@@ -51,4 +57,6 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan launch``; returns the worst child's exit code."""
     command = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    return launch_local(command, args.processes, args.devices_per_process, args.platform)
+    return launch_local(
+        command, args.processes, args.devices_per_process, args.platform, all_logs=args.all_logs
+    )

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -179,13 +180,34 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _relay(index: int, stream: TextIO, out: TextIO, lock: threading.Lock, abort: AbortText) -> None:
+# gloo's rendezvous lines ("[Gloo] Rank 1 is connected to 1 peer ranks. ..."): shown only with
+# --all-logs.
+GLOO_PREFIX = "[Gloo] "
+HIDDEN_TAIL_LINES = 50  # of a process whose output is hidden, shown when it fails
+
+
+def _relay(
+    index: int,
+    stream: TextIO,
+    out: TextIO,
+    lock: threading.Lock,
+    abort: AbortText,
+    tail: deque | None,
+    all_logs: bool,
+) -> None:
+    """Copy a child's lines to ``out`` as ``[index] line`` (gloo's only with ``all_logs``);
+    into ``tail`` instead when its output is hidden (``tail`` is None when it is shown). A
+    native abort's text is kept off the terminal: it is said in one line once the child is
+    dead."""
     for line in stream:
-        if abort.take(line):  # a native abort's text: said in one line once the child is dead
+        if abort.take(line):
             continue
-        with lock:
-            out.write(f"[{index}] {line}")
-            out.flush()
+        if tail is not None:
+            tail.append(line)
+        elif all_logs or not line.startswith(GLOO_PREFIX):
+            with lock:
+                out.write(f"[{index}] {line}")
+                out.flush()
 
 
 def launch_local(
@@ -194,9 +216,12 @@ def launch_local(
     devices_per_process: int | None = None,
     platform: str = "auto",
     out: TextIO | None = None,
+    all_logs: bool = False,
 ) -> int:
     """Run ``titan <train_args>`` as ``processes`` local processes of one run; returns the
-    worst child's exit code.
+    worst child's exit code. The output shown is process 0's (every process's with
+    ``all_logs``); a hidden process's last :data:`HIDDEN_TAIL_LINES` lines are shown when it
+    fails.
 
     Raises:
         TitanError: ``train_args`` is not a ``train`` command, gives a flag of
@@ -223,19 +248,26 @@ def launch_local(
     try:
         for i, env in enumerate(envs):
             children.append(_start(child_command(train_args, port, processes, i), env))
-        return supervise(children, out)
+        return supervise(children, out, all_logs)
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
 
 
-def supervise(children: list[subprocess.Popen], out: TextIO) -> int:
-    """Relay the children's lines, forward stop signals, wait; the worst child's exit code."""
+def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = False) -> int:
+    """Relay the children's lines (process 0's, or every process's with ``all_logs``), forward
+    stop signals, wait; the worst child's exit code."""
     lock = threading.Lock()
     aborts = [AbortText() for _ in children]
+    tails = [
+        None if all_logs or i == 0 else deque(maxlen=HIDDEN_TAIL_LINES)
+        for i in range(len(children))
+    ]
     relays = [
-        threading.Thread(target=_relay, args=(i, c.stdout, out, lock, aborts[i]), daemon=True)
+        threading.Thread(
+            target=_relay, args=(i, c.stdout, out, lock, aborts[i], tails[i], all_logs), daemon=True
+        )
         for i, c in enumerate(children)
     ]
     for relay in relays:
@@ -257,7 +289,9 @@ def supervise(children: list[subprocess.Popen], out: TextIO) -> int:
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
-    for i, child in enumerate(children):
+    for i, (child, tail) in enumerate(zip(children, tails, strict=True)):
+        if tail and exit_code(child.returncode) not in (EXIT_OK, EXIT_STOPPED):
+            out.writelines(f"[{i}] {line}" for line in tail)
         line = aborts[i].death_line(i, child.pid, child.returncode)
         if line and i not in stopped:
             out.write(line)

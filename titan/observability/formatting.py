@@ -17,6 +17,15 @@ def format_count(n: int) -> str:
     return str(n)
 
 
+def format_size(n_bytes: float) -> str:
+    """A size in decimal units with 3 significant digits: ``2.1 GB``, ``45.3 MB``, ``812 kB``,
+    ``96 B``."""
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
 def format_duration(seconds: float | None) -> str:
     """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None)."""
     if seconds is None:

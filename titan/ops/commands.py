@@ -8,9 +8,11 @@ unknown ``--op`` or ``--provider``. JAX is imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -78,6 +80,31 @@ def _print_table(results: list[Any], backend: str, device: str) -> None:
     Console(width=200).print(table)
 
 
+@contextlib.contextmanager
+def _case_progress() -> Iterator[Callable[[int, int, str], None]]:
+    """``progress(done, total, case)`` for :func:`titan.ops.conformance.run_checks`, on stderr:
+    a bar with the case and the elapsed time in a terminal, else a line per case."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield (
+            lambda done, total, case: (
+                case
+                and print(
+                    f"titan ops check: case {done + 1}/{total}: {case}", file=sys.stderr, flush=True
+                )
+            )
+        )
+        return
+    columns = [TextColumn("checking"), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn("{task.fields[case]}", markup=False), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("cases", total=None, case="")
+        yield lambda done, total, case: bar.update(task, completed=done, total=total, case=case)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``titan ops check``; returns the exit code.
 
@@ -90,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     backend = jax.default_backend()
     device = jax.devices()[0].device_kind
-    results = conformance.run_checks(backend, args.op, args.provider)
+    with _case_progress() as progress:
+        results = conformance.run_checks(backend, args.op, args.provider, progress)
     failures = [r for r in results if r.failed]
     unserved = args.provider is not None and not any(
         r.ran for r in results if r.provider == args.provider

@@ -321,7 +321,10 @@ def resolve(op: str | None, provider: str | None) -> list[str]:
 
 
 def run_checks(
-    backend: str | None = None, op: str | None = None, provider: str | None = None
+    backend: str | None = None,
+    op: str | None = None,
+    provider: str | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Result]:
     """Check providers against the native reference on the grid of :func:`cases`.
 
@@ -329,6 +332,8 @@ def run_checks(
         backend: ``jax.default_backend()`` by default.
         op, provider: restrict to one op and/or one provider (native still runs as the timing
             baseline on accelerators, and is listed).
+        progress: called as ``progress(done, total, case)`` before each case (and once with
+            ``done == total`` at the end).
 
     Raises:
         TitanError: an unknown op or provider (see :func:`resolve`).
@@ -336,13 +341,15 @@ def run_checks(
     ops = resolve(op, provider)
     backend = backend or jax.default_backend()
     results = []
+    chosen = [case for case in cases(backend) if case.op in ops]
+    report = progress or (lambda done, total, case: None)
     with jax.default_matmul_precision("float32"):
-        for case in cases(backend):
-            if case.op not in ops:
-                continue
+        for done, case in enumerate(chosen):
+            report(done, len(chosen), f"{case.op} {case.shape}")
             names = [p.name for p in registry.providers(case.op)]
             if provider is not None:
                 names = [n for n in names if n in (registry.NATIVE, provider)]
             for dtype in TOLERANCES:
                 results.extend(_check(case, dtype, names, backend))
+    report(len(chosen), len(chosen), "")
     return results

@@ -19,16 +19,16 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.text import Text
 
 from titan.data.tokenize import TokenizeProgress
 from titan.inert import inert
 from titan.observability.events import Eval, Step
-from titan.observability.formatting import format_duration
+from titan.observability.formatting import format_duration, format_size
 
 TOKENIZE_LOG_EVERY_S = 10.0
 
@@ -37,9 +37,16 @@ def _line(done: TokenizeProgress) -> str:
     """``45% of 2.1 GB, 123,456 tokens, 1,234,567 tokens/s, ETA 1m40s``."""
     share = done.bytes_done / done.bytes_total if done.bytes_total else 1.0
     return (
-        f"{share:.0%} of {done.bytes_total / 1e9:.1f} GB, {done.tokens:,} tokens, "
+        f"{share:.0%} of {format_size(done.bytes_total)}, {done.tokens:,} tokens, "
         f"{done.tokens_per_s:,.0f} tokens/s, ETA {format_duration(done.eta_s)}"
     )
+
+
+def _throughput(event: Step) -> str:
+    """``12,345 tok/s``, or ``1,234 img/s`` for a diffusion run (its rows are images)."""
+    if event.images_per_s is not None:
+        return f"{event.images_per_s:,.0f} img/s"
+    return f"{event.tokens_per_s:,.0f} tok/s"
 
 
 class _TokenizeLog:
@@ -72,10 +79,17 @@ class TrainProgress:
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
-        """A spinner (terminal) or one line (log) while ``message`` is being done (shown inert,
-        never as markup: it may name a path)."""
+        """A spinner with the elapsed time ticking (terminal) or one line (log) while
+        ``message`` is being done (shown inert, never as markup: it may name a path)."""
         if self.interactive:
-            with self.console.status(Text(inert(message))):
+            with Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}", markup=False),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            ) as spinner:
+                spinner.add_task(inert(message), total=None)
                 yield
         else:
             print(f"titan: {inert(message)}", flush=True)
@@ -108,13 +122,12 @@ class TrainProgress:
         """Show one ``step`` event."""
         if self.interactive:
             self._ensure_bar(event.step - 1)
-            fields = f"loss {event.loss:.4f}  {event.tokens_per_s:,.0f} tok/s"
+            fields = f"loss {event.loss:.4f}  {_throughput(event)}"
             self._bar.update(self._task, completed=event.step, fields=fields)
         elif event.step % self.log_every == 0 or event.step == self.total_steps:
             print(
                 f"step {event.step}/{self.total_steps}  loss {event.loss:.4f}  "
-                f"grad_norm {event.grad_norm:.3f}  lr {event.lr:.2e}  "
-                f"{event.tokens_per_s:,.0f} tok/s",
+                f"grad_norm {event.grad_norm:.3f}  lr {event.lr:.2e}  {_throughput(event)}",
                 flush=True,
             )
 

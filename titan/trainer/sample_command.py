@@ -37,6 +37,12 @@ def add_parser(subparsers: Any) -> None:
         help="classifier-free guidance scale, a finite number >= 0 (1: the conditional model "
         "alone; default 1)",
     )
+    sample.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="pixels per sample pixel in the PNG, 1 to 16 (nearest neighbour; default 1)",
+    )
     sample.set_defaults(run=run)
 
 
@@ -49,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     path, step = write_sample_grid(
         run_dir,
         out,
+        args.scale,
         per_class=args.per_class,
         seed=args.seed,
         steps=args.sample_steps,

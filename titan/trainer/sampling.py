@@ -91,17 +91,23 @@ def sample_grid(
     return grid(images, columns=per_class), state.step
 
 
-def write_sample_grid(run_dir: Path, out: Path | None, **options: Any) -> tuple[Path, int]:
-    """Write :func:`sample_grid`'s image as the PNG ``out`` (None:
-    ``RUN_DIR/samples-<step>.png``); returns (the path, the checkpoint's step).
+def write_sample_grid(
+    run_dir: Path, out: Path | None, scale: int = 1, **options: Any
+) -> tuple[Path, int]:
+    """Write :func:`sample_grid`'s image, each pixel ``scale`` x ``scale`` pixels (nearest
+    neighbour), as the PNG ``out`` (None: ``RUN_DIR/samples-<step>.png``); returns (the path,
+    the checkpoint's step).
 
     Raises:
-        TitanError: as :func:`sample_grid`, or ``out`` cannot be written (checked first).
+        TitanError: as :func:`sample_grid`, ``scale`` outside 1 to 16, or ``out`` cannot be
+            written (checked first).
     """
+    if not 1 <= scale <= 16:
+        raise TitanError(f"--scale must be in [1, 16], got {scale}")
     if out is not None:
         check_file(out)
     image, step = sample_grid(run_dir, **options)
     out = out or run_dir / f"samples-{step}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(encode_png(image))
+    out.write_bytes(encode_png(image.repeat(scale, axis=0).repeat(scale, axis=1)))
     return out, step

@@ -380,7 +380,9 @@ def _train_compiling(
         for skipped in run.unrestorable:
             run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
         run.checkpointer.set_aside([skipped.step for skipped in run.unrestorable])
-        for event in [*_compile(trainer, cache, compiles), *trainer.start_events()]:
+        with progress.status("compiling the train step"):
+            compiled = [*_compile(trainer, cache, compiles), *trainer.start_events()]
+        for event in compiled:
             run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
