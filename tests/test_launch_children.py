@@ -41,8 +41,10 @@ def test_launch_shows_process_0_without_gloo_lines_and_a_failed_process_last_lin
     code = supervise([_child(GLOO, "step 1/2"), _child(GLOO, "step 1/2")], out, False)
     assert (code, out.getvalue()) == (0, "[0] step 1/2\n")
     out = io.StringIO()
+    first = _child("step 1/2")
+    first.wait()  # done before the other fails: a failure stops the processes still running
     failing = _child("step 1/2", "titan train: error: bad", code=2)
-    assert supervise([_child("step 1/2"), failing], out, False) == 2
+    assert supervise([first, failing], out, False) == 2
     assert out.getvalue().splitlines() == [
         "[0] step 1/2",
         "[1] step 1/2",
