@@ -301,7 +301,7 @@ def test_two_processes_run_fifty_steps_without_a_collective_mismatch(
         run_id="stress",
         steps=STRESS_STEPS,
         warmup_steps=2,
-        preset=STRESS_MODEL,
+        model=STRESS_MODEL,
         **STRESS_LAYOUTS[layout],
         **STRESS_VARIANTS[variant],
     )
