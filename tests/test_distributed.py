@@ -23,7 +23,7 @@ from helpers import cli_args, events, run_in_process, small_run, wait_for_event
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STALL, EXIT_STOPPED, worst_exit_code
 from titan.launch.aborts import AbortText
-from titan.launch.local import child_envs, exit_code, supervise
+from titan.launch.local import child_envs, exit_code, free_port, supervise
 from titan.parallel.distributed import LaunchSettings, initialize
 
 STEPS = 8
@@ -301,7 +301,7 @@ def test_two_processes_run_fifty_steps_without_a_collective_mismatch(
         run_id="stress",
         steps=STRESS_STEPS,
         warmup_steps=2,
-        preset=STRESS_MODEL,
+        model=STRESS_MODEL,
         **STRESS_LAYOUTS[layout],
         **STRESS_VARIANTS[variant],
     )
@@ -388,3 +388,24 @@ def test_an_xla_check_failure_is_taken_off_the_terminal_with_its_message():
         "titan launch: process 1 (pid 42) died of SIGABRT: Check failed: ok Bad collective\n"
     )
     assert abort.death_line(1, 42, 1) is None
+
+
+def test_the_stop_agreement_runs_after_a_step_whose_collectives_cross_the_processes():
+    """200 steps of FSDP-like collectives across 2 processes, each followed by the stop
+    agreement (tests/fixtures/stop_agreement_beside_step.py); with the reduce over one device
+    per process gloo aborted every such run."""
+    script = Path(__file__).parent / "fixtures" / "stop_agreement_beside_step.py"
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(port), str(index), "200"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index, env in enumerate(child_envs(2, 2, "cpu", dict(os.environ)))
+    ]
+    outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert [out.splitlines()[-1] for out in outputs] == ["ok 0", "ok 1"]
