@@ -117,6 +117,7 @@ def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_ch
     checkpointer.close()
     # 6 may have been started before 4's failure came back from its thread; 4 never counts
     assert committed in ([2], [2, 6])
+    assert not list((run_dir / CHECKPOINT_DIR).glob("4.orbax-checkpoint-tmp*"))  # nor lingers
 
 
 @pytest.mark.parametrize(

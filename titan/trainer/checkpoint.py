@@ -398,16 +398,18 @@ class Checkpointer:
         result, self._settled = self._settled, None
         if result is None or result.error is not None:
             return
+        # Listed before the barrier: past it, process 0 may already be deleting some.
+        committed = [s for s in self.committed_steps() if s <= result.step]
         fault_point("seen", result.step)
         barrier(f"titan:checkpoint-seen:{result.step}")
         fault_point("prune", result.step)
-        self._prune(result.step)
+        self._prune(result.step, committed)
 
-    def _prune(self, upto: int) -> None:
-        """Delete what retention no longer keeps among the steps up to ``upto`` (orbax's folder
-        first, which uncommits the step, then its stage items; orbax's delete is collective),
-        and the leftovers of saves up to ``upto`` that never committed."""
-        committed = [s for s in self.committed_steps() if s <= upto]
+    def _prune(self, upto: int, committed: list[int]) -> None:
+        """Delete what retention no longer keeps among ``committed`` (the steps up to ``upto``,
+        the same list on every process: orbax's delete is collective; its folder goes first,
+        which uncommits the step, then its stage items), and the leftovers of saves up to
+        ``upto`` that never committed."""
         for step in steps_to_prune(committed, self.keep, self.keep_every):
             self._manager.delete(step)
         self.remove_leftovers(upto)
