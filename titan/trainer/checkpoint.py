@@ -188,6 +188,14 @@ def _save_error(err: BaseException) -> str:
     return disk_full(err) or _one_line(err)
 
 
+def _key_name(key: Any) -> str:
+    """One key of a tree path as orbax names it in a leaf's name (``opt_state.0.mu.embed``)."""
+    for field in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey
+        if hasattr(key, field):
+            return str(getattr(key, field))
+    return str(key)
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -518,8 +526,8 @@ class Checkpointer:
         (its saved dtypes from orbax's metadata, by orbax's leaf names)."""
         saved = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
         dtypes = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(saved)}
-        names = jax.tree.leaves(ocp.tree.get_param_names(abstract))
-        for leaf_name, leaf in zip(names, jax.tree.leaves(abstract), strict=True):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+            leaf_name = ".".join(map(_key_name, path))
             if leaf_name in dtypes:
                 check_dtype(step, name, leaf_name, dtypes[leaf_name], leaf.dtype)
 

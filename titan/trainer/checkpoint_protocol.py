@@ -24,6 +24,10 @@ none writes a step up to ``N`` again; a later save writes a higher step, which p
 alone. Pruning therefore never deletes an item that a commit names (retention keeps the newest
 committed step) and never races a commit.
 
+Each barrier's name carries the step, and JAX's barrier checks that every process passes the
+same name: processes that disagree on whether a save committed (one at ``seen``, another already
+at the next save) fail at once rather than prune apart.
+
 Leftovers are a failed or killed save's ``<step>.orbax-checkpoint-tmp*`` folder and its stage
 items. With one process they go as soon as the save has failed; with several, at the prune of
 the next commit, or at the first save of the next run (all of them, whatever their step: before
