@@ -13,10 +13,10 @@ A save of step ``N`` goes through these phases, on every process alike
    ``N`` is committed when ``N/meta`` exists. An asynchronous save does this in a background
    thread; the next save, or the wait for the last one, settles it.
 4. ``seen``: every process has seen ``N`` committed (barrier ``titan:checkpoint-seen:N``). A
-   save that failed stops here: nothing is pruned after it.
+   save that failed stops before it: nothing is pruned after it.
 5. ``prune``: process 0 removes what retention no longer keeps (each step's orbax folder first,
    which uncommits it, then its stage items) and the leftovers of saves that never committed,
-   all of them of steps up to ``N`` (:func:`leftover_steps`).
+   all of them of steps up to ``N`` (:func:`leftovers`).
 
 So a step is committed only after every process has written its items, and pruning runs only
 after a commit every process has seen. Every process is then past its own save of ``N``, and
