@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orbax.checkpoint._src.path import atomicity
+
 from titan.config import TrainConfig, validate_train_config
 from titan.trainer.train import train
 
@@ -95,3 +97,16 @@ def file_tree(root: Path) -> dict[str, tuple]:
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(mode) else ""
         found[str(path.relative_to(root))] = (stat.S_IFMT(mode), digest)
     return found
+
+
+def fail_commit_of(monkeypatch, step: int, code: int) -> None:
+    """Make orbax's final rename of checkpoint ``step`` fail with OS error ``code`` (in the
+    background thread of an async save, in the save itself otherwise)."""
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def failing(self):
+        if self._final_path.name == str(step):
+            raise OSError(code, os.strerror(code), str(self._final_path))
+        return await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing)

@@ -10,8 +10,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import events, run_in_process
-from orbax.checkpoint._src.path import atomicity
+from helpers import events, fail_commit_of, run_in_process
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
@@ -70,21 +69,8 @@ def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_
         checkpointer.close()
 
 
-def _fail_commit_of(monkeypatch: pytest.MonkeyPatch, step: int, code: int) -> None:
-    """Make orbax's final rename of checkpoint ``step`` fail with OS error ``code`` (in the
-    background thread of an async save)."""
-    finalize = atomicity.AtomicRenameTemporaryPath.finalize
-
-    async def failing(self):
-        if self._final_path.name == str(step):
-            raise OSError(code, os.strerror(code), str(self._final_path))
-        return await finalize(self)
-
-    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing)
-
-
 def test_failed_async_save_is_recorded_and_never_committed(small_options, monkeypatch):
-    _fail_commit_of(monkeypatch, 4, errno.EIO)
+    fail_commit_of(monkeypatch, 4, errno.EIO)
     options = {**small_options, "run_id": "failed", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == 0
@@ -103,7 +89,7 @@ def test_failed_async_save_is_recorded_and_never_committed(small_options, monkey
 def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_checkpoint(
     small_options, monkeypatch, capsys
 ):
-    _fail_commit_of(monkeypatch, 4, errno.ENOSPC)
+    fail_commit_of(monkeypatch, 4, errno.ENOSPC)
     options = {**small_options, "run_id": "full", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == EXIT_FAILED
@@ -117,6 +103,7 @@ def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_ch
     checkpointer.close()
     # 6 may have been started before 4's failure came back from its thread; 4 never counts
     assert committed in ([2], [2, 6])
+    assert not list((run_dir / CHECKPOINT_DIR).glob("4.orbax-checkpoint-tmp*"))  # nor lingers
 
 
 @pytest.mark.parametrize(

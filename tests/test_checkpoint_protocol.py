@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 from checkpoint_worker import holds, pipeline_trainer
-from orbax.checkpoint._src.path import atomicity
+from helpers import fail_commit_of
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
@@ -183,13 +183,18 @@ def _meta(trainer) -> dict:
     return {"data_position": 0, "num_sequences": 1, "layout": trainer.describe()}
 
 
-def test_pruning_leaves_alone_a_higher_step_another_process_is_saving(tmp_path):
+def test_leftovers_go_at_the_first_save_and_then_only_up_to_the_step_all_processes_saw(tmp_path):
     trainer = _tiny_trainer()
     state = trainer.init_state(seed=0)
     checkpointer = Checkpointer(tmp_path, keep=1)
+    # What an earlier run's killed save of step 5 left.
+    earlier = [checkpointer.directory / f"5{TMP_DIR_SUFFIX}", tmp_path / STAGE_CHECKPOINT_DIR / "5"]
+    for folder in earlier:
+        folder.mkdir(parents=True)
     (first,) = checkpointer.save(TrainState(1, state.chunks), _meta(trainer))
     assert first.error is None
-    # Another process's saves in progress (step 3) and a save of step 1 that never committed.
+    assert not any(folder.exists() for folder in earlier)
+    # Another process's save of step 3 in progress, and a save of step 1 that never committed.
     peer_items = tmp_path / STAGE_CHECKPOINT_DIR / "3" / "chunk_1"
     peer_items.mkdir(parents=True)
     peer_orbax = checkpointer.directory / f"3{TMP_DIR_SUFFIX}"
@@ -199,26 +204,14 @@ def test_pruning_leaves_alone_a_higher_step_another_process_is_saving(tmp_path):
     (second,) = checkpointer.save(TrainState(2, state.chunks), _meta(trainer))
     checkpointer.close()
     assert second.error is None
-    assert checkpointer.committed_steps() == [2]  # step 1 pruned after 2 committed
+    assert checkpointer.committed_steps() == [2]  # step 1 pruned once 2 committed
     assert peer_items.is_dir() and peer_orbax.is_dir()
     assert not stale.exists()
 
 
-def _fail_commit_of(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """Orbax's final rename of checkpoint ``step`` finds the disk full."""
-    finalize = atomicity.AtomicRenameTemporaryPath.finalize
-
-    async def failing(self):
-        if self._final_path.name == str(step):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._final_path))
-        return await finalize(self)
-
-    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing)
-
-
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_failed_save_leaves_no_temporary_folder(tmp_path, monkeypatch, asynchronous):
-    _fail_commit_of(monkeypatch, 2)
+    fail_commit_of(monkeypatch, 2, errno.ENOSPC)
     trainer = _tiny_trainer()
     state = trainer.init_state(seed=0)
     checkpointer = Checkpointer(tmp_path, asynchronous=asynchronous)

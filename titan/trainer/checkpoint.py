@@ -189,6 +189,14 @@ def _save_error(err: BaseException) -> str:
     return disk_full(err) or _one_line(err)
 
 
+def _key_name(key: Any) -> str:
+    """One key of a tree path as orbax names it in a leaf's name (``opt_state.0.mu.embed``)."""
+    for field in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey
+        if hasattr(key, field):
+            return str(getattr(key, field))
+    return str(key)
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -399,16 +407,18 @@ class Checkpointer:
         result, self._settled = self._settled, None
         if result is None or result.error is not None:
             return
+        # Listed before the barrier: past it, process 0 may already be deleting some.
+        committed = [s for s in self.committed_steps() if s <= result.step]
         fault_point("seen", result.step)
         barrier(f"titan:checkpoint-seen:{result.step}")
         fault_point("prune", result.step)
-        self._prune(result.step)
+        self._prune(result.step, committed)
 
-    def _prune(self, upto: int) -> None:
-        """Delete what retention no longer keeps among the steps up to ``upto`` (orbax's folder
-        first, which uncommits the step, then its stage items; orbax's delete is collective),
-        and the leftovers of saves up to ``upto`` that never committed."""
-        committed = [s for s in self.committed_steps() if s <= upto]
+    def _prune(self, upto: int, committed: list[int]) -> None:
+        """Delete what retention no longer keeps among ``committed`` (the steps up to ``upto``,
+        the same list on every process: orbax's delete is collective; its folder goes first,
+        which uncommits the step, then its stage items), and the leftovers of saves up to
+        ``upto`` that never committed."""
         for step in steps_to_prune(committed, self.keep, self.keep_every):
             self._manager.delete(step)
         self.remove_leftovers(upto)
@@ -517,8 +527,8 @@ class Checkpointer:
         (its saved dtypes from orbax's metadata, by orbax's leaf names)."""
         saved = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
         dtypes = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(saved)}
-        names = jax.tree.leaves(ocp.tree.get_param_names(abstract))
-        for leaf_name, leaf in zip(names, jax.tree.leaves(abstract), strict=True):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+            leaf_name = ".".join(map(_key_name, path))
             if leaf_name in dtypes:
                 check_dtype(step, name, leaf_name, dtypes[leaf_name], leaf.dtype)
 

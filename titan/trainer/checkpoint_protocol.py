@@ -13,16 +13,20 @@ A save of step ``N`` goes through these phases, on every process alike
    ``N`` is committed when ``N/meta`` exists. An asynchronous save does this in a background
    thread; the next save, or the wait for the last one, settles it.
 4. ``seen``: every process has seen ``N`` committed (barrier ``titan:checkpoint-seen:N``). A
-   save that failed stops here: nothing is pruned after it.
+   save that failed stops before it: nothing is pruned after it.
 5. ``prune``: process 0 removes what retention no longer keeps (each step's orbax folder first,
    which uncommits it, then its stage items) and the leftovers of saves that never committed,
-   all of them of steps up to ``N`` (:func:`leftover_steps`).
+   all of them of steps up to ``N`` (:func:`leftovers`).
 
 So a step is committed only after every process has written its items, and pruning runs only
 after a commit every process has seen. Every process is then past its own save of ``N``, and
 none writes a step up to ``N`` again; a later save writes a higher step, which pruning leaves
 alone. Pruning therefore never deletes an item that a commit names (retention keeps the newest
 committed step) and never races a commit.
+
+Each barrier's name carries the step, and JAX's barrier checks that every process passes the
+same name: processes that disagree on whether a save committed (one at ``seen``, another already
+at the next save) fail at once rather than prune apart.
 
 Leftovers are a failed or killed save's ``<step>.orbax-checkpoint-tmp*`` folder and its stage
 items. With one process they go as soon as the save has failed; with several, at the prune of
