@@ -260,13 +260,22 @@ class RunStart(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Compile(Event):
-    """One XLA compilation, before the first step (one per stage for an MPMD run)."""
+    """One XLA compilation, before the first step (one per stage for an MPMD run, and one of
+    the finite check); a recompilation later says its ``cause``."""
 
     type: ClassVar[str] = "compile"
 
-    what: str | None = _field("what was compiled: ``train_step`` (SPMD) or ``stage`` (MPMD)")
+    what: str | None = _field(
+        "what was compiled: ``train_step`` (SPMD), ``stage`` (MPMD) or ``finite_check`` (the "
+        "check of the weights before a save)"
+    )
     seconds: float | None = _field("wall time of the compilation", "seconds")
     stage: int | None = _field("the pipeline stage compiled, MPMD only", omit_if_none=True)
+    cause: str | None = _field(
+        "why a program compiled once already was compiled again: the first difference of its "
+        "new inputs (a leaf's shape, dtype or sharding); absent for a first compile",
+        omit_if_none=True,
+    )
     memory: dict[str, int] | None = _field(
         "XLA's memory analysis of the compiled program(s), per device (``compiled."
         "memory_analysis()``): ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs "
