@@ -106,7 +106,7 @@ def test_train_refuses_a_run_above_usable_memory_with_one_line_and_exit_2(small_
 def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_options):
     code, run_dir = run_in_process({**small_options, "run_id": "analysed", "steps": 2})
     assert code == 0
-    (compile_event,) = events(run_dir, "compile")
+    (compile_event,) = [e for e in events(run_dir, "compile") if e["what"] == "train_step"]
     memory = compile_event["memory"]
     assert set(memory) == {
         "argument_bytes",

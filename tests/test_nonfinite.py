@@ -10,6 +10,7 @@ import statistics
 import warnings
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
@@ -20,7 +21,7 @@ from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
-from titan.trainer.guard import LossSpikeDetector, NonFiniteAbort, NonFiniteGuard, state_is_finite
+from titan.trainer.guard import FiniteCheck, LossSpikeDetector, NonFiniteAbort, NonFiniteGuard
 from titan.trainer_state import TrainState
 
 LAYOUTS = {
@@ -152,9 +153,32 @@ def test_guard_counts_non_finite_steps_in_a_row():
 
 def test_state_with_a_nan_weight_is_not_finite():
     chunk = {"params": {"w": jnp.ones((2, 3))}, "opt_state": (jnp.zeros(3),)}
-    assert state_is_finite(TrainState(1, (chunk, chunk)))
-    poisoned = {"params": {"w": jnp.ones((2, 3)).at[1, 2].set(jnp.inf)}, "opt_state": ()}
-    assert not state_is_finite(TrainState(1, (chunk, poisoned)))
+    check = FiniteCheck()
+    (compiled,) = check.compile(TrainState(0, (chunk, chunk)))
+    assert (compiled.what, compiled.reason) == ("finite_check", None) and compiled.seconds > 0
+    assert check(TrainState(1, (chunk, chunk))) == (True, [])  # compiled already: no event
+    poisoned = {
+        "params": {"w": jnp.ones((2, 3)).at[1, 2].set(jnp.inf)},
+        "opt_state": (chunk["opt_state"]),
+    }
+    assert check(TrainState(1, (chunk, poisoned))) == (False, [])
+
+
+def test_a_state_sharded_otherwise_recompiles_the_finite_check_with_its_cause():
+    chunk = {"params": {"w": jnp.ones((2, 3))}, "opt_state": (jnp.zeros(3),)}
+    check = FiniteCheck()
+    check.compile(TrainState(0, (chunk,)))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    moved = {
+        "params": {"w": jax.device_put(chunk["params"]["w"], split)},
+        "opt_state": (jnp.zeros(3),),
+    }
+    finite, (event,) = check(TrainState(1, (moved,)))
+    assert finite and event.what == "finite_check"
+    assert event.reason.startswith("['params']['w']: sharding SingleDeviceSharding(")
+    assert "-> NamedSharding(" in event.reason
+    assert check(TrainState(2, (moved,))) == (True, [])  # once per new signature
 
 
 def test_spike_detector_flags_losses_above_mean_plus_sigma_std():

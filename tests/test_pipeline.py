@@ -102,7 +102,7 @@ def test_pipeline_records_its_shape_timing_and_dispatch(corpus_dir, tmp_path):
     (pipeline,) = events(run_dir, "pipeline")
     assert pipeline["stages"] == 2 and pipeline["layers_per_chunk"] == [2, 2]
     assert pipeline["theoretical_bubble"] == pytest.approx(1 / 5)
-    assert [e["stage"] for e in events(run_dir, "compile")] == [0, 1]
+    assert [e.get("stage") for e in events(run_dir, "compile")] == [0, 1, None]  # finite check
     (timing,) = events(run_dir, "pipeline_timing")
     assert timing["step"] == 2 and len(timing["actions"]) == 2 * 2 * 4
     assert all(end >= start for *_, start, end in timing["actions"])

@@ -184,8 +184,8 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's name
 
 
 def _nvml(
-    power_w: list[float],
-    energy_mj: list[int],
+    power_w: list[float | None],
+    energy_mj: list[int | None],
     *,
     uuids: list[str] | None = None,
     power_error: type[Exception] | None = None,
@@ -193,8 +193,9 @@ def _nvml(
     missing: tuple[str, ...] = (),
 ) -> types.ModuleType:
     """A stand-in for nvidia-ml-py: one GPU per entry of ``power_w`` (H200s, Hopper), energy
-    counters from ``energy_mj`` (changed by the test); ``power_error`` / ``energy_error`` are
-    raised by those reads, ``missing`` functions are absent (an old pynvml)."""
+    counters from ``energy_mj`` (changed by the test); None is a reading NVML gives as N/A (all
+    bits set, as ``nvidia-smi`` shows "N/A"); ``power_error`` / ``energy_error`` are raised by
+    those reads, ``missing`` functions are absent (an old pynvml)."""
     module = types.ModuleType("pynvml")
     module.NVMLError = NVMLError
     module.nvmlInit = lambda: None
@@ -208,12 +209,12 @@ def _nvml(
     def power(h):
         if power_error:
             raise power_error("Not Supported")
-        return int(power_w[h] * 1000)
+        return 2**32 - 1 if power_w[h] is None else int(power_w[h] * 1000)
 
     def energy(h):
         if energy_error:
             raise energy_error("Not Supported")
-        return energy_mj[h]
+        return 2**64 - 1 if energy_mj[h] is None else energy_mj[h]
 
     module.nvmlDeviceGetPowerUsage = power
     module.nvmlDeviceGetTotalEnergyConsumption = energy
@@ -347,6 +348,44 @@ def test_neither_counter_nor_power_is_unavailable_with_both_reasons(no_visibilit
     assert reader is None and info["available"] is False
     assert "energy counter: NVMLError_NotSupported" in info["reason"]
     assert "power reading: NVMLError" in info["reason"]
+
+
+def test_power_and_energy_always_na_record_power_unavailable_with_the_reasons(no_visibility):
+    """NVML answers, but both readings are its "not available" value on every call: no source,
+    and the reason names both (then AMD and RAPL are tried, as for any unavailable source)."""
+    no_visibility.setitem(sys.modules, "pynvml", _nvml([None, None], [None, None]))
+    no_visibility.setitem(sys.modules, "amdsmi", None)
+    reader, info = open_reader(devices=_gpus(0, 1), process_index=0)
+    assert reader is None
+    assert (info["source"], info["available"], info["method"]) == (None, False, None)
+    nvml_reason = info["reason"].split("; amdsmi")[0]
+    assert nvml_reason == (
+        "nvml: power reading: N/A; "
+        "energy counter: PowerUnavailable: total energy consumption is N/A"
+    )
+    assert "RAPL reads CPU packages" in info["reason"]
+
+
+def test_energy_always_na_samples_the_power_and_says_why(no_visibility):
+    no_visibility.setitem(sys.modules, "pynvml", _nvml([250, 250], [None, 7]))
+    reader, info = open_reader(devices=_gpus(0, 1), process_index=0)
+    assert (info["source"], info["method"], info["power_reading"]) == ("nvml", "sampled", "average")
+    assert info["fallbacks"] == [
+        "energy counter: PowerUnavailable: total energy consumption is N/A"
+    ]
+    assert reader.read() == (500.0, None)
+
+
+def test_an_na_reading_mid_run_is_skipped_not_counted(no_visibility):
+    energy_mj = [1_000]
+    power_w: list[float | None] = [300]
+    no_visibility.setitem(sys.modules, "pynvml", _nvml(power_w, energy_mj))
+    reader, info = open_reader(devices=_gpus(0), process_index=0)
+    assert info["method"] == "counter"
+    energy_mj[0], power_w[0] = None, None
+    assert reader.read() == (None, None)  # this reading only: no 2**64 mJ jump
+    energy_mj[0], power_w[0] = 4_000, 300
+    assert reader.read() == (300.0, 3.0)
 
 
 def test_a_64_bit_counter_going_back_drops_the_interval_never_negative(no_visibility):

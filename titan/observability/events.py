@@ -257,11 +257,15 @@ class RunStart(Event):
 @dataclass(frozen=True, kw_only=True)
 class Compile(Event):
     """One XLA compilation: the step's, before the first step (one per stage for an MPMD run),
-    and any function compiled a second time during the run (with its ``reason``)."""
+    the finite check's, and any function compiled a second time during the run (with its
+    ``reason``)."""
 
     type: ClassVar[str] = "compile"
 
-    what: str | None = _field("what was compiled: ``train_step`` (SPMD) or ``stage`` (MPMD)")
+    what: str | None = _field(
+        "what was compiled: ``train_step`` (SPMD), ``stage`` (MPMD) or ``finite_check`` (the "
+        "check of the weights before a save)"
+    )
     seconds: float | None = _field("wall time of the compilation", "seconds")
     stage: int | None = _field("the pipeline stage compiled, MPMD only", omit_if_none=True)
     reason: str | None = _field(

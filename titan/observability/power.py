@@ -5,7 +5,8 @@ Sources, tried in order (each imported lazily; a missing library, unreadable fil
 another kind mean the next one is tried):
 
 - ``nvml``: NVIDIA through nvidia-ml-py (``pynvml``): ``nvmlDeviceGetTotalEnergyConsumption``
-  (mJ since the driver loaded) and ``nvmlDeviceGetPowerUsage`` (mW).
+  (mJ since the driver loaded) and ``nvmlDeviceGetPowerUsage`` (mW); a reading equal to NVML's
+  "not available" value (all bits set: ``NVML_VALUE_NOT_AVAILABLE_*``) is N/A, not a number.
 - ``amdsmi``: AMD through ``amdsmi``: ``amdsmi_get_energy_count`` (accumulator x counter
   resolution, µJ) and ``amdsmi_get_power_info`` (W).
 - ``rapl``: CPU package energy through Linux RAPL, ``<root>/intel-rapl:N/energy_uj`` (µJ),
@@ -108,6 +109,8 @@ class RaplReader:
 INSTALL = "pip install 'titan-jax[power]'"
 NVML_ARCH_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: from it (but GA100) power usage is a 1 s mean
 GA100_NAMES = ("A100", "A30")
+NVML_NA_UINT = 2**32 - 1  # NVML_VALUE_NOT_AVAILABLE_uint (nvml.h): an N/A power reading, mW
+NVML_NA_ULONGLONG = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong: an N/A energy reading, mJ
 AMDSMI_COUNTER_BITS = 32  # amdsmi's accumulator wraps at 2**32 x counter_resolution on MI200/MI300
 
 
@@ -423,9 +426,11 @@ class NvmlReader(GpuReader):
 
     def _power_w(self, handle: Any) -> float | None:
         if self._instant is None:
-            return self.lib.nvmlDeviceGetPowerUsage(handle) * 1e-3
-        reply = self.lib.nvmlDeviceGetFieldValues(handle, [self._instant])[0]
-        return reply.value.uiVal * 1e-3 if reply.nvmlReturn == 0 else None
+            milliwatts = self.lib.nvmlDeviceGetPowerUsage(handle)
+        else:
+            reply = self.lib.nvmlDeviceGetFieldValues(handle, [self._instant])[0]
+            milliwatts = reply.value.uiVal if reply.nvmlReturn == 0 else NVML_NA_UINT
+        return None if milliwatts == NVML_NA_UINT else milliwatts * 1e-3
 
     def _power_kind(self) -> str | None:
         if None in [self._power_w(h) for h in self.handles]:
@@ -447,7 +452,10 @@ class NvmlReader(GpuReader):
         return GpuCounter(self._raw_energy(handle), 1e-3, None)
 
     def _raw_energy(self, handle: Any) -> float:
-        return float(self.lib.nvmlDeviceGetTotalEnergyConsumption(handle))
+        millijoules = self.lib.nvmlDeviceGetTotalEnergyConsumption(handle)
+        if millijoules == NVML_NA_ULONGLONG:
+            raise PowerUnavailable("total energy consumption is N/A")
+        return float(millijoules)
 
 
 class AmdSmiReader(GpuReader):

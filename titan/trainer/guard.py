@@ -17,21 +17,28 @@ metrics. When the loop reads them (one step late, with no extra synchronisation)
 
 :class:`LossSpikeDetector` flags finite losses far above the recent ones (``loss_spike``
 events); :func:`poison_batch` is the testing aid behind ``--debug-nonfinite-at-step``.
+
+Before each save, :class:`FiniteCheck` checks that the weights are finite, with a program
+compiled ahead of time, beside the step (a ``compile`` event ``finite_check``), so that nothing
+compiles inside the loop; a state whose shapes or shardings differ from those compiled for
+compiles it again, with a ``compile`` event whose ``cause`` names the first difference.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from titan.observability.events import LossSpike
+from titan.observability.events import Compile, LossSpike
 from titan.parallel.distributed import one_thread
 from titan.trainer_state import Batch, TrainState
 
@@ -140,23 +147,81 @@ class LossSpikeDetector:
         return spike
 
 
-@jax.jit
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves))
 
 
-def state_is_finite(state: TrainState) -> bool:
-    """Whether every parameter and optimizer moment of ``state`` is finite (one reduction per
-    chunk on its own devices, then a host read: used before a save, never per step). With
-    several processes each checks the chunks it holds (a pipeline stage of another process is
-    only a handle here) and all agree on the answer (an all-gather of one flag)."""
-    one_thread("the finite-weights check")  # its reductions span the processes
-    held = [chunk for chunk in state.chunks if jax.tree.leaves(chunk)[0].addressable_shards]
-    finite = all(bool(_all_finite(chunk)) for chunk in held)
-    if jax.process_count() == 1:
-        return finite
-    return bool(np.all(multihost_utils.process_allgather(np.array(finite))))
+def _held(state: TrainState) -> list[Any]:
+    """The chunks of ``state`` on this process's devices (a pipeline stage of another process
+    is only a handle here)."""
+    return [chunk for chunk in state.chunks if jax.tree.leaves(chunk)[0].addressable_shards]
+
+
+def _signature(chunk: Any) -> tuple:
+    """What a compiled program is specialised to: each leaf's path, shape, dtype and sharding."""
+    leaves = jax.tree_util.tree_leaves_with_path(chunk)
+    return tuple((jax.tree_util.keystr(k), x.shape, x.dtype, x.sharding) for k, x in leaves)
+
+
+def _difference(compiled: list[tuple], new: tuple) -> str:
+    """The first difference between ``new`` and the signature compiled for that is closest to
+    it (the most leaves in common), as the ``compile`` event's ``cause``."""
+    if not compiled:
+        return "first compile"
+    names = ("shape", "dtype", "sharding")
+    nearest = max(compiled, key=lambda old: sum(a == b for a, b in zip(old, new, strict=False)))
+    if [leaf[0] for leaf in nearest] != [leaf[0] for leaf in new]:
+        return "the state's tree of arrays changed"
+    for old_leaf, new_leaf in zip(nearest, new, strict=True):
+        for name, before, after in zip(names, old_leaf[1:], new_leaf[1:], strict=True):
+            if before != after:
+                return f"{new_leaf[0] or 'a leaf'}: {name} {before} -> {after}"
+    return "a state not seen before"
+
+
+@dataclass
+class FiniteCheck:
+    """Whether every parameter and optimizer moment of a state is finite (one reduction per
+    chunk on its own devices, then a host read: before a save, never per step), with programs
+    compiled ahead of time: :meth:`compile` beside the step, then a call per save that compiles
+    only for a state unlike every one compiled for (its shapes, dtypes or shardings).
+
+    With several processes each checks the chunks it holds and all agree on the answer (an
+    all-gather of one flag).
+    """
+
+    _programs: dict[tuple, Any] = field(default_factory=dict)
+
+    def _compile(self, chunks: list[Any]) -> Compile | None:
+        """Compile for the chunks not compiled for yet; their ``compile`` event, or None."""
+        new = {_signature(c): c for c in chunks if _signature(c) not in self._programs}
+        if not new:
+            return None
+        causes = [_difference(list(self._programs), key) for key in new]
+        start = time.perf_counter()
+        for key, chunk in new.items():
+            self._programs[key] = jax.jit(_all_finite).lower(chunk).compile()
+        seconds = time.perf_counter() - start
+        cause = None if causes == ["first compile"] * len(causes) else "; ".join(causes)
+        return Compile(what="finite_check", seconds=seconds, reason=cause)
+
+    def compile(self, state: TrainState) -> list[Compile]:
+        """Compile for the chunks of ``state`` (the restored or initial state, shaped as every
+        later one). Returns the ``compile`` event (none when already compiled)."""
+        event = self._compile(_held(state))
+        return [event] if event else []
+
+    def __call__(self, state: TrainState) -> tuple[bool, list[Compile]]:
+        """(whether ``state`` is finite, the ``compile`` event of a recompilation with its
+        ``cause``, if ``state`` needed one)."""
+        one_thread("the finite-weights check")  # its reductions span the processes
+        held = _held(state)
+        event = self._compile(held)
+        finite = all(bool(self._programs[_signature(chunk)](chunk)) for chunk in held)
+        if jax.process_count() > 1:
+            finite = bool(np.all(multihost_utils.process_allgather(np.array(finite))))
+        return finite, [event] if event else []
 
 
 def poison_batch(batch: Batch) -> Batch:

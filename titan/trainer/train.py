@@ -118,12 +118,12 @@ from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.compilation import CompileWatch, compilation_settings
 from titan.trainer.evaluation import Evaluation, open_evaluation
 from titan.trainer.guard import (
+    FiniteCheck,
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
     nonfinite_fields,
     poison_batch,
-    state_is_finite,
 )
 from titan.trainer.images import image_batches
 from titan.trainer.memory_check import check_memory
@@ -381,8 +381,8 @@ def _train_compiling(
             run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
         run.checkpointer.set_aside([skipped.step for skipped in run.unrestorable])
         with progress.status("compiling the train step"):
-            compiled = [*_compile(trainer, cache, compiles), *trainer.start_events()]
-        for event in compiled:
+            compiled = [*_compile(trainer, cache, compiles), *run.finite_check.compile(state)]
+        for event in [*compiled, *trainer.start_events()]:
             run.record.emit(event)
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
@@ -596,6 +596,7 @@ class _Run:
     record: RunRecord = dataclasses.field(init=False)
     heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
     metrics: LiveTensorBoard | None = dataclasses.field(init=False, default=None)
+    finite_check: FiniteCheck = dataclasses.field(init=False, default_factory=FiniteCheck)
 
     def __post_init__(self) -> None:
         self.record = MutedRecord(self.run_dir, self.run_dir.name)
@@ -833,7 +834,10 @@ class _Run:
         """
         step = state.step
         self.watchdog.enter("checkpoint_save", step)
-        if not state_is_finite(state):
+        finite, recompiled = self.finite_check(state)
+        for event in recompiled:
+            self.record.emit(event)
+        if not finite:
             raise NonFiniteAbort(step, f"step {step}: non-finite weights (nothing saved)")
         meta = {
             "data_position": position,
