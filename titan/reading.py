@@ -220,9 +220,8 @@ def json_field(
         raise TitanError(f"{where}: field {key!r} is missing")
     value = document[key]
     kinds = expect if isinstance(expect, tuple) else (expect,)
-    if float in kinds:
-        kinds = (*kinds, int)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        wanted = " or ".join(_JSON_TYPES.get(k, k.__name__) for k in dict.fromkeys(kinds))
+    accepted = (*kinds, int) if float in kinds else kinds
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, accepted):
+        wanted = " or ".join(_JSON_TYPES.get(k, k.__name__) for k in kinds)
         raise TitanError(f"{where}: field {key!r} must be {wanted}, got {json_type(value)}")
     return value
