@@ -250,7 +250,8 @@ CASES: dict[str, Case] = {
     # --resume of a run whose record was changed
     "resume_config_steps_a_list": Case(lambda p: p.resume(_set("optimizer", "steps", [1]))),
     "resume_config_batch_size_a_text": Case(
-        lambda p: p.resume(_set("data", "batch_size", "eight")), "--batch-size"
+        lambda p: p.resume(_set("data", "batch_size", "eight")),
+        "train.data: field 'batch_size' must be a number, got a string",
     ),
     "resume_config_batch_size_a_number_as_text": Case(
         lambda p: p.resume(_set("data", "batch_size", "8")),
