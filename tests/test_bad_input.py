@@ -1,33 +1,129 @@
-"""Hostile invocations of the real CLI: each ends in one line on stderr and exit 2, with no
-traceback, and leaves the runs root as it was (a resumed run dir byte-identical).
+"""Hostile invocations of the real CLI, one table of them (:data:`CASES`): each ends in exit 2
+and exactly one line on stderr, with no traceback, within :data:`CASE_TIMEOUT_S`, leaves no
+thread behind that would keep the process from exiting, and leaves the test's directory (runs
+root, --out targets, a resumed run dir) byte for byte as it was. A new command joins by adding
+rows.
 
 The unreadable files are ones no user can read, root included: ``/proc/self/mem`` is a regular
-file whose first page is not mapped, so reading it fails with EIO.
+file whose first page is not mapped, so reading it fails with EIO. ``/proc`` and ``/sys`` refuse
+new files, even to root.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from helpers import cli_args, file_tree, small_run
 
 from titan.cli import main
-from titan.config import TrainConfig
+from titan.config import MAX_DATA_WORKERS, TrainConfig
 from titan.config_files import config_to_data
 from titan.observability.records import check_runs_root
+from titan.reading import MAX_DOCUMENT_BYTES, MAX_JSON_DEPTH
 from tui.app import main as console_main
 
 UNREADABLE = "/proc/self/mem"
 UNWRITABLE = "/sys/kernel"  # sysfs refuses a new directory, even to root
+CASE_TIMEOUT_S = 240  # a bad invocation is refused in seconds; generous for a loaded CI host
+SAMPLE_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
+PLAN_TINY = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]
+DEEP_JSON = "[" * (MAX_JSON_DEPTH * 1000) + "]" * (MAX_JSON_DEPTH * 1000)
+STEP_EVENT = '{"type": "step", "time": 1.0, "step": 1}\n'
+BINARY = bytes(range(256)) * 4  # not UTF-8 (0x80 is no first byte), no line of JSON
 
 
-def _meta_file(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" / "2" / "meta" / "metadata"
+@dataclass
+class Places:
+    """What the rows build on: the test's directory, the test corpus and a finished 2-step run
+    (copied before any change), and small files made on demand."""
+
+    tmp: Path
+    corpus: Path
+    finished: Path
+
+    @property
+    def runs(self) -> Path:
+        return self.tmp / "runs"
+
+    def train(self, **options) -> list[str]:
+        """``titan train`` of the small run with ``options`` on top."""
+        base = small_run(self.corpus, self.runs, steps=2, dp=1)
+        return ["train", *cli_args({**base, **options})]
+
+    def file(self, name: str, data: bytes | str) -> str:
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        return str(path)
+
+    def fifo(self, name: str) -> str:
+        os.mkfifo(self.tmp / name)
+        return str(self.tmp / name)
+
+    def dir(self, name: str) -> str:
+        (self.tmp / name).mkdir(parents=True)
+        return str(self.tmp / name)
+
+    def unreadable_dir(self) -> str:
+        """A corpus dir of a readable text and a link to :data:`UNREADABLE`."""
+        directory = Path(self.file("corpus/a.txt", "some text\n" * 100)).parent
+        (directory / "b.txt").symlink_to(UNREADABLE)
+        return str(directory)
+
+    def run_copy(self, edit: Callable[[Path], None] = lambda run_dir: None) -> str:
+        """A copy of the finished run under the runs root, changed by ``edit``."""
+        run_dir = self.runs / "done"
+        shutil.copytree(self.finished, run_dir, symlinks=True)
+        edit(run_dir)
+        return str(run_dir)
+
+    def resume(self, edit: Callable[[Path], None]) -> list[str]:
+        return ["train", "--resume", self.run_copy(edit), "--steps", "4"]
+
+    def saved_run(self, name: str, **options) -> str:
+        """A run dir holding only the ``config.json`` a run of ``options`` records."""
+        cfg = TrainConfig.of(**options)
+        saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
+        return self.file(f"{name}/config.json", json.dumps(saved)).removesuffix("/config.json")
+
+    def events_run(self, events: bytes | str) -> str:
+        return self.file("run/events.jsonl", events).removesuffix("/events.jsonl")
+
+    def hf_dir(self, **config) -> str:
+        """A Hugging Face Llama directory holding only ``config.json`` (a small shape)."""
+        shape = {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 512,
+        }
+        return self.file("hf/config.json", json.dumps({**shape, **config})).removesuffix(
+            "/config.json"
+        )
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile invocation: its argv (built in the test's directory), the text its one line
+    names, and the environment it runs in."""
+
+    argv: Callable[[Places], list[str]]
+    names: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --- edits of a finished run's files ------------------------------------------------------------
 
 
 def _edit_config(edit: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -43,6 +139,10 @@ def _set(section: str, key: str, value) -> Callable[[Path], None]:
     return _edit_config(lambda data: data["train"][section].__setitem__(key, value))
 
 
+def _write(name: str, data: bytes) -> Callable[[Path], None]:
+    return lambda run_dir: (run_dir / name).write_bytes(data)
+
+
 def _replace_with_dir(name: str) -> Callable[[Path], None]:
     def apply(run_dir: Path) -> None:
         (run_dir / name).unlink()
@@ -56,105 +156,319 @@ def _checkpoints_a_file(run_dir: Path) -> None:
     (run_dir / "checkpoints").write_text("not a directory\n")
 
 
-def _meta_garbage(run_dir: Path) -> None:
-    _meta_file(run_dir).write_bytes(b"\x00{not json")
+META = "checkpoints/2/meta/metadata"
 
 
 def _meta_without_layout(run_dir: Path) -> None:
-    meta = _meta_file(run_dir)
-    data = json.loads(meta.read_text())
+    data = json.loads((run_dir / META).read_text())
     del data["layout"]
-    meta.write_text(json.dumps(data))
+    (run_dir / META).write_text(json.dumps(data))
 
 
-def _tokenizer_garbage(run_dir: Path) -> None:
-    (run_dir / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+def _garble_arrays(run_dir: Path) -> None:
+    """Every array file of checkpoint 2 cut to 100 bytes of garbage (tensorstore: DATA_LOSS or
+    OUT_OF_RANGE)."""
+    chunk = run_dir / "checkpoints" / "2" / "chunk_0"
+    for path in [*chunk.glob("d/*"), *chunk.glob("ocdbt.process_*/d/*")]:
+        path.write_bytes(bytes(range(100)))
 
 
-# (name, extra train options or a whole argv, env): a fresh run gets the small run's options.
-FRESH = {
-    "data_unreadable_file": {"data": UNREADABLE},
-    "data_dir_holding_an_unreadable_file": {"data": "{unreadable_dir}"},
-    "data_jsonl_not_utf8": {"data": "{bad_jsonl}"},
-    "tokenizer_unreadable": {"tokenizer": UNREADABLE},
-    "tokenizer_a_directory": {"tokenizer": "{tmp}"},
-    "runs_root_under_a_file": {"runs_root": "{a_file}/runs"},
-    "runs_root_unwritable": {"runs_root": UNWRITABLE + "/titan-runs"},
-    "runs_root_in_proc": {"runs_root": "/proc/titan-runs"},
-    "run_id_256_characters": {"run_id": "r" * 256},
-    "config_file_unreadable": {"config": UNREADABLE},
-}
-RESUMED = {
-    "config_steps_a_list": _set("optimizer", "steps", [1]),
-    "config_batch_size_a_text": _set("data", "batch_size", "eight"),
-    "config_lr_a_dict": _set("optimizer", "lr", {"x": 1}),
-    "config_seed_null": _set("run", "seed", None),
-    "config_section_a_number": _edit_config(lambda d: d["train"].__setitem__("data", 5)),
-    "config_train_a_list": _edit_config(lambda d: d.__setitem__("train", [])),
-    "config_json_a_directory": _replace_with_dir("config.json"),
-    "events_jsonl_a_directory": _replace_with_dir("events.jsonl"),
-    "tokenizer_not_a_model": _tokenizer_garbage,
-    "checkpoints_a_file": _checkpoints_a_file,
-    "checkpoint_meta_corrupt": _meta_garbage,
-    "checkpoint_meta_without_layout": _meta_without_layout,
-}
-OTHER = {
-    "plan_d_model_inf": (
-        ["plan", "--model", "d_model=inf", *"--gpu h100 --gpus 8 --tokens 1e9".split()],
-        {},
+def _unreadable_events(run_dir: Path) -> None:
+    (run_dir / "events.jsonl").unlink()
+    (run_dir / "events.jsonl").symlink_to(UNREADABLE)
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+CASES: dict[str, Case] = {
+    # train: the corpus, the tokenizer, the runs root, the run id
+    "train_data_unreadable_file": Case(lambda p: p.train(data=UNREADABLE)),
+    "train_data_dir_holding_an_unreadable_file": Case(lambda p: p.train(data=p.unreadable_dir())),
+    "train_data_jsonl_not_utf8": Case(
+        lambda p: p.train(data=p.file("bad.jsonl", b'{"text": "fine"}\n{"text": "\xff\xfe"}\n'))
     ),
-    "plan_d_model_nan": (
-        ["plan", "--model", "d_model=nan", *"--gpu h100 --gpus 8 --tokens 1e9".split()],
-        {},
+    "train_tokenizer_unreadable": Case(lambda p: p.train(tokenizer=UNREADABLE)),
+    "train_tokenizer_a_directory": Case(lambda p: p.train(tokenizer=p.tmp)),
+    "train_runs_root_under_a_file": Case(lambda p: p.train(runs_root=p.file("a_file", "x") + "/r")),
+    "train_runs_root_unwritable": Case(lambda p: p.train(runs_root=UNWRITABLE + "/titan-runs")),
+    "train_runs_root_in_proc": Case(lambda p: p.train(runs_root="/proc/titan-runs")),
+    "train_run_id_256_characters": Case(lambda p: p.train(run_id="r" * 256)),
+    "train_model_and_preset": Case(
+        lambda p: ["train", "--model", "tiny", "--preset", "llama3-1b"],
+        "argument --preset: not allowed with argument --model",
     ),
-    "titan_ops_unknown_op": (["train"], {"TITAN_OPS": "attention=bogus"}),
-    "titan_ops_unknown_provider": (["train"], {"TITAN_OPS": "nosuchop=native"}),
-    "titan_ops_malformed": (["train"], {"TITAN_OPS": "attention"}),
-    "report_of_an_events_directory": (["report", "{events_dir_run}"], {}),
+    "train_data_workers_10000": Case(
+        lambda p: p.train(data_workers=10000), f"--data-workers must be <= {MAX_DATA_WORKERS}"
+    ),
+    "train_mixture_weights_whose_sum_overflows": Case(
+        lambda p: p.train(data=f"{p.corpus}:1e308,{p.corpus}/:1e308"), "the weights sum past"
+    ),
+    "train_diffusion_with_data": Case(
+        lambda p: ["train", "--task", "diffusion", "--data", str(p.tmp)],
+        "--data does not apply to --task diffusion",
+    ),
+    "train_diffusion_with_seq_len": Case(
+        lambda p: ["train", "--task", "diffusion", "--seq-len", "64"],
+        "--seq-len does not apply to --task diffusion",
+    ),
+    "train_diffusion_with_attention_mask": Case(
+        lambda p: ["train", "--task", "diffusion", "--attention-mask", "causal"],
+        "--attention-mask does not apply to --task diffusion",
+    ),
+    # the memory check on CPU: the host's memory, before the state is made
+    "train_llama3_70b_on_cpu": Case(
+        lambda p: p.train(preset="llama3-70b", tokenizer=p.finished / "tokenizer.model"),
+        "memory check: --batch-size 8",
+    ),
+    "train_llama3_405b_on_cpu": Case(
+        lambda p: p.train(preset="llama3-405b", tokenizer=p.finished / "tokenizer.model"),
+        "memory check: --batch-size 8",
+    ),
+    # --config files
+    "config_file_unreadable": Case(lambda p: p.train(config=UNREADABLE), "--config"),
+    "config_file_not_utf8": Case(
+        lambda p: p.train(config=p.file("c.toml", b"[data]\nbatch_size = 8 # \xff\n")),
+        "not UTF-8 text (byte 24: 0xff)",
+    ),
+    "config_file_binary": Case(lambda p: p.train(config=p.file("c.toml", BINARY)), "not UTF-8"),
+    "config_file_a_fifo": Case(
+        lambda p: p.train(config=p.fifo("c.toml")), "a FIFO, not a regular file"
+    ),
+    "config_file_a_directory": Case(
+        lambda p: p.train(config=p.dir("c.toml")), "a directory, not a regular file"
+    ),
+    "config_file_a_device": Case(
+        lambda p: p.train(config="/dev/zero"), "a character device, not a regular file"
+    ),
+    "config_file_too_large": Case(
+        lambda p: p.train(config=p.file("c.toml", b"#" * (MAX_DOCUMENT_BYTES + 1))),
+        f"larger than {MAX_DOCUMENT_BYTES:,} bytes",
+    ),
+    "config_file_nested_deep": Case(
+        lambda p: p.train(config=p.file("c.toml", "a = " + DEEP_JSON)), "--config"
+    ),
+    # --resume of a run whose record was changed
+    "resume_config_steps_a_list": Case(lambda p: p.resume(_set("optimizer", "steps", [1]))),
+    "resume_config_batch_size_a_text": Case(
+        lambda p: p.resume(_set("data", "batch_size", "eight")),
+        "train.data: field 'batch_size' must be a number, got a string",
+    ),
+    "resume_config_batch_size_a_number_as_text": Case(
+        lambda p: p.resume(_set("data", "batch_size", "8")),
+        "train.data: field 'batch_size' must be a number, got a string",
+    ),
+    "resume_config_lr_a_dict": Case(lambda p: p.resume(_set("optimizer", "lr", {"x": 1}))),
+    "resume_config_seed_null": Case(lambda p: p.resume(_set("run", "seed", None))),
+    "resume_config_section_a_number": Case(
+        lambda p: p.resume(_edit_config(lambda d: d["train"].__setitem__("data", 5)))
+    ),
+    "resume_config_train_a_list": Case(
+        lambda p: p.resume(_edit_config(lambda d: d.__setitem__("train", []))),
+        "field 'train' must be an object, got an array",
+    ),
+    "resume_config_json_a_list": Case(
+        lambda p: p.resume(_write("config.json", b"[1, 2]")), "the document is an array"
+    ),
+    "resume_config_json_binary": Case(
+        lambda p: p.resume(_write("config.json", BINARY)), "config.json: not UTF-8"
+    ),
+    "resume_config_json_nested_deep": Case(
+        lambda p: p.resume(_write("config.json", DEEP_JSON.encode())), "nested deeper than 64"
+    ),
+    "resume_config_json_a_directory": Case(lambda p: p.resume(_replace_with_dir("config.json"))),
+    "resume_config_json_a_fifo": Case(
+        lambda p: p.resume(lambda r: (r / "config.json").unlink() or os.mkfifo(r / "config.json")),
+        "a FIFO",
+    ),
+    "resume_events_jsonl_a_directory": Case(lambda p: p.resume(_replace_with_dir("events.jsonl"))),
+    "resume_tokenizer_not_a_model": Case(
+        lambda p: p.resume(_write("tokenizer.model", b"not a sentencepiece model"))
+    ),
+    "resume_checkpoints_a_file": Case(lambda p: p.resume(_checkpoints_a_file)),
+    "resume_checkpoint_meta_garbage": Case(
+        lambda p: p.resume(_write(META, b"\x00{not json")), "checkpoint 2"
+    ),
+    "resume_checkpoint_meta_without_layout": Case(lambda p: p.resume(_meta_without_layout)),
+    "resume_checkpoint_arrays_garbled": Case(lambda p: p.resume(_garble_arrays), "checkpoint 2"),
+    # --init-from
+    "init_from_a_maxtext_run_onto_titan": Case(
+        lambda p: [
+            *("train", "--dp", "1", "--init-from"),
+            p.saved_run("mt", model_source="maxtext", maxtext_model="llama2-7b"),
+        ],
+        "holds a maxtext model (--model-source maxtext); this run builds titan's llama "
+        "(--model-source titan)",
+    ),
+    "init_from_a_titan_run_onto_maxtext": Case(
+        lambda p: [
+            *("train", "--model-source", "maxtext", "--maxtext-model", "llama2-7b"),
+            *("--init-from", p.saved_run("titan")),
+        ],
+        "holds titan's llama (--model-source titan); this run builds a maxtext model",
+    ),
+    # titan launch
+    "launch_with_coordinator": Case(
+        lambda p: ["launch", "--processes", "2", "--", *p.train(coordinator="127.0.0.1:1")],
+        "--coordinator is set by titan launch",
+    ),
+    "launch_with_a_prefix_of_process_id": Case(
+        lambda p: ["launch", "--processes", "2", "--", "train", "--process-i=1"],
+        "--process-id is set by titan launch",
+    ),
+    # titan tokenize
+    "tokenize_data_empty": Case(lambda p: ["tokenize", "--data", ""], "--data is empty"),
+    "tokenize_data_workers_negative": Case(
+        lambda p: ["tokenize", "--data", "stdlib", "--data-workers", "-1"], "--data-workers"
+    ),
+    "tokenize_data_workers_10000": Case(
+        lambda p: ["tokenize", "--data", "stdlib", "--data-workers", "10000"], "--data-workers"
+    ),
+    # titan plan
+    "plan_d_model_inf": Case(lambda p: [*PLAN_TINY[:2], "d_model=inf", *PLAN_TINY[3:]]),
+    "plan_d_model_nan": Case(lambda p: [*PLAN_TINY[:2], "d_model=nan", *PLAN_TINY[3:]]),
+    "plan_from_with_gpus": Case(
+        lambda p: ["plan", "--from", str(SAMPLE_RUN), "--gpus", "8"], "--gpus conflicts with --from"
+    ),
+    "plan_from_with_model": Case(
+        lambda p: ["plan", "--from", str(SAMPLE_RUN), "--model", "tiny"],
+        "--model conflicts with --from",
+    ),
+    "plan_search_with_a_layout": Case(
+        lambda p: [*PLAN_TINY, "--search", "--dp", "2", "--tp", "4"],
+        "--dp conflicts with --search",
+    ),
+    "plan_top_without_search": Case(lambda p: [*PLAN_TINY, "--top", "3"], "--top needs --search"),
+    "plan_schedule_without_a_pipeline": Case(
+        lambda p: [*PLAN_TINY, "--schedule", "zero-bubble"],
+        "--schedule needs a pipeline (--pp > 1)",
+    ),
+    "plan_search_over_gpus_no_layout_spans": Case(
+        lambda p: [*PLAN_TINY[:-3], "3", "--tokens", "1e9", "--search"],
+        "--gpus 3: no layout splits this model and batch over 3 GPUs",
+    ),
+    "plan_perfdb_calibration_of_an_empty_runs_root": Case(
+        lambda p: [*PLAN_TINY, "--calibration", "perfdb", "--runs-root", p.dir("empty")],
+        "--calibration perfdb: no measured run",
+    ),
+    "plan_calibration_nested_deep": Case(
+        lambda p: [*PLAN_TINY, "--calibration", p.file("c.json", DEEP_JSON)],
+        "nested deeper than 64",
+    ),
+    "plan_calibration_a_fifo": Case(
+        lambda p: [*PLAN_TINY, "--calibration", p.fifo("c.json")], "--calibration"
+    ),
+    "plan_calibration_a_list": Case(
+        lambda p: [*PLAN_TINY, "--calibration", p.file("c.json", "[0.5]")], "an array"
+    ),
+    # titan import / export
+    "import_hf_layer_count_a_text": Case(
+        lambda p: ["import", "hf", p.hf_dir(num_hidden_layers="two"), "--out", str(p.tmp / "o")],
+        "field 'num_hidden_layers' must be an integer, got a string",
+    ),
+    "import_hf_rope_theta_a_list": Case(
+        lambda p: ["import", "hf", p.hf_dir(rope_theta=[1]), "--out", str(p.tmp / "o")],
+        "field 'rope_theta'",
+    ),
+    "import_hf_config_binary": Case(
+        lambda p: ["import", "hf", str(Path(p.file("hf/config.json", BINARY)).parent)],
+        "not UTF-8",
+    ),
+    "import_hf_out_under_a_regular_file": Case(
+        lambda p: ["import", "hf", str(p.tmp), "--out", p.file("afile", "x") + "/sub"],
+        "not a directory",
+    ),
+    "export_hf_of_a_garbled_checkpoint": Case(
+        lambda p: ["export", "hf", p.run_copy(_garble_arrays), "--out", str(p.tmp / "hf")],
+        "checkpoint 2",
+    ),
+    "export_hf_of_a_run_without_its_tokenizer": Case(
+        lambda p: ["export", "hf", p.saved_run("r1", vocab_size=512), "--out", str(p.tmp / "o")],
+        "no tokenizer.model there",
+    ),
+    "export_hf_of_a_diffusion_run": Case(
+        lambda p: ["export", "hf", p.saved_run("d1", task="diffusion"), "--out", str(p.tmp / "o")],
+        "diffusion (DiT) run",
+    ),
+    "export_maxtext_of_a_diffusion_run": Case(
+        lambda p: [
+            *("export", "maxtext", p.saved_run("d1", task="diffusion")),
+            *("--out", str(p.tmp / "o")),
+        ],
+        "diffusion (DiT) run",
+    ),
+    "export_csv_out_a_directory": Case(
+        lambda p: [
+            "export",
+            "csv",
+            p.events_run(STEP_EVENT),
+            "--out",
+            p.dir("o"),
+        ],
+        "--out",
+    ),
+    "export_csv_out_under_a_regular_file": Case(
+        lambda p: [
+            *("export", "csv", p.events_run(STEP_EVENT)),
+            *("--out", p.file("t.sh", "x") + "/x.csv"),
+        ],
+        "t.sh is not a directory",
+    ),
+    "export_csv_out_an_existing_file": Case(
+        lambda p: ["export", "csv", p.run_copy(), "--out", p.file("mine.csv", "keep me\n")],
+        "exists already; give a new path or --force",
+    ),
+    "export_csv_of_binary_events": Case(
+        lambda p: ["export", "csv", p.events_run(BINARY)], "holds no event"
+    ),
+    "export_tensorboard_of_binary_events": Case(
+        lambda p: ["export", "tensorboard", p.events_run(BINARY)], "holds no event"
+    ),
+    "export_wandb_offline_of_binary_events": Case(
+        lambda p: ["export", "wandb-offline", p.events_run(BINARY)], "holds no event"
+    ),
+    "export_csv_of_unreadable_events": Case(
+        lambda p: ["export", "csv", p.run_copy(_unreadable_events)], "cannot read events.jsonl"
+    ),
+    # titan report, summarize, perf
+    "report_of_an_events_directory": Case(
+        lambda p: ["report", str(Path(p.dir("er/events.jsonl")).parent)]
+    ),
+    "summarize_a_file": Case(lambda p: ["summarize", p.file("a_file", "x")], "is not a directory"),
+    "perf_check_a_file": Case(
+        lambda p: ["perf", "check", p.file("a_file", "x")], "is not a directory"
+    ),
+    # titan generate, sample
+    "generate_temperature_inf": Case(
+        lambda p: ["generate", p.run_copy(), "--prompt", "def", "--temperature", "inf"],
+        "--temperature must be in [0, 100]",
+    ),
+    "generate_temperature_above_the_bound": Case(
+        lambda p: ["generate", p.run_copy(), "--prompt", "def", "--temperature", "101"],
+        "--temperature must be in [0, 100]",
+    ),
+    "sample_without_checkpoints": Case(
+        lambda p: ["sample", p.saved_run("d1", task="diffusion")], "no committed checkpoint"
+    ),
+    "sample_guidance_negative": Case(
+        lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--guidance", "-1"], "--guidance"
+    ),
+    "sample_guidance_inf": Case(
+        lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--guidance", "inf"],
+        "--guidance must be a finite number >= 0",
+    ),
+    "sample_out_under_proc": Case(
+        lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--out", "/proc/titan.png"],
+        "--out /proc/titan.png: /proc is not writable",
+    ),
+    # TITAN_OPS
+    "titan_ops_unknown_op": Case(
+        lambda p: p.train(), "TITAN_OPS", {"TITAN_OPS": "attention=bogus"}
+    ),
+    "titan_ops_unknown_provider": Case(
+        lambda p: p.train(), "TITAN_OPS", {"TITAN_OPS": "nosuchop=native"}
+    ),
+    "titan_ops_malformed": Case(lambda p: p.train(), "TITAN_OPS", {"TITAN_OPS": "attention"}),
 }
-CASES = [*FRESH, *RESUMED, *OTHER]
-
-
-def _fill(value: str, places: dict[str, Path]) -> str:
-    return value.format(**{k: str(v) for k, v in places.items()})
-
-
-def _places(tmp_path: Path) -> dict[str, Path]:
-    unreadable_dir = tmp_path / "corpus"
-    unreadable_dir.mkdir()
-    (unreadable_dir / "a.txt").write_text("some text\n" * 100)
-    (unreadable_dir / "b.txt").symlink_to(UNREADABLE)
-    bad_jsonl = tmp_path / "bad.jsonl"
-    bad_jsonl.write_bytes(b'{"text": "fine"}\n{"text": "\xff\xfe"}\n')
-    a_file = tmp_path / "a_file"
-    a_file.write_text("x\n")
-    events_dir_run = tmp_path / "events_dir_run"
-    (events_dir_run / "events.jsonl").mkdir(parents=True)
-    return {
-        "tmp": tmp_path,
-        "unreadable_dir": unreadable_dir,
-        "bad_jsonl": bad_jsonl,
-        "a_file": a_file,
-        "events_dir_run": events_dir_run,
-    }
-
-
-def _argv(case: str, tmp_path: Path, corpus_dir: Path, finished_run: Path) -> tuple[list, dict]:
-    runs = tmp_path / "runs"
-    base = small_run(corpus_dir, runs, steps=2, dp=1)
-    places = _places(tmp_path)
-    if case in FRESH:
-        options = {**base, **{k: _fill(v, places) for k, v in FRESH[case].items()}}
-        return ["train", *cli_args(options)], {}
-    if case in RESUMED:
-        run_dir = runs / "done"
-        shutil.copytree(finished_run, run_dir, symlinks=True)
-        RESUMED[case](run_dir)
-        return ["train", "--resume", str(run_dir), "--steps", "4"], {}
-    argv, env = OTHER[case]
-    if argv == ["train"]:
-        argv = ["train", *cli_args(base)]
-    return [_fill(a, places) for a in argv], env
 
 
 def _run_main(argv: list[str], capsys) -> tuple[int, str]:
@@ -166,160 +480,40 @@ def _run_main(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _blocking_threads() -> set[threading.Thread]:
+    """Live threads that would keep the interpreter from exiting (not daemons; an idle
+    ``concurrent.futures`` worker is told to stop at exit, so it does not count)."""
+    return {
+        t
+        for t in threading.enumerate()
+        if not t.daemon and t is not threading.main_thread() and "Executor" not in t.name
+    }
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S, func_only=True)  # the fixtures train a run first
 @pytest.mark.parametrize("case", CASES)
-def test_bad_invocation_is_one_line_exit_2_and_writes_nothing(
+def test_bad_invocation_is_one_line_exit_2_and_leaves_nothing(
     case, tmp_path, corpus_dir, finished_run, capsys, monkeypatch
 ):
-    argv, env = _argv(case, tmp_path, corpus_dir, finished_run)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    before = file_tree(tmp_path)
-    code, err = _run_main(argv, capsys)
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err, err
-    assert (code, len(lines)) == (2, 1), err
-    if env:
-        assert "TITAN_OPS" in lines[0]
-    assert file_tree(tmp_path) == before
-
-
-def _diffusion_run_without_checkpoints(tmp_path: Path) -> Path:
-    run_dir = tmp_path / "diffusion_run"
-    run_dir.mkdir()
-    cfg = TrainConfig.of(task="diffusion")
-    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
-    (run_dir / "config.json").write_text(json.dumps(saved))
-    return run_dir
-
-
-def _run_of_model_source(tmp_path: Path, **source: str) -> str:
-    """A run dir's ``config.json`` as a run of ``source`` (``--model-source``, and its
-    ``--maxtext-model``) records it: what ``--init-from`` reads before any checkpoint."""
-    run_dir = tmp_path / "source_run"
-    run_dir.mkdir()
-    cfg = TrainConfig.of(**source)
-    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
-    (run_dir / "config.json").write_text(json.dumps(saved))
-    return str(run_dir)
-
-
-def _run_with_events(tmp_path: Path) -> Path:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "events.jsonl").write_text('{"kind": "step", "step": 1, "time": 1.0}\n')
-    (tmp_path / "out").mkdir()
-    return run_dir
-
-
-SAMPLE_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
-PLAN_TINY = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]
-
-
-def _empty(tmp_path: Path) -> Path:
-    (tmp_path / "empty").mkdir()
-    return tmp_path / "empty"
-
-
-def _a_file(tmp_path: Path) -> Path:
-    (tmp_path / "a_file").write_text("x\n")
-    return tmp_path / "a_file"
-
-
-# (name, argv builder, the flag or text the one line names): commands other than train.
-COMMANDS = {
-    "tokenize_data_empty": (lambda tmp: ["tokenize", "--data", ""], "--data is empty"),
-    "tokenize_data_workers_negative": (
-        lambda tmp: ["tokenize", "--data", "stdlib", "--data-workers", "-1"],
-        "--data-workers",
-    ),
-    "train_diffusion_with_data": (
-        lambda tmp: ["train", "--task", "diffusion", "--data", str(tmp)],
-        "--data does not apply to --task diffusion",
-    ),
-    "init_from_a_maxtext_run_onto_titan": (
-        lambda tmp: [
-            "train",
-            "--init-from",
-            _run_of_model_source(tmp, model_source="maxtext", maxtext_model="llama2-7b"),
-            "--dp",
-            "1",
-        ],
-        "holds a maxtext model (--model-source maxtext); this run builds titan's llama "
-        "(--model-source titan)",
-    ),
-    "init_from_a_titan_run_onto_maxtext": (
-        lambda tmp: [
-            "train",
-            "--model-source",
-            "maxtext",
-            "--maxtext-model",
-            "llama2-7b",
-            "--init-from",
-            _run_of_model_source(tmp),
-        ],
-        "holds titan's llama (--model-source titan); this run builds a maxtext model",
-    ),
-    "export_csv_out_a_directory": (
-        lambda tmp: ["export", "csv", str(_run_with_events(tmp)), "--out", str(tmp / "out")],
-        "--out",
-    ),
-    "sample_without_checkpoints": (
-        lambda tmp: ["sample", str(_diffusion_run_without_checkpoints(tmp))],
-        "no committed checkpoint",
-    ),
-    "train_model_and_preset": (
-        lambda tmp: ["train", "--model", "tiny", "--preset", "llama3-1b"],
-        "argument --preset: not allowed with argument --model",
-    ),
-    "plan_from_with_gpus": (
-        lambda tmp: ["plan", "--from", str(SAMPLE_RUN), "--gpus", "8"],
-        "--gpus conflicts with --from",
-    ),
-    "plan_from_with_model": (
-        lambda tmp: ["plan", "--from", str(SAMPLE_RUN), "--model", "tiny"],
-        "--model conflicts with --from",
-    ),
-    "plan_search_with_a_layout": (
-        lambda tmp: [*PLAN_TINY, "--search", "--dp", "2", "--tp", "4"],
-        "--dp conflicts with --search",
-    ),
-    "plan_schedule_without_a_pipeline": (
-        lambda tmp: [*PLAN_TINY, "--schedule", "zero-bubble"],
-        "--schedule needs a pipeline (--pp > 1)",
-    ),
-    "plan_search_over_gpus_no_layout_spans": (
-        lambda tmp: [*PLAN_TINY[:-3], "3", "--tokens", "1e9", "--search"],
-        "--gpus 3: no layout splits this model and batch over 3 GPUs",
-    ),
-    "plan_perfdb_calibration_of_an_empty_runs_root": (
-        lambda tmp: [*PLAN_TINY, "--calibration", "perfdb", "--runs-root", str(_empty(tmp))],
-        "--calibration perfdb: no measured run",
-    ),
-    "summarize_a_file": (lambda tmp: ["summarize", str(_a_file(tmp))], "is not a directory"),
-    "perf_check_a_file": (lambda tmp: ["perf", "check", str(_a_file(tmp))], "is not a directory"),
-    "sample_guidance_negative": (
-        lambda tmp: ["sample", str(_diffusion_run_without_checkpoints(tmp)), "--guidance", "-1"],
-        "--guidance",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", COMMANDS)
-def test_bad_command_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    build, names = COMMANDS[case]
-    argv = build(tmp_path)
-    before = file_tree(tmp_path)
+    row = CASES[case]
+    argv = [str(a) for a in row.argv(Places(tmp_path, corpus_dir, finished_run))]
+    for name, value in row.env.items():
+        monkeypatch.setenv(name, value)
+    before, threads = file_tree(tmp_path), _blocking_threads()
     code, err = _run_main(argv, capsys)
     assert "Traceback" not in err, err
     assert (code, len(err.strip().splitlines())) == (2, 1), err
-    assert names in err
+    assert row.names in err
     assert file_tree(tmp_path) == before
+    assert _blocking_threads() <= threads
 
 
 @pytest.mark.parametrize("under", ["", "runs"])
 def test_console_refuses_a_runs_root_that_is_no_directory_before_it_starts(under, tmp_path, capsys):
-    root = _a_file(tmp_path) / under if under else _a_file(tmp_path)
+    afile = tmp_path / "a_file"
+    afile.write_text("x\n")
+    root = afile / under if under else afile
     with pytest.raises(SystemExit) as exited:
         console_main(["--runs-root", str(root)])
     err = capsys.readouterr().err

@@ -165,7 +165,7 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
     ("args", "message"),
     [
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
-        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--temperature", "-1"], "--temperature must be in [0, 100] (0: greedy), got -1.0"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--max-new-tokens", "100000000"], "--max-new-tokens 100000000: the run's model attends"),
         (["--step", "1"], "has no checkpoint of it (it has: 5)"),

@@ -242,6 +242,7 @@ def _opt(
     codec: str | None = None,
     name: str | None = None,
     minimum: float | None = None,
+    maximum: float | None = None,
     resumable: bool = False,
     perf: bool = False,
     **extra: Any,
@@ -253,13 +254,16 @@ def _opt(
         codec: a :data:`CODECS` key when the annotation does not say (composite values).
         name: its flat name when not the field name.
         minimum: smallest allowed value (``"{flag} must be >= {minimum}"``).
+        maximum: largest allowed value (``"{flag} must be <= {maximum}"``); ``titan train
+            --help`` states both.
         resumable: may change when a run is resumed; everything else must match the saved run.
         perf: part of the performance database's key (``titan.observability.perfdb``): runs
             that differ in it are not compared.
         extra: ``choices`` (allowed values), ``planner`` (``titan plan`` takes it too).
     """
     meta = {"flag": flag, "help": help, "resumable": resumable, "perf": perf}
-    return meta | {"codec": codec, "name": name, "minimum": minimum, **extra}
+    bounds = {"minimum": minimum, "maximum": maximum}
+    return meta | {"codec": codec, "name": name, **bounds, **extra}
 
 
 def _kind(f: dataclasses.Field) -> str:
@@ -283,6 +287,8 @@ def _normalize(section: Any) -> None:
             raise TitanError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
         if meta["minimum"] is not None and value < meta["minimum"]:
             raise TitanError(f"{flag} must be >= {meta['minimum']}, got {value}")
+        if meta["maximum"] is not None and value > meta["maximum"]:
+            raise TitanError(f"{flag} must be <= {meta['maximum']}, got {value}")
 
 
 def _section(cls: type) -> type:
@@ -450,10 +456,10 @@ class DataOptions:
         default=0,
         metadata=_opt(
             "--data-workers",
-            f"worker processes that tokenize the corpus, 0 to {MAX_DATA_WORKERS} (0: one per "
-            "CPU core; a corpus of one chunk, 4 Mi characters, is tokenized in the training "
-            "process)",
+            "worker processes that tokenize the corpus (0: one per CPU core; a corpus of one "
+            "chunk, 4 Mi characters, is tokenized in the training process)",
             minimum=0,
+            maximum=MAX_DATA_WORKERS,
             resumable=True,
         ),
     )
@@ -494,10 +500,6 @@ class DataOptions:
     def _check(self) -> None:
         if not self.corpus.strip():
             raise TitanError("--data is empty")
-        if self.data_workers > MAX_DATA_WORKERS:
-            raise TitanError(
-                f"--data-workers must be <= {MAX_DATA_WORKERS}, got {self.data_workers}"
-            )
         if self.eval_data and not self.eval_data.strip():
             raise TitanError("--eval-data is empty")
         if "," in self.eval_data or _WEIGHT_TAIL.search(self.eval_data):

@@ -70,13 +70,19 @@ def read_run_config(path: Path, what: str) -> tuple[TrainConfig, dict[str, Any]]
 
     Raises:
         TitanError: a file :func:`titan.reading.read_json` refuses, ``train`` or ``model``
-            missing or not an object, or an option :func:`config_from_dict` refuses (each names
-            the file and the field).
+            missing or not an object, a number option of a sectioned ``train`` recorded as a
+            string (Titan writes numbers), or an option :func:`config_from_dict` refuses (each
+            names the file and the field).
     """
     where = f"{what} {path}"
     saved = read_json(path, what)
     train = json_field(saved, "train", dict, where)
     model = json_field(saved, "model", dict, where)
+    if _is_sectioned(train):
+        for option in option_fields():
+            if option.kind in ("int", "float"):
+                section = f"{where} train.{option.section}"
+                json_field(train.get(option.section, {}), option.field.name, float, section, 0)
     try:
         return config_from_dict(train), model
     except TitanError as err:

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from titan.config import CODECS_PLAIN, Option, option_fields
 from titan.shapes import PRESETS
@@ -29,7 +30,7 @@ def add_arguments(
     types = {"int": int, "float": float}
     for option in options:
         default = option.default
-        help = option.help
+        help = option.help + _bounds(option.field.metadata)
         if explicit and "(default:" not in help:
             shown = default if option.kind in CODECS_PLAIN else option.text(default)
             help = f"{help} (default: {shown!r})"
@@ -64,3 +65,11 @@ def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...
         for o in option_fields()
         if o.section == section and (not planner or o.metadata.get("planner"))
     )
+
+
+def _bounds(meta: Mapping[str, Any]) -> str:
+    """`` [LOW, HIGH]`` (or ``[>= LOW]``) of an option's ``minimum`` and ``maximum``."""
+    low, high = meta.get("minimum"), meta.get("maximum")
+    if high is not None:
+        return f" [{low:g} to {high:g}]" if low is not None else f" [<= {high:g}]"
+    return f" [>= {low:g}]" if low is not None else ""

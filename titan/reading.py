@@ -34,10 +34,10 @@ MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in JSON: Titan's own documents nest five deep
 at most (events, checkpoint metadata), a Hugging Face config three."""
 MAX_DOCUMENT_BYTES = 16 * 2**20
-"""Largest whole document read (bytes): configs, metadata and calibration files are a few
-kilobytes; a ``tokenizer.json`` of a 256k vocabulary is about 10 MB."""
+"""Largest whole document read (bytes): configs, checkpoint metadata and calibration files are a
+few kilobytes, a stage store's listing of a large model's arrays a few hundred; a larger file is
+not one of them and is not read into memory."""
 
-_TOO_DEEP = object()  # what json.loads gave when it ran out of stack
 # JSON type names as errors give them, by Python type.
 _JSON_TYPES = {
     dict: "an object",
@@ -160,6 +160,7 @@ def read_json(
             than :data:`MAX_JSON_DEPTH`, or a document that is not ``expect``.
     """
     text = read_text(path, what, limit)
+    too_deep = TitanError(f"{_label(what, path)}: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -167,9 +168,9 @@ def read_json(
             f"{_label(what, path)}: not JSON ({err.msg} at line {err.lineno} column {err.colno})"
         ) from None
     except RecursionError:
-        value = _TOO_DEEP
-    if value is _TOO_DEEP or not depth_within(value):
-        raise TitanError(f"{_label(what, path)}: nested deeper than {MAX_JSON_DEPTH} levels")
+        raise too_deep from None
+    if not depth_within(value):
+        raise too_deep
     if not isinstance(value, expect) or isinstance(value, bool) and expect is not bool:
         raise TitanError(
             f"{_label(what, path)}: the document is {json_type(value)}, not "
@@ -220,9 +221,8 @@ def json_field(
         raise TitanError(f"{where}: field {key!r} is missing")
     value = document[key]
     kinds = expect if isinstance(expect, tuple) else (expect,)
-    if float in kinds:
-        kinds = (*kinds, int)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        wanted = " or ".join(_JSON_TYPES.get(k, k.__name__) for k in dict.fromkeys(kinds))
+    accepted = (*kinds, int) if float in kinds else kinds
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, accepted):
+        wanted = " or ".join(_JSON_TYPES.get(k, k.__name__) for k in kinds)
         raise TitanError(f"{where}: field {key!r} must be {wanted}, got {json_type(value)}")
     return value

@@ -135,7 +135,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--top",
         type=int,
-        default=None,
+        default=argparse.SUPPRESS,  # absent unless given (the help names the default)
         metavar="N",
         help=f"rows of the --search table, at least 1 (default {DEFAULT_TOP}); only with --search",
     )
@@ -320,9 +320,10 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan plan``; returns the exit code: :data:`EXIT_FAILED` when the layout does not
     fit (or, with ``--search``, when none does), else :data:`EXIT_OK`."""
-    if args.top is not None and not args.search:
+    top = getattr(args, "top", None)
+    if top is not None and not args.search:
         raise TitanError("--top needs --search (it sets the rows of the ranked table)")
-    top = DEFAULT_TOP if args.top is None else args.top
+    top = DEFAULT_TOP if top is None else top
     if top < 1:
         raise TitanError(f"--top must be >= 1, got {top}")
     check_exclusive_options(args)

@@ -198,8 +198,14 @@ def _key_name(key: Any) -> str:
 
 
 def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {_first_line(err)}".rstrip(": ")
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s text, less the JSON spec tensorstore appends to it (kilobytes
+    of ``[tensorstore_spec='{...}']``)."""
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return text[0].split(" [tensorstore_spec")[0] if text else ""
 
 
 class SaveSchedule:
@@ -485,7 +491,7 @@ class Checkpointer:
                 if written == target
                 else f"checkpoint {step} written by {written} cannot be restored onto {target}"
             )
-            raise TitanError(f"{what}: {str(err).splitlines()[0]}") from None
+            raise TitanError(f"{what}: {_first_line(err)}") from None
         return TrainState.from_items(items, step), meta
 
     def set_aside(self, steps: list[int]) -> None:
