@@ -70,7 +70,9 @@ pressed every :data:`KEY_EVERY_S` throughout:
 - ``one_write``: :data:`ONE_WRITE_EVENTS` events in a single write;
 - ``follow_2hz``: two steps a second for :data:`FOLLOW_S` seconds (the CPU of following a run).
 
-Each flood case reports ``key_p50_s`` / ``key_p99_s`` (from a key press to the app idle again),
+Each flood case reports ``key_p50_s`` / ``key_p99_s`` (from a key press to the screen refreshed
+after the tab's action; ``key_ui_cpu_p50_s`` / ``key_ui_cpu_p99_s``: the UI thread's CPU seconds
+meanwhile, what the key cost apart from the time the shared machine gave the process),
 ``newest_step_lag_s`` (from the writer's last write to the monitor's step counter showing the
 last step; None when not within :data:`FLOOD_WAIT_S`, with ``step_shown_at_timeout``),
 ``loop_stall_max_s`` (the event loop's worst delay of a 20 ms timer, from the first write to the
@@ -548,6 +550,21 @@ def _write(run_dir: Path, events: int, seconds: float) -> None:
     print(time.time(), flush=True)
 
 
+def _when_shown(stat: Stat, text: str) -> list[float]:
+    """A list that gets the unix time at which ``stat`` first shows a value starting with
+    ``text`` (its ``show`` wrapped: the draw itself, not when a poll of the bench sees it)."""
+    shown_at: list[float] = []
+    show = stat.show
+
+    def timed(value: str, *args, **kwargs) -> None:
+        show(value, *args, **kwargs)
+        if not shown_at and value.startswith(text):
+            shown_at.append(time.time())
+
+    stat.show = timed
+    return shown_at
+
+
 def _rss_bytes() -> int:
     """This process's resident memory, bytes (``/proc/self/statm``)."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -559,6 +576,7 @@ class _KeyClock:
 
     def __init__(self, app: TitanConsole, screen: MonitorScreen) -> None:
         self.seconds: list[float] = []
+        self.ui_cpu_s: list[float] = []
         self._app = app
         self._drawn = asyncio.Event()
         action = screen.action_show_tab
@@ -573,10 +591,11 @@ class _KeyClock:
         self._drawn.clear()
         event = events.Key(key, key)
         event.set_sender(self._app)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         self._app._driver.send_message(event)
         await asyncio.wait_for(self._drawn.wait(), FLOOD_WAIT_S)
         self.seconds.append(time.perf_counter() - start)
+        self.ui_cpu_s.append(time.thread_time() - cpu_start)
 
 
 async def _flood_samples(lags: list[float], rss: list[int]) -> None:
@@ -618,30 +637,32 @@ async def _flood(root: Path, events: int, seconds: float) -> dict:
         lags: list[float] = []
         rss: list[int] = []
         sampler = asyncio.create_task(_flood_samples(lags, rss))
-        last, stopped_at, shown_at, tab = f"{events} / {events}", None, None, "1"
-        while shown_at is None:
+        shown_at = _when_shown(step, f"{events} / {events}")
+        stopped_at, tab = None, "1"
+        while not shown_at:
             if stopped_at is None and writer.returncode is not None:
                 stopped_at = float((await writer.stdout.read()).decode())
             elif stopped_at is not None and time.time() - stopped_at > FLOOD_WAIT_S:
                 break
-            # Tabs 2 and 1 while the writer writes, then the overview, where the step is read.
+            # Tabs 2 and 1 while the writer writes, then the overview, where the step is shown.
             tab = "1" if stopped_at is not None or tab == "2" else "2"
             await keys.press(tab)
             pressed = time.perf_counter()
-            while time.perf_counter() - pressed < KEY_EVERY_S:
-                if tab == "1" and step.value.startswith(last):
-                    shown_at = time.time()
-                    break
+            while time.perf_counter() - pressed < KEY_EVERY_S and not shown_at:
                 await asyncio.sleep(0.005)
         sampler.cancel()
         shown = step.value
+        if stopped_at is None:  # shown before the writer's exit was seen
+            stopped_at = float((await writer.stdout.read()).decode())
     return {
         "events": events,
         "write_s": seconds,
         "key_p50_s": _percentile(keys.seconds, 0.5),
         "key_p99_s": _percentile(keys.seconds, 0.99),
         "keys": len(keys.seconds),
-        "newest_step_lag_s": None if shown_at is None else shown_at - stopped_at,
+        "key_ui_cpu_p50_s": _percentile(keys.ui_cpu_s, 0.5),
+        "key_ui_cpu_p99_s": _percentile(keys.ui_cpu_s, 0.99),
+        "newest_step_lag_s": shown_at[0] - stopped_at if shown_at else None,
         "step_shown_at_timeout": None if shown_at is not None else shown,
         "loop_stall_max_s": max(lags),
         "memory_growth_bytes": max(rss) - rss_before,

@@ -9,8 +9,8 @@ of what changed to the UI thread, which only draws. It keeps up with a run that 
 than it can be parsed:
 
 - each poll parses slices of at most :data:`READ_SLICE_BYTES` of ``events.jsonl`` for at most
-  :data:`PARSE_BUDGET_S` of the worker's CPU, so a poll never takes long and the UI thread gets
-  the interpreter between polls;
+  :data:`PARSE_BUDGET_S` of the worker's CPU (a quarter of it while the newest lines keep
+  coming), so a poll never takes long and the UI thread gets the interpreter between polls;
 - when more than a slice is left to read, the newest complete lines (the last
   :data:`HEAD_BYTES` of the file) are parsed as well and folded into a copy of the state: the
   newest step is what is shown, while the history behind it (the curves, the counters) fills
@@ -111,7 +111,10 @@ class RunWatcher:
         size = _size(self._events.path) or 0
         if returncode is not None and self._exit_size is None:
             self._exit_size = size
-        read = self._read_history(size) | self._read_head(size)
+        # The newest lines first; while they keep coming, the history is read at a slower pace
+        # (the UI thread has the interpreter for the keys).
+        head = self._read_head(size)
+        read = self._read_history(size, PARSE_BUDGET_S / 4 if head else PARSE_BUDGET_S) or head
         state = None
         if read:
             state = self._history.snapshot()
@@ -127,14 +130,14 @@ class RunWatcher:
         unread = max(size - self._events.offset, 0)
         return RunUpdate(state, returncode, self._stderr_tail, self._liveness, unread)
 
-    def _read_history(self, size: int) -> bool:
-        """Fold the next slices of the record into the history, for at most
-        :data:`PARSE_BUDGET_S` of CPU; returns whether any bytes were read."""
+    def _read_history(self, size: int, budget_s: float) -> bool:
+        """Fold the next slices of the record into the history, for at most ``budget_s`` of
+        CPU; returns whether any bytes were read."""
         start_offset, start_cpu = self._events.offset, time.thread_time()
         # Until all the exited child wrote is read, not past it (see _resumed_elsewhere).
         counting = self._exit_size is not None and self._attempts_at_exit is None
         end = min(size, self._exit_size) if counting else size
-        while end > self._events.offset and time.thread_time() - start_cpu < PARSE_BUDGET_S:
+        while end > self._events.offset and time.thread_time() - start_cpu < budget_s:
             before = self._events.offset
             slice_bytes = min(READ_SLICE_BYTES, end - before)
             self._history.apply(self._events.read_new_events(slice_bytes))
