@@ -742,6 +742,7 @@ def _real(root: Path, runs: int) -> dict:
     run_start = next(e for e in sample if isinstance(e, RunStart))
     step = next(e for e in sample if isinstance(e, Step))  # a real step's fields, renumbered
     for n in range(LONG_RUNS):
+        (root / "copies" / f"long-{n}").mkdir()
         record = RunRecord(root / "copies" / f"long-{n}", f"long-{n}")
         record.emit(dataclasses.replace(run_start, total_steps=LONG_STEPS))
         for i in range(1, LONG_STEPS + 1):

@@ -406,8 +406,8 @@ async def test_run_list_shows_runs_newest_first_and_opens_the_selected_one(
         await pilot.pause()
         opened = app.screen.run_dir if isinstance(app.screen, MonitorScreen) else None
     assert rows == [
-        ["new-run", "tiny", "dead", "1/8", "5.500"],  # silent for decades, no process
-        ["old-run", "tiny", "completed", "1/8", "5.500"],
+        ["dead", "1/8", "5.500", "new-run", "tiny"],  # silent for decades, no process
+        ["completed", "1/8", "5.500", "old-run", "tiny"],
     ]
     assert opened == tmp_path / "old-run"
 

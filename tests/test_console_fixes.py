@@ -77,7 +77,7 @@ async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
     async with app.run_test(size=(120, 30)) as pilot:
         runs = app.screen.query_one(RunTable)
         await wait_until(pilot, lambda: runs.row_count == 4, lambda: "not listed", 20)
-        listed = str(runs.get_row(str(root / STALL_RUN))[3])
+        listed = str(runs.get_row(str(root / STALL_RUN))[1])
         await pilot.press("h")
         table = app.screen.query_one(HistoryTable)
         await wait_until(pilot, lambda: table.row_count == 4, lambda: "not in history", 20)

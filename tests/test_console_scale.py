@@ -118,7 +118,10 @@ async def test_run_list_of_10k_runs_reads_only_the_most_recently_written(big_roo
     newest = [run_id(i) for i in range(RUNS - 1, RUNS - RECENT_RUNS - 1, -1)]
     assert (table.row_count, sorted(d.name for d in read)) == (RECENT_RUNS, sorted(newest))
     assert [Path(str(key)).name for key in keys] == newest[:2]
-    assert status == f"{RECENT_RUNS} most recently written of {RUNS:,} runs · h: History lists all"
+    assert status == (
+        f"0 running · {RECENT_RUNS} most recently written of {RUNS:,} runs · "
+        "h: History lists all · o: order (newest)"
+    )
 
 
 def test_summarize_of_10k_runs_lists_the_most_recent_and_says_how_many_are_hidden(

@@ -85,18 +85,44 @@ def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
     return [runs_root / name for _, name in recent], len(written)
 
 
-def list_runs(runs_root: Path, limit: int = RECENT_RUNS) -> RunListing:
+# A run dir's folded record as last read, by the stat key (size, mtime_ns) of its events file.
+RecordCache = dict[Path, tuple[tuple[int, int] | None, RunState, float]]
+
+
+def list_runs(
+    runs_root: Path, limit: int = RECENT_RUNS, cache: RecordCache | None = None
+) -> RunListing:
     """Summaries of the ``limit`` run dirs directly under ``runs_root`` whose record was
-    written last, newest first by their first event (empty when the folder does not exist)."""
+    written last, newest first by their first event (empty when the folder does not exist).
+    Every run is judged anew (:func:`~titan.observability.liveness.judge`); ``cache`` (kept by
+    the caller between listings) spares reading again a record whose events file has not
+    changed, so that a listing every few seconds costs a ``stat`` per unchanged run."""
     if not runs_root.is_dir():
         return RunListing([], 0)
     run_dirs, total = _recent_run_dirs(runs_root, limit)
+    cache = {} if cache is None else cache
     summaries = []
     for run_dir in run_dirs:
-        events = load_events(run_dir)
-        state = RunState()
-        state.apply(events)
-        created_at = events[0].time if events else run_dir.stat().st_mtime
+        key = _record_key(run_dir)
+        cached = cache.get(run_dir)
+        if cached is None or cached[0] != key or key is None:
+            events = load_events(run_dir)
+            state = RunState()
+            state.apply(events)
+            created_at = events[0].time if events else run_dir.stat().st_mtime
+            cached = cache[run_dir] = (key, state, created_at)
+        _, state, created_at = cached
         summaries.append(RunSummary(run_dir, state, created_at, judge(run_dir, state.facts)))
+    for gone in set(cache) - set(run_dirs):
+        del cache[gone]
     summaries.sort(key=lambda s: s.created_at, reverse=True)
     return RunListing(summaries, total)
+
+
+def _record_key(run_dir: Path) -> tuple[int, int] | None:
+    """(size, st_mtime_ns) of the run's events file, None when it has none."""
+    try:
+        info = os.stat(run_dir / EVENTS_FILE)
+    except OSError:
+        return None
+    return (info.st_size, info.st_mtime_ns)

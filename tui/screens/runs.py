@@ -1,5 +1,8 @@
 """The run list: the run dirs of a runs root, newest first, to open in the monitor (the most
-recently written :data:`tui.run_list.RECENT_RUNS`; History lists all)."""
+recently written :data:`tui.run_list.RECENT_RUNS`; History lists all). It lists them again
+every :data:`REFRESH_INTERVAL_S` while shown (each run judged anew, a record read again only
+when it changed), so that a run killed meanwhile leaves the ``running`` count at the next
+listing; ``o`` changes the order, ``/`` filters."""
 
 from __future__ import annotations
 
@@ -11,12 +14,36 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.timer import Timer
+from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.inert import inert
-from tui.run_list import RunListing, list_runs
+from titan.observability.liveness import RUNNING
+from tui.run_list import RecordCache, RunListing, RunSummary, list_runs
 from tui.screens.attach import AttachScreen
 from tui.widgets.run_table import RunTable
+
+# The run list is listed again this often while shown (seconds).
+REFRESH_INTERVAL_S = 2.0
+# The orders ``o`` cycles through: name, and the key of each run.
+ORDERS = {
+    "newest": lambda s: -s.created_at,
+    "run": lambda s: s.run_dir.name,
+    "status": lambda s: (s.liveness.state, -s.created_at),
+}
+
+
+def arrange(summaries: list[RunSummary], order: str, text: str) -> list[RunSummary]:
+    """The runs whose name, preset or status holds ``text`` (case-insensitive; '' keeps all),
+    in ``order`` (an :data:`ORDERS` name)."""
+    text = text.strip().lower()
+
+    def holds(s: RunSummary) -> bool:
+        return any(
+            text in (v or "").lower() for v in (s.run_dir.name, s.state.preset, s.liveness.state)
+        )
+
+    return sorted([s for s in summaries if holds(s)], key=ORDERS[order])
 
 
 class RunsScreen(Screen[None]):
@@ -30,9 +57,14 @@ class RunsScreen(Screen[None]):
     """
 
     CSS_PATH = "runs.tcss"
+    AUTO_FOCUS = "RunTable"
+    # The footer keeps to 80 columns with the app's keys (h History last of them); ? lists all.
     BINDINGS = [
-        Binding("a", "attach", "Attach"),
-        Binding("r", "refresh", "Refresh"),
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "close_filter", "Clear filter", show=False),
+        Binding("o", "order", "Order: newest, run, status", show=False),
+        Binding("a", "attach", "Attach", show=False),
+        Binding("r", "refresh", "Refresh", show=False),
     ]
 
     @dataclass
@@ -51,15 +83,60 @@ class RunsScreen(Screen[None]):
         super().__init__()
         self.runs_root = runs_root
         self.sub_title = inert(f"runs in {runs_root}")
+        self.listing: RunListing | None = None
+        self.order = "newest"
+        self.text = ""
+        self._records: RecordCache = {}
+        self._ticker: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
+        yield Input(placeholder="filter: text in run, preset or status; enter", id="runs-filter")
         yield RunTable(id="runs")
         yield Static("Listing runs...", id="runs-status", markup=False)
         yield Footer()
 
     def on_screen_resume(self) -> None:
         self.action_refresh()
+        if self._ticker is None:
+            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
+        else:
+            self._ticker.resume()
+
+    def on_screen_suspend(self) -> None:
+        if self._ticker is not None:
+            self._ticker.pause()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``esc`` clears the filter while its field has focus; elsewhere it goes back."""
+        if action == "close_filter":
+            return self.query_one("#runs-filter", Input).has_focus
+        return True
+
+    def action_order(self) -> None:
+        """The next order of :data:`ORDERS`."""
+        names = list(ORDERS)
+        self.order = names[(names.index(self.order) + 1) % len(names)]
+        self._show()
+
+    def action_filter(self) -> None:
+        field = self.query_one("#runs-filter", Input)
+        field.add_class("-shown")
+        field.focus()
+
+    def action_close_filter(self) -> None:
+        field = self.query_one("#runs-filter", Input)
+        field.value = ""
+        field.remove_class("-shown")
+        self.text = ""
+        self._show()
+        self.query_one(RunTable).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.text = event.value
+        event.input.set_class(bool(event.value.strip()), "-shown")
+        self._show()
+        self.query_one(RunTable).focus()
 
     def action_refresh(self) -> None:
         """List the runs root again (in a worker)."""
@@ -76,21 +153,36 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="list")
     def _list_runs(self) -> None:
-        self.post_message(self.Listed(list_runs(self.runs_root)))
+        self.post_message(self.Listed(list_runs(self.runs_root, cache=self._records)))
 
     def on_runs_screen_listed(self, message: RunsScreen.Listed) -> None:
-        listing = message.listing
-        self.query_one(RunTable).show(listing.summaries)
+        self.listing = message.listing
+        self._show()
+
+    def _show(self) -> None:
+        """Draw the last listing in the order and under the filter asked, and count it."""
+        listing = self.listing
+        if listing is None:
+            return
+        rows = arrange(listing.summaries, self.order, self.text)
+        self.query_one(RunTable).show(rows)
         status = self.query_one("#runs-status", Static)
         shown = len(listing.summaries)
+        running = sum(s.liveness.state == RUNNING for s in listing.summaries)
         if not shown:
             status.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
-        elif listing.total > shown:
-            status.update(
-                f"{shown:,} most recently written of {listing.total:,} runs · h: History lists all"
-            )
+        else:
+            parts = [f"{running:,} running"]
+            if self.text.strip():
+                parts.append(inert(f"{len(rows):,} matching {self.text.strip()!r}"))
+            if listing.total > shown:
+                parts.append(f"{shown:,} most recently written of {listing.total:,} runs")
+                parts.append("h: History lists all")
+            else:
+                parts.append(f"{shown:,} runs")
+            parts.append(f"o: order ({self.order})")
+            status.update(" · ".join(parts))
         status.set_class(bool(shown), "-count")
-        status.display = listing.total > shown or not shown
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.post_message(self.OpenRun(Path(str(event.row_key.value))))

@@ -19,6 +19,7 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual._types import SegmentLines
+from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 from textual.widgets.data_table import Column, RowKey
@@ -41,7 +42,15 @@ def _past_the_columns(row_index: int) -> Style:
 class PlainTable(DataTable[str]):
     """A ``DataTable`` whose rows of :class:`~tui.plain.PlainText` cells are drawn and measured
     directly (row cursor, single-line rows, no fixed rows or columns, no row labels; otherwise
-    exactly as ``DataTable``)."""
+    exactly as ``DataTable``). ``j``/``k`` move the cursor as the arrows do, ``g``/``G`` to the
+    first and last row (as ctrl+home and ctrl+end), as in less and vim."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("g", "scroll_top", "First row", show=False),
+        Binding("G", "scroll_bottom", "Last row", show=False),
+    ]
 
     def __init__(self, **kwargs) -> None:
         self._columns_in_order: list[Column] = []

@@ -1,4 +1,5 @@
-"""The table of run dirs on the run list: one row per run, newest first."""
+"""The table of run dirs on the run list: one row per run, its status, step and loss first (a
+long run name or preset never pushes them out of an 80-column terminal)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,39 @@ from pathlib import Path
 
 from textual.binding import Binding
 
-from tui.plain import cell
+from titan.inert import inert
+from tui.plain import PlainText, cell
 from tui.run_list import RunSummary
 from tui.widgets.plain_table import PlainTable
+
+# Presets, run names and statuses longer than these (a custom shape spells out its fields; a
+# record may hold any status text) are cut, ending in "…"; the monitor shows the whole of them.
+PRESET_WIDTH, RUN_WIDTH, STATUS_WIDTH = 28, 40, 16
+# The colour of each state: one of the 8 ANSI colours each, which a 16-colour terminal keeps
+# apart (a theme's colours would all fall on one or two there). Done is green, live cyan, a
+# stop blue, a warning yellow, a failure red, a lost or unreadable run magenta.
+STATUS_STYLES = {
+    "completed": "green",
+    "running": "cyan",
+    "starting": "cyan",
+    "stopped": "blue",
+    "stalled": "yellow",
+    "unresponsive": "bold yellow",
+    "failed": "red",
+    "dead": "magenta",
+    "unreadable": "magenta",
+}
+
+
+def status_cell(state: str) -> PlainText:
+    """A state as inert text in its colour (:data:`STATUS_STYLES`; other text unstyled)."""
+    text = short(inert(state), STATUS_WIDTH)
+    return PlainText(text, style=STATUS_STYLES.get(state, ""), no_wrap=True, end="")
+
+
+def short(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, its end replaced by "…" when cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class RunTable(PlainTable):
@@ -21,7 +52,7 @@ class RunTable(PlainTable):
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        self.add_columns("run", "preset", "status", "step", "loss")
+        self.add_columns("status", "step", "loss", "run", "preset")
 
     def show(self, summaries: Sequence[RunSummary]) -> None:
         """Replace the rows with ``summaries``, keeping the cursor on the same run if listed."""
@@ -30,11 +61,11 @@ class RunTable(PlainTable):
         for summary in summaries:
             state = summary.state
             self.add_row(
-                cell(summary.run_dir.name),
-                cell(state.preset or "?"),
-                cell(summary.liveness.state),
+                status_cell(summary.liveness.state),
                 cell(f"{state.step}/{state.total_steps or '?'}"),
                 cell("-" if state.loss is None else f"{state.loss:.3f}"),
+                cell(short(summary.run_dir.name, RUN_WIDTH)),
+                cell(short(state.preset or "?", PRESET_WIDTH)),
                 key=str(summary.run_dir),
             )
         if selected is not None and str(selected) in self.rows:

@@ -1,0 +1,155 @@
+"""The run list (tui/screens/runs.py) keeps up with its runs by itself, and keeps each run's
+status, step and loss in view at 80 columns, with colours a 16-colour terminal keeps apart."""
+
+from __future__ import annotations
+
+import html
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+from console_helpers import append_events, event, wait_until
+from samples import copy_sample_runs
+from textual.widgets import Static
+
+from titan.observability.liveness import PROCESSES_DIR, ProcessId
+from titan.observability.records import write_json_atomic
+from tui.app import TitanConsole
+from tui.screens import runs as runs_screen
+from tui.widgets.history_table import HistoryTable
+from tui.widgets.run_table import STATUS_STYLES, RunTable
+
+LONG_PRESET = "custom(" + ", ".join(f"{k}=4096" for k in ("d_model", "d_ff", "vocab")) + ")" * 3
+
+
+def _live_run(run_dir: Path, process: subprocess.Popen, preset: str = "tiny") -> None:
+    """A run whose run_start names ``process`` (alive on this host), with a fresh heartbeat."""
+    started = psutil.Process(process.pid).create_time()
+    identity = ProcessId(ProcessId.current().host, process.pid, process.pid, started)
+    (run_dir / PROCESSES_DIR).mkdir(parents=True)
+    now = time.time()
+    start = event("run_start", now, config={"preset": preset}, total_steps=100)
+    start["process"] = identity.as_dict()
+    append_events(run_dir, [start, event("step", now, step=3, loss=4.25)])
+    beat = {**identity.as_dict(), "processes": 1, "step": 3, "status": "running", "beat": now}
+    write_json_atomic(run_dir / PROCESSES_DIR / "0.json", beat)
+
+
+def _status_line(app: TitanConsole) -> str:
+    return str(app.screen.query_one("#runs-status", Static).content)
+
+
+def _screen_text(app: TitanConsole) -> str:
+    svg = app.export_screenshot()
+    return html.unescape(re.sub(r"<[^>]*>", "", svg)).replace("\xa0", " ")
+
+
+async def test_a_killed_run_leaves_the_running_count_within_one_refresh(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs_screen, "REFRESH_INTERVAL_S", 1.0)
+    process = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        _live_run(tmp_path / "live", process)
+        app = TitanConsole(tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.screen.query_one(RunTable)
+            await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
+            before = (_status_line(app), str(table.get_row_at(0)[0]))
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            killed_at = time.monotonic()
+            # No key pressed: the list's own timer lists the runs again.
+            await wait_until(
+                pilot, lambda: str(table.get_row_at(0)[0]) == "dead", lambda: _status_line(app), 20
+            )
+            seen_after_s = time.monotonic() - killed_at
+            after = _status_line(app)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert before == ("1 running · 1 runs · o: order (newest)", "running")
+    assert after == "0 running · 1 runs · o: order (newest)"
+    assert seen_after_s < 1.0 + 5.0  # one refresh, and the time the listing took under load
+
+
+async def test_at_80_columns_a_long_preset_leaves_status_step_and_loss_and_the_footer_keys(
+    tmp_path,
+):
+    process = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        _live_run(tmp_path / "custom-shape-run", process, preset=LONG_PRESET)
+        app = TitanConsole(tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.screen.query_one(RunTable)
+            await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
+            await pilot.pause(0.2)
+            lines = _screen_text(app).splitlines()
+    finally:
+        process.kill()
+        process.wait()
+    [row] = [line for line in lines if "custom-shape-run" in line]
+    assert row.split()[:3] == ["running", "3/100", "4.250"]
+    assert "custom(d_model=4096, d_ff=4…" in row  # cut at 28 characters, the rest in the monitor
+    [footer] = [line for line in lines if "q Quit" in line]
+    assert "h History" in footer and "q Quit" in footer
+
+
+async def test_o_orders_the_run_list_and_slash_filters_it(tmp_path):
+    for name, status, at in (("a-run", "completed", 1000.0), ("b-run", "failed", 2000.0)):
+        start = event("run_start", at, config={"preset": "tiny"}, total_steps=8)
+        (tmp_path / name).mkdir()
+        append_events(tmp_path / name, [start, event("run_end", at + 1, status=status, step=0)])
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 2, lambda: "not listed", 20)
+
+        def names() -> list[str]:
+            return [str(table.get_row_at(i)[3]) for i in range(table.row_count)]
+
+        newest = names()
+        await pilot.press("o")
+        by_run = names()
+        await pilot.press("slash", *"fail", "enter")
+        filtered = (names(), _status_line(app))
+        colours = [table.get_row_at(i)[0].style for i in range(table.row_count)]
+    assert (newest, by_run) == (["b-run", "a-run"], ["a-run", "b-run"])
+    assert filtered == (["b-run"], "0 running · 1 matching 'fail' · 2 runs · o: order (run)")
+    assert colours == [STATUS_STYLES["failed"]] == ["red"]
+
+
+def test_the_states_that_mean_different_things_get_different_base_colours():
+    # Of the 8 ANSI colours, which a 16-colour terminal keeps apart.
+    base = {s: STATUS_STYLES[s].split()[-1] for s in ("completed", "failed", "dead", "running")}
+    assert len(set(base.values())) == 4
+    ansi = {"black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"}
+    assert set(base.values()) <= ansi
+
+
+async def test_keys_help_on_history_lists_its_table_keys_and_j_k_move_the_cursor(tmp_path):
+    root = copy_sample_runs(tmp_path / "runs")
+    app = TitanConsole(root)
+    async with app.run_test(size=(80, 24)) as pilot:
+        runs = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: runs.row_count == 4, lambda: "not listed", 20)
+        await pilot.press("j", "j")
+        moved = runs.cursor_row
+        await pilot.press("k")
+        back = runs.cursor_row
+        await pilot.press("G")
+        last = runs.cursor_row
+        await pilot.press("g")
+        first = runs.cursor_row
+        await pilot.press("h")
+        history = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: history.row_count == 4, lambda: "not in history", 30)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        described = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+    assert (moved, back, last, first) == (2, 1, 3, 0)
+    assert {"Detail", "Sort", "Reverse", "Mark", "Next page", "Previous page"} <= described
+    assert {"Down", "Up", "First row", "Last row", "Filter", "Compare"} <= described
