@@ -12,14 +12,22 @@ from pathlib import Path
 import pytest
 
 from titan.cli import build_parser, main
-from titan.config import SECTIONS, Remat, Schedule, TrainConfig, option_fields, perf_key_options
+from titan.config import (
+    SECTIONS,
+    Remat,
+    Schedule,
+    TrainConfig,
+    option_fields,
+    perf_key_options,
+    trained_vocab_size,
+)
 from titan.config_files import config_from_dict, config_to_data, config_to_toml, read_config_file
 from titan.errors import TitanError
 from titan.mpmd.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
 from titan.remat import REMAT_POLICIES
-from titan.shapes import PRESETS
+from titan.shapes import PRESETS, model_text
 from titan.trainer.commands import explicit_options
 from titan.trainer.resume import resume_options
 
@@ -50,7 +58,7 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 71
+    assert len(names) == len(set(names)) == 72
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
@@ -62,7 +70,7 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
         *("checkpoint_every_s", "checkpoint_keep", "checkpoint_keep_every", "checkpoint_async"),
         *("memory_check", "debug_nonfinite_at_step", "debug_usable_memory"),
         *("eval_every", "eval_batches"),
-        *("data_workers", "metrics"),
+        *("data_workers", "metrics", "decay_steps"),
     }
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),
@@ -154,6 +162,19 @@ def test_custom_model_shapes_are_accepted_and_bad_ones_name_the_field(capsys):
         assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_custom_shape_sets_rope_theta_and_the_trained_tokenizers_vocabulary(capsys):
+    cfg = TrainConfig.of(**explicit_options(_train_args("--model", SHAPE + ",rope_theta=10000")))
+    assert cfg.model.shape.rope_theta == 10_000.0
+    assert TrainConfig.of(preset=SHAPE).model.shape.rope_theta == 500_000.0  # Llama 3's default
+    assert trained_vocab_size(cfg) == 512  # the shape's vocab_size, not --vocab-size's 4096
+    assert trained_vocab_size(TrainConfig.of(vocab_size=1024)) == 1024  # tiny: --vocab-size
+    assert trained_vocab_size(TrainConfig.of(preset="llama3-1b", vocab_size=1024)) == 1024
+    # the shape round-trips through --print-config's TOML and the flag's text
+    assert model_text(cfg.model.shape) == SHAPE + ",rope_theta=10000"
+    assert main(["train", "--model", SHAPE + ",rope_theta=1", "--print-config"]) == 2
+    assert "--model: rope_theta must be a finite number > 1, got 1.0" in capsys.readouterr().err
+
+
 def test_train_and_plan_share_the_model_parser_and_the_parallel_flags():
     from titan.planning.models import resolve_model
 
@@ -209,7 +230,8 @@ def test_a_run_saved_flat_resumes_with_its_options(tmp_path: Path):
     changes = {"steps": 300, "watchdog_abort": False}
     cfg = resume_options(tmp_path, changes)
     placement = {"runs_root": str(tmp_path.parent), "run_id": tmp_path.name}
-    assert cfg == TrainConfig.of(**flat["train"]).replace(**changes, **placement)
+    kept = {"decay_steps": flat["train"]["steps"]}  # the schedule keeps its length
+    assert cfg == TrainConfig.of(**flat["train"]).replace(**changes, **placement, **kept)
     assert cfg.optimizer.steps == 300 and cfg.observability.watchdog_abort is False
     assert flat["train"]["watchdog_abort"] == 1  # saved as 0 / 1 before it was a switch
     with pytest.raises(TitanError, match="--batch-size cannot change on --resume"):

@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from titan.config import TrainConfig, model_config
+from titan.config import TrainConfig, model_config, trained_vocab_size
 from titan.config_files import config_to_data
 from titan.data.heldout import split_sources, training_corpus
 from titan.data.images import ImageBatches
@@ -192,7 +192,7 @@ def _tokenizer(
         return load_tokenizer(resume_dir / TOKENIZER_FILE)
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
-    return train_tokenizer(corpus, cfg.data.vocab_size, progress)
+    return train_tokenizer(corpus, trained_vocab_size(cfg), progress)
 
 
 def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
