@@ -4,6 +4,7 @@ that config validation, the pipeline executor and the planner all ask."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import typing
@@ -113,6 +114,22 @@ def test_toml_round_trip_gives_the_same_config(tmp_path: Path):
     path.write_text(config_to_toml(cfg))
     assert TrainConfig.of(**read_config_file(str(path))) == cfg
     assert config_from_dict(json.loads(json.dumps(config_to_data(cfg)))) == cfg
+
+
+def test_toml_keys_are_the_flag_names_and_a_misplaced_key_names_its_section(tmp_path: Path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nmodel = "llama3-1b"\n[data]\ndata = "x"\nbatch-size = 4\n')
+    assert read_config_file(str(path)) == {"preset": "llama3-1b", "data": "x", "batch_size": 4}
+    path.write_text('[model]\nshape = "tiny"\n[data]\ncorpus = "x"\n')  # the field names too
+    assert read_config_file(str(path)) == {"preset": "tiny", "data": "x"}
+    assert "data = " in config_to_toml(TrainConfig()).split("[data]")[1]
+    for text, message in (
+        ("[data]\nsteps = 4\n", "unknown option 'steps' in [data]: it belongs in [optimizer] "),
+        ("[data]\ndatta = 4\n", "unknown option 'datta' in [data]; [data] takes: data, "),
+    ):
+        path.write_text(text)
+        with pytest.raises(TitanError, match=re.escape(f"--config {path}: {message}")):
+            read_config_file(str(path))
 
 
 def test_print_config_prints_toml_that_reads_back_the_same(tmp_path: Path, capsys):
