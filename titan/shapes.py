@@ -68,6 +68,9 @@ class ModelConfig:
             plus the null label of classifier-free guidance, and ``n_kv_heads == n_heads``).
         patch_size, image_size, channels: the DiT's patch side, image side and channels
             (0 for a decoder); the image is ``image_size`` x ``image_size`` x ``channels``.
+        max_positions: the context a published model declares (Hugging Face's
+            ``max_position_embeddings``, kept from ``titan import hf`` to ``titan export hf``);
+            0 when none was declared (a model trained from scratch).
     """
 
     name: str
@@ -84,6 +87,7 @@ class ModelConfig:
     patch_size: int = 0
     image_size: int = 0
     channels: int = 0
+    max_positions: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
@@ -100,11 +104,13 @@ class ModelConfig:
     def record(self) -> dict:
         """The shape as run records hold it (``config.json``, ``run_start``): every field, less
         the DiT's (``family`` and the image fields) for a decoder, so that a decoder's record
-        and performance key read as they always have."""
+        and performance key read as they always have (``max_positions`` only when declared)."""
         fields = dataclasses.asdict(self)
         if self.family == "llama":
             for name in ("family", "patch_size", "image_size", "channels"):
                 del fields[name]
+        if not self.max_positions:
+            del fields["max_positions"]
         return fields
 
     def param_count(self) -> int:

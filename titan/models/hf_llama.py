@@ -102,7 +102,14 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         )
     theta, scaling = _rope(hf)
     eps = float(hf.get("rms_norm_eps", 1e-6))
-    model = ModelConfig("custom", **shape, rope_theta=theta, norm_eps=eps, rope_scaling=scaling)
+    model = ModelConfig(
+        "custom",
+        **shape,
+        rope_theta=theta,
+        norm_eps=eps,
+        rope_scaling=scaling,
+        max_positions=int(hf.get("max_position_embeddings") or 0),
+    )
     check_shape(model, "config.json")
     return model
 
