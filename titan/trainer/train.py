@@ -263,7 +263,9 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                     cfg.data.corpus, sources, cfg.data.eval_data, cfg.data.eval_split
                 )
             check_library(cfg.observability.metrics)
-            check_layout_fits(cfg)  # before the tokenizer, which may take minutes
+            idle = check_layout_fits(cfg)  # before the tokenizer, which may take minutes
+            if idle and is_writer():
+                print(f"titan: {idle}", flush=True)  # beside the progress lines
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
