@@ -40,6 +40,7 @@ SKIPPED = {
     ("python3", "-m", "venv"): "sets up the environment the suite already runs in",
     ("pip",): "installs packages: the suite's environment has every extra but [maxtext]",
     (".venv/bin/pip",): "installs packages: the suite's environment has them",
+    (".venv/bin/ruff",): "lints the checkout: CI's own step (.ci/run)",
     ("titan", "import", "hf", "Llama-3.2-1B"): "needs Llama 3.2 1B's weights from the Hub",
     ("titan", "train", "--init-from", "llama-1b"): "needs Llama 3.2 1B's weights from the Hub",
     ("titan", "import", "maxtext"): "needs a MaxText checkpoint and the [maxtext] extra",
@@ -57,6 +58,7 @@ SKIPPED = {
     ),
 }
 RUNS_THE_SUITE = ".venv/bin/python -m pytest"
+RUN_ID = "<run-id>"  # the pages' <run id>, one word
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def commands(page: Path) -> list[Command]:
             text += line.removesuffix("\\")
             if line.endswith("\\"):
                 continue
-            words, text = shlex.split(text, comments=True), text
+            words = shlex.split(text.replace("<run id>", RUN_ID), comments=True)
             exits = re.search(r"#.*\bexits (\d+)", text)
             text = ""
             if words[:1] == ["export"]:
@@ -187,7 +189,7 @@ def _train_steps(words: list[str], root: Path) -> list[str]:
 
 def _argv(command: Command, root: Path, latest: str | None) -> list[str]:
     """What to run: ``titan`` as this interpreter's module, the run id filled in, steps cut."""
-    words = [word.replace("<run id>", latest or "NO-RUN-YET") for word in command.words]
+    words = [word.replace(RUN_ID, latest or "NO-RUN-YET") for word in command.words]
     words[0] = words[0].removeprefix(".venv/bin/")
     if "train" in words and words[0] == "titan":
         at = words.index("train")
