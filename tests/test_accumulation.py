@@ -13,7 +13,7 @@ from titan.cli import main
 from titan.config import TrainConfig, model_config, resumable_options
 from titan.errors import TitanError
 from titan.ops import Ops
-from titan.trainer.adapters import build_trainer
+from titan.trainer.adapters import build_trainer, check_layout_fits
 from titan.trainer.spmd import SpmdTrainer
 
 VOCAB = 512
@@ -119,6 +119,14 @@ def test_layout_errors_name_the_fix_and_come_before_the_tokenizer(
     assert len(err.strip().splitlines()) == 1
     assert "tokenizer" not in out + err  # refused before the tokenizer is trained
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_layout_that_leaves_devices_idle_says_so():
+    cfg = TrainConfig.of(layout="mpmd", pp=2, dp=1, microbatches=8)
+    assert check_layout_fits(cfg) == (
+        "the layout uses 2 of the 8 devices (--dp 1 x --fsdp 1 x --tp 1 x --pp 2)"
+    )
+    assert check_layout_fits(TrainConfig.of(layout="mpmd", pp=2, microbatches=4)) is None
 
 
 def test_spmd_takes_microbatches_but_no_other_pipeline_option():

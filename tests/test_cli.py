@@ -22,6 +22,8 @@ def test_help_documents_every_option():
     for f in option_fields():
         assert f.metadata["flag"] in text
     assert "--resume" in text
+    assert "(titan.diffusion.objectives, titan.data.images)" in text  # no Sphinx markup
+    assert ":mod:" not in text and "``" not in text
 
 
 @pytest.mark.parametrize(

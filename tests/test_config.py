@@ -4,6 +4,7 @@ that config validation, the pipeline executor and the planner all ask."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import typing
@@ -12,14 +13,22 @@ from pathlib import Path
 import pytest
 
 from titan.cli import build_parser, main
-from titan.config import SECTIONS, Remat, Schedule, TrainConfig, option_fields, perf_key_options
+from titan.config import (
+    SECTIONS,
+    Remat,
+    Schedule,
+    TrainConfig,
+    option_fields,
+    perf_key_options,
+    trained_vocab_size,
+)
 from titan.config_files import config_from_dict, config_to_data, config_to_toml, read_config_file
 from titan.errors import TitanError
 from titan.mpmd.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
 from titan.remat import REMAT_POLICIES
-from titan.shapes import PRESETS
+from titan.shapes import PRESETS, model_text
 from titan.trainer.commands import explicit_options
 from titan.trainer.resume import resume_options
 
@@ -62,7 +71,7 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
         *("checkpoint_every_s", "checkpoint_keep", "checkpoint_keep_every", "checkpoint_async"),
         *("memory_check", "debug_nonfinite_at_step", "debug_usable_memory"),
         *("eval_every", "eval_batches"),
-        *("data_workers", "metrics", "compilation_cache"),
+        *("data_workers", "metrics", "compilation_cache", "decay_steps"),
     }
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),
@@ -105,6 +114,22 @@ def test_toml_round_trip_gives_the_same_config(tmp_path: Path):
     path.write_text(config_to_toml(cfg))
     assert TrainConfig.of(**read_config_file(str(path))) == cfg
     assert config_from_dict(json.loads(json.dumps(config_to_data(cfg)))) == cfg
+
+
+def test_toml_keys_are_the_flag_names_and_a_misplaced_key_names_its_section(tmp_path: Path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nmodel = "llama3-1b"\n[data]\ndata = "x"\nbatch-size = 4\n')
+    assert read_config_file(str(path)) == {"preset": "llama3-1b", "data": "x", "batch_size": 4}
+    path.write_text('[model]\nshape = "tiny"\n[data]\ncorpus = "x"\n')  # the field names too
+    assert read_config_file(str(path)) == {"preset": "tiny", "data": "x"}
+    assert "data = " in config_to_toml(TrainConfig()).split("[data]")[1]
+    for text, message in (
+        ("[data]\nsteps = 4\n", "unknown option 'steps' in [data]: it belongs in [optimizer] "),
+        ("[data]\ndatta = 4\n", "unknown option 'datta' in [data]; [data] takes: data, "),
+    ):
+        path.write_text(text)
+        with pytest.raises(TitanError, match=re.escape(f"--config {path}: {message}")):
+            read_config_file(str(path))
 
 
 def test_print_config_prints_toml_that_reads_back_the_same(tmp_path: Path, capsys):
@@ -152,6 +177,19 @@ def test_custom_model_shapes_are_accepted_and_bad_ones_name_the_field(capsys):
         assert main(["train", "--model", shape, "--print-config"]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_custom_shape_sets_rope_theta_and_the_trained_tokenizers_vocabulary(capsys):
+    cfg = TrainConfig.of(**explicit_options(_train_args("--model", SHAPE + ",rope_theta=10000")))
+    assert cfg.model.shape.rope_theta == 10_000.0
+    assert TrainConfig.of(preset=SHAPE).model.shape.rope_theta == 500_000.0  # Llama 3's default
+    assert trained_vocab_size(cfg) == 512  # the shape's vocab_size, not --vocab-size's 4096
+    assert trained_vocab_size(TrainConfig.of(vocab_size=1024)) == 1024  # tiny: --vocab-size
+    assert trained_vocab_size(TrainConfig.of(preset="llama3-1b", vocab_size=1024)) == 1024
+    # the shape round-trips through --print-config's TOML and the flag's text
+    assert model_text(cfg.model.shape) == SHAPE + ",rope_theta=10000"
+    assert main(["train", "--model", SHAPE + ",rope_theta=1", "--print-config"]) == 2
+    assert "--model: rope_theta must be a finite number > 1, got 1.0" in capsys.readouterr().err
 
 
 def test_train_and_plan_share_the_model_parser_and_the_parallel_flags():
@@ -209,7 +247,8 @@ def test_a_run_saved_flat_resumes_with_its_options(tmp_path: Path):
     changes = {"steps": 300, "watchdog_abort": False}
     cfg = resume_options(tmp_path, changes)
     placement = {"runs_root": str(tmp_path.parent), "run_id": tmp_path.name}
-    assert cfg == TrainConfig.of(**flat["train"]).replace(**changes, **placement)
+    kept = {"decay_steps": flat["train"]["steps"]}  # the schedule keeps its length
+    assert cfg == TrainConfig.of(**flat["train"]).replace(**changes, **placement, **kept)
     assert cfg.optimizer.steps == 300 and cfg.observability.watchdog_abort is False
     assert flat["train"]["watchdog_abort"] == 1  # saved as 0 / 1 before it was a switch
     with pytest.raises(TitanError, match="--batch-size cannot change on --resume"):

@@ -28,8 +28,15 @@ from titan.errors import TitanError
 from titan.models.adapters.llama import LlamaAdapter
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
+from titan.shapes import ModelConfig
 from titan.trainer.checkpoint import open_checkpoint
-from titan.trainer.hf_checkpoints import _build, export_hf, host_abstract, import_hf
+from titan.trainer.hf_checkpoints import (
+    _build,
+    export_hf,
+    host_abstract,
+    import_hf,
+    rope_positions,
+)
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 
@@ -169,6 +176,7 @@ def test_export_then_reimport_is_bit_exact_and_transformers_reads_the_export(
     original = {}
     for shard in directory.glob("*.safetensors"):
         original |= load_file(str(shard))
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 256
     exported = load_file(str(out / "model.safetensors"))
     assert exported.keys() == original.keys()
     assert all(np.array_equal(exported[k], original[k]) for k in original)
@@ -232,6 +240,16 @@ def test_init_from_gives_the_same_first_loss_on_fsdp_x_tp_as_on_one_device(
         "fsdp": 4,
         "tensor": 2,
     }
+    # the imported context survives the run (trained at --seq-len 32) into its export
+    _, out = export_hf(tmp_path / "mesh", None, tmp_path / "mesh-hf")
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 256
+
+
+def test_a_model_trained_from_scratch_exports_the_context_its_rope_tells_apart():
+    model = ModelConfig("custom", 512, 64, 2, 4, 2, 128, rope_theta=10_000.0)  # head dim 16
+    assert rope_positions(model) == 19_869  # 2 pi 10000^(14/16)
+    scaled = dataclasses.replace(model, rope_scaling=LLAMA3_SCALING)
+    assert rope_positions(scaled) == 8 * 16  # factor x original_max_position_embeddings
 
 
 def test_init_from_refuses_another_model_and_import_refuses_other_rope_scaling(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -90,6 +91,13 @@ def test_wandb_offline_export_is_a_run_that_wandb_sync_reads(finished_run, tmp_p
     steps = events(finished_run, "step")
     assert [h["_step"] for h in logged] == [e["step"] for e in steps]
     assert [h["train/loss"] for h in logged] == pytest.approx([e["loss"] for e in steps])
+
+
+def test_wandb_offline_export_lands_in_the_run_dirs_wandb_folder(finished_run, tmp_path, capsys):
+    run = shutil.copytree(finished_run, tmp_path / "run")
+    assert main(["export", "wandb-offline", str(run)]) == 0
+    written = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert written.parent == run / "wandb" and written.name.startswith("offline-run-")
 
 
 def test_a_replayed_step_is_exported_once_as_its_last_record():

@@ -465,7 +465,11 @@ class DataOptions:
     )
     vocab_size: int = field(
         default=DEFAULT_VOCAB_SIZE,
-        metadata=_opt("--vocab-size", "vocabulary of the tokenizer trained when none is given"),
+        metadata=_opt(
+            "--vocab-size",
+            "vocabulary of the tokenizer trained when none is given (a custom --model shape's "
+            "vocab_size instead)",
+        ),
     )
     batch_size: int = field(
         default=16,
@@ -1286,8 +1290,16 @@ def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
     if shape.vocab_size == 0:
         return dataclasses.replace(shape, vocab_size=tokenizer_vocab)
     if tokenizer_vocab > shape.vocab_size:
+        source = f"--tokenizer {cfg.data.tokenizer}" if cfg.data.tokenizer else "the tokenizer"
         raise TitanError(
-            f"--tokenizer has {tokenizer_vocab} pieces but --preset {shape.name} embeds only "
-            f"{shape.vocab_size}"
+            f"{source} has {tokenizer_vocab} pieces but --model {shape.name} embeds only "
+            f"{shape.vocab_size} (vocab_size)"
         )
     return shape
+
+
+def trained_vocab_size(cfg: TrainConfig) -> int:
+    """Pieces of the tokenizer trained when ``--tokenizer`` is not given: a custom ``--model``
+    shape's ``vocab_size`` (its embedding's rows), else ``--vocab-size``."""
+    shape = cfg.model.shape
+    return shape.vocab_size if shape.name == "custom" else cfg.data.vocab_size

@@ -100,7 +100,6 @@ def read_config_file(path: str) -> dict[str, Any]:
             file, too large, not UTF-8, bad TOML), unknown section or option.
     """
     values = read_toml(path, "--config")
-    by_field = {(o.section, o.field.name): o.name for o in option_fields()}
     flat = {}
     for section, options in values.items():
         if section not in SECTIONS or not isinstance(options, dict):
@@ -108,10 +107,34 @@ def read_config_file(path: str) -> dict[str, Any]:
                 f"--config {path}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
             )
         for key, value in options.items():
-            if (section, key) not in by_field:
-                raise TitanError(f"--config {path}: unknown option {key!r} in [{section}]")
-            flat[by_field[section, key]] = value
+            option = _option_of_key(key)
+            if option is None or option.section != section:
+                raise TitanError(f"--config {path}: {_unknown_key(key, section, option)}")
+            flat[option.name] = value
     return flat
+
+
+def _option_of_key(key: str) -> Any:
+    """The option a TOML key names: its field name (``corpus``), its flag's name (``data``,
+    ``batch_size`` or ``batch-size``), or its flat name (``preset``); None for no option."""
+    for option in option_fields():
+        names = {option.field.name, option.name, option.flag.removeprefix("--")}
+        if key in names or key.replace("_", "-") in names:
+            return option
+    return None
+
+
+def _unknown_key(key: str, section: str, option: Any) -> str:
+    """``unknown option 'steps' in [data]: it belongs in [optimizer] (--steps)``, or the keys
+    ``[section]`` takes."""
+    if option is not None:
+        return (
+            f"unknown option {key!r} in [{section}]: it belongs in [{option.section}] "
+            f"({option.flag})"
+        )
+    keys = [o.flag.removeprefix("--").replace("-", "_") for o in option_fields()]
+    keys = [k for k, o in zip(keys, option_fields(), strict=True) if o.section == section]
+    return f"unknown option {key!r} in [{section}]; [{section}] takes: {', '.join(keys)}"
 
 
 def _toml_value(value: Any) -> str:
@@ -131,13 +154,15 @@ def _toml_value(value: Any) -> str:
 
 
 def config_to_toml(cfg: TrainConfig) -> str:
-    """``cfg`` as a TOML document, one table per section; :func:`read_config_file` reads it
+    """``cfg`` as a TOML document, one table per section, keyed by flag names (``model``,
+    ``data``, ``batch_size``); :func:`read_config_file` reads it
     back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
     a writer of that much TOML is this function.)"""
     lines: list[str] = []
+    keys = {o.field.name: o.flag.removeprefix("--").replace("-", "_") for o in option_fields()}
     for section, values in config_to_data(cfg).items():
         lines += ["" if lines else None, f"[{section}]"]
-        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+        lines += [f"{keys[key]} = {_toml_value(value)}" for key, value in values.items()]
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 

@@ -68,6 +68,9 @@ class ModelConfig:
             plus the null label of classifier-free guidance, and ``n_kv_heads == n_heads``).
         patch_size, image_size, channels: the DiT's patch side, image side and channels
             (0 for a decoder); the image is ``image_size`` x ``image_size`` x ``channels``.
+        max_positions: the context a published model declares (Hugging Face's
+            ``max_position_embeddings``, kept from ``titan import hf`` to ``titan export hf``);
+            0 when none was declared (a model trained from scratch).
     """
 
     name: str
@@ -84,6 +87,7 @@ class ModelConfig:
     patch_size: int = 0
     image_size: int = 0
     channels: int = 0
+    max_positions: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
@@ -100,11 +104,13 @@ class ModelConfig:
     def record(self) -> dict:
         """The shape as run records hold it (``config.json``, ``run_start``): every field, less
         the DiT's (``family`` and the image fields) for a decoder, so that a decoder's record
-        and performance key read as they always have."""
+        and performance key read as they always have (``max_positions`` only when declared)."""
         fields = dataclasses.asdict(self)
         if self.family == "llama":
             for name in ("family", "patch_size", "image_size", "channels"):
                 del fields[name]
+        if not self.max_positions:
+            del fields["max_positions"]
         return fields
 
     def param_count(self) -> int:
@@ -168,13 +174,15 @@ def dit_param_count(m: ModelConfig) -> int:
 
 
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+OPTIONAL_SHAPE_FIELDS = ("rope_theta",)  # floats, ModelConfig's default when left out
 DEFAULT_VOCAB_SIZE = 4096
 
 
 def parse_model(text: str, flag: str = "--model") -> ModelConfig:
     """A preset name (``llama3-70b``, any case) or a custom shape
-    (``d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256``).
-    Presets are returned as registered (``tiny`` keeps ``vocab_size`` 0: the tokenizer's).
+    (``d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256``,
+    optionally ``rope_theta=10000``). Presets are returned as registered (``tiny`` keeps
+    ``vocab_size`` 0: the tokenizer's).
 
     Raises:
         TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
@@ -187,12 +195,14 @@ def parse_model(text: str, flag: str = "--model") -> ModelConfig:
             f"{flag} {text!r} is not a preset ({', '.join(PRESETS)}) nor a shape like "
             "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256"
         )
-    values: dict[str, int] = {}
+    values: dict[str, float] = {}
     for key, value in parse_assignments(name, flag, shape="field=value").items():
-        if key not in SHAPE_FIELDS:
-            raise TitanError(f"{flag}: unknown field {key!r}; fields: {', '.join(SHAPE_FIELDS)}")
+        if key not in SHAPE_FIELDS + OPTIONAL_SHAPE_FIELDS:
+            fields = ", ".join(SHAPE_FIELDS + OPTIONAL_SHAPE_FIELDS)
+            raise TitanError(f"{flag}: unknown field {key!r}; fields: {fields}")
         try:
-            values[key] = int(float(value))
+            number = float(value)
+            values[key] = number if key in OPTIONAL_SHAPE_FIELDS else int(number)
         except (ValueError, OverflowError):  # OverflowError: inf
             raise TitanError(f"{flag}: {key} must be a number, got {value!r}") from None
     missing = [key for key in SHAPE_FIELDS if key not in values]
@@ -208,6 +218,8 @@ def check_shape(m: ModelConfig, flag: str = "--model") -> None:
     for key in SHAPE_FIELDS:
         if getattr(m, key) < 1:
             raise TitanError(f"{flag}: {key} must be >= 1, got {getattr(m, key)}")
+    if not m.rope_theta > 1 or m.rope_theta == float("inf"):
+        raise TitanError(f"{flag}: rope_theta must be a finite number > 1, got {m.rope_theta}")
     if m.d_model % m.n_heads:
         raise TitanError(f"{flag}: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
     if m.n_heads % m.n_kv_heads:
@@ -220,4 +232,11 @@ def model_text(m: ModelConfig) -> str:
     """The ``--model`` text of a shape: its preset name, or ``d_model=...,...`` when custom."""
     if PRESETS.get(m.name) == m:
         return m.name
-    return ",".join(f"{key}={getattr(m, key)}" for key in SHAPE_FIELDS)
+    fields = [f"{key}={getattr(m, key)}" for key in SHAPE_FIELDS]
+    defaults = ModelConfig("default", 0, 0, 0, 0, 0, 0)
+    fields += [
+        f"{k}={getattr(m, k):g}"
+        for k in OPTIONAL_SHAPE_FIELDS
+        if getattr(m, k) != getattr(defaults, k)
+    ]
+    return ",".join(fields)

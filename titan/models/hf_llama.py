@@ -111,7 +111,16 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         )
     theta, scaling = _rope(hf)
     eps = float(json_field(hf, "rms_norm_eps", float, where, 1e-6))
-    return ModelConfig("custom", **shape, rope_theta=theta, norm_eps=eps, rope_scaling=scaling)
+    model = ModelConfig(
+        "custom",
+        **shape,
+        rope_theta=theta,
+        norm_eps=eps,
+        rope_scaling=scaling,
+        max_positions=int(json_field(hf, "max_position_embeddings", int, where, 0) or 0),
+    )
+    check_shape(model, "config.json")
+    return model
 
 
 def config_to_hf(

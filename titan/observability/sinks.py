@@ -182,9 +182,9 @@ def write_wandb_offline(
 
 
 def default_out(run_dir: Path, sink: str) -> Path:
-    """Where ``titan export`` writes by default: ``<run dir>/tensorboard``, ``metrics.csv`` or
-    ``wandb``."""
-    return run_dir / {"tensorboard": "tensorboard", "csv": "metrics.csv"}.get(sink, "wandb")
+    """Where ``titan export`` writes by default: ``<run dir>/tensorboard``, ``metrics.csv``, or
+    the run dir for ``wandb-offline`` (wandb puts its runs in ``<dir>/wandb/offline-run-*``)."""
+    return run_dir / {"tensorboard": "tensorboard", "csv": "metrics.csv"}.get(sink, "")
 
 
 def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = False) -> Path:

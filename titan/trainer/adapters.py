@@ -107,10 +107,11 @@ def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
         )
 
 
-def check_layout_fits(cfg: TrainConfig) -> None:
+def check_layout_fits(cfg: TrainConfig) -> str | None:
     """Refuse, before any data is read, a layout that the devices present cannot hold or a
     batch whose microbatches do not split over its replicas (:func:`build_trainer` builds
-    the same meshes later, after the tokenizer).
+    the same meshes later, after the tokenizer). Returns a note when the layout leaves
+    devices idle (``the layout uses 2 of the 8 devices: ...``), else None.
 
     Raises:
         TitanError: the layout asks for more devices than are present, or the rows per
@@ -118,8 +119,14 @@ def check_layout_fits(cfg: TrainConfig) -> None:
     """
     par = cfg.parallel
     pp = par.pp if par.layout == "mpmd" else 1
-    shape = resolve_mesh_shape(par.dp, par.fsdp, par.tp, pp, len(jax.devices()))
+    present = len(jax.devices())
+    shape = resolve_mesh_shape(par.dp, par.fsdp, par.tp, pp, present)
     microbatch_rows(cfg.data.batch_size, par.microbatches, shape)
+    used = shape["data"] * shape["fsdp"] * shape["tensor"] * pp
+    if used == present:
+        return None
+    sizes = f"--dp {shape['data']} x --fsdp {shape['fsdp']} x --tp {shape['tensor']}"
+    return f"the layout uses {used} of the {present} devices ({sizes} x --pp {pp})"
 
 
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:

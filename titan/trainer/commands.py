@@ -9,6 +9,7 @@ it; ``--print-config`` prints the resolved config as TOML and exits.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,11 @@ from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
 from titan.trainer.init_from import init_from_options
 from titan.trainer.resume import resume_options
+
+
+def _plain(text: str) -> str:
+    """A docstring's text without its Sphinx markup: ``x`` and :role:`x` as x."""
+    return re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
         "a checkpoint, resume with --resume (0 with --exit-zero-on-stop).",
     )
     for section, cls in SECTIONS.items():
-        summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split()).replace("``", "")
+        summary = _plain(" ".join((cls.__doc__ or "").split("\n\n")[0].split()))
         group = train.add_argument_group(f"{section} options", summary)
         add_arguments(group, section_options(section), explicit=True)
     files = train.add_argument_group("config files and runs")

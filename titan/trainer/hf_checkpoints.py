@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -274,12 +275,7 @@ def export_hf(
         name: value.astype(jax.numpy.dtype(dtype))
         for name, value in params_to_hf(whole, model).items()
     }
-    max_positions = cfg.data.seq_len
-    if model.rope_scaling is not None:
-        scaling = model.rope_scaling
-        max_positions = max(
-            max_positions, int(scaling.factor * scaling.original_max_position_embeddings)
-        )
+    max_positions = model.max_positions or rope_positions(model)
     hf = config_to_hf(model, tokenizer.bos_id, tokenizer.eos_id, max_positions, dtype)
     with _staged(out, "--out") as staging:
         _write_safetensors(staging, tensors)
@@ -288,6 +284,19 @@ def export_hf(
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes(data)
     return step, out
+
+
+def rope_positions(model: ModelConfig) -> int:
+    """``max_position_embeddings`` of a model that declared none (trained from scratch): the
+    positions its RoPE tells apart. Unscaled, the longest wavelength of its frequencies
+    theta^(-2i/D), i < D/2 (Su et al. 2021): 2 pi theta^((D-2)/D) positions, after
+    which the slowest rotation repeats; with Llama 3's scaling, factor x
+    original_max_position_embeddings (Meta 2024, the context Llama 3.1 declares)."""
+    if model.rope_scaling is not None:
+        scaling = model.rope_scaling
+        return int(scaling.factor * scaling.original_max_position_embeddings)
+    d = model.head_dim
+    return int(2 * math.pi * model.rope_theta ** ((d - 2) / d))
 
 
 def shard_names(tensors: dict[str, np.ndarray], max_bytes: int = SHARD_BYTES) -> list[list[str]]:

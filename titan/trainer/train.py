@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from titan.config import TrainConfig, model_config
+from titan.config import TrainConfig, model_config, trained_vocab_size
 from titan.config_files import config_to_data
 from titan.data.heldout import split_sources, training_corpus
 from titan.data.images import ImageBatches
@@ -194,7 +194,7 @@ def _tokenizer(
         return load_tokenizer(resume_dir / TOKENIZER_FILE)
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
-    return train_tokenizer(corpus, cfg.data.vocab_size, progress)
+    return train_tokenizer(corpus, trained_vocab_size(cfg), progress)
 
 
 def _run_dir(cfg: TrainConfig, resuming: bool) -> Path:
@@ -268,7 +268,9 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                     cfg.data.corpus, sources, cfg.data.eval_data, cfg.data.eval_split
                 )
             check_library(cfg.observability.metrics)
-            check_layout_fits(cfg)  # before the tokenizer, which may take minutes
+            idle = check_layout_fits(cfg)  # before the tokenizer, which may take minutes
+            if idle and is_writer():
+                print(f"titan: {idle}", flush=True)  # beside the progress lines
         run_dir = _run_dir(cfg, resuming=resume_dir is not None)
         # Claimed before anything slow (the tokenizer): a second run of this dir is refused at
         # once.
