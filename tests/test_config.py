@@ -59,7 +59,7 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 72
+    assert len(names) == len(set(names)) == 73
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
