@@ -237,10 +237,9 @@ async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
     assert shown["process"] == "exited rc 2"
     assert shown["status"].startswith(f"failed: exited before run_start: {why}")
     assert stderr_lines[-1].startswith(why)
-    # Any console listing the runs root later reads the same, from the launch record.
-    [listed] = list_runs(tmp_path / "runs").summaries
-    assert listed.liveness.state == "failed"
-    assert listed.liveness.reason.startswith(f"exited before run_start: {why}")
+    # Nothing is left in the runs root: no console lists it, History has nothing to ingest.
+    assert list_runs(tmp_path / "runs").summaries == []
+    assert list((tmp_path / "runs").iterdir()) == []
 
 
 def test_launch_refuses_an_existing_run_dir(tmp_path: Path):

@@ -47,10 +47,10 @@ async def test_summarize_never_meets_the_lock_while_history_ingests(tmp_path, mo
     console_calls, console_errors = [], []
     ingest = HistoryStore.ingest
 
-    def counted(store: HistoryStore):
+    def counted(store: HistoryStore, *args):
         console_calls.append(1)
         try:
-            return ingest(store)
+            return ingest(store, *args)
         except TitanError as err:
             console_errors.append(str(err))
             raise

@@ -8,6 +8,13 @@ before the child starts (a resume appends to them). ``launch.json``
 (:data:`titan.observability.liveness.LAUNCH_FILE`) records the child's identity at once, so
 that any console tells a launch that failed before ``run_start`` from one still starting.
 
+A new run whose child exits before writing a record (``events.jsonl``: it failed at start-up,
+for example on a layout the devices cannot hold) leaves nothing in the runs root: once
+:meth:`LaunchedRun.returncode` sees the exit, its run dir is removed and the error text kept
+(:attr:`LaunchedRun.startup_error`), which the monitor shows in its stderr panel. A resume
+never removes anything, and never rewrites the run's ``launch.json`` before its child has
+written the new attempt's ``run_start`` (a refused resume leaves it as it was).
+
 :func:`signal_run` signals a run's recorded process group, whoever launched it, after checking
 that its pid is still the recorded process (same start time): a reused pid is never signalled.
 """
@@ -15,6 +22,7 @@ that its pid is still the recorded process (same start time): a reused pid is ne
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,8 +36,14 @@ import psutil
 from titan.config import TrainConfig, check_run_id, option_fields
 from titan.data.mixture import check_inputs
 from titan.errors import TitanError
-from titan.observability.liveness import LAUNCH_FILE, STDERR_LOG, ProcessId
-from titan.observability.records import default_runs_root, new_run_id, write_json_atomic
+from titan.observability.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness, ProcessId
+from titan.observability.records import (
+    EVENTS_FILE,
+    default_runs_root,
+    new_run_id,
+    open_regular,
+    write_json_atomic,
+)
 from titan.trainer.resume import resume_options
 
 STDOUT_LOG = "stdout.log"
@@ -74,14 +88,41 @@ class LaunchedRun:
     run_dir: Path
     argv: list[str]
     process: subprocess.Popen[bytes]
+    resumed: bool = False
+    startup_error: str | None = None
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def returncode(self) -> int | None:
-        """The exit code, or ``None`` while the child runs (never blocks)."""
-        return self.process.poll()
+        """The exit code, or ``None`` while the child runs (never blocks). The first call that
+        sees a new run's child gone without a record removes its run dir (the module
+        docstring), keeping its ``stderr.log`` in :attr:`startup_error`."""
+        code = self.process.poll()
+        if code is not None and self.startup_error is None and not self.resumed:
+            self._discard_failed_start()
+        return code
+
+    def failed_start(self) -> Liveness | None:
+        """The state of a launch whose run dir was removed at start-up (``failed``, with the
+        last line of its error), else None."""
+        if self.startup_error is None:
+            return None
+        lines = [line.strip() for line in self.startup_error.splitlines() if line.strip()]
+        reason = "exited before run_start" + (f": {lines[-1]}" if lines else "")
+        return Liveness(FAILED, reason, no_control="the run has ended")
+
+    def _discard_failed_start(self) -> None:
+        """Remove the run dir of a child that exited before writing ``events.jsonl``."""
+        if (self.run_dir / EVENTS_FILE).exists():
+            return
+        try:
+            with open_regular(self.run_dir / STDERR_LOG) as f:
+                self.startup_error = f.read().decode("utf-8", "replace")
+        except OSError as err:
+            self.startup_error = f"cannot read {STDERR_LOG}: {err.strerror or err}"
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def signal_run(process: ProcessId, signum: signal.Signals) -> str | None:
@@ -148,9 +189,10 @@ def start_run(config: TrainConfig, resume: Path | None = None) -> LaunchedRun:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
-    identity = ProcessId(socket.gethostname(), process.pid, process.pid, _started(process.pid))
-    write_json_atomic(run_dir / LAUNCH_FILE, {**identity.as_dict(), "argv": argv})
-    return LaunchedRun(run_dir, argv, process)
+    if resume is None:  # a resume's child names itself in its run_start
+        identity = ProcessId(socket.gethostname(), process.pid, process.pid, _started(process.pid))
+        write_json_atomic(run_dir / LAUNCH_FILE, {**identity.as_dict(), "argv": argv})
+    return LaunchedRun(run_dir, argv, process, resumed=resume is not None)
 
 
 def _started(pid: int) -> float:

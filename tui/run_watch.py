@@ -182,7 +182,8 @@ class RunWatcher:
             return False
         self._judged_at, self._judged_facts = clock, key
         before = self._liveness
-        self._liveness = judge(self._run_dir, facts)
+        failed = self._launched.failed_start() if self._launched else None
+        self._liveness = failed or judge(self._run_dir, facts)
         if before is None:
             return True
         return (before.state, before.reason, before.processes) != (
@@ -192,7 +193,12 @@ class RunWatcher:
         )
 
     def _read_stderr_tail(self) -> bool:
-        """Refresh the stderr tail when the file's size changed; returns whether it did."""
+        """Refresh the stderr tail when the file's size changed (or from the error kept of a
+        launch whose run dir was removed at start-up); returns whether it did."""
+        if self._launched is not None and self._launched.startup_error is not None:
+            tail = tuple(self._launched.startup_error.splitlines()[-STDERR_TAIL_LINES:])
+            changed, self._stderr_tail = tail != self._stderr_tail, tail
+            return changed
         size = _size(self._stderr_path)
         if size is None or size == self._stderr_size:
             return False

@@ -1,0 +1,57 @@
+"""A launch that fails at start-up leaves nothing in the runs root, and its error stays in the
+console (tui/launcher.py, tui/run_watch.py); a resume never rewrites the run's launch.json."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from helpers import small_run
+from samples import copy_sample_runs
+
+from titan.config import TrainConfig
+from titan.observability.liveness import LAUNCH_FILE
+from titan.trainer.resume import TOKENIZER_FILE
+from tui.launcher import start_run
+from tui.run_list import list_runs
+from tui.run_watch import RunWatcher
+
+
+def _wait_for_exit(run, timeout_s: float = 300.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while run.process.poll() is None:
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.2)
+    return run.process.returncode
+
+
+def test_a_launch_that_fails_before_run_start_leaves_no_run_dir(corpus_dir: Path, tmp_path):
+    # 16 data-parallel replicas on the 8 test devices: titan train refuses it at start-up.
+    config = TrainConfig.of(**small_run(corpus_dir, tmp_path, steps=2, run_id="too-wide", dp=16))
+    run = start_run(config)
+    listed_while_starting = [s.run_dir.name for s in list_runs(tmp_path).summaries]
+    code = _wait_for_exit(run)
+    watcher = RunWatcher(run.run_dir, run)
+    update = watcher.poll()
+    assert listed_while_starting == ["too-wide"]
+    assert code == 2
+    assert not run.run_dir.exists() and list(tmp_path.iterdir()) == []
+    assert list_runs(tmp_path).summaries == []
+    assert update.liveness.state == "failed"
+    assert update.liveness.reason.startswith("exited before run_start: ")
+    assert "16" in update.liveness.reason and "asked" in update.liveness.reason
+    assert update.stderr_tail and update.stderr_tail[-1] in update.liveness.reason
+
+
+def test_a_refused_resume_leaves_its_run_dir_and_launch_json_as_they_were(tmp_path):
+    # A copied record with its options but no checkpoint: the launcher starts the resume, and
+    # titan train refuses it.
+    run_dir = copy_sample_runs(tmp_path) / "tiny-killed-resumed"
+    (run_dir / TOKENIZER_FILE).write_text("")
+    (run_dir / LAUNCH_FILE).write_text('{"pid": 1}')
+    run = start_run(TrainConfig.of(), resume=run_dir)
+    code = _wait_for_exit(run)
+    run.returncode()
+    assert code != 0
+    assert (run_dir / LAUNCH_FILE).read_text() == '{"pid": 1}'
+    assert (run_dir / "events.jsonl").is_file() and run.startup_error is None
