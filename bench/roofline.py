@@ -33,6 +33,8 @@ import gzip
 import json
 import math
 import re
+import shlex
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -190,9 +192,17 @@ def main() -> int:
     table.sort(key=lambda r: -r["gap_s"])
     total = sum(r["seconds"] for r in table)
     floor = sum(r["floor_s"] for r in table)
-    args.out.write_text(
-        json.dumps({"kernel_time_s": total, "floor_s": floor, "rows": table}, indent=2) + "\n"
-    )
+    record = {
+        "command": shlex.join(["python", "bench/roofline.py", *sys.argv[1:]]),
+        "trace": args.trace.as_posix(),
+        "hlo": args.hlo.as_posix(),
+        "peak_flops": args.peak_flops,
+        "hbm_bytes_per_s": args.hbm_bytes_per_s,
+        "kernel_time_s": total,
+        "floor_s": floor,
+        "rows": table,
+    }
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"kernel time per step {total * 1e3:.1f} ms, floor {floor * 1e3:.1f} ms")
     print("| row | time ms | TFLOP | GB | floor ms | gap ms | bound |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
