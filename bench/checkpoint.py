@@ -15,9 +15,10 @@ the end), each in its own process, and reads each run's record:
 - ``memory_estimate_bytes``: the memory check's estimate (``run_start``), and
   ``peak_memory_bytes`` the largest measured peak of the steps (where the backend reports it);
 
-and writes them with the ratios async / sync to ``bench/results/checkpoint-<device>.json`` (or
-``--out``). ``--preset tiny --steps 20 --checkpoint-every 5 --out /tmp/c.json`` is a smoke test
-that runs on CPU.
+and writes them with the ratios async / sync (``--variants async``: the async run alone), and
+``slowdown_while_saving``, ``saving_step_time_s / step_time_s`` of each run, to
+``bench/results/checkpoint-<device>.json`` (or ``--out``). ``--preset tiny --steps 20
+--checkpoint-every 5 --out /tmp/c.json`` is a smoke test that runs on CPU.
 """
 
 from __future__ import annotations
@@ -101,14 +102,18 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--out", type=Path, help="JSON results file")
     parser.add_argument(
+        "--variants", default="sync,async", help="which runs, of: sync, async (comma-separated)"
+    )
+    parser.add_argument(
         "--runs-root", type=Path, help="keep the two runs here (default: a temporary directory)"
     )
     parser.add_argument("extra", nargs="*", help="more titan train options (after --)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="titan-bench-checkpoint-") as runs:
         root = args.runs_root or Path(runs)
-        variants = {v: measure(_train(args, root, v)) for v in VARIANTS}
-    sync, asynchronous = variants["sync"], variants["async"]
+        chosen = [v for v in VARIANTS if v in args.variants.split(",")]
+        variants = {v: measure(_train(args, root, v)) for v in chosen}
+    sync, asynchronous = variants.get("sync", {}), variants.get("async", {})
     result = {
         "command": shlex.join(["python", "bench/checkpoint.py", *sys.argv[1:]]),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -117,11 +122,15 @@ def main() -> int:
         "checkpoint_every": args.checkpoint_every,
         "variants": variants,
         "ratios_async_over_sync": {
-            key: _ratio(asynchronous[key], sync[key])
+            key: _ratio(asynchronous.get(key), sync.get(key))
             for key in ("blocking_s", "saving_step_time_s", "ettr")
         },
+        "slowdown_while_saving": {
+            name: _ratio(v["saving_step_time_s"], v["step_time_s"]) for name, v in variants.items()
+        },
     }
-    slug = re.sub(r"[^a-z0-9]+", "-", sync["device"].lower()).strip("-") or "unknown"
+    device = next(iter(variants.values()))["device"]
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "unknown"
     out = args.out or RESULTS / f"checkpoint-{slug}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

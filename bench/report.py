@@ -17,6 +17,8 @@ Result files and the scripts that write them:
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
   --scale <runs>``; ``data_loader.json``: ``bench/data_loader.py``;
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
+- ``peers-*.json``: ``bench/peers.py``; ``startup-*.json``: ``bench/startup.py``;
+  ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
 
 Imports no JAX (the GPU catalog only, for the peak of files that do not record it).
@@ -583,12 +585,103 @@ def checkpoint_table(path: Path, base: Path) -> list[str]:
             + [_pct(v["ettr"])]
         )
     ratios = data["ratios_async_over_sync"]
-    rows.append(
-        ["async / sync", "", "", "", _num(ratios["blocking_s"], ".2f"), "", ""]
-        + ["", _num(ratios["saving_step_time_s"], ".2f"), _num(ratios["ettr"], ".2f")]
-    )
+    if ratios["blocking_s"] is not None:
+        rows.append(
+            ["async / sync", "", "", "", _num(ratios["blocking_s"], ".2f"), "", ""]
+            + ["", _num(ratios["saving_step_time_s"], ".2f"), _num(ratios["ettr"], ".2f")]
+        )
     header = ["variant", "device", "saves", "failed", "blocking (s)", "commit (s)", "final (s)"]
     header += ["step time (s)", "step time while saving (s)", "ETTR"]
+    slowdown = data.get("slowdown_while_saving", {})
+    notes = [
+        f"Steps while a save is in flight, {name}: {_num(value, '.4f')} x the other steps' time."
+        for name, value in slowdown.items()
+    ]
+    return lines + _table(header, rows) + [""] + [" ".join(notes), ""] * bool(notes)
+
+
+def startup_table(path: Path, base: Path) -> list[str]:
+    """``bench/startup.py``: time to first step per start, cold then from the warm cache."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`.", ""]
+    rows = [
+        [
+            str(i + 1),
+            "cold" if not s["cache_hits"] else "warm",
+            _num(s["time_to_first_step_s"], ".1f"),
+        ]
+        + [_num(s["compile_s"], ".2f"), str(s["cache_hits"]), str(len(s["recompiles"]))]
+        + [_num(s["step_time_s"], ".3f")]
+        for i, s in enumerate(data["starts"])
+    ]
+    header = ["start", "cache", "time to first step (s)", "compile (s)", "cache hits"]
+    header += ["recompiles", "step time (s)"]
+    return lines + _table(header, rows) + [""]
+
+
+PEER_SYSTEMS = ("titan-defaults", "titan-best", "plain-jax")
+
+
+def peers_table(path: Path, base: Path) -> list[str]:
+    """``bench/peers.py``: each system on each shape, from one call per shape."""
+    data = json.loads(path.read_text())
+    commands = data["command"] if isinstance(data["command"], list) else [data["command"]]
+    lines = [
+        f"Result file: {_link(path, base)}; commands: "
+        + "; ".join(f"`{c}`" for c in commands)
+        + "."
+    ]
+    lines += [
+        "",
+        f"MFU: {data['mfu_convention']} ({data['peak_flops'] / 1e12:,.1f} TFLOP/s on "
+        f"{data['device']}). Titan's best options: `{data['best_options']}`.",
+        "",
+    ]
+    rows = []
+    for name, systems in data["results"].items():
+        shape = data["shapes"][name]
+        for system in PEER_SYSTEMS:
+            if system not in systems:
+                continue
+            r = systems[system]
+            where = (
+                f"{name} (B{shape['batch']} x S{shape['seq_len']}, {shape['param_dtype']} master)"
+            )
+            if "error" in r:
+                rows.append([where, system, "failed: " + r["error"].replace("|", "/"), "", "", ""])
+                continue
+            rows.append(
+                [where, system, f"{r['tokens_per_s']:,.0f}", _pct(r.get("mfu"))]
+                + [_num(r["peak_memory_gib"], ".1f"), _num(r["time_to_first_step_s"], ".1f")]
+            )
+    header = ["shape", "system", "tokens/s", "MFU", "peak GiB", "time to first step (s)"]
+    not_run = "; ".join(f"{k}: {v}" for k, v in data.get("not_run", {}).items())
+    return lines + _table(header, rows) + [""] + ([f"Not run: {not_run}.", ""] if not_run else [])
+
+
+def roofline_table(path: Path, base: Path) -> list[str]:
+    """``bench/roofline.py``: the profiled step's kernel time by row against its floor."""
+    data = json.loads(path.read_text())
+    inputs = [REPO / data["trace"], REPO / data["hlo"]]
+    lines = [
+        f"Result file: {_link(path, base)}, from {_link(inputs[0], base)} and "
+        f"{_link(inputs[1], base)}; command: `{data['command']}`.",
+        "",
+    ]
+    lines += [
+        f"Kernel time per step {data['kernel_time_s'] * 1e3:.1f} ms; the floors add up to "
+        f"{data['floor_s'] * 1e3:.1f} ms (at {data['peak_flops'] / 1e12:,.1f} TFLOP/s and "
+        f"{data['hbm_bytes_per_s'] / 1e12:.1f} TB/s, the datasheet's figures). Rows by gap, "
+        "the 15 largest.",
+        "",
+    ]
+    rows = [
+        [r["row"], f"{r['seconds'] * 1e3:.2f}", _num(r["calls_per_step"], ".0f")]
+        + [f"{r['flops'] / 1e12:.2f}", f"{r['bytes'] / 1e9:.2f}"]
+        + [f"{r['floor_s'] * 1e3:.2f}", f"{r['gap_s'] * 1e3:.2f}"]
+        for r in data["rows"][:15]
+    ]
+    header = ["row", "time (ms)", "calls", "TFLOP", "GB", "floor (ms)", "gap (ms)"]
     return lines + _table(header, rows) + [""]
 
 
@@ -775,9 +868,22 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         lines += pipeline_table(path, doc)
     checkpoint_files = sorted(results.glob("checkpoint-*.json"))
     if checkpoint_files:
-        lines += ["## Checkpoints, synchronous against async (`bench/checkpoint.py`)", ""]
+        lines += ["## Checkpoints (`bench/checkpoint.py`)", ""]
         for path in checkpoint_files:
             lines += checkpoint_table(path, doc)
+    peer_files = sorted(results.glob("peers-*.json"))
+    if peer_files:
+        lines += ["## Titan against its peers, per shape (`bench/peers.py`, one GPU)", ""]
+        for path in peer_files:
+            lines += peers_table(path, doc)
+    startup_files = sorted(results.glob("startup-*.json"))
+    if startup_files:
+        lines += ["## Time to first step, cold and warm compilation cache (`bench/startup.py`)", ""]
+        for path in startup_files:
+            lines += startup_table(path, doc)
+    for path in sorted(results.glob("roofline-*.json")):
+        lines += ["## Roofline of the `llama3-1b` step (`bench/roofline.py`)", ""]
+        lines += roofline_table(path, doc)
     if (results / "planner_draws_evaluation.json").exists():
         lines += ["## Planner accuracy on random draws (`bench/planner_accuracy.py --draw`)", ""]
         lines += planner_draw_tables(results / "planner_draws_evaluation.json", doc)

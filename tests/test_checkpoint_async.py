@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import jax
@@ -18,6 +19,7 @@ from titan.exit_codes import EXIT_FAILED
 from titan.ops import Ops
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
+from titan.trainer.snapshot import bytes_per_device, snapshot_fits
 
 VOCAB = 512
 
@@ -189,4 +191,56 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(small_options, cap
     assert (run_dir / "unrestorable_checkpoints" / "4" / "chunk_0").is_dir()
     checkpointer = Checkpointer(run_dir)
     assert checkpointer.committed_steps()[-1] == 6
+    checkpointer.close()
+
+
+class _Device:
+    def __init__(self, limit: int, peak: int):
+        self.stats = {"bytes_limit": limit, "peak_bytes_in_use": peak}
+
+    def memory_stats(self):
+        return self.stats
+
+
+class _Shard:
+    def __init__(self, device: _Device, nbytes: int):
+        self.device, self.data = device, np.zeros(nbytes, np.uint8)
+
+
+class _Leaf:
+    def __init__(self, *shards: _Shard):
+        self.addressable_shards = list(shards)
+
+
+def test_a_device_snapshot_is_taken_only_where_it_fits_beside_the_peak():
+    roomy, full = _Device(limit=1000, peak=500), _Device(limit=1000, peak=800)
+    assert bytes_per_device([_Leaf(_Shard(roomy, 100)), _Leaf(_Shard(roomy, 50))]) == {roomy: 150}
+    assert snapshot_fits([_Leaf(_Shard(roomy, 400))])  # 500 + 400 <= 950
+    assert not snapshot_fits([_Leaf(_Shard(roomy, 460))])  # 960 > 950: the 5% margin
+    assert not snapshot_fits([_Leaf(_Shard(roomy, 100), _Shard(full, 200))])  # one too full
+    assert snapshot_fits({"x": jax.numpy.ones(4)})  # XLA:CPU reports no statistics
+
+
+def test_one_process_async_saves_prune_off_the_loop_thread(tmp_path, monkeypatch):
+    cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)
+    trainer = build_trainer(cfg, model_config(cfg, VOCAB), Ops(jax.default_backend()))
+    trainer.trace()
+    trainer.compile()
+    state = trainer.init_state(seed=0)
+    meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe()}
+    checkpointer = Checkpointer(tmp_path, keep=1, asynchronous=True)
+    deleted_on: list[tuple[int, str]] = []
+    delete = checkpointer._manager.delete
+    monkeypatch.setattr(
+        checkpointer._manager,
+        "delete",
+        lambda step: (deleted_on.append((step, threading.current_thread().name)), delete(step)),
+    )
+    for batch in (1, 2, 3):
+        state, _ = trainer.step(state, _batch(batch))
+        checkpointer.save(state, meta)
+    results = checkpointer.wait()
+    assert [(r.step, r.error) for r in results] == [(3, None)]
+    assert deleted_on == [(1, "titan-save-2"), (2, "titan-save-3")]
+    assert checkpointer.committed_steps() == [3]
     checkpointer.close()

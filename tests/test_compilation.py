@@ -97,3 +97,12 @@ def test_two_functions_of_one_name_are_no_repeat():
 )
 def test_layer_loop_is_chosen_by_depth(n_layers: int, flag: int, unroll: int):
     assert layer_unroll_for(n_layers, flag) == unroll
+
+
+def test_cache_misses_and_writes_are_not_logged(tmp_path: Path, monkeypatch, caplog):
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path))
+    with compilation_settings(cache=True), CompileWatch():
+        jax.jit(lambda x: x * 3.0)(jnp.ones((5,))).block_until_ready()
+    assert any((tmp_path / "xla").iterdir())  # written
+    assert not [r for r in caplog.records if "PERSISTENT" in r.getMessage()]
+    assert not [r for r in caplog.records if r.getMessage().startswith("Writing ")]

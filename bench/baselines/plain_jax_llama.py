@@ -5,7 +5,9 @@ fp32 master weights, bf16 compute, scan over layers, optional remat, attention t
 jax.nn.dot_product_attention. Prints JSON lines: the bf16 matmul ceiling, then one line
 with tokens/s and MFU under both attention-FLOP conventions (989e12 peak, H100/H200 dense bf16).
 
-Environment: L (layers, 16), S (seq len, 2048), B (batch, 8), ATTN (cudnn | xla), REMAT (1 | 0).
+Environment: L (layers, 16), S (seq len, 2048), B (batch, 8), ATTN (cudnn | xla), REMAT (1 | 0);
+the shape's D (2048), H (16), KV (8), F (5632), V (32000) and the master weights' PDT
+(float32 | bfloat16).
 Results: the plain-JAX baseline rows of docs/benchmarks.md (``bench/mfu.py`` runs this file).
 """
 
@@ -36,8 +38,10 @@ c.block_until_ready(); dt = (time.perf_counter() - t) / reps
 log(matmul_tflops=2 * n**3 / dt / 1e12)
 
 # 2. Llama-style model
-cfg = dict(L=int(os.environ.get("L", 16)), d=2048, H=16, KV=8, F=5632, V=32000,
-           S=int(os.environ.get("S", 2048)), B=int(os.environ.get("B", 8)))
+env = lambda k, v: int(os.environ.get(k, v))
+cfg = dict(L=env("L", 16), d=env("D", 2048), H=env("H", 16), KV=env("KV", 8), F=env("F", 5632),
+           V=env("V", 32000), S=env("S", 2048), B=env("B", 8))
+PDT = jnp.dtype(os.environ.get("PDT", "float32"))
 L, d, H, KV, F, V, S, B = (cfg[k] for k in "L d H KV F V S B".split())
 hd = d // H
 
@@ -94,7 +98,7 @@ def loss_fn(params, tokens):
     return optax.softmax_cross_entropy_with_integer_labels(logits, tgt).mean()
 
 opt = optax.adamw(3e-4, weight_decay=0.1)
-params = init(jax.random.PRNGKey(0))
+params = jax.tree.map(lambda x: x.astype(PDT), init(jax.random.PRNGKey(0)))
 state = opt.init(params)
 nparam = sum(x.size for x in jax.tree.leaves(params))
 
@@ -108,7 +112,7 @@ step = jax.jit(step, donate_argnums=(0, 1))
 tokens = jax.random.randint(jax.random.PRNGKey(1), (B, S), 0, V)
 t0 = time.perf_counter()
 params, state, loss = step(params, state, tokens); loss.block_until_ready()
-compile_s = time.perf_counter() - t0
+compile_s = time.perf_counter() - t0; first_step_unix = time.time()
 for _ in range(2): params, state, loss = step(params, state, tokens)
 loss.block_until_ready()
 reps = 10; t = time.perf_counter()
@@ -121,4 +125,4 @@ tok_s = B * S / dt
 mem = jax.devices()[0].memory_stats() or {}
 log(cfg=cfg, attn=IMPL, remat=REMAT, params_b=nparam / 1e9, compile_s=compile_s, step_s=dt, tok_s=tok_s,
     loss=float(loss), mfu_causal=flops_tok * tok_s / 989e12, mfu_palm=flops_tok_palm * tok_s / 989e12,
-    peak_mem_gb=mem.get("peak_bytes_in_use", 0) / 2**30)
+    peak_mem_gb=mem.get("peak_bytes_in_use", 0) / 2**30, first_step_unix=first_step_unix)

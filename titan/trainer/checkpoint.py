@@ -21,15 +21,20 @@ family's layer axis, cuts them at the new chunk boundaries and places them on th
 (:func:`titan.parallel.chunks.join_layers`, :func:`titan.parallel.chunks.cut_layers`).
 
 Saves are asynchronous by default (``--checkpoint-async``, orbax's async
-``CheckpointManager``): :meth:`Checkpointer.save` returns once every array of the state has been
-copied to host memory (orbax's blocking part), so the next step may donate the device buffers,
-and a background thread writes and commits the copy. A save is committed when its step folder
+``CheckpointManager``). With one process, :meth:`Checkpointer.save` copies the state on its
+devices when they have room (:mod:`titan.trainer.snapshot`) and returns once the copy is
+dispatched; a background thread hands the copy to orbax, waits for the commit and prunes, so
+neither the copy to host memory nor deleting old checkpoints holds the loop. Otherwise (several
+processes, or no room) it returns once every array of the state has been copied to host memory
+(orbax's blocking part), so the next step may donate the device buffers, and a background thread
+writes and commits the copy. A save is committed when its step folder
 (renamed from orbax's temporary folder) holds ``meta``; :class:`SaveResult` says whether it was,
 and only committed saves are kept, pruned or restored. Saves are ordered: a save first waits for
 the previous one to settle. Retention (:func:`steps_to_prune`): the ``--checkpoint-keep``
 newest committed checkpoints, and every step that is a multiple of ``--checkpoint-keep-every``.
 Pruning happens only between saves, once every process has seen the last one committed, on
-every process alike (orbax's delete is collective), and never touches a step above it. A save
+every process alike (orbax's delete is collective; with one process and a copy on the device,
+on the background thread once the save has committed), and never touches a step above it. A save
 that fails leaves nothing behind: its temporary folder and stage items are removed once nobody
 can still write them (:meth:`Checkpointer.remove_leftovers`).
 
@@ -65,6 +70,7 @@ from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import read_json
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
 from titan.trainer.init_from import checkpoint_location
+from titan.trainer.snapshot import device_snapshot, snapshot_fits
 from titan.trainer.stage_store import StageStore, check_dtype
 from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
 
@@ -245,19 +251,31 @@ class SaveSchedule:
         self._last = self._clock()
 
 
-class _PendingSave:
-    """An async save in flight: a thread waits for orbax to finish it, then checks the commit."""
+def _consume_failed_save(manager: ocp.CheckpointManager) -> None:
+    """Orbax raises a failed save once per thread, on its next wait or save: consume it on the
+    calling thread (the thread that waited for that save has recorded it)."""
+    try:
+        manager.wait_until_finished()
+    except Exception:  # noqa: BLE001, S110 - recorded by the save's own thread
+        pass
 
-    def __init__(self, checkpointer: Checkpointer, step: int, start: float, blocking_s: float):
+
+class _PendingSave:
+    """An async save in flight: a thread runs ``finish`` (which waits for orbax to write, and
+    returns None once committed, else why not)."""
+
+    def __init__(
+        self, finish: Callable[[], str | None], step: int, start: float, blocking_s: float
+    ):
         self.step, self.start, self.blocking_s = step, start, blocking_s
         self.result: SaveResult | None = None
         self._thread = threading.Thread(
-            target=self._wait, args=(checkpointer,), name=f"titan-save-{step}", daemon=True
+            target=self._wait, args=(finish,), name=f"titan-save-{step}", daemon=True
         )
         self._thread.start()
 
-    def _wait(self, checkpointer: Checkpointer) -> None:
-        error = checkpointer.finish_orbax_save(self.step)
+    def _wait(self, finish: Callable[[], str | None]) -> None:
+        error = finish()
         commit_s = time.perf_counter() - self.start
         self.result = SaveResult(self.step, self.blocking_s, commit_s, error)
 
@@ -295,6 +313,36 @@ class Checkpointer:
         self._pending: _PendingSave | None = None
         self._settled: SaveResult | None = None  # the last save settled, not yet concluded
         self._saved = False  # whether this checkpointer has saved yet
+        # one process, asynchronous: saves from a copy on the device, written and pruned by a
+        # background thread (orbax's saves and deletes are collective across processes)
+        self._snapshots = asynchronous and jax.process_count() == 1
+
+    def _save_snapshot(
+        self, step: int, snapshot: dict[str, Any], meta: dict[str, Any], start: float
+    ) -> list[SaveResult]:
+        """Save ``snapshot`` (:func:`titan.trainer.snapshot.device_snapshot` of the state's
+        items) as checkpoint ``step`` from a background thread, which hands it to orbax (whose
+        copy to host memory then holds no loop), waits for the commit and prunes. The loop
+        waits only for the copy's dispatch. Returns the saves settled here (none)."""
+        meta = {**meta, "stage_items": []}
+        args = {name: ocp.args.StandardSave(tree) for name, tree in snapshot.items()}
+        composite = ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args)
+
+        def write() -> str | None:
+            _consume_failed_save(self._manager)  # an earlier failure, already recorded
+            try:
+                self._manager.save(step, args=composite, force=True)
+            except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
+                self.finish_orbax_save(step)
+                return _save_error(err)
+            error = self.finish_orbax_save(step)
+            if error is None:
+                committed = [s for s in self.committed_steps() if s <= step]
+                self._prune(step, committed)  # the new checkpoint is committed: older ones may go
+            return error
+
+        self._pending = _PendingSave(write, step, start, time.perf_counter() - start)
+        return []
 
     def committed_steps(self) -> list[int]:
         """Steps of the committed checkpoints, oldest first. A step directory without the
@@ -317,7 +365,9 @@ class Checkpointer:
         process's stage items, waits for every process's, and commits. Synchronous: returns
         once the save has committed (and been pruned after) or failed. Asynchronous: returns
         once the state has been copied to host memory (the caller may then donate its
-        buffers); the result comes from :meth:`results` or :meth:`wait`.
+        buffers), or, with one process and room on its devices, once a copy of the state on the
+        devices is dispatched (a background thread writes, commits and prunes); the result
+        comes from :meth:`results` or :meth:`wait`.
 
         Returns:
             The saves that settled during the call (the previous one; this one when synchronous).
@@ -331,6 +381,8 @@ class Checkpointer:
             barrier("titan:checkpoint-leftovers")
             self._saved = True
         step, items = state.step, state.items()
+        if self._snapshots and snapshot_fits(items):
+            return [*settled, *self._save_snapshot(step, device_snapshot(items), meta, start)]
         fault_point("write", step)
         stage_items = self._stages.save(step, items)  # written now, whatever the mode
         fault_point("barrier", step)
@@ -351,7 +403,8 @@ class Checkpointer:
             elapsed = time.perf_counter() - start
             return [*settled, self._settle_as(SaveResult(step, elapsed, elapsed, _save_error(err)))]
         if self.asynchronous:
-            self._pending = _PendingSave(self, step, save_start, time.perf_counter() - start)
+            finish = functools.partial(self.finish_orbax_save, step)
+            self._pending = _PendingSave(finish, step, save_start, time.perf_counter() - start)
             return settled
         error = self.finish_orbax_save(step)
         elapsed = time.perf_counter() - start
@@ -393,10 +446,7 @@ class Checkpointer:
         if waited_from is not None:
             blocking_s = result.blocking_s + time.perf_counter() - waited_from
             result = replace(result, blocking_s=blocking_s)
-        try:  # orbax raises a failed save once per thread: consume it on this one
-            self._manager.wait_until_finished()
-        except Exception:  # noqa: BLE001, S110 - the watcher thread recorded it
-            pass
+        _consume_failed_save(self._manager)
         return [self._settle_as(result)]
 
     def _settle_as(self, result: SaveResult) -> SaveResult:

@@ -34,6 +34,9 @@ CACHE_SUBDIR = "xla"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # jax._src.compiler
 _EXPLAIN_LOGGER = "jax._src.interpreters.partial_eval"  # where JAX logs TRACING CACHE MISS
+# where JAX logs, as warnings once misses are explained, each persistent-cache miss and write
+_CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+_CACHE_LINES = ("PERSISTENT COMPILATION CACHE MISS", "Writing ")
 _SETTINGS = (
     "jax_compilation_cache_dir",
     "jax_persistent_cache_min_compile_time_secs",
@@ -76,6 +79,12 @@ def compilation_settings(cache: bool) -> Iterator[Path | None]:
         _apply(previous)
 
 
+def _quiet_cache_lines(record: logging.LogRecord) -> bool:
+    """Logging filter: drops JAX's line per persistent-cache miss and write (every program of a
+    cold start; the ``compile`` event counts the hits)."""
+    return not record.getMessage().startswith(_CACHE_LINES)
+
+
 class CompileWatch:
     """Counts compilations and persistent-cache hits while active (a context manager; one
     active at a time), and turns every second compilation of a function into a ``compile``
@@ -97,11 +106,15 @@ class CompileWatch:
         _Listeners.install()
         _Listeners.active = self
         logging.getLogger(_EXPLAIN_LOGGER).addFilter(self._explanation)
+        for name in _CACHE_LOGGERS:
+            logging.getLogger(name).addFilter(_quiet_cache_lines)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _Listeners.active = None
         logging.getLogger(_EXPLAIN_LOGGER).removeFilter(self._explanation)
+        for name in _CACHE_LOGGERS:
+            logging.getLogger(name).removeFilter(_quiet_cache_lines)
 
     def _explanation(self, record: logging.LogRecord) -> bool:
         """Logging filter: keeps JAX's explanation of a tracing-cache miss (and drops it from
