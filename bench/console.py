@@ -663,7 +663,7 @@ async def _flood(root: Path, events: int, seconds: float) -> dict:
         "key_ui_cpu_p50_s": _percentile(keys.ui_cpu_s, 0.5),
         "key_ui_cpu_p99_s": _percentile(keys.ui_cpu_s, 0.99),
         "newest_step_lag_s": shown_at[0] - stopped_at if shown_at else None,
-        "step_shown_at_timeout": None if shown_at is not None else shown,
+        "step_shown_at_timeout": None if shown_at else shown,
         "loop_stall_max_s": max(lags),
         "memory_growth_bytes": max(rss) - rss_before,
     }
