@@ -379,6 +379,8 @@ def _train_compiling(
             )
         )
         started = claim.recorded = True
+        if resume_dir and start_step:  # said once the run is recorded: a refusal stays one line
+            print(f"titan: resuming from step {start_step}: {_schedule_text(cfg)}", file=sys.stderr)
         for skipped in run.unrestorable:
             run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
         run.checkpointer.set_aside([skipped.step for skipped in run.unrestorable])
@@ -811,7 +813,6 @@ class _Run:
                 flush=True,
             )
         latest = state.step
-        print(f"titan: resuming from step {latest}: {_schedule_text(self.cfg)}", file=sys.stderr)
         try:
             saved_sequences, position = meta["num_sequences"], meta["data_position"]
         except (KeyError, TypeError) as err:  # a hand-edited meta
