@@ -151,10 +151,12 @@ class TitanConsole(App[None], inherit_bindings=False):
 
     def action_open(self, name: str) -> None:
         """Show the ``launch``, ``planner`` or ``history`` screen (the one already open when it
-        is in the stack: the screens above it are closed)."""
+        is in the stack: the screens above it are closed; a resume form is never reused as the
+        launch form)."""
         kind = {"launch": LaunchScreen, "planner": PlannerScreen, "history": HistoryScreen}[name]
         for depth, screen in enumerate(reversed(self.screen_stack)):
-            if isinstance(screen, kind):
+            resume_form = isinstance(screen, LaunchScreen) and screen.resume is not None
+            if isinstance(screen, kind) and not resume_form:
                 for _ in range(depth):
                     self.pop_screen()
                 return

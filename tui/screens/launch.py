@@ -19,7 +19,7 @@ from titan.errors import TitanError
 from titan.inert import inert
 from tui.launcher import LaunchedRun, start_run
 from tui.options import FORM_PRESETS, config_from_texts, copies_of, default_texts, preset_texts
-from tui.widgets.option_input import OptionInput, help_line, row_of
+from tui.widgets.option_input import NumberInput, OptionInput, help_line, row_of
 
 
 class LaunchScreen(Screen[None]):
@@ -38,6 +38,8 @@ class LaunchScreen(Screen[None]):
     """
 
     CSS_PATH = "launch.tcss"
+    # The first field has focus as the form opens.
+    AUTO_FOCUS = "OptionInput > Input, OptionInput > Select"
     BINDINGS = [Binding("ctrl+r", "launch", "Launch")]
 
     @dataclass
@@ -88,7 +90,7 @@ class LaunchScreen(Screen[None]):
                     presets, value="defaults", allow_blank=False, compact=True, id="preset"
                 )
                 yield Label("copies")
-                yield Input("1", type="integer", compact=True, id="copies")
+                yield NumberInput("1", "integer", "copies", id="copies")
         yield Footer()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
