@@ -1,19 +1,27 @@
-"""The console's forms and narrow screens on the real console through Textual's pilot: the first
-field focused, typed keys kept from bindings, refused characters told, ``n`` a new launch form."""
+"""The console's forms and 80-column screens on the real console through Textual's pilot: the
+first field focused, typed keys kept from bindings, refused characters told, ``n`` a new launch
+form, the stderr panel under a wrapped status, long run-detail values."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from textual.widgets import Input
+from console_helpers import wait_until
+from rich.cells import cell_len
+from samples import copy_sample_runs
+from textual.widgets import DataTable, Footer, Input, Static
 
 from tui.app import TitanConsole
 from tui.options import default_texts
 from tui.screens.launch import LaunchScreen
 from tui.screens.planner import PlannerScreen
+from tui.screens.run_detail import RunDetailScreen
+from tui.screens.value import ValueScreen
 from tui.widgets.option_input import OptionInput
 
 SIZE = (80, 24)
+STALL_RUN = "tiny-watchdog-stall"
 
 
 def _first_field(screen) -> object:
@@ -78,3 +86,50 @@ async def test_n_opens_a_new_launch_form_over_a_resume_form(tmp_path: Path):
         screen = app.screen
     assert isinstance(screen, LaunchScreen)
     assert screen is not resume and screen.resume is None
+
+
+async def test_the_stderr_panel_keeps_its_lines_when_the_status_wraps(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    run_dir = root / STALL_RUN
+    events_file = run_dir / "events.jsonl"
+    lines = events_file.read_text().splitlines()
+    run_end = json.loads(lines[-1])
+    run_end["error"] = "stalled in step for 9.9 s; " + "the collective never returned " * 10
+    events_file.write_text("\n".join([*lines[:-1], json.dumps(run_end)]) + "\n")
+    app = TitanConsole(root, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        status = app.screen.query_one("#status")
+        await wait_until(pilot, lambda: status.has_class("-wrap"), lambda: "no reason", 20)
+        await pilot.pause(0.3)
+        stderr = app.screen.query_one("#stderr").region
+        footer = app.screen.query_one(Footer).region
+    assert stderr.height >= 5  # its border and three lines
+    assert stderr.bottom <= footer.y
+
+
+async def test_a_cut_run_detail_value_reads_in_full_on_enter(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    app = TitanConsole(root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await wait_until(pilot, lambda: app.screen.loaded, lambda: "history not loaded", 30)
+        app.push_screen(RunDetailScreen(app.history, "llama3-1b-h200"))
+        detail = app.screen
+        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        table = detail.query_one("#detail-summary", DataTable)
+        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        memory = keys.index("device memory (GB per device)")
+        full = str(table.get_row_at(memory)[1])
+        table.focus()
+        table.move_cursor(row=memory)
+        await pilot.press("enter")
+        await pilot.pause()
+        popup = app.screen
+        shown = str(popup.query_one("#value-text", Static).render()) if popup is not detail else ""
+        await pilot.press("escape")
+        await pilot.pause()
+        back = app.screen
+    assert cell_len(full) > SIZE[0]  # cut in the table at 80 columns
+    assert isinstance(popup, ValueScreen) and popup.value == full
+    assert " ".join(shown.split()) == full
+    assert back is detail
