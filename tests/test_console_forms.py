@@ -5,16 +5,23 @@ form, the stderr panel under a wrapped status, long run-detail values."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from console_helpers import wait_until
+from console_helpers import append_events, stat, wait_until
 from rich.cells import cell_len
 from samples import copy_sample_runs
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tui.app import TitanConsole
+from tui.launcher import LaunchedRun
 from tui.options import default_texts
 from tui.screens.launch import LaunchScreen
+from tui.screens.monitor import MonitorScreen
 from tui.screens.planner import PlannerScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.screens.value import ValueScreen
@@ -22,6 +29,7 @@ from tui.widgets.option_input import OptionInput
 
 SIZE = (80, 24)
 STALL_RUN = "tiny-watchdog-stall"
+RESUMED_RUN = "tiny-killed-resumed"
 
 
 def _first_field(screen) -> object:
@@ -133,3 +141,73 @@ async def test_a_cut_run_detail_value_reads_in_full_on_enter(tmp_path: Path):
     assert isinstance(popup, ValueScreen) and popup.value == full
     assert " ".join(shown.split()) == full
     assert back is detail
+
+
+def _stand_in_child(run_dir: Path, code: str, *, resumed: bool) -> LaunchedRun:
+    """A real child process in ``run_dir``'s place of ``titan train`` (running ``code``), as
+    :func:`tui.launcher.start_run` records it: its own process group, stderr to the run dir."""
+    argv = [sys.executable, "-c", code]
+    with open(run_dir / "stderr.log", "ab") as err:
+        process = subprocess.Popen(argv, stderr=err, start_new_session=True)
+    return LaunchedRun(run_dir.resolve(), argv, process, resumed=resumed)
+
+
+async def test_a_run_reads_resuming_until_the_new_attempts_run_start(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    run_dir = root / RESUMED_RUN
+    app = TitanConsole(root, open_run=run_dir)
+    child = _stand_in_child(run_dir, "import time; time.sleep(60)", resumed=True)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            first = app.screen
+            ended = lambda: first.check_action("resume", ())  # noqa: E731
+            await wait_until(pilot, ended, lambda: "resume not offered", 20)
+            # The resume form, as R opens it (a sample run's saved data paths are not here).
+            form = LaunchScreen(root, resume=run_dir, texts=default_texts(root))
+            await app.push_screen(form)
+            app.screen.post_message(LaunchScreen.Launched([child]))
+            await wait_until(
+                pilot,
+                lambda: app.screen is not first and isinstance(app.screen, MonitorScreen),
+                lambda: "no monitor",
+                10,
+            )
+            second = app.screen
+            await pilot.pause(0.3)
+            shown = (second.status, stat(app, "status"), second.check_action("resume", ()))
+            await pilot.press("R")
+            await pilot.pause()
+            after_r = app.screen
+            await pilot.press("escape")
+            await pilot.pause()
+            below = (app.screen, first.status, first.check_action("resume", ()))
+            run_start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
+            append_events(run_dir, [{**run_start, "time": time.time()}])
+            await wait_until(pilot, lambda: first.status != "resuming", lambda: first.status, 20)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.process.wait(timeout=30)
+    assert shown == ("resuming", "resuming", False)
+    assert after_r is second
+    assert below == (first, "resuming", False)
+
+
+async def test_a_failed_start_up_does_not_offer_resume(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "tiny-failed"
+    run_dir.mkdir(parents=True)
+    app = TitanConsole(tmp_path / "runs")
+    child = _stand_in_child(
+        run_dir, "import sys; sys.exit('too few devices for 2 stages')", resumed=False
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.post_message(LaunchScreen.Launched([child]))
+        await wait_until(
+            pilot, lambda: isinstance(app.screen, MonitorScreen), lambda: "no monitor", 10
+        )
+        monitor = app.screen
+        failed = lambda: monitor.status == "failed"  # noqa: E731
+        await wait_until(pilot, failed, lambda: monitor.status, 20)
+        offered = monitor.check_action("resume", ())
+    assert not run_dir.exists()
+    assert not offered

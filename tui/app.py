@@ -182,7 +182,12 @@ class TitanConsole(App[None], inherit_bindings=False):
         self.push_screen(MonitorScreen(message.run_dir, launched))
 
     def on_monitor_screen_resume(self, message: MonitorScreen.Resume) -> None:
-        """The launch form with the run's saved options, to resume it."""
+        """The launch form with the run's saved options, to resume it (not while this
+        console's resume of it is starting)."""
+        child = self.launched.get(message.run_dir.resolve())
+        if child is not None and child.resumed and child.process.poll() is None:
+            self.notify(f"Already resumed (pid {child.pid}).", title="Cannot resume")
+            return
         try:
             texts = resume_texts(message.run_dir)
         except TitanError as err:
@@ -200,7 +205,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         for run in message.runs:
             self.launched[run.run_dir] = run
         first = message.runs[0]
-        self.push_screen(MonitorScreen(first.run_dir, first))
+        monitor = MonitorScreen(first.run_dir, first)
+        if first.resumed and isinstance(self.screen, LaunchScreen):
+            self.switch_screen(monitor)  # the resume form is spent: esc never resumes again
+        else:
+            self.push_screen(monitor)
         if len(message.runs) > 1:
             self.notify(f"{len(message.runs)} runs launched; the run list shows them all.")
 
