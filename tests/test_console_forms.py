@@ -4,6 +4,7 @@ form, the stderr panel under a wrapped status, long run-detail values."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -211,3 +212,20 @@ async def test_a_failed_start_up_does_not_offer_resume(tmp_path: Path):
         offered = monitor.check_action("resume", ())
     assert not run_dir.exists()
     assert not offered
+
+
+async def test_history_export_never_overwrites_an_earlier_export(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    mine = root / "history.csv"
+    mine.write_text("kept,as,written\n")
+    app = TitanConsole(root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await wait_until(pilot, lambda: app.screen.loaded, lambda: "history not loaded", 30)
+        await pilot.press("x")
+        second = root / "history-2.csv"
+        await wait_until(pilot, lambda: app._notifications, lambda: "no notice", 20)
+        notices = [n.message for n in app._notifications]
+    assert mine.read_text() == "kept,as,written\n"
+    assert len(list(csv.DictReader(second.open()))) == 4
+    assert notices == [f"4 runs written to {second}"]
