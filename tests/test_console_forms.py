@@ -229,3 +229,23 @@ async def test_history_export_never_overwrites_an_earlier_export(tmp_path: Path)
     assert mine.read_text() == "kept,as,written\n"
     assert len(list(csv.DictReader(second.open()))) == 4
     assert notices == [f"4 runs written to {second}"]
+
+
+async def test_the_planner_ranking_shows_tokens_per_s_and_time_at_80_columns(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        planner = app.screen
+        planner.query_one("#option-search", OptionInput).control.value = "1"
+        searched = lambda: planner.report is not None and planner.report["search"]  # noqa: E731
+        await wait_until(pilot, searched, lambda: "no search", 30)
+        await pilot.pause(0.3)
+        ranked = planner.query_one("#plan-ranked", DataTable)
+        labels = [str(column.label) for column in ranked.columns.values()]
+        shown = [column.get_render_width(ranked) for column in ranked.columns.values()][:2]
+        visible = ranked.scrollable_content_region.width
+        best = ranked.get_row_at(0)[:2]
+        plan = planner.report["plans"][0]
+    assert labels[:2] == ["tokens/s", "days"]
+    assert sum(shown) <= visible  # both columns whole on screen (render widths hold padding)
+    assert best == [f"{plan['tokens_per_s']:,.0f}", f"{plan['total_s'] / 86_400:,.1f}"]
