@@ -16,7 +16,7 @@ from pathlib import Path
 from console_helpers import append_events, stat, wait_until
 from rich.cells import cell_len
 from samples import copy_sample_runs
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Footer, Input, Select, Static
 
 from tui.app import TitanConsole
 from tui.launcher import LaunchedRun
@@ -65,6 +65,22 @@ async def test_typing_in_the_planner_never_fires_a_binding(tmp_path: Path):
         screen, typed = app.screen, field.value
     assert isinstance(screen, PlannerScreen)
     assert typed == "tiny"
+
+
+async def test_a_key_typed_on_a_choice_field_opens_it_not_a_binding(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        await pilot.pause()
+        planner = app.screen
+        choice = planner.query(Select).first()
+        choice.focus()
+        await pilot.pause()
+        await pilot.press("h")
+        await pilot.pause()
+        screen, opened = app.screen, choice.expanded
+    assert screen is planner
+    assert opened
 
 
 async def test_an_integer_field_refuses_letters_visibly(tmp_path: Path):

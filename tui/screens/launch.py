@@ -19,7 +19,13 @@ from titan.errors import TitanError
 from titan.inert import inert
 from tui.launcher import LaunchedRun, start_run
 from tui.options import FORM_PRESETS, config_from_texts, copies_of, default_texts, preset_texts
-from tui.widgets.option_input import NumberInput, OptionInput, help_line, row_of
+from tui.widgets.option_input import (
+    FieldSelect,
+    NumberInput,
+    OptionInput,
+    help_line,
+    row_of,
+)
 
 
 class LaunchScreen(Screen[None]):
@@ -86,7 +92,7 @@ class LaunchScreen(Screen[None]):
             else:
                 yield Label("preset")
                 presets = [(name, name) for name in FORM_PRESETS]
-                yield Select(
+                yield FieldSelect(
                     presets, value="defaults", allow_blank=False, compact=True, id="preset"
                 )
                 yield Label("copies")

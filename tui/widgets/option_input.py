@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widget import Widget
@@ -44,6 +45,18 @@ class NumberInput(Input):
         )
 
 
+class FieldSelect(Select[str]):
+    """A form's choice field: a typed character opens its list instead of reaching the screen's
+    bindings (``n``, ``p``, ``h``, ``q``), as a text field keeps what is typed into it."""
+
+    def on_key(self, event: events.Key) -> None:
+        """Open the list on a printable key (Textual's list then searches what is typed)."""
+        if event.is_printable and not self.expanded:
+            event.stop()
+            event.prevent_default()
+            self.expanded = True
+
+
 class OptionInput(HorizontalGroup):
     """A form row for one option: a Select when the option has choices, else an Input.
 
@@ -75,7 +88,7 @@ class OptionInput(HorizontalGroup):
         self.option_name, self.flag, self.help, self.default = name, flag, help, default
         self.control: Input | Select[str]
         if choices:
-            self.control = Select(choices, value=text, allow_blank=False, compact=True)
+            self.control = FieldSelect(choices, value=text, allow_blank=False, compact=True)
         elif input_type in _INPUT_TYPES:
             self.control = NumberInput(text, _INPUT_TYPES[input_type], flag)
         else:
