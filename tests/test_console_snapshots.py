@@ -38,6 +38,7 @@ async def _settle(pilot, ready) -> None:
 def test_planner_snapshot(snap_compare, tmp_path: Path, size: tuple[int, int]):
     async def open_planner(pilot):
         await pilot.press("p")
+        pilot.app.focused.cursor_blink = False  # the first field's cursor, drawn steadily
         await _settle(pilot, lambda: pilot.app.screen.report is not None)
 
     assert snap_compare(TitanConsole(tmp_path), terminal_size=size, run_before=open_planner)

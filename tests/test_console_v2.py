@@ -122,7 +122,7 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
     assert stale and fresh
     assert searched["plans"] == cli_search["plans"]
     assert searched["layouts_fit"] == cli_search["layouts_fit"]
-    assert [row[0] for row in ranked] == [p["layout"] for p in cli_search["plans"]]
+    assert [row[2] for row in ranked] == [p["layout"] for p in cli_search["plans"]]
 
 
 # --- history --------------------------------------------------------------------------------

@@ -151,10 +151,12 @@ class TitanConsole(App[None], inherit_bindings=False):
 
     def action_open(self, name: str) -> None:
         """Show the ``launch``, ``planner`` or ``history`` screen (the one already open when it
-        is in the stack: the screens above it are closed)."""
+        is in the stack: the screens above it are closed; a resume form is never reused as the
+        launch form)."""
         kind = {"launch": LaunchScreen, "planner": PlannerScreen, "history": HistoryScreen}[name]
         for depth, screen in enumerate(reversed(self.screen_stack)):
-            if isinstance(screen, kind):
+            resume_form = isinstance(screen, LaunchScreen) and screen.resume is not None
+            if isinstance(screen, kind) and not resume_form:
                 for _ in range(depth):
                     self.pop_screen()
                 return
@@ -180,7 +182,12 @@ class TitanConsole(App[None], inherit_bindings=False):
         self.push_screen(MonitorScreen(message.run_dir, launched))
 
     def on_monitor_screen_resume(self, message: MonitorScreen.Resume) -> None:
-        """The launch form with the run's saved options, to resume it."""
+        """The launch form with the run's saved options, to resume it (not while this
+        console's resume of it is starting)."""
+        child = self.launched.get(message.run_dir.resolve())
+        if child is not None and child.resumed and child.process.poll() is None:
+            self.notify(f"Already resumed (pid {child.pid}).", title="Cannot resume")
+            return
         try:
             texts = resume_texts(message.run_dir)
         except TitanError as err:
@@ -198,7 +205,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         for run in message.runs:
             self.launched[run.run_dir] = run
         first = message.runs[0]
-        self.push_screen(MonitorScreen(first.run_dir, first))
+        monitor = MonitorScreen(first.run_dir, first)
+        if first.resumed and isinstance(self.screen, LaunchScreen):
+            self.switch_screen(monitor)  # the resume form is spent: esc never resumes again
+        else:
+            self.push_screen(monitor)
         if len(message.runs) > 1:
             self.notify(f"{len(message.runs)} runs launched; the run list shows them all.")
 

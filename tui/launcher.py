@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -83,6 +83,10 @@ class LaunchedRun:
         run_dir: ``<runs root>/<run id>``, holding ``events.jsonl`` and the two log files.
         argv: the command line it was started with.
         process: the child; it leads its own process group (``pgid == pid``).
+        resumed: a ``titan train --resume`` child (its run dir is never removed).
+        startup_error: ``stderr.log`` of a new run that exited before its record (its run dir
+            removed), else None.
+        started_s: unix seconds when the child was started.
     """
 
     run_dir: Path
@@ -90,6 +94,7 @@ class LaunchedRun:
     process: subprocess.Popen[bytes]
     resumed: bool = False
     startup_error: str | None = None
+    started_s: float = field(default_factory=time.time)
 
     @property
     def pid(self) -> int:
@@ -103,6 +108,13 @@ class LaunchedRun:
         if code is not None and self.startup_error is None and not self.resumed:
             self._discard_failed_start()
         return code
+
+    def resuming(self, started_at: float | None) -> bool:
+        """Whether this is a resume still starting: its child runs and the record's latest
+        ``run_start`` (``started_at``, unix s, None before any) is older than the child, so the
+        new attempt has not started yet."""
+        started = started_at is not None and started_at >= self.started_s
+        return self.resumed and not started and self.process.poll() is None
 
     def failed_start(self) -> Liveness | None:
         """The state of a launch whose run dir was removed at start-up (``failed``, with the

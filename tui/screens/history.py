@@ -221,12 +221,14 @@ class HistoryScreen(Screen[None]):
 
     def action_export(self, kind: str) -> None:
         """Write every run matching the filter, in the table's order, to
-        ``<runs root>/history.<kind>`` (in a worker)."""
+        ``<runs root>/history.<kind>``, or the first free ``history-2.<kind>``, ``history-3...``
+        when it exists (never overwritten; the notice names the file), in a worker."""
         query = dataclasses.replace(self.query_one(HistoryTable).requested, offset=0)
-        self._export(self.store.runs_root / f"history.{kind}", query)
+        self._export(self.store.runs_root, kind, query)
 
     @work(thread=True, group="export")
-    def _export(self, path: Path, query: HistoryQuery) -> None:
+    def _export(self, folder: Path, kind: str, query: HistoryQuery) -> None:
+        path = free_path(folder, "history", kind)
         try:
             count = self.store.export(path, query)
         except TitanError as err:
@@ -236,3 +238,13 @@ class HistoryScreen(Screen[None]):
         self.app.call_from_thread(
             self.notify, inert(f"{count} {runs} written to {path}"), markup=False
         )
+
+
+def free_path(folder: Path, stem: str, suffix: str) -> Path:
+    """``folder/stem.suffix``, or the first of ``stem-2.suffix``, ``stem-3.suffix``... that does
+    not exist."""
+    path, number = folder / f"{stem}.{suffix}", 1
+    while path.exists():
+        number += 1
+        path = folder / f"{stem}-{number}.{suffix}"
+    return path

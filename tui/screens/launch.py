@@ -19,7 +19,13 @@ from titan.errors import TitanError
 from titan.inert import inert
 from tui.launcher import LaunchedRun, start_run
 from tui.options import FORM_PRESETS, config_from_texts, copies_of, default_texts, preset_texts
-from tui.widgets.option_input import OptionInput, help_line, row_of
+from tui.widgets.option_input import (
+    FieldSelect,
+    NumberInput,
+    OptionInput,
+    help_line,
+    row_of,
+)
 
 
 class LaunchScreen(Screen[None]):
@@ -38,6 +44,8 @@ class LaunchScreen(Screen[None]):
     """
 
     CSS_PATH = "launch.tcss"
+    # The first field has focus as the form opens.
+    AUTO_FOCUS = "OptionInput > Input, OptionInput > Select"
     BINDINGS = [Binding("ctrl+r", "launch", "Launch")]
 
     @dataclass
@@ -84,11 +92,11 @@ class LaunchScreen(Screen[None]):
             else:
                 yield Label("preset")
                 presets = [(name, name) for name in FORM_PRESETS]
-                yield Select(
+                yield FieldSelect(
                     presets, value="defaults", allow_blank=False, compact=True, id="preset"
                 )
                 yield Label("copies")
-                yield Input("1", type="integer", compact=True, id="copies")
+                yield NumberInput("1", "integer", "copies", id="copies")
         yield Footer()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:

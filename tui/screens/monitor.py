@@ -39,6 +39,7 @@ _STATUS_TONES = {
     "completed": "good",
     "stopped": "warn",
     "stopping": "warn",
+    "resuming": "warn",
     "failed": "bad",
     "dead": "bad",
     "stalled": "warn",
@@ -188,6 +189,8 @@ class MonitorScreen(Screen[None]):
         self._unread_bytes = update.unread_bytes
         exited = update.returncode is not None and update.returncode != self.returncode
         self.returncode = update.returncode
+        if exited:  # a resume refused at start-up can be resumed again
+            self.refresh_bindings()
         if update.liveness is not None:
             if self.liveness is None or self.liveness.alive != update.liveness.alive:
                 self.refresh_bindings()
@@ -210,7 +213,7 @@ class MonitorScreen(Screen[None]):
         self._show_state()
 
     def on_screen_resume(self) -> None:
-        if self._stale:
+        if self._stale or self._resuming():
             self._stale = False
             self._show_state()
 
@@ -224,12 +227,20 @@ class MonitorScreen(Screen[None]):
         self._show_state()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Offer Stop and Kill only for a live run of this host, Resume only for an ended one."""
+        """Offer Stop and Kill only for a live run of this host, Resume only for an ended one
+        that is not being resumed and whose start-up did not fail (its run dir is gone)."""
         if action == "signal":
             return self._control() is not None
         if action == "resume":
-            return self.liveness is not None and not self.liveness.alive
+            failed_start = self.launched is not None and self.launched.startup_error is not None
+            ended = self.liveness is not None and not self.liveness.alive
+            return ended and not failed_start and not self._resuming()
         return True
+
+    def _resuming(self) -> bool:
+        """Whether this console resumed the run and the new attempt has not started yet."""
+        child = self.app.launched.get(self.run_dir.resolve())
+        return child is not None and child.resuming(self.state.started_at)
 
     def _control(self) -> ProcessId | None:
         """The process group a stop would signal, or None when none can be."""
@@ -265,7 +276,10 @@ class MonitorScreen(Screen[None]):
     @property
     def status(self) -> str:
         """The run status shown: its liveness (the record's status until first judged);
-        ``stopping`` after a stop until the run ends."""
+        ``stopping`` after a stop until the run ends; ``resuming`` from a resume's launch until
+        its ``run_start``."""
+        if self._resuming():
+            return "resuming"
         if self.liveness is None:
             return self.state.status
         if self._stop_sent and self.liveness.alive:

@@ -32,6 +32,8 @@ class PlannerScreen(Screen[None]):
     plan shown (the best of a search) to the launch form (:class:`TrainPlan`)."""
 
     CSS_PATH = "planner.tcss"
+    # The first field has focus as the form opens, so typed keys go to it (never to bindings).
+    AUTO_FOCUS = "OptionInput > Input, OptionInput > Select"
     BINDINGS = [Binding("ctrl+t", "train_plan", "Train this plan")]
 
     @dataclass

@@ -21,6 +21,7 @@ from titan.observability.formatting import format_number
 from titan.observability.report import summary_rows
 from tui.history import HistoryStore, RunDetail
 from tui.plain import cell
+from tui.screens.value import ValueScreen
 from tui.widgets.watchdog_panel import stack_lines
 
 TABS = ("summary", "config", "environment", "restarts", "stalls")
@@ -57,7 +58,8 @@ def _key_value_table(id: str) -> DataTable[str]:
 
 
 class RunDetailScreen(Screen[None]):
-    """Tabs ``1`` to ``5``; the detail is read in a worker.
+    """Tabs ``1`` to ``5``; the detail is read in a worker. ``enter`` on a row of the summary,
+    config or environment shows its value in full (the table cuts long values at 80 columns).
 
     Args:
         store: the runs root's database.
@@ -105,6 +107,12 @@ class RunDetailScreen(Screen[None]):
             self.post_message(self.Loaded(self.store.detail(self.run_id)))
         except TitanError as err:
             self.app.call_from_thread(self.notify, inert(err), severity="error", markup=False)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """A key-value row's whole value, in a dialog."""
+        if event.data_table.id in {f"detail-{tab}" for tab in TABS[:3]}:
+            key, value = event.data_table.get_row(event.row_key)
+            self.app.push_screen(ValueScreen(str(key), str(value)))
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab

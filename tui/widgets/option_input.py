@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widget import Widget
@@ -13,8 +14,47 @@ from titan.config import Option
 
 # Input types that keep a numeric option's field from taking letters.
 _INPUT_TYPES = {"int": "integer", "float": "number"}
+# What a refused character is told as, by input type.
+_TYPE_NAMES = {"integer": "a whole number", "number": "a number"}
 # The choices of a switch (a boolean option), as its texts.
 _SWITCH_CHOICES = (("true", "true"), ("false", "false"))
+
+
+class NumberInput(Input):
+    """A numeric field (Textual's ``integer`` or ``number`` input) that says so when it refuses
+    a character: the bell, then a warning naming the field and what it takes.
+
+    Args:
+        value: the first text.
+        type: ``integer`` or ``number``.
+        flag: the field's name in the warning (``--steps``, ``copies``).
+    """
+
+    def __init__(self, value: str, type: str, flag: str, **kwargs: object) -> None:
+        super().__init__(value, type=type, compact=True, **kwargs)
+        self.flag = flag
+
+    def restricted(self) -> None:
+        """Ring the bell and tell what the field takes (Textual calls this on a refused key)."""
+        super().restricted()
+        self.notify(
+            f"{self.flag} takes {_TYPE_NAMES[self.type]}: character refused",
+            severity="warning",
+            timeout=3,
+            markup=False,
+        )
+
+
+class FieldSelect(Select[str]):
+    """A form's choice field: a typed character opens its list instead of reaching the screen's
+    bindings (``n``, ``p``, ``h``, ``q``), as a text field keeps what is typed into it."""
+
+    def on_key(self, event: events.Key) -> None:
+        """Open the list on a printable key (Textual's list then searches what is typed)."""
+        if event.is_printable and not self.expanded:
+            event.stop()
+            event.prevent_default()
+            self.expanded = True
 
 
 class OptionInput(HorizontalGroup):
@@ -46,11 +86,13 @@ class OptionInput(HorizontalGroup):
     ) -> None:
         super().__init__(id=f"option-{name}")
         self.option_name, self.flag, self.help, self.default = name, flag, help, default
-        self.control: Input | Select[str] = (
-            Select(choices, value=text, allow_blank=False, compact=True)
-            if choices
-            else Input(text, type=_INPUT_TYPES.get(input_type, "text"), compact=True)
-        )
+        self.control: Input | Select[str]
+        if choices:
+            self.control = FieldSelect(choices, value=text, allow_blank=False, compact=True)
+        elif input_type in _INPUT_TYPES:
+            self.control = NumberInput(text, _INPUT_TYPES[input_type], flag)
+        else:
+            self.control = Input(text, compact=True)
         self.control.tooltip = help
 
     @classmethod
