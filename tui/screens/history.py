@@ -16,7 +16,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
@@ -24,6 +23,7 @@ from titan.inert import inert
 from tui.history import READ_HOLD_S, HistoryPage, HistoryQuery, HistoryStore
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
+from tui.ticker import ScreenTicker
 from tui.widgets.history_table import HistoryTable
 
 # New records are ingested this often while the screen is shown (the timer is paused while a
@@ -71,7 +71,7 @@ class HistoryScreen(Screen[None]):
         self.store = store
         self.sub_title = inert(f"history of {store.runs_root}")
         self.loaded = False
-        self._ticker: Timer | None = None
+        self._ticker = ScreenTicker(self, REFRESH_INTERVAL_S, self._tick)
         self._ingesting = False
         self._next_ingest_at = 0.0  # time.monotonic() before which no periodic ingest starts
 
@@ -87,14 +87,10 @@ class HistoryScreen(Screen[None]):
         self._load(self.query_one(HistoryTable).requested, ingest=True, stored_first=True)
 
     def on_screen_resume(self) -> None:
-        if self._ticker is None:
-            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self._tick)
-        else:
-            self._ticker.resume()
+        self._ticker.resume()
 
     def on_screen_suspend(self) -> None:
-        if self._ticker is not None:
-            self._ticker.pause()
+        self._ticker.pause()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``esc`` clears the filter while its field has focus; elsewhere it goes back."""

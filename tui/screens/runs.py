@@ -14,13 +14,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.inert import inert
 from titan.observability.liveness import RUNNING
 from tui.run_list import RecordCache, RunListing, RunSummary, list_runs
 from tui.screens.attach import AttachScreen
+from tui.ticker import ScreenTicker
 from tui.widgets.run_table import RunTable
 
 # The run list is listed again this often while shown (seconds).
@@ -87,7 +87,7 @@ class RunsScreen(Screen[None]):
         self.order = "newest"
         self.text = ""
         self._records: RecordCache = {}
-        self._ticker: Timer | None = None
+        self._ticker = ScreenTicker(self, REFRESH_INTERVAL_S, self.action_refresh)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -98,14 +98,10 @@ class RunsScreen(Screen[None]):
 
     def on_screen_resume(self) -> None:
         self.action_refresh()
-        if self._ticker is None:
-            self._ticker = self.set_interval(REFRESH_INTERVAL_S, self.action_refresh)
-        else:
-            self._ticker.resume()
+        self._ticker.resume()
 
     def on_screen_suspend(self) -> None:
-        if self._ticker is not None:
-            self._ticker.pause()
+        self._ticker.pause()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``esc`` clears the filter while its field has focus; elsewhere it goes back."""
