@@ -140,7 +140,7 @@ def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_noti
     _tmux("new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", "-c", os.getcwd(), command)
     keys = ("q Quit", "? Keys")
     try:
-        runs = _shown("runs", *SAMPLE_IDS, "completed", "failed", "23/40", *keys, "a Attach")
+        runs = _shown("runs", *SAMPLE_IDS, "completed", "failed", "23/40", *keys, "h History")
         _send("Enter")  # the newest run: llama3-1b-h200
         monitor = _shown("monitor", "— llama3-1b-h200", "1 overview", "completed", *keys)
         _send("2")
