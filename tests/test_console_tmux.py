@@ -152,11 +152,14 @@ def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_noti
         _send("Escape", "Space", "Down", "Space", "c")
         compare = _shown("compare", "llama3-1b-h200 vs tiny-watchdog-stall", "config", *keys)
         _send("Escape", "Escape", "p")
-        planner = _shown("planner", "budget planner", "--model", "^t Train this plan", *keys)
+        # a field has focus: q and ? are text there
+        planner = _shown("planner", "budget planner", "--model", "^t Train this plan", "f1 Keys")
         _send("Escape", "n")
         launch = _shown("launch", "--model: ", "--nonfinite-patience ", "^r Launch", "f1 Keys")
         _send("Escape", "?")
-        help_ = _shown("keys", "esc, ? or f1 to close", "Attach", "History")
+        help_ = _shown("keys", "esc, ? or f1 to close", "Attach")
+        _send("C-End")  # the list scrolls: the app's keys come last
+        _shown("keys-end", "esc, ? or f1 to close", "History", small=False)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     screens = [runs, monitor, history, detail, compare, planner, launch, help_]
