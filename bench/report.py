@@ -15,7 +15,9 @@ Result files and the scripts that write them:
   ``planner_draws_evaluation.json``: ``bench/planner_accuracy.py --evaluate`` (fit on half, score
   the other half);
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
-  --scale <runs>``; ``data_loader.json``: ``bench/data_loader.py``;
+  --scale <runs>``; ``console-real-<runs>.json``: ``--real <runs>``;
+  ``console-flood*.json``: ``bench/console.py --flood``;
+  ``data_loader.json``: ``bench/data_loader.py``;
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
 - ``peers-*.json``: ``bench/peers.py``; ``startup-*.json``: ``bench/startup.py``;
   ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
@@ -500,6 +502,8 @@ def planner_unroll_table(path: Path, base: Path) -> list[str]:
 
 
 def _figure(value: Any) -> str:
+    if value is None:
+        return "not measured"
     if isinstance(value, bool | str):
         return str(value)
     return f"{value:,.0f}" if abs(value) >= 1000 or isinstance(value, int) else f"{value:.4g}"
@@ -903,6 +907,13 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         runs = json.loads(path.read_text())["figures"]["runs"]
         lines += [f"## Console at {runs:,} runs (`bench/console.py --scale {runs}`)", ""]
         lines += console_table(path, doc)
+    for path in sorted(results.glob("console-real-*.json")):
+        runs = json.loads(path.read_text())["figures"]["runs"]
+        lines += [f"## Console on {runs:,} copied sample runs (`bench/console.py --real {runs}`)"]
+        lines += [""] + console_table(path, doc)
+    for path in sorted(results.glob("console-flood*.json")):
+        lines += [f"## Monitor under a flood of events, {path.stem} (`bench/console.py --flood`)"]
+        lines += [""] + console_table(path, doc)
     for path in sorted(results.glob("dit-*.json")):
         lines += ["## DiT train step against plain JAX (`bench/dit.py`, one GPU)", ""]
         lines += dit_table(path, doc)

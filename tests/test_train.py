@@ -97,7 +97,9 @@ def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
 )
 def test_resume_keeps_the_decay_length_unless_decay_steps_is_given(tmp_path, explicit, decay_steps):
     saved = TrainConfig.of(steps=20)
-    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"train": dataclasses.asdict(saved), "model": {}})
+    )
     (tmp_path / "tokenizer.model").write_bytes(b"")
     assert resume_options(tmp_path, explicit).optimizer.decay_steps == decay_steps
 
@@ -216,7 +218,9 @@ def small_options_run_dir(options):
 )
 def test_resume_cuts_the_saved_profile_range_to_a_lowered_steps(tmp_path, explicit, profile_steps):
     saved = TrainConfig.of(steps=200, profile_steps="5:150")
-    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"train": dataclasses.asdict(saved), "model": {}})
+    )
     (tmp_path / "tokenizer.model").write_bytes(b"")
     cfg = resume_options(tmp_path, explicit)
     assert (cfg.optimizer.steps, cfg.record()["profile_steps"]) == (
@@ -246,7 +250,9 @@ def test_resume_onto_spmd_resets_the_saved_pipeline_options(tmp_path, explicit, 
         virtual_stages=2,
         stage_layers=(1, 1, 1, 1),
     )
-    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"train": dataclasses.asdict(saved), "model": {}})
+    )
     (tmp_path / "tokenizer.model").write_bytes(b"")
     p = resume_options(tmp_path, explicit).parallel
     assert (p.pp, p.virtual_stages, p.schedule, p.stage_layers, p.microbatches) == expected
@@ -256,7 +262,9 @@ def test_resume_onto_spmd_resets_the_saved_pipeline_options(tmp_path, explicit, 
 
 def test_resume_of_an_spmd_run_onto_mpmd_takes_the_pipeline_options_given(tmp_path):
     saved = TrainConfig.of(dp=1, microbatches=2)
-    (tmp_path / "config.json").write_text(json.dumps({"train": dataclasses.asdict(saved)}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"train": dataclasses.asdict(saved), "model": {}})
+    )
     (tmp_path / "tokenizer.model").write_bytes(b"")
     p = resume_options(tmp_path, {"layout": "mpmd", "pp": 2}).parallel
     assert (p.layout, p.pp, p.microbatches, p.schedule) == ("mpmd", 2, 2, "1f1b")
