@@ -197,8 +197,8 @@ def test_launch_ranks_a_failure_over_a_stop_over_completion():
 
 
 def test_a_one_process_pipeline_run_resumes_as_spmd_on_two_processes(options, one_process):
-    # The first 3 steps' learning rates do not depend on --steps (2 warmup steps, then the peak).
-    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "steps": 3}
+    # A schedule of STEPS steps from the start (a resume keeps the first run's decay length).
+    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "steps": 3, "decay_steps": STEPS}
     code, run_dir = run_in_process({**options, **pipeline, "run_id": "grow"})
     assert code == 0
     proc = launch({"resume": run_dir, "steps": STEPS, "layout": "spmd", "pp": 1, "dp": 4})
@@ -225,8 +225,8 @@ def test_a_pipeline_with_a_stage_per_process_trains_checkpoints_and_resumes_anyw
     """pp=2 with each stage on its own process: 1F1B for 3 steps, then resumed on 2 processes
     as interleaved 1F1B (other chunks: re-cut) to the end, and, from a copy of the first part,
     on one process with the same chunks; every step equals the one-process SPMD run."""
-    # The first 3 steps' learning rates do not depend on --steps (2 warmup steps, then the peak).
-    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "microbatches": 2}
+    # A schedule of STEPS steps from the start (a resume keeps the first run's decay length).
+    pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "microbatches": 2, "decay_steps": STEPS}
     run_dir = Path(options["runs_root"]) / "stages"
     proc = launch({**options, **pipeline, "steps": 3, "schedule": "1f1b", "run_id": "stages"})
     output, _ = proc.communicate(timeout=300)

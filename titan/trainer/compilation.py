@@ -95,7 +95,10 @@ class CompileWatch:
     that name was of a function it had traced before (module docstring).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, recorded_elsewhere: frozenset[str] = frozenset()) -> None:
+        """``recorded_elsewhere``: names of functions compiled ahead of time by a caller that
+        records their ``compile`` events itself (the finite check, once per distinct chunk)."""
+        self._recorded_elsewhere = recorded_elsewhere
         self._lock = threading.Lock()
         self._compiles: Counter[str] = Counter()
         self._explained: dict[str, str] = {}  # function name -> why its last trace missed
@@ -133,6 +136,8 @@ class CompileWatch:
     def compiled(self, fun_name: str, seconds: float) -> None:
         """One XLA compilation of ``fun_name`` (JAX's ``jit(<name>)``) that took ``seconds``."""
         name = fun_name.removeprefix("jit(").removesuffix(")")
+        if name in self._recorded_elsewhere:
+            return
         with self._lock:
             self._compiles[name] += 1
             if self._compiles[name] > 1 and name in self._explained:

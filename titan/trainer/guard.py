@@ -224,6 +224,9 @@ class FiniteCheck:
         return finite, [event] if event else []
 
 
+FINITE_CHECK_FUNCTION = _all_finite.__name__  # its compilations: FiniteCheck's own events
+
+
 def poison_batch(batch: Batch) -> Batch:
     """``--debug-nonfinite-at-step``: ``batch`` with every token id beyond any vocabulary (the
     int32 maximum). The embedding lookup (``jnp.take``, fill mode) returns NaN for such ids,

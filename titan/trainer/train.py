@@ -118,6 +118,7 @@ from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.compilation import CompileWatch, compilation_settings
 from titan.trainer.evaluation import Evaluation, open_evaluation
 from titan.trainer.guard import (
+    FINITE_CHECK_FUNCTION,
     FiniteCheck,
     LossSpikeDetector,
     NonFiniteAbort,
@@ -300,7 +301,10 @@ def _train_claimed(
     """:func:`train` once this process holds the run dir (or is not its writer); ``corpora``:
     the ``--data`` parts to train on and the held-out data (:func:`titan.data.heldout.
     split_sources`), None for a diffusion run."""
-    with compilation_settings(cfg.compute.compilation_cache) as cache, CompileWatch() as compiles:
+    with (
+        compilation_settings(cfg.compute.compilation_cache) as cache,
+        CompileWatch(frozenset({FINITE_CHECK_FUNCTION})) as compiles,
+    ):
         args = (cfg, resume_dir, run_dir, claim, progress, corpora, stop)
         return _train_compiling(*args, cache, compiles)
 
