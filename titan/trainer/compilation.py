@@ -85,6 +85,11 @@ def _quiet_cache_lines(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(_CACHE_LINES)
 
 
+# JAX's explanation when the inputs' tree differs: a program of another structure (each MPMD
+# stage's chunk has its own parameters), compiled once for it, not the same program again.
+_OTHER_TREE = "different input pytree"
+
+
 class CompileWatch:
     """Counts compilations and persistent-cache hits while active (a context manager; one
     active at a time), and turns every second compilation of a function into a ``compile``
@@ -128,7 +133,11 @@ class CompileWatch:
         with self._lock:
             if len(lines) > 1 and lines[1].strip().startswith("for "):
                 name = lines[1].strip()[4:].split(" defined at ")[0]
-                self._explained[name] = " ".join(line.strip() for line in lines[2:])
+                why = " ".join(line.strip() for line in lines[2:])
+                if _OTHER_TREE in why:  # another chunk's program (an MPMD stage), not a repeat
+                    self._explained.pop(name, None)
+                else:
+                    self._explained[name] = why
             elif len(lines) > 2 and lines[1].strip() == "never seen function:":
                 self._explained.pop(lines[2].split()[0], None)
         return False
