@@ -70,6 +70,13 @@ pressed every :data:`KEY_EVERY_S` throughout:
 - ``one_write``: :data:`ONE_WRITE_EVENTS` events in a single write;
 - ``follow_2hz``: two steps a second for :data:`FOLLOW_S` seconds (the CPU of following a run).
 
+``--follow ROUNDS`` measures only ``follow_2hz``, against :data:`FOLLOW_TARGETS`, ROUNDS times
+with the monitor's shipped draw interval (``tui.screens.monitor._DRAW_INTERVAL_S``) and, in
+turn within the same run, ROUNDS times with :data:`BASELINE_DRAW_INTERVAL_S` (a draw at most
+every 0.25 s, the interval before), and writes ``bench/results/console-follow.json``: the median
+CPU fraction of each, the monitor's idle baseline, and the ratio of the two medians (the
+machine is shared: only the ratio compares like with like).
+
 Each flood case reports ``key_p50_s`` / ``key_p99_s`` (from a key press to the screen refreshed
 after the tab's action; ``key_ui_cpu_p50_s`` / ``key_ui_cpu_p99_s``: the UI thread's CPU seconds
 meanwhile, what the key cost apart from the time the shared machine gave the process),
@@ -111,6 +118,7 @@ from tui.app import TitanConsole  # noqa: E402
 from tui.curve import Curve  # noqa: E402
 from tui.history import HistoryQuery, HistoryStore  # noqa: E402
 from tui.screens import history as history_screen  # noqa: E402
+from tui.screens import monitor as monitor_screen  # noqa: E402
 from tui.screens.history import HistoryScreen  # noqa: E402
 from tui.screens.monitor import MonitorScreen  # noqa: E402
 from tui.widgets.history_table import HistoryTable  # noqa: E402
@@ -154,6 +162,8 @@ FLOOD_TARGETS = {
 }
 STREAM_EVENTS, STREAM_S, ONE_WRITE_EVENTS = 50_000, 5.0, 500_000
 FOLLOW_S, KEY_EVERY_S, FLOOD_WAIT_S = 20.0, 0.25, 60.0
+FOLLOW_TARGETS = {"follow_2hz_cpu_fraction_of_core": 0.015}
+BASELINE_DRAW_INTERVAL_S = 0.25
 REAL_TARGETS = {"ingest_first_s": 10.0, "summarize_100_s": 3.0}
 LONG_RUNS, LONG_STEPS, SUMMARIZE_RUNS = 2, 10_000, 100
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
@@ -713,6 +723,33 @@ async def _follow_2hz(root: Path) -> dict:
     }
 
 
+def _follows(root: Path, rounds: int) -> dict:
+    """``follow_2hz`` ROUNDS times at the shipped draw interval and at the baseline's, in
+    turn; medians of each and their ratio."""
+    shipped = monitor_screen._DRAW_INTERVAL_S
+    runs: dict[float, list[dict]] = {shipped: [], BASELINE_DRAW_INTERVAL_S: []}
+    for i in range(rounds):
+        for interval, results in runs.items():
+            monitor_screen._DRAW_INTERVAL_S = interval
+            results.append(asyncio.run(_follow_2hz(root / f"{interval}-{i}")))
+    monitor_screen._DRAW_INTERVAL_S = shipped
+
+    def median(interval: float, key: str) -> float:
+        return statistics.median(r[key] for r in runs[interval])
+
+    cpu, idle = "follow_2hz_cpu_fraction_of_core", "follow_2hz_idle_cpu_fraction_of_core"
+    return {
+        "draw_interval_s": shipped,
+        cpu: median(shipped, cpu),
+        idle: median(shipped, idle),
+        "baseline_draw_interval_s": BASELINE_DRAW_INTERVAL_S,
+        f"baseline_{cpu}": median(BASELINE_DRAW_INTERVAL_S, cpu),
+        "cpu_ratio_over_baseline": median(shipped, cpu) / median(BASELINE_DRAW_INTERVAL_S, cpu),
+        "rounds": rounds,
+        "follow_2hz_step_shown": runs[shipped][-1]["follow_2hz_step_shown"],
+    }
+
+
 def _floods(root: Path) -> dict:
     stream = asyncio.run(_flood(root / "stream", STREAM_EVENTS, STREAM_S))
     one_write = asyncio.run(_flood(root / "one-write", ONE_WRITE_EVENTS, 0.0))
@@ -793,6 +830,13 @@ def main() -> None:
     parser.add_argument("--flood", action="store_true", help="the monitor against floods of events")
     parser.add_argument("--write", nargs=3, help=argparse.SUPPRESS)  # the flood's writer process
     parser.add_argument(
+        "--follow",
+        type=int,
+        default=None,
+        metavar="ROUNDS",
+        help="the CPU of following a run at 2 steps/s, against the earlier draw interval",
+    )
+    parser.add_argument(
         "--real", type=int, default=None, metavar="RUNS", help="ingest of RUNS copied sample runs"
     )
     args = parser.parse_args()
@@ -804,6 +848,9 @@ def main() -> None:
         if args.flood:
             result = _result(_floods(root), FLOOD_TARGETS)
             out = args.out or Path("bench/results/console-flood.json")
+        elif args.follow:
+            result = _result(_follows(root, args.follow), FOLLOW_TARGETS)
+            out = args.out or Path("bench/results/console-follow.json")
         elif args.real:
             (root / "copies").mkdir()
             (root / "hundred").mkdir()

@@ -16,7 +16,8 @@ Result files and the scripts that write them:
   the other half);
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
   --scale <runs>``; ``console-real-<runs>.json``: ``--real <runs>``;
-  ``console-flood*.json``: ``bench/console.py --flood``;
+  ``console-flood*.json``: ``bench/console.py --flood``; ``console-follow*.json``:
+  ``bench/console.py --follow <rounds>``;
   ``data_loader.json``: ``bench/data_loader.py``;
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
 - ``peers-*.json``: ``bench/peers.py``; ``startup-*.json``: ``bench/startup.py``;
@@ -910,6 +911,11 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     for path in sorted(results.glob("console-real-*.json")):
         runs = json.loads(path.read_text())["figures"]["runs"]
         lines += [f"## Console on {runs:,} copied sample runs (`bench/console.py --real {runs}`)"]
+        lines += [""] + console_table(path, doc)
+    for path in sorted(results.glob("console-follow*.json")):
+        lines += [
+            f"## Monitor following a run at 2 steps/s, {path.stem} (`bench/console.py --follow`)"
+        ]
         lines += [""] + console_table(path, doc)
     for path in sorted(results.glob("console-flood*.json")):
         lines += [f"## Monitor under a flood of events, {path.stem} (`bench/console.py --flood`)"]

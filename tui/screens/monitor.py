@@ -53,8 +53,10 @@ _SIGNALS = {
 # Refresh of elapsed time and heartbeat age between polls: both are shown in whole seconds, so
 # a faster tick would redraw the same text (nvitop: never poll faster than the data changes).
 _CLOCK_INTERVAL_S = 1.0
-# Repaints of the panels at most this often (a burst of events is drawn once per interval).
-_DRAW_INTERVAL_S = 0.25
+# Repaints of the panels at most this often (a burst of events is drawn once per interval):
+# the values are read by a person, and a step already drawn less than a second ago waits for
+# the next second (nvitop's restraint). A step after a quiet second is drawn at its poll.
+_DRAW_INTERVAL_S = 1.0
 # The tabs, with the key that shows each.
 TABS = (
     ("overview", "1"),
