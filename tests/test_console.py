@@ -229,11 +229,12 @@ async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
 ):
     app = consoles(tmp_path / "runs", show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
-        too_wide = {**tiny_form, "dp": "16"}  # the test session has 8 devices
-        await launch_from_form(app, pilot, too_wide)
+        # --tp 3 fits the devices (the form's check) but not the model: refused at start-up.
+        unsplit = {**tiny_form, "tp": "3"}
+        await launch_from_form(app, pilot, unsplit)
         shown = {name: stat(app, name) for name in ("status", "process")}
         stderr_lines = list(app.screen.query_one("#stderr", Log).lines)
-    why = "titan train: error: --dp 16 x --fsdp 1 x --tp 1 = 16 devices asked, 8 present"
+    why = "titan train: error: --tp 3 (mesh axis 'tensor') does not divide 'vocab' of size 512"
     assert shown["process"] == "exited rc 2"
     assert shown["status"].startswith(f"failed: exited before run_start: {why}")
     assert stderr_lines[-1].startswith(why)

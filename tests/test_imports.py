@@ -57,7 +57,12 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
 # What importing a light module must leave out of sys.modules: JAX and the libraries built on it,
 # and the console (docs/architecture.md: the engine never imports the console).
 HEAVY_ROOTS = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "textual", "tui"})
-LIGHT_MODULES = ("titan.planning", "titan.observability.summarize", "titan.config")
+LIGHT_MODULES = (
+    "titan.planning",
+    "titan.observability.summarize",
+    "titan.config",
+    "titan.parallel.fit",
+)
 
 
 def module_names() -> list[str]:

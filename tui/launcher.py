@@ -75,6 +75,12 @@ def train_argv(
     return argv
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a ``titan train`` child: this console's (its ``JAX_PLATFORMS``,
+    ``XLA_FLAGS``, ``CUDA_VISIBLE_DEVICES``, ...), with unbuffered output."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
 @dataclass
 class LaunchedRun:
     """A ``titan train`` child started by this console.
@@ -198,7 +204,7 @@ def start_run(config: TrainConfig, resume: Path | None = None) -> LaunchedRun:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=child_env(),
             start_new_session=True,
         )
     if resume is None:  # a resume's child names itself in its run_start

@@ -64,8 +64,9 @@ from titan.observability.device_memory import largest, program_memory
 from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
+from titan.parallel.fit import microbatch_rows
 from titan.parallel.mesh import DeviceMesh, remote_array
-from titan.parallel.sharding import BATCH_AXES, microbatch_rows
+from titan.parallel.sharding import BATCH_AXES
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 

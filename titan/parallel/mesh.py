@@ -24,26 +24,8 @@ import optax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from titan.errors import TitanError
+from titan.parallel.fit import resolve_mesh_shape
 from titan.parallel.sharding import MESH_AXES, axis_rules, batch_spec, mesh_spec
-
-
-def resolve_mesh_shape(dp: int, fsdp: int, tp: int, pp: int, device_count: int) -> dict[str, int]:
-    """Mesh axis sizes of one stage, with ``dp == 0`` filled from the devices left.
-
-    Raises:
-        TitanError: when the layout asks for more devices than are present.
-    """
-    per_dp = pp * fsdp * tp
-    dp = dp or device_count // per_dp
-    asked = max(dp, 1) * per_dp
-    if dp == 0 or asked > device_count:
-        stages = f" x --pp {pp}" if pp > 1 else ""
-        raise TitanError(
-            f"--dp {max(dp, 1)} x --fsdp {fsdp} x --tp {tp}{stages} = {asked} devices "
-            f"asked, {device_count} present ({jax.default_backend()})"
-        )
-    return {"data": dp, "fsdp": fsdp, "tensor": tp}
 
 
 def _path_name(path: tuple) -> str:
@@ -171,7 +153,7 @@ def build_stage_meshes(dp: int, fsdp: int, tp: int, pp: int) -> list[DeviceMesh]
         TitanError: when the devices present cannot hold the layout.
     """
     devices = jax.devices()
-    shape = resolve_mesh_shape(dp, fsdp, tp, pp, len(devices))
+    shape = resolve_mesh_shape(dp, fsdp, tp, pp, len(devices), jax.default_backend())
     size = int(np.prod(list(shape.values())))
     return [DeviceMesh(_device_mesh(devices[s * size : (s + 1) * size], shape)) for s in range(pp)]
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from jax.sharding import PartitionSpec
 
 from titan.errors import TitanError
+from titan.parallel.fit import check_batch_splits
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -105,38 +106,7 @@ def batch_spec(batch_size: int, mesh_shape: Mapping[str, int]) -> PartitionSpec:
 
     Raises:
         TitanError: when B is not a multiple of dp x fsdp (the message names the
-            ``--batch-size`` that would split).
+            ``--batch-size`` that would split; :func:`titan.parallel.fit.check_batch_splits`).
     """
-    parts = mesh_shape["data"] * mesh_shape["fsdp"]
-    if batch_size % parts:
-        raise TitanError(
-            f"--batch-size {batch_size} is not a multiple of dp x fsdp = "
-            f"{mesh_shape['data']} x {mesh_shape['fsdp']} (mesh axes 'data' x 'fsdp'): "
-            f"{_batch_that_splits(batch_size, parts)}"
-        )
+    check_batch_splits(batch_size, mesh_shape)
     return PartitionSpec(BATCH_AXES)
-
-
-def microbatch_rows(batch_size: int, microbatches: int, mesh_shape: Mapping[str, int]) -> int:
-    """Rows per microbatch, B / M, when they split over ``data`` x ``fsdp``.
-
-    Raises:
-        TitanError: B / M is not a whole number of rows, or not a multiple of dp x fsdp (the
-            message names the ``--batch-size`` that would split).
-    """
-    parts = mesh_shape["data"] * mesh_shape["fsdp"]
-    if microbatches == 1:
-        batch_spec(batch_size, mesh_shape)
-    elif batch_size % (microbatches * parts):
-        raise TitanError(
-            f"--batch-size {batch_size} / --microbatches {microbatches} = "
-            f"{batch_size / microbatches:g} rows per microbatch, not a multiple of "
-            f"dp x fsdp = {mesh_shape['data']} x {mesh_shape['fsdp']} (mesh axes 'data' x "
-            f"'fsdp'): {_batch_that_splits(batch_size, microbatches * parts)}"
-        )
-    return batch_size // microbatches
-
-
-def _batch_that_splits(batch_size: int, multiple: int) -> str:
-    """``--batch-size N would split``: the next multiple of ``multiple`` from ``batch_size``."""
-    return f"--batch-size {-(-batch_size // multiple) * multiple} would split"

@@ -28,8 +28,8 @@ from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
 from titan.parallel.chunks import Chunk, plan_chunks
-from titan.parallel.mesh import build_stage_meshes, resolve_mesh_shape
-from titan.parallel.sharding import microbatch_rows
+from titan.parallel.fit import check_layout
+from titan.parallel.mesh import build_stage_meshes
 from titan.shapes import ModelConfig
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer_state import Trainer
@@ -108,25 +108,15 @@ def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
 
 
 def check_layout_fits(cfg: TrainConfig) -> str | None:
-    """Refuse, before any data is read, a layout that the devices present cannot hold or a
-    batch whose microbatches do not split over its replicas (:func:`build_trainer` builds
-    the same meshes later, after the tokenizer). Returns a note when the layout leaves
-    devices idle (``the layout uses 2 of the 8 devices: ...``), else None.
+    """:func:`titan.parallel.fit.check_layout` on the devices present (``jax.devices()``):
+    called before any data is read (:func:`build_trainer` builds the meshes later, after the
+    tokenizer). Returns a note when the layout leaves devices idle, else None.
 
     Raises:
         TitanError: the layout asks for more devices than are present, or the rows per
             microbatch are not a multiple of dp x fsdp.
     """
-    par = cfg.parallel
-    pp = par.pp if par.layout == "mpmd" else 1
-    present = len(jax.devices())
-    shape = resolve_mesh_shape(par.dp, par.fsdp, par.tp, pp, present)
-    microbatch_rows(cfg.data.batch_size, par.microbatches, shape)
-    used = shape["data"] * shape["fsdp"] * shape["tensor"] * pp
-    if used == present:
-        return None
-    sizes = f"--dp {shape['data']} x --fsdp {shape['fsdp']} x --tp {shape['tensor']}"
-    return f"the layout uses {used} of the {present} devices ({sizes} x --pp {pp})"
+    return check_layout(cfg, len(jax.devices()), jax.default_backend())
 
 
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:

@@ -31,8 +31,9 @@ from titan.observability.device_memory import program_memory
 from titan.observability.events import Compile, Event
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk
+from titan.parallel.fit import microbatch_rows
 from titan.parallel.mesh import DeviceMesh
-from titan.parallel.sharding import BATCH_AXES, microbatch_rows
+from titan.parallel.sharding import BATCH_AXES
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
 
 Terms = dict[str, Any]  # a loss's named terms (ModelAdapter.loss_terms), scalars

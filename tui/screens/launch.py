@@ -17,7 +17,9 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
 from titan.inert import inert
-from tui.launcher import LaunchedRun, start_run
+from titan.parallel.fit import check_layout
+from tui.devices import devices_seen
+from tui.launcher import LaunchedRun, child_env, start_run
 from tui.options import FORM_PRESETS, config_from_texts, copies_of, default_texts, preset_texts
 from tui.widgets.option_input import (
     FieldSelect,
@@ -33,8 +35,10 @@ class LaunchScreen(Screen[None]):
     section.
 
     Launching validates with the CLI's own check (a :class:`~titan.errors.TitanError` is shown
-    under the form and as a notification, and focuses the named field), then creates the run dir
-    and starts the child in a worker, and posts :class:`Launched`; the app opens the monitor.
+    under the form and as a notification, and focuses the named field), then, in a worker,
+    checks the layout against the devices a run would see (:mod:`tui.devices`; refused with
+    ``titan train``'s line, :func:`titan.parallel.fit.check_layout`), creates the run dir and
+    starts the child, and posts :class:`Launched`; the app opens the monitor.
 
     Args:
         runs_root: prefilled ``--runs-root``.
@@ -56,7 +60,8 @@ class LaunchScreen(Screen[None]):
 
     @dataclass
     class LaunchFailed(Message):
-        """Creating the run dir or starting the child failed (posted from the launch worker)."""
+        """The layout does not fit the devices (or they could not be counted), or creating the
+        run dir or starting the child failed (posted from the launch worker)."""
 
         error: str
 
@@ -127,6 +132,18 @@ class LaunchScreen(Screen[None]):
         """The Launch button does what ctrl+r does."""
         self.action_launch()
 
+    def on_mount(self) -> None:
+        self._count_devices()
+
+    @work(thread=True, exclusive=True, group="devices")
+    def _count_devices(self) -> None:
+        """Ask for the devices while the form is filled in, so that Launch finds the answer
+        kept (:func:`tui.devices.devices_seen`); a failure is reported by Launch itself."""
+        try:
+            devices_seen(child_env())
+        except TitanError:
+            pass
+
     def action_launch(self) -> None:
         """Validate the form and, when it is valid, start the run in a worker."""
         if self._launching:
@@ -147,6 +164,9 @@ class LaunchScreen(Screen[None]):
     def _start(self, configs: list[TrainConfig]) -> None:
         runs = []
         try:
+            devices = devices_seen(child_env())
+            for config in configs:
+                check_layout(config, devices.count, devices.backend)
             for config in configs:
                 runs.append(start_run(config, self.resume))
         except (TitanError, OSError) as err:
