@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -105,6 +107,18 @@ def test_catalog_uses_dense_peaks_and_one_direction_links():
     assert find_gpu("a100").fp8_flops is None
     for spec in CATALOG.values():
         assert spec.source and spec.bf16_flops > 0 and spec.tdp_w > 0
+
+
+def test_the_planner_uses_the_memory_pool_an_h200_reports_and_75_percent_elsewhere():
+    draws = Path(__file__).resolve().parents[1] / "bench" / "results" / "planner_draws.json"
+    limits = {int(m) for m in re.findall(r'"bytes_limit": (\d+)', draws.read_text())}
+    assert limits == {int(H200.usable_bytes)}  # what the runs on an H200 reported
+    m = resolve_model("llama3-1b")
+    layout, precision = Layout(dp=1), Precision()
+    assert memory_per_device(m, layout, H200, 2048, 8, precision).capacity == H200.usable_bytes
+    h100 = find_gpu("h100")
+    assert h100.usable_bytes == pytest.approx(0.75 * h100.hbm_bytes)
+    assert "75%" in h100.usable_source and "measured" in H200.usable_source
 
 
 def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_catalog():

@@ -52,6 +52,12 @@ class GpuSpec:
         gpus_per_node: GPUs of the reference server.
         compute_dtype: dtype Titan computes in on this device (``--compute-dtype auto``).
         source: where each figure comes from.
+        usable_bytes: device memory a run may use, bytes: the allocator pool JAX gives XLA
+            (``bytes_limit`` of ``jax.Device.memory_stats()``) where measured
+            (:data:`MEASURED_POOL_BYTES`), else :data:`USABLE_MEMORY_FRACTION` of
+            ``hbm_bytes``. The planner, the trainer's memory check and ``run_start`` agree on
+            it where the run reports no pool of its own.
+        usable_source: where ``usable_bytes`` comes from.
     """
 
     name: str
@@ -68,6 +74,8 @@ class GpuSpec:
     gpus_per_node: int
     compute_dtype: str
     source: str
+    usable_bytes: float
+    usable_source: str
 
 
 # One NIC per GPU in the vendors' reference servers: 400 Gb/s (ConnectX-7 NDR InfiniBand or 400G
@@ -138,8 +146,28 @@ _SOURCES = {
 }
 
 
+# Share of device memory a run may use where no pool was measured: JAX's GPU allocator
+# preallocates 75% of device memory and XLA's buffers live in that pool (JAX documentation, "GPU
+# memory allocation", XLA_PYTHON_CLIENT_MEM_FRACTION, default .75).
+USABLE_MEMORY_FRACTION = 0.75
+# The pool measured on the device: the bytes_limit every H200 of bench/results/planner_draws.json
+# reported (75% of the 150.76e9 bytes the driver reports, less 0.5 GB), above 75% of the
+# datasheet's 141 GB. The compiled programs' peak (XLA's buffer assignment) matched the
+# runtime's peak_bytes_in_use within 0.01% there: no workspace outside it.
+MEASURED_POOL_BYTES = {"h200": 112_583_507_968}
+
+
+def _usable(name: str, hbm_bytes: float) -> tuple[float, str]:
+    """The usable memory of a catalog entry, bytes, and its source."""
+    if name in MEASURED_POOL_BYTES:
+        return float(MEASURED_POOL_BYTES[name]), "measured pool (bytes_limit of an H200)"
+    share = f"{USABLE_MEMORY_FRACTION:.0%}"
+    return hbm_bytes * USABLE_MEMORY_FRACTION, f"{share} of the datasheet's memory (JAX's pool)"
+
+
 def _spec(row: tuple) -> GpuSpec:
     name, label, bf16, fp8, memory, bandwidth, tdp, up, peer, out, per_node = row
+    usable_bytes, usable_source = _usable(name, memory * GB)
     return GpuSpec(
         name=name,
         label=label,
@@ -155,6 +183,8 @@ def _spec(row: tuple) -> GpuSpec:
         gpus_per_node=per_node,
         compute_dtype="float32" if name == "cpu" else "bfloat16",
         source=_SOURCES[name],
+        usable_bytes=usable_bytes,
+        usable_source=usable_source,
     )
 
 

@@ -83,13 +83,6 @@ from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-# Share of device memory a run may use: JAX's GPU allocator preallocates 75% of device memory
-# and XLA's buffers live in that pool (JAX documentation, "GPU memory allocation",
-# XLA_PYTHON_CLIENT_MEM_FRACTION, default .75); the H200s of bench/results/planner_draws.json
-# report a bytes_limit of 112.58e9 (75% of their 150.76e9 bytes, less 0.5 GB), above 75% of the
-# datasheet's 141 GB. The compiled programs' peak (XLA's buffer assignment) matched the
-# runtime's peak_bytes_in_use within 0.01% there: no workspace outside it.
-USABLE_MEMORY_FRACTION = 0.75
 # Margin a "fits" verdict keeps: the largest under-prediction of the compiled programs' peak
 # over the fitting half of draw 1 of bench/results/planner_draws.json
 # (``python bench/planner_accuracy.py --evaluate`` prints it), so that no configuration of that
@@ -272,7 +265,7 @@ _MEMORY_PARTS = (
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per device at the peak of a step, by component; ``capacity`` is the usable memory
-    of the device (its HBM x :data:`USABLE_MEMORY_FRACTION`)."""
+    of the device (:attr:`titan.planning.gpus.GpuSpec.usable_bytes`)."""
 
     weights: float
     gradients: float
@@ -410,5 +403,5 @@ def memory_per_device(
         activations=activations,
         transient=transient,
         workspace=0.0,
-        capacity=gpu.hbm_bytes * USABLE_MEMORY_FRACTION,
+        capacity=gpu.usable_bytes,
     )
