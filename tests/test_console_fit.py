@@ -47,10 +47,10 @@ def test_fit_rules_resolve_the_mesh_and_name_the_fix():
         "--batch-size 12 would split"
     )
     idle = TrainConfig.of(dp=2, tp=2, batch_size=8, microbatches=2)
-    assert check_layout(idle, 8, "cpu") == (
+    assert check_layout(idle.parallel, 8, 8, "cpu") == (
         "the layout uses 4 of the 8 devices (--dp 2 x --fsdp 1 x --tp 2 x --pp 1)"
     )
-    assert check_layout(TrainConfig.of(batch_size=8), 8, "cpu") is None  # --dp 0: all 8
+    assert check_layout(TrainConfig.of(batch_size=8).parallel, 8, 8, "cpu") is None  # --dp 0: all 8
 
 
 async def _refused(tmp_path: Path, texts: dict[str, str]) -> tuple[str, list[str], list[str]]:
@@ -130,7 +130,7 @@ def test_a_fitting_layout_on_eight_cpu_devices_passes_the_check(
     layout = TrainConfig.of(dp=2, fsdp=2, tp=2, batch_size=8, microbatches=2)
     assert seen == again == Devices(8, "cpu")
     assert cached_s < 0.1  # kept for the session: JAX is not started again
-    assert check_layout(layout, seen.count, seen.backend) is None
+    assert check_layout(layout.parallel, 8, seen.count, seen.backend) is None
 
 
 def test_the_console_counts_devices_without_importing_jax():

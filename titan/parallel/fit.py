@@ -15,9 +15,27 @@ both refuse a layout with the same one-line :class:`~titan.errors.TitanError`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
-from titan.config import TrainConfig
 from titan.errors import TitanError
+
+
+class LayoutSizes(Protocol):
+    """What the rules read of a layout: :class:`titan.config.ParallelOptions` (``--layout``,
+    ``--dp``, ``--fsdp``, ``--tp``, ``--pp``, ``--microbatches``)."""
+
+    @property
+    def layout(self) -> str: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def fsdp(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def microbatches(self) -> int: ...
 
 
 def resolve_mesh_shape(
@@ -88,11 +106,13 @@ def microbatch_rows(batch_size: int, microbatches: int, mesh_shape: Mapping[str,
     return batch_size // microbatches
 
 
-def check_layout(cfg: TrainConfig, device_count: int, backend: str) -> str | None:
-    """Refuse a layout of ``cfg`` that ``device_count`` devices cannot hold, or a batch whose
-    microbatches do not split over its replicas.
+def check_layout(par: LayoutSizes, batch_size: int, device_count: int, backend: str) -> str | None:
+    """Refuse a layout ``par`` that ``device_count`` devices cannot hold, or a batch of
+    ``batch_size`` rows whose microbatches do not split over its replicas.
 
     Args:
+        par: the layout's sizes (``cfg.parallel``).
+        batch_size: rows per step (``--batch-size``).
         device_count: devices the run sees (``len(jax.devices())``).
         backend: their platform (``jax.default_backend()``), for the message.
 
@@ -104,10 +124,9 @@ def check_layout(cfg: TrainConfig, device_count: int, backend: str) -> str | Non
         TitanError: the layout asks for more devices than are present, or the rows per
             microbatch are not a multiple of dp x fsdp (one line, naming the flag).
     """
-    par = cfg.parallel
     pp = par.pp if par.layout == "mpmd" else 1
     shape = resolve_mesh_shape(par.dp, par.fsdp, par.tp, pp, device_count, backend)
-    microbatch_rows(cfg.data.batch_size, par.microbatches, shape)
+    microbatch_rows(batch_size, par.microbatches, shape)
     used = shape["data"] * shape["fsdp"] * shape["tensor"] * pp
     if used == device_count:
         return None

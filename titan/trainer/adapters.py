@@ -116,7 +116,9 @@ def check_layout_fits(cfg: TrainConfig) -> str | None:
         TitanError: the layout asks for more devices than are present, or the rows per
             microbatch are not a multiple of dp x fsdp.
     """
-    return check_layout(cfg, len(jax.devices()), jax.default_backend())
+    return check_layout(
+        cfg.parallel, cfg.data.batch_size, len(jax.devices()), jax.default_backend()
+    )
 
 
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:

@@ -166,7 +166,9 @@ class LaunchScreen(Screen[None]):
         try:
             devices = devices_seen(child_env())
             for config in configs:
-                check_layout(config, devices.count, devices.backend)
+                check_layout(
+                    config.parallel, config.data.batch_size, devices.count, devices.backend
+                )
             for config in configs:
                 runs.append(start_run(config, self.resume))
         except (TitanError, OSError) as err:
