@@ -265,3 +265,52 @@ async def test_the_planner_ranking_shows_tokens_per_s_and_time_at_80_columns(tmp
     assert labels[:2] == ["tokens/s", "days"]
     assert sum(shown) <= visible  # both columns whole on screen (render widths hold padding)
     assert best == [f"{plan['tokens_per_s']:,.0f}", f"{plan['total_s'] / 86_400:,.1f}"]
+
+
+async def test_j_k_g_and_G_move_the_cursor_of_the_planner_ranking(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        planner = app.screen
+        planner.query_one("#option-search", OptionInput).control.value = "1"
+        searched = lambda: planner.report is not None and planner.report["search"]  # noqa: E731
+        await wait_until(pilot, searched, lambda: "no search", 30)
+        await pilot.pause(0.3)
+        ranked = planner.query_one("#plan-ranked", DataTable)
+        ranked.focus()
+        rows = []
+        for key in ("j", "j", "k", "G", "g"):
+            await pilot.press(key)
+            rows.append(ranked.cursor_row)
+        last = ranked.row_count - 1
+    assert last > 2
+    assert rows == [1, 2, 1, last, 0]
+
+
+async def test_run_detail_opens_on_its_rows_and_each_tab_key_focuses_its_table(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    app = TitanConsole(root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await wait_until(pilot, lambda: app.screen.loaded, lambda: "history not loaded", 30)
+        app.push_screen(RunDetailScreen(app.history, "llama3-1b-h200"))
+        detail = app.screen
+        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        await pilot.pause()
+        summary = detail.query_one("#detail-summary", DataTable)
+        focused_at_open = app.focused
+        await pilot.press("j", "j", "G", "g", "j", "enter")
+        await pilot.pause()
+        popup = app.screen
+        await pilot.press("escape", "3")
+        await pilot.pause()
+        environment = detail.query_one("#detail-environment", DataTable)
+        focused_on_3 = app.focused
+        await pilot.press("question_mark")
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        described = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+    assert focused_at_open is summary
+    assert isinstance(popup, ValueScreen) and popup.value == str(summary.get_row_at(1)[1])
+    assert focused_on_3 is environment
+    assert {"Value in full", "Down", "Up", "First row", "Last row"} <= described

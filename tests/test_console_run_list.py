@@ -12,7 +12,10 @@ from pathlib import Path
 
 import psutil
 from console_helpers import append_events, event, wait_until
+from rich.color import Color, ColorSystem
+from rich.style import Style
 from samples import copy_sample_runs
+from textual.filter import ANSIToTruecolor
 from textual.widgets import Static
 
 from titan.observability.liveness import PROCESSES_DIR, ProcessId
@@ -116,17 +119,31 @@ async def test_o_orders_the_run_list_and_slash_filters_it(tmp_path):
         await pilot.press("slash", *"fail", "enter")
         filtered = (names(), _status_line(app))
         colours = [table.get_row_at(i)[0].style for i in range(table.row_count)]
+        table_focused = table.has_focus
+        await pilot.press("escape")  # from the table, not only from the filter's field
+        cleared = (names(), _status_line(app))
     assert (newest, by_run) == (["b-run", "a-run"], ["a-run", "b-run"])
+    assert table_focused and cleared == (["a-run", "b-run"], "0 running · 2 runs · o: order (run)")
     assert filtered == (["b-run"], "0 running · 1 matching 'fail' · 2 runs · o: order (run)")
-    assert colours == [STATUS_STYLES["failed"]] == ["red"]
+    assert colours == [STATUS_STYLES["failed"]]
 
 
-def test_the_states_that_mean_different_things_get_different_base_colours():
-    # Of the 8 ANSI colours, which a 16-colour terminal keeps apart.
-    base = {s: STATUS_STYLES[s].split()[-1] for s in ("completed", "failed", "dead", "running")}
-    assert len(set(base.values())) == 4
-    ansi = {"black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"}
-    assert set(base.values()) <= ansi
+async def test_the_states_that_mean_different_things_stay_apart_on_a_16_colour_terminal(tmp_path):
+    # As Textual draws them (ANSI names through its ANSI theme), then as a terminal of 16 or 256
+    # colours is sent them.
+    meanings = ("completed", "running", "stopped", "stalled", "failed", "dead")
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=(80, 24)):
+        [to_theme] = [f for f in app._filters if isinstance(f, ANSIToTruecolor)]
+        drawn = {
+            state: to_theme.truecolor_style(Style.parse(STATUS_STYLES[state]), Color.parse("black"))
+            for state in meanings
+        }
+    for system in (ColorSystem.STANDARD, ColorSystem.EIGHT_BIT):
+        sent = {state: style.color.downgrade(system).number for state, style in drawn.items()}
+        assert len(set(sent.values())) == len(meanings), (system, sent)
+    assert drawn["failed"].color.downgrade(ColorSystem.STANDARD).number == 9  # bright red
+    assert drawn["completed"].color.downgrade(ColorSystem.STANDARD).number == 10  # bright green
 
 
 async def test_keys_help_on_history_lists_its_table_keys_and_j_k_move_the_cursor(tmp_path):
@@ -153,3 +170,25 @@ async def test_keys_help_on_history_lists_its_table_keys_and_j_k_move_the_cursor
     assert (moved, back, last, first) == (2, 1, 3, 0)
     assert {"Detail", "Sort", "Reverse", "Mark", "Next page", "Previous page"} <= described
     assert {"Down", "Up", "First row", "Last row", "Filter", "Compare"} <= described
+
+
+async def test_keys_help_lists_back_over_history_but_not_over_the_run_list(tmp_path):
+    app = TitanConsole(tmp_path)
+
+    async def described() -> set[str]:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        rows = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+        await pilot.press("escape")
+        await pilot.pause()
+        return rows
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        on_run_list = await described()
+        await pilot.press("h")
+        await pilot.pause()
+        on_history = await described()
+    assert "Back" not in on_run_list and "Attach" in on_run_list
+    assert "Back" in on_history

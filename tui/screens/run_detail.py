@@ -22,6 +22,7 @@ from titan.observability.report import summary_rows
 from tui.history import HistoryStore, RunDetail
 from tui.plain import cell
 from tui.screens.value import ValueScreen
+from tui.widgets.plain_table import PlainTable
 from tui.widgets.watchdog_panel import stack_lines
 
 TABS = ("summary", "config", "environment", "restarts", "stalls")
@@ -51,8 +52,14 @@ def _title(tab: str) -> str:
     return f"{TABS.index(tab) + 1} {tab}"
 
 
+class KeyValueTable(PlainTable):
+    """``(key, value)`` rows; ``enter`` shows the row's value in full (listed by ``?``)."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Value in full")]
+
+
 def _key_value_table(id: str) -> DataTable[str]:
-    table: DataTable[str] = DataTable(id=id, cursor_type="row", show_header=False)
+    table = KeyValueTable(id=id, cursor_type="row", show_header=False)
     table.add_columns("key", "value")
     return table
 
@@ -67,6 +74,8 @@ class RunDetailScreen(Screen[None]):
     """
 
     CSS_PATH = "run_detail.tcss"
+    # The cursor starts on the summary's rows (enter, j/k): the tab bar is a key away.
+    AUTO_FOCUS = "#detail-summary"
     BINDINGS = [
         # The tab titles start with their keys (the footer leaves them out, as the monitor's).
         Binding(str(i), f"show_tab('{tab}')", tab.capitalize(), show=False)
@@ -115,7 +124,10 @@ class RunDetailScreen(Screen[None]):
             self.app.push_screen(ValueScreen(str(key), str(value)))
 
     def action_show_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        """Show ``tab`` with its table (or stall log) focused, as the summary's at first."""
+        tabs = self.query_one(TabbedContent)
+        tabs.active = tab
+        tabs.get_pane(tab).query("DataTable, Log").first().focus()
 
     def on_run_detail_screen_loaded(self, message: RunDetailScreen.Loaded) -> None:
         detail = self.detail = message.detail

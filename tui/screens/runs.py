@@ -104,9 +104,10 @@ class RunsScreen(Screen[None]):
         self._ticker.pause()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """``esc`` clears the filter while its field has focus; elsewhere it goes back."""
+        """``esc`` clears the filter while its field has focus or a filter is applied;
+        elsewhere it goes back."""
         if action == "close_filter":
-            return self.query_one("#runs-filter", Input).has_focus
+            return bool(self.text) or self.query_one("#runs-filter", Input).has_focus
         return True
 
     def action_order(self) -> None:

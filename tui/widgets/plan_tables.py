@@ -9,12 +9,15 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from tui.widgets.plain_table import PlainTable
+
 GB = 1e9
 SECONDS_PER_DAY = 86_400
 
 
 def _table(id: str, *columns: str) -> DataTable[str]:
-    table: DataTable[str] = DataTable(id=id, cursor_type="row", zebra_stripes=True)
+    """A results table; a :class:`PlainTable` for its ``j``/``k``/``g``/``G`` keys."""
+    table = PlainTable(id=id, cursor_type="row", zebra_stripes=True)
     table.add_columns(*columns)
     return table
 

@@ -16,19 +16,21 @@ from tui.widgets.plain_table import PlainTable
 # Presets, run names and statuses longer than these (a custom shape spells out its fields; a
 # record may hold any status text) are cut, ending in "…"; the monitor shows the whole of them.
 PRESET_WIDTH, RUN_WIDTH, STATUS_WIDTH = 28, 40, 16
-# The colour of each state: one of the 8 ANSI colours each, which a 16-colour terminal keeps
-# apart (a theme's colours would all fall on one or two there). Done is green, live cyan, a
-# stop blue, a warning yellow, a failure red, a lost or unreadable run magenta.
+# The colour of each state: done is green, live cyan, a stop blue, a warning yellow, a failure
+# red, a lost or unreadable run magenta. Each is the RGB of a bright ANSI colour (Rich's
+# standard palette), which a 16-colour terminal is sent as that very ANSI colour. Not the ANSI
+# names: Textual draws those in its ANSI theme (Monokai), whose red and magenta are one colour,
+# and whose yellow a 16-colour terminal gets as bright red.
 STATUS_STYLES = {
-    "completed": "green",
-    "running": "cyan",
-    "starting": "cyan",
-    "stopped": "blue",
-    "stalled": "yellow",
-    "unresponsive": "bold yellow",
-    "failed": "red",
-    "dead": "magenta",
-    "unreadable": "magenta",
+    "completed": "#55ff55",
+    "running": "#55ffff",
+    "starting": "#55ffff",
+    "stopped": "#5555ff",
+    "stalled": "#ffff55",
+    "unresponsive": "bold #ffff55",
+    "failed": "#ff5555",
+    "dead": "#ff55ff",
+    "unreadable": "#ff55ff",
 }
 
 
