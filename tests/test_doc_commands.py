@@ -41,6 +41,7 @@ SKIPPED = {
     ("pip",): "installs packages: the suite's environment has every extra but [maxtext]",
     (".venv/bin/pip",): "installs packages: the suite's environment has them",
     (".venv/bin/ruff",): "lints the checkout: CI's own step (.ci/run)",
+    (".venv/bin/mypy",): "type-checks the checkout: CI's own step (.ci/run)",
     ("titan", "import", "hf", "Llama-3.2-1B"): "needs Llama 3.2 1B's weights from the Hub",
     ("titan", "train", "--init-from", "llama-1b"): "needs Llama 3.2 1B's weights from the Hub",
     ("titan", "import", "maxtext"): "needs a MaxText checkpoint and the [maxtext] extra",

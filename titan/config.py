@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, dataclass_transform
 
 from titan.errors import TitanError
 from titan.inert import inert
@@ -291,7 +291,11 @@ def _normalize(section: Any) -> None:
             raise TitanError(f"{flag} must be <= {meta['maximum']}, got {value}")
 
 
-def _section(cls: type) -> type:
+_Section = TypeVar("_Section")
+
+
+@dataclass_transform(frozen_default=True)  # the checker then knows each section's fields
+def _section(cls: type[_Section]) -> type[_Section]:
     """A frozen config section whose fields are coerced and checked on construction, then by its
     own ``_check`` (when it has one)."""
 
@@ -299,7 +303,7 @@ def _section(cls: type) -> type:
         _normalize(self)
         getattr(self, "_check", lambda: None)()
 
-    cls.__post_init__ = __post_init__
+    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]  # dataclass() calls it
     return dataclass(frozen=True)(cls)
 
 
@@ -1106,7 +1110,10 @@ class Option:
     @property
     def default(self) -> Any:
         f = self.field
-        return f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        assert callable(f.default_factory), self.name  # every option has a default
+        return f.default_factory()
 
     def coerce(self, value: Any) -> Any:
         """The typed value of ``value`` (typed already, plain data, or text)."""
@@ -1268,6 +1275,7 @@ def check_task_options(cfg: TrainConfig) -> None:
     flat = cfg.flat()
     sections = {name: cls() for name, cls in SECTIONS.items()}
     defaults = {o.name: getattr(sections[o.section], o.field.name) for o in option_fields()}
+    names: tuple[str, ...]
     if cfg.model.task == "diffusion":
         names = LM_ONLY_OPTIONS
         reason = "--task diffusion (it reads --images, each one sequence of its patches)"

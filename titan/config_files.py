@@ -158,7 +158,7 @@ def config_to_toml(cfg: TrainConfig) -> str:
     ``data``, ``batch_size``); :func:`read_config_file` reads it
     back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
     a writer of that much TOML is this function.)"""
-    lines: list[str] = []
+    lines: list[str | None] = []
     keys = {o.field.name: o.flag.removeprefix("--").replace("-", "_") for o in option_fields()}
     for section, values in config_to_data(cfg).items():
         lines += ["" if lines else None, f"[{section}]"]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from titan.config import CODECS_PLAIN, Option, option_fields
@@ -13,7 +13,7 @@ from titan.shapes import PRESETS
 
 def add_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    options: Iterator[Option] | tuple[Option, ...],
+    options: Iterable[Option],
     *,
     explicit: bool,
 ) -> None:
@@ -34,7 +34,11 @@ def add_arguments(
         if explicit and "(default:" not in help:
             shown = default if option.kind in CODECS_PLAIN else option.text(default)
             help = f"{help} (default: {shown!r})"
-        common = {"dest": option.name, "default": None if explicit else default, "help": help}
+        common: dict[str, Any] = {
+            "dest": option.name,
+            "default": None if explicit else default,
+            "help": help,
+        }
         if option.kind == "bool":
             parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
             continue

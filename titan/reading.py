@@ -195,7 +195,7 @@ def read_toml(path: Path | str, what: str = "", limit: int = MAX_DOCUMENT_BYTES)
 
 
 def json_field(
-    document: dict[str, Any],
+    document: object,  # checked: an error unless a dict
     key: str,
     expect: type | tuple[type, ...],
     where: str,

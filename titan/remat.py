@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 # Primitives of the fused attention kernels: cuDNN's forward (behind
 # ``jax.nn.dot_product_attention``) and Pallas kernels (titan.ops.providers).
@@ -68,6 +68,13 @@ def _saved_none(
     return (16 + 2 * p) * d + 16, 2 * p * d + 2 * p * kv + mlp + scores
 
 
+class Recomputed(Protocol):
+    """:attr:`RematPolicy.recomputed`: the forward FLOPs per token that the backward pass redoes,
+    of a layer's matmul, attention and output projection FLOPs per token."""
+
+    def __call__(self, matmul: float, attention: float, output: float = 0.0) -> float: ...
+
+
 @dataclass(frozen=True)
 class RematPolicy:
     """One ``--remat`` policy.
@@ -86,7 +93,7 @@ class RematPolicy:
     name: str
     resolve: Callable[[], Callable[..., bool]] | None
     saved: Callable[..., tuple[float, float]]
-    recomputed: Callable[[float, float], float]
+    recomputed: Recomputed
 
     def jax_policy(self) -> Callable[..., bool] | None:
         """The policy for ``jax.checkpoint`` / ``nn.remat``; None when nothing is recomputed."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 from titan.errors import TitanError
 from titan.parsing import parse_assignments
@@ -195,7 +196,7 @@ def parse_model(text: str, flag: str = "--model") -> ModelConfig:
             f"{flag} {text!r} is not a preset ({', '.join(PRESETS)}) nor a shape like "
             "d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8,ffn_dim=14336,vocab_size=128256"
         )
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}  # ModelConfig's fields: ints, and the optional floats
     for key, value in parse_assignments(name, flag, shape="field=value").items():
         if key not in SHAPE_FIELDS + OPTIONAL_SHAPE_FIELDS:
             fields = ", ".join(SHAPE_FIELDS + OPTIONAL_SHAPE_FIELDS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -36,7 +36,7 @@ class Column:
 
     name: str
     priority: int
-    justify: str = "right"
+    justify: Literal["left", "right"] = "right"
     key: bool = False
     max_width: int | None = None
 

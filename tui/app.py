@@ -7,7 +7,8 @@ With no option the console opens the launch form over the list of ``$TITAN_RUNS`
 one run over the list of its parent folder. ``Esc`` goes back to the screen below; ``n``, ``p``
 and ``h`` open the launch form, the planner and the history from anywhere (``ctrl+p``: the
 command palette lists the same). The terminal is restored on quit, on a crash, on SIGTERM and
-on SIGHUP (the terminal or SSH session went away).
+on SIGHUP (the terminal or SSH session went away; output to a terminal that is gone raises
+SIGHUP, :mod:`tui.driver`).
 
 Quitting leaves the training runs this console started running (they are training runs, each in
 its own process group, with its output in its run dir) and prints how to stop or follow them.
@@ -26,6 +27,8 @@ from pathlib import Path
 from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.driver import Driver
+from textual.drivers.linux_driver import LinuxDriver
 from textual.geometry import Size
 from textual.screen import Screen
 
@@ -33,6 +36,7 @@ from titan import installed_version
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.observability.records import check_runs_root, default_runs_root
+from tui.driver import ConsoleDriver
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
 from tui.options import default_texts, resume_texts
@@ -101,6 +105,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         self.launched: dict[Path, LaunchedRun] = {}
         self.history = HistoryStore(runs_root)
 
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver for this platform, with :class:`ConsoleDriver` for its Linux one."""
+        driver_class = super().get_driver_class()
+        return ConsoleDriver if driver_class is LinuxDriver else driver_class
+
     def get_default_screen(self) -> Screen:
         return RunsScreen(self.runs_root)
 
@@ -110,7 +119,7 @@ class TitanConsole(App[None], inherit_bindings=False):
         self.screen_change_signal.subscribe(self, self._add_size_notice)
         self._add_size_notice(self.screen)
         # SIGTERM and SIGHUP exit like q does, so the terminal is restored (Textual restores it
-        # on a crash).
+        # on a crash). The loop runs these handlers on this thread: call_from_thread would refuse.
         for signum in (signal.SIGTERM, signal.SIGHUP):
             asyncio.get_running_loop().add_signal_handler(signum, self.exit)
         if self._open_run is not None:
@@ -136,12 +145,13 @@ class TitanConsole(App[None], inherit_bindings=False):
         self._check_size()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide Back on the base screen (there is nothing below it)."""
+        """Hide Back on the base screen (there is nothing below it), in the key help over it
+        too (the help lists the keys of the screen under it)."""
         if action == "back":
-            return len(self.screen_stack) > 1
+            return sum(not isinstance(s, KeysScreen) for s in self.screen_stack) > 1
         return True
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:  # async as App's, which it replaces
         """Return to the screen below."""
         self.pop_screen()
 

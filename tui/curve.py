@@ -16,6 +16,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 # Points kept at most: M4 draws a line exactly with 4 points per pixel column (Jugel et al.
 # 2014), and a chart 128 terminal columns wide has 256 (plotext's braille: two dots a column).
@@ -44,9 +45,10 @@ class _Bucket:
         self.last = point
         value = _value(point)
         if value is not None:
-            if _value(self.low) is None or value < _value(self.low):
+            low, high = _value(self.low), _value(self.high)
+            if low is None or value < low:
                 self.low = point
-            if _value(self.high) is None or value > _value(self.high):
+            if high is None or value > high:
                 self.high = point
 
     def merge(self, later: _Bucket) -> None:
@@ -159,13 +161,13 @@ def thin(
     for i, (step, value) in enumerate(zip(steps, values, strict=True)):
         column = min(int((step - first) * columns / span), columns - 1)
         extremes = ranges.get(column)
-        finite = isinstance(value, int | float) and math.isfinite(value)
-        if extremes is None or (finite and len(extremes) == 1):
-            ranges[column] = [i, i] if finite else [i]
-        elif finite:
-            if value < values[extremes[0]]:
+        number = value if isinstance(value, int | float) and math.isfinite(value) else None
+        if extremes is None or (number is not None and len(extremes) == 1):
+            ranges[column] = [i, i] if number is not None else [i]
+        elif number is not None:  # extremes: [lowest, highest], both of finite values
+            if number < cast(float, values[extremes[0]]):
                 extremes[0] = i
-            if value > values[extremes[1]]:
+            if number > cast(float, values[extremes[1]]):
                 extremes[1] = i
     for extremes in ranges.values():
         kept.update(extremes)

@@ -282,11 +282,12 @@ class HistoryStore:
         select, params = query.sql()
         where, where_params = query.where()
         with self._reader(hold_s) as con:
-            total = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+            total = summarize.run_count(con)
             matched = total
             if where:  # counted without sorting or building the page's columns
-                count = f"SELECT count(*) FROM runs{where}"
-                matched = con.execute(count, where_params).fetchone()[0]
+                counted = con.execute(f"SELECT count(*) FROM runs{where}", where_params).fetchone()
+                assert counted is not None  # count(*) returns one row
+                matched = counted[0]
             offset = query.offset if query.offset < matched else max(0, matched - query.limit)
             found = con.execute(
                 f"{select} LIMIT ? OFFSET ?", [*params, query.limit, offset]
@@ -319,7 +320,7 @@ class HistoryStore:
             summary=summary,
             config=last.config or {},
             environment=last.env or {},
-            attempts=[(s.time, s.start_step, s.resumed_from_step) for s in starts],
+            attempts=[(s.written_time, s.start_step, s.resumed_from_step) for s in starts],
             stalls=[e for e in events if isinstance(e, Stall)],
         )
 

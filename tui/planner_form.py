@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NoReturn
 
 from titan.cli import build_parser
 from titan.errors import TitanError
@@ -45,7 +45,7 @@ SEARCH_TOP = 10
 class _FormParser(argparse.ArgumentParser):
     """The plan parser with errors raised as :class:`TitanError` (never printed or exiting)."""
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         raise TitanError(message)
 
 

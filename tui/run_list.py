@@ -109,7 +109,7 @@ def list_runs(
             events = load_events(run_dir)
             state = RunState()
             state.apply(events)
-            created_at = events[0].time if events else run_dir.stat().st_mtime
+            created_at = events[0].written_time if events else run_dir.stat().st_mtime
             cached = cache[run_dir] = (key, state, created_at)
         _, state, created_at = cached
         summaries.append(RunSummary(run_dir, state, created_at, judge(run_dir, state.facts)))

@@ -270,7 +270,7 @@ class RunState:
         self.tokens_per_s = event.tokens_per_s
         if event.tokens_seen is not None:
             self.tokens_seen = event.tokens_seen
-        self._step_times.append((event.step, event.time))
+        self._step_times.append((event.step, event.written_time))
         if event.step_time_s:
             self._watchdog_step_times.append(event.step_time_s)
         self._take_flops(event)

@@ -135,15 +135,15 @@ class RunWatcher:
         CPU; returns whether any bytes were read."""
         start_offset, start_cpu = self._events.offset, time.thread_time()
         # Until all the exited child wrote is read, not past it (see _resumed_elsewhere).
-        counting = self._exit_size is not None and self._attempts_at_exit is None
-        end = min(size, self._exit_size) if counting else size
+        exit_size = self._exit_size if self._attempts_at_exit is None else None
+        end = size if exit_size is None else min(size, exit_size)
         while end > self._events.offset and time.thread_time() - start_cpu < budget_s:
             before = self._events.offset
             slice_bytes = min(READ_SLICE_BYTES, end - before)
             self._history.apply(self._events.read_new_events(slice_bytes))
             if self._events.offset == before:  # unreadable, or shrunk under us
                 break
-        if counting and self._events.offset >= self._exit_size:
+        if exit_size is not None and self._events.offset >= exit_size:
             self._attempts_at_exit = self._history.attempts
         if self._head and self._events.offset >= self._head_start:
             self._head = []  # the history has caught up with the head

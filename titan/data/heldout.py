@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from titan.data.mixture import Source, union_corpus
-from titan.data.text import Corpus, FilePosition, batch_of, open_corpus
+from titan.data.text import Documents, FilePosition, batch_of, open_corpus
 from titan.errors import TitanError
 
 HASH_BYTES = 8
@@ -49,7 +49,7 @@ class SplitCorpus:
         corpus: the whole corpus; fraction: ``--eval-split``; held_out: which side this is.
     """
 
-    corpus: Corpus
+    corpus: Documents
     fraction: float
     held_out: bool
 
@@ -100,8 +100,8 @@ class SplitCorpus:
 
 
 def split_corpus(
-    corpus: Corpus, eval_data: str, eval_split: float
-) -> tuple[Corpus | SplitCorpus, Corpus | SplitCorpus | None]:
+    corpus: Documents, eval_data: str, eval_split: float
+) -> tuple[Documents, Documents | None]:
     """(what to train on, what to evaluate on or None) for ``--eval-data`` / ``--eval-split``.
 
     Raises:
@@ -119,7 +119,7 @@ def split_corpus(
 
 def split_sources(
     data: str, sources: list[Source], eval_data: str, eval_split: float
-) -> tuple[list[Source], Corpus | SplitCorpus | None]:
+) -> tuple[list[Source], Documents | None]:
     """(the ``--data`` parts to train on, the held-out corpus or None) for ``--eval-split`` or
     ``--eval-data``: with a split, each part keeps its training side and the held-out side is
     that of all the parts' files together (the same documents: the split is per document).
@@ -136,14 +136,16 @@ def split_sources(
     return train, SplitCorpus(everything, eval_split, True)
 
 
-def training_corpus(data: str, sources: list[Source]) -> Corpus | SplitCorpus:
+def training_corpus(data: str, sources: list[Source]) -> Documents:
     """All the training parts' documents as one corpus, what the tokenizer trains on: with
     ``--eval-split``, the training side of all the parts' files together, so that no held-out
     document shapes the vocabulary either."""
     splits = [s.corpus for s in sources if isinstance(s.corpus, SplitCorpus)]
     if len(sources) == 1 or not splits:
         return union_corpus(data, sources)
-    whole = [dataclasses.replace(s, corpus=s.corpus.corpus) for s in sources]
+    # split_sources splits every part or none
+    pairs = zip(sources, splits, strict=True)
+    whole = [dataclasses.replace(s, corpus=split.corpus) for s, split in pairs]
     return SplitCorpus(union_corpus(data, whole), splits[0].fraction, False)
 
 

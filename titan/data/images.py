@@ -105,7 +105,7 @@ def _fit(image, size: int):
     w, h = image.size
     scale = size / min(w, h)
     resized = image.resize(
-        (max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC
+        (max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC
     )
     left, top = (resized.size[0] - size) // 2, (resized.size[1] - size) // 2
     return resized.crop((left, top, left + size, top + size))

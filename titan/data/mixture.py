@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from titan.data.text import Corpus, PackedBatches, batch_of, open_corpus
+from titan.data.text import Corpus, Documents, PackedBatches, batch_of, open_corpus
 from titan.data.tokenize import TokenStream
 from titan.errors import TitanError
 
@@ -69,7 +69,7 @@ class Source:
 
     spec: str
     weight: float
-    corpus: Corpus
+    corpus: Documents  # a Corpus, or one side of it (titan.data.heldout.split_sources)
 
 
 def _weighted(part: str) -> tuple[str, float] | None:
@@ -108,13 +108,14 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
             raise TitanError(f"--data {data}: part '{part}' has no ':WEIGHT' (give every part one)")
         if not (math.isfinite(pair[1]) and pair[1] > 0):
             raise TitanError(f"--data {data}: part '{part}' needs a weight > 0, got {pair[1]}")
-    total = sum(weight for _, weight in weighted)
+    pairs = [pair for pair in weighted if pair is not None]  # all of them, checked above
+    total = sum(weight for _, weight in pairs)
     if not math.isfinite(total):
         raise TitanError(
             f"--data {data}: the weights sum past the largest float "
             f"({sys.float_info.max:.3g}); scale them down (only their ratios count)"
         )
-    return [Source(spec, w / total, open_corpus(spec, text_field)) for spec, w in weighted]
+    return [Source(spec, w / total, open_corpus(spec, text_field)) for spec, w in pairs]
 
 
 def check_inputs(data: str, tokenizer: str) -> None:
@@ -130,7 +131,7 @@ def check_inputs(data: str, tokenizer: str) -> None:
         raise TitanError(f"--tokenizer {tokenizer}: no such file")
 
 
-def union_corpus(data: str, sources: list[Source]) -> Corpus:
+def union_corpus(data: str, sources: list[Source]) -> Documents:
     """All the sources' files as one corpus (what the tokenizer trains on)."""
     if len(sources) == 1:
         return sources[0].corpus

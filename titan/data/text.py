@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import numpy as np
 import zstandard
@@ -95,7 +95,7 @@ def _text_lines(path: Path, raw: IO[bytes]) -> IO[str]:
     decompressed while read."""
     name = path.name.lower()
     if name.endswith(".gz"):
-        binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
+        binary: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw, mode="rb")
     elif name.endswith(".zst"):
         binary = zstandard.ZstdDecompressor().stream_reader(raw)
     else:
@@ -216,6 +216,25 @@ class Corpus:
         mtime) of its files."""
         payload = json.dumps([self.text_field, _stat_fingerprint(self.files)])
         return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+class Documents(Protocol):
+    """What reads like a :class:`Corpus` (what the tokenizer and
+    :func:`titan.data.tokenize.token_stream` read): a corpus, or one side of it
+    (:class:`titan.data.heldout.SplitCorpus`). The members are :class:`Corpus`'s."""
+
+    @property
+    def spec(self) -> str: ...
+    @property
+    def files(self) -> tuple[Path, ...]: ...
+    @property
+    def text_field(self) -> str: ...
+    def documents(self, dropped: Counter[str] | None = None) -> Iterator[str]: ...
+    def file_documents(
+        self, index: int, dropped: Counter[str], position: FilePosition | None = None
+    ) -> Iterator[str]: ...
+    def file_sizes(self) -> list[int]: ...
+    def fingerprint(self) -> str: ...
 
 
 def _stdlib_files() -> list[Path]:

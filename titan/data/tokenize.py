@@ -47,7 +47,7 @@ from typing import IO
 import numpy as np
 
 from titan.data.cache import cache_dir
-from titan.data.text import DROP_REASONS, Corpus, FilePosition
+from titan.data.text import DROP_REASONS, Documents, FilePosition
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
 from titan.reading import json_field, read_json
@@ -198,7 +198,7 @@ def encode_chunk(tokenizer: Tokenizer, texts: list[str], threads: int = 0) -> by
     return np.concatenate(arrays).astype(np.uint32).tobytes()
 
 
-def _chunks(corpus: Corpus, start: Commit, chunk_chars: int) -> Iterator[_Chunk]:
+def _chunks(corpus: Documents, start: Commit, chunk_chars: int) -> Iterator[_Chunk]:
     """The corpus's documents from ``start`` on, in chunks; the last chunk (maybe empty) ends
     at ``file == len(files)`` with the final drop counts."""
     dropped: Counter[str] = Counter(start.dropped_before_file)
@@ -308,7 +308,7 @@ def _append(out: IO[bytes], data: bytes) -> None:
 
 
 def _tokenize(
-    corpus: Corpus,
+    corpus: Documents,
     tokenizer: Tokenizer,
     paths: _Paths,
     workers: int,
@@ -339,7 +339,7 @@ def _tokenize(
     _publish(corpus, paths, commit)
 
 
-def _publish(corpus: Corpus, paths: _Paths, commit: Commit) -> None:
+def _publish(corpus: Documents, paths: _Paths, commit: Commit) -> None:
     dropped = {reason: commit.dropped_before_file.get(reason, 0) for reason in DROP_REASONS}
     if commit.documents == 0:
         paths.partial.unlink(missing_ok=True)
@@ -356,7 +356,7 @@ ENCODING_VERSION = 2
 written by another version (one where document text spelling ``<s>`` became BOS) is not reused."""
 
 
-def stream_key(corpus: Corpus, tokenizer: Tokenizer) -> str:
+def stream_key(corpus: Documents, tokenizer: Tokenizer) -> str:
     """The cache key of a (corpus, tokenizer) token file: sha256 of both fingerprints and
     :data:`ENCODING_VERSION`."""
     payload = f"{corpus.fingerprint()}:{tokenizer.digest}:{ENCODING_VERSION}"
@@ -364,7 +364,7 @@ def stream_key(corpus: Corpus, tokenizer: Tokenizer) -> str:
 
 
 def token_stream(
-    corpus: Corpus,
+    corpus: Documents,
     tokenizer: Tokenizer,
     progress: Callable[[TokenizeProgress], None] | None = None,
     workers: int = 0,

@@ -49,7 +49,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import sentencepiece as spm
@@ -57,7 +57,7 @@ import tiktoken
 import tokenizers as hf_tokenizers
 
 from titan.data.cache import cache_dir
-from titan.data.text import Corpus
+from titan.data.text import Documents
 from titan.errors import TitanError
 from titan.reading import read_json
 
@@ -70,7 +70,7 @@ REPORT_EVERY_LINES = 4096
 MAX_SENTENCE_BYTES = 4192
 """sentencepiece's ``max_sentence_length`` default (bytes; ``trainer_spec.proto``): it skips longer
 sentences, so :func:`split_line` cuts lines to this length."""
-TRAINER_SETTINGS = {
+TRAINER_SETTINGS: dict[str, Any] = {  # keyword arguments of SentencePieceTrainer.train
     "model_type": "bpe",
     "byte_fallback": True,
     "unk_id": UNK_ID,
@@ -90,12 +90,26 @@ TRAINER_SETTINGS = {
 class Backend(Protocol):
     """What :class:`Tokenizer` needs of a tokenizer library (sentencepiece, Hugging Face)."""
 
-    vocab_size: int
-    bos_id: int
-    eos_id: int
-    add_bos: bool  # encode(add_special_tokens=True) puts BOS first
-    add_eos: bool  # ... and EOS last
-    end_ids: tuple[int, ...]  # ids that end a generation besides EOS (its config's)
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    @property
+    def add_bos(self) -> bool:
+        """encode(add_special_tokens=True) puts BOS first."""
+        ...
+
+    @property
+    def add_eos(self) -> bool:
+        """... and EOS last."""
+        ...
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """Ids that end a generation besides EOS (its config's)."""
+        ...
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         """Ids of each text as ordinary text: no special tokens added, none parsed from it."""
@@ -384,13 +398,14 @@ def _is_json(data: bytes) -> bool:
 def _huggingface_backend(envelope: dict) -> HuggingFaceBackend:
     tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
     tok.encode_special_tokens = True  # text is text: "<s>" in a document is not BOS
-    ids = [tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token")]
+    bos, eos = (tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token"))
+    assert bos is not None and eos is not None  # _load_huggingface checked both are in the vocab
     before, after = _template_specials(
         json.loads(envelope["tokenizer"]).get("post_processor") or {}
     )
     add_bos = envelope.get("add_bos", before is not None)
     add_eos = envelope.get("add_eos", after is not None)
-    return HuggingFaceBackend(tok, *ids, add_bos, add_eos, tuple(envelope.get("end_ids", ())))
+    return HuggingFaceBackend(tok, bos, eos, add_bos, add_eos, tuple(envelope.get("end_ids", ())))
 
 
 def tiktoken_ranks(text: str) -> dict[bytes, int]:
@@ -681,7 +696,8 @@ def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
 
 def _sentences(document: str, max_bytes: int) -> tuple[list[str], int]:
     """The document's first sentences that fit in ``max_bytes``, and their size in bytes."""
-    sentences, size = [], 0
+    sentences: list[str] = []
+    size = 0
     for line in document.splitlines():
         for piece in split_line(line) if line.strip() else ():
             length = len(piece.encode("utf-8"))
@@ -692,7 +708,7 @@ def _sentences(document: str, max_bytes: int) -> tuple[list[str], int]:
     return sentences, size
 
 
-def training_sample(corpus: Corpus, max_bytes: int = SAMPLE_BYTES) -> list[str]:
+def training_sample(corpus: Documents, max_bytes: int = SAMPLE_BYTES) -> list[str]:
     """The sentences the tokenizer trains on: a seeded random sample of the corpus's documents,
     streamed: it holds at most ``max_bytes`` UTF-8 bytes of sentences (twice that while one
     document is being placed), never the corpus.
@@ -724,7 +740,7 @@ def training_sample(corpus: Corpus, max_bytes: int = SAMPLE_BYTES) -> list[str]:
     return [s for _, _, sentences, _ in sorted(heap, key=lambda item: item[1]) for s in sentences]
 
 
-def _cache_key(corpus: Corpus, vocab_size: int) -> str:
+def _cache_key(corpus: Documents, vocab_size: int) -> str:
     settings = {**TRAINER_SETTINGS, "vocab_size": vocab_size, "sample_bytes": SAMPLE_BYTES}
     payload = json.dumps({"corpus": corpus.fingerprint(), "settings": settings}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
@@ -740,7 +756,7 @@ def _reporting(lines: list[str], progress: Callable[[int], None] | None) -> Iter
 
 
 def train_tokenizer(
-    corpus: Corpus, vocab_size: int, progress: Callable[[int], None] | None = None
+    corpus: Documents, vocab_size: int, progress: Callable[[int], None] | None = None
 ) -> Tokenizer:
     """Train (or take from the cache) a BPE tokenizer of ``vocab_size`` pieces on ``corpus``.
 

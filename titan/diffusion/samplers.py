@@ -106,13 +106,13 @@ def sample(
     Returns:
         (B, H, W, C) float32 in [-1, 1].
     """
-    labels = jnp.asarray(labels, jnp.int32)
-    x = jax.random.normal(jax.random.key(seed), (len(labels), *shape), jnp.float32)
+    classes = jnp.asarray(labels, jnp.int32)
+    x = jax.random.normal(jax.random.key(seed), (len(classes), *shape), jnp.float32)
     model = predict if guidance == 1.0 else guided(predict, null_label, guidance)
     if objective.kind == "flow":
-        x = euler_flow(model, x, labels, steps, objective.flow_shift)
+        x = euler_flow(model, x, classes, steps, objective.flow_shift)
     else:
-        x = ddim(model, x, labels, steps, objective)
+        x = ddim(model, x, classes, steps, objective)
     return np.clip(np.asarray(x, np.float32), -1.0, 1.0)
 
 

@@ -260,7 +260,7 @@ def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = Fa
     stop signals, wait; the worst child's exit code."""
     lock = threading.Lock()
     aborts = [AbortText() for _ in children]
-    tails = [
+    tails: list[deque[str] | None] = [
         None if all_logs or i == 0 else deque(maxlen=HIDDEN_TAIL_LINES)
         for i in range(len(children))
     ]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,7 +213,8 @@ class ChunkPrograms:
             replicated,
             replicated,
         )
-        programs = {
+        # name: (function, out_shardings, donate_argnums, example arguments)
+        programs: dict[str, tuple[Callable[..., Any], Any, int | tuple[int, ...], tuple]] = {
             BACKWARD: (self._backward, (grad_shardings, dx), 2, (vjp, dy, grads)),
             BACKWARD_INPUT: (self._backward_input, dx, (), (vjp, dy)),
             BACKWARD_WEIGHT: (self._backward_weight, grad_shardings, 2, (vjp, dy, grads)),
@@ -656,6 +658,7 @@ class PipelineTrainer:
             chunks.append({"params": params, "opt_state": opt_state})
             if norm is None:
                 norm, finite = _local(chunk_norm), _local(chunk_finite)
+        assert norm is not None and finite is not None  # every process holds a chunk
         return TrainState(state.step + 1, tuple(chunks)), norm, finite
 
     def next_step_blocks(self) -> bool:

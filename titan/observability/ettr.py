@@ -227,14 +227,21 @@ def split_attempts(events: Iterable[Event]) -> list[list[Event]]:
     return attempts
 
 
+def attempt_start(attempt: list[Event]) -> RunStart:
+    """The ``run_start`` of one attempt of :func:`split_attempts` (its first event)."""
+    start = attempt[0]
+    assert isinstance(start, RunStart), start
+    return start
+
+
 def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
     """One attempt's accounting, before survival is known; and whether ``data_wait_s`` was seen."""
-    start_event = events[0]
+    start_event = attempt_start(events)
     resumed_from = start_event.resumed_from_step
     attempt = Attempt(
         index=index,
-        start=start_event.time,
-        end=max(e.time for e in events),
+        start=start_event.written_time,
+        end=max(e.written_time for e in events),
         status=CRASHED,
         start_step=start_event.start_step or resumed_from or 0,
         resumed=resumed_from is not None,
@@ -247,7 +254,7 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
             seconds = event.seconds or 0.0
             attempt.compile_s += seconds
             if first_work is None:
-                first_work = event.time - seconds
+                first_work = event.written_time - seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = event.seconds or 0.0
             attempt.checkpoint_save_s += seconds
@@ -269,7 +276,7 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
             else:
                 saw_data_wait = True
             if first_work is None:
-                first_work = event.time - step_time
+                first_work = event.written_time - step_time
             compute = step_time - wait - save_since_step
             attempt.steps.append((event.step, compute if compute > 0 else 0.0))
             attempt.data_wait_s += wait

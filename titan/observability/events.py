@@ -32,9 +32,10 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 SCHEMA_VERSION = 1
+_T = TypeVar("_T")
 _HEADER = ("schema", "type", "time", "run_id")
 _SCALARS = frozenset({bool, int, float, str, dict})
 
@@ -74,6 +75,17 @@ class Event:
         default_factory=dict,
         metadata={"doc": "keys of the line this class does not know, kept as read"},
     )
+
+    @property
+    def written_time(self) -> float:
+        """:attr:`time` of an event that was written or read (a line without one is no event).
+
+        Raises:
+            ValueError: the event was not written yet (its ``time`` is None).
+        """
+        if self.time is None:
+            raise ValueError(f"a {self.type or 'event'} event not written yet has no time")
+        return self.time
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of one line (non-finite floats are left to the writer)."""
@@ -299,9 +311,10 @@ class Compile(Event):
         keys = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
         memory = self.memory if isinstance(self.memory, Mapping) else {}
         values = [memory.get(k) for k in (*keys, "alias_bytes")]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        sizes = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        if len(sizes) < len(values):
             return None
-        return sum(values[:-1]) - values[-1]
+        return sum(sizes[:-1]) - sizes[-1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -676,23 +689,29 @@ def _header(line: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-@functools.cache
+def _per_class(function: Callable[[type], _T]) -> Callable[[type], _T]:
+    """``functools.cache`` of a function of a class, typed as such (the checker does not take a
+    ``type[X]`` for ``Hashable``, the argument type of ``functools.cache``'s wrapper)."""
+    return functools.cache(function)
+
+
+@_per_class
 def _payload_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     """The fields of ``cls`` that are not in every line's header."""
     return tuple(f for f in dataclasses.fields(cls) if f.name not in (*_HEADER, "extra"))
 
 
-@functools.cache
+@_per_class
 def _payload_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in _payload_fields(cls))
 
 
-@functools.cache
+@_per_class
 def _names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-@functools.cache
+@_per_class
 def _decoders(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool, Any], ...]:
     """(name, decoder, required, declared type) of each payload field of ``cls``."""
     hints = _hints(cls)
@@ -701,7 +720,7 @@ def _decoders(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool, Any], .
     )
 
 
-@functools.cache
+@_per_class
 def _encoding(cls: type) -> tuple[tuple[str, bool], ...]:
     """(name, left out when None) of each payload field of ``cls``."""
     return tuple((f.name, bool(f.metadata.get("omit_if_none"))) for f in _payload_fields(cls))
@@ -721,8 +740,8 @@ def _encode(value: Any) -> Any:
         return value
     if isinstance(value, list | tuple):
         return [_encode(v) for v in value]
-    if dataclasses.is_dataclass(value):
-        return value.to_json()
+    if dataclasses.is_dataclass(value):  # a nested record
+        return typing.cast("FlopsPerToken | Mfu", value).to_json()
     return value
 
 
@@ -771,7 +790,7 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
         return _none_or(lambda v: dict(v) if isinstance(v, Mapping) else None)
     if origin is list:
         return _none_or(_list_decoder(args[0]))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _none_or(_dataclass_decoder(hint))
     raise TypeError(f"no JSON conversion for {hint!r}")
 
@@ -822,7 +841,7 @@ def _doc(cls: type) -> str:
     return _md(" ".join((cls.__doc__ or "").split()))
 
 
-def _rows(fields: list[dataclasses.Field]) -> list[str]:
+def _rows(fields: Iterable[dataclasses.Field]) -> list[str]:
     """A Markdown table of ``fields``: name, type, unit, meaning (and when it is required or
     left out)."""
     rows = ["| field | type | unit | meaning |", "|---|---|---|---|"]
@@ -866,13 +885,13 @@ def markdown() -> str:
     ]
     for cls in EVENT_TYPES:
         lines += [f"## `{cls.type}`", "", _doc(cls), "", *_rows(_payload_fields(cls)), ""]
-    for cls in (FlopsPerToken, Mfu):
+    for nested in (FlopsPerToken, Mfu):
         lines += [
-            f"## `{cls.__name__}` (nested)",
+            f"## `{nested.__name__}` (nested)",
             "",
-            _doc(cls),
+            _doc(nested),
             "",
-            *_rows(dataclasses.fields(cls)),
+            *_rows(dataclasses.fields(nested)),
             "",
         ]
     return "\n".join(lines).rstrip() + "\n"

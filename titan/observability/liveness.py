@@ -61,7 +61,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import psutil
 
@@ -104,6 +104,11 @@ def heartbeat_allowance_s(watchdog_floor_s: float | None = None) -> float:
     return max(MIN_ALLOWANCE_BEATS * BEAT_INTERVAL_S, min(HEARTBEAT_TIMEOUT_S, watchdog_floor_s))
 
 
+def _is_int(value: Any) -> TypeGuard[int]:
+    """``value`` is a JSON integer (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ProcessId:
     """Who one process of a run is.
@@ -141,8 +146,13 @@ class ProcessId:
             return None
         host, pid, pgid = record.get("host"), record.get("pid"), record.get("pgid")
         started, process = record.get("started"), record.get("process", 0)
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (pid, pgid, process))
-        if not (isinstance(host, str) and ints and isinstance(started, int | float)):
+        if not (
+            isinstance(host, str)
+            and _is_int(pid)
+            and _is_int(pgid)
+            and _is_int(process)
+            and isinstance(started, int | float)
+        ):
             return None
         return cls(host, pid, pgid, float(started), process)
 
@@ -265,8 +275,9 @@ def run_allowance_s(start: RunStart) -> float:
     """The heartbeat allowance of the attempt ``start`` begins (:func:`heartbeat_allowance_s`
     of its config's ``watchdog_floor``; the longest when the record has none)."""
     floor = (start.config or {}).get("watchdog_floor") if isinstance(start.config, dict) else None
-    valid = isinstance(floor, int | float) and not isinstance(floor, bool) and floor > 0
-    return heartbeat_allowance_s(float(floor) if valid else None)
+    if isinstance(floor, int | float) and not isinstance(floor, bool) and floor > 0:
+        return heartbeat_allowance_s(float(floor))
+    return heartbeat_allowance_s(None)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 from titan.config import perf_key_options
 from titan.errors import TitanError
-from titan.observability.ettr import split_attempts
+from titan.observability.ettr import attempt_start, split_attempts
 from titan.observability.events import Checkpoint, Compile, Event, Profile, RunStart, Step
 from titan.observability.records import load_events
 from titan.observability.sql import insert_rows
@@ -84,6 +84,11 @@ class PerfCheck:
         return asdict(self)
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping (a JSON object of a record), else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
@@ -92,7 +97,7 @@ def perf_key(run_start: RunStart) -> dict[str, Any]:
     """The key columns of a run from its first ``run_start`` event (missing parts: None)."""
     env = run_start.env or {}
     config = run_start.config or {}
-    packages = env.get("packages") if isinstance(env.get("packages"), Mapping) else {}
+    packages = _mapping(env.get("packages"))
     kinds = env.get("device_kinds")
     model = run_start.model or {}
     layout = {name: config.get(name) for name in LAYOUT_OPTIONS}
@@ -148,8 +153,8 @@ def measure(run_id: str, events: Sequence[Event]) -> PerfRow | None:
     attempts = split_attempts(events)
     if not attempts:
         return None
-    key = perf_key(attempts[-1][0])
-    same = [a for a in attempts if _canonical(perf_key(a[0])) == _canonical(key)]
+    key = perf_key(attempt_start(attempts[-1]))
+    same = [a for a in attempts if _canonical(perf_key(attempt_start(a))) == _canonical(key)]
     times = steady_step_times([e for a in same for e in a])
     if not times:
         return None
@@ -157,7 +162,7 @@ def measure(run_id: str, events: Sequence[Event]) -> PerfRow | None:
         run_id=run_id,
         median_step_s=statistics.median(times),
         steps=len(times),
-        time=same[0][0].time,
+        time=same[0][0].written_time,
         **key,
     )
 
@@ -229,8 +234,8 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
         lay = row.layout
         if gpu is None or not row.device_count or not lay.get("batch_size"):
             continue
-        described = lay.get("described") if isinstance(lay.get("described"), Mapping) else {}
-        mesh = described.get("mesh") if isinstance(described.get("mesh"), Mapping) else {}
+        described = _mapping(lay.get("described"))
+        mesh = _mapping(described.get("mesh"))
         try:
             model = ModelConfig(name="measured", **row.model)
             layout = Layout(
@@ -245,7 +250,7 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
             )
         except (TypeError, ValueError):
             continue
-        ops = lay.get("ops") if isinstance(lay.get("ops"), Mapping) else {}
+        ops = _mapping(lay.get("ops"))
         precision = Precision.of_providers(
             str(lay.get("param_dtype") or "float32"),
             str(lay.get("compute_dtype") or gpu.compute_dtype),
@@ -282,11 +287,11 @@ def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
     times = steady_step_times(events)
     key = perf_key(start)
     row = PerfRow(
-        run_id=start.run_id,
+        run_id=start.run_id or run_dir.name,  # the run dir's name is its run id
         **key,
         median_step_s=statistics.median(times) if times else math.nan,
         steps=len(times),
-        time=start.time,
+        time=start.written_time,
     )
     found = planner_measurements([row])
     if not found:

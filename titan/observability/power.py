@@ -310,7 +310,8 @@ class GpuReader(abc.ABC):
         open, from the counters, None without them or when one fails to read)."""
         try:
             readings = [self._power_w(h) for h in self.handles]
-            power_w = None if None in readings else float(sum(readings))
+            known = [r for r in readings if r is not None]
+            power_w = None if len(known) < len(readings) else float(sum(known))
         except Exception:  # noqa: BLE001 - N/A this time: the counter still counts
             power_w = None
         if self.counters is None:

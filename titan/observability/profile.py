@@ -53,7 +53,9 @@ class StepProfiler:
     def step_starts(self, step: int) -> None:
         """Called before step ``step`` (1-based) fetches its batch: open the trace at step A (or
         at the first step of a resumed run inside A..B)."""
-        if self._done or self._first is not None or not self.steps[0] <= step <= self.steps[1]:
+        if self._done or self._first is not None or self.steps is None:
+            return
+        if not self.steps[0] <= step <= self.steps[1]:
             return
         import jax
 
@@ -72,7 +74,7 @@ class StepProfiler:
     def step_done(self, step: int, state: Any) -> None:
         """Called after step ``step`` was dispatched: at step B wait for its device work
         (``state``: the step's output) and close the trace."""
-        if self._first is None:
+        if self._first is None or self.steps is None:  # no open trace (and none without steps)
             return
         self._last = step
         if step == self.steps[1]:
@@ -107,6 +109,7 @@ class StepProfiler:
         return [p for p in self.trace_dir.rglob("*") if p.name.endswith(TRACE_SUFFIXES)]
 
     def _emit(self, first: int, last: int | None, seconds: float, error: str | None) -> None:
+        assert self.steps is not None  # a trace, or its failure, is of --profile-steps
         run_dir = self.record.run_dir
         files = sorted(p.relative_to(run_dir) for p in set(self._trace_files()) - self._before)
         folders = sorted({str(p.parent) for p in files})

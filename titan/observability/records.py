@@ -26,11 +26,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from titan.errors import TitanError
 from titan.observability.events import SCHEMA_VERSION, Event, parse_events
 from titan.reading import open_regular, parse_json
+
+EventT = TypeVar("EventT", bound=Event)  # an event type: emit returns what it was given
 
 SCHEMA = SCHEMA_VERSION
 EVENTS_FILE = "events.jsonl"
@@ -114,7 +116,7 @@ class RunRecord:
             self.close()
             raise
 
-    def emit(self, event: Event) -> Event:
+    def emit(self, event: EventT) -> EventT:
         """Write one event, stamped with the current ``time`` and this record's ``run_id``, as
         one line handed to the OS (non-finite numbers, e.g. a diverged loss, are written as
         null; thread-safe: the watchdog writes from its own thread). Returns the event as
@@ -132,13 +134,16 @@ class RunRecord:
     def _append(self, data: bytes) -> None:
         """Append ``data`` whole; on a failed or short write, cut the file back to its end
         before (ftruncate needs no free space) and raise the error naming the file."""
-        end = os.fstat(self._fd).st_size
+        fd = self._fd
+        if fd is None:  # closed: an OSError, as for any write that cannot be done
+            raise OSError(errno.EBADF, "the record is closed", str(self.path))
+        end = os.fstat(fd).st_size
         try:
             done = 0
             while done < len(data):
-                done += os.write(self._fd, data[done:])
+                done += os.write(fd, data[done:])
         except OSError as err:
-            os.ftruncate(self._fd, end)
+            os.ftruncate(fd, end)
             raise OSError(err.errno, err.strerror, str(self.path)) from None
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -78,10 +78,10 @@ def _mfu_values(step: Step) -> dict[str, float | None]:
 def step_series(events: list[Event]) -> list[plots.StepSeries]:
     """One :class:`plots.StepSeries` per attempt, times from the first ``run_start``."""
     attempts = ettr.split_attempts(events)
-    t0 = attempts[0][0].time
+    t0 = attempts[0][0].written_time
     series = []
     for index, attempt in enumerate(attempts, 1):
-        resumed = attempt[0].resumed_from_step
+        resumed = ettr.attempt_start(attempt).resumed_from_step
         label = f"attempt {index}" + (f" (resumed from step {resumed})" if resumed else "")
         s = plots.StepSeries(label)
         steps = [e for e in attempt if isinstance(e, Step)]
@@ -91,7 +91,7 @@ def step_series(events: list[Event]) -> list[plots.StepSeries]:
         s.mfu = {c: [] for c in conventions}
         for e in steps:
             s.steps.append(e.step)
-            s.time_s.append(e.time - t0)
+            s.time_s.append(e.written_time - t0)
             s.loss.append(e.loss)
             s.tokens_per_s.append(e.tokens_per_s)
             s.step_time_s.append(e.step_time_s)
@@ -99,10 +99,10 @@ def step_series(events: list[Event]) -> list[plots.StepSeries]:
             values = _mfu_values(e)
             for c in conventions:
                 s.mfu[c].append(values.get(c))
-        for e in attempt:
-            if isinstance(e, Eval):
-                s.eval_steps.append(e.step)
-                s.eval_loss.append(e.loss)
+        for event in attempt:
+            if isinstance(event, Eval):
+                s.eval_steps.append(event.step)
+                s.eval_loss.append(event.loss)
         series.append(s)
     return series
 
@@ -268,7 +268,7 @@ def _profile_lines(run_dir: Path, out: Path, events: list[Event]) -> list[str]:
     asked = [
         e.config["profile_steps"]
         for e in events
-        if isinstance(e, RunStart) and (e.config or {}).get("profile_steps")
+        if isinstance(e, RunStart) and e.config and e.config.get("profile_steps")
     ]
     if not profiles and asked:
         return [
@@ -284,7 +284,7 @@ def _profile_lines(run_dir: Path, out: Path, events: list[Event]) -> list[str]:
     lines = ["## Profile", ""]
     for p in profiles:
         link = quote(os.path.relpath(run_dir / (p.dir or "profile"), out))
-        steps = p.steps or ["-", "-"]
+        steps: Sequence[int | str] = p.steps or ["-", "-"]
         note = f", error: {markdown_text(p.error)}" if p.error else ""
         lines.append(
             f"- steps {steps[0]} to {steps[-1]} (asked {markdown_text(p.requested)}): "

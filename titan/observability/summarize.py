@@ -349,7 +349,8 @@ def _stage_file(path: Path, run_id: str, known: _FileRow | None, staged_stem: Pa
         OSError: the file cannot be read (the caller marks the run unreadable).
     """
     offset, seq, bad, device, inode, head_len, digest = known or (0, 0, 0, None, None, None, None)
-    chunks, lines = [], 0
+    chunks: list[tuple[str, int]] = []
+    lines = 0
     with open_regular(path) as f:
         info = os.fstat(f.fileno())
         replaced = known is not None and (
@@ -381,7 +382,7 @@ def _stage_file(path: Path, run_id: str, known: _FileRow | None, staged_stem: Pa
             chunks.append((str(staged), seq + lines))
             lines += count
         head_len = min(offset, HEAD_BYTES)
-        row = [offset, seq + lines, bad, info.st_dev, info.st_ino, head_len]
+        row: list[Any] = [offset, seq + lines, bad, info.st_dev, info.st_ino, head_len]
         row += [_head_digest(f, head_len), info.st_size, info.st_mtime_ns]
     return _Staged(run_id, path, row, lines, chunks, replaced, bad)
 
@@ -443,12 +444,14 @@ def scan_runs_root(runs_root: Path) -> RunFiles:
     inode, size, ``st_mtime_ns``), and the runs that cannot be keyed, with the reason. Needs no
     database: a caller can scan before it opens one, so that the scan does not hold the lock
     (nothing when ``runs_root`` is not a directory)."""
-    found, unreadable = {}, {}
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    unreadable: dict[str, str] = {}
     if not os.path.isdir(runs_root):
         return found, unreadable
     with os.scandir(runs_root) as entries:
         for entry in entries:
             path = os.path.join(entry.path, EVENTS_FILE)
+            key: tuple[int, ...]
             try:
                 info = os.stat(path)
                 key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
@@ -593,7 +596,7 @@ def _refresh_or_mark(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
 
 def _unreadable_summary(run_id: str, reason: str) -> RunSummary:
     """The summary of a run that could not be read: nothing known but why."""
-    unknown = {f.name: None for f in dataclasses.fields(RunSummary)}
+    unknown: dict[str, Any] = {f.name: None for f in dataclasses.fields(RunSummary)}
     known = {"run_id": run_id, "status": UNREADABLE, "reason": reason, "badput": {}}
     return RunSummary(**{**unknown, **known, "stalls": 0, "restarts": 0, "bad_lines": 0})
 
@@ -717,16 +720,16 @@ def _summary(
     else:
         tokens_per_j = None
     goodput = ettr.analyze(events, now=now)
-    ended = isinstance(end, RunEnd)
     power = (start.power if isinstance(start, RunStart) else None) or {}
     programs = [e.program_bytes for e in events if isinstance(e, Compile)]
     compiled = max((b for b in programs if b is not None), default=None)
     memory_check = (start.memory_check if isinstance(start, RunStart) else None) or {}
     judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)
+    ended = end if isinstance(end, RunEnd) else None
     return RunSummary(
         run_id=run_id,
         status=judged.state,
-        reason=end.reason if ended else judged.describe().partition(": ")[2] or None,
+        reason=ended.reason if ended is not None else judged.describe().partition(": ")[2] or None,
         steps=steps,
         tokens=tokens,
         wall_s=(t1 - t0) if t0 is not None and t1 is not None else None,
@@ -834,6 +837,7 @@ def summaries(
     the ``recent`` runs that started last (by their first ``run_start``; runs without one count
     as the oldest), still listed by run id."""
     where = "WHERE ? IS NULL OR run_id = ?"
+    params: list[str | int | None]
     if recent is None:
         query, params = f"SELECT summary FROM runs {where} ORDER BY run_id", [run_id, run_id]
     else:
@@ -849,7 +853,9 @@ def summaries(
 
 def run_count(con: duckdb.DuckDBPyConnection) -> int:
     """The runs of the database (every row of ``runs``)."""
-    return con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    row = con.execute("SELECT count(*) FROM runs").fetchone()
+    assert row is not None  # count(*) returns one row
+    return row[0]
 
 
 def summarize_run_dir(run_dir: Path) -> RunSummary:

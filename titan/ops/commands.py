@@ -89,14 +89,14 @@ def _case_progress() -> Iterator[Callable[[int, int, str], None]]:
 
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield (
-            lambda done, total, case: (
-                case
-                and print(
+
+        def line(done: int, total: int, case: str) -> None:
+            if case:
+                print(
                     f"titan ops check: case {done + 1}/{total}: {case}", file=sys.stderr, flush=True
                 )
-            )
-        )
+
+        yield line
         return
     columns = [TextColumn("checking"), BarColumn(), MofNCompleteColumn()]
     columns += [TextColumn("{task.fields[case]}", markup=False), TimeElapsedColumn()]

@@ -236,7 +236,7 @@ def _vjp_fn(impl, args: tuple, kwargs: dict, diff: Sequence[int]):
 def _errors(got, want) -> tuple[float, float]:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     max_abs = float(np.max(np.abs(got - want)))
-    return max_abs, max_abs / max(float(np.max(np.abs(want))), np.finfo(np.float32).tiny)
+    return max_abs, max_abs / max(float(np.max(np.abs(want))), float(np.finfo(np.float32).tiny))
 
 
 def _median_ms(fn, inputs) -> float:

@@ -31,7 +31,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -41,6 +41,14 @@ if TYPE_CHECKING:
     import jax
 
 DISTRIBUTED_MODES = ("auto", "off")
+
+
+class InitializeKeywords(TypedDict, total=False):
+    """The ``jax.distributed.initialize`` keywords of the flags given (:data:`_FLAGS`)."""
+
+    coordinator_address: str
+    num_processes: int
+    process_id: int
 
 
 @dataclass(frozen=True)
@@ -61,14 +69,16 @@ class LaunchSettings:
     process_id: int | None = None
 
     @property
-    def explicit(self) -> dict[str, object]:
+    def explicit(self) -> InitializeKeywords:
         """The explicit flags given, as ``jax.distributed.initialize`` keywords."""
-        given = {
-            "coordinator_address": self.coordinator,
-            "num_processes": self.num_processes,
-            "process_id": self.process_id,
-        }
-        return {key: value for key, value in given.items() if value is not None}
+        given = InitializeKeywords()
+        if self.coordinator is not None:
+            given["coordinator_address"] = self.coordinator
+        if self.num_processes is not None:
+            given["num_processes"] = self.num_processes
+        if self.process_id is not None:
+            given["process_id"] = self.process_id
+        return given
 
     def check(self) -> None:
         """Raises TitanError (one line, naming the flag) for settings that cannot start a run."""
@@ -81,12 +91,14 @@ class LaunchSettings:
             raise TitanError(f"--num-processes {self.num_processes}: must be at least 1")
         if self.process_id is not None and self.process_id < 0:
             raise TitanError(f"--process-id {self.process_id}: must be at least 0")
-        if None not in (self.num_processes, self.process_id) and (
-            self.process_id >= self.num_processes  # type: ignore[operator]
+        if (
+            self.num_processes is not None
+            and self.process_id is not None
+            and self.process_id >= self.num_processes
         ):
             raise TitanError(
                 f"--process-id {self.process_id} is out of range for --num-processes "
-                f"{self.num_processes} (0 to {self.num_processes - 1})"  # type: ignore[operator]
+                f"{self.num_processes} (0 to {self.num_processes - 1})"
             )
         if self.coordinator is not None:
             host, _, port = self.coordinator.rpartition(":")
@@ -200,8 +212,9 @@ def broadcast_bytes(data: bytes | None) -> bytes:
         return data or b""
     one_thread("a broadcast from process 0")
     first = jax.process_index() == 0
-    size = multihost_utils.broadcast_one_to_all(np.int32(len(data) if first else 0))
-    buffer = np.frombuffer(data, np.uint8) if first else np.zeros(int(size), np.uint8)
+    sent = (data or b"") if first else b""  # process 0's data: None sends nothing
+    size = multihost_utils.broadcast_one_to_all(np.int32(len(sent)))
+    buffer = np.frombuffer(sent, np.uint8) if first else np.zeros(int(size), np.uint8)
     return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buffer)))
 
 

@@ -106,7 +106,8 @@ class DeviceMesh:
         """(R,) sorted indices of the rows of a (B, ...) batch that this process's devices hold
         (every row once, whichever of its devices hold it)."""
         indices = self.batch_sharding(batch_size).addressable_devices_indices_map((batch_size,))
-        rows = {r for index in indices.values() for r in range(batch_size)[index[0]]}
+        held = [index for index in indices.values() if index is not None]  # JAX: Optional
+        rows = {r for index in held for r in range(batch_size)[index[0]]}
         return np.array(sorted(rows), dtype=np.int64)
 
     def state_shardings(

@@ -92,7 +92,7 @@ def mesh_spec(
     for logical_axis, size in zip(logical, shape, strict=True):
         mesh_axis = LOGICAL_RULES[logical_axis] if logical_axis else None
         parts = mesh_shape.get(mesh_axis, 1) if mesh_axis else 1
-        if size % parts:
+        if mesh_axis is not None and size % parts:  # (unsharded: parts 1 divides it)
             raise TitanError(
                 f"{MESH_AXIS_FLAGS[mesh_axis]} {parts} (mesh axis '{mesh_axis}') does not divide "
                 f"'{logical_axis}' of size {size} in parameter {name}"

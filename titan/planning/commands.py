@@ -343,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
             report["layouts_fit"] = len(plans)
             report["gpus_needed"] = needed
         else:
+            assert judged is not None  # judged unless --search
             report["verdict"] = dataclasses.asdict(judged)
         report["train_command"] = command
         print(json.dumps(report, indent=2))
@@ -350,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
     if args.search:
         _print_search(request, plans[:top], len(plans), args.wide, needed)
     else:
+        assert judged is not None  # judged unless --search
         _print_plan(plans[0], judged)
     if command is not None:
         print(f"{'best layout' if args.search else 'this layout'}, for titan train:")
@@ -507,14 +509,14 @@ def _print_plan(p: Plan, judged: Verdict) -> None:
     totals.add_column("quantity")
     totals.add_column("value", justify="right")
     mfu = p.mfu
-    for name, value in (
+    for name, text in (
         ("tokens/s", f"{p.step.tokens_per_s:,.0f}"),
         ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
         ("total time", _duration(p.total_s)),
         ("GPU-hours", f"{p.gpu_hours:,.0f}"),
         ("energy (kWh)", f"{p.energy_kwh:,.0f}"),
     ):
-        totals.add_row(name, value)
+        totals.add_row(name, text)
     if p.cost is not None:
         totals.add_row("cost (--price currency)", f"{p.cost:,.0f}")
     out.print(totals)

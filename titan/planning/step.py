@@ -45,6 +45,7 @@ optimizer step takes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -362,10 +363,14 @@ def calibrate(measurements: Sequence[Measurement]) -> dict[str, float]:
         by_gpu.setdefault(m.gpu.name, []).append(m)
     return {
         name: fit_achievable_fraction(
-            lambda eta, group=group: [m.predict_s(eta) for m in group], [m.step_s for m in group]
+            functools.partial(_predictions, group), [m.step_s for m in group]
         )
         for name, group in by_gpu.items()
     }
+
+
+def _predictions(group: Sequence[Measurement], eta: float) -> list[float]:
+    return [m.predict_s(eta) for m in group]
 
 
 def fit_achievable_fraction(

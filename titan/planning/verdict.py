@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from titan.errors import TitanError
 from titan.planning.budget import Plan, PlanRequest, max_layout_gpus, plan, search
@@ -95,7 +96,7 @@ def _remedies(p: Plan) -> Iterator[str]:
         yield _describe(f"--gpus {needed} ({best.layout.label()})", best)
 
 
-def _with(layout: Layout, **changes: object) -> Layout:
+def _with(layout: Layout, **changes: Any) -> Layout:
     return dataclasses.replace(layout, **changes)
 
 

@@ -275,7 +275,10 @@ class _PendingSave:
         self._thread.start()
 
     def _wait(self, finish: Callable[[], str | None]) -> None:
-        error = finish()
+        try:
+            error = finish()
+        except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
+            error = _save_error(err)  # (pruning after the commit, say): else join had no result
         commit_s = time.perf_counter() - self.start
         self.result = SaveResult(self.step, self.blocking_s, commit_s, error)
 
@@ -284,6 +287,7 @@ class _PendingSave:
 
     def join(self) -> SaveResult:
         self._thread.join()
+        assert self.result is not None  # _wait sets it
         return self.result
 
 
@@ -676,7 +680,7 @@ def initial_state(trainer: Trainer, seed: int, init_from: str = "") -> TrainStat
     finally:
         checkpointer.close()
     chunks = [
-        {"params": c["params"], "opt_state": fresh_optimizer_state(c["opt_state"])}
+        ChunkState(params=c["params"], opt_state=fresh_optimizer_state(c["opt_state"]))
         for c in restored.chunks
     ]
     return TrainState(0, tuple(chunks))

@@ -50,7 +50,9 @@ def compilation_cache_dir() -> Path:
 
 
 def _apply(settings: dict[str, object]) -> None:
-    if jax.config.jax_compilation_cache_dir != settings["jax_compilation_cache_dir"]:
+    # An attribute that JAX's Config makes at runtime (read() refuses a context-manager flag).
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    if current != settings["jax_compilation_cache_dir"]:
         jax_cache.reset_cache()  # the next compilation opens the cache at the new path
     for name, value in settings.items():
         jax.config.update(name, value)
@@ -182,10 +184,10 @@ class _Listeners:
         cls._installed = True
 
     @classmethod
-    def _duration(cls, event: str, seconds: float, **kwargs: object) -> None:
+    def _duration(cls, event: str, duration_secs: float, **kwargs: object) -> None:
         watch = cls.active
         if watch is not None and event == BACKEND_COMPILE_EVENT:
-            watch.compiled(str(kwargs.get("fun_name", "?")), seconds)
+            watch.compiled(str(kwargs.get("fun_name", "?")), duration_secs)
 
     @classmethod
     def _event(cls, event: str, **kwargs: object) -> None:

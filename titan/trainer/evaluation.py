@@ -21,9 +21,9 @@ import jax
 import numpy as np
 
 from titan.config import TrainConfig
-from titan.data.heldout import EvalBatches, SplitCorpus
-from titan.data.text import Corpus
-from titan.data.tokenize import token_stream
+from titan.data.heldout import EvalBatches
+from titan.data.text import Documents
+from titan.data.tokenize import TokenizeProgress, token_stream
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
 from titan.observability.events import Eval
@@ -80,10 +80,10 @@ class Evaluation:
 
 def open_evaluation(
     cfg: TrainConfig,
-    held_out: Corpus | SplitCorpus | None,
+    held_out: Documents | None,
     tokenizer: Tokenizer,
     trainer: Trainer,
-    progress: Callable[[int], None],
+    progress: Callable[[TokenizeProgress], None],
 ) -> Evaluation | None:
     """The run's evaluation (None without ``--eval-every``): the held-out corpus tokenized
     (cached, process 0 first) and cut into the eval batches of this process's rows.

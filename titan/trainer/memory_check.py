@@ -119,7 +119,7 @@ def check_memory(
     estimate = estimator.bytes(cfg.data.batch_size, cfg.compute.remat)
     usable, source = _usable(cfg, devices)
     check = MemoryCheck(estimate, usable, source, cfg.compute.memory_check and usable is not None)
-    if check.checked and estimate > usable:
+    if check.checked and usable is not None and estimate > usable:  # checked: usable is known
         raise TitanError(
             f"memory check: --batch-size {cfg.data.batch_size} with --remat "
             f"{cfg.compute.remat} needs an estimated {estimate / GB:,.2f} GB per device "

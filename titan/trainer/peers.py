@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from titan.observability.events import RunEnd, Stall
 from titan.observability.liveness import (
@@ -133,12 +134,13 @@ class PeerWatch:
             beat = read_json(path)
             index = beat.get("process") if isinstance(beat, dict) else None
             stall = beat.get("stall") if isinstance(index, int) else None
-            if index == 0 or not isinstance(stall, dict):
+            if not isinstance(index, int) or index == 0 or not isinstance(stall, dict):
                 continue
             key = tuple(stall.get(name) for name in STALL_FIELDS)
             if self._stalls_seen.get(index) != key:
                 self._stalls_seen[index] = key
-                self.record.emit(Stall(**{n: stall.get(n) for n in STALL_FIELDS}, process=index))
+                fields: dict[str, Any] = {n: stall.get(n) for n in STALL_FIELDS}
+                self.record.emit(Stall(**fields, process=index))
 
 
 def end_for_lost(

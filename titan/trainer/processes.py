@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from titan.data.tokenizer import Tokenizer
-from titan.observability.events import Event, Stall
+from titan.observability.events import Stall
 from titan.observability.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
-from titan.observability.records import RunRecord, new_run_id, write_json_atomic
+from titan.observability.records import EventT, RunRecord, new_run_id, write_json_atomic
 from titan.observability.ticker import Ticker
 from titan.parallel.distributed import (
     barrier,
@@ -88,7 +88,7 @@ class MutedRecord(RunRecord):
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.run_dir, self.run_id = run_dir, run_id
 
-    def emit(self, event: Event) -> Event:
+    def emit(self, event: EventT) -> EventT:
         return dataclasses.replace(event, time=time.time(), run_id=self.run_id)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -75,7 +76,7 @@ class TrainProgress:
         self.total_steps = total_steps
         self.log_every = log_every
         self._bar: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
@@ -121,9 +122,9 @@ class TrainProgress:
     def step(self, event: Step) -> None:
         """Show one ``step`` event."""
         if self.interactive:
-            self._ensure_bar(event.step - 1)
+            bar, task = self._ensure_bar(event.step - 1)
             fields = f"loss {event.loss:.4f}  {_throughput(event)}"
-            self._bar.update(self._task, completed=event.step, fields=fields)
+            bar.update(task, completed=event.step, fields=fields)
         elif event.step % self.log_every == 0 or event.step == self.total_steps:
             print(
                 f"step {event.step}/{self.total_steps}  loss {event.loss:.4f}  "
@@ -140,7 +141,8 @@ class TrainProgress:
             flush=True,
         )
 
-    def _ensure_bar(self, start: int) -> None:
+    def _ensure_bar(self, start: int) -> tuple[Progress, TaskID]:
+        """The training bar and its task, made (from step ``start``) when there is none."""
         if self._bar is None:
             self._bar = Progress(
                 TextColumn("[bold]train"),
@@ -155,6 +157,8 @@ class TrainProgress:
                 "train", total=self.total_steps, completed=start, fields=""
             )
             self._bar.start()
+        assert self._task is not None  # added with the bar
+        return self._bar, self._task
 
     def close(self) -> None:
         if self._bar is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -16,6 +16,7 @@ from titan.data.images import encode_png
 from titan.diffusion.objectives import TRAIN_TIMESTEPS
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
+from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
 from titan.out_paths import check_file
 from titan.trainer.adapters import build_trainer
@@ -73,7 +74,8 @@ def sample_grid(
     if restored is None:
         raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
     state = restored[0]
-    adapter, dtype = trainer.adapter, trainer.compute_dtype
+    # A diffusion run's family: DiT (build_trainer builds no other for --task diffusion).
+    adapter, dtype = cast(ImageModelAdapter, trainer.adapter), trainer.compute_dtype
     params = state.chunks[0]["params"]
     classes = model.vocab_size - 1
     labels = np.repeat(np.arange(classes), per_class)

@@ -110,7 +110,7 @@ class SpmdTrainer:
         out = self.adapter.forward(
             self.chunks[0], params, inputs.first, inputs.every, inputs.last, self.compute_dtype
         )
-        return out if self.adapter.loss_terms() else (out, {})
+        return out if isinstance(out, tuple) else (out, {})  # a tuple: the loss and its terms
 
     def _loss_and_grads(self, params: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
         """((mean loss, its terms), gradients in the parameters' dtype) of one batch or

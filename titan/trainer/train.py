@@ -62,7 +62,7 @@ from titan.data.mixture import (
     make_batches,
     open_sources,
 )
-from titan.data.text import Corpus, batch_digest
+from titan.data.text import Documents, batch_digest
 from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
@@ -189,7 +189,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _tokenizer(
-    cfg: TrainConfig, corpus: Corpus, resume_dir: Path | None, progress: Callable[[int], None]
+    cfg: TrainConfig, corpus: Documents, resume_dir: Path | None, progress: Callable[[int], None]
 ) -> Tokenizer:
     if resume_dir is not None:
         return load_tokenizer(resume_dir / TOKENIZER_FILE)
@@ -295,7 +295,7 @@ def _train_claimed(
     run_dir: Path,
     claim: RunClaim,
     progress: TrainProgress,
-    corpora: tuple[list[Source] | None, Corpus | None],
+    corpora: tuple[list[Source] | None, Documents | None],
     stop: StopFlag,
 ) -> int:
     """:func:`train` once this process holds the run dir (or is not its writer); ``corpora``:
@@ -315,7 +315,7 @@ def _train_compiling(
     run_dir: Path,
     claim: RunClaim,
     progress: TrainProgress,
-    corpora: tuple[list[Source] | None, Corpus | None],
+    corpora: tuple[list[Source] | None, Documents | None],
     stop: StopFlag,
     cache: Path | None,
     compiles: CompileWatch,
@@ -331,7 +331,9 @@ def _train_compiling(
     if cfg.model.task == "diffusion":
         data = _image_data(cfg, stop)
     else:
-        data = _text_data(cfg, corpora, resume_dir, progress, stop)
+        sources, held_out = corpora
+        assert sources is not None  # train scanned the --data of an lm run
+        data = _text_data(cfg, (sources, held_out), resume_dir, progress, stop)
     model_cfg, ops, trainer, batches = data.model, data.ops, data.trainer, data.batches
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
@@ -395,7 +397,7 @@ def _train_compiling(
         with run.profiler:  # closes a trace left open by a stop signal or an error
             step, status = run.loop(state, start_step)
         run.record.emit(RunEnd(status=status, step=step, signal=run.stop.signal_name or None))
-        run.heartbeat.close(status, step)
+        run.beating.close(status, step)
     except NonFiniteAbort as err:
         run.end_nonfinite(err)
         return EXIT_NONFINITE
@@ -452,7 +454,7 @@ def _build(cfg: TrainConfig, model_cfg: ModelConfig, stop: StopFlag) -> tuple[Op
 
 def _text_data(
     cfg: TrainConfig,
-    corpora: tuple[list[Source], Corpus | None],
+    corpora: tuple[list[Source], Documents | None],
     resume_dir: Path | None,
     progress: TrainProgress,
     stop: StopFlag,
@@ -581,6 +583,9 @@ def _run_start_fields(
     }
 
 
+_Dispatched = tuple[int, StepMetrics, np.ndarray, int, dict, Future[float]]  # _Run._report's
+
+
 @dataclass
 class _Run:
     """The pieces of a run the loop works with. Until :meth:`begin` its record is a
@@ -625,12 +630,19 @@ class _Run:
         # (state, its data position, its step's finite flag on the device; None before the
         # first step): the newest state.
         self._newest: tuple[TrainState, int, Any] | None = None
-        self._pending: tuple | None = None  # the last step dispatched, its metrics not read yet
+        # The last step dispatched, its metrics not read yet: _report's arguments.
+        self._pending: _Dispatched | None = None
         self._saved_step: int | None = None
         self.peers: PeerWatch | None = None  # started by begin(), with the heartbeat
         # The last step with a step event: what run_end's step says (the step in flight when
         # the watchdog aborts was never recorded).
         self.recorded_step: int | None = None
+
+    @property
+    def beating(self) -> Heartbeat:
+        """The heartbeat, which :meth:`begin` starts (before ``run_start``)."""
+        assert self.heartbeat is not None, "the heartbeat starts in begin()"
+        return self.heartbeat
 
     def begin(self, model_cfg: ModelConfig, files: dict[str, bytes]) -> None:
         """Open the record and write the run files (``config.json``, the tokenizer of a text
@@ -667,7 +679,7 @@ class _Run:
         with contextlib.suppress(OSError):
             self.record.emit(RunEnd(status="failed", step=None, error=error))
         with contextlib.suppress(OSError):
-            self.heartbeat.close("failed", None)
+            self.beating.close("failed", None)
         return EXIT_FAILED
 
     def close(self) -> None:
@@ -698,7 +710,7 @@ class _Run:
 
     def on_lost(self, lost: list) -> None:
         """A process of the run stopped beating: end this one (:mod:`titan.trainer.peers`)."""
-        end_for_lost(self.record.run_dir, self.record, self.heartbeat, lost, EXIT_FAILED)
+        end_for_lost(self.record.run_dir, self.record, self.beating, lost, EXIT_FAILED)
 
     def on_stall(self, stall: Stall) -> None:
         """Record a stall (on the watchdog thread, while the main thread is stuck); with
@@ -789,7 +801,7 @@ class _Run:
                 checkpoint_step=latest,
             )
         )
-        self.heartbeat.close("failed", err.step)
+        self.beating.close("failed", err.step)
 
     def restore_or_init(self, resuming: bool) -> tuple[TrainState, int]:
         """(state, step): the latest checkpoint's when resuming and one exists, else fresh.
@@ -952,7 +964,7 @@ class _Run:
                 self._save_newest()
             if self.evaluation and self.evaluation.due(step):
                 self._evaluate(state, step)
-        if self._pending:  # the last step ends when its whole new state is ready
+        if self._pending and self._newest:  # the last step ends when its new state is ready
             self._report(*self._pending, also=self._newest[0])
         return step
 
@@ -963,6 +975,7 @@ class _Run:
             self._report(*self._pending)
             self._pending = None
         self.watchdog.enter("eval", step)
+        assert self.evaluation is not None  # the loop evaluates with --eval-every only
         self.progress.eval(self.record.emit(self.evaluation.run(state, step)))
         self.clock.restart()
 
@@ -970,6 +983,7 @@ class _Run:
         """Save the newest state from the loop (holding the dispatch lock, so that the
         watchdog thread does not save it at the same time)."""
         with self._dispatch:
+            assert self._newest is not None  # saved after a step
             state, position, _ = self._newest
             self.save(state, position)
 
@@ -996,7 +1010,7 @@ class _Run:
         nonfinite = nonfinite_fields(values)
         step_time_s = self.clock.step_time_s(end, also)
         self.watchdog.step_done(step_time_s)
-        self.heartbeat.beat(step)
+        self.beating.beat(step)
         self.recorded_step = step
         tokens = self.cfg.data.batch_size * self.tokens_per_row
         images_per_s = self.cfg.data.batch_size / step_time_s if self.images else None

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Footer, Header
 
 from titan.errors import TitanError
 from titan.inert import inert
+from tui.console_app import console_app
 from tui.history import HistoryStore, RunDetail, config_diff
 from tui.plain import cell
 from tui.widgets.curve_plot import CurvePlot
@@ -41,7 +42,8 @@ class CompareScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield CurvePlot("loss", ascii_only=self.app.ascii_only, id="compare-plot")
+        ascii_only = console_app(self.app).ascii_only
+        yield CurvePlot("loss", ascii_only=ascii_only, id="compare-plot")
         table: DataTable[str] = DataTable(id="compare-diff", cursor_type="row")
         table.add_columns("config", *(cell(run_id) for run_id in self.run_ids))
         yield table

@@ -20,6 +20,7 @@ from textual.worker import get_current_worker
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.observability.liveness import Liveness, ProcessId
+from tui.console_app import console_app
 from tui.launcher import LaunchedRun, signal_run
 from tui.run_state import RunState
 from tui.run_watch import POLL_INTERVAL_S, READ_SLICE_BYTES, RunUpdate, RunWatcher
@@ -131,8 +132,9 @@ class MonitorScreen(Screen[None]):
             with TabPane(_tab_title("overview"), id="overview"):
                 yield from self._overview()
             with TabPane(_tab_title("curves"), id="curves"):
-                yield CurvePlot("loss", ascii_only=self.app.ascii_only, id="loss-plot")
-                yield CurvePlot("learning rate", ascii_only=self.app.ascii_only, id="lr-plot")
+                ascii_only = console_app(self.app).ascii_only
+                yield CurvePlot("loss", ascii_only=ascii_only, id="loss-plot")
+                yield CurvePlot("learning rate", ascii_only=ascii_only, id="lr-plot")
             with TabPane(_tab_title("watchdog"), id="watchdog"):
                 yield WatchdogPanel()
             with TabPane(_tab_title("power"), id="power"):
@@ -241,7 +243,7 @@ class MonitorScreen(Screen[None]):
 
     def _resuming(self) -> bool:
         """Whether this console resumed the run and the new attempt has not started yet."""
-        child = self.app.launched.get(self.run_dir.resolve())
+        child = console_app(self.app).launched.get(self.run_dir.resolve())
         return child is not None and child.resuming(self.state.started_at)
 
     def _control(self) -> ProcessId | None:

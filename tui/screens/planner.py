@@ -111,6 +111,7 @@ class PlannerScreen(Screen[None]):
             help_static.update(f"{message.error} (results below are for the last valid input)")
             return
         help_static.update("")
+        assert message.report is not None  # a plan without an error
         self.report = message.report
         tables.show(message.report)
         self.refresh_bindings()
@@ -122,4 +123,5 @@ class PlannerScreen(Screen[None]):
         return True
 
     def action_train_plan(self) -> None:
+        assert self.report is not None  # check_action enables it with a plan only
         self.post_message(self.TrainPlan(dict(self.report["train_options"])))

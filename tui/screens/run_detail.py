@@ -58,7 +58,7 @@ class KeyValueTable(PlainTable):
     BINDINGS = [Binding("enter", "select_cursor", "Value in full")]
 
 
-def _key_value_table(id: str) -> DataTable[str]:
+def _key_value_table(id: str) -> KeyValueTable:
     table = KeyValueTable(id=id, cursor_type="row", show_header=False)
     table.add_columns("key", "value")
     return table

@@ -12,6 +12,8 @@ from tui.curve import thin
 # Lines drawn with braille dots when colour is on; plain characters for --no-color / ASCII.
 _MARKERS = ("braille", "braille")
 _ASCII_MARKERS = ("*", "+")
+# (label, steps, values): a line; a value None or NaN is no point (tui.curve.thin).
+Series = tuple[str, Sequence[float], Sequence[float | None]]
 
 
 class CurvePlot(PlotextPlot):
@@ -27,11 +29,11 @@ class CurvePlot(PlotextPlot):
         super().__init__(id=id)
         self.title = title
         self.markers = _ASCII_MARKERS if ascii_only else _MARKERS
-        self.series: list[tuple[str, Sequence[float], Sequence[float]]] = []
+        self.series: list[Series] = []
         self._drawn: list[tuple] | None = None  # the _shape of the series drawn
         self._plotted_width: int | None = None  # the width the series were thinned for
 
-    def show(self, series: Sequence[tuple[str, Sequence[float], Sequence[float]]]) -> None:
+    def show(self, series: Sequence[Series]) -> None:
         """Replace the series and redraw; nothing is redrawn when no series gained or lost a
         point (plotext rebuilds the whole chart on each draw)."""
         shape = _shape(series)  # taken now: the monitor's lists grow in place
@@ -64,6 +66,6 @@ class CurvePlot(PlotextPlot):
                 plt.plot(steps, values, label=name if label else None, marker=marker)
 
 
-def _shape(series: Sequence[tuple[str, Sequence[float], Sequence[float]]]) -> list[tuple]:
+def _shape(series: Sequence[Series]) -> list[tuple]:
     """What tells a redraw apart: each series' label, length and last point."""
     return [(label, len(xs), xs[-1:], ys[-1:]) for label, xs, ys in series]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Literal
 
 from textual import events
 from textual.app import ComposeResult
@@ -13,7 +14,8 @@ from textual.widgets import Input, Label, Select
 from titan.config import Option
 
 # Input types that keep a numeric option's field from taking letters.
-_INPUT_TYPES = {"int": "integer", "float": "number"}
+NumberType = Literal["integer", "number"]  # Textual's numeric input types
+_INPUT_TYPES: dict[str, NumberType] = {"int": "integer", "float": "number"}
 # What a refused character is told as, by input type.
 _TYPE_NAMES = {"integer": "a whole number", "number": "a number"}
 # The choices of a switch (a boolean option), as its texts.
@@ -30,7 +32,7 @@ class NumberInput(Input):
         flag: the field's name in the warning (``--steps``, ``copies``).
     """
 
-    def __init__(self, value: str, type: str, flag: str, **kwargs: object) -> None:
+    def __init__(self, value: str, type: NumberType, flag: str, **kwargs: Any) -> None:
         super().__init__(value, type=type, compact=True, **kwargs)
         self.flag = flag
 

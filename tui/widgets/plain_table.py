@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import cast
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -22,6 +23,7 @@ from textual._types import SegmentLines
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
+from textual.widgets._data_table import RowCacheKey
 from textual.widgets.data_table import Column, RowKey
 
 from tui.plain import PlainText
@@ -39,7 +41,7 @@ def _past_the_columns(row_index: int) -> Style:
     return Style.from_meta({"row": row_index, "column": 0, "out_of_bounds": True})
 
 
-class PlainTable(DataTable[str]):
+class PlainTable(DataTable[object]):  # cells: PlainText, or any value DataTable formats
     """A ``DataTable`` whose rows of :class:`~tui.plain.PlainText` cells are drawn and measured
     directly (row cursor, single-line rows, no fixed rows or columns, no row labels; otherwise
     exactly as ``DataTable``). ``j``/``k`` move the cursor as the arrows do, ``g``/``G`` to the
@@ -74,15 +76,11 @@ class PlainTable(DataTable[str]):
             cells = self._data.get(row_key)
             row = self.rows.get(row_key)
             values = [None] if cells is None else [cells.get(c.key) for c in columns]
-            if (
-                row is None
-                or row.label is not None
-                or row.auto_height
-                or not all(type(value) is PlainText for value in values)
-            ):
+            plain = [value for value in values if type(value) is PlainText]
+            if row is None or row.label is not None or row.auto_height or len(plain) < len(values):
                 measured.append(row_key)
                 continue
-            for column, value in zip(columns, values, strict=True):
+            for column, value in zip(columns, plain, strict=True):
                 # Rich's measure of a Text: its longest line (rich.text.Text.__rich_measure__).
                 width = max(map(cell_len, value.plain.splitlines()), default=0)
                 column.content_width = max(column.content_width, width)
@@ -102,7 +100,7 @@ class PlainTable(DataTable[str]):
         row, cells = self.rows.get(row_key), self._data.get(row_key)
         if row is None or cells is None or row.height != 1:
             return None
-        texts = []
+        texts: list[str] = []
         for column in self.ordered_columns:
             value = cells.get(column.key)
             room = column.get_render_width(self) - 2 * self.cell_padding
@@ -130,17 +128,22 @@ class PlainTable(DataTable[str]):
                 row_key, line_no, base_style, cursor_location, hover_location
             )
         row_index = self._row_locations.get(row_key)
+        assert row_index is not None  # _plain_row found the row
         cursor, hover = cursor_location.row == row_index, hover_location.row == row_index
         state = (self.show_cursor, self._show_hover_cursor)
-        key = (
-            row_key,
-            row_index,
-            base_style,
-            cursor,
-            hover,
-            state,
-            self._pseudo_class_state,
-            texts,
+        # A key of another shape in DataTable's row cache, so that its clears apply here too.
+        key = cast(
+            RowCacheKey,
+            (
+                row_key,
+                row_index,
+                base_style,
+                cursor,
+                hover,
+                state,
+                self._pseudo_class_state,
+                texts,
+            ),
         )
         lines = self._row_render_cache.get(key)
         if lines is None:

@@ -15,7 +15,7 @@ GB = 1e9
 SECONDS_PER_DAY = 86_400
 
 
-def _table(id: str, *columns: str) -> DataTable[str]:
+def _table(id: str, *columns: str) -> PlainTable:
     """A results table; a :class:`PlainTable` for its ``j``/``k``/``g``/``G`` keys."""
     table = PlainTable(id=id, cursor_type="row", zebra_stripes=True)
     table.add_columns(*columns)

@@ -43,6 +43,13 @@ def blend(low: Color, high: Color, ratio: float) -> Color:
     return Color.from_triplet(blend_rgb(low.triplet, high.triplet, ratio))
 
 
+def style_color(style: Style) -> Color:
+    """The colour of the renderable's ``min_color`` or ``max_color``: a ``Style.from_color`` of
+    the colour that it was given, so never ``None``."""
+    assert style.color is not None, style
+    return style.color
+
+
 class SparklineColumns(SparklineRenderable[float]):
     """Textual's sparkline renderable (same arguments), drawn column by column."""
 
@@ -57,7 +64,7 @@ class SparklineColumns(SparklineRenderable[float]):
         minimum, maximum = min(data), max(data)
         extent = maximum - minimum or 1
         parts = tuple(buckets(list(data), width))
-        low_color, high_color = self.min_color.color, self.max_color.color
+        low_color, high_color = style_color(self.min_color), style_color(self.max_color)
         columns: list[tuple[int, Style]] = []
         position, step = 0.0, len(parts) / width
         for _ in range(width):  # the bucket walk of Textual's renderable
@@ -84,11 +91,12 @@ class ColumnSparkline(Sparkline):
 
     def render(self) -> SparklineColumns:
         drawn = super().render()
+        assert isinstance(drawn, SparklineRenderable), drawn  # Sparkline.render draws one
         return SparklineColumns(
             drawn.data,
             width=drawn.width,
             height=drawn.height,
-            min_color=drawn.min_color.color,
-            max_color=drawn.max_color.color,
+            min_color=style_color(drawn.min_color),
+            max_color=style_color(drawn.max_color),
             summary_function=drawn.summary_function,
         )

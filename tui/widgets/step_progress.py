@@ -21,7 +21,8 @@ class StepProgress(ProgressBar):
         super().__init__(id=id, show_eta=False)
         self._shown: tuple[int | None, int] | None = None
 
-    def on_mount(self, event: Mount) -> None:
+    # Textual passes the event to a handler that takes one (ProgressBar's takes none).
+    def on_mount(self, event: Mount) -> None:  # type: ignore[override]
         event.prevent_default()  # ProgressBar's own on_mount starts the 1 s ETA refresh
 
     def show(self, step: int, total: int | None) -> None:

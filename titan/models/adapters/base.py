@@ -22,6 +22,7 @@ from titan.parallel.chunks import Chunk
 from titan.shapes import ModelConfig
 
 PyTree = Any  # a JAX pytree of arrays
+LossAndTerms = tuple[jax.Array, dict[str, jax.Array]]  # ModelAdapter.forward with loss_terms
 
 
 @jax.tree_util.register_dataclass
@@ -52,10 +53,15 @@ class ModelAdapter(Protocol):
             the Llama of the same widths).
     """
 
-    family: str
-    n_layers: int
-    layer_axis: int
-    config: ModelConfig
+    # Read-only: a family may hold them as properties or frozen dataclass fields.
+    @property
+    def family(self) -> str: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def layer_axis(self) -> int: ...
+    @property
+    def config(self) -> ModelConfig: ...
 
     def describe(self) -> dict[str, Any]:
         """What ``run_start`` records of the model: family, who serves its layers, its shape."""
@@ -121,7 +127,7 @@ class ModelAdapter(Protocol):
         every: dict[str, jax.Array],
         last: dict[str, jax.Array],
         dtype: jnp.dtype,
-    ) -> jax.Array:
+    ) -> jax.Array | LossAndTerms:
         """``chunk``'s forward pass in the compute ``dtype``: the activations it hands on, or,
         for the last chunk, the scalar mean loss (float32) of the rows (with its
         :meth:`loss_terms`, if any).
@@ -130,6 +136,21 @@ class ModelAdapter(Protocol):
             x: :attr:`StageInputs.first` for the first chunk, else the previous chunk's output.
             every, last: as :class:`StageInputs` (``last`` is used by the last chunk only).
         """
+        ...
+
+
+class ImageModelAdapter(ModelAdapter, Protocol):
+    """A diffusion family as ``titan sample`` sees it besides the layouts' seam (DiT's)."""
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(H, W, C) of one image."""
+        ...
+
+    def predict(
+        self, params: PyTree, noisy: jax.Array, t: jax.Array, labels: jax.Array, dtype: jnp.dtype
+    ) -> jax.Array:
+        """The whole model's (B, H, W, C) float32 prediction (what the samplers step with)."""
         ...
 
 

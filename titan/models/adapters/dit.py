@@ -12,7 +12,7 @@ chunk boundary is (B, 1 + N, E): the conditioning row and the N patch tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -132,6 +132,7 @@ class DitAdapter(FlaxStages):
             last.get("target"),
             last.get("weight"),
         )
+        outputs = cast(jax.Array, outputs)  # apply without mutable= returns the output alone
         return jnp.mean(outputs) if chunk.last else outputs
 
     def predict(
@@ -139,4 +140,5 @@ class DitAdapter(FlaxStages):
     ) -> jax.Array:
         """The whole model's (B, H, W, C) float32 prediction (what the samplers step with)."""
         module = self.module(whole_model(self.n_layers))
-        return module.apply({"params": cast_tree(params, dtype)}, noisy.astype(dtype), t, labels)
+        out = module.apply({"params": cast_tree(params, dtype)}, noisy.astype(dtype), t, labels)
+        return cast(jax.Array, out)  # apply without mutable= returns the output alone

@@ -10,7 +10,7 @@ name in every chunk, so chunks re-cut by stacking ``layers`` along axis 0. A bat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -109,4 +109,5 @@ class LlamaAdapter(FlaxStages):
         outputs = self.module(chunk).apply(
             {"params": cast_tree(params, dtype)}, x, positions, segment_ids, last.get("targets")
         )
+        outputs = cast(jax.Array, outputs)  # apply without mutable= returns the output alone
         return jnp.mean(outputs) if chunk.last else outputs

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from titan.errors import TitanError
 from titan.models.adapters.base import PyTree, StageInputs, cast_tree
 from titan.models.adapters.dit import image_batch_shapes, image_stage_inputs
 from titan.models.dit import weighted_mse
@@ -125,6 +126,11 @@ class DiffusersUNetAdapter:
             forward = functools.partial(self.forward, None, dtype=jnp.float32)
             lowered = jax.jit(forward).lower(shapes, batch.first, batch.every, batch.last)
             cost = lowered.cost_analysis()
+            if cost is None:  # JAX: unavailable on this backend
+                raise TitanError(
+                    "maxdiffusion: XLA's cost analysis, which counts its FLOPs, is "
+                    f"unavailable on {jax.default_backend()}"
+                )
             cost = cost[0] if isinstance(cost, list) else cost
             pixels = self.shape.image_size**2
             self._cache["flops"] = FORWARD_TO_TRAINING * float(cost["flops"]) / pixels

@@ -49,7 +49,13 @@ import numpy as np
 
 from titan.errors import TitanError
 from titan.models.adapters import maxtext_errors
-from titan.models.adapters.base import PyTree, StageInputs, next_token_batch, next_token_inputs
+from titan.models.adapters.base import (
+    LossAndTerms,
+    PyTree,
+    StageInputs,
+    next_token_batch,
+    next_token_inputs,
+)
 from titan.parallel.chunks import Chunk, whole_model
 from titan.parallel.sharding import ACTIVATION_RULES, LOGICAL_RULES, MESH_AXES
 from titan.planning.models import ATTENTION_CONVENTIONS
@@ -203,6 +209,7 @@ def titan_axis(name: str) -> str | None:
 def _mesh_axes(titan_name: str | None) -> tuple[str, ...]:
     if titan_name is None:
         return ()
+    axes: str | tuple[str, ...] | None
     axes = LOGICAL_RULES[titan_name] if titan_name in LOGICAL_RULES else None
     if titan_name in ACTIVATION_RULES:
         axes = ACTIVATION_RULES[titan_name]
@@ -635,7 +642,7 @@ class MaxTextAdapter:
         every: dict[str, jax.Array],
         last: dict[str, jax.Array],
         dtype: jnp.dtype,
-    ) -> jax.Array:
+    ) -> jax.Array | LossAndTerms:
         nnx = importlib.import_module("flax.nnx")
         built = self._built(chunk, str(jnp.dtype(dtype)))
         rngs = jax.tree.map(_key_or_zeros, built.rngs)

@@ -66,7 +66,8 @@ def _setting(key: str, settings: Mapping[str, str]) -> str:
 def config_error(err: Exception, settings: Mapping[str, str]) -> TitanError:
     """The one-line error of MaxText rejecting a config: pydantic's first error as
     ``--maxtext-set KEY=VALUE: reason`` (its ``errors()``), else :func:`build_error`."""
-    errors = err.errors() if callable(getattr(err, "errors", None)) else []
+    errors_of = getattr(err, "errors", None)  # a pydantic ValidationError's
+    errors = errors_of() if callable(errors_of) else []
     if not errors:
         return build_error(err, settings)
     first = errors[0]

@@ -186,10 +186,10 @@ def _scores(q, k, q_pos, k_pos, q_seg, k_seg, static: _Static):
 
 def _key_blocks(q_start, block_q: int, block_k: int, seq_len: int, static: _Static):
     """[lo, hi) key blocks that queries [q_start, q_start + block_q) may attend to."""
-    lo = 0
+    lo: int | jax.Array = 0
     if static.window is not None:
         lo = lax.div(jnp.maximum(q_start - static.window + 1, 0), block_k)
-    hi = seq_len // block_k
+    hi: int | jax.Array = seq_len // block_k
     if static.causal:
         hi = lax.div(q_start + block_q + block_k - 1, block_k)
     return lo, hi
@@ -198,7 +198,7 @@ def _key_blocks(q_start, block_q: int, block_k: int, seq_len: int, static: _Stat
 def _query_blocks(k_start, block_q: int, block_k: int, seq_len: int, static: _Static):
     """[lo, hi) query blocks that may attend to keys [k_start, k_start + block_k)."""
     lo = lax.div(k_start, block_q) if static.causal else 0
-    hi = seq_len // block_q
+    hi: int | jax.Array = seq_len // block_q
     if static.window is not None:
         last_query = k_start + block_k + static.window - 2
         hi = jnp.minimum(hi, lax.div(last_query, block_q) + 1)
