@@ -47,10 +47,10 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
         "from titan.observability.report import write_report"
     ),
     # the MaxText checkpoint converter imports JAX and orbax
-    "titan/models/commands.py:run_import": (
+    "titan/trainer/maxtext_commands.py:run_import": (
         "from titan.trainer.maxtext_import import import_maxtext"
     ),
-    "titan/models/commands.py:run_export": (
+    "titan/trainer/maxtext_commands.py:run_export": (
         "from titan.models.adapters.maxtext_checkpoints import export_run"
     ),
 }

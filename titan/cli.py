@@ -27,7 +27,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed 
 COMMAND_MODULES = (
     "titan.trainer.commands",
     "titan.ops.commands",
-    "titan.planning.commands",
+    "titan.plan_commands",
     "titan.observability.commands",
     "titan.launch.commands",
     "titan.trainer.import_export_commands",

@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.mpmd.schedules import SCHEDULES, check_schedule_options
 from titan.ops.registry import parse_overrides
 from titan.parsing import parse_counts, parse_range
 from titan.remat import REMAT_POLICIES
+from titan.schedules import SCHEDULES, check_schedule_options
 from titan.shapes import (
     DEFAULT_VOCAB_SIZE,
     PRESETS,
@@ -50,7 +50,7 @@ AttentionMask = Literal["document", "causal"]
 ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.schedules
 ModelSource = Literal["titan", "maxtext"]
 MODEL_SOURCES: tuple[ModelSource, ...] = ("titan", "maxtext")
 Task = Literal["lm", "diffusion"]

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan.gpus import gpu_for_device_kind
 from titan.observability.events import (
     MFU_CONVENTION,
     Checkpoint,
@@ -37,7 +38,6 @@ from titan.observability.events import (
 )
 from titan.observability.liveness import RecordFacts
 from titan.observability.watchdog import WINDOW, Watchdog
-from titan.planning.gpus import gpu_for_device_kind
 from tui.curve import Curve
 
 # Steps over which the step rate for the ETA is measured (wall clock between step events).

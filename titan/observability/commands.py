@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
+from titan.formatting import format_duration, format_number
 from titan.inert import inert
 from titan.observability import sinks
-from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import default_runs_root
 from titan.tables import Column, console, fitted_table, print_fitted
 

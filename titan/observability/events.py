@@ -104,7 +104,7 @@ class Event:
     @classmethod
     def from_fields(cls, **values: Any) -> Self:
         """The event of JSON-shaped field values (nested objects as dicts, e.g. the fields that
-        :meth:`titan.observability.flops.FlopsMeter.step_fields` returns), converted as
+        :meth:`titan.observability.mfu.FlopsMeter.step_fields` returns), converted as
         :meth:`from_json` does.
 
         Raises:
@@ -129,7 +129,7 @@ class Event:
 @dataclass(frozen=True, kw_only=True)
 class FlopsPerToken:
     """Model training FLOPs per token (6 N + 12 L s d, forward and backward;
-    :func:`titan.planning.models.model_flops_per_token`), per attention convention."""
+    :func:`titan.flops.model_flops_per_token`), per attention convention."""
 
     causal: float | None = _field(
         "attention FLOPs halved for the causal mask", "FLOPs per token", omit_if_none=True
@@ -145,7 +145,7 @@ class FlopsPerToken:
 @dataclass(frozen=True, kw_only=True)
 class Mfu:
     """Model (and hardware) FLOPs utilization of one step: FLOPs per token x tokens/s over the
-    peak (:class:`titan.observability.flops.FlopsMeter`). ``causal`` is the headline figure."""
+    peak (:class:`titan.observability.mfu.FlopsMeter`). ``causal`` is the headline figure."""
 
     causal: float | None = _field(
         "MFU with attention halved for the causal mask", "fraction of peak", omit_if_none=True
@@ -162,7 +162,7 @@ class Mfu:
         "hardware FLOPs utilization, attention in full", "fraction of peak", omit_if_none=True
     )
     peak_flops: float | None = _field(
-        "peak of all the run's devices together (:func:`titan.observability.flops.device_peak`)",
+        "peak of all the run's devices together (:func:`titan.observability.mfu.device_peak`)",
         "FLOP/s",
         omit_if_none=True,
     )
@@ -354,7 +354,7 @@ class Step(Event):
     data_position: int | None = _field("sequences consumed after this step", "sequences")
     batch_digest: str | None = _field("crc32 of the batch's sequence ids, hex")
     model_flops_per_token: FlopsPerToken | None = _field(
-        "model FLOPs per token (:mod:`titan.observability.flops`)", "FLOPs per token"
+        "model FLOPs per token (:mod:`titan.observability.mfu`)", "FLOPs per token"
     )
     mfu: Mfu | None = _field("MFU and HFU against the peak; None when the peak is unknown")
     mfu_reason: str | None = _field("why ``mfu`` is None", omit_if_none=True)
@@ -535,7 +535,7 @@ class Pipeline(Event):
     schedule: str = _field("the schedule's name (``--schedule``)", required=True)
     microbatches: int = _field("microbatches per step", "microbatches", required=True)
     theoretical_bubble: float = _field(
-        "idle share of the schedule (:func:`titan.mpmd.schedules.theoretical_bubble`)",
+        "idle share of the schedule (:func:`titan.schedules.theoretical_bubble`)",
         "fraction of step time",
         required=True,
     )

@@ -31,11 +31,11 @@ from typing import Any
 
 from titan.config import perf_key_options
 from titan.errors import TitanError
+from titan.gpus import gpu_for_device_kind
 from titan.observability.ettr import split_attempts
 from titan.observability.events import Checkpoint, Compile, Event, Profile, RunStart, Step
 from titan.observability.records import load_events
 from titan.observability.sql import insert_rows
-from titan.planning.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
 from titan.shapes import ModelConfig

@@ -30,10 +30,10 @@ from typing import Any
 from urllib.parse import quote
 
 from titan.errors import TitanError
+from titan.formatting import format_duration, format_number
 from titan.inert import inert, markdown_text
 from titan.observability import ettr, plots
 from titan.observability.events import Eval, Event, Profile, RunStart, Step
-from titan.observability.formatting import format_duration, format_number
 from titan.observability.records import EVENTS_FILE, EventTail
 from titan.observability.summarize import RunSummary, summarize_run_dir
 from titan.observability.trace_summary import summarize_trace
@@ -226,7 +226,7 @@ def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
         plots.plot_mfu(out / "mfu.png", series, peak)
         lines += [
             f"MFU: model FLOPs per token (`causal`: attention halved for the causal mask, "
-            f"`full`: counted in full; `titan.observability.flops`) x tokens/s over "
+            f"`full`: counted in full; `titan.observability.mfu`) x tokens/s over "
             f"{markdown_text(peak)}"
             + (f", source: {markdown_text(source)}" if source else "")
             + ".",

@@ -25,8 +25,8 @@ from typing import Any
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
+from titan.gpus import find_gpu, gpu_for_device_kind
 from titan.observability.device_memory import host_memory_bytes, usable_bytes
-from titan.planning.gpus import find_gpu, gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig

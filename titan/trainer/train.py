@@ -79,8 +79,8 @@ from titan.observability.events import (
     RunStart,
     Step,
 )
-from titan.observability.flops import FlopsMeter, device_peak
 from titan.observability.liveness import ProcessId, heartbeat_allowance_s
+from titan.observability.mfu import FlopsMeter, device_peak
 from titan.observability.power import PowerSampler, StepEnergy, open_reader
 from titan.observability.profile import StepProfiler
 from titan.observability.records import (

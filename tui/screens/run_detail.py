@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Log, TabbedContent, TabPane
 
 from titan.errors import TitanError
+from titan.formatting import format_number
 from titan.inert import inert
-from titan.observability.formatting import format_number
 from titan.observability.report import summary_rows
 from tui.history import HistoryStore, RunDetail
 from tui.plain import cell

@@ -48,11 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from titan.errors import TitanError
+from titan.flops import ATTENTION_CONVENTIONS
 from titan.models.adapters import maxtext_errors
 from titan.models.adapters.base import PyTree, StageInputs, next_token_batch, next_token_inputs
 from titan.parallel.chunks import Chunk, whole_model
 from titan.parallel.sharding import ACTIVATION_RULES, LOGICAL_RULES, MESH_AXES
-from titan.planning.models import ATTENTION_CONVENTIONS
 from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 
