@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from titan.config import TrainConfig  # noqa: E402
-from titan.observability.mfu import device_peak  # noqa: E402
 from titan.ops import Ops  # noqa: E402
+from titan.telemetry.mfu import device_peak  # noqa: E402
 from titan.trainer.adapters import build_trainer  # noqa: E402
 from titan.trainer.images import image_model_config  # noqa: E402
 

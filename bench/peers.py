@@ -46,8 +46,8 @@ from typing import Any
 
 from titan.flops import model_flops_per_token
 from titan.gpus import gpu_for_device_kind
-from titan.observability.records import read_events
 from titan.shapes import PRESETS, ModelConfig
+from titan.telemetry.records import read_events
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -16,10 +16,10 @@ from titan.flops import (
     training_flops_per_token,
 )
 from titan.models.adapters.llama import LlamaAdapter
-from titan.observability.mfu import FlopsMeter, device_peak, hardware_flops_per_token
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
+from titan.telemetry.mfu import FlopsMeter, device_peak, hardware_flops_per_token
 
 # XLA also counts elementwise work (norms, softmax, SiLU, the loss): 0.3 to 0.7% on top of the
 # matmuls in these shapes (jax 0.10.2, XLA:CPU); the tolerance leaves room for other versions.

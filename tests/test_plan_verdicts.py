@@ -12,11 +12,11 @@ from pathlib import Path
 import jax
 import pytest
 
+from titan.analysis import perfdb
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.gpus import find_gpu
-from titan.observability import perfdb
 from titan.ops import Ops
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.sharding import mesh_spec

@@ -28,7 +28,7 @@ COMMAND_MODULES = (
     "titan.trainer.commands",
     "titan.ops.commands",
     "titan.plan_commands",
-    "titan.observability.commands",
+    "titan.analysis.commands",
     "titan.launch.commands",
     "titan.trainer.import_export_commands",
     "titan.generation.commands",

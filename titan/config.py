@@ -59,7 +59,7 @@ TASK_FAMILIES = {"lm": "llama", "diffusion": "dit"}
 TASKS: tuple[Task, ...] = ("lm", "diffusion")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
-MetricsSink = Literal["none", "tensorboard"]  # titan.observability.sinks.LIVE_SINKS
+MetricsSink = Literal["none", "tensorboard"]  # titan.telemetry.sinks.LIVE_SINKS
 METRICS_SINKS: tuple[MetricsSink, ...] = ("none", "tensorboard")
 
 
@@ -257,7 +257,7 @@ def _opt(
         maximum: largest allowed value (``"{flag} must be <= {maximum}"``); ``titan train
             --help`` states both.
         resumable: may change when a run is resumed; everything else must match the saved run.
-        perf: part of the performance database's key (``titan.observability.perfdb``): runs
+        perf: part of the performance database's key (``titan.analysis.perfdb``): runs
             that differ in it are not compared.
         extra: ``choices`` (allowed values), ``planner`` (``titan plan`` takes it too).
     """

@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.text import Text
 
+from titan.analysis import perfdb, summarize
 from titan.config import ParallelOptions, flag_of
 from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
@@ -27,8 +28,6 @@ from titan.flops import ATTENTION_KERNELS
 from titan.formatting import format_count
 from titan.gpus import CATALOG, find_gpu
 from titan.inert import inert
-from titan.observability import perfdb, summarize
-from titan.observability.records import check_runs_root, default_runs_root
 from titan.planning.budget import (
     Plan,
     PlanRequest,
@@ -44,6 +43,7 @@ from titan.reading import read_json
 from titan.schedules import SCHEDULES
 from titan.shapes import resolve_model
 from titan.tables import Column, console, fitted_table, print_fitted
+from titan.telemetry.records import check_runs_root, default_runs_root
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
 # tokens, batches of 4M tokens and more.

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from titan.models.adapters.base import ModelAdapter
-from titan.observability.events import Compile, Event
 from titan.parallel.chunks import Chunk, chunk_item
 from titan.parallel.mesh import DeviceMesh
+from titan.telemetry.events import Compile, Event
 
 PyTree = Any  # a JAX pytree of arrays (parameters, optimizer moments)
 Batch = dict[str, np.ndarray]  # one global batch on the host: the adapter's batch_shapes()

@@ -50,8 +50,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
-from titan.observability.device_memory import largest, program_memory
-from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
 from titan.parallel.chunks import Chunk, chunk_item, cut_layers, join_layers, whole_model
 from titan.parallel.fit import microbatch_rows
@@ -67,6 +65,8 @@ from titan.schedules import (
     execution_order,
     theoretical_bubble,
 )
+from titan.telemetry.device_memory import largest, program_memory
+from titan.telemetry.events import Compile, Event, Pipeline, PipelineTiming
 from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState
 
 

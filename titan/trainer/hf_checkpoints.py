@@ -41,7 +41,6 @@ from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
-from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
 from titan.out_paths import check_new_dir, make_dir
@@ -49,6 +48,7 @@ from titan.parallel.chunks import Chunk, chunk_item, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
+from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_adapter
 from titan.trainer.checkpoint import Checkpointer, open_checkpoint
 from titan.trainer.init_from import saved_model

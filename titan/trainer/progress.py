@@ -28,7 +28,7 @@ from rich.progress import (
 from titan.data.tokenize import TokenizeProgress
 from titan.formatting import format_duration, format_size
 from titan.inert import inert
-from titan.observability.events import Eval, Step
+from titan.telemetry.events import Eval, Step
 
 TOKENIZE_LOG_EVERY_S = 10.0
 

@@ -17,9 +17,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from titan.analysis.liveness import Liveness, ProcessId
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
-from titan.observability.liveness import Liveness, ProcessId
 from tui.launcher import LaunchedRun, signal_run
 from tui.run_state import RunState
 from tui.run_watch import POLL_INTERVAL_S, READ_SLICE_BYTES, RunUpdate, RunWatcher
@@ -74,7 +74,7 @@ class MonitorScreen(Screen[None]):
     (:class:`~tui.run_watch.RunWatcher`: reading, parsing and folding into a
     :class:`~tui.run_state.RunState`) and posts :class:`Polled` with a snapshot; the handler
     only draws, at most every :data:`_DRAW_INTERVAL_S`. The status is the run's liveness
-    (:func:`titan.observability.liveness.judge`). ``s`` stops a live run of this host, whoever
+    (:func:`titan.analysis.liveness.judge`). ``s`` stops a live run of this host, whoever
     launched it (SIGTERM to its recorded process group), ``k`` kills it (SIGKILL), each after a
     confirmation and only while its pid is still the recorded process
     (:func:`tui.launcher.signal_run`); ``R`` opens the launch form to resume it. Where a key

@@ -88,9 +88,9 @@ class FlopsMeter:
         """``model_flops_per_token`` ({causal, full}) and ``mfu`` (None with ``mfu_reason`` when
         the peak is unknown): ``causal``, ``full``, ``hfu_causal``, ``hfu_full`` (fractions),
         ``peak_flops`` (FLOP/s), ``peak_kind`` (:attr:`Peak.kind`), ``peak_source``. JSON-shaped:
-        :meth:`titan.observability.events.Step.from_fields` reads them into
-        :class:`~titan.observability.events.FlopsPerToken` and
-        :class:`~titan.observability.events.Mfu`."""
+        :meth:`titan.telemetry.events.Step.from_fields` reads them into
+        :class:`~titan.telemetry.events.FlopsPerToken` and
+        :class:`~titan.telemetry.events.Mfu`."""
         fields: dict[str, Any] = {"model_flops_per_token": self.model}
         if self.peak.flops is None:
             return {**fields, "mfu": None, "mfu_reason": self.peak.reason}
