@@ -10,7 +10,7 @@ the end), each in its own process, and reads each run's record:
 - ``step_time_s``: median ``step_time_s`` of the steps that ran while no save was in flight,
   and ``saving_step_time_s`` of the steps that did: the step after each save (it holds the
   blocking part) and, for an async save, every step reported before its commit;
-- ``ettr``: the run's ETTR (:func:`titan.observability.ettr.analyze`: productive step time over
+- ``ettr``: the run's ETTR (:func:`titan.analysis.ettr.analyze`: productive step time over
   the attempt's wall time, so every blocking second of a save is badput);
 - ``memory_estimate_bytes``: the memory check's estimate (``run_start``), and
   ``peak_memory_bytes`` the largest measured peak of the steps (where the backend reports it);
@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.observability.ettr import analyze
-from titan.observability.records import load_events, read_events
+from titan.analysis.ettr import analyze
+from titan.telemetry.records import load_events, read_events
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {"sync": "--no-checkpoint-async", "async": "--checkpoint-async"}

@@ -3,7 +3,7 @@ ingest rate and History queries, against the targets of the console issue, in on
 
 Run from the repository root: ``.venv/bin/python bench/console.py [--out FILE]``. The console
 runs headless (Textual's pilot, no terminal); run records are written with the trainer's own
-writer, :class:`titan.observability.records.RunRecord`. Writes ``bench/results/console.json``.
+writer, :class:`titan.telemetry.records.RunRecord`. Writes ``bench/results/console.json``.
 
 ``--scale RUNS`` measures the console at scale instead, against :data:`SCALE_TARGETS` (open in
 about a second, sort, filter, page and a monitor key in about 200 ms, an ingest of unchanged run
@@ -112,8 +112,8 @@ from textual import events  # noqa: E402
 from textual.app import App  # noqa: E402
 
 from bench import synthetic_history  # noqa: E402
-from titan.observability.events import RunEnd, RunStart, Step  # noqa: E402
-from titan.observability.records import EVENTS_FILE, RunRecord, load_events  # noqa: E402
+from titan.telemetry.events import RunEnd, RunStart, Step  # noqa: E402
+from titan.telemetry.records import EVENTS_FILE, RunRecord, load_events  # noqa: E402
 from tui.app import TitanConsole  # noqa: E402
 from tui.curve import Curve  # noqa: E402
 from tui.history import HistoryQuery, HistoryStore  # noqa: E402

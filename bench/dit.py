@@ -5,8 +5,8 @@
 (``titan.trainer.adapters.build_trainer`` with ``--task diffusion --preset dit-l-2``: the
 458 M-parameter DiT-L/2 on the 32 x 32 x 4 latent of a 256 x 256 image, one-device mesh, fp32
 master weights, bf16 compute, AdamW, the registry's providers) on the same batch of random
-latents. MFU is images/s x the model's FLOPs per image (:func:`titan.planning.models.
-dit_token_flops` x 256 patches) / the device's dense bf16 peak (:mod:`titan.planning.gpus`); the
+latents. MFU is images/s x the model's FLOPs per image (:func:`titan.flops.
+dit_token_flops` x 256 patches) / the device's dense bf16 peak (:mod:`titan.gpus`); the
 baseline counts its own (GELU MLP) FLOPs the same way.
 
 Writes ``bench/results/dit-<device>.json`` (or ``--out``) and prints a Markdown row.
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from titan.config import TrainConfig  # noqa: E402
-from titan.observability.flops import device_peak  # noqa: E402
 from titan.ops import Ops  # noqa: E402
+from titan.telemetry.mfu import device_peak  # noqa: E402
 from titan.trainer.adapters import build_trainer  # noqa: E402
 from titan.trainer.images import image_model_config  # noqa: E402
 

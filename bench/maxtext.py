@@ -12,7 +12,7 @@ Reported per model: the median tokens/s and MFU of the steps after ``--skip`` (T
 records: MFU = tokens/s x model FLOPs per token / peak, FLOPs per token 6 N plus attention
 12 L s d, full or halved for the causal mask; MaxText's N and FLOPs come from the adapter,
 :meth:`titan.models.adapters.maxtext.MaxTextAdapter.token_flops`), the peak (the GPU catalog's
-dense BF16 figure, :func:`titan.observability.flops.device_peak`), compile seconds, the last
+dense BF16 figure, :func:`titan.telemetry.mfu.device_peak`), compile seconds, the last
 loss and the providers (Titan's ``ops``; MaxText's attention kernel and remat policy).
 
     python bench/maxtext.py --out bench/results/maxtext-nvidia-h200.json
@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from titan.config import TrainConfig, validate_train_config  # noqa: E402
-from titan.observability.flops import device_peak  # noqa: E402
+from titan.telemetry.mfu import device_peak  # noqa: E402
 from titan.trainer.train import train  # noqa: E402
 
 SHAPE = {  # 0.886B: the shape of docs/benchmarks.md's train-step table

@@ -24,9 +24,9 @@ relative to the best configuration it was compared with. Gradient accumulation
 MFU (Chowdhery et al. 2022, PaLM, App. B): tokens/s * FLOPs per token / peak FLOP/s, with
 FLOPs per token = 6 * N (N: parameters without the input embedding, which is a lookup) plus
 attention 12 * L * S * d counted in full (PaLM, torchtitan) or 6 * L * S * d halved for the causal
-mask (MaxText), from :func:`titan.planning.models.model_flops_per_token`; the same formulas as
+mask (MaxText), from :func:`titan.flops.model_flops_per_token`; the same formulas as
 the baseline file. Peak: the device's dense bf16 FLOP/s from the GPU catalog
-(:mod:`titan.planning.gpus`: 989.5e12 on H100/H200 SXM, the baseline file divides by 989e12);
+(:mod:`titan.gpus`: 989.5e12 on H100/H200 SXM, the baseline file divides by 989e12);
 on a device not in the catalog, or the CPU, MFU is reported as unknown.
 
 Writes ``bench/results/mfu-<device>.json`` (or ``--out``) and prints a Markdown table.
@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from titan.config import TrainConfig
-from titan.planning.gpus import gpu_for_device_kind
-from titan.planning.models import model_flops_per_token
+from titan.flops import model_flops_per_token
+from titan.gpus import gpu_for_device_kind
 from titan.shapes import ModelConfig
 
 RESULTS = Path(__file__).parent / "results"
@@ -125,7 +125,7 @@ SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def flops_per_token(shape: Shape, causal_halved: bool) -> float:
-    """Training FLOPs per token, 6 N plus attention (:mod:`titan.planning.models`)."""
+    """Training FLOPs per token, 6 N plus attention (:mod:`titan.flops`)."""
     convention = "causal" if causal_halved else "full"
     return model_flops_per_token(model_config(shape), shape.seq, convention)
 

@@ -16,7 +16,7 @@ Titan trains on its stdlib corpus (token ids differ from the baseline's random o
 per step does not). Reported per system: ``tokens_per_s`` (Titan: the median of its step records
 after ``--skip`` steps; the baseline: ten timed steps after two), ``mfu`` (one convention for
 all: tokens/s x FLOPs per token / peak, FLOPs per token 6 N plus 6 L S d, attention halved for
-the causal mask, N without the input embedding (:func:`titan.planning.models.
+the causal mask, N without the input embedding (:func:`titan.flops.
 model_flops_per_token`), peak the catalog's dense bf16 FLOP/s of the device, 989.5e12 on an
 H200), ``peak_memory_gib`` (the allocator's peak), ``time_to_first_step_s`` (from the process's
 start to the end of its first step: imports, data, compilation, the step) and ``compile_s``;
@@ -44,10 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.observability.records import read_events
-from titan.planning.gpus import gpu_for_device_kind
-from titan.planning.models import model_flops_per_token
+from titan.flops import model_flops_per_token
+from titan.gpus import gpu_for_device_kind
 from titan.shapes import PRESETS, ModelConfig
+from titan.telemetry.records import read_events
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

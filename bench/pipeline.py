@@ -9,8 +9,8 @@ peak memory and compile caches are per configuration:
 
 on the same model, global batch and sequence length, with random tokens (throughput does not
 depend on the text). Per configuration it reports tokens/s, MFU under both attention
-conventions (:func:`titan.planning.models.model_flops_per_token`; the dense BF16 peak of the
-device from :mod:`titan.planning.gpus`, times the device count), the ratio to SPMD, peak memory
+conventions (:func:`titan.flops.model_flops_per_token`; the dense BF16 peak of the
+device from :mod:`titan.gpus`, times the device count), the ratio to SPMD, peak memory
 per device, the controller's dispatch time as a share of the step, and the measured bubble
 fraction next to the theoretical one.
 
@@ -64,9 +64,9 @@ def _measure(spec: dict) -> dict:
     import numpy as np
 
     from titan.config import TrainConfig
+    from titan.flops import model_flops_per_token
+    from titan.gpus import gpu_for_device_kind
     from titan.ops import Ops
-    from titan.planning.gpus import gpu_for_device_kind
-    from titan.planning.models import model_flops_per_token
     from titan.shapes import PRESETS
     from titan.trainer.adapters import build_trainer
 
@@ -124,7 +124,7 @@ def _measure(spec: dict) -> dict:
         (timing_event,) = trainer.drain_events()
         timing = timing_event.to_json()
         result.update(_bubble(timing, step_s, spec["pp"]))
-        from titan.mpmd.schedules import build_schedule, simulate, theoretical_bubble
+        from titan.schedules import build_schedule, simulate, theoretical_bubble
 
         schedule = build_schedule(
             spec["schedule"], spec["pp"], spec["microbatches"], spec["virtual_stages"]

@@ -58,7 +58,7 @@ from typing import Any
 
 import planner_space
 
-from titan.planning.gpus import gpu_for_device_kind
+from titan.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.planning.step import Cluster, Measurement, calibrate, estimate_step
 from titan.shapes import ModelConfig

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from titan.planning.gpus import gpu_for_device_kind  # noqa: E402
+from titan.gpus import gpu_for_device_kind  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -50,8 +50,8 @@ MFU_CONVENTION = (
     "6 N (N: the matmul parameters, without the input embedding, which is a lookup) plus "
     "attention, 12 L s d counted in full (**MFU full**: PaLM, Chowdhery et al. 2022, App. B; "
     "torchtitan) or halved for the causal mask (**MFU causal**: MaxText), from "
-    "`titan.planning.models.model_flops_per_token`. The peak is the device's dense BF16 "
-    "datasheet figure from the GPU catalog (`titan/planning/gpus.py`); each table names it."
+    "`titan.flops.model_flops_per_token`. The peak is the device's dense BF16 "
+    "datasheet figure from the GPU catalog (`titan/gpus.py`); each table names it."
 )
 
 
@@ -305,7 +305,7 @@ def pipeline_table(path: Path, base: Path) -> list[str]:
         "groups (per stage in parentheses). Blocking overstates each action a little, so an "
         "almost never idle stage can come out slightly negative. Controller overhead: "
         "1 - (the schedule replayed with the blocked action times on ideal hardware, "
-        "`titan.mpmd.schedules.simulate`) / (normal step time); negative means the real "
+        "`titan.schedules.simulate`) / (normal step time); negative means the real "
         "steps are faster than that replay.",
         "",
     ]
@@ -703,7 +703,7 @@ def dit_table(path: Path, base: Path) -> list[str]:
         _peak_line(peak, data["device_kind"], False),
         "",
         "MFU: images/s x model FLOPs per image over the peak, attention in full (a DiT's "
-        "attention is not causal). Titan counts with `titan.planning.models.dit_token_flops`, "
+        "attention is not causal). Titan counts with `titan.flops.dit_token_flops`, "
         "where the adaLN modulation acts once per image; the baseline counts 6 x its matmul "
         "parameters per patch, adaLN included, so its FLOPs per image are higher for the same "
         "size and its MFU reads higher: compare the images/s.",

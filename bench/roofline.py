@@ -1,6 +1,6 @@
 """Roofline of one profiled train step: each kernel's time against its floor.
 
-Reads a ``--profile-steps`` trace (``<host>.trace.json.gz``, :mod:`titan.observability.
+Reads a ``--profile-steps`` trace (``<host>.trace.json.gz``, :mod:`titan.telemetry.
 profile`) and the optimized HLO text of the step (``XLA_FLAGS=--xla_dump_to=DIR
 --xla_dump_hlo_as_text``: ``*jit__step*after_optimizations.txt``) of the same run, and groups the
 GPU kernels of the traced steps into rows:

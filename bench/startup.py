@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.observability.records import read_events
+from titan.telemetry.records import read_events
 
 
 def _start(args: argparse.Namespace, runs: Path, index: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 100k runs that way takes hours on a shared machine. :func:`synthesize` writes real run dirs
 (``run_start``, ``steps`` step events, ``run_end`` per run, JSON lines as the trainer writes
 them) and fills the tables in bulk as an ingest would leave them: ``events`` parsed by DuckDB
-from the files (the typed columns of :data:`titan.observability.summarize.EVENT_FIELDS`),
+from the files (the typed columns of :data:`titan.analysis.summarize.EVENT_FIELDS`),
 ``files`` with each file's offset, digest and ``stat`` key (so the next ingest skips it),
 ``runs`` with the summary's figures aggregated in SQL (ETTR, goodput and MFU left unknown).
 Used by ``bench/console.py --scale`` and ``tests/test_console_scale.py``.
@@ -18,8 +18,8 @@ import json
 import os
 from pathlib import Path
 
-from titan.observability import summarize
-from titan.observability.records import EVENTS_FILE
+from titan.analysis import summarize
+from titan.telemetry.records import EVENTS_FILE
 
 PRESETS = ("tiny", "small", "llama3-1b")
 STATUSES = ("completed", "failed", "stopped", "completed")

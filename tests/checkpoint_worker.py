@@ -28,11 +28,12 @@ import numpy as np
 
 from titan.config import TrainConfig, model_config
 from titan.ops import Ops
+from titan.parallel.chunks import chunk_item
 from titan.parallel.distributed import LaunchSettings, initialize
 from titan.parallel.mesh import remote_array
 from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
-from titan.trainer_state import TrainState, chunk_item
+from titan.trainer_state import TrainState
 
 VOCAB = 512
 PIPELINE = {"layout": "mpmd", "pp": 2, "dp": 2, "microbatches": 2}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from titan.observability.records import EVENTS_FILE
+from titan.telemetry.records import EVENTS_FILE
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 

@@ -26,8 +26,8 @@ from helpers import cli_args, file_tree, small_run
 from titan.cli import main
 from titan.config import MAX_DATA_WORKERS, TrainConfig
 from titan.config_files import config_to_data
-from titan.observability.records import check_runs_root
 from titan.reading import MAX_DOCUMENT_BYTES, MAX_JSON_DEPTH
+from titan.telemetry.records import check_runs_root
 from tui.app import main as console_main
 
 UNREADABLE = "/proc/self/mem"

@@ -24,10 +24,10 @@ from titan.config import (
 )
 from titan.config_files import config_from_dict, config_to_data, config_to_toml, read_config_file
 from titan.errors import TitanError
-from titan.mpmd.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
 from titan.remat import REMAT_POLICIES
+from titan.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.shapes import PRESETS, model_text
 from titan.trainer.commands import explicit_options
 from titan.trainer.resume import resume_options
@@ -193,7 +193,7 @@ def test_a_custom_shape_sets_rope_theta_and_the_trained_tokenizers_vocabulary(ca
 
 
 def test_train_and_plan_share_the_model_parser_and_the_parallel_flags():
-    from titan.planning.models import resolve_model
+    from titan.shapes import resolve_model
 
     assert resolve_model(SHAPE) == TrainConfig.of(preset=SHAPE).model.shape
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]
@@ -222,7 +222,7 @@ def test_train_and_plan_share_the_model_parser_and_the_parallel_flags():
             "128",
         ]
     )
-    from titan.planning.commands import batch_tokens
+    from titan.plan_commands import batch_tokens
 
     assert batch_tokens(args) == 16 * 128
 
@@ -294,7 +294,7 @@ def test_config_validation_asks_the_schedule_registry():
 
 
 def test_config_imports_without_jax():
-    code = "import sys, titan.config, titan.planning.commands; print('jax' in sys.modules)"
+    code = "import sys, titan.config, titan.plan_commands; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "False", out.stderr
 

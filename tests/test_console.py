@@ -29,7 +29,7 @@ from textual.widgets import Input, Label, Log, Select
 from titan.cli import build_parser
 from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
-from titan.observability.records import EVENTS_FILE, read_events
+from titan.telemetry.records import EVENTS_FILE, read_events
 from tui.app import TitanConsole, exit_message, main
 from tui.launcher import STDERR_LOG, STDOUT_LOG, start_run, train_argv
 from tui.options import config_from_texts, default_texts

@@ -24,9 +24,9 @@ from console_helpers import (
     write_lost_peer,
 )
 
+from titan.analysis.liveness import PROCESSES_DIR, ProcessId
 from titan.exit_codes import EXIT_STOPPED
-from titan.observability.liveness import PROCESSES_DIR, ProcessId
-from titan.observability.records import read_events, write_json_atomic
+from titan.telemetry.records import read_events, write_json_atomic
 from tui.app import TitanConsole
 from tui.launcher import signal_run
 from tui.screens.confirm import ConfirmScreen

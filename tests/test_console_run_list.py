@@ -18,8 +18,8 @@ from samples import copy_sample_runs
 from textual.filter import ANSIToTruecolor
 from textual.widgets import Static
 
-from titan.observability.liveness import PROCESSES_DIR, ProcessId
-from titan.observability.records import write_json_atomic
+from titan.analysis.liveness import PROCESSES_DIR, ProcessId
+from titan.telemetry.records import write_json_atomic
 from tui.app import TitanConsole
 from tui.screens import runs as runs_screen
 from tui.widgets.history_table import HistoryTable

@@ -9,8 +9,8 @@ from pathlib import Path
 from helpers import small_run
 from samples import copy_sample_runs
 
+from titan.analysis.liveness import LAUNCH_FILE
 from titan.config import TrainConfig
-from titan.observability.liveness import LAUNCH_FILE
 from titan.trainer.resume import TOKENIZER_FILE
 from tui.launcher import start_run
 from tui.run_list import list_runs

@@ -19,7 +19,7 @@ from console_helpers import tiny_form_texts
 from samples import copy_sample_runs, sample_run_dirs
 
 from titan.config import option_fields
-from titan.observability.records import read_events
+from titan.telemetry.records import read_events
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 SESSION = f"titan-console-test-{os.getpid()}"

@@ -27,10 +27,10 @@ from samples import copy_sample_runs
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import DataTable, Input, Select, Static
 
+from titan.analysis import summarize
 from titan.config import TrainConfig
 from titan.errors import TitanError
-from titan.observability import summarize
-from titan.observability.events import PipelineTiming
+from titan.telemetry.events import PipelineTiming
 from tui.app import TitanConsole
 from tui.history import HistoryStore, config_diff
 from tui.launcher import start_run

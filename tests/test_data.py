@@ -103,8 +103,8 @@ def test_too_small_corpus_is_rejected(tokenizer):
 
 
 def test_event_records_are_standard_json_and_readers_skip_foreign_lines(tmp_path):
-    from titan.observability.events import Mfu, Step
-    from titan.observability.records import EventTail, RunRecord
+    from titan.telemetry.events import Mfu, Step
+    from titan.telemetry.records import EventTail, RunRecord
 
     record = RunRecord(tmp_path, "r")
     record.emit(Step(step=1, loss=float("nan"), mfu=Mfu(causal=float("inf"))))

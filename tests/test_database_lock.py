@@ -13,8 +13,8 @@ from pathlib import Path
 from console_helpers import wait_until
 from samples import copy_sample_runs
 
+from titan.analysis import summarize
 from titan.errors import TitanError
-from titan.observability import summarize
 from tui.app import TitanConsole
 from tui.history import HistoryQuery, HistoryStore
 from tui.screens import history as history_screen

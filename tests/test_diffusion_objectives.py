@@ -21,7 +21,8 @@ from titan.diffusion.objectives import (
 )
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
-from titan.planning.models import model_flops_per_token, resolve_model
+from titan.flops import model_flops_per_token
+from titan.shapes import resolve_model
 from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])

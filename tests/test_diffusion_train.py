@@ -11,9 +11,9 @@ import pytest
 from helpers import events, run_in_process, start_subprocess, wait_for_event
 from PIL import Image
 
+from titan.analysis.report import write_report
+from titan.analysis.summarize import summarize_run_dir
 from titan.cli import main
-from titan.observability.report import write_report
-from titan.observability.summarize import summarize_run_dir
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.sampling import sample_grid, write_sample_grid
 

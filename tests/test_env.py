@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from titan.observability.env import (
+from titan.telemetry.env import (
     JAX_OPTIONS,
     accelerator_versions,
     capture_environment,

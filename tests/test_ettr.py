@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from titan.observability import ettr
-from titan.observability.ettr import RUNNING_WINDOW_S
-from titan.observability.events import parse_events
+from titan.analysis import ettr
+from titan.analysis.ettr import RUNNING_WINDOW_S
+from titan.telemetry.events import parse_events
 
 
 def analyze(lines: list[dict], now: float | None = None) -> ettr.Goodput:

@@ -12,16 +12,16 @@ import pytest
 from console_helpers import wait_until
 from helpers import events
 
+from titan.analysis import ettr
+from titan.analysis.report import write_report
+from titan.analysis.summarize import summarize
 from titan.config import TrainConfig
 from titan.data.heldout import EvalBatches, held_out, split_corpus, split_sources, training_corpus
 from titan.data.mixture import open_sources
 from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
-from titan.observability import ettr
-from titan.observability.events import parse_event
-from titan.observability.report import write_report
-from titan.observability.summarize import summarize
+from titan.telemetry.events import parse_event
 from tui.app import TitanConsole
 from tui.widgets.curve_plot import CurvePlot
 

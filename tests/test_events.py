@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from titan.observability import ettr
-from titan.observability.events import (
+from titan.analysis import ettr
+from titan.telemetry.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     Checkpoint,
@@ -33,7 +33,7 @@ from titan.observability.events import (
     markdown,
     parse_event,
 )
-from titan.observability.records import EVENTS_FILE, EventTail, RunRecord
+from titan.telemetry.records import EVENTS_FILE, EventTail, RunRecord
 from tui.run_state import RunState
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ EXAMPLES = [
 
 def test_docs_events_md_is_generated_from_the_dataclasses():
     assert (REPO / "docs" / "events.md").read_text() == markdown(), (
-        "docs/events.md is stale: python -m titan.observability.events --markdown > docs/events.md"
+        "docs/events.md is stale: python -m titan.telemetry.events --markdown > docs/events.md"
     )
 
 
@@ -218,7 +218,7 @@ def test_step_from_fields_takes_the_flops_meters_json_shape():
 
 
 def test_the_summary_columns_are_event_fields():
-    from titan.observability.summarize import EVENT_FIELDS
+    from titan.analysis.summarize import EVENT_FIELDS
 
     names = {f.name for cls in EVENT_TYPES for f in dataclasses.fields(cls)} | {"type"}
     assert set(EVENT_FIELDS) <= names

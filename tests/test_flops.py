@@ -9,17 +9,17 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from titan.models.adapters.llama import LlamaAdapter
-from titan.observability.flops import FlopsMeter, device_peak, hardware_flops_per_token
-from titan.ops import Ops
-from titan.parallel.chunks import whole_model
-from titan.planning.models import (
+from titan.flops import (
     layer_recompute_flops,
     model_flops_per_token,
     token_flops,
     training_flops_per_token,
 )
+from titan.models.adapters.llama import LlamaAdapter
+from titan.ops import Ops
+from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
+from titan.telemetry.mfu import FlopsMeter, device_peak, hardware_flops_per_token
 
 # XLA also counts elementwise work (norms, softmax, SiLU, the loss): 0.3 to 0.7% on top of the
 # matmuls in these shapes (jax 0.10.2, XLA:CPU); the tolerance leaves room for other versions.
@@ -69,7 +69,7 @@ def test_full_remat_hardware_flops_match_xla_count():
     xla = _xla_training_flops(m, batch, seq_len, "full")
     formula = hardware_flops_per_token(m, seq_len, "full", "full") * batch * seq_len
     # The recomputation leaves out the MLP down projection (2 d ffn per token), whose output
-    # the backward pass does not need (titan.planning.models.TokenFlops.layer_output).
+    # the backward pass does not need (titan.flops.TokenFlops.layer_output).
     assert formula == pytest.approx(xla, rel=XLA_TOLERANCE)
     down_projection = 2 * m.d_model * m.ffn_dim * batch * seq_len
     assert abs(formula + down_projection - xla) > 2 * abs(formula - xla)

@@ -19,14 +19,14 @@ from test_ettr import crash_then_resume
 from test_summarize import write_run
 from textual.widgets import DataTable
 
+from titan.analysis import summarize
+from titan.analysis.report import REPORT_FILE
 from titan.cli import main
 from titan.config import check_run_id
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.observability import summarize
-from titan.observability.records import EVENTS_FILE, EventTail
-from titan.observability.report import REPORT_FILE
 from titan.reading import parse_json
+from titan.telemetry.records import EVENTS_FILE, EventTail
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main

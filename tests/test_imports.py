@@ -39,18 +39,14 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # the conformance harness imports JAX and every provider
     "titan/ops/commands.py:run": "from titan.ops import conformance",
     # run summaries and the performance database import DuckDB; reports also matplotlib
-    "titan/observability/commands.py:run_summarize": "from titan.observability import summarize",
-    "titan/observability/commands.py:run_perf_check": (
-        "from titan.observability import perfdb, summarize"
-    ),
-    "titan/observability/commands.py:run_report": (
-        "from titan.observability.report import write_report"
-    ),
+    "titan/analysis/commands.py:run_summarize": "from titan.analysis import summarize",
+    "titan/analysis/commands.py:run_perf_check": ("from titan.analysis import perfdb, summarize"),
+    "titan/analysis/commands.py:run_report": ("from titan.analysis.report import write_report"),
     # the MaxText checkpoint converter imports JAX and orbax
-    "titan/models/commands.py:run_import": (
+    "titan/trainer/maxtext_commands.py:run_import": (
         "from titan.trainer.maxtext_import import import_maxtext"
     ),
-    "titan/models/commands.py:run_export": (
+    "titan/trainer/maxtext_commands.py:run_export": (
         "from titan.models.adapters.maxtext_checkpoints import export_run"
     ),
 }
@@ -59,7 +55,7 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
 HEAVY_ROOTS = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "textual", "tui"})
 LIGHT_MODULES = (
     "titan.planning",
-    "titan.observability.summarize",
+    "titan.analysis.summarize",
     "titan.config",
     "titan.parallel.fit",
 )
@@ -191,3 +187,73 @@ def test_light_modules_import_neither_jax_nor_textual(name: str):
     )
     assert proc.returncode == 0, proc.stderr
     assert sorted(HEAVY_ROOTS & set(proc.stdout.split())) == []
+
+
+# Who may not import whom (docs/architecture.md, "Packages"): the run's write side never reads
+# the analysis, the planner, the trainer or the console; the ground facts import only the
+# ground floor (titan/errors.py and the like) and each other.
+FORBIDDEN_IMPORTS = {
+    "titan/telemetry": ("titan.analysis", "titan.planning", "titan.trainer", "titan.mpmd", "tui"),
+    "titan/planning": ("titan.analysis", "titan.telemetry", "titan.trainer", "tui"),
+}
+GROUND_FACTS = ("titan/schedules.py", "titan/gpus.py", "titan/flops.py", "titan/formatting.py")
+GROUND_FLOOR = ("titan.errors", "titan.remat", "titan.shapes", "titan.parsing")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module named by an import statement of ``path`` (``from a import b``: ``a`` and
+    ``a.b``), at any depth of the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _within(module: str, roots: tuple[str, ...]) -> bool:
+    return any(module == root or module.startswith(root + ".") for root in roots)
+
+
+def boundary_breaks(root: Path = ROOT) -> list[str]:
+    """``<file>: <module>`` for each import that crosses a line of :data:`FORBIDDEN_IMPORTS` or
+    lifts a ground fact (:data:`GROUND_FACTS`) off the ground floor."""
+    breaks = []
+    for folder, forbidden in FORBIDDEN_IMPORTS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            breaks += [
+                f"{path.relative_to(root).as_posix()}: {module}"
+                for module in sorted(imported_modules(path))
+                if _within(module, forbidden)
+            ]
+    facts = tuple(f.removesuffix(".py").replace("/", ".") for f in GROUND_FACTS)
+    for fact in GROUND_FACTS:
+        path = root / fact
+        breaks += [
+            f"{fact}: {module}"
+            for module in sorted(imported_modules(path))
+            if _within(module, ("titan", "tui")) and not _within(module, GROUND_FLOOR + facts)
+        ]
+    return breaks
+
+
+def test_telemetry_the_planner_and_the_ground_facts_import_nothing_above_them():
+    assert boundary_breaks() == []
+
+
+def test_the_boundary_check_catches_an_upward_import(tmp_path):
+    for folder in ("titan/telemetry", "titan/planning"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "titan/telemetry/records.py").write_text("from titan.analysis import summarize\n")
+    (tmp_path / "titan/planning/step.py").write_text("import titan.telemetry.events\n")
+    for fact in GROUND_FACTS:
+        (tmp_path / fact).write_text("from titan.errors import TitanError\n")
+    (tmp_path / "titan/gpus.py").write_text("from titan.planning.memory import Layout\n")
+    assert boundary_breaks(tmp_path) == [
+        "titan/telemetry/records.py: titan.analysis",
+        "titan/telemetry/records.py: titan.analysis.summarize",
+        "titan/planning/step.py: titan.telemetry.events",
+        "titan/gpus.py: titan.planning.memory",
+        "titan/gpus.py: titan.planning.memory.Layout",
+    ]

@@ -1,4 +1,4 @@
-"""A run's state from its record (titan.observability.liveness): one judgement for the console's
+"""A run's state from its record (titan.analysis.liveness): one judgement for the console's
 monitor and run list, History and `titan summarize`, checked on real `titan train` processes."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from console_helpers import append_events, event, write_lost_peer
 from helpers import cli_args, small_run, start_subprocess, wait_for_event
 
-from titan.observability import summarize
-from titan.observability.liveness import (
+from titan.analysis import summarize
+from titan.analysis.liveness import (
     BEAT_INTERVAL_S,
     DEAD,
     HEARTBEAT_TIMEOUT_S,
@@ -28,7 +28,7 @@ from titan.observability.liveness import (
     RecordFacts,
     judge,
 )
-from titan.observability.records import load_events, write_json_atomic
+from titan.telemetry.records import load_events, write_json_atomic
 from tui.history import HistoryQuery, HistoryStore
 from tui.run_list import list_runs
 from tui.run_watch import RunWatcher

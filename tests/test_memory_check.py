@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from helpers import cli_args, events, run_in_process
 
+from titan.analysis.report import memory_text
+from titan.analysis.summarize import summarize_run_dir
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
-from titan.observability.device_memory import host_memory_bytes
-from titan.observability.events import Compile
-from titan.observability.report import memory_text
-from titan.observability.summarize import summarize_run_dir
+from titan.telemetry.device_memory import host_memory_bytes
+from titan.telemetry.events import Compile
 from titan.trainer.memory_check import check_memory
 
 VOCAB = 512

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from console_helpers import append_events, event, parsed, stat, wait_until
 
-from titan.observability.events import Step
-from titan.observability.liveness import ProcessId
-from titan.observability.records import EVENTS_FILE, EventTail, read_last_events
+from titan.analysis.liveness import ProcessId
+from titan.telemetry.events import Step
+from titan.telemetry.records import EVENTS_FILE, EventTail, read_last_events
 from tui.app import TitanConsole
 from tui.curve import MAX_POINTS
 from tui.launcher import LaunchedRun

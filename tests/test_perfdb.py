@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from titan.analysis import perfdb, summarize
 from titan.cli import main
-from titan.observability import perfdb, summarize
-from titan.observability.events import parse_event, parse_events
-from titan.observability.records import EVENTS_FILE
 from titan.planning.step import calibrate
+from titan.telemetry.events import parse_event, parse_events
+from titan.telemetry.records import EVENTS_FILE
 
 
 def run_start(time: float, devices: int = 8, kind: str = "NVIDIA H200") -> dict:

@@ -12,19 +12,19 @@ from pathlib import Path
 import jax
 import pytest
 
+from titan.analysis import perfdb
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
-from titan.observability import perfdb
+from titan.gpus import find_gpu
 from titan.ops import Ops
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.sharding import mesh_spec
+from titan.plan_commands import train_options
 from titan.planning.budget import PlanRequest, search
-from titan.planning.commands import train_options
-from titan.planning.gpus import find_gpu
 from titan.planning.memory import FIT_MARGIN
-from titan.planning.models import resolve_model
 from titan.planning.step import calibrate
+from titan.shapes import resolve_model
 from titan.trainer.adapters import build_adapter
 
 SAMPLE_H200_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 import titan.cli
+from titan import plan_commands as commands
 from titan.cli import Parser
 from titan.errors import TitanError
-from titan.mpmd.schedules import build_schedule
-from titan.planning import collectives, commands
+from titan.flops import model_flops_per_token
+from titan.gpus import CATALOG, find_gpu, gpu_for_device_kind
+from titan.planning import collectives
 from titan.planning.budget import PlanRequest, candidate_layouts, plan, search
-from titan.planning.gpus import CATALOG, find_gpu, gpu_for_device_kind
 from titan.planning.memory import (
     Layout,
     Precision,
@@ -27,7 +28,6 @@ from titan.planning.memory import (
     layer_activation_bytes,
     memory_per_device,
 )
-from titan.planning.models import model_flops_per_token, resolve_model
 from titan.planning.step import (
     Cluster,
     Measurement,
@@ -36,7 +36,8 @@ from titan.planning.step import (
     estimate_step,
     model_flops_utilization,
 )
-from titan.shapes import PRESETS
+from titan.schedules import build_schedule
+from titan.shapes import PRESETS, resolve_model
 
 H200 = find_gpu("h200")
 # The plain-JAX baseline bench/baselines/plain_jax_llama.py: 0.886B Llama, seq 2048, batch 8.
@@ -302,7 +303,7 @@ def test_search_ranks_only_fitting_layouts_of_the_whole_device_count():
 
 
 def test_titan_plan_is_registered_with_the_cli():
-    assert "titan.planning.commands" in titan.cli.COMMAND_MODULES
+    assert "titan.plan_commands" in titan.cli.COMMAND_MODULES
 
 
 def test_titan_plan_search_prints_a_ranked_table_in_under_a_second(capsys):
@@ -363,7 +364,7 @@ def test_impossible_inputs_give_a_one_line_error(capsys, argv, message):
 
 def test_planning_imports_neither_jax_nor_textual():
     code = (
-        "import sys, titan.planning.budget, titan.planning.commands; "
+        "import sys, titan.planning.budget, titan.plan_commands; "
         "print(sorted(m for m in ('jax', 'textual') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from titan.observability.events import Step
-from titan.observability.power import (
+from titan.telemetry.events import Step
+from titan.telemetry.power import (
     AmdSmiReader,
     NvmlReader,
     PowerSampler,

@@ -16,12 +16,12 @@ import pytest
 from helpers import events, run_in_process
 from samples import SAMPLE_RUNS, sample_run_dirs
 
+from titan.analysis.report import write_report
+from titan.analysis.trace_summary import summarize_trace
 from titan.cli import main
 from titan.errors import TitanError
-from titan.observability.profile import StepProfiler
-from titan.observability.records import RunRecord
-from titan.observability.report import write_report
-from titan.observability.trace_summary import summarize_trace
+from titan.telemetry.profile import StepProfiler
+from titan.telemetry.records import RunRecord
 
 SAMPLE_RUN_DIRS = sample_run_dirs()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

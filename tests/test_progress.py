@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 
 from titan.data.tokenize import TokenizeProgress
-from titan.observability.events import Step
+from titan.telemetry.events import Step
 from titan.trainer.progress import TrainProgress
 
 

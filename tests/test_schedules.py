@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from titan.errors import TitanError
-from titan.mpmd.schedules import (
+from titan.schedules import (
     Action,
     build_schedule,
     execution_order,
@@ -117,7 +117,7 @@ def test_invalid_combinations_are_rejected(args, message):
 
 
 def test_replay_of_1f1b_with_unit_times_has_the_theoretical_bubble():
-    from titan.mpmd.schedules import simulate
+    from titan.schedules import simulate
 
     schedule = build_schedule("1f1b", 2, 4)
     durations = {(a.chunk, a.microbatch, a.kind): 1.0 for stage in schedule.stages for a in stage}

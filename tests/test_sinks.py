@@ -13,7 +13,7 @@ import pytest
 from helpers import events
 
 from titan.cli import main
-from titan.observability.sinks import LiveTensorBoard, metric_rows
+from titan.telemetry.sinks import LiveTensorBoard, metric_rows
 
 WANDB_HEADER = 7  # ":W&B", magic 0xBEE1, version: the LevelDB log format's records follow
 WANDB_BLOCK = 32768

@@ -19,9 +19,9 @@ from helpers import cli_args, events, file_tree, run_in_process, small_run, star
 import titan.trainer.train as train_module
 from titan.cli import main
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
-from titan.observability.events import RunEnd
-from titan.observability.records import EVENTS_FILE, RunRecord, disk_full
 from titan.stopping import PHASES
+from titan.telemetry.events import RunEnd
+from titan.telemetry.records import EVENTS_FILE, RunRecord, disk_full
 
 
 def _stopped(proc: subprocess.Popen, phase: str) -> None:

@@ -11,11 +11,11 @@ import pytest
 from samples import copy_sample_runs, sample_run_dirs
 from test_ettr import crash_then_resume
 
+from titan.analysis import summarize
 from titan.cli import main
 from titan.errors import TitanError
-from titan.observability import summarize
-from titan.observability.events import RunEnd, RunStart, Step, parse_event
-from titan.observability.records import EVENTS_FILE, RunRecord
+from titan.telemetry.events import RunEnd, RunStart, Step, parse_event
+from titan.telemetry.records import EVENTS_FILE, RunRecord
 
 
 def write_run(root: Path, run_id: str, events: list[dict], tail: str = "") -> Path:

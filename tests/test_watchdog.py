@@ -10,7 +10,7 @@ from helpers import events, run_in_process, start_subprocess
 
 from titan.config import TrainConfig, validate_train_config
 from titan.errors import TitanError
-from titan.observability.watchdog import LONG_PHASE_MIN_S, Watchdog
+from titan.telemetry.watchdog import LONG_PHASE_MIN_S, Watchdog
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.train import EXIT_STALL
 

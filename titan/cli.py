@@ -27,8 +27,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed 
 COMMAND_MODULES = (
     "titan.trainer.commands",
     "titan.ops.commands",
-    "titan.planning.commands",
-    "titan.observability.commands",
+    "titan.plan_commands",
+    "titan.analysis.commands",
     "titan.launch.commands",
     "titan.trainer.import_export_commands",
     "titan.generation.commands",

@@ -29,10 +29,10 @@ from typing import Any, Literal, TypeVar, dataclass_transform
 
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.mpmd.schedules import SCHEDULES, check_schedule_options
 from titan.ops.registry import parse_overrides
 from titan.parsing import parse_counts, parse_range
 from titan.remat import REMAT_POLICIES
+from titan.schedules import SCHEDULES, check_schedule_options
 from titan.shapes import (
     DEFAULT_VOCAB_SIZE,
     PRESETS,
@@ -50,7 +50,7 @@ AttentionMask = Literal["document", "causal"]
 ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.mpmd.schedules
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.schedules
 ModelSource = Literal["titan", "maxtext"]
 MODEL_SOURCES: tuple[ModelSource, ...] = ("titan", "maxtext")
 Task = Literal["lm", "diffusion"]
@@ -59,7 +59,7 @@ TASK_FAMILIES = {"lm": "llama", "diffusion": "dit"}
 TASKS: tuple[Task, ...] = ("lm", "diffusion")
 NonFinite = Literal["skip", "abort"]
 NONFINITE_ACTIONS: tuple[NonFinite, ...] = ("skip", "abort")
-MetricsSink = Literal["none", "tensorboard"]  # titan.observability.sinks.LIVE_SINKS
+MetricsSink = Literal["none", "tensorboard"]  # titan.telemetry.sinks.LIVE_SINKS
 METRICS_SINKS: tuple[MetricsSink, ...] = ("none", "tensorboard")
 
 
@@ -257,7 +257,7 @@ def _opt(
         maximum: largest allowed value (``"{flag} must be <= {maximum}"``); ``titan train
             --help`` states both.
         resumable: may change when a run is resumed; everything else must match the saved run.
-        perf: part of the performance database's key (``titan.observability.perfdb``): runs
+        perf: part of the performance database's key (``titan.analysis.perfdb``): runs
             that differ in it are not compared.
         extra: ``choices`` (allowed values), ``planner`` (``titan plan`` takes it too).
     """

@@ -3,7 +3,7 @@ them: the JAX checkpoint policy the model runs under, what a decoder layer saves
 backward pass (bytes per token, as the planner counts them) and the forward work it redoes.
 
 ``titan.models.llama`` wraps each block in ``nn.remat`` with :meth:`RematPolicy.jax_policy`;
-``titan.planning.memory`` and ``titan.planning.models`` price :attr:`RematPolicy.saved` and
+``titan.planning.memory`` and ``titan.flops`` price :attr:`RematPolicy.saved` and
 :attr:`RematPolicy.recomputed`; ``titan.config`` takes the names as ``--remat`` choices. The JAX
 policy is resolved lazily (JAX is imported when a model is built, not when the config is), so
 the console and the planner import this module without JAX.
@@ -87,7 +87,7 @@ class RematPolicy:
             ``fused`` or ``native``.
         recomputed: (layer matmul FLOPs, layer attention FLOPs, FLOPs of the layer's output
             projection) per token -> the forward FLOPs redone in the backward pass (the
-            output projection is never redone: ``titan.planning.models.TokenFlops``).
+            output projection is never redone: ``titan.flops.TokenFlops``).
     """
 
     name: str

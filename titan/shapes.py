@@ -241,3 +241,24 @@ def model_text(m: ModelConfig) -> str:
         if getattr(m, k) != getattr(defaults, k)
     ]
     return ",".join(fields)
+
+
+DIGITS_LABELS = 11  # the digits' 10 classes and classifier-free guidance's null label
+
+
+def resolve_model(text: str) -> ModelConfig:
+    """A preset name (``llama3-70b``) or a custom shape (``d_model=...,n_layers=...,...``), as
+    ``titan train --model`` takes it (:func:`parse_model`).
+
+    The ``tiny`` preset takes its vocabulary from a tokenizer trained per corpus; here it gets the
+    default ``--vocab-size`` of ``titan train`` (4096); ``dit-tiny``, whose label table has a row
+    per class of the data plus the null label, gets the digits' 11.
+
+    Raises:
+        TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
+    """
+    shape = parse_model(text)
+    if shape.vocab_size == 0:
+        vocab = DIGITS_LABELS if shape.family == "dit" else DEFAULT_VOCAB_SIZE
+        return dataclasses.replace(shape, vocab_size=vocab)
+    return shape

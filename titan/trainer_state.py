@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from titan.models.adapters.base import ModelAdapter
-from titan.observability.events import Compile, Event
-from titan.parallel.chunks import Chunk
+from titan.parallel.chunks import Chunk, chunk_item
 from titan.parallel.mesh import DeviceMesh
+from titan.telemetry.events import Compile, Event
 
 PyTree = Any  # a JAX pytree of arrays (parameters, optimizer moments)
 Batch = dict[str, np.ndarray]  # one global batch on the host: the adapter's batch_shapes()
@@ -60,11 +60,6 @@ class TrainState:
     def from_items(cls, items: dict[str, ChunkState], step: int) -> TrainState:
         """The state of checkpoint items (``chunk_0`` .. ``chunk_<n-1>``) at ``step``."""
         return cls(step, tuple(items[chunk_item(c)] for c in range(len(items))))
-
-
-def chunk_item(index: int) -> str:
-    """The checkpoint item name of chunk ``index``."""
-    return f"chunk_{index}"
 
 
 class StepMetrics(TypedDict):

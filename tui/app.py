@@ -35,7 +35,7 @@ from textual.screen import Screen
 from titan import installed_version
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.observability.records import check_runs_root, default_runs_root
+from titan.telemetry.records import check_runs_root, default_runs_root
 from tui.driver import ConsoleDriver
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun

@@ -1,7 +1,7 @@
 """Run history from the runs root's DuckDB database, for the History screens.
 
 The console is the database's one writer: :class:`HistoryStore` ingests the run records with
-:func:`titan.observability.summarize.ingest` (the same code as ``titan summarize``) and reads the
+:func:`titan.analysis.summarize.ingest` (the same code as ``titan summarize``) and reads the
 ``runs`` and ``events`` tables. Every method opens the database, runs its queries and closes
 it (a page asked for with ``hold_s`` keeps its connection open that long for the next key:
 :data:`READ_HOLD_S`); call them from a thread worker, never from the UI thread. A lock
@@ -24,10 +24,10 @@ from typing import Any
 
 import duckdb
 
-from titan.observability import summarize
-from titan.observability.events import RunStart, Stall, parse_events
-from titan.observability.summarize import IngestReport, RunSummary
+from titan.analysis import summarize
+from titan.analysis.summarize import IngestReport, RunSummary
 from titan.reading import parse_json
+from titan.telemetry.events import RunStart, Stall, parse_events
 
 # Points of a loss curve at most (nvitop-like restraint: more than a terminal can draw is waste).
 MAX_CURVE_POINTS = 2000
@@ -48,7 +48,7 @@ READ_HOLD_S = 2.0
 READ_HOLD_MAX_S = 10.0
 
 # The sortable History fields (HistoryRow's names) and their SQL over the ``runs`` table
-# (:mod:`titan.observability.summarize` stores the first run_start's config there). Only these
+# (:mod:`titan.analysis.summarize` stores the first run_start's config there). Only these
 # names are put into SQL text.
 _LAYOUT = "CASE WHEN layout = 'mpmd' AND pp > 0 THEN 'mpmd pp' || pp ELSE layout END"
 SORT_FIELDS = {
@@ -146,7 +146,7 @@ class HistoryRow:
 
     Attributes:
         run_id: the run dir's name. status: the run's state at the last ingest
-            (:func:`titan.observability.liveness.judge`).
+            (:func:`titan.analysis.liveness.judge`).
         preset, layout: from ``run_start``'s config (layout ``mpmd pp2`` for a pipeline).
         devices: devices the layout uses. steps: the last step.
         tokens_per_s, mfu: medians over step events. tokens_per_j: tokens per joule.

@@ -5,7 +5,7 @@ The child gets an argument list (never a shell string) with only the options tha
 resume), runs in its own process group (so a stop signal reaches it and nothing else) and
 writes its output to ``stdout.log`` / ``stderr.log`` in the run dir, which is created here
 before the child starts (a resume appends to them). ``launch.json``
-(:data:`titan.observability.liveness.LAUNCH_FILE`) records the child's identity at once, so
+(:data:`titan.analysis.liveness.LAUNCH_FILE`) records the child's identity at once, so
 that any console tells a launch that failed before ``run_start`` from one still starting.
 
 A new run whose child exits before writing a record (``events.jsonl``: it failed at start-up,
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import psutil
 
+from titan.analysis.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness, ProcessId
 from titan.config import TrainConfig, check_run_id, option_fields
 from titan.data.mixture import check_inputs
 from titan.errors import TitanError
-from titan.observability.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness, ProcessId
-from titan.observability.records import (
+from titan.telemetry.records import (
     EVENTS_FILE,
     default_runs_root,
     new_run_id,
@@ -173,7 +173,7 @@ def start_run(config: TrainConfig, resume: Path | None = None) -> LaunchedRun:
     """Create the run dir of ``config`` and start ``titan train`` in it.
 
     The runs root is ``config.run.runs_root`` (or ``$TITAN_RUNS`` / ``./runs``), made absolute; the
-    run id is ``config.run.run_id`` or a fresh :func:`~titan.observability.records.new_run_id`.
+    run id is ``config.run.run_id`` or a fresh :func:`~titan.telemetry.records.new_run_id`.
     With ``resume`` (a run dir) the child is ``titan train --resume <resume>`` with the options
     of ``config`` that differ from the run's saved ones, appending to its logs.
 

@@ -2,7 +2,7 @@
 
 The option list is never copied here: it is read from the ``plan`` subparser of
 :func:`titan.cli.build_parser`, the form's texts are parsed by that same parser, and the numbers
-come from :func:`titan.planning.commands.request_from_args`, ``layout_from_args`` and
+come from :func:`titan.plan_commands.request_from_args`, ``layout_from_args`` and
 :func:`titan.planning.budget.plan` / ``search``: what ``titan plan --json`` prints.
 """
 
@@ -15,13 +15,13 @@ from typing import Any, NoReturn
 
 from titan.cli import build_parser
 from titan.errors import TitanError
-from titan.planning.budget import plan, search
-from titan.planning.commands import (
+from titan.plan_commands import (
     LAYOUT_DESTS,
     layout_from_args,
     request_from_args,
     train_options,
 )
+from titan.planning.budget import plan, search
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
@@ -120,7 +120,7 @@ def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     """The planner's answer for the form's texts: ``{"search": bool, "layouts_fit": int,
     "plans": [Plan.as_dict(), ...], "train_options": {...} | None}`` (one plan, or the best
     :data:`SEARCH_TOP` of a search; the ``titan train`` options of the first,
-    :func:`titan.planning.commands.train_options`).
+    :func:`titan.plan_commands.train_options`).
 
     Raises:
         TitanError: one line naming the bad option (argparse's wording, or the planner's).

@@ -13,8 +13,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan.observability.liveness import LAUNCH_FILE, STDERR_LOG, Liveness, judge
-from titan.observability.records import EVENTS_FILE, load_events
+from titan.analysis.liveness import LAUNCH_FILE, STDERR_LOG, Liveness, judge
+from titan.telemetry.records import EVENTS_FILE, load_events
 from tui.run_state import RunState
 
 # Runs whose records the run list reads, at most: a few screenfuls. A record is read whole
@@ -33,7 +33,7 @@ class RunSummary:
         run_dir: the run dir.
         state: its events folded into a :class:`~tui.run_state.RunState`.
         created_at: unix seconds of its first event, or the dir's mtime when it has none yet.
-        liveness: its state (:func:`titan.observability.liveness.judge`).
+        liveness: its state (:func:`titan.analysis.liveness.judge`).
     """
 
     run_dir: Path
@@ -94,7 +94,7 @@ def list_runs(
 ) -> RunListing:
     """Summaries of the ``limit`` run dirs directly under ``runs_root`` whose record was
     written last, newest first by their first event (empty when the folder does not exist).
-    Every run is judged anew (:func:`~titan.observability.liveness.judge`); ``cache`` (kept by
+    Every run is judged anew (:func:`~titan.analysis.liveness.judge`); ``cache`` (kept by
     the caller between listings) spares reading again a record whose events file has not
     changed, so that a listing every few seconds costs a ``stat`` per unchanged run."""
     if not runs_root.is_dir():

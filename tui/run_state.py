@@ -1,7 +1,7 @@
 """What the monitor shows about a run, folded from its ``events.jsonl`` events.
 
 :class:`RunState` is plain data: :meth:`RunState.apply` takes events in file order (the typed
-events of :mod:`titan.observability.events`, ``docs/events.md``) and keeps what the screens
+events of :mod:`titan.telemetry.events`, ``docs/events.md``) and keeps what the screens
 draw. It does no I/O, so it runs in the monitor's polling worker and in tests alike; the
 worker hands the UI thread :meth:`RunState.snapshot` copies to draw. Its memory does not grow
 with the record: the curves are decimated, and of the per-step series (power, stalls) only the
@@ -10,7 +10,7 @@ the state then follows the new segment and keeps the loss history.
 
 The watchdog panel's phase is the one the last event implies (``run_start``: compile; ``step``
 and ``checkpoint``: the next step; ``stall``: its phase; ``run_end``: idle) and its allowance
-comes from :class:`titan.observability.watchdog.Watchdog` fed with the recorded step times and
+comes from :class:`titan.telemetry.watchdog.Watchdog` fed with the recorded step times and
 the run's ``--watchdog-floor`` / ``--watchdog-factor``: the trainer's own rule.
 """
 
@@ -22,7 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from titan.observability.events import (
+from titan.analysis.liveness import RecordFacts
+from titan.gpus import gpu_for_device_kind
+from titan.telemetry.events import (
     MFU_CONVENTION,
     Checkpoint,
     Compile,
@@ -35,9 +37,7 @@ from titan.observability.events import (
     Stall,
     Step,
 )
-from titan.observability.liveness import RecordFacts
-from titan.observability.watchdog import WINDOW, Watchdog
-from titan.planning.gpus import gpu_for_device_kind
+from titan.telemetry.watchdog import WINDOW, Watchdog
 from tui.curve import Curve
 
 # Steps over which the step rate for the ETA is measured (wall clock between step events).
@@ -114,10 +114,10 @@ class RunState:
             catalog, e.g. a CPU).
         peak_memory_bytes: the last step's measured peak device memory (None: not reported);
             compiled_memory_bytes: the largest compiled program's buffers
-            (:attr:`~titan.observability.events.Compile.program_bytes`).
+            (:attr:`~titan.telemetry.events.Compile.program_bytes`).
         pipeline: the ``pipeline`` event of an MPMD run; pipeline_timing: its latest
             ``pipeline_timing`` event (per-action spans of one step).
-        facts: what :func:`titan.observability.liveness.judge` needs from the events.
+        facts: what :func:`titan.analysis.liveness.judge` needs from the events.
     """
 
     run_id: str = ""
@@ -198,7 +198,7 @@ class RunState:
     def status(self) -> str:
         """What the events alone say: ``starting`` (no ``run_start`` yet), ``running``, or the
         ``run_end`` status. The screens show the run's state from
-        :func:`titan.observability.liveness.judge` (with :attr:`facts`), which also checks its
+        :func:`titan.analysis.liveness.judge` (with :attr:`facts`), which also checks its
         processes."""
         if self.end_status:
             return self.end_status
@@ -226,7 +226,7 @@ class RunState:
 
     def threshold_s(self) -> float:
         """The watchdog's allowance for :attr:`phase`, seconds (``inf`` when idle): the
-        trainer's rule (:meth:`titan.observability.watchdog.Watchdog.threshold_s`) over the
+        trainer's rule (:meth:`titan.telemetry.watchdog.Watchdog.threshold_s`) over the
         recorded step times."""
         watchdog = _new_watchdog(*self._watchdog_rule)
         for step_time_s in self._watchdog_step_times:

@@ -1,6 +1,6 @@
 """Background polling of one run dir: new events folded into a :class:`~tui.run_state.RunState`,
 the child's exit code, the stderr tail and the run's liveness
-(:func:`titan.observability.liveness.judge`, at most every :data:`LIVENESS_INTERVAL_S` unless
+(:func:`titan.analysis.liveness.judge`, at most every :data:`LIVENESS_INTERVAL_S` unless
 the record's facts change).
 
 :class:`RunWatcher` does the file reads, the parsing and the folding; the monitor calls
@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan.observability.events import Event
-from titan.observability.liveness import STDERR_LOG, Liveness, RecordFacts, judge
-from titan.observability.records import EVENTS_FILE, EventTail, read_last_events
+from titan.analysis.liveness import STDERR_LOG, Liveness, RecordFacts, judge
 from titan.reading import open_regular
+from titan.telemetry.events import Event
+from titan.telemetry.records import EVENTS_FILE, EventTail, read_last_events
 from tui.launcher import LaunchedRun
 from tui.run_state import RunState
 

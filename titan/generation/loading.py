@@ -23,9 +23,9 @@ from titan.data.tokenizer import Tokenizer, load_tokenizer
 from titan.errors import TitanError
 from titan.models.adapters.base import cast_tree
 from titan.models.adapters.maxtext_checkpoints import refuse_maxtext_source
-from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.shapes import ModelConfig
+from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_trainer, compute_dtype
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.init_from import saved_model

@@ -22,7 +22,7 @@ each chunk, compiled once per shape:
   applied only when the loss and the global norm are finite (every chunk's update takes all
   chunks' squared norms and the loss, so all decide alike before any applies its update).
 
-One Python process (the controller) walks the schedule (:mod:`titan.mpmd.schedules`) in a
+One Python process (the controller) walks the schedule (:mod:`titan.schedules`) in a
 dependency-respecting order and dispatches each action; JAX's asynchronous dispatch lets the
 stages run concurrently. Activations and their gradients cross stages through :func:`transfer`.
 
@@ -51,7 +51,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
-from titan.mpmd.schedules import (
+from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
+from titan.parallel.chunks import Chunk, chunk_item, cut_layers, join_layers, whole_model
+from titan.parallel.fit import microbatch_rows
+from titan.parallel.mesh import DeviceMesh, remote_array
+from titan.parallel.sharding import BATCH_AXES
+from titan.schedules import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -61,14 +66,9 @@ from titan.mpmd.schedules import (
     execution_order,
     theoretical_bubble,
 )
-from titan.observability.device_memory import largest, program_memory
-from titan.observability.events import Compile, Event, Pipeline, PipelineTiming
-from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
-from titan.parallel.chunks import Chunk, cut_layers, join_layers, whole_model
-from titan.parallel.fit import microbatch_rows
-from titan.parallel.mesh import DeviceMesh, remote_array
-from titan.parallel.sharding import BATCH_AXES
-from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
+from titan.telemetry.device_memory import largest, program_memory
+from titan.telemetry.events import Compile, Event, Pipeline, PipelineTiming
+from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
@@ -286,7 +286,7 @@ class PipelineTrainer:
         programs: one :class:`ChunkPrograms` per chunk.
         tx: the optimizer; ``lr_schedule`` its learning rate per step.
         compute_dtype: dtype of forward and backward.
-        schedule: the pipeline schedule (:mod:`titan.mpmd.schedules`).
+        schedule: the pipeline schedule (:mod:`titan.schedules`).
         order: the schedule's actions in dispatch order.
         timing_every: every N-th step is timed per action (``pipeline_timing`` events).
     """

@@ -135,3 +135,8 @@ def cut_layers(
         # from host memory: every process places its own shards (no cross-process transfer)
         placed.append(jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding))
     return jax.tree_util.tree_unflatten(treedef, placed)
+
+
+def chunk_item(index: int) -> str:
+    """The checkpoint item name of chunk ``index``."""
+    return f"chunk_{index}"

@@ -12,8 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from titan.errors import TitanError
-from titan.mpmd.schedules import SCHEDULES
-from titan.planning.gpus import GpuSpec
+from titan.gpus import GpuSpec
 from titan.planning.memory import (
     Layout,
     MemoryBreakdown,
@@ -23,6 +22,7 @@ from titan.planning.memory import (
 )
 from titan.planning.step import Cluster, StepEstimate, estimate_step, model_flops_utilization
 from titan.remat import REMAT_POLICIES
+from titan.schedules import SCHEDULES
 from titan.shapes import ModelConfig
 
 # Average board power during training as a fraction of TDP: Latif et al. 2025, "Empirically

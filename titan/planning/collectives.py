@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titan.planning.gpus import GpuSpec
+from titan.gpus import GpuSpec
 
 # Per-message latencies. Assumed, not measured here: small-message NCCL latency is a few
 # microseconds per ring step over NVLink and somewhat more over InfiniBand; they matter only for

@@ -43,11 +43,11 @@ everything divides by ``tp`` (ibid., s b h (34 + 5 a s / h) / t). Titan's SPMD r
 shard the sequence today, so the planner assumes no sequence parallelism.
 
 Microbatches in flight on the first pipeline stage, registered with each schedule
-(``titan.mpmd.schedules.ScheduleSpec.in_flight_bound``; Narayanan et al. 2021, "Efficient
+(``titan.schedules.ScheduleSpec.in_flight_bound``; Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2): GPipe keeps
 all ``m``; 1F1B keeps ``pp``; ZB-H1 keeps ``pp`` in Qi et al. 2023 (Sec. 3.1), whose W
 needs only stashed inputs and output gradients, but ``2 pp - 1`` in Titan, whose W reruns the
-stage's VJP and so keeps each deferred microbatch's residuals (``titan.mpmd.schedules``,
+stage's VJP and so keeps each deferred microbatch's residuals (``titan.schedules``,
 ``Schedule.in_flight_bound``);
 interleaving with ``v`` chunks keeps pp (1 + (pp - 1) / (pp v)) stage-equivalents (Korthikanti et
 al. 2022, Sec. 4.2.3).
@@ -76,10 +76,10 @@ from dataclasses import dataclass
 
 from titan.config import ParallelOptions
 from titan.errors import TitanError
-from titan.mpmd.schedules import SCHEDULES, check_schedule_options
-from titan.planning.gpus import GpuSpec
-from titan.planning.models import kv_dim, layer_matmul_params
+from titan.flops import kv_dim, layer_matmul_params
+from titan.gpus import GpuSpec
 from titan.remat import REMAT_POLICIES
+from titan.schedules import SCHEDULES, check_schedule_options
 from titan.shapes import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -200,7 +200,7 @@ def stage_layers(model: ModelConfig, layout: Layout) -> int:
 def in_flight_microbatches(layout: Layout) -> float:
     """Microbatches whose activations the first stage holds at its peak, in units of one
     microbatch through all of the stage's layers: the schedule's registered bound on chunk-
-    microbatches in flight (``titan.mpmd.schedules.ScheduleSpec.in_flight_bound``, which the
+    microbatches in flight (``titan.schedules.ScheduleSpec.in_flight_bound``, which the
     executor's validator checks on every schedule it runs), over the chunks per stage."""
     pp, m, v = layout.pp, layout.microbatches, layout.virtual_stages
     if pp == 1:
@@ -265,7 +265,7 @@ _MEMORY_PARTS = (
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per device at the peak of a step, by component; ``capacity`` is the usable memory
-    of the device (:attr:`titan.planning.gpus.GpuSpec.usable_bytes`)."""
+    of the device (:attr:`titan.gpus.GpuSpec.usable_bytes`)."""
 
     weights: float
     gradients: float

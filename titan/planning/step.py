@@ -8,7 +8,7 @@ optimizer step takes
               + bytes / (HBM bandwidth x MEMORY_EFFICIENCY)
     t_step  = t_stage x (1 + bubble) + exposed communication
 
-- FLOPs: forward, backward (2 x forward) and recomputation (``titan.planning.models``) of the
+- FLOPs: forward, backward (2 x forward) and recomputation (``titan.flops``) of the
   stage's layers and head for the tokens of one data-parallel replica, split over TP. A flash
   kernel executes the causal half of attention; a materialized score matrix all of it.
 - ``eta``, the achievable fraction of peak for these matmuls, comes from the calibration: a
@@ -50,9 +50,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from titan.mpmd.schedules import SCHEDULES, bubble_ratio
+from titan.flops import (
+    ATTENTION_CONVENTIONS,
+    TokenFlops,
+    layer_recompute_flops,
+    model_flops_per_token,
+    token_flops,
+)
+from titan.gpus import GpuSpec
 from titan.planning import collectives
-from titan.planning.gpus import GpuSpec
 from titan.planning.memory import (
     DTYPE_BYTES,
     Layout,
@@ -61,14 +67,8 @@ from titan.planning.memory import (
     layer_params,
     stage_layers,
 )
-from titan.planning.models import (
-    ATTENTION_CONVENTIONS,
-    TokenFlops,
-    layer_recompute_flops,
-    model_flops_per_token,
-    token_flops,
-)
 from titan.remat import effective_policy
+from titan.schedules import SCHEDULES, bubble_ratio
 from titan.shapes import ModelConfig
 
 # Achievable fraction of dense peak for the matmuls of a training step, used when the
@@ -105,7 +105,7 @@ OPTIMIZER_PASSES = 10
 
 def bubble_fraction(layout: Layout) -> float:
     """Idle pipeline time as a fraction of the ideal (bubble-free) step time, from the schedule
-    registry (``titan.mpmd.schedules.bubble_ratio``, the formula behind the executor's
+    registry (``titan.schedules.bubble_ratio``, the formula behind the executor's
     ``theoretical_bubble``)."""
     if layout.pp == 1:
         return 0.0

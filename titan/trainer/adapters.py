@@ -24,12 +24,12 @@ from titan.models.adapters.dit import DitAdapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
 from titan.mpmd.pipeline import PipelineTrainer
-from titan.mpmd.schedules import build_schedule
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
 from titan.parallel.chunks import Chunk, plan_chunks
 from titan.parallel.fit import check_layout
 from titan.parallel.mesh import build_stage_meshes
+from titan.schedules import build_schedule
 from titan.shapes import ModelConfig
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer_state import Trainer

@@ -63,16 +63,16 @@ import orbax.checkpoint as ocp
 
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
-from titan.observability.records import DISK_FULL, disk_full
-from titan.parallel.chunks import Chunk, chunks_from_ranges, cut_layers, join_layers
+from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier, process_count, process_index
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import read_json
+from titan.telemetry.records import DISK_FULL, disk_full
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
 from titan.trainer.init_from import checkpoint_location
 from titan.trainer.snapshot import device_snapshot, snapshot_fits
 from titan.trainer.stage_store import StageStore, check_dtype
-from titan.trainer_state import ChunkState, Trainer, TrainState, chunk_item
+from titan.trainer_state import ChunkState, Trainer, TrainState
 
 CHECKPOINT_DIR = "checkpoints"  # titan.trainer.init_from.CHECKPOINT_DIR too
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
@@ -190,7 +190,7 @@ def steps_to_prune(committed: list[int], keep: int, keep_every: int) -> list[int
 
 
 def _save_error(err: BaseException) -> str:
-    """Why a save failed, one line: :func:`titan.observability.records.disk_full`'s line for a
+    """Why a save failed, one line: :func:`titan.telemetry.records.disk_full`'s line for a
     full disk (:attr:`SaveResult.disk_full`), else the error's first line."""
     return disk_full(err) or _one_line(err)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from titan.errors import TitanError
-from titan.observability.records import EVENTS_FILE
+from titan.telemetry.records import EVENTS_FILE
 
 LOCK_FILE = "run.lock"
 _ATTEMPTS = 5  # a lock file unlinked under us by an ending run: open it afresh

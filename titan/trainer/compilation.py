@@ -28,7 +28,7 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from titan.data.cache import cache_dir
-from titan.observability.events import Compile
+from titan.telemetry.events import Compile
 
 CACHE_SUBDIR = "xla"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch

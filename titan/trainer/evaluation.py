@@ -7,7 +7,7 @@ step's forward; under MPMD each chunk's forward on its stage). The loss is the m
 batches of each batch's mean token loss (every batch has ``--batch-size x --seq-len`` tokens,
 so it is the mean over all of them); perplexity is exp(loss) (Jelinek et al. 1977). The time
 spent, compiling the forward the first time included, is the ``eval`` event's ``seconds``,
-which ETTR counts as badput of its own (:mod:`titan.observability.ettr`).
+which ETTR counts as badput of its own (:mod:`titan.analysis.ettr`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from titan.data.text import Documents
 from titan.data.tokenize import TokenizeProgress, token_stream
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
-from titan.observability.events import Eval
+from titan.telemetry.events import Eval
 from titan.trainer.processes import batch_rows, first_then_others
 from titan.trainer_state import Trainer, TrainState
 

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from titan.observability.events import Compile, LossSpike
 from titan.parallel.distributed import one_thread
+from titan.telemetry.events import Compile, LossSpike
 from titan.trainer_state import Batch, TrainState
 
 GUARDED_METRICS = ("loss", "grad_norm")  # the values the device checks (finite_step)

@@ -41,19 +41,19 @@ from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
-from titan.observability.records import CONFIG_FILE
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
 from titan.out_paths import check_new_dir, make_dir
-from titan.parallel.chunks import Chunk, join_layers, whole_model
+from titan.parallel.chunks import Chunk, chunk_item, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
+from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_adapter
 from titan.trainer.checkpoint import Checkpointer, open_checkpoint
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
-from titan.trainer_state import ChunkState, TrainState, chunk_item
+from titan.trainer_state import ChunkState, TrainState
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

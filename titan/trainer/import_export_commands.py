@@ -1,8 +1,8 @@
 """``titan import hf|maxtext`` and ``titan export hf|maxtext|tensorboard|csv|wandb-offline``:
 models in and out of Titan checkpoints (Hugging Face Llama directories here,
 :mod:`titan.trainer.hf_checkpoints`, imported when a command runs: it imports JAX; MaxText's
-formats from :mod:`titan.models.commands`) and a run's metrics out
-(:func:`titan.observability.commands.add_export_formats`)."""
+formats from :mod:`titan.trainer.maxtext_commands`) and a run's metrics out
+(:func:`titan.analysis.commands.add_export_formats`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.models import commands as maxtext_commands
-from titan.observability.commands import add_export_formats
+from titan.analysis.commands import add_export_formats
+from titan.trainer import maxtext_commands
 
 EXPORT_DTYPES = ("float32", "bfloat16")
 

@@ -14,8 +14,8 @@ from typing import Any
 from titan.config import TASK_FAMILIES, TrainConfig
 from titan.config_files import read_run_config
 from titan.errors import TitanError
-from titan.observability.records import CONFIG_FILE
 from titan.shapes import SHAPE_FIELDS, ModelConfig, model_text
+from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.resume import TOKENIZER_FILE
 
 CHECKPOINT_DIR = "checkpoints"  # titan.trainer.checkpoint's (that module imports orbax)

@@ -4,7 +4,7 @@ bytes per device of this layout (:func:`titan.planning.memory.memory_per_device`
 
 Usable memory is the smallest ``bytes_limit`` of ``memory_stats()`` over the run's devices in
 this process (the allocator's pool), or ``--debug-usable-memory``. XLA:CPU reports none: its
-devices share the host's memory (:func:`titan.observability.device_memory.host_memory_bytes`),
+devices share the host's memory (:func:`titan.telemetry.device_memory.host_memory_bytes`),
 so each has that divided by the run's devices in this process. Where neither is known the check
 says unknown and is skipped. Above it, the run is refused with one line giving the
 estimate and what would fit by the same estimator: the largest ``--batch-size`` (a multiple of
@@ -25,11 +25,11 @@ from typing import Any
 
 from titan.config import TrainConfig
 from titan.errors import TitanError
-from titan.observability.device_memory import host_memory_bytes, usable_bytes
-from titan.planning.gpus import find_gpu, gpu_for_device_kind
+from titan.gpus import find_gpu, gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
+from titan.telemetry.device_memory import host_memory_bytes, usable_bytes
 
 GB = 1e9
 

@@ -5,7 +5,7 @@ background thread (:class:`PeerWatch`, once a second), whatever the training loo
 reads the others' files on the same beat:
 
 - A process whose status is ``running`` and whose heartbeat is older than the run's allowance
-  (:func:`titan.observability.liveness.heartbeat_allowance_s`: 30 s, or ``--watchdog-floor``
+  (:func:`titan.analysis.liveness.heartbeat_allowance_s`: 30 s, or ``--watchdog-floor``
   when that is shorter; the console and ``titan summarize`` use the same) is **lost**: killed,
   crashed or cut off (a process stuck in a collective still beats; the stall watchdog covers
   it). The first process to see it ends the run: the writer (process 0) records ``run_end``
@@ -14,7 +14,7 @@ reads the others' files on the same beat:
   heartbeat ``failed`` and exits with :data:`titan.exit_codes.EXIT_FAILED`, so nobody waits in
   a collective for a process that will never answer. JAX's coordination service would end the
   processes too, but only after its own heartbeat timeout (100 s) and without a record.
-- A stall seen by the watchdog of another process (:class:`titan.observability.watchdog.Watchdog`)
+- A stall seen by the watchdog of another process (:class:`titan.telemetry.watchdog.Watchdog`)
   is written into that process's heartbeat; the writer records it as a ``stall`` event with
   its ``process``.
 """
@@ -29,16 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titan.observability.events import RunEnd, Stall
-from titan.observability.liveness import (
+from titan.analysis.liveness import (
     BEAT_INTERVAL_S,
     ProcessBeat,
     read_beats,
     read_json,
 )
-from titan.observability.records import RunRecord
-from titan.observability.ticker import Ticker
 from titan.parallel.distributed import process_count, process_index
+from titan.telemetry.events import RunEnd, Stall
+from titan.telemetry.records import RunRecord
+from titan.telemetry.ticker import Ticker
 from titan.trainer.processes import PROCESSES_DIR, STALL_FIELDS, Heartbeat
 
 
@@ -59,7 +59,7 @@ class LostProcess:
 
 def lost_processes(beats: list[ProcessBeat], now: float, after_s: float) -> list[LostProcess]:
     """The processes among ``beats`` (not this one) still ``running`` that are gone: on this
-    host, by their pid (:meth:`titan.observability.liveness.ProcessId.gone`: at once); on any
+    host, by their pid (:meth:`titan.analysis.liveness.ProcessId.gone`: at once); on any
     host, by a last beat (Unix seconds) more than ``after_s`` before ``now``."""
     lost = []
     for beat in beats:

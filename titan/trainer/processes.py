@@ -12,7 +12,7 @@ pid and the age of its last beat.
 Heartbeat file fields: ``process`` (index), ``processes`` (count), ``host``, ``pid``, ``pgid``
 (process group), ``started`` (unix s, when the process started, from /proc), ``step`` (last
 step reported), ``beat`` (unix s of the last update), ``status`` (``running``, then the run's
-``run_end`` status). :mod:`titan.observability.liveness` reads them.
+``run_end`` status). :mod:`titan.analysis.liveness` reads them.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from titan.data.tokenizer import Tokenizer
-from titan.observability.events import Stall
-from titan.observability.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
-from titan.observability.records import EventT, RunRecord, new_run_id, write_json_atomic
-from titan.observability.ticker import Ticker
+from titan.telemetry.events import Stall
+from titan.analysis.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
+from titan.telemetry.records import EventT, RunRecord, new_run_id, write_json_atomic
+from titan.telemetry.ticker import Ticker
 from titan.parallel.distributed import (
     barrier,
     broadcast_bytes,
@@ -97,7 +97,7 @@ class MutedRecord(RunRecord):
 
 class Heartbeat:
     """This process's ``processes/<id>.json``, rewritten (atomically) every
-    :data:`~titan.observability.liveness.BEAT_INTERVAL_S` by a thread between :meth:`start`
+    :data:`~titan.analysis.liveness.BEAT_INTERVAL_S` by a thread between :meth:`start`
     and :meth:`stop`, whatever the loop is doing (a hung step still beats: the process is alive;
     its ``step`` does not move), and by the loop at most as often; after a stall it also holds
     the stall (:meth:`stalled`), which the writer records (:mod:`titan.trainer.peers`)."""

@@ -27,9 +27,9 @@ from rich.progress import (
 )
 
 from titan.data.tokenize import TokenizeProgress
+from titan.formatting import format_duration, format_size
 from titan.inert import inert
-from titan.observability.events import Eval, Step
-from titan.observability.formatting import format_duration, format_size
+from titan.telemetry.events import Eval, Step
 
 TOKENIZE_LOG_EVERY_S = 10.0
 

@@ -10,7 +10,7 @@ from typing import Any
 from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
-from titan.observability.records import CONFIG_FILE
+from titan.telemetry.records import CONFIG_FILE
 
 TOKENIZER_FILE = "tokenizer.model"
 

@@ -27,14 +27,14 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.models.adapters.base import ModelAdapter
-from titan.observability.device_memory import program_memory
-from titan.observability.events import Compile, Event
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
-from titan.parallel.chunks import Chunk
+from titan.parallel.chunks import Chunk, chunk_item
 from titan.parallel.fit import microbatch_rows
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
-from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState, chunk_item
+from titan.telemetry.device_memory import program_memory
+from titan.telemetry.events import Compile, Event
+from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState
 
 Terms = dict[str, Any]  # a loss's named terms (ModelAdapter.loss_terms), scalars
 

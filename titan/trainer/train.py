@@ -5,7 +5,7 @@ tokenizer, build the layout and trainer, restore or initialise the state, trace 
 validation happens up to here, before anything is written into the run dir), write the run
 files, record ``run_start``, compile, loop, checkpoint, record.
 
-Events written to ``events.jsonl``: the types of :mod:`titan.observability.events`, documented
+Events written to ``events.jsonl``: the types of :mod:`titan.telemetry.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
 ``checkpoint_failed``, ``checkpoint_unrestorable``, ``loss_spike``, ``profile``, ``stall``,
 ``run_end``; ``eval`` with ``--eval-every`` (:mod:`titan.trainer.evaluation`); ``pipeline``
@@ -31,7 +31,7 @@ records it and applies ``--nonfinite`` (:mod:`titan.trainer.guard`): a non-finit
 ``run_end`` ``failed`` (reason ``nonfinite``), no checkpoint, and exits with
 :data:`EXIT_NONFINITE` (5). No save writes non-finite weights. A failure after ``run_start``
 writes ``run_end`` ``failed`` and exits 1; a full disk is one line naming the path
-(:func:`titan.observability.records.disk_full`), with ``run_end`` written when there is room.
+(:func:`titan.telemetry.records.disk_full`), with ``run_end`` written when there is room.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from titan.analysis.liveness import ProcessId, heartbeat_allowance_s
 from titan.config import TrainConfig, model_config, trained_vocab_size
 from titan.config_files import config_to_data
 from titan.data.heldout import split_sources, training_corpus
@@ -68,32 +69,6 @@ from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
 from titan.inert import inert
-from titan.observability.device_memory import peak_bytes
-from titan.observability.env import capture_environment
-from titan.observability.events import (
-    Checkpoint,
-    CheckpointFailed,
-    CheckpointUnrestorable,
-    Compile,
-    RunEnd,
-    RunStart,
-    Step,
-)
-from titan.observability.flops import FlopsMeter, device_peak
-from titan.observability.liveness import ProcessId, heartbeat_allowance_s
-from titan.observability.power import PowerSampler, StepEnergy, open_reader
-from titan.observability.profile import StepProfiler
-from titan.observability.records import (
-    CONFIG_FILE,
-    EVENTS_FILE,
-    DiskFull,
-    RunRecord,
-    default_runs_root,
-    disk_full,
-    write_json_atomic,
-)
-from titan.observability.sinks import LiveTensorBoard, check_library, live_sink
-from titan.observability.watchdog import Stall, Watchdog
 from titan.ops import Ops
 from titan.parallel.distributed import (
     LaunchSettings,
@@ -105,6 +80,31 @@ from titan.parallel.distributed import (
 )
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
+from titan.telemetry.device_memory import peak_bytes
+from titan.telemetry.env import capture_environment
+from titan.telemetry.events import (
+    Checkpoint,
+    CheckpointFailed,
+    CheckpointUnrestorable,
+    Compile,
+    RunEnd,
+    RunStart,
+    Step,
+)
+from titan.telemetry.mfu import FlopsMeter, device_peak
+from titan.telemetry.power import PowerSampler, StepEnergy, open_reader
+from titan.telemetry.profile import StepProfiler
+from titan.telemetry.records import (
+    CONFIG_FILE,
+    EVENTS_FILE,
+    DiskFull,
+    RunRecord,
+    default_runs_root,
+    disk_full,
+    write_json_atomic,
+)
+from titan.telemetry.sinks import LiveTensorBoard, check_library, live_sink
+from titan.telemetry.watchdog import Stall, Watchdog
 from titan.trainer.adapters import build_trainer, check_layout_fits
 from titan.trainer.checkpoint import (
     CHECKPOINT_DIR,

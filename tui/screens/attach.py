@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from titan.inert import inert
-from titan.observability.records import EVENTS_FILE
+from titan.telemetry.records import EVENTS_FILE
 from tui.widgets.dialog import dialog_box
 
 

@@ -19,7 +19,7 @@ from textual.worker import get_current_worker
 
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
-from titan.observability.liveness import Liveness, ProcessId
+from titan.analysis.liveness import Liveness, ProcessId
 from tui.console_app import console_app
 from tui.launcher import LaunchedRun, signal_run
 from tui.run_state import RunState
@@ -75,7 +75,7 @@ class MonitorScreen(Screen[None]):
     (:class:`~tui.run_watch.RunWatcher`: reading, parsing and folding into a
     :class:`~tui.run_state.RunState`) and posts :class:`Polled` with a snapshot; the handler
     only draws, at most every :data:`_DRAW_INTERVAL_S`. The status is the run's liveness
-    (:func:`titan.observability.liveness.judge`). ``s`` stops a live run of this host, whoever
+    (:func:`titan.analysis.liveness.judge`). ``s`` stops a live run of this host, whoever
     launched it (SIGTERM to its recorded process group), ``k`` kills it (SIGKILL), each after a
     confirmation and only while its pid is still the recorded process
     (:func:`tui.launcher.signal_run`); ``R`` opens the launch form to resume it. Where a key

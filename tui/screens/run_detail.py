@@ -15,10 +15,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Log, TabbedContent, TabPane
 
+from titan.analysis.report import summary_rows
 from titan.errors import TitanError
+from titan.formatting import format_number
 from titan.inert import inert
-from titan.observability.formatting import format_number
-from titan.observability.report import summary_rows
 from tui.history import HistoryStore, RunDetail
 from tui.plain import cell
 from tui.screens.value import ValueScreen

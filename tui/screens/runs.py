@@ -16,8 +16,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
+from titan.analysis.liveness import RUNNING
 from titan.inert import inert
-from titan.observability.liveness import RUNNING
 from tui.run_list import RecordCache, RunListing, RunSummary, list_runs
 from tui.screens.attach import AttachScreen
 from tui.ticker import ScreenTicker

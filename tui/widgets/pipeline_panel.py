@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from titan.inert import inert
-from titan.observability.events import PipelineTiming
+from titan.telemetry.events import PipelineTiming
 from tui.run_state import RunState
 
 IDLE = "·"

@@ -6,14 +6,14 @@ import time
 
 from textual.widgets import DataTable
 
-from titan.observability.liveness import Liveness, ProcessBeat
+from titan.analysis.liveness import Liveness, ProcessBeat
 from tui.plain import cell
 
 
 def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
     """One process's state: its heartbeat's status once it ended; ``lost`` for the process the
     run's judgement names; ``silent`` for a beat older than
-    the run's heartbeat allowance (:meth:`~titan.observability.liveness.Liveness.silent`);
+    the run's heartbeat allowance (:meth:`~titan.analysis.liveness.Liveness.silent`);
     else ``running``."""
     if beat.status != "running":
         return beat.status
@@ -23,8 +23,8 @@ def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
 
 
 class ProcessTable(DataTable[str]):
-    """The run's ``processes/<id>.json`` heartbeats (:class:`~titan.observability.liveness.
-    ProcessBeat`), drawn from a :class:`~titan.observability.liveness.Liveness`."""
+    """The run's ``processes/<id>.json`` heartbeats (:class:`~titan.analysis.liveness.
+    ProcessBeat`), drawn from a :class:`~titan.analysis.liveness.Liveness`."""
 
     def on_mount(self) -> None:
         self.cursor_type = "row"

@@ -9,9 +9,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Log
 
+from titan.formatting import format_number
 from titan.inert import inert
-from titan.observability.events import Stall
-from titan.observability.formatting import format_number
+from titan.telemetry.events import Stall
 from tui.run_state import RunState
 from tui.widgets.stat import Stat, tone_of
 

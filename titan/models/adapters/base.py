@@ -114,7 +114,7 @@ class ModelAdapter(Protocol):
     def loss_terms(self) -> tuple[str, ...]:
         """Names of the terms that the last chunk's loss holds besides the data loss (MaxText's
         MoE load-balancing loss, ``moe_lb_loss``), each a field of the step record
-        (:class:`titan.observability.events.Step`); empty for most models. With any, the last
+        (:class:`titan.telemetry.events.Step`); empty for most models. With any, the last
         chunk's :meth:`forward` returns ``(loss, {name: term})``, and only the SPMD layout
         trains the model."""
         ...

@@ -17,12 +17,12 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 
+from titan.flops import training_flops_per_token
 from titan.models.adapters.base import PyTree, StageInputs, cast_tree
 from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.dit import DitStage
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk, whole_model
-from titan.planning.models import training_flops_per_token
 from titan.shapes import ModelConfig
 
 
@@ -87,7 +87,7 @@ class DitAdapter(FlaxStages):
 
     def token_flops(self) -> tuple[dict[str, float], dict[str, float]]:
         """Training FLOPs per patch token (a DiT's FLOPs per image over its N patches;
-        :func:`titan.planning.models.token_flops`)."""
+        :func:`titan.flops.token_flops`)."""
         return training_flops_per_token(self.config, self.config.patches, self.remat)
 
     def boxed_params(self, chunk: Chunk, key: jax.Array) -> PyTree:

@@ -15,6 +15,7 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 
+from titan.flops import training_flops_per_token
 from titan.models.adapters.base import (
     PyTree,
     StageInputs,
@@ -26,7 +27,6 @@ from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk
-from titan.planning.models import training_flops_per_token
 from titan.shapes import ModelConfig
 
 

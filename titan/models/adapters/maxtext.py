@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from titan.errors import TitanError
+from titan.flops import ATTENTION_CONVENTIONS
 from titan.models.adapters import maxtext_errors
 from titan.models.adapters.base import (
     LossAndTerms,
@@ -58,7 +59,6 @@ from titan.models.adapters.base import (
 )
 from titan.parallel.chunks import Chunk, whole_model
 from titan.parallel.sharding import ACTIVATION_RULES, LOGICAL_RULES, MESH_AXES
-from titan.planning.models import ATTENTION_CONVENTIONS
 from titan.remat import REMAT_POLICIES
 from titan.shapes import ModelConfig
 

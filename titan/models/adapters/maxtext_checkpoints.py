@@ -34,10 +34,9 @@ from orbax.checkpoint import v1 as ocp_v1
 
 from titan.errors import TitanError
 from titan.out_paths import check_new_dir
-from titan.parallel.chunks import chunks_from_ranges, join_layers
+from titan.parallel.chunks import chunk_item, chunks_from_ranges, join_layers
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
-from titan.trainer_state import chunk_item
 
 # Titan's Llama layer parameter -> its path under MaxText's decoder/layers.
 LAYER_NAMES = {

@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from titan.observability.events import (
+from titan.telemetry.events import (
     Checkpoint,
     CheckpointFailed,
     Compile,
@@ -301,7 +301,7 @@ def _final_bound(attempt: Attempt) -> int:
 
 def analyze(events: Iterable[Event], now: float | None = None) -> Goodput:
     """ETTR and goodput of a run from its events in file order (as
-    :func:`~titan.observability.events.parse_event` gives them; unknown types are ignored). A
+    :func:`~titan.telemetry.events.parse_event` gives them; unknown types are ignored). A
     run with no ``run_start`` gives no attempts and ``ettr`` None. ``now`` (Unix seconds) lets
     a recent last attempt without ``run_end`` count as running (module doc)."""
     attempts, saw_wait = [], False

@@ -1,7 +1,7 @@
 """Performance database: measured step times keyed by what determines them, and regressions.
 
 The ``perf`` table (in the runs root's ``titan.duckdb``, filled by
-:func:`titan.observability.summarize.ingest`) holds one row per run:
+:func:`titan.analysis.summarize.ingest`) holds one row per run:
 
 - key: ``model`` (the model shape, JSON), ``layout`` (JSON: the trainer's layout description, the
   mesh/pipeline options, batch size, sequence length, dtypes, recomputation and the provider of
@@ -31,11 +31,11 @@ from typing import Any
 
 from titan.config import perf_key_options
 from titan.errors import TitanError
-from titan.observability.ettr import attempt_start, split_attempts
-from titan.observability.events import Checkpoint, Compile, Event, Profile, RunStart, Step
-from titan.observability.records import load_events
-from titan.observability.sql import insert_rows
-from titan.planning.gpus import gpu_for_device_kind
+from titan.analysis.ettr import attempt_start, split_attempts
+from titan.telemetry.events import Checkpoint, Compile, Event, Profile, RunStart, Step
+from titan.telemetry.records import load_events
+from titan.analysis.sql import insert_rows
+from titan.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
 from titan.shapes import ModelConfig
@@ -169,7 +169,7 @@ def measure(run_id: str, events: Sequence[Event]) -> PerfRow | None:
 
 def store(con: Any, run_ids: Sequence[str], rows: Sequence[PerfRow]) -> None:
     """Replace the ``perf`` rows of ``run_ids`` with ``rows`` (a run without one has none), in
-    one statement (:func:`~titan.observability.sql.insert_rows`)."""
+    one statement (:func:`~titan.analysis.sql.insert_rows`)."""
     con.execute("DELETE FROM perf WHERE list_contains(?, run_id)", [list(run_ids)])
     insert_rows(
         con,

@@ -21,13 +21,13 @@ rule that applies giving the state:
    host a pid cannot be checked; there a heartbeat older than the run's allowance
    (:func:`heartbeat_allowance_s`) is dead. A record that names no process (written before
    processes were recorded) is dead once its last event is older than
-   :data:`titan.observability.ettr.RUNNING_WINDOW_S`. A dead run says when it was last seen
+   :data:`titan.analysis.ettr.RUNNING_WINDOW_S`. A dead run says when it was last seen
    alive (the newest heartbeat or event) and why, naming the lost process (host, pid, process
    id).
 3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
    devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
    process whose ``stderr.log`` has not changed for
-   :data:`~titan.observability.ettr.RUNNING_WINDOW_S`: the last line of ``stderr.log`` is the
+   :data:`~titan.analysis.ettr.RUNNING_WINDOW_S`: the last line of ``stderr.log`` is the
    reason.
 4. ``unresponsive``: a process of this host exists but its heartbeat is older than the run's
    allowance (:func:`heartbeat_allowance_s`): its heartbeat thread, which beats whatever the
@@ -65,9 +65,9 @@ from typing import Any, TypeGuard
 
 import psutil
 
-from titan.observability.ettr import RUNNING_WINDOW_S
-from titan.observability.events import Event, RunEnd, RunStart, Stall
+from titan.analysis.ettr import RUNNING_WINDOW_S
 from titan.reading import open_regular, parse_json
+from titan.telemetry.events import Event, RunEnd, RunStart, Stall
 
 LAUNCH_FILE = "launch.json"
 PROCESSES_DIR = "processes"

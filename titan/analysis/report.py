@@ -2,16 +2,16 @@
 
 Written to ``<out>/report.md`` (``<out>``: ``--out``, default ``<run dir>/report/``) with
 ``loss.png``, ``throughput.png``, ``mfu.png`` and ``power.png`` beside it (:mod:`plots`). The
-summary table is :func:`titan.observability.summarize.summarize_run_dir`'s, the numbers
+summary table is :func:`titan.analysis.summarize.summarize_run_dir`'s, the numbers
 ``titan summarize`` prints; the figures are drawn from the step events, one series per attempt
 (a resumed run's ``events.jsonl`` holds several ``run_start`` ... ``run_end`` attempts,
-:func:`titan.observability.ettr.split_attempts`). MFU is plotted as the trainer recorded it,
+:func:`titan.analysis.ettr.split_attempts`). MFU is plotted as the trainer recorded it,
 titled with its peak (``peak_flops``, ``peak_kind`` of the step's
-:class:`~titan.observability.events.Mfu`) and said to be unknown, with the recorded reason, when
+:class:`~titan.telemetry.events.Mfu`) and said to be unknown, with the recorded reason, when
 the record has none; the same for power (``run_start``'s ``power.reason``). A diffusion run's
 report shows ``samples.png``, a grid of samples of its newest checkpoint drawn by ``titan sample``
 in a child process (so that this module stays free of JAX). Events are read with
-:func:`titan.observability.events.parse_event`; a torn last line (a writer killed mid-line) and
+:func:`titan.telemetry.events.parse_event`; a torn last line (a writer killed mid-line) and
 lines that are not events are skipped and counted in the report.
 
 This module imports neither JAX nor matplotlib (:mod:`plots` imports it when drawing).
@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from titan.analysis import ettr, plots
+from titan.analysis.summarize import RunSummary, summarize_run_dir
+from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
+from titan.formatting import format_duration, format_number
 from titan.inert import inert, markdown_text
-from titan.observability import ettr, plots
-from titan.observability.events import Eval, Event, Profile, RunStart, Step
-from titan.observability.formatting import format_duration, format_number
-from titan.observability.records import EVENTS_FILE, EventTail
-from titan.observability.summarize import RunSummary, summarize_run_dir
-from titan.observability.trace_summary import summarize_trace
+from titan.telemetry.events import Eval, Event, Profile, RunStart, Step
+from titan.telemetry.records import EVENTS_FILE, EventTail
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"
@@ -226,7 +226,7 @@ def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
         plots.plot_mfu(out / "mfu.png", series, peak)
         lines += [
             f"MFU: model FLOPs per token (`causal`: attention halved for the causal mask, "
-            f"`full`: counted in full; `titan.observability.flops`) x tokens/s over "
+            f"`full`: counted in full; `titan.telemetry.mfu`) x tokens/s over "
             f"{markdown_text(peak)}"
             + (f", source: {markdown_text(source)}" if source else "")
             + ".",

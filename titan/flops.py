@@ -27,35 +27,15 @@ forward pass) except its last projection, whose output no backward step reads
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from titan.remat import REMAT_POLICIES
-from titan.shapes import DEFAULT_VOCAB_SIZE, ModelConfig, parse_model
+from titan.shapes import ModelConfig
 
 ATTENTION_CONVENTIONS = ("causal", "full")
-DIGITS_LABELS = 11  # the digits' 10 classes and classifier-free guidance's null label
 # How attention is computed: "flash" (a fused kernel, O(s) memory, skips masked blocks) or
 # "materialized" (the ``native`` provider of titan.ops: the (s, s) scores exist in memory).
 ATTENTION_KERNELS = ("flash", "materialized")
-
-
-def resolve_model(text: str) -> ModelConfig:
-    """A preset name (``llama3-70b``) or a custom shape (``d_model=...,n_layers=...,...``), as
-    ``titan train --model`` takes it (:func:`titan.config.parse_model`).
-
-    The ``tiny`` preset takes its vocabulary from a tokenizer trained per corpus; here it gets the
-    default ``--vocab-size`` of ``titan train`` (4096); ``dit-tiny``, whose label table has a row
-    per class of the data plus the null label, gets the digits' 11.
-
-    Raises:
-        TitanError: unknown preset, missing or unknown field, or an inconsistent shape.
-    """
-    shape = parse_model(text)
-    if shape.vocab_size == 0:
-        vocab = DIGITS_LABELS if shape.family == "dit" else DEFAULT_VOCAB_SIZE
-        return dataclasses.replace(shape, vocab_size=vocab)
-    return shape
 
 
 def kv_dim(m: ModelConfig) -> int:

@@ -14,7 +14,7 @@ that phase's allowance (:meth:`Watchdog.threshold_s`):
 - ``idle`` (outside the loop): never stalls.
 
 A stall calls ``on_stall`` once per phase entry with a ``stall`` event
-(:class:`titan.observability.events.Stall`) holding the phase, the time spent, the allowance,
+(:class:`titan.telemetry.events.Stall`) holding the phase, the time spent, the allowance,
 the step and every thread's Python stack.
 """
 
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from titan.observability.events import Stall
-from titan.observability.ticker import Ticker
+from titan.telemetry.events import Stall
+from titan.telemetry.ticker import Ticker
 
 PHASES = (
     "idle",

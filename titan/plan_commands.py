@@ -19,15 +19,15 @@ from typing import Any
 
 from rich.text import Text
 
+from titan.analysis import perfdb, summarize
 from titan.config import ParallelOptions, flag_of
 from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
+from titan.flops import ATTENTION_KERNELS
+from titan.formatting import format_count
+from titan.gpus import CATALOG, find_gpu
 from titan.inert import inert
-from titan.mpmd.schedules import SCHEDULES
-from titan.observability import perfdb, summarize
-from titan.observability.formatting import format_count
-from titan.observability.records import check_runs_root, default_runs_root
 from titan.planning.budget import (
     Plan,
     PlanRequest,
@@ -36,13 +36,14 @@ from titan.planning.budget import (
     plan,
     search,
 )
-from titan.planning.gpus import CATALOG, find_gpu
 from titan.planning.memory import FIT_MARGIN, Layout, Precision
-from titan.planning.models import ATTENTION_KERNELS, resolve_model
 from titan.planning.step import Measurement, calibrate
 from titan.planning.verdict import Verdict, gpus_needed, verdict
 from titan.reading import read_json
+from titan.schedules import SCHEDULES
+from titan.shapes import resolve_model
 from titan.tables import Column, console, fitted_table, print_fitted
+from titan.telemetry.records import check_runs_root, default_runs_root
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
 # tokens, batches of 4M tokens and more.

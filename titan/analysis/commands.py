@@ -1,12 +1,12 @@
 """``titan summarize``, ``titan perf check`` and ``titan report``: run records read back.
 
 ``summarize`` and ``perf check`` read the run records through the runs root's DuckDB; both
-ingest the new lines of every ``events.jsonl`` first (:mod:`titan.observability.summarize`),
+ingest the new lines of every ``events.jsonl`` first (:mod:`titan.analysis.summarize`),
 so they are the database's one writer while they run. ``--json`` prints the same as JSON.
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
 earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
-report`` writes one run's Markdown report and figures (:mod:`titan.observability.report`);
-``titan export tensorboard|csv|wandb-offline`` its metrics (:mod:`titan.observability.sinks`;
+report`` writes one run's Markdown report and figures (:mod:`titan.analysis.report`);
+``titan export tensorboard|csv|wandb-offline`` its metrics (:mod:`titan.telemetry.sinks`;
 formats of the ``export`` command that :mod:`titan.trainer.import_export_commands` defines).
 """
 
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
+from titan.formatting import format_duration, format_number
 from titan.inert import inert
-from titan.observability import sinks
-from titan.observability.formatting import format_duration, format_number
-from titan.observability.records import default_runs_root
 from titan.tables import Column, console, fitted_table, print_fitted
+from titan.telemetry import sinks
+from titan.telemetry.records import default_runs_root
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
 # Runs that ``titan summarize`` lists by default: the most recent ones (a runs root may hold
@@ -122,7 +122,7 @@ def _root(args: argparse.Namespace) -> Path:
 
 def run_summarize(args: argparse.Namespace) -> int:
     """Run ``titan summarize``; returns the exit code."""
-    from titan.observability import summarize
+    from titan.analysis import summarize
 
     root = _root(args)
     recent = None if args.all or args.run_id is not None else args.last
@@ -151,7 +151,7 @@ def run_summarize(args: argparse.Namespace) -> int:
 
 def run_perf_check(args: argparse.Namespace) -> int:
     """Run ``titan perf check``; returns 1 when a listed run is flagged, else 0."""
-    from titan.observability import perfdb, summarize
+    from titan.analysis import perfdb, summarize
 
     root = _root(args)
     con = summarize.connect(root)
@@ -173,7 +173,7 @@ def run_perf_check(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     """Run ``titan report``; prints the report's path."""
-    from titan.observability.report import write_report
+    from titan.analysis.report import write_report
 
     print(inert(write_report(Path(args.run_dir), Path(args.out) if args.out else None)))
     return EXIT_OK
@@ -222,7 +222,7 @@ PIPE_WIDTH = 200
 
 def _print_summaries(root: Path, rows: list[Any], wide: bool, peaks: list[str]) -> None:
     """The summary table; its caption names the MFU convention and the ``peaks`` it divides by
-    (:func:`titan.observability.summarize.mfu_peaks`)."""
+    (:func:`titan.analysis.summarize.mfu_peaks`)."""
     conventions = sorted({r.mfu_convention for r in rows if r.mfu_convention})
     cells = []
     for r in rows:
@@ -300,7 +300,7 @@ OUT_HELP = {
 
 
 def add_export_formats(formats: Any) -> None:
-    """Add the metric sinks (:data:`titan.observability.sinks.SINKS`) as formats of
+    """Add the metric sinks (:data:`titan.telemetry.sinks.SINKS`) as formats of
     ``titan export``: ``titan export tensorboard|csv|wandb-offline RUN_DIR [--out PATH]``."""
     described = {
         "tensorboard": "TensorBoard event files (tensorboardX); default RUN_DIR/tensorboard",

@@ -1,14 +1,14 @@
 """Training FLOPs of a run and its MFU: the fields ``model_flops_per_token`` and ``mfu`` of
 ``step`` events.
 
-FLOPs per token come from :mod:`titan.planning.models` (6 N + 12 L s d, attention halved for
+FLOPs per token come from :mod:`titan.flops` (6 N + 12 L s d, attention halved for
 the ``causal`` convention or counted in ``full``; see there for sources). Hardware FLOPs add the
 forward work that ``--remat`` redoes in the backward pass (:func:`layer_recompute_flops`); their
 ratio to the peak is the HFU. For ``full`` that counts the whole layer forward, while XLA drops
 the recomputed MLP down projection (2 d ffn FLOPs per token and layer), whose output the
 backward pass does not need (``tests/test_flops.py`` measures it).
 
-The peak is the catalog's dense figure for the compute dtype (:mod:`titan.planning.gpus`), over
+The peak is the catalog's dense figure for the compute dtype (:mod:`titan.gpus`), over
 all devices of the run. It is never guessed, so MFU is None with a reason when:
 
 - the devices are not in the catalog, or are of several kinds;
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from titan.planning.gpus import gpu_for_device_kind
-from titan.planning.models import hardware_flops_per_token
+from titan.flops import hardware_flops_per_token
+from titan.gpus import gpu_for_device_kind
 
 __all__ = ["FlopsMeter", "Peak", "device_peak", "hardware_flops_per_token"]
 
@@ -88,9 +88,9 @@ class FlopsMeter:
         """``model_flops_per_token`` ({causal, full}) and ``mfu`` (None with ``mfu_reason`` when
         the peak is unknown): ``causal``, ``full``, ``hfu_causal``, ``hfu_full`` (fractions),
         ``peak_flops`` (FLOP/s), ``peak_kind`` (:attr:`Peak.kind`), ``peak_source``. JSON-shaped:
-        :meth:`titan.observability.events.Step.from_fields` reads them into
-        :class:`~titan.observability.events.FlopsPerToken` and
-        :class:`~titan.observability.events.Mfu`."""
+        :meth:`titan.telemetry.events.Step.from_fields` reads them into
+        :class:`~titan.telemetry.events.FlopsPerToken` and
+        :class:`~titan.telemetry.events.Mfu`."""
         fields: dict[str, Any] = {"model_flops_per_token": self.model}
         if self.peak.flops is None:
             return {**fields, "mfu": None, "mfu_reason": self.peak.reason}

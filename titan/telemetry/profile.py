@@ -8,7 +8,7 @@ The trace (``jax.profiler.start_trace`` / ``stop_trace``, XLA's profiler) is wri
 stops once step B's device work has finished (the loop blocks on the state there), so the device
 work of A to B is inside it. A resumed run whose start step lies inside A..B traces the steps left.
 
-One ``profile`` event per trace (:class:`titan.observability.events.Profile`): the steps traced,
+One ``profile`` event per trace (:class:`titan.telemetry.events.Profile`): the steps traced,
 the trace files and the profiler's overhead; ``error`` when the profiler failed (the run goes on
 without a trace).
 
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from titan.observability.events import Profile
-from titan.observability.records import RunRecord
+from titan.telemetry.events import Profile
+from titan.telemetry.records import RunRecord
 
 PROFILE_DIR = "profile"
 TRACE_SUFFIXES = (".xplane.pb", ".trace.json.gz")

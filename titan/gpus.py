@@ -142,7 +142,7 @@ _SOURCES = {
     "mi300x": "AMD Instinct MI300X datasheet and platform brief",
     "mi325x": "AMD Instinct MI325X datasheet and platform brief",
     "mi355x": "AMD Instinct MI355X datasheet; AMD Instinct MI350 series platform brief",
-    "cpu": "measured on the development VM (titan/planning/gpus.py)",
+    "cpu": "measured on the development VM (titan/gpus.py)",
 }
 
 

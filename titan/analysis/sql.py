@@ -1,5 +1,5 @@
 """Writing rows to DuckDB in one statement, for the runs root's database
-(:mod:`titan.observability.summarize`, :mod:`titan.observability.perfdb`).
+(:mod:`titan.analysis.summarize`, :mod:`titan.analysis.perfdb`).
 
 This module imports nothing of DuckDB: it works on the connection it is given.
 """

@@ -3,9 +3,9 @@
 Layout of a run dir ``<runs root>/<run id>/``:
 
 - ``events.jsonl``: one JSON object per line, flushed per event: the typed events of
-  :mod:`titan.observability.events`, documented field by field in ``docs/events.md``.
-- ``profile/``: the JAX profiler trace of ``--profile-steps`` (:mod:`titan.observability.profile`).
-- ``report/``: ``titan report``'s Markdown report and figures (:mod:`titan.observability.report`).
+  :mod:`titan.telemetry.events`, documented field by field in ``docs/events.md``.
+- ``profile/``: the JAX profiler trace of ``--profile-steps`` (:mod:`titan.telemetry.profile`).
+- ``report/``: ``titan report``'s Markdown report and figures (:mod:`titan.analysis.report`).
 - ``config.json``: the run's options and model shape.
 - ``tokenizer.model``: the sentencepiece model the run used.
 - ``checkpoints/``: orbax checkpoints.
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from titan.errors import TitanError
-from titan.observability.events import SCHEMA_VERSION, Event, parse_events
 from titan.reading import open_regular, parse_json
+from titan.telemetry.events import SCHEMA_VERSION, Event, parse_events
 
 EventT = TypeVar("EventT", bound=Event)  # an event type: emit returns what it was given
 
@@ -223,7 +223,7 @@ class EventTail:
         return events
 
     def read_new_events(self, max_bytes: int = -1) -> list[Event]:
-        """:meth:`read_new`, each object parsed by :func:`~titan.observability.events.
+        """:meth:`read_new`, each object parsed by :func:`~titan.telemetry.events.
         parse_event`; an object that is not an event (e.g. a non-numeric ``time``) is skipped
         and counted in ``bad_lines``. Unknown types come back as ``UnknownEvent``."""
         events, skipped = parse_events(self.read_new(max_bytes))

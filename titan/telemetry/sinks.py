@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
-from titan.observability.records import EVENTS_FILE, EventTail
 from titan.out_paths import check_file
+from titan.telemetry.records import EVENTS_FILE, EventTail
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
 """Event types exported as scalars, and the group (tag prefix) of each."""

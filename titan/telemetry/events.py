@@ -1,10 +1,10 @@
 """Typed run events: one frozen dataclass per line type of a run's ``events.jsonl``.
 
 Writers build these (the trainer, the pipeline trainer, the watchdog, the profiler) and hand them
-to :meth:`titan.observability.records.RunRecord.emit`; readers (summaries, ETTR, the report, the
+to :meth:`titan.telemetry.records.RunRecord.emit`; readers (summaries, ETTR, the report, the
 performance database, the console) turn each JSON line into one with :func:`parse_event` and
 read attributes. ``docs/events.md`` is generated from the classes here
-(``python -m titan.observability.events --markdown > docs/events.md``).
+(``python -m titan.telemetry.events --markdown > docs/events.md``).
 
 Schema versions (the ``schema`` key of every line, :data:`SCHEMA_VERSION`):
 
@@ -116,7 +116,7 @@ class Event:
     @classmethod
     def from_fields(cls, **values: Any) -> Self:
         """The event of JSON-shaped field values (nested objects as dicts, e.g. the fields that
-        :meth:`titan.observability.flops.FlopsMeter.step_fields` returns), converted as
+        :meth:`titan.telemetry.mfu.FlopsMeter.step_fields` returns), converted as
         :meth:`from_json` does.
 
         Raises:
@@ -141,7 +141,7 @@ class Event:
 @dataclass(frozen=True, kw_only=True)
 class FlopsPerToken:
     """Model training FLOPs per token (6 N + 12 L s d, forward and backward;
-    :func:`titan.planning.models.model_flops_per_token`), per attention convention."""
+    :func:`titan.flops.model_flops_per_token`), per attention convention."""
 
     causal: float | None = _field(
         "attention FLOPs halved for the causal mask", "FLOPs per token", omit_if_none=True
@@ -157,7 +157,7 @@ class FlopsPerToken:
 @dataclass(frozen=True, kw_only=True)
 class Mfu:
     """Model (and hardware) FLOPs utilization of one step: FLOPs per token x tokens/s over the
-    peak (:class:`titan.observability.flops.FlopsMeter`). ``causal`` is the headline figure."""
+    peak (:class:`titan.telemetry.mfu.FlopsMeter`). ``causal`` is the headline figure."""
 
     causal: float | None = _field(
         "MFU with attention halved for the causal mask", "fraction of peak", omit_if_none=True
@@ -174,7 +174,7 @@ class Mfu:
         "hardware FLOPs utilization, attention in full", "fraction of peak", omit_if_none=True
     )
     peak_flops: float | None = _field(
-        "peak of all the run's devices together (:func:`titan.observability.flops.device_peak`)",
+        "peak of all the run's devices together (:func:`titan.telemetry.mfu.device_peak`)",
         "FLOP/s",
         omit_if_none=True,
     )
@@ -216,7 +216,7 @@ class RunStart(Event):
     compute_dtype: str | None = _field("dtype of forward and backward, e.g. ``bfloat16``")
     ops: dict[str, Any] | None = _field("the provider serving each operator")
     env: dict[str, Any] | None = _field(
-        "versions, device kinds and count, host, git (:mod:`titan.observability.env`)"
+        "versions, device kinds and count, host, git (:mod:`titan.telemetry.env`)"
     )
     tokenizer: dict[str, Any] | None = _field(
         "``vocab_size`` and ``source`` (a path or trained); None for a diffusion run"
@@ -247,7 +247,7 @@ class RunStart(Event):
         "``source``, ``available``, ``reason`` of the power reading; ``method`` (``counter`` |"
         " ``sampled``), ``power_reading`` (``instant`` | ``average`` | None), ``devices`` (the"
         " devices read: JAX id, library index, UUID) and ``fallbacks`` (why the counter or the"
-        " power reading is not used) (:mod:`titan.observability.power`)"
+        " power reading is not used) (:mod:`titan.telemetry.power`)"
     )
     memory_check: dict[str, Any] | None = _field(
         "the memory check before compiling (:mod:`titan.trainer.memory_check`): "
@@ -262,7 +262,7 @@ class RunStart(Event):
     process: dict[str, Any] | None = _field(
         "who writes the record: ``host``, ``pid``, ``pgid`` (process group), ``started`` (unix "
         "s, from /proc) and ``process`` (index) of process 0, which the console checks and "
-        "signals (:mod:`titan.observability.liveness`)"
+        "signals (:mod:`titan.analysis.liveness`)"
     )
 
 
@@ -367,7 +367,7 @@ class Step(Event):
     data_position: int | None = _field("sequences consumed after this step", "sequences")
     batch_digest: str | None = _field("crc32 of the batch's sequence ids, hex")
     model_flops_per_token: FlopsPerToken | None = _field(
-        "model FLOPs per token (:mod:`titan.observability.flops`)", "FLOPs per token"
+        "model FLOPs per token (:mod:`titan.telemetry.mfu`)", "FLOPs per token"
     )
     mfu: Mfu | None = _field("MFU and HFU against the peak; None when the peak is unknown")
     mfu_reason: str | None = _field("why ``mfu`` is None", omit_if_none=True)
@@ -490,7 +490,7 @@ class CheckpointUnrestorable(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Profile(Event):
-    """One JAX profiler trace of ``--profile-steps A:B`` (:mod:`titan.observability.profile`)."""
+    """One JAX profiler trace of ``--profile-steps A:B`` (:mod:`titan.telemetry.profile`)."""
 
     type: ClassVar[str] = "profile"
 
@@ -509,13 +509,13 @@ class Profile(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Stall(Event):
-    """The training loop overran a phase's allowance (:mod:`titan.observability.watchdog`);
+    """The training loop overran a phase's allowance (:mod:`titan.telemetry.watchdog`);
     written from the watchdog thread while the loop is stuck."""
 
     type: ClassVar[str] = "stall"
 
     phase: str = _field(
-        "the phase that overran (:data:`titan.observability.watchdog.PHASES`)", required=True
+        "the phase that overran (:data:`titan.telemetry.watchdog.PHASES`)", required=True
     )
     elapsed_s: float | None = _field("time spent in the phase when detected", "seconds")
     threshold_s: float | None = _field("the phase's allowance", "seconds")
@@ -548,7 +548,7 @@ class Pipeline(Event):
     schedule: str = _field("the schedule's name (``--schedule``)", required=True)
     microbatches: int = _field("microbatches per step", "microbatches", required=True)
     theoretical_bubble: float = _field(
-        "idle share of the schedule (:func:`titan.mpmd.schedules.theoretical_bubble`)",
+        "idle share of the schedule (:func:`titan.schedules.theoretical_bubble`)",
         "fraction of step time",
         required=True,
     )
@@ -863,12 +863,12 @@ def markdown() -> str:
     lines = [
         "# Run events",
         "",
-        "<!-- Generated by `python -m titan.observability.events --markdown > docs/events.md`"
-        " from the dataclasses of `titan/observability/events.py`; do not edit. -->",
+        "<!-- Generated by `python -m titan.telemetry.events --markdown > docs/events.md`"
+        " from the dataclasses of `titan/telemetry/events.py`; do not edit. -->",
         "",
         "A run dir's `events.jsonl` holds one JSON object per line, flushed per event, appended "
-        "by `titan.observability.records.RunRecord`. Readers parse each line with "
-        "`titan.observability.events.parse_event`; a torn last line (a writer killed mid-line) "
+        "by `titan.telemetry.records.RunRecord`. Readers parse each line with "
+        "`titan.telemetry.events.parse_event`; a torn last line (a writer killed mid-line) "
         "and lines that are not events are skipped, unknown types are ignored, and keys a "
         "reader does not know are kept in `extra`.",
         "",
@@ -898,10 +898,10 @@ def markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m titan.observability.events --markdown``: print ``docs/events.md``."""
+    """``python -m titan.telemetry.events --markdown``: print ``docs/events.md``."""
     args = sys.argv[1:] if argv is None else argv
     if args != ["--markdown"]:
-        print("usage: python -m titan.observability.events --markdown", file=sys.stderr)
+        print("usage: python -m titan.telemetry.events --markdown", file=sys.stderr)
         return 2
     sys.stdout.write(markdown())
     return 0

@@ -10,7 +10,7 @@ one writer. Tables:
   (device, inode, size, ``st_mtime_ns``) is the one recorded when it was last read is not
   opened again: an ingest of unchanged run dirs costs one ``stat`` per run. Only complete lines
   are consumed (a torn last line waits for the next ingest, as in
-  :class:`titan.observability.records.EventTail`); a complete line that is not a JSON object
+  :class:`titan.telemetry.records.EventTail`); a complete line that is not a JSON object
   is skipped and counted. A file that is not the one
   read before (another device or inode, shorter than the offset read, or other first bytes:
   ``head_digest`` is the SHA-256 of the first ``head_len`` bytes) was replaced: its run is read
@@ -33,7 +33,7 @@ to refuse one nested deeper, as every reader does: it counts as a bad line).
 - ``runs``: one row per run, recomputed for the runs that got new events (:class:`RunSummary`),
   with ``tokens_per_j`` and the first ``run_start``'s time, preset, layout, pipeline stages and
   devices, so that the History screen sorts, filters and pages in SQL over this table alone.
-- ``perf``: measured step times, see :mod:`titan.observability.perfdb`.
+- ``perf``: measured step times, see :mod:`titan.analysis.perfdb`.
 
 The files that changed are ingested in transactions of up to :data:`BATCH_FILES` files (events
 and the new offsets together, then their summaries, each in a few queries for the whole batch:
@@ -49,21 +49,21 @@ values as parameters: run ids and paths are never put into SQL text.
 
 Summary fields: ``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
 included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step events (MFU under
-:data:`titan.observability.events.MFU_CONVENTION`, ``causal``);
+:data:`titan.telemetry.events.MFU_CONVENTION`, ``causal``);
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
 and ``energy_reason`` (``run_start``'s ``power.reason``) say why one is missing; ``status`` is
-the run's liveness (:func:`titan.observability.liveness.judge`: the last attempt's ``run_end``
+the run's liveness (:func:`titan.analysis.liveness.judge`: the last attempt's ``run_end``
 status, else ``running``, ``stalled``, ``unresponsive`` or ``dead`` from its recorded processes
 and heartbeats;
 runs not ended are worked out again at each ingest, and ``reason`` says why a run is dead);
 ``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
 a run whose file or events could not be read; ETTR and goodput come from
-:mod:`titan.observability.ettr`.
+:mod:`titan.analysis.ettr`.
 
-Readers here go through :mod:`titan.observability.events`: the typed columns are named after
+Readers here go through :mod:`titan.telemetry.events`: the typed columns are named after
 event fields, and whole events (for ETTR, the performance database and the summary's reasons)
-are parsed with :func:`~titan.observability.events.parse_event`.
+are parsed with :func:`~titan.telemetry.events.parse_event`.
 
 This module imports DuckDB but not JAX or Textual.
 """
@@ -86,9 +86,11 @@ from typing import Any
 
 import duckdb
 
+from titan.analysis import ettr, liveness, perfdb
+from titan.analysis.sql import insert_rows
 from titan.errors import TitanError
-from titan.observability import ettr, liveness, perfdb
-from titan.observability.events import (
+from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
+from titan.telemetry.events import (
     MFU_CONVENTION,
     Compile,
     Event,
@@ -99,9 +101,7 @@ from titan.observability.events import (
     Step,
     parse_event,
 )
-from titan.observability.records import EVENTS_FILE, check_runs_root
-from titan.observability.sql import insert_rows
-from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
+from titan.telemetry.records import EVENTS_FILE, check_runs_root
 
 DB_FILE = "titan.duckdb"
 READ_CHUNK_BYTES = 32 << 20
@@ -120,7 +120,7 @@ BATCH_FILES = 256
 LOCK_WAIT_S = 30.0
 LOCK_FIRST_WAIT_S = 0.01
 LOCK_MAX_WAIT_S = 0.5
-# Fields of the events (titan.observability.events) copied into typed columns (NULL when absent
+# Fields of the events (titan.telemetry.events) copied into typed columns (NULL when absent
 # or of another type), so that summaries do not parse the JSON payload again.
 EVENT_FIELDS = {
     "type": "VARCHAR",
@@ -417,7 +417,7 @@ def _insert_staged(con: duckdb.DuckDBPyConnection, staged: list[_Staged]) -> dic
 
 
 def _without_deep_lines(data: bytes) -> bytes:
-    """``data`` (complete lines) with each line that :func:`~titan.observability.records.
+    """``data`` (complete lines) with each line that :func:`~titan.telemetry.records.
     parse_json` refuses for its nesting emptied (so it counts as a bad line, as in every other
     reader, and the lines keep their numbers). Only a line with more than
     :data:`~titan.reading.MAX_JSON_DEPTH` opening brackets can be that deep, so
@@ -812,7 +812,7 @@ def _store_summary(
 def _liveness(
     run_id: str, path: str | None, start: Any, end: Any, last_at: float | None, stalled: bool
 ) -> liveness.Liveness:
-    """The run's state by :func:`titan.observability.liveness.judge`, from its stored events
+    """The run's state by :func:`titan.analysis.liveness.judge`, from its stored events
     and its run dir (the dir of its events file ``path``)."""
     facts = liveness.RecordFacts(
         started=isinstance(start, RunStart),
