@@ -247,16 +247,22 @@ async def test_history_export_never_overwrites_an_earlier_export(tmp_path: Path)
     assert notices == [f"4 runs written to {second}"]
 
 
+async def _ranking(app: TitanConsole, pilot) -> DataTable:
+    """The planner's ranking, once ``--search`` has ranked the default plan's layouts."""
+    await pilot.press("p")
+    planner = app.screen
+    planner.query_one("#option-search", OptionInput).control.value = "1"
+    searched = lambda: planner.report is not None and planner.report["search"]  # noqa: E731
+    await wait_until(pilot, searched, lambda: "no search", 30)
+    await pilot.pause(0.3)
+    return planner.query_one("#plan-ranked", DataTable)
+
+
 async def test_the_planner_ranking_shows_tokens_per_s_and_time_at_80_columns(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("p")
+        ranked = await _ranking(app, pilot)
         planner = app.screen
-        planner.query_one("#option-search", OptionInput).control.value = "1"
-        searched = lambda: planner.report is not None and planner.report["search"]  # noqa: E731
-        await wait_until(pilot, searched, lambda: "no search", 30)
-        await pilot.pause(0.3)
-        ranked = planner.query_one("#plan-ranked", DataTable)
         labels = [str(column.label) for column in ranked.columns.values()]
         shown = [column.get_render_width(ranked) for column in ranked.columns.values()][:2]
         visible = ranked.scrollable_content_region.width
@@ -270,13 +276,7 @@ async def test_the_planner_ranking_shows_tokens_per_s_and_time_at_80_columns(tmp
 async def test_j_k_g_and_G_move_the_cursor_of_the_planner_ranking(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("p")
-        planner = app.screen
-        planner.query_one("#option-search", OptionInput).control.value = "1"
-        searched = lambda: planner.report is not None and planner.report["search"]  # noqa: E731
-        await wait_until(pilot, searched, lambda: "no search", 30)
-        await pilot.pause(0.3)
-        ranked = planner.query_one("#plan-ranked", DataTable)
+        ranked = await _ranking(app, pilot)
         ranked.focus()
         rows = []
         for key in ("j", "j", "k", "G", "g"):
