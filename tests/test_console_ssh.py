@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import termios
 import threading
@@ -28,9 +29,9 @@ import pytest
 from console_helpers import LAUNCH_TIMEOUT_S, tiny_form_texts
 from test_console_tmux import FIRST_FLAG, SESSION, TAB_OF, _screen, _send, _tmux, _wait_for
 
+from titan.analysis.liveness import read_launch
 from titan.config import option_fields
 from titan.exit_codes import EXIT_STOPPED
-from titan.analysis.liveness import read_launch
 from titan.telemetry.records import read_events
 
 SSH = Path("/usr/bin/ssh")
@@ -209,13 +210,25 @@ async def _relay_input(process: asyncssh.SSHServerProcess, controller: int) -> N
         os.write(controller, data)
 
 
-def _open_pane(command: str) -> None:
-    """Run ``command`` in tmux session :data:`SESSION`, 80x24, whose pane stays after it exits
-    (to read its exit status and the terminal it left)."""
-    _tmux(
-        *("new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", command),
-        *(";", "set-option", "-t", SESSION, "remain-on-exit", "on"),
-    )
+def _open_pane(command: list[str], status_file: Path) -> None:
+    """Run ``command`` in tmux session :data:`SESSION`, 80x24, under a shell that then writes
+    its exit status to ``status_file``, in a pane that stays after it (to read the terminal it
+    left). tmux's own ``pane_dead_status`` is not used: tmux 3.3a at times leaves the exited
+    program unreaped, with no status. A tmux server whose last session was just killed exits:
+    a new-session that reached it then fails ("server exited unexpectedly") and is repeated."""
+    part = shlex.quote(f"{status_file}.part")
+    shell = f"{shlex.join(command)}; echo $? > {part} && mv {part} {shlex.quote(str(status_file))}"
+    for attempt in range(5):
+        try:
+            _tmux(
+                *("new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", shell),
+                *(";", "set-option", "-t", SESSION, "remain-on-exit", "on"),
+            )
+            return
+        except subprocess.CalledProcessError as error:
+            if "server exited unexpectedly" not in error.stderr or attempt == 4:
+                raise
+            time.sleep(0.5)
 
 
 def _pane(*names: str) -> dict[str, str]:
@@ -224,16 +237,26 @@ def _pane(*names: str) -> dict[str, str]:
     return dict(zip(names, values.rstrip("\n").split("\t"), strict=True))
 
 
-def _exit_status(timeout_s: float) -> int | None:
-    """The exit status of the pane's program (negative: killed by that signal), once it exits
+def _program() -> psutil.Process:
+    """The process of the command :func:`_open_pane` runs (the pane's shell's child)."""
+    shell = psutil.Process(int(_pane("pane_pid")["pane_pid"]))
+    deadline = time.monotonic() + 10
+    while not (children := shell.children()):
+        if time.monotonic() > deadline:
+            raise AssertionError("the pane's shell started nothing in 10 s")
+        time.sleep(0.1)
+    return children[0]
+
+
+def _exit_status(status_file: Path, timeout_s: float) -> int | None:
+    """The exit status of the pane's command (128 + N: killed by signal N), once it exits
     within ``timeout_s`` (else None)."""
     deadline = time.monotonic() + timeout_s
-    # tmux tells the pane dead at the end of its output, and the status once it reaped it.
-    while not any((ended := _pane("pane_dead_status", "pane_dead_signal")).values()):
+    while not status_file.exists():
         if time.monotonic() > deadline:
             return None
         time.sleep(0.2)
-    return int(ended["pane_dead_status"] or f"-{ended['pane_dead_signal']}")
+    return int(status_file.read_text())
 
 
 def _screen_when(condition: Callable[[str], bool], what: str, timeout_s: float) -> str:
@@ -251,15 +274,13 @@ def _showing(*texts: str) -> Callable[[str], bool]:
     return lambda screen: all(text in screen for text in texts)
 
 
-def _ssh_command(server: ConsoleServer) -> str:
-    """The pane's command: OpenSSH's client, logging in to ``server`` with its key."""
-    return "exec " + shlex.join(
-        [
-            *(str(SSH), "-tt", "-F", "/dev/null", "-p", str(server.port)),
-            *("-i", str(server.client_key), "-o", "StrictHostKeyChecking=no"),
-            *("-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "127.0.0.1"),
-        ]
-    )
+def _ssh_command(server: ConsoleServer) -> list[str]:
+    """OpenSSH's client, logging in to ``server`` with its key."""
+    return [
+        *(str(SSH), "-tt", "-F", "/dev/null", "-p", str(server.port)),
+        *("-i", str(server.client_key), "-o", "StrictHostKeyChecking=no"),
+        *("-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "127.0.0.1"),
+    ]
 
 
 def _type_launch_form(texts: dict[str, str]) -> None:
@@ -314,8 +335,8 @@ def test_over_ssh_a_run_is_launched_watched_stopped_and_the_console_quits(
     runs = tmp_path / "runs"
     texts = tiny_form_texts(corpus_dir) | {"steps": str(STEPS), "checkpoint_every": str(STEPS)}
     with ConsoleServer(tmp_path, ["--runs-root", str(runs)]) as server:
-        _open_pane(_ssh_command(server))
-        ssh_pid = int(_pane("pane_pid")["pane_pid"])
+        _open_pane(_ssh_command(server), tmp_path / "ssh-status")
+        ssh_pid = _program().pid
         try:
             listed = _screen_when(_showing(*EMPTY_LIST), "the empty run list", 60)
             _send("n")
@@ -331,7 +352,7 @@ def test_over_ssh_a_run_is_launched_watched_stopped_and_the_console_quits(
                 120,
             )
             _send("q")
-            ssh_status = _exit_status(20)
+            ssh_status = _exit_status(tmp_path / "ssh-status", 20)
             left = _pane(*RESTORED)
             after = _screen()
         finally:
@@ -360,12 +381,12 @@ def test_a_dropped_ssh_connection_ends_the_console_by_itself(tmp_path: Path, lea
     runs = tmp_path / "runs"
     server = ConsoleServer(tmp_path, ["--runs-root", str(runs)], leads_session=leads_session)
     with server:
-        _open_pane(_ssh_command(server))
+        _open_pane(_ssh_command(server), tmp_path / "ssh-status")
         try:
             _screen_when(_showing(*EMPTY_LIST), "the empty run list", 60)
             _send("n")
             _wait_for(f"{FIRST_FLAG}: ", 60)
-            os.kill(int(_pane("pane_pid")["pane_pid"]), signal.SIGKILL)  # the ssh client
+            _program().kill()  # the ssh client
             stopped_by_itself = server.wait_stopped(EXIT_S + 10)
         finally:
             _tmux("kill-session", "-t", SESSION)
@@ -378,17 +399,18 @@ def test_a_dropped_ssh_connection_ends_the_console_by_itself(tmp_path: Path, lea
 def test_a_signal_ends_the_console_like_q_and_restores_the_terminal(
     tmp_path: Path, signum: signal.Signals
 ):
-    _open_pane("exec " + shlex.join([str(CONSOLE), "--runs-root", str(tmp_path / "runs")]))
+    status_file = tmp_path / "console-status"
+    _open_pane([str(CONSOLE), "--runs-root", str(tmp_path / "runs")], status_file)
     try:
         fresh = _pane(*RESTORED)
         _screen_when(_showing(*EMPTY_LIST), "the empty run list", 60)
         drawing = _pane(*RESTORED)
-        os.kill(int(_pane("pane_pid")["pane_pid"]), signum)
-        status = _exit_status(EXIT_S)
+        _program().send_signal(signum)
+        status = _exit_status(status_file, EXIT_S)
         left = _pane(*RESTORED)
         after = _screen()
     finally:
         _tmux("kill-session", "-t", SESSION)
     assert fresh == RESTORED and drawing != RESTORED
-    assert status == 0, f"no exit {EXIT_S:.0f} s after {signum.name}"
+    assert status == 0, f"no exit {EXIT_S:.0f} s after {signum.name}:\n{after}"
     assert left == RESTORED and "Titan console" not in after
