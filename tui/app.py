@@ -321,7 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     app.run()
     message = exit_message(app.running_children())
     if message:
-        print(message)
+        try:
+            print(message, flush=True)
+        except OSError:  # the terminal went away (tui.driver): nobody is left to read it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor the final flush
     return app.return_code or 0
 
 
