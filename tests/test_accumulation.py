@@ -52,6 +52,7 @@ def _collectives(trainer: SpmdTrainer) -> set[str]:
     return set(re.findall(moves, trainer._compiled.as_text()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [{"dp": 1}, {"dp": 2, "fsdp": 2}], ids=["one-device", "dp2-fsdp2"])
 def test_four_microbatches_give_the_whole_batch_step(mesh):
     shape = {"batch_size": 16, "seq_len": 32, **mesh}
@@ -149,6 +150,7 @@ def test_describe_records_microbatches_only_when_the_step_accumulates():
     assert accumulated == {**whole, "microbatches": 2}
 
 
+@pytest.mark.slow
 def test_one_microbatch_compiles_without_a_scan_and_more_with_one():
     whole = _trainer(batch_size=8, seq_len=16, dp=1)
     accumulated = _trainer(batch_size=8, seq_len=16, dp=1, microbatches=2)
@@ -156,6 +158,7 @@ def test_one_microbatch_compiles_without_a_scan_and_more_with_one():
     assert "while" in accumulated._lowered.as_text()
 
 
+@pytest.mark.slow
 def test_microbatches_keep_the_batch_on_its_data_shards():
     # on a data-parallel mesh the whole-batch step moves no data but the gradient all-reduce;
     # the split into microbatches must not gather or permute the batch either
@@ -163,6 +166,7 @@ def test_microbatches_keep_the_batch_on_its_data_shards():
     assert _collectives(_trainer(batch_size=8, seq_len=16, dp=4, microbatches=2)) == set()
 
 
+@pytest.mark.slow
 def test_more_microbatches_need_less_temporary_memory():
     # 16 x 128 tokens through the tiny model: activations (attention scores above all) dominate
     temp = {

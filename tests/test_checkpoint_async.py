@@ -34,6 +34,7 @@ def _leaves_bytes(tree) -> list[tuple[tuple, str, bytes]]:
     return [(a.shape, str(a.dtype), np.asarray(a).tobytes()) for a in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_path):
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)
     # On whatever backend JAX has: CI runs it on CPU, and it is also run on a GPU (where a
@@ -71,6 +72,7 @@ def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_
         checkpointer.close()
 
 
+@pytest.mark.slow
 def test_failed_async_save_is_recorded_and_never_committed(small_options, monkeypatch):
     fail_commit_of(monkeypatch, 4, errno.EIO)
     options = {**small_options, "run_id": "failed", "checkpoint_every": 2, "checkpoint_async": True}
@@ -88,6 +90,7 @@ def test_failed_async_save_is_recorded_and_never_committed(small_options, monkey
     checkpointer.close()
 
 
+@pytest.mark.slow
 def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_checkpoint(
     small_options, monkeypatch, capsys
 ):
@@ -140,6 +143,7 @@ def test_time_based_saves_refuse_several_processes():
         SaveSchedule(every_steps=100, every_s=60.0, processes=2)
 
 
+@pytest.mark.slow
 def test_time_based_saves_and_retention_in_a_run(small_options):
     options = {
         **small_options,
@@ -165,6 +169,7 @@ def _corrupt(checkpoint: Path) -> None:
         path.write_bytes(b"\0" * path.stat().st_size)
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(small_options, capfd):
     options = {**small_options, "run_id": "corrupt", "steps": 4, "checkpoint_every": 2}
     code, run_dir = run_in_process(options)
@@ -221,6 +226,7 @@ def test_a_device_snapshot_is_taken_only_where_it_fits_beside_the_peak():
     assert snapshot_fits({"x": jax.numpy.ones(4)})  # XLA:CPU reports no statistics
 
 
+@pytest.mark.slow
 def test_one_process_async_saves_prune_off_the_loop_thread(tmp_path, monkeypatch):
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)
     trainer = build_trainer(cfg, model_config(cfg, VOCAB), Ops(jax.default_backend()))

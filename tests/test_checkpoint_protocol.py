@@ -142,6 +142,7 @@ def kill_table(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int]
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", [0, 1])
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_process_killed_at_any_phase_leaves_the_newest_step_restorable_on_one_and_two(
@@ -155,6 +156,7 @@ def test_a_process_killed_at_any_phase_leaves_the_newest_step_restorable_on_one_
     assert row.leftovers == []  # what the killed save left went at the next run's first save
 
 
+@pytest.mark.slow
 def test_a_slow_prune_on_process_0_never_commits_a_step_without_its_stage_items(tmp_path):
     """The failure this protocol fixes: process 0 pruning, at the start of a save, the stage
     items process 1 had already written for that step (it committed with chunk_0 only)."""
@@ -183,6 +185,7 @@ def _meta(trainer) -> dict:
     return {"data_position": 0, "num_sequences": 1, "layout": trainer.describe()}
 
 
+@pytest.mark.slow
 def test_leftovers_go_at_the_first_save_and_then_only_up_to_the_step_all_processes_saw(tmp_path):
     trainer = _tiny_trainer()
     state = trainer.init_state(seed=0)
@@ -209,6 +212,7 @@ def test_leftovers_go_at_the_first_save_and_then_only_up_to_the_step_all_process
     assert not stale.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_failed_save_leaves_no_temporary_folder(tmp_path, monkeypatch, asynchronous):
     fail_commit_of(monkeypatch, 2, errno.ENOSPC)
@@ -225,6 +229,7 @@ def test_a_failed_save_leaves_no_temporary_folder(tmp_path, monkeypatch, asynchr
     assert sorted(p.name for p in checkpointer.directory.iterdir()) == ["1"]
 
 
+@pytest.mark.slow
 def test_restore_refuses_an_array_saved_in_another_dtype(tmp_path):
     saved_by = _tiny_trainer("float32")
     state = saved_by.init_state(seed=0)

@@ -73,6 +73,7 @@ class _no_raise:
         return False
 
 
+@pytest.mark.slow
 def test_resume_rejects_changing_the_model(small_options):
     from helpers import run_in_process
 
@@ -81,6 +82,7 @@ def test_resume_rejects_changing_the_model(small_options):
     assert code == 2
 
 
+@pytest.mark.slow
 def test_console_script_exits_2_without_traceback(tmp_path):
     out = subprocess.run(
         [

@@ -22,6 +22,7 @@ def _train_subprocess(options: dict) -> Path:
     return Path(options["runs_root"]) / options["run_id"]
 
 
+@pytest.mark.slow
 def test_second_start_loads_the_step_from_the_compilation_cache(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -37,6 +38,7 @@ def test_second_start_loads_the_step_from_the_compilation_cache(
     assert any((cache / "xla").iterdir())
 
 
+@pytest.mark.slow
 def test_no_compilation_cache_compiles_afresh(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

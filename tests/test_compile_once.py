@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import cli_args, events, small_run
+
+pytestmark = pytest.mark.slow
 
 STEP_FUNCTIONS = {"jit(_step)": "train_step", "jit(_all_finite)": "finite_check"}  # -> what
 COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ")

@@ -116,6 +116,7 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
     assert build_parser().parse_args(argv[3:]).lr == 0.01
 
 
+@pytest.mark.slow
 async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: Path):
     runs_root = tmp_path / "runs"
     app = consoles(runs_root, show_launch_form=True)
@@ -148,6 +149,7 @@ async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: P
 # --- launching and monitoring real runs -----------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
     consoles, tmp_path: Path, tiny_form: dict[str, str]
 ):
@@ -193,6 +195,7 @@ async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "completed"
 
 
+@pytest.mark.slow
 async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
     consoles, tmp_path: Path, tiny_form: dict[str, str]
 ):
@@ -224,6 +227,7 @@ async def test_stop_key_sigterms_a_running_run_and_the_monitor_shows_stopped(
     assert app.running_children() == []
 
 
+@pytest.mark.slow
 async def test_a_run_that_cannot_start_shows_why_from_its_stderr(
     consoles, tmp_path: Path, tiny_form: dict[str, str]
 ):
@@ -355,6 +359,7 @@ async def test_a_run_that_names_no_process_is_not_offered_stop_and_says_why(
     )
 
 
+@pytest.mark.slow
 async def test_a_stopped_run_has_no_eta_and_a_long_failure_reason_is_shown_whole(
     consoles, tmp_path: Path
 ):
@@ -498,6 +503,7 @@ async def test_attach_opens_the_monitor_of_a_run_dir_typed_after_a(consoles, tmp
     assert shown["process"] == "the run has ended"
 
 
+@pytest.mark.slow
 async def test_launch_form_labels_and_flags_are_apart_from_their_fields(consoles, tmp_path):
     app = consoles(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -515,6 +521,7 @@ async def test_launch_form_labels_and_flags_are_apart_from_their_fields(consoles
     assert SIZE[0] == 80 and rows and all(gap > len(flag) for flag, gap in gaps.items())
 
 
+@pytest.mark.slow
 async def test_every_screen_below_80x24_shows_the_terminal_too_small_notice(
     consoles, tmp_path: Path
 ):

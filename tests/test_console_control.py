@@ -69,6 +69,7 @@ def stopped_children():
         kill_children(app)
 
 
+@pytest.mark.slow
 async def test_a_run_launched_by_one_console_is_stopped_from_another_and_resumed(
     corpus_dir: Path, tmp_path: Path, stopped_children: list[TitanConsole]
 ):

@@ -71,6 +71,7 @@ async def _refused(tmp_path: Path, texts: dict[str, str]) -> tuple[str, list[str
         return str(error.content), notes, [row.option_name for row in rows]
 
 
+@pytest.mark.slow
 async def test_the_form_refuses_more_devices_than_the_run_sees_with_the_cli_line(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -92,6 +93,7 @@ async def test_the_form_refuses_more_devices_than_the_run_sees_with_the_cli_line
     assert not runs.exists()
 
 
+@pytest.mark.slow
 async def test_the_form_refuses_microbatches_that_do_not_split_over_the_replicas(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -107,6 +109,7 @@ async def test_the_form_refuses_microbatches_that_do_not_split_over_the_replicas
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 async def test_a_probe_that_fails_is_said_and_nothing_is_launched(
     corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

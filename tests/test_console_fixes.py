@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from console_helpers import fill_form, wait_until
 from samples import copy_sample_runs
 from textual.widgets import Select, Static
@@ -23,6 +24,7 @@ SIZE = (80, 24)
 STALL_RUN = "tiny-watchdog-stall"
 
 
+@pytest.mark.slow
 async def test_changing_the_preset_clears_the_launch_error(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -86,6 +88,7 @@ async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
     assert listed == f"{row.steps}/40" == "23/40"
 
 
+@pytest.mark.slow
 async def test_the_planner_sends_its_plan_to_the_launch_form(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:

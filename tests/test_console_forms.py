@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from console_helpers import append_events, stat, wait_until
 from rich.cells import cell_len
 from samples import copy_sample_runs
@@ -37,6 +38,7 @@ def _first_field(screen) -> object:
     return screen.query(OptionInput).first().control
 
 
+@pytest.mark.slow
 async def test_forms_open_with_their_first_field_focused(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -83,6 +85,7 @@ async def test_a_key_typed_on_a_choice_field_opens_it_not_a_binding(tmp_path: Pa
     assert opened
 
 
+@pytest.mark.slow
 async def test_an_integer_field_refuses_letters_visibly(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -98,6 +101,7 @@ async def test_an_integer_field_refuses_letters_visibly(tmp_path: Path):
     assert notices == ["--steps takes a whole number: character refused"]
 
 
+@pytest.mark.slow
 async def test_n_opens_a_new_launch_form_over_a_resume_form(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -169,6 +173,7 @@ def _stand_in_child(run_dir: Path, code: str, *, resumed: bool) -> LaunchedRun:
     return LaunchedRun(run_dir.resolve(), argv, process, resumed=resumed)
 
 
+@pytest.mark.slow
 async def test_a_run_reads_resuming_until_the_new_attempts_run_start(tmp_path: Path):
     root = copy_sample_runs(tmp_path / "runs")
     run_dir = root / RESUMED_RUN

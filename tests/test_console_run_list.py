@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from console_helpers import append_events, event, wait_until
 from rich.color import Color, ColorSystem
 from rich.style import Style
@@ -146,6 +147,7 @@ async def test_the_states_that_mean_different_things_stay_apart_on_a_16_colour_t
     assert drawn["completed"].color.downgrade(ColorSystem.STANDARD).number == 10  # bright green
 
 
+@pytest.mark.slow
 async def test_keys_help_on_history_lists_its_table_keys_and_j_k_move_the_cursor(tmp_path):
     root = copy_sample_runs(tmp_path / "runs")
     app = TitanConsole(root)

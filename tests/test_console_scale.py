@@ -37,6 +37,7 @@ def _ids(table: HistoryTable) -> list[str]:
     return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
 
 
+@pytest.mark.slow
 async def test_history_of_10k_runs_pages_sorts_and_filters_in_a_worker(big_root, monkeypatch):
     threads: list[str] = []
     page = HistoryStore.page

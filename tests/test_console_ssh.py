@@ -328,6 +328,7 @@ def _consoles_and_trainers() -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @needs_ssh
 def test_over_ssh_a_run_is_launched_watched_stopped_and_the_console_quits(
     tmp_path: Path, corpus_dir: Path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from helpers import small_run
 from samples import copy_sample_runs
 
@@ -25,6 +26,7 @@ def _wait_for_exit(run, timeout_s: float = 300.0) -> int:
     return run.process.returncode
 
 
+@pytest.mark.slow
 def test_a_launch_that_fails_before_run_start_leaves_no_run_dir(corpus_dir: Path, tmp_path):
     # 16 data-parallel replicas on the 8 test devices: titan train refuses it at start-up.
     config = TrainConfig.of(**small_run(corpus_dir, tmp_path, steps=2, run_id="too-wide", dp=16))
@@ -43,6 +45,7 @@ def test_a_launch_that_fails_before_run_start_leaves_no_run_dir(corpus_dir: Path
     assert update.stderr_tail and update.stderr_tail[-1] in update.liveness.reason
 
 
+@pytest.mark.slow
 def test_a_refused_resume_leaves_its_run_dir_and_launch_json_as_they_were(tmp_path):
     # A copied record with its options but no checkpoint: the launcher starts the resume, and
     # titan train refuses it.

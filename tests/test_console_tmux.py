@@ -21,7 +21,10 @@ from samples import copy_sample_runs, sample_run_dirs
 from titan.config import option_fields
 from titan.telemetry.records import read_events
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+    pytest.mark.slow,
+]
 SESSION = f"titan-console-test-{os.getpid()}"
 # Tab stops of the launch form from its first field to the ones typed here: one per option, in
 # the config's order (section headings take no focus).

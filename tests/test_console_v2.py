@@ -78,6 +78,7 @@ def tiny_form(corpus_dir: Path) -> dict[str, str]:
 # --- planner --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -437,6 +438,7 @@ def test_run_state_takes_the_watchdog_allowance_from_the_run_options():
 # --- a real run that stalls -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_stall_of_a_real_run_appears_in_the_watchdog_panel(
     tmp_path: Path, tiny_form: dict[str, str]
 ):
@@ -467,6 +469,7 @@ async def test_a_stall_of_a_real_run_appears_in_the_watchdog_panel(
 # --- launch presets and copies --------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_form_preset_fills_the_fields(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:

@@ -317,6 +317,7 @@ def test_hugging_face_tokenizer_without_eos_or_unreadable_is_refused(hf_dir, tmp
         load_tokenizer(tmp_path / "bad.json")
 
 
+@pytest.mark.slow
 def test_run_on_shards_with_a_tokenizer_json_records_drops_and_resumes(mixed_dir, hf_dir, tmp_path):
     (mixed_dir / "blob.bin").write_bytes(b"\x00binary")
     (mixed_dir / "f.jsonl").write_bytes(_jsonl([" ", "x" * 3000]) + b"{oops\n")

@@ -96,6 +96,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_corpus_three_times_the_memory_limit_is_tokenized_completely(
     big_corpus, tmp_path, monkeypatch
 ):

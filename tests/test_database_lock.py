@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from console_helpers import wait_until
 from samples import copy_sample_runs
 
@@ -40,6 +41,7 @@ async def _summarize(root: Path) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_summarize_never_meets_the_lock_while_history_ingests(tmp_path, monkeypatch):
     root = copy_sample_runs(tmp_path / "runs")
     monkeypatch.setattr(history_screen, "REFRESH_INTERVAL_S", 0.05)  # ingest all the time
@@ -99,6 +101,7 @@ _HOLDER = (
 )
 
 
+@pytest.mark.slow
 async def test_history_ingests_again_within_seconds_of_a_long_lock_being_released(
     tmp_path, monkeypatch
 ):

@@ -17,6 +17,8 @@ from titan.cli import main
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.sampling import sample_grid, write_sample_grid
 
+pytestmark = pytest.mark.slow
+
 STEPS = 60
 FALL = 1.6  # the mean loss of the last 5 steps is at least this many times below the first 5's
 

@@ -100,11 +100,13 @@ def two_processes(options: dict) -> Path:
     return Path(options["runs_root"]) / "two"
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_with_the_same_devices(two_processes, one_process):
     assert len(events(two_processes, "step")) == STEPS
     assert_same_steps(step_values(two_processes), step_values(one_process))
 
 
+@pytest.mark.slow
 def test_two_processes_keep_one_record_and_a_heartbeat_each(two_processes):
     record = events(two_processes)
     steps = [e["step"] for e in record if e["type"] == "step"]
@@ -123,6 +125,7 @@ def test_two_processes_keep_one_record_and_a_heartbeat_each(two_processes):
         assert beat["started"] <= beat["beat"] <= time.time()
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_on_one(
     options, one_process
 ):
@@ -149,6 +152,7 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_on_on
     assert_same_steps(step_values(run_dir), step_values(one_process))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -196,6 +200,7 @@ def test_launch_ranks_a_failure_over_a_stop_over_completion():
     assert worst_exit_code([EXIT_STALL, EXIT_STOPPED, 143]) == 143
 
 
+@pytest.mark.slow
 def test_a_one_process_pipeline_run_resumes_as_spmd_on_two_processes(options, one_process):
     # A schedule of STEPS steps from the start (a resume keeps the first run's decay length).
     pipeline = {"layout": "mpmd", "pp": 2, "dp": 2, "steps": 3, "decay_steps": STEPS}
@@ -209,6 +214,7 @@ def test_a_one_process_pipeline_run_resumes_as_spmd_on_two_processes(options, on
     assert_same_steps(step_values(run_dir), step_values(one_process))
 
 
+@pytest.mark.slow
 def test_launch_exits_with_the_worst_childs_code(tmp_path):
     proc = launch({"data": str(tmp_path / "missing"), "runs_root": str(tmp_path / "runs")})
     output, _ = proc.communicate(timeout=120)
@@ -219,6 +225,7 @@ def test_launch_exits_with_the_worst_childs_code(tmp_path):
     assert said and said <= {"[0]", "[1]"}
 
 
+@pytest.mark.slow
 def test_a_pipeline_with_a_stage_per_process_trains_checkpoints_and_resumes_anywhere(
     options, one_process
 ):
@@ -251,6 +258,7 @@ def test_a_pipeline_with_a_stage_per_process_trains_checkpoints_and_resumes_anyw
     assert_same_steps(step_values(copy), step_values(one_process))
 
 
+@pytest.mark.slow
 def test_a_process_killed_with_sigkill_ends_the_run_naming_it(options):
     run_dir = Path(options["runs_root"]) / "killed"
     proc = launch({**options, "run_id": "killed", "steps": 500, "watchdog_floor": 5})
@@ -290,6 +298,7 @@ STRESS_VARIANTS = {
 ABORT_TEXT = ("terminate called", "what():", "enforce fail", "Fatal Python error")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(STRESS_VARIANTS))
 @pytest.mark.parametrize("layout", list(STRESS_LAYOUTS))
 def test_two_processes_run_fifty_steps_without_a_collective_mismatch(
@@ -390,6 +399,7 @@ def test_an_xla_check_failure_is_taken_off_the_terminal_with_its_message():
     assert abort.death_line(1, 42, 1) is None
 
 
+@pytest.mark.slow
 def test_the_stop_agreement_runs_after_a_step_whose_collectives_cross_the_processes():
     """200 steps of FSDP-like collectives across 2 processes, each followed by the stop
     agreement (tests/fixtures/stop_agreement_beside_step.py); with the reduce over one device

@@ -200,6 +200,7 @@ def _argv(command: Command, root: Path, latest: str | None) -> list[str]:
     return words
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ALL, ids=[c.id for c in ALL])
 def test_documented_command_runs_as_written(command: Command, workspace: dict) -> None:
     reason = _skip_reason(command)

@@ -28,6 +28,7 @@ from tui.widgets.curve_plot import CurvePlot
 SPLIT = 0.25
 
 
+@pytest.mark.slow
 def test_held_out_documents_never_appear_in_a_training_batch(spmd_eval_run, corpus_dir):
     """The run trained on exactly the stream of the documents not held out: its batches'
     digests are those of that stream's packed batches, and the stream holds every training
@@ -49,6 +50,7 @@ def test_held_out_documents_never_appear_in_a_training_batch(spmd_eval_run, corp
     assert set(evaluate.documents()) == set(documents) - set(kept)
 
 
+@pytest.mark.slow
 def test_eval_events_at_exactly_the_set_steps_on_both_layouts(spmd_eval_run, mpmd_eval_run):
     spmd, mpmd = events(spmd_eval_run, "eval"), events(mpmd_eval_run, "eval")
     assert [e["step"] for e in spmd] == [e["step"] for e in mpmd] == [2, 4]
@@ -64,6 +66,7 @@ def test_eval_events_at_exactly_the_set_steps_on_both_layouts(spmd_eval_run, mpm
     assert order == ["step", "step", "eval", "step", "step", "eval", "step"]
 
 
+@pytest.mark.slow
 def test_eval_time_is_its_own_badput(spmd_eval_run):
     lines = events(spmd_eval_run)
     goodput = ettr.analyze([parse_event(line) for line in lines])
@@ -72,6 +75,7 @@ def test_eval_time_is_its_own_badput(spmd_eval_run):
     assert "eval" in goodput.as_dict()["badput"]
 
 
+@pytest.mark.slow
 def test_summarize_and_report_show_the_best_eval_loss(spmd_eval_run, tmp_path, capsys):
     best = min(e["loss"] for e in events(spmd_eval_run, "eval"))
     (row,) = summarize(spmd_eval_run.parent)
@@ -81,6 +85,7 @@ def test_summarize_and_report_show_the_best_eval_loss(spmd_eval_run, tmp_path, c
     assert "## Validation" in report
 
 
+@pytest.mark.slow
 async def test_the_monitor_curves_show_the_eval_loss(spmd_eval_run):
     expected = [(e["step"], e["loss"]) for e in events(spmd_eval_run, "eval")]
     app = TitanConsole(spmd_eval_run.parent, open_run=spmd_eval_run)

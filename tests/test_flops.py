@@ -89,6 +89,7 @@ def _rolled_loop_flops(remat: str, layers: int) -> float:
 ROLLED, ROLLED_SEQ, ROLLED_BATCH = ModelConfig("probe", 512, 256, 2, 4, 2, 768), 128, 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["dots", "full"])
 def test_recomputed_flops_of_a_rolled_layer_are_what_xla_executes(remat: str):
     """The forward work a policy redoes per layer (``layer_recompute_flops``) is the compiled

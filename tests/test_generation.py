@@ -62,6 +62,7 @@ def _logits(model, params, tokens):
     return rms_norm(hidden, params["final_norm"], eps=model.norm_eps)[0] @ params["head"]
 
 
+@pytest.mark.slow
 def test_stage_checkpoints_join_into_the_whole_model(pipeline_run, loaded):
     """Layer 0 comes from stage 0's chunk, layer 1 from stage 1's; the embedding from the
     first, the head from the last."""
@@ -75,6 +76,7 @@ def test_stage_checkpoints_join_into_the_whole_model(pipeline_run, loaded):
     assert loaded.step == 5
 
 
+@pytest.mark.slow
 def test_greedy_decoding_is_the_argmax_of_full_forward_passes(loaded, generator):
     prompt = generator.prompt_ids(PROMPT)
     greedy = Sampling(max_new_tokens=NEW_TOKENS, temperature=0.0)
@@ -91,6 +93,7 @@ def test_greedy_decoding_is_the_argmax_of_full_forward_passes(loaded, generator)
     assert list(generator.tokens(prompt, greedy)) == cached  # deterministic
 
 
+@pytest.mark.slow
 def test_streamed_text_is_the_decode_of_the_new_tokens(loaded, generator):
     out = io.StringIO()
     sampling = Sampling(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, seed=5)
@@ -103,6 +106,7 @@ def test_streamed_text_is_the_decode_of_the_new_tokens(loaded, generator):
     assert generator.stream(PROMPT, sampling, io.StringIO()) == ids  # same seed
 
 
+@pytest.mark.slow
 def test_generation_stops_at_every_end_token_the_tokenizers_config_names(
     loaded, generator, tmp_path
 ):
@@ -129,6 +133,7 @@ def test_generation_stops_at_every_end_token_the_tokenizers_config_names(
     )
 
 
+@pytest.mark.slow
 def test_stop_adds_end_tokens_by_id_or_by_text(pipeline_run, loaded, generator, capsys):
     prompt = generator.prompt_ids(PROMPT)
     free = list(generator.tokens(prompt, Sampling(max_new_tokens=NEW_TOKENS)))
@@ -161,6 +166,7 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
     assert int(beyond_vocab[0]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -180,6 +186,7 @@ def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, m
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_generate_cli_streams_from_a_checkpoint_path(pipeline_run, capsys):
     checkpoint = pipeline_run / "checkpoints" / "5"
     assert main(["generate", str(checkpoint), "--prompt", "class", "--max-new-tokens", "1"]) == 0
@@ -190,6 +197,7 @@ def test_generate_cli_streams_from_a_checkpoint_path(pipeline_run, capsys):
     assert "neither a run dir" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generate_header_shows_a_hostile_run_dir_inert(pipeline_run, tmp_path, capsys):
     hostile = tmp_path / "e\x1b[31mDIR[bold]x"
     hostile.symlink_to(pipeline_run, target_is_directory=True)

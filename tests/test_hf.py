@@ -146,6 +146,7 @@ def imported(hf_models, tmp_path_factory) -> dict[str, Path]:
     return {name: root / name for name in hf_models}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["untied", "llama3"])
 def test_titan_logits_equal_transformers_in_float32(hf_models, imported, name):
     _, tokens, reference = hf_models[name]
@@ -161,6 +162,7 @@ def test_titan_logits_equal_transformers_in_float32(hf_models, imported, name):
         assert np.abs(plain - reference).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_export_then_reimport_is_bit_exact_and_transformers_reads_the_export(
     hf_models, imported, tmp_path
 ):
@@ -209,6 +211,7 @@ def _titan_loss(source: Path, batch: dict[str, np.ndarray]) -> float:
     return float(loss)
 
 
+@pytest.mark.slow
 def test_init_from_gives_the_same_first_loss_on_fsdp_x_tp_as_on_one_device(
     imported, corpus_dir, tmp_path
 ):
@@ -252,6 +255,7 @@ def test_a_model_trained_from_scratch_exports_the_context_its_rope_tells_apart()
     assert rope_positions(scaled) == 8 * 16  # factor x original_max_position_embeddings
 
 
+@pytest.mark.slow
 def test_init_from_refuses_another_model_and_import_refuses_other_rope_scaling(
     imported, hf_models, tmp_path, capsys
 ):
@@ -280,6 +284,7 @@ def test_init_from_refuses_another_model_and_import_refuses_other_rope_scaling(
     assert TrainConfig.of(init_from=str(imported["untied"])).checkpoint.init_from
 
 
+@pytest.mark.slow
 def test_a_scaled_shape_round_trips_through_toml(imported, tmp_path):
     _, model = saved_model(imported["llama3"], "test")
     path = tmp_path / "run.toml"

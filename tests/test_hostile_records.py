@@ -415,6 +415,7 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     assert ["preset", "tiny[/bogus]"] in config_rows
 
 
+@pytest.mark.slow
 async def test_console_survives_wrong_types_in_the_run_list_monitor_and_history(tmp_path):
     write_run(tmp_path, "wrong", wrong_type_events())
     app = TitanConsole(tmp_path)
@@ -441,6 +442,7 @@ async def test_console_survives_wrong_types_in_the_run_list_monitor_and_history(
     assert stalls[0] == "2 stall(s)" and "  thread 3:" in stalls
 
 
+@pytest.mark.slow
 async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_path: Path):
     run_dir = tmp_path / HOSTILE_ID
     run_dir.mkdir()

@@ -101,6 +101,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own():
     names = module_names()
     assert {"titan", "titan.cli", "tui.app"} <= set(names)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from helpers import cli_args, small_run
 
 from titan.cli import main
@@ -81,6 +82,7 @@ def _launch_two(corpus_dir: Path, tmp_path: Path, run_id: str) -> subprocess.Pop
     )
 
 
+@pytest.mark.slow
 def test_children_die_with_a_killed_launcher(corpus_dir: Path, tmp_path: Path):
     launcher = _launch_two(corpus_dir, tmp_path, "orphan")
     children = _children(launcher.pid, 2)
@@ -101,6 +103,7 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
+@pytest.mark.slow
 def test_a_second_stop_signal_kills_children_that_do_not_stop(corpus_dir: Path, tmp_path: Path):
     launcher = _launch_two(corpus_dir, tmp_path, "deaf")
     children = _children(launcher.pid, 2)

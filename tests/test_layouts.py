@@ -40,6 +40,7 @@ def test_eight_devices_are_present():
     assert len(jax.devices()) == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_mesh_layout_matches_single_device_loss(layout, single_device_losses, corpus_dir, tmp_path):
     _, run_dir = run_in_process(_options(corpus_dir, tmp_path, "mesh", layout))
@@ -52,6 +53,7 @@ def test_mesh_layout_matches_single_device_loss(layout, single_device_losses, co
     assert losses == pytest.approx(single_device_losses, rel=2e-5)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_single_device_loss(
     single_device_losses, corpus_dir, tmp_path
 ):

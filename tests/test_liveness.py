@@ -60,6 +60,7 @@ def _wait_for_beat_with_step(run_dir: Path, timeout_s: float = 60.0) -> Liveness
     raise AssertionError(f"no heartbeat with a step in {run_dir}")
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_reads_dead_everywhere(corpus_dir: Path, tmp_path: Path):
     process = _long_run(corpus_dir, tmp_path, "killed")
     run_dir = tmp_path / "killed"
@@ -90,6 +91,7 @@ def test_a_run_killed_with_sigkill_reads_dead_everywhere(corpus_dir: Path, tmp_p
     assert (beat.id.pid, beat.status, beat.step is not None) == (process.pid, "running", True)
 
 
+@pytest.mark.slow
 def test_a_stalled_live_run_reads_stalled_and_a_stop_ends_it(corpus_dir: Path, tmp_path: Path):
     process = _long_run(
         corpus_dir, tmp_path, "stalls", debug_stall_at_step=4, watchdog_floor=1, watchdog_factor=1
@@ -149,6 +151,7 @@ def test_a_live_process_with_a_heartbeat_past_the_allowance_reads_unresponsive(t
     )
 
 
+@pytest.mark.slow
 def test_a_sigstopped_run_reads_unresponsive_everywhere_within_its_allowance(
     corpus_dir: Path, tmp_path: Path
 ):
@@ -237,6 +240,7 @@ def _wait_until_ended(pid: int, timeout_s: float = 30.0) -> None:
     raise AssertionError(f"pid {pid} still runs")
 
 
+@pytest.mark.slow
 def test_a_two_process_run_with_one_process_killed_names_it(corpus_dir: Path, tmp_path: Path):
     opts = small_run(corpus_dir, tmp_path, steps=100_000, run_id="pair", dp=4)
     args = cli_args({**opts, "checkpoint_every": 100_000})

@@ -21,6 +21,7 @@ from titan.parallel.mesh import build_stage_meshes
 from titan.trainer.spmd import SpmdTrainer
 
 pytest.importorskip("diffusers", reason="the [diffusion] extra is not installed")
+pytestmark = pytest.mark.slow
 
 TINY_UNET = UNetShape(
     image_size=8,

@@ -212,6 +212,7 @@ def one_device(tmp_path_factory, corpus_dir: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_spmd_trains_and_records_maxtext(one_device: Path):
     losses = _losses(one_device)
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.05
@@ -236,6 +237,7 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layouts_equal_the_one_device_losses(
     layout: str, one_device: Path, corpus_dir: Path, tmp_path: Path
@@ -245,6 +247,7 @@ def test_layouts_equal_the_one_device_losses(
     assert _losses(run_dir) == pytest.approx(_losses(one_device), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_onto_another_layout_continues_the_losses(
     one_device: Path, corpus_dir: Path, tmp_path: Path
 ):
@@ -258,6 +261,7 @@ def test_resume_onto_another_layout_continues_the_losses(
     assert _losses(run_dir)[2:] == pytest.approx(_losses(one_device)[2:], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
     one_device: Path, tmp_path: Path
 ):
@@ -278,6 +282,7 @@ def test_a_maxtext_run_exports_into_titans_llama_with_the_same_loss(
     assert float(titan(params)) == pytest.approx(float(maxtext(weights)), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_generate_and_export_hf_refuse_a_maxtext_run(one_device: Path, tmp_path: Path):
     with pytest.raises(TitanError, match="titan generate: .* then titan import maxtext"):
         load_model(str(one_device))
@@ -298,6 +303,7 @@ TRAINED_FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRAINED_FAMILIES))
 def test_each_family_trains_through_the_trainer(name: str, corpus_dir: Path, tmp_path: Path):
     family, extra = TRAINED_FAMILIES[name]

@@ -80,6 +80,7 @@ def imported(tmp_path_factory, tokenizer: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_maxtext_checkpoint_imports_with_maxtexts_per_token_loss(imported: Path):
     params, shape = _read_imported(imported)
     assert (shape.d_model, shape.n_layers, shape.n_heads, shape.n_kv_heads) == (32, 2, 4, 2)
@@ -115,6 +116,7 @@ def llama_run(tmp_path_factory, corpus_dir: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_export_then_import_round_trips_bit_exact(llama_run: Path, tmp_path: Path):
     exported = tmp_path / "maxtext"
     assert main(["export", "maxtext", str(llama_run), "--out", str(exported)]) == 0
@@ -139,6 +141,7 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.slow
 def test_the_import_is_a_checkpoint_that_export_hf_generate_and_init_from_take(
     imported: Path, tokenizer: Path, tmp_path: Path
 ):
@@ -166,6 +169,7 @@ def test_import_refuses_what_is_not_a_maxtext_checkpoint(tmp_path: Path, tokeniz
         import_maxtext(FIXTURE / "checkpoint", tmp_path, tokenizer)
 
 
+@pytest.mark.slow
 def test_import_refuses_a_tokenizer_larger_than_the_embedding(llama_run: Path, tmp_path: Path):
     out = tmp_path / "o"
     with pytest.raises(TitanError, match="512 tokens, more than the checkpoint's 128"):
@@ -173,6 +177,7 @@ def test_import_refuses_a_tokenizer_larger_than_the_embedding(llama_run: Path, t
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_export_fails_at_once_when_out_is_under_a_regular_file(llama_run, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     out = tmp_path / "afile" / "sub"

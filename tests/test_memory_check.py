@@ -92,6 +92,7 @@ def test_the_check_can_be_switched_off():
     assert not check.checked and check.estimate_bytes > check.usable_bytes
 
 
+@pytest.mark.slow
 def test_train_refuses_a_run_above_usable_memory_with_one_line_and_exit_2(small_options, capsys):
     options = {**small_options, "run_id": "huge", "batch_size": 4096, "debug_usable_memory": 1e9}
     assert main(["train", *cli_args(options)]) == 2
@@ -103,6 +104,7 @@ def test_train_refuses_a_run_above_usable_memory_with_one_line_and_exit_2(small_
     assert not (Path(small_options["runs_root"]) / "huge").exists()
 
 
+@pytest.mark.slow
 def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_options):
     code, run_dir = run_in_process({**small_options, "run_id": "analysed", "steps": 2})
     assert code == 0

@@ -69,6 +69,7 @@ def _same(a: dict, b: dict) -> bool:
     return all(jnp.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in leaves)
 
 
+@pytest.mark.slow
 def test_dots_attention_remat_keeps_the_attention_kernel_output_and_the_same_gradients():
     dots, dots_grads = _residuals_and_grads("dots")
     kept, kept_grads = _residuals_and_grads("dots-attention")
@@ -81,12 +82,14 @@ def test_dots_attention_remat_keeps_the_attention_kernel_output_and_the_same_gra
     assert _same(dots_grads, reference) and _same(kept_grads, reference)
 
 
+@pytest.mark.slow
 def test_causal_attention_mask_lets_documents_see_earlier_ones():
     _, document = _residuals_and_grads("none")
     _, causal = _residuals_and_grads("none", document_mask=False)
     assert not _same(document, causal)
 
 
+@pytest.mark.slow
 def test_unrolled_layer_loop_has_no_while_loop_and_the_same_loss_and_gradients():
     cfg = dataclasses.replace(PRESETS["tiny"], vocab_size=64, n_layers=4, d_model=32, ffn_dim=48)
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)

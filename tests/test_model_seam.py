@@ -36,6 +36,7 @@ def _cpu():
     return jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
 
+@pytest.mark.slow
 def test_llama_chunks_compose_to_the_whole_model_loss():
     adapter = _adapter()
     whole = whole_model(SHAPE.n_layers)

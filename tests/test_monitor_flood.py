@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from console_helpers import append_events, event, parsed, stat, wait_until
 
 from titan.analysis.liveness import ProcessId
@@ -140,6 +141,7 @@ def test_a_watcher_follows_a_resume_after_its_child_exited(tmp_path: Path):
     assert resumed.state.attempts == 2 and resumed.liveness.state == "running"
 
 
+@pytest.mark.slow
 async def test_the_monitor_shows_the_newest_step_of_a_flooded_record_and_fills_its_curve(
     tmp_path: Path,
 ):

@@ -58,6 +58,7 @@ def assert_every_checkpoint_finite(run_dir: Path) -> list[int]:
     return steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_poisoned_batch_is_skipped_and_recorded_and_the_run_completes(layout, corpus_dir, tmp_path):
     options = small_run(
@@ -86,6 +87,7 @@ def test_poisoned_batch_is_skipped_and_recorded_and_the_run_completes(layout, co
     assert not all(np.array_equal(a, b) for a, b in zip(skipped, after, strict=True))
 
 
+@pytest.mark.slow
 def test_skip_ends_the_run_after_patience_non_finite_steps(corpus_dir, tmp_path):
     options = small_run(
         corpus_dir,
@@ -104,6 +106,7 @@ def test_skip_ends_the_run_after_patience_non_finite_steps(corpus_dir, tmp_path)
     assert "--nonfinite-patience 1" in end["error"]
 
 
+@pytest.mark.slow
 def test_abort_fails_with_its_code_keeps_the_finite_checkpoint_and_resumes(
     corpus_dir, tmp_path, capsys
 ):
@@ -194,6 +197,7 @@ def test_spike_detector_flags_losses_above_mean_plus_sigma_std():
     assert spike.threshold == pytest.approx(5.1 + 3.0 * spike.std)
 
 
+@pytest.mark.slow
 def test_loss_spike_is_recorded_by_the_rule(corpus_dir, tmp_path):
     # A learning rate of 0.3 without clipping makes the loss jump once warmup raises it.
     window, sigma = 3, 3.0
@@ -227,6 +231,7 @@ def test_nonfinite_code_outranks_a_stop_and_a_stall_in_titan_launch():
     assert worst_exit_code([0, EXIT_STOPPED, EXIT_NONFINITE, EXIT_STALL]) == EXIT_NONFINITE
 
 
+@pytest.mark.slow
 def test_watchdog_abort_saves_the_reachable_state_and_resume_continues(small_options):
     options = {
         **small_options,
@@ -259,6 +264,7 @@ def test_watchdog_abort_saves_the_reachable_state_and_resume_continues(small_opt
     assert len(set(digests)) == 5
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_says_so_and_records_no_resumed_step(small_options, capsys):
     options = {
         **small_options,

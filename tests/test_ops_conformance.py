@@ -166,6 +166,7 @@ def _array_shapes(jaxpr):
         yield from (var.aval.shape for var in eqn.outvars)
 
 
+@pytest.mark.slow
 def test_chunked_cross_entropy_matches_native_without_full_logits():
     batch, seq, dim, vocab, chunk = 2, 20, 8, 16, 6
     keys = jax.random.split(jax.random.key(0), 3)
@@ -197,6 +198,7 @@ def test_chunked_cross_entropy_matches_native_without_full_logits():
     assert largest_logits(chunked_loss) == batch * chunk * vocab
 
 
+@pytest.mark.slow
 def test_fused_cross_entropy_matches_native_and_its_backward_scatters_nothing():
     keys = jax.random.split(jax.random.key(1), 4)
     x = jax.random.normal(keys[0], (2, 24, 16), jnp.bfloat16)
@@ -225,6 +227,7 @@ def test_fused_cross_entropy_matches_native_and_its_backward_scatters_nothing():
     assert not {"scatter-add", "scatter"} & primitives(fused_loss.cross_entropy)
 
 
+@pytest.mark.slow
 def test_fused_rope_matches_native_and_its_backward_is_a_rotation():
     keys = jax.random.split(jax.random.key(2), 2)
     x = jax.random.normal(keys[0], (2, 24, 4, 16))
@@ -250,6 +253,7 @@ def test_fused_rope_matches_native_and_its_backward_is_a_rotation():
     assert "pad" not in primitives(fused_rope.rope)
 
 
+@pytest.mark.slow
 def test_pallas_swiglu_matches_native_and_its_backward_is_one_kernel():
     keys = jax.random.split(jax.random.key(3), 5)
     x = jax.random.normal(keys[0], (2, 8, 32))
@@ -278,6 +282,7 @@ def test_pallas_swiglu_matches_native_and_its_backward_is_one_kernel():
     assert kernels(swiglu.swiglu) == ["titan_swiglu_backward"]
 
 
+@pytest.mark.slow
 def test_pallas_swiglu_backward_stays_sharded_under_a_mesh():
     """Batch over dp, the MLP dim over tp: each device runs the kernel on its own tiles (without
     the partitioning rule XLA gathers the kernel's operands). 24 rows make 12 per device, not a
@@ -309,6 +314,7 @@ def ops_check_report() -> dict:
     return json.loads(_run("-m", "titan.cli", "ops", "check", "--json").stdout)
 
 
+@pytest.mark.slow
 def test_ops_check_passes_every_provider_on_cpu_within_tolerance(ops_check_report):
     report = ops_check_report
     assert report["backend"] == "cpu" and report["failures"] == 0
@@ -373,6 +379,7 @@ def test_mfu_formulas_follow_the_baseline_file():
     assert bench.peak_flops("cpu") is None
 
 
+@pytest.mark.slow
 def test_mfu_bench_smoke_runs_titan_levers_against_a_baseline(tmp_path):
     baseline = tmp_path / "baseline.py"
     baseline.write_text(

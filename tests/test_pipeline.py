@@ -62,6 +62,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("schedule", "pp", "v", "inner"), CASES, ids=[f"{c[0]}-pp{c[1]}-{c[3]}" for c in CASES]
 )
@@ -94,6 +95,7 @@ def test_pipeline_matches_spmd_loss_and_parameters(
         np.testing.assert_allclose(got["layers"][name], value, atol=5e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_pipeline_records_its_shape_timing_and_dispatch(corpus_dir, tmp_path):
     options = _options(
         corpus_dir, tmp_path, "timing", layout="mpmd", pp=2, microbatches=4, schedule="1f1b"
@@ -110,6 +112,7 @@ def test_pipeline_records_its_shape_timing_and_dispatch(corpus_dir, tmp_path):
     assert all(e["dispatch_s"] > 0 for e in events(run_dir, "step"))
 
 
+@pytest.mark.slow
 def test_checkpoint_moves_from_pp4_to_pp2_and_spmd(corpus_dir, tmp_path):
     # warmup of one step: the learning rates of steps 1-2 do not depend on the run's length
     whole = _options(corpus_dir, tmp_path, "whole", steps=4, warmup_steps=1)
@@ -193,6 +196,7 @@ def test_invalid_pipeline_layouts_fail_before_compiling(
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.slow
 def test_stage_layers_give_first_and_last_stages_fewer_layers(corpus_dir, tmp_path):
     options = _options(
         corpus_dir,

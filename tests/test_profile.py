@@ -59,6 +59,7 @@ def profiled_runs(corpus_dir, tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["spmd", "mpmd"])
 def test_profile_steps_trace_the_asked_steps_into_the_run_dir(profiled_runs, layout):
     run_dir = profiled_runs[layout]
@@ -199,6 +200,7 @@ def test_report_of_a_resumed_run_with_mfu_power_and_a_torn_line(tmp_path):
     assert "2 attempt(s)" in text and "a torn last line (12 bytes) ignored" in text
 
 
+@pytest.mark.slow
 def test_report_links_the_profile_trace(profiled_runs, tmp_path):
     run_dir = profiled_runs["spmd"]
     path = write_report(run_dir, tmp_path / "out")

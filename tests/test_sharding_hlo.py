@@ -78,6 +78,7 @@ def test_all_gather_parser_reads_plain_and_combined_gathers():
     assert float_bytes(gathers) == [16 * 64 * 64 * 4, 512 * 64 * 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "dp{}-fsdp{}-tp{}".format(*m))
 def test_mesh_keeps_activations_split_over_the_batch_axes(mesh, reference_gathers, capfd):
     capfd.readouterr()

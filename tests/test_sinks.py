@@ -42,6 +42,7 @@ def _wandb_records(path):
     return records
 
 
+@pytest.mark.slow
 def test_tensorboard_export_reads_back_with_tensorboards_reader_at_every_step(
     finished_run, tmp_path, capsys
 ):
@@ -67,6 +68,7 @@ def test_tensorboard_export_reads_back_with_tensorboards_reader_at_every_step(
         ]
 
 
+@pytest.mark.slow
 def test_csv_export_holds_every_step(finished_run, tmp_path):
     out = tmp_path / "metrics.csv"
     assert main(["export", "csv", str(finished_run), "--out", str(out)]) == 0
@@ -77,6 +79,7 @@ def test_csv_export_holds_every_step(finished_run, tmp_path):
     assert float(rows[0]["time"]) == pytest.approx(steps[0]["time"])
 
 
+@pytest.mark.slow
 def test_wandb_offline_export_is_a_run_that_wandb_sync_reads(finished_run, tmp_path, capsys):
     out = tmp_path / "wb"
     assert main(["export", "wandb-offline", str(finished_run), "--out", str(out)]) == 0
@@ -93,6 +96,7 @@ def test_wandb_offline_export_is_a_run_that_wandb_sync_reads(finished_run, tmp_p
     assert [h["train/loss"] for h in logged] == pytest.approx([e["loss"] for e in steps])
 
 
+@pytest.mark.slow
 def test_wandb_offline_export_lands_in_the_run_dirs_wandb_folder(finished_run, tmp_path, capsys):
     run = shutil.copytree(finished_run, tmp_path / "run")
     assert main(["export", "wandb-offline", str(run)]) == 0

@@ -34,6 +34,7 @@ def _stopped(proc: subprocess.Popen, phase: str) -> None:
     assert f"stopped by SIGINT while {PHASES[phase]}, before the run started" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_ctrl_c_in_each_start_up_phase_is_one_line_exit_4_and_leaves_nothing(
     phase, corpus_dir, tmp_path, monkeypatch
@@ -50,6 +51,7 @@ def test_ctrl_c_in_each_start_up_phase_is_one_line_exit_4_and_leaves_nothing(
     assert not tokens.exists() or all(p.suffix in kept for p in tokens.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["tokenizer", "build", "restore", "trace"])
 def test_ctrl_c_while_a_resume_starts_leaves_the_record_byte_identical(
     phase, finished_run, tmp_path
@@ -99,6 +101,7 @@ def test_ctrl_c_before_the_trainer_is_imported_is_one_line_exit_4(tmp_path, monk
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_resume_refused_while_tracing_leaves_config_json_and_resumes_after(
     finished_run, tmp_path, capsys
 ):
@@ -160,6 +163,7 @@ def test_a_full_disk_never_leaves_a_torn_line_and_the_record_continues_after(tmp
         assert [e["step"] for e in events(disk)] == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line_with_run_end(corpus_dir, tmp_path):
     with _tmpfs(tmp_path / "disk", "1m") as disk:
         options = small_run(corpus_dir, disk, steps=50, checkpoint_every=5, dp=1, run_id="full")

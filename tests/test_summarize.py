@@ -111,6 +111,7 @@ def test_replaced_file_is_read_again(tmp_path):
     assert summarize.summaries(con, "again")[0].status == "dead"
 
 
+@pytest.mark.slow
 def test_100k_step_events_ingest_once(tmp_path):
     run_dir = tmp_path / "big"
     run_dir.mkdir()

@@ -27,6 +27,7 @@ from titan.trainer.train import resume_options
 REQUIRED = {"schema", "type", "time", "run_id"}
 
 
+@pytest.mark.slow
 def test_training_reduces_loss_and_records_the_run(small_options):
     options = {**small_options, "steps": 40, "run_id": "learn", "checkpoint_every": 20}
     code, run_dir = run_in_process(options)
@@ -54,6 +55,7 @@ def _step_record(run_dir):
     return {e["step"]: (e["batch_digest"], e["loss"]) for e in events(run_dir, "step")}
 
 
+@pytest.mark.slow
 def test_resume_continues_data_and_loss_exactly(small_options):
     _, whole = run_in_process({**small_options, "run_id": "whole"})
     _, part = run_in_process({**small_options, "run_id": "part", "steps": 3})
@@ -71,6 +73,7 @@ def test_resume_continues_data_and_loss_exactly(small_options):
         assert got[s][1] == pytest.approx(expected[s][1], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
     small_options, capsys
 ):
@@ -104,6 +107,7 @@ def test_resume_keeps_the_decay_length_unless_decay_steps_is_given(tmp_path, exp
     assert resume_options(tmp_path, explicit).optimizer.decay_steps == decay_steps
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
     options = {**small_options, "run_id": "sig", "steps": 100000, "checkpoint_every": 1000}
     options["exit_zero_on_stop"] = True  # exit 0, not EXIT_STOPPED
@@ -119,6 +123,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
     assert checkpoints[-1]["step"] == end["step"] == events(run_dir, "step")[-1]["step"]
 
 
+@pytest.mark.slow
 def test_terminal_hangup_checkpoints_and_stops_cleanly(small_options):
     # The SSH session (a pseudo-terminal here) that started the run goes away: SIGHUP, and the
     # terminal the progress bar writes to is gone.
@@ -144,6 +149,7 @@ def test_terminal_hangup_checkpoints_and_stops_cleanly(small_options):
     assert events(run_dir, "checkpoint")[-1]["step"] == end["step"]
 
 
+@pytest.mark.slow
 def test_two_runs_of_one_id_started_together_one_runs_and_the_other_is_refused(small_options):
     options = {**small_options, "run_id": "race", "steps": 100000, "checkpoint_every": 1000}
     run_dir = small_options_run_dir(options)
@@ -176,6 +182,7 @@ def _events_if_any(run_dir) -> list[dict]:
     return events(run_dir) if (run_dir / "events.jsonl").exists() else []
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_last_committed_checkpoint(small_options):
     # A constant learning rate after warmup: the redone steps get the first attempt's rates
     # although the resume gives another --steps (the cosine's horizon).

@@ -99,6 +99,7 @@ def test_watchdog_options_are_validated():
         validate_train_config(TrainConfig.of(watchdog_floor=0))
 
 
+@pytest.mark.slow
 def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_options):
     floor_s = 2.0
     options = {
