@@ -180,7 +180,7 @@ def _tiny_trainer(param_dtype: str = "float32"):
 
 
 def _meta(trainer) -> dict:
-    return {"data_position": 0, "num_sequences": 1, "layout": trainer.describe()}
+    return {"data_position": 0, "num_sequences": 1, "layout": trainer.describe().to_json()}
 
 
 def test_leftovers_go_at_the_first_save_and_then_only_up_to_the_step_all_processes_saw(tmp_path):
