@@ -77,7 +77,7 @@ def _local(abstract) -> bool:
 
 
 def _save(checkpointer: Checkpointer, trainer, step: int) -> None:
-    meta = {"data_position": 0, "num_sequences": 1, "layout": trainer.describe()}
+    meta = {"data_position": 0, "num_sequences": 1, "layout": trainer.describe().to_json()}
     for result in checkpointer.save(state_at(trainer, step), meta):
         assert result.error is None, result
 

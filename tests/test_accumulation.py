@@ -144,9 +144,9 @@ def test_spmd_takes_microbatches_but_no_other_pipeline_option():
 
 
 def test_describe_records_microbatches_only_when_the_step_accumulates():
-    whole = _trainer(compiled=False, batch_size=8, dp=1).describe()
+    whole = _trainer(compiled=False, batch_size=8, dp=1).describe().to_json()
     assert "microbatches" not in whole
-    accumulated = _trainer(compiled=False, batch_size=8, dp=1, microbatches=2).describe()
+    accumulated = _trainer(compiled=False, batch_size=8, dp=1, microbatches=2).describe().to_json()
     assert accumulated == {**whole, "microbatches": 2}
 
 

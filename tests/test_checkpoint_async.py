@@ -44,7 +44,7 @@ def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_
     trainer.compile()
     state, _ = trainer.step(trainer.init_state(seed=0), _batch(1))
     expected = _leaves_bytes(jax.device_get(state.items()))
-    meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe()}
+    meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe().to_json()}
 
     synchronous = Checkpointer(tmp_path / "sync")
     (result,) = synchronous.save(state, meta)
@@ -233,7 +233,7 @@ def test_one_process_async_saves_prune_off_the_loop_thread(tmp_path, monkeypatch
     trainer.trace()
     trainer.compile()
     state = trainer.init_state(seed=0)
-    meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe()}
+    meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe().to_json()}
     checkpointer = Checkpointer(tmp_path, keep=1, asynchronous=True)
     deleted_on: list[tuple[int, str]] = []
     delete = checkpointer._manager.delete

@@ -182,7 +182,7 @@ def _tiny_trainer(param_dtype: str = "float32"):
 
 
 def _meta(trainer) -> dict:
-    return {"data_position": 0, "num_sequences": 1, "layout": trainer.describe()}
+    return {"data_position": 0, "num_sequences": 1, "layout": trainer.describe().to_json()}
 
 
 @pytest.mark.slow

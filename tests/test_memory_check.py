@@ -20,7 +20,7 @@ from titan.telemetry.events import Compile
 from titan.trainer.memory_check import check_memory
 
 VOCAB = 512
-LAYOUT = {"devices": 1}
+LAYOUT_DEVICES = 1
 PARTS = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
 
 
@@ -47,7 +47,7 @@ class _Gpu:
 
 def _check(devices, **options):
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, **options)
-    return check_memory(cfg, model_config(cfg, VOCAB), LAYOUT, "float32", {}, devices)
+    return check_memory(cfg, model_config(cfg, VOCAB), LAYOUT_DEVICES, "float32", {}, devices)
 
 
 def test_cpu_devices_share_the_host_memory_and_an_absurd_batch_is_refused():

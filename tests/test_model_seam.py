@@ -3,17 +3,21 @@ layer axis."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from titan import config
+from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.models.adapters.llama import LlamaAdapter
 from titan.ops import Ops
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import _check_model_state
+from titan.trainer.adapters import LAYOUTS, build_adapter, build_trainer
 
 SHAPE = ModelConfig("seam", 97, 32, 4, 4, 2, 64)
 
@@ -82,12 +86,19 @@ def test_recut_joins_and_cuts_along_the_family_layer_axis(axis):
     np.testing.assert_array_equal(rejoined["['embed']"], whole["embed"])
 
 
-def test_a_family_with_non_parameter_state_is_refused():
-    class WithState(LlamaAdapter):
-        def model_state(self, chunk):
-            return {"router_bias": jnp.zeros(4)}
+def test_an_unregistered_family_is_refused_naming_the_registered_ones():
+    cfg = TrainConfig.of(preset="tiny")
+    moe = dataclasses.replace(SHAPE, family="moe")
+    with pytest.raises(TitanError) as refused:
+        build_adapter(cfg, moe, Ops("cpu", {}))
+    assert str(refused.value) == "the model family must be one of llama, dit, maxtext, got 'moe'"
+    assert isinstance(build_adapter(cfg, SHAPE, Ops("cpu", {})), LlamaAdapter)
 
-    chunks = [whole_model(SHAPE.n_layers)]
-    _check_model_state(_adapter(), chunks)
-    with pytest.raises(TitanError, match="non-parameter state"):
-        _check_model_state(WithState(SHAPE, Ops("cpu", {}), seq_len=8), chunks)
+
+def test_an_unregistered_layout_is_refused_naming_the_registered_ones(monkeypatch):
+    assert tuple(LAYOUTS) == config.LAYOUTS  # the --layout choices are the registered layouts
+    monkeypatch.delitem(LAYOUTS, "mpmd")
+    cfg = TrainConfig.of(preset="tiny", layout="mpmd", pp=2, microbatches=2, dp=1)
+    with pytest.raises(TitanError) as refused:
+        build_trainer(cfg, model_config(cfg, SHAPE.vocab_size), Ops("cpu", {}))
+    assert str(refused.value) == "--layout must be one of spmd, got 'mpmd'"

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item
 from titan.parallel.mesh import DeviceMesh
@@ -94,9 +95,9 @@ class Trainer(Protocol):
     chunks: list[Chunk]
     compute_dtype: jnp.dtype
 
-    def describe(self) -> dict[str, Any]:
-        """The layout as recorded in ``run_start`` and checkpoints: ``layout`` (spmd | mpmd),
-        ``devices``, ``chunks`` (layer ranges) and the layout's own keys."""
+    def describe(self) -> LayoutDescription:
+        """The layout as recorded in ``run_start`` and checkpoints (their JSON form:
+        :meth:`~titan.layout_description.LayoutDescription.to_json`)."""
         ...
 
     def init_state(self, seed: int) -> TrainState:

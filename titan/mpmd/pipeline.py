@@ -50,9 +50,17 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.errors import TitanError
+from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
-from titan.parallel.chunks import Chunk, chunk_item, cut_layers, join_layers, whole_model
+from titan.parallel.chunks import (
+    Chunk,
+    chunk_item,
+    chunk_ranges,
+    cut_layers,
+    join_layers,
+    whole_model,
+)
 from titan.parallel.fit import microbatch_rows
 from titan.parallel.mesh import DeviceMesh, remote_array
 from titan.parallel.sharding import BATCH_AXES
@@ -363,18 +371,19 @@ class PipelineTrainer:
     def pp(self) -> int:
         return self.schedule.pp
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> LayoutDescription:
         """The layout as recorded in ``run_start`` and in checkpoints."""
-        return {
-            "layout": "mpmd",
-            "pp": self.pp,
-            "virtual_stages": self.schedule.virtual_stages,
-            "microbatches": self.schedule.microbatches,
-            "schedule": self.schedule.name,
-            "stage_mesh": self.meshes[0].mesh_shape,
-            "devices": sum(mesh.device_count for mesh in self.meshes),
-            "chunks": [[c.start, c.end] for c in self.chunks],
-        }
+        s = self.schedule
+        return LayoutDescription(
+            "mpmd",
+            self.meshes[0].mesh_shape,
+            sum(mesh.device_count for mesh in self.meshes),
+            chunk_ranges(self.chunks),
+            microbatches=s.microbatches,
+            pp=s.pp,
+            virtual_stages=s.virtual_stages,
+            schedule=s.name,
+        )
 
     def start_events(self) -> list[Event]:
         """The ``pipeline`` event: stages, devices and layers per stage, schedule, bubble."""

@@ -53,6 +53,12 @@ def whole_model(n_layers: int) -> Chunk:
     return Chunk(0, 0, 0, n_layers, True, True)
 
 
+def chunk_ranges(chunks: Sequence[Chunk]) -> tuple[tuple[int, int], ...]:
+    """The ``(start, end)`` layer range of each chunk, in order (the inverse of
+    :func:`chunks_from_ranges`)."""
+    return tuple((c.start, c.end) for c in chunks)
+
+
 def chunks_from_ranges(ranges: Sequence[Sequence[int]], pp: int = 1) -> list[Chunk]:
     """Chunks of consecutive layer ranges ``[[start, end], ...]`` (as recorded in checkpoints),
     chunk c on stage c % pp."""

@@ -9,10 +9,15 @@ trainer (:class:`titan.trainer_state.Trainer`).
 
 The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama, its
 DiT for ``--task diffusion``, or a MaxText model (``--model-source maxtext``,
-:mod:`titan.models.adapters.maxtext`).
+:mod:`titan.models.adapters.maxtext`). Families and layouts are registered once each, with the
+builder that takes what it needs from the config (:data:`FAMILIES`, :data:`LAYOUTS`); a name
+that is not registered is a one-line error naming the registered ones.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -26,13 +31,15 @@ from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
-from titan.parallel.chunks import Chunk, plan_chunks
+from titan.parallel.chunks import plan_chunks
 from titan.parallel.fit import check_layout
 from titan.parallel.mesh import build_stage_meshes
 from titan.schedules import build_schedule
 from titan.shapes import ModelConfig
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer_state import Trainer
+
+T = TypeVar("T")
 
 
 def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
@@ -43,26 +50,8 @@ def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
     return jnp.dtype(cfg.compute.compute_dtype)
 
 
-def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
-    """The model family of the run: Titan's Llama or DiT of shape ``model_cfg``, or the MaxText
-    model of ``--maxtext-model`` (its vocabulary the tokenizer's, ``model_cfg.vocab_size``, unless
-    ``--maxtext-set vocab_size=...`` says otherwise).
-
-    Raises:
-        TitanError: MaxText is not installed or refuses the model, its vocabulary is smaller
-            than the tokenizer's, or ``--ops`` forces providers (MaxText's layers do not call
-            Titan's operators).
-    """
-    if cfg.model.model_source == "maxtext":
-        return _maxtext_adapter(cfg, model_cfg.vocab_size)
-    if model_cfg.family == "dit":
-        return DitAdapter(
-            model_cfg,
-            ops,
-            remat=cfg.compute.remat,
-            layer_unroll=cfg.compute.layer_unroll,
-            param_dtype=jnp.dtype(cfg.compute.param_dtype),
-        )
+def _titan_llama(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> LlamaAdapter:
+    """Titan's Llama of shape ``model_cfg``."""
     return LlamaAdapter(
         model_cfg,
         ops,
@@ -74,13 +63,32 @@ def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAd
     )
 
 
-def _maxtext_adapter(cfg: TrainConfig, tokenizer_vocab: int) -> MaxTextAdapter:
+def _titan_dit(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> DitAdapter:
+    """Titan's DiT of shape ``model_cfg`` (``--task diffusion``)."""
+    return DitAdapter(
+        model_cfg,
+        ops,
+        remat=cfg.compute.remat,
+        layer_unroll=cfg.compute.layer_unroll,
+        param_dtype=jnp.dtype(cfg.compute.param_dtype),
+    )
+
+
+def _maxtext(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> MaxTextAdapter:
+    """The MaxText model of ``--maxtext-model``, its vocabulary the tokenizer's
+    (``model_cfg.vocab_size``) unless ``--maxtext-set vocab_size=...`` says otherwise.
+
+    Raises:
+        TitanError: ``--ops`` forces providers (MaxText's layers do not call Titan's
+            operators), MaxText refuses the model, or its vocabulary is smaller than the
+            tokenizer's.
+    """
     if cfg.compute.ops:
         raise TitanError(
             "--ops does not apply to --model-source maxtext: MaxText's layers call their own "
             "kernels (choose them with --maxtext-set attention=...)"
         )
-    settings = cfg.model.maxtext_set
+    settings, tokenizer_vocab = cfg.model.maxtext_set, model_cfg.vocab_size
     model = MaxTextModel(
         cfg.model.maxtext_model,
         tuple(settings.items()),
@@ -98,13 +106,43 @@ def _maxtext_adapter(cfg: TrainConfig, tokenizer_vocab: int) -> MaxTextAdapter:
     return adapter
 
 
-def _check_model_state(adapter: ModelAdapter, chunks: list[Chunk]) -> None:
-    """Refuse a family that carries non-parameter state: neither layout threads it yet."""
-    if any(jax.tree.leaves(adapter.model_state(chunk)) for chunk in chunks):
-        raise TitanError(
-            f"model family {adapter.family} carries non-parameter state, which the SPMD and "
-            "MPMD layouts do not train yet"
-        )
+# The model families a run can train, by name (:func:`family_name`): (the run's config, its
+# model shape, the operators) -> the family's adapter.
+FAMILIES: dict[str, Callable[[TrainConfig, ModelConfig, Ops], ModelAdapter]] = {
+    "llama": _titan_llama,
+    "dit": _titan_dit,
+    "maxtext": _maxtext,
+}
+
+
+def family_name(cfg: TrainConfig, model_cfg: ModelConfig) -> str:
+    """The :data:`FAMILIES` entry a run trains: ``maxtext`` under ``--model-source maxtext``,
+    else the family of its Titan shape (``llama``, or ``dit`` for ``--task diffusion``)."""
+    return "maxtext" if cfg.model.model_source == "maxtext" else model_cfg.family
+
+
+def _registered(registry: dict[str, T], name: str, what: str) -> T:
+    """``registry[name]``.
+
+    Raises:
+        TitanError: ``name`` is not registered (one line naming ``what`` and the registered
+            names).
+    """
+    if name not in registry:
+        raise TitanError(f"{what} must be one of {', '.join(registry)}, got {name!r}")
+    return registry[name]
+
+
+def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
+    """The model family of the run (:func:`family_name`), built from :data:`FAMILIES`.
+
+    Raises:
+        TitanError: the family is not registered, or its builder refuses the run (MaxText:
+            not installed, refuses the model, a vocabulary smaller than the tokenizer's,
+            ``--ops`` given).
+    """
+    build = _registered(FAMILIES, family_name(cfg, model_cfg), "the model family")
+    return build(cfg, model_cfg, ops)
 
 
 def check_layout_fits(cfg: TrainConfig) -> str | None:
@@ -121,39 +159,61 @@ def check_layout_fits(cfg: TrainConfig) -> str | None:
     )
 
 
-def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
-    """The trainer for ``cfg.parallel.layout``, validated against the devices present.
+def _spmd(cfg: TrainConfig, adapter: ModelAdapter, dtype: jnp.dtype) -> SpmdTrainer:
+    """One jitted step over one mesh of dp x fsdp x tp devices, the whole model one chunk."""
+    par = cfg.parallel
+    mesh = build_stage_meshes(par.dp, par.fsdp, par.tp, 1)[0]
+    return SpmdTrainer(
+        adapter,
+        mesh,
+        plan_chunks(adapter.n_layers, 1, 1),
+        *build_optimizer(cfg),
+        dtype,
+        cfg.optimizer.grad_clip,
+        cfg.data.batch_size,
+        par.microbatches,
+    )
 
-    Raises:
-        TitanError: the layout does not fit the devices, the layers do not split into the
-            chunks asked for, or a batch/parameter dimension does not divide its mesh axis.
-    """
-    par, batch_size, grad_clip = cfg.parallel, cfg.data.batch_size, cfg.optimizer.grad_clip
-    pp = par.pp if par.layout == "mpmd" else 1
-    meshes = build_stage_meshes(par.dp, par.fsdp, par.tp, pp)
-    adapter = build_adapter(cfg, model_cfg, ops)
-    dtype = compute_dtype(cfg, jax.default_backend())
-    optimizer = build_optimizer(cfg)
-    if par.layout == "spmd":
-        chunks = plan_chunks(adapter.n_layers, 1, 1)
-        _check_model_state(adapter, chunks)
-        return SpmdTrainer(
-            adapter, meshes[0], chunks, *optimizer, dtype, grad_clip, batch_size, par.microbatches
-        )
+
+def _mpmd(cfg: TrainConfig, adapter: ModelAdapter, dtype: jnp.dtype) -> PipelineTrainer:
+    """``--pp`` stages of dp x fsdp x tp devices, ``--virtual-stages`` chunks each, driven by
+    ``--schedule``."""
+    par = cfg.parallel
+    meshes = build_stage_meshes(par.dp, par.fsdp, par.tp, par.pp)
     label = f"--preset {cfg.model.shape.name}"
     if cfg.model.model_source == "maxtext":
         label = f"--maxtext-model {cfg.model.maxtext_model}"
-    chunks = plan_chunks(adapter.n_layers, pp, par.virtual_stages, par.stage_layers, label)
-    _check_model_state(adapter, chunks)
-    schedule = build_schedule(par.schedule, pp, par.microbatches, par.virtual_stages)
+    chunks = plan_chunks(adapter.n_layers, par.pp, par.virtual_stages, par.stage_layers, label)
     return PipelineTrainer.build(
         adapter,
         meshes,
         chunks,
-        schedule,
-        optimizer,
+        build_schedule(par.schedule, par.pp, par.microbatches, par.virtual_stages),
+        build_optimizer(cfg),
         dtype,
-        batch_size,
-        grad_clip,
+        cfg.data.batch_size,
+        cfg.optimizer.grad_clip,
         cfg.observability.timing_every,
     )
+
+
+# The training layouts, by ``--layout`` name (:data:`titan.config.LAYOUTS`): (the run's config,
+# the model family, the compute dtype) -> the layout's trainer.
+LAYOUTS: dict[str, Callable[[TrainConfig, ModelAdapter, jnp.dtype], Trainer]] = {
+    "spmd": _spmd,
+    "mpmd": _mpmd,
+}
+
+
+def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
+    """The trainer of ``cfg.parallel.layout`` (:data:`LAYOUTS`) for the run's model family,
+    validated against the devices present.
+
+    Raises:
+        TitanError: the layout or the family is not registered, the layout does not fit the
+            devices, the layers do not split into the chunks asked for, or a batch/parameter
+            dimension does not divide its mesh axis.
+    """
+    build = _registered(LAYOUTS, cfg.parallel.layout, "--layout")
+    adapter = build_adapter(cfg, model_cfg, ops)
+    return build(cfg, adapter, compute_dtype(cfg, jax.default_backend()))

@@ -532,7 +532,7 @@ class Checkpointer:
                 layouts).
         """
         meta = self._meta(step)
-        current = trainer.describe()
+        current = trainer.describe().to_json()  # compared with the meta's JSON
         try:
             if meta["layout"]["chunks"] == current["chunks"]:
                 items = self._restore_items(step, meta, trainer.abstract_items())

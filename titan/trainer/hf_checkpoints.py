@@ -38,13 +38,14 @@ from titan.config import TrainConfig
 from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
+from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
 from titan.out_paths import check_new_dir, make_dir
-from titan.parallel.chunks import Chunk, chunk_item, join_layers, whole_model
+from titan.parallel.chunks import Chunk, chunk_item, chunk_ranges, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
@@ -217,19 +218,14 @@ def write_llama_checkpoint(
         target,
     )
     state = TrainState(0, ({"params": placed, "opt_state": tx.init(placed)},))
-    layout = {
-        "layout": "spmd",
-        "mesh": mesh.mesh_shape,
-        "devices": 1,
-        "chunks": [[0, model.n_layers]],
-    }
+    layout = LayoutDescription("spmd", mesh.mesh_shape, mesh.device_count, chunk_ranges([chunk]))
     with _staged(out, "--out") as staging:
         _write_config(staging, cfg, model, record)
         (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
         checkpointer = Checkpointer(staging, asynchronous=False)
         try:
             results = checkpointer.save(
-                state, {"layout": layout, "data_position": 0, "num_sequences": 0}
+                state, {"layout": layout.to_json(), "data_position": 0, "num_sequences": 0}
             )
         finally:
             checkpointer.close()

@@ -96,7 +96,7 @@ class _Estimator:
 def check_memory(
     cfg: TrainConfig,
     model: ModelConfig,
-    describe: dict[str, Any],
+    layout_devices: int,
     compute_dtype: str,
     served: dict[str, str],
     devices: Sequence[Any],
@@ -105,7 +105,7 @@ def check_memory(
     run's devices in this process).
 
     Args:
-        describe: the trainer's ``describe()`` (``devices``: the devices the layout uses).
+        layout_devices: the devices the layout uses (all its stages).
         compute_dtype: the resolved compute dtype (``float32`` or ``bfloat16``).
         served: op -> provider that served it in the trace (``Ops.served``).
 
@@ -115,7 +115,7 @@ def check_memory(
     """
     served = {"attention": "pallas", **served}
     precision = Precision.of_providers(cfg.compute.param_dtype, compute_dtype, served)
-    estimator = _Estimator(cfg, model, describe["devices"], devices[0].device_kind, precision)
+    estimator = _Estimator(cfg, model, layout_devices, devices[0].device_kind, precision)
     estimate = estimator.bytes(cfg.data.batch_size, cfg.compute.remat)
     usable, source = _usable(cfg, devices)
     check = MemoryCheck(estimate, usable, source, cfg.compute.memory_check and usable is not None)

@@ -26,9 +26,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
-from titan.parallel.chunks import Chunk, chunk_item
+from titan.parallel.chunks import Chunk, chunk_item, chunk_ranges
 from titan.parallel.fit import microbatch_rows
 from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
@@ -82,17 +83,15 @@ class SpmdTrainer:
         shapes, logical = self.adapter.abstract_params(chunk)
         return mesh.state_shardings(self.tx, shapes, logical)
 
-    def describe(self) -> dict[str, Any]:
-        """The layout as recorded in ``run_start`` and in checkpoints (``microbatches`` only
-        when the step accumulates, so records of runs without it are unchanged)."""
-        accumulation = {"microbatches": self.microbatches} if self.microbatches > 1 else {}
-        return {
-            "layout": "spmd",
-            "mesh": self.mesh.mesh_shape,
-            "devices": self.mesh.device_count,
-            "chunks": [[c.start, c.end] for c in self.chunks],
-            **accumulation,
-        }
+    def describe(self) -> LayoutDescription:
+        """The layout as recorded in ``run_start`` and in checkpoints."""
+        return LayoutDescription(
+            "spmd",
+            self.mesh.mesh_shape,
+            self.mesh.device_count,
+            chunk_ranges(self.chunks),
+            microbatches=self.microbatches,
+        )
 
     def _init_chunk(self, key: jax.Array) -> ChunkState:
         params = self.adapter.init_params(key)

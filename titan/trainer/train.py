@@ -337,7 +337,7 @@ def _train_compiling(
     model_cfg, ops, trainer, batches = data.model, data.ops, data.trainer, data.batches
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
-    run_devices = jax.devices()[: trainer.describe()["devices"]]
+    run_devices = jax.devices()[: trainer.describe().devices]
     power_reader, power_info = open_reader(devices=run_devices)
     run = _Run(
         cfg,
@@ -363,7 +363,7 @@ def _train_compiling(
             memory = check_memory(
                 cfg,
                 model_cfg,
-                trainer.describe(),
+                trainer.describe().devices,
                 str(trainer.compute_dtype),
                 ops.served,
                 run.local_devices,
@@ -561,7 +561,7 @@ def _flops_meter(trainer: Trainer) -> FlopsMeter:
     import jax
 
     kinds = [d.device_kind for d in jax.devices()]
-    peak = device_peak(kinds, trainer.describe()["devices"], str(trainer.compute_dtype))
+    peak = device_peak(kinds, trainer.describe().devices, str(trainer.compute_dtype))
     return FlopsMeter(*trainer.adapter.token_flops(), peak)
 
 
@@ -573,7 +573,7 @@ def _run_start_fields(
         "model": model_cfg.record(),
         "model_source": trainer.adapter.describe(),
         "param_count": trainer.adapter.param_count(),
-        "layout": trainer.describe(),
+        "layout": trainer.describe().to_json(),
         "compute_dtype": str(trainer.compute_dtype),
         "ops": ops.served,
         "env": capture_environment(),
@@ -861,7 +861,7 @@ class _Run:
         meta = {
             "data_position": position,
             "num_sequences": self.batches.num_sequences,
-            "layout": self.trainer.describe(),
+            "layout": self.trainer.describe().to_json(),
         }
         self.record_saves(self.checkpointer.save(state, meta))
         self.saves.restart()

@@ -5,9 +5,10 @@ A family is plugged in as a :class:`ModelAdapter`. The layouts never build a mod
 they ask the adapter for a chunk's parameters (shapes, logical axes, initial values) and its
 forward pass, and move what the adapter says crosses a chunk boundary. Titan's Llama
 (:mod:`titan.models.adapters.llama`) is the first family; a family whose decoder stacks layers on
-another axis sets :attr:`ModelAdapter.layer_axis`, one that carries non-parameter state (an MoE
-router's bias) returns it from :meth:`ModelAdapter.model_state`, and one without a token loss
-(diffusion) returns its own scalar loss from the last chunk's forward pass.
+another axis sets :attr:`ModelAdapter.layer_axis`, and one without a token loss (diffusion)
+returns its own scalar loss from the last chunk's forward pass. The state a layout trains is the
+parameters and their optimizer state only: a family with state besides its parameters (an MoE
+router's bias) refuses it where it builds the model (:mod:`titan.models.adapters.maxtext`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class ModelAdapter(Protocol):
     """A model family as the layouts see it.
 
     Attributes:
-        family: the family's name, recorded in ``run_start`` (``llama``).
         n_layers: layers the model is cut into chunks along.
         layer_axis: the axis of a layer-stacked parameter that indexes layers (0 for Titan's
             Llama; MaxText's scanned decoders use 1).
@@ -55,8 +55,6 @@ class ModelAdapter(Protocol):
 
     # Read-only: a family may hold them as properties or frozen dataclass fields.
     @property
-    def family(self) -> str: ...
-    @property
     def n_layers(self) -> int: ...
     @property
     def layer_axis(self) -> int: ...
@@ -64,7 +62,8 @@ class ModelAdapter(Protocol):
     def config(self) -> ModelConfig: ...
 
     def describe(self) -> dict[str, Any]:
-        """What ``run_start`` records of the model: family, who serves its layers, its shape."""
+        """What ``run_start`` records of the model: ``family`` (the family's name), who serves
+        its layers, its shape."""
         ...
 
     def param_count(self) -> int:
@@ -92,10 +91,6 @@ class ModelAdapter(Protocol):
     def is_layer_stacked(self, path: tuple) -> bool:
         """Whether the parameter at ``path`` (a pytree key path) stacks the chunk's layers
         along :attr:`layer_axis` (re-cut at chunk boundaries); others belong to one chunk."""
-        ...
-
-    def model_state(self, chunk: Chunk) -> PyTree:
-        """Non-parameter state ``chunk`` carries between steps; ``{}`` when it has none."""
         ...
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:

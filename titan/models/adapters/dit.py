@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from titan.flops import training_flops_per_token
-from titan.models.adapters.base import PyTree, StageInputs, cast_tree
+from titan.models.adapters.base import ImageModelAdapter, PyTree, StageInputs, cast_tree
 from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.dit import DitStage
 from titan.ops import Ops
@@ -142,3 +142,6 @@ class DitAdapter(FlaxStages):
         module = self.module(whole_model(self.n_layers))
         out = module.apply({"params": cast_tree(params, dtype)}, noisy.astype(dtype), t, labels)
         return cast(jax.Array, out)  # apply without mutable= returns the output alone
+
+
+_SEAM: type[ImageModelAdapter] = DitAdapter  # mypy checks the family against the seam

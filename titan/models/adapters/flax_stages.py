@@ -44,6 +44,3 @@ class FlaxStages:
 
     def is_layer_stacked(self, path: tuple) -> bool:
         return any(getattr(key, "key", None) == "layers" for key in path)
-
-    def model_state(self, chunk: Chunk) -> PyTree:
-        return {}

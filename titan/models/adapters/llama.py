@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from titan.flops import training_flops_per_token
 from titan.models.adapters.base import (
+    ModelAdapter,
     PyTree,
     StageInputs,
     cast_tree,
@@ -111,3 +112,6 @@ class LlamaAdapter(FlaxStages):
         )
         outputs = cast(jax.Array, outputs)  # apply without mutable= returns the output alone
         return jnp.mean(outputs) if chunk.last else outputs
+
+
+_SEAM: type[ModelAdapter] = LlamaAdapter  # mypy checks the family against the seam

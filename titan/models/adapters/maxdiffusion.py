@@ -26,11 +26,12 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from titan.errors import TitanError
-from titan.models.adapters.base import PyTree, StageInputs, cast_tree
+from titan.models.adapters.base import ImageModelAdapter, PyTree, StageInputs, cast_tree
 from titan.models.adapters.dit import image_batch_shapes, image_stage_inputs
 from titan.models.dit import weighted_mse
 from titan.models.llama import INIT_STD
 from titan.parallel.chunks import Chunk, whole_model
+from titan.shapes import ModelConfig
 
 FORWARD_TO_TRAINING = 3.0  # forward + backward = 3 x forward (Kaplan et al. 2020, Sec. 2.1)
 
@@ -73,6 +74,26 @@ class DiffusersUNetAdapter:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return (self.shape.image_size, self.shape.image_size, self.shape.channels)
+
+    @property
+    def config(self) -> ModelConfig:
+        """The UNet in the terms of a Titan shape, for the records: no Titan shape describes a
+        UNet, so this holds what maps, the label table (``vocab_size``), the width of a label's
+        embedding (``d_model``, one head), the one chunk (``n_layers``) and the image; the
+        planner does not model the UNet."""
+        s = self.shape
+        return ModelConfig(
+            self.family,
+            s.labels,
+            s.cross_attention_dim,
+            self.n_layers,
+            n_heads=1,
+            n_kv_heads=1,
+            ffn_dim=0,
+            family=self.family,
+            image_size=s.image_size,
+            channels=s.channels,
+        )
 
     def module(self, dtype: Any = jnp.float32) -> Any:
         """The ``FlaxUNet2DConditionModel`` (diffusers is imported here, on first use: it takes
@@ -140,9 +161,6 @@ class DiffusersUNetAdapter:
     def is_layer_stacked(self, path: tuple) -> bool:
         return False
 
-    def model_state(self, chunk: Chunk) -> PyTree:
-        return {}
-
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         return image_batch_shapes(batch_size, self.image_shape)
 
@@ -177,3 +195,6 @@ class DiffusersUNetAdapter:
     ) -> jax.Array:
         prediction = self.predict(params, x, every["t"], every["labels"], dtype)
         return jnp.mean(weighted_mse(prediction, last["target"], last["weight"]))
+
+
+_SEAM: type[ImageModelAdapter] = DiffusersUNetAdapter  # mypy checks the family against the seam

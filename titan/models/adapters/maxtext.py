@@ -52,6 +52,7 @@ from titan.flops import ATTENTION_CONVENTIONS
 from titan.models.adapters import maxtext_errors
 from titan.models.adapters.base import (
     LossAndTerms,
+    ModelAdapter,
     PyTree,
     StageInputs,
     next_token_batch,
@@ -418,6 +419,10 @@ class MaxTextAdapter:
         model: the MaxText model and its settings.
         document_mask: attention stays within a document (segment ids); False: causal over the
             sequence.
+
+    Raises (on construction):
+        TitanError: the layers are not scanned on axis 1, a MaxText logical axis has no rule,
+            or the model carries state besides its parameters and RNG streams (names it).
     """
 
     model: MaxTextModel
@@ -431,7 +436,14 @@ class MaxTextAdapter:
                 "--maxtext-set: Titan cuts MaxText's scanned layers on axis 1 "
                 "(scan_layers=true, param_scan_axis=1)"
             )
-        self.logical_names(whole_model(self.n_layers))  # every name has a rule
+        whole = whole_model(self.n_layers)
+        self.logical_names(whole)  # every name has a rule
+        state = jax.tree_util.tree_leaves_with_path(self.model_state(whole))
+        if state:  # the layouts train the parameters and their optimizer state only
+            raise TitanError(
+                f"--maxtext-model {self.model.name}: Titan does not carry non-parameter state "
+                f"({', '.join(jax.tree_util.keystr(path) for path, _ in state)})"
+            )
 
     def config_of(self, n_layers: int | None, dtype: str = "float32") -> Any:
         return load_config(self.model, n_layers, dtype)
@@ -606,7 +618,8 @@ class MaxTextAdapter:
         return any(keys[i : i + 2] == ["decoder", "layers"] for i in range(len(keys)))
 
     def model_state(self, chunk: Chunk) -> PyTree:
-        """Non-parameter state other than RNG streams (none for the carried families)."""
+        """Non-parameter state other than RNG streams (none for the carried families: the
+        adapter refuses a model with any on construction)."""
         return _pure(self._built(chunk).other)
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -669,6 +682,9 @@ class MaxTextAdapter:
             return loss
         balance = _load_balance_loss(model)
         return loss + balance, {"moe_lb_loss": balance}
+
+
+_SEAM: type[ModelAdapter] = MaxTextAdapter  # mypy checks the family against the seam
 
 
 def _load_balance_loss(model: Any) -> jax.Array:
