@@ -28,9 +28,9 @@ import pytest
 from console_helpers import LAUNCH_TIMEOUT_S, tiny_form_texts
 from test_console_tmux import FIRST_FLAG, SESSION, TAB_OF, _screen, _send, _tmux, _wait_for
 
+from titan.analysis.liveness import read_launch
 from titan.config import option_fields
 from titan.exit_codes import EXIT_STOPPED
-from titan.analysis.liveness import read_launch
 from titan.telemetry.records import read_events
 
 SSH = Path("/usr/bin/ssh")

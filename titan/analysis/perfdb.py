@@ -29,16 +29,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from titan.analysis.ettr import attempt_start, split_attempts
+from titan.analysis.sql import insert_rows
 from titan.config import perf_key_options
 from titan.errors import TitanError
-from titan.analysis.ettr import attempt_start, split_attempts
-from titan.telemetry.events import Checkpoint, Compile, Event, Profile, RunStart, Step
-from titan.telemetry.records import load_events
-from titan.analysis.sql import insert_rows
 from titan.gpus import gpu_for_device_kind
 from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
 from titan.shapes import ModelConfig
+from titan.telemetry.events import Checkpoint, Compile, Event, Profile, RunStart, Step
+from titan.telemetry.records import load_events
 
 WARMUP_STEPS = 3
 REGRESSION_THRESHOLD = 0.05

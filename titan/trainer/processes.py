@@ -26,11 +26,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from titan.data.tokenizer import Tokenizer
-from titan.telemetry.events import Stall
 from titan.analysis.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
-from titan.telemetry.records import EventT, RunRecord, new_run_id, write_json_atomic
-from titan.telemetry.ticker import Ticker
+from titan.data.tokenizer import Tokenizer
 from titan.parallel.distributed import (
     barrier,
     broadcast_bytes,
@@ -38,6 +35,9 @@ from titan.parallel.distributed import (
     process_count,
     process_index,
 )
+from titan.telemetry.events import Stall
+from titan.telemetry.records import EventT, RunRecord, new_run_id, write_json_atomic
+from titan.telemetry.ticker import Ticker
 
 STALL_FIELDS = ("phase", "elapsed_s", "threshold_s", "step")  # published by a stalled process
 T = TypeVar("T")
