@@ -10,9 +10,9 @@ from helpers import events, run_in_process, start_subprocess
 
 from titan.config import TrainConfig, validate_train_config
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_STALL
 from titan.telemetry.watchdog import LONG_PHASE_MIN_S, Watchdog
 from titan.trainer.checkpoint import Checkpointer
-from titan.trainer.train import EXIT_STALL
 
 
 class FakeClock:

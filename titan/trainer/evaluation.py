@@ -57,10 +57,6 @@ class Evaluation:
             "batches": self.batches.count,
         }
 
-    def due(self, step: int) -> bool:
-        """Whether to evaluate after ``step``."""
-        return step % self.every == 0
-
     def run(self, state: TrainState, step: int) -> Eval:
         """Evaluate ``state`` (after ``step``); blocks until the losses are read."""
         start = time.perf_counter()

@@ -25,12 +25,12 @@ several processes a signal to any of them stops all after the same step
 (:class:`titan.parallel.distributed.StopAgreement`). Process 0 alone writes the record; every
 process keeps ``processes/<id>.json`` (:mod:`titan.trainer.processes`).
 With ``--watchdog-abort 1`` a stall saves the state when it is reachable
-(:meth:`_Run.save_on_stall`), writes ``run_end`` ``failed`` and exits with :data:`EXIT_STALL`
-(3). A step whose loss or gradient norm is not finite changes nothing on the device; the loop
-records it and applies ``--nonfinite`` (:mod:`titan.trainer.guard`): a non-finite abort writes
-``run_end`` ``failed`` (reason ``nonfinite``), no checkpoint, and exits with
-:data:`EXIT_NONFINITE` (5). No save writes non-finite weights. A failure after ``run_start``
-writes ``run_end`` ``failed`` and exits 1; a full disk is one line naming the path
+(:meth:`titan.trainer.loop.TrainLoop.save_on_stall`), writes ``run_end`` ``failed`` and exits
+with :data:`EXIT_STALL` (3). A step whose loss or gradient norm is not finite changes nothing on
+the device; the loop records it and applies ``--nonfinite`` (:mod:`titan.trainer.guard`): a
+non-finite abort writes ``run_end`` ``failed`` (reason ``nonfinite``), no checkpoint, and exits
+with :data:`EXIT_NONFINITE` (5). No save writes non-finite weights. A failure after
+``run_start`` writes ``run_end`` ``failed`` and exits 1; a full disk is one line naming the path
 (:func:`titan.telemetry.records.disk_full`), with ``run_end`` written when there is room.
 """
 
@@ -40,16 +40,11 @@ import contextlib
 import dataclasses
 import os
 import sys
-import threading
-import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-import numpy as np
 
 from titan.analysis.liveness import ProcessId, heartbeat_allowance_s
 from titan.config import TrainConfig, model_config, trained_vocab_size
@@ -63,16 +58,15 @@ from titan.data.mixture import (
     make_batches,
     open_sources,
 )
-from titan.data.text import Documents, batch_digest
+from titan.data.text import Documents
 from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.errors import TitanError
-from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STALL, EXIT_STOPPED
+from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.ops import Ops
 from titan.parallel.distributed import (
     LaunchSettings,
-    StopAgreement,
     barrier,
     initialize,
     process_count,
@@ -80,19 +74,15 @@ from titan.parallel.distributed import (
 )
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
-from titan.telemetry.device_memory import peak_bytes
 from titan.telemetry.env import capture_environment
 from titan.telemetry.events import (
-    Checkpoint,
-    CheckpointFailed,
     CheckpointUnrestorable,
     Compile,
     RunEnd,
     RunStart,
-    Step,
 )
 from titan.telemetry.mfu import FlopsMeter, device_peak
-from titan.telemetry.power import PowerSampler, StepEnergy, open_reader
+from titan.telemetry.power import PowerSampler, open_reader
 from titan.telemetry.profile import StepProfiler
 from titan.telemetry.records import (
     CONFIG_FILE,
@@ -103,32 +93,33 @@ from titan.telemetry.records import (
     disk_full,
     write_json_atomic,
 )
-from titan.telemetry.sinks import LiveTensorBoard, check_library, live_sink
-from titan.telemetry.watchdog import Stall, Watchdog
+from titan.telemetry.sinks import check_library, live_sink
 from titan.trainer.adapters import build_trainer, check_layout_fits
 from titan.trainer.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
-    SaveResult,
     SaveSchedule,
     Unrestorable,
     initial_state,
 )
+from titan.trainer.checkpoint_hook import CheckpointHook, SettledSavesHook
 from titan.trainer.claim import RunClaim, refuse_recorded
 from titan.trainer.compilation import CompileWatch, compilation_settings
+from titan.trainer.compile_hook import CompileHook
+from titan.trainer.eval_hook import EvalHook
 from titan.trainer.evaluation import Evaluation, open_evaluation
 from titan.trainer.guard import (
     FINITE_CHECK_FUNCTION,
-    FiniteCheck,
-    LossSpikeDetector,
     NonFiniteAbort,
-    NonFiniteGuard,
-    nonfinite_fields,
-    poison_batch,
 )
+from titan.trainer.health_hook import HealthHook
+from titan.trainer.heartbeat_hook import HeartbeatHook
+from titan.trainer.hooks import Hooks
 from titan.trainer.images import image_batches
+from titan.trainer.loop import Throughput, TrainLoop
 from titan.trainer.memory_check import check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost
+from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import (
     Heartbeat,
     MutedRecord,
@@ -138,10 +129,14 @@ from titan.trainer.processes import (
     is_writer,
     one_tokenizer,
 )
+from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
+from titan.trainer.progress_hook import ProgressHook
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
-from titan.trainer.step_clock import StepClock
-from titan.trainer_state import StepMetrics, Trainer, TrainState
+from titan.trainer.saver import Saver
+from titan.trainer.sink_hook import SinkHook
+from titan.trainer.stall_hook import StallHook
+from titan.trainer_state import Trainer, TrainState
 
 T = TypeVar("T")
 
@@ -339,23 +334,17 @@ def _train_compiling(
 
     run_devices = jax.devices()[: trainer.describe().devices]
     power_reader, power_info = open_reader(devices=run_devices)
-    run = _Run(
-        cfg,
-        run_dir,
-        trainer,
-        batches,
-        checkpointer or _checkpointer(cfg, run_dir),
-        stop,
-        progress,
-        _flops_meter(trainer),
-        PowerSampler(power_reader),
-        [d for d in run_devices if d.process_index == jax.process_index()],
-        data.tokens_per_row,
-        data.images,
-        data.evaluation,
-        compiles,
-    )
-    run.start_monitors()
+    local_devices = [d for d in run_devices if d.process_index == jax.process_index()]
+    checkpointer = checkpointer or _checkpointer(cfg, run_dir)
+    power = PowerSampler(power_reader)
+    flops = _flops_meter(trainer)
+    # Until the run files are written a stall is said, not recorded (MutedRecord).
+    record: RunRecord = MutedRecord(run_dir, run_dir.name)
+    stall = StallHook(cfg.observability, record, checkpointer)
+    hooks = Hooks()
+    hooks.add(stall)
+    hooks.add(PowerHook(power))
+    hooks.start()
     started = False
     try:
         with stop.during("trace"):  # checked before the state takes any memory
@@ -366,14 +355,39 @@ def _train_compiling(
                 trainer.describe().devices,
                 str(trainer.compute_dtype),
                 ops.served,
-                run.local_devices,
+                local_devices,
             )
         with stop.during("restore"):
-            state, start_step = run.restore_or_init(resume_dir is not None)
-        run.watchdog.enter("compile", start_step)
+            hooks.on_phase("checkpoint_restore", 0)
+            state, start_step, unrestorable = _restore_or_init(
+                cfg, checkpointer, trainer, batches, resume_dir is not None
+            )
+        hooks.on_phase("compile", start_step)
         stop.start()  # from here a signal stops the run after a step, with a checkpoint
-        run.begin(model_cfg, data.files)
-        run.record.emit(
+        record, liveness = _begin(cfg, run_dir, model_cfg, data.files, record, hooks)
+        saver = Saver(checkpointer, _save_schedule(cfg), record, trainer, batches, hooks.on_phase)
+        throughput = Throughput(
+            cfg.data.batch_size,
+            data.tokens_per_row,
+            data.images,
+            flops,
+            power,
+            local_devices,
+        )
+        loop = TrainLoop(
+            trainer,
+            batches,
+            cfg.optimizer.steps,
+            hooks,
+            saver,
+            record,
+            throughput,
+            stop,
+            cfg.debugging,
+        )
+        stall.attach(record, liveness.heartbeat, loop)
+        _add_loop_hooks(hooks, cfg, record, saver, progress, compiles, data.evaluation)
+        record.emit(
             RunStart(
                 **_run_start_fields(cfg, model_cfg, trainer, ops, data.record),
                 start_step=start_step,
@@ -387,33 +401,195 @@ def _train_compiling(
         started = claim.recorded = True
         if resume_dir and start_step:  # said once the run is recorded: a refusal stays one line
             print(f"titan: resuming from step {start_step}: {_schedule_text(cfg)}", file=sys.stderr)
-        for skipped in run.unrestorable:
-            run.record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
-        run.checkpointer.set_aside([skipped.step for skipped in run.unrestorable])
+        for skipped in unrestorable:
+            record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
+        checkpointer.set_aside([skipped.step for skipped in unrestorable])
         with progress.status("compiling the train step"):
-            compiled = [*_compile(trainer, cache, compiles), *run.finite_check.compile(state)]
+            compiled = [*_compile(trainer, cache, compiles), *saver.finite_check.compile(state)]
         for event in [*compiled, *trainer.start_events()]:
-            run.record.emit(event)
-        with run.profiler:  # closes a trace left open by a stop signal or an error
-            step, status = run.loop(state, start_step)
-        run.record.emit(RunEnd(status=status, step=step, signal=run.stop.signal_name or None))
-        run.beating.close(status, step)
+            record.emit(event)
+        step, status = loop.run(state, start_step)
+        record.emit(RunEnd(status=status, step=step, signal=stop.signal_name or None))
+        liveness.heartbeat.close(status, step)
     except NonFiniteAbort as err:
-        run.end_nonfinite(err)
+        _end_nonfinite(err, saver, record, liveness.heartbeat)
         return EXIT_NONFINITE
     except Exception as err:  # noqa: BLE001 - every failure must reach the run record
         if not started:
             raise  # before run_start nothing is recorded; the claim removes a fresh run's dir
-        return run.fail(err)
+        return _fail(err, record, liveness)
     finally:
-        run.stop_monitors()
-        run.close()
+        hooks.close()
+        _close(checkpointer, record)
         progress.close()
     # No process leaves before the writer has closed the record: a stop's non-zero code must not
     # let srun --kill-on-bad-exit end process 0 before its run_end.
     barrier("titan:run-end")
     progress.finish(status, step, run_dir)
     return _exit_code(cfg, status)
+
+
+def _add_loop_hooks(
+    hooks: Hooks,
+    cfg: TrainConfig,
+    record: RunRecord,
+    saver: Saver,
+    progress: TrainProgress,
+    compiles: CompileWatch,
+    evaluation: Evaluation | None,
+) -> None:
+    """Register the monitors of the loop's steps, in the order they act after a step."""
+    hooks.add(ProfilerHook(StepProfiler(cfg.observability.profile_steps, record)))
+    hooks.add(SettledSavesHook(saver))
+    hooks.add(CompileHook(compiles, record))
+    hooks.add(CheckpointHook(saver))
+    if evaluation is not None:
+        hooks.add(EvalHook(evaluation, record, progress), every=evaluation.every)
+    hooks.add(ProgressHook(progress))
+    hooks.add(HealthHook(cfg, record))
+
+
+def _begin(
+    cfg: TrainConfig,
+    run_dir: Path,
+    model_cfg: ModelConfig,
+    files: dict[str, bytes],
+    record: RunRecord,
+    hooks: Hooks,
+) -> tuple[RunRecord, HeartbeatHook]:
+    """Open the record and write the run files (``config.json``, the tokenizer of a text run,
+    the heartbeats): the first writes into the run dir, once the state is restored and the step
+    traced. Starts the live metric sink, the heartbeat and the watch of the other processes.
+
+    Returns:
+        (the run's record: ``record``, the muted one, on processes other than the writer; the
+        liveness hook).
+
+    Raises:
+        TitanError: ``events.jsonl`` cannot be opened for appending.
+    """
+    if is_writer():
+        record = _open_record(run_dir)
+        _write_run_files(run_dir, cfg, model_cfg, files)
+        sink = live_sink(cfg.observability.metrics, run_dir)
+        if sink is not None:
+            hooks.add(SinkHook(sink))
+    barrier("titan:run-files")  # then the others write their heartbeats there
+    heartbeat = Heartbeat(run_dir)
+    after_s = heartbeat_allowance_s(cfg.observability.watchdog_floor)
+
+    def on_lost(lost: list) -> None:
+        """A process of the run stopped beating: end this one (:mod:`titan.trainer.peers`)."""
+        end_for_lost(record.run_dir, record, heartbeat, lost, EXIT_FAILED)
+
+    liveness = HeartbeatHook(heartbeat, PeerWatch(run_dir, heartbeat, record, after_s, on_lost))
+    hooks.add(liveness)
+    hooks.start()
+    return record, liveness
+
+
+def _save_schedule(cfg: TrainConfig) -> SaveSchedule:
+    checkpoint = cfg.checkpoint
+    return SaveSchedule(checkpoint.checkpoint_every, checkpoint.checkpoint_every_s, process_count())
+
+
+def _restore_or_init(
+    cfg: TrainConfig,
+    checkpointer: Checkpointer,
+    trainer: Trainer,
+    batches: Batches | ImageBatches,
+    resuming: bool,
+) -> tuple[TrainState, int, list[Unrestorable]]:
+    """(state, step, checkpoints skipped): the latest checkpoint's when resuming and one
+    exists (the batches moved to its data position), else fresh.
+
+    Raises:
+        TitanError: the latest checkpoint cannot be read or restored onto this layout, or
+            the corpus changed since it was written.
+    """
+    restored = checkpointer.restore_latest(trainer) if resuming else None
+    if restored is None:
+        if resuming:
+            print(
+                "titan: --resume: the run has no committed checkpoint; starting from step 0",
+                file=sys.stderr,
+                flush=True,
+            )
+        return initial_state(trainer, cfg.run.seed, cfg.checkpoint.init_from), 0, []
+    state, meta, unrestorable = restored
+    for skipped in unrestorable:
+        print(
+            f"titan: checkpoint {skipped.step} cannot be restored ({inert(skipped.error)}); "
+            "resuming from the one before it",
+            file=sys.stderr,
+            flush=True,
+        )
+    latest = state.step
+    try:
+        saved_sequences, position = meta["num_sequences"], meta["data_position"]
+    except (KeyError, TypeError) as err:  # a hand-edited meta
+        raise TitanError(
+            f"--resume: checkpoint {latest} ({checkpointer.path(latest)}) cannot be "
+            f"read: {type(err).__name__}: {_first_line(err)}"
+        ) from None
+    if saved_sequences != batches.num_sequences:
+        raise TitanError(
+            f"--resume: the corpus changed since the checkpoint ({saved_sequences} "
+            f"sequences then, {batches.num_sequences} now)"
+        )
+    batches.position = position
+    return state, latest, unrestorable
+
+
+def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook) -> int:
+    """Say and record a failure after ``run_start`` (``run_end`` ``failed``, as far as the disk
+    allows); returns :data:`EXIT_FAILED`. A full disk is one line naming the path."""
+    liveness.peers.settle()  # a peer killed mid-collective: record it, not the symptom
+    full = disk_full(err)
+    if full is None:
+        traceback.print_exc()
+    else:
+        print(f"titan train: error: {full}", file=sys.stderr, flush=True)
+    error = full or f"{type(err).__name__}: {err}"
+    with contextlib.suppress(OSError):
+        record.emit(RunEnd(status="failed", step=None, error=error))
+    with contextlib.suppress(OSError):
+        liveness.heartbeat.close("failed", None)
+    return EXIT_FAILED
+
+
+def _end_nonfinite(
+    err: NonFiniteAbort, saver: Saver, record: RunRecord, heartbeat: Heartbeat
+) -> None:
+    """Record a non-finite abort: one line on stderr and ``run_end`` ``failed`` (reason
+    ``nonfinite``) naming the newest committed checkpoint, which holds finite weights (a save
+    still in flight is waited for first)."""
+    with contextlib.suppress(DiskFull):
+        saver.wait()
+    latest = saver.checkpointer.latest_step()
+    kept = "none (a resume starts from step 0)" if latest is None else f"step {latest}"
+    print(f"titan: non-finite: {err}; the last checkpoint is {kept}", file=sys.stderr)
+    record.emit(
+        RunEnd(
+            status="failed",
+            step=err.step,
+            reason="nonfinite",
+            error=f"{type(err).__name__}: {err}",
+            checkpoint_step=latest,
+        )
+    )
+    heartbeat.close("failed", err.step)
+
+
+def _close(checkpointer: Checkpointer, record: RunRecord) -> None:
+    """Close the checkpointer and the record (after a full disk too)."""
+    try:
+        checkpointer.close()
+    except Exception as err:  # noqa: BLE001 - a failed last save was said already
+        if disk_full(err) is None:
+            raise
+    finally:
+        record.close()
 
 
 def _compile(trainer: Trainer, cache: Path | None, compiles: CompileWatch) -> list[Compile]:
@@ -581,462 +757,3 @@ def _run_start_fields(
         "processes": process_count(),
         "process": ProcessId.current(process_index()).as_dict(),
     }
-
-
-_Dispatched = tuple[int, StepMetrics, np.ndarray, int, dict, Future[float]]  # _Run._report's
-
-
-@dataclass
-class _Run:
-    """The pieces of a run the loop works with. Until :meth:`begin` its record is a
-    :class:`MutedRecord` (a stall during restore or trace is said, not recorded) and nothing is
-    written in the run dir."""
-
-    cfg: TrainConfig
-    run_dir: Path
-    trainer: Trainer
-    batches: Batches | ImageBatches
-    checkpointer: Checkpointer
-    stop: StopFlag
-    progress: TrainProgress
-    flops: FlopsMeter
-    power: PowerSampler
-    local_devices: list  # the run's devices in this process (memory readings)
-    tokens_per_row: int  # tokens of a batch row: --seq-len, or a DiT's patches per image
-    images: bool = False  # rows are images: step events carry images_per_s
-    evaluation: Evaluation | None = None  # --eval-every
-    compiles: CompileWatch | None = None  # functions compiled again: compile events
-    record: RunRecord = dataclasses.field(init=False)
-    heartbeat: Heartbeat | None = dataclasses.field(init=False, default=None)
-    metrics: LiveTensorBoard | None = dataclasses.field(init=False, default=None)
-    finite_check: FiniteCheck = dataclasses.field(init=False, default_factory=FiniteCheck)
-
-    def __post_init__(self) -> None:
-        self.record = MutedRecord(self.run_dir, self.run_dir.name)
-        self.agreement = StopAgreement(lambda: self.stop.requested)
-        checkpoint = self.cfg.checkpoint
-        self.saves = SaveSchedule(
-            checkpoint.checkpoint_every, checkpoint.checkpoint_every_s, process_count()
-        )
-        self.unrestorable: list[Unrestorable] = []
-        obs = self.cfg.observability
-        self.watchdog = Watchdog(obs.watchdog_floor, obs.watchdog_factor, self.on_stall)
-        opt = self.cfg.optimizer
-        self.guard = NonFiniteGuard(opt.nonfinite, opt.nonfinite_patience)
-        self.spikes = LossSpikeDetector(obs.loss_spike_window, obs.loss_spike_sigma)
-        # Held while a step donates the state or a save reads it: the watchdog thread saves
-        # only when it can take it at once (the loop is stuck elsewhere).
-        self._dispatch = threading.Lock()
-        # (state, its data position, its step's finite flag on the device; None before the
-        # first step): the newest state.
-        self._newest: tuple[TrainState, int, Any] | None = None
-        # The last step dispatched, its metrics not read yet: _report's arguments.
-        self._pending: _Dispatched | None = None
-        self._saved_step: int | None = None
-        self.peers: PeerWatch | None = None  # started by begin(), with the heartbeat
-        # The last step with a step event: what run_end's step says (the step in flight when
-        # the watchdog aborts was never recorded).
-        self.recorded_step: int | None = None
-
-    @property
-    def beating(self) -> Heartbeat:
-        """The heartbeat, which :meth:`begin` starts (before ``run_start``)."""
-        assert self.heartbeat is not None, "the heartbeat starts in begin()"
-        return self.heartbeat
-
-    def begin(self, model_cfg: ModelConfig, files: dict[str, bytes]) -> None:
-        """Open the record and write the run files (``config.json``, the tokenizer of a text
-        run, the heartbeats): the first writes into the run dir, once the state is restored and
-        the step traced.
-
-        Raises:
-            TitanError: ``events.jsonl`` cannot be opened for appending.
-        """
-        if is_writer():
-            record = _open_record(self.run_dir)
-            _write_run_files(self.run_dir, self.cfg, model_cfg, files)
-            self.record = record
-            self.metrics = live_sink(self.cfg.observability.metrics, self.run_dir)
-        barrier("titan:run-files")  # then the others write their heartbeats there
-        self.heartbeat = Heartbeat(self.run_dir)
-        self.heartbeat.start()
-        self.profiler = StepProfiler(self.cfg.observability.profile_steps, self.record)
-        after_s = heartbeat_allowance_s(self.cfg.observability.watchdog_floor)
-        self.peers = PeerWatch(self.run_dir, self.heartbeat, self.record, after_s, self.on_lost)
-        self.peers.start()
-
-    def fail(self, err: Exception) -> int:
-        """Say and record a failure after ``run_start`` (``run_end`` ``failed``, as far as the
-        disk allows); returns :data:`EXIT_FAILED`. A full disk is one line naming the path."""
-        if self.peers is not None:
-            self.peers.settle()  # a peer killed mid-collective: record it, not the symptom
-        full = disk_full(err)
-        if full is None:
-            traceback.print_exc()
-        else:
-            print(f"titan train: error: {full}", file=sys.stderr, flush=True)
-        error = full or f"{type(err).__name__}: {err}"
-        with contextlib.suppress(OSError):
-            self.record.emit(RunEnd(status="failed", step=None, error=error))
-        with contextlib.suppress(OSError):
-            self.beating.close("failed", None)
-        return EXIT_FAILED
-
-    def close(self) -> None:
-        """Close the checkpointer and the record (after a full disk too)."""
-        try:
-            self.checkpointer.close()
-        except Exception as err:  # noqa: BLE001 - a failed last save was said already
-            if disk_full(err) is None:
-                raise
-        finally:
-            self.record.close()
-
-    def start_monitors(self) -> None:
-        """Start the stall watchdog and the power sampler (background threads; the watch of the
-        other processes and the heartbeat start in :meth:`begin`)."""
-        self.watchdog.start()
-        self.power.start()
-
-    def stop_monitors(self) -> None:
-        self.watchdog.stop()
-        if self.metrics is not None:
-            self.metrics.stop()
-        self.power.stop()
-        if self.peers is not None:
-            self.peers.stop()
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-
-    def on_lost(self, lost: list) -> None:
-        """A process of the run stopped beating: end this one (:mod:`titan.trainer.peers`)."""
-        end_for_lost(self.record.run_dir, self.record, self.beating, lost, EXIT_FAILED)
-
-    def on_stall(self, stall: Stall) -> None:
-        """Record a stall (on the watchdog thread, while the main thread is stuck); with
-        ``--watchdog-abort 1`` save the state when it is reachable (:meth:`save_on_stall`), then
-        end the process with :data:`EXIT_STALL` without unwinding the stuck thread. Another
-        process's stall reaches the record through its heartbeat (:mod:`titan.trainer.peers`)."""
-        self.record.emit(stall)
-        if self.heartbeat is not None:
-            self.heartbeat.stalled(stall)
-        print(
-            f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
-            f"(allowance {stall.threshold_s:.1f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        if not self.cfg.observability.watchdog_abort:
-            return
-        saved = self.save_on_stall()
-        with contextlib.suppress(Exception):  # a save in flight commits before the exit
-            self.record_saves(self.checkpointer.wait())
-        self.record.emit(
-            RunEnd(
-                status="failed",
-                step=self.recorded_step,
-                reason="stall",
-                error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
-                checkpoint_step=self.checkpointer.latest_step(),
-                saved=saved,
-            )
-        )
-        self.record.close()
-        os._exit(EXIT_STALL)
-
-    def save_on_stall(self) -> str:
-        """Save the newest state from the watchdog thread when that is safe, and say what
-        happened (``RunEnd.saved``). Safe means: one process (a save is collective), the loop
-        is not inside a step dispatch (which donates the state) or a save (the lock is free at
-        once), the state and its step's metrics are computed (``is_ready``, so a hung device
-        cannot hang the save), its step is known finite, and its weights are finite. The step's
-        unread metrics are recorded first (its ``step`` event, step time up to now), and the
-        data position saved is the one taken with the state after its step, not the loader's
-        live one."""
-        import jax
-
-        if process_count() > 1:
-            return "not reachable: a save needs every process, and only this one is stopping"
-        if self._newest is None:
-            return "nothing to save: the loop has not started"
-        if not self._dispatch.acquire(blocking=False):
-            return "not reachable: the loop is stuck inside a step dispatch or a save"
-        try:
-            state, position, finite = self._newest
-            if state.step == self._saved_step:
-                return "already saved" if state.step else "nothing to save: no step done"
-            pending, self._pending = self._pending, None
-            arrays = jax.tree.leaves((state, finite, pending and pending[1]))
-            if not all(leaf.is_ready() for leaf in arrays):
-                return f"not reachable: the device has not finished step {state.step}"
-            if not bool(finite):
-                return f"not saved: step {state.step} was not finite"
-            if pending is not None:
-                self._report(*pending)  # the step's event comes before its checkpoint's
-            self.save(state, position)
-            self.record_saves(self.checkpointer.wait())  # committed before the process ends
-            return "saved"
-        except NonFiniteAbort as err:
-            return f"not saved: {err}"
-        except Exception as err:  # noqa: BLE001 - the abort must go on to its run_end and exit
-            return f"not saved: {type(err).__name__}: {err}"
-        finally:
-            self._dispatch.release()
-
-    def end_nonfinite(self, err: NonFiniteAbort) -> None:
-        """Record a non-finite abort: one line on stderr and ``run_end`` ``failed`` (reason
-        ``nonfinite``) naming the newest committed checkpoint, which holds finite weights (a save
-        still in flight is waited for first)."""
-        with contextlib.suppress(DiskFull):
-            self.record_saves(self.checkpointer.wait())
-        latest = self.checkpointer.latest_step()
-        kept = "none (a resume starts from step 0)" if latest is None else f"step {latest}"
-        print(f"titan: non-finite: {err}; the last checkpoint is {kept}", file=sys.stderr)
-        self.record.emit(
-            RunEnd(
-                status="failed",
-                step=err.step,
-                reason="nonfinite",
-                error=f"{type(err).__name__}: {err}",
-                checkpoint_step=latest,
-            )
-        )
-        self.beating.close("failed", err.step)
-
-    def restore_or_init(self, resuming: bool) -> tuple[TrainState, int]:
-        """(state, step): the latest checkpoint's when resuming and one exists, else fresh.
-
-        Raises:
-            TitanError: the latest checkpoint cannot be read or restored onto this layout, or
-                the corpus changed since it was written.
-        """
-        self.watchdog.enter("checkpoint_restore", 0)
-        restored = self.checkpointer.restore_latest(self.trainer) if resuming else None
-        if restored is None:
-            if resuming:
-                print(
-                    "titan: --resume: the run has no committed checkpoint; starting from step 0",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return initial_state(self.trainer, self.cfg.run.seed, self.cfg.checkpoint.init_from), 0
-        state, meta, self.unrestorable = restored
-        for skipped in self.unrestorable:
-            print(
-                f"titan: checkpoint {skipped.step} cannot be restored ({inert(skipped.error)}); "
-                "resuming from the one before it",
-                file=sys.stderr,
-                flush=True,
-            )
-        latest = state.step
-        try:
-            saved_sequences, position = meta["num_sequences"], meta["data_position"]
-        except (KeyError, TypeError) as err:  # a hand-edited meta
-            raise TitanError(
-                f"--resume: checkpoint {latest} ({self.checkpointer.path(latest)}) cannot be "
-                f"read: {type(err).__name__}: {_first_line(err)}"
-            ) from None
-        if saved_sequences != self.batches.num_sequences:
-            raise TitanError(
-                f"--resume: the corpus changed since the checkpoint ({saved_sequences} "
-                f"sequences then, {self.batches.num_sequences} now)"
-            )
-        self.batches.position = position
-        return state, latest
-
-    def save(self, state: TrainState, position: int) -> None:
-        """Save ``state`` with the data position after its step (``position``), unless its
-        weights are not finite.
-
-        Raises:
-            NonFiniteAbort: a parameter or optimizer moment is not finite (nothing is written).
-        """
-        step = state.step
-        self.watchdog.enter("checkpoint_save", step)
-        finite, recompiled = self.finite_check(state)
-        for event in recompiled:
-            self.record.emit(event)
-        if not finite:
-            raise NonFiniteAbort(step, f"step {step}: non-finite weights (nothing saved)")
-        meta = {
-            "data_position": position,
-            "num_sequences": self.batches.num_sequences,
-            "layout": self.trainer.describe().to_json(),
-        }
-        self.record_saves(self.checkpointer.save(state, meta))
-        self.saves.restart()
-        self._saved_step = step
-
-    def record_saves(self, results: list[SaveResult]) -> None:
-        """A ``checkpoint`` event per committed save, a ``checkpoint_failed`` event and a line
-        on stderr per failed one.
-
-        Raises:
-            DiskFull: a save found the disk full (after its ``checkpoint_failed`` event): the
-                run ends, with one line (:meth:`fail`).
-        """
-        for r in results:
-            if r.error is None:
-                path = str(self.checkpointer.path(r.step))
-                asynchronous = self.checkpointer.asynchronous or None
-                self.record.emit(
-                    Checkpoint(
-                        step=r.step,
-                        seconds=r.blocking_s,
-                        commit_s=r.commit_s,
-                        asynchronous=asynchronous,
-                        path=path,
-                    )
-                )
-                continue
-            self.record.emit(
-                CheckpointFailed(
-                    step=r.step, error=r.error, seconds=r.blocking_s, commit_s=r.commit_s
-                )
-            )
-            if r.disk_full:
-                raise DiskFull(r.error)
-            print(
-                f"titan: checkpoint {r.step} failed and is not committed: {inert(r.error)}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def loop(self, state: TrainState, step: int) -> tuple[int, str]:
-        """Train until ``--steps`` or a stop signal. Metrics are read one step late so the
-        host never waits on the device before dispatching the next step.
-
-        Returns:
-            (last step done, ``completed`` or ``stopped``).
-        """
-        self._saved_step = self.recorded_step = step  # restored or initialised: no save needed
-        self._newest = (state, self.batches.position, None)
-        self.clock = StepClock()
-        self.energy = StepEnergy(self.power)
-        self.saves.restart()
-        try:
-            step = self._steps(state, step)
-        finally:  # no clock thread left waiting on the device when the loop fails
-            self.clock.close()
-        if step != self._saved_step:
-            self._save_newest()
-        self.watchdog.enter("checkpoint_save", step)
-        self.record_saves(self.checkpointer.wait())  # the last save commits before run_end
-        self.watchdog.enter("idle", step)
-        return step, "stopped" if self.agreement.agreed else "completed"
-
-    def _steps(self, state: TrainState, step: int) -> int:
-        """The steps of :meth:`loop` from ``step``, each reported one step late. Returns the
-        last step done."""
-        while step < self.cfg.optimizer.steps and not self.agreement.stop_before(step):
-            self.profiler.step_starts(step + 1)
-            self.watchdog.enter("data_wait", step + 1)
-            batch, ids = self.batches.next_batch()
-            self.watchdog.enter("step", step + 1)
-            if step + 1 == self.cfg.debugging.debug_stall_at_step:
-                self._debug_stall()
-            if step + 1 == self.cfg.debugging.debug_nonfinite_at_step:
-                batch = poison_batch(batch)
-            if self._pending and self.trainer.next_step_blocks():
-                # a blocking step must not count in the previous one
-                self._report(*self._pending)
-                self._pending = None
-            with self._dispatch:  # the newest state and its unread metrics change together
-                state, metrics = self.trainer.step(state, batch)
-                step += 1
-                position = self.batches.position
-                self._newest = (state, position, metrics["finite"])
-                fields = self.trainer.step_fields()
-                end = self.clock.dispatched(metrics)
-                previous = self._pending
-                self._pending = (step, metrics, ids, position, fields, end)
-            self.agreement.contribute(step)
-            if previous:
-                self._report(*previous)
-            self.profiler.step_done(step, state)
-            self.record_saves(self.checkpointer.results())
-            for event in self.compiles.drain() if self.compiles else []:
-                self.record.emit(event)
-            if self.saves.due(step):
-                if self._pending:  # a non-finite abort raises here, before the save
-                    self._report(*self._pending)
-                    self._pending = None
-                self._save_newest()
-            if self.evaluation and self.evaluation.due(step):
-                self._evaluate(state, step)
-        if self._pending and self._newest:  # the last step ends when its new state is ready
-            self._report(*self._pending, also=self._newest[0])
-        return step
-
-    def _evaluate(self, state: TrainState, step: int) -> None:
-        """Record the ``eval`` event of ``state`` after ``step`` (its ``step`` event first); the
-        next step's time starts after it, so evaluation is in no step's time."""
-        if self._pending:
-            self._report(*self._pending)
-            self._pending = None
-        self.watchdog.enter("eval", step)
-        assert self.evaluation is not None  # the loop evaluates with --eval-every only
-        self.progress.eval(self.record.emit(self.evaluation.run(state, step)))
-        self.clock.restart()
-
-    def _save_newest(self) -> None:
-        """Save the newest state from the loop (holding the dispatch lock, so that the
-        watchdog thread does not save it at the same time)."""
-        with self._dispatch:
-            assert self._newest is not None  # saved after a step
-            state, position, _ = self._newest
-            self.save(state, position)
-
-    def _debug_stall(self) -> None:
-        """``--debug-stall-at-step``: hang here (a testing aid for the watchdog) until a stop
-        signal arrives or the watchdog aborts the process."""
-        while not self.stop.requested:
-            time.sleep(0.1)
-
-    def _report(
-        self,
-        step: int,
-        metrics: StepMetrics,
-        ids: np.ndarray,
-        position: int,
-        fields: dict,
-        end: Future[float],
-        also: Any = None,
-    ) -> None:
-        import jax
-
-        values = {key: float(value) for key, value in jax.device_get(metrics).items()}
-        finite = bool(values.pop("finite"))
-        nonfinite = nonfinite_fields(values)
-        step_time_s = self.clock.step_time_s(end, also)
-        self.watchdog.step_done(step_time_s)
-        self.beating.beat(step)
-        self.recorded_step = step
-        tokens = self.cfg.data.batch_size * self.tokens_per_row
-        images_per_s = self.cfg.data.batch_size / step_time_s if self.images else None
-        event = self.record.emit(
-            Step.from_fields(
-                step=step,
-                **values,
-                tokens=tokens,
-                tokens_seen=step * tokens,
-                step_time_s=step_time_s,
-                tokens_per_s=tokens / step_time_s,
-                images_per_s=images_per_s,
-                data_position=position,
-                batch_digest=batch_digest(ids),
-                **self.flops.step_fields(tokens / step_time_s),
-                **self.energy.step_fields(tokens),
-                nonfinite=nonfinite or None,
-                skipped=None if finite else True,
-                peak_memory_bytes=peak_bytes(self.local_devices),
-                **fields,
-            )
-        )
-        self.progress.step(event)
-        for layout_event in self.trainer.drain_events():
-            self.record.emit(layout_event)
-        spike = self.spikes.observe(step, values["loss"])
-        if spike is not None:
-            self.record.emit(spike)
-        self.guard.check(step, finite, nonfinite)

@@ -1,0 +1,115 @@
+"""Saving the run's state from the loop: the ``checkpoint`` and ``checkpoint_failed`` events of
+each save, and the refusal to save non-finite weights (:class:`titan.trainer.guard.
+FiniteCheck`). :class:`titan.trainer.checkpoint.Checkpointer` does the saving."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from titan.data.images import ImageBatches
+from titan.data.mixture import Batches
+from titan.inert import inert
+from titan.telemetry.events import Checkpoint, CheckpointFailed
+from titan.telemetry.records import DiskFull, RunRecord
+from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule
+from titan.trainer.guard import FiniteCheck, NonFiniteAbort
+from titan.trainer_state import Trainer, TrainState
+
+
+class Saver:
+    """Saves of the run's state and their records.
+
+    Args:
+        checkpointer: the run's checkpoints.
+        schedule: when the loop saves (``--checkpoint-every``, ``--checkpoint-every-s``).
+        record: where the saves' events go.
+        trainer: the run's trainer (its layout goes in each save's meta).
+        batches: the run's batches (their count goes in each save's meta).
+        phase: enters a watchdog phase of a step (:meth:`titan.trainer.hooks.Hooks.on_phase`).
+    """
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        schedule: SaveSchedule,
+        record: RunRecord,
+        trainer: Trainer,
+        batches: Batches | ImageBatches,
+        phase: Callable[[str, int], None],
+    ) -> None:
+        self.checkpointer = checkpointer
+        self.schedule = schedule
+        self.record = record
+        self.trainer = trainer
+        self.batches = batches
+        self.phase = phase
+        self.finite_check = FiniteCheck()
+        self.saved_step: int | None = None  # the step of the newest state saved or restored
+
+    def save(self, state: TrainState, position: int) -> None:
+        """Save ``state`` with the data position after its step (``position``), unless its
+        weights are not finite.
+
+        Raises:
+            NonFiniteAbort: a parameter or optimizer moment is not finite (nothing is written).
+            DiskFull: a save found the disk full (:meth:`record_saves`).
+        """
+        step = state.step
+        self.phase("checkpoint_save", step)
+        finite, recompiled = self.finite_check(state)
+        for event in recompiled:
+            self.record.emit(event)
+        if not finite:
+            raise NonFiniteAbort(step, f"step {step}: non-finite weights (nothing saved)")
+        meta = {
+            "data_position": position,
+            "num_sequences": self.batches.num_sequences,
+            "layout": self.trainer.describe().to_json(),
+        }
+        self.record_saves(self.checkpointer.save(state, meta))
+        self.schedule.restart()
+        self.saved_step = step
+
+    def record_settled(self) -> None:
+        """Record the saves that settled since the last call (:meth:`record_saves`)."""
+        self.record_saves(self.checkpointer.results())
+
+    def wait(self) -> None:
+        """Wait for a save in flight and record it (:meth:`record_saves`)."""
+        self.record_saves(self.checkpointer.wait())
+
+    def record_saves(self, results: list[SaveResult]) -> None:
+        """A ``checkpoint`` event per committed save, a ``checkpoint_failed`` event and a line
+        on stderr per failed one.
+
+        Raises:
+            DiskFull: a save found the disk full (after its ``checkpoint_failed`` event): the
+                run ends, with one line.
+        """
+        for r in results:
+            if r.error is None:
+                path = str(self.checkpointer.path(r.step))
+                asynchronous = self.checkpointer.asynchronous or None
+                self.record.emit(
+                    Checkpoint(
+                        step=r.step,
+                        seconds=r.blocking_s,
+                        commit_s=r.commit_s,
+                        asynchronous=asynchronous,
+                        path=path,
+                    )
+                )
+                continue
+            self.record.emit(
+                CheckpointFailed(
+                    step=r.step, error=r.error, seconds=r.blocking_s, commit_s=r.commit_s
+                )
+            )
+            if r.disk_full:
+                raise DiskFull(r.error)
+            print(
+                f"titan: checkpoint {r.step} failed and is not committed: {inert(r.error)}",
+                file=sys.stderr,
+                flush=True,
+            )

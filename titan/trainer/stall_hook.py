@@ -1,0 +1,95 @@
+"""The stall watchdog as a hook: the run's phases go to :class:`titan.telemetry.watchdog.
+Watchdog`, and a stall is recorded, and with ``--watchdog-abort 1`` ends the process with
+:data:`titan.exit_codes.EXIT_STALL` after saving the state when it is reachable
+(:meth:`titan.trainer.loop.TrainLoop.save_on_stall`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from titan.config import ObservabilityOptions
+from titan.exit_codes import EXIT_STALL
+from titan.telemetry.events import RunEnd, Step
+from titan.telemetry.records import RunRecord
+from titan.telemetry.watchdog import Stall, Watchdog
+from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.hooks import Hook, Reading
+from titan.trainer.loop import TrainLoop, save_before_loop
+from titan.trainer.processes import Heartbeat
+
+
+class StallHook(Hook):
+    """The watchdog of the run's phases (a background thread).
+
+    Until :meth:`attach` a stall is said, not recorded (``record`` is muted), and there is
+    nothing to save.
+
+    Args:
+        options: ``--watchdog-floor``, ``--watchdog-factor``, ``--watchdog-abort``.
+        record: the run's record before it is opened (a :class:`titan.trainer.processes.
+            MutedRecord`).
+        checkpointer: the run's checkpoints (``run_end``'s ``checkpoint_step``).
+    """
+
+    def __init__(
+        self, options: ObservabilityOptions, record: RunRecord, checkpointer: Checkpointer
+    ) -> None:
+        self.watchdog = Watchdog(options.watchdog_floor, options.watchdog_factor, self.on_stall)
+        self.abort = options.watchdog_abort
+        self.record = record
+        self.checkpointer = checkpointer
+        self.heartbeat: Heartbeat | None = None
+        self.loop: TrainLoop | None = None
+
+    def attach(self, record: RunRecord, heartbeat: Heartbeat, loop: TrainLoop) -> None:
+        """From now on record stalls in ``record``, tell ``heartbeat`` and save ``loop``'s
+        state on an abort."""
+        self.record, self.heartbeat, self.loop = record, heartbeat, loop
+
+    def on_start(self) -> None:
+        self.watchdog.start()
+
+    def on_phase(self, phase: str, step: int) -> None:
+        self.watchdog.enter(phase, step)
+
+    def on_metrics(self, event: Step, reading: Reading) -> None:
+        self.watchdog.step_done(reading.step_time_s)
+
+    def close(self) -> None:
+        self.watchdog.stop()
+
+    def on_stall(self, stall: Stall) -> None:
+        """Record a stall (on the watchdog thread, while the main thread is stuck); with
+        ``--watchdog-abort 1`` save the state when it is reachable, then end the process with
+        :data:`EXIT_STALL` without unwinding the stuck thread. Another process's stall reaches
+        the record through its heartbeat (:mod:`titan.trainer.peers`)."""
+        self.record.emit(stall)
+        if self.heartbeat is not None:
+            self.heartbeat.stalled(stall)
+        print(
+            f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
+            f"(allowance {stall.threshold_s:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not self.abort:
+            return
+        loop = self.loop
+        saved = loop.save_on_stall() if loop else save_before_loop()
+        if loop is not None:
+            with contextlib.suppress(Exception):  # a save in flight commits before the exit
+                loop.saver.wait()
+        self.record.emit(
+            RunEnd(
+                status="failed",
+                step=loop.recorded_step if loop else None,
+                reason="stall",
+                error=f"stalled in {stall.phase} for {stall.elapsed_s:.1f} s",
+                checkpoint_step=self.checkpointer.latest_step(),
+                saved=saved,
+            )
+        )
+        self.record.close()
+        os._exit(EXIT_STALL)
