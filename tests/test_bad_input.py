@@ -11,6 +11,7 @@ new files, even to root.
 
 from __future__ import annotations
 
+import concurrent.futures.thread
 import dataclasses
 import json
 import os
@@ -482,11 +483,14 @@ def _run_main(argv: list[str], capsys) -> tuple[int, str]:
 
 def _blocking_threads() -> set[threading.Thread]:
     """Live threads that would keep the interpreter from exiting (not daemons; an idle
-    ``concurrent.futures`` worker is told to stop at exit, so it does not count)."""
+    ``concurrent.futures`` worker is told to stop at exit, so it does not count, whatever its
+    pool named it: ``ThreadPoolExecutor-0_0``, asyncio's default pool ``asyncio_0``)."""
     return {
         t
         for t in threading.enumerate()
-        if not t.daemon and t is not threading.main_thread() and "Executor" not in t.name
+        if not t.daemon
+        and t is not threading.main_thread()
+        and getattr(t, "_target", None) is not concurrent.futures.thread._worker
     }
 
 
