@@ -136,15 +136,20 @@ async def test_the_stderr_panel_keeps_its_lines_when_the_status_wraps(tmp_path: 
     assert stderr.bottom <= footer.y
 
 
+async def _run_detail(app: TitanConsole, pilot) -> RunDetailScreen:
+    """The run detail of the sample H200 run, opened from History and loaded."""
+    await pilot.press("h")
+    await wait_until(pilot, lambda: app.screen.loaded, lambda: "history not loaded", 30)
+    detail = RunDetailScreen(app.history, "llama3-1b-h200")
+    app.push_screen(detail)
+    await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+    return detail
+
+
 async def test_a_cut_run_detail_value_reads_in_full_on_enter(tmp_path: Path):
-    root = copy_sample_runs(tmp_path / "runs")
-    app = TitanConsole(root)
+    app = TitanConsole(copy_sample_runs(tmp_path / "runs"))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("h")
-        await wait_until(pilot, lambda: app.screen.loaded, lambda: "history not loaded", 30)
-        app.push_screen(RunDetailScreen(app.history, "llama3-1b-h200"))
-        detail = app.screen
-        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        detail = await _run_detail(app, pilot)
         table = detail.query_one("#detail-summary", DataTable)
         keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
         memory = keys.index("device memory (GB per device)")
@@ -293,14 +298,9 @@ async def test_j_k_g_and_G_move_the_cursor_of_the_planner_ranking(tmp_path: Path
 
 
 async def test_run_detail_opens_on_its_rows_and_each_tab_key_focuses_its_table(tmp_path: Path):
-    root = copy_sample_runs(tmp_path / "runs")
-    app = TitanConsole(root)
+    app = TitanConsole(copy_sample_runs(tmp_path / "runs"))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("h")
-        await wait_until(pilot, lambda: app.screen.loaded, lambda: "history not loaded", 30)
-        app.push_screen(RunDetailScreen(app.history, "llama3-1b-h200"))
-        detail = app.screen
-        await wait_until(pilot, lambda: detail.detail is not None, lambda: "no detail", 20)
+        detail = await _run_detail(app, pilot)
         await pilot.pause()
         summary = detail.query_one("#detail-summary", DataTable)
         focused_at_open = app.focused

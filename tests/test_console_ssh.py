@@ -213,9 +213,9 @@ async def _relay_input(process: asyncssh.SSHServerProcess, controller: int) -> N
 def _open_pane(command: list[str], status_file: Path) -> None:
     """Run ``command`` in tmux session :data:`SESSION`, 80x24, under a shell that then writes
     its exit status to ``status_file``, in a pane that stays after it (to read the terminal it
-    left). tmux's own ``pane_dead_status`` is not used: tmux 3.3a at times leaves the exited
-    program unreaped, with no status. A tmux server whose last session was just killed exits:
-    a new-session that reached it then fails ("server exited unexpectedly") and is repeated."""
+    left). tmux's own ``pane_dead_status`` is not read: tmux 3.3a may leave an exited program
+    unreaped, with no status. A new-session that reaches a tmux server whose last session was
+    just killed fails ("server exited unexpectedly"), so it is tried again."""
     part = shlex.quote(f"{status_file}.part")
     shell = f"{shlex.join(command)}; echo $? > {part} && mv {part} {shlex.quote(str(status_file))}"
     for attempt in range(5):
