@@ -195,18 +195,23 @@ class MonitorScreen(Screen[None]):
         self.returncode = update.returncode
         if exited:  # a resume refused at start-up can be resumed again
             self.refresh_bindings()
-        if update.liveness is not None:
-            if self.liveness is None or self.liveness.alive != update.liveness.alive:
+        judged = update.liveness
+        # A new state (stopped, dead, ...) is drawn at once, not at the next second.
+        new_state = judged is not None and (
+            self.liveness is None or self.liveness.state != judged.state
+        )
+        if judged is not None:
+            if self.liveness is None or self.liveness.alive != judged.alive:
                 self.refresh_bindings()
-            self.liveness = update.liveness
+            self.liveness = judged
         self._stderr_tail = update.stderr_tail
         if not self.is_current:  # under another screen: drawn when shown again
             self._stale = True
             return
-        if self._draw_pending:
+        if self._draw_pending and not (exited or new_state):
             return
         due = self._drawn_at + _DRAW_INTERVAL_S - time.monotonic()
-        if due <= 0 or exited:
+        if due <= 0 or exited or new_state:
             self._show_state()
         else:
             self._draw_pending = True
