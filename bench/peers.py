@@ -4,13 +4,26 @@ For each shape of :data:`SHAPES` (``--shapes``), in this order, each in its own 
 
 - ``titan-defaults``: ``titan train --model <shape>`` with its defaults (the document mask,
   no remat, the layer loop chosen by depth, the compilation cache), the shape's batch and
-  master-weight dtype;
+  master-weight dtype (``--remat auto`` resolves per shape; the policy it took is recorded as
+  ``remat`` and the peers below train with the same one);
 - ``titan-best``: the same with :data:`BEST` (the fastest options measured, which change the
   loss or trade memory: ``docs/benchmarks.md``);
 - ``plain-jax``: the plain-JAX baseline of this folder (``bench/baselines/plain_jax_llama.py``:
   ``jax.jit(value_and_grad)``, optax AdamW, a rolled ``lax.scan`` over layers, cuDNN attention,
   ``dots_with_no_batch_dims_saveable`` remat), random tokens, the same shape, batch and
-  master-weight dtype.
+  master-weight dtype;
+- ``torchtitan``: torchtitan 0.3.0's own llama3 trainer (``bench/peers_torchtitan.py``:
+  ``torch.compile``, AdamW, bf16 compute over the shape's master-weight dtype, synthetic tokens,
+  the activation checkpointing of Titan's defaults' policy), as released: on torch 2.11 it
+  stops at its first step (``error`` says where); ``torchtitan-compat``: the same with the two
+  calls that torch 2.11 lacks adapted (the runner's ``--compat``); ``torchtitan-0.2.2``: the
+  newest release that runs on torch 2.11 unmodified;
+- ``maxtext``: MaxText's own trainer (``bench/peers_maxtext.py``: ``dataset_type=synthetic``,
+  cuDNN attention, the remat policy of Titan's defaults' policy).
+
+The peers need packages the GPU machine may lack: ``--peer-path SYSTEM=DIR`` puts ``DIR`` (a
+``pip install --target`` of the wheels their runners name) and ``bench/stubs`` on that system's
+``PYTHONPATH`` alone, so no peer's packages shadow Titan's.
 
 Titan trains on its stdlib corpus (token ids differ from the baseline's random ones; the work
 per step does not). Reported per system: ``tokens_per_s`` (Titan: the median of its step records
@@ -20,7 +33,8 @@ the causal mask, N without the input embedding (:func:`titan.flops.
 model_flops_per_token`), peak the catalog's dense bf16 FLOP/s of the device, 989.5e12 on an
 H200), ``peak_memory_gib`` (the allocator's peak), ``time_to_first_step_s`` (from the process's
 start to the end of its first step: imports, data, compilation, the step) and ``compile_s``;
-where a system fails, ``error``: the last error line of its own output.
+where a system fails, ``error``: the last error line of its own output (a peer's runner writes
+its own ``error``).
 
 Titan's runs save a checkpoint at their end (removed once read); the baseline saves none.
 
@@ -60,6 +74,15 @@ SHAPES: dict[str, tuple[ModelConfig, int, int, str]] = {
 }
 SMOKE = (ModelConfig("smoke", 4096, 64, 2, 4, 2, 128), 8, 32, "float32")
 BEST = ("--remat", "dots-attention", "--attention-mask", "causal")
+# peer -> (its runner's package, the runner's options besides the shape): torchtitan's Llama
+# untied as Titan's (its 1B and 3B flavors tie the head to the embedding)
+PEERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "torchtitan": ("torchtitan", ("--tie-embeddings", "no")),
+    "torchtitan-compat": ("torchtitan", ("--tie-embeddings", "no", "--compat")),
+    "torchtitan-0.2.2": ("torchtitan", ("--torchtitan-version", "0.2.2")),
+    "maxtext": ("maxtext", ()),
+}
+SYSTEMS = ("titan-defaults", "titan-best", "plain-jax", *PEERS)
 
 
 def _shape_flag(m: ModelConfig) -> str:
@@ -100,7 +123,9 @@ def run_titan(
     timed = [e["tokens_per_s"] for e in steps[args.skip :] if e.get("tokens_per_s")]
     peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
     compiles = [e for e in events if e["type"] == "compile"]
+    start = next(e for e in events if e["type"] == "run_start")
     return {
+        "remat": start["config"]["remat"],
         "tokens_per_s": statistics.median(timed) if timed else None,
         "peak_memory_gib": max(peaks) / 2**30 if peaks else None,
         "time_to_first_step_s": steps[0]["time"] - launched,
@@ -134,6 +159,40 @@ def run_baseline(shape: tuple[ModelConfig, int, int, str], args) -> dict[str, An
     }
 
 
+def run_peer(
+    system: str, shape: tuple[ModelConfig, int, int, str], remat: str, args
+) -> dict[str, Any]:
+    """One peer's runner (``bench/peers_<package>.py``, :data:`PEERS`) as a subprocess; its
+    JSON result, with ``time_to_first_step_s`` counted from the subprocess's launch as Titan's
+    is."""
+    m, batch, seq_len, param_dtype = shape
+    package, options = PEERS[system]
+    paths = dict(item.split("=", 1) for item in args.peer_path)
+    env = dict(os.environ)
+    if package in paths:
+        env["PYTHONPATH"] = os.pathsep.join([paths[package], str(BENCH / "stubs")])
+    with tempfile.TemporaryDirectory(prefix=f"titan-bench-{system}-") as tmp:
+        out = Path(tmp, "result.json")
+        command = [sys.executable, str(BENCH / f"peers_{package}.py"), *options]
+        command += ["--model", _shape_flag(m)]
+        command += ["--batch-size", str(batch), "--seq-len", str(seq_len)]
+        command += ["--param-dtype", param_dtype, "--remat", remat]
+        command += ["--steps", str(args.steps), "--skip", str(args.skip), "--out", str(out)]
+        launched = time.time()
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=args.timeout, cwd=REPO
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"no result within --timeout {args.timeout:g} s"}
+        if not out.exists():
+            return {"error": _error(done.stderr or done.stdout, done.returncode)}
+        result = json.loads(out.read_text())
+        if result.get("first_step_unix"):
+            result["time_to_first_step_s"] = result["first_step_unix"] - launched
+        return result
+
+
 def _mfu(result: dict[str, Any], m: ModelConfig, seq_len: int, peak: float | None) -> None:
     tokens_per_s = result.get("tokens_per_s")
     if tokens_per_s and peak:
@@ -143,9 +202,20 @@ def _mfu(result: dict[str, Any], m: ModelConfig, seq_len: int, peak: float | Non
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help="of: " + ", ".join(SHAPES))
-    parser.add_argument("--systems", default="titan-defaults,titan-best,plain-jax")
-    parser.add_argument("--steps", type=int, default=15, help="Titan's steps per run")
-    parser.add_argument("--skip", type=int, default=3, help="Titan's first steps not timed")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="of: " + ", ".join(SYSTEMS) + " (titan-defaults first: the peers take its remat)",
+    )
+    parser.add_argument(
+        "--peer-path",
+        action="append",
+        default=[],
+        metavar="SYSTEM=DIR",
+        help="packages of a peer's runner (torchtitan, maxtext) to put on its PYTHONPATH",
+    )
+    parser.add_argument("--steps", type=int, default=15, help="steps per run (not the baseline's)")
+    parser.add_argument("--skip", type=int, default=3, help="first steps not timed (ibid.)")
     parser.add_argument("--timeout", type=float, default=400, help="seconds per process")
     parser.add_argument("--baseline-attn", default="cudnn", help="baseline ATTN (cudnn | xla)")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape, on CPU")
@@ -163,12 +233,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="titan-bench-peers-") as tmp:
         for name, shape in shapes.items():
             results[name] = {}
+            remat = "dots-attention"  # the peers' policy when titan-defaults did not run
             for system in systems:
                 if system == "plain-jax":
                     result = run_baseline(shape, args)
+                elif system in PEERS:
+                    result = run_peer(system, shape, remat, args)
                 else:
                     extra = BEST if system == "titan-best" else ()
                     result = run_titan(shape, extra, Path(tmp, "runs"), args)
+                    if system == "titan-defaults" and "remat" in result:
+                        remat = result["remat"]
                 _mfu(result, shape[0], shape[2], peak)
                 results[name][system] = result
                 print(name, system, json.dumps(result), flush=True)

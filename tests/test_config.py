@@ -26,7 +26,7 @@ from titan.config_files import config_from_dict, config_to_data, config_to_toml,
 from titan.errors import TitanError
 from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
-from titan.remat import REMAT_POLICIES
+from titan.remat import AUTO, REMAT_POLICIES
 from titan.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.shapes import PRESETS, model_text
 from titan.trainer.commands import explicit_options
@@ -256,7 +256,7 @@ def test_a_run_saved_flat_resumes_with_its_options(tmp_path: Path):
 
 
 def test_literal_types_name_the_registries():
-    assert typing.get_args(Remat) == tuple(REMAT_POLICIES)
+    assert typing.get_args(Remat) == (AUTO, *REMAT_POLICIES)
     assert typing.get_args(Schedule) == tuple(SCHEDULES)
 
 

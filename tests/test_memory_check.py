@@ -17,7 +17,7 @@ from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.telemetry.device_memory import host_memory_bytes
 from titan.telemetry.events import Compile
-from titan.trainer.memory_check import check_memory
+from titan.trainer.memory_check import check_memory, resolve_remat
 
 VOCAB = 512
 LAYOUT_DEVICES = 1
@@ -36,7 +36,7 @@ class _Cpu:
 class _Gpu:
     """A device whose allocator reports a pool of ``limit`` bytes."""
 
-    device_kind = "NVIDIA H200"
+    device_kind, platform = "NVIDIA H200", "gpu"
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -46,8 +46,16 @@ class _Gpu:
 
 
 def _check(devices, **options):
+    options.setdefault("remat", "none")  # the check runs on a resolved policy, never on auto
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, **options)
     return check_memory(cfg, model_config(cfg, VOCAB), LAYOUT_DEVICES, "float32", {}, devices)
+
+
+def _auto(devices, **options):
+    cfg = TrainConfig.of(
+        preset="tiny", compute_dtype="float32", dp=1, batch_size=64, seq_len=2048, **options
+    )
+    return resolve_remat(cfg, model_config(cfg, VOCAB), LAYOUT_DEVICES, "float32", devices)
 
 
 def test_cpu_devices_share_the_host_memory_and_an_absurd_batch_is_refused():
@@ -85,6 +93,26 @@ def test_a_remat_policy_that_fits_is_named():
     usable = int((none + full) / 2)
     with pytest.raises(TitanError, match=r"or --remat full"):
         _check([_Gpu(usable)], batch_size=64, seq_len=2048, remat="none")
+
+
+def test_remat_auto_takes_the_fastest_policy_that_fits_on_accelerators():
+    roomy = _auto([_Gpu(10**15)])
+    assert roomy.remat == "dots-attention"
+    assert roomy.line().startswith("--remat auto: dots-attention (an estimated ")
+    assert _auto([_Gpu(10**15)], remat="full").estimate_bytes is None  # given: not estimated
+    full = _check([_Gpu(10**15)], batch_size=64, seq_len=2048, remat="full").estimate_bytes
+    dots = _check([_Gpu(10**15)], batch_size=64, seq_len=2048, remat="dots").estimate_bytes
+    assert full < dots < roomy.estimate_bytes
+    assert _auto([_Gpu(int((full + dots) / 2))]).remat == "full"
+    assert _auto([_Gpu(int(dots) + 1)]).remat == "dots"
+    tight = _auto([_Gpu(int(full / 2))])  # nothing fits: the last, which the check refuses
+    assert tight.remat == "full" and tight.estimate_bytes > tight.usable_bytes
+
+
+def test_remat_auto_recomputes_nothing_on_the_cpu():
+    choice = _auto([_Cpu()])
+    assert choice.remat == "none" and choice.line() is None  # the one candidate: nothing said
+    assert _auto([_Cpu()], remat="dots").remat == "dots"
 
 
 def test_the_check_can_be_switched_off():

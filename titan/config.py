@@ -31,7 +31,7 @@ from titan.errors import TitanError
 from titan.inert import inert
 from titan.ops.registry import parse_overrides
 from titan.parsing import parse_counts, parse_range
-from titan.remat import REMAT_POLICIES
+from titan.remat import AUTO, REMAT_POLICIES
 from titan.schedules import SCHEDULES, check_schedule_options
 from titan.shapes import (
     DEFAULT_VOCAB_SIZE,
@@ -45,7 +45,8 @@ from titan.stopping import PHASES
 
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
-Remat = Literal["none", "dots", "dots-attention", "full"]  # the names of titan.remat's registry
+# "auto" and the names of titan.remat's registry
+Remat = Literal["auto", "none", "dots", "dots-attention", "full"]
 AttentionMask = Literal["document", "causal"]
 ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
 TrainLayout = Literal["spmd", "mpmd"]
@@ -621,11 +622,12 @@ class ComputeOptions:
         ),
     )
     remat: Remat = field(
-        default="none",
+        default="auto",
         metadata=_opt(
             "--remat",
-            "activation recomputation per layer",
-            choices=tuple(REMAT_POLICIES),
+            "activation recomputation per layer ('auto': on GPUs and TPUs the fastest policy "
+            "whose estimated memory fits, of dots-attention, dots, full; on the CPU none)",
+            choices=(AUTO, *REMAT_POLICIES),
             resumable=True,
             perf=True,
             planner=True,

@@ -132,6 +132,26 @@ REMAT_POLICIES: dict[str, RematPolicy] = {
 }
 
 
+AUTO = "auto"  # --remat auto: resolved per run by titan.trainer.memory_check.resolve_remat
+
+
+def auto_candidates(platform: str) -> tuple[str, ...]:
+    """The policies ``--remat auto`` tries, fastest first, for a device ``platform``
+    (``jax.Device.platform``: ``cpu``, ``gpu``, ``tpu``, ...).
+
+    On accelerators: ``dots-attention``, then ``dots``, then ``full``. Measured on an H200
+    (``bench/results/mfu-nvidia-h200-remat.json``, a 0.886B Llama at 8 x 2048 tokens under the
+    document mask): ``dots-attention`` 85.5k tokens/s, ``dots`` 83.1k, ``none`` 75.3k, ``full``
+    74.0k. Saving every activation (``none``) is slower than saving the matmul outputs and
+    recomputing the elementwise work from them, which costs fewer bytes of HBM traffic than
+    storing and reading back the float32 intermediates, so ``none`` is never chosen
+    automatically. On the CPU memory is the host's and compute the bottleneck: ``none``.
+    """
+    if platform == "cpu":
+        return ("none",)
+    return ("dots-attention", "dots", "full")
+
+
 def effective_policy(name: str, attention: str) -> str:
     """The policy that ``name`` acts as with an ``attention`` kernel (``flash`` or
     ``materialized``): ``dots-attention`` saves the outputs of fused attention kernels, so with a

@@ -73,27 +73,34 @@ def _normal(key, shape, dtype, std=1.0):
     return (jax.random.normal(key, shape, F32) * std).astype(dtype)
 
 
-def _segments(batch: int, seq_len: int) -> jax.Array:
-    """Packed documents: row b is cut at seq/3 and 3*seq/4 (row 0 holds one document)."""
+def _segments(batch: int, seq_len: int, documents: int = 0) -> jax.Array:
+    """Packed documents: row b is cut at seq/3 and 3*seq/4 (row 0 holds one document); with
+    ``documents``, every row is cut into that many documents of equal length."""
     pos = jnp.arange(seq_len)
+    if documents:
+        return jnp.broadcast_to(pos * documents // seq_len, (batch, seq_len)).astype(jnp.int32)
     cuts = (pos >= seq_len // 3).astype(jnp.int32) + (pos >= 3 * seq_len // 4)
     rows = [jnp.zeros(seq_len, jnp.int32)] + [cuts + 3 * b for b in range(1, batch)]
     return jnp.stack(rows)
 
 
-def attention_case(b, s, h, k, d, *, segments=True, window=None, causal=True) -> Case:
+def attention_case(b, s, h, k, d, *, segments=True, window=None, causal=True, documents=0) -> Case:
+    """An attention call; ``documents``: rows of that many documents each (more than the
+    cuDNN provider's packed bound at S 256, so that its dense path serves)."""
+
     def build(key, dtype):
         keys = jax.random.split(key, 3)
         q = _normal(keys[0], (b, s, h, d), dtype)
         kv = [_normal(kk, (b, s, k, d), dtype) for kk in keys[1:]]
         kwargs = {
-            "segment_ids": _segments(b, s) if segments else None,
+            "segment_ids": _segments(b, s, documents) if segments else None,
             "causal": causal,
             "sliding_window": window,
         }
         return (q, *kv), kwargs
 
     features = [f for f, on in (("causal", causal), ("segments", segments)) if on]
+    features += [f"{documents} documents"] if documents else []
     features += [f"window {window}"] if window else []
     label = f"B{b} S{s} H{h} K{k} D{d} {'+'.join(features)}"
     return Case("attention", label, build, (0, 1, 2))
@@ -168,6 +175,7 @@ def cases(backend: str) -> list[Case]:
     grid = [
         attention_case(2, 256, 2, 1, 16),
         attention_case(2, 256, 2, 1, 16, causal=False, window=40),
+        attention_case(2, 256, 2, 1, 16, documents=12),
         rms_norm_case(2, 64, 128),
         rope_case(2, 64, 4, 16),
         # context 32 over D 16: one kept, one interpolated and six stretched frequencies
@@ -180,6 +188,7 @@ def cases(backend: str) -> list[Case]:
     if backend != "cpu":
         grid += [
             attention_case(8, 2048, 16, 8, 128),
+            attention_case(8, 2048, 32, 8, 64),  # llama3-1b's heads
             rms_norm_case(8, 2048, 2048),
             rope_case(8, 2048, 16, 128),
             swiglu_case(8, 2048, 2048, 5632),

@@ -36,6 +36,7 @@ from titan.parallel.fit import check_layout
 from titan.parallel.mesh import build_stage_meshes
 from titan.schedules import build_schedule
 from titan.shapes import ModelConfig
+from titan.trainer.memory_check import RematChoice, resolve_remat
 from titan.trainer.spmd import SpmdTrainer
 from titan.trainer_state import Trainer
 
@@ -205,9 +206,17 @@ LAYOUTS: dict[str, Callable[[TrainConfig, ModelAdapter, jnp.dtype], Trainer]] = 
 }
 
 
+def remat_choice(cfg: TrainConfig, model_cfg: ModelConfig) -> RematChoice:
+    """The run's ``--remat`` policy, ``auto`` resolved for the devices present
+    (:func:`titan.trainer.memory_check.resolve_remat`)."""
+    dtype = str(compute_dtype(cfg, jax.default_backend()))
+    return resolve_remat(cfg, model_cfg, len(jax.devices()), dtype, jax.local_devices())
+
+
 def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
     """The trainer of ``cfg.parallel.layout`` (:data:`LAYOUTS`) for the run's model family,
-    validated against the devices present.
+    validated against the devices present, with ``--remat auto`` resolved
+    (:func:`remat_choice`).
 
     Raises:
         TitanError: the layout or the family is not registered, the layout does not fit the
@@ -215,5 +224,6 @@ def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer
             dimension does not divide its mesh axis.
     """
     build = _registered(LAYOUTS, cfg.parallel.layout, "--layout")
+    cfg = cfg.replace(remat=remat_choice(cfg, model_cfg).remat)
     adapter = build_adapter(cfg, model_cfg, ops)
     return build(cfg, adapter, compute_dtype(cfg, jax.default_backend()))

@@ -11,6 +11,10 @@ estimate and what would fit by the same estimator: the largest ``--batch-size`` 
 dp x fsdp x microbatches) and the ``--remat`` policies that fit at this batch size.
 ``--no-memory-check`` runs anyway.
 
+``--remat auto`` (the default) is resolved before the model is built, by the same estimator
+(:func:`resolve_remat`): the first policy of :func:`titan.remat.auto_candidates` whose estimate
+fits the usable memory.
+
 The attention kernel is priced from the provider that served ``attention`` in the trace; when
 none is known yet (MPMD traces while compiling) it is priced as ``flash``, the smaller estimate,
 so that an unknown kernel never refuses a run.
@@ -27,11 +31,13 @@ from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.gpus import find_gpu, gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
-from titan.remat import REMAT_POLICIES
+from titan.remat import AUTO, REMAT_POLICIES, auto_candidates
 from titan.shapes import ModelConfig
 from titan.telemetry.device_memory import host_memory_bytes, usable_bytes
 
 GB = 1e9
+# Providers assumed before the trace says which served: a fused attention kernel (module docstring)
+UNKNOWN_KERNELS = {"attention": "pallas"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ def check_memory(
         TitanError: the estimate is above the usable memory and the check is on (one line: the
             estimate, the usable memory, what would fit, and ``--no-memory-check``).
     """
-    served = {"attention": "pallas", **served}
+    served = {**UNKNOWN_KERNELS, **served}
     precision = Precision.of_providers(cfg.compute.param_dtype, compute_dtype, served)
     estimator = _Estimator(cfg, model, layout_devices, devices[0].device_kind, precision)
     estimate = estimator.bytes(cfg.data.batch_size, cfg.compute.remat)
@@ -127,6 +133,66 @@ def check_memory(
             f"{_what_fits(estimator, usable)}; --no-memory-check runs anyway"
         )
     return check
+
+
+@dataclass(frozen=True)
+class RematChoice:
+    """What ``--remat auto`` resolved to (:func:`resolve_remat`).
+
+    Attributes:
+        remat: the policy the run trains with.
+        estimate_bytes: its estimated peak per device (None: not estimated, the policy given or
+            the only candidate).
+        usable_bytes: the usable memory per device, or None when unknown.
+    """
+
+    remat: str
+    estimate_bytes: float | None = None
+    usable_bytes: float | None = None
+
+    def line(self) -> str | None:
+        """The line ``titan train`` prints for an ``auto`` choice, else None."""
+        if self.estimate_bytes is None:
+            return None
+        usable = (
+            "usable memory unknown"
+            if self.usable_bytes is None
+            else (f"{self.usable_bytes / GB:,.2f} GB usable")
+        )
+        return (
+            f"--remat auto: {self.remat} (an estimated {self.estimate_bytes / GB:,.2f} GB per "
+            f"device, {usable})"
+        )
+
+
+def resolve_remat(
+    cfg: TrainConfig,
+    model: ModelConfig,
+    layout_devices: int,
+    compute_dtype: str,
+    devices: Sequence[Any],
+) -> RematChoice:
+    """The ``--remat`` policy of the run: as given, or for ``auto`` the first of
+    :func:`titan.remat.auto_candidates` (for the devices' platform) whose estimated peak per
+    device fits the usable memory (the last candidate when none fits, or when the usable
+    memory is unknown the first; the memory check then speaks for it).
+
+    The estimate prices attention as a fused kernel (``flash``), as :func:`check_memory` does
+    for a kernel not known yet: the providers are chosen when the model is traced.
+    """
+    candidates = auto_candidates(devices[0].platform)
+    if cfg.compute.remat != AUTO or len(candidates) == 1:  # nothing to choose
+        return RematChoice(candidates[0] if cfg.compute.remat == AUTO else cfg.compute.remat)
+    precision = Precision.of_providers(cfg.compute.param_dtype, compute_dtype, UNKNOWN_KERNELS)
+    estimator = _Estimator(cfg, model, layout_devices, devices[0].device_kind, precision)
+    usable, _ = _usable(cfg, devices)
+    fitting = [
+        name
+        for name in candidates
+        if usable is None or estimator.bytes(cfg.data.batch_size, name) <= usable
+    ]
+    chosen = (fitting or candidates[-1:])[0]
+    return RematChoice(chosen, estimator.bytes(cfg.data.batch_size, chosen), usable)
 
 
 def _usable(cfg: TrainConfig, devices: Sequence[Any]) -> tuple[float | None, str]:

@@ -94,7 +94,7 @@ from titan.telemetry.records import (
     write_json_atomic,
 )
 from titan.telemetry.sinks import check_library, live_sink
-from titan.trainer.adapters import build_trainer, check_layout_fits
+from titan.trainer.adapters import build_trainer, check_layout_fits, remat_choice
 from titan.trainer.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -330,6 +330,7 @@ def _train_compiling(
         assert sources is not None  # train scanned the --data of an lm run
         data = _text_data(cfg, (sources, held_out), resume_dir, progress, stop)
     model_cfg, ops, trainer, batches = data.model, data.ops, data.trainer, data.batches
+    cfg = cfg.replace(remat=data.remat)  # what the records say: the policy that ran
     batches.rows = batch_rows(trainer, cfg.data.batch_size)
 
     run_devices = jax.devices()[: trainer.describe().devices]
@@ -605,13 +606,15 @@ def _compile(trainer: Trainer, cache: Path | None, compiles: CompileWatch) -> li
 
 @dataclass(frozen=True)
 class _RunData:
-    """What a task's data gives the run: the model shape and its trainer, the batches, the run
+    """What a task's data gives the run: the model shape and its trainer (with its remat
+    policy), the batches, the run
     files beside ``config.json``, the ``tokenizer``/``data`` sections of ``run_start``, tokens
     per batch row and whether rows are images (``step`` events' ``images_per_s``)."""
 
     model: ModelConfig
     ops: Ops
     trainer: Trainer
+    remat: str  # the --remat policy it trains with (auto resolved)
     batches: Batches | ImageBatches
     files: dict[str, bytes]
     record: dict[str, Any]
@@ -620,12 +623,18 @@ class _RunData:
     evaluation: Evaluation | None = None  # --eval-every
 
 
-def _build(cfg: TrainConfig, model_cfg: ModelConfig, stop: StopFlag) -> tuple[Ops, Trainer]:
+def _build(cfg: TrainConfig, model_cfg: ModelConfig, stop: StopFlag) -> tuple[Ops, Trainer, str]:
+    """The operators, the trainer and the ``--remat`` policy it trains with (``auto``
+    resolved: :func:`titan.trainer.memory_check.resolve_remat`, said in one line)."""
     import jax
 
     with stop.during("build"):
+        remat = remat_choice(cfg, model_cfg)
+        if (line := remat.line()) and is_writer():
+            print(f"titan: {line}", flush=True)
+        cfg = cfg.replace(remat=remat.remat)
         ops = Ops(jax.default_backend(), cfg.compute.ops)
-        return ops, build_trainer(cfg, model_cfg, ops)
+        return ops, build_trainer(cfg, model_cfg, ops), remat.remat
 
 
 def _text_data(
@@ -642,7 +651,7 @@ def _text_data(
     with progress.status("preparing the tokenizer"), stop.during("tokenizer") as tick:
         corpus = training_corpus(cfg.data.corpus, sources)
         tokenizer = one_tokenizer(lambda: _tokenizer(cfg, corpus, resume_dir, tick))
-    ops, trainer = _build(cfg, model_config(cfg, tokenizer.vocab_size), stop)
+    ops, trainer, remat = _build(cfg, model_config(cfg, tokenizer.vocab_size), stop)
     model_cfg = trainer.adapter.config  # the shape the family built (MaxText's own)
     with stop.during("tokenize") as tick:
         streams = first_then_others(
@@ -668,7 +677,7 @@ def _text_data(
     }
     files = {TOKENIZER_FILE: tokenizer.model_proto}
     return _RunData(
-        model_cfg, ops, trainer, batches, files, record, cfg.data.seq_len, False, evaluation
+        model_cfg, ops, trainer, remat, batches, files, record, cfg.data.seq_len, False, evaluation
     )
 
 
@@ -676,9 +685,9 @@ def _image_data(cfg: TrainConfig, stop: StopFlag) -> _RunData:
     """The images of a diffusion run, its DiT and batches (:mod:`titan.trainer.images`)."""
     with stop.during("scan"):
         model_cfg, batches = image_batches(cfg)
-    ops, trainer = _build(cfg, model_cfg, stop)
+    ops, trainer, remat = _build(cfg, model_cfg, stop)
     record = {"tokenizer": None, "data": batches.data.record()}
-    return _RunData(model_cfg, ops, trainer, batches, {}, record, model_cfg.patches, True)
+    return _RunData(model_cfg, ops, trainer, remat, batches, {}, record, model_cfg.patches, True)
 
 
 def _checkpointer(cfg: TrainConfig, run_dir: Path) -> Checkpointer:

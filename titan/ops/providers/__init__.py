@@ -7,7 +7,8 @@ Provider (priority): what it serves.
   two. Chosen automatically only where measured faster than cuDNN: Hopper, bf16/fp16, with segment
   ids (:func:`titan.ops.providers.flash_attention.preferred`); otherwise opt-in.
 - ``attention``/``cudnn`` (10): CUDA GPUs, bf16/fp16, head dim a multiple of 8 (<= 256 from
-  Hopper), causal, GQA, segment ids (as a dense mask), causal sliding window. Chosen
+  Hopper), causal, GQA, segment ids (on Hopper as packed documents, else as a dense mask),
+  causal sliding window. Chosen
   automatically wherever it can serve the call and ``pallas`` is not preferred
   (:mod:`titan.ops.providers.cudnn`).
 - ``rms_norm``/``pallas`` (-10): fused forward and backward kernels, model dim a power of two.
