@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from titan.ops.providers import cudnn
 from titan.ops.providers.cudnn import packed_documents, segment_bound
 
 
@@ -63,3 +64,16 @@ def test_rows_the_packed_form_cannot_hold_do_not_fit(ids):
 
 def test_segment_bound_grows_with_the_row_within_its_clip():
     assert [segment_bound(s) for s in (128, 2048, 4096, 8192, 131072)] == [4, 16, 32, 64, 64]
+
+
+def test_grouped_heads_pack_only_under_a_jax_that_strides_them_right(monkeypatch):
+    q, kv = jnp.zeros((1, 256, 8, 64)), jnp.zeros((1, 256, 2, 64))
+    monkeypatch.setattr(cudnn, "cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(cudnn, "_jax_version", lambda: (0, 10, 2))
+    assert not cudnn.packs(q, kv, causal=True)  # 0.10.2 strides keys by the query heads
+    assert cudnn.packs(q, q, causal=True)  # as many key/value heads as query heads: no stride
+    monkeypatch.setattr(cudnn, "_jax_version", lambda: (0, 11, 2))
+    assert cudnn.packs(q, kv, causal=True)
+    assert not cudnn.packs(q, kv, causal=False)
+    monkeypatch.setattr(cudnn, "cuda_capability", lambda: (8, 0))
+    assert not cudnn.packs(q, kv, causal=True)  # before Hopper: the dense mask

@@ -21,7 +21,8 @@ What it serves (checked by :func:`supports`; anything else goes to ``native``, o
     slot, (B x bound, H, S), so the bound is kept small;
   - **dense**: a (B, 1, S, S) boolean mask that JAX hands cuDNN as an additive bias. Correct for
     any segment ids, but it reads S^2 bias elements per row, and cuDNN trains with a bias only
-    for even sequence lengths. It serves before Hopper, without the causal mask, and for a batch
+    for even sequence lengths. It serves before Hopper, without the causal mask, for grouped
+    key/value heads under a JAX older than :data:`PACKED_GQA_JAX`, and for a batch
     that the packed form cannot hold: a row with more documents than the bound, or segment ids
     that are not runs (a later token with an earlier id). The choice is made on the device for
     each call (``lax.cond`` on :func:`packed_documents`' ``fits``), so every batch is exact and
@@ -34,6 +35,7 @@ not pass segment offsets through; it is imported on first use, on a GPU only.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -44,6 +46,10 @@ from titan.ops.registry import Unsupported
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 PACKED_CAPABILITY = (9, 0)  # JAX's check_is_flash_attention: the packed layout needs Hopper
+# The first JAX whose packed layout strides the key/value offsets by the key/value heads
+# (``_fix_seqlen_offsets``: 0.10.2 multiplies them by the query heads, wrong under grouped-query
+# attention; 0.11.2 by the key/value heads), read in both releases' sources.
+PACKED_GQA_JAX = (0, 11, 2)
 TOKENS_PER_SEGMENT = 128  # segment_bound: one segment slot per this many tokens of the row
 MIN_SEGMENTS, MAX_SEGMENTS = 4, 64
 
@@ -110,7 +116,7 @@ def attention(q, k, v, *, segment_ids=None, causal=True, sliding_window=None):
     """cuDNN attention; arguments and result as :meth:`titan.ops.Ops.attention`."""
     if segment_ids is None:
         return _dense(q, k, v, None, causal, sliding_window)
-    if not (causal and cuda_capability() >= PACKED_CAPABILITY):
+    if not packs(q, k, causal):
         return _dense(q, k, v, segment_ids, causal, sliding_window)
     lengths, offsets, fits = packed_documents(segment_ids, segment_bound(q.shape[1]))
     return jax.lax.cond(
@@ -118,6 +124,21 @@ def attention(q, k, v, *, segment_ids=None, causal=True, sliding_window=None):
         lambda: _packed(q, k, v, lengths, offsets, sliding_window),
         lambda: _dense(q, k, v, segment_ids, causal, sliding_window),
     )
+
+
+def packs(q, k, causal: bool) -> bool:
+    """Whether segment ids take the packed path here (module docstring): causal, Hopper or
+    later, and grouped key/value heads only under a JAX that strides them right."""
+    grouped = q.shape[2] != k.shape[2]
+    return (
+        causal
+        and cuda_capability() >= PACKED_CAPABILITY
+        and (not grouped or _jax_version() >= PACKED_GQA_JAX)
+    )
+
+
+def _jax_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", jax.__version__)[:3])
 
 
 def _dense(q, k, v, segment_ids, causal, sliding_window):
