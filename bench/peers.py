@@ -69,7 +69,7 @@ BASELINE = BENCH / "baselines" / "plain_jax_llama.py"
 # shape -> (model, batch, seq_len, master-weight dtype)
 SHAPES: dict[str, tuple[ModelConfig, int, int, str]] = {
     "llama3-1b": (PRESETS["llama3-1b"], 8, 2048, "float32"),
-    "3b": (ModelConfig("3b", 128_256, 3072, 28, 24, 8, 8192), 4, 2048, "float32"),
+    "llama3-3b": (PRESETS["llama3-3b"], 4, 2048, "float32"),
     "llama3-8b": (PRESETS["llama3-8b"], 2, 4096, "bfloat16"),
 }
 SMOKE = (ModelConfig("smoke", 4096, 64, 2, 4, 2, 128), 8, 32, "float32")
@@ -105,7 +105,8 @@ def run_titan(
     """One ``titan train`` run (module docstring); its run dir is removed once read."""
     m, batch, seq_len, param_dtype = shape
     run_id = f"run-{len(list(runs.glob('*'))) if runs.exists() else 0}"
-    command = [sys.executable, "-m", "titan.cli", "train", "--model", _shape_flag(m)]
+    shape_args = ["--preset", m.name] if PRESETS.get(m.name) == m else ["--model", _shape_flag(m)]
+    command = [sys.executable, "-m", "titan.cli", "train", *shape_args]
     command += ["--batch-size", str(batch), "--seq-len", str(seq_len)]
     command += ["--param-dtype", param_dtype, "--steps", str(args.steps)]
     command += ["--checkpoint-every", str(args.steps), "--checkpoint-keep", "1"]

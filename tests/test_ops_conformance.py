@@ -117,7 +117,8 @@ def test_a_forced_provider_that_cannot_serve_is_a_one_line_error(monkeypatch):
 @pytest.mark.parametrize(
     ("vendor", "capability", "case", "expected"),
     [
-        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128}, "pallas"),
+        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128}, "cudnn"),  # packed
+        ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128, "jax": (0, 10, 2)}, "pallas"),
         ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128, "segments": False}, "cudnn"),
         ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 64}, "cudnn"),
         ("cuda", (9, 0), {"dtype": jnp.bfloat16, "head_dim": 128, "seq": 255}, "native"),
@@ -130,6 +131,7 @@ def test_a_forced_provider_that_cannot_serve_is_a_one_line_error(monkeypatch):
 def test_gpu_attention_choice_follows_capabilities(monkeypatch, vendor, capability, case, expected):
     monkeypatch.setattr(platform, "_gpu_vendor", lambda: vendor)
     monkeypatch.setattr(cudnn, "cuda_capability", lambda: capability)
+    monkeypatch.setattr(cudnn, "_jax_version", lambda: case.get("jax", (0, 11, 2)))
     monkeypatch.setattr(flash_attention, "cuda_capability", lambda: capability)
     seq = case.get("seq", 2048)
     a = _shapes(case["dtype"], case["head_dim"], seq=seq)

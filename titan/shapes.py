@@ -130,7 +130,9 @@ class ModelConfig:
 # (8B: 32 layers, d 4096, ffn 14336, 32 heads, 8 KV heads; 70B: 80, 8192, 28672, 64, 8;
 # 405B: 126, 16384, 53248, 128, 8; vocab 128256, RoPE theta 500000).
 # llama3-1b is the Llama 3.2 1B shape (16 layers, d 2048, ffn 8192, 32 heads, 8 KV heads); the
-# published 1.24e9 count ties embedding and head, ours are untied (1.50e9).
+# published 1.24e9 count ties embedding and head, ours are untied (1.50e9). llama3-3b is the
+# Llama 3.2 3B shape (Meta's model card and config.json: 28 layers, d 3072, ffn 8192, 24 heads,
+# 8 KV heads; 3.21e9 tied, 3.61e9 untied).
 # DiT (Peebles & Xie 2023, Table 1): S 12 layers, d 384, 6 heads; B 12, 768, 12; L 24, 1024, 16;
 # XL 28, 1152, 16; patch 2 on the 32 x 32 x 4 latent of a 256 x 256 image, 1000 ImageNet classes
 # plus the null label. Titan's DiT uses SwiGLU, whose ffn_dim = 8 d / 3 (rounded up to a multiple
@@ -154,6 +156,7 @@ DIT_PRESETS: dict[str, ModelConfig] = {
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("tiny", 0, 256, 4, 8, 4, 688, rope_theta=10_000.0),
     "llama3-1b": ModelConfig("llama3-1b", 128_256, 2048, 16, 32, 8, 8192),
+    "llama3-3b": ModelConfig("llama3-3b", 128_256, 3072, 28, 24, 8, 8192),
     "llama3-8b": ModelConfig("llama3-8b", 128_256, 4096, 32, 32, 8, 14_336),
     "llama3-70b": ModelConfig("llama3-70b", 128_256, 8192, 80, 64, 8, 28_672),
     "llama3-405b": ModelConfig("llama3-405b", 128_256, 16_384, 126, 128, 8, 53_248),

@@ -16,8 +16,11 @@ pre-multiplied by log2(e), the log-sum-exp is kept per row for the backward pass
 accumulate in float32.
 
 Chosen automatically only where it is known to win (:func:`preferred`): on Hopper with segment
-ids, which JAX hands cuDNN as a dense (B, 1, S, S) bias while these kernels mask inside the tile.
-At head dim 64 the margin over cuDNN is small, so that case stays with cuDNN. Measurements
+ids that cuDNN would take as a dense (B, 1, S, S) bias (where its packed documents do not serve:
+grouped key/value heads under an older JAX), while these kernels mask inside the tile. At head
+dim 64 the margin over cuDNN is small, so that case stays with cuDNN. cuDNN's packed documents
+beat these kernels (``python bench/attention.py``: 1.98 against 2.20 ms at D 128, 2.35 against
+2.89 ms at D 64, forward and backward of one layer of 8 x 2048 tokens of stdlib documents). Measurements
 (``titan ops check``, ``bench/mfu.py``): ``docs/benchmarks.md``. Elsewhere ``pallas``
 serves only when asked for (``attention=pallas``). Of the block sizes tried at S 2048, the
 defaults were fastest (larger backward blocks or 8 warps: 1.3 to 2x slower). Under an SPMD
@@ -37,6 +40,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from titan.ops.providers import cudnn
 from titan.ops.providers.platform import (
     CUDA,
     accelerator,
@@ -119,12 +123,15 @@ def supports(
 
 def preferred(backend: str, q, k, v, *, segment_ids=None, causal=True, sliding_window=None) -> bool:
     """Where these kernels beat cuDNN (see the module docstring): Triton on a Hopper-or-later
-    CUDA GPU, bf16/fp16, with segment ids, head dim 128, sequence >= 512."""
+    CUDA GPU, bf16/fp16, with segment ids that cuDNN would read as a dense mask (its packed
+    documents are faster: ``bench/results/attention-nvidia-h200.json``), head dim 128,
+    sequence >= 512."""
     return (
         accelerator(backend) == CUDA
         and cuda_capability() >= (9, 0)
         and q.dtype in (jnp.bfloat16, jnp.float16)
         and segment_ids is not None
+        and not cudnn.packs(q, k, causal)
         and q.shape[-1] == 128
         and q.shape[1] >= 512
     )
