@@ -2,7 +2,7 @@
 
 ``python bench/dit.py`` runs, in one go, (a) the baseline ``bench/baselines/plain_jax_dit.py``
 (a subprocess; its last JSON line is read) and (b) titan's train step
-(``titan.trainer.adapters.build_trainer`` with ``--task diffusion --preset dit-l-2``: the
+(``titan.trainer.adapters.build_run_trainer`` with ``--task diffusion --preset dit-l-2``: the
 458 M-parameter DiT-L/2 on the 32 x 32 x 4 latent of a 256 x 256 image, one-device mesh, fp32
 master weights, bf16 compute, AdamW, the registry's providers) on the same batch of random
 latents. MFU is images/s x the model's FLOPs per image (:func:`titan.flops.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from titan.config import TrainConfig  # noqa: E402
 from titan.ops import Ops  # noqa: E402
 from titan.telemetry.mfu import device_peak  # noqa: E402
-from titan.trainer.adapters import build_trainer  # noqa: E402
+from titan.trainer.adapters import build_run_trainer  # noqa: E402
 from titan.trainer.images import image_model_config  # noqa: E402
 
 BASELINE = ROOT / "bench" / "baselines" / "plain_jax_dit.py"
@@ -49,9 +49,9 @@ def baseline(batch: int, steps: int) -> dict:
 
 def titan(batch: int, steps: int, preset: str) -> dict:
     cfg = TrainConfig.of(task="diffusion", preset=preset, batch_size=batch, dp=1)
-    model = image_model_config(cfg, 1000)
+    model = image_model_config(cfg.model.shape, cfg.diffusion.image_size, 1000)
     ops = Ops(jax.default_backend(), cfg.compute.ops)
-    trainer = build_trainer(cfg, model, ops)
+    trainer = build_run_trainer(model, ops, cfg.trainer)
     state = trainer.init_state(0)
     compile_s = trainer.trace() + sum(e.seconds for e in trainer.compile())
     rng = np.random.default_rng(0)

@@ -5,7 +5,7 @@
 (a) the plain-JAX baseline (``bench/baselines/plain_jax_llama.py``, or ``--baseline PATH``; it
     is run as a subprocess with the environment L, S, B, ATTN, REMAT and its last JSON line
     read: ``tok_s``, ``mfu_causal``, ``mfu_palm``, ``peak_mem_gb``);
-(b) titan's train step (``titan.trainer.adapters.build_trainer``: jit over a one-device mesh,
+(b) titan's train step (``titan.trainer.adapters.build_run_trainer``: jit over a one-device mesh,
     fp32 master weights, bf16 compute, AdamW) on the same model shape, batch and sequence length
     and random tokens (one document per row, as in the baseline), one subprocess per configuration
     so that peak memory and XLA flags belong to that configuration alone.
@@ -157,7 +157,7 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
     import numpy as np
 
     from titan.ops import Ops
-    from titan.trainer.adapters import build_trainer
+    from titan.trainer.adapters import build_run_trainer
 
     backend = jax.default_backend()
     cfg = TrainConfig.of(
@@ -172,7 +172,7 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
         layer_unroll=int(config.layer_unroll),
     )
     ops = Ops(backend, config.overrides())
-    trainer = build_trainer(cfg, model_config(shape), ops)
+    trainer = build_run_trainer(model_config(shape), ops, cfg.trainer)
     state = trainer.init_state(0)
     compile_s = trainer.trace() + sum(event.seconds for event in trainer.compile())
     rng = np.random.default_rng(0)

@@ -68,7 +68,7 @@ def _measure(spec: dict) -> dict:
     from titan.gpus import gpu_for_device_kind
     from titan.ops import Ops
     from titan.shapes import PRESETS
-    from titan.trainer.adapters import build_trainer
+    from titan.trainer.adapters import build_run_trainer
 
     model = dataclasses.replace(PRESETS[spec["preset"]], n_layers=spec["layers"])
     if spec["preset"] == "tiny":
@@ -90,7 +90,7 @@ def _measure(spec: dict) -> dict:
         steps=10_000,
     )
     ops = Ops(jax.default_backend())
-    trainer = build_trainer(cfg, model, ops)
+    trainer = build_run_trainer(model, ops, cfg.trainer)
     state = trainer.init_state(0)
     trainer.trace()
     compile_s = sum(e.seconds for e in trainer.compile())

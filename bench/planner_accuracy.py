@@ -1,7 +1,7 @@
 """Benchmark: planner predictions against measured runs (``python bench/planner_accuracy.py``).
 
 For each configuration of a suite (model shape, batch, sequence length, remat policy, SPMD or
-MPMD layout), a child process builds Titan's trainer (``titan.trainer.adapters.build_trainer``,
+MPMD layout), a child process builds Titan's trainer (``titan.trainer.adapters.build_run_trainer``,
 so custom shapes need no preset), runs ``--steps`` optimizer steps on random tokens with the
 training loop's pattern (metrics read one step late) and reports:
 
@@ -152,13 +152,13 @@ def measure(config: dict[str, Any], steps: int, warmup: int, emit: Any) -> dict[
 
     from titan.config import TrainConfig
     from titan.ops import Ops
-    from titan.trainer.adapters import build_trainer
+    from titan.trainer.adapters import build_run_trainer
 
     model = model_of(config)
     options = {k: v for k, v in config.items() if k not in NOT_OPTIONS}
     cfg = TrainConfig.of(**options, steps=steps, warmup_steps=1)
     ops = Ops(jax.default_backend(), cfg.compute.ops)
-    trainer = build_trainer(cfg, model, ops)
+    trainer = build_run_trainer(model, ops, cfg.trainer)
     start = time.perf_counter()
     trainer.trace()
     trainer.compile()

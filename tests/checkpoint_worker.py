@@ -25,13 +25,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from helpers import trainer_of
 
 from titan.config import TrainConfig, model_config
 from titan.ops import Ops
 from titan.parallel.chunks import chunk_item
 from titan.parallel.distributed import LaunchSettings, initialize
 from titan.parallel.mesh import remote_array
-from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer_state import TrainState
 
@@ -44,7 +44,7 @@ def pipeline_trainer():
     cfg = TrainConfig.of(
         preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32, **PIPELINE
     )
-    return build_trainer(cfg, model_config(cfg, VOCAB), Ops(jax.default_backend()))
+    return trainer_of(cfg, model_config(cfg.model.shape, VOCAB), Ops(jax.default_backend()))
 
 
 def state_at(trainer, step: int) -> TrainState:

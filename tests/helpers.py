@@ -15,7 +15,11 @@ from typing import Any
 from orbax.checkpoint._src.path import atomicity
 
 from titan.config import TrainConfig, validate_train_config
+from titan.ops import Ops
+from titan.shapes import ModelConfig
+from titan.trainer.adapters import build_run_trainer
 from titan.trainer.train import train
+from titan.trainer_state import Trainer
 
 
 def small_run(corpus_dir: Path, runs_root: Path, **options: Any) -> dict[str, Any]:
@@ -30,6 +34,11 @@ def small_run(corpus_dir: Path, runs_root: Path, **options: Any) -> dict[str, An
         "compute_dtype": "float32",
         **options,
     }
+
+
+def trainer_of(cfg: TrainConfig, shape: ModelConfig, ops: Ops) -> Trainer:
+    """The trainer ``titan train`` builds for ``cfg`` and the model ``shape``."""
+    return build_run_trainer(shape, ops, cfg.trainer)
 
 
 def run_in_process(options: dict[str, Any], resume: Path | None = None) -> tuple[int, Path]:

@@ -8,12 +8,13 @@ import re
 import jax
 import numpy as np
 import pytest
+from helpers import trainer_of
 
 from titan.cli import main
 from titan.config import TrainConfig, model_config, resumable_options
 from titan.errors import TitanError
 from titan.ops import Ops
-from titan.trainer.adapters import build_trainer, check_layout_fits
+from titan.trainer.adapters import check_layout_fits
 from titan.trainer.spmd import SpmdTrainer
 
 VOCAB = 512
@@ -21,7 +22,7 @@ VOCAB = 512
 
 def _trainer(compiled: bool = True, **options) -> SpmdTrainer:
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", **options)
-    trainer = build_trainer(cfg, model_config(cfg, VOCAB), Ops("cpu", cfg.compute.ops))
+    trainer = trainer_of(cfg, model_config(cfg.model.shape, VOCAB), Ops("cpu", cfg.compute.ops))
     if compiled:
         trainer.trace()
         trainer.compile()
@@ -124,10 +125,11 @@ def test_layout_errors_name_the_fix_and_come_before_the_tokenizer(
 
 def test_a_layout_that_leaves_devices_idle_says_so():
     cfg = TrainConfig.of(layout="mpmd", pp=2, dp=1, microbatches=8)
-    assert check_layout_fits(cfg) == (
+    assert check_layout_fits(cfg.parallel, cfg.data.batch_size) == (
         "the layout uses 2 of the 8 devices (--dp 1 x --fsdp 1 x --tp 1 x --pp 2)"
     )
-    assert check_layout_fits(TrainConfig.of(layout="mpmd", pp=2, microbatches=4)) is None
+    mpmd = TrainConfig.of(layout="mpmd", pp=2, microbatches=4)
+    assert check_layout_fits(mpmd.parallel, mpmd.data.batch_size) is None
 
 
 def test_spmd_takes_microbatches_but_no_other_pipeline_option():

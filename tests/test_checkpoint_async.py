@@ -11,13 +11,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import events, fail_commit_of, run_in_process
+from helpers import events, fail_commit_of, run_in_process, trainer_of
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED
 from titan.ops import Ops
-from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
 from titan.trainer.snapshot import bytes_per_device, snapshot_fits
 
@@ -39,7 +38,7 @@ def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)
     # On whatever backend JAX has: CI runs it on CPU, and it is also run on a GPU (where a
     # donated buffer is reused at once) by bench/gpu_checks.sh.
-    trainer = build_trainer(cfg, model_config(cfg, VOCAB), Ops(jax.default_backend()))
+    trainer = trainer_of(cfg, model_config(cfg.model.shape, VOCAB), Ops(jax.default_backend()))
     trainer.trace()
     trainer.compile()
     state, _ = trainer.step(trainer.init_state(seed=0), _batch(1))
@@ -229,7 +228,7 @@ def test_a_device_snapshot_is_taken_only_where_it_fits_beside_the_peak():
 @pytest.mark.slow
 def test_one_process_async_saves_prune_off_the_loop_thread(tmp_path, monkeypatch):
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)
-    trainer = build_trainer(cfg, model_config(cfg, VOCAB), Ops(jax.default_backend()))
+    trainer = trainer_of(cfg, model_config(cfg.model.shape, VOCAB), Ops(jax.default_backend()))
     trainer.trace()
     trainer.compile()
     state = trainer.init_state(seed=0)

@@ -24,13 +24,12 @@ import jax
 import numpy as np
 import pytest
 from checkpoint_worker import holds, pipeline_trainer
-from helpers import fail_commit_of
+from helpers import fail_commit_of, trainer_of
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.launch.local import child_envs, free_port
 from titan.ops import Ops
-from titan.trainer.adapters import build_trainer
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.checkpoint_protocol import FAULT_ENV, PHASES, TMP_DIR_SUFFIX, fault_point
 from titan.trainer.stage_store import LEAVES_FILE, STAGE_CHECKPOINT_DIR, StageStore
@@ -178,7 +177,7 @@ def _tiny_trainer(param_dtype: str = "float32"):
     cfg = TrainConfig.of(
         preset="tiny", compute_dtype="float32", param_dtype=param_dtype, batch_size=8, seq_len=32
     )
-    return build_trainer(cfg, model_config(cfg, 512), Ops(jax.default_backend()))
+    return trainer_of(cfg, model_config(cfg.model.shape, 512), Ops(jax.default_backend()))
 
 
 def _meta(trainer) -> dict:

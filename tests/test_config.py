@@ -183,9 +183,12 @@ def test_a_custom_shape_sets_rope_theta_and_the_trained_tokenizers_vocabulary(ca
     cfg = TrainConfig.of(**explicit_options(_train_args("--model", SHAPE + ",rope_theta=10000")))
     assert cfg.model.shape.rope_theta == 10_000.0
     assert TrainConfig.of(preset=SHAPE).model.shape.rope_theta == 500_000.0  # Llama 3's default
-    assert trained_vocab_size(cfg) == 512  # the shape's vocab_size, not --vocab-size's 4096
-    assert trained_vocab_size(TrainConfig.of(vocab_size=1024)) == 1024  # tiny: --vocab-size
-    assert trained_vocab_size(TrainConfig.of(preset="llama3-1b", vocab_size=1024)) == 1024
+    # the shape's vocab_size, not --vocab-size's 4096
+    assert trained_vocab_size(cfg.model.shape, cfg.data.vocab_size) == 512
+    tiny = TrainConfig.of(vocab_size=1024)
+    assert trained_vocab_size(tiny.model.shape, tiny.data.vocab_size) == 1024  # --vocab-size
+    large = TrainConfig.of(preset="llama3-1b", vocab_size=1024)
+    assert trained_vocab_size(large.model.shape, large.data.vocab_size) == 1024
     # the shape round-trips through --print-config's TOML and the flag's text
     assert model_text(cfg.model.shape) == SHAPE + ",rope_theta=10000"
     assert main(["train", "--model", SHAPE + ",rope_theta=1", "--print-config"]) == 2

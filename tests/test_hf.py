@@ -112,7 +112,7 @@ def hf_models(tmp_path_factory, corpus_dir) -> dict[str, tuple[Path, np.ndarray,
 def _params(checkpoint_dir: Path) -> tuple[dict, object]:
     """The whole model's parameters (host arrays) of a dir's newest checkpoint, and its shape."""
     cfg, model = saved_model(checkpoint_dir, "test")
-    adapter, tx = _build(model, cfg)
+    adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
     checkpointer, step = open_checkpoint(checkpoint_dir, None, "test")
     items, _, _ = checkpointer.restore_host(step, host_abstract(adapter, tx))
     checkpointer.close()
@@ -233,7 +233,8 @@ def test_init_from_gives_the_same_first_loss_on_fsdp_x_tp_as_on_one_device(
     reference = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
     assert step["loss"] == pytest.approx(float(reference), rel=1e-5)
     params, model = _params(source)  # what the run's step 0 holds: the fresh AdamW state is 0
-    tx = _build(model, TrainConfig.of(preset=model))[1]
+    cfg = TrainConfig.of(preset=model)
+    tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)[1]
     assert not any(np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(tx.init(params)))
     saved = json.loads((tmp_path / "mesh" / "config.json").read_text())
     assert saved["model"]["vocab_size"] == VOCAB and saved["train"]["checkpoint"]["init_from"]

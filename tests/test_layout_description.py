@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import trainer_of
 
 from titan.config import TrainConfig, model_config
 from titan.ops import Ops
-from titan.trainer.adapters import build_trainer
 
 VOCAB = 512
 
@@ -74,7 +74,7 @@ RECORDED = {
 
 def _description(options):
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, **options)
-    return build_trainer(cfg, model_config(cfg, VOCAB), Ops("cpu", {})).describe()
+    return trainer_of(cfg, model_config(cfg.model.shape, VOCAB), Ops("cpu", {})).describe()
 
 
 @pytest.mark.parametrize("name", list(RECORDED))

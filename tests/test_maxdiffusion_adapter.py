@@ -42,7 +42,7 @@ def test_the_diffusers_unet_learns_the_digits_under_the_spmd_trainer():
     adapter = DiffusersUNetAdapter(TINY_UNET)
     cfg = TrainConfig.of(steps=STEPS, warmup_steps=3, lr=3e-3)
     mesh = build_stage_meshes(2, 1, 1, 1)[0]  # data parallel over 2 devices
-    tx, schedule = build_optimizer(cfg)
+    tx, schedule = build_optimizer(cfg.optimizer)
     trainer = SpmdTrainer(
         adapter, mesh, plan_chunks(1, 1, 1), tx, schedule, jax.numpy.float32, 1.0, BATCH
     )

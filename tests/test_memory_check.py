@@ -17,7 +17,7 @@ from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.telemetry.device_memory import host_memory_bytes
 from titan.telemetry.events import Compile
-from titan.trainer.memory_check import check_memory, resolve_remat
+from titan.trainer.memory_check import Traced, check_memory, resolve_remat
 
 VOCAB = 512
 LAYOUT_DEVICES = 1
@@ -48,14 +48,17 @@ class _Gpu:
 def _check(devices, **options):
     options.setdefault("remat", "none")  # the check runs on a resolved policy, never on auto
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, **options)
-    return check_memory(cfg, model_config(cfg, VOCAB), LAYOUT_DEVICES, "float32", {}, devices)
+    model, traced = model_config(cfg.model.shape, VOCAB), Traced(LAYOUT_DEVICES, "float32", {})
+    usable = cfg.debugging.debug_usable_memory
+    return check_memory(model, cfg.compute, cfg.parallel, cfg.data, traced, devices, usable)
 
 
 def _auto(devices, **options):
     cfg = TrainConfig.of(
         preset="tiny", compute_dtype="float32", dp=1, batch_size=64, seq_len=2048, **options
     )
-    return resolve_remat(cfg, model_config(cfg, VOCAB), LAYOUT_DEVICES, "float32", devices)
+    model = model_config(cfg.model.shape, VOCAB)
+    return resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "float32", devices)
 
 
 def test_cpu_devices_share_the_host_memory_and_an_absurd_batch_is_refused():

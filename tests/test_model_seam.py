@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import trainer_of
 
 from titan import config
 from titan.config import TrainConfig, model_config
@@ -17,7 +18,7 @@ from titan.models.adapters.llama import LlamaAdapter
 from titan.ops import Ops
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import LAYOUTS, build_adapter, build_trainer
+from titan.trainer.adapters import LAYOUTS, build_adapter
 
 SHAPE = ModelConfig("seam", 97, 32, 4, 4, 2, 64)
 
@@ -90,9 +91,11 @@ def test_an_unregistered_family_is_refused_naming_the_registered_ones():
     cfg = TrainConfig.of(preset="tiny")
     moe = dataclasses.replace(SHAPE, family="moe")
     with pytest.raises(TitanError) as refused:
-        build_adapter(cfg, moe, Ops("cpu", {}))
+        build_adapter(moe, cfg.model, cfg.compute, cfg.data.seq_len, Ops("cpu", {}))
     assert str(refused.value) == "the model family must be one of llama, dit, maxtext, got 'moe'"
-    assert isinstance(build_adapter(cfg, SHAPE, Ops("cpu", {})), LlamaAdapter)
+    assert isinstance(
+        build_adapter(SHAPE, cfg.model, cfg.compute, cfg.data.seq_len, Ops("cpu", {})), LlamaAdapter
+    )
 
 
 def test_an_unregistered_layout_is_refused_naming_the_registered_ones(monkeypatch):
@@ -100,5 +103,5 @@ def test_an_unregistered_layout_is_refused_naming_the_registered_ones(monkeypatc
     monkeypatch.delitem(LAYOUTS, "mpmd")
     cfg = TrainConfig.of(preset="tiny", layout="mpmd", pp=2, microbatches=2, dp=1)
     with pytest.raises(TitanError) as refused:
-        build_trainer(cfg, model_config(cfg, SHAPE.vocab_size), Ops("cpu", {}))
+        trainer_of(cfg, model_config(cfg.model.shape, SHAPE.vocab_size), Ops("cpu", {}))
     assert str(refused.value) == "--layout must be one of spmd, got 'mpmd'"

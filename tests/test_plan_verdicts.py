@@ -36,12 +36,12 @@ def _accepted_by_titan_train(model: str, options: dict) -> None:
     split of the layers into pipeline chunks, every parameter's sharding over the stage mesh
     and the microbatch rows over dp x fsdp (``titan.trainer.spmd`` / ``titan.mpmd.pipeline``)."""
     cfg = TrainConfig.of(**options)
-    shape = model_config(cfg, cfg.data.vocab_size)
+    shape = model_config(cfg.model.shape, cfg.data.vocab_size)
     par = cfg.parallel
     pp = par.pp if par.layout == "mpmd" else 1
     chunks = plan_chunks(shape.n_layers, pp, par.virtual_stages, par.stage_layers, model)
     mesh_shape = {"data": par.dp, "fsdp": par.fsdp, "tensor": par.tp}
-    adapter = build_adapter(cfg, shape, Ops("cpu"))
+    adapter = build_adapter(shape, cfg.model, cfg.compute, cfg.data.seq_len, Ops("cpu"))
     shapes, logical = adapter.abstract_params(chunks[0])
     for (path, leaf), spec in zip(
         jax.tree_util.tree_flatten_with_path(shapes)[0], jax.tree.leaves(logical), strict=True

@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import trainer_of
 
 from titan.config import TrainConfig
 from titan.ops import Ops
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import build_trainer
 
 MODEL = ModelConfig("custom", 4096, 64, 2, 4, 2, 128)
 SEQ_LEN = 64
@@ -56,7 +56,7 @@ def compiled_step_hlo(mesh: tuple[int, int, int], batch_size: int) -> str:
     cfg = TrainConfig.of(
         dp=dp, fsdp=fsdp, tp=tp, batch_size=batch_size, seq_len=SEQ_LEN, compute_dtype="float32"
     )
-    trainer = build_trainer(cfg, MODEL, Ops("cpu"))
+    trainer = trainer_of(cfg, MODEL, Ops("cpu"))
     trainer.trace()
     trainer.compile()
     return trainer._compiled.as_text()

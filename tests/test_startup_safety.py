@@ -69,14 +69,14 @@ def _debug(phase: str) -> list[str]:
 
 
 def test_sigterm_while_the_model_is_built_stops_in_process(small_options, monkeypatch):
-    built = train_module.build_trainer
+    built = train_module.build_run_trainer
 
     def build_then_signal(*args, **kwargs):
         trainer = built(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         return trainer
 
-    monkeypatch.setattr(train_module, "build_trainer", build_then_signal)
+    monkeypatch.setattr(train_module, "build_run_trainer", build_then_signal)
     handler = signal.getsignal(signal.SIGTERM)
     code, run_dir = run_in_process({**small_options, "run_id": "term"})
     assert code == EXIT_STOPPED

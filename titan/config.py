@@ -397,6 +397,13 @@ class ModelOptions:
         ),
     )
 
+    @property
+    def label(self) -> str:
+        """How errors name the model: ``--preset tiny``, or ``--maxtext-model NAME``."""
+        if self.model_source == "maxtext":
+            return f"--maxtext-model {self.maxtext_model}"
+        return f"--preset {self.shape.name}"
+
     def _check(self) -> None:
         if self.model_source == "maxtext" and not self.maxtext_model:
             raise TitanError("--model-source maxtext needs --maxtext-model NAME")
@@ -1205,6 +1212,20 @@ class TrainConfig:
             },
         )
 
+    @property
+    def trainer(self) -> TrainerOptions:
+        """The options the run's trainer is built from."""
+        data = self.data
+        return TrainerOptions(
+            self.model,
+            self.compute,
+            self.parallel,
+            self.optimizer,
+            data.batch_size,
+            data.seq_len,
+            self.observability.timing_every,
+        )
+
     def flat(self) -> dict[str, Any]:
         """Every option's typed value by flat name."""
         return {o.name: getattr(getattr(self, o.section), o.field.name) for o in option_fields()}
@@ -1217,6 +1238,22 @@ class TrainConfig:
             o.name: value if o.kind in CODECS_PLAIN else o.text(value)
             for o, value in zip(option_fields(), self.flat().values(), strict=True)
         }
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """The options a run's trainer is built from (:attr:`TrainConfig.trainer`,
+    :func:`titan.trainer.adapters.build_run_trainer`): the model family's sections (``model``,
+    ``compute``), the layout's (``parallel``, ``optimizer``), the batch (``--batch-size`` x
+    ``--seq-len``) and how often a pipeline records its actions' timings (``--timing-every``)."""
+
+    model: ModelOptions
+    compute: ComputeOptions
+    parallel: ParallelOptions
+    optimizer: OptimizerOptions
+    batch_size: int
+    seq_len: int
+    timing_every: int
 
 
 # The options only --layout mpmd reads (SPMD takes --microbatches too: gradient accumulation).
@@ -1289,18 +1326,18 @@ def check_task_options(cfg: TrainConfig) -> None:
             raise TitanError(f"{flag_of(name)} does not apply to {reason}")
 
 
-def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
-    """The model shape of a run, with the vocabulary taken from the tokenizer when the shape
-    leaves it open (``vocab_size == 0``, the ``tiny`` preset).
+def model_config(shape: ModelConfig, tokenizer_vocab: int, tokenizer: str = "") -> ModelConfig:
+    """The model shape of a run (``--model``'s ``shape``), with the vocabulary taken from the
+    tokenizer when the shape leaves it open (``vocab_size == 0``, the ``tiny`` preset).
+    ``tokenizer`` is ``--tokenizer`` (named in the error; empty for a trained one).
 
     Raises:
         TitanError: when the tokenizer has more pieces than the shape's embedding has rows.
     """
-    shape = cfg.model.shape
     if shape.vocab_size == 0:
         return dataclasses.replace(shape, vocab_size=tokenizer_vocab)
     if tokenizer_vocab > shape.vocab_size:
-        source = f"--tokenizer {cfg.data.tokenizer}" if cfg.data.tokenizer else "the tokenizer"
+        source = f"--tokenizer {tokenizer}" if tokenizer else "the tokenizer"
         raise TitanError(
             f"{source} has {tokenizer_vocab} pieces but --model {shape.name} embeds only "
             f"{shape.vocab_size} (vocab_size)"
@@ -1308,8 +1345,7 @@ def model_config(cfg: TrainConfig, tokenizer_vocab: int) -> ModelConfig:
     return shape
 
 
-def trained_vocab_size(cfg: TrainConfig) -> int:
+def trained_vocab_size(shape: ModelConfig, vocab_size: int) -> int:
     """Pieces of the tokenizer trained when ``--tokenizer`` is not given: a custom ``--model``
-    shape's ``vocab_size`` (its embedding's rows), else ``--vocab-size``."""
-    shape = cfg.model.shape
-    return shape.vocab_size if shape.name == "custom" else cfg.data.vocab_size
+    ``shape``'s ``vocab_size`` (its embedding's rows), else ``--vocab-size`` (``vocab_size``)."""
+    return shape.vocab_size if shape.name == "custom" else vocab_size

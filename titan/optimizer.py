@@ -23,14 +23,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from titan.config import TrainConfig
+from titan.config import OptimizerOptions
 
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 
 
-def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
+def learning_rate_schedule(opt: OptimizerOptions) -> optax.Schedule:
     """Learning rate (per step, unitless multiplier of the update) as a function of the step."""
-    opt = cfg.optimizer
     horizon = opt.decay_steps or opt.steps
     warmup = min(opt.warmup_steps, horizon)
     return optax.warmup_cosine_decay_schedule(  # constant at end_value after decay_steps
@@ -60,16 +59,18 @@ def clip_by_global_norm(grads: Any, global_norm: jax.Array, max_norm: float) -> 
     return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
 
 
-def build_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW (clipping is applied before it with :func:`clip_by_global_norm`); returns
-    (transformation, schedule)."""
-    schedule = learning_rate_schedule(cfg)
+def build_optimizer(
+    opt: OptimizerOptions,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW of ``--lr``, ``--weight-decay`` and the schedule of ``opt`` (clipping is applied
+    before it with :func:`clip_by_global_norm`); returns (transformation, schedule)."""
+    schedule = learning_rate_schedule(opt)
     adamw = optax.adamw(
         schedule,
         b1=ADAM_B1,
         b2=ADAM_B2,
         eps=ADAM_EPS,
-        weight_decay=cfg.optimizer.weight_decay,
+        weight_decay=opt.weight_decay,
         mask=_decay_mask,
     )
     return adamw, schedule

@@ -10,7 +10,6 @@ does.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from titan.config import ParallelOptions, TrainConfig
 from titan.data.tokenizer import Tokenizer, load_tokenizer
 from titan.errors import TitanError
 from titan.models.adapters.base import cast_tree
@@ -26,7 +24,7 @@ from titan.models.adapters.maxtext_checkpoints import refuse_maxtext_source
 from titan.ops import Ops
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
-from titan.trainer.adapters import build_trainer, compute_dtype
+from titan.trainer.adapters import one_device_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
@@ -76,13 +74,6 @@ def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
     )
 
 
-def _run_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig]:
-    cfg, model = saved_model(run_dir, "RUN_DIR")
-    # one device, the whole model: any checkpoint of the run restores onto it
-    one_device = dataclasses.replace(cfg.data, batch_size=1)
-    return dataclasses.replace(cfg, parallel=ParallelOptions(dp=1), data=one_device), model
-
-
 def load_model(source: str, step: int | None = None) -> LoadedModel:
     """The model of ``source`` (a run dir, or one of its checkpoints ``<run dir>/checkpoints/
     <step>``) at ``step`` (default: the checkpoint named, else the newest committed one).
@@ -93,7 +84,7 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
             (or not ``step``; names those it has), or the checkpoint cannot be restored.
     """
     run_dir, step = resolve_source(source, step)
-    cfg, model = _run_config(run_dir)
+    cfg, model = saved_model(run_dir, "RUN_DIR")
     refuse_maxtext_source(cfg.model.model_source, run_dir, "titan generate")
     if model.family == "dit":
         raise TitanError(f"{run_dir}: a diffusion run (no text): use titan sample")
@@ -111,11 +102,13 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
         if step not in steps:
             have = ", ".join(map(str, steps)) or "none"
             raise TitanError(f"--step {step}: {run_dir} has no checkpoint of it (it has: {have})")
-        backend = jax.default_backend()
-        trainer = build_trainer(cfg, model, Ops(backend))
+        ops = Ops(jax.default_backend())
+        trainer = one_device_trainer(
+            model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len, ops
+        )
         state, _ = checkpointer.restore(step, trainer)
     finally:
         checkpointer.close()
-    dtype = compute_dtype(cfg, backend)
+    dtype = trainer.compute_dtype
     params = cast_tree(state.chunks[0]["params"], dtype)
     return LoadedModel(model, params, dtype, tokenizer, run_dir, step, cfg.data.seq_len)

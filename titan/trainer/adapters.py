@@ -10,19 +10,28 @@ trainer (:class:`titan.trainer_state.Trainer`).
 The model family comes through an adapter (:mod:`titan.models.adapters`): Titan's Llama, its
 DiT for ``--task diffusion``, or a MaxText model (``--model-source maxtext``,
 :mod:`titan.models.adapters.maxtext`). Families and layouts are registered once each, with the
-builder that takes what it needs from the config (:data:`FAMILIES`, :data:`LAYOUTS`); a name
-that is not registered is a one-line error naming the registered ones.
+builder that takes the config sections and values it reads (:data:`FAMILIES`,
+:data:`LAYOUTS`); a name that is not registered is a one-line error naming the registered
+ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import dataclasses
+from typing import Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
 
-from titan.config import TrainConfig
+from titan.config import (
+    ComputeOptions,
+    ModelOptions,
+    ObservabilityOptions,
+    OptimizerOptions,
+    ParallelOptions,
+    Remat,
+    TrainerOptions,
+)
 from titan.errors import TitanError
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.dit import DitAdapter
@@ -34,6 +43,7 @@ from titan.optimizer import build_optimizer
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.fit import check_layout
 from titan.parallel.mesh import build_stage_meshes
+from titan.remat import AUTO
 from titan.schedules import build_schedule
 from titan.shapes import ModelConfig
 from titan.trainer.memory_check import RematChoice, resolve_remat
@@ -43,62 +53,68 @@ from titan.trainer_state import Trainer
 T = TypeVar("T")
 
 
-def compute_dtype(cfg: TrainConfig, backend: str) -> jnp.dtype:
-    """``--compute-dtype``, with ``auto`` meaning bfloat16 on accelerators and float32 on CPU
-    (XLA:CPU has no fast bfloat16 matmul)."""
-    if cfg.compute.compute_dtype == "auto":
+def compute_dtype(name: str, backend: str) -> jnp.dtype:
+    """``--compute-dtype`` ``name``, with ``auto`` meaning bfloat16 on accelerators and float32
+    on CPU (XLA:CPU has no fast bfloat16 matmul)."""
+    if name == "auto":
         return jnp.dtype(jnp.float32 if backend == "cpu" else jnp.bfloat16)
-    return jnp.dtype(cfg.compute.compute_dtype)
+    return jnp.dtype(name)
 
 
-def _titan_llama(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> LlamaAdapter:
-    """Titan's Llama of shape ``model_cfg``."""
+def _titan_llama(
+    shape: ModelConfig, model: ModelOptions, compute: ComputeOptions, seq_len: int, ops: Ops
+) -> LlamaAdapter:
+    """Titan's Llama of ``shape``."""
     return LlamaAdapter(
-        model_cfg,
+        shape,
         ops,
-        cfg.data.seq_len,
-        remat=cfg.compute.remat,
-        layer_unroll=cfg.compute.layer_unroll,
-        document_mask=cfg.compute.attention_mask == "document",
-        param_dtype=jnp.dtype(cfg.compute.param_dtype),
+        seq_len,
+        remat=compute.remat,
+        layer_unroll=compute.layer_unroll,
+        document_mask=compute.attention_mask == "document",
+        param_dtype=jnp.dtype(compute.param_dtype),
     )
 
 
-def _titan_dit(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> DitAdapter:
-    """Titan's DiT of shape ``model_cfg`` (``--task diffusion``)."""
+def _titan_dit(
+    shape: ModelConfig, model: ModelOptions, compute: ComputeOptions, seq_len: int, ops: Ops
+) -> DitAdapter:
+    """Titan's DiT of ``shape`` (``--task diffusion``; a row is one image, not ``seq_len``)."""
     return DitAdapter(
-        model_cfg,
+        shape,
         ops,
-        remat=cfg.compute.remat,
-        layer_unroll=cfg.compute.layer_unroll,
-        param_dtype=jnp.dtype(cfg.compute.param_dtype),
+        remat=compute.remat,
+        layer_unroll=compute.layer_unroll,
+        param_dtype=jnp.dtype(compute.param_dtype),
     )
 
 
-def _maxtext(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> MaxTextAdapter:
+def _maxtext(
+    shape: ModelConfig, model: ModelOptions, compute: ComputeOptions, seq_len: int, ops: Ops
+) -> MaxTextAdapter:
     """The MaxText model of ``--maxtext-model``, its vocabulary the tokenizer's
-    (``model_cfg.vocab_size``) unless ``--maxtext-set vocab_size=...`` says otherwise.
+    (``shape.vocab_size``) unless ``--maxtext-set vocab_size=...`` says otherwise.
 
     Raises:
         TitanError: ``--ops`` forces providers (MaxText's layers do not call Titan's
             operators), MaxText refuses the model, or its vocabulary is smaller than the
             tokenizer's.
     """
-    if cfg.compute.ops:
+    if compute.ops:
         raise TitanError(
             "--ops does not apply to --model-source maxtext: MaxText's layers call their own "
             "kernels (choose them with --maxtext-set attention=...)"
         )
-    settings, tokenizer_vocab = cfg.model.maxtext_set, model_cfg.vocab_size
-    model = MaxTextModel(
-        cfg.model.maxtext_model,
+    settings, tokenizer_vocab = model.maxtext_set, shape.vocab_size
+    maxtext = MaxTextModel(
+        model.maxtext_model,
         tuple(settings.items()),
-        cfg.data.seq_len,
+        seq_len,
         vocab_size=0 if "vocab_size" in settings else tokenizer_vocab,
-        remat=cfg.compute.remat,
-        param_dtype=cfg.compute.param_dtype,
+        remat=compute.remat,
+        param_dtype=compute.param_dtype,
     )
-    adapter = MaxTextAdapter(model, document_mask=cfg.compute.attention_mask == "document")
+    adapter = MaxTextAdapter(maxtext, document_mask=compute.attention_mask == "document")
     if adapter.config.vocab_size < tokenizer_vocab:
         raise TitanError(
             f"--maxtext-set vocab_size={adapter.config.vocab_size} is smaller than the "
@@ -107,19 +123,32 @@ def _maxtext(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> MaxTextAdapt
     return adapter
 
 
-# The model families a run can train, by name (:func:`family_name`): (the run's config, its
-# model shape, the operators) -> the family's adapter.
-FAMILIES: dict[str, Callable[[TrainConfig, ModelConfig, Ops], ModelAdapter]] = {
+class FamilyBuilder(Protocol):
+    """Builds a family's adapter from the run's model shape, ``--model-source`` options,
+    compute options, tokens per sequence (``--seq-len``) and operators."""
+
+    def __call__(
+        self,
+        shape: ModelConfig,
+        model: ModelOptions,
+        compute: ComputeOptions,
+        seq_len: int,
+        ops: Ops,
+    ) -> ModelAdapter: ...
+
+
+# The model families a run can train, by name (:func:`family_name`).
+FAMILIES: dict[str, FamilyBuilder] = {
     "llama": _titan_llama,
     "dit": _titan_dit,
     "maxtext": _maxtext,
 }
 
 
-def family_name(cfg: TrainConfig, model_cfg: ModelConfig) -> str:
+def family_name(model: ModelOptions, shape: ModelConfig) -> str:
     """The :data:`FAMILIES` entry a run trains: ``maxtext`` under ``--model-source maxtext``,
-    else the family of its Titan shape (``llama``, or ``dit`` for ``--task diffusion``)."""
-    return "maxtext" if cfg.model.model_source == "maxtext" else model_cfg.family
+    else the family of its Titan ``shape`` (``llama``, or ``dit`` for ``--task diffusion``)."""
+    return "maxtext" if model.model_source == "maxtext" else shape.family
 
 
 def _registered(registry: dict[str, T], name: str, what: str) -> T:
@@ -134,19 +163,26 @@ def _registered(registry: dict[str, T], name: str, what: str) -> T:
     return registry[name]
 
 
-def build_adapter(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> ModelAdapter:
+def build_adapter(
+    shape: ModelConfig, model: ModelOptions, compute: ComputeOptions, seq_len: int, ops: Ops
+) -> ModelAdapter:
     """The model family of the run (:func:`family_name`), built from :data:`FAMILIES`.
+    ``--remat auto`` is resolved for training by :func:`build_run_trainer`; an adapter built
+    otherwise (generation, sampling, import and export) runs no backward pass and takes
+    ``none``.
 
     Raises:
         TitanError: the family is not registered, or its builder refuses the run (MaxText:
             not installed, refuses the model, a vocabulary smaller than the tokenizer's,
             ``--ops`` given).
     """
-    build = _registered(FAMILIES, family_name(cfg, model_cfg), "the model family")
-    return build(cfg, model_cfg, ops)
+    if compute.remat == AUTO:
+        compute = dataclasses.replace(compute, remat="none")
+    build = _registered(FAMILIES, family_name(model, shape), "the model family")
+    return build(shape, model, compute, seq_len, ops)
 
 
-def check_layout_fits(cfg: TrainConfig) -> str | None:
+def check_layout_fits(parallel: ParallelOptions, batch_size: int) -> str | None:
     """:func:`titan.parallel.fit.check_layout` on the devices present (``jax.devices()``):
     called before any data is read (:func:`build_trainer` builds the meshes later, after the
     tokenizer). Returns a note when the layout leaves devices idle, else None.
@@ -155,75 +191,154 @@ def check_layout_fits(cfg: TrainConfig) -> str | None:
         TitanError: the layout asks for more devices than are present, or the rows per
             microbatch are not a multiple of dp x fsdp.
     """
-    return check_layout(
-        cfg.parallel, cfg.data.batch_size, len(jax.devices()), jax.default_backend()
-    )
+    return check_layout(parallel, batch_size, len(jax.devices()), jax.default_backend())
 
 
-def _spmd(cfg: TrainConfig, adapter: ModelAdapter, dtype: jnp.dtype) -> SpmdTrainer:
+class LayoutBuilder(Protocol):
+    """Builds a layout's trainer of ``adapter``: the parallel and optimizer options, the
+    compute dtype, the global batch (``--batch-size``), how often MPMD records its actions'
+    timings (``--timing-every``) and how errors name the model (``--preset tiny``)."""
+
+    def __call__(
+        self,
+        adapter: ModelAdapter,
+        parallel: ParallelOptions,
+        optimizer: OptimizerOptions,
+        dtype: jnp.dtype,
+        batch_size: int,
+        timing_every: int,
+        label: str,
+    ) -> Trainer: ...
+
+
+def _spmd(
+    adapter: ModelAdapter,
+    parallel: ParallelOptions,
+    optimizer: OptimizerOptions,
+    dtype: jnp.dtype,
+    batch_size: int,
+    timing_every: int,
+    label: str,
+) -> SpmdTrainer:
     """One jitted step over one mesh of dp x fsdp x tp devices, the whole model one chunk."""
-    par = cfg.parallel
-    mesh = build_stage_meshes(par.dp, par.fsdp, par.tp, 1)[0]
+    mesh = build_stage_meshes(parallel.dp, parallel.fsdp, parallel.tp, 1)[0]
     return SpmdTrainer(
         adapter,
         mesh,
         plan_chunks(adapter.n_layers, 1, 1),
-        *build_optimizer(cfg),
+        *build_optimizer(optimizer),
         dtype,
-        cfg.optimizer.grad_clip,
-        cfg.data.batch_size,
-        par.microbatches,
+        optimizer.grad_clip,
+        batch_size,
+        parallel.microbatches,
     )
 
 
-def _mpmd(cfg: TrainConfig, adapter: ModelAdapter, dtype: jnp.dtype) -> PipelineTrainer:
+def _mpmd(
+    adapter: ModelAdapter,
+    parallel: ParallelOptions,
+    optimizer: OptimizerOptions,
+    dtype: jnp.dtype,
+    batch_size: int,
+    timing_every: int,
+    label: str,
+) -> PipelineTrainer:
     """``--pp`` stages of dp x fsdp x tp devices, ``--virtual-stages`` chunks each, driven by
     ``--schedule``."""
-    par = cfg.parallel
+    par = parallel
     meshes = build_stage_meshes(par.dp, par.fsdp, par.tp, par.pp)
-    label = f"--preset {cfg.model.shape.name}"
-    if cfg.model.model_source == "maxtext":
-        label = f"--maxtext-model {cfg.model.maxtext_model}"
     chunks = plan_chunks(adapter.n_layers, par.pp, par.virtual_stages, par.stage_layers, label)
     return PipelineTrainer.build(
         adapter,
         meshes,
         chunks,
         build_schedule(par.schedule, par.pp, par.microbatches, par.virtual_stages),
-        build_optimizer(cfg),
+        build_optimizer(optimizer),
         dtype,
-        cfg.data.batch_size,
-        cfg.optimizer.grad_clip,
-        cfg.observability.timing_every,
+        batch_size,
+        optimizer.grad_clip,
+        timing_every,
     )
 
 
-# The training layouts, by ``--layout`` name (:data:`titan.config.LAYOUTS`): (the run's config,
-# the model family, the compute dtype) -> the layout's trainer.
-LAYOUTS: dict[str, Callable[[TrainConfig, ModelAdapter, jnp.dtype], Trainer]] = {
+# The training layouts, by ``--layout`` name (:data:`titan.config.LAYOUTS`).
+LAYOUTS: dict[str, LayoutBuilder] = {
     "spmd": _spmd,
     "mpmd": _mpmd,
 }
 
 
-def remat_choice(cfg: TrainConfig, model_cfg: ModelConfig) -> RematChoice:
-    """The run's ``--remat`` policy, ``auto`` resolved for the devices present
-    (:func:`titan.trainer.memory_check.resolve_remat`)."""
-    dtype = str(compute_dtype(cfg, jax.default_backend()))
-    return resolve_remat(cfg, model_cfg, len(jax.devices()), dtype, jax.local_devices())
-
-
-def build_trainer(cfg: TrainConfig, model_cfg: ModelConfig, ops: Ops) -> Trainer:
-    """The trainer of ``cfg.parallel.layout`` (:data:`LAYOUTS`) for the run's model family,
-    validated against the devices present, with ``--remat auto`` resolved
-    (:func:`remat_choice`).
+def build_trainer(
+    adapter: ModelAdapter,
+    parallel: ParallelOptions,
+    optimizer: OptimizerOptions,
+    dtype: jnp.dtype,
+    batch_size: int,
+    timing_every: int,
+    label: str = "the model",
+) -> Trainer:
+    """The trainer of ``parallel.layout`` (:data:`LAYOUTS`) for the model family ``adapter``
+    (:func:`build_adapter`), in compute dtype ``dtype`` (:func:`compute_dtype`), for global
+    batches of ``batch_size`` rows, validated against the devices present.
 
     Raises:
-        TitanError: the layout or the family is not registered, the layout does not fit the
-            devices, the layers do not split into the chunks asked for, or a batch/parameter
-            dimension does not divide its mesh axis.
+        TitanError: the layout is not registered, the layout does not fit the devices, the
+            layers do not split into the chunks asked for, or a batch/parameter dimension does
+            not divide its mesh axis.
     """
-    build = _registered(LAYOUTS, cfg.parallel.layout, "--layout")
-    cfg = cfg.replace(remat=remat_choice(cfg, model_cfg).remat)
-    adapter = build_adapter(cfg, model_cfg, ops)
-    return build(cfg, adapter, compute_dtype(cfg, jax.default_backend()))
+    build = _registered(LAYOUTS, parallel.layout, "--layout")
+    return build(adapter, parallel, optimizer, dtype, batch_size, timing_every, label)
+
+
+def remat_choice(
+    shape: ModelConfig, options: TrainerOptions, usable_override: float = 0.0
+) -> RematChoice:
+    """The ``--remat`` policy a run of ``shape`` trains with, ``auto`` resolved on the devices
+    present (:func:`titan.trainer.memory_check.resolve_remat`; ``usable_override``:
+    ``--debug-usable-memory``)."""
+    dtype = str(compute_dtype(options.compute.compute_dtype, jax.default_backend()))
+    devices = jax.local_devices()
+    return resolve_remat(shape, options, len(jax.devices()), dtype, devices, usable_override)
+
+
+def with_remat(options: TrainerOptions, remat: Remat) -> TrainerOptions:
+    """``options`` with ``--remat`` set to ``remat``."""
+    return dataclasses.replace(options, compute=dataclasses.replace(options.compute, remat=remat))
+
+
+def build_run_trainer(shape: ModelConfig, ops: Ops, options: TrainerOptions) -> Trainer:
+    """The trainer ``titan train`` builds for a run of the model ``shape``: the family's adapter
+    (:func:`build_adapter`) with ``--remat auto`` resolved (:func:`remat_choice`), then the
+    layout's trainer (:func:`build_trainer`) in ``--compute-dtype`` on this backend.
+
+    Raises:
+        TitanError: as :func:`build_adapter` and :func:`build_trainer`.
+    """
+    o = with_remat(options, remat_choice(shape, options).remat)
+    adapter = build_adapter(shape, o.model, o.compute, o.seq_len, ops)
+    dtype = compute_dtype(o.compute.compute_dtype, jax.default_backend())
+    return build_trainer(
+        adapter, o.parallel, o.optimizer, dtype, o.batch_size, o.timing_every, o.model.label
+    )
+
+
+def one_device_trainer(
+    shape: ModelConfig,
+    model: ModelOptions,
+    compute: ComputeOptions,
+    optimizer: OptimizerOptions,
+    seq_len: int,
+    ops: Ops,
+) -> Trainer:
+    """The whole model of a saved run (its options ``model``, ``compute``, ``optimizer``,
+    ``--seq-len``) as one SPMD chunk on one device, in its compute dtype on this backend: what
+    ``titan generate`` and ``titan sample`` restore a checkpoint onto (the chunks of any layout
+    are joined into it).
+
+    Raises:
+        TitanError: the run's model family refuses to build here (MaxText not installed).
+    """
+    adapter = build_adapter(shape, model, compute, seq_len, ops)
+    dtype = compute_dtype(compute.compute_dtype, jax.default_backend())
+    timing_every = ObservabilityOptions().timing_every  # SPMD records no action timings
+    return build_trainer(adapter, ParallelOptions(dp=1), optimizer, dtype, 1, timing_every)

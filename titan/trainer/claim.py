@@ -22,8 +22,10 @@ import shutil
 from pathlib import Path
 from types import TracebackType
 
+from titan.config import RunOptions
 from titan.errors import TitanError
-from titan.telemetry.records import EVENTS_FILE
+from titan.telemetry.records import EVENTS_FILE, default_runs_root
+from titan.trainer.processes import agreed_run_id
 
 LOCK_FILE = "run.lock"
 _ATTEMPTS = 5  # a lock file unlinked under us by an ending run: open it afresh
@@ -39,6 +41,23 @@ def refuse_recorded(run_dir: Path) -> None:
         raise TitanError(
             f"--run-id {run_dir.name}: {run_dir} already holds a run (use --resume {run_dir})"
         )
+
+
+def run_dir_of(run: RunOptions, preset: str, resuming: bool) -> Path:
+    """The run dir: ``--run-id`` (else an id drawn from the ``preset``'s name, the same on
+    every process) under ``--runs-root``. A fresh run's dir must hold no record yet (checked
+    early, on every process; the writer's claim checks again).
+
+    Raises:
+        TitanError: ``--runs-root`` is not a directory, or a fresh run's dir holds a run.
+    """
+    root = default_runs_root(run.runs_root)
+    if root.exists() and not root.is_dir():
+        raise TitanError(f"--runs-root {root} is not a directory")
+    run_dir = root / (run.run_id or agreed_run_id(preset))
+    if not resuming:
+        refuse_recorded(run_dir)
+    return run_dir
 
 
 class RunClaim:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from titan.config import TrainConfig
+from titan.config import DataOptions
 from titan.data.heldout import EvalBatches
 from titan.data.text import Documents
 from titan.data.tokenize import TokenizeProgress, token_stream
@@ -75,14 +75,18 @@ class Evaluation:
 
 
 def open_evaluation(
-    cfg: TrainConfig,
     held_out: Documents | None,
     tokenizer: Tokenizer,
     trainer: Trainer,
+    data: DataOptions,
+    every: int,
+    batches: int,
     progress: Callable[[TokenizeProgress], None],
 ) -> Evaluation | None:
-    """The run's evaluation (None without ``--eval-every``): the held-out corpus tokenized
-    (cached, process 0 first) and cut into the eval batches of this process's rows.
+    """The run's evaluation (None without held-out data): the held-out corpus tokenized
+    (cached, process 0 first) and cut into ``batches`` (``--eval-batches``) batches of
+    ``data``'s ``--batch-size`` x ``--seq-len``, of this process's rows, evaluated after every
+    ``every``-th step (``--eval-every``).
 
     Raises:
         TitanError: the held-out data holds less than one batch, or cannot be read.
@@ -95,13 +99,12 @@ def open_evaluation(
         )
     except TitanError as err:
         raise TitanError(f"held-out data: {err}") from None
-    data = cfg.data
-    batches = EvalBatches(
+    eval_batches = EvalBatches(
         stream.tokens,
         data.seq_len,
         data.batch_size,
         tokenizer.bos_id,
-        cfg.observability.eval_batches,
+        batches,
         batch_rows(trainer, data.batch_size),
     )
-    return Evaluation(trainer, batches, cfg.observability.eval_every, stream.documents)
+    return Evaluation(trainer, eval_batches, every, stream.documents)

@@ -4,7 +4,6 @@ step read."""
 
 from __future__ import annotations
 
-from titan.config import TrainConfig
 from titan.telemetry.events import Step
 from titan.telemetry.records import RunRecord
 from titan.trainer.guard import LossSpikeDetector, NonFiniteGuard
@@ -12,16 +11,16 @@ from titan.trainer.hooks import Hook, Reading
 
 
 class HealthHook(Hook):
-    """Records loss spikes and applies ``--nonfinite`` to each step read.
+    """Records the loss spikes ``spikes`` finds (``--loss-spike-window``, ``--loss-spike-sigma``)
+    and applies ``guard`` (``--nonfinite``, ``--nonfinite-patience``) to each step read.
 
     Raises (from ``on_metrics``):
         NonFiniteAbort: ``--nonfinite abort``, or too many non-finite steps in a row.
     """
 
-    def __init__(self, cfg: TrainConfig, record: RunRecord) -> None:
-        obs, opt = cfg.observability, cfg.optimizer
-        self.spikes = LossSpikeDetector(obs.loss_spike_window, obs.loss_spike_sigma)
-        self.guard = NonFiniteGuard(opt.nonfinite, opt.nonfinite_patience)
+    def __init__(self, spikes: LossSpikeDetector, guard: NonFiniteGuard, record: RunRecord) -> None:
+        self.spikes = spikes
+        self.guard = guard
         self.record = record
 
     def on_metrics(self, event: Step, reading: Reading) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from titan.config import TrainConfig
+from titan.config import ComputeOptions, ModelOptions, OptimizerOptions, TrainConfig
 from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
@@ -156,9 +156,16 @@ def _whole_tree(joined: dict[str, Any], shapes: Any) -> Any:
     )
 
 
-def _build(model: ModelConfig, cfg: TrainConfig) -> tuple[ModelAdapter, Any]:
-    """The model adapter (on the CPU) and the optimizer of a run of ``cfg``."""
-    return build_adapter(cfg, model, Ops("cpu", from_env=False)), build_optimizer(cfg)[0]
+def _build(
+    model: ModelConfig,
+    source: ModelOptions,
+    compute: ComputeOptions,
+    optimizer: OptimizerOptions,
+    seq_len: int,
+) -> tuple[ModelAdapter, Any]:
+    """The adapter of ``model`` (on the CPU) and the optimizer of a run of these options."""
+    ops = Ops("cpu", from_env=False)
+    return build_adapter(model, source, compute, seq_len, ops), build_optimizer(optimizer)[0]
 
 
 def import_hf(source: Path, out: Path) -> ModelConfig:
@@ -209,7 +216,7 @@ def write_llama_checkpoint(
             ``what``, the command).
     """
     cfg = TrainConfig.of(preset=model)
-    adapter, tx = _build(model, cfg)
+    adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
     mesh, chunk = host_mesh(), whole_model(model.n_layers)
     target = host_abstract(adapter, tx)([chunk], mesh)[chunk_item(0)]["params"]
     placed = jax.tree.map(
@@ -220,7 +227,7 @@ def write_llama_checkpoint(
     state = TrainState(0, ({"params": placed, "opt_state": tx.init(placed)},))
     layout = LayoutDescription("spmd", mesh.mesh_shape, mesh.device_count, chunk_ranges([chunk]))
     with _staged(out, "--out") as staging:
-        _write_config(staging, cfg, model, record)
+        _write_config(staging, config_to_data(cfg), model, record)
         (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
         checkpointer = Checkpointer(staging, asynchronous=False)
         try:
@@ -233,8 +240,10 @@ def write_llama_checkpoint(
             raise TitanError(f"{what}: the checkpoint was not written ({results[-1].error})")
 
 
-def _write_config(directory: Path, cfg: TrainConfig, model: ModelConfig, record: dict) -> None:
-    payload = {"train": config_to_data(cfg), "model": dataclasses.asdict(model), **record}
+def _write_config(directory: Path, train: dict, model: ModelConfig, record: dict) -> None:
+    """``config.json``: the options ``train`` (:func:`titan.config_files.config_to_data`), the
+    model and ``record``."""
+    payload = {"train": train, "model": dataclasses.asdict(model), **record}
     (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
 
 
@@ -258,7 +267,7 @@ def export_hf(
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
     checkpointer, step = open_checkpoint(run_dir, step, "titan export hf")
     out = out or Path(f"{run_dir.absolute().name}-hf-{step}")
-    adapter, tx = _build(model, cfg)
+    adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
     try:
         items, chunks, _ = checkpointer.restore_host(step, host_abstract(adapter, tx))
     finally:

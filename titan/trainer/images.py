@@ -1,32 +1,37 @@
-"""The data of a ``--task diffusion`` run: its images, the DiT shape they ask for and the
-training batches (:mod:`titan.data.images`, :mod:`titan.diffusion.objectives`)."""
+"""The data of a ``--task diffusion`` run (:class:`ImageTask`): its images, the DiT shape they
+ask for and the training batches (:mod:`titan.data.images`, :mod:`titan.diffusion.objectives`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from titan.config import TrainConfig
+from titan.config import DiffusionOptions
 from titan.data.images import ImageBatches, open_images
 from titan.diffusion.objectives import Objective
 from titan.errors import TitanError
 from titan.shapes import ModelConfig
+from titan.stopping import StopFlag
+from titan.trainer.processes import batch_rows
+from titan.trainer.progress import TrainProgress
+from titan.trainer.task import RunData
+from titan.trainer_state import Trainer
 
 
-def objective_of(cfg: TrainConfig) -> Objective:
+def objective_of(diffusion: DiffusionOptions) -> Objective:
     """The training objective of the diffusion options."""
-    d = cfg.diffusion
+    d = diffusion
     return Objective(d.objective, d.beta_schedule, d.snr_gamma, d.flow_shift, d.flow_weighting)
 
 
-def image_model_config(cfg: TrainConfig, classes: int) -> ModelConfig:
-    """The DiT shape of the run: the preset's, at ``--image-size`` when given, with a label table
-    of ``classes`` + 1 rows (the null label last) when the preset leaves it open (``dit-tiny``).
+def image_model_config(shape: ModelConfig, image_size: int, classes: int) -> ModelConfig:
+    """The DiT shape of the run: the preset ``shape``, at ``image_size`` (``--image-size``) when
+    given, with a label table of ``classes`` + 1 rows (the null label last) when the preset
+    leaves it open (``dit-tiny``).
 
     Raises:
         TitanError: the data has more classes than the preset's label table holds.
     """
-    shape = cfg.model.shape
-    size = cfg.diffusion.image_size or shape.image_size
+    size = image_size or shape.image_size
     if size % shape.patch_size:
         raise TitanError(
             f"--image-size {size} is not a multiple of the patch size {shape.patch_size} of "
@@ -40,20 +45,45 @@ def image_model_config(cfg: TrainConfig, classes: int) -> ModelConfig:
     return dataclasses.replace(shape, vocab_size=shape.vocab_size or classes + 1, image_size=size)
 
 
-def image_batches(cfg: TrainConfig) -> tuple[ModelConfig, ImageBatches]:
-    """(model shape, batches) of a diffusion run.
+def image_batches(
+    shape: ModelConfig, diffusion: DiffusionOptions, batch_size: int, seed: int
+) -> tuple[ModelConfig, ImageBatches]:
+    """(model shape, batches) of a diffusion run of the preset ``shape``: ``batch_size`` images a
+    step, shuffled from ``seed``.
 
     Raises:
         TitanError: bad ``--images``, ``--image-size`` or a batch larger than the data.
     """
-    shape = cfg.model.shape
-    data = open_images(
-        cfg.diffusion.images, cfg.diffusion.image_size or shape.image_size, shape.channels
-    )
-    model = image_model_config(cfg, data.classes)
-    d = cfg.diffusion
+    d = diffusion
+    data = open_images(d.images, d.image_size or shape.image_size, shape.channels)
+    model = image_model_config(shape, d.image_size, data.classes)
     null_label = model.vocab_size - 1  # the label table's last row
-    batches = ImageBatches(
-        data, objective_of(cfg), cfg.data.batch_size, cfg.run.seed, d.label_dropout, null_label
-    )
+    batches = ImageBatches(data, objective_of(d), batch_size, seed, d.label_dropout, null_label)
     return model, batches
+
+
+class ImageTask:
+    """The data of a ``--task diffusion`` run: the images of ``diffusion``'s ``--images``,
+    ``batch_size`` a step, shuffled from ``seed``."""
+
+    def __init__(self, diffusion: DiffusionOptions, batch_size: int, seed: int) -> None:
+        self.diffusion = diffusion
+        self.batch_size = batch_size
+        self.seed = seed
+        self.batches: ImageBatches | None = None  # model_shape reads them
+
+    def model_shape(
+        self, shape: ModelConfig, progress: TrainProgress, stop: StopFlag
+    ) -> ModelConfig:
+        """The DiT shape the images ask for (:func:`image_batches`), the images read first."""
+        with stop.during("scan"):
+            model, self.batches = image_batches(shape, self.diffusion, self.batch_size, self.seed)
+        return model
+
+    def run_data(self, trainer: Trainer, progress: TrainProgress, stop: StopFlag) -> RunData:
+        """The batches :meth:`model_shape` made, and the images' record; a row's tokens are the
+        DiT's patches per image."""
+        assert self.batches is not None  # model_shape came first
+        self.batches.rows = batch_rows(trainer, self.batch_size)  # this process's rows
+        record = {"tokenizer": None, "data": self.batches.data.record()}
+        return RunData(self.batches, {}, record, trainer.adapter.config.patches, True)

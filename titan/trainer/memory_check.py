@@ -25,9 +25,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from titan.config import TrainConfig
+from titan.config import ComputeOptions, DataOptions, ParallelOptions, Remat, TrainerOptions
 from titan.errors import TitanError
 from titan.gpus import find_gpu, gpu_for_device_kind
 from titan.planning.memory import Layout, Precision, memory_per_device
@@ -61,32 +61,48 @@ class MemoryCheck:
 
 
 @dataclass(frozen=True)
+class Traced:
+    """What a traced trainer tells the check.
+
+    Attributes:
+        devices: the devices the layout uses (all its stages).
+        compute_dtype: the resolved compute dtype (``float32`` or ``bfloat16``).
+        served: op -> provider that served it in the trace (``Ops.served``).
+    """
+
+    devices: int
+    compute_dtype: str
+    served: dict[str, str]
+
+
+@dataclass(frozen=True)
 class _Estimator:
     """The planner's estimate for the run, with batch size and remat as the free variables."""
 
-    cfg: TrainConfig
     model: ModelConfig
+    parallel: ParallelOptions
+    seq_len: int
     devices: int
     device_kind: str
     precision: Precision
 
     def bytes(self, batch_size: int, remat: str) -> float:
-        layout = Layout.from_parallel(self.cfg.parallel, self.devices, remat)
+        layout = Layout.from_parallel(self.parallel, self.devices, remat)
         # Only the workspace allowance (none on CPU, one figure for every accelerator) is read
         # from the catalog entry; an accelerator the catalog does not list uses the H200's.
         gpu = gpu_for_device_kind(self.device_kind) or find_gpu("h200")
-        tokens = self.model.patches or self.cfg.data.seq_len  # a DiT's row is one image
+        tokens = self.model.patches or self.seq_len  # a DiT's row is one image
         memory = memory_per_device(self.model, layout, gpu, tokens, batch_size, self.precision)
         return memory.total
 
-    def batch_unit(self) -> int:
-        layout = Layout.from_parallel(self.cfg.parallel, self.devices, self.cfg.compute.remat)
+    def batch_unit(self, remat: str) -> int:
+        layout = Layout.from_parallel(self.parallel, self.devices, remat)
         return layout.replicas * layout.microbatches
 
-    def largest_batch(self, usable: float) -> int | None:
-        """The largest batch size below the run's that fits (estimate <= usable), or None."""
-        unit, remat = self.batch_unit(), self.cfg.compute.remat
-        low, high = 0, self.cfg.data.batch_size // unit  # fits at low (0: none), not at high
+    def largest_batch(self, usable: float, batch_size: int, remat: str) -> int | None:
+        """The largest batch size below ``batch_size`` that fits (estimate <= usable), or None."""
+        unit = self.batch_unit(remat)
+        low, high = 0, batch_size // unit  # fits at low (0: none), not at high
         while high - low > 1:
             middle = (low + high) // 2
             low, high = (
@@ -94,43 +110,46 @@ class _Estimator:
             )
         return low * unit or None
 
-    def fitting_remat(self, usable: float) -> list[str]:
-        batch = self.cfg.data.batch_size
-        return [name for name in REMAT_POLICIES if self.bytes(batch, name) <= usable]
+    def fitting_remat(self, usable: float, batch_size: int) -> list[str]:
+        return [name for name in REMAT_POLICIES if self.bytes(batch_size, name) <= usable]
 
 
 def check_memory(
-    cfg: TrainConfig,
     model: ModelConfig,
-    layout_devices: int,
-    compute_dtype: str,
-    served: dict[str, str],
+    compute: ComputeOptions,
+    parallel: ParallelOptions,
+    data: DataOptions,
+    traced: Traced,
     devices: Sequence[Any],
+    usable_override: float = 0.0,
 ) -> MemoryCheck:
-    """Compare the planner's estimate of the run with the usable memory of ``devices`` (the
-    run's devices in this process).
+    """Compare the planner's estimate of the run (``model`` in ``compute``'s dtypes and remat,
+    laid out by ``parallel``, batches of ``data``'s ``--batch-size`` x ``--seq-len``) with the
+    usable memory of ``devices`` (the run's devices in this process).
 
     Args:
-        layout_devices: the devices the layout uses (all its stages).
-        compute_dtype: the resolved compute dtype (``float32`` or ``bfloat16``).
-        served: op -> provider that served it in the trace (``Ops.served``).
+        traced: what the traced trainer tells: its devices, compute dtype and the operators'
+            providers.
+        usable_override: ``--debug-usable-memory`` (0: the devices' own figure).
 
     Raises:
         TitanError: the estimate is above the usable memory and the check is on (one line: the
             estimate, the usable memory, what would fit, and ``--no-memory-check``).
     """
-    served = {**UNKNOWN_KERNELS, **served}
-    precision = Precision.of_providers(cfg.compute.param_dtype, compute_dtype, served)
-    estimator = _Estimator(cfg, model, layout_devices, devices[0].device_kind, precision)
-    estimate = estimator.bytes(cfg.data.batch_size, cfg.compute.remat)
-    usable, source = _usable(cfg, devices)
-    check = MemoryCheck(estimate, usable, source, cfg.compute.memory_check and usable is not None)
+    served = {**UNKNOWN_KERNELS, **traced.served}
+    precision = Precision.of_providers(compute.param_dtype, traced.compute_dtype, served)
+    kind = devices[0].device_kind
+    estimator = _Estimator(model, parallel, data.seq_len, traced.devices, kind, precision)
+    batch, remat = data.batch_size, compute.remat
+    estimate = estimator.bytes(batch, remat)
+    usable, source = _usable(usable_override, devices)
+    check = MemoryCheck(estimate, usable, source, compute.memory_check and usable is not None)
     if check.checked and usable is not None and estimate > usable:  # checked: usable is known
         raise TitanError(
-            f"memory check: --batch-size {cfg.data.batch_size} with --remat "
-            f"{cfg.compute.remat} needs an estimated {estimate / GB:,.2f} GB per device "
-            f"(titan.planning.memory), above the {usable / GB:,.2f} GB usable ({source}); "
-            f"{_what_fits(estimator, usable)}; --no-memory-check runs anyway"
+            f"memory check: --batch-size {batch} with --remat {remat} needs an estimated "
+            f"{estimate / GB:,.2f} GB per device (titan.planning.memory), above the "
+            f"{usable / GB:,.2f} GB usable ({source}); "
+            f"{_what_fits(estimator, usable, batch, remat)}; --no-memory-check runs anyway"
         )
     return check
 
@@ -146,7 +165,7 @@ class RematChoice:
         usable_bytes: the usable memory per device, or None when unknown.
     """
 
-    remat: str
+    remat: Remat
     estimate_bytes: float | None = None
     usable_bytes: float | None = None
 
@@ -154,11 +173,9 @@ class RematChoice:
         """The line ``titan train`` prints for an ``auto`` choice, else None."""
         if self.estimate_bytes is None:
             return None
-        usable = (
-            "usable memory unknown"
-            if self.usable_bytes is None
-            else (f"{self.usable_bytes / GB:,.2f} GB usable")
-        )
+        usable = "usable memory unknown"
+        if self.usable_bytes is not None:
+            usable = f"{self.usable_bytes / GB:,.2f} GB usable"
         return (
             f"--remat auto: {self.remat} (an estimated {self.estimate_bytes / GB:,.2f} GB per "
             f"device, {usable})"
@@ -166,38 +183,46 @@ class RematChoice:
 
 
 def resolve_remat(
-    cfg: TrainConfig,
     model: ModelConfig,
+    options: TrainerOptions,
     layout_devices: int,
     compute_dtype: str,
     devices: Sequence[Any],
+    usable_override: float = 0.0,
 ) -> RematChoice:
-    """The ``--remat`` policy of the run: as given, or for ``auto`` the first of
-    :func:`titan.remat.auto_candidates` (for the devices' platform) whose estimated peak per
-    device fits the usable memory (the last candidate when none fits, or when the usable
-    memory is unknown the first; the memory check then speaks for it).
+    """The ``--remat`` policy of a run of ``model`` built from ``options``: as given, or for
+    ``auto`` the first of :func:`titan.remat.auto_candidates` (for the devices' platform) whose
+    estimated peak per device fits the usable memory (the last candidate when none fits, and
+    the first when the usable memory is unknown; the memory check then speaks for it).
+
+    Args:
+        layout_devices: the devices present (``--dp 0`` takes those the other axes leave).
+        compute_dtype: the resolved compute dtype (``float32`` or ``bfloat16``).
+        devices: the run's devices in this process.
+        usable_override: ``--debug-usable-memory`` (0: the devices' own figure).
 
     The estimate prices attention as a fused kernel (``flash``), as :func:`check_memory` does
     for a kernel not known yet: the providers are chosen when the model is traced.
     """
+    compute = options.compute
     candidates = auto_candidates(devices[0].platform)
-    if cfg.compute.remat != AUTO or len(candidates) == 1:  # nothing to choose
-        return RematChoice(candidates[0] if cfg.compute.remat == AUTO else cfg.compute.remat)
-    precision = Precision.of_providers(cfg.compute.param_dtype, compute_dtype, UNKNOWN_KERNELS)
-    estimator = _Estimator(cfg, model, layout_devices, devices[0].device_kind, precision)
-    usable, _ = _usable(cfg, devices)
-    fitting = [
-        name
-        for name in candidates
-        if usable is None or estimator.bytes(cfg.data.batch_size, name) <= usable
-    ]
-    chosen = (fitting or candidates[-1:])[0]
-    return RematChoice(chosen, estimator.bytes(cfg.data.batch_size, chosen), usable)
+    if compute.remat != AUTO or len(candidates) == 1:  # nothing to choose
+        return RematChoice(cast(Remat, candidates[0]) if compute.remat == AUTO else compute.remat)
+    precision = Precision.of_providers(compute.param_dtype, compute_dtype, UNKNOWN_KERNELS)
+    kind = devices[0].device_kind
+    estimator = _Estimator(
+        model, options.parallel, options.seq_len, layout_devices, kind, precision
+    )
+    usable, _ = _usable(usable_override, devices)
+    batch = options.batch_size
+    fitting = [n for n in candidates if usable is None or estimator.bytes(batch, n) <= usable]
+    chosen = cast(Remat, (fitting or candidates[-1:])[0])
+    return RematChoice(chosen, estimator.bytes(batch, chosen), usable)
 
 
-def _usable(cfg: TrainConfig, devices: Sequence[Any]) -> tuple[float | None, str]:
-    if cfg.debugging.debug_usable_memory:
-        return cfg.debugging.debug_usable_memory, "--debug-usable-memory"
+def _usable(override: float, devices: Sequence[Any]) -> tuple[float | None, str]:
+    if override:
+        return override, "--debug-usable-memory"
     limit = usable_bytes(devices)
     if limit is not None:
         return float(limit), "bytes_limit of jax.Device.memory_stats()"
@@ -208,12 +233,12 @@ def _usable(cfg: TrainConfig, devices: Sequence[Any]) -> tuple[float | None, str
     return None, "unknown: the backend reports no bytes_limit"
 
 
-def _what_fits(estimator: _Estimator, usable: float) -> str:
+def _what_fits(estimator: _Estimator, usable: float, batch_size: int, remat: str) -> str:
     options = []
-    batch = estimator.largest_batch(usable)
+    batch = estimator.largest_batch(usable, batch_size, remat)
     if batch is not None:
         options.append(f"--batch-size {batch}")
-    options += [f"--remat {name}" for name in estimator.fitting_remat(usable)]
+    options += [f"--remat {name}" for name in estimator.fitting_remat(usable, batch_size)]
     if not options:
         return "no smaller batch or remat policy fits this layout (more devices or FSDP would)"
     return "would fit: " + " or ".join(options)

@@ -19,7 +19,7 @@ from titan.errors import TitanError
 from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
 from titan.out_paths import check_file
-from titan.trainer.adapters import build_trainer
+from titan.trainer.adapters import one_device_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.images import objective_of
 from titan.trainer.init_from import saved_model
@@ -28,7 +28,6 @@ from titan.trainer.init_from import saved_model
 # --per-class columns wide): 64 bounds that batch at 64 images per class.
 MAX_PER_CLASS = 64
 MAX_SEED = 2**32  # --seed in [0, 2**32): the PRNG seed range, as titan generate's
-ONE_DEVICE = {"layout": "spmd", "dp": 1, "fsdp": 1, "tp": 1, "microbatches": 1}
 
 
 def check_options(per_class: int, seed: int, steps: int, guidance: float) -> None:
@@ -67,14 +66,15 @@ def sample_grid(
         raise TitanError(f"{run_dir}: a --task {cfg.model.task} run has no images to sample")
     if not (run_dir / CHECKPOINT_DIR).is_dir():  # Checkpointer would create it
         raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
-    pipeline = {"pp": 1, "virtual_stages": 1, "schedule": "1f1b", "stage_layers": ()}
-    one = cfg.replace(**ONE_DEVICE, **pipeline)
-    trainer = build_trainer(one, model, Ops(jax.default_backend(), cfg.compute.ops))
+    ops = Ops(jax.default_backend(), cfg.compute.ops)
+    trainer = one_device_trainer(
+        model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len, ops
+    )
     restored = Checkpointer(run_dir, 1, 0, False).restore_latest(trainer)
     if restored is None:
         raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
     state = restored[0]
-    # A diffusion run's family: DiT (build_trainer builds no other for --task diffusion).
+    # A diffusion run's family: DiT (one_device_trainer builds no other for --task diffusion).
     adapter, dtype = cast(ImageModelAdapter, trainer.adapter), trainer.compute_dtype
     params = state.chunks[0]["params"]
     classes = model.vocab_size - 1
@@ -82,7 +82,7 @@ def sample_grid(
     predict = jax.jit(lambda x, t, y: adapter.predict(params, x, t, y, dtype))
     images = sample(
         predict,
-        objective_of(cfg),
+        objective_of(cfg.diffusion),
         adapter.image_shape,
         labels,
         classes,

@@ -20,8 +20,8 @@ ids that cuDNN would take as a dense (B, 1, S, S) bias (where its packed documen
 grouped key/value heads under an older JAX), while these kernels mask inside the tile. At head
 dim 64 the margin over cuDNN is small, so that case stays with cuDNN. cuDNN's packed documents
 beat these kernels (``python bench/attention.py``: 1.98 against 2.20 ms at D 128, 2.35 against
-2.89 ms at D 64, forward and backward of one layer of 8 x 2048 tokens of stdlib documents). Measurements
-(``titan ops check``, ``bench/mfu.py``): ``docs/benchmarks.md``. Elsewhere ``pallas``
+2.89 ms at D 64, forward and backward of one layer of 8 x 2048 tokens of stdlib documents).
+Measurements (``titan ops check``, ``bench/mfu.py``): ``docs/benchmarks.md``. Elsewhere ``pallas``
 serves only when asked for (``attention=pallas``). Of the block sizes tried at S 2048, the
 defaults were fastest (larger backward blocks or 8 warps: 1.3 to 2x slower). Under an SPMD
 mesh the Triton call has no partitioning rule: use it on one device or inside ``shard_map``.
