@@ -22,8 +22,8 @@ scores) over that time.
 Document lengths (:data:`DOCUMENTS`): ``stdlib``: the Python standard library's own ``.py`` files
 (the corpus of the default ``titan train``), in file order, at 4 bytes per token (the BPE
 tokenizers Titan trains on that corpus average 3.6 to 4.2), packed into rows as the data loader
-packs them (documents back to back, cut at row ends); ``short``: every document 100 tokens, 20
-and more per 2048-token row: above the packed path's bound, the dense path serves (priced
+packs them (documents back to back, cut at row ends); ``short``: every document min(100, S / 20)
+tokens, 20 and more per row: above the packed path's bound, the dense path serves (priced
 through the condition).
 
 Writes ``bench/results/attention-<device>.json`` (or ``--out``). ``--smoke`` runs a tiny shape
@@ -83,7 +83,7 @@ def pack(lengths: list[int], rows: int, seq_len: int, start: int = 0) -> np.ndar
 def documents(kind: str, batch: int, seq_len: int) -> np.ndarray:
     """The (B, S) segment ids of one batch of ``kind`` (module docstring)."""
     if kind == "short":
-        return pack([SHORT_TOKENS], batch, seq_len)
+        return pack([min(SHORT_TOKENS, seq_len // 20)], batch, seq_len)
     lengths = stdlib_lengths()
     return pack(lengths, batch, seq_len, start=len(lengths) // 3)
 

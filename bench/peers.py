@@ -36,7 +36,8 @@ start to the end of its first step: imports, data, compilation, the step) and ``
 where a system fails, ``error``: the last error line of its own output (a peer's runner writes
 its own ``error``).
 
-Titan's runs save a checkpoint at their end (removed once read); the baseline saves none.
+Titan's runs save a checkpoint at their end (removed once read; a run stopped at ``--timeout``
+while saving it still reports its step records, with a ``note``); the baseline saves none.
 
     python bench/peers.py --out bench/results/peers-nvidia-h200.json
     python bench/peers.py --smoke --out /tmp/peers.json     # a tiny shape on CPU
@@ -112,27 +113,41 @@ def run_titan(
     command += ["--checkpoint-every", str(args.steps), "--checkpoint-keep", "1"]
     command += ["--runs-root", str(runs), "--run-id", run_id, *extra, *args.titan_extra]
     launched = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=args.timeout, cwd=REPO
+        )
+        code, output = done.returncode, done.stderr or done.stdout
+    except subprocess.TimeoutExpired as err:  # killed: its step records still count
+        code, output = None, str(err.stderr or err.stdout or "")
     run_dir = runs / run_id
     try:
-        if done.returncode != 0:
-            return {"error": _error(done.stderr or done.stdout, done.returncode)}
-        events = read_events(run_dir)
+        events = read_events(run_dir) if (run_dir / "events.jsonl").exists() else []
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     steps = [e for e in events if e["type"] == "step"]
     timed = [e["tokens_per_s"] for e in steps[args.skip :] if e.get("tokens_per_s")]
+    if code != 0 and not timed:
+        return {"error": _error(output, code if code is not None else -9)}
     peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
     compiles = [e for e in events if e["type"] == "compile"]
     start = next(e for e in events if e["type"] == "run_start")
-    return {
+    result = {
         "remat": start["config"]["remat"],
-        "tokens_per_s": statistics.median(timed) if timed else None,
+        "tokens_per_s": statistics.median(timed),
         "peak_memory_gib": max(peaks) / 2**30 if peaks else None,
         "time_to_first_step_s": steps[0]["time"] - launched,
         "compile_s": compiles[0]["seconds"] if compiles else None,
         "command": shlex.join(["python", "-m", "titan.cli", *command[3:]]),
     }
+    if code is None:
+        result["note"] = (
+            f"stopped at --timeout {args.timeout:g} s after {len(steps)} steps, before its final "
+            "checkpoint was written"
+        )
+    elif code != 0:
+        result["note"] = _error(output, code)
+    return result
 
 
 def run_baseline(shape: tuple[ModelConfig, int, int, str], args) -> dict[str, Any]:

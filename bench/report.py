@@ -20,7 +20,8 @@ Result files and the scripts that write them:
   ``bench/console.py --follow <rounds>``;
   ``data_loader.json``: ``bench/data_loader.py``;
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
-- ``peers-*.json``: ``bench/peers.py``; ``startup-*.json``: ``bench/startup.py``;
+- ``peers-*.json``: ``bench/peers.py``; ``attention-*.json``: ``bench/attention.py``;
+  ``startup-*.json``: ``bench/startup.py``;
   ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -624,7 +626,15 @@ def startup_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
-PEER_SYSTEMS = ("titan-defaults", "titan-best", "plain-jax")
+PEER_SYSTEMS = (
+    "titan-defaults",
+    "titan-best",
+    "plain-jax",
+    "torchtitan",
+    "torchtitan-compat",
+    "torchtitan-0.2.2",
+    "maxtext",
+)
 
 
 def peers_table(path: Path, base: Path) -> list[str]:
@@ -661,7 +671,47 @@ def peers_table(path: Path, base: Path) -> list[str]:
             )
     header = ["shape", "system", "tokens/s", "MFU", "peak GiB", "time to first step (s)"]
     not_run = "; ".join(f"{k}: {v}" for k, v in data.get("not_run", {}).items())
-    return lines + _table(header, rows) + [""] + ([f"Not run: {not_run}.", ""] if not_run else [])
+    notes = [f"{note}" for note in data.get("notes", [])]
+    notes += [f"Not run: {not_run}."] if not_run else []
+    return lines + _table(header, rows) + [""] + [line for n in notes for line in (n, "")]
+
+
+def attention_table(path: Path, base: Path) -> list[str]:
+    """``bench/attention.py``: each attention path's forward and backward time per shape and
+    document distribution, with its largest error against ``native``."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`; {data['device']}, "]
+    lines[0] += f"jax {data['jax']}."
+    lines += [
+        "",
+        "One layer's attention, forward and backward (bf16), median of the timed calls; "
+        "TFLOP/s of the documents' causal attention (what the document mask computes); error: "
+        "the largest normwise relative error of out, dq, dk, dv against `native` (float32 "
+        "softmax). `cudnn` is the provider as served (packed documents, the dense mask behind a "
+        "`lax.cond` for a batch over the bound); `cudnn-packed` is the packed path alone, which "
+        "over the bound (`short`) leaves the documents past the bound out: its figures there "
+        "are not results (uncovered tokens read whatever the buffer held); `cudnn-causal` "
+        "ignores the documents (its error is the mask it leaves out).",
+        "",
+    ]
+    rows = []
+    for name, result in data["results"].items():
+        shape, docs = result["shape"], result["documents_per_row"]
+        where = (
+            f"{name.split()[0]} B{shape['B']} S{shape['S']} H{shape['H']} K{shape['K']} "
+            f"D{shape['D']}, {result['documents']}: {docs['min']} to {docs['max']} documents "
+            f"per row (bound {result['segment_bound']})"
+        )
+        for variant, r in result["variants"].items():
+            if "error" in r:
+                rows.append([where, variant, "failed: " + r["error"].replace("|", "/"), "", ""])
+                continue
+            errors = list(r["relative_error"].values())
+            error = math.nan if any(math.isnan(e) for e in errors) else max(errors)
+            rows.append(
+                [where, variant, f"{r['ms']:.3f}", f"{r['tflops_per_s']:.1f}", f"{error:.1e}"]
+            )
+    return lines + _table(["shape", "path", "ms", "TFLOP/s", "error"], rows) + [""]
 
 
 def roofline_table(path: Path, base: Path) -> list[str]:
@@ -876,6 +926,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         lines += ["## Checkpoints (`bench/checkpoint.py`)", ""]
         for path in checkpoint_files:
             lines += checkpoint_table(path, doc)
+    for path in sorted(results.glob("attention-*.json")):
+        lines += ["## Attention under the document mask (`bench/attention.py`, one GPU)", ""]
+        lines += attention_table(path, doc)
     peer_files = sorted(results.glob("peers-*.json"))
     if peer_files:
         lines += ["## Titan against its peers, per shape (`bench/peers.py`, one GPU)", ""]
