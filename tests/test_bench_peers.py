@@ -38,22 +38,22 @@ def test_attention_bench_times_and_checks_each_variant_against_native(tmp_path):
         assert max(pallas["relative_error"].values()) < 0.05  # bf16 against float32 native
 
 
+def _titan_result(tmp_path: Path, *argv: str) -> dict:
+    """``bench/peers.py --smoke`` of Titan's defaults alone: its result."""
+    out = tmp_path / "peers.json"
+    done = _bench("peers.py", "--smoke", "--systems", "titan-defaults", *argv, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())["results"]["smoke"]["titan-defaults"]
+
+
 @pytest.mark.slow
 def test_peers_bench_reports_titan_with_the_remat_it_resolved(tmp_path):
-    out = tmp_path / "peers.json"
-    argv = ["--smoke", "--systems", "titan-defaults", "--steps", "4", "--skip", "1"]
-    done = _bench("peers.py", *argv, "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    titan = json.loads(out.read_text())["results"]["smoke"]["titan-defaults"]
+    titan = _titan_result(tmp_path, "--steps", "4", "--skip", "1")
     assert titan["remat"] == "none"  # --remat auto on the CPU
     assert titan["tokens_per_s"] > 0 and titan["time_to_first_step_s"] > 0
 
 
 @pytest.mark.slow
 def test_a_titan_run_stopped_at_the_timeout_reports_its_steps_or_why_not(tmp_path):
-    out = tmp_path / "peers.json"
-    argv = ["--smoke", "--systems", "titan-defaults", "--steps", "4", "--timeout", "1"]
-    done = _bench("peers.py", *argv, "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    titan = json.loads(out.read_text())["results"]["smoke"]["titan-defaults"]
+    titan = _titan_result(tmp_path, "--steps", "4", "--timeout", "1")
     assert titan["error"].startswith("exit -9")  # killed before any step was recorded
