@@ -166,3 +166,16 @@ def test_the_fit_margin_covers_the_fitting_half_of_the_suite():
     assert first["seed"] == 1 and first["configurations"] >= 30
     assert first["margin_needed"] <= FIT_MARGIN < first["margin_needed"] + 0.01
     assert all(not draw["false_fits"] for draw in report["draws"])
+
+
+def test_remat_auto_plans_the_fastest_policy_that_fits_as_titan_train_resolves_it(capsys):
+    base = ["plan", "--model", "llama3-8b", "--gpu", "h200", "--seq-len", "4096"]
+    base += ["--batch-size", "2", "--tokens", "1e9", "--param-dtype", "bfloat16"]
+    assert main([*base, "--gpus", "2", "--fsdp", "2"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "layout: dp1 fsdp2 tp1 remat=dots-attention" in out  # fits, and is the fastest
+    assert "--remat dots-attention" in out  # the titan train command takes the same
+    assert main([*base, "--gpus", "1"]) == EXIT_OK  # on one H200 with the margin: dots
+    assert "layout: dp1 fsdp1 tp1 remat=dots" in capsys.readouterr().out
+    assert main([*base, "--gpus", "1", "--param-dtype", "float32"]) == EXIT_FAILED
+    assert "remat=full" in capsys.readouterr().out  # nothing fits: the last candidate

@@ -40,6 +40,7 @@ from titan.planning.memory import FIT_MARGIN, Layout, Precision
 from titan.planning.step import Measurement, calibrate
 from titan.planning.verdict import Verdict, gpus_needed, verdict
 from titan.reading import read_json
+from titan.remat import AUTO, auto_candidates
 from titan.schedules import SCHEDULES
 from titan.shapes import resolve_model
 from titan.tables import Column, console, fitted_table, print_fitted
@@ -299,9 +300,25 @@ def request_from_run(args: argparse.Namespace, run: Measurement) -> PlanRequest:
     )
 
 
-def layout_from_args(args: argparse.Namespace) -> Layout:
+def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
+    """The plan of the command line's layout. ``--remat auto`` (the default, as ``titan
+    train``'s) takes the first policy of :func:`titan.remat.auto_candidates` that fits, the
+    margin included (the last when none does), as ``titan train`` resolves it
+    (:func:`titan.trainer.memory_check.resolve_remat`).
+
+    Raises:
+        TitanError: as :func:`layout_from_args` and :func:`titan.planning.budget.plan`.
+    """
+    if args.remat != AUTO:
+        return plan(request, layout_from_args(args, args.remat))
+    platform = "cpu" if request.gpu.name == "cpu" else "gpu"
+    plans = [plan(request, layout_from_args(args, r)) for r in auto_candidates(platform)]
+    return next((p for p in plans if p.memory.fits), plans[-1])
+
+
+def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
     """The layout flags (:class:`titan.config.ParallelOptions`, the options ``titan train``
-    takes), with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
+    takes) with ``remat``, with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
 
     Raises:
         TitanError: a size below its minimum, an unknown schedule, a schedule option without
@@ -315,7 +332,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
         for name in ("schedule", "virtual_stages"):
             if getattr(parallel, name) != getattr(defaults, name):
                 raise TitanError(f"{flag_of(name)} needs a pipeline (--pp > 1)")
-    return Layout.from_parallel(parallel, args.gpus, args.remat)
+    return Layout.from_parallel(parallel, args.gpus, remat)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -333,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     if args.search:
         check_layouts_exist(request)
-    plans = search(request) if args.search else [plan(request, layout_from_args(args))]
+    plans = search(request) if args.search else [planned(request, args)]
     judged = None if args.search else verdict(plans[0])
     needed = gpus_needed(request) if args.search and not plans else None
     fits = bool(plans) and (judged is None or judged.fits)

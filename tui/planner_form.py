@@ -2,7 +2,7 @@
 
 The option list is never copied here: it is read from the ``plan`` subparser of
 :func:`titan.cli.build_parser`, the form's texts are parsed by that same parser, and the numbers
-come from :func:`titan.plan_commands.request_from_args`, ``layout_from_args`` and
+come from :func:`titan.plan_commands.request_from_args`, ``planned`` and
 :func:`titan.planning.budget.plan` / ``search``: what ``titan plan --json`` prints.
 """
 
@@ -17,11 +17,11 @@ from titan.cli import build_parser
 from titan.errors import TitanError
 from titan.plan_commands import (
     LAYOUT_DESTS,
-    layout_from_args,
+    planned,
     request_from_args,
     train_options,
 )
-from titan.planning.budget import plan, search
+from titan.planning.budget import search
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
@@ -127,7 +127,7 @@ def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     """
     args = _plan_parser().parse_args(plan_argv(texts))
     request = request_from_args(args)
-    plans = search(request) if args.search else [plan(request, layout_from_args(args))]
+    plans = search(request) if args.search else [planned(request, args)]
     return {
         "search": args.search,
         "layouts_fit": len(plans),

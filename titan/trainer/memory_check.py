@@ -13,7 +13,8 @@ dp x fsdp x microbatches) and the ``--remat`` policies that fit at this batch si
 
 ``--remat auto`` (the default) is resolved before the model is built, by the same estimator
 (:func:`resolve_remat`): the first policy of :func:`titan.remat.auto_candidates` whose estimate
-fits the usable memory.
+fits the usable memory with the planner's margin (:data:`titan.planning.memory.FIT_MARGIN`,
+its largest under-estimate on held-out runs), as ``titan plan`` chooses it.
 
 The attention kernel is priced from the provider that served ``attention`` in the trace; when
 none is known yet (MPMD traces while compiling) it is priced as ``flash``, the smaller estimate,
@@ -30,7 +31,7 @@ from typing import Any, cast
 from titan.config import ComputeOptions, DataOptions, ParallelOptions, Remat, TrainerOptions
 from titan.errors import TitanError
 from titan.gpus import find_gpu, gpu_for_device_kind
-from titan.planning.memory import Layout, Precision, memory_per_device
+from titan.planning.memory import FIT_MARGIN, Layout, Precision, memory_per_device
 from titan.remat import AUTO, REMAT_POLICIES, auto_candidates
 from titan.shapes import ModelConfig
 from titan.telemetry.device_memory import host_memory_bytes, usable_bytes
@@ -38,6 +39,10 @@ from titan.telemetry.device_memory import host_memory_bytes, usable_bytes
 GB = 1e9
 # Providers assumed before the trace says which served: a fused attention kernel (module docstring)
 UNKNOWN_KERNELS = {"attention": "pallas"}
+# What --remat auto prices on an accelerator, before the trace: also the fused SwiGLU, which the
+# registry serves on CUDA GPUs (titan.ops.providers.swiglu.preferred), as titan plan assumes.
+AUTO_KERNELS = {**UNKNOWN_KERNELS, "swiglu": "pallas"}
+MARGIN = 1 + FIT_MARGIN  # --remat auto takes a policy that fits as titan plan's verdict says
 
 
 @dataclass(frozen=True)
@@ -192,8 +197,9 @@ def resolve_remat(
 ) -> RematChoice:
     """The ``--remat`` policy of a run of ``model`` built from ``options``: as given, or for
     ``auto`` the first of :func:`titan.remat.auto_candidates` (for the devices' platform) whose
-    estimated peak per device fits the usable memory (the last candidate when none fits, and
-    the first when the usable memory is unknown; the memory check then speaks for it).
+    estimated peak per device, with the planner's margin, fits the usable memory (the last
+    candidate when none fits, and the first when the usable memory is unknown; the memory check
+    then speaks for it).
 
     Args:
         layout_devices: the devices present (``--dp 0`` takes those the other axes leave).
@@ -201,21 +207,24 @@ def resolve_remat(
         devices: the run's devices in this process.
         usable_override: ``--debug-usable-memory`` (0: the devices' own figure).
 
-    The estimate prices attention as a fused kernel (``flash``), as :func:`check_memory` does
-    for a kernel not known yet: the providers are chosen when the model is traced.
+    The estimate prices attention and SwiGLU as the fused kernels that serve them on GPUs
+    (:data:`AUTO_KERNELS`), as ``titan plan`` does: the providers are chosen when the model is
+    traced, and the memory check then prices the ones that served.
     """
     compute = options.compute
     candidates = auto_candidates(devices[0].platform)
     if compute.remat != AUTO or len(candidates) == 1:  # nothing to choose
         return RematChoice(cast(Remat, candidates[0]) if compute.remat == AUTO else compute.remat)
-    precision = Precision.of_providers(compute.param_dtype, compute_dtype, UNKNOWN_KERNELS)
+    precision = Precision.of_providers(compute.param_dtype, compute_dtype, AUTO_KERNELS)
     kind = devices[0].device_kind
     estimator = _Estimator(
         model, options.parallel, options.seq_len, layout_devices, kind, precision
     )
     usable, _ = _usable(usable_override, devices)
     batch = options.batch_size
-    fitting = [n for n in candidates if usable is None or estimator.bytes(batch, n) <= usable]
+    fitting = [
+        n for n in candidates if usable is None or estimator.bytes(batch, n) * MARGIN <= usable
+    ]
     chosen = cast(Remat, (fitting or candidates[-1:])[0])
     return RematChoice(chosen, estimator.bytes(batch, chosen), usable)
 
