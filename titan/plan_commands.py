@@ -312,8 +312,11 @@ def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
     if args.remat != AUTO:
         return plan(request, layout_from_args(args, args.remat))
     platform = "cpu" if request.gpu.name == "cpu" else "gpu"
-    plans = [plan(request, layout_from_args(args, r)) for r in auto_candidates(platform)]
-    return next((p for p in plans if p.memory.fits), plans[-1])
+    for remat in auto_candidates(platform):  # estimated only until one fits
+        candidate = plan(request, layout_from_args(args, remat))
+        if candidate.memory.fits:
+            break
+    return candidate
 
 
 def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
