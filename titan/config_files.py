@@ -17,6 +17,7 @@ from typing import Any
 
 from titan.config import (
     SECTIONS,
+    Option,
     TrainConfig,
     flag_of,
     option_fields,
@@ -132,9 +133,14 @@ def _unknown_key(key: str, section: str, option: Any) -> str:
             f"unknown option {key!r} in [{section}]: it belongs in [{option.section}] "
             f"({option.flag})"
         )
-    keys = [o.flag.removeprefix("--").replace("-", "_") for o in option_fields()]
-    keys = [k for k, o in zip(keys, option_fields(), strict=True) if o.section == section]
+    keys = [toml_key(o) for o in option_fields() if o.section == section]
     return f"unknown option {key!r} in [{section}]; [{section}] takes: {', '.join(keys)}"
+
+
+def toml_key(option: Option) -> str:
+    """The key of ``option`` in its section's TOML table, as :func:`config_to_toml` writes it:
+    its flag's name with underscores (``batch_size``, ``model``)."""
+    return option.flag.removeprefix("--").replace("-", "_")
 
 
 def _toml_value(value: Any) -> str:
@@ -159,7 +165,7 @@ def config_to_toml(cfg: TrainConfig) -> str:
     back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
     a writer of that much TOML is this function.)"""
     lines: list[str | None] = []
-    keys = {o.field.name: o.flag.removeprefix("--").replace("-", "_") for o in option_fields()}
+    keys = {o.field.name: toml_key(o) for o in option_fields()}
     for section, values in config_to_data(cfg).items():
         lines += ["" if lines else None, f"[{section}]"]
         lines += [f"{keys[key]} = {_toml_value(value)}" for key, value in values.items()]

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable
 from typing import Any
 
-from titan.config import CODECS_PLAIN, Option, option_fields
+from titan.config import CODECS_PLAIN, SECTIONS, Option, option_fields
 from titan.shapes import PRESETS
 
 
@@ -30,7 +31,8 @@ def add_arguments(
     types = {"int": int, "float": float}
     for option in options:
         default = option.default
-        help = option.help + _bounds(option.field.metadata)
+        bounds = bounds_text(option)
+        help = f"{option.help} [{bounds}]" if bounds else option.help
         if explicit and "(default:" not in help:
             shown = default if option.kind in CODECS_PLAIN else option.text(default)
             help = f"{help} (default: {shown!r})"
@@ -71,9 +73,22 @@ def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...
     )
 
 
-def _bounds(meta: Mapping[str, Any]) -> str:
-    """`` [LOW, HIGH]`` (or ``[>= LOW]``) of an option's ``minimum`` and ``maximum``."""
-    low, high = meta.get("minimum"), meta.get("maximum")
+def bounds_text(option: Option) -> str:
+    """The allowed range of ``option``'s ``minimum`` and ``maximum``: ``LOW to HIGH``,
+    ``>= LOW``, ``<= HIGH``, or ``""`` for an option without bounds (``titan train --help``
+    shows it in brackets)."""
+    low, high = option.metadata.get("minimum"), option.metadata.get("maximum")
     if high is not None:
-        return f" [{low:g} to {high:g}]" if low is not None else f" [<= {high:g}]"
-    return f" [>= {low:g}]" if low is not None else ""
+        return f"{low:g} to {high:g}" if low is not None else f"<= {high:g}"
+    return f">= {low:g}" if low is not None else ""
+
+
+def section_summary(section: str) -> str:
+    """The first paragraph of a section's docstring as plain text, on one line: ``x`` and
+    :role:`x` as x (the description of its argument group in ``titan train --help``).
+
+    Raises:
+        KeyError: ``section`` is not a :data:`titan.config.SECTIONS` name.
+    """
+    paragraph = (SECTIONS[section].__doc__ or "").split("\n\n")[0]
+    return re.sub(r":\w+:`~?([^`]*)`", r"\1", " ".join(paragraph.split())).replace("``", "")

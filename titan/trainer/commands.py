@@ -9,22 +9,16 @@ it; ``--print-config`` prints the resolved config as TOML and exits.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Any
 
 from titan.config import SECTIONS, TrainConfig, option_fields
 from titan.config_files import config_to_toml, read_config_file
-from titan.config_flags import add_arguments, section_options
+from titan.config_flags import add_arguments, section_options, section_summary
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
 from titan.trainer.init_from import init_from_options
 from titan.trainer.resume import resume_options
-
-
-def _plain(text: str) -> str:
-    """A docstring's text without its Sphinx markup: ``x`` and :role:`x` as x."""
-    return re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,9 +33,8 @@ def add_parser(subparsers: Any) -> None:
         "a live run; 3 stalled (--watchdog-abort); 4 stopped by SIGTERM, SIGINT or SIGHUP after "
         "a checkpoint, resume with --resume (0 with --exit-zero-on-stop).",
     )
-    for section, cls in SECTIONS.items():
-        summary = _plain(" ".join((cls.__doc__ or "").split("\n\n")[0].split()))
-        group = train.add_argument_group(f"{section} options", summary)
+    for section in SECTIONS:
+        group = train.add_argument_group(f"{section} options", section_summary(section))
         add_arguments(group, section_options(section), explicit=True)
     files = train.add_argument_group("config files and runs")
     files.add_argument(
