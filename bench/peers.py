@@ -3,7 +3,7 @@
 For each shape of :data:`SHAPES` (``--shapes``), in this order, each in its own process:
 
 - ``titan-defaults``: ``titan train --model <shape>`` with its defaults (the document mask,
-  no remat, the layer loop chosen by depth, the compilation cache), the shape's batch and
+  ``--remat auto``, the layer loop chosen by depth, the compilation cache), the shape's batch and
   master-weight dtype (``--remat auto`` resolves per shape; the policy it took is recorded as
   ``remat`` and the peers below train with the same one);
 - ``titan-best``: the same with :data:`BEST` (the fastest options measured, which change the
@@ -16,8 +16,10 @@ For each shape of :data:`SHAPES` (``--shapes``), in this order, each in its own 
   ``torch.compile``, AdamW, bf16 compute over the shape's master-weight dtype, synthetic tokens,
   the activation checkpointing of Titan's defaults' policy), as released: on torch 2.11 it
   stops at its first step (``error`` says where); ``torchtitan-compat``: the same with the two
-  calls that torch 2.11 lacks adapted (the runner's ``--compat``); ``torchtitan-0.2.2``: the
-  newest release that runs on torch 2.11 unmodified;
+  calls that torch 2.11 lacks adapted (the runner's ``--compat``) and without CUDA graphs (the
+  runner's ``--no-cuda-graphs``: a graph needs the same BlockMask every step, and the document
+  mask changes with the batch); ``torchtitan-0.2.2``: the newest release that runs on torch
+  2.11 unmodified;
 - ``maxtext``: MaxText's own trainer (``bench/peers_maxtext.py``: ``dataset_type=synthetic``,
   cuDNN attention, the remat policy of Titan's defaults' policy).
 
@@ -79,7 +81,10 @@ BEST = ("--remat", "dots-attention", "--attention-mask", "causal")
 # untied as Titan's (its 1B and 3B flavors tie the head to the embedding)
 PEERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "torchtitan": ("torchtitan", ("--tie-embeddings", "no")),
-    "torchtitan-compat": ("torchtitan", ("--tie-embeddings", "no", "--compat")),
+    "torchtitan-compat": (
+        "torchtitan",
+        ("--tie-embeddings", "no", "--compat", "--no-cuda-graphs"),
+    ),
     "torchtitan-0.2.2": ("torchtitan", ("--torchtitan-version", "0.2.2")),
     "maxtext": ("maxtext", ()),
 }

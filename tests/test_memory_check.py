@@ -3,10 +3,12 @@ compiled program's memory analysis is recorded, and peak memory is recorded only
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
 
+import jax
 import pytest
 from helpers import cli_args, events, run_in_process
 
@@ -15,15 +17,19 @@ from titan.analysis.summarize import summarize_run_dir
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
+from titan.ops import Ops
 from titan.telemetry.device_memory import host_memory_bytes
 from titan.telemetry.events import Compile
+from titan.trainer.compilation import CompileWatch
 from titan.trainer.memory_check import (
     AUTO_KERNELS,
-    MARGIN,
+    RematChoice,
     Traced,
     check_memory,
     resolve_remat,
 )
+from titan.trainer.progress import TrainProgress
+from titan.trainer.train import _Built, _Compiler
 
 VOCAB = 512
 LAYOUT_DEVICES = 1
@@ -115,12 +121,42 @@ def test_remat_auto_takes_the_fastest_policy_that_fits_on_accelerators():
         for r in ("full", "dots")
     )
     assert full < dots < roomy.estimate_bytes
-    # with the planner's margin, as titan plan's verdict counts a fit
-    assert _auto([_Gpu(int((full + dots) / 2 * MARGIN))]).remat == "full"
-    assert _auto([_Gpu(int(dots * MARGIN) + 1)]).remat == "dots"
-    assert _auto([_Gpu(int(dots * MARGIN) - 1)]).remat == "full"
+    assert [r for r, _ in roomy.fallbacks] == ["dots", "full"]  # held by the compiled program
+    assert _auto([_Gpu(int((full + dots) / 2))]).remat == "full"
+    on_the_edge = _auto([_Gpu(int(dots) + 1)])  # the estimate alone: the compile then holds it
+    assert on_the_edge.remat == "dots" and on_the_edge.fallbacks == (("full", full),)
+    assert _auto([_Gpu(int(dots) - 1)]).remat == "full"
     tight = _auto([_Gpu(int(full / 2))])  # nothing fits: the last, which the check refuses
     assert tight.remat == "full" and tight.estimate_bytes > tight.usable_bytes
+    assert not tight.fallbacks
+
+
+def test_a_compiled_program_over_the_usable_memory_passes_auto_to_the_next_candidate():
+    gb = 10**9
+    choice = RematChoice(
+        "dots-attention", 90 * gb, 100 * gb, (("dots", 88 * gb), ("full", 70 * gb))
+    )
+    held = choice.compiled(99 * gb)
+    assert held == dataclasses.replace(choice, compiled_bytes=99 * gb)
+    assert held.line() == (
+        "--remat auto: dots-attention (an estimated 90.00 GB per device, compiled 99.00 GB, "
+        "100.00 GB usable)"
+    )
+    assert choice.compiled(None) == choice  # no figure: kept
+    dots = choice.compiled(101 * gb)
+    assert (dots.remat, dots.estimate_bytes, dots.fallbacks) == (
+        "dots",
+        88 * gb,
+        (("full", 70 * gb),),
+    )
+    full = dots.compiled(100 * gb + 1)
+    assert (full.remat, full.fallbacks) == ("full", ())
+    last = full.compiled(200 * gb)  # nothing left to try: kept, and the memory check speaks
+    assert (last.remat, last.compiled_bytes) == ("full", 200 * gb)
+    assert last.line() == (
+        "--remat auto: full (an estimated 70.00 GB per device, compiled 200.00 GB, 100.00 GB "
+        "usable); dots-attention compiled to 101.00 GB, over; dots compiled to 100.00 GB, over"
+    )
 
 
 def test_remat_auto_recomputes_nothing_on_the_cpu():
@@ -184,3 +220,22 @@ def test_a_compile_event_without_a_complete_analysis_has_no_program_bytes(memory
     assert event.program_bytes is None
     whole = Compile(memory={**dict.fromkeys(PARTS, 10), "alias_bytes": 5})
     assert whole.program_bytes == 35
+
+
+def test_train_holds_auto_against_its_compiled_program_and_builds_the_next_candidate():
+    cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, batch_size=8, seq_len=32)
+    shape = model_config(cfg.model.shape, VOCAB)
+    ops = Ops(jax.default_backend(), cfg.compute.ops)
+    compiler = _Compiler(None, CompileWatch(), TrainProgress(1, 1))
+    roomy = RematChoice("dots-attention", 1.0, 1e15, (("full", 1.0),))
+    held = _Built.of(shape, ops, cfg.trainer, roomy, compiler)
+    program = held.remat.compiled_bytes
+    assert held.remat.remat == "dots-attention" and program and held.compiled
+    assert held.compiled[0].program_bytes == program  # XLA's figure, as the compile event's
+    tight = dataclasses.replace(roomy, usable_bytes=program - 1)
+    built = _Built.of(shape, ops, cfg.trainer, tight, compiler)
+    assert built.remat.remat == "full" and built.remat.passed_over == (("dots-attention", program),)
+    assert built.compiled and built.remat.compiled_bytes == built.compiled[0].program_bytes
+    assert "dots-attention compiled to" in built.remat.line()
+    given = _Built.of(shape, ops, cfg.trainer, RematChoice("dots"), compiler)
+    assert given.compiled is None  # nothing to hold: compiled when the run starts

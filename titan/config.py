@@ -632,8 +632,9 @@ class ComputeOptions:
         default="auto",
         metadata=_opt(
             "--remat",
-            "activation recomputation per layer ('auto': on GPUs and TPUs the fastest policy "
-            "whose estimated memory fits, of dots-attention, dots, full; on the CPU none)",
+            "activation recomputation per layer ('auto': on GPUs and TPUs the fastest of "
+            "dots-attention, dots, full that fits: titan train takes the estimate's choice and "
+            "holds it against the compiled program, titan plan adds its margin; on the CPU none)",
             choices=(AUTO, *REMAT_POLICIES),
             resumable=True,
             perf=True,

@@ -303,8 +303,9 @@ def request_from_run(args: argparse.Namespace, run: Measurement) -> PlanRequest:
 def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
     """The plan of the command line's layout. ``--remat auto`` (the default, as ``titan
     train``'s) takes the first policy of :func:`titan.remat.auto_candidates` that fits, the
-    margin included (the last when none does), as ``titan train`` resolves it
-    (:func:`titan.trainer.memory_check.resolve_remat`).
+    margin included (the last when none does). ``titan train`` takes the first whose estimate
+    fits without the margin and holds it against the compiled program instead
+    (:mod:`titan.trainer.memory_check`), so it may run a faster policy than the plan names.
 
     Raises:
         TitanError: as :func:`layout_from_args` and :func:`titan.planning.budget.plan`.

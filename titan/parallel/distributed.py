@@ -223,6 +223,19 @@ def broadcast_text(text: str | None) -> str:
     return broadcast_bytes(text.encode() if text is not None else None).decode()
 
 
+def largest_over_processes(value: int) -> int:
+    """The largest ``value`` (a byte count, >= -1) of every process: ``value`` itself for one
+    process; over several, each rounded up to whole MiB (gathered as int32, JAX's default)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return value
+    one_thread("a maximum over processes")
+    mib = -(-value // 2**20)
+    return int(np.max(multihost_utils.process_allgather(np.int32(mib)))) * 2**20
+
+
 AXES = ("processes", "local_devices")  # the axes of all_devices_mesh
 
 

@@ -57,6 +57,7 @@ from titan.config import (
     OptimizerOptions,
     ParallelOptions,
     TrainConfig,
+    TrainerOptions,
 )
 from titan.config_files import config_to_data
 from titan.data.images import ImageBatches
@@ -69,9 +70,11 @@ from titan.parallel.distributed import (
     LaunchSettings,
     barrier,
     initialize,
+    largest_over_processes,
     process_count,
     process_index,
 )
+from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
 from titan.telemetry.env import capture_environment
 from titan.telemetry.events import CheckpointUnrestorable, Compile, RunEnd, RunStart
@@ -87,7 +90,12 @@ from titan.telemetry.records import (
     write_json_atomic,
 )
 from titan.telemetry.sinks import check_library, live_sink
-from titan.trainer.adapters import build_run_trainer, check_layout_fits, remat_choice
+from titan.trainer.adapters import (
+    build_run_trainer,
+    check_layout_fits,
+    remat_choice,
+    with_remat,
+)
 from titan.trainer.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -111,7 +119,7 @@ from titan.trainer.heartbeat_hook import HeartbeatHook
 from titan.trainer.hooks import Hooks
 from titan.trainer.images import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
-from titan.trainer.memory_check import MemoryCheck, Traced, check_memory
+from titan.trainer.memory_check import MemoryCheck, RematChoice, Traced, check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import Heartbeat, MutedRecord, is_writer
@@ -189,13 +197,14 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             )
             shape = task.model_shape(cfg.model.shape, progress, stop)
             with stop.during("build"):
-                remat = remat_choice(shape, cfg.trainer, cfg.debugging.debug_usable_memory)
-                _say(remat.line())
-                cfg = cfg.replace(remat=remat.remat)  # what the records say: the policy that ran
                 ops = Ops(jax.default_backend(), cfg.compute.ops)
-                trainer = build_run_trainer(shape, ops, cfg.trainer)
-            data = task.run_data(trainer, progress, stop)
-            run = _Run(run_dir, trainer, ops, data, cfg.data.batch_size, progress, stop)
+                remat = remat_choice(shape, cfg.trainer, cfg.debugging.debug_usable_memory)
+                compiler = _Compiler(cache, compiles, progress)
+                built = _Built.of(shape, ops, cfg.trainer, remat, compiler)
+                _say(built.remat.line())
+                cfg = cfg.replace(remat=built.remat.remat)  # what the records say: what ran
+            data = task.run_data(built.trainer, progress, stop)
+            run = _Run(run_dir, built, ops, data, cfg.data.batch_size, progress, stop)
             # a fresh run's checkpoints are made after its checks: they create their directory
             run.watch(resumed or _checkpointer(cfg.checkpoint, run_dir), cfg.observability)
             try:
@@ -213,7 +222,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             if resuming and run.start_step:  # said once the run is recorded: a refusal is one line
                 schedule = _schedule_text(cfg.optimizer)
                 print(f"titan: resuming from step {run.start_step}: {schedule}", file=sys.stderr)
-            return run.run(cache, compiles, cfg.run.exit_zero_on_stop)
+            return run.run(compiler, cfg.run.exit_zero_on_stop)
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -222,6 +231,68 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
         return stopped_at_start(stop, cfg.run.exit_zero_on_stop, resuming)
     finally:
         stop.uninstall()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiler:
+    """Compiles a trainer's step (:func:`_compile`) while the progress display says so."""
+
+    cache: Path | None
+    compiles: CompileWatch
+    progress: TrainProgress
+
+    def __call__(self, trainer: Trainer) -> list[Compile]:
+        with self.progress.status("compiling the train step"):
+            return _compile(trainer, self.cache, self.compiles)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """The run's trainer and the ``--remat`` choice it was built with.
+
+    Attributes:
+        compiled: its compile events when it was compiled as it was built (to hold an
+            ``auto`` choice against the compiled program), else None.
+    """
+
+    trainer: Trainer
+    remat: RematChoice
+    compiled: list[Compile] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        shape: ModelConfig,
+        ops: Ops,
+        options: TrainerOptions,
+        remat: RematChoice,
+        compiler: _Compiler,
+    ) -> _Built:
+        """The trainer of ``shape`` with ``remat``. A choice with candidates is traced and
+        compiled here; while its program is over the usable memory on any process it passes to
+        the next candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`).
+
+        Raises:
+            TitanError: as :func:`titan.trainer.adapters.build_run_trainer`.
+        """
+        trainer = build_run_trainer(shape, ops, with_remat(options, remat.remat))
+        if not (remat.fallbacks or remat.passed_over):
+            return cls(trainer, remat)
+        trainer.trace()
+        events = compiler(trainer)
+        held = remat.compiled(_largest_program(events))
+        if held.remat == remat.remat:
+            return cls(trainer, held, events)
+        del trainer, events  # before the next candidate's buffers
+        return cls.of(shape, ops, options, held, compiler)
+
+
+def _largest_program(events: list[Compile]) -> int | None:
+    """The largest compiled program's bytes per device (:attr:`Compile.program_bytes`) of
+    ``events`` over every process, or None when no process knows it."""
+    known = [e.program_bytes for e in events if e.program_bytes is not None]
+    largest = largest_over_processes(max(known, default=-1))
+    return largest if largest >= 0 else None
 
 
 class _Run:
@@ -244,14 +315,16 @@ class _Run:
     def __init__(
         self,
         run_dir: Path,
-        trainer: Trainer,
+        built: _Built,
         ops: Ops,
         data: RunData,
         batch_size: int,
         progress: TrainProgress,
         stop: StopFlag,
     ) -> None:
+        trainer = built.trainer
         self.run_dir, self.trainer, self.ops, self.data = run_dir, trainer, ops, data
+        self.compiled = built.compiled
         self.progress, self.stop = progress, stop
         run_devices = jax.devices()[: trainer.describe().devices]
         power_reader, self.power_info = open_reader(devices=run_devices)
@@ -304,7 +377,8 @@ class _Run:
         """
         trainer = self.trainer
         with self.stop.during("trace"):
-            trainer.trace()
+            if self.compiled is None:  # else traced and compiled as it was built
+                trainer.trace()
             traced = Traced(trainer.describe().devices, str(trainer.compute_dtype), self.ops.served)
             devices = self.throughput.local_devices
             model = trainer.adapter.config
@@ -430,7 +504,7 @@ class _Run:
             )
         )
 
-    def run(self, cache: Path | None, compiles: CompileWatch, exit_zero_on_stop: bool) -> int:
+    def run(self, compiler: _Compiler, exit_zero_on_stop: bool) -> int:
         """Compile the step, run the loop and record ``run_end``; close the run's parts.
         Returns the exit code: 0 completed, :data:`EXIT_STOPPED` stopped (0 with
         ``exit_zero_on_stop``), :data:`EXIT_NONFINITE` a non-finite abort, :data:`EXIT_FAILED`
@@ -440,9 +514,8 @@ class _Run:
             for skipped in self.unrestorable:
                 record.emit(CheckpointUnrestorable(step=skipped.step, error=skipped.error))
             checkpointer.set_aside([skipped.step for skipped in self.unrestorable])
-            with self.progress.status("compiling the train step"):
-                compiled = _compile(self.trainer, cache, compiles)
-                compiled += self.saver.finite_check.compile(self.state)
+            compiled = self.compiled if self.compiled is not None else compiler(self.trainer)
+            compiled = [*compiled, *self.saver.finite_check.compile(self.state)]
             for event in [*compiled, *self.trainer.start_events()]:
                 record.emit(event)
             step, status = loop.run(self.state, self.start_step)
