@@ -110,14 +110,32 @@ class Hlo:
 
 
 def _attention_flops(hlo: Hlo, causal: bool) -> float:
-    """FLOPs of the cuDNN attention calls (module docstring): q (B, S, H, hd) of each call."""
-    total = 0.0
+    """FLOPs of the cuDNN attention calls (module docstring), from q (B, S, H, hd) of each call
+    (:func:`_query_shape`). The branches of a ``cond`` are alternatives (the packed and the dense
+    document mask): the largest branch counts, once."""
+    outside = 0.0
+    branches: dict[str, float] = defaultdict(float)
     for name in hlo.custom_calls(re.compile(r"__cudnn\$fmha")):
-        q = hlo.ops[hlo.ops[name][2][0]][0][0][1]
-        b, s, h, hd = q if len(q) == 4 else (q[0], q[2], q[1], q[3])
+        _, _, operands, rest, _ = hlo.ops[name]
+        q = _query_shape(hlo, operands, rest)
+        b, s, h, hd = q if q[1] >= q[2] else (q[0], q[2], q[1], q[3])
         forward = 4.0 * b * s * s * h * hd * (0.5 if causal else 1.0)
-        total += forward * (2.5 if "Backward" in hlo.ops[name][3] else 1.0)
-    return total
+        flops = forward * (2.5 if "Backward" in rest else 1.0)
+        branch = re.search(r"cond/branch_(\d+)_fun", rest)
+        if branch:
+            branches[branch.group(1)] += flops
+        else:
+            outside += flops
+    return outside + max(branches.values(), default=0.0)
+
+
+def _query_shape(hlo: Hlo, operands: list[str], rest: str) -> list[int]:
+    """The shape of an attention call's query: its first layout constraint's, else its first
+    operand's (an operand may be a tuple: a cond branch's parameter)."""
+    found = re.search(r"operand_layout_constraints=\{\w+\[([\d,]+)\]", rest)
+    if found:
+        return [int(d) for d in found.group(1).split(",")]
+    return hlo.ops[operands[0]][0][0][1]
 
 
 def rows(trace: dict, hlo: Hlo, steps: int, causal: bool) -> list[dict[str, Any]]:
