@@ -20,6 +20,7 @@ Result files and the scripts that write them:
   ``bench/console.py --follow <rounds>``;
   ``data_loader.json``: ``bench/data_loader.py``;
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
+- ``layer-loop-*.json``: ``titan train`` runs per ``--layer-unroll`` (the file says how);
 - ``peers-*.json``: ``bench/peers.py``; ``attention-*.json``: ``bench/attention.py``;
   ``startup-*.json``: ``bench/startup.py``;
   ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
@@ -626,6 +627,21 @@ def startup_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def layer_loop_table(path: Path, base: Path) -> list[str]:
+    """The layer loop rolled against unrolled: tokens/s, compile time and memory per run."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; {data['device']}, jax {data['jax']}.", ""]
+    lines += [data["method"], ""]
+    rows = [
+        [f"`{r['command']}`", str(r["blocks_per_iteration"]), f"{r['tokens_per_s']:,}"]
+        + [_num(r["compile_s"], ".1f"), _num(r["compiled_gb"], ".2f")]
+        + [_num(r["peak_memory_gib"], ".1f")]
+        for r in data["runs"]
+    ]
+    header = ["run", "blocks per iteration", "tokens/s", "compile (s)", "compiled GB"]
+    return lines + _table([*header, "peak GiB"], rows) + [""]
+
+
 PEER_SYSTEMS = (
     "titan-defaults",
     "titan-best",
@@ -934,6 +950,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         lines += ["## Titan against its peers, per shape (`bench/peers.py`, one GPU)", ""]
         for path in peer_files:
             lines += peers_table(path, doc)
+    for path in sorted(results.glob("layer-loop-*.json")):
+        lines += ["## The layer loop, rolled and unrolled (`titan train --layer-unroll`)", ""]
+        lines += layer_loop_table(path, doc)
     startup_files = sorted(results.glob("startup-*.json"))
     if startup_files:
         lines += ["## Time to first step, cold and warm compilation cache (`bench/startup.py`)", ""]

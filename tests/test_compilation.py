@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 from tests.helpers import events, small_run, start_subprocess
-from titan.models.layer_stack import layer_unroll_for
+from titan.models.layer_stack import FULL_UNROLL_MAX_LAYERS, layer_unroll_for
+from titan.remat import REMAT_POLICIES
 from titan.trainer.compilation import CompileWatch, compilation_settings
 
 
@@ -94,11 +95,23 @@ def test_two_functions_of_one_name_are_no_repeat():
 
 
 @pytest.mark.parametrize(
-    ("n_layers", "flag", "unroll"),
-    [(16, 0, 16), (2, 0, 2), (17, 0, 1), (28, 0, 1), (28, 4, 4), (8, 20, 8), (32, 1, 1)],
+    ("n_layers", "flag", "remat", "unroll"),
+    [
+        (16, 0, "full", 16),
+        (2, 0, "dots", 2),
+        (17, 0, "dots", 1),
+        (28, 0, "dots-attention", 28),  # llama3-3b: unrolled
+        (28, 0, "none", 28),
+        (28, 0, "full", 1),  # its memory needs the rolled loop
+        (32, 0, "dots-attention", 1),  # llama3-8b: rolled
+        (28, 4, "full", 4),
+        (8, 20, "dots", 8),
+        (32, 1, "none", 1),
+    ],
 )
-def test_layer_loop_is_chosen_by_depth(n_layers: int, flag: int, unroll: int):
-    assert layer_unroll_for(n_layers, flag) == unroll
+def test_layer_loop_is_chosen_by_depth_and_remat(n_layers: int, flag: int, remat: str, unroll: int):
+    assert layer_unroll_for(n_layers, flag, remat) == unroll
+    assert set(FULL_UNROLL_MAX_LAYERS) == set(REMAT_POLICIES)
 
 
 def test_cache_misses_and_writes_are_not_logged(tmp_path: Path, monkeypatch, caplog):

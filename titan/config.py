@@ -657,8 +657,9 @@ class ComputeOptions:
         metadata=_opt(
             "--layer-unroll",
             "decoder blocks per iteration of the layer scan; 0: chosen by depth (all of them, "
-            "the loop fully unrolled, up to 16 layers: faster on GPUs; deeper models 1, a "
-            "rolled loop that compiles in seconds); N >= the layer count: fully unrolled",
+            "the loop fully unrolled, up to 28 layers with --remat none or dots-attention and "
+            "16 with dots or full: faster on GPUs; deeper models 1, a rolled loop that "
+            "compiles in seconds); N >= the layer count: fully unrolled",
             minimum=0,
             resumable=True,
             perf=True,

@@ -10,21 +10,29 @@ import flax.linen as nn
 
 from titan.remat import REMAT_POLICIES
 
-FULL_UNROLL_MAX_LAYERS = 16
+# Deepest stack that --layer-unroll 0 unrolls fully, by --remat policy: 28 layers where little is
+# recomputed, so that the unrolled program, in which XLA merges the recomputation with the
+# forward (module docstring of layer_stack), keeps what the rolled one keeps; 16 under dots and
+# full, whose memory needs the rolled loop's boundaries. Source: bench/results/
+# layer-loop-nvidia-h200.json (llama3-3b, 28 layers: 7.7% more tokens/s unrolled, 13.3 s cold
+# compile; llama3-8b, 32 layers: 4.4% more, but 108.8 s to compile).
+FULL_UNROLL_MAX_LAYERS = {"none": 28, "dots-attention": 28, "dots": 16, "full": 16}
 
 
-def layer_unroll_for(n_layers: int, layer_unroll: int) -> int:
+def layer_unroll_for(n_layers: int, layer_unroll: int, remat: str) -> int:
     """Blocks per iteration of the layer loop for ``--layer-unroll`` ``layer_unroll``.
 
-    0 chooses by depth: up to :data:`FULL_UNROLL_MAX_LAYERS` layers the loop is fully unrolled
-    (about 6% faster steps on an H200, ``bench/results/mfu-nvidia-h200-unroll.json``); deeper
-    models get a rolled loop (1), whose program does not grow with depth: unrolled, a 28-layer
-    3B model under full remat took 74 s to compile on an H200 and its steps were slower still,
-    since an unrolled loop keeps XLA from honouring the remat policy (``docs/planner.md``, limits).
-    Any other value is used as given, at most ``n_layers``.
+    0 chooses by depth and ``remat`` (a ``--remat`` policy): up to
+    :data:`FULL_UNROLL_MAX_LAYERS` layers the loop is fully unrolled (about 6% faster steps on an
+    H200 at 16 layers, ``bench/results/mfu-nvidia-h200-unroll.json``; 7.7% at 28); deeper
+    models get a rolled loop (1), whose program does not grow with depth and compiles in
+    seconds. Any other value is used as given, at most ``n_layers``.
+
+    Raises:
+        KeyError: ``remat`` is not a policy (``auto`` is resolved before the model is built).
     """
     if layer_unroll == 0:
-        return n_layers if n_layers <= FULL_UNROLL_MAX_LAYERS else 1
+        return n_layers if n_layers <= FULL_UNROLL_MAX_LAYERS[remat] else 1
     return min(layer_unroll, n_layers)
 
 
@@ -41,11 +49,11 @@ def layer_stack(block: type[nn.Module], remat: str, n_layers: int, layer_unroll:
 
     Remat runs with ``prevent_cse=False``, as Flax recommends under ``nn.scan``: a loop keeps
     XLA from merging the recomputation with the forward. A fully unrolled loop (the default
-    ``--layer-unroll 0`` up to 16 layers) is inlined into the backward's computation; there
-    XLA:CPU drops the ``dots`` policy's recomputed attention, and ``--remat`` saves little
-    memory (``docs/planner.md``, limits).
+    ``--layer-unroll 0`` up to :data:`FULL_UNROLL_MAX_LAYERS`) is inlined into the backward's
+    computation; there XLA:CPU drops the ``dots`` policy's recomputed attention, and
+    ``--remat`` saves little memory (``docs/planner.md``, limits).
     """
-    unroll = layer_unroll_for(n_layers, layer_unroll)
+    unroll = layer_unroll_for(n_layers, layer_unroll, remat)
     wrapped: Any = block
     if remat != "none":
         policy = REMAT_POLICIES[remat].jax_policy()

@@ -112,8 +112,8 @@ class LlamaStage(nn.Module):
             ``dots-attention`` (also the fused attention kernels' outputs) or ``full`` (save
             only block inputs).
         layer_unroll: blocks per iteration of the layer scan (``unroll`` of ``jax.lax.scan``);
-            0: chosen by depth (:func:`titan.models.layer_stack.layer_unroll_for`); at least
-            ``n_layers``: fully unrolled. Unrolled, XLA slices each block's
+            0: chosen by depth and remat (:func:`titan.models.layer_stack.layer_unroll_for`);
+            at least ``n_layers``: fully unrolled. Unrolled, XLA slices each block's
             parameters and stacks its residuals at fixed offsets instead of copying them through
             a loop's buffers, and schedules across block boundaries (measured with
             ``bench/mfu.py --levers layer_unroll``: ``docs/benchmarks.md``). Parameters and

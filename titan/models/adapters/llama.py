@@ -40,7 +40,7 @@ class LlamaAdapter(FlaxStages):
         ops: semantic operators (providers chosen per backend).
         seq_len: tokens per sequence of the run.
         remat: the remat policy of every block (:class:`titan.models.llama.LlamaStage`).
-        layer_unroll: blocks per iteration of the layer scan (0: chosen by depth).
+        layer_unroll: blocks per iteration of the layer scan (0: chosen by depth and remat).
         document_mask: attention stays within a document; False: causal over the sequence.
         param_dtype: dtype of the master weights.
     """
