@@ -753,7 +753,8 @@ def roofline_table(path: Path, base: Path) -> list[str]:
         for r in data["rows"][:15]
     ]
     header = ["row", "time (ms)", "calls", "TFLOP", "GB", "floor (ms)", "gap (ms)"]
-    return lines + _table(header, rows) + [""]
+    notes = data.get("notes", [])
+    return lines + _table(header, rows) + [""] + [line for n in notes for line in (n, "")]
 
 
 def dit_table(path: Path, base: Path) -> list[str]:
@@ -958,9 +959,11 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         lines += ["## Time to first step, cold and warm compilation cache (`bench/startup.py`)", ""]
         for path in startup_files:
             lines += startup_table(path, doc)
-    for path in sorted(results.glob("roofline-*.json")):
-        lines += ["## Roofline of the `llama3-1b` step (`bench/roofline.py`)", ""]
-        lines += roofline_table(path, doc)
+    roofline_files = sorted(results.glob("roofline-*.json"))
+    if roofline_files:
+        lines += ["## Roofline of profiled train steps (`bench/roofline.py`)", ""]
+        for path in roofline_files:
+            lines += roofline_table(path, doc)
     if (results / "planner_draws_evaluation.json").exists():
         lines += ["## Planner accuracy on random draws (`bench/planner_accuracy.py --draw`)", ""]
         lines += planner_draw_tables(results / "planner_draws_evaluation.json", doc)

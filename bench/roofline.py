@@ -10,11 +10,13 @@ GPU kernels of the traced steps into rows:
   results (each read or written once, the lower bound), FLOPs = 2 x output x contracted size of
   each ``dot`` inside it;
 - ``cuBLAS matmuls`` (every ``__cublas$gemm``/``__cublas$lt$matmul`` custom call; kernels
-  ``nvjet``, ``cutlass``, ``gemm``, ``xmma``): FLOPs the same formula over the custom calls;
+  ``nvjet``, ``cutlass``, ``gemm``, ``xmma``): FLOPs the same formula over the custom calls,
+  each counted as often as it runs (the product of the trip counts of the ``while`` loops around
+  it: a rolled layer loop's body runs once per layer);
 - ``cuDNN attention`` (``sdpa``/``fmha`` and ``cudnn::fusion`` kernels): FLOPs 4 B S^2 H hd per
   forward call, halved for the causal mask, and 2.5 times that per backward call (flash
   attention's backward does five matrix products to the forward's two; Dao 2023), over the
-  ``__cudnn$fmha*`` custom calls' shapes;
+  ``__cudnn$fmha*`` custom calls' shapes, each counted as often as it runs;
 - ``Pallas kernels`` (``pallas_call`` custom calls, kernels named by Titan's providers): bytes of
   their operands and results.
 
@@ -48,6 +50,7 @@ LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*?)\)(.*)$")
 COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
 MATMUL_KERNEL = re.compile(r"nvjet|cutlass|gemm|xmma|cublas")
 ATTENTION_KERNEL = re.compile(r"sdpa|fmha|cudnn")
+CALLED_GROUPS = re.compile(r"(?:branch_computations|called_computations)=\{([^}]*)\}")
 
 
 def _shapes(text: str) -> list[tuple[str, list[int]]]:
@@ -76,6 +79,34 @@ class Hlo:
             names = re.findall(r"%([\w.\-]+)", operands)
             self.ops[name] = (_shapes(result), op, names, rest, computation)
             self.computations[computation].append(name)
+        self._callers = self._called_computations()
+
+    def _called_computations(self) -> dict[str, tuple[str, int]]:
+        """computation -> (the instruction that calls it, runs per call of that instruction): a
+        ``while`` body runs its ``known_trip_count`` times, every other called computation
+        (fusions, ``cond`` branches, reducers) once."""
+        callers: dict[str, tuple[str, int]] = {}
+        for name, (_, op, _, rest, _) in self.ops.items():
+            trips = re.search(r'known_trip_count"?:\{"n":"(\d+)"', rest)
+            for key, called in re.findall(r"(\w+)=%([\w.\-]+)", rest):
+                runs = int(trips.group(1)) if op == "while" and key == "body" and trips else 1
+                callers.setdefault(called, (name, runs))
+            for group in CALLED_GROUPS.findall(rest):
+                for called in re.findall(r"%([\w.\-]+)", group):
+                    callers.setdefault(called, (name, 1))
+        return callers
+
+    def executions(self, name: str) -> int:
+        """How many times instruction ``name`` runs per execution of the module: the product of
+        the trip counts of the ``while`` loops around it (a rolled layer loop runs its body once
+        per layer)."""
+        runs, computation, seen = 1, self.ops[name][4], set()
+        while computation in self._callers and computation not in seen:
+            seen.add(computation)
+            caller, times = self._callers[computation]
+            runs *= times
+            computation = self.ops[caller][4]
+        return runs
 
     def io_bytes(self, name: str) -> int:
         """Bytes of ``name``'s results and operands (an operand's first result for a tuple)."""
@@ -120,7 +151,7 @@ def _attention_flops(hlo: Hlo, causal: bool) -> float:
         q = _query_shape(hlo, operands, rest)
         b, s, h, hd = q if q[1] >= q[2] else (q[0], q[2], q[1], q[3])
         forward = 4.0 * b * s * s * h * hd * (0.5 if causal else 1.0)
-        flops = forward * (2.5 if "Backward" in rest else 1.0)
+        flops = forward * (2.5 if "Backward" in rest else 1.0) * hlo.executions(name)
         branch = re.search(r"cond/branch_(\d+)_fun", rest)
         if branch:
             branches[branch.group(1)] += flops
@@ -174,11 +205,12 @@ def rows(trace: dict, hlo: Hlo, steps: int, causal: bool) -> list[dict[str, Any]
     out = []
     for key, seconds in times.items():
         if key == "cuBLAS matmuls":
-            flops, nbytes = sum(map(hlo.dot_flops, cublas)), sum(map(hlo.io_bytes, cublas))
+            flops = sum(hlo.executions(n) * hlo.dot_flops(n) for n in cublas)
+            nbytes = sum(hlo.executions(n) * hlo.io_bytes(n) for n in cublas)
         elif key == "cuDNN attention":
             flops, nbytes = _attention_flops(hlo, causal), 0
         elif key == "Pallas kernels":
-            flops, nbytes = 0.0, sum(map(hlo.io_bytes, pallas))
+            flops, nbytes = 0.0, sum(hlo.executions(n) * hlo.io_bytes(n) for n in pallas)
         elif key in hlo.ops:  # identical fusions share one kernel: calls x one fusion's work
             per_step = calls[key] / steps
             flops, nbytes = per_step * hlo.fusion_flops(key), per_step * hlo.io_bytes(key)

@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from bench_modules import bench_module
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _report_module():
-    spec = importlib.util.spec_from_file_location("bench_report", REPO / "bench" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmarks_doc_matches_the_result_files():
-    report = _report_module()
+    report = bench_module("report")
     assert (REPO / "docs" / "benchmarks.md").read_text() == report.render(), (
         "docs/benchmarks.md is stale: run python bench/report.py"
     )
 
 
 def test_every_table_names_its_result_file_and_numbers_come_from_it(tmp_path):
-    report = _report_module()
+    report = bench_module("report")
     doc = report.render()
     for path in sorted((REPO / "bench" / "results").iterdir()):
         assert f"`bench/results/{path.name}`" in doc

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from bench_modules import bench_module
 from jax.sharding import PartitionSpec as P
 
 from titan.cli import main
@@ -355,16 +355,8 @@ def test_ops_check_prints_a_table_and_rejects_unknown_names(capsys):
     assert "'pallas' is not registered for op rope; known: fused, native" in capsys.readouterr().err
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_mfu", REPO / "bench" / "mfu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_mfu_formulas_follow_the_baseline_file():
-    bench = _bench_module()
+    bench = bench_module("mfu")
     shape = bench.Shape()
     layer = 2 * 2048 * 2048 + 2 * 2048 * 1024 + 3 * 2048 * 5632 + 2 * 2048
     params = 16 * layer + 2 * 32_000 * 2048 + 2048
