@@ -21,6 +21,7 @@ from titan.flops import training_flops_per_token
 from titan.models.adapters.base import ImageModelAdapter, PyTree, StageInputs, cast_tree
 from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.dit import DitStage
+from titan.models.layer_stack import INIT_LAYER_UNROLL
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk, whole_model
 from titan.shapes import ModelConfig
@@ -98,7 +99,7 @@ class DitAdapter(FlaxStages):
             inputs = jnp.zeros((1, 1 + cfg.patches, cfg.d_model), jnp.float32)
         t, labels = jnp.zeros((1,), jnp.float32), jnp.zeros((1,), jnp.int32)
         target, weight = jnp.zeros((1, *self.image_shape), jnp.float32), jnp.ones((1,))
-        creator = self.module(chunk).clone(ops=self.ops.unforced())
+        creator = self.module(chunk).clone(ops=self.ops.unforced(), layer_unroll=INIT_LAYER_UNROLL)
         return creator.init(key, inputs, t, labels, target, weight)["params"]
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:

@@ -25,6 +25,7 @@ from titan.models.adapters.base import (
     next_token_inputs,
 )
 from titan.models.adapters.flax_stages import FlaxStages
+from titan.models.layer_stack import INIT_LAYER_UNROLL
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.parallel.chunks import Chunk
@@ -81,7 +82,7 @@ class LlamaAdapter(FlaxStages):
             inputs = jnp.zeros((1, self.seq_len, self.config.d_model), jnp.float32)
         # flax creates parameters by running the model in float32: let the registry choose
         # providers for that trace, since a provider forced for the bf16 step may refuse float32.
-        creator = self.module(chunk).clone(ops=self.ops.unforced())
+        creator = self.module(chunk).clone(ops=self.ops.unforced(), layer_unroll=INIT_LAYER_UNROLL)
         return creator.init(key, inputs, tokens, tokens, tokens)["params"]
 
     def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
