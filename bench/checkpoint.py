@@ -1,17 +1,23 @@
 """Benchmark: synchronous against asynchronous checkpoints (``python bench/checkpoint.py``).
 
-Runs ``titan train`` twice with the same options, ``--no-checkpoint-async`` then
-``--checkpoint-async`` (default ``--preset llama3-1b``, 200 steps, a save every 50 steps and at
-the end), each in its own process, and reads each run's record:
+Runs ``titan train`` with the same options once per variant, each in its own process:
+``sync`` (``--no-checkpoint-async``) and ``async`` (``--checkpoint-async``); by default
+``--preset llama3-1b``, 200 steps, a save every 50 steps and at the end. It reads each run's
+record:
 
 - ``blocking_s``: median ``seconds`` of the ``checkpoint`` events (what the loop waited for a
-  save), ``commit_s`` their median time to commit, and the final save's ``seconds`` (the run's
-  last save is waited for before ``run_end``);
+  save), ``commit_s`` their median time to commit (``commits_s``: each save's), and the final
+  save's ``seconds`` (the run's last save is waited for before ``run_end``);
 - ``step_time_s``: median ``step_time_s`` of the steps that ran while no save was in flight,
   and ``saving_step_time_s`` of the steps that did: the step after each save (it holds the
   blocking part) and, for an async save, every step reported before its commit;
+  ``loop_cost_s``: per save, what its steps took beyond ``step_time_s`` each, summed (the
+  loop's time lost to that save, its blocking part included; the run's last save, waited for
+  at the end, loses its ``final_save_s`` instead);
 - ``ettr``: the run's ETTR (:func:`titan.analysis.ettr.analyze`: productive step time over
-  the attempt's wall time, so every blocking second of a save is badput);
+  the attempt's wall time, so every blocking second of a save is badput), and ``badput_s``, the
+  seconds of each kind of badput;
+- ``checkpoint_bytes``: the bytes of the last checkpoint on disk;
 - ``memory_estimate_bytes``: the memory check's estimate (``run_start``), and
   ``peak_memory_bytes`` the largest measured peak of the steps (where the backend reports it);
 
@@ -27,6 +33,7 @@ import argparse
 import json
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,6 +44,7 @@ from typing import Any
 
 from titan.analysis.ettr import analyze
 from titan.telemetry.records import load_events, read_events
+from titan.trainer.checkpoint import CHECKPOINT_DIR
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {"sync": "--no-checkpoint-async", "async": "--checkpoint-async"}
@@ -54,17 +62,31 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _in_flight(events: list[dict[str, Any]], save: dict[str, Any]) -> set[int]:
+    """The steps that ran while ``save`` (a ``checkpoint`` event) was in flight: the one after
+    it, and those reported before its event (its commit)."""
+    later = (e for e in events if e["type"] == "step" and e["step"] > save["step"])
+    return {save["step"] + 1} | {e["step"] for e in later if e["time"] < save["time"]}
+
+
 def _saving_steps(events: list[dict[str, Any]]) -> set[int]:
-    """Steps that ran while a save was in flight: the one after each save, and those reported
-    before the save's ``checkpoint`` event (its commit)."""
-    saving: set[int] = set()
-    steps = [e for e in events if e["type"] == "step"]
-    for save in (e for e in events if e["type"] == "checkpoint"):
-        saving.add(save["step"] + 1)
-        saving |= {
-            s["step"] for s in steps if s["step"] > save["step"] and s["time"] < save["time"]
-        }
-    return saving
+    """Steps that ran while any save was in flight (:func:`_in_flight`)."""
+    saves = (e for e in events if e["type"] == "checkpoint")
+    return set().union(*(_in_flight(events, save) for save in saves))
+
+
+def _loop_costs(events: list[dict[str, Any]], normal: float | None) -> list[float]:
+    """Per save, the time its steps in flight (:func:`_in_flight`) took beyond ``normal``."""
+    steps = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
+    saves = [e for e in events if e["type"] == "checkpoint"]
+    return [
+        sum(steps[s] - (normal or 0.0) for s in _in_flight(events, save) if s in steps)
+        for save in saves
+    ]
+
+
+def _bytes_under(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
 def measure(run_dir: Path) -> dict[str, Any]:
@@ -76,19 +98,35 @@ def measure(run_dir: Path) -> dict[str, Any]:
     start = next(e for e in events if e["type"] == "run_start")
     device = start["env"].get("device_kinds", [])
     peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
+    commits = [e.get("commit_s") or e["seconds"] for e in saves]
+    normal = _median([e["step_time_s"] for e in steps if e["step"] not in saving])
+    goodput = analyze(load_events(run_dir))
+    newest = run_dir / CHECKPOINT_DIR / str(saves[-1]["step"]) if saves else None
     return {
         "device": ", ".join(device),
         "saves": len(saves),
         "failed_saves": sum(e["type"] == "checkpoint_failed" for e in events),
         "blocking_s": _median([e["seconds"] for e in saves[:-1]]),
-        "commit_s": _median([e.get("commit_s") or e["seconds"] for e in saves[:-1]]),
+        "commit_s": _median(commits[:-1]),
+        "commits_s": commits,
         "final_save_s": saves[-1]["seconds"] if saves else None,
-        "step_time_s": _median([e["step_time_s"] for e in steps if e["step"] not in saving]),
+        "step_time_s": normal,
         "saving_step_time_s": _median([e["step_time_s"] for e in steps if e["step"] in saving]),
-        "ettr": analyze(load_events(run_dir)).ettr,
+        "loop_cost_s": _loop_costs(events, normal),
+        "ettr": goodput.ettr,
+        "badput_s": goodput.badput_s,
+        "checkpoint_bytes": _bytes_under(newest) if newest and newest.is_dir() else None,
         "memory_estimate_bytes": start.get("memory_check", {}).get("estimate_bytes"),
         "peak_memory_bytes": max(peaks, default=None),
     }
+
+
+def _measured(run_dir: Path) -> dict[str, Any]:
+    """:func:`measure` of a run, whose checkpoints are then removed (the next run may need the
+    disk: a llama3-1b checkpoint is about 15 GB)."""
+    figures = measure(run_dir)
+    shutil.rmtree(run_dir / CHECKPOINT_DIR)
+    return figures
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -102,17 +140,22 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--out", type=Path, help="JSON results file")
     parser.add_argument(
-        "--variants", default="sync,async", help="which runs, of: sync, async (comma-separated)"
+        "--variants",
+        default="sync,async",
+        help="which runs, of: sync, async (comma-separated)",
     )
     parser.add_argument(
-        "--runs-root", type=Path, help="keep the two runs here (default: a temporary directory)"
+        "--runs-root",
+        type=Path,
+        help="keep the runs' records here (default: a temporary directory); their checkpoints "
+        "are removed once measured",
     )
     parser.add_argument("extra", nargs="*", help="more titan train options (after --)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="titan-bench-checkpoint-") as runs:
         root = args.runs_root or Path(runs)
         chosen = [v for v in VARIANTS if v in args.variants.split(",")]
-        variants = {v: measure(_train(args, root, v)) for v in chosen}
+        variants = {v: _measured(_train(args, root, v)) for v in chosen}
     sync, asynchronous = variants.get("sync", {}), variants.get("async", {})
     result = {
         "command": shlex.join(["python", "bench/checkpoint.py", *sys.argv[1:]]),

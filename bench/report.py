@@ -588,24 +588,39 @@ def checkpoint_table(path: Path, base: Path) -> list[str]:
     for name, v in data["variants"].items():
         rows.append(
             [name, v["device"], str(v["saves"]), str(v["failed_saves"])]
-            + [_num(v[k], ".3f") for k in ("blocking_s", "commit_s", "final_save_s")]
+            + [_num(v["blocking_s"], ".3f"), _each(v.get("commits_s"), ".1f")]
+            + [_each(v.get("loop_cost_s"), ".2f"), _num(v["final_save_s"], ".2f")]
             + [_num(v[k], ".3f") for k in ("step_time_s", "saving_step_time_s")]
-            + [_pct(v["ettr"])]
+            + [_num(_giga(v.get("checkpoint_bytes")), ".2f"), _pct(v["ettr"])]
         )
-    ratios = data["ratios_async_over_sync"]
-    if ratios["blocking_s"] is not None:
-        rows.append(
-            ["async / sync", "", "", "", _num(ratios["blocking_s"], ".2f"), "", ""]
-            + ["", _num(ratios["saving_step_time_s"], ".2f"), _num(ratios["ettr"], ".2f")]
-        )
-    header = ["variant", "device", "saves", "failed", "blocking (s)", "commit (s)", "final (s)"]
-    header += ["step time (s)", "step time while saving (s)", "ETTR"]
-    slowdown = data.get("slowdown_while_saving", {})
+    header = ["variant", "device", "saves", "failed", "blocking (s)", "commit, each save (s)"]
+    header += ["loop cost, each save (s)", "final wait (s)", "step time (s)"]
+    header += ["step time while saving (s)", "GB on disk", "ETTR"]
     notes = [
-        f"Steps while a save is in flight, {name}: {_num(value, '.4f')} x the other steps' time."
-        for name, value in slowdown.items()
+        f"Steps while a save is in flight, {name}: {_num(value, '.4f')} x the other steps' time "
+        "(medians)."
+        for name, value in data.get("slowdown_while_saving", {}).items()
+    ]
+    ratios = data["ratios_async_over_sync"]
+    if ratios["ettr"] is not None:
+        notes.append(f"ETTR async / sync: {_num(ratios['ettr'], '.3f')}.")
+    notes += [
+        f"Badput, {name} (s): "
+        + ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in v["badput_s"].items() if seconds)
+        + "."
+        for name, v in data["variants"].items()
+        if v.get("badput_s")
     ]
     return lines + _table(header, rows) + [""] + [" ".join(notes), ""] * bool(notes)
+
+
+def _each(values: list[float] | None, fmt: str) -> str:
+    """``values`` as ``a, b, c`` (``-`` when not recorded)."""
+    return "-" if values is None else ", ".join(format(v, fmt) for v in values)
+
+
+def _giga(value: float | None) -> float | None:
+    return None if value is None else value / 1e9
 
 
 def startup_table(path: Path, base: Path) -> list[str]:

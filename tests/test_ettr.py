@@ -148,3 +148,25 @@ def test_a_failed_save_is_badput_but_no_checkpoint_to_survive_on():
     assert g.badput_s["checkpoint_save"] == pytest.approx(0.2 + 0.5)
     assert g.productive_s == pytest.approx(1.0)
     assert g.badput_s["lost_progress"] == pytest.approx((1.2 - 0.2) + (1.5 - 0.5))
+
+
+def test_a_compilation_made_before_run_start_is_outside_the_attempt():
+    """``--remat auto`` compiles before ``run_start`` and records it after: its 26 s reach back
+    before the attempt, which counts neither them nor their start as its first work. The finite
+    check's compilation (from 0.1) is the first work, and what follows it up to step 1 (started
+    at 4.0) is other; no badput is negative."""
+    events = [
+        _event("run_start", 0.0, start_step=0),
+        _event("compile", 0.5, what="train_step", seconds=26.0),
+        _event("compile", 0.6, what="finite_check", seconds=0.5),
+        _event("step", 5.0, step=1, step_time_s=1.0),
+        _event("step", 6.0, step=2, step_time_s=1.0),
+        _event("run_end", 6.0, status="completed", step=2),
+    ]
+    g = analyze(events)
+    assert g.badput_s["compilation"] == pytest.approx(0.5)
+    assert g.attempts[0].startup_compile_s == pytest.approx(26.0)
+    assert g.badput_s["initialization"] == pytest.approx(0.1)
+    assert g.badput_s["other"] == pytest.approx(6.0 - 2.0 - 0.5 - 0.1)
+    assert min(g.badput_s.values()) >= 0
+    assert g.ettr == pytest.approx(2.0 / 6.0)

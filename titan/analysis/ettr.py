@@ -19,7 +19,9 @@ checkpoint save and restore, progress wasted by a disruption)):
         initialization     = first compile start (or first step start) - run_start, fresh attempt
         checkpoint_restore = the same span in a resumed attempt (an upper bound: it also holds
                              whatever else the process did there)
-        compilation        = sum of ``compile`` events' ``seconds``
+        compilation        = sum of ``compile`` events' ``seconds``, of the compilations
+                             that began after ``run_start`` (the trainer records one made before
+                             it, e.g. for ``--remat auto``, once the run has started)
         data_wait          = sum of step events' ``data_wait_s`` (0 when the trainer does not
                              record it: ``data_wait_recorded`` is then False)
         checkpoint_save    = sum of ``checkpoint`` and ``checkpoint_failed`` events' ``seconds``
@@ -37,8 +39,10 @@ Assumptions, stated because the records cannot show otherwise:
   it) are not available time. Kokolis et al. count the time a job is eligible to run; without the
   scheduler's record we cannot tell waiting-to-be-scheduled from not submitted, so ETTR and
   runtime goodput coincide here and ``restart_gap_s`` is reported on its own.
-- Time a process spends before it writes ``run_start`` (imports, tokenization and, in the current
-  trainer, the checkpoint restore itself) is invisible to the records and counted nowhere.
+- Time a process spends before it writes ``run_start`` (imports, tokenization, a compilation
+  made to choose ``--remat auto`` and, in the current trainer, the checkpoint restore itself) is
+  invisible to the records and counted nowhere. A ``compile`` event whose ``seconds`` reach back
+  before ``run_start`` is such a compilation: it ended before ``run_start`` was written.
 - ``step_time_s`` is the wall time between consecutive step completions, so a checkpoint saved
   between steps k and k+1 is inside step k+1's time: its ``seconds`` are taken out of that step.
   ``data_wait_s`` is taken to be inside ``step_time_s`` too.
@@ -103,6 +107,8 @@ class Attempt:
     init_s: float = 0.0
     restore_s: float = 0.0
     compile_s: float = 0.0
+    # compilations made before run_start, outside the available time (module docstring)
+    startup_compile_s: float = 0.0
     checkpoint_save_s: float = 0.0
     eval_s: float = 0.0
     data_wait_s: float = 0.0
@@ -252,9 +258,13 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
     for event in events[1:]:
         if isinstance(event, Compile):
             seconds = event.seconds or 0.0
+            began = event.written_time - seconds
+            if began < attempt.start:  # made before run_start (module docstring)
+                attempt.startup_compile_s += seconds
+                continue
             attempt.compile_s += seconds
             if first_work is None:
-                first_work = event.written_time - seconds
+                first_work = began
         elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = event.seconds or 0.0
             attempt.checkpoint_save_s += seconds

@@ -194,9 +194,8 @@ def _attempt_rows(events: list[Event]) -> list[tuple[Any, ...]]:
     rows = []
     for a in ettr.analyze(events, now=time.time()).attempts:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a.start))
-        rows.append(
-            (a.index + 1, started, a.start_step, a.last_step, a.status, f"{a.compile_s:.1f}")
-        )
+        compile_s = a.compile_s + a.startup_compile_s
+        rows.append((a.index + 1, started, a.start_step, a.last_step, a.status, f"{compile_s:.1f}"))
     return rows
 
 
