@@ -611,6 +611,7 @@ def checkpoint_table(path: Path, base: Path) -> list[str]:
         for name, v in data["variants"].items()
         if v.get("badput_s")
     ]
+    notes += [data["notes"]] if data.get("notes") else []
     return lines + _table(header, rows) + [""] + [" ".join(notes), ""] * bool(notes)
 
 

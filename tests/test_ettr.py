@@ -152,9 +152,8 @@ def test_a_failed_save_is_badput_but_no_checkpoint_to_survive_on():
 
 def test_a_compilation_made_before_run_start_is_outside_the_attempt():
     """``--remat auto`` compiles before ``run_start`` and records it after: its 26 s reach back
-    before the attempt, which counts neither them nor their start as its first work. The finite
-    check's compilation (from 0.1) is the first work, and what follows it up to step 1 (started
-    at 4.0) is other; no badput is negative."""
+    before the attempt, which leaves them out. The 4 s up to step 1's start, less the finite
+    check's compilation, are initialization; no badput is negative."""
     events = [
         _event("run_start", 0.0, start_step=0),
         _event("compile", 0.5, what="train_step", seconds=26.0),
@@ -166,7 +165,32 @@ def test_a_compilation_made_before_run_start_is_outside_the_attempt():
     g = analyze(events)
     assert g.badput_s["compilation"] == pytest.approx(0.5)
     assert g.attempts[0].startup_compile_s == pytest.approx(26.0)
-    assert g.badput_s["initialization"] == pytest.approx(0.1)
-    assert g.badput_s["other"] == pytest.approx(6.0 - 2.0 - 0.5 - 0.1)
+    assert g.badput_s["initialization"] == pytest.approx(3.5)
+    assert g.badput_s["other"] == pytest.approx(0.0)
     assert min(g.badput_s.values()) >= 0
     assert g.ettr == pytest.approx(2.0 / 6.0)
+
+
+def test_an_attempt_counts_from_its_setup_start_where_the_record_has_it():
+    """The same run as above, recorded with ``setup_start``: set-up began 28 s before
+    run_start, and the 26 s compilation reaching back before run_start is inside the attempt:
+    compilation badput, and the 32 s to step 1's start less both compilations are
+    initialization."""
+    events = [
+        _event("run_start", 0.0, start_step=0, setup_start=-28.0),
+        _event("compile", 0.5, what="train_step", seconds=26.0),
+        _event("compile", 0.6, what="finite_check", seconds=0.5),
+        _event("step", 5.0, step=1, step_time_s=1.0),
+        _event("step", 6.0, step=2, step_time_s=1.0),
+        _event("run_end", 6.0, status="completed", step=2),
+    ]
+    g = analyze(events)
+    assert g.available_s == pytest.approx(34.0)
+    assert g.badput_s["compilation"] == pytest.approx(26.5)
+    assert g.badput_s["initialization"] == pytest.approx(5.5)
+    assert g.badput_s["other"] == pytest.approx(0.0)
+    assert g.attempts[0].startup_compile_s == 0.0
+    assert g.ettr == pytest.approx(2.0 / 34.0)
+    # a setup_start after run_start (no trainer writes one) is not believed
+    events[0]["setup_start"] = 3.0
+    assert analyze(events).available_s == pytest.approx(6.0)

@@ -17,10 +17,12 @@ import warnings
 import pytest
 from helpers import cli_args, events, run_in_process, start_subprocess, wait_for_event
 
+from titan.analysis.ettr import analyze
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STOPPED
+from titan.telemetry.records import load_events
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.train import resume_options
 
@@ -46,6 +48,14 @@ def test_training_reduces_loss_and_records_the_run(small_options):
     assert start["ops"] == {**native, "rope": "fused", "cross_entropy": "fused"}
     assert start["env"]["packages"]["jax"]
     assert start["model"]["vocab_size"] == 512
+    # set-up (corpus, tokenizer, build) came before run_start, and ETTR counts from it
+    compiled = events(run_dir, "compile")[0]
+    assert start["setup_start"] < compiled["time"] - compiled["seconds"]
+    assert start["setup_start"] < start["time"]
+    goodput = analyze(load_events(run_dir))
+    assert goodput.attempts[0].start == start["setup_start"]
+    assert goodput.badput_s["compilation"] >= compiled["seconds"]
+    assert min(goodput.badput_s.values()) > -0.05  # clocks apart: step times use perf_counter
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["train"]["optimizer"]["steps"] == 40  # sectioned, as config_to_data writes
     assert (run_dir / "tokenizer.model").stat().st_size > 0

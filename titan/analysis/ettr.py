@@ -12,16 +12,23 @@ follow Google's "ML Productivity Goodput" (Google Cloud blog, 2024, and the
 ``ml-goodput-measurement`` library: initialization, program startup/compilation, data loading,
 checkpoint save and restore, progress wasted by a disruption)):
 
-    available_s  = sum over attempts a of (last event time(a) - run_start time(a))
+    start(a)     = run_start's ``setup_start`` (when the trainer began setting the attempt up:
+                   corpus, tokenizer, build, compilation, restore), or, in a record without it,
+                   the time of ``run_start``
+    available_s  = sum over attempts a of (last event time(a) - start(a))
     productive_s = sum over surviving steps s of (step_time_s - data_wait_s - save_s_inside)
     ETTR         = productive_s / available_s
     goodput      = productive_s / available_s, with badput (fractions of available_s):
-        initialization     = first compile start (or first step start) - run_start, fresh attempt
+        initialization     = first step start (or the attempt's end) - start - the seconds
+                             of the compilations before it, fresh attempt (events written
+                             together after several compilations tell only their lengths)
         checkpoint_restore = the same span in a resumed attempt (an upper bound: it also holds
                              whatever else the process did there)
         compilation        = sum of ``compile`` events' ``seconds``, of the compilations
-                             that began after ``run_start`` (the trainer records one made before
-                             it, e.g. for ``--remat auto``, once the run has started)
+                             that began after the attempt's start (one recorded after
+                             ``run_start`` may have been made before it, e.g. for
+                             ``--remat auto``; in a record without ``setup_start`` it began
+                             before the attempt's start and is left out)
         data_wait          = sum of step events' ``data_wait_s`` (0 when the trainer does not
                              record it: ``data_wait_recorded`` is then False)
         checkpoint_save    = sum of ``checkpoint`` and ``checkpoint_failed`` events' ``seconds``
@@ -39,10 +46,12 @@ Assumptions, stated because the records cannot show otherwise:
   it) are not available time. Kokolis et al. count the time a job is eligible to run; without the
   scheduler's record we cannot tell waiting-to-be-scheduled from not submitted, so ETTR and
   runtime goodput coincide here and ``restart_gap_s`` is reported on its own.
-- Time a process spends before it writes ``run_start`` (imports, tokenization, a compilation
-  made to choose ``--remat auto`` and, in the current trainer, the checkpoint restore itself) is
-  invisible to the records and counted nowhere. A ``compile`` event whose ``seconds`` reach back
-  before ``run_start`` is such a compilation: it ended before ``run_start`` was written.
+- Time a process spends before :func:`titan.trainer.train.train` is entered (imports, the
+  launcher) is invisible to the records and counted nowhere; in a record without
+  ``setup_start``, so is everything before ``run_start`` (tokenization, a compilation made to
+  choose ``--remat auto``, the checkpoint restore): a ``compile`` event whose ``seconds`` reach
+  back before ``run_start`` is then such a compilation, ended before ``run_start`` was
+  written.
 - ``step_time_s`` is the wall time between consecutive step completions, so a checkpoint saved
   between steps k and k+1 is inside step k+1's time: its ``seconds`` are taken out of that step.
   ``data_wait_s`` is taken to be inside ``step_time_s`` too.
@@ -107,7 +116,8 @@ class Attempt:
     init_s: float = 0.0
     restore_s: float = 0.0
     compile_s: float = 0.0
-    # compilations made before run_start, outside the available time (module docstring)
+    # compilations made before the attempt's start (a record without ``setup_start``), outside
+    # the available time (module docstring)
     startup_compile_s: float = 0.0
     checkpoint_save_s: float = 0.0
     eval_s: float = 0.0
@@ -240,31 +250,40 @@ def attempt_start(attempt: list[Event]) -> RunStart:
     return start
 
 
+def _attempt_start(start: RunStart) -> float:
+    """When an attempt began (module docstring): its ``setup_start``, unless missing or not
+    before its ``run_start`` (a hostile record), else the time of its ``run_start``."""
+    written = start.written_time
+    setup = start.setup_start
+    return setup if setup is not None and setup <= written else written
+
+
 def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
     """One attempt's accounting, before survival is known; and whether ``data_wait_s`` was seen."""
     start_event = attempt_start(events)
     resumed_from = start_event.resumed_from_step
     attempt = Attempt(
         index=index,
-        start=start_event.written_time,
+        start=_attempt_start(start_event),
         end=max(e.written_time for e in events),
         status=CRASHED,
         start_step=start_event.start_step or resumed_from or 0,
         resumed=resumed_from is not None,
     )
-    first_work: float | None = None
+    first_step_start: float | None = None
+    compile_before_steps = 0.0
     save_since_step = 0.0
     saw_data_wait = False
     for event in events[1:]:
         if isinstance(event, Compile):
             seconds = event.seconds or 0.0
             began = event.written_time - seconds
-            if began < attempt.start:  # made before run_start (module docstring)
+            if began < attempt.start:  # before the attempt's start (module docstring)
                 attempt.startup_compile_s += seconds
                 continue
             attempt.compile_s += seconds
-            if first_work is None:
-                first_work = began
+            if first_step_start is None:
+                compile_before_steps += seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = event.seconds or 0.0
             attempt.checkpoint_save_s += seconds
@@ -285,14 +304,15 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
                 wait = 0.0
             else:
                 saw_data_wait = True
-            if first_work is None:
-                first_work = event.written_time - step_time
+            if first_step_start is None:
+                first_step_start = event.written_time - step_time
             compute = step_time - wait - save_since_step
             attempt.steps.append((event.step, compute if compute > 0 else 0.0))
             attempt.data_wait_s += wait
             attempt.last_step = event.step
             save_since_step = 0.0
-    pre_s = max((attempt.end if first_work is None else first_work) - attempt.start, 0.0)
+    until = attempt.end if first_step_start is None else first_step_start
+    pre_s = max(until - attempt.start - compile_before_steps, 0.0)
     if attempt.resumed:
         attempt.restore_s = pre_s
     else:

@@ -255,6 +255,13 @@ class RunStart(Event):
         "``usable_bytes`` (the device's ``bytes_limit``; None when unknown), ``source`` of the "
         "usable figure, ``checked`` (whether the estimate was compared)"
     )
+    setup_start: float | None = _field(
+        "when :func:`titan.trainer.train.train` began setting the attempt up (reading the "
+        "corpus, the tokenizer, building, compiling, restoring), before this line was written; "
+        "ETTR counts the attempt from here (:mod:`titan.analysis.ettr`)",
+        "unix seconds",
+        omit_if_none=True,
+    )
     processes: int | None = _field(
         "how many processes run the attempt (``jax.process_count()``; process 0 writes the "
         "record, each keeps ``processes/<id>.json``)"

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
         TitanError: bad input found before the run starts (before ``run_start``), or another
             live process holds the run dir (:mod:`titan.trainer.claim`).
     """
+    setup_start = time.time()
     stop = _installed(stop or StopFlag(), cfg.debugging.debug_signal_in)
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     resuming = resume_dir is not None
@@ -214,7 +216,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                 run.begin(config_to_data(cfg), cfg.observability)
                 run.make_loop(cfg.optimizer.steps, cfg.checkpoint, cfg.debugging)
                 run.add_loop_hooks(cfg.observability, cfg.optimizer, compiles)
-                run.record_start(cfg.record(), cfg.optimizer.steps, resuming)
+                run.record_start(cfg.record(), cfg.optimizer.steps, resuming, setup_start)
             except BaseException:
                 run.close()
                 raise  # before run_start nothing is recorded; the claim removes a fresh dir
@@ -478,9 +480,12 @@ class _Run:
         guard = NonFiniteGuard(optimizer.nonfinite, optimizer.nonfinite_patience)
         hooks.add(HealthHook(spikes, guard, record))
 
-    def record_start(self, config: dict[str, Any], steps: int, resuming: bool) -> None:
+    def record_start(
+        self, config: dict[str, Any], steps: int, resuming: bool, setup_start: float
+    ) -> None:
         """Record ``run_start``: the options (``config``, flat), the model, layout, operators,
-        environment, data, the steps to go (to ``steps``) and the memory check."""
+        environment, data, the steps to go (to ``steps``), the memory check, and when the
+        attempt's set-up began (``setup_start``, unix seconds)."""
         trainer, start_step = self.trainer, self.start_step
         self.record.emit(
             RunStart(
@@ -501,6 +506,7 @@ class _Run:
                 resumed_from_step=start_step if resuming and start_step else None,
                 power=self.power_info,
                 memory_check=self.memory.record(),
+                setup_start=setup_start,
             )
         )
 
