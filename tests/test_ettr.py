@@ -150,19 +150,24 @@ def test_a_failed_save_is_badput_but_no_checkpoint_to_survive_on():
     assert g.badput_s["lost_progress"] == pytest.approx((1.2 - 0.2) + (1.5 - 0.5))
 
 
-def test_a_compilation_made_before_run_start_is_outside_the_attempt():
-    """``--remat auto`` compiles before ``run_start`` and records it after: its 26 s reach back
-    before the attempt, which leaves them out. The 4 s up to step 1's start, less the finite
-    check's compilation, are initialization; no badput is negative."""
-    events = [
-        _event("run_start", 0.0, start_step=0),
+def remat_auto_run(**start_fields) -> list[dict]:
+    """A two-step run whose ``--remat auto`` compilation (26 s) was made before ``run_start``
+    and recorded, with the finite check's (0.5 s), just after it; step 1 starts at 4.0."""
+    return [
+        _event("run_start", 0.0, start_step=0, **start_fields),
         _event("compile", 0.5, what="train_step", seconds=26.0),
         _event("compile", 0.6, what="finite_check", seconds=0.5),
         _event("step", 5.0, step=1, step_time_s=1.0),
         _event("step", 6.0, step=2, step_time_s=1.0),
         _event("run_end", 6.0, status="completed", step=2),
     ]
-    g = analyze(events)
+
+
+def test_a_compilation_made_before_run_start_is_outside_the_attempt():
+    """Recorded without ``setup_start``: the 26 s reach back before the attempt, which leaves
+    them out. The 4 s up to step 1's start, less the finite check's compilation, are
+    initialization; no badput is negative."""
+    g = analyze(remat_auto_run())
     assert g.badput_s["compilation"] == pytest.approx(0.5)
     assert g.attempts[0].startup_compile_s == pytest.approx(26.0)
     assert g.badput_s["initialization"] == pytest.approx(3.5)
@@ -172,18 +177,10 @@ def test_a_compilation_made_before_run_start_is_outside_the_attempt():
 
 
 def test_an_attempt_counts_from_its_setup_start_where_the_record_has_it():
-    """The same run as above, recorded with ``setup_start``: set-up began 28 s before
-    run_start, and the 26 s compilation reaching back before run_start is inside the attempt:
-    compilation badput, and the 32 s to step 1's start less both compilations are
-    initialization."""
-    events = [
-        _event("run_start", 0.0, start_step=0, setup_start=-28.0),
-        _event("compile", 0.5, what="train_step", seconds=26.0),
-        _event("compile", 0.6, what="finite_check", seconds=0.5),
-        _event("step", 5.0, step=1, step_time_s=1.0),
-        _event("step", 6.0, step=2, step_time_s=1.0),
-        _event("run_end", 6.0, status="completed", step=2),
-    ]
+    """Recorded with ``setup_start``, 28 s before run_start: the 26 s compilation reaching back
+    before run_start is inside the attempt, compilation badput, and the 32 s to step 1's start
+    less both compilations are initialization."""
+    events = remat_auto_run(setup_start=-28.0)
     g = analyze(events)
     assert g.available_s == pytest.approx(34.0)
     assert g.badput_s["compilation"] == pytest.approx(26.5)
