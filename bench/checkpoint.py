@@ -76,7 +76,8 @@ def _saving_steps(events: list[dict[str, Any]]) -> set[int]:
 
 
 def _loop_costs(events: list[dict[str, Any]], normal: float | None) -> list[float]:
-    """Per save, the time its steps in flight (:func:`_in_flight`) took beyond ``normal``."""
+    """Per save, the time its steps in flight (:func:`_in_flight`) took beyond ``normal``
+    (saves never overlap: a save first waits for the one before)."""
     steps = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
     saves = [e for e in events if e["type"] == "checkpoint"]
     return [
@@ -98,7 +99,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
     start = next(e for e in events if e["type"] == "run_start")
     device = start["env"].get("device_kinds", [])
     peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
-    commits = [e.get("commit_s") or e["seconds"] for e in saves]
+    commits = [e["seconds"] if e.get("commit_s") is None else e["commit_s"] for e in saves]
     normal = _median([e["step_time_s"] for e in steps if e["step"] not in saving])
     goodput = analyze(load_events(run_dir))
     newest = run_dir / CHECKPOINT_DIR / str(saves[-1]["step"]) if saves else None
@@ -125,7 +126,7 @@ def _measured(run_dir: Path) -> dict[str, Any]:
     """:func:`measure` of a run, whose checkpoints are then removed (the next run may need the
     disk: a llama3-1b checkpoint is about 15 GB)."""
     figures = measure(run_dir)
-    shutil.rmtree(run_dir / CHECKPOINT_DIR)
+    shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
     return figures
 
 

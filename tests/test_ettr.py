@@ -180,7 +180,7 @@ def test_an_attempt_counts_from_its_setup_start_where_the_record_has_it():
     """Recorded with ``setup_start``, 28 s before run_start: the 26 s compilation reaching back
     before run_start is inside the attempt, compilation badput, and the 32 s to step 1's start
     less both compilations are initialization."""
-    events = remat_auto_run(setup_start=-28.0)
+    events = remat_auto_run(setup_start=-28.0, process={"started": -29.0})
     g = analyze(events)
     assert g.available_s == pytest.approx(34.0)
     assert g.badput_s["compilation"] == pytest.approx(26.5)
@@ -188,6 +188,44 @@ def test_an_attempt_counts_from_its_setup_start_where_the_record_has_it():
     assert g.badput_s["other"] == pytest.approx(0.0)
     assert g.attempts[0].startup_compile_s == 0.0
     assert g.ettr == pytest.approx(2.0 / 34.0)
-    # a setup_start after run_start (no trainer writes one) is not believed
-    events[0]["setup_start"] = 3.0
-    assert analyze(events).available_s == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize(
+    "setup_start, started",
+    [
+        (3.0, -29.0),  # after run_start
+        (-28.0, -20.0),  # before its own process started
+        (-28.0, None),  # no process start to hold it against
+        (float("-inf"), -29.0),
+        (float("nan"), -29.0),
+        ("soon", -29.0),
+        (-28.0, float("nan")),
+    ],
+)
+def test_a_setup_start_that_cannot_be_believed_leaves_the_attempt_at_run_start(
+    setup_start, started
+):
+    g = analyze(remat_auto_run(setup_start=setup_start, process={"started": started}))
+    assert g.available_s == pytest.approx(6.0)
+    assert g.badput_s["compilation"] == pytest.approx(0.5)
+
+
+def test_a_resumed_attempt_never_starts_before_the_previous_one_ended():
+    events = [
+        *remat_auto_run(setup_start=-28.0, process={"started": -29.0})[:-1],  # crashed at 6.0
+        _event("run_start", 20.0, start_step=0, setup_start=5.0, process={"started": 4.0}),
+        _event("step", 21.0, step=1, step_time_s=1.0),
+    ]
+    g = analyze(events)
+    assert [a.start for a in g.attempts] == [-28.0, 20.0]
+    assert g.restart_gap_s == pytest.approx(14.0)
+
+
+def test_durations_that_are_not_finite_positive_numbers_count_as_zero():
+    events = remat_auto_run()
+    events[2]["seconds"] = -5.0
+    events[3]["step_time_s"] = float("nan")
+    g = analyze(events)
+    assert g.badput_s["compilation"] == 0.0
+    assert g.badput_s["initialization"] == pytest.approx(5.0)
+    assert all(v == v and v >= 0 for v in g.badput_s.values())

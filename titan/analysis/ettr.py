@@ -52,6 +52,11 @@ Assumptions, stated because the records cannot show otherwise:
   choose ``--remat auto``, the checkpoint restore): a ``compile`` event whose ``seconds`` reach
   back before ``run_start`` is then such a compilation, ended before ``run_start`` was
   written.
+- A duration that is not a finite positive number counts as 0. A ``setup_start`` after its
+  ``run_start``, before the start of the process that wrote it (``process.started``) or before
+  the previous attempt's end is not believed: that attempt counts from its ``run_start``.
+- A ``--remat auto`` candidate compiled and then set aside (over the usable memory) leaves no
+  ``compile`` event: its compilation is counted as initialization.
 - ``step_time_s`` is the wall time between consecutive step completions, so a checkpoint saved
   between steps k and k+1 is inside step k+1's time: its ``seconds`` are taken out of that step.
   ``data_wait_s`` is taken to be inside ``step_time_s`` too.
@@ -68,9 +73,10 @@ This module imports neither JAX nor DuckDB.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from titan.telemetry.events import (
     Checkpoint,
@@ -100,6 +106,10 @@ RUNNING = "running"
 # the trainer writes an event every step, and the watchdog's default floor (titan.config
 # ``--watchdog-floor``, 300 s) is the longest a healthy step may go without one.
 RUNNING_WINDOW_S = 300.0
+# /proc's start time of a process (``run_start``'s ``process.started``) is counted in clock
+# ticks from a boot time that is itself rounded to the second: a set-up start up to this much
+# before it is still believed (:func:`_attempt_start`)
+PROCESS_START_SLACK_S = 1.0
 CRASHED = "crashed"
 
 
@@ -116,8 +126,8 @@ class Attempt:
     init_s: float = 0.0
     restore_s: float = 0.0
     compile_s: float = 0.0
-    # compilations made before the attempt's start (a record without ``setup_start``), outside
-    # the available time (module docstring)
+    # compilations made before the attempt's start (in a record without ``setup_start``),
+    # outside the available time (module docstring)
     startup_compile_s: float = 0.0
     checkpoint_save_s: float = 0.0
     eval_s: float = 0.0
@@ -171,7 +181,7 @@ class Goodput:
 
     @property
     def restart_gap_s(self) -> float:
-        """Time between an attempt's last event and the next ``run_start`` (not available)."""
+        """Time between an attempt's last event and the next attempt's start (not available)."""
         pairs = zip(self.attempts, self.attempts[1:], strict=False)
         return sum(max(b.start - a.end, 0.0) for a, b in pairs)
 
@@ -250,21 +260,37 @@ def attempt_start(attempt: list[Event]) -> RunStart:
     return start
 
 
-def _attempt_start(start: RunStart) -> float:
-    """When an attempt began (module docstring): its ``setup_start``, unless missing or not
-    before its ``run_start`` (a hostile record), else the time of its ``run_start``."""
+def _is_finite(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _seconds(value: float | None) -> float:
+    """A duration read from a record: the value when it is a finite positive number, else 0."""
+    return value if _is_finite(value) and value > 0 else 0.0
+
+
+def _attempt_start(start: RunStart, earliest: float) -> float:
+    """When an attempt began (module docstring): its ``setup_start`` where the record's value
+    can be believed, a finite number not after its ``run_start``, and not before the start of
+    the process that wrote it (``process.started``, less :data:`PROCESS_START_SLACK_S`) nor
+    ``earliest`` (the previous attempt's end); else the time of its ``run_start``."""
     written = start.written_time
     setup = start.setup_start
-    return setup if setup is not None and setup <= written else written
+    started = start.process.get("started") if isinstance(start.process, dict) else None
+    if not (_is_finite(setup) and _is_finite(started)):
+        return written
+    floor = max(earliest, started - PROCESS_START_SLACK_S)
+    return setup if floor <= setup <= written else written
 
 
-def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
-    """One attempt's accounting, before survival is known; and whether ``data_wait_s`` was seen."""
+def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt, bool]:
+    """One attempt's accounting, before survival is known; and whether ``data_wait_s`` was seen.
+    ``earliest``: the previous attempt's end (no attempt starts before it)."""
     start_event = attempt_start(events)
     resumed_from = start_event.resumed_from_step
     attempt = Attempt(
         index=index,
-        start=_attempt_start(start_event),
+        start=_attempt_start(start_event, earliest),
         end=max(e.written_time for e in events),
         status=CRASHED,
         start_step=start_event.start_step or resumed_from or 0,
@@ -276,7 +302,7 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
     saw_data_wait = False
     for event in events[1:]:
         if isinstance(event, Compile):
-            seconds = event.seconds or 0.0
+            seconds = _seconds(event.seconds)
             began = event.written_time - seconds
             if began < attempt.start:  # before the attempt's start (module docstring)
                 attempt.startup_compile_s += seconds
@@ -285,25 +311,22 @@ def _attempt(index: int, events: list[Event]) -> tuple[Attempt, bool]:
             if first_step_start is None:
                 compile_before_steps += seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
-            seconds = event.seconds or 0.0
+            seconds = _seconds(event.seconds)
             attempt.checkpoint_save_s += seconds
             save_since_step += seconds
             if isinstance(event, Checkpoint):
                 attempt.last_checkpoint = event.step
         elif isinstance(event, Eval):
-            attempt.eval_s += event.seconds or 0.0
+            attempt.eval_s += _seconds(event.seconds)
         elif isinstance(event, Stall):
             attempt.stalls += 1
         elif isinstance(event, RunEnd):
             attempt.status = event.status or CRASHED
             attempt.last_step = event.step or attempt.last_step
         elif isinstance(event, Step):
-            step_time = event.step_time_s or 0.0
-            wait = event.data_wait_s
-            if wait is None:
-                wait = 0.0
-            else:
-                saw_data_wait = True
+            step_time = _seconds(event.step_time_s)
+            wait = _seconds(event.data_wait_s)
+            saw_data_wait |= event.data_wait_s is not None
             if first_step_start is None:
                 first_step_start = event.written_time - step_time
             compute = step_time - wait - save_since_step
@@ -334,9 +357,10 @@ def analyze(events: Iterable[Event], now: float | None = None) -> Goodput:
     :func:`~titan.telemetry.events.parse_event` gives them; unknown types are ignored). A
     run with no ``run_start`` gives no attempts and ``ettr`` None. ``now`` (Unix seconds) lets
     a recent last attempt without ``run_end`` count as running (module doc)."""
-    attempts, saw_wait = [], False
+    attempts: list[Attempt] = []
+    saw_wait = False
     for index, group in enumerate(split_attempts(events)):
-        attempt, seen = _attempt(index, group)
+        attempt, seen = _attempt(index, group, attempts[-1].end if attempts else -math.inf)
         attempts.append(attempt)
         saw_wait |= seen
     if attempts and attempts[-1].status == CRASHED and now is not None:
