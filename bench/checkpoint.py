@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from titan.analysis.ettr import analyze
-from titan.telemetry.records import load_events, read_events
+from titan.telemetry.events import parse_events
+from titan.telemetry.records import read_events
 from titan.trainer.checkpoint import CHECKPOINT_DIR
 
 RESULTS = Path(__file__).parent / "results"
@@ -101,7 +102,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
     peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
     commits = [e["seconds"] if e.get("commit_s") is None else e["commit_s"] for e in saves]
     normal = _median([e["step_time_s"] for e in steps if e["step"] not in saving])
-    goodput = analyze(load_events(run_dir))
+    goodput = analyze(parse_events(events)[0])
     newest = run_dir / CHECKPOINT_DIR / str(saves[-1]["step"]) if saves else None
     return {
         "device": ", ".join(device),
@@ -141,9 +142,7 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--out", type=Path, help="JSON results file")
     parser.add_argument(
-        "--variants",
-        default="sync,async",
-        help="which runs, of: sync, async (comma-separated)",
+        "--variants", default="sync,async", help="which runs, of: sync, async (comma-separated)"
     )
     parser.add_argument(
         "--runs-root",

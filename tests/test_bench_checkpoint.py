@@ -30,17 +30,10 @@ def test_a_save_costs_the_loop_what_its_steps_in_flight_take_beyond_the_median()
     def step(n: int, at: float, seconds: float) -> dict:
         return {"type": "step", "step": n, "time": at, "step_time_s": seconds}
 
-    events = [
-        step(1, 1.0, 1.0),
-        step(2, 2.0, 1.0),
-        {"type": "checkpoint", "step": 2, "time": 2.1, "seconds": 0.1},  # blocking: in step 3
-        step(3, 3.2, 1.1),
-        {"type": "checkpoint", "step": 3, "time": 3.3, "seconds": 0.0},  # async, commits at 6.5
-        step(4, 5.3, 2.0),
-        step(5, 6.3, 1.0),
-        step(6, 7.8, 1.5),
-    ]
-    events[4]["time"] = 6.5
-    assert checkpoint._in_flight(events, events[2]) == {3}
-    assert checkpoint._in_flight(events, events[4]) == {4, 5}
+    blocking = {"type": "checkpoint", "step": 2, "time": 2.1, "seconds": 0.1}  # inside step 3
+    background = {"type": "checkpoint", "step": 3, "time": 6.5, "seconds": 0.0}  # commits at 6.5
+    events = [step(1, 1.0, 1.0), step(2, 2.0, 1.0), blocking, step(3, 3.2, 1.1)]
+    events += [step(4, 5.3, 2.0), step(5, 6.3, 1.0), background, step(6, 7.8, 1.5)]
+    assert checkpoint._in_flight(events, blocking) == {3}
+    assert checkpoint._in_flight(events, background) == {4, 5}
     assert checkpoint._loop_costs(events, 1.0) == pytest.approx([0.1, 1.0])
