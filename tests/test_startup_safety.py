@@ -14,14 +14,26 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import cli_args, events, file_tree, run_in_process, small_run, start_subprocess
+from helpers import (
+    cli_args,
+    events,
+    file_tree,
+    run_in_process,
+    small_run,
+    start_subprocess,
+    trainer_of,
+)
 
 import titan.trainer.train as train_module
 from titan.cli import main
+from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
+from titan.ops import Ops
 from titan.stopping import PHASES
 from titan.telemetry.events import RunEnd
 from titan.telemetry.records import EVENTS_FILE, RunRecord, disk_full
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
+from titan.trainer.train import failure_to_name
 
 
 def _stopped(proc: subprocess.Popen, phase: str) -> None:
@@ -178,6 +190,27 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_with_run_end(corpus_d
         end = events(disk / "full")[-1]
         assert (end["type"], end["status"]) == ("run_end", "failed")
         assert end["error"].startswith("disk full (ENOSPC)")
+
+
+def test_a_full_disk_met_while_a_save_is_in_flight_names_the_save(tmp_path):
+    # The race the test above can lose under load: the loop's record finds the disk full
+    # while the async save that filled it is still writing.
+    cfg = TrainConfig.of(preset="tiny", batch_size=8, seq_len=32)
+    trainer = trainer_of(cfg, model_config(cfg.model.shape, 512), Ops("cpu"))
+    state = trainer.init_state(seed=0)
+    meta = {"data_position": 0, "num_sequences": 8, "layout": trainer.describe().to_json()}
+    with _tmpfs(tmp_path / "disk", "256k") as disk:
+        checkpointer = Checkpointer(disk / "run", asynchronous=True)
+        assert checkpointer.save(state, meta) == []  # in flight
+        record_error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(disk / EVENTS_FILE))
+        named = disk_full(failure_to_name(record_error, checkpointer))
+        assert named is not None and named.startswith("disk full (ENOSPC): cannot write ")
+        assert str(disk / "run" / CHECKPOINT_DIR / "0") in named
+        assert not (disk / "run" / CHECKPOINT_DIR / "0").exists()  # its leftovers are gone
+        other = RuntimeError("not the disk")
+        assert failure_to_name(other, checkpointer) is other
+        assert failure_to_name(record_error, checkpointer) is record_error  # nothing in flight
+        checkpointer.close()
 
 
 def test_disk_full_is_found_through_wrapping_errors():

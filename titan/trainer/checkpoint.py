@@ -442,6 +442,12 @@ class Checkpointer:
         self._conclude()
         return settled
 
+    def settle(self) -> list[SaveResult]:
+        """Wait for the save in flight, for a run that is failing: no barrier and no pruning
+        follow (the other processes may be gone). A failed save's leftovers go, as ever.
+        Returns the save settled (none when no save was in flight)."""
+        return self._settle()
+
     def _settle(self, waited_from: float | None = None) -> list[SaveResult]:
         if self._pending is None:
             return []

@@ -531,7 +531,7 @@ class _Run:
             _end_nonfinite(err, self.saver, record, self.liveness.heartbeat)
             return EXIT_NONFINITE
         except Exception as err:  # noqa: BLE001 - every failure must reach the run record
-            return _fail(err, record, self.liveness)
+            return _fail(failure_to_name(err, checkpointer), record, self.liveness)
         finally:
             self.close()
         # No process leaves before the writer has closed the record: a stop's non-zero code
@@ -678,6 +678,20 @@ def _restore_or_init(
         )
     batches.position = position
     return state, latest, unrestorable
+
+
+def failure_to_name(err: Exception, checkpointer: Checkpointer) -> Exception:
+    """The failure to name for ``err``. A full disk met while a save is in flight is most often
+    the save's doing: the save is settled first (which removes what it wrote, making room for
+    ``run_end``) and, when it too found the disk full, it is named instead of ``err``."""
+    if disk_full(err) is None:
+        return err
+    try:
+        settled = checkpointer.settle()
+    except Exception:  # noqa: BLE001 - the first error is still named
+        return err
+    full = [r.error for r in settled if r.disk_full and r.error]
+    return DiskFull(full[0]) if full else err
 
 
 def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook) -> int:
