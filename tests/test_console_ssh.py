@@ -27,10 +27,17 @@ import asyncssh
 import psutil
 import pytest
 from console_helpers import LAUNCH_TIMEOUT_S, tiny_form_texts
-from test_console_tmux import FIRST_FLAG, SESSION, TAB_OF, _screen, _send, _tmux, _wait_for
+from test_console_tmux import (
+    FIRST_FLAG,
+    SESSION,
+    _screen,
+    _send,
+    _tmux,
+    _wait_for,
+    type_launch_form,
+)
 
 from titan.analysis.liveness import read_launch
-from titan.config import option_fields
 from titan.exit_codes import EXIT_STOPPED
 from titan.telemetry.records import read_events
 
@@ -38,7 +45,6 @@ SSH = Path("/usr/bin/ssh")
 CONSOLE = Path(sys.executable).parent / "titan-console"
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 needs_ssh = pytest.mark.skipif(not SSH.exists(), reason="no OpenSSH client at /usr/bin/ssh")
-FLAGS = {option.name: option.flag for option in option_fields()}
 STEPS = 100_000  # the run trains until it is stopped
 # A console whose terminal went away exits within this many seconds (it blinks the cursor of
 # the launch form every 0.5 s: its first write to the lost terminal ends it), and one that is
@@ -283,19 +289,6 @@ def _ssh_command(server: ConsoleServer) -> list[str]:
     ]
 
 
-def _type_launch_form(texts: dict[str, str]) -> None:
-    """Type ``texts`` into the launch form's fields, tabbing from the first one. Each field is
-    typed into once the help line names it: keys read before the focus moved (the console lags
-    under load) would land in the field before."""
-    _wait_for(f"{FIRST_FLAG}: ", 60)
-    position = 0
-    for name in sorted(texts, key=TAB_OF.__getitem__):
-        _send(*["Tab"] * (TAB_OF[name] - position))
-        _wait_for(f"{FLAGS[name]}: ", 30)
-        _send(f"-l {texts[name]}")
-        position = TAB_OF[name]
-
-
 def _kill_runs(runs: Path) -> None:
     """SIGKILL the process group of each run in ``runs`` whose launched process still runs."""
     for run_dir in runs.glob("*"):
@@ -341,7 +334,7 @@ def test_over_ssh_a_run_is_launched_watched_stopped_and_the_console_quits(
         try:
             listed = _screen_when(_showing(*EMPTY_LIST), "the empty run list", 60)
             _send("n")
-            _type_launch_form(texts)
+            type_launch_form(texts)
             _send("C-r")
             running = _screen_when(_stepping, "a step of the run, running", LAUNCH_TIMEOUT_S)
             _send("s")

@@ -30,8 +30,8 @@ SESSION = f"titan-console-test-{os.getpid()}"
 # the config's order (section headings take no focus).
 TAB_OF = {option.name: tab for tab, option in enumerate(option_fields())}
 FIRST_FLAG = option_fields()[0].flag
-FIELD_TABS = {name: TAB_OF[name] for name in ("steps", "batch_size", "seq_len", "warmup_steps")}
-FIELD_TABS |= {name: TAB_OF[name] for name in ("data", "vocab_size", "dp")}
+FLAG_OF = {option.name: option.flag for option in option_fields()}
+FIELD_NAMES = ("steps", "batch_size", "seq_len", "warmup_steps", "data", "vocab_size", "dp")
 
 
 def _tmux(*args: str) -> str:
@@ -66,6 +66,20 @@ def _wait_for(text: str, timeout_s: float) -> str:
     return screen
 
 
+def type_launch_form(texts: dict[str, str]) -> None:
+    """Type ``texts`` into the launch form's fields, tabbing from the first one. Each field is
+    typed into once the help line names it: keys read before the focus moved (the console lags
+    under load, and the form focuses its first field only once shown) would land in the field
+    before."""
+    _wait_for(f"{FIRST_FLAG}: ", 60)
+    position = 0
+    for name in sorted(texts, key=TAB_OF.__getitem__):
+        _send(*["Tab"] * (TAB_OF[name] - position))
+        _wait_for(f"{FLAG_OF[name]}: ", 30)
+        _send(f"-l {texts[name]}")
+        position = TAB_OF[name]
+
+
 def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: Path):
     runs = tmp_path / "runs"
     texts = tiny_form_texts(corpus_dir) | {"steps": "6"}
@@ -76,13 +90,7 @@ def test_console_in_tmux_launches_watches_and_quits(tmp_path: Path, corpus_dir: 
     )
     _tmux("new-session", "-d", "-s", SESSION, "-x", "100", "-y", "30", "-c", os.getcwd(), command)
     try:
-        # The help line names the focused option: typing starts once the first field has the
-        # focus (keys sent before the form's auto-focus would land one field behind).
-        _wait_for(f"{FIRST_FLAG}: ", 30)
-        position = 0
-        for name, tab in sorted(FIELD_TABS.items(), key=lambda item: item[1]):
-            _send(*["Tab"] * (tab - position), f"-l {texts[name]}")
-            position = tab
+        type_launch_form({name: texts[name] for name in FIELD_NAMES})
         _send("C-r")
         # The process's exit, not only run_end's "completed": quitting before the trainer's
         # process is gone would leave it running (and say so).
