@@ -135,7 +135,7 @@ def run_titan(
     if code != 0 and not timed:
         return {"error": _error(output, code if code is not None else -9)}
     peaks = [e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")]
-    compiles = [e for e in events if e["type"] == "compile"]
+    compiles = [e for e in events if e["type"] == "compile" and not e.get("passed_over")]
     start = next(e for e in events if e["type"] == "run_start")
     result = {
         "remat": start["config"]["remat"],

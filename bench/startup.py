@@ -46,7 +46,7 @@ def _start(args: argparse.Namespace, runs: Path, index: int) -> dict[str, Any]:
     subprocess.run(command, check=True, env=env)
     events = read_events(runs / f"start-{index}")
     steps = [e for e in events if e["type"] == "step"]
-    compiles = [e for e in events if e["type"] == "compile"]
+    compiles = [e for e in events if e["type"] == "compile" and not e.get("passed_over")]
     later = [e["step_time_s"] for e in steps[1:] if e.get("step_time_s")]
     return {
         "time_to_first_step_s": steps[0]["time"] - launched,

@@ -20,6 +20,7 @@ from titan.errors import TitanError
 from titan.ops import Ops
 from titan.telemetry.device_memory import host_memory_bytes
 from titan.telemetry.events import Compile
+from titan.telemetry.records import RunRecord
 from titan.trainer.compilation import CompileWatch
 from titan.trainer.memory_check import (
     AUTO_KERNELS,
@@ -208,6 +209,13 @@ def test_compile_event_has_the_memory_analysis_and_steps_no_faked_peak(small_opt
     assert summary.peak_memory_bytes is None
     assert summary.memory_estimate_bytes == start["memory_check"]["estimate_bytes"]
     assert memory_text(summary).startswith("peak not reported by the backend, compiled 0.")
+    # a --remat auto candidate passed over (its program too large) is not the run's program
+    record = RunRecord(run_dir, run_dir.name)
+    record.emit(
+        Compile(what="train_step", passed_over=True, memory={**memory, "temp_bytes": 10**12})
+    )
+    record.close()
+    assert summarize_run_dir(run_dir).compiled_memory_bytes == program
 
 
 @pytest.mark.parametrize(
@@ -235,7 +243,11 @@ def test_train_holds_auto_against_its_compiled_program_and_builds_the_next_candi
     tight = dataclasses.replace(roomy, usable_bytes=program - 1)
     built = _Built.of(shape, ops, cfg.trainer, tight, compiler)
     assert built.remat.remat == "full" and built.remat.passed_over == (("dots-attention", program),)
-    assert built.compiled and built.remat.compiled_bytes == built.compiled[0].program_bytes
+    # the candidate passed over is recorded first (its compilation is the run's time too)
+    passed, kept = built.compiled or []
+    assert passed.passed_over and passed.program_bytes == program
+    assert passed.run_program_bytes is None
+    assert kept.passed_over is None and built.remat.compiled_bytes == kept.run_program_bytes
     assert "dots-attention compiled to" in built.remat.line()
     given = _Built.of(shape, ops, cfg.trainer, RematChoice("dots"), compiler)
     assert given.compiled is None  # nothing to hold: compiled when the run starts

@@ -259,7 +259,7 @@ class RunState:
 
     def _on_compile(self, event: Compile) -> None:
         self.compile_s += event.seconds or 0.0
-        program = event.program_bytes
+        program = event.run_program_bytes
         if program is not None:
             self.compiled_memory_bytes = max(self.compiled_memory_bytes or 0, program)
 

@@ -55,8 +55,9 @@ Assumptions, stated because the records cannot show otherwise:
 - A duration that is not a finite positive number counts as 0. A ``setup_start`` after its
   ``run_start``, before the start of the process that wrote it (``process.started``) or before
   the previous attempt's end is not believed: that attempt counts from its ``run_start``.
-- A ``--remat auto`` candidate compiled and then set aside (over the usable memory) leaves no
-  ``compile`` event: its compilation is counted as initialization.
+- A ``--remat auto`` candidate compiled and then passed over (over the usable memory) has its
+  own ``compile`` event (``passed_over``), counted as compilation; in records older than that
+  field it has none and its compilation is counted as initialization.
 - ``step_time_s`` is the wall time between consecutive step completions, so a checkpoint saved
   between steps k and k+1 is inside step k+1's time: its ``seconds`` are taken out of that step.
   ``data_wait_s`` is taken to be inside ``step_time_s`` too.

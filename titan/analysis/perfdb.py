@@ -299,6 +299,6 @@ def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
             f"--from {run_dir}: device {key['device_kind']!r} is not in the GPU catalog or the "
             "run_start record is incomplete"
         )
-    programs = [e.program_bytes for e in events if isinstance(e, Compile)]
+    programs = [e.run_program_bytes for e in events if isinstance(e, Compile)]
     peaks = [b for b in programs if b is not None]
     return found[0], max(peaks) if peaks else None

@@ -721,7 +721,7 @@ def _summary(
         tokens_per_j = None
     goodput = ettr.analyze(events, now=now)
     power = (start.power if isinstance(start, RunStart) else None) or {}
-    programs = [e.program_bytes for e in events if isinstance(e, Compile)]
+    programs = [e.run_program_bytes for e in events if isinstance(e, Compile)]
     compiled = max((b for b in programs if b is not None), default=None)
     memory_check = (start.memory_check if isinstance(start, RunStart) else None) or {}
     judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)

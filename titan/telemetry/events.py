@@ -301,6 +301,11 @@ class Compile(Event):
         "programs loaded from the persistent compilation cache instead of compiled",
         omit_if_none=True,
     )
+    passed_over: bool | None = _field(
+        "a ``--remat auto`` candidate whose program was over the usable memory: compiled "
+        "before ``run_start``, then left for the next candidate (its program is not the run's)",
+        omit_if_none=True,
+    )
     memory: dict[str, int] | None = _field(
         "XLA's memory analysis of the compiled program(s), per device (``compiled."
         "memory_analysis()``): ``argument_bytes``, ``output_bytes``, ``alias_bytes`` (outputs "
@@ -310,6 +315,11 @@ class Compile(Event):
         "bytes",
         omit_if_none=True,
     )
+
+    @property
+    def run_program_bytes(self) -> int | None:
+        """:attr:`program_bytes` of a program the run ran (None for a candidate passed over)."""
+        return None if self.passed_over else self.program_bytes
 
     @property
     def program_bytes(self) -> int | None:

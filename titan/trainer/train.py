@@ -269,10 +269,14 @@ class _Built:
         options: TrainerOptions,
         remat: RematChoice,
         compiler: _Compiler,
+        passed: tuple[Compile, ...] = (),
     ) -> _Built:
         """The trainer of ``shape`` with ``remat``. A choice with candidates is traced and
         compiled here; while its program is over the usable memory on any process it passes to
-        the next candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`).
+        the next candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`). The
+        compile events of the candidates passed over (``passed``, so far) come first in
+        :attr:`compiled`, marked :attr:`~titan.telemetry.events.Compile.passed_over`: their
+        time is the run's too.
 
         Raises:
             TitanError: as :func:`titan.trainer.adapters.build_run_trainer`.
@@ -284,9 +288,10 @@ class _Built:
         events = compiler(trainer)
         held = remat.compiled(_largest_program(events))
         if held.remat == remat.remat:
-            return cls(trainer, held, events)
-        del trainer, events  # before the next candidate's buffers
-        return cls.of(shape, ops, options, held, compiler)
+            return cls(trainer, held, [*passed, *events])
+        del trainer  # before the next candidate's buffers
+        passed += tuple(dataclasses.replace(e, passed_over=True) for e in events)
+        return cls.of(shape, ops, options, held, compiler, passed)
 
 
 def _largest_program(events: list[Compile]) -> int | None:
