@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -234,18 +235,43 @@ def test_one_process_async_saves_prune_off_the_loop_thread(tmp_path, monkeypatch
     state = trainer.init_state(seed=0)
     meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe().to_json()}
     checkpointer = Checkpointer(tmp_path, keep=1, asynchronous=True)
-    deleted_on: list[tuple[int, str]] = []
-    delete = checkpointer._manager.delete
-    monkeypatch.setattr(
-        checkpointer._manager,
-        "delete",
-        lambda step: (deleted_on.append((step, threading.current_thread().name)), delete(step)),
-    )
+    deleted_on = _slow_deletes(checkpointer, monkeypatch)
     for batch in (1, 2, 3):
         state, _ = trainer.step(state, _batch(batch))
         checkpointer.save(state, meta)
-    results = checkpointer.wait()
-    assert [(r.step, r.error) for r in results] == [(3, None)]
+    (result,) = checkpointer.wait()
+    assert (result.step, result.error) == (3, None)
     assert deleted_on == [(1, "titan-save-2"), (2, "titan-save-3")]
     assert checkpointer.committed_steps() == [3]
+    # the loop waited for the pruning of 2 too; the commit of 3 came before it
+    assert result.blocking_s > result.commit_s + 0.9 * PRUNE_S
     checkpointer.close()
+
+    synchronous = Checkpointer(tmp_path / "sync", keep=1)
+    deleted_on = _slow_deletes(synchronous, monkeypatch)
+    results = [
+        synchronous.save(state, meta),
+        synchronous.save(trainer.step(state, _batch(4))[0], meta),
+    ]
+    (first,), (second,) = results
+    assert deleted_on == [(3, threading.current_thread().name)]  # the loop's thread prunes
+    assert second.blocking_s >= second.commit_s + PRUNE_S > first.blocking_s - first.commit_s
+    synchronous.close()
+
+
+PRUNE_S = 0.5  # how long each deletion is made to take
+
+
+def _slow_deletes(checkpointer: Checkpointer, monkeypatch) -> list[tuple[int, str]]:
+    """Make ``checkpointer``'s deletions take :data:`PRUNE_S` longer; returns the list of the
+    steps deleted and the threads that deleted them, as they happen."""
+    deleted_on: list[tuple[int, str]] = []
+    delete = checkpointer._manager.delete
+
+    def slow_delete(step: int) -> None:
+        deleted_on.append((step, threading.current_thread().name))
+        time.sleep(PRUNE_S)
+        delete(step)
+
+    monkeypatch.setattr(checkpointer._manager, "delete", slow_delete)
+    return deleted_on

@@ -428,11 +428,14 @@ class Checkpoint(Event):
     step: int = _field("the step saved", "steps", required=True)
     seconds: float | None = _field(
         "time the training loop waited for the save (blocking: the previous save settling and "
-        "the copy to host memory; the whole save when synchronous, and for the run's last)",
+        "the copy to host memory; the whole save when synchronous, and for the run's last, "
+        "with the pruning of older checkpoints after it)",
         "seconds",
     )
     commit_s: float | None = _field(
-        "time from the start of the save until it committed", "seconds", omit_if_none=True
+        "time from the start of the save until it committed (the pruning after it left out)",
+        "seconds",
+        omit_if_none=True,
     )
     asynchronous: bool | None = _field(
         "written in the background (``--checkpoint-async``)", omit_if_none=True

@@ -155,8 +155,10 @@ class SaveResult:
         step: the step saved.
         blocking_s: seconds the training loop waited in :meth:`Checkpointer.save` (and, for
             the last save, in :meth:`Checkpointer.wait`): the previous save settling, then
-            the copy to host memory; the whole save when synchronous.
-        commit_s: seconds from the start of the save until it committed or failed.
+            the copy to host memory; the whole save and the pruning after it when
+            synchronous.
+        commit_s: seconds from the start of the save until it committed or failed (the
+            pruning after a commit is not part of it).
         error: None when committed, else why not (one line).
     """
 
@@ -262,24 +264,33 @@ def _consume_failed_save(manager: ocp.CheckpointManager) -> None:
 
 class _PendingSave:
     """An async save in flight: a thread runs ``finish`` (which waits for orbax to write, and
-    returns None once committed, else why not)."""
+    returns None once committed, else why not), then, once committed, ``after`` (pruning: not
+    part of the save's ``commit_s``, but waited for with it)."""
 
     def __init__(
-        self, finish: Callable[[], str | None], step: int, start: float, blocking_s: float
+        self,
+        finish: Callable[[], str | None],
+        step: int,
+        start: float,
+        blocking_s: float,
+        after: Callable[[], None] | None = None,
     ):
         self.step, self.start, self.blocking_s = step, start, blocking_s
         self.result: SaveResult | None = None
         self._thread = threading.Thread(
-            target=self._wait, args=(finish,), name=f"titan-save-{step}", daemon=True
+            target=self._wait, args=(finish, after), name=f"titan-save-{step}", daemon=True
         )
         self._thread.start()
 
-    def _wait(self, finish: Callable[[], str | None]) -> None:
+    def _wait(self, finish: Callable[[], str | None], after: Callable[[], None] | None) -> None:
         try:
             error = finish()
+            commit_s = time.perf_counter() - self.start
+            if error is None and after is not None:
+                after()
         except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
             error = _save_error(err)  # (pruning after the commit, say): else join had no result
-        commit_s = time.perf_counter() - self.start
+            commit_s = time.perf_counter() - self.start
         self.result = SaveResult(self.step, self.blocking_s, commit_s, error)
 
     def done(self) -> bool:
@@ -339,13 +350,12 @@ class Checkpointer:
             except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
                 self.finish_orbax_save(step)
                 return _save_error(err)
-            error = self.finish_orbax_save(step)
-            if error is None:
-                committed = [s for s in self.committed_steps() if s <= step]
-                self._prune(step, committed)  # the new checkpoint is committed: older ones may go
-            return error
+            return self.finish_orbax_save(step)
 
-        self._pending = _PendingSave(write, step, start, time.perf_counter() - start)
+        def prune() -> None:  # the new checkpoint is committed: older ones may go
+            self._prune(step, [s for s in self.committed_steps() if s <= step])
+
+        self._pending = _PendingSave(write, step, start, time.perf_counter() - start, prune)
         return []
 
     def committed_steps(self) -> list[int]:
@@ -411,11 +421,10 @@ class Checkpointer:
             self._pending = _PendingSave(finish, step, save_start, time.perf_counter() - start)
             return settled
         error = self.finish_orbax_save(step)
-        elapsed = time.perf_counter() - start
-        result = SaveResult(step, elapsed, time.perf_counter() - save_start, error)
-        self._settle_as(result)
-        self._conclude()
-        return [*settled, result]
+        commit_s = time.perf_counter() - save_start
+        self._settle_as(SaveResult(step, commit_s, commit_s, error))
+        self._conclude()  # the loop waits for the pruning too
+        return [*settled, SaveResult(step, time.perf_counter() - start, commit_s, error)]
 
     def finish_orbax_save(self, step: int) -> str | None:
         """Wait for orbax's save of ``step`` to finish (on the calling thread). Returns None when
