@@ -34,7 +34,8 @@ all: tokens/s x FLOPs per token / peak, FLOPs per token 6 N plus 6 L S d, attent
 the causal mask, N without the input embedding (:func:`titan.flops.
 model_flops_per_token`), peak the catalog's dense bf16 FLOP/s of the device, 989.5e12 on an
 H200), ``peak_memory_gib`` (the allocator's peak), ``time_to_first_step_s`` (from the process's
-start to the end of its first step: imports, data, compilation, the step) and ``compile_s``;
+start to the end of its first step: imports, data, compilation, the step) and ``compile_s``
+(the train step's compilation; for Titan, that of the ``--remat`` candidate it ran);
 where a system fails, ``error``: the last error line of its own output (a peer's runner writes
 its own ``error``).
 

@@ -8,10 +8,12 @@ run's record:
 
 - ``time_to_first_step_s``: the first ``step`` event's time less the moment the process was
   started (imports, tokenizer, tracing, compiling and the first step itself);
-- ``compile_s`` and ``cache_hits``: the first ``compile`` event's ``seconds`` and the programs
-  it loaded from the cache (:mod:`titan.trainer.compilation`);
-- ``recompiles``: the ``compile`` events of functions compiled again during the run (their
-  ``what`` and ``reason``);
+- ``compile_s`` and ``cache_hits``: the train step's ``compile`` event's ``seconds`` and the
+  programs it loaded from the cache (:mod:`titan.trainer.compilation`), of the ``--remat``
+  candidate the run ran; ``passed_over_compile_s``: the seconds of the candidates compiled
+  before it and passed over (over the usable memory);
+- ``recompiles``: the ``compile`` events of functions compiled again during the run, those
+  with a ``reason`` (their ``what`` and ``reason``);
 - ``step_time_s``: the median ``step_time_s`` of the steps after the first.
 
 Writes the results to ``--out`` (JSON) and prints them. ``--model tiny --seq-len 32
@@ -47,13 +49,17 @@ def _start(args: argparse.Namespace, runs: Path, index: int) -> dict[str, Any]:
     events = read_events(runs / f"start-{index}")
     steps = [e for e in events if e["type"] == "step"]
     compiles = [e for e in events if e["type"] == "compile" and not e.get("passed_over")]
+    passed_over = [e["seconds"] for e in events if e["type"] == "compile" and e.get("passed_over")]
     later = [e["step_time_s"] for e in steps[1:] if e.get("step_time_s")]
     return {
         "time_to_first_step_s": steps[0]["time"] - launched,
         "compile_s": compiles[0]["seconds"],
         "cache_dir": compiles[0].get("cache_dir"),
         "cache_hits": compiles[0].get("cache_hits"),
-        "recompiles": [{"what": e["what"], "reason": e["reason"]} for e in compiles[1:]],
+        "passed_over_compile_s": sum(passed_over),
+        "recompiles": [
+            {"what": e["what"], "reason": e["reason"]} for e in compiles if "reason" in e
+        ],
         "step_time_s": statistics.median(later) if later else None,
     }
 

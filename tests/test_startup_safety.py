@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import signal
@@ -25,14 +26,17 @@ from helpers import (
 )
 
 import titan.trainer.train as train_module
+from titan.analysis.liveness import BEAT_INTERVAL_S
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
 from titan.ops import Ops
 from titan.stopping import PHASES
 from titan.telemetry.events import RunEnd
-from titan.telemetry.records import EVENTS_FILE, RunRecord, disk_full
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
+from titan.telemetry.records import EVENTS_FILE, DiskFull, RunRecord, disk_full
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule
+from titan.trainer.processes import Heartbeat
+from titan.trainer.saver import Saver
 from titan.trainer.train import failure_to_name
 
 
@@ -200,17 +204,48 @@ def test_a_full_disk_met_while_a_save_is_in_flight_names_the_save(tmp_path):
     state = trainer.init_state(seed=0)
     meta = {"data_position": 0, "num_sequences": 8, "layout": trainer.describe().to_json()}
     with _tmpfs(tmp_path / "disk", "256k") as disk:
-        checkpointer = Checkpointer(disk / "run", asynchronous=True)
+        run_dir = disk / "run"
+        checkpointer = Checkpointer(run_dir, asynchronous=True)
+        record = RunRecord(run_dir, "run")
+        schedule = SaveSchedule(every_steps=1, every_s=0, processes=1)
+        saver = Saver(checkpointer, schedule, record, trainer, None, lambda *_: None)  # type: ignore[arg-type]
         assert checkpointer.save(state, meta) == []  # in flight
-        record_error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(disk / EVENTS_FILE))
-        named = disk_full(failure_to_name(record_error, checkpointer))
-        assert named is not None and named.startswith("disk full (ENOSPC): cannot write ")
-        assert str(disk / "run" / CHECKPOINT_DIR / "0") in named
-        assert not (disk / "run" / CHECKPOINT_DIR / "0").exists()  # its leftovers are gone
-        other = RuntimeError("not the disk")
-        assert failure_to_name(other, checkpointer) is other
-        assert failure_to_name(record_error, checkpointer) is record_error  # nothing in flight
+        record_error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run_dir / EVENTS_FILE))
+        named = failure_to_name(record_error, saver)
+        assert isinstance(named, DiskFull) and str(run_dir / CHECKPOINT_DIR / "0") in str(named)
+        assert str(named).startswith("disk full (ENOSPC): cannot write ")
+        assert not (run_dir / CHECKPOINT_DIR / "0").exists()  # its leftovers are gone
+        (failed,) = events(run_dir)  # recorded, in the room its leftovers left
+        assert (failed["type"], failed["step"], failed["error"]) == (
+            "checkpoint_failed",
+            0,
+            str(named),
+        )
+        # a save's own full disk, an error of another kind, nothing in flight: named as they are
+        for err in (DiskFull("disk full (ENOSPC): cannot write x"), RuntimeError("not the disk")):
+            assert failure_to_name(err, saver) is err
+        assert failure_to_name(record_error, saver) is record_error
+        record.close()
         checkpointer.close()
+
+
+def test_the_heartbeat_thread_outlives_a_full_disk(tmp_path):
+    with _tmpfs(tmp_path / "disk", "64k") as disk:
+        heartbeat = Heartbeat(disk)
+        heartbeat.start()
+        try:
+            filler = _fill(disk)
+            with pytest.raises(OSError):  # the loop's beats meet the full disk
+                heartbeat.beat(1, force=True)
+            time.sleep(2 * BEAT_INTERVAL_S)  # the thread's beats are skipped, quietly
+            filler.unlink()
+            before = json.loads(heartbeat.path.read_text())["beat"]
+            deadline = time.monotonic() + 10 * BEAT_INTERVAL_S
+            while json.loads(heartbeat.path.read_text())["beat"] == before:
+                assert time.monotonic() < deadline, "the heartbeat thread stopped beating"
+                time.sleep(0.1)
+        finally:
+            heartbeat.stop()
 
 
 def test_disk_full_is_found_through_wrapping_errors():

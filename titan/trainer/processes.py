@@ -17,6 +17,7 @@ step reported), ``beat`` (unix s of the last update), ``status`` (``running``, t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -113,7 +114,7 @@ class Heartbeat:
         }
         self._last = 0.0
         self._lock = threading.Lock()  # the loop and the thread write the same file
-        self._ticker = Ticker(BEAT_INTERVAL_S, lambda: self.beat(None), "titan-heartbeat")
+        self._ticker = Ticker(BEAT_INTERVAL_S, self._beat_in_background, "titan-heartbeat")
         self.beat(None, force=True)
 
     def start(self) -> None:
@@ -132,6 +133,12 @@ class Heartbeat:
             if force or now - self._last >= BEAT_INTERVAL_S:
                 self._last = now
                 write_json_atomic(self.path, {**self.fields, "beat": now})
+
+    def _beat_in_background(self) -> None:
+        """A beat from the thread. One that cannot be written (a full disk) is skipped: the
+        loop's own beats meet the same error, which ends the run with one line."""
+        with contextlib.suppress(OSError):
+            self.beat(None)
 
     def stalled(self, stall: Stall) -> None:
         """Publish a stall this process's watchdog found (the writer records it)."""

@@ -536,7 +536,7 @@ class _Run:
             _end_nonfinite(err, self.saver, record, self.liveness.heartbeat)
             return EXIT_NONFINITE
         except Exception as err:  # noqa: BLE001 - every failure must reach the run record
-            return _fail(failure_to_name(err, checkpointer), record, self.liveness)
+            return _fail(failure_to_name(err, self.saver), record, self.liveness)
         finally:
             self.close()
         # No process leaves before the writer has closed the record: a stop's non-zero code
@@ -685,18 +685,21 @@ def _restore_or_init(
     return state, latest, unrestorable
 
 
-def failure_to_name(err: Exception, checkpointer: Checkpointer) -> Exception:
-    """The failure to name for ``err``. A full disk met while a save is in flight is most often
-    the save's doing: the save is settled first (which removes what it wrote, making room for
-    ``run_end``) and, when it too found the disk full, it is named instead of ``err``."""
-    if disk_full(err) is None:
+def failure_to_name(err: Exception, saver: Saver) -> Exception:
+    """The failure to name for ``err``. A full disk met by the record or the heartbeat while a
+    save is in flight is most often the save's doing: the save is settled first (which removes
+    what it wrote, making room for ``run_end``) and recorded (``checkpoint`` or
+    ``checkpoint_failed``); when it too found the disk full, it is named instead of ``err``. A
+    save's own full disk (:class:`DiskFull`) is named as it is."""
+    if isinstance(err, DiskFull) or disk_full(err) is None:
         return err
     try:
-        settled = checkpointer.settle()
+        saver.record_saves(saver.checkpointer.settle())
+    except DiskFull as full:
+        return full
     except Exception:  # noqa: BLE001 - the first error is still named
         return err
-    full = [r.error for r in settled if r.disk_full and r.error]
-    return DiskFull(full[0]) if full else err
+    return err
 
 
 def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook) -> int:
