@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier, process_count, process_index
@@ -276,6 +277,7 @@ class _PendingSave:
         after: Callable[[], None] | None = None,
     ):
         self.step, self.start, self.blocking_s = step, start, blocking_s
+        self.prunes = after is not None  # the ``prune`` phase is its own
         self.result: SaveResult | None = None
         self._thread = threading.Thread(
             target=self._wait, args=(finish, after), name=f"titan-save-{step}", daemon=True
@@ -285,12 +287,11 @@ class _PendingSave:
     def _wait(self, finish: Callable[[], str | None], after: Callable[[], None] | None) -> None:
         try:
             error = finish()
-            commit_s = time.perf_counter() - self.start
-            if error is None and after is not None:
-                after()
         except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
-            error = _save_error(err)  # (pruning after the commit, say): else join had no result
-            commit_s = time.perf_counter() - self.start
+            error = _save_error(err)
+        commit_s = time.perf_counter() - self.start
+        if error is None and after is not None:
+            after()  # pruning: it says its own failures, the save committed
         self.result = SaveResult(self.step, self.blocking_s, commit_s, error)
 
     def done(self) -> bool:
@@ -339,6 +340,7 @@ class Checkpointer:
         items) as checkpoint ``step`` from a background thread, which hands it to orbax (whose
         copy to host memory then holds no loop), waits for the commit and prunes. The loop
         waits only for the copy's dispatch. Returns the saves settled here (none)."""
+        begun = time.perf_counter()  # the commit's start: after the previous save settled
         meta = {**meta, "stage_items": []}
         args = {name: ocp.args.StandardSave(tree) for name, tree in snapshot.items()}
         composite = ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args)
@@ -355,7 +357,7 @@ class Checkpointer:
         def prune() -> None:  # the new checkpoint is committed: older ones may go
             self._prune(step, [s for s in self.committed_steps() if s <= step])
 
-        self._pending = _PendingSave(write, step, start, time.perf_counter() - start, prune)
+        self._pending = _PendingSave(write, step, begun, time.perf_counter() - start, prune)
         return []
 
     def committed_steps(self) -> list[int]:
@@ -444,12 +446,14 @@ class Checkpointer:
         return []
 
     def wait(self) -> list[SaveResult]:
-        """Wait for the save in flight (its waiting counts as blocking), prune once every
-        process has seen it committed, and return the saves settled since the last call."""
+        """Wait for the save in flight, prune once every process has seen it committed (the
+        waiting and the pruning count as the save's blocking), and return the saves settled
+        since the last call."""
         start = time.perf_counter()
-        settled = self._settle(waited_from=start)
+        settled = self._settle()
         self._conclude()
-        return settled
+        waited = time.perf_counter() - start
+        return [replace(r, blocking_s=r.blocking_s + waited) for r in settled]
 
     def settle(self) -> list[SaveResult]:
         """Wait for the save in flight, for a run that is failing: no barrier and no pruning
@@ -457,16 +461,16 @@ class Checkpointer:
         Returns the save settled (none when no save was in flight)."""
         return self._settle()
 
-    def _settle(self, waited_from: float | None = None) -> list[SaveResult]:
+    def _settle(self) -> list[SaveResult]:
         if self._pending is None:
             return []
-        result = self._pending.join()
-        self._pending = None
-        if waited_from is not None:
-            blocking_s = result.blocking_s + time.perf_counter() - waited_from
-            result = replace(result, blocking_s=blocking_s)
+        pending, self._pending = self._pending, None
+        result = pending.join()
         _consume_failed_save(self._manager)
-        return [self._settle_as(result)]
+        self._settle_as(result)
+        if pending.prunes:  # it pruned already: nothing to conclude
+            self._settled = None
+        return [result]
 
     def _settle_as(self, result: SaveResult) -> SaveResult:
         """Hold ``result`` for :meth:`_conclude`; a failed save's leftovers go at once when this
@@ -493,10 +497,15 @@ class Checkpointer:
         """Delete what retention no longer keeps among ``committed`` (the steps up to ``upto``,
         the same list on every process: orbax's delete is collective; its folder goes first,
         which uncommits the step, then its stage items), and the leftovers of saves up to
-        ``upto`` that never committed."""
-        for step in steps_to_prune(committed, self.keep, self.keep_every):
-            self._manager.delete(step)
-        self.remove_leftovers(upto)
+        ``upto`` that never committed. A failure is one line on stderr, never the save's: what
+        it leaves is deleted by a later pruning."""
+        try:
+            for step in steps_to_prune(committed, self.keep, self.keep_every):
+                self._manager.delete(step)
+            self.remove_leftovers(upto)
+        except Exception as err:  # noqa: BLE001 - the new checkpoint is committed all the same
+            line = f"titan: deleting checkpoints older than {upto} failed: {_one_line(err)}"
+            print(inert(line), file=sys.stderr, flush=True)
 
     def remove_leftovers(self, upto: int | None) -> None:
         """Remove (process 0) orbax's temporary folders and the stage items of steps up to
