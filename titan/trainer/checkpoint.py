@@ -423,10 +423,9 @@ class Checkpointer:
             self._pending = _PendingSave(finish, step, save_start, time.perf_counter() - start)
             return settled
         error = self.finish_orbax_save(step)
-        commit_s = time.perf_counter() - save_start
-        self._settle_as(SaveResult(step, commit_s, commit_s, error))
+        result = self._settle_as(SaveResult(step, 0.0, time.perf_counter() - save_start, error))
         self._conclude()  # the loop waits for the pruning too
-        return [*settled, SaveResult(step, time.perf_counter() - start, commit_s, error)]
+        return [*settled, replace(result, blocking_s=time.perf_counter() - start)]
 
     def finish_orbax_save(self, step: int) -> str | None:
         """Wait for orbax's save of ``step`` to finish (on the calling thread). Returns None when
@@ -467,15 +466,13 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         result = pending.join()
         _consume_failed_save(self._manager)
-        self._settle_as(result)
-        if pending.prunes:  # it pruned already: nothing to conclude
-            self._settled = None
-        return [result]
+        return [self._settle_as(result, pruned=pending.prunes)]
 
-    def _settle_as(self, result: SaveResult) -> SaveResult:
-        """Hold ``result`` for :meth:`_conclude`; a failed save's leftovers go at once when this
-        is the only process (nobody else may still write them)."""
-        self._settled = result
+    def _settle_as(self, result: SaveResult, pruned: bool = False) -> SaveResult:
+        """Hold ``result`` for :meth:`_conclude` (unless its own thread ``pruned`` already); a
+        failed save's leftovers go at once when this is the only process (nobody else may
+        still write them)."""
+        self._settled = None if pruned else result
         if result.error is not None and process_count() == 1:
             self.remove_leftovers(result.step)
         return result
