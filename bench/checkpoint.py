@@ -17,12 +17,17 @@ record:
 - ``ettr``: the run's ETTR (:func:`titan.analysis.ettr.analyze`: productive step time over
   the attempt's wall time, so every blocking second of a save is badput), and ``badput_s``, the
   seconds of each kind of badput;
+- ``pinned_host``: the run's reservation of pinned host memory for the saves' copies, before
+  its first step (:mod:`titan.trainer.pinned_host`; GPUs only): its ``bytes``, ``seconds`` and
+  ``error``, or None;
 - ``checkpoint_bytes``: the bytes of the last checkpoint on disk;
 - ``memory_estimate_bytes``: the memory check's estimate (``run_start``), and
   ``peak_memory_bytes`` the largest measured peak of the steps (where the backend reports it);
 
-and writes them with the ratios async / sync (``--variants async``: the async run alone), and
-``slowdown_while_saving``, ``saving_step_time_s / step_time_s`` of each run, to
+and writes them with the ratios async / sync (``--variants async``: the async run alone),
+``slowdown_while_saving``, ``saving_step_time_s / step_time_s`` of each run (medians, which a
+few slow steps leave alone), and ``mean_slowdown_while_saving``, the mean time of the steps in
+flight over ``step_time_s`` (the run's last save left out, as in ``loop_cost_s``), to
 ``bench/results/checkpoint-<device>.json`` (or ``--out``). ``--preset tiny --steps 20
 --checkpoint-every 5 --out /tmp/c.json`` is a smoke test that runs on CPU.
 """
@@ -87,6 +92,23 @@ def _loop_costs(events: list[dict[str, Any]], normal: float | None) -> list[floa
     ]
 
 
+def _mean_saving_step(events: list[dict[str, Any]]) -> float | None:
+    """Mean ``step_time_s`` of the steps in flight (:func:`_in_flight`) of every save but the
+    run's last (waited for at the end, with no step after it)."""
+    steps = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
+    saves = [e for e in events if e["type"] == "checkpoint"][:-1]
+    times = [steps[s] for save in saves for s in _in_flight(events, save) if s in steps]
+    return statistics.fmean(times) if times else None
+
+
+def _reserved(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's ``pinned_host`` event's figures, or None."""
+    reserved = next((e for e in events if e["type"] == "pinned_host"), None)
+    if reserved is None:
+        return None
+    return {k: reserved.get(k) for k in ("bytes", "seconds", "error")}
+
+
 def _bytes_under(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -115,6 +137,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "step_time_s": normal,
         "saving_step_time_s": _median([e["step_time_s"] for e in steps if e["step"] in saving]),
         "loop_cost_s": _loop_costs(events, normal),
+        "saving_step_time_mean_s": _mean_saving_step(events),
+        "pinned_host": _reserved(events),
         "ettr": goodput.ettr,
         "badput_s": goodput.badput_s,
         "checkpoint_bytes": _bytes_under(newest) if newest and newest.is_dir() else None,
@@ -170,6 +194,10 @@ def main() -> int:
         },
         "slowdown_while_saving": {
             name: _ratio(v["saving_step_time_s"], v["step_time_s"]) for name, v in variants.items()
+        },
+        "mean_slowdown_while_saving": {
+            name: _ratio(v["saving_step_time_mean_s"], v["step_time_s"])
+            for name, v in variants.items()
         },
     }
     device = next(iter(variants.values()))["device"]

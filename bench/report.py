@@ -580,6 +580,15 @@ def data_loader_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + footer
 
 
+def _reserved(reserved: dict[str, Any] | None) -> str:
+    """A run's reservation of pinned host memory (``bench/checkpoint.py``'s ``pinned_host``)."""
+    if reserved is None:
+        return "-"
+    if reserved.get("error"):
+        return f"failed: {reserved['error']}"
+    return f"{_giga(reserved['bytes']):.2f}, {_num(reserved.get('seconds'), '.1f')}"
+
+
 def checkpoint_table(path: Path, base: Path) -> list[str]:
     """``bench/checkpoint.py``: synchronous against asynchronous saves, one row per variant."""
     data = json.loads(path.read_text())
@@ -591,14 +600,20 @@ def checkpoint_table(path: Path, base: Path) -> list[str]:
             + [_num(v["blocking_s"], ".3f"), _each(v.get("commits_s"), ".1f")]
             + [_each(v.get("loop_cost_s"), ".2f"), _num(v["final_save_s"], ".2f")]
             + [_num(v[k], ".3f") for k in ("step_time_s", "saving_step_time_s")]
-            + [_num(_giga(v.get("checkpoint_bytes")), ".2f"), _pct(v["ettr"])]
+            + [_num(_giga(v.get("checkpoint_bytes")), ".2f"), _reserved(v.get("pinned_host"))]
+            + [_pct(v["ettr"])]
         )
     header = ["variant", "device", "saves", "failed", "blocking (s)", "commit, each save (s)"]
     header += ["loop cost, each save (s)", "final wait (s)", "step time (s)"]
-    header += ["step time while saving (s)", "GB on disk", "ETTR"]
+    header += ["step time while saving (s)", "GB on disk", "pinned host reserved: GB, s", "ETTR"]
     notes = [
         f"Steps while a save is in flight, {name}: {_num(value, '.4f')} x the other steps' time "
-        "(medians)."
+        "(medians)"
+        + (
+            f", {_num(mean, '.4f')} x (means)."
+            if (mean := data.get("mean_slowdown_while_saving", {}).get(name)) is not None
+            else "."
+        )
         for name, value in data.get("slowdown_while_saving", {}).items()
     ]
     ratios = data["ratios_async_over_sync"]
@@ -635,12 +650,13 @@ def startup_table(path: Path, base: Path) -> list[str]:
             _num(s["time_to_first_step_s"], ".1f"),
         ]
         + [_num(s["compile_s"], ".2f"), str(s["cache_hits"]), str(len(s["recompiles"]))]
-        + [_num(s["step_time_s"], ".3f")]
+        + [_num(s["step_time_s"], ".3f"), _num(s.get("pinned_host_s"), ".1f")]
         for i, s in enumerate(data["starts"])
     ]
     header = ["start", "cache", "time to first step (s)", "compile (s)", "cache hits"]
-    header += ["recompiles", "step time (s)"]
-    return lines + _table(header, rows) + [""]
+    header += ["recompiles", "step time (s)", "pinned host reserved (s)"]
+    notes = data.get("notes", [])
+    return lines + _table(header, rows) + [""] + [line for n in notes for line in (n, "")]
 
 
 def layer_loop_table(path: Path, base: Path) -> list[str]:

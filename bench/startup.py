@@ -14,7 +14,9 @@ run's record:
   before it and passed over (over the usable memory);
 - ``recompiles``: the ``compile`` events of functions compiled again during the run, those
   with a ``reason`` (their ``what`` and ``reason``);
-- ``step_time_s``: the median ``step_time_s`` of the steps after the first.
+- ``step_time_s``: the median ``step_time_s`` of the steps after the first;
+- ``pinned_host_s``: the seconds of the run's reservation of pinned host memory for its
+  checkpoints, before its first step (``pinned_host`` event; None without one).
 
 Writes the results to ``--out`` (JSON) and prints them. ``--model tiny --seq-len 32
 --batch-size 8 --out /tmp/s.json`` runs on CPU.
@@ -61,6 +63,7 @@ def _start(args: argparse.Namespace, runs: Path, index: int) -> dict[str, Any]:
             {"what": e["what"], "reason": e["reason"]} for e in compiles if "reason" in e
         ],
         "step_time_s": statistics.median(later) if later else None,
+        "pinned_host_s": next((e["seconds"] for e in events if e["type"] == "pinned_host"), None),
     }
 
 

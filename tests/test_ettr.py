@@ -229,3 +229,25 @@ def test_durations_that_are_not_finite_positive_numbers_count_as_zero():
     assert g.badput_s["compilation"] == 0.0
     assert g.badput_s["initialization"] == pytest.approx(5.0)
     assert all(v == v and v >= 0 for v in g.badput_s.values())
+
+
+def test_a_pinned_host_reservation_is_checkpoint_badput_not_initialization():
+    """A fresh attempt: compile 4 s ending at 1005, a 6 s reservation ending at 1011, steps 1
+    and 2 of 1 s (step 1 starts at 1011), a 0.5 s final save. Initialization is what is left
+    of the 11 s before step 1: 11 - 4 - 6 = 1; checkpoint badput 6 + 0.5."""
+    events = [
+        _event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=2),
+        _event("compile", 1005.0, what="train_step", seconds=4.0),
+        _event("pinned_host", 1011.0, bytes=1 << 30, seconds=6.0),
+        _event("step", 1012.0, step=1, step_time_s=1.0, loss=5.0),
+        _event("step", 1013.0, step=2, step_time_s=1.0, loss=4.0),
+        _event("checkpoint", 1013.5, step=2, seconds=0.5, path="c/2"),
+        _event("run_end", 1013.5, status="completed", step=2, reason=None),
+    ]
+    g = analyze(events)
+    assert g.available_s == pytest.approx(13.5)
+    assert g.badput_s["initialization"] == pytest.approx(1.0)
+    assert g.badput_s["compilation"] == pytest.approx(4.0)
+    assert g.badput_s["checkpoint_save"] == pytest.approx(6.5)
+    assert g.badput_s["other"] == pytest.approx(0.0)
+    assert g.ettr == pytest.approx(2.0 / 13.5)

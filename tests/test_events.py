@@ -22,6 +22,7 @@ from titan.telemetry.events import (
     FlopsPerToken,
     LossSpike,
     Mfu,
+    PinnedHost,
     Pipeline,
     PipelineTiming,
     Profile,
@@ -89,6 +90,7 @@ EXAMPLES = [
     Checkpoint(step=4, seconds=0.25, commit_s=1.5, asynchronous=True, path="checkpoints/4"),
     CheckpointFailed(step=6, error="OSError: [Errno 28] No space left", seconds=0.1, commit_s=0.4),
     CheckpointUnrestorable(step=8, error="ValueError: corrupt"),
+    PinnedHost(bytes=17_981_792_264, seconds=9.1),
     Profile(steps=[2, 3], requested=[2, 3], complete=True, dir="profile", files=[], seconds=0.1),
     Stall(phase="step", elapsed_s=9.9, threshold_s=9.4, step=25, stacks=[{"thread": "main"}]),
     Pipeline(

@@ -801,6 +801,17 @@ class CheckpointOptions:
             resumable=True,
         ),
     )
+    checkpoint_pin_host: bool = field(
+        default=True,
+        metadata=_opt(
+            "--checkpoint-pin-host",
+            "on GPUs, reserve the pinned host memory that saves copy the state into before the "
+            "first step (about 15 s for llama3-1b's 18 GB on an H200 host), so that no save "
+            "slows the steps; --no-checkpoint-pin-host: the first save reserves it, holding "
+            "back the steps it overlaps",
+            resumable=True,
+        ),
+    )
     init_from: str = field(
         default="",
         metadata=_opt(

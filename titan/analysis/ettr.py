@@ -20,7 +20,8 @@ checkpoint save and restore, progress wasted by a disruption)):
     ETTR         = productive_s / available_s
     goodput      = productive_s / available_s, with badput (fractions of available_s):
         initialization     = first step start (or the attempt's end) - start - the seconds
-                             of the compilations before it, fresh attempt (events written
+                             of the compilations and of the ``pinned_host`` reservation
+                             before it, fresh attempt (events written
                              together after several compilations tell only their lengths)
         checkpoint_restore = the same span in a resumed attempt (an upper bound: it also holds
                              whatever else the process did there)
@@ -33,7 +34,9 @@ checkpoint save and restore, progress wasted by a disruption)):
                              record it: ``data_wait_recorded`` is then False)
         checkpoint_save    = sum of ``checkpoint`` and ``checkpoint_failed`` events' ``seconds``
                              (the time the loop waited for the save; an async save's
-                             background writing is inside the step times)
+                             background writing is inside the step times), and of
+                             ``pinned_host`` events' (the memory the saves copy into,
+                             reserved before the first step, out of initialization)
         eval               = sum of ``eval`` events' ``seconds`` (validation, ``--eval-every``;
                              the trainer keeps it out of every step's time)
         lost_progress      = compute time of steps that did not survive
@@ -85,6 +88,7 @@ from titan.telemetry.events import (
     Compile,
     Eval,
     Event,
+    PinnedHost,
     RunEnd,
     RunStart,
     Stall,
@@ -298,7 +302,7 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
         resumed=resumed_from is not None,
     )
     first_step_start: float | None = None
-    compile_before_steps = 0.0
+    counted_before_steps = 0.0  # compilations and pinned_host reservations
     save_since_step = 0.0
     saw_data_wait = False
     for event in events[1:]:
@@ -310,7 +314,12 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
                 continue
             attempt.compile_s += seconds
             if first_step_start is None:
-                compile_before_steps += seconds
+                counted_before_steps += seconds
+        elif isinstance(event, PinnedHost):
+            seconds = _seconds(event.seconds)
+            attempt.checkpoint_save_s += seconds
+            if first_step_start is None:
+                counted_before_steps += seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = _seconds(event.seconds)
             attempt.checkpoint_save_s += seconds
@@ -336,7 +345,7 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
             attempt.last_step = event.step
             save_since_step = 0.0
     until = attempt.end if first_step_start is None else first_step_start
-    pre_s = max(until - attempt.start - compile_before_steps, 0.0)
+    pre_s = max(until - attempt.start - counted_before_steps, 0.0)
     if attempt.resumed:
         attempt.restore_s = pre_s
     else:

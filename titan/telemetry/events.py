@@ -509,6 +509,27 @@ class CheckpointUnrestorable(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PinnedHost(Event):
+    """Pinned host memory reserved for the copies of checkpoint saves, after the step was
+    compiled and before the first step (:mod:`titan.trainer.pinned_host`; GPUs only, where
+    orbax copies a save through it). Growing that memory holds the GPU's other work back, so it
+    is done here once and not during the first save."""
+
+    type: ClassVar[str] = "pinned_host"
+
+    bytes: int = _field(
+        "the bytes reserved: the shards a save copies on this process", "bytes", required=True
+    )
+    seconds: float | None = _field(
+        "time the reservation took, before the first step; checkpoint badput in ETTR", "seconds"
+    )
+    error: str | None = _field(
+        "why the reservation failed (one line); the first save then grows the memory itself",
+        omit_if_none=True,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profile(Event):
     """One JAX profiler trace of ``--profile-steps A:B`` (:mod:`titan.telemetry.profile`)."""
 
@@ -651,6 +672,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     LossSpike,
     CheckpointFailed,
     CheckpointUnrestorable,
+    PinnedHost,
     Profile,
     Stall,
     Pipeline,

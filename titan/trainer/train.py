@@ -4,14 +4,15 @@ The recipe (:func:`train`): resolve options, open the corpus, claim the run dir,
 tokenizer (or read the images: :mod:`titan.trainer.task`), build the model family and the
 layout's trainer, read the batches, trace the step, restore or initialise the state (all
 validation happens up to here, before anything is written into the run dir), write the run
-files, record ``run_start``, compile, loop, checkpoint, record. :func:`train` alone holds the
+files, record ``run_start``, compile, reserve the pinned host memory that saves copy into
+(:mod:`titan.trainer.pinned_host`), loop, checkpoint, record. :func:`train` alone holds the
 whole config: each step takes the sections, or the values, it reads.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.telemetry.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
-``checkpoint_failed``, ``checkpoint_unrestorable``, ``loss_spike``, ``profile``, ``stall``,
-``run_end``; ``eval`` with ``--eval-every`` (:mod:`titan.trainer.evaluation`); ``pipeline``
-and ``pipeline_timing`` from an MPMD trainer).
+``checkpoint_failed``, ``checkpoint_unrestorable``, ``pinned_host``, ``loss_spike``,
+``profile``, ``stall``, ``run_end``; ``eval`` with ``--eval-every``
+(:mod:`titan.trainer.evaluation`); ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
 Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
 the loop records each save's outcome once it settles and waits for the last one before
@@ -78,7 +79,7 @@ from titan.parallel.distributed import (
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
 from titan.telemetry.env import capture_environment
-from titan.telemetry.events import CheckpointUnrestorable, Compile, RunEnd, RunStart
+from titan.telemetry.events import CheckpointUnrestorable, Compile, PinnedHost, RunEnd, RunStart
 from titan.telemetry.mfu import FlopsMeter, device_peak
 from titan.telemetry.power import PowerSampler, open_reader
 from titan.telemetry.profile import StepProfiler
@@ -122,6 +123,7 @@ from titan.trainer.images import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
 from titan.trainer.memory_check import MemoryCheck, RematChoice, Traced, check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost
+from titan.trainer.pinned_host import reserve_host
 from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import Heartbeat, MutedRecord, is_writer
 from titan.trainer.profiler_hook import ProfilerHook
@@ -224,7 +226,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             if resuming and run.start_step:  # said once the run is recorded: a refusal is one line
                 schedule = _schedule_text(cfg.optimizer)
                 print(f"titan: resuming from step {run.start_step}: {schedule}", file=sys.stderr)
-            return run.run(compiler, cfg.run.exit_zero_on_stop)
+            return run.run(compiler, cfg.run.exit_zero_on_stop, cfg.checkpoint.checkpoint_pin_host)
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -515,8 +517,10 @@ class _Run:
             )
         )
 
-    def run(self, compiler: _Compiler, exit_zero_on_stop: bool) -> int:
-        """Compile the step, run the loop and record ``run_end``; close the run's parts.
+    def run(self, compiler: _Compiler, exit_zero_on_stop: bool, pin_host: bool) -> int:
+        """Compile the step, reserve the pinned host memory that saves copy into
+        (``pin_host``: :func:`titan.trainer.pinned_host.reserve_host`), run the loop and record
+        ``run_end``; close the run's parts.
         Returns the exit code: 0 completed, :data:`EXIT_STOPPED` stopped (0 with
         ``exit_zero_on_stop``), :data:`EXIT_NONFINITE` a non-finite abort, :data:`EXIT_FAILED`
         a failure (recorded as ``run_end`` ``failed``)."""
@@ -529,6 +533,9 @@ class _Run:
             compiled = [*compiled, *self.saver.finite_check.compile(self.state)]
             for event in [*compiled, *self.trainer.start_events()]:
                 record.emit(event)
+            if pin_host:
+                with self.progress.status("reserving pinned host memory for checkpoints"):
+                    _record_reserve(reserve_host(self.trainer.abstract_items()), record)
             step, status = loop.run(self.state, self.start_step)
             record.emit(RunEnd(status=status, step=step, signal=self.stop.signal_name or None))
             self.liveness.heartbeat.close(status, step)
@@ -559,6 +566,20 @@ class _Run:
         finally:
             self.record.close()
             self.progress.close()
+
+
+def _record_reserve(reserved: PinnedHost | None, record: RunRecord) -> None:
+    """Record the reservation of pinned host memory; a failed one is also said, in one line."""
+    if reserved is None:
+        return
+    record.emit(reserved)
+    if reserved.error:
+        print(
+            f"titan: reserving {reserved.bytes / 1e9:.1f} GB of pinned host memory for "
+            f"checkpoints failed ({inert(reserved.error)}); the first save will take it, "
+            "holding the steps back",
+            file=sys.stderr,
+        )
 
 
 def _installed(stop: StopFlag, debug_signal_in: str) -> StopFlag:
