@@ -585,7 +585,7 @@ def _reserved(reserved: dict[str, Any] | None) -> str:
     if reserved is None:
         return "-"
     if reserved.get("error"):
-        return f"failed: {reserved['error']}"
+        return "failed: " + str(reserved["error"]).replace("|", "/")
     return f"{_giga(reserved['bytes']):.2f}, {_num(reserved.get('seconds'), '.1f')}"
 
 

@@ -59,7 +59,7 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 73
+    assert len(names) == len(set(names)) == 74
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
@@ -69,6 +69,7 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
         *("profile_steps", "debug_stall_at_step", "debug_signal_in", "exit_zero_on_stop"),
         *("nonfinite", "nonfinite_patience", "loss_spike_window", "loss_spike_sigma"),
         *("checkpoint_every_s", "checkpoint_keep", "checkpoint_keep_every", "checkpoint_async"),
+        "checkpoint_pin_host",
         *("memory_check", "debug_nonfinite_at_step", "debug_usable_memory"),
         *("eval_every", "eval_batches"),
         *("data_workers", "metrics", "compilation_cache", "decay_steps"),

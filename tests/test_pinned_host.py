@@ -1,6 +1,6 @@
-"""Pinned host memory reserved before the loop: the shards a save copies (JAX's replica 0 of
-each), the reservation on its thread, and a run that records it (forced on CPU, whose devices
-have a pinned_host memory too; orbax pins only on GPUs)."""
+"""Pinned host memory reserved before the loop: what a save copies (against orbax's own rule),
+the reservation, when it is made, and a run that records it (forced on CPU, whose devices have
+a pinned_host memory too; orbax pins only on GPUs)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ import jax
 import numpy as np
 import pytest
 from helpers import events, run_in_process, trainer_of
+from orbax.checkpoint._src.serialization.replica_slices import get_replica_slices
 
 from titan.config import TrainConfig, model_config
 from titan.ops import Ops
 from titan.trainer import pinned_host
-from titan.trainer.pinned_host import Shard, copied_shards, reserve_host
+from titan.trainer.pinned_host import (
+    Shard,
+    copied_shards,
+    orbax_replica_parallel,
+    reservation_pays,
+    reserve_host,
+)
 
 
 def _sharded_trainer():
@@ -22,50 +29,86 @@ def _sharded_trainer():
     return trainer_of(cfg, model_config(cfg.model.shape, 512), Ops("cpu"))
 
 
-def _first_replicas(items) -> Counter:
-    """What JAX itself numbers replica 0 of each array of ``items``."""
-    return Counter(
-        (shard.device, shard.data.shape, shard.data.dtype)
-        for leaf in jax.tree.leaves(items)
-        for shard in leaf.addressable_shards
-        if shard.replica_id == 0
-    )
+def _orbax_copies(items, replica_parallel: bool) -> Counter:
+    """What orbax's own rule copies on this process for ``items``: its replica slices."""
+    copies = Counter()
+    for leaf in jax.tree.leaves(items):
+        for r in get_replica_slices(leaf, 0, replica_parallel).replica_slices:
+            shape = list(r.unsliced_data.shape)
+            if r.slice_args is not None:
+                shape[r.slice_args.axis] = r.slice_args.limit_index - r.slice_args.start_index
+            copies[(r.unsliced_data.device, tuple(shape), r.unsliced_data.dtype)] += 1
+    return copies
 
 
-def test_the_copied_shards_are_replica_0_of_each_array_once_whatever_the_form():
+@pytest.mark.parametrize("replica_parallel", [True, False])
+def test_the_copied_shards_are_what_orbax_copies_whatever_the_form(replica_parallel):
     trainer = _sharded_trainer()
     state = trainer.init_state(seed=0)
-    expected = _first_replicas(state.items())
-    replicated = [
-        leaf for leaf in jax.tree.leaves(state.items()) if leaf.sharding.is_fully_replicated
-    ]
-    assert replicated and len(expected) < sum(  # dp=2 holds two of each shard, copied once
-        len(leaf.addressable_shards) for leaf in jax.tree.leaves(state.items())
-    )
+    expected = _orbax_copies(state.items(), replica_parallel)
+    leaves = jax.tree.leaves(state.items())
+    assert any(leaf.sharding.is_fully_replicated for leaf in leaves)  # dp=2: two replicas each
     for items in (state.items(), trainer.abstract_items()):
-        shards = copied_shards(items)
+        shards = copied_shards(items, replica_parallel)
         assert Counter((s.device, s.shape, s.dtype) for s in shards) == expected
-        assert sum(s.nbytes for s in shards) == sum(
-            leaf.nbytes for leaf in jax.tree.leaves(state.items())
-        )
+        assert sum(s.nbytes for s in shards) == sum(leaf.nbytes for leaf in leaves)
 
 
-def test_a_reservation_holds_the_copied_bytes():
+def test_orbax_splits_replicas_unless_jax_platforms_names_the_gpu(monkeypatch):
+    for platforms, split in (("", True), ("cpu", True), ("cuda", False), ("gpu,cpu", False)):
+        monkeypatch.setenv("JAX_PLATFORMS", platforms)
+        assert orbax_replica_parallel() is split
+
+
+def test_a_reservation_places_each_copy_in_pinned_host_memory(monkeypatch):
     items = _sharded_trainer().abstract_items()
     assert reserve_host(items, pinned=False) is None
     assert reserve_host(items) is None  # on CPU orbax copies without pinned memory
+    placed = Counter()
+    put = jax.device_put
+
+    def spy(value, sharding):
+        placed[(sharding.memory_kind, sharding._device, value.shape, value.dtype)] += 1
+        return put(value, sharding)
+
+    monkeypatch.setattr(pinned_host.jax, "device_put", spy)
     event = reserve_host(items, pinned=True)
     assert event is not None and event.error is None
-    assert event.bytes == sum(s.nbytes for s in copied_shards(items)) > 0
+    shards = copied_shards(items)
+    assert placed == Counter(("pinned_host", s.device, s.shape, s.dtype) for s in shards)
+    assert event.bytes == sum(s.nbytes for s in shards) > 0
     assert event.seconds is not None and event.seconds > 0
 
 
-def test_a_reservation_that_fails_keeps_its_error_and_raises_nothing(monkeypatch):
-    petabyte = [Shard(jax.devices()[0], (1 << 50,), np.dtype(np.uint8))]
-    monkeypatch.setattr(pinned_host, "copied_shards", lambda items: petabyte)
-    event = reserve_host({}, pinned=True)
-    assert event is not None and event.bytes == 1 << 50
-    assert event.error is not None and event.error.startswith("MemoryError")
+@pytest.mark.parametrize(
+    "error, said",
+    [(MemoryError(), "MemoryError"), (RuntimeError("RESOURCE_EXHAUSTED: pool\nmore"), None)],
+)
+def test_a_reservation_that_fails_keeps_its_error_and_raises_nothing(monkeypatch, error, said):
+    def failing_put(value, sharding):
+        raise error
+
+    monkeypatch.setattr(pinned_host.jax, "device_put", failing_put)
+    event = reserve_host(_sharded_trainer().abstract_items(), pinned=True)
+    assert event is not None and event.bytes > 0
+    assert event.error == (said or "RuntimeError: RESOURCE_EXHAUSTED: pool")
+
+
+@pytest.mark.parametrize(
+    "asynchronous, every, every_s, start, steps, pays",
+    [
+        (True, 100, 0.0, 0, 300, True),  # saves at 100 and 200 overlap steps
+        (True, 100, 0.0, 0, 100, False),  # the only save is the last, waited for
+        (True, 100, 0.0, 250, 300, False),  # resumed past the last save before the end
+        (True, 100, 0.0, 150, 300, True),
+        (True, 100, 60.0, 0, 50, True),  # a timed save may come before the end
+        (False, 100, 0.0, 0, 300, False),  # synchronous saves hold the loop anyway
+    ],
+)
+def test_a_reservation_is_made_only_where_a_save_overlaps_steps(
+    asynchronous, every, every_s, start, steps, pays
+):
+    assert reservation_pays(asynchronous, every, every_s, start, steps) is pays
 
 
 @pytest.mark.slow
@@ -77,10 +120,10 @@ def test_a_run_records_its_reservation_before_its_first_step(
     if case == "failed":
         petabyte = [Shard(jax.devices()[0], (1 << 50,), np.dtype(np.uint8))]
         monkeypatch.setattr(pinned_host, "copied_shards", lambda items: petabyte)
-    options = {**small_options, "run_id": "pinned", "steps": 3}
+    options = {**small_options, "run_id": "pinned", "steps": 4, "checkpoint_every": 2}
     code, run_dir = run_in_process({**options, "checkpoint_pin_host": case != "off"})
     assert code == 0
-    assert [e["step"] for e in events(run_dir, "checkpoint")] == [3]
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [2, 4]
     said = capfd.readouterr().err
     kinds = [e["type"] for e in events(run_dir)]
     if case == "off":

@@ -320,6 +320,8 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
             attempt.checkpoint_save_s += seconds
             if first_step_start is None:
                 counted_before_steps += seconds
+            else:  # inside the next step's time, as a save between steps is
+                save_since_step += seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = _seconds(event.seconds)
             attempt.checkpoint_save_s += seconds

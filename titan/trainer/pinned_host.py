@@ -3,23 +3,25 @@
 On GPUs orbax copies every array of a save into pinned host memory (its
 ``enable_pinned_host_transfer`` default: ``jax.default_backend() == "gpu"``,
 ``orbax.checkpoint`` ``BasePyTreeCheckpointHandler``). XLA takes that memory from a pool that
-it grows on demand and keeps for the process. Growing the pool pins pages at about 2 GB/s, and
-while it grows the GPU's other work waits on the driver. Measured on one H200 (``jax`` 0.11.2):
-14.8 GB took 7.4 s, during which a training loop on another thread lost 6.9 s. So the first save
-of an 18 GB ``llama3-1b`` state held the loop back by 9 to 13 s, and every later save by under
-0.1 s.
+it grows on demand and keeps for the process; while the pool grows, the GPU's other work waits
+on the driver. Measured on one H200 (``bench/results/checkpoint-nvidia-h200.json``): growing it
+by 18.0 GB for ``llama3-1b``'s state took 15.2 s (about 1.2 GB/s), and where the first save grew
+it instead, that save held back the steps it overlapped by 13.2 s in all (later saves: under
+0.2 s).
 
 :func:`reserve_host` grows the pool to the bytes that a save copies once the step is compiled,
 before the first step: the loop's steps then run at their speed while the first save is written,
 and the reservation is timed on its own (a ``pinned_host`` event, checkpoint badput in ETTR).
-Growing it on a thread beside the compilation saves nothing: loading the compiled program and
-autotuning wait on the driver too (measured: a 1.3 s load from the compilation cache took 15 s
-beside a reservation). The reservation copies zeros from host memory and never reads a device
-array.
+Growing it on a thread beside the set-up would not hide it: loading the compiled program and
+the state's initialization wait on the driver too. The reservation copies zeros from host
+memory and never reads a device array. It pays only where a save would otherwise overlap steps
+(:func:`reservation_pays`).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -60,39 +62,59 @@ def orbax_pins_host() -> bool:
     return jax.default_backend() == "gpu"
 
 
-def copied_shards(items: dict[str, Any]) -> list[Shard]:
-    """The shards of ``items`` (checkpoint items: trees of ``jax.Array`` or of
-    ``jax.ShapeDtypeStruct`` carrying their shardings) that orbax copies to host memory on this
-    process.
+def orbax_replica_parallel() -> bool:
+    """Whether orbax splits a replicated shard among its replicas, each copying a slice: its
+    ``ArrayHandler`` default, unless ``JAX_PLATFORMS`` names ``gpu`` or ``cuda``
+    (``orbax.checkpoint`` ``jax_array_handlers._get_default_use_replica_parallel``)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").lower()
+    return "gpu" not in platforms and "cuda" not in platforms
 
-    Orbax copies replica 0 of each shard: the first device that holds that index, in the order
-    of ``Sharding.devices_indices_map`` (JAX numbers replicas in this order). Items held by a
-    single process among several (:func:`titan.trainer.stage_store.owner`) are written by the
-    stage store, not by orbax, and are left out. So are leaves of extended dtypes (PRNG keys),
-    which have no NumPy form.
+
+def copied_shards(items: dict[str, Any], replica_parallel: bool | None = None) -> list[Shard]:
+    """What orbax copies to host memory on this process to save ``items`` (checkpoint items:
+    trees of ``jax.Array``, or of ``jax.ShapeDtypeStruct`` carrying their shardings), one
+    :class:`Shard` per copy.
+
+    Orbax's rule (``orbax.checkpoint`` ``replica_slices.get_replica_slices``, with the
+    defaults Titan leaves it): an index held by R devices (its replicas, numbered in the order
+    of ``Sharding.devices_indices_map``, as JAX numbers them) is copied by replica 0 whole; or,
+    when ``replica_parallel`` (default :func:`orbax_replica_parallel`), R > 1, the shard is not
+    empty and one of its dimensions divides by R, by every replica, each a 1/R slice along the
+    first such dimension.
+
+    Items held by a single process among several (:func:`titan.trainer.stage_store.owner`)
+    are written by the stage store, not by orbax, and are left out. So are leaves of extended
+    dtypes (PRNG keys; orbax copies their few bytes of key data).
     """
+    split = orbax_replica_parallel() if replica_parallel is None else replica_parallel
     shards: list[Shard] = []
     for tree in items.values():
         if owner(tree) is None:
             for leaf in jax.tree.leaves(tree):
-                shards += _first_replicas(leaf)
+                if not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+                    shards += _copies(leaf, split)
     return shards
 
 
-def _first_replicas(leaf: Any) -> list[Shard]:
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
-        return []
-    seen: set[tuple[tuple[int, int], ...]] = set()
-    shards = []
+def _copies(leaf: Any, split: bool) -> list[Shard]:
+    """:func:`copied_shards` of one array."""
+    replicas: dict[tuple[tuple[int, int], ...], list[Any]] = {}
     for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
         bounds = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
-        if bounds in seen:
-            continue
-        seen.add(bounds)
-        if device.process_index == jax.process_index():
-            shape = tuple(stop - start for start, stop in bounds)
-            shards.append(Shard(device, shape, np.dtype(leaf.dtype)))
-    return shards
+        replicas.setdefault(bounds, []).append(device)
+    dtype = np.dtype(leaf.dtype)
+    copies = []
+    for bounds, devices in replicas.items():
+        shape = [stop - start for start, stop in bounds]
+        count = len(devices)
+        axis = next((a for a, n in enumerate(shape) if n % count == 0), None)
+        if split and count > 1 and math.prod(shape) > 0 and axis is not None:
+            shape[axis] //= count
+        else:
+            devices = devices[:1]
+        local = [d for d in devices if d.process_index == jax.process_index()]
+        copies += [Shard(device, tuple(shape), dtype) for device in local]
+    return copies
 
 
 def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHost | None:
@@ -121,22 +143,38 @@ def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHos
     if not shards:
         return None
     start = time.perf_counter()
-    zeros: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
     error = None
     try:
+        zeros = {(s.shape, s.dtype): np.zeros(s.shape, s.dtype) for s in shards}  # one a shape
         held = [
             jax.device_put(
-                zeros.setdefault((s.shape, s.dtype), np.zeros(s.shape, s.dtype)),
-                SingleDeviceSharding(s.device, memory_kind=PINNED_HOST),
+                zeros[s.shape, s.dtype], SingleDeviceSharding(s.device, memory_kind=PINNED_HOST)
             )
             for s in shards
         ]
         jax.block_until_ready(held)
         del held
     except Exception as err:  # noqa: BLE001 - in the event: a save does without
-        error = f"{type(err).__name__}: {str(err).strip().splitlines()[0]}"
+        error = _one_line(err)
     return PinnedHost(
         bytes=sum(shard.nbytes for shard in shards),
         seconds=time.perf_counter() - start,
         error=error,
     )
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: first line of the message``, or the type alone when the message is empty."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def reservation_pays(
+    asynchronous: bool, every: int, every_s: float, start: int, steps: int
+) -> bool:
+    """Whether a reservation before the first step can spare the steps anything: saves are
+    asynchronous (``--checkpoint-async``; a synchronous save holds the loop for all of its
+    work anyway) and one comes before the run's last (``--checkpoint-every-s``, or a multiple of
+    ``every`` after ``start`` and before ``steps``; the last save is waited for, and grows the
+    pool in that wait as well as before the first step)."""
+    return asynchronous and (every_s > 0 or (start // every + 1) * every < steps)

@@ -123,7 +123,7 @@ from titan.trainer.images import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
 from titan.trainer.memory_check import MemoryCheck, RematChoice, Traced, check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost
-from titan.trainer.pinned_host import reserve_host
+from titan.trainer.pinned_host import reservation_pays, reserve_host
 from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import Heartbeat, MutedRecord, is_writer
 from titan.trainer.profiler_hook import ProfilerHook
@@ -226,7 +226,11 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             if resuming and run.start_step:  # said once the run is recorded: a refusal is one line
                 schedule = _schedule_text(cfg.optimizer)
                 print(f"titan: resuming from step {run.start_step}: {schedule}", file=sys.stderr)
-            return run.run(compiler, cfg.run.exit_zero_on_stop, cfg.checkpoint.checkpoint_pin_host)
+            return run.run(
+                compiler,
+                cfg.run.exit_zero_on_stop,
+                _pin_host(cfg.checkpoint, run.start_step, cfg.optimizer.steps),
+            )
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -566,6 +570,18 @@ class _Run:
         finally:
             self.record.close()
             self.progress.close()
+
+
+def _pin_host(options: CheckpointOptions, start_step: int, steps: int) -> bool:
+    """``--checkpoint-pin-host``, where a reservation can spare the steps anything
+    (:func:`titan.trainer.pinned_host.reservation_pays`)."""
+    return options.checkpoint_pin_host and reservation_pays(
+        options.checkpoint_async,
+        options.checkpoint_every,
+        options.checkpoint_every_s,
+        start_step,
+        steps,
+    )
 
 
 def _record_reserve(reserved: PinnedHost | None, record: RunRecord) -> None:
