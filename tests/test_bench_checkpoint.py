@@ -1,4 +1,4 @@
-"""bench/checkpoint.py's figures, recomputed from the two runs' records that made
+"""bench/checkpoint.py's figures, recomputed from the runs' records that made
 bench/results/checkpoint-nvidia-h200.json (their checkpoints were removed once measured)."""
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ from bench_modules import bench_module
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
-@pytest.mark.parametrize("variant", ["sync", "async"])
-def test_the_result_file_holds_what_its_records_give(variant):
+def test_the_result_file_holds_what_its_records_give():
     checkpoint = bench_module("checkpoint")
     stored = json.loads((RESULTS / "checkpoint-nvidia-h200.json").read_text())["variants"]
-    measured = checkpoint.measure(RESULTS / "checkpoint-nvidia-h200-records" / variant)
-    assert measured["checkpoint_bytes"] is None  # no checkpoint beside the record
-    for key, value in measured.items():
-        if key not in ("checkpoint_bytes", "badput_s"):
-            assert value == pytest.approx(stored[variant][key]), key
-    assert measured["badput_s"] == pytest.approx(stored[variant]["badput_s"])
+    records = RESULTS / "checkpoint-nvidia-h200-records"
+    assert {p.name for p in records.iterdir()} == set(stored)  # one record per variant
+    for variant, figures in stored.items():
+        measured = checkpoint.measure(records / variant)
+        assert measured["checkpoint_bytes"] is None  # no checkpoint beside the record
+        for key, value in measured.items():
+            if key not in ("checkpoint_bytes", "badput_s"):
+                assert value == pytest.approx(figures[key]), (variant, key)
+        assert measured["badput_s"] == pytest.approx(figures["badput_s"]), variant
 
 
 def test_a_save_costs_the_loop_what_its_steps_in_flight_take_beyond_the_median():
