@@ -81,23 +81,23 @@ def _saving_steps(events: list[dict[str, Any]]) -> set[int]:
     return set().union(*(_in_flight(events, save) for save in saves))
 
 
+def _in_flight_times(events: list[dict[str, Any]]) -> list[list[float]]:
+    """Per save, the ``step_time_s`` of its steps in flight (:func:`_in_flight`)."""
+    steps = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
+    saves = [e for e in events if e["type"] == "checkpoint"]
+    return [[steps[s] for s in _in_flight(events, save) if s in steps] for save in saves]
+
+
 def _loop_costs(events: list[dict[str, Any]], normal: float | None) -> list[float]:
     """Per save, the time its steps in flight (:func:`_in_flight`) took beyond ``normal``
     (saves never overlap: a save first waits for the one before)."""
-    steps = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
-    saves = [e for e in events if e["type"] == "checkpoint"]
-    return [
-        sum(steps[s] - (normal or 0.0) for s in _in_flight(events, save) if s in steps)
-        for save in saves
-    ]
+    return [sum(t - (normal or 0.0) for t in times) for times in _in_flight_times(events)]
 
 
 def _mean_saving_step(events: list[dict[str, Any]]) -> float | None:
     """Mean ``step_time_s`` of the steps in flight (:func:`_in_flight`) of every save but the
     run's last (waited for at the end, with no step after it)."""
-    steps = {e["step"]: e["step_time_s"] for e in events if e["type"] == "step"}
-    saves = [e for e in events if e["type"] == "checkpoint"][:-1]
-    times = [steps[s] for save in saves for s in _in_flight(events, save) if s in steps]
+    times = [t for per_save in _in_flight_times(events)[:-1] for t in per_save]
     return statistics.fmean(times) if times else None
 
 

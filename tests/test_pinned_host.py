@@ -12,7 +12,7 @@ import pytest
 from helpers import events, run_in_process, trainer_of
 from orbax.checkpoint._src.serialization.replica_slices import get_replica_slices
 
-from titan.config import TrainConfig, model_config
+from titan.config import CheckpointOptions, TrainConfig, model_config
 from titan.ops import Ops
 from titan.trainer import pinned_host
 from titan.trainer.pinned_host import (
@@ -95,20 +95,27 @@ def test_a_reservation_that_fails_keeps_its_error_and_raises_nothing(monkeypatch
 
 
 @pytest.mark.parametrize(
-    "asynchronous, every, every_s, start, steps, pays",
+    "pin_host, asynchronous, every, every_s, start, steps, pays",
     [
-        (True, 100, 0.0, 0, 300, True),  # saves at 100 and 200 overlap steps
-        (True, 100, 0.0, 0, 100, False),  # the only save is the last, waited for
-        (True, 100, 0.0, 250, 300, False),  # resumed past the last save before the end
-        (True, 100, 0.0, 150, 300, True),
-        (True, 100, 60.0, 0, 50, True),  # a timed save may come before the end
-        (False, 100, 0.0, 0, 300, False),  # synchronous saves hold the loop anyway
+        (True, True, 100, 0.0, 0, 300, True),  # saves at 100 and 200 overlap steps
+        (True, True, 100, 0.0, 0, 100, False),  # the only save is the last, waited for
+        (True, True, 100, 0.0, 250, 300, False),  # resumed past the last save before the end
+        (True, True, 100, 0.0, 150, 300, True),
+        (True, True, 100, 60.0, 0, 50, True),  # a timed save may come before the end
+        (True, False, 100, 0.0, 0, 300, False),  # synchronous saves hold the loop anyway
+        (False, True, 100, 0.0, 0, 300, False),  # --no-checkpoint-pin-host
     ],
 )
 def test_a_reservation_is_made_only_where_a_save_overlaps_steps(
-    asynchronous, every, every_s, start, steps, pays
+    pin_host, asynchronous, every, every_s, start, steps, pays
 ):
-    assert reservation_pays(asynchronous, every, every_s, start, steps) is pays
+    options = CheckpointOptions(
+        checkpoint_every=every,
+        checkpoint_every_s=every_s,
+        checkpoint_async=asynchronous,
+        checkpoint_pin_host=pin_host,
+    )
+    assert reservation_pays(options, start, steps) is pays
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The one exception type for mistakes a user can fix.
 
 The CLI turns a :class:`TitanError` into a one-line message and exit code 2; the console turns it
-into a notification. Everything else is a bug or an environment failure and is reported as such.
+into a notification. Everything else is a bug or an environment failure and is reported as such
+(:func:`error_line`).
 """
 
 
@@ -10,3 +11,10 @@ class TitanError(Exception):
 
     The message is one line and names the field (``--batch-size``, ``data``) and what is allowed.
     """
+
+
+def error_line(err: BaseException) -> str:
+    """An error as one line: ``Type: message`` (the message's first line), or the type alone
+    when the message is empty."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

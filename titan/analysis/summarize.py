@@ -88,7 +88,7 @@ import duckdb
 
 from titan.analysis import ettr, liveness, perfdb
 from titan.analysis.sql import insert_rows
-from titan.errors import TitanError
+from titan.errors import TitanError, error_line
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
 from titan.telemetry.events import (
     MFU_CONVENTION,
@@ -550,7 +550,7 @@ def _stage_batch(
         try:
             staged.append(_stage_file(path, run_id, row[4:] if row else None, tmp / str(index)))
         except OSError as err:
-            failed[run_id] = _one_line(err)
+            failed[run_id] = error_line(err)
     return staged, failed
 
 
@@ -573,12 +573,6 @@ def _forget(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 
-def _one_line(err: BaseException) -> str:
-    """An error as one line: ``Type: message`` (its first line)."""
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 # What summarising a run's stored events can raise on a record no reader foresaw.
 _SUMMARY_ERRORS = (ValueError, TypeError, LookupError, AttributeError, RecursionError, duckdb.Error)
 
@@ -591,7 +585,7 @@ def _refresh_or_mark(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
         with _transaction(con):
             refresh_runs(con, [run_id])
     except _SUMMARY_ERRORS as err:
-        _store_summary(con, _unreadable_summary(run_id, _one_line(err)), None)
+        _store_summary(con, _unreadable_summary(run_id, error_line(err)), None)
 
 
 def _unreadable_summary(run_id: str, reason: str) -> RunSummary:
@@ -873,7 +867,9 @@ def summarize_run_dir(run_dir: Path) -> RunSummary:
             try:
                 staged = _stage_file(run_dir / EVENTS_FILE, run_dir.name, None, Path(tmp, "0"))
             except OSError as err:
-                raise TitanError(f"cannot read {run_dir / EVENTS_FILE}: {_one_line(err)}") from None
+                raise TitanError(
+                    f"cannot read {run_dir / EVENTS_FILE}: {error_line(err)}"
+                ) from None
             with _transaction(con):
                 _insert_staged(con, [staged])
         return compute_summaries(con, [run_dir.name])[0][0]

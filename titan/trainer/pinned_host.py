@@ -30,6 +30,8 @@ import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
+from titan.config import CheckpointOptions
+from titan.errors import error_line
 from titan.telemetry.events import PinnedHost
 from titan.trainer.stage_store import owner
 
@@ -53,7 +55,7 @@ class Shard:
     @property
     def nbytes(self) -> int:
         """Its size in bytes."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def orbax_pins_host() -> bool:
@@ -155,7 +157,7 @@ def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHos
         jax.block_until_ready(held)
         del held
     except Exception as err:  # noqa: BLE001 - in the event: a save does without
-        error = _one_line(err)
+        error = error_line(err)
     return PinnedHost(
         bytes=sum(shard.nbytes for shard in shards),
         seconds=time.perf_counter() - start,
@@ -163,18 +165,13 @@ def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHos
     )
 
 
-def _one_line(err: BaseException) -> str:
-    """``Type: first line of the message``, or the type alone when the message is empty."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-
-
-def reservation_pays(
-    asynchronous: bool, every: int, every_s: float, start: int, steps: int
-) -> bool:
-    """Whether a reservation before the first step can spare the steps anything: saves are
-    asynchronous (``--checkpoint-async``; a synchronous save holds the loop for all of its
-    work anyway) and one comes before the run's last (``--checkpoint-every-s``, or a multiple of
-    ``every`` after ``start`` and before ``steps``; the last save is waited for, and grows the
-    pool in that wait as well as before the first step)."""
-    return asynchronous and (every_s > 0 or (start // every + 1) * every < steps)
+def reservation_pays(options: CheckpointOptions, start: int, steps: int) -> bool:
+    """Whether to reserve before the first step: ``--checkpoint-pin-host``, where a reservation
+    can spare the steps anything: saves are asynchronous (``--checkpoint-async``; a synchronous
+    save holds the loop for all of its work anyway) and one comes before the run's last
+    (``--checkpoint-every-s``, or a multiple of ``--checkpoint-every`` after ``start`` and
+    before ``steps``; the last save is waited for, and grows the pool in that wait as well as
+    before the first step)."""
+    every = options.checkpoint_every
+    overlapped = options.checkpoint_every_s > 0 or (start // every + 1) * every < steps
+    return options.checkpoint_pin_host and options.checkpoint_async and overlapped

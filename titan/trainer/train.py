@@ -229,7 +229,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             return run.run(
                 compiler,
                 cfg.run.exit_zero_on_stop,
-                _pin_host(cfg.checkpoint, run.start_step, cfg.optimizer.steps),
+                reservation_pays(cfg.checkpoint, run.start_step, cfg.optimizer.steps),
             )
     except BaseException:
         if not stop.requested or stop.running:
@@ -570,18 +570,6 @@ class _Run:
         finally:
             self.record.close()
             self.progress.close()
-
-
-def _pin_host(options: CheckpointOptions, start_step: int, steps: int) -> bool:
-    """``--checkpoint-pin-host``, where a reservation can spare the steps anything
-    (:func:`titan.trainer.pinned_host.reservation_pays`)."""
-    return options.checkpoint_pin_host and reservation_pays(
-        options.checkpoint_async,
-        options.checkpoint_every,
-        options.checkpoint_every_s,
-        start_step,
-        steps,
-    )
 
 
 def _record_reserve(reserved: PinnedHost | None, record: RunRecord) -> None:
