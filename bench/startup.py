@@ -3,8 +3,8 @@
 Runs ``titan train`` (default ``--model llama3-1b --batch-size 8 --seq-len 2048 --steps 3``,
 plus any options after ``--``) ``--starts`` times in a row, each in its own process, with one
 ``$TITAN_CACHE`` (``--cache``; its ``xla`` folder, the compilation cache, is emptied before the
-first start, so that start compiles cold and the next ones find the cache warm), and reads each
-run's record:
+first start, so that start compiles cold and the next ones find the cache warm), reads each
+run's record and deletes its checkpoints:
 
 - ``time_to_first_step_s``: the first ``step`` event's time less the moment the process was
   started (imports, tokenizer, tracing, compiling and the first step itself);
@@ -16,7 +16,8 @@ run's record:
   with a ``reason`` (their ``what`` and ``reason``);
 - ``step_time_s``: the median ``step_time_s`` of the steps after the first;
 - ``pinned_host_s``: the seconds of the run's reservation of pinned host memory for its
-  checkpoints, before its first step (``pinned_host`` event; None without one).
+  checkpoints, after its first step (``pinned_host`` event; None without one: ``--
+  --checkpoint-every 2`` gives a 3-step run a save before its last, and a reservation).
 
 Writes the results to ``--out`` (JSON) and prints them. ``--model tiny --seq-len 32
 --batch-size 8 --out /tmp/s.json`` runs on CPU.
@@ -49,6 +50,7 @@ def _start(args: argparse.Namespace, runs: Path, index: int) -> dict[str, Any]:
     launched = time.time()
     subprocess.run(command, check=True, env=env)
     events = read_events(runs / f"start-{index}")
+    shutil.rmtree(runs / f"start-{index}" / "checkpoints", ignore_errors=True)  # disk for the next
     steps = [e for e in events if e["type"] == "step"]
     compiles = [e for e in events if e["type"] == "compile" and not e.get("passed_over")]
     passed_over = [e["seconds"] for e in events if e["type"] == "compile" and e.get("passed_over")]

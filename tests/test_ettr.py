@@ -253,15 +253,15 @@ def test_a_pinned_host_reservation_is_checkpoint_badput_not_initialization():
     assert g.ettr == pytest.approx(2.0 / 13.5)
 
 
-def test_a_pinned_host_reservation_between_steps_comes_out_of_the_next_step():
-    """A 6 s reservation between steps 1 and 2 (step 2 then took 7 s): step 2's compute is 1 s,
-    initialization 1005 - 1000 - 4 = 1 s, checkpoint badput 6 + 0.5."""
+def test_a_pinned_host_reservation_after_the_first_step_is_in_no_step():
+    """A 6 s reservation between steps 1 and 2, in no step's time (step 2 took 1 s after it):
+    initialization 1005 - 1000 - 4 = 1 s, productive 2 s, checkpoint badput 6 + 0.5."""
     events = [
         _event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=2),
         _event("compile", 1005.0, what="train_step", seconds=4.0),
         _event("step", 1006.0, step=1, step_time_s=1.0, loss=5.0),
         _event("pinned_host", 1012.0, bytes=1 << 30, seconds=6.0),
-        _event("step", 1013.0, step=2, step_time_s=7.0, loss=4.0),
+        _event("step", 1013.0, step=2, step_time_s=1.0, loss=4.0),
         _event("checkpoint", 1013.5, step=2, seconds=0.5, path="c/2"),
         _event("run_end", 1013.5, status="completed", step=2, reason=None),
     ]

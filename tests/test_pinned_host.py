@@ -1,9 +1,11 @@
-"""Pinned host memory reserved before the loop: what a save copies (against orbax's own rule),
-the reservation, when it is made, and a run that records it (forced on CPU, whose devices have
-a pinned_host memory too; orbax pins only on GPUs)."""
+"""Pinned host memory reserved before the first save: what a save copies (against orbax's own
+rule), the reservation, when it is made, and a run that records it after its first step, in no
+step's time (forced on CPU, whose devices have a pinned_host memory too; orbax pins only on
+GPUs)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import jax
@@ -14,7 +16,7 @@ from orbax.checkpoint._src.serialization.replica_slices import get_replica_slice
 
 from titan.config import CheckpointOptions, TrainConfig, model_config
 from titan.ops import Ops
-from titan.trainer import pinned_host
+from titan.trainer import pin_host_hook, pinned_host
 from titan.trainer.pinned_host import (
     Shard,
     copied_shards,
@@ -118,30 +120,44 @@ def test_a_reservation_is_made_only_where_a_save_overlaps_steps(
     assert reservation_pays(options, start, steps) is pays
 
 
+SLOW_RESERVATION_S = 2.0  # far longer than a tiny step on CPU
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["reserved", "failed", "off"])
-def test_a_run_records_its_reservation_before_its_first_step(
+def test_a_run_records_its_reservation_after_its_first_step_in_no_step(
     small_options, monkeypatch, capfd, case
 ):
     monkeypatch.setattr(pinned_host, "orbax_pins_host", lambda: True)
     if case == "failed":
         petabyte = [Shard(jax.devices()[0], (1 << 50,), np.dtype(np.uint8))]
         monkeypatch.setattr(pinned_host, "copied_shards", lambda items: petabyte)
+
+    def slow_reserve(items):
+        time.sleep(SLOW_RESERVATION_S)
+        return reserve_host(items)
+
+    monkeypatch.setattr(pin_host_hook, "reserve_host", slow_reserve)
     options = {**small_options, "run_id": "pinned", "steps": 4, "checkpoint_every": 2}
     code, run_dir = run_in_process({**options, "checkpoint_pin_host": case != "off"})
     assert code == 0
     assert [e["step"] for e in events(run_dir, "checkpoint")] == [2, 4]
-    said = capfd.readouterr().err
+    captured = capfd.readouterr()
     kinds = [e["type"] for e in events(run_dir)]
     if case == "off":
-        assert "pinned_host" not in kinds
+        assert "pinned_host" not in kinds and "pinned host" not in captured.out
         return
     at = kinds.index("pinned_host")
-    assert max(i for i, k in enumerate(kinds) if k == "compile") < at < kinds.index("step")
+    assert kinds.index("step") < at < kinds.index("checkpoint")
+    assert [e["step"] for e in events(run_dir)[:at] if e["type"] == "step"] == [1]
+    assert "titan: reserving pinned host memory for checkpoints" in captured.out
+    second = next(e for e in events(run_dir, "step") if e["step"] == 2)
+    assert second["step_time_s"] < SLOW_RESERVATION_S  # the clock restarts after it
     (reserved,) = events(run_dir, "pinned_host")
     assert reserved["bytes"] > 0 and reserved["seconds"] > 0
     if case == "failed":
         assert reserved["error"].startswith("MemoryError")
-        assert "titan: reserving 1125899.9 GB of pinned host memory for checkpoints failed" in said
+        said = "titan: reserving 1125899.9 GB of pinned host memory for checkpoints failed"
+        assert said in captured.err
     else:
-        assert "error" not in reserved and "pinned host" not in said
+        assert "error" not in reserved and "pinned host" not in captured.err

@@ -30,6 +30,22 @@ def test_a_phase_in_a_terminal_shows_its_name_and_the_elapsed_time_ticking():
     assert "0:00:00" in shown and "0:00:02" in shown  # the clock moved while it compiled
 
 
+def test_a_phase_during_the_training_bar_shows_beside_the_bar():
+    """A phase after the first step (the pinned host reservation) shows its spinner, elapsed
+    time and name while the training bar is live (nested live displays), inert; the bar goes
+    on after it."""
+    progress, screen = _terminal_progress()
+    progress.step(_step(step=1, tokens=2048, tokens_per_s=20480.0))
+    with progress.status("reserving [bold]pinned[/bold] host memory"):
+        time.sleep(1.2)
+    progress.step(_step(tokens=4096, tokens_per_s=40960.0))
+    progress.close()
+    shown = screen.getvalue()
+    assert "reserving [bold]pinned[/bold] host memory" in shown
+    assert "0:00:01" in shown.split("reserving", 1)[1]
+    assert "40,960 tok/s" in shown.rsplit("reserving", 1)[1]
+
+
 def test_a_phase_in_a_log_is_one_line(capsys):
     progress = TrainProgress(total_steps=2, log_every=1)
     with progress.status("compiling the train step"):
@@ -49,7 +65,7 @@ def test_tokenize_lines_write_small_corpora_in_megabytes(capsys):
 
 def _step(**fields) -> Step:
     values = {"step": 2, "loss": 1.5, "grad_norm": 0.5, "lr": 1e-3, "step_time_s": 0.1}
-    return Step(**values, **fields)
+    return Step(**{**values, **fields})
 
 
 def test_step_lines_give_tokens_or_images_per_second(capsys):

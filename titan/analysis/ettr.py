@@ -36,7 +36,8 @@ checkpoint save and restore, progress wasted by a disruption)):
                              (the time the loop waited for the save; an async save's
                              background writing is inside the step times), and of
                              ``pinned_host`` events' (the memory the saves copy into,
-                             reserved before the first step, out of initialization)
+                             reserved after the first step in no step's time; one reserved
+                             before the first step is taken out of initialization)
         eval               = sum of ``eval`` events' ``seconds`` (validation, ``--eval-every``;
                              the trainer keeps it out of every step's time)
         lost_progress      = compute time of steps that did not survive
@@ -320,8 +321,6 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
             attempt.checkpoint_save_s += seconds
             if first_step_start is None:
                 counted_before_steps += seconds
-            else:  # inside the next step's time, as a save between steps is
-                save_since_step += seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
             seconds = _seconds(event.seconds)
             attempt.checkpoint_save_s += seconds

@@ -510,10 +510,10 @@ class CheckpointUnrestorable(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class PinnedHost(Event):
-    """Pinned host memory reserved for the copies of checkpoint saves, after the step was
-    compiled and before the first step (:mod:`titan.trainer.pinned_host`; GPUs only, where
-    orbax copies a save through it). Growing that memory holds the GPU's other work back, so it
-    is done here once and not during the first save."""
+    """Pinned host memory reserved for the copies of checkpoint saves, after the run's first
+    step and before its first save (:mod:`titan.trainer.pin_host_hook`; GPUs only, where orbax
+    copies a save through it). Growing that memory holds the GPU's other work back, so it is
+    done here once, in no step's time, and not during the first save."""
 
     type: ClassVar[str] = "pinned_host"
 
@@ -521,7 +521,7 @@ class PinnedHost(Event):
         "the bytes reserved: the shards a save copies on this process", "bytes", required=True
     )
     seconds: float | None = _field(
-        "time the reservation took, before the first step; checkpoint badput in ETTR", "seconds"
+        "time the reservation took, in no step's time; checkpoint badput in ETTR", "seconds"
     )
     error: str | None = _field(
         "why the reservation failed (one line); the first save then grows the memory itself",

@@ -1,19 +1,20 @@
-"""Pinned host memory for the copies of checkpoint saves, reserved while the run sets up.
+"""Pinned host memory for the copies of checkpoint saves, reserved before the first save.
 
 On GPUs orbax copies every array of a save into pinned host memory (its
 ``enable_pinned_host_transfer`` default: ``jax.default_backend() == "gpu"``,
 ``orbax.checkpoint`` ``BasePyTreeCheckpointHandler``). XLA takes that memory from a pool that
 it grows on demand and keeps for the process; while the pool grows, the GPU's other work waits
 on the driver. Measured on one H200 (``bench/results/checkpoint-nvidia-h200.json``): growing it
-by 18.0 GB for ``llama3-1b``'s state took 15.2 s (about 1.2 GB/s), and where the first save grew
+by 18.0 GB for ``llama3-1b``'s state took 17.4 s (about 1 GB/s), and where the first save grew
 it instead, that save held back the steps it overlapped by 13.2 s in all (later saves: under
 0.2 s).
 
-:func:`reserve_host` grows the pool to the bytes that a save copies once the step is compiled,
-before the first step: the loop's steps then run at their speed while the first save is written,
-and the reservation is timed on its own (a ``pinned_host`` event, checkpoint badput in ETTR).
-Growing it on a thread beside the set-up would not hide it: loading the compiled program and
-the state's initialization wait on the driver too. The reservation copies zeros from host
+:func:`reserve_host` grows the pool to the bytes that a save copies, after the run's first
+step and before its first save (:class:`titan.trainer.pin_host_hook.PinHostHook`): the loop's
+steps then run at their speed while the first save is written, and the reservation is timed on
+its own (a ``pinned_host`` event, checkpoint badput in ETTR). Growing it on a thread beside the
+set-up or the steps would not hide it: loading the compiled program, the state's
+initialization and the steps wait on the driver too. The reservation copies zeros from host
 memory and never reads a device array. It pays only where a save would otherwise overlap steps
 (:func:`reservation_pays`).
 """
@@ -166,12 +167,12 @@ def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHos
 
 
 def reservation_pays(options: CheckpointOptions, start: int, steps: int) -> bool:
-    """Whether to reserve before the first step: ``--checkpoint-pin-host``, where a reservation
+    """Whether to reserve before the first save: ``--checkpoint-pin-host``, where a reservation
     can spare the steps anything: saves are asynchronous (``--checkpoint-async``; a synchronous
     save holds the loop for all of its work anyway) and one comes before the run's last
     (``--checkpoint-every-s``, or a multiple of ``--checkpoint-every`` after ``start`` and
     before ``steps``; the last save is waited for, and grows the pool in that wait as well as
-    before the first step)."""
+    before it)."""
     every = options.checkpoint_every
     overlapped = options.checkpoint_every_s > 0 or (start // every + 1) * every < steps
     return options.checkpoint_pin_host and options.checkpoint_async and overlapped

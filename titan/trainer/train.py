@@ -4,9 +4,10 @@ The recipe (:func:`train`): resolve options, open the corpus, claim the run dir,
 tokenizer (or read the images: :mod:`titan.trainer.task`), build the model family and the
 layout's trainer, read the batches, trace the step, restore or initialise the state (all
 validation happens up to here, before anything is written into the run dir), write the run
-files, record ``run_start``, compile, reserve the pinned host memory that saves copy into
-(:mod:`titan.trainer.pinned_host`), loop, checkpoint, record. :func:`train` alone holds the
-whole config: each step takes the sections, or the values, it reads.
+files, record ``run_start``, compile, loop (after the first step: reserve the pinned host
+memory that saves copy into, :mod:`titan.trainer.pin_host_hook`), checkpoint, record.
+:func:`train` alone holds the whole config: each step takes the sections, or the values, it
+reads.
 
 Events written to ``events.jsonl``: the types of :mod:`titan.telemetry.events`, documented
 in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
@@ -79,7 +80,7 @@ from titan.parallel.distributed import (
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
 from titan.telemetry.env import capture_environment
-from titan.telemetry.events import CheckpointUnrestorable, Compile, PinnedHost, RunEnd, RunStart
+from titan.telemetry.events import CheckpointUnrestorable, Compile, RunEnd, RunStart
 from titan.telemetry.mfu import FlopsMeter, device_peak
 from titan.telemetry.power import PowerSampler, open_reader
 from titan.telemetry.profile import StepProfiler
@@ -123,7 +124,8 @@ from titan.trainer.images import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
 from titan.trainer.memory_check import MemoryCheck, RematChoice, Traced, check_memory
 from titan.trainer.peers import PeerWatch, end_for_lost
-from titan.trainer.pinned_host import reservation_pays, reserve_host
+from titan.trainer.pin_host_hook import PinHostHook
+from titan.trainer.pinned_host import reservation_pays
 from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import Heartbeat, MutedRecord, is_writer
 from titan.trainer.profiler_hook import ProfilerHook
@@ -217,7 +219,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                 stop.start()  # from here a signal stops the run after a step, with a checkpoint
                 run.begin(config_to_data(cfg), cfg.observability)
                 run.make_loop(cfg.optimizer.steps, cfg.checkpoint, cfg.debugging)
-                run.add_loop_hooks(cfg.observability, cfg.optimizer, compiles)
+                pin_host = reservation_pays(cfg.checkpoint, run.start_step, cfg.optimizer.steps)
+                run.add_loop_hooks(cfg.observability, cfg.optimizer, compiles, pin_host)
                 run.record_start(cfg.record(), cfg.optimizer.steps, resuming, setup_start)
             except BaseException:
                 run.close()
@@ -226,11 +229,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             if resuming and run.start_step:  # said once the run is recorded: a refusal is one line
                 schedule = _schedule_text(cfg.optimizer)
                 print(f"titan: resuming from step {run.start_step}: {schedule}", file=sys.stderr)
-            return run.run(
-                compiler,
-                cfg.run.exit_zero_on_stop,
-                reservation_pays(cfg.checkpoint, run.start_step, cfg.optimizer.steps),
-            )
+            return run.run(compiler, cfg.run.exit_zero_on_stop)
     except BaseException:
         if not stop.requested or stop.running:
             raise
@@ -472,13 +471,17 @@ class _Run:
         observability: ObservabilityOptions,
         optimizer: OptimizerOptions,
         compiles: CompileWatch,
+        pin_host: bool,
     ) -> None:
         """Register the monitors of the loop's steps, in the order they act after a step: the
-        profiler (``--profile-steps``), settled saves, repeated compilations, checkpoints,
-        evaluation (``--eval-every``), progress, loss spikes (``--loss-spike-*``) and
-        ``--nonfinite``."""
+        reservation of pinned host memory for the saves (``pin_host``:
+        :func:`titan.trainer.pinned_host.reservation_pays`), the profiler (``--profile-steps``),
+        settled saves, repeated compilations, checkpoints, evaluation (``--eval-every``),
+        progress, loss spikes (``--loss-spike-*``) and ``--nonfinite``."""
         hooks, record, saver, progress = self.hooks, self.record, self.saver, self.progress
         obs = observability
+        if pin_host:
+            hooks.add(PinHostHook(self.trainer.abstract_items(), record, progress))
         hooks.add(ProfilerHook(StepProfiler(obs.profile_steps, record)))
         hooks.add(SettledSavesHook(saver))
         hooks.add(CompileHook(compiles, record))
@@ -521,10 +524,8 @@ class _Run:
             )
         )
 
-    def run(self, compiler: _Compiler, exit_zero_on_stop: bool, pin_host: bool) -> int:
-        """Compile the step, reserve the pinned host memory that saves copy into
-        (``pin_host``: :func:`titan.trainer.pinned_host.reserve_host`), run the loop and record
-        ``run_end``; close the run's parts.
+    def run(self, compiler: _Compiler, exit_zero_on_stop: bool) -> int:
+        """Compile the step, run the loop and record ``run_end``; close the run's parts.
         Returns the exit code: 0 completed, :data:`EXIT_STOPPED` stopped (0 with
         ``exit_zero_on_stop``), :data:`EXIT_NONFINITE` a non-finite abort, :data:`EXIT_FAILED`
         a failure (recorded as ``run_end`` ``failed``)."""
@@ -537,9 +538,6 @@ class _Run:
             compiled = [*compiled, *self.saver.finite_check.compile(self.state)]
             for event in [*compiled, *self.trainer.start_events()]:
                 record.emit(event)
-            if pin_host:
-                with self.progress.status("reserving pinned host memory for checkpoints"):
-                    _record_reserve(reserve_host(self.trainer.abstract_items()), record)
             step, status = loop.run(self.state, self.start_step)
             record.emit(RunEnd(status=status, step=step, signal=self.stop.signal_name or None))
             self.liveness.heartbeat.close(status, step)
@@ -570,20 +568,6 @@ class _Run:
         finally:
             self.record.close()
             self.progress.close()
-
-
-def _record_reserve(reserved: PinnedHost | None, record: RunRecord) -> None:
-    """Record the reservation of pinned host memory; a failed one is also said, in one line."""
-    if reserved is None:
-        return
-    record.emit(reserved)
-    if reserved.error:
-        print(
-            f"titan: reserving {reserved.bytes / 1e9:.1f} GB of pinned host memory for "
-            f"checkpoints failed ({inert(reserved.error)}); the first save will take it, "
-            "holding the steps back",
-            file=sys.stderr,
-        )
 
 
 def _installed(stop: StopFlag, debug_signal_in: str) -> StopFlag:
