@@ -5,6 +5,8 @@ GPUs)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 
@@ -15,6 +17,7 @@ from helpers import events, run_in_process, trainer_of
 from orbax.checkpoint._src.serialization.replica_slices import get_replica_slices
 
 from titan.config import CheckpointOptions, TrainConfig, model_config
+from titan.exit_codes import EXIT_STOPPED
 from titan.ops import Ops
 from titan.trainer import pin_host_hook, pinned_host
 from titan.trainer.pinned_host import (
@@ -80,6 +83,24 @@ def test_a_reservation_places_each_copy_in_pinned_host_memory(monkeypatch):
     assert placed == Counter(("pinned_host", s.device, s.shape, s.dtype) for s in shards)
     assert event.bytes == sum(s.nbytes for s in shards) > 0
     assert event.seconds is not None and event.seconds > 0
+    assert event.stopped is None
+
+
+def test_a_stop_signal_ends_a_reservation_between_two_shards(monkeypatch):
+    items = _sharded_trainer().abstract_items()
+    placed = []
+    put = jax.device_put
+
+    def spy(value, sharding):
+        placed.append(value.shape)
+        return put(value, sharding)
+
+    monkeypatch.setattr(pinned_host.jax, "device_put", spy)
+    event = reserve_host(items, pinned=True, stopped=lambda: len(placed) == 3)
+    assert event is not None and event.stopped is True and event.error is None
+    assert len(placed) == 3 < len(copied_shards(items))
+    event = reserve_host(items, pinned=True, stopped=lambda: True)
+    assert event is not None and event.stopped is True and len(placed) == 3
 
 
 @pytest.mark.parametrize(
@@ -133,9 +154,9 @@ def test_a_run_records_its_reservation_after_its_first_step_in_no_step(
         petabyte = [Shard(jax.devices()[0], (1 << 50,), np.dtype(np.uint8))]
         monkeypatch.setattr(pinned_host, "copied_shards", lambda items: petabyte)
 
-    def slow_reserve(items):
+    def slow_reserve(items, stopped):
         time.sleep(SLOW_RESERVATION_S)
-        return reserve_host(items)
+        return reserve_host(items, stopped=stopped)
 
     monkeypatch.setattr(pin_host_hook, "reserve_host", slow_reserve)
     options = {**small_options, "run_id": "pinned", "steps": 4, "checkpoint_every": 2}
@@ -161,3 +182,25 @@ def test_a_run_records_its_reservation_after_its_first_step_in_no_step(
         assert said in captured.err
     else:
         assert "error" not in reserved and "pinned host" not in captured.err
+    assert "stopped" not in reserved
+
+
+@pytest.mark.slow
+def test_a_stop_signal_during_the_reservation_ends_it_and_the_run_saves(
+    small_options, monkeypatch
+):
+    monkeypatch.setattr(pinned_host, "orbax_pins_host", lambda: True)
+
+    def signalled_reserve(items, stopped):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return reserve_host(items, stopped=stopped)
+
+    monkeypatch.setattr(pin_host_hook, "reserve_host", signalled_reserve)
+    options = {**small_options, "run_id": "pin-stop", "steps": 8, "checkpoint_every": 4}
+    code, run_dir = run_in_process(options)
+    assert code == EXIT_STOPPED
+    (reserved,) = events(run_dir, "pinned_host")
+    assert reserved["stopped"] is True
+    assert [e["step"] for e in events(run_dir, "step")] == [1]
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [1]
+    assert events(run_dir, "run_end")[0]["status"] == "stopped"

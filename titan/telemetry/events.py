@@ -527,6 +527,11 @@ class PinnedHost(Event):
         "why the reservation failed (one line); the first save then grows the memory itself",
         omit_if_none=True,
     )
+    stopped: bool | None = _field(
+        "a stop signal ended the reservation before all of ``bytes`` was reserved (the stop's "
+        "save grows the rest)",
+        omit_if_none=True,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

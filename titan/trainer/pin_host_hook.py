@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from titan.inert import inert
+from titan.stopping import StopFlag
 from titan.telemetry.events import PinnedHost
 from titan.telemetry.records import RunRecord
 from titan.trainer.hooks import Hook, LoopControl
@@ -34,12 +35,16 @@ class PinHostHook(Hook):
         items: the trainer's checkpoint items, abstract (``Trainer.abstract_items()``).
         record: where the ``pinned_host`` event goes.
         progress: says that the reservation is under way.
+        stop: the run's stop flag: a stop signal ends the reservation between two shards.
     """
 
-    def __init__(self, items: dict[str, Any], record: RunRecord, progress: TrainProgress) -> None:
+    def __init__(
+        self, items: dict[str, Any], record: RunRecord, progress: TrainProgress, stop: StopFlag
+    ) -> None:
         self.items: dict[str, Any] | None = items
         self.record = record
         self.progress = progress
+        self.stop = stop
 
     def on_step(self, loop: LoopControl, step: int, state: TrainState) -> None:
         if self.items is None:
@@ -48,7 +53,7 @@ class PinHostHook(Hook):
         loop.flush_metrics()
         loop.phase("checkpoint_save", step)
         with self.progress.status(RESERVING):
-            _record_reserve(reserve_host(items), self.record)
+            _record_reserve(reserve_host(items, stopped=lambda: self.stop.requested), self.record)
         loop.restart_clock()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,11 +121,14 @@ def _copies(leaf: Any, split: bool) -> list[Shard]:
     return copies
 
 
-def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHost | None:
+def reserve_host(
+    items: dict[str, Any], pinned: bool | None = None, stopped: Callable[[], bool] = lambda: False
+) -> PinnedHost | None:
     """Grow XLA's pinned host pool by the bytes that a save of ``items`` copies
     (:func:`copied_shards`; module docstring): place a buffer of zeros of each shard's shape in
-    its device's pinned host memory, wait until all are there, and free them, which leaves the
-    pool that size. Blocks until done.
+    its device's pinned host memory, one shard after another, and free them all, which leaves
+    the pool that size. Blocks until done, or until ``stopped()`` is true between two shards
+    (a stop signal: the run's last save is waited for anyway, and grows the pool itself).
 
     A failure (the pool's limit, ``XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB``, or the host's memory)
     is returned in the event's ``error``, never raised: the first save then grows the pool
@@ -135,10 +139,12 @@ def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHos
             shardings).
         pinned: whether saves copy through pinned host memory (default
             :func:`orbax_pins_host`).
+        stopped: whether to stop reserving (asked before each shard).
 
     Returns:
-        The ``pinned_host`` event (bytes, seconds), or None when nothing was reserved: saves
-        copy no shard of this process through pinned memory.
+        The ``pinned_host`` event (bytes, seconds; ``stopped`` when ``stopped()`` ended it),
+        or None when nothing was reserved: saves copy no shard of this process through pinned
+        memory.
     """
     if not (orbax_pins_host() if pinned is None else pinned):
         return None
@@ -146,23 +152,26 @@ def reserve_host(items: dict[str, Any], pinned: bool | None = None) -> PinnedHos
     if not shards:
         return None
     start = time.perf_counter()
-    error = None
+    error, cut_short = None, False
+    held: list[jax.Array] = []
     try:
         zeros = {(s.shape, s.dtype): np.zeros(s.shape, s.dtype) for s in shards}  # one a shape
-        held = [
-            jax.device_put(
-                zeros[s.shape, s.dtype], SingleDeviceSharding(s.device, memory_kind=PINNED_HOST)
-            )
-            for s in shards
-        ]
-        jax.block_until_ready(held)
-        del held
+        for shard in shards:
+            if stopped():
+                cut_short = True
+                break
+            memory = SingleDeviceSharding(shard.device, memory_kind=PINNED_HOST)
+            held.append(jax.device_put(zeros[shard.shape, shard.dtype], memory))
+            held[-1].block_until_ready()
     except Exception as err:  # noqa: BLE001 - in the event: a save does without
         error = error_line(err)
+    finally:
+        held.clear()
     return PinnedHost(
         bytes=sum(shard.nbytes for shard in shards),
         seconds=time.perf_counter() - start,
         error=error,
+        stopped=cut_short or None,
     )
 
 

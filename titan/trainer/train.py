@@ -481,7 +481,7 @@ class _Run:
         hooks, record, saver, progress = self.hooks, self.record, self.saver, self.progress
         obs = observability
         if pin_host:
-            hooks.add(PinHostHook(self.trainer.abstract_items(), record, progress))
+            hooks.add(PinHostHook(self.trainer.abstract_items(), record, progress, self.stop))
         hooks.add(ProfilerHook(StepProfiler(obs.profile_steps, record)))
         hooks.add(SettledSavesHook(saver))
         hooks.add(CompileHook(compiles, record))
