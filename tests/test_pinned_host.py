@@ -186,9 +186,7 @@ def test_a_run_records_its_reservation_after_its_first_step_in_no_step(
 
 
 @pytest.mark.slow
-def test_a_stop_signal_during_the_reservation_ends_it_and_the_run_saves(
-    small_options, monkeypatch
-):
+def test_a_stop_signal_during_the_reservation_ends_it_and_the_run_saves(small_options, monkeypatch):
     monkeypatch.setattr(pinned_host, "orbax_pins_host", lambda: True)
 
     def signalled_reserve(items, stopped):
