@@ -317,6 +317,19 @@ async def test_monitor_follows_events_appended_to_a_run_dir(consoles, tmp_path: 
     assert back_on_list
 
 
+def test_run_state_eta_starts_its_rate_after_the_pinned_host_reservation():
+    """The reservation is a pause once per process, after the first step: the ETA's rate is
+    measured from the steps after it, not over it."""
+    state = RunState()
+    state.apply(parsed([event("run_start", 100.0, total_steps=10)]))
+    state.apply(parsed([event("step", 101.0, step=1, loss=9.0)]))
+    state.apply(parsed([event("pinned_host", 117.0, bytes=1 << 34, seconds=16.0)]))
+    state.apply(parsed([event("step", 117.5, step=2, loss=8.0)]))
+    assert state.eta_s() is None  # one step after it: no rate yet
+    state.apply(parsed([event("step", 118.0, step=3, loss=7.0)]))
+    assert state.eta_s() == pytest.approx(7 * 0.5)
+
+
 def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses():
     state = RunState()
     state.apply(parsed([event("run_start", 100.0, config={"preset": "tiny"}, total_steps=10)]))

@@ -30,6 +30,7 @@ from titan.telemetry.events import (
     Compile,
     Eval,
     Event,
+    PinnedHost,
     Pipeline,
     PipelineTiming,
     RunEnd,
@@ -276,6 +277,10 @@ class RunState:
         self._take_flops(event)
         self._take_energy(event)
         self.peak_memory_bytes = event.peak_memory_bytes
+
+    def _on_pinned_host(self, event: PinnedHost) -> None:
+        # a pause once per process (after the first step): the ETA's rate starts after it
+        self._step_times.clear()
 
     def _on_eval(self, event: Eval) -> None:
         self.eval_loss = event.loss
