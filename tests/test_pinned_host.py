@@ -27,6 +27,7 @@ from titan.trainer.pinned_host import (
     reservation_pays,
     reserve_host,
 )
+from titan.trainer.saver import Saver
 
 
 def _sharded_trainer():
@@ -154,20 +155,30 @@ def test_a_run_records_its_reservation_after_its_first_step_in_no_step(
         petabyte = [Shard(jax.devices()[0], (1 << 50,), np.dtype(np.uint8))]
         monkeypatch.setattr(pinned_host, "copied_shards", lambda items: petabyte)
 
+    order = []
+    save = Saver.save
+
     def slow_reserve(items, stopped):
+        order.append("reserve")
         time.sleep(SLOW_RESERVATION_S)
         return reserve_host(items, stopped=stopped)
 
+    def spied_save(saver, state, position):
+        order.append(f"save {state.step}")
+        return save(saver, state, position)
+
     monkeypatch.setattr(pin_host_hook, "reserve_host", slow_reserve)
-    options = {**small_options, "run_id": "pinned", "steps": 4, "checkpoint_every": 2}
+    monkeypatch.setattr(Saver, "save", spied_save)
+    options = {**small_options, "run_id": "pinned", "steps": 3, "checkpoint_every": 1}
     code, run_dir = run_in_process({**options, "checkpoint_pin_host": case != "off"})
     assert code == 0
-    assert [e["step"] for e in events(run_dir, "checkpoint")] == [2, 4]
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [1, 2, 3]
     captured = capfd.readouterr()
     kinds = [e["type"] for e in events(run_dir)]
     if case == "off":
         assert "pinned_host" not in kinds and "pinned host" not in captured.out
         return
+    assert order == ["reserve", "save 1", "save 2", "save 3"]  # before the save of step 1
     at = kinds.index("pinned_host")
     assert kinds.index("step") < at < kinds.index("checkpoint")
     assert [e["step"] for e in events(run_dir)[:at] if e["type"] == "step"] == [1]
@@ -202,3 +213,20 @@ def test_a_stop_signal_during_the_reservation_ends_it_and_the_run_saves(small_op
     assert [e["step"] for e in events(run_dir, "step")] == [1]
     assert [e["step"] for e in events(run_dir, "checkpoint")] == [1]
     assert events(run_dir, "run_end")[0]["status"] == "stopped"
+
+
+@pytest.mark.slow
+def test_a_stop_signal_before_the_reservation_spares_it(small_options, monkeypatch):
+    monkeypatch.setattr(pinned_host, "orbax_pins_host", lambda: True)
+    on_step = pin_host_hook.PinHostHook.on_step
+
+    def signalled_on_step(hook, loop, step, state):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return on_step(hook, loop, step, state)
+
+    monkeypatch.setattr(pin_host_hook.PinHostHook, "on_step", signalled_on_step)
+    options = {**small_options, "run_id": "pin-stop-first", "steps": 8, "checkpoint_every": 4}
+    code, run_dir = run_in_process(options)
+    assert code == EXIT_STOPPED
+    assert events(run_dir, "pinned_host") == []
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [1]

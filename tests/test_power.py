@@ -120,6 +120,21 @@ def test_step_energy_reads_the_counter_at_each_step_end():
     assert steps.step_fields(tokens=500) == {"energy_j": 0.0, "joules_per_token": 0.0}
 
 
+def test_step_energy_after_a_restart_leaves_the_pause_to_no_step():
+    """An evaluation or the pinned host reservation between two steps restarts the step clock,
+    and the energy with it: the next step's energy is its own, not the pause's."""
+    counter = Counter()
+    sampler = PowerSampler(counter)
+    sampler.sample()
+    steps = StepEnergy(sampler)
+    counter.joules = 10.0
+    assert steps.step_fields(tokens=500)["energy_j"] == 10.0
+    counter.joules = 4010.0  # the pause: 4 kJ
+    steps.restart()
+    counter.joules = 4012.0
+    assert steps.step_fields(tokens=500)["energy_j"] == 2.0
+
+
 def test_step_energy_without_a_counter_takes_the_sampled_integral():
     sampler = PowerSampler(Counter(power_only=True))
     sampler.sample()

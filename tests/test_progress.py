@@ -33,12 +33,20 @@ def test_a_phase_in_a_terminal_shows_its_name_and_the_elapsed_time_ticking():
 def test_a_phase_during_the_training_bar_shows_beside_the_bar():
     """A phase after the first step (the pinned host reservation) shows its spinner, elapsed
     time and name while the training bar is live (nested live displays), inert; the bar goes
-    on after it."""
+    on after it, its remaining time measured from the steps after the pause."""
     progress, screen = _terminal_progress()
+    progress.total_steps = 10
     progress.step(_step(step=1, tokens=2048, tokens_per_s=20480.0))
+    time.sleep(0.1)
+    progress.step(_step(step=2, tokens=2048, tokens_per_s=20480.0))
+    (task,) = progress._bar.tasks
+    started = task.start_time
+    assert task.speed is not None
     with progress.status("reserving [bold]pinned[/bold] host memory"):
         time.sleep(1.2)
-    progress.step(_step(tokens=4096, tokens_per_s=40960.0))
+    # the remaining time's rate starts after the pause; the elapsed time does not
+    assert (task.speed, task.start_time, task.completed) == (None, started, 2)
+    progress.step(_step(step=3, tokens=4096, tokens_per_s=40960.0))
     progress.close()
     shown = screen.getvalue()
     assert "reserving [bold]pinned[/bold] host memory" in shown

@@ -518,7 +518,10 @@ class PinnedHost(Event):
     type: ClassVar[str] = "pinned_host"
 
     bytes: int = _field(
-        "the bytes reserved: the shards a save copies on this process", "bytes", required=True
+        "the bytes to reserve: the shards a save copies on this process (all reserved, unless "
+        "``error`` or ``stopped``)",
+        "bytes",
+        required=True,
     )
     seconds: float | None = _field(
         "time the reservation took, in no step's time; checkpoint badput in ETTR", "seconds"

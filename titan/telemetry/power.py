@@ -746,6 +746,11 @@ class StepEnergy:
         self._previous = sampler.energy_now_j()
         self._switch_reported = False
 
+    def restart(self) -> None:
+        """The next step's energy starts now: what the devices used since the last step's end
+        (an evaluation, the pinned host reservation) goes to no step, as its time does."""
+        self._previous = self.sampler.energy_now_j()
+
     def step_fields(self, tokens: int) -> dict[str, Any]:
         self.sampler.note_step()
         total = self.sampler.energy_now_j()

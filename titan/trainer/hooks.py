@@ -41,7 +41,7 @@ class LoopControl(Protocol):
         """Enter the watchdog phase ``phase`` of ``step`` (every hook's ``on_phase``)."""
 
     def restart_clock(self) -> None:
-        """Start the next step's time now (work done by a hook counts in no step)."""
+        """Start the next step's time and energy now (work done by a hook counts in no step)."""
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ class TrainLoop:
 
     def restart_clock(self) -> None:
         self.clock.restart()
+        self.energy.restart()
 
     def save_newest(self) -> None:
         """Save the newest state from the loop (holding the dispatch lock, so that a save on a

@@ -28,8 +28,10 @@ RESERVING = "reserving pinned host memory for checkpoints"
 class PinHostHook(Hook):
     """Reserves the pinned host memory of the saves of ``items`` after the first step the loop
     runs: that step's ``step`` event first, then the ``pinned_host`` event; the next step's time
-    starts after it. Registered before the checkpoint hook, so that it precedes a save of that
-    same step.
+    and energy start after it. Registered after the profiler's hook (a trace of that step closes
+    first) and before the checkpoint hook (it precedes a save of that step). Nothing is reserved
+    once a stop signal has come: the loop stops after this step, and its last save is waited for
+    anyway.
 
     Args:
         items: the trainer's checkpoint items, abstract (``Trainer.abstract_items()``).
@@ -50,6 +52,8 @@ class PinHostHook(Hook):
         if self.items is None:
             return
         items, self.items = self.items, None
+        if self.stop.requested:
+            return
         loop.flush_metrics()
         loop.phase("checkpoint_save", step)
         with self.progress.status(RESERVING):

@@ -126,9 +126,10 @@ def reserve_host(
 ) -> PinnedHost | None:
     """Grow XLA's pinned host pool by the bytes that a save of ``items`` copies
     (:func:`copied_shards`; module docstring): place a buffer of zeros of each shard's shape in
-    its device's pinned host memory, one shard after another, and free them all, which leaves
-    the pool that size. Blocks until done, or until ``stopped()`` is true between two shards
-    (a stop signal: the run's last save is waited for anyway, and grows the pool itself).
+    its device's pinned host memory, one shard after another (each placed while the one before
+    is copied), and free them all, which leaves the pool that size. Blocks until done, or until
+    ``stopped()`` is true between two shards (a stop signal: the run's last save is waited for
+    anyway, and grows the pool itself).
 
     A failure (the pool's limit, ``XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB``, or the host's memory)
     is returned in the event's ``error``, never raised: the first save then grows the pool
@@ -162,7 +163,9 @@ def reserve_host(
                 break
             memory = SingleDeviceSharding(shard.device, memory_kind=PINNED_HOST)
             held.append(jax.device_put(zeros[shard.shape, shard.dtype], memory))
-            held[-1].block_until_ready()
+            if len(held) > 1:  # one copy in flight while the next is placed
+                held[-2].block_until_ready()
+        jax.block_until_ready(held)
     except Exception as err:  # noqa: BLE001 - in the event: a save does without
         error = error_line(err)
     finally:

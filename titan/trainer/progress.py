@@ -92,6 +92,8 @@ class TrainProgress:
             ) as spinner:
                 spinner.add_task(inert(message), total=None)
                 yield
+            if self._bar is not None:  # shown under the training bar: a pause of the steps
+                self._restart_rate()
         else:
             print(f"titan: {inert(message)}", flush=True)
             yield
@@ -159,6 +161,15 @@ class TrainProgress:
             self._bar.start()
         assert self._task is not None  # added with the bar
         return self._bar, self._task
+
+    def _restart_rate(self) -> None:
+        """The training bar's remaining time is measured from the next steps on (rich's rate
+        would otherwise span the pause for its 30 s window); its elapsed time is kept."""
+        assert self._bar is not None and self._task is not None
+        task = next(t for t in self._bar.tasks if t.id == self._task)
+        started = task.start_time
+        self._bar.reset(self._task, completed=int(task.completed), **task.fields)
+        task.start_time = started
 
     def close(self) -> None:
         if self._bar is not None:

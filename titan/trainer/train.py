@@ -474,15 +474,15 @@ class _Run:
         pin_host: bool,
     ) -> None:
         """Register the monitors of the loop's steps, in the order they act after a step: the
-        reservation of pinned host memory for the saves (``pin_host``:
-        :func:`titan.trainer.pinned_host.reservation_pays`), the profiler (``--profile-steps``),
-        settled saves, repeated compilations, checkpoints, evaluation (``--eval-every``),
-        progress, loss spikes (``--loss-spike-*``) and ``--nonfinite``."""
+        profiler (``--profile-steps``), the reservation of pinned host memory for the saves
+        (``pin_host``: :func:`titan.trainer.pinned_host.reservation_pays`), settled saves,
+        repeated compilations, checkpoints, evaluation (``--eval-every``), progress, loss
+        spikes (``--loss-spike-*``) and ``--nonfinite``."""
         hooks, record, saver, progress = self.hooks, self.record, self.saver, self.progress
         obs = observability
-        if pin_host:
-            hooks.add(PinHostHook(self.trainer.abstract_items(), record, progress, self.stop))
         hooks.add(ProfilerHook(StepProfiler(obs.profile_steps, record)))
+        if pin_host:  # after a trace of step 1 closes, before a save of step 1
+            hooks.add(PinHostHook(self.trainer.abstract_items(), record, progress, self.stop))
         hooks.add(SettledSavesHook(saver))
         hooks.add(CompileHook(compiles, record))
         hooks.add(CheckpointHook(saver))
