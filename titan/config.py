@@ -807,7 +807,7 @@ class CheckpointOptions:
             "--checkpoint-pin-host",
             "on GPUs, with asynchronous saves and one before the last, reserve the pinned host "
             "memory that saves copy the state into after the first step, in no step's time "
-            "(16 to 24 s for llama3-1b's 18 GB on an H200 host), so that the first save does not "
+            "(15 to 22 s for llama3-1b's 18 GB on an H200 host), so that the first save does not "
             "slow the steps it overlaps; --no-checkpoint-pin-host: that save grows it, holding "
             "those steps back about as long",
             resumable=True,

@@ -5,7 +5,7 @@ On GPUs orbax copies every array of a save into pinned host memory (its
 ``orbax.checkpoint`` ``BasePyTreeCheckpointHandler``). XLA takes that memory from a pool that
 it grows on demand and keeps for the process; while the pool grows, the GPU's other work waits
 on the driver. Measured on one H200 (``bench/results/checkpoint-nvidia-h200.json``): growing it
-by 18.0 GB for ``llama3-1b``'s state took 16.2 s (about 1.1 GB/s), and where the first save grew
+by 18.0 GB for ``llama3-1b``'s state took 15.1 s (about 1.2 GB/s), and where the first save grew
 it instead, that save held back the steps it overlapped by 13.2 s in all (later saves: under
 0.2 s).
 
