@@ -43,3 +43,32 @@ async def test_plain_table_lines_are_datatables_lines_segment_for_segment():
             widths.append([c.content_width for c in table.ordered_columns])
     assert drawn[1] == drawn[0] and widths == [[20, 9, 11]] * 2
     assert "[b]tiny[/b]" in "".join(text for text, _ in drawn[1][1])  # inert, as typed
+
+
+class _Narrow(App[None]):
+    """A table wider than the screen by its headings alone (a scrollbar from the start)."""
+
+    def compose(self) -> ComposeResult:
+        table = PlainTable(cursor_type="row")
+        table.styles.height = 8  # a new row resizes nothing (History fills its screen)
+        table.add_columns("run", "status", "preset", "a-heading-wider-than-the-screen")
+        yield table
+
+
+def _row_text(table: DataTable, y: int) -> str:
+    return "".join(s.text for s in table.render_line(y))
+
+
+async def test_rows_drawn_before_their_columns_are_measured_are_drawn_again_at_full_width():
+    """A loaded machine can draw new rows before the table's idle handler measures them (at
+    the headings' widths); once measured they are drawn again, never served from the cache
+    (Textual's DataTable serves them from it while its size stays the same)."""
+    app = _Narrow()
+    async with app.run_test(size=(30, 20)) as pilot:
+        await pilot.pause()
+        table = app.query_one(PlainTable)
+        table.add_row(*(cell(v) for v in ("llama3-1b-h200", "running", "-", "-")))
+        early = _row_text(table, 1)  # drawn now, before the idle measure
+        await pilot.pause()
+        assert "llama3-1b-h200" not in early
+        assert "llama3-1b-h200" in _row_text(table, 1)

@@ -16,6 +16,7 @@ from tui.console_app import console_app
 from tui.history import HistoryStore, RunDetail, config_diff
 from tui.plain import cell
 from tui.widgets.curve_plot import CurvePlot
+from tui.widgets.plain_table import PlainTable
 
 
 class CompareScreen(Screen[None]):
@@ -44,7 +45,7 @@ class CompareScreen(Screen[None]):
         yield Header()
         ascii_only = console_app(self.app).ascii_only
         yield CurvePlot("loss", ascii_only=ascii_only, id="compare-plot")
-        table: DataTable[str] = DataTable(id="compare-diff", cursor_type="row")
+        table = PlainTable(id="compare-diff", cursor_type="row")
         table.add_columns("config", *(cell(run_id) for run_id in self.run_ids))
         yield table
         yield Footer()

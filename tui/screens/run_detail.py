@@ -100,7 +100,7 @@ class RunDetailScreen(Screen[None]):
                 with TabPane(_title(tab), id=tab):
                     yield _key_value_table(f"detail-{tab}")
             with TabPane(_title("restarts"), id="restarts"):
-                table: DataTable[str] = DataTable(id="detail-restarts", cursor_type="row")
+                table = PlainTable(id="detail-restarts", cursor_type="row")
                 table.add_columns("attempt", "started", "from step", "resumed from")
                 yield table
             with TabPane(_title("stalls"), id="stalls"):

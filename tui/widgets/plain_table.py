@@ -69,9 +69,15 @@ class PlainTable(DataTable[object]):  # cells: PlainText, or any value DataTable
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """Widen the columns to the new rows' cells: a row of plain cells by the cells' lengths
         (what ``DataTable`` measures them to through Rich, at a tenth of the cost), any other
-        row through ``DataTable``, which then sets the table's virtual size."""
+        row through ``DataTable``, which then sets the table's virtual size.
+
+        New rows are measured when the table is next idle, and on a loaded machine the screen
+        can draw them before that, cut to the old widths. ``DataTable`` caches those lines
+        under a key that a wider column does not change (unless the table's size changes
+        too), so a column that widens here starts every cache anew."""
         measured = []
         columns = self.ordered_columns
+        widths = [column.content_width for column in columns]
         for row_key in new_rows:
             cells = self._data.get(row_key)
             row = self.rows.get(row_key)
@@ -85,6 +91,9 @@ class PlainTable(DataTable[object]):  # cells: PlainText, or any value DataTable
                 width = max(map(cell_len, value.plain.splitlines()), default=0)
                 column.content_width = max(column.content_width, width)
         super()._update_dimensions(measured)
+        if widths != [column.content_width for column in columns]:
+            self._update_count += 1  # a part of every cache key of DataTable's
+            self.refresh()
 
     def _plain_row(self, row_key: RowKey) -> tuple[str, ...] | None:
         """The row's cells, each padded to its column's width less the cell padding, when

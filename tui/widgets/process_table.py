@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-from textual.widgets import DataTable
-
 from titan.analysis.liveness import Liveness, ProcessBeat
 from tui.plain import cell
+from tui.widgets.plain_table import PlainTable
 
 
 def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
@@ -22,7 +21,7 @@ def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
     return "silent" if liveness.silent(beat, now) else "running"
 
 
-class ProcessTable(DataTable[str]):
+class ProcessTable(PlainTable):
     """The run's ``processes/<id>.json`` heartbeats (:class:`~titan.analysis.liveness.
     ProcessBeat`), drawn from a :class:`~titan.analysis.liveness.Liveness`."""
 
