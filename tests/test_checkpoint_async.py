@@ -16,7 +16,7 @@ import pytest
 from helpers import events, fail_commit_of, run_in_process, trainer_of
 
 from titan.config import TrainConfig, model_config
-from titan.errors import TitanError
+from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED
 from titan.ops import Ops
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
@@ -301,3 +301,11 @@ def _slow_deletes(checkpointer: Checkpointer, monkeypatch) -> list[tuple[int, st
 
     monkeypatch.setattr(checkpointer._manager, "delete", slow_delete)
     return deleted_on
+
+
+def test_an_error_line_leaves_out_the_spec_tensorstore_appends():
+    """orbax's read errors carry tensorstore's JSON spec (kilobytes) after the message."""
+    spec = ' [tensorstore_spec=\'{"driver":"zarr","kvstore":{"path":"/r/checkpoints/20"}}\']'
+    err = ValueError(f'NOT_FOUND: Error opening "zarr" driver{spec}\nsource location: x.cc')
+    assert error_line(err) == 'ValueError: NOT_FOUND: Error opening "zarr" driver'
+    assert error_line(OSError()) == "OSError"

@@ -13,8 +13,15 @@ class TitanError(Exception):
     """
 
 
-def error_line(err: BaseException) -> str:
-    """An error as one line: ``Type: message`` (the message's first line), or the type alone
-    when the message is empty."""
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message ("" when empty), less the JSON spec that
+    tensorstore appends to its errors (kilobytes of ``[tensorstore_spec='{...}']``)."""
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    return text[0].split(" [tensorstore_spec")[0] if text else ""
+
+
+def error_line(err: BaseException) -> str:
+    """An error as one line: ``Type: message`` (:func:`first_line`), or the type alone when
+    the message is empty."""
+    line = first_line(err)
+    return f"{type(err).__name__}: {line}" if line else type(err).__name__

@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from titan.errors import TitanError
+from titan.errors import TitanError, error_line, first_line
 from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
@@ -195,7 +195,7 @@ def steps_to_prune(committed: list[int], keep: int, keep_every: int) -> list[int
 def _save_error(err: BaseException) -> str:
     """Why a save failed, one line: :func:`titan.telemetry.records.disk_full`'s line for a
     full disk (:attr:`SaveResult.disk_full`), else the error's first line."""
-    return disk_full(err) or _one_line(err)
+    return disk_full(err) or error_line(err)
 
 
 def _key_name(key: Any) -> str:
@@ -204,17 +204,6 @@ def _key_name(key: Any) -> str:
         if hasattr(key, field):
             return str(getattr(key, field))
     return str(key)
-
-
-def _one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {_first_line(err)}".rstrip(": ")
-
-
-def _first_line(err: BaseException) -> str:
-    """The first line of ``err``'s text, less the JSON spec tensorstore appends to it (kilobytes
-    of ``[tensorstore_spec='{...}']``)."""
-    text = str(err).strip().splitlines()
-    return text[0].split(" [tensorstore_spec")[0] if text else ""
 
 
 class SaveSchedule:
@@ -501,7 +490,7 @@ class Checkpointer:
                 self._manager.delete(step)
             self.remove_leftovers(upto)
         except Exception as err:  # noqa: BLE001 - the new checkpoint is committed all the same
-            line = f"titan: deleting checkpoints older than {upto} failed: {_one_line(err)}"
+            line = f"titan: deleting checkpoints older than {upto} failed: {error_line(err)}"
             print(inert(line), file=sys.stderr, flush=True)
 
     def remove_leftovers(self, upto: int | None) -> None:
@@ -534,7 +523,7 @@ class Checkpointer:
             try:
                 state, meta = self.restore(step, trainer)
             except Exception as err:  # noqa: BLE001 - a corrupt checkpoint: try the previous
-                message = str(err) if isinstance(err, TitanError) else _one_line(err)
+                message = str(err) if isinstance(err, TitanError) else error_line(err)
                 skipped.append(Unrestorable(step, message.splitlines()[0]))
                 continue
             return state, meta, skipped
@@ -566,7 +555,7 @@ class Checkpointer:
                 if written == target
                 else f"checkpoint {step} written by {written} cannot be restored onto {target}"
             )
-            raise TitanError(f"{what}: {_first_line(err)}") from None
+            raise TitanError(f"{what}: {first_line(err)}") from None
         return TrainState.from_items(items, step), meta
 
     def set_aside(self, steps: list[int]) -> None:
@@ -636,7 +625,7 @@ class Checkpointer:
             raise
         except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, a hand-edited meta
             raise TitanError(
-                f"checkpoint {step} ({self.path(step)}) cannot be read: {_one_line(err)}"
+                f"checkpoint {step} ({self.path(step)}) cannot be read: {error_line(err)}"
             ) from None
         return items, saved_chunks, meta
 

@@ -65,7 +65,7 @@ from titan.config import (
 from titan.config_files import config_to_data
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
-from titan.errors import TitanError
+from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.ops import Ops
@@ -603,7 +603,7 @@ def _resumed_checkpointer(
         checkpointer = _checkpointer(options, run_dir)
     except (OSError, ValueError) as err:
         raise TitanError(
-            f"--resume {run_dir}: cannot read {directory} ({_first_line(err)})"
+            f"--resume {run_dir}: cannot read {directory} ({error_line(err)})"
         ) from None
     latest = checkpointer.latest_step()
     if latest is not None and steps <= latest:
@@ -630,10 +630,6 @@ def _schedule_text(opt: OptimizerOptions) -> str:
         f"to step {opt.steps}; learning rate: cosine to {opt.lr * opt.min_lr_ratio:.2e} at step "
         f"{horizon}{after} (--decay-steps sets where the decay ends)"
     )
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _write_run_files(run_dir: Path, config: dict[str, Any], files: dict[str, bytes]) -> None:
@@ -683,7 +679,7 @@ def _restore_or_init(
     except (KeyError, TypeError) as err:  # a hand-edited meta
         raise TitanError(
             f"--resume: checkpoint {latest} ({checkpointer.path(latest)}) cannot be "
-            f"read: {type(err).__name__}: {_first_line(err)}"
+            f"read: {error_line(err)}"
         ) from None
     if saved_sequences != batches.num_sequences:
         raise TitanError(
