@@ -270,7 +270,7 @@ def test_resume_without_a_checkpoint_says_so_and_records_no_resumed_step(small_o
         **small_options,
         "run_id": "nothing-saved",
         "steps": 100,
-        "watchdog_floor": 2.0,
+        "watchdog_floor": 1.0,  # before any step time: max(LONG_PHASE_MIN_S, 20 floors) = 30 s
         "debug_stall_at_step": 1,
         "watchdog_abort": True,
     }
