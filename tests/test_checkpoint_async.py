@@ -13,11 +13,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import events, fail_commit_of, run_in_process, trainer_of
+from helpers import events, fail_commit_of, run_in_process, start_subprocess, trainer_of
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError, error_line
-from titan.exit_codes import EXIT_FAILED
+from titan.exit_codes import EXIT_FAILED, EXIT_USAGE
 from titan.ops import Ops
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
 from titan.trainer.snapshot import bytes_per_device, snapshot_fits
@@ -198,6 +198,27 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(small_options, cap
     checkpointer = Checkpointer(run_dir)
     assert checkpointer.committed_steps()[-1] == 6
     checkpointer.close()
+
+
+@pytest.mark.slow
+def test_a_truncated_array_file_is_one_line_naming_the_array_and_the_file(small_options):
+    """orbax wraps tensorstore's read error (which names the array and the file) in one that
+    dumps the store's spec over many lines, and raises it again from each read still going
+    when their coroutines are collected: the resume says the root error, once, in one line."""
+    options = {**small_options, "run_id": "truncated", "steps": 2, "checkpoint_every": 2}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    data = [p for p in (run_dir / CHECKPOINT_DIR / "2" / "chunk_0").rglob("d/*") if p.is_file()]
+    for path in data:
+        path.write_bytes(path.read_bytes()[:100])
+    resume = {k: v for k, v in options.items() if k not in ("run_id", "runs_root")}
+    proc = start_subprocess({**resume, "steps": 4}, "--resume", str(run_dir))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_USAGE, err
+    (line,) = [line for line in err.splitlines() if line.startswith("titan train: error:")]
+    assert f"checkpoint 2 ({run_dir / CHECKPOINT_DIR / '2'}) cannot be read: ValueError:" in line
+    assert "OCDBT database" in line and "TensorStore details" not in line
+    assert "Traceback" not in err and "Exception ignored" not in err, err
 
 
 class _Device:

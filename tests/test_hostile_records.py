@@ -74,10 +74,11 @@ def test_check_run_id_accepts_plain_names(run_id: str):
 @pytest.mark.parametrize(
     ("run_id", "message"),
     [
-        (HOSTILE_ID, "only letters, digits"),
-        ("a/b", "only letters, digits"),
-        ("tiny[/bogus]", "only letters, digits"),
-        ("run id", "only letters, digits"),
+        (HOSTILE_ID, "only ASCII letters, digits"),
+        ("a/b", "only ASCII letters, digits"),
+        ("tiny[/bogus]", "only ASCII letters, digits"),
+        ("run id", "only ASCII letters, digits"),
+        ("héllo-ünï", "only ASCII letters, digits"),
         ("..", "must not start with '.'"),
         (".hidden", "must not start with '.'"),
         ("", "empty"),

@@ -64,7 +64,7 @@ MetricsSink = Literal["none", "tensorboard"]  # titan.telemetry.sinks.LIVE_SINKS
 METRICS_SINKS: tuple[MetricsSink, ...] = ("none", "tensorboard")
 
 
-# Characters of a run id (the run dir's name): letters, digits, dot, underscore, hyphen.
+# Characters of a run id (the run dir's name): ASCII letters, digits, dot, underscore, hyphen.
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")
 MAX_RUN_ID_CHARS = 200
 
@@ -72,8 +72,8 @@ MAX_RUN_ID_CHARS = 200
 def check_run_id(text: str) -> None:
     """Refuse a run id that is not a plain, safe dir name.
 
-    A run id names the run dir and is shown by every reader, so only letters, digits, ``.``,
-    ``_`` and ``-`` are allowed (no path separators, no control characters or escapes, no
+    A run id names the run dir and is shown by every reader, so only ASCII letters, digits,
+    ``.``, ``_`` and ``-`` are allowed (no path separators, no control characters or escapes, no
     markup), it must not start with a dot (``.``, ``..`` and hidden dirs) and it has at most
     :data:`MAX_RUN_ID_CHARS` characters.
 
@@ -82,13 +82,15 @@ def check_run_id(text: str) -> None:
     """
     shown = inert(text[: MAX_RUN_ID_CHARS + 1])
     if not text:
-        raise TitanError("--run-id: empty; use letters, digits, '.', '_' and '-'")
+        raise TitanError("--run-id: empty; use ASCII letters, digits, '.', '_' and '-'")
     if len(text) > MAX_RUN_ID_CHARS:
         raise TitanError(
             f"--run-id: {len(text)} characters; at most {MAX_RUN_ID_CHARS} are allowed"
         )
     if not _RUN_ID.fullmatch(text):
-        raise TitanError(f"--run-id '{shown}': only letters, digits, '.', '_' and '-' are allowed")
+        raise TitanError(
+            f"--run-id '{shown}': only ASCII letters, digits, '.', '_' and '-' are allowed"
+        )
     if text.startswith("."):
         raise TitanError(f"--run-id '{shown}': must not start with '.'")
 

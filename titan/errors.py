@@ -13,11 +13,31 @@ class TitanError(Exception):
     """
 
 
+# What tensorstore and orbax append to an error's first line: the store's spec, kilobytes of
+# JSON (``[tensorstore_spec='{...}']``; orbax: ``See full TensorStore details: <...spec of
+# TensorStore({``, the rest of it on the lines after).
+_SPEC_SUFFIXES = (" [tensorstore_spec", " See full TensorStore details")
+
+
 def first_line(err: BaseException) -> str:
-    """The first line of ``err``'s message ("" when empty), less the JSON spec that
-    tensorstore appends to its errors (kilobytes of ``[tensorstore_spec='{...}']``)."""
+    """The first line of ``err``'s message ("" when empty), less the store spec that
+    tensorstore and orbax append to it (:data:`_SPEC_SUFFIXES`)."""
     text = str(err).strip().splitlines()
-    return text[0].split(" [tensorstore_spec")[0] if text else ""
+    line = text[0] if text else ""
+    for suffix in _SPEC_SUFFIXES:
+        line = line.split(suffix)[0]
+    return line
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The error that ``err`` was raised from (``raise ... from``), followed to its end: orbax
+    wraps a checkpoint read's error (tensorstore's, which names the array and the file) in one
+    that names only the array's index."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err
 
 
 def error_line(err: BaseException) -> str:

@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from titan.errors import TitanError, error_line, first_line
+from titan.errors import TitanError, error_line, first_line, root_cause
 from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
@@ -116,23 +116,34 @@ _DISK_FULL = os.strerror(errno.ENOSPC)
 _BACKGROUND_FAILURE = "in background save thread"  # orbax's echo of a failed async save
 
 
+# orbax's log line for a checkpoint's unreadable metadata, logged before the read raises
+_BAD_METADATA = "Failed to json parse Metadata file"
+# orbax's error for one array of a failed read, raised again by each of its reads still going
+_ARRAY_READ_FAILURE = "Encountered error while reading array index"
+
+
 def _drop_disk_full(record: logging.LogRecord) -> bool:
     """absl log filter: orbax logs a failed write (with its traceback) from each of its threads
     before the save raises it, and an async save's failure once more from its thread; a full
     disk is said once, in one line, by the trainer, and any failed save in a
-    ``checkpoint_failed`` event and one line."""
+    ``checkpoint_failed`` event and one line. Likewise a checkpoint's unreadable metadata,
+    which the restore's error says."""
     message = record.getMessage()
     if record.exc_info and record.exc_info[1] is not None:
         message += f" {record.exc_info[1]!r}"
-    return _DISK_FULL not in message and _BACKGROUND_FAILURE not in message
+    echoes = (_DISK_FULL, _BACKGROUND_FAILURE, _BAD_METADATA)
+    return not any(echo in message for echo in echoes)
 
 
 def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
     """``sys.unraisablehook``: when a save fails, tensorstore's callbacks for the writes still in
     flight reach the event loop orbax has closed already (``RuntimeError: Event loop is
-    closed``, one traceback per write); those are dropped, everything else passed on."""
+    closed``, one traceback per write); when a restore fails, its other array reads end with
+    orbax's error once more, each when its coroutine is collected. Those are dropped (the save
+    or the restore says its failure), everything else passed on."""
     err = unraisable.exc_value
-    if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+    closed = isinstance(err, RuntimeError) and str(err) == "Event loop is closed"
+    if not (closed or str(err).startswith(_ARRAY_READ_FAILURE)):
         previous(unraisable)
 
 
@@ -523,7 +534,7 @@ class Checkpointer:
             try:
                 state, meta = self.restore(step, trainer)
             except Exception as err:  # noqa: BLE001 - a corrupt checkpoint: try the previous
-                message = str(err) if isinstance(err, TitanError) else error_line(err)
+                message = str(err) if isinstance(err, TitanError) else self._unreadable(step, err)
                 skipped.append(Unrestorable(step, message.splitlines()[0]))
                 continue
             return state, meta, skipped
@@ -550,12 +561,12 @@ class Checkpointer:
                 items = self._restore_resharded(step, meta, trainer)
         except (ValueError, KeyError, TitanError) as err:
             written, target = _layout_name(meta["layout"]), _layout_name(current)
-            what = (
-                f"checkpoint {step} ({target}) cannot be read"
-                if written == target
-                else f"checkpoint {step} written by {written} cannot be restored onto {target}"
-            )
-            raise TitanError(f"{what}: {first_line(err)}") from None
+            if written == target:
+                raise TitanError(self._unreadable(step, err)) from None
+            raise TitanError(
+                f"checkpoint {step} written by {written} cannot be restored onto {target}: "
+                f"{first_line(err)}"
+            ) from None
         return TrainState.from_items(items, step), meta
 
     def set_aside(self, steps: list[int]) -> None:
@@ -624,10 +635,14 @@ class Checkpointer:
         except TitanError:
             raise
         except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, a hand-edited meta
-            raise TitanError(
-                f"checkpoint {step} ({self.path(step)}) cannot be read: {error_line(err)}"
-            ) from None
+            raise TitanError(self._unreadable(step, err)) from None
         return items, saved_chunks, meta
+
+    def _unreadable(self, step: int, err: Exception) -> str:
+        """Why checkpoint ``step`` cannot be read, in one line: Titan's own message, else the
+        error at the root of ``err`` (tensorstore's names the array and the file)."""
+        why = first_line(err) if isinstance(err, TitanError) else error_line(root_cause(err))
+        return f"checkpoint {step} ({self.path(step)}) cannot be read: {why}"
 
     def _meta(self, step: int) -> dict[str, Any]:
         """The ``meta`` item of checkpoint ``step``, orbax's ``JsonSave`` file read through
