@@ -122,7 +122,7 @@ _BAD_METADATA = "Failed to json parse Metadata file"
 _ARRAY_READ_FAILURE = "Encountered error while reading array index"
 
 
-def _drop_disk_full(record: logging.LogRecord) -> bool:
+def _drop_echoed_log(record: logging.LogRecord) -> bool:
     """absl log filter: orbax logs a failed write (with its traceback) from each of its threads
     before the save raises it, and an async save's failure once more from its thread; a full
     disk is said once, in one line, by the trainer, and any failed save in a
@@ -135,7 +135,7 @@ def _drop_disk_full(record: logging.LogRecord) -> bool:
     return not any(echo in message for echo in echoes)
 
 
-def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
+def _drop_echoed_unraisable(unraisable: Any, previous: Callable[[Any], None]) -> None:
     """``sys.unraisablehook``: when a save fails, tensorstore's callbacks for the writes still in
     flight reach the event loop orbax has closed already (``RuntimeError: Event loop is
     closed``, one traceback per write); when a restore fails, its other array reads end with
@@ -147,16 +147,16 @@ def _drop_closed_loop(unraisable: Any, previous: Callable[[Any], None]) -> None:
         previous(unraisable)
 
 
-def _quiet_failed_save_echoes() -> None:
-    """Install :func:`_drop_disk_full` (on absl's and asyncio's loggers) and
-    :func:`_drop_closed_loop` (once per process)."""
+def _quiet_echoes() -> None:
+    """Install :func:`_drop_echoed_log` (on absl's and asyncio's loggers) and
+    :func:`_drop_echoed_unraisable` (once per process)."""
     absl = logging.getLogger("absl")
-    if _drop_disk_full not in absl.filters:
-        absl.addFilter(_drop_disk_full)
+    if _drop_echoed_log not in absl.filters:
+        absl.addFilter(_drop_echoed_log)
         # orbax's write tasks that fail after the save gave up: "Task exception was never
         # retrieved", from asyncio's own logger
-        logging.getLogger("asyncio").addFilter(_drop_disk_full)
-        sys.unraisablehook = functools.partial(_drop_closed_loop, previous=sys.unraisablehook)
+        logging.getLogger("asyncio").addFilter(_drop_echoed_log)
+        sys.unraisablehook = functools.partial(_drop_echoed_unraisable, previous=sys.unraisablehook)
 
 
 @dataclass(frozen=True)
@@ -318,7 +318,7 @@ class Checkpointer:
         self, run_dir: Path, keep: int = 3, keep_every: int = 0, asynchronous: bool = False
     ) -> None:
         logging.getLogger("absl").setLevel(logging.WARNING)
-        _quiet_failed_save_echoes()
+        _quiet_echoes()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None, create=True, enable_async_checkpointing=asynchronous
         )
