@@ -161,7 +161,7 @@ def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_noti
         _send("Enter")
         detail = _shown("detail", "— llama3-1b-h200", "1 summary", "completed", *keys)
         _send("Escape", "Space", "Down", "Space", "c")
-        compare = _shown("compare", "llama3-1b-h200 vs tiny-watchdog-stall", "config", *keys)
+        compare = _shown("compare", "A llama3-1b-h200 vs B tiny-watchdog-stall", "config", *keys)
         _send("Escape", "Escape", "p")
         # a field has focus: q and ? are text there
         planner = _shown("planner", "budget planner", "--model", "^t Train this plan", "f1 Keys")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from console_helpers import (
 )
 from rich.color import Color
 from rich.console import Console
-from samples import copy_sample_runs
+from samples import SAMPLE_RUNS, copy_sample_runs
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import DataTable, Input, Select, Static
 
@@ -231,6 +232,35 @@ async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Pat
         1,
         "52.6%",
     )
+
+
+def _renamed_run(root: Path, source: str, run_id: str) -> None:
+    """A copy of sample run ``source`` under ``root`` as ``run_id`` (its records too)."""
+    target = root / run_id
+    shutil.copytree(SAMPLE_RUNS / source, target)
+    for name in ("events.jsonl", "config.json"):
+        path = target / name
+        path.write_text(path.read_text().replace(f'"{source}"', f'"{run_id}"'))
+
+
+async def test_compare_shows_both_runs_columns_at_80_columns_with_long_run_ids(tmp_path: Path):
+    long_ids = [f"{'x' * 40}-{source}" for source in (STALL_RUN, RESUMED_RUN)]
+    for source, run_id in zip((STALL_RUN, RESUMED_RUN), long_ids, strict=True):
+        _renamed_run(tmp_path, source, run_id)
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        store = HistoryStore(tmp_path)
+        store.ingest()
+        await app.push_screen(CompareScreen(store, *long_ids))
+        compare = app.screen
+        await wait_until(pilot, lambda: bool(compare.diff), lambda: "no diff", 10)
+        await pilot.pause(0.5)
+        table = compare.query_one(DataTable)
+        columns = [str(column.label) for column in table.columns.values()]
+        width, shown = table.virtual_size.width, table.scrollable_content_region.width
+    assert columns == ["config", "A", "B"]
+    assert width <= shown, (width, shown)  # no column pushed off to the right
+    assert compare.sub_title == f"A {long_ids[0]} vs B {long_ids[1]}"
 
 
 def test_history_store_downsamples_the_loss_curve_and_diffs_configs(sample_root: Path):

@@ -1,4 +1,7 @@
-"""Two runs side by side: their loss curves overlaid and the config keys that differ."""
+"""Two runs side by side: their loss curves overlaid and the config keys that differ.
+
+The diff's columns are headed ``A`` and ``B`` (the sub-title names the runs), so that two long
+run ids do not widen the table past an 80-column terminal."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class CompareScreen(Screen[None]):
         super().__init__()
         self.store = store
         self.run_ids = (run_a, run_b)
-        self.sub_title = inert(f"{run_a} vs {run_b}")
+        self.sub_title = inert(f"A {run_a} vs B {run_b}")
         self.diff: list[tuple[str, object, object]] = []
 
     def compose(self) -> ComposeResult:
@@ -46,7 +49,7 @@ class CompareScreen(Screen[None]):
         ascii_only = console_app(self.app).ascii_only
         yield CurvePlot("loss", ascii_only=ascii_only, id="compare-plot")
         table = PlainTable(id="compare-diff", cursor_type="row")
-        table.add_columns("config", *(cell(run_id) for run_id in self.run_ids))
+        table.add_columns("config", "A", "B")
         yield table
         yield Footer()
 
