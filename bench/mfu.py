@@ -112,6 +112,9 @@ LEVERS: dict[str, list[str]] = {
         "--xla_gpu_enable_latency_hiding_scheduler=true",
         "--xla_gpu_enable_while_loop_double_buffering=true",
         "--xla_gpu_enable_command_buffer=",
+        "--xla_gpu_enable_cublaslt=true",
+        "--xla_gpu_exhaustive_tiling_search=true",
+        "--xla_gpu_enable_dynamic_slice_fusion=true",
     ],
 }
 SMOKE_LEVERS: dict[str, list[str]] = {

@@ -195,7 +195,7 @@ def mfu_table(path: Path, base: Path, all_keys: list[str] | None = None) -> list
         "over the best run before it in the search; bold: the best run.",
         "",
     ]
-    return lines
+    return lines + [line for note in data.get("notes", []) for line in (note, "")]
 
 
 # ---------------------------------------------------------------- titan ops check --json
