@@ -276,6 +276,22 @@ CASES: dict[str, Case] = {
     "resume_config_json_nested_deep": Case(
         lambda p: p.resume(_write("config.json", DEEP_JSON.encode())), "nested deeper than 64"
     ),
+    "resume_events_a_fifo": Case(
+        lambda p: p.resume(
+            lambda r: (r / "events.jsonl").unlink() or os.mkfifo(r / "events.jsonl")
+        ),
+        "events.jsonl (a FIFO, not a regular file)",
+    ),
+    "resume_events_missing": Case(
+        lambda p: p.resume(lambda r: (r / "events.jsonl").unlink()), "cannot read the run record"
+    ),
+    "resume_events_a_directory": Case(lambda p: p.resume(_replace_with_dir("events.jsonl"))),
+    "resume_events_binary": Case(
+        lambda p: p.resume(_write("events.jsonl", BINARY)), "starts with no run_start event"
+    ),
+    "resume_events_without_a_run_start": Case(
+        lambda p: p.resume(_write("events.jsonl", STEP_EVENT.encode())), "no run_start event"
+    ),
     "resume_config_json_a_directory": Case(lambda p: p.resume(_replace_with_dir("config.json"))),
     "resume_config_json_a_fifo": Case(
         lambda p: p.resume(lambda r: (r / "config.json").unlink() or os.mkfifo(r / "config.json")),

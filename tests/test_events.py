@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,16 @@ def test_emit_stamps_time_and_run_id_and_returns_the_event_as_written(tmp_path):
     assert parse_event(line) == written
     assert line == {"schema": 1, "type": "checkpoint", "time": written.time, "run_id": "run-x",
                     "step": 2, "seconds": 0.5, "path": "c/2"}  # fmt: skip
+
+
+def test_a_record_that_is_a_fifo_or_a_directory_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / EVENTS_FILE)  # no reader: a blocking open would wait for one
+    with pytest.raises(OSError):
+        RunRecord(tmp_path, "r")
+    (tmp_path / EVENTS_FILE).unlink()
+    (tmp_path / EVENTS_FILE).mkdir()
+    with pytest.raises(OSError):
+        RunRecord(tmp_path, "r")
 
 
 def test_step_from_fields_takes_the_flops_meters_json_shape():

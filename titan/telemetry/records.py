@@ -22,6 +22,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,25 @@ def _ends_mid_line(path: Path) -> bool:
         return f.read(1) != b"\n"
 
 
+def _open_appending(path: Path) -> int:
+    """A descriptor of ``path`` (created if missing) for appending, refused unless it is a
+    regular file: opened non-blocking, so a FIFO with no reader fails at once (ENXIO) instead
+    of waiting for one.
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file (``EINVAL``).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class RunRecord:
     """Appends events to a run's ``events.jsonl``, one line per event, each written to the OS
     whole or not at all.
@@ -107,7 +127,7 @@ class RunRecord:
         self.run_dir = run_dir
         self.run_id = run_id
         self.path = run_dir / EVENTS_FILE
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = _open_appending(self.path)
         self._lock = threading.Lock()
         try:
             if _ends_mid_line(self.path):
@@ -264,6 +284,19 @@ def read_last_events(path: Path, end: int, max_bytes: int) -> tuple[int, list[Ev
     if not lines:
         return end, []
     return start, parse_events(_objects(lines)[0])[0]
+
+
+def read_first_events(path: Path, max_bytes: int) -> list[dict[str, Any]]:
+    """The events of the complete lines among the first ``max_bytes`` bytes of a record, as the
+    JSON objects written; lines that are not events are left out.
+
+    Raises:
+        OSError: the record cannot be read (missing, not a regular file: a FIFO is refused,
+            never waited on).
+    """
+    with open_regular(path) as f:
+        data = f.read(max_bytes)
+    return _objects(data.split(b"\n")[:-1])[0]
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

@@ -10,9 +10,11 @@ from typing import Any
 from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
-from titan.telemetry.records import CONFIG_FILE
+from titan.telemetry.records import CONFIG_FILE, EVENTS_FILE, read_first_events
 
 TOKENIZER_FILE = "tokenizer.model"
+# The bytes of a record read for its run_start event (a run_start line is tens of kB).
+RECORD_HEAD_BYTES = 4 << 20
 
 
 def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
@@ -23,7 +25,9 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     them; ``--microbatches`` stays (SPMD accumulates gradients over it).
 
     Raises:
-        TitanError: ``run_dir`` holds no run, or an option that cannot change was changed.
+        TitanError: ``run_dir`` holds no run (no ``config.json``, no tokenizer of a text run,
+            a record that cannot be continued: :func:`check_record`), or an option that
+            cannot change was changed.
     """
     config_path = run_dir / CONFIG_FILE
     if not config_path.exists():
@@ -34,12 +38,36 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
             f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
             "its tokenizer and checkpoints cannot be resumed)"
         )
+    check_record(run_dir)
     placed = sorted({"runs_root", "run_id"} & explicit.keys())
     if placed:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
     placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
     changes = {**pipeline_reset(explicit), **explicit}
     return resumed_config(saved, changes).replace(**placement)
+
+
+def check_record(run_dir: Path) -> None:
+    """Refuse a record that a resume could not continue: ``events.jsonl`` missing, not a
+    regular file (a FIFO is refused, never waited on) or unreadable, or without a ``run_start``
+    event in its first :data:`RECORD_HEAD_BYTES` bytes (not a Titan record).
+
+    Raises:
+        TitanError: one line naming the file.
+    """
+    path = run_dir / EVENTS_FILE
+    try:
+        events = read_first_events(path, RECORD_HEAD_BYTES)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise TitanError(
+            f"--resume {run_dir}: cannot read the run record {path} ({reason})"
+        ) from None
+    if not any(event["type"] == "run_start" for event in events):
+        raise TitanError(
+            f"--resume {run_dir}: the run record {path} starts with no run_start event "
+            "(not a Titan record, or damaged)"
+        )
 
 
 def pipeline_reset(explicit: dict[str, Any]) -> dict[str, Any]:
