@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -98,6 +99,36 @@ def test_sigterm_while_the_model_is_built_stops_in_process(small_options, monkey
     assert code == EXIT_STOPPED
     assert not run_dir.exists()
     assert signal.getsignal(signal.SIGTERM) is handler  # put back
+
+
+class _SignalOnCollection:
+    """Sends SIGTERM to this process when collected: a signal handled inside a finalizer, as
+    one landing in JAX's garbage-collection callback is."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_handled_inside_a_finalizer_is_still_one_line_exit_4(
+    small_options, monkeypatch, capsys
+):
+    built = train_module.build_run_trainer
+
+    def build_then_collect(*args, **kwargs):
+        _SignalOnCollection()  # collected at once: the stop is raised where nothing catches it
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "build_run_trainer", build_then_collect)
+    printed: list = []  # what would be printed as "Exception ignored in: ..."
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+    code, run_dir = run_in_process({**small_options, "run_id": "term"})
+    err = capsys.readouterr().err
+    assert code == EXIT_STOPPED and not run_dir.exists()
+    assert printed == []
+    assert err.splitlines() == [
+        "titan train: stopped by SIGTERM while building the model, before the run started: "
+        "nothing recorded"
+    ]
 
 
 def test_ctrl_c_before_the_trainer_is_imported_is_one_line_exit_4(tmp_path, monkeypatch, capsys):

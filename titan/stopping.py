@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -73,6 +74,7 @@ class StopFlag:
         first = not self._previous
         if first:  # known now: once the terminal hangs up, isatty() on it fails too
             self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
+            _quiet_unraisable_stops()
         for sig in SIGNALS:
             previous = signal.signal(sig, self._handle)
             if first:
@@ -127,6 +129,26 @@ class StopFlag:
             _detach_from_terminal(self._terminal_fds)
         if first and not self.running:
             raise StopRequested(self.signal_name)  # once: a second signal lets clean-up finish
+
+
+def _drop_unraisable_stop(unraisable: Any, previous: Callable[[Any], None]) -> None:
+    """``sys.unraisablehook``: a :class:`StopRequested` raised where Python cannot pass it on
+    (a signal handled inside a garbage-collection callback or a finalizer, such as JAX's) is
+    dropped, not printed as a traceback: the flag holds the signal, and the next phase check
+    raises it again. Everything else is passed on."""
+    if not isinstance(unraisable.exc_value, StopRequested):
+        previous(unraisable)
+
+
+def _quiet_unraisable_stops() -> None:
+    """Install :func:`_drop_unraisable_stop`, unless the hooks chained through ``previous``
+    (this module's and the checkpointer's) hold it already."""
+    hook: Any = sys.unraisablehook
+    while isinstance(hook, functools.partial):
+        if hook.func is _drop_unraisable_stop:
+            return
+        hook = hook.keywords.get("previous")
+    sys.unraisablehook = functools.partial(_drop_unraisable_stop, previous=sys.unraisablehook)
 
 
 def _detach_from_terminal(fds: list[int]) -> None:
