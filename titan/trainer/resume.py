@@ -25,9 +25,8 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     them; ``--microbatches`` stays (SPMD accumulates gradients over it).
 
     Raises:
-        TitanError: ``run_dir`` holds no run (no ``config.json``, no tokenizer of a text run,
-            a record that cannot be continued: :func:`check_record`), or an option that
-            cannot change was changed.
+        TitanError: ``run_dir`` holds no run (no ``config.json``, no tokenizer of a text run),
+            or an option that cannot change was changed.
     """
     config_path = run_dir / CONFIG_FILE
     if not config_path.exists():
@@ -38,7 +37,6 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
             f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
             "its tokenizer and checkpoints cannot be resumed)"
         )
-    check_record(run_dir)
     placed = sorted({"runs_root", "run_id"} & explicit.keys())
     if placed:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")

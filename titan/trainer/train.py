@@ -131,7 +131,7 @@ from titan.trainer.processes import Heartbeat, MutedRecord, is_writer
 from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
-from titan.trainer.resume import resume_options
+from titan.trainer.resume import check_record, resume_options
 from titan.trainer.saver import Saver
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
@@ -184,6 +184,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     resuming = resume_dir is not None
     try:
+        if resume_dir is not None:
+            check_record(resume_dir)  # a record the run could not continue: refused first
         with stop.during("scan"):
             corpora = open_corpora(cfg.data) if cfg.model.task == "lm" else None  # else images
             check_library(cfg.observability.metrics)
