@@ -104,6 +104,7 @@ def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_ch
     (failed,) = events(run_dir, "checkpoint_failed")
     end = events(run_dir)[-1]
     assert failed["step"] == 4 and (end["type"], end["status"]) == ("run_end", "failed")
+    assert end["step"] == max(e["step"] for e in events(run_dir, "step"))  # the last step done
     checkpointer = Checkpointer(run_dir)
     committed = checkpointer.committed_steps()
     checkpointer.close()

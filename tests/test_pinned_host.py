@@ -131,8 +131,9 @@ def test_a_reservation_that_fails_keeps_its_error_and_raises_nothing(monkeypatch
     ],
 )
 def test_a_reservation_is_made_only_where_a_save_overlaps_steps(
-    pin_host, asynchronous, every, every_s, start, steps, pays
+    pin_host, asynchronous, every, every_s, start, steps, pays, monkeypatch
 ):
+    monkeypatch.setattr(pinned_host, "orbax_pins_host", lambda: True)
     options = CheckpointOptions(
         checkpoint_every=every,
         checkpoint_every_s=every_s,
@@ -140,6 +141,11 @@ def test_a_reservation_is_made_only_where_a_save_overlaps_steps(
         checkpoint_pin_host=pin_host,
     )
     assert reservation_pays(options, start, steps) is pays
+
+
+def test_no_reservation_where_saves_copy_through_no_pinned_memory():
+    assert jax.default_backend() == "cpu"  # orbax copies no save through pinned memory here
+    assert not reservation_pays(CheckpointOptions(checkpoint_every=100), 0, 300)
 
 
 SLOW_RESERVATION_S = 2.0  # far longer than a tiny step on CPU

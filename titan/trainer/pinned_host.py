@@ -179,12 +179,14 @@ def reserve_host(
 
 
 def reservation_pays(options: CheckpointOptions, start: int, steps: int) -> bool:
-    """Whether to reserve before the first save: ``--checkpoint-pin-host``, where a reservation
-    can spare the steps anything: saves are asynchronous (``--checkpoint-async``; a synchronous
+    """Whether to reserve before the first save: ``--checkpoint-pin-host``, where saves copy
+    through pinned host memory (:func:`orbax_pins_host`: not on CPU) and a reservation can
+    spare the steps anything: saves are asynchronous (``--checkpoint-async``; a synchronous
     save holds the loop for all of its work anyway) and one comes before the run's last
     (``--checkpoint-every-s``, or a multiple of ``--checkpoint-every`` after ``start`` and
     before ``steps``; the last save is waited for, and grows the pool in that wait as well as
     before it)."""
     every = options.checkpoint_every
     overlapped = options.checkpoint_every_s > 0 or (start // every + 1) * every < steps
-    return options.checkpoint_pin_host and options.checkpoint_async and overlapped
+    asked = options.checkpoint_pin_host and options.checkpoint_async
+    return asked and overlapped and orbax_pins_host()

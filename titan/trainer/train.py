@@ -547,7 +547,8 @@ class _Run:
             _end_nonfinite(err, self.saver, record, self.liveness.heartbeat)
             return EXIT_NONFINITE
         except Exception as err:  # noqa: BLE001 - every failure must reach the run record
-            return _fail(failure_to_name(err, self.saver), record, self.liveness)
+            failure = failure_to_name(err, self.saver)
+            return _fail(failure, record, self.liveness, loop.recorded_step)
         finally:
             self.close()
         # No process leaves before the writer has closed the record: a stop's non-zero code
@@ -709,9 +710,10 @@ def failure_to_name(err: Exception, saver: Saver) -> Exception:
     return err
 
 
-def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook) -> int:
-    """Say and record a failure after ``run_start`` (``run_end`` ``failed``, as far as the disk
-    allows); returns :data:`EXIT_FAILED`. A full disk is one line naming the path."""
+def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook, step: int | None) -> int:
+    """Say and record a failure after ``run_start`` (``run_end`` ``failed`` at ``step``, the
+    last step with a ``step`` event, None before the loop began; as far as the disk allows);
+    returns :data:`EXIT_FAILED`. A full disk is one line naming the path."""
     liveness.peers.settle()  # a peer killed mid-collective: record it, not the symptom
     full = disk_full(err)
     if full is None:
@@ -720,9 +722,9 @@ def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook) -> int:
         print(f"titan train: error: {full}", file=sys.stderr, flush=True)
     error = full or f"{type(err).__name__}: {err}"
     with contextlib.suppress(OSError):
-        record.emit(RunEnd(status="failed", step=None, error=error))
+        record.emit(RunEnd(status="failed", step=step, error=error))
     with contextlib.suppress(OSError):
-        liveness.heartbeat.close("failed", None)
+        liveness.heartbeat.close("failed", step)
     return EXIT_FAILED
 
 
