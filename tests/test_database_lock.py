@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from console_helpers import wait_until
-from samples import copy_sample_runs
+from helpers import file_tree
+from samples import copy_sample_runs, sample_run_dirs
+from test_summarize import read_only
 
 from titan.analysis import summarize
 from titan.errors import TitanError
@@ -145,3 +148,25 @@ async def test_history_ingests_again_within_seconds_of_a_long_lock_being_release
     # Before: the failed ingest put the next one off by 5 times its 2 s wait (10 s and more).
     assert recovered_s < 5.0
     assert shown.startswith("5 runs")
+
+
+# The console's History over a runs root: ingest, then the first page's run ids and count.
+_HISTORY = (
+    "import sys; from tui.history import HistoryQuery, HistoryStore; "
+    "store = HistoryStore(sys.argv[1]); store.ingest(); page = store.page(HistoryQuery()); "
+    "print(store.exists(), page.total, *[row.run_id for row in page.rows])"
+)
+
+
+def test_history_lists_a_read_only_runs_root_from_the_cached_database(tmp_path):
+    root = copy_sample_runs(tmp_path / "runs")
+    before = file_tree(root)
+    prefix = read_only(root)
+    command = [*prefix, sys.executable, "-c", _HISTORY, str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    exists, total, *run_ids = done.stdout.split()
+    assert (exists, int(total)) == ("True", len(sample_run_dirs()))
+    assert sorted(run_ids) == [run.name for run in sample_run_dirs()]
+    assert summarize.cached_database_path(root).is_file()  # the one `titan summarize` uses
+    assert file_tree(root) == before

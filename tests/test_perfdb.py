@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import file_tree
+from samples import copy_sample_runs
+from test_summarize import read_only, titan
 
 from titan.analysis import perfdb, summarize
 from titan.cli import main
@@ -119,3 +122,17 @@ def test_planner_measurements_from_the_perf_table(runs_root):
     assert (m.layout.dp, m.seq_len, m.batch_sequences, m.step_s) == (8, 128, 16, 1.0)
     assert m.precision.attention == "flash" and m.precision.compute_dtype == "bfloat16"
     assert 0 < calibrate(found[:4])["h200"] <= 1
+
+
+def test_perf_check_reads_a_read_only_runs_root(tmp_path):
+    root = copy_sample_runs(tmp_path / "runs")
+    before = file_tree(root)
+    done = titan(read_only(root), "perf", "check", "--json", str(root))
+    assert done.returncode == 1, done.stderr  # a sample run is flagged (README)
+    assert done.stderr == (
+        f"titan perf: {root} cannot be written: its records are only read; database: "
+        f"{summarize.cached_database_path(root)}\n"
+    )
+    flagged = [c["run_id"] for c in json.loads(done.stdout) if c["flagged"]]
+    assert flagged == ["tiny-watchdog-stall"]
+    assert file_tree(root) == before

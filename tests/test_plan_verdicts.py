@@ -86,7 +86,7 @@ def test_a_layout_that_does_not_fit_exits_1_with_the_shortfall_and_what_would_fi
     code, out, _ = run_plan(capsys, *argv)
     assert code == EXIT_FAILED
     assert "does not fit:" in out and "GB over the 60.00 GB usable" in out
-    assert "--remat full:" in out and "--microbatches 64:" in out and "--gpus 16 (" in out
+    assert "--remat full:" in out and "--microbatches 64:" in out and "--gpus" not in out
     assert "titan train" not in out  # no command to run a layout that does not fit
     code, out, _ = run_plan(capsys, *argv, "--json")
     report = json.loads(out)
@@ -97,6 +97,32 @@ def test_a_layout_that_does_not_fit_exits_1_with_the_shortfall_and_what_would_fi
     code, out, _ = run_plan(capsys, *argv[:-1], "full")
     assert code == EXIT_OK and "fits:" in out
     assert "this layout, for titan train: titan train --model llama3-8b" in out
+
+
+def test_a_misfit_advises_the_searchs_best_layout_of_the_same_gpus_not_more_gpus(capsys):
+    argv = ("--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--tokens", "1e11")
+    code, out, _ = run_plan(capsys, *argv)
+    assert code == EXIT_FAILED and "does not fit:" in out and "--gpus 16" not in out
+    code, found, _ = run_plan(capsys, *argv, "--search", "--json")
+    best = json.loads(found)
+    assert code == EXIT_OK and best["layouts_fit"] > 100
+    fields = best["plans"][0]["layout_fields"]
+    flags = [f"--{name}" for name in ("dp", "fsdp", "tp", "pp", "microbatches", "remat")]
+    flags = [str(word) for flag in flags for word in (flag, fields[flag[2:]])]
+    assert f"would fit with: {' '.join(flags)}: " in out
+    assert f"(the fastest of the {best['layouts_fit']} layouts of 8 GPUs that fit;" in out
+    code, out, _ = run_plan(capsys, *argv, *flags, "--json")  # the advice, taken, fits
+    assert code == EXIT_OK and json.loads(out)["train_command"] == best["train_command"]
+
+
+def test_more_gpus_are_advised_only_when_no_layout_of_the_gpus_fits(capsys):
+    argv = ("--model", "llama3-70b", "--gpu", "h200", "--gpus", "2", "--tokens", "1e11")
+    code, out, _ = run_plan(capsys, *argv, "--json")
+    (remedy,) = [r for r in json.loads(out)["verdict"]["remedies"] if "--gpus" in r]
+    code, found, _ = run_plan(capsys, *argv[:-3], "32", *argv[-2:], "--search", "--json")
+    fields = json.loads(found)["plans"][0]["layout_fields"]
+    assert code == EXIT_OK and remedy.startswith(f"--gpus 32 --dp {fields['dp']} ")
+    assert "layouts of 2 GPUs" not in remedy
 
 
 def test_search_with_nothing_fitting_says_how_many_gpus_are_needed(capsys):
@@ -154,6 +180,26 @@ def test_calibration_from_the_performance_database(capsys, tmp_path):
     assert fitted == pytest.approx(calibrate([run])["h200"])
     code, _, err = run_plan(capsys, *argv, "--calibration", "perfdb", "--runs-root", "/nonexistent")
     assert code == 2 and "does not exist" in err
+
+
+def test_a_missing_perfdb_runs_root_names_the_runs_root_option(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./runs
+    monkeypatch.delenv("TITAN_RUNS", raising=False)
+    argv = ("--model", "llama3-1b", "--gpu", "h200", "--gpus", "1", "--tokens", "1e9")
+    code, _, err = run_plan(capsys, *argv, "--calibration", "perfdb")
+    assert code == 2 and err.count("\n") == 1 and "RUNS_ROOT" not in err
+    assert err == (
+        "titan plan: error: --calibration perfdb: runs root runs (the default) does not exist; "
+        "give one with --runs-root\n"
+    )
+    monkeypatch.setenv("TITAN_RUNS", str(tmp_path / "gone"))
+    code, _, err = run_plan(capsys, *argv, "--calibration", "perfdb")
+    assert code == 2 and f"runs root {tmp_path}/gone ($TITAN_RUNS) does not exist" in err
+    (tmp_path / "a-file").write_text("")
+    code, _, err = run_plan(capsys, *argv, "--calibration", "perfdb", "--runs-root", "a-file")
+    assert code == 2 and err.startswith("titan plan: error: --runs-root a-file is not a directory")
+    code, _, err = run_plan(capsys, *argv, "--runs-root", str(tmp_path))
+    assert code == 2 and "--runs-root needs --calibration perfdb" in err
 
 
 def test_the_fit_margin_covers_the_fitting_half_of_the_suite():

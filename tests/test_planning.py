@@ -262,7 +262,29 @@ def test_titan_plan_reads_a_calibration_file(capsys, tmp_path):
     assert code == 0 and json.loads(out)["plans"][0]["achievable_fraction"] == 0.5
     path.write_text(json.dumps({"h200": 1.5}))
     code, _, err = run_plan(capsys, *argv, "--calibration", str(path))
-    assert code == 2 and "expected {gpu: fraction in (0, 1]}" in err
+    assert code == 2 and f"{path}: 'h200' is 1.5, expected a fraction in (0, 1]" in err
+
+
+@pytest.mark.parametrize(
+    ("calibration", "message"),
+    [
+        ({"h999": 0.5}, "key 'h999' is not a GPU of the catalog; known: a100, h100"),
+        ({"calibration": {"h100": 0.5, "tpu": 0.4}}, "key 'tpu' is not a GPU of the catalog"),
+        ({"h100": True}, "'h100' is true, expected a fraction in (0, 1]"),
+        ({"h100": {"eta": 0.5}}, """'h100' is {"eta": 0.5}, expected a fraction in (0, 1]"""),
+        ({"calibration": 3}, "expected {gpu: fraction in (0, 1]}"),
+    ],
+)
+def test_a_bad_calibration_file_names_the_file_and_its_key_not_gpu(
+    capsys, tmp_path, calibration, message
+):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration))
+    argv = ("--model", "llama3-1b", "--gpu", "h100", "--gpus", "8", "--tokens", "1e9")
+    code, out, err = run_plan(capsys, *argv, "--calibration", str(path))
+    assert code == titan.cli.EXIT_USAGE and not out and err.count("\n") == 1
+    assert err.startswith(f"titan plan: error: --calibration {path}: {message}")
+    assert "--gpu " not in err
 
 
 def request(**changes) -> PlanRequest:
@@ -360,6 +382,44 @@ def test_impossible_inputs_give_a_one_line_error(capsys, argv, message):
     code, out, err = run_plan(capsys, *base, *argv)
     assert code == titan.cli.EXIT_USAGE
     assert message in err and err.count("\n") == 1 and not out
+
+
+def test_plan_help_names_each_default_once_and_which_options_are_required():
+    parser = Parser(prog="titan")
+    commands.add_parser(parser.add_subparsers(parser_class=Parser))
+    plan_parser = parser._subparsers._group_actions[0].choices["plan"]
+    formatter = commands.HelpFormatter("titan plan")
+    helps = {a.dest: formatter._get_help_string(a) or "" for a in plan_parser._actions}
+    assert all(text.count("(default:") <= 1 for text in helps.values()), helps
+    for dest in ("model", "gpu", "gpus", "tokens"):
+        assert "required" in helps[dest] and "default: None" not in helps[dest]
+    assert helps["seq_len"].endswith("(default: %(default)s)")
+    assert helps["dp"].endswith("(default: %(default)s)")  # a default of 0 is still named
+    text = " ".join(plan_parser.format_help().split())
+    for shown in ("(default: None)", "(default: False)", "(default: ==SUPPRESS==)"):
+        assert shown not in text
+    assert "(default: 20)" in text and "(default: 8192)" in text and "(default: 0)" in text
+    assert "--gpus-per-node GPUS_PER_NODE GPUs per node (default: those of the --gpu's" in text
+
+
+def test_the_mfu_caption_names_a_small_peak_in_its_unit_and_an_unknown_one_as_unknown(capsys):
+    argv = ("--model", "tiny", "--gpu", "cpu", "--gpus", "1", "--tokens", "1e6")
+    argv += ("--seq-len", "128", "--batch-size", "8")
+    code, out, _ = run_plan(capsys, *argv, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["peak_flops"] == 43e9
+    gpu_hours = report["plans"][0]["gpu_hours"]
+    assert 0.1 < gpu_hours < 1
+    code, out, _ = run_plan(capsys, *argv)
+    words = " ".join(out.split())
+    assert code == 0 and "0.0 TFLOP/s" not in words
+    assert "of the peak per GPU: 43 GFLOP/s dense float32" in words
+    assert f"GPU-hours │ {gpu_hours:.3g} │" in words  # three digits, not rounded to 0
+    assert commands.peak_text(find_gpu("h100")) == "989.5 TFLOP/s dense bfloat16"
+    for peak in (0.0, -1.0, float("nan"), float("inf")):
+        unknown = dataclasses.replace(find_gpu("cpu"), bf16_flops=peak)
+        assert commands.peak_text(unknown) == "unknown" and commands.known_peak(unknown) is None
+    assert all(commands.known_peak(gpu) for gpu in CATALOG.values())
 
 
 def test_planning_imports_neither_jax_nor_textual():

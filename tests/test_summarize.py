@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import file_tree, run_in_process, small_run
 from samples import copy_sample_runs, sample_run_dirs
 from test_ettr import crash_then_resume
 
 from titan.analysis import summarize
 from titan.cli import main
 from titan.errors import TitanError
+from titan.exit_codes import EXIT_NONFINITE
 from titan.telemetry.events import RunEnd, RunStart, Step, parse_event
 from titan.telemetry.records import EVENTS_FILE, RunRecord
 
@@ -255,3 +261,143 @@ def test_a_file_that_cannot_be_read_leaves_the_rest_of_its_batch_ingested(tmp_pa
     con.close()
     assert report.runs == ("run-a", "run-c")
     assert statuses == {"run-a": "completed", "run-b": summarize.UNREADABLE, "run-c": "completed"}
+
+
+# The capabilities that let root write past the permission bits: a process without them is
+# bound by them, as any other user is.
+_PERMISSION_OVERRIDES = "--bounding-set=-dac_override,-dac_read_search"
+
+
+def read_only(root: Path) -> list[str]:
+    """Make ``root`` and everything under it read-only (``chmod -R a-w``, as a shared or mounted
+    directory of records); returns the command prefix of a process for which it is read-only
+    (as root: ``setpriv`` without the capabilities that override the permission bits)."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: no process here is bound by chmod")
+    return ["setpriv", _PERMISSION_OVERRIDES, "--"]
+
+
+def titan(prefix: list[str], *args: str) -> subprocess.CompletedProcess:
+    """``titan ARGS`` in a child process started with ``prefix`` (:func:`read_only`)."""
+    command = [*prefix, sys.executable, "-m", "titan.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("database_before", [False, True], ids=["no-database", "database"])
+def test_a_read_only_runs_root_is_read_with_its_database_in_the_cache(tmp_path, database_before):
+    root = copy_sample_runs(tmp_path / "runs")
+    if database_before:  # summarized while it could be written: the file is left as it is
+        summarize.summarize(root)
+    before = file_tree(root)
+    prefix = read_only(root)
+    first = titan(prefix, "summarize", "--json", str(root))
+    again = titan(prefix, "summarize", str(root))
+    assert (first.returncode, again.returncode) == (0, 0), first.stderr
+    cached = summarize.cached_database_path(root)
+    note = f"titan summarize: {root} cannot be written: its records are only read; database: "
+    assert first.stderr == f"{note}{cached}\n"
+    statuses = {s["run_id"]: s["status"] for s in json.loads(first.stdout)}
+    assert sorted(statuses) == [run.name for run in sample_run_dirs()]
+    assert statuses["tiny-watchdog-stall"] == "failed"
+    assert again.stderr == f"{note}{cached}\n"
+    assert "tiny-killed-resumed" in again.stdout
+    assert cached.is_file() and cached.parent.parent == Path(os.environ["TITAN_CACHE"])
+    assert file_tree(root) == before  # nothing written into the runs root
+
+
+def test_a_writable_runs_root_keeps_its_database_in_the_runs_root(tmp_path, capsys):
+    root = copy_sample_runs(tmp_path / "runs")
+    assert main(["summarize", str(root)]) == 0
+    assert capsys.readouterr().err == ""
+    assert summarize.database_path(root) == root / summarize.DB_FILE
+    assert (root / summarize.DB_FILE).is_file()
+    assert not summarize.cached_database_path(root).exists()
+
+
+def test_a_read_only_runs_root_and_cache_is_a_one_line_error(tmp_path):
+    root = copy_sample_runs(tmp_path / "runs")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    prefix = read_only(tmp_path)
+    done = subprocess.run(
+        [*prefix, sys.executable, "-m", "titan.cli", "summarize", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TITAN_CACHE": str(cache)},
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"titan summarize: error: {root} cannot be written, nor its database's folder "
+        f"{cache / 'databases'} created (Permission denied); set $TITAN_CACHE to a folder you "
+        "can write\n"
+    )
+
+
+STALL_RUN = "tiny-watchdog-stall"  # a sample run the watchdog ended: its run_end has an error
+
+
+def test_summarize_and_report_show_a_failed_runs_error(tmp_path, capsys):
+    root = copy_sample_runs(tmp_path / "runs")
+    assert main(["summarize", str(root), "--wide"]) == 0
+    out = capsys.readouterr().out
+    error_lines = ["errors (run_end):", f"  {STALL_RUN}: stalled in step for 9.9 s"]
+    assert out.splitlines()[-2:] == error_lines
+    assert main(["summarize", str(root), "--json", "--run", STALL_RUN]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    assert (shown["status"], shown["reason"], shown["error"]) == (
+        "failed",
+        "stall",
+        "stalled in step for 9.9 s",
+    )
+    assert main(["report", str(root / STALL_RUN)]) == 0
+    report = (root / STALL_RUN / "report" / "report.md").read_text()
+    assert "| status | failed (stall) |\n| error | stalled in step for 9.9 s |\n" in report
+    assert main(["report", str(root / "tiny-killed-resumed")]) == 0  # completed: no error row
+    assert "| error |" not in (root / "tiny-killed-resumed" / "report" / "report.md").read_text()
+
+
+def test_a_records_error_reaches_the_terminal_and_the_report_inert(tmp_path, capsys):
+    root = copy_sample_runs(tmp_path / "runs")
+    path = root / STALL_RUN / EVENTS_FILE
+    lines = path.read_text().splitlines()
+    end = json.loads(lines[-1])
+    hostile = "Boom: \x1b]52;c;aGk=\x07 [bold red]x[/bold red]\n  at \u202eline 2"
+    lines[-1] = json.dumps({**end, "error": hostile})
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["summarize", str(root)]) == 0
+    out = capsys.readouterr().out
+    shown = r"Boom: \x1b]52;c;aGk=\x07 [bold red]x[/bold red] at \u202eline 2"
+    assert out.splitlines()[-1] == f"  {STALL_RUN}: {shown}"
+    assert not {"\x1b", "\x07", "\u202e"} & set(out)
+    assert summarize.summarize(root)[-1].error == hostile  # kept verbatim, for --json
+    assert main(["report", str(root / STALL_RUN)]) == 0
+    report = (root / STALL_RUN / "report" / "report.md").read_text()
+    assert r"| error | Boom: \x1b\]52;c;aGk=\x07 \[bold red\]x\[/bold red\] at \u202eline 2 |" in (
+        report
+    )
+
+
+@pytest.mark.slow
+def test_a_run_ended_by_a_non_finite_loss_shows_its_error(corpus_dir, tmp_path, capsys):
+    options = small_run(
+        corpus_dir,
+        tmp_path,
+        run_id="nan",
+        steps=4,
+        dp=1,
+        debug_nonfinite_at_step=2,
+        nonfinite="abort",
+    )
+    code, run_dir = run_in_process(options)
+    assert code == EXIT_NONFINITE
+    capsys.readouterr()
+    error = "NonFiniteAbort: step 2: loss nan, grad_norm nan (--nonfinite abort)"
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["errors (run_end):", f"  nan: {error}"]
+    assert main(["report", str(run_dir)]) == 0
+    assert f"| error | {error} |" in (run_dir / "report" / "report.md").read_text()

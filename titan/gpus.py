@@ -202,13 +202,19 @@ def _index() -> dict[str, GpuSpec]:
 _BY_NAME = _index()
 
 
+def gpu_named(name: str) -> GpuSpec | None:
+    """The catalog entry for ``name`` (case-insensitive; aliases such as ``h100-sxm``), or
+    None."""
+    return _BY_NAME.get(name.strip().lower())
+
+
 def find_gpu(name: str) -> GpuSpec:
-    """The catalog entry for ``name`` (case-insensitive; aliases such as ``h100-sxm``).
+    """The catalog entry for ``name`` (:func:`gpu_named`) given as ``--gpu``.
 
     Raises:
         TitanError: unknown name; the message lists the catalog.
     """
-    spec = _BY_NAME.get(name.strip().lower())
+    spec = gpu_named(name)
     if spec is None:
         raise TitanError(f"--gpu {name!r} is not in the catalog; known: {', '.join(CATALOG)}")
     return spec

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.flops import ATTENTION_KERNELS
 from titan.formatting import format_count
-from titan.gpus import CATALOG, find_gpu
+from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named
 from titan.inert import inert
 from titan.planning.budget import (
     Plan,
@@ -37,14 +38,14 @@ from titan.planning.budget import (
     search,
 )
 from titan.planning.memory import FIT_MARGIN, Layout, Precision
-from titan.planning.step import Measurement, calibrate
+from titan.planning.step import DEFAULT_ACHIEVABLE_FRACTION, Measurement, calibrate
 from titan.planning.verdict import Verdict, gpus_needed, verdict
 from titan.reading import read_json
 from titan.remat import AUTO, auto_candidates
 from titan.schedules import SCHEDULES
 from titan.shapes import resolve_model
 from titan.tables import Column, console, fitted_table, print_fitted
-from titan.telemetry.records import check_runs_root, default_runs_root
+from titan.telemetry.records import default_runs_root
 
 # Llama 3 pre-training (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1): sequences of 8,192
 # tokens, batches of 4M tokens and more.
@@ -52,6 +53,19 @@ DEFAULT_SEQ_LEN = 8192
 DEFAULT_BATCH_TOKENS = 512 * 8192
 GB = 1e9
 DEFAULT_TOP = 20  # rows of the --search table
+# What the help says of the options that --from makes optional.
+REQUIRED = "(required unless --from)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with each option's default named once: ``(default: X)`` is appended
+    unless the option has none (None, a switch's False, suppressed) or its help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if any(action.default is none for none in (None, False, argparse.SUPPRESS)):
+            return text
+        return text if "(default" in text else f"{text} (default: %(default)s)"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -62,17 +76,22 @@ def add_parser(subparsers: Any) -> None:
         description="Estimate memory per device, step time, tokens/s, MFU, total time, "
         "GPU-hours, energy and cost of training a model on a GPU cluster, for one layout or, "
         "with --search, for every layout that fits.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--model",
         metavar="PRESET|SHAPE",
         help="a preset or d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. "
-        "(as titan train --model takes it)",
+        f"(as titan train --model takes it) {REQUIRED}",
     )
-    p.add_argument("--gpu", help=f"GPU model: {', '.join(CATALOG)}")
-    p.add_argument("--gpus", type=int, help="number of GPUs")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU's server")
+    p.add_argument("--gpu", help=f"GPU model: {', '.join(CATALOG)} {REQUIRED}")
+    p.add_argument("--gpus", type=int, help=f"number of GPUs {REQUIRED}")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="GPUs per node (default: those of the --gpu's reference server in the catalog)",
+    )
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(
@@ -89,7 +108,9 @@ def add_parser(subparsers: Any) -> None:
         "x --seq-len)",
     )
     p.add_argument(
-        "--tokens", type=float, help="training budget, tokens (with --from: one step's batch)"
+        "--tokens",
+        type=float,
+        help="training budget, tokens (required; with --from, default: one step's batch)",
     )
     p.add_argument(
         "--from",
@@ -121,13 +142,14 @@ def add_parser(subparsers: Any) -> None:
         metavar="FILE|perfdb",
         help="achievable fraction of peak per GPU: a JSON file (GPU name -> fraction, or a "
         "planner_accuracy result), or 'perfdb': fitted to the measured runs of the performance "
-        "database of --runs-root",
+        f"database of --runs-root (default: {DEFAULT_ACHIEVABLE_FRACTION} for every GPU, fitted on "
+        "one H200: titan.planning.step)",
     )
     p.add_argument(
         "--runs-root",
         type=Path,
         default=None,
-        help="runs root of --calibration perfdb (default: $TITAN_RUNS, else ./runs)",
+        help="runs root of --calibration perfdb, only with it (default: $TITAN_RUNS, else ./runs)",
     )
     p.add_argument(
         "--search",
@@ -139,7 +161,7 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         default=argparse.SUPPRESS,  # absent unless given (the help names the default)
         metavar="N",
-        help=f"rows of the --search table, at least 1 (default {DEFAULT_TOP}); only with --search",
+        help=f"rows of the --search table, at least 1, only with --search (default: {DEFAULT_TOP})",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
@@ -186,8 +208,46 @@ def check_exclusive_options(args: argparse.Namespace) -> None:
         )
 
 
+def check_dependent_options(args: argparse.Namespace) -> int:
+    """Refuse options without the one they serve (``--top`` without ``--search``,
+    ``--runs-root`` without ``--calibration perfdb``); returns the rows of the ``--search``
+    table.
+
+    Raises:
+        TitanError: names the option, or a ``--top`` below 1.
+    """
+    top = getattr(args, "top", None)
+    if top is not None and not args.search:
+        raise TitanError("--top needs --search (it sets the rows of the ranked table)")
+    if args.runs_root is not None and args.calibration != PERFDB:
+        raise TitanError(f"--runs-root needs --calibration {PERFDB} (it is the runs root it reads)")
+    top = DEFAULT_TOP if top is None else top
+    if top < 1:
+        raise TitanError(f"--top must be >= 1, got {top}")
+    return top
+
+
 # --calibration's value that fits the calibration to the performance database.
 PERFDB = "perfdb"
+
+
+def perfdb_runs_root(runs_root: Path | None) -> Path:
+    """The runs root of ``--calibration perfdb``: ``--runs-root``, else ``$TITAN_RUNS``, else
+    ``./runs``.
+
+    Raises:
+        TitanError: it is not a directory; names where it came from and ``--runs-root``.
+    """
+    root = default_runs_root(str(runs_root or ""))
+    if root.is_dir():
+        return root
+    state = "is not a directory" if root.exists() else "does not exist"
+    if runs_root is not None:
+        raise TitanError(f"--runs-root {root} {state} (the runs root of --calibration perfdb)")
+    source = "$TITAN_RUNS" if os.environ.get("TITAN_RUNS") else "the default"
+    raise TitanError(
+        f"--calibration perfdb: runs root {root} ({source}) {state}; give one with --runs-root"
+    )
 
 
 def perfdb_calibration(runs_root: Path | None) -> dict[str, float]:
@@ -196,10 +256,11 @@ def perfdb_calibration(runs_root: Path | None) -> dict[str, float]:
     does) whose device the catalog lists.
 
     Raises:
-        TitanError: no runs root there, or no run of a catalog GPU with steady steps in it
-            (then a database this call created is removed: nothing is left written).
+        TitanError: no runs root there (:func:`perfdb_runs_root`), or no run of a catalog GPU
+            with steady steps in it (then a database this call created is removed: nothing is
+            left written).
     """
-    root = check_runs_root(default_runs_root(str(runs_root or "")))
+    root = perfdb_runs_root(runs_root)
     none_found = TitanError(f"--calibration perfdb: no measured run of a catalog GPU in {root}")
     scanned = summarize.scan_runs_root(root)
     if not scanned[0] and not scanned[1]:
@@ -224,7 +285,8 @@ def load_calibration(value: str | None, runs_root: Path | None = None) -> dict[s
     ``bench/planner_accuracy.py`` writes).
 
     Raises:
-        TitanError: a file :func:`titan.reading.read_json` refuses, or values outside (0, 1].
+        TitanError: a file :func:`titan.reading.read_json` refuses, no such mapping, a key that
+            names no catalog GPU or a value outside (0, 1]; names the file and the key.
     """
     if value is None:
         return {}
@@ -233,11 +295,35 @@ def load_calibration(value: str | None, runs_root: Path | None = None) -> dict[s
     path = Path(value)
     data = read_json(path, "--calibration")
     mapping = data.get("calibration", data)
-    if not isinstance(mapping, dict) or not all(
-        isinstance(v, int | float) and 0 < v <= 1 for v in mapping.values()
-    ):
+    if not isinstance(mapping, dict):
         raise TitanError(f"--calibration {path}: expected {{gpu: fraction in (0, 1]}}")
-    return {find_gpu(name).name: float(value) for name, value in mapping.items()}
+    return {
+        _calibrated_gpu(path, name): _calibrated_fraction(path, name, fraction)
+        for name, fraction in mapping.items()
+    }
+
+
+def _calibrated_gpu(path: Path, name: str) -> str:
+    """The catalog name of key ``name`` of calibration file ``path``."""
+    gpu = gpu_named(name)
+    if gpu is None:
+        raise TitanError(
+            f"--calibration {path}: key {name!r} is not a GPU of the catalog; known: "
+            f"{', '.join(CATALOG)}"
+        )
+    return gpu.name
+
+
+def _calibrated_fraction(path: Path, name: str, fraction: Any) -> float:
+    """The value of key ``name`` of calibration file ``path``: a number in (0, 1]."""
+    number = isinstance(fraction, int | float) and not isinstance(fraction, bool)
+    if not (number and 0 < fraction <= 1):
+        shown = json.dumps(fraction)
+        shown = shown if len(shown) <= 40 else shown[:39] + "…"
+        raise TitanError(
+            f"--calibration {path}: {name!r} is {shown}, expected a fraction in (0, 1]"
+        )
+    return float(fraction)
 
 
 def batch_tokens(args: argparse.Namespace) -> int:
@@ -342,12 +428,7 @@ def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan plan``; returns the exit code: :data:`EXIT_FAILED` when the layout does not
     fit (or, with ``--search``, when none does), else :data:`EXIT_OK`."""
-    top = getattr(args, "top", None)
-    if top is not None and not args.search:
-        raise TitanError("--top needs --search (it sets the rows of the ranked table)")
-    top = DEFAULT_TOP if top is None else top
-    if top < 1:
-        raise TitanError(f"--top must be >= 1, got {top}")
+    top = check_dependent_options(args)
     check_exclusive_options(args)
     if args.from_run is not None:
         return run_from(args)
@@ -426,8 +507,8 @@ def train_command(model: str, p: Plan) -> str:
 def train_options(model: str, p: Plan) -> dict[str, Any]:
     """The ``titan train`` options of a plan, by config field name: the model as ``--model``
     was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the batch in
-    sequences, the precision and every parallel option of the layout (``--layout mpmd`` with a
-    pipeline)."""
+    sequences, the precision and the layout's options (:meth:`Layout.options`; ``--layout mpmd``
+    with a pipeline)."""
     request, layout = p.request, p.layout
     values = {
         "preset": model,  # --model
@@ -436,17 +517,9 @@ def train_options(model: str, p: Plan) -> dict[str, Any]:
         "seq_len": request.seq_len,
         "param_dtype": request.precision.param_dtype,
         "compute_dtype": request.precision.compute_dtype,
-        "remat": layout.remat,
         "layout": "mpmd" if layout.pp > 1 else "spmd",
-        "dp": layout.dp,
-        "fsdp": layout.fsdp,
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "microbatches": layout.microbatches,
     }
-    if layout.pp > 1:
-        values |= {"schedule": layout.schedule, "virtual_stages": layout.virtual_stages}
-    return values
+    return values | layout.options()
 
 
 def _json(request: PlanRequest, plans: list[Plan]) -> dict[str, Any]:
@@ -462,7 +535,7 @@ def _json(request: PlanRequest, plans: list[Plan]) -> dict[str, Any]:
         "tokens": request.tokens,
         "price_per_gpu_hour": request.price_per_gpu_hour,
         "precision": dataclasses.asdict(request.precision),
-        "peak_flops": request.gpu.bf16_flops,
+        "peak_flops": known_peak(request.gpu),
         "mfu_convention": _MFU_CONVENTION,
         "plans": [p.as_dict() for p in plans],
     }
@@ -483,17 +556,45 @@ def _header(request: PlanRequest) -> str:
     )
 
 
+def known_peak(gpu: GpuSpec) -> float | None:
+    """The dense peak FLOP/s that MFU divides by (``GpuSpec.bf16_flops``: the peak of
+    ``gpu.compute_dtype``), or None when it is not a positive finite number (unknown)."""
+    peak = gpu.bf16_flops
+    return peak if math.isfinite(peak) and peak > 0 else None
+
+
+def peak_text(gpu: GpuSpec) -> str:
+    """The peak of :func:`known_peak` in TFLOP/s (GFLOP/s below 1 TFLOP/s), 4 significant
+    digits, with its dtype (``989.5 TFLOP/s dense bfloat16``); ``unknown`` when unknown."""
+    peak = known_peak(gpu)
+    if peak is None:
+        return "unknown"
+    scale, unit = (1e12, "TFLOP/s") if peak >= 1e12 else (1e9, "GFLOP/s")
+    return f"{peak / scale:,.4g} {unit} dense {gpu.compute_dtype}"
+
+
 def _mfu_caption(request: PlanRequest, conventions: str) -> str:
     return (
         f"MFU: model FLOPs per token (6N + 12Lsd, attention {conventions}), no recomputation, "
-        f"of {request.gpu.bf16_flops / 1e12:,.1f} TFLOP/s dense {request.precision.compute_dtype}"
-        " per GPU"
+        f"of the peak per GPU: {peak_text(request.gpu)}"
     )
 
 
+def _amount(value: float) -> str:
+    """A total (GPU-hours, energy, cost): whole with thousands separators from 100 up, else 3
+    significant digits without an exponent (``0.256``, ``0.00000171``; never ``0`` for a
+    positive amount)."""
+    if abs(value) >= 100 or value == 0:
+        return f"{value:,.0f}"
+    return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
+
+
 def _duration(seconds: float) -> str:
-    days = seconds / 86400
-    return f"{days:,.1f} d" if days >= 1 else f"{seconds / 3600:,.2f} h"
+    """Days from one up, hours from one up, minutes from one up, else seconds."""
+    for scale, unit, digits in ((86400, "d", 1), (3600, "h", 2), (60, "min", 1)):
+        if seconds >= scale:
+            return f"{seconds / scale:,.{digits}f} {unit}"
+    return f"{seconds:.3g} s"
 
 
 # Width of the output when it is neither a terminal nor sized by $COLUMNS (files, logs).
@@ -535,12 +636,12 @@ def _print_plan(p: Plan, judged: Verdict) -> None:
         ("tokens/s", f"{p.step.tokens_per_s:,.0f}"),
         ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
         ("total time", _duration(p.total_s)),
-        ("GPU-hours", f"{p.gpu_hours:,.0f}"),
-        ("energy (kWh)", f"{p.energy_kwh:,.0f}"),
+        ("GPU-hours", _amount(p.gpu_hours)),
+        ("energy (kWh)", _amount(p.energy_kwh)),
     ):
         totals.add_row(name, text)
     if p.cost is not None:
-        totals.add_row("cost (--price currency)", f"{p.cost:,.0f}")
+        totals.add_row("cost (--price currency)", _amount(p.cost))
     out.print(totals)
 
 
@@ -605,11 +706,11 @@ def _print_search(
             f"{p.step.tokens_per_s:,.0f}",
             f"{p.mfu['causal']:.1%}",
             _duration(p.total_s),
-            f"{p.gpu_hours:,.0f}",
-            f"{p.energy_kwh / 1000:,.1f}",
+            _amount(p.gpu_hours),
+            _amount(p.energy_kwh / 1000),
         ]
         if p.cost is not None:
-            row.append(f"{p.cost:,.0f}")
+            row.append(_amount(p.cost))
         rows.append(row)
     columns = SEARCH_COLUMNS + ((COST_COLUMN,) if plans[0].cost is not None else ())
     table, width = fitted_table(

@@ -2,7 +2,10 @@
 
 ``summarize`` and ``perf check`` read the run records through the runs root's DuckDB; both
 ingest the new lines of every ``events.jsonl`` first (:mod:`titan.analysis.summarize`),
-so they are the database's one writer while they run. ``--json`` prints the same as JSON.
+so they are the database's one writer while they run. A runs root that cannot be written is
+only read: its database is kept in the cache (:func:`~titan.analysis.summarize.database_path`),
+and a line on stderr says where. ``--json`` prints the same as JSON. ``summarize`` lists the
+error of each failed run (``run_end``'s ``error``) under its table.
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
 earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
 report`` writes one run's Markdown report and figures (:mod:`titan.analysis.report`);
@@ -29,6 +32,12 @@ EXIT_OK, EXIT_FLAGGED = 0, 1
 # Runs that ``titan summarize`` lists by default: the most recent ones (a runs root may hold
 # 100k; History in the console and --all list every one).
 SUMMARY_RUNS = 50
+# Where ``summarize`` and ``perf check`` keep the database (titan.analysis.summarize).
+DATABASE_HELP = (
+    "The database is RUNS_ROOT/titan.duckdb; when RUNS_ROOT cannot be written (a read-only "
+    "mount, another user's records) the records are only read and the database is kept in "
+    "$TITAN_CACHE/databases/ (default ~/.cache/titan/databases/), one per runs root."
+)
 
 
 def _count(text: str) -> int:
@@ -50,9 +59,10 @@ def add_parser(subparsers: Any) -> None:
     s = subparsers.add_parser(
         "summarize",
         help="summarize the runs of a runs root",
-        description="Ingest the run records of RUNS_ROOT into RUNS_ROOT/titan.duckdb "
-        "(incrementally) and print each run's status, steps, tokens, throughput, MFU, energy, "
-        "ETTR and goodput, stalls, restarts and losses.",
+        description="Ingest the run records of RUNS_ROOT into its database (incrementally) and "
+        "print each run's status, steps, tokens, throughput, MFU, energy, ETTR and goodput, "
+        "stalls, restarts and losses, and under the table the error of each failed run. "
+        + DATABASE_HELP,
     )
     _add_common(s, run_summarize)
     shown = s.add_mutually_exclusive_group()
@@ -78,7 +88,7 @@ def add_parser(subparsers: Any) -> None:
         help="flag runs slower than the best earlier run of the same key",
         description="List each run's median step time (first 3 steps of each attempt left "
         "out) against the best earlier run of the same key; flag it when more than 5% slower. "
-        "Exit code 1 when a listed run is flagged.",
+        "Exit code 1 when a listed run is flagged. " + DATABASE_HELP,
     )
     _add_common(c, run_perf_check)
 
@@ -121,25 +131,28 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def run_summarize(args: argparse.Namespace) -> int:
-    """Run ``titan summarize``; returns the exit code."""
+    """Run ``titan summarize``; returns the exit code.
+
+    Raises:
+        TitanError: as :func:`titan.analysis.summarize.connect`, or ``--run`` names no run
+            of the runs root.
+    """
     from titan.analysis import summarize
 
     root = _root(args)
     recent = None if args.all or args.run_id is not None else args.last
-    con = summarize.connect(root)
-    try:
-        summarize.ingest(con, root)
+    with summarize.ingested(root) as con:
         rows = summarize.summaries(con, args.run_id, recent)
         total = summarize.run_count(con) if args.run_id is None else len(rows)
         peaks = summarize.mfu_peaks(con, [r.run_id for r in rows])
-    finally:
-        con.close()
+    _note_database(args.command, root, summarize.database_path(root))
     if args.run_id is not None and not rows:
         raise TitanError(f"--run {args.run_id}: no such run in {root}")
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
         _print_summaries(root, rows, args.wide, sorted(set(peaks.values())))
+        _print_errors(rows)
     if total > len(rows):
         hidden = (
             f"{len(rows):,} most recent of {total:,} runs shown ({total - len(rows):,} "
@@ -150,16 +163,18 @@ def run_summarize(args: argparse.Namespace) -> int:
 
 
 def run_perf_check(args: argparse.Namespace) -> int:
-    """Run ``titan perf check``; returns 1 when a listed run is flagged, else 0."""
+    """Run ``titan perf check``; returns 1 when a listed run is flagged, else 0.
+
+    Raises:
+        TitanError: as :func:`titan.analysis.summarize.connect`, or ``--run`` names no
+            measured run.
+    """
     from titan.analysis import perfdb, summarize
 
     root = _root(args)
-    con = summarize.connect(root)
-    try:
-        summarize.ingest(con, root)
+    with summarize.ingested(root) as con:
         checks = perfdb.check(perfdb.measurements(con))
-    finally:
-        con.close()
+    _note_database(args.command, root, summarize.database_path(root))
     if args.run_id is not None:
         checks = [c for c in checks if c.run_id == args.run_id]
         if not checks:
@@ -169,6 +184,14 @@ def run_perf_check(args: argparse.Namespace) -> int:
     else:
         _print_checks(root, checks, args.wide)
     return EXIT_FLAGGED if any(c.flagged for c in checks) else EXIT_OK
+
+
+def _note_database(command: str, root: Path, path: Path) -> None:
+    """One line on stderr when the database ``path`` is not in the runs root ``root`` (which
+    cannot be written, :func:`titan.analysis.summarize.database_path`): where it is."""
+    if path.parent != root:
+        note = f"titan {command}: {root} cannot be written: its records are only read; "
+        print(inert(f"{note}database: {path}"), file=sys.stderr)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -264,6 +287,16 @@ def _print_summaries(root: Path, rows: list[Any], wide: bool, peaks: list[str]) 
         title=_plain(f"runs in {root}"),
     )
     print_fitted(out, table, width)
+
+
+def _print_errors(rows: list[Any]) -> None:
+    """Under the summary table: the error of each run whose last ``run_end`` carries one, one
+    line each (record text, shown inert: no terminal sequence or markup takes effect)."""
+    failed = [(r.run_id, r.error_text()) for r in rows if r.error is not None]
+    if failed:
+        print("errors (run_end):")
+    for run_id, error in failed:
+        print(inert(f"  {run_id}: {error}"))
 
 
 def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:

@@ -157,7 +157,8 @@ def memory_text(s: RunSummary) -> str:
 
 def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
     """A run summary as (label, value with its unit) rows: the report's table, the console's run
-    detail."""
+    detail. ``error`` (the last ``run_end``'s, on one line; record text, to be shown inert) only
+    for a run whose record holds one."""
     mfu = (
         f"{s.median_mfu:.1%} ({s.mfu_convention})"
         if s.median_mfu is not None
@@ -169,8 +170,10 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
         else f"unavailable ({s.energy_reason or NOT_RECORDED})"
     )
     badput = ", ".join(f"{k} {v:.1%}" for k, v in s.badput.items() if v and v >= 0.0005)
+    error = s.error_text()
     return [
         ("status", f"{s.status} ({s.reason})" if s.reason else s.status),
+        *([("error", error)] if error is not None else []),
         ("steps", format_number(s.steps, "d")),
         ("steps planned", total_steps),
         ("tokens", format_number(s.tokens, ",")),

@@ -1,8 +1,11 @@
 """Run records into DuckDB: incremental ingest of ``events.jsonl`` files and per-run summaries.
 
-The database is ``<runs root>/titan.duckdb``. DuckDB allows one read-write process at a time, so
-the trainer never opens it: it appends JSON lines, and ``titan summarize`` (or the console) is the
-one writer. Tables:
+The database is ``<runs root>/titan.duckdb`` (:func:`database_path`); when the runs root cannot
+be written (a read-only mount, another user's shared directory of records), it is kept in the
+cache instead, ``$TITAN_CACHE/databases/<digest>.duckdb`` (default ``~/.cache/titan``;
+``<digest>``: of the runs root's resolved path), and the records are only read. DuckDB allows
+one read-write process at a time, so the trainer never opens it: it appends JSON lines, and
+``titan summarize`` (or the console) is the one writer. Tables:
 
 - ``files(run_id, path, offset, seq, bad_lines, device, inode, head_len, head_digest, size,
   mtime_ns)``: how far each run's ``events.jsonl`` was read (keyed by run id, the run dir's
@@ -58,7 +61,8 @@ status, else ``running``, ``stalled``, ``unresponsive`` or ``dead`` from its rec
 and heartbeats;
 runs not ended are worked out again at each ingest, and ``reason`` says why a run is dead);
 ``unreadable`` (:data:`UNREADABLE`, ``reason`` says why) for
-a run whose file or events could not be read; ETTR and goodput come from
+a run whose file or events could not be read; ``error`` is the last attempt's ``run_end``
+``error`` (what failed, as the record wrote it: show it inert); ETTR and goodput come from
 :mod:`titan.analysis.ettr`.
 
 Readers here go through :mod:`titan.telemetry.events`: the typed columns are named after
@@ -88,6 +92,7 @@ import duckdb
 
 from titan.analysis import ettr, liveness, perfdb
 from titan.analysis.sql import insert_rows
+from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
 from titan.telemetry.events import (
@@ -104,6 +109,8 @@ from titan.telemetry.events import (
 from titan.telemetry.records import EVENTS_FILE, check_runs_root
 
 DB_FILE = "titan.duckdb"
+# Where the database of a runs root that cannot be written is kept, under the cache dir.
+CACHE_DATABASES = "databases"
 READ_CHUNK_BYTES = 32 << 20
 # Bytes at the start of an events file whose digest tells a replaced file from a grown one.
 HEAD_BYTES = 4096
@@ -111,7 +118,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 5
+DB_VERSION = 6
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # How long connect() waits for another process to release the database, and its backoff: the
@@ -231,9 +238,15 @@ class RunSummary:
     compiled_memory_bytes: float | None = None
     memory_estimate_bytes: float | None = None
     best_eval_loss: float | None = None  # the lowest finite loss of the run's eval events
+    error: str | None = None  # the last attempt's run_end error (``Type: message``), verbatim
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def error_text(self) -> str | None:
+        """:attr:`error` on one line (each run of whitespace, newlines included, one space),
+        as record text: to be shown inert (:func:`titan.inert.inert`); None without one."""
+        return " ".join(self.error.split()) if self.error is not None else None
 
 
 @dataclass
@@ -247,21 +260,46 @@ class IngestReport:
 
 
 def database_path(runs_root: Path) -> Path:
-    return Path(runs_root) / DB_FILE
+    """The runs root's database: ``<runs root>/titan.duckdb`` when the runs root does not exist
+    or can be written (the directory, and the database and its WAL where they exist), else
+    :func:`cached_database_path` (a read-only runs root: only its records are read)."""
+    root = Path(runs_root)
+    path = root / DB_FILE
+    wal = root / f"{DB_FILE}.wal"
+    writable = all(os.access(p, os.W_OK) for p in (root, path, wal) if os.path.lexists(p))
+    return path if writable or not root.is_dir() else cached_database_path(root)
+
+
+def cached_database_path(runs_root: Path) -> Path:
+    """Where the database of a runs root that cannot be written is kept:
+    ``<cache dir>/databases/<digest>.duckdb`` (:func:`titan.data.cache.cache_dir`; ``<digest>``:
+    the first 16 hex digits of the SHA-256 of the runs root's resolved path), one per runs
+    root."""
+    digest = hashlib.sha256(os.fsencode(Path(runs_root).resolve())).hexdigest()[:16]
+    return cache_dir() / CACHE_DATABASES / f"{digest}.duckdb"
 
 
 def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open (creating if needed) the runs root's database with its tables.
+    """Open (creating if needed) the runs root's database (:func:`database_path`) with its
+    tables.
 
     Raises:
-        TitanError: the runs root is no directory, or another process held the database for
-            longer than :data:`LOCK_WAIT_S`.
+        TitanError: the runs root is no directory, the database cannot be opened (neither the
+            runs root nor the cache can be written), or another process held it for longer
+            than :data:`LOCK_WAIT_S`.
     """
     root = check_runs_root(Path(runs_root))
+    path = database_path(root)
     try:
-        con = _connect_waiting(database_path(root), read_only)
+        path.parent.mkdir(parents=True, exist_ok=True)  # the cache's folder
+        con = _connect_waiting(path, read_only)
+    except OSError as err:  # only the cache's folder can be missing: the runs root is read-only
+        raise TitanError(
+            f"{root} cannot be written, nor its database's folder {path.parent} created "
+            f"({err.strerror or err}); set $TITAN_CACHE to a folder you can write"
+        ) from None
     except duckdb.Error as err:
-        raise TitanError(f"{database_path(root)}: {str(err).splitlines()[0]}") from None
+        raise TitanError(f"{path}: {str(err).splitlines()[0]}") from None
     if not read_only:
         _create_tables(con)
     return con
@@ -746,6 +784,7 @@ def _summary(
         compiled_memory_bytes=_optional(compiled),
         memory_estimate_bytes=_optional(memory_check.get("estimate_bytes")),
         best_eval_loss=_optional(best_eval),
+        error=ended.error if ended is not None else None,
     )
 
 
@@ -877,15 +916,28 @@ def summarize_run_dir(run_dir: Path) -> RunSummary:
         con.close()
 
 
-def summarize(runs_root: Path) -> list[RunSummary]:
-    """Ingest ``runs_root`` into its database and return every run's summary.
+@contextlib.contextmanager
+def ingested(runs_root: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The runs root's database (:func:`connect`) with every record ingested (:func:`ingest`),
+    closed when the block ends.
 
     Raises:
-        TitanError: the runs root does not exist or its database is held by another writer.
+        TitanError: as :func:`connect`.
     """
     con = connect(runs_root)
     try:
         ingest(con, runs_root)
-        return summaries(con)
+        yield con
     finally:
         con.close()
+
+
+def summarize(runs_root: Path) -> list[RunSummary]:
+    """Ingest ``runs_root`` into its database and return every run's summary.
+
+    Raises:
+        TitanError: as :func:`connect` (no runs root, a database that cannot be opened or is
+            held by another writer).
+    """
+    with ingested(runs_root) as con:
+        return summaries(con)

@@ -74,7 +74,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from titan.config import ParallelOptions
+from titan.config import ParallelOptions, flag_of
 from titan.errors import TitanError
 from titan.flops import kv_dim, layer_matmul_params
 from titan.gpus import GpuSpec
@@ -137,6 +137,18 @@ class Layout:
     def replicas(self) -> int:
         """Ways the batch is split: dp x fsdp."""
         return self.dp * self.fsdp
+
+    def options(self) -> dict[str, int | str]:
+        """The layout as options of ``titan plan`` and ``titan train``, by config field name:
+        the parallel sizes, the microbatches, with a pipeline the schedule and its virtual
+        stages (``titan train`` also needs ``--layout mpmd`` then), and ``remat``."""
+        pipeline = ("schedule", "virtual_stages") if self.pp > 1 else ()
+        names = ("dp", "fsdp", "tp", "pp", "microbatches", *pipeline, "remat")
+        return {name: getattr(self, name) for name in names}
+
+    def flags(self) -> str:
+        """:meth:`options` as command-line flags, e.g. ``--dp 2 --fsdp 4 ... --remat dots``."""
+        return " ".join(f"{flag_of(name)} {value}" for name, value in self.options().items())
 
     def label(self) -> str:
         """Short text of the layout, e.g. ``dp2 fsdp4 tp8 pp2 m16 1f1b remat=dots``."""

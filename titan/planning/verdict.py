@@ -4,10 +4,11 @@ and how many GPUs a model needs when no layout of the GPUs given fits.
 A layout fits when its estimated peak with the margin (``titan.planning.memory.FIT_MARGIN``)
 is within the usable memory. What would make a layout that does not fit fit is searched with
 the same estimator, changing one thing at a time: the ``--remat`` policy, more
-``--microbatches`` (smaller microbatches), a larger ``--fsdp`` in place of data parallelism,
-and more GPUs (the smallest power-of-two multiple of ``--gpus`` whose ``--search`` finds a
-layout that fits, up to :func:`titan.planning.budget.max_layout_gpus`, past which no layout of
-the model and batch exists).
+``--microbatches`` (smaller microbatches), a larger ``--fsdp`` in place of data parallelism;
+then, as ``--search`` finds them, the fastest layout of the same GPUs that fits (with how many
+fit), or, when none does, more GPUs (the smallest power-of-two multiple of ``--gpus`` whose
+``--search`` finds a layout that fits, up to :func:`titan.planning.budget.max_layout_gpus`,
+past which no layout of the model and batch exists).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class Verdict:
     Attributes:
         fits: the estimate with its margin is within the usable memory.
         over_bytes: bytes per device above the usable memory (margin included; <= 0 fits).
-        remedies: ``titan train`` flags (or a GPU count) that make the layout fit, each with
-            its estimate, as one line each; empty when it fits.
+        remedies: ``titan plan`` flags (or a GPU count) that make the layout fit, each with
+            its estimate, as one line each (module docstring); empty when it fits.
     """
 
     fits: bool
@@ -90,10 +91,24 @@ def _remedies(p: Plan) -> Iterator[str]:
         if fit := _fitting(request, _with(layout, fsdp=fsdp, dp=data // fsdp)):
             yield _describe(f"--fsdp {fsdp} --dp {data // fsdp}", fit)
             break
+    yield from _other_layouts(request)
+
+
+def _other_layouts(request: PlanRequest) -> Iterator[str]:
+    """The fastest layout of ``request.gpus`` that fits (``--search``'s first), with how many
+    fit; when none does, the GPUs :func:`gpus_needed` and the fastest layout there."""
+    fitting = search(request)
+    if fitting:
+        best = fitting[0]
+        yield _describe(best.layout.flags(), best) + (
+            f" (the fastest of the {len(fitting)} layouts of {request.gpus} GPUs that fit; "
+            "--search without layout options ranks them)"
+        )
+        return
     needed = gpus_needed(request)
     if needed is not None:
         best = search(dataclasses.replace(request, gpus=needed))[0]
-        yield _describe(f"--gpus {needed} ({best.layout.label()})", best)
+        yield _describe(f"--gpus {needed} {best.layout.flags()}", best)
 
 
 def _with(layout: Layout, **changes: Any) -> Layout:
