@@ -270,3 +270,23 @@ def test_a_pinned_host_reservation_after_the_first_step_is_in_no_step():
     assert g.badput_s["checkpoint_save"] == pytest.approx(6.5)
     assert g.productive_s == pytest.approx(2.0)
     assert g.badput_s["other"] == pytest.approx(0.0)
+
+
+def test_a_clock_set_back_during_an_attempt_leaves_ettr_unknown_not_above_one():
+    events = crash_then_resume()[8:]  # attempt 1 alone: wall 12.5 s, productive 4.0 s
+    assert analyze(events).clock_believed and analyze(events).ettr == pytest.approx(4.0 / 12.5)
+    for e in events[1:]:  # the clock set back 10 s after run_start
+        e["time"] -= 10.0
+    g = analyze(events)
+    assert g.available_s < g.productive_s  # the ratio a naive reader prints: above 100%
+    assert (g.clock_believed, g.ettr, g.goodput) == (False, None, None)
+    assert g.as_dict()["clock_believed"] is False
+
+
+def test_a_clock_within_its_slack_is_believed():
+    events = crash_then_resume()[8:]
+    for e in events[3:]:  # durations 0.5 s beyond the wall time: within CLOCK_SLACK_S
+        e["time"] -= 0.5
+    g = analyze(events)
+    assert g.attempts[0].other_s < 0 and g.clock_believed
+    assert g.ettr == pytest.approx(g.productive_s / g.available_s)

@@ -24,6 +24,7 @@ from titan.analysis.report import REPORT_FILE
 from titan.cli import main
 from titan.config import check_run_id
 from titan.errors import TitanError
+from titan.formatting import format_duration
 from titan.inert import inert
 from titan.reading import parse_json
 from titan.telemetry.records import EVENTS_FILE, EventTail
@@ -150,6 +151,31 @@ def test_wrong_types_and_a_line_longer_than_a_read_chunk_are_survived(tmp_path, 
     assert main(["summarize", str(tmp_path)]) == 0
     assert main(["perf", "check", str(tmp_path)]) == 0
     assert main(["report", str(tmp_path / "wrong")]) == 0
+
+
+def test_nan_and_infinities_read_as_missing_and_a_line_without_a_finite_time_is_bad(
+    tmp_path, capsys
+):
+    events = crash_then_resume()
+    events[-1]["time"] = float("inf")  # run_end: a bad line, so the run has no end
+    events[2].update(step_time_s=float("inf"), tokens_per_s=float("nan"))
+    events[3].update(tokens_per_s=float("-inf"), mfu={"causal": float("inf")})
+    path = write_run(tmp_path, "inf", events)
+    assert "Infinity" in path.read_text() and "NaN" in path.read_text()
+    [s] = summarize.summarize(tmp_path)
+    assert (s.bad_lines, s.status, s.median_mfu) == (1, "dead", None)
+    assert s.wall_s is not None and s.wall_s < 200 and s.ettr is not None and s.ettr < 1
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and "NaN" not in out
+    json.loads(out)
+    assert main(["report", str(tmp_path / "inf")]) == 0
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("-inf"), float("nan"), None])
+def test_a_duration_that_is_no_finite_number_is_written_as_missing(seconds):
+    assert format_duration(seconds) == "-"
+    assert format_duration(3725.4) == "1h02m05s"
 
 
 def test_a_run_whose_summary_crashed_is_summarised_at_the_next_ingest(tmp_path, monkeypatch):

@@ -284,3 +284,16 @@ def test_a_run_dir_with_only_old_logs_reads_failed_with_the_last_error(tmp_path:
         "no run_start: no process recorded and nothing written for 3600 s: ValueError: no devices"
     )
     assert fresh.state == "starting"
+
+
+def test_a_run_dir_whose_old_events_file_holds_no_event_reads_failed_not_starting(
+    tmp_path: Path,
+):
+    run_dir = tmp_path / "binary"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_bytes(bytes(range(256)) * 20)  # no line is an event
+    old = time.time() - 3600
+    os.utime(run_dir / "events.jsonl", (old, old))
+    [s] = summarize.summarize(tmp_path)
+    assert s.status == "failed" and s.bad_lines > 0
+    assert judge(run_dir, RecordFacts(), now=old + 5).state == "starting"

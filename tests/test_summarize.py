@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -100,7 +99,7 @@ def test_new_fields_types_and_bad_lines_are_kept_or_counted(tmp_path):
         "SELECT payload->'novel'->'nested'->>1, loss FROM events WHERE run_id = ? AND step = 1",
         ["new"],
     ).fetchone()
-    assert novel == "2" and math.isnan(loss)
+    assert novel == "2" and loss is None  # NaN reads as missing, as in titan.telemetry.events
     types = con.execute("SELECT list(DISTINCT type) FROM events").fetchone()[0]
     assert "some_new_type" in types and "stall" in types
     assert summarize.summaries(con, "new")[0].bad_lines == 2
@@ -164,6 +163,22 @@ def test_sample_runs_summary(tmp_path):
     assert s.final_loss == steps[-1]["loss"]
     assert s.best_loss == min(e["loss"] for e in steps)
     assert 0.9 < s.ettr < 1.0
+
+
+def test_a_peak_under_a_teraflop_is_named_in_gigaflops_not_as_zero(tmp_path, capsys):
+    events = crash_then_resume()  # one CPU of 76.8 GFLOP/s (e.g. a host's measured peak)
+    for e in events:
+        if e["type"] == "run_start":
+            e["env"] = {"device_kinds": ["cpu"], "device_count": 1}
+        if e["type"] == "step":
+            e["mfu"] = {"causal": 0.3, "peak_flops": 7.68e10, "peak_kind": "measured"}
+    write_run(tmp_path, "cpu", events)
+    assert main(["summarize", str(tmp_path), "--wide"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cpu: 76.8 GFLOP/s per device (measured)" in out and "0.0 TFLOP/s" not in out
+    assert main(["report", str(tmp_path / "cpu")]) == 0
+    report = (tmp_path / "cpu" / "report" / "report.md").read_text()
+    assert "76.8 GFLOP/s (measured)" in report and "0.0 TFLOP/s" not in report
 
 
 def test_the_summary_names_the_peak_each_runs_mfu_divides_by(tmp_path, capsys):

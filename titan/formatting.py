@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
     """``value`` in ``fmt`` (a format spec), or ``missing`` when it is None."""
@@ -27,11 +29,19 @@ def format_size(n_bytes: float) -> str:
 
 
 def format_duration(seconds: float | None) -> str:
-    """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None)."""
-    if seconds is None:
+    """Seconds as ``42s``, ``3m05s`` or ``2h03m05s``, units written out (``-`` when None, NaN or
+    infinite)."""
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     minutes, s = divmod(int(round(seconds)), 60)
     hours, m = divmod(minutes, 60)
     if hours:
         return f"{hours}h{m:02d}m{s:02d}s"
     return f"{m}m{s:02d}s" if minutes else f"{s}s"
+
+
+def format_flops_rate(flops_per_s: float) -> str:
+    """A rate in FLOP/s, 4 significant digits, in TFLOP/s from 1 TFLOP/s up and in GFLOP/s
+    below (a CPU's peak is not ``0.0 TFLOP/s``): ``989.5 TFLOP/s``, ``76.8 GFLOP/s``."""
+    scale, unit = (1e12, "TFLOP/s") if abs(flops_per_s) >= 1e12 else (1e9, "GFLOP/s")
+    return f"{flops_per_s / scale:,.4g} {unit}"

@@ -26,7 +26,7 @@ from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.flops import ATTENTION_KERNELS
-from titan.formatting import format_count
+from titan.formatting import format_count, format_flops_rate
 from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named
 from titan.inert import inert
 from titan.planning.budget import (
@@ -569,8 +569,7 @@ def peak_text(gpu: GpuSpec) -> str:
     peak = known_peak(gpu)
     if peak is None:
         return "unknown"
-    scale, unit = (1e12, "TFLOP/s") if peak >= 1e12 else (1e9, "GFLOP/s")
-    return f"{peak / scale:,.4g} {unit} dense {gpu.compute_dtype}"
+    return f"{format_flops_rate(peak)} dense {gpu.compute_dtype}"
 
 
 def _mfu_caption(request: PlanRequest, conventions: str) -> str:

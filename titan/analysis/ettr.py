@@ -56,6 +56,10 @@ Assumptions, stated because the records cannot show otherwise:
   choose ``--remat auto``, the checkpoint restore): a ``compile`` event whose ``seconds`` reach
   back before ``run_start`` is then such a compilation, ended before ``run_start`` was
   written.
+- The wall time comes from the events' times (the machine's clock) and the durations from the
+  loop's own timer. When an attempt's durations add up to more than its wall time (beyond
+  :data:`CLOCK_SLACK_S` or :data:`CLOCK_SLACK_FRACTION`), the clock went backwards during
+  it, and ETTR and goodput are None (unknown) rather than a ratio above what the record shows.
 - A duration that is not a finite positive number counts as 0. A ``setup_start`` after its
   ``run_start``, before the start of the process that wrote it (``process.started``) or before
   the previous attempt's end is not believed: that attempt counts from its ``run_start``.
@@ -116,6 +120,12 @@ RUNNING_WINDOW_S = 300.0
 # ticks from a boot time that is itself rounded to the second: a set-up start up to this much
 # before it is still believed (:func:`_attempt_start`)
 PROCESS_START_SLACK_S = 1.0
+# How far an attempt's recorded durations (perf-counter seconds) may add up beyond its wall
+# time (event times, ``time.time()``) before its clock is not believed (:attr:`Goodput.ettr`):
+# the larger of this many seconds and CLOCK_SLACK_FRACTION of its wall time, room for the two
+# clocks' rounding and for the span between a step's end and its event being written.
+CLOCK_SLACK_S = 1.0
+CLOCK_SLACK_FRACTION = 0.01
 CRASHED = "crashed"
 
 
@@ -165,6 +175,15 @@ class Attempt:
         )
         return self.wall_s - accounted
 
+    @property
+    def clock_believed(self) -> bool:
+        """Whether the wall time holds what the recorded durations add up to (within
+        :data:`CLOCK_SLACK_S` or :data:`CLOCK_SLACK_FRACTION`): False when the machine's clock
+        went backwards during the attempt (e.g. set back by NTP or by hand), which shrinks
+        the wall time under the durations the loop measured."""
+        slack = max(CLOCK_SLACK_S, CLOCK_SLACK_FRACTION * max(self.wall_s, 0.0))
+        return self.other_s >= -slack
+
 
 @dataclass
 class Goodput:
@@ -207,10 +226,19 @@ class Goodput:
         return {kind: sum(get(a) for a in self.attempts) for kind, get in per_attempt.items()}
 
     @property
+    def clock_believed(self) -> bool:
+        """Whether every attempt's clock is believed (:attr:`Attempt.clock_believed`)."""
+        return all(a.clock_believed for a in self.attempts)
+
+    @property
     def ettr(self) -> float | None:
-        """Kokolis et al. 2024: productive runtime / available wall-clock time."""
+        """Kokolis et al. 2024: productive runtime / available wall-clock time; None when
+        nothing was available or the record's clock is not believed (:attr:`clock_believed`:
+        the ratio of two clocks that disagree is no measurement)."""
         available = self.available_s
-        return self.productive_s / available if available > 0 else None
+        if available <= 0 or not self.clock_believed:
+            return None
+        return self.productive_s / available
 
     @property
     def goodput(self) -> float | None:
@@ -230,6 +258,7 @@ class Goodput:
             "badput_s": badput,
             "badput": {k: (v / available if available > 0 else None) for k, v in badput.items()},
             "data_wait_recorded": self.data_wait_recorded,
+            "clock_believed": self.clock_believed,
             "attempts": [
                 {
                     "index": a.index,

@@ -26,7 +26,7 @@ rule that applies giving the state:
    id).
 3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
    devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
-   process whose ``stderr.log`` has not changed for
+   process whose ``stderr.log`` (or, without one, ``events.jsonl``) has not changed for
    :data:`~titan.analysis.ettr.RUNNING_WINDOW_S`: the last line of ``stderr.log`` is the
    reason.
 4. ``unresponsive``: a process of this host exists but its heartbeat is older than the run's
@@ -68,6 +68,7 @@ import psutil
 from titan.analysis.ettr import RUNNING_WINDOW_S
 from titan.reading import open_regular, parse_json
 from titan.telemetry.events import Event, RunEnd, RunStart, Stall
+from titan.telemetry.records import EVENTS_FILE
 
 LAUNCH_FILE = "launch.json"
 PROCESSES_DIR = "processes"
@@ -372,6 +373,7 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
         return Liveness(DEAD, why, last_seen, lost, None, ended, beats, allowance)
     if not known:
         last_seen = last_seen or _mtime(Path(run_dir) / STDERR_LOG)
+        last_seen = last_seen or _mtime(Path(run_dir) / EVENTS_FILE)
         if last_seen is not None and now - last_seen > RUNNING_WINDOW_S:
             silent = f"no process recorded and nothing written for {now - last_seen:.0f} s"
             if not facts.started:

@@ -33,7 +33,7 @@ from titan.analysis import ettr, plots
 from titan.analysis.summarize import RunSummary, summarize_run_dir
 from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
-from titan.formatting import format_duration, format_number
+from titan.formatting import format_duration, format_flops_rate, format_number
 from titan.inert import inert, markdown_text
 from titan.telemetry.events import Eval, Event, Profile, RunStart, Step
 from titan.telemetry.records import EVENTS_FILE, EventTail
@@ -114,7 +114,7 @@ def _peak(events: list[Event]) -> tuple[str, str]:
         mfu = e.mfu if isinstance(e, Step) else None
         if mfu is not None and mfu.peak_flops:
             kind = f" ({mfu.peak_kind})" if mfu.peak_kind else ""
-            return f"{mfu.peak_flops / 1e12:,.1f} TFLOP/s{kind}", mfu.peak_source or ""
+            return f"{format_flops_rate(mfu.peak_flops)}{kind}", mfu.peak_source or ""
     return "the recorded peak (not named in the record)", ""
 
 

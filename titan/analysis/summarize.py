@@ -23,8 +23,8 @@ one read-write process at a time, so the trainer never opens it: it appends JSON
   is tried again at the next ingest.
 - ``events(run_id, seq, type, time, step, <fields>, payload)``: one row per event; ``seq`` is the
   line number in the file; the fields of :data:`EVENT_FIELDS` copied into typed columns (NULL when
-  absent or of another type); ``payload`` the whole event as JSON, unknown types and fields
-  included.
+  absent, of another type, or not finite); ``payload`` the whole event as JSON, unknown types and
+  fields included. A line without a finite ``time`` is a bad line, as in every reader.
 - ``meta``: the tables' version; tables of another version are dropped and rebuilt from the
   records.
 
@@ -94,6 +94,7 @@ from titan.analysis import ettr, liveness, perfdb
 from titan.analysis.sql import insert_rows
 from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line
+from titan.formatting import format_flops_rate
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
 from titan.telemetry.events import (
     MFU_CONVENTION,
@@ -118,7 +119,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 6
+DB_VERSION = 7
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # How long connect() waits for another process to release the database, and its backoff: the
@@ -127,8 +128,9 @@ BATCH_FILES = 256
 LOCK_WAIT_S = 30.0
 LOCK_FIRST_WAIT_S = 0.01
 LOCK_MAX_WAIT_S = 0.5
-# Fields of the events (titan.telemetry.events) copied into typed columns (NULL when absent
-# or of another type), so that summaries do not parse the JSON payload again.
+# Fields of the events (titan.telemetry.events) copied into typed columns (NULL when absent,
+# of another type, or a NaN or infinite number, as titan.telemetry.events reads them), so that
+# summaries do not parse the JSON payload again.
 EVENT_FIELDS = {
     "type": "VARCHAR",
     "time": "DOUBLE",
@@ -170,7 +172,12 @@ _SCHEMA = (
 # the staged files, then the same files, their run ids and first seqs (lists of one length).
 _STAGE_EVENTS = (
     "CREATE OR REPLACE TEMP TABLE staged_events AS SELECT run_id, seq, "
-    + ", ".join(f"e.{name}" for name in EVENT_FIELDS)
+    + ", ".join(
+        f"CASE WHEN isfinite(e.{name}) THEN e.{name} END AS {name}"
+        if kind == "DOUBLE"
+        else f"e.{name}"
+        for name, kind in EVENT_FIELDS.items()
+    )
     + ", line::JSON AS payload FROM (SELECT m.run_id, m.seq0 + t.i - 1 AS seq, t.line, "
     + "json_transform(t.line, '"
     + json.dumps(EVENT_FIELDS)
@@ -178,7 +185,7 @@ _STAGE_EVENTS = (
         generate_subscripts(string_split(content, chr(10)), 1) AS i FROM read_text(?)) t
     JOIN (SELECT unnest(?::VARCHAR[]) AS filename, unnest(?::VARCHAR[]) AS run_id,
         unnest(?::BIGINT[]) AS seq0) m USING (filename)
-    WHERE json_valid(t.line) AND json_type(t.line) = 'OBJECT')"""
+    WHERE json_valid(t.line) AND json_type(t.line) = 'OBJECT') WHERE isfinite(e.time)"""
 )
 # What a batch of summaries needs from the events, one row per run asked for (NULLs for a run
 # without events; parameters: the run ids, the MFU convention's JSON path, the run ids again).
@@ -700,7 +707,8 @@ def _peak_label(flops: float | None, kind: str | None, kinds: str | None, count:
         device = "device kind unknown"
     if not flops or not count or not math.isfinite(flops):
         return f"{device}: peak unknown"
-    return f"{device}: {flops / count / 1e12:,.1f} TFLOP/s per device ({kind or 'kind unknown'})"
+    per_device = format_flops_rate(flops / count)
+    return f"{device}: {per_device} per device ({kind or 'kind unknown'})"
 
 
 def _optional(value: Any) -> float | None:
@@ -766,8 +774,8 @@ def _summary(
         tokens=tokens,
         wall_s=(t1 - t0) if t0 is not None and t1 is not None else None,
         median_tokens_per_s=tps,
-        median_mfu=mfu,
-        mfu_convention=MFU_CONVENTION if mfu is not None else None,
+        median_mfu=_optional(mfu),
+        mfu_convention=MFU_CONVENTION if _optional(mfu) is not None else None,
         mfu_reason=None if mfu is not None or not isinstance(final, Step) else final.mfu_reason,
         energy_j=energy,
         energy_reason=None if energy is not None else power.get("reason"),

@@ -14,10 +14,11 @@ Schema versions (the ``schema`` key of every line, :data:`SCHEMA_VERSION`):
 
 Reading (:meth:`Event.from_json`) is lenient the way the readers always were: keys the class does
 not know are kept in :attr:`Event.extra` (and written back by :meth:`Event.to_json`); a missing
-optional field, or one whose value has the wrong JSON type, is None; an integral float is
-accepted for an int field. A line without a numeric ``time``, a string ``type``, or a required
-field of its class raises :class:`EventError` (readers count it as a bad line). A ``type`` this
-module does not know parses to an :class:`UnknownEvent`, which readers ignore.
+optional field, or one whose value has the wrong JSON type, is None, and so is a NaN or
+infinite number; an integral float is accepted for an int field. A line without a finite
+``time``, a string ``type``, or a required field of its class raises :class:`EventError`
+(readers count it as a bad line). A ``type`` this module does not know parses to an
+:class:`UnknownEvent`, which readers ignore.
 
 This module imports neither JAX nor Textual.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import sys
 import types
@@ -730,7 +732,8 @@ def _header(line: Mapping[str, Any]) -> dict[str, Any]:
     """
     time = _decoder(float)(line.get("time"))
     if time is None:
-        raise EventError(f"{line.get('type')}: 'time' must be a number, got {line.get('time')!r}")
+        got = line.get("time")
+        raise EventError(f"{line.get('type')}: 'time' must be a finite number, got {got!r}")
     schema = _decoder(int)(line.get("schema"))
     return {
         "time": time,
@@ -829,9 +832,7 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
         (inner,) = [a for a in args if a is not type(None)]
         return _decoder(inner)
     if hint is float:
-        return _none_or(
-            lambda v: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-        )
+        return _none_or(_float)
     if hint is int:
         return _none_or(_int)
     if hint in (str, bool):
@@ -843,6 +844,16 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _none_or(_dataclass_decoder(hint))
     raise TypeError(f"no JSON conversion for {hint!r}")
+
+
+def _float(value: Any) -> float | None:
+    """A JSON number as a float; None for a bool, another type, NaN or an infinity (the writer
+    never writes those: :meth:`~titan.telemetry.records.RunRecord.emit` turns them into null,
+    so one read here comes from a damaged or foreign record, and would poison every sum)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _int(value: Any) -> int | None:
@@ -924,7 +935,9 @@ def markdown() -> str:
         "",
         f"Current schema version: {SCHEMA_VERSION} (lines without `schema` are version 0 and "
         "read the same way). Non-finite numbers (a diverged loss) are written as `null`; a `step` "
-        "event names them in its `nonfinite` field.",
+        "event names them in its `nonfinite` field. A reader takes a `NaN` or `Infinity` "
+        "(which only a damaged or foreign record holds) as a missing value, and a line whose "
+        "`time` is not a finite number as no event.",
         "",
         "## Every line",
         "",
