@@ -25,7 +25,7 @@ import pytest
 from helpers import cli_args, file_tree, small_run
 
 from titan.cli import main
-from titan.config import MAX_DATA_WORKERS, TrainConfig
+from titan.config import MAX_DATA_WORKERS, MAX_IMAGE_SIZE, TrainConfig
 from titan.config_files import config_to_data
 from titan.reading import MAX_DOCUMENT_BYTES, MAX_JSON_DEPTH
 from titan.telemetry.records import check_runs_root
@@ -203,6 +203,10 @@ CASES: dict[str, Case] = {
     ),
     "train_mixture_weights_whose_sum_overflows": Case(
         lambda p: p.train(data=f"{p.corpus}:1e308,{p.corpus}/:1e308"), "the weights sum past"
+    ),
+    "train_diffusion_image_size_2048": Case(
+        lambda p: ["train", "--task", "diffusion", "--image-size", "2048"],
+        f"--image-size must be <= {MAX_IMAGE_SIZE}",
     ),
     "train_diffusion_with_data": Case(
         lambda p: ["train", "--task", "diffusion", "--data", str(p.tmp)],

@@ -433,6 +433,11 @@ _WEIGHT_TAIL = re.compile(r":\s*[0-9.eE+-]+\s*$")  # a mixture part's ':WEIGHT'
 # Largest --data-workers: the cores of the largest two-socket hosts (2 x 128); each
 # worker holds up to two 4 Mi-character chunks (titan.data.tokenize), 10000 would fork that many.
 MAX_DATA_WORKERS = 256
+# Largest --image-size: the largest resolution of Peebles & Xie 2023 (DiT, Sec. 5: ImageNet
+# 512 x 512). Titan's DiT works on pixels and holds the images in host memory as float32
+# (size^2 x channels x 4 bytes each: 3 MiB per RGB image at 512); a 512 image is already
+# (512 / 2)^2 = 65,536 tokens at patch 2, and 2048 made the digits alone 30 GB.
+MAX_IMAGE_SIZE = 512
 
 
 @_section
@@ -1011,6 +1016,7 @@ class DiffusionOptions:
             "--image-size",
             "side in pixels the images are resized and centre-cropped to (0: the preset's)",
             minimum=0,
+            maximum=MAX_IMAGE_SIZE,
         ),
     )
     objective: Literal["flow", "epsilon", "v"] = field(
