@@ -191,6 +191,16 @@ CASES: dict[str, Case] = {
     "train_tokenizer_unreadable": Case(lambda p: p.train(tokenizer=UNREADABLE)),
     "train_tokenizer_a_directory": Case(lambda p: p.train(tokenizer=p.tmp)),
     "train_runs_root_under_a_file": Case(lambda p: p.train(runs_root=p.file("a_file", "x") + "/r")),
+    "train_titan_runs_under_a_file": Case(
+        lambda p: p.file("a_file", "x") and p.train(runs_root=""),
+        "$TITAN_RUNS: cannot create a_file/runs/",
+        env={"TITAN_RUNS": "a_file/runs"},
+    ),
+    "train_titan_runs_a_file": Case(
+        lambda p: p.file("a_file", "x") and p.train(runs_root=""),
+        "$TITAN_RUNS a_file is not a directory",
+        env={"TITAN_RUNS": "a_file"},
+    ),
     "train_runs_root_unwritable": Case(lambda p: p.train(runs_root=UNWRITABLE + "/titan-runs")),
     "train_runs_root_in_proc": Case(lambda p: p.train(runs_root="/proc/titan-runs")),
     "train_run_id_256_characters": Case(lambda p: p.train(run_id="r" * 256)),

@@ -45,6 +45,12 @@ def default_runs_root(explicit: str = "") -> Path:
     return Path(explicit or os.environ.get("TITAN_RUNS") or "runs")
 
 
+def runs_root_source(explicit: str = "") -> str:
+    """What chose the runs root of :func:`default_runs_root`, as errors name it:
+    ``--runs-root`` when ``explicit`` is given (or nothing is set), else ``$TITAN_RUNS``."""
+    return "$TITAN_RUNS" if not explicit and os.environ.get("TITAN_RUNS") else "--runs-root"
+
+
 def check_runs_root(root: Path, *, created: bool = False) -> Path:
     """``root`` after checking it is a runs root: a directory, or (``created``: one the first
     run creates) a path whose nearest existing ancestor is a directory.

@@ -24,7 +24,7 @@ from types import TracebackType
 
 from titan.config import RunOptions
 from titan.errors import TitanError
-from titan.telemetry.records import EVENTS_FILE, default_runs_root
+from titan.telemetry.records import EVENTS_FILE, default_runs_root, runs_root_source
 from titan.trainer.processes import agreed_run_id
 
 LOCK_FILE = "run.lock"
@@ -53,7 +53,7 @@ def run_dir_of(run: RunOptions, preset: str, resuming: bool) -> Path:
     """
     root = default_runs_root(run.runs_root)
     if root.exists() and not root.is_dir():
-        raise TitanError(f"--runs-root {root} is not a directory")
+        raise TitanError(f"{runs_root_source(run.runs_root)} {root} is not a directory")
     run_dir = root / (run.run_id or agreed_run_id(preset))
     if not resuming:
         refuse_recorded(run_dir)
@@ -68,14 +68,19 @@ class RunClaim:
         run_dir: the run's dir; created when ``fresh`` and missing.
         fresh: a new run (refused if the dir holds a record) rather than a ``--resume``.
         enabled: whether this process claims (the record's writer).
+        root_source: what chose the runs root, as an error names it (:func:`~titan.telemetry.
+            records.runs_root_source`).
 
     Raises (on entry):
         TitanError: another live process holds the dir, a fresh run's dir already holds a run,
             or the dir cannot be created.
     """
 
-    def __init__(self, run_dir: Path, fresh: bool, enabled: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, fresh: bool, enabled: bool = True, root_source: str = "--runs-root"
+    ) -> None:
         self.run_dir, self.fresh, self.enabled = Path(run_dir), fresh, enabled
+        self.root_source = root_source
         self.created = False
         self._made_root = False
         self.recorded = False  # set once run_start is written: the dir is then never removed
@@ -113,7 +118,8 @@ class RunClaim:
                     f"--run-id {self.run_dir.name}: {self.run_dir} is not a directory"
                 ) from None
         except OSError as err:
-            raise TitanError(f"--runs-root: cannot create {self.run_dir}: {err.strerror}") from None
+            why = f"cannot create {self.run_dir}: {err.strerror}"
+            raise TitanError(f"{self.root_source}: {why}") from None
 
     def _lock(self) -> None:
         path = self.run_dir / LOCK_FILE

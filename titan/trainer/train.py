@@ -90,6 +90,7 @@ from titan.telemetry.records import (
     DiskFull,
     RunRecord,
     disk_full,
+    runs_root_source,
     write_json_atomic,
 )
 from titan.telemetry.sinks import check_library, live_sink
@@ -193,7 +194,12 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
         run_dir = run_dir_of(cfg.run, cfg.model.shape.name, resuming)
         with (
             # claimed before anything slow: a second run of this dir is refused at once
-            RunClaim(run_dir, fresh=not resuming, enabled=is_writer()) as claim,
+            RunClaim(
+                run_dir,
+                fresh=not resuming,
+                enabled=is_writer(),
+                root_source=runs_root_source(cfg.run.runs_root),
+            ) as claim,
             compilation_settings(cfg.compute.compilation_cache) as cache,
             CompileWatch(frozenset({FINITE_CHECK_FUNCTION})) as compiles,
         ):
