@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import io
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,13 @@ import pytest
 from titan.cli import main
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
-from titan.generation.generate import Generator, Sampling, new_token_budget, printable
+from titan.generation.generate import (
+    Generator,
+    Sampling,
+    check_prompt,
+    new_token_budget,
+    printable,
+)
 from titan.generation.loading import load_model
 from titan.generation.sampling import sample
 from titan.models.llama import LlamaStage
@@ -177,6 +184,8 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
         (["--step", "1"], "has no checkpoint of it (it has: 5)"),
         (["--stop", "512"], "--stop '512': neither a token id below 512 nor the text of one"),
         (["--stop", "no such token"], "--stop 'no such token': neither a token id below 512"),
+        # bytes that are not UTF-8, as the shell passes $'a\xff' (Python: a lone surrogate)
+        (["--prompt", os.fsdecode(b"a\xff")], "--prompt: not UTF-8 text (byte 1: 0xff)"),
     ],
 )
 def test_bad_generate_input_is_one_line_and_exit_2(pipeline_run, capsys, args, message):
@@ -213,3 +222,11 @@ def test_prompt_and_new_tokens_fit_in_the_runs_seq_len():
         new_token_budget(3, 32, 30)
     with pytest.raises(TitanError, match="--prompt: 32 tokens"):
         new_token_budget(32, 32, None)
+
+
+def test_a_prompt_must_be_utf8_text():
+    check_prompt("déf main(")
+    with pytest.raises(TitanError, match=r"^--prompt: not UTF-8 text \(byte 2: 0xff\)"):
+        check_prompt("é" + os.fsdecode(b"\xff"))  # the offset counts the UTF-8 bytes before it
+    with pytest.raises(TitanError, match=r"^--prompt: not UTF-8 text \(U\+D800\)"):
+        check_prompt("x\ud800")  # a lone surrogate of no byte

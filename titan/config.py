@@ -825,9 +825,9 @@ class CheckpointOptions:
         metadata=_opt(
             "--init-from",
             "start from the weights of this checkpoint (a run dir or titan import hf output: "
-            "its newest checkpoint; or <dir>/checkpoints/<step>) at step 0 with a fresh "
-            "optimizer, on any layout; its model shape and tokenizer unless --tokenizer is "
-            "given (a different --model is refused)",
+            "its newest readable checkpoint; or <dir>/checkpoints/<step>) at step 0 with a "
+            "fresh optimizer, on any layout; its model shape and tokenizer unless --tokenizer "
+            "is given (a different --model or --vocab-size is refused)",
         ),
     )
 

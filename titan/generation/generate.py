@@ -44,6 +44,26 @@ def printable(text: str) -> str:
 DEFAULT_NEW_TOKENS = 64
 
 
+def check_prompt(prompt: str) -> None:
+    """Refuse a prompt that is not text: a byte that is not UTF-8, which Python passes on from
+    the command line as a lone surrogate (``--prompt $'\\xff'`` is ``"\\udcff"``), or any other
+    lone surrogate; no tokenizer encodes those.
+
+    Raises:
+        TitanError: names ``--prompt`` and the first offending byte (its offset in the UTF-8
+            bytes of the prompt) or surrogate.
+    """
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        offset = len(prompt[: err.start].encode("utf-8"))
+        code = ord(prompt[err.start])
+        what = (
+            f"byte {offset}: {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        )
+        raise TitanError(f"--prompt: not UTF-8 text ({what}); give the prompt as UTF-8") from None
+
+
 def new_token_budget(prompt_tokens: int, seq_len: int, requested: int | None) -> int:
     """Tokens to generate after ``prompt_tokens`` (BOS included): ``requested``, or
     :data:`DEFAULT_NEW_TOKENS` when None, and never past the run's ``seq_len``.
@@ -141,7 +161,12 @@ class Generator:
         return sample(logits[:, -1], drawn, temperature, top_p, vocab), cache, key
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """BOS, then the prompt's ids (a document's start, as in training)."""
+        """BOS, then the prompt's ids (a document's start, as in training).
+
+        Raises:
+            TitanError: the prompt is not UTF-8 text (:func:`check_prompt`).
+        """
+        check_prompt(prompt)
         return [self.loaded.tokenizer.bos_id, *self.loaded.tokenizer.encode(prompt)]
 
     def tokens(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[int]:
@@ -193,13 +218,18 @@ class Generator:
 
 def generate_from_cli(source: str, step: int | None, prompt: str, sampling: Sampling) -> int:
     """``titan generate``: load, then stream the continuation of ``prompt`` to stdout (the
-    checkpoint used goes to stderr). Returns exit code 0.
+    checkpoint used goes to stderr, after one line for each newer one that could not be read).
+    Returns exit code 0.
 
     Raises:
-        TitanError: bad source, step, sampling or --stop option, or a prompt and
-            --max-new-tokens past the run's --seq-len.
+        TitanError: bad source, step, sampling or --stop option, a prompt that is not UTF-8, a
+            prompt and --max-new-tokens past the run's --seq-len, or no checkpoint to read.
     """
+    check_prompt(prompt)  # before the load, which takes a while
     loaded = load_model(source, step)
+    for unreadable in loaded.unreadable:
+        line = f"titan generate: {unreadable.error}; using checkpoint {loaded.step}"
+        print(inert(line), file=sys.stderr, flush=True)
     generator = Generator(loaded)
     # refused before any output, not after the header
     stop_ids(loaded.tokenizer, sampling.stop)

@@ -1,11 +1,13 @@
 """A run's model and tokenizer for generation: the whole model's parameters from one of its
 checkpoints, on one device, whatever layout wrote it.
 
-The checkpoint is restored onto a one-device SPMD trainer of the run's own config
-(:class:`titan.trainer.checkpoint.Checkpointer`): a checkpoint of another layout, such as an
-MPMD run's per-stage (and virtual-stage) chunks, is joined along the layer axis into the one
-chunk of the whole model (:func:`titan.parallel.chunks.join_layers`), as a resume onto SPMD
-does.
+The checkpoint's parameters, not its optimizer state, are restored onto a one-device SPMD
+trainer of the run's own config (:meth:`titan.trainer.checkpoint.Checkpointer.restore_params`):
+a checkpoint of another layout, such as an MPMD run's per-stage (and virtual-stage) chunks, is
+joined along the layer axis into the one chunk of the whole model
+(:func:`titan.parallel.chunks.join_layers`), as a resume onto SPMD does. Without a step, the
+newest checkpoint that can be read is taken, as a resume does; the newer ones that cannot are
+listed (:attr:`LoadedModel.unreadable`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from titan.ops import Ops
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import one_device_trainer
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, Unrestorable
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 
@@ -42,6 +44,8 @@ class LoadedModel:
         tokenizer: the run's tokenizer.
         run_dir: the run dir; step: the checkpoint's step.
         seq_len: the run's ``--seq-len``, the positions its model was trained to attend to.
+        unreadable: the committed checkpoints newer than ``step`` that could not be read
+            (corrupt), newest first; empty when a step was asked for.
     """
 
     model: ModelConfig
@@ -51,6 +55,7 @@ class LoadedModel:
     run_dir: Path
     step: int
     seq_len: int
+    unreadable: tuple[Unrestorable, ...] = ()
 
 
 def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
@@ -76,14 +81,16 @@ def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
 
 def load_model(source: str, step: int | None = None) -> LoadedModel:
     """The model of ``source`` (a run dir, or one of its checkpoints ``<run dir>/checkpoints/
-    <step>``) at ``step`` (default: the checkpoint named, else the newest committed one).
+    <step>``) at ``step`` (default: the checkpoint named, else the newest committed one that can
+    be read). Only the parameters are read, not the optimizer state.
 
     Raises:
         TitanError: ``source`` is no run or checkpoint, a diffusion run's (no text), the run
-            has no committed checkpoint
-            (or not ``step``; names those it has), or the checkpoint cannot be restored.
+            has no committed checkpoint (or not ``step``; names those it has), or the checkpoint
+            asked for cannot be read (names it and its folder), or without a step none can
+            (names the checkpoints' folder).
     """
-    run_dir, step = resolve_source(source, step)
+    run_dir, asked = resolve_source(source, step)
     cfg, model = saved_model(run_dir, "RUN_DIR")
     refuse_maxtext_source(cfg.model.model_source, run_dir, "titan generate")
     if model.family == "dit":
@@ -96,19 +103,24 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
     checkpointer = Checkpointer(run_dir)
     try:
         steps = checkpointer.committed_steps()
-        if step is None and not steps:
+        if asked is None and not steps:
             raise TitanError(f"{run_dir}: no committed checkpoint")
-        step = steps[-1] if step is None else step
-        if step not in steps:
+        if asked is not None and asked not in steps:
             have = ", ".join(map(str, steps)) or "none"
-            raise TitanError(f"--step {step}: {run_dir} has no checkpoint of it (it has: {have})")
+            raise TitanError(f"--step {asked}: {run_dir} has no checkpoint of it (it has: {have})")
         ops = Ops(jax.default_backend())
         trainer = one_device_trainer(
             model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len, ops
         )
-        state, _ = checkpointer.restore(step, trainer)
+        skipped: list[Unrestorable] = []
+        if asked is None:
+            chunks, step, skipped = checkpointer.restore_params_newest(trainer)
+        else:
+            chunks, step = checkpointer.restore_params(asked, trainer), asked
     finally:
         checkpointer.close()
     dtype = trainer.compute_dtype
-    params = cast_tree(state.chunks[0]["params"], dtype)
-    return LoadedModel(model, params, dtype, tokenizer, run_dir, step, cfg.data.seq_len)
+    params = cast_tree(chunks[0], dtype)
+    return LoadedModel(
+        model, params, dtype, tokenizer, run_dir, step, cfg.data.seq_len, tuple(skipped)
+    )

@@ -40,6 +40,9 @@ can still write them (:meth:`Checkpointer.remove_leftovers`).
 
 Restoring (:meth:`Checkpointer.restore_latest`) takes the newest committed checkpoint that
 restores; a corrupt one is reported (:class:`Unrestorable`) and the one before it is tried.
+What needs only the weights (``titan generate``, ``--init-from``) restores only the parameters,
+not the optimizer state (:meth:`Checkpointer.restore_params`), of the newest checkpoint that can
+be read likewise (:meth:`Checkpointer.restore_params_newest`).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +69,7 @@ from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import barrier, process_count, process_index
-from titan.parallel.mesh import DeviceMesh, host_mesh
+from titan.parallel.mesh import DeviceMesh, host_mesh, remote_array
 from titan.reading import read_json
 from titan.telemetry.records import DISK_FULL, disk_full
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
@@ -77,6 +80,38 @@ from titan.trainer_state import ChunkState, Trainer, TrainState
 
 CHECKPOINT_DIR = "checkpoints"  # titan.trainer.init_from.CHECKPOINT_DIR too
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
+T = TypeVar("T")
+
+
+def _restore_args(tree: Any, partial: bool) -> ocp.args.CheckpointArgs:
+    """orbax's restore arguments of one item placed like ``tree`` (``jax.ShapeDtypeStruct``
+    leaves carrying shardings). Whole (``partial`` False): each array is cast to its dtype, so
+    its saved dtype is checked before (:meth:`Checkpointer._check_dtypes`). ``partial``:
+    ``tree`` is part of the item and the rest is not read, not even its metadata; each array
+    keeps its saved dtype, checked after."""
+    if not partial:
+        return ocp.args.StandardRestore(tree)
+    restore_args = jax.tree.map(
+        lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape), tree
+    )
+    return ocp.args.PyTreeRestore(tree, restore_args=restore_args, partial_restore=True)
+
+
+def params_only(abstract: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``abstract`` (:meth:`Trainer.abstract_items`, or a function like it) cut to each item's
+    ``params``: what a partial restore reads (:meth:`Checkpointer.restore_params`,
+    :meth:`Checkpointer.restore_host` with ``partial``), leaving the optimizer state unread."""
+
+    def cut(*args: Any) -> dict[str, Any]:
+        return {name: {"params": item["params"]} for name, item in abstract(*args).items()}
+
+    return cut
+
+
+def _leaf_dtypes(tree: Any) -> dict[str, Any]:
+    """orbax's leaf name (:func:`_key_name`) -> dtype, of each leaf of ``tree``."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(map(_key_name, path)): leaf.dtype for path, leaf in leaves}
 
 
 def _layout_name(layout: dict[str, Any]) -> str:
@@ -529,18 +564,48 @@ class Checkpointer:
         Raises:
             TitanError: none restores (the newest one's error).
         """
-        skipped: list[Unrestorable] = []
-        for step in reversed(self.committed_steps()):
-            try:
-                state, meta = self.restore(step, trainer)
-            except Exception as err:  # noqa: BLE001 - a corrupt checkpoint: try the previous
-                message = str(err) if isinstance(err, TitanError) else self._unreadable(step, err)
-                skipped.append(Unrestorable(step, message.splitlines()[0]))
-                continue
-            return state, meta, skipped
+        restored, skipped = self._newest_readable(lambda step: self.restore(step, trainer))
+        if restored is not None:
+            return *restored, skipped
         if skipped:
             raise TitanError(f"--resume: {skipped[0].error}")
         return None
+
+    def restore_params_newest(self, trainer: Trainer) -> tuple[list[Any], int, list[Unrestorable]]:
+        """:meth:`restore_params` of the newest committed checkpoint that can be read, newest
+        first (``titan generate`` and ``--init-from`` of a run dir).
+
+        Returns:
+            (one parameter tree per chunk of ``trainer``, the step read, the newer checkpoints
+            that could not be read; nothing on disk changes).
+
+        Raises:
+            TitanError: there is no committed checkpoint, or none can be read (names the
+                checkpoints' folder and the newest one's error).
+        """
+        read, skipped = self._newest_readable(
+            lambda step: (self.restore_params(step, trainer), step)
+        )
+        if read is not None:
+            return *read, skipped
+        if not skipped:
+            raise TitanError(f"{self.directory}: no committed checkpoint")
+        raise TitanError(
+            f"{self.directory}: none of the {len(skipped)} committed checkpoints can be read "
+            f"(the newest: {skipped[0].error})"
+        )
+
+    def _newest_readable(self, read: Callable[[int], T]) -> tuple[T | None, list[Unrestorable]]:
+        """(``read(step)`` of the newest committed checkpoint it reads, None when it reads
+        none; the newer checkpoints it could not read, each with its error in one line)."""
+        skipped: list[Unrestorable] = []
+        for step in reversed(self.committed_steps()):
+            try:
+                return read(step), skipped
+            except Exception as err:  # noqa: BLE001 - a corrupt checkpoint: try the previous
+                message = str(err) if isinstance(err, TitanError) else self._unreadable(step, err)
+                skipped.append(Unrestorable(step, message.splitlines()[0]))
+        return None, skipped
 
     def restore(self, step: int, trainer: Trainer) -> tuple[TrainState, dict[str, Any]]:
         """Restore checkpoint ``step`` into ``trainer``'s layout (resharding as needed).
@@ -552,13 +617,46 @@ class Checkpointer:
             TitanError: the checkpoint cannot be mapped onto the trainer's model (names both
                 layouts).
         """
+        items, meta = self._restore_onto(step, trainer, trainer.abstract_items, partial=False)
+        return TrainState.from_items(items, step), meta
+
+    def restore_params(self, step: int, trainer: Trainer) -> list[Any]:
+        """The parameters of checkpoint ``step`` on ``trainer``'s chunks (resharded as needed),
+        without reading its optimizer state: orbax's partial restore reads only the arrays of
+        ``params``, a third of the bytes under AdamW (whose two moments are each the
+        parameters' size).
+
+        Returns:
+            One parameter tree per chunk of ``trainer``, in model order, placed in its
+            shardings.
+
+        Raises:
+            TitanError: the checkpoint cannot be read (names it and its folder: a truncated or
+                garbled file) or mapped onto the trainer's model.
+        """
+        try:
+            abstract = params_only(trainer.abstract_items)
+            items, _ = self._restore_onto(step, trainer, abstract, partial=True)
+        except TitanError:
+            raise
+        except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, orbax's wrap of it
+            raise TitanError(self._unreadable(step, err)) from None
+        return [items[chunk_item(c.index)]["params"] for c in trainer.chunks]
+
+    def _restore_onto(
+        self, step: int, trainer: Trainer, abstract: Callable[..., dict[str, Any]], partial: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the items of checkpoint ``step`` placed like ``abstract()``, its meta):
+        ``abstract`` is ``trainer.abstract_items`` or a part of each item (``partial``)."""
         meta = self._meta(step)
         current = trainer.describe().to_json()  # compared with the meta's JSON
         try:
             if meta["layout"]["chunks"] == current["chunks"]:
-                items = self._restore_items(step, meta, trainer.abstract_items())
+                items = self._restore_items(step, meta, abstract(), partial)
             else:
-                items = self._restore_resharded(step, meta, trainer)
+                saved, saved_chunks, _ = self.restore_host(step, abstract, partial)
+                adapter = trainer.adapter
+                items = reshard_items(saved, saved_chunks, abstract(), trainer.chunks, adapter)
         except (ValueError, KeyError, TitanError) as err:
             written, target = _layout_name(meta["layout"]), _layout_name(current)
             if written == target:
@@ -567,7 +665,7 @@ class Checkpointer:
                 f"checkpoint {step} written by {written} cannot be restored onto {target}: "
                 f"{first_line(err)}"
             ) from None
-        return TrainState.from_items(items, step), meta
+        return items, meta
 
     def set_aside(self, steps: list[int]) -> None:
         """Move the unrestorable checkpoints newer than the restored one to
@@ -588,39 +686,49 @@ class Checkpointer:
         self._manager.reload()
 
     def _restore_items(
-        self, step: int, meta: dict[str, Any], abstract: dict[str, Any]
+        self, step: int, meta: dict[str, Any], abstract: dict[str, Any], partial: bool = False
     ) -> dict[str, Any]:
+        """Items ``abstract`` names of checkpoint ``step``, placed like it; ``partial``: it holds
+        part of each item (orbax then reads only that part; stage items are read leaf by leaf
+        anyway)."""
         kept = set(meta.get("stage_items", []))
         items = {name: self._stages.restore(step, name, abstract[name]) for name in kept}
         args = {
-            name: ocp.args.StandardRestore(tree)
+            name: _restore_args(tree, partial)
             for name, tree in abstract.items()
             if name not in kept
         }
-        for name in args:  # orbax would cast each array to the target's dtype
-            self._check_dtypes(step, name, abstract[name])
+        if not partial:  # orbax would cast each array to the target's dtype
+            for name in args:
+                metadata = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
+                saved = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(metadata)}
+                self._check_dtypes(step, name, abstract[name], saved)
         if args:
-            items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
+            restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+            for name in args if partial else ():  # read in their saved dtypes
+                self._check_dtypes(step, name, abstract[name], _leaf_dtypes(restored[name]))
+            items.update(restored)
         return items
 
-    def _check_dtypes(self, step: int, name: str, abstract: Any) -> None:
+    def _check_dtypes(self, step: int, name: str, abstract: Any, saved: dict[str, Any]) -> None:
         """:func:`titan.trainer.stage_store.check_dtype` for each leaf of orbax item ``name``
-        (its saved dtypes from orbax's metadata, by orbax's leaf names)."""
-        saved = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
-        dtypes = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(saved)}
-        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
-            leaf_name = ".".join(map(_key_name, path))
-            if leaf_name in dtypes:
-                check_dtype(step, name, leaf_name, dtypes[leaf_name], leaf.dtype)
+        (``saved``: its saved dtypes by orbax's leaf names)."""
+        for leaf_name, dtype in _leaf_dtypes(abstract).items():
+            if leaf_name in saved:
+                check_dtype(step, name, leaf_name, saved[leaf_name], dtype)
 
     def restore_host(
-        self, step: int, abstract: Callable[[list[Chunk], DeviceMesh], dict[str, ChunkState]]
-    ) -> tuple[dict[str, ChunkState], list[Chunk], dict[str, Any]]:
+        self,
+        step: int,
+        abstract: Callable[[list[Chunk], DeviceMesh], dict[str, Any]],
+        partial: bool = False,
+    ) -> tuple[dict[str, Any], list[Chunk], dict[str, Any]]:
         """Read checkpoint ``step`` as written, into this process's host memory.
 
         Args:
             abstract: (the checkpoint's chunks, the host mesh) -> their items as
                 ``jax.ShapeDtypeStruct`` trees (:meth:`Trainer.abstract_items`).
+            partial: ``abstract`` holds part of each item (its ``params``): only that is read.
 
         Returns:
             (``chunk_<c>`` -> host state, the checkpoint's chunks, its meta).
@@ -631,7 +739,7 @@ class Checkpointer:
         try:
             meta = self._meta(step)
             saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
-            items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()))
+            items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()), partial)
         except TitanError:
             raise
         except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, a hand-edited meta
@@ -648,12 +756,6 @@ class Checkpointer:
         """The ``meta`` item of checkpoint ``step``, orbax's ``JsonSave`` file read through
         :func:`titan.reading.read_json`."""
         return read_json(self.path(step) / "meta" / "metadata", f"checkpoint {step}")
-
-    def _restore_resharded(self, step: int, meta: dict[str, Any], trainer: Trainer) -> dict:
-        saved, saved_chunks, _ = self.restore_host(step, trainer.abstract_items)
-        return reshard_items(
-            saved, saved_chunks, trainer.abstract_items(), trainer.chunks, trainer.adapter
-        )
 
     def path(self, step: int) -> Path:
         return self.directory / str(step)
@@ -687,36 +789,57 @@ def open_checkpoint(run_dir: Path, step: int | None, flag: str) -> tuple[Checkpo
 def initial_state(trainer: Trainer, seed: int, init_from: str = "") -> TrainState:
     """The state a new run starts from: ``trainer.init_state(seed)``; with ``init_from``
     (``--init-from``, :func:`titan.trainer.init_from.checkpoint_location`), that checkpoint's
-    parameters, restored onto the trainer's chunks and shardings whatever layout wrote them, at
-    step 0 with a fresh optimizer state (:func:`fresh_optimizer_state`); nothing is initialised
-    at random.
+    parameters (its optimizer state is not read: :meth:`Checkpointer.restore_params`), restored
+    onto the trainer's chunks and shardings whatever layout wrote them, at step 0 with a fresh
+    optimizer state (:func:`fresh_optimizer_state`); nothing is initialised at random. A run dir
+    gives its newest checkpoint that can be read: each newer one that cannot is said in one line
+    on stderr.
 
     Raises:
-        TitanError: no such committed checkpoint, or it does not fit the trainer's model.
+        TitanError: no such committed checkpoint, none that can be read, or it does not fit
+            the trainer's model.
     """
     if not init_from:
         return trainer.init_state(seed)
     run_dir, step = checkpoint_location(init_from)
-    checkpointer, step = open_checkpoint(run_dir, step, "--init-from")
+    checkpointer, chosen = open_checkpoint(run_dir, step, "--init-from")
+    skipped: list[Unrestorable] = []
     try:
-        restored, _ = checkpointer.restore(step, trainer)
+        if step is None:
+            params, chosen, skipped = checkpointer.restore_params_newest(trainer)
+        else:
+            params = checkpointer.restore_params(chosen, trainer)
     except TitanError as err:
         raise TitanError(f"--init-from {init_from}: {err}") from None
     finally:
         checkpointer.close()
+    for unreadable in skipped:
+        line = (
+            f"titan: --init-from {init_from}: {unreadable.error}; starting from checkpoint {chosen}"
+        )
+        print(inert(line), file=sys.stderr, flush=True)
+    abstract = trainer.abstract_items()
     chunks = [
-        ChunkState(params=c["params"], opt_state=fresh_optimizer_state(c["opt_state"]))
-        for c in restored.chunks
+        ChunkState(
+            params=p, opt_state=fresh_optimizer_state(abstract[chunk_item(c.index)]["opt_state"])
+        )
+        for c, p in zip(trainer.chunks, params, strict=True)
     ]
     return TrainState(0, tuple(chunks))
 
 
-def fresh_optimizer_state(opt_state: Any) -> Any:
-    """AdamW's initial state in ``opt_state``'s structure and shardings: every leaf zero (optax's
-    ``scale_by_adam`` starts its step count and both moments at 0, the schedule's count at 0,
-    weight decay and the mask hold no arrays); the old state's buffers are donated."""
-    shardings = jax.tree.map(lambda leaf: leaf.sharding, opt_state)
+def fresh_optimizer_state(abstract: Any) -> Any:
+    """AdamW's initial state, created in the shardings of ``abstract`` (its tree of
+    ``jax.ShapeDtypeStruct``): every leaf zero (optax's ``scale_by_adam`` starts its step count
+    and both moments at 0, the schedule's count at 0, weight decay and the mask hold no arrays).
+    A chunk that this process holds no shard of (a pipeline stage of another process) gets
+    handles (:func:`titan.parallel.mesh.remote_array`), as :meth:`Trainer.init_state` gives it."""
+    leaves = jax.tree.leaves(abstract)
+    if not any(d.process_index == process_index() for x in leaves for d in x.sharding.device_set):
+        return jax.tree.map(remote_array, abstract)
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, abstract)
     zeros = jax.jit(
-        lambda tree: jax.tree.map(jnp.zeros_like, tree), out_shardings=shardings, donate_argnums=0
+        lambda: jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), abstract),
+        out_shardings=shardings,
     )
-    return zeros(opt_state)
+    return zeros()

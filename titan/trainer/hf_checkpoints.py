@@ -51,7 +51,7 @@ from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_adapter
-from titan.trainer.checkpoint import Checkpointer, open_checkpoint
+from titan.trainer.checkpoint import Checkpointer, open_checkpoint, params_only
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer_state import ChunkState, TrainState
@@ -269,7 +269,8 @@ def export_hf(
     out = out or Path(f"{run_dir.absolute().name}-hf-{step}")
     adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
     try:
-        items, chunks, _ = checkpointer.restore_host(step, host_abstract(adapter, tx))
+        abstract = params_only(host_abstract(adapter, tx))
+        items, chunks, _ = checkpointer.restore_host(step, abstract, partial=True)
     finally:
         checkpointer.close()
     params = [items[chunk_item(c.index)]["params"] for c in chunks]

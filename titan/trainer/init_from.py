@@ -14,7 +14,7 @@ from typing import Any
 from titan.config import TASK_FAMILIES, TrainConfig
 from titan.config_files import read_run_config
 from titan.errors import TitanError
-from titan.shapes import SHAPE_FIELDS, ModelConfig, model_text
+from titan.shapes import DEFAULT_VOCAB_SIZE, SHAPE_FIELDS, ModelConfig, model_text
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.resume import TOKENIZER_FILE
 
@@ -55,7 +55,8 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
     Raises:
         TitanError: the checkpoint's dir is not a run dir, its model was built by another
             ``--model-source`` than this run's, its model is not of the family ``task``
-            trains, or ``preset`` (``--model``) names another shape than the checkpoint's.
+            trains, ``preset`` (``--model``) names another shape than the checkpoint's, or
+            ``vocab_size`` (``--vocab-size``) another vocabulary (:func:`check_vocab_size`).
     """
     text = explicit.get("init_from")
     if not text:
@@ -76,6 +77,7 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
                 f"--model {model_text(asked)} conflicts with the model of --init-from {text} "
                 f"({model_text(model)}); leave --model out"
             )
+    check_vocab_size(text, explicit.get("vocab_size"), model.vocab_size)
     tokenizer = explicit.get("tokenizer") or str(run_dir / TOKENIZER_FILE)
     return {**explicit, "preset": model, "tokenizer": tokenizer}
 
@@ -88,4 +90,21 @@ def check_model_source(text: str, saved: str, asked: str) -> None:
         raise TitanError(
             f"--init-from {text} holds {SOURCE_MODELS[saved]} (--model-source {saved}); "
             f"this run builds {SOURCE_MODELS[asked]} (--model-source {asked})"
+        )
+
+
+def check_vocab_size(text: str, asked: Any, saved: int) -> None:
+    """Refuse a ``--vocab-size`` (``asked``; None when not given) other than the vocabulary of
+    the checkpoint ``text`` (``saved``, its embedding's rows): a run from it keeps its model (and
+    its tokenizer unless ``--tokenizer`` is given), so the option would be ignored. The default
+    (:data:`titan.shapes.DEFAULT_VOCAB_SIZE`) passes: a config file that ``--print-config``
+    wrote holds it, given or not.
+
+    Raises:
+        TitanError: names both vocabularies.
+    """
+    if asked is not None and int(asked) not in (saved, DEFAULT_VOCAB_SIZE):
+        raise TitanError(
+            f"--vocab-size {asked} conflicts with --init-from {text}, whose model has a "
+            f"vocabulary of {saved} (the run keeps it); leave --vocab-size out"
         )

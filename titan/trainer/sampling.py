@@ -1,11 +1,12 @@
-"""Samples of a diffusion run: the DiT of a run dir restored from its newest committed checkpoint
-(onto one device, re-cut from whatever layout wrote it) and a grid PNG of class-conditional
-samples (:mod:`titan.diffusion.samplers`): ``titan sample RUN_DIR``, and the sample grid of
-``titan report``."""
+"""Samples of a diffusion run: the DiT of a run dir, its parameters restored from its newest
+committed checkpoint that can be read (onto one device, re-cut from whatever layout wrote it),
+and a grid PNG of class-conditional samples (:mod:`titan.diffusion.samplers`): ``titan sample
+RUN_DIR``, and the sample grid of ``titan report``."""
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,6 +17,7 @@ from titan.data.images import encode_png
 from titan.diffusion.objectives import TRAIN_TIMESTEPS
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
 from titan.out_paths import check_file
@@ -70,13 +72,14 @@ def sample_grid(
     trainer = one_device_trainer(
         model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len, ops
     )
-    restored = Checkpointer(run_dir, 1, 0, False).restore_latest(trainer)
-    if restored is None:
+    checkpointer = Checkpointer(run_dir, 1, 0, False)
+    if not checkpointer.committed_steps():
         raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
-    state = restored[0]
+    [params], step, skipped = checkpointer.restore_params_newest(trainer)
+    for unreadable in skipped:
+        print(inert(f"titan: {unreadable.error}; using checkpoint {step}"), file=sys.stderr)
     # A diffusion run's family: DiT (one_device_trainer builds no other for --task diffusion).
     adapter, dtype = cast(ImageModelAdapter, trainer.adapter), trainer.compute_dtype
-    params = state.chunks[0]["params"]
     classes = model.vocab_size - 1
     labels = np.repeat(np.arange(classes), per_class)
     predict = jax.jit(lambda x, t, y: adapter.predict(params, x, t, y, dtype))
@@ -90,7 +93,7 @@ def sample_grid(
         steps=steps,
         guidance=guidance,
     )
-    return grid(images, columns=per_class), state.step
+    return grid(images, columns=per_class), step
 
 
 def write_sample_grid(
