@@ -214,6 +214,13 @@ CASES: dict[str, Case] = {
     "train_mixture_weights_whose_sum_overflows": Case(
         lambda p: p.train(data=f"{p.corpus}:1e308,{p.corpus}/:1e308"), "the weights sum past"
     ),
+    "train_eval_split_holding_out_every_document": Case(
+        lambda p: p.train(eval_split=0.999999, eval_every=1),
+        "(the documents left by --eval-split 0.999999): no non-empty",
+    ),
+    "train_mixture_weight_inf": Case(
+        lambda p: p.train(data=f"{p.corpus}:inf,{p.corpus}/:1"), "needs a finite weight > 0"
+    ),
     "train_diffusion_image_size_2048": Case(
         lambda p: ["train", "--task", "diffusion", "--image-size", "2048"],
         f"--image-size must be <= {MAX_IMAGE_SIZE}",

@@ -242,7 +242,7 @@ def test_mixture_specs_are_parsed_and_bad_ones_named(tmp_path):
     assert len(open_sources(str(tmp_path / "code.txt"))) == 1
     with pytest.raises(TitanError, match="has no ':WEIGHT'"):
         open_sources(f"{tmp_path}/code.txt,{tmp_path}/web:1")
-    with pytest.raises(TitanError, match="needs a weight > 0, got 0.0"):
+    with pytest.raises(TitanError, match="needs a finite weight > 0, got 0.0"):
         open_sources(f"{tmp_path}/code.txt:0,{tmp_path}/web:1")
     with pytest.raises(TitanError, match="no such file"):
         open_sources(f"{tmp_path}/nothing:1,{tmp_path}/web:1")

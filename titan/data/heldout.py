@@ -55,7 +55,10 @@ class SplitCorpus:
 
     @property
     def spec(self) -> str:
-        return self.corpus.spec
+        """The corpus's ``--data`` naming this side, as messages about it name the data: a
+        training side that ``--eval-split`` emptied then says so."""
+        side = "held out by" if self.held_out else "left by"
+        return f"{self.corpus.spec} (the documents {side} --eval-split {self.fraction})"
 
     @property
     def files(self) -> tuple[Path, ...]:

@@ -107,7 +107,9 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
                 )
             raise TitanError(f"--data {data}: part '{part}' has no ':WEIGHT' (give every part one)")
         if not (math.isfinite(pair[1]) and pair[1] > 0):
-            raise TitanError(f"--data {data}: part '{part}' needs a weight > 0, got {pair[1]}")
+            raise TitanError(
+                f"--data {data}: part '{part}' needs a finite weight > 0, got {pair[1]}"
+            )
     pairs = [pair for pair in weighted if pair is not None]  # all of them, checked above
     total = sum(weight for _, weight in pairs)
     if not math.isfinite(total):

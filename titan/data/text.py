@@ -6,7 +6,8 @@ file's format comes from its name (:func:`file_format`): ``.jsonl``, ``.jsonl.gz
 (one JSON object per line, the text in ``--text-field``), ``.parquet`` (the ``--text-field``
 column, read through DuckDB in batches), anything else plain UTF-8 text (one document per
 file). Everything is streamed, one file open at a time. A record that is not a document is
-counted by reason (:data:`DROP_REASONS`), never dropped silently.
+counted by reason (:data:`DROP_REASONS`), never dropped silently. A compressed file that is cut
+short or corrupt is an error naming it (:data:`CORRUPT_ERRORS`), never a shorter corpus.
 
 Tokenization happens once per (corpus, tokenizer) ahead of training, into a cached flat token
 file (:mod:`titan.data.tokenize`: streamed, in worker processes, resumable): every document
@@ -27,13 +28,14 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import sysconfig
 import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 import zstandard
@@ -46,7 +48,24 @@ GLOB_CHARS = frozenset("*?[")
 DROP_REASONS = ("empty", "non_text", "nul_bytes", "bad_json")
 """Why a record is not a document: ``empty`` (nothing but whitespace), ``non_text`` (the text
 field is missing, or holds no string), ``nul_bytes`` (a NUL byte: a binary file), ``bad_json``
-(a ``.jsonl`` line that is not a JSON object)."""
+(a ``.jsonl`` line that is not a JSON object, or whose text holds a lone surrogate escape such
+as ``"\\ud800"``: no Unicode text, so no tokenizer can encode it; strict parsers, I-JSON's
+RFC 7493, refuse the line)."""
+SURROGATE = re.compile(r"[\ud800-\udfff]")
+"""A lone surrogate: what ``json.loads`` makes of a ``\\uD800``-``\\uDFFF`` escape that is
+not half of a pair."""
+ZSTD_READ_BYTES = 1 << 10
+"""Compressed bytes handed to the zstd decoder at a time. Its output for them is unbounded (the
+decoder returns all of it), and zstd reaches ratios of thousands on repetitive text (8000:1 on
+the test corpus of one repeated word): 1 KiB keeps one call's output to a few MB, at a few
+microseconds of Python per call (seconds per compressed GB)."""
+CORRUPT_ERRORS: tuple[type[Exception], ...] = (
+    EOFError,
+    zlib.error,
+    gzip.BadGzipFile,
+    zstandard.ZstdError,
+)
+"""What reading a cut-short or corrupt ``.gz`` or ``.zst`` file raises (:func:`_text_lines`)."""
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -90,14 +109,64 @@ class FilePosition:
             return 0
 
 
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a zstd stream, frame after frame (``zstd -T``, ``pzstd`` and
+    concatenated files hold several), that notices where the stream ends: inside a frame is a
+    file cut short.
+
+    Reading raises :class:`EOFError` when the stream ends inside a frame (as
+    :class:`gzip.GzipFile` does) and :class:`zstandard.ZstdError` on bytes that are not zstd.
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__()
+        self._raw = raw
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame = self._decompressor.decompressobj()
+        self._in_frame = False  # the current frame has had bytes, not its end
+        self._out = memoryview(b"")  # decompressed, not yet read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Up to ``len(buffer)`` decompressed bytes into ``buffer``: how many (0 at the end)."""
+        while not self._out:
+            if not self._decode_more():
+                return 0
+        size = min(len(buffer), len(self._out))
+        memoryview(buffer).cast("B")[:size] = self._out[:size]
+        self._out = self._out[size:]
+        return size
+
+    def _decode_more(self) -> bool:
+        """Decode the next :data:`ZSTD_READ_BYTES` of the stream; False at its end."""
+        data = self._raw.read(ZSTD_READ_BYTES)
+        if not data:
+            if self._in_frame:
+                raise EOFError("the file ends inside a zstd frame")
+            return False
+        out = []
+        while data:
+            out.append(self._frame.decompress(data))
+            self._in_frame = not self._frame.eof
+            if self._in_frame:
+                break
+            data = self._frame.unused_data  # the next frame's first bytes
+            self._frame = self._decompressor.decompressobj()
+        self._out = memoryview(b"".join(out))
+        return True
+
+
 def _text_lines(path: Path, raw: IO[bytes]) -> IO[str]:
     """The raw bytes of a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file as text lines,
-    decompressed while read."""
+    decompressed while read; reading a cut-short or corrupt compressed file raises one of
+    :data:`CORRUPT_ERRORS`."""
     name = path.name.lower()
     if name.endswith(".gz"):
         binary: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw, mode="rb")
     elif name.endswith(".zst"):
-        binary = zstandard.ZstdDecompressor().stream_reader(raw)
+        binary = io.BufferedReader(_ZstdFrames(raw))
     else:
         binary = raw
     return io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
@@ -119,7 +188,11 @@ def _jsonl_documents(
             if not isinstance(record, dict):
                 dropped["bad_json"] += 1
                 continue
-            yield from _checked(record.get(field_name), dropped)
+            text = record.get(field_name)
+            if isinstance(text, str) and "\\u" in line and SURROGATE.search(text):
+                dropped["bad_json"] += 1
+                continue
+            yield from _checked(text, dropped)
 
 
 def _parquet_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iterator[str]:
@@ -176,8 +249,9 @@ class Corpus:
                 (:data:`DROP_REASONS`), when given.
 
         Raises:
-            TitanError: a ``.parquet`` file has no ``text_field`` column, or a file cannot be
-                read (names it and the OS's reason).
+            TitanError: a ``.parquet`` file has no ``text_field`` column, a file cannot be
+                read (names it and the OS's reason), or a ``.gz`` or ``.zst`` file is cut short
+                or corrupt (names it and the decoder's reason).
         """
         counts = Counter() if dropped is None else dropped
         for index in range(len(self.files)):
@@ -201,6 +275,10 @@ class Corpus:
                 yield from _parquet_documents(path, self.text_field, dropped)
             else:
                 yield from _plain_text(_read_bytes(path), dropped)
+        except CORRUPT_ERRORS as err:  # BadGzipFile is an OSError: this comes first
+            raise TitanError(
+                f"--data {self.spec}: {path} is cut short or corrupt ({err})"
+            ) from None
         except OSError as err:
             where = err.filename or path
             raise TitanError(
@@ -254,7 +332,8 @@ def open_corpus(spec: str, text_field: str = "text") -> Corpus:
     read whole).
 
     Raises:
-        TitanError: the path does not exist, or the directory or glob holds no files.
+        TitanError: the path does not exist, is neither a regular file nor a directory (a
+            FIFO, a device), or the directory or glob holds no files.
     """
     if spec == STDLIB:
         return Corpus(spec, tuple(_stdlib_files()), text_field)
@@ -270,6 +349,8 @@ def open_corpus(spec: str, text_field: str = "text") -> Corpus:
     path = Path(spec)
     if not path.exists():
         raise TitanError(f"--data {spec}: no such file or directory (or 'stdlib')")
+    if not (path.is_file() or path.is_dir()):
+        raise TitanError(f"--data {spec}: not a regular file or directory (a FIFO, a device)")
     files = _files_below(path)
     if not files:
         raise TitanError(f"--data {spec}: directory holds no files")

@@ -15,7 +15,10 @@ fsynced and the commit ``<key>.commit.json`` (:class:`Commit`: tokens and docume
 file being read, its documents done, the drop counts before it) replaces the previous one. A run
 that is stopped, killed or crashes leaves both; the next one truncates the partial file to the
 committed tokens, skips the files done, re-reads (without encoding) the documents done of the
-current one, and goes on. The finished file becomes ``<key>.u32``, its counts ``<key>.json``.
+current one, and goes on. The finished file becomes ``<key>.u32``; its record ``<key>.json``
+(tokens, documents, drop counts) is written and fsynced before the rename. A finished file whose
+size is not that of its record's tokens (cut short, appended to) or whose record is unreadable
+is never used: it is discarded, with one line on stderr, and tokenized again.
 ``<key>.lock`` (``flock``) keeps two processes of one host from tokenizing into the same file: the
 second waits, then reads the finished one.
 
@@ -34,6 +37,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -50,6 +54,7 @@ from titan.data.cache import cache_dir
 from titan.data.text import DROP_REASONS, Documents, FilePosition
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.reading import json_field, read_json
 
 CHUNK_DOCS = 512
@@ -285,8 +290,13 @@ class _Paths:
 
 
 def _write_json(path: Path, payload: dict) -> None:
+    """``payload`` as ``path``, whole or not at all: written to a temporary file, fsynced,
+    renamed over it."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload))
+    with open(tmp, "w") as out:
+        out.write(json.dumps(payload))
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, path)
 
 
@@ -346,9 +356,44 @@ def _publish(corpus: Documents, paths: _Paths, commit: Commit) -> None:
         paths.commit.unlink(missing_ok=True)
         summary = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"
         raise TitanError(f"--data {corpus.spec}: no non-empty document (dropped: {summary})")
-    _write_json(paths.counts, {"documents": commit.documents, "dropped": dropped})
+    record = {"tokens": commit.tokens, "documents": commit.documents, "dropped": dropped}
+    _write_json(paths.counts, record)
     os.replace(paths.partial, paths.tokens)
     paths.commit.unlink(missing_ok=True)
+
+
+def _cached(paths: _Paths) -> TokenStream | str:
+    """The finished token file with its record's counts, or why it cannot be used: its
+    record is unreadable or lacks a field, or the file's size is not 4 bytes per token of the
+    record (a file cut short or appended to)."""
+    where = f"token cache {paths.counts}"
+    try:
+        record = read_json(paths.counts, "token cache")
+        if "tokens" not in record:
+            return f"{where}: no token count (written by an older titan)"
+        tokens = json_field(record, "tokens", int, where)
+        documents = json_field(record, "documents", int, where)
+        dropped = json_field(record, "dropped", dict, where)
+        size = paths.tokens.stat().st_size
+    except TitanError as err:
+        return str(err)
+    except OSError as err:
+        return f"token cache {paths.tokens}: {err.strerror or err}"
+    if tokens <= 0:
+        return f"{where}: {tokens} tokens"
+    if size != 4 * tokens:
+        return (
+            f"token cache {paths.tokens}: {size:,} bytes, but its record says {tokens:,} tokens "
+            f"({4 * tokens:,} bytes)"
+        )
+    return TokenStream(np.memmap(paths.tokens, dtype=np.uint32, mode="r"), documents, dropped)
+
+
+def _discard(paths: _Paths, reason: str) -> None:
+    """Remove a finished token file that :func:`_cached` refused, saying why in one line."""
+    print(f"titan: {inert(reason)}: discarded, tokenizing again", file=sys.stderr, flush=True)
+    paths.counts.unlink(missing_ok=True)
+    paths.tokens.unlink(missing_ok=True)
 
 
 ENCODING_VERSION = 2
@@ -379,21 +424,26 @@ def token_stream(
         workers: worker processes that encode chunks (0: the calling process).
         chunk_chars: characters per chunk (tests make it small).
 
+    A cached file that does not match its record (:func:`_cached`: cut short, appended to, its
+    record unreadable) is discarded, with one line on stderr, and tokenized again.
+
     Raises:
-        TitanError: the corpus has no non-empty document (the message counts the drops), or a
-            file of it cannot be read.
+        TitanError: the corpus has no non-empty document (the message counts the drops), a
+            file of it cannot be read, or the token file just written does not match its
+            record (the cache's file system lost it).
     """
     paths = _Paths.of(stream_key(corpus, tokenizer))
-    if not paths.done():
-        paths.lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(paths.lock, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
-            if not paths.done():  # another process may have finished it meanwhile
-                _tokenize(corpus, tokenizer, paths, workers, chunk_chars, progress)
-    counts, where = read_json(paths.counts, "token cache"), f"token cache {paths.counts}"
-    tokens = np.memmap(paths.tokens, dtype=np.uint32, mode="r")
-    return TokenStream(
-        tokens,
-        json_field(counts, "documents", int, where),
-        json_field(counts, "dropped", dict, where),
-    )
+    if paths.done() and isinstance(stream := _cached(paths), TokenStream):
+        return stream
+    paths.lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+        if paths.done():  # another process may have finished it meanwhile
+            if isinstance(stream := _cached(paths), TokenStream):
+                return stream
+            _discard(paths, stream)
+        _tokenize(corpus, tokenizer, paths, workers, chunk_chars, progress)
+        stream = _cached(paths)
+    if not isinstance(stream, TokenStream):
+        raise TitanError(stream)
+    return stream

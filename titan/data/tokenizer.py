@@ -46,6 +46,7 @@ import io
 import json
 import os
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -675,36 +676,71 @@ def load_tokenizer(path: str | Path, config_dirs: tuple[Path, ...] = ()) -> Toke
     return _load_sentencepiece(path, data, end_ids)
 
 
+def _pieces(data: bytes, max_bytes: int) -> Iterator[bytes]:
+    """:func:`split_line`'s pieces of the UTF-8 ``data``, as bytes, one after the other (each
+    window read once: linear in ``len(data)``)."""
+    start = 0
+    while len(data) - start > max_bytes:
+        cut = start + max_bytes
+        while data[cut] & 0xC0 == 0x80:  # a continuation byte: back to the character's start
+            cut -= 1
+        space = data.rfind(b" ", start, cut)
+        if space >= start + max_bytes // 2:
+            cut = space + 1
+        yield data[start:cut]
+        start = cut
+    yield data[start:]
+
+
 def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
     """``line`` cut into pieces of at most ``max_bytes`` UTF-8 bytes, joined back equal to it:
     each cut after the last space of its window when the window holds one past its middle,
-    else at the last character boundary (never inside a UTF-8 sequence)."""
-    data = line.encode("utf-8")
-    pieces = []
-    while len(data) > max_bytes:
-        cut = max_bytes
-        while data[cut] & 0xC0 == 0x80:  # a continuation byte: back to the character's start
-            cut -= 1
-        space = data.rfind(b" ", 0, cut)
-        if space >= max_bytes // 2:
-            cut = space + 1
-        pieces.append(data[:cut].decode("utf-8"))
-        data = data[cut:]
-    pieces.append(data.decode("utf-8"))
-    return pieces
+    else at the last character boundary (never inside a UTF-8 sequence). Linear in the line's
+    length.
+
+    Raises:
+        UnicodeEncodeError: ``line`` holds a lone surrogate (no UTF-8; corpora never yield
+            one: :data:`titan.data.text.DROP_REASONS`).
+    """
+    return [piece.decode("utf-8") for piece in _pieces(line.encode("utf-8"), max_bytes)]
+
+
+# What str.splitlines() ends a line at (its documentation's table), to find lines one at a time.
+_LINE_END = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _lines(text: str) -> Iterator[str]:
+    """``text.splitlines()``, one line at a time (a document's lines are not all copied when
+    its first few fill the sample)."""
+    start = 0
+    for end in _LINE_END.finditer(text):
+        yield text[start : end.start()]
+        start = end.end()
+    if start < len(text):
+        yield text[start:]
 
 
 def _sentences(document: str, max_bytes: int) -> tuple[list[str], int]:
-    """The document's first sentences that fit in ``max_bytes``, and their size in bytes."""
+    """The document's first sentences (its non-empty lines, cut by :func:`split_line`) that
+    fit in ``max_bytes`` UTF-8 bytes, and their size in bytes.
+
+    The budget is applied before the cutting: of a line, only the first ``max_bytes`` left
+    plus :data:`MAX_SENTENCE_BYTES` characters are encoded and cut (each a byte at least, they
+    hold every piece that can still fit, and the cuts up to them are the whole line's): the
+    cost is a scan of the document for line ends and the cutting of at most ``max_bytes``, not
+    the cutting of the whole document.
+    """
     sentences: list[str] = []
     size = 0
-    for line in document.splitlines():
-        for piece in split_line(line) if line.strip() else ():
-            length = len(piece.encode("utf-8"))
-            if size + length > max_bytes:
+    for line in _lines(document):
+        if not line or line.isspace():
+            continue
+        head = line[: max_bytes - size + MAX_SENTENCE_BYTES + 1]
+        for piece in _pieces(head.encode("utf-8"), MAX_SENTENCE_BYTES):
+            if size + len(piece) > max_bytes:
                 return sentences, size
-            sentences.append(piece)
-            size += length
+            sentences.append(piece.decode("utf-8"))
+            size += len(piece)
     return sentences, size
 
 

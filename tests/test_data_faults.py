@@ -1,0 +1,237 @@
+"""Damaged data is never used silently: a token cache that does not match its record is
+rebuilt (saying so), a cut-short or corrupt compressed shard is a one-line error naming it, a
+document that is no Unicode text is counted and skipped, ``--data`` that is neither a file nor a
+directory is named as such, and sampling a huge one-line document cuts only what the sample
+can hold."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from titan.cli import main
+from titan.data.text import open_corpus
+from titan.data.tokenize import token_stream
+from titan.data.tokenizer import split_line, train_tokenizer, training_sample
+from titan.errors import TitanError
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus_dir):
+    return train_tokenizer(open_corpus(str(corpus_dir)), 512)
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch) -> Path:
+    """A cache of the test's own (the token files below are the test's to damage)."""
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "tokens"
+
+
+@pytest.fixture()
+def small_corpus(tmp_path, corpus_dir):
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for name in ("bisect.py", "heapq.py", "textwrap.py"):
+        shutil.copyfile(corpus_dir / name, root / name)
+    return open_corpus(str(root))
+
+
+def _cut_to_a_third(path: Path) -> None:  # a whole number of tokens: 4-byte aligned
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 3 // 4 * 4)
+
+
+def _torn_token(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 3 // 4 * 4 + 2)
+
+
+def _appended(path: Path) -> None:
+    with open(path, "ab") as f:
+        f.write(np.arange(5, dtype=np.uint32).tobytes())
+
+
+def _emptied(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _record_of_an_older_titan(path: Path) -> None:
+    record = path.with_suffix(".json")
+    payload = json.loads(record.read_text())
+    del payload["tokens"]
+    record.write_text(json.dumps(payload))
+
+
+def _record_torn(path: Path) -> None:
+    path.with_suffix(".json").write_text('{"tokens": 1')
+
+
+DAMAGE = {
+    "cut to a third": (_cut_to_a_third, "bytes, but its record says"),
+    "cut inside a token": (_torn_token, "bytes, but its record says"),
+    "tokens appended": (_appended, "bytes, but its record says"),
+    "emptied": (_emptied, ": 0 bytes, but its record says"),
+    "record of an older titan": (_record_of_an_older_titan, "no token count"),
+    "record torn": (_record_torn, "not JSON"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
+def test_a_token_cache_that_does_not_match_its_record_is_rebuilt_saying_so(
+    damage, tokenizer, small_corpus, cache, capsys
+):
+    whole = token_stream(small_corpus, tokenizer)
+    tokens = whole.tokens.tobytes()
+    (path,) = cache.glob("*.u32")
+    assert len(tokens) > 40_000 and capsys.readouterr().err == ""
+    damage_it, reason = DAMAGE[damage]
+    damage_it(path)
+    rebuilt = token_stream(small_corpus, tokenizer)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and reason in lines[0], lines
+    assert lines[0].startswith("titan: token cache ")
+    assert lines[0].endswith(": discarded, tokenizing again")
+    assert rebuilt.tokens.tobytes() == tokens
+    assert (rebuilt.documents, rebuilt.dropped) == (whole.documents, whole.dropped)
+    again = token_stream(small_corpus, tokenizer)  # the rebuilt file matches its record
+    assert again.tokens.tobytes() == tokens and capsys.readouterr().err == ""
+    assert sorted(p.suffix for p in cache.iterdir()) == [".json", ".lock", ".u32"]
+    record = json.loads(path.with_suffix(".json").read_text())
+    assert record["tokens"] == len(whole.tokens) == len(tokens) // 4
+
+
+JSONL = b"".join(
+    json.dumps({"text": f"document {i}: " + "words of text " * 20}).encode() + b"\n"
+    for i in range(3000)
+)
+
+
+def _flipped(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0x5A for b in data[middle : middle + 16]) + data[middle + 16 :]
+
+
+SHARDS = {
+    "zst cut short": ("a.jsonl.zst", zstandard.compress(JSONL)[:-200]),
+    "zst cut to its header": ("a.jsonl.zst", zstandard.compress(JSONL)[:6]),
+    "zst followed by other bytes": ("a.jsonl.zst", zstandard.compress(JSONL) + b"not zstd"),
+    "gz cut short": ("a.jsonl.gz", gzip.compress(JSONL)[:-200]),
+    "gz corrupt": ("a.jsonl.gz", _flipped(gzip.compress(JSONL))),
+    "gz that is no gzip": ("a.jsonl.gz", JSONL),
+}
+
+
+@pytest.mark.parametrize("shard", SHARDS, ids=list(SHARDS))
+def test_a_cut_short_or_corrupt_compressed_shard_is_an_error_naming_it(shard, tmp_path):
+    name, data = SHARDS[shard]
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "0.jsonl").write_bytes(JSONL[:1000])
+    path = tmp_path / "shards" / name
+    path.write_bytes(data)
+    with pytest.raises(TitanError) as caught:
+        list(open_corpus(str(tmp_path / "shards")).documents(Counter()))
+    message = str(caught.value)
+    assert message.startswith(f"--data {tmp_path / 'shards'}: {path} is cut short or corrupt (")
+    assert "\n" not in message
+
+
+def test_titan_tokenize_of_a_cut_short_shard_exits_2_with_one_line(
+    tokenizer, tmp_path, cache, capsys
+):
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tokenizer.model_proto)
+    shard = tmp_path / "a.jsonl.zst"
+    shard.write_bytes(zstandard.compress(JSONL)[: len(zstandard.compress(JSONL)) // 2])
+    code = main(["tokenize", "--data", str(shard), "--tokenizer", str(model)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (
+        f"titan tokenize: error: --data {shard}: {shard} is cut short or corrupt "
+        "(the file ends inside a zstd frame)\n"
+    )
+
+
+def test_a_zst_shard_of_several_frames_is_read_whole(tmp_path):
+    frames = [JSONL[:100_000], JSONL[100_000:]]  # as zstd -T, pzstd or cat write them
+    path = tmp_path / "a.jsonl.zst"
+    path.write_bytes(b"".join(zstandard.compress(frame) for frame in frames))
+    documents = list(open_corpus(str(path)).documents())
+    assert documents == [json.loads(line)["text"] for line in JSONL.splitlines()]
+
+
+def test_a_document_that_is_no_unicode_text_is_counted_and_skipped(tokenizer, tmp_path, cache):
+    lines = [
+        '{"text": "kept before"}',
+        '{"text": "a lone surrogate \\ud800 in it"}',
+        '{"text": "a lone low surrogate \\uDC00"}',
+        '{"text": "a pair \\ud83d\\ude00 is one character", "url": "x"}',
+        '{"text": "kept after", "title": "\\ud800 outside the text field"}',
+    ]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    corpus = open_corpus(str(path))
+    dropped: Counter[str] = Counter()
+    expected = ["kept before", "a pair 😀 is one character", "kept after"]
+    assert list(corpus.documents(dropped)) == expected
+    assert dropped["bad_json"] == 2
+    assert "".join(training_sample(corpus)) == "".join(expected)
+    stream = token_stream(corpus, tokenizer)
+    assert stream.documents == 3 and stream.dropped["bad_json"] == 2
+    starts = np.flatnonzero(stream.tokens == tokenizer.bos_id)
+    decoded = [tokenizer.decode(doc[1:-1].tolist()) for doc in np.split(stream.tokens, starts[1:])]
+    assert decoded == expected
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_data_that_is_neither_a_file_nor_a_directory_is_named_as_such(kind, tmp_path):
+    path = tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path(os.devnull)
+    with pytest.raises(TitanError, match=r"not a regular file or directory \(a FIFO, a device\)"):
+        open_corpus(str(path))
+
+
+def _first_sentences_that_fit(document: str, max_bytes: int) -> list[str]:
+    """The sample of one document by its definition: every non-empty line cut whole by
+    :func:`split_line`, the pieces taken while they fit."""
+    pieces = [p for line in document.splitlines() if line.strip() for p in split_line(line)]
+    taken, size = [], 0
+    for piece in pieces:
+        size += len(piece.encode())
+        if size > max_bytes:
+            break
+        taken.append(piece)
+    return taken
+
+
+def test_a_long_one_line_document_is_sampled_as_if_cut_whole(tmp_path):
+    words = ["alpha", "beta", "日本語", "épsilon", "🙂", "x" * 3000]
+    rng = np.random.default_rng(0)
+    line = " ".join(words[i] for i in rng.integers(0, len(words), 6_000))  # 3 MB, one line
+    document = "a first line\n\n   \n" + line + "\nand a last line\u2028after a separator"
+    (tmp_path / "one.txt").write_text(document)
+    corpus = open_corpus(str(tmp_path / "one.txt"))
+    for max_bytes in (5_000, 300_000, 1_000_000, 10_000_000):
+        expected = _first_sentences_that_fit(document, max_bytes)
+        assert training_sample(corpus, max_bytes=max_bytes) == expected
+    assert "".join(split_line(line)) == line
+
+
+def test_split_line_cuts_a_long_line_into_pieces_of_at_least_half_the_window():
+    line = ("word " * 3 + "é" * 70 + " ") * 20_000  # 3 MB: cuts at spaces and between é's
+    pieces = split_line(line, max_bytes=100)
+    assert "".join(pieces) == line
+    sizes = [len(piece.encode()) for piece in pieces]
+    assert all(50 <= size <= 100 for size in sizes[:-1]) and 0 < sizes[-1] <= 100
+    assert len(pieces) >= 40_000  # 156 bytes a repeat: at least two pieces each
