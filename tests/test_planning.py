@@ -429,3 +429,17 @@ def test_planning_imports_neither_jax_nor_textual():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "dtype", "peak_for"), [("h100", "float32", "bfloat16"), ("cpu", "bfloat16", "float32")]
+)
+def test_a_compute_dtype_the_catalog_has_no_peak_for_is_refused_not_estimated(
+    capsys, gpu, dtype, peak_for
+):
+    argv = ("--model", "tiny", "--gpu", gpu, "--gpus", "1", "--tokens", "1e6", "--seq-len", "128")
+    argv += ("--batch-size", "8")
+    code, out, err = run_plan(capsys, *argv, "--compute-dtype", dtype)
+    assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1
+    assert f"--compute-dtype {dtype}: the catalog's" in err and f"peak is for {peak_for}" in err
+    assert run_plan(capsys, *argv, "--compute-dtype", peak_for)[0] == 0

@@ -340,6 +340,23 @@ def batch_tokens(args: argparse.Namespace) -> int:
     return args.batch_tokens
 
 
+def check_peak_dtype(gpu: GpuSpec, compute_dtype: str) -> None:
+    """Refuse a plan whose step time would divide by another dtype's peak: the catalog holds
+    one matmul peak per device, that of ``gpu.compute_dtype`` (the trainer's MFU is unknown
+    there too, :func:`titan.telemetry.mfu.device_peak`). A float32 step on an H100 runs at the
+    TF32 rate JAX uses by default, half its bfloat16 peak (NVIDIA H100 datasheet).
+
+    Raises:
+        TitanError: names ``--compute-dtype`` and the dtype the device's peak is for.
+    """
+    if compute_dtype != gpu.compute_dtype:
+        raise TitanError(
+            f"--compute-dtype {compute_dtype}: the catalog's {gpu.label} peak is for "
+            f"{gpu.compute_dtype}, so a {compute_dtype} step time cannot be estimated; "
+            f"plan with --compute-dtype {gpu.compute_dtype} (or auto)"
+        )
+
+
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     """The :class:`PlanRequest` of the command line.
 
@@ -351,6 +368,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         raise TitanError(f"--{missing[0]} is required (or give --from RUN_DIR)")
     gpu = find_gpu(args.gpu)
     compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
+    check_peak_dtype(gpu, compute)
     # The registry's SwiGLU: the fused Pallas kernel on accelerators, native on CPU.
     swiglu = "native" if gpu.name == "cpu" else "fused"
     return PlanRequest(
