@@ -279,6 +279,10 @@ CASES: dict[str, Case] = {
         lambda p: p.resume(_set("data", "batch_size", "8")),
         "train.data: field 'batch_size' must be a number, got a string",
     ),
+    "resume_saved_layout_larger_than_the_devices": Case(
+        lambda p: p.resume(_set("parallel", "dp", 64)),
+        "the run's saved layout does not fit here (--dp 64 x",
+    ),
     "resume_config_lr_a_dict": Case(lambda p: p.resume(_set("optimizer", "lr", {"x": 1}))),
     "resume_config_seed_null": Case(lambda p: p.resume(_set("run", "seed", None))),
     "resume_config_section_a_number": Case(

@@ -140,6 +140,9 @@ from titan.trainer.task import RunData, Task
 from titan.trainer.text_data import TextTask, open_corpora
 from titan.trainer_state import Trainer, TrainState
 
+# The options that choose a layout's sizes: a resume that gives none of them runs the saved ones.
+LAYOUT_OPTIONS = frozenset({"layout", "dp", "fsdp", "tp", "pp", "batch_size", "microbatches"})
+
 
 def train_from_cli(
     explicit: dict[str, Any],
@@ -159,7 +162,26 @@ def train_from_cli(
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
     initialize(launch or LaunchSettings())
+    if resume_dir is not None and not LAYOUT_OPTIONS & explicit.keys():
+        check_saved_layout(cfg, resume_dir)
     return train(cfg, resume_dir, stop)
+
+
+def check_saved_layout(cfg: TrainConfig, resume_dir: Path) -> None:
+    """Refuse a resume whose saved layout (none of :data:`LAYOUT_OPTIONS` given) does not fit
+    the devices here, naming it as the run's, not as asked.
+
+    Raises:
+        TitanError: names ``--resume``, the saved layout's error, and the options to give.
+    """
+    try:
+        check_layout_fits(cfg.parallel, cfg.data.batch_size)
+    except TitanError as err:
+        raise TitanError(
+            f"--resume {resume_dir}: the run's saved layout does not fit here ({err}); give "
+            "--dp, --fsdp, --tp (or --layout, --pp) for these devices: the checkpoint is re-cut "
+            "onto them"
+        ) from None
 
 
 def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | None = None) -> int:
