@@ -89,7 +89,10 @@ async def test_at_80_columns_a_long_preset_leaves_status_step_and_loss_and_the_f
         async with app.run_test(size=(80, 24)) as pilot:
             table = app.screen.query_one(RunTable)
             await wait_until(pilot, lambda: table.row_count == 1, lambda: "not listed", 20)
-            await pilot.pause(0.2)
+            # The footer lists its keys once the screen's bindings settle: later under load.
+            await wait_until(
+                pilot, lambda: "q Quit" in _screen_text(app), lambda: _screen_text(app), 20
+            )
             lines = _screen_text(app).splitlines()
     finally:
         process.kill()

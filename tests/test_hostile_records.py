@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,12 @@ from test_summarize import write_run
 from textual.widgets import DataTable
 
 from titan.analysis import summarize
+from titan.analysis.liveness import ProcessId
 from titan.analysis.report import REPORT_FILE
 from titan.cli import main
 from titan.config import check_run_id
 from titan.errors import TitanError
-from titan.formatting import format_duration
+from titan.formatting import format_clock, format_duration
 from titan.inert import inert
 from titan.reading import parse_json
 from titan.telemetry.records import EVENTS_FILE, EventTail
@@ -170,6 +172,22 @@ def test_nan_and_infinities_read_as_missing_and_a_line_without_a_finite_time_is_
     assert "Infinity" not in out and "NaN" not in out
     json.loads(out)
     assert main(["report", str(tmp_path / "inf")]) == 0
+
+
+def test_a_time_past_the_calendar_is_summarised_reported_and_listed(tmp_path, capsys):
+    events = crash_then_resume()[:-1]  # no run_end, and a process that is gone: a dead run
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    events[8]["process"] = ProcessId(ProcessId.current().host, gone.pid, 0, 1100.0).as_dict()
+    events[-1]["time"] = 1e20  # finite, but past what time.localtime holds
+    write_run(tmp_path, "far", events)
+    [s] = summarize.summarize(tmp_path)
+    assert s.run_id == "far"
+    assert main(["summarize", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path / "far")]) == 0
+    assert "far" in capsys.readouterr().out
+    assert format_clock(1e20) == "-" and format_clock(None) == "-"
+    assert format_clock(0.0, "%Y", utc=True) == "1970"
 
 
 @pytest.mark.parametrize("seconds", [float("inf"), float("-inf"), float("nan"), None])

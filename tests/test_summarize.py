@@ -56,6 +56,19 @@ def test_summary_of_a_crash_and_resume_run(tmp_path):
     assert s.energy_j == 400.0 and s.tokens_per_j == pytest.approx(2.0)
 
 
+def test_steps_a_resume_threw_away_are_not_counted_until_redone(tmp_path):
+    # Attempt 0 ran steps 1-4 (loss 3.4 at step 4); attempt 1 resumed from step 2 and, so far,
+    # redid step 3 (loss 3.6): steps 1, 2 and the new 3 survive.
+    events = crash_then_resume()[:11]
+    assert events[-1]["type"] == "step" and events[-1]["step"] == 3
+    for e in events:
+        if e["type"] == "step":
+            e.update(tokens_seen=100 * e["step"])
+    write_run(tmp_path, "resumed", events)
+    [s] = summarize.summarize(tmp_path)
+    assert (s.steps, s.tokens, s.best_loss, s.final_loss) == (3, 300, 3.6, 3.6)
+
+
 def test_missing_mfu_and_energy_are_none_and_shown_as_unknown(tmp_path, capsys):
     events = crash_then_resume()
     for e in events:

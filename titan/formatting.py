@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 
 def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
@@ -45,3 +46,17 @@ def format_flops_rate(flops_per_s: float) -> str:
     below (a CPU's peak is not ``0.0 TFLOP/s``): ``989.5 TFLOP/s``, ``76.8 GFLOP/s``."""
     scale, unit = (1e12, "TFLOP/s") if abs(flops_per_s) >= 1e12 else (1e9, "GFLOP/s")
     return f"{flops_per_s / scale:,.4g} {unit}"
+
+
+def format_clock(
+    epoch_s: float | None, fmt: str = "%Y-%m-%d %H:%M:%S", *, utc: bool = False
+) -> str:
+    """A Unix time (seconds) as local (or UTC) clock time in ``fmt`` for ``time.strftime``;
+    ``-`` when None or outside what the platform's calendar holds (NaN, 1e20: a record's time
+    is read as written, and a reader must not crash on it)."""
+    if epoch_s is None:
+        return "-"
+    try:
+        return time.strftime(fmt, time.gmtime(epoch_s) if utc else time.localtime(epoch_s))
+    except (OverflowError, OSError, ValueError):
+        return "-"

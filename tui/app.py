@@ -68,6 +68,7 @@ class TitanConsole(App[None], inherit_bindings=False):
         "widgets/option_input.tcss",
         "widgets/stat.tcss",
         "widgets/too_small.tcss",
+        "screens/runs.tcss",  # the default screen's: Textual loads only a pushed screen's
         "ascii.tcss",
     ]
     # The footer shows the first key of an action that works where the focus is: q and ? where

@@ -66,6 +66,7 @@ from typing import Any, TypeGuard
 import psutil
 
 from titan.analysis.ettr import RUNNING_WINDOW_S
+from titan.formatting import format_clock
 from titan.reading import open_regular, parse_json
 from titan.telemetry.events import Event, RunEnd, RunStart, Stall
 from titan.telemetry.records import EVENTS_FILE
@@ -191,7 +192,7 @@ class ProcessId:
         except psutil.AccessDenied:
             return None  # exists, but another user's: it cannot be told apart, take it as alive
         if abs(started - self.started) > START_TIME_TOLERANCE_S:
-            when = time.strftime("%H:%M:%S", time.localtime(started))
+            when = format_clock(started, "%H:%M:%S")
             return f"pid {self.pid} is now another process (started {when})"
         if status == psutil.STATUS_ZOMBIE:
             return f"{self.name()} has exited"
@@ -321,9 +322,7 @@ class Liveness:
         """``dead: process 0 (pid 12 on h) is gone; last seen 12:00:01``, one line."""
         text = self.state + (f": {self.reason}" if self.reason else "")
         if self.state == DEAD and self.last_seen is not None:
-            text += "; last seen " + time.strftime(
-                "%Y-%m-%d %H:%M:%S", time.localtime(self.last_seen)
-            )
+            text += "; last seen " + format_clock(self.last_seen)
         return text
 
 

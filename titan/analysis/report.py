@@ -33,7 +33,7 @@ from titan.analysis import ettr, plots
 from titan.analysis.summarize import RunSummary, summarize_run_dir
 from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
-from titan.formatting import format_duration, format_flops_rate, format_number
+from titan.formatting import format_clock, format_duration, format_flops_rate, format_number
 from titan.inert import inert, markdown_text
 from titan.telemetry.events import Eval, Event, Profile, RunStart, Step
 from titan.telemetry.records import EVENTS_FILE, EventTail
@@ -196,7 +196,7 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
 def _attempt_rows(events: list[Event]) -> list[tuple[Any, ...]]:
     rows = []
     for a in ettr.analyze(events, now=time.time()).attempts:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a.start))
+        started = format_clock(a.start, utc=True)
         compile_s = a.compile_s + a.startup_compile_s
         rows.append((a.index + 1, started, a.start_step, a.last_step, a.status, f"{compile_s:.1f}"))
     return rows

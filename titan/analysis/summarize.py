@@ -50,7 +50,10 @@ held waits, retrying with exponential backoff for up to :data:`LOCK_WAIT_S` seco
 instead of failing. Every query takes its
 values as parameters: run ids and paths are never put into SQL text.
 
-Summary fields: ``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
+Summary fields: ``steps``, ``tokens`` and ``best_loss`` count the steps that survive: each
+step number's newest ``step`` event, up to the step of the newest ``step`` event (a step that a
+resume from an earlier checkpoint threw away, and did not redo yet, is not counted);
+``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
 included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step events (MFU under
 :data:`titan.telemetry.events.MFU_CONVENTION`, ``causal``);
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
@@ -119,7 +122,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 7
+DB_VERSION = 8
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # How long connect() waits for another process to release the database, and its backoff: the
@@ -195,11 +198,15 @@ _SUMMARY_FACTS = """SELECT run_id, steps, tokens, t0, t1, tps, best, energy, ene
     TRY_CAST(first_start->>'$.config.pp' AS BIGINT),
     TRY_CAST(first_start->>'$.layout.devices' AS BIGINT)
 FROM (SELECT unnest(?::VARCHAR[]) AS run_id) LEFT JOIN (SELECT run_id,
-    max(step) FILTER (type = 'step') AS steps,
-    max(tokens_seen) FILTER (type = 'step') AS tokens,
+    max(step) AS steps, max(tokens_seen) AS tokens, min(loss) FILTER (isfinite(loss)) AS best
+    FROM (SELECT run_id, step, tokens_seen, loss,
+        row_number() OVER (PARTITION BY run_id, step ORDER BY seq DESC) AS newest,
+        arg_max(step, seq) OVER (PARTITION BY run_id) AS last_step
+        FROM events WHERE type = 'step' AND list_contains(?, run_id))
+    WHERE newest = 1 AND step <= last_step GROUP BY run_id) USING (run_id)
+LEFT JOIN (SELECT run_id,
     min(time) FILTER (type = 'run_start') AS t0, max(time) AS t1,
     median(tokens_per_s) FILTER (type = 'step') AS tps,
-    min(loss) FILTER (type = 'step' AND isfinite(loss)) AS best,
     sum(energy_j) FILTER (type = 'step') AS energy,
     sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL) AS energy_tokens,
     median(joules_per_token) FILTER (type = 'step') AS jpt,
@@ -729,7 +736,9 @@ def compute_summaries(
             "SELECT run_id, path, bad_lines FROM files WHERE list_contains(?, run_id)", [run_ids]
         ).fetchall()
     }
-    rows = con.execute(_SUMMARY_FACTS, [run_ids, "$." + MFU_CONVENTION, run_ids]).fetchall()
+    rows = con.execute(
+        _SUMMARY_FACTS, [run_ids, run_ids, "$." + MFU_CONVENTION, run_ids]
+    ).fetchall()
     now = time.time()
     result = []
     order = {run_id: i for i, run_id in enumerate(run_ids)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ from textual.widgets import DataTable, Footer, Header, Log, TabbedContent, TabPa
 
 from titan.analysis.report import summary_rows
 from titan.errors import TitanError
-from titan.formatting import format_number
+from titan.formatting import format_clock, format_number
 from titan.inert import inert
 from tui.history import HistoryStore, RunDetail
 from tui.plain import cell
@@ -140,7 +139,7 @@ class RunDetailScreen(Screen[None]):
         self.query_one("#detail-restarts", DataTable).add_rows(
             (
                 str(i),
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)),
+                format_clock(t),
                 str(start),
                 "-" if resumed is None else str(resumed),
             )

@@ -52,11 +52,13 @@ class RunsScreen(Screen[None]):
     Posts :class:`OpenRun` for the selected row, or for a run dir typed after ``a`` (attach a run
     started elsewhere); the app opens the monitor.
 
+    Its styles (``runs.tcss``) are the app's: Textual loads a screen's ``CSS_PATH`` when the
+    screen is pushed, never for the default screen.
+
     Args:
         runs_root: the folder whose run dirs are listed.
     """
 
-    CSS_PATH = "runs.tcss"
     AUTO_FOCUS = "RunTable"
     # The footer keeps to 80 columns with the app's keys (h History last of them); ? lists all.
     BINDINGS = [

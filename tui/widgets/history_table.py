@@ -4,7 +4,6 @@ SQL (:class:`tui.history.HistoryQuery`)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +13,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets.data_table import ColumnKey
 
+from titan.formatting import format_clock
 from tui.history import HistoryPage, HistoryQuery, HistoryRow
 from tui.plain import cell
 from tui.widgets.plain_table import PlainTable
@@ -53,11 +53,7 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
     def num(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    started = (
-        "-"
-        if row.started_at is None
-        else time.strftime("%Y-%m-%d %H:%M", time.localtime(row.started_at))
-    )
+    started = format_clock(row.started_at, "%Y-%m-%d %H:%M")
     return (
         row.run_id,
         row.status,
