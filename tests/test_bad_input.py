@@ -266,6 +266,22 @@ CASES: dict[str, Case] = {
         lambda p: p.train(config=p.file("c.toml", b"#" * (MAX_DOCUMENT_BYTES + 1))),
         f"larger than {MAX_DOCUMENT_BYTES:,} bytes",
     ),
+    "config_file_value_of_the_wrong_type": Case(
+        lambda p: p.train(config=p.file("c.toml", '[optimizer]\nlr = "fast"\n')),
+        "c.toml: [optimizer] lr: argument --lr: invalid float value: 'fast'",
+    ),
+    "config_file_shape_missing_fields": Case(
+        lambda p: p.train(config=p.file("c.toml", "[model]\nmodel = {d_model = 64}\n")),
+        "[model] model: --model: missing n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size",
+    ),
+    "config_file_shape_field_a_text": Case(
+        lambda p: p.train(config=p.file("c.toml", '[model]\nmodel = {d_model = "64"}\n')),
+        "--model: d_model must be of type int, got '64'",
+    ),
+    "config_file_shape_unknown_field": Case(
+        lambda p: p.train(config=p.file("c.toml", "[model]\nmodel = {width = 64}\n")),
+        "--model: unknown field 'width'; fields: name, vocab_size, d_model",
+    ),
     "config_file_nested_deep": Case(
         lambda p: p.train(config=p.file("c.toml", "a = " + DEEP_JSON)), "--config"
     ),
@@ -282,6 +298,11 @@ CASES: dict[str, Case] = {
     "resume_saved_layout_larger_than_the_devices": Case(
         lambda p: p.resume(_set("parallel", "dp", 64)),
         "the run's saved layout does not fit here (--dp 64 x",
+    ),
+    "resume_layout_that_does_not_split_the_run_batch": Case(
+        lambda p: [*p.resume(lambda run_dir: None), "--dp", "3"],
+        "--batch-size 8 is the run's and cannot change on --resume: give --dp, --fsdp and "
+        "--microbatches whose product divides it",
     ),
     "resume_config_lr_a_dict": Case(lambda p: p.resume(_set("optimizer", "lr", {"x": 1}))),
     "resume_config_seed_null": Case(lambda p: p.resume(_set("run", "seed", None))),

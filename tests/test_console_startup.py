@@ -12,7 +12,8 @@ from samples import copy_sample_runs
 
 from titan.analysis.liveness import LAUNCH_FILE
 from titan.config import TrainConfig
-from titan.trainer.resume import TOKENIZER_FILE
+from titan.errors import TitanError
+from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from tui.launcher import start_run
 from tui.run_list import list_runs
 from tui.run_watch import RunWatcher
@@ -58,3 +59,30 @@ def test_a_refused_resume_leaves_its_run_dir_and_launch_json_as_they_were(tmp_pa
     assert code != 0
     assert (run_dir / LAUNCH_FILE).read_text() == '{"pid": 1}'
     assert (run_dir / "events.jsonl").is_file() and run.startup_error is None
+
+
+def test_a_resume_that_changes_an_option_that_cannot_change_is_refused_before_a_child(tmp_path):
+    run_dir = copy_sample_runs(tmp_path) / "tiny-killed-resumed"
+    (run_dir / TOKENIZER_FILE).write_text("")
+    before = sorted(p.name for p in run_dir.iterdir())
+    saved = resume_options(run_dir, {})
+    with pytest.raises(TitanError, match=r"^--lr cannot change on --resume"):
+        start_run(saved.replace(lr=saved.optimizer.lr * 2), resume=run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no log opened, no child
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_a_runs_root_that_cannot_be_made_is_a_one_line_error_naming_its_source(
+    tmp_path, monkeypatch, from_env: bool
+):
+    (tmp_path / "a-file").write_text("")
+    root = tmp_path / "a-file" / "runs"  # under a file: no user, root neither, can make it
+    if from_env:
+        monkeypatch.setenv("TITAN_RUNS", str(root))
+    else:
+        monkeypatch.delenv("TITAN_RUNS", raising=False)
+    config = TrainConfig.of(runs_root="" if from_env else str(root))
+    source = "$TITAN_RUNS" if from_env else "--runs-root"
+    with pytest.raises(TitanError, match=rf"^\{source}: cannot create .*: Not a directory$"):
+        start_run(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

@@ -35,7 +35,7 @@ from titan.telemetry.events import PipelineTiming
 from tui.app import TitanConsole
 from tui.history import HistoryStore, config_diff
 from tui.launcher import start_run
-from tui.options import copies_of
+from tui.options import MAX_COPIES, copies_of
 from tui.planner_form import plan_argv, start_texts
 from tui.run_state import RunState
 from tui.screens.compare import CompareScreen
@@ -520,8 +520,10 @@ def test_copies_get_their_own_seeds_and_run_ids():
         (9, "sweep-3"),
     ]
     assert copies_of(TrainConfig(), 1) == [TrainConfig()]
-    with pytest.raises(TitanError, match="copies must be >= 1, got 0"):
-        copies_of(TrainConfig(), 0)
+    for copies in (0, MAX_COPIES + 1, 10**9):
+        with pytest.raises(TitanError, match=f"copies must be from 1 to 64, got {copies}$"):
+            copies_of(TrainConfig(), copies)
+    assert len(copies_of(TrainConfig(), MAX_COPIES)) == MAX_COPIES
 
 
 def test_launch_refuses_missing_data_before_making_a_run_dir(tmp_path: Path):

@@ -22,6 +22,7 @@ from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STOPPED
+from titan.optimizer import learning_rate_schedule, schedule_text, warmup_note
 from titan.telemetry.records import load_events
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.train import resume_options
@@ -285,3 +286,17 @@ def test_resume_of_an_spmd_run_onto_mpmd_takes_the_pipeline_options_given(tmp_pa
     (tmp_path / "tokenizer.model").write_bytes(b"")
     p = resume_options(tmp_path, {"layout": "mpmd", "pp": 2}).parallel
     assert (p.layout, p.pp, p.microbatches, p.schedule) == ("mpmd", 2, 2, "1f1b")
+
+
+def test_a_warmup_as_long_as_the_schedule_is_said_and_described_as_the_rate_runs():
+    opt = TrainConfig.of(steps=4, warmup_steps=10, lr=1e-3).optimizer
+    rates = [float(learning_rate_schedule(opt)(step)) for step in range(7)]
+    assert rates == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-4, 1e-4])
+    assert warmup_note(opt) == (
+        "--warmup-steps 10 is not below the schedule's 4 steps (--decay-steps, else --steps): "
+        "learning rate: linear warmup to 1.00e-03 at step 4, then 1.00e-04, with no decay"
+    )
+    assert warmup_note(TrainConfig.of(steps=5, warmup_steps=4).optimizer) is None
+    assert schedule_text(TrainConfig.of(steps=90, decay_steps=50).optimizer) == (
+        "learning rate: cosine to 3.00e-04 at step 50, then constant"
+    )

@@ -36,6 +36,7 @@ from titan.schedules import SCHEDULES, check_schedule_options
 from titan.shapes import (
     DEFAULT_VOCAB_SIZE,
     PRESETS,
+    SHAPE_FIELDS,
     ModelConfig,
     check_shape,
     model_text,
@@ -183,14 +184,31 @@ def _shape(value: Any, flag: str) -> ModelConfig:
     if isinstance(value, Mapping):
         if value.get("name") in PRESETS and set(value) <= {"name"}:
             return PRESETS[value["name"]]
-        try:
-            shape = ModelConfig(**{"name": "custom", **value})
-        except TypeError as err:
-            raise TitanError(f"{flag}: {err}") from None
+        _check_shape_fields(value, flag)
+        shape = ModelConfig(**{"name": "custom", **value})
         if PRESETS.get(shape.name) != shape:
             check_shape(shape, flag)
         return shape
     raise TitanError(f"{flag} must be a preset name or a shape, got {value!r}")
+
+
+_FIELD_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
+
+
+def _check_shape_fields(value: Mapping[str, Any], flag: str) -> None:
+    """Refuse a shape given as a mapping (a TOML table, a saved ``config.json``) with a field
+    that ModelConfig lacks, without one of :data:`SHAPE_FIELDS`, or with a value of another
+    type than its field's (a bool is no number)."""
+    fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    for key, item in value.items():
+        if key not in fields:
+            raise TitanError(f"{flag}: unknown field {key!r}; fields: {', '.join(fields)}")
+        kinds = _FIELD_KINDS.get(str(fields[key]), (object,))
+        if isinstance(item, bool) or not isinstance(item, kinds):
+            raise TitanError(f"{flag}: {key} must be of type {fields[key]}, got {item!r}")
+    missing = [key for key in SHAPE_FIELDS if key not in value]
+    if missing:
+        raise TitanError(f"{flag}: missing {', '.join(missing)}")
 
 
 def _settings(value: Any, flag: str) -> dict[str, str]:

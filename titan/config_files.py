@@ -98,7 +98,8 @@ def read_config_file(path: str) -> dict[str, Any]:
 
     Raises:
         TitanError: a file :func:`titan.reading.read_toml` refuses (unreadable, not a regular
-            file, too large, not UTF-8, bad TOML), unknown section or option.
+            file, too large, not UTF-8, bad TOML), unknown section or option, or a value of
+            the wrong type (names the file, section and key).
     """
     values = read_toml(path, "--config")
     flat = {}
@@ -111,6 +112,10 @@ def read_config_file(path: str) -> dict[str, Any]:
             option = _option_of_key(key)
             if option is None or option.section != section:
                 raise TitanError(f"--config {path}: {_unknown_key(key, section, option)}")
+            try:
+                option.coerce(value)  # checked here to name the file; kept as written
+            except TitanError as err:
+                raise TitanError(f"--config {path}: [{section}] {key}: {err}") from None
             flat[option.name] = value
     return flat
 

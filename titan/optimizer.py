@@ -28,10 +28,40 @@ from titan.config import OptimizerOptions
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 
 
+def schedule_steps(opt: OptimizerOptions) -> tuple[int, int]:
+    """(horizon, warmup) in steps: where the cosine ends (``--decay-steps``, else ``--steps``)
+    and where the linear warmup does (``--warmup-steps``, at most the horizon)."""
+    horizon = opt.decay_steps or opt.steps
+    return horizon, min(opt.warmup_steps, horizon)
+
+
+def schedule_text(opt: OptimizerOptions) -> str:
+    """The learning rate's course in words: ``learning rate: cosine to 3.00e-04 at step 20,
+    then constant`` (``steps`` past the horizon), or, when the warmup takes the whole horizon,
+    ``linear warmup to 3.00e-03 at step 20, then 3.00e-04``."""
+    horizon, warmup = schedule_steps(opt)
+    end = opt.lr * opt.min_lr_ratio
+    if warmup == horizon:
+        return f"learning rate: linear warmup to {opt.lr:.2e} at step {horizon}, then {end:.2e}"
+    after = ", then constant" if opt.steps > horizon else ""
+    return f"learning rate: cosine to {end:.2e} at step {horizon}{after}"
+
+
+def warmup_note(opt: OptimizerOptions) -> str | None:
+    """A note when ``--warmup-steps`` is not below the horizon (:func:`schedule_steps`): the
+    learning rate then rises through the whole schedule and never decays. None otherwise."""
+    horizon, _ = schedule_steps(opt)
+    if opt.warmup_steps < horizon:
+        return None
+    return (
+        f"--warmup-steps {opt.warmup_steps} is not below the schedule's {horizon} steps "
+        f"(--decay-steps, else --steps): {schedule_text(opt)}, with no decay"
+    )
+
+
 def learning_rate_schedule(opt: OptimizerOptions) -> optax.Schedule:
     """Learning rate (per step, unitless multiplier of the update) as a function of the step."""
-    horizon = opt.decay_steps or opt.steps
-    warmup = min(opt.warmup_steps, horizon)
+    horizon, warmup = schedule_steps(opt)
     return optax.warmup_cosine_decay_schedule(  # constant at end_value after decay_steps
         init_value=0.0,
         peak_value=opt.lr,

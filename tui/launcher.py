@@ -30,11 +30,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from titan.analysis.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness, ProcessId
-from titan.config import TrainConfig, check_run_id, option_fields
+from titan.config import Option, TrainConfig, check_run_id, option_fields
 from titan.data.mixture import check_inputs
 from titan.errors import TitanError
 from titan.telemetry.records import (
@@ -42,6 +43,7 @@ from titan.telemetry.records import (
     default_runs_root,
     new_run_id,
     open_regular,
+    runs_root_source,
     write_json_atomic,
 )
 from titan.trainer.resume import resume_options
@@ -64,15 +66,22 @@ def train_argv(
         argv += ["--runs-root", str(runs_root), "--run-id", run_id]
     else:
         argv += ["--resume", str(runs_root / run_id)]
-    defaults = (base or TrainConfig()).flat()
-    for option, value in zip(option_fields(), config.flat().values(), strict=True):
-        if option.name in _PLACEMENT or value == defaults[option.name]:
-            continue
+    for option, value in _changed_options(config, base or TrainConfig()):
         if option.kind == "bool":
             argv.append(option.flag if value else "--no-" + option.flag.removeprefix("--"))
         else:
             argv += [option.flag, option.text(value)]
     return argv
+
+
+def _changed_options(config: TrainConfig, base: TrainConfig) -> list[tuple[Option, Any]]:
+    """The options of ``config`` (but its placement) whose values differ from ``base``'s."""
+    before = base.flat()
+    return [
+        (option, value)
+        for option, value in zip(option_fields(), config.flat().values(), strict=True)
+        if option.name not in _PLACEMENT and value != before[option.name]
+    ]
 
 
 def child_env() -> dict[str, str]:
@@ -179,13 +188,17 @@ def start_run(config: TrainConfig, resume: Path | None = None) -> LaunchedRun:
 
     Raises:
         TitanError: ``--data`` or ``--tokenizer`` that ``titan train`` would refuse (checked
-            first, so that no run dir is left), a run dir that already exists, or a ``resume``
-            dir that ``titan train --resume`` would refuse.
-        OSError: when the run dir or the child cannot be created.
+            first, so that no run dir is left), a run dir that already exists or cannot be
+            created (names ``--runs-root`` or ``$TITAN_RUNS``), or a ``resume`` dir, or an
+            option changed on it, that ``titan train --resume`` would refuse.
+        OSError: when the child or its log files cannot be created.
     """
     check_inputs(config.data.corpus, config.data.tokenizer)
     if resume is not None:
         run_dir, base = Path(resume).resolve(), resume_options(Path(resume), {})
+        # what ``titan train --resume`` would refuse (an option that cannot change) is refused
+        # here, in the form, before a child starts
+        resume_options(run_dir, {o.name: v for o, v in _changed_options(config, base)})
         argv = train_argv(config, run_dir.parent, run_dir.name, base)
     else:
         runs_root = default_runs_root(config.run.runs_root).resolve()
@@ -196,6 +209,9 @@ def start_run(config: TrainConfig, resume: Path | None = None) -> LaunchedRun:
             run_dir.mkdir(parents=True)
         except FileExistsError:
             raise TitanError(f"--run-id {run_id!r} already exists in {runs_root}") from None
+        except OSError as error:
+            source = runs_root_source(config.run.runs_root)
+            raise TitanError(f"{source}: cannot create {run_dir}: {error.strerror}") from None
         argv = train_argv(config, runs_root, run_id)
     mode = "ab" if resume is not None else "wb"
     with open(run_dir / STDOUT_LOG, mode) as out, open(run_dir / STDERR_LOG, mode) as err:

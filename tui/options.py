@@ -87,15 +87,20 @@ def config_from_texts(texts: Mapping[str, str]) -> TrainConfig:
     return TrainConfig.of(**{o.name: parse_option(o, texts[o.name]) for o in option_fields()})
 
 
+# Copies launched at once: each is a ``titan train`` process of this host, with its own compile
+# and its own devices' share; more than this is a typo (10000 for 1), not a sweep.
+MAX_COPIES = 64
+
+
 def copies_of(config: TrainConfig, copies: int) -> list[TrainConfig]:
     """``copies`` runs of ``config`` launched together: seeds ``seed``, ``seed + 1``, ...; an
     explicit run id gets ``-1``, ``-2``, ... (generated ids are unique anyway).
 
     Raises:
-        TitanError: ``copies`` below 1.
+        TitanError: ``copies`` below 1 or above :data:`MAX_COPIES`.
     """
-    if copies < 1:
-        raise TitanError(f"copies must be >= 1, got {copies}")
+    if not 1 <= copies <= MAX_COPIES:
+        raise TitanError(f"copies must be from 1 to {MAX_COPIES}, got {copies}")
     if copies == 1:
         return [config]
     seed, run_id = config.run.seed, config.run.run_id

@@ -20,6 +20,11 @@ from typing import Protocol
 from titan.errors import TitanError
 
 
+class BatchSplitError(TitanError):
+    """A batch (or its microbatches) whose rows do not split over dp x fsdp; the message names
+    the ``--batch-size`` that would."""
+
+
 class LayoutSizes(Protocol):
     """What the rules read of a layout: :class:`titan.config.ParallelOptions` (``--layout``,
     ``--dp``, ``--fsdp``, ``--tp``, ``--pp``, ``--microbatches``)."""
@@ -74,12 +79,12 @@ def check_batch_splits(batch_size: int, mesh_shape: Mapping[str, int]) -> None:
     """Refuse a batch of ``batch_size`` rows that does not split over ``data`` x ``fsdp``.
 
     Raises:
-        TitanError: ``batch_size`` is not a multiple of dp x fsdp (the message names the
+        BatchSplitError: ``batch_size`` is not a multiple of dp x fsdp (the message names the
             ``--batch-size`` that would split).
     """
     parts = mesh_shape["data"] * mesh_shape["fsdp"]
     if batch_size % parts:
-        raise TitanError(
+        raise BatchSplitError(
             f"--batch-size {batch_size} is not a multiple of dp x fsdp = "
             f"{mesh_shape['data']} x {mesh_shape['fsdp']} (mesh axes 'data' x 'fsdp'): "
             f"{_batch_that_splits(batch_size, parts)}"
@@ -90,14 +95,14 @@ def microbatch_rows(batch_size: int, microbatches: int, mesh_shape: Mapping[str,
     """Rows per microbatch, B / M, when they split over ``data`` x ``fsdp``.
 
     Raises:
-        TitanError: B / M is not a whole number of rows, or not a multiple of dp x fsdp (the
-            message names the ``--batch-size`` that would split).
+        BatchSplitError: B / M is not a whole number of rows, or not a multiple of dp x fsdp
+            (the message names the ``--batch-size`` that would split).
     """
     parts = mesh_shape["data"] * mesh_shape["fsdp"]
     if microbatches == 1:
         check_batch_splits(batch_size, mesh_shape)
     elif batch_size % (microbatches * parts):
-        raise TitanError(
+        raise BatchSplitError(
             f"--batch-size {batch_size} / --microbatches {microbatches} = "
             f"{batch_size / microbatches:g} rows per microbatch, not a multiple of "
             f"dp x fsdp = {mesh_shape['data']} x {mesh_shape['fsdp']} (mesh axes 'data' x "
@@ -121,8 +126,9 @@ def check_layout(par: LayoutSizes, batch_size: int, device_count: int, backend: 
         (--dp 1 x --fsdp 1 x --tp 1 x --pp 2)``), else None.
 
     Raises:
-        TitanError: the layout asks for more devices than are present, or the rows per
-            microbatch are not a multiple of dp x fsdp (one line, naming the flag).
+        TitanError: the layout asks for more devices than are present.
+        BatchSplitError: the rows per microbatch are not a multiple of dp x fsdp (one line,
+            naming the flag).
     """
     pp = par.pp if par.layout == "mpmd" else 1
     shape = resolve_mesh_shape(par.dp, par.fsdp, par.tp, pp, device_count, backend)

@@ -69,6 +69,7 @@ from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.ops import Ops
+from titan.optimizer import schedule_text, warmup_note
 from titan.parallel.distributed import (
     LaunchSettings,
     barrier,
@@ -77,6 +78,7 @@ from titan.parallel.distributed import (
     process_count,
     process_index,
 )
+from titan.parallel.fit import BatchSplitError
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
 from titan.telemetry.env import capture_environment
@@ -162,26 +164,36 @@ def train_from_cli(
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
     initialize(launch or LaunchSettings())
-    if resume_dir is not None and not LAYOUT_OPTIONS & explicit.keys():
-        check_saved_layout(cfg, resume_dir)
+    if resume_dir is not None:
+        check_resumed_layout(cfg, resume_dir, layout_given=bool(LAYOUT_OPTIONS & explicit.keys()))
     return train(cfg, resume_dir, stop)
 
 
-def check_saved_layout(cfg: TrainConfig, resume_dir: Path) -> None:
-    """Refuse a resume whose saved layout (none of :data:`LAYOUT_OPTIONS` given) does not fit
-    the devices here, naming it as the run's, not as asked.
+def check_resumed_layout(cfg: TrainConfig, resume_dir: Path, *, layout_given: bool) -> None:
+    """Refuse a resume whose layout does not fit the devices here, in the words of a resume:
+    a saved layout (``layout_given`` False: none of :data:`LAYOUT_OPTIONS` given) is named as
+    the run's, not as asked; and since ``--batch-size`` cannot change on ``--resume``, a batch
+    that does not split is to be met with the layout's sizes.
 
     Raises:
-        TitanError: names ``--resume``, the saved layout's error, and the options to give.
+        TitanError: names ``--resume``, the layout's error, and the options to give.
     """
     try:
         check_layout_fits(cfg.parallel, cfg.data.batch_size)
     except TitanError as err:
-        raise TitanError(
-            f"--resume {resume_dir}: the run's saved layout does not fit here ({err}); give "
-            "--dp, --fsdp, --tp (or --layout, --pp) for these devices: the checkpoint is re-cut "
-            "onto them"
-        ) from None
+        if not layout_given:
+            raise TitanError(
+                f"--resume {resume_dir}: the run's saved layout does not fit here ({err}); give "
+                "--dp, --fsdp, --tp (or --layout, --pp) for these devices: the checkpoint is "
+                "re-cut onto them"
+            ) from None
+        if isinstance(err, BatchSplitError):
+            raise TitanError(
+                f"--resume {resume_dir}: {err}, but --batch-size {cfg.data.batch_size} is the "
+                "run's and cannot change on --resume: give --dp, --fsdp and --microbatches "
+                "whose product divides it"
+            ) from None
+        raise
 
 
 def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | None = None) -> int:
@@ -238,6 +250,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                 compiler = _Compiler(cache, compiles, progress)
                 built = _Built.of(shape, ops, cfg.trainer, remat, compiler)
                 _say(built.remat.line())
+                _say(warmup_note(cfg.optimizer))
                 cfg = cfg.replace(remat=built.remat.remat)  # what the records say: what ran
             data = task.run_data(built.trainer, progress, stop)
             run = _Run(run_dir, built, ops, data, cfg.data.batch_size, progress, stop)
@@ -654,13 +667,8 @@ def _checkpointer(options: CheckpointOptions, run_dir: Path) -> Checkpointer:
 
 
 def _schedule_text(opt: OptimizerOptions) -> str:
-    """``to step 30; learning rate: cosine to 3.00e-04 at step 20, then constant``."""
-    horizon = opt.decay_steps or opt.steps
-    after = ", then constant" if opt.steps > horizon else ""
-    return (
-        f"to step {opt.steps}; learning rate: cosine to {opt.lr * opt.min_lr_ratio:.2e} at step "
-        f"{horizon}{after} (--decay-steps sets where the decay ends)"
-    )
+    """``to step 30; learning rate: cosine to 3.00e-04 at step 20, then constant (...)``."""
+    return f"to step {opt.steps}; {schedule_text(opt)} (--decay-steps sets where the decay ends)"
 
 
 def _write_run_files(run_dir: Path, config: dict[str, Any], files: dict[str, bytes]) -> None:
