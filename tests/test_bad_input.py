@@ -124,6 +124,12 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def _shape_toml(extra: str) -> str:
+    """A ``--config`` file whose [model] is a small custom shape with ``extra`` fields."""
+    fields = "d_model = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 128"
+    return f"[model]\nmodel = {{{fields}, vocab_size = 512, {extra}}}\n"
+
+
 # --- edits of a finished run's files ------------------------------------------------------------
 
 
@@ -281,6 +287,22 @@ CASES: dict[str, Case] = {
     "config_file_shape_unknown_field": Case(
         lambda p: p.train(config=p.file("c.toml", "[model]\nmodel = {width = 64}\n")),
         "--model: unknown field 'width'; fields: name, vocab_size, d_model",
+    ),
+    "config_file_shape_rope_scaling_a_text": Case(
+        lambda p: p.train(config=p.file("c.toml", _shape_toml('rope_scaling = "yes"'))),
+        "rope_scaling must be a table of factor, low_freq_factor",
+    ),
+    "config_file_shape_negative_norm_eps": Case(
+        lambda p: p.train(config=p.file("c.toml", _shape_toml("norm_eps = -1"))),
+        "--model: norm_eps must be a number in (0, 1), got -1",
+    ),
+    "config_file_shape_of_another_family": Case(
+        lambda p: p.train(config=p.file("c.toml", _shape_toml('family = "dit"'))),
+        "--model is a dit model (its family field); --task lm trains llama models",
+    ),
+    "config_file_section_an_array_of_tables": Case(
+        lambda p: p.train(config=p.file("c.toml", "[[optimizer]]\nsteps = 3\n")),
+        "[optimizer] must be one table, got an array of tables",
     ),
     "config_file_nested_deep": Case(
         lambda p: p.train(config=p.file("c.toml", "a = " + DEEP_JSON)), "--config"

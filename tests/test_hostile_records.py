@@ -190,6 +190,56 @@ def test_a_time_past_the_calendar_is_summarised_reported_and_listed(tmp_path, ca
     assert format_clock(0.0, "%Y", utc=True) == "1970"
 
 
+def test_losses_of_1e308_both_ways_leave_the_report_written_without_their_figure(tmp_path, capsys):
+    events = crash_then_resume()
+    events[2]["loss"], events[3]["loss"] = 1e308, -1e308  # their span overflows a float
+    write_run(tmp_path, "wide", events)
+    assert main(["report", str(tmp_path / "wide"), "--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / REPORT_FILE).read_text()
+    assert "figure not drawn: the values recorded cannot be plotted" in text
+    assert "![tokens/s vs step](throughput.png)" in text
+    assert "Warning" not in capsys.readouterr().err
+
+
+def test_a_step_past_64_bits_is_left_out_of_every_export(tmp_path):
+    events = crash_then_resume()
+    events[2]["step"] = 2**63  # no sink stores it
+    write_run(tmp_path, "huge", events)
+    for sink in ("tensorboard", "csv"):
+        assert main(["export", sink, str(tmp_path / "huge"), "--out", str(tmp_path / sink)]) == 0
+    steps = [line.split(",")[0] for line in (tmp_path / "csv").read_text().splitlines()[1:]]
+    assert steps == ["2", "3", "4", "5", "6"]
+
+
+def test_an_error_of_200k_characters_is_cut_in_summaries_and_kept_whole_in_json(tmp_path, capsys):
+    events = crash_then_resume()
+    events[-1].update(status="failed", error="x" * 200_000)
+    write_run(tmp_path, "long", events)
+    assert main(["summarize", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "x" * 2000 + "… (198,000 more characters in the run's events.jsonl)" in out
+    assert len(out) < 10_000
+    assert main(["report", str(tmp_path / "long"), "--out", str(tmp_path / "r")]) == 0
+    assert len((tmp_path / "r" / REPORT_FILE).read_text()) < 20_000
+    capsys.readouterr()
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["error"] == "x" * 200_000
+
+
+def test_ettr_stays_at_most_1_and_negative_counts_read_as_missing(tmp_path):
+    events = crash_then_resume()
+    events[-2]["time"] = events[-1]["time"] = 1e20  # the last save and run_end, far away
+    events[-3]["step_time_s"] = 1e20  # a step that took all of it, to the clocks' slack
+    for e in events:
+        if e["type"] == "step":
+            e.update(tokens=-1, tokens_seen=-100, tokens_per_s=-5.0)
+    write_run(tmp_path, "odd", events)
+    [s] = summarize.summarize(tmp_path)
+    assert s.ettr == 1.0
+    assert (s.tokens, s.median_tokens_per_s) == (None, None)
+
+
 @pytest.mark.parametrize("seconds", [float("inf"), float("-inf"), float("nan"), None])
 def test_a_duration_that_is_no_finite_number_is_written_as_missing(seconds):
     assert format_duration(seconds) == "-"

@@ -16,6 +16,7 @@ from samples import copy_sample_runs, sample_run_dirs
 from test_ettr import crash_then_resume
 
 from titan.analysis import summarize
+from titan.analysis.liveness import ProcessId
 from titan.cli import main
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE
@@ -67,6 +68,22 @@ def test_steps_a_resume_threw_away_are_not_counted_until_redone(tmp_path):
     write_run(tmp_path, "resumed", events)
     [s] = summarize.summarize(tmp_path)
     assert (s.steps, s.tokens, s.best_loss, s.final_loss) == (3, 300, 3.6, 3.6)
+
+
+def test_a_run_found_dead_at_once_counts_its_steps_past_the_checkpoint_as_lost(tmp_path):
+    # Attempt 0 of crash_then_resume (checkpoint at step 2, steps 3 and 4 after it), its last
+    # event 10 s ago, its process gone: dead now, not once ettr's running window has passed.
+    events = crash_then_resume()[:8]
+    shift = time.time() - 10 - events[-1]["time"]
+    for e in events:
+        e["time"] += shift
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    events[0]["process"] = ProcessId(ProcessId.current().host, gone.pid, 0, 1.0).as_dict()
+    write_run(tmp_path, "killed", events)
+    [s] = summarize.summarize(tmp_path)
+    assert s.status == "dead"
+    assert s.badput["lost_progress"] == pytest.approx(1.75 / 16.5)  # steps 3, 4: compute time
 
 
 def test_missing_mfu_and_energy_are_none_and_shown_as_unknown(tmp_path, capsys):

@@ -441,8 +441,10 @@ class ModelOptions:
             object.__setattr__(self, "shape", PRESETS["dit-tiny"])  # the task's default model
         wanted = TASK_FAMILIES[self.task]
         if self.shape.family != wanted:
+            given = f"--preset {self.shape.name}" if self.shape.name in PRESETS else "--model"
+            what = "" if self.shape.name in PRESETS else " (its family field)"
             raise TitanError(
-                f"--preset {self.shape.name} is a {self.shape.family} model; --task {self.task} "
+                f"{given} is a {self.shape.family} model{what}; --task {self.task} "
                 f"trains {wanted} models"
             )
 

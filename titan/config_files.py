@@ -104,10 +104,13 @@ def read_config_file(path: str) -> dict[str, Any]:
     values = read_toml(path, "--config")
     flat = {}
     for section, options in values.items():
-        if section not in SECTIONS or not isinstance(options, dict):
+        if section not in SECTIONS:
             raise TitanError(
                 f"--config {path}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
             )
+        if not isinstance(options, dict):
+            what = "an array of tables" if isinstance(options, list) else repr(options)
+            raise TitanError(f"--config {path}: [{section}] must be one table, got {what}")
         for key, value in options.items():
             option = _option_of_key(key)
             if option is None or option.section != section:

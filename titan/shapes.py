@@ -41,10 +41,16 @@ class RopeScaling:
         """A scaling from itself, a mapping of its fields (``config.json``), or None."""
         if value is None or isinstance(value, RopeScaling):
             return value
-        try:
-            return cls(**{f.name: value[f.name] for f in fields(cls)})
-        except (KeyError, TypeError) as err:
-            raise TitanError(f"rope_scaling: missing or bad field {err}") from None
+        names = [f.name for f in fields(cls)]
+        if not isinstance(value, Mapping):
+            raise TitanError(f"rope_scaling must be a table of {', '.join(names)}, got {value!r}")
+        missing = [name for name in names if name not in value]
+        if missing:
+            raise TitanError(f"rope_scaling: missing {', '.join(missing)}")
+        for name in names:
+            if isinstance(value[name], bool) or not isinstance(value[name], int | float):
+                raise TitanError(f"rope_scaling: {name} must be a number, got {value[name]!r}")
+        return cls(**{name: value[name] for name in names})
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,8 @@ def check_shape(m: ModelConfig, flag: str = "--model") -> None:
             raise TitanError(f"{flag}: {key} must be >= 1, got {getattr(m, key)}")
     if not m.rope_theta > 1 or m.rope_theta == float("inf"):
         raise TitanError(f"{flag}: rope_theta must be a finite number > 1, got {m.rope_theta}")
+    if not 0 < m.norm_eps < 1:
+        raise TitanError(f"{flag}: norm_eps must be a number in (0, 1), got {m.norm_eps}")
     if m.d_model % m.n_heads:
         raise TitanError(f"{flag}: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
     if m.n_heads % m.n_kv_heads:

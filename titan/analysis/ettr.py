@@ -234,11 +234,12 @@ class Goodput:
     def ettr(self) -> float | None:
         """Kokolis et al. 2024: productive runtime / available wall-clock time; None when
         nothing was available or the record's clock is not believed (:attr:`clock_believed`:
-        the ratio of two clocks that disagree is no measurement)."""
+        the ratio of two clocks that disagree is no measurement). At most 1: durations that
+        exceed the wall time within the clocks' slack (:data:`CLOCK_SLACK_S`) read as 1."""
         available = self.available_s
         if available <= 0 or not self.clock_believed:
             return None
-        return self.productive_s / available
+        return min(1.0, self.productive_s / available)
 
     @property
     def goodput(self) -> float | None:

@@ -70,9 +70,11 @@ def _save(fig: Any, ax: Any, path: Path, legend: bool) -> Path:
     ax.grid(True, alpha=0.3)
     if legend:
         ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    _pyplot().close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
+    finally:
+        _pyplot().close(fig)
     return path
 
 

@@ -24,10 +24,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+import numpy as np
 
 from titan.analysis import ettr, plots
 from titan.analysis.summarize import RunSummary, summarize_run_dir
@@ -216,16 +219,31 @@ def _changes(starts: list[RunStart], key: str, title: str) -> list[str]:
     return [f"{title}:", "", *changes, ""] if changes else []
 
 
+def _figure(draw: Callable[[], Path], markdown: str) -> list[str]:
+    """The Markdown of a figure ``draw`` made, or a line saying why it could not be drawn (a
+    record's values that matplotlib cannot scale, e.g. losses of 1e308 and -1e308: their span
+    overflows); its numeric warnings are not printed."""
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            path = draw()
+    except (ValueError, OverflowError, FloatingPointError) as err:
+        why = markdown_text(str(err))
+        return [f"figure not drawn: the values recorded cannot be plotted ({why}).", ""]
+    return [markdown.format(path.name), ""]
+
+
 def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
     """Draw the figures into ``out``; the Markdown of the figures section."""
     series = step_series(events)
     lines = ["## Figures", ""]
-    plots.plot_loss(out / "loss.png", series)
-    plots.plot_throughput(out / "throughput.png", series, s.median_tokens_per_s)
-    lines += ["![loss vs step](loss.png)", "", "![tokens/s vs step](throughput.png)", ""]
+    lines += _figure(lambda: plots.plot_loss(out / "loss.png", series), "![loss vs step]({})")
+    lines += _figure(
+        lambda: plots.plot_throughput(out / "throughput.png", series, s.median_tokens_per_s),
+        "![tokens/s vs step]({})",
+    )
     if any(v is not None for x in series for vs in x.mfu.values() for v in vs):
         peak, source = _peak(events)
-        plots.plot_mfu(out / "mfu.png", series, peak)
         lines += [
             f"MFU: model FLOPs per token (`causal`: attention halved for the causal mask, "
             f"`full`: counted in full; `titan.telemetry.mfu`) x tokens/s over "
@@ -233,14 +251,15 @@ def _figures(out: Path, events: list[Event], s: RunSummary) -> list[str]:
             + (f", source: {markdown_text(source)}" if source else "")
             + ".",
             "",
-            "![MFU vs step](mfu.png)",
-            "",
+            *_figure(lambda: plots.plot_mfu(out / "mfu.png", series, peak), "![MFU vs step]({})"),
         ]
     else:
         lines += [f"MFU: unknown ({markdown_text(s.mfu_reason or NOT_RECORDED)}).", ""]
     if any(e is not None for x in series for e in x.energy_j):
-        plots.plot_power(out / "power.png", series, POWER_WINDOW_S)
-        lines += ["![power and cumulative energy over time](power.png)", ""]
+        lines += _figure(
+            lambda: plots.plot_power(out / "power.png", series, POWER_WINDOW_S),
+            "![power and cumulative energy over time]({})",
+        )
     else:
         lines += [f"power: unavailable ({markdown_text(s.energy_reason or NOT_RECORDED)}).", ""]
     return lines

@@ -122,7 +122,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 8
+DB_VERSION = 9
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # How long connect() waits for another process to release the database, and its backoff: the
@@ -168,6 +168,22 @@ _SCHEMA = (
     best_loss DOUBLE, summary JSON, tokens_per_j DOUBLE, started_at DOUBLE, preset VARCHAR,
     layout VARCHAR, pp BIGINT, devices BIGINT, best_eval_loss DOUBLE)""",
 )
+# The typed columns that may be negative; every other count, duration and rate below 0 is a
+# value no run records, read as missing (as NaN and infinities are).
+_SIGNED_COLUMNS = ("time", "loss")
+
+
+def _staged_column(name: str, kind: str) -> str:
+    """The SQL of one typed column of :data:`_STAGE_EVENTS`: a number that is not finite, or
+    negative where :data:`_SIGNED_COLUMNS` does not allow it, is NULL."""
+    if kind not in ("DOUBLE", "BIGINT"):
+        return f"e.{name}"
+    sane = "isfinite(e.{0})" if kind == "DOUBLE" else "true"
+    if name not in _SIGNED_COLUMNS:
+        sane += " AND e.{0} >= 0"
+    return f"CASE WHEN {sane.format(name)} THEN e.{name} END AS {name}"
+
+
 # The complete lines of the staged files of a batch, each file's lines numbered from its first
 # seq, the JSON objects among them transformed to the typed columns in one parse each
 # (json_transform gives NULL for a field of another type), into a temporary table. A staged
@@ -175,12 +191,7 @@ _SCHEMA = (
 # the staged files, then the same files, their run ids and first seqs (lists of one length).
 _STAGE_EVENTS = (
     "CREATE OR REPLACE TEMP TABLE staged_events AS SELECT run_id, seq, "
-    + ", ".join(
-        f"CASE WHEN isfinite(e.{name}) THEN e.{name} END AS {name}"
-        if kind == "DOUBLE"
-        else f"e.{name}"
-        for name, kind in EVENT_FIELDS.items()
-    )
+    + ", ".join(_staged_column(name, kind) for name, kind in EVENT_FIELDS.items())
     + ", line::JSON AS payload FROM (SELECT m.run_id, m.seq0 + t.i - 1 AS seq, t.line, "
     + "json_transform(t.line, '"
     + json.dumps(EVENT_FIELDS)
@@ -223,6 +234,10 @@ LEFT JOIN (SELECT run_id,
     FROM events WHERE list_contains(?, run_id) GROUP BY run_id) USING (run_id)"""
 
 
+# The characters of a run's error that a summary's text shows: a traceback's last lines.
+ERROR_TEXT_CHARS = 2000
+
+
 @dataclass
 class RunSummary:
     """One run's summary (seconds, tokens, joules; None where the records do not say)."""
@@ -258,9 +273,17 @@ class RunSummary:
         return dataclasses.asdict(self)
 
     def error_text(self) -> str | None:
-        """:attr:`error` on one line (each run of whitespace, newlines included, one space),
-        as record text: to be shown inert (:func:`titan.inert.inert`); None without one."""
-        return " ".join(self.error.split()) if self.error is not None else None
+        """:attr:`error` on one line (each run of whitespace, newlines included, one space), cut
+        to :data:`ERROR_TEXT_CHARS` characters with the count left out (the whole error is in
+        ``--json`` and the record), as record text: to be shown inert
+        (:func:`titan.inert.inert`); None without one."""
+        if self.error is None:
+            return None
+        text = " ".join(self.error.split())
+        if len(text) <= ERROR_TEXT_CHARS:
+            return text
+        left = len(text) - ERROR_TEXT_CHARS
+        return f"{text[:ERROR_TEXT_CHARS]}… ({left:,} more characters in the run's {EVENTS_FILE})"
 
 
 @dataclass
@@ -768,12 +791,13 @@ def _summary(
         tokens_per_j = 1 / jpt
     else:
         tokens_per_j = None
-    goodput = ettr.analyze(events, now=now)
+    judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)
+    # a run judged dead counts its last attempt as crashed now, not after ettr's window
+    goodput = ettr.analyze(events, now=now if judged.state in _NOT_ENDED else None)
     power = (start.power if isinstance(start, RunStart) else None) or {}
     programs = [e.run_program_bytes for e in events if isinstance(e, Compile)]
     compiled = max((b for b in programs if b is not None), default=None)
     memory_check = (start.memory_check if isinstance(start, RunStart) else None) or {}
-    judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)
     ended = end if isinstance(end, RunEnd) else None
     return RunSummary(
         run_id=run_id,

@@ -50,12 +50,19 @@ def _numbers(prefix: str, value: Any) -> Iterator[tuple[str, float]]:
             yield from _numbers(f"{prefix}.{key}", inner)
 
 
+# The largest step a sink stores: TensorBoard's and wandb's step is a signed 64-bit integer.
+MAX_STEP = 2**63 - 1
+
+
 def event_scalars(event: dict[str, Any]) -> list[tuple[str, float]]:
     """``(tag, value)`` of each finite numeric field of an event of :data:`SCALAR_EVENTS` (none
-    for other events, or one without an integer ``step``)."""
+    for other events, or one without an integer ``step`` from 0 to :data:`MAX_STEP`, or
+    without a finite ``time``)."""
     group = SCALAR_EVENTS.get(event.get("type", ""))
-    step = event.get("step")
+    step, at = event.get("step"), event.get("time")
     if group is None or isinstance(step, bool) or not isinstance(step, int):
+        return []
+    if not 0 <= step <= MAX_STEP or not (isinstance(at, int | float) and math.isfinite(at)):
         return []
     return [
         (f"{group}/{tag}", value)
