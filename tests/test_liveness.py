@@ -266,7 +266,8 @@ def test_a_two_process_run_with_one_process_killed_names_it(corpus_dir: Path, tm
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
     assert [b.id.process for b in before.processes] == [0, 1] and before.state == "running"
-    assert judged.state == DEAD and judged.lost == victim
+    tail = (run_dir / "events.jsonl").read_text().splitlines()[-3:]
+    assert judged.state == DEAD and judged.lost == victim, (judged.describe(), tail)
     name = f"process 1 (pid {victim.pid} on {victim.host})"
     assert judged.reason in (f"{name} is gone", f"{name} has exited")  # reaped or not yet
 
