@@ -15,8 +15,8 @@ from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
 
-from titan.analysis.liveness import PROCESSES_DIR, ProcessId
 from titan.telemetry.events import Event, parse_events
+from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
 from titan.telemetry.records import EVENTS_FILE, SCHEMA, write_json_atomic
 from tui.app import TitanConsole
 from tui.screens.monitor import MonitorScreen

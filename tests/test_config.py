@@ -320,3 +320,29 @@ def test_config_imports_without_jax():
 def test_options_the_run_would_ignore_or_misread_are_refused(options, message):
     with pytest.raises(TitanError, match=message):
         TrainConfig.of(**options)
+
+
+def _saved_run(run_dir: Path, runs_root: str) -> None:
+    """A run dir that resume_options reads: config.json (runs_root as given) and a tokenizer."""
+    run_dir.mkdir(parents=True)
+    cfg = TrainConfig.of(runs_root=runs_root, run_id=run_dir.name)
+    (run_dir / "config.json").write_text(json.dumps({"train": config_to_data(cfg), "model": {}}))
+    (run_dir / "tokenizer.model").write_bytes(b"")
+
+
+def test_a_resume_keeps_the_runs_root_however_the_run_dir_is_spelled(tmp_path: Path, monkeypatch):
+    root = tmp_path / "runs"
+    _saved_run(root / "r1", str(root))
+    for spelled, cwd in (
+        ("runs/r1", tmp_path),
+        ("./runs/../runs/r1/", tmp_path),
+        (".", root / "r1"),
+    ):
+        monkeypatch.chdir(cwd)
+        run = resume_options(Path(spelled), {}).run
+        assert (run.runs_root, run.run_id) == (str(root), "r1"), spelled
+    moved = tmp_path / "elsewhere"
+    (root / "r1").rename(moved)
+    monkeypatch.chdir(tmp_path)
+    run = resume_options(Path("elsewhere"), {}).run
+    assert (run.runs_root, run.run_id) == (str(tmp_path), "elsewhere")

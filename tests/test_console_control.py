@@ -24,8 +24,8 @@ from console_helpers import (
     write_lost_peer,
 )
 
-from titan.analysis.liveness import PROCESSES_DIR, ProcessId
 from titan.exit_codes import EXIT_STOPPED
+from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
 from titan.telemetry.records import read_events, write_json_atomic
 from tui.app import TitanConsole
 from tui.launcher import signal_run

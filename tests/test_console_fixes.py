@@ -88,6 +88,23 @@ async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
     assert listed == f"{row.steps}/40" == "23/40"
 
 
+async def test_editing_a_field_clears_the_launch_error(tmp_path: Path):
+    app = TitanConsole(tmp_path, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        fill_form(app, {"steps": "0"})
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        error = app.screen.query_one("#launch-error", Static)
+        before = str(error.render())
+        fill_form(app, {"steps": "5"})
+        await pilot.pause()
+        after = str(error.render())
+        invalid = [r.option_name for r in app.screen.query(OptionInput) if r.has_class("-invalid")]
+    assert before.startswith("--steps")
+    assert after == "" and invalid == []
+
+
 @pytest.mark.slow
 async def test_the_planner_sends_its_plan_to_the_launch_form(tmp_path: Path):
     app = TitanConsole(tmp_path)
@@ -104,3 +121,27 @@ async def test_the_planner_sends_its_plan_to_the_launch_form(tmp_path: Path):
     for name in ("preset", "layout", "dp", "fsdp", "tp", "pp", "microbatches", "batch_size"):
         assert form[name] == str(options[name])
     assert form["steps"] == str(options["steps"]) and int(form["steps"]) > 0
+
+
+async def test_the_planner_does_not_send_a_plan_its_form_no_longer_shows(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("p")
+        planner = app.screen
+        assert isinstance(planner, PlannerScreen)
+        await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
+        fill_form(app, {"gpus": "-3"})
+        await pilot.press("ctrl+t")  # before the bad field's error is shown
+        pending = app.screen
+        help_line = planner.query_one("#plan-help", Static)
+        await wait_until(pilot, lambda: "--gpus" in str(help_line.render()), lambda: "no error", 30)
+        await pilot.press("ctrl+t")  # with the error on show, the last valid plan dimmed
+        await pilot.pause()
+        errored = app.screen
+        fill_form(app, {"gpus": "64"})
+        await wait_until(pilot, lambda: planner.current, lambda: "no plan again", 30)
+        await pilot.press("ctrl+t")
+        await wait_until(
+            pilot, lambda: isinstance(app.screen, LaunchScreen), lambda: "no launch form", 10
+        )
+    assert pending is planner and errored is planner

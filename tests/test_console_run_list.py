@@ -19,7 +19,7 @@ from samples import copy_sample_runs
 from textual.filter import ANSIToTruecolor
 from textual.widgets import Static
 
-from titan.analysis.liveness import PROCESSES_DIR, ProcessId
+from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
 from titan.telemetry.records import write_json_atomic
 from tui.app import TitanConsole
 from tui.screens import runs as runs_screen

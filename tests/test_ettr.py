@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from titan.analysis import ettr
@@ -290,3 +292,17 @@ def test_a_clock_within_its_slack_is_believed():
     g = analyze(events)
     assert g.attempts[0].other_s < 0 and g.clock_believed
     assert g.ettr == pytest.approx(g.productive_s / g.available_s)
+
+
+def test_an_unreadable_duration_leaves_ettr_unknown_not_zero():
+    events = crash_then_resume()[8:]
+    assert analyze(events).ettr == pytest.approx(4.0 / 12.5)
+    for bad in (-1.0, -1e-9):  # NaN, inf: None when read (titan.telemetry.events)
+        corrupt = copy.deepcopy(events)
+        next(e for e in corrupt if e["type"] == "step")["step_time_s"] = bad
+        g = analyze(corrupt)
+        assert (g.ettr, g.goodput, g.unreadable) == (None, None, 1), bad
+        assert g.as_dict()["unreadable_durations"] == 1
+    missing = copy.deepcopy(events)
+    next(e for e in missing if e["type"] == "compile")["seconds"] = None
+    assert analyze(missing).ettr is not None and analyze(missing).unreadable == 0

@@ -21,7 +21,6 @@ from test_summarize import write_run
 from textual.widgets import DataTable
 
 from titan.analysis import summarize
-from titan.analysis.liveness import ProcessId
 from titan.analysis.report import REPORT_FILE
 from titan.cli import main
 from titan.config import check_run_id
@@ -29,6 +28,7 @@ from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration
 from titan.inert import inert
 from titan.reading import parse_json
+from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, EventTail
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
@@ -508,6 +508,20 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     assert "completed[/]" in history_screen and "tiny[/bogus]" in history_screen
     assert "bad\\udcff" in runs_screen and "bad\\xff" in history_screen
     assert ["preset", "tiny[/bogus]"] in config_rows
+
+
+async def test_history_cuts_a_long_preset_and_status_and_keeps_the_other_columns(tmp_path):
+    _write_console_run(tmp_path, "long", "p" * 200, "s" * 200)
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        history = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: history.row_count == 1, lambda: "not in history", 20)
+        await pilot.pause(0.2)
+        shown = _screen_text(app)
+    assert "p" * 27 + "…" in shown and "p" * 28 not in shown
+    assert "s" * 15 + "…" in shown and "s" * 16 not in shown
+    assert "started" in shown  # the last column is on screen
 
 
 @pytest.mark.slow

@@ -17,17 +17,8 @@ from console_helpers import append_events, event, write_lost_peer
 from helpers import cli_args, small_run, start_subprocess, wait_for_event
 
 from titan.analysis import summarize
-from titan.analysis.liveness import (
-    BEAT_INTERVAL_S,
-    DEAD,
-    HEARTBEAT_TIMEOUT_S,
-    PROCESSES_DIR,
-    UNRESPONSIVE,
-    Liveness,
-    ProcessId,
-    RecordFacts,
-    judge,
-)
+from titan.analysis.liveness import DEAD, UNRESPONSIVE, Liveness, RecordFacts, judge
+from titan.telemetry.heartbeat import BEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, PROCESSES_DIR, ProcessId
 from titan.telemetry.records import load_events, write_json_atomic
 from tui.history import HistoryQuery, HistoryStore
 from tui.run_list import list_runs
@@ -298,3 +289,15 @@ def test_a_run_dir_whose_old_events_file_holds_no_event_reads_failed_not_startin
     [s] = summarize.summarize(tmp_path)
     assert s.status == "failed" and s.bad_lines > 0
     assert judge(run_dir, RecordFacts(), now=old + 5).state == "starting"
+
+
+def test_a_record_without_a_process_whose_events_are_dated_ahead_still_dies(tmp_path: Path):
+    run_dir = tmp_path / "ahead"
+    run_dir.mkdir()
+    now = time.time()
+    append_events(run_dir, [event("run_start", now + 86400.0)])  # a clock a day ahead
+    written = now - 3600
+    os.utime(run_dir / "events.jsonl", (written, written))
+    judged = judge(run_dir, _facts(run_dir), now=now)
+    assert (judged.state, judged.last_seen) == (DEAD, written)
+    assert judged.reason == "no process recorded and nothing written for 3600 s"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from console_helpers import append_events, event, parsed, stat, wait_until
 
-from titan.analysis.liveness import ProcessId
 from titan.telemetry.events import Step
+from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, EventTail, read_last_events
 from tui.app import TitanConsole
 from tui.curve import MAX_POINTS

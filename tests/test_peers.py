@@ -11,7 +11,7 @@ from pathlib import Path
 
 from helpers import events
 
-from titan.analysis.liveness import HEARTBEAT_TIMEOUT_S, heartbeat_allowance_s, read_beats
+from titan.telemetry.heartbeat import HEARTBEAT_TIMEOUT_S, heartbeat_allowance_s, read_beats
 from titan.telemetry.records import RunRecord, write_json_atomic
 from titan.trainer.peers import PeerWatch, lost_processes
 from titan.trainer.processes import PROCESSES_DIR, Heartbeat

@@ -27,13 +27,13 @@ from helpers import (
 )
 
 import titan.trainer.train as train_module
-from titan.analysis.liveness import BEAT_INTERVAL_S
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
 from titan.ops import Ops
 from titan.stopping import PHASES
 from titan.telemetry.events import RunEnd
+from titan.telemetry.heartbeat import BEAT_INTERVAL_S
 from titan.telemetry.records import EVENTS_FILE, DiskFull, RunRecord, disk_full
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule
 from titan.trainer.processes import Heartbeat

@@ -16,11 +16,11 @@ from samples import copy_sample_runs, sample_run_dirs
 from test_ettr import crash_then_resume
 
 from titan.analysis import summarize
-from titan.analysis.liveness import ProcessId
 from titan.cli import main
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE
 from titan.telemetry.events import RunEnd, RunStart, Step, parse_event
+from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, RunRecord
 
 

@@ -34,10 +34,11 @@ from typing import Any
 
 import psutil
 
-from titan.analysis.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness, ProcessId
+from titan.analysis.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness
 from titan.config import Option, TrainConfig, check_run_id, option_fields
 from titan.data.mixture import check_inputs
 from titan.errors import TitanError
+from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import (
     EVENTS_FILE,
     default_runs_root,

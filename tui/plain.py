@@ -57,6 +57,17 @@ class PlainText(Text):
         return text
 
 
+# Presets, layouts and statuses longer than these (a custom shape spells out its fields; a
+# record may hold any status text) are cut in tables, ending in "…"; a run's detail and its
+# monitor show the whole of them.
+PRESET_WIDTH, LAYOUT_WIDTH, STATUS_WIDTH = 28, 24, 16
+
+
+def short(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, its end replaced by "…" when cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def plain(value: object) -> PlainText:
     """``value`` (``str()`` of it) as inert plain text."""
     return PlainText(inert(value), no_wrap=True, end="")

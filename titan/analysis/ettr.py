@@ -60,7 +60,9 @@ Assumptions, stated because the records cannot show otherwise:
   loop's own timer. When an attempt's durations add up to more than its wall time (beyond
   :data:`CLOCK_SLACK_S` or :data:`CLOCK_SLACK_FRACTION`), the clock went backwards during
   it, and ETTR and goodput are None (unknown) rather than a ratio above what the record shows.
-- A duration that is not a finite positive number counts as 0. A ``setup_start`` after its
+- A duration that is missing counts as 0. One that is recorded but is not a finite number of
+  at least 0 (a corrupt or hand-edited record) counts as 0 and makes ETTR and goodput None:
+  a ratio built on it would be no measurement. A ``setup_start`` after its
   ``run_start``, before the start of the process that wrote it (``process.started``) or before
   the previous attempt's end is not believed: that attempt counts from its ``run_start``.
 - A ``--remat auto`` candidate compiled and then passed over (over the usable memory) has its
@@ -156,6 +158,19 @@ class Attempt:
     surviving_upto: int | None = None
     # (step number, compute seconds) of each step, in order.
     steps: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    # recorded durations that are not a finite number of at least 0 (:meth:`duration`)
+    unreadable: int = 0
+
+    def duration(self, value: float | None) -> float:
+        """Seconds of a duration read from the record: the value when it is a finite number
+        of at least 0, else 0; a value recorded but not such a number counts in
+        :attr:`unreadable`."""
+        if value is None:
+            return 0.0
+        if _is_finite(value) and value >= 0:
+            return float(value)
+        self.unreadable += 1
+        return 0.0
 
     @property
     def wall_s(self) -> float:
@@ -234,12 +249,18 @@ class Goodput:
     def ettr(self) -> float | None:
         """Kokolis et al. 2024: productive runtime / available wall-clock time; None when
         nothing was available or the record's clock is not believed (:attr:`clock_believed`:
-        the ratio of two clocks that disagree is no measurement). At most 1: durations that
-        exceed the wall time within the clocks' slack (:data:`CLOCK_SLACK_S`) read as 1."""
+        the ratio of two clocks that disagree is no measurement), or a recorded duration is
+        unreadable (:attr:`unreadable`). At most 1: durations that exceed the wall time within
+        the clocks' slack (:data:`CLOCK_SLACK_S`) read as 1."""
         available = self.available_s
-        if available <= 0 or not self.clock_believed:
+        if available <= 0 or not self.clock_believed or self.unreadable:
             return None
         return min(1.0, self.productive_s / available)
+
+    @property
+    def unreadable(self) -> int:
+        """Recorded durations that are not a finite number of at least 0, over all attempts."""
+        return sum(a.unreadable for a in self.attempts)
 
     @property
     def goodput(self) -> float | None:
@@ -260,6 +281,7 @@ class Goodput:
             "badput": {k: (v / available if available > 0 else None) for k, v in badput.items()},
             "data_wait_recorded": self.data_wait_recorded,
             "clock_believed": self.clock_believed,
+            "unreadable_durations": self.unreadable,
             "attempts": [
                 {
                     "index": a.index,
@@ -300,11 +322,6 @@ def _is_finite(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def _seconds(value: float | None) -> float:
-    """A duration read from a record: the value when it is a finite positive number, else 0."""
-    return value if _is_finite(value) and value > 0 else 0.0
-
-
 def _attempt_start(start: RunStart, earliest: float) -> float:
     """When an attempt began (module docstring): its ``setup_start`` where the record's value
     can be believed, a finite number not after its ``run_start``, and not before the start of
@@ -338,7 +355,7 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
     saw_data_wait = False
     for event in events[1:]:
         if isinstance(event, Compile):
-            seconds = _seconds(event.seconds)
+            seconds = attempt.duration(event.seconds)
             began = event.written_time - seconds
             if began < attempt.start:  # before the attempt's start (module docstring)
                 attempt.startup_compile_s += seconds
@@ -347,26 +364,26 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
             if first_step_start is None:
                 counted_before_steps += seconds
         elif isinstance(event, PinnedHost):
-            seconds = _seconds(event.seconds)
+            seconds = attempt.duration(event.seconds)
             attempt.checkpoint_save_s += seconds
             if first_step_start is None:
                 counted_before_steps += seconds
         elif isinstance(event, Checkpoint | CheckpointFailed):
-            seconds = _seconds(event.seconds)
+            seconds = attempt.duration(event.seconds)
             attempt.checkpoint_save_s += seconds
             save_since_step += seconds
             if isinstance(event, Checkpoint):
                 attempt.last_checkpoint = event.step
         elif isinstance(event, Eval):
-            attempt.eval_s += _seconds(event.seconds)
+            attempt.eval_s += attempt.duration(event.seconds)
         elif isinstance(event, Stall):
             attempt.stalls += 1
         elif isinstance(event, RunEnd):
             attempt.status = event.status or CRASHED
             attempt.last_step = event.step or attempt.last_step
         elif isinstance(event, Step):
-            step_time = _seconds(event.step_time_s)
-            wait = _seconds(event.data_wait_s)
+            step_time = attempt.duration(event.step_time_s)
+            wait = attempt.duration(event.data_wait_s)
             saw_data_wait |= event.data_wait_s is not None
             if first_step_start is None:
                 first_step_start = event.written_time - step_time

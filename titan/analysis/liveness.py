@@ -2,7 +2,7 @@
 monitor, History) and ``titan summarize``.
 
 A run's processes say who they are in three places, each a :class:`ProcessId` (host, pid,
-process group, start time):
+process group, start time; :mod:`titan.telemetry.heartbeat`, the side a run writes):
 
 - ``launch.json``: written by the console's launcher when it starts ``titan train``, before the
   child has written anything (:data:`LAUNCH_FILE`);
@@ -21,9 +21,10 @@ rule that applies giving the state:
    host a pid cannot be checked; there a heartbeat older than the run's allowance
    (:func:`heartbeat_allowance_s`) is dead. A record that names no process (written before
    processes were recorded) is dead once its last event is older than
-   :data:`titan.analysis.ettr.RUNNING_WINDOW_S`. A dead run says when it was last seen
-   alive (the newest heartbeat or event) and why, naming the lost process (host, pid, process
-   id).
+   :data:`titan.analysis.ettr.RUNNING_WINDOW_S` (its time, but never later than the record's
+   modification time: a clock set ahead does not keep it alive). A dead run says when it was
+   last seen alive (the newest heartbeat or event) and why, naming the lost process (host, pid,
+   process id).
 3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
    devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
    process whose ``stderr.log`` (or, without one, ``events.jsonl``) has not changed for
@@ -56,179 +57,32 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
-
-import psutil
 
 from titan.analysis.ettr import RUNNING_WINDOW_S
 from titan.formatting import format_clock
-from titan.reading import open_regular, parse_json
+from titan.reading import open_regular
 from titan.telemetry.events import Event, RunEnd, RunStart, Stall
+from titan.telemetry.heartbeat import (
+    HEARTBEAT_TIMEOUT_S,
+    ProcessBeat,
+    ProcessId,
+    heartbeat_allowance_s,
+    read_beats,
+    read_small_json,
+)
 from titan.telemetry.records import EVENTS_FILE
 
 LAUNCH_FILE = "launch.json"
-PROCESSES_DIR = "processes"
 STDERR_LOG = "stderr.log"
-# A heartbeat thread rewrites processes/<id>.json this often (seconds).
-BEAT_INTERVAL_S = 1.0
-# The longest heartbeat allowance (heartbeat_allowance_s): thirty missed beats, so a thread
-# starved for a while by a busy process is not taken for a lost one, and under JAX's own
-# coordination timeout (100 s), so the record names the lost process first.
-HEARTBEAT_TIMEOUT_S = 30.0
-# The shortest allowance: three missed beats.
-MIN_ALLOWANCE_BEATS = 3
-# Start times are read from /proc (clock ticks since boot, 1/100 s on Linux, plus the boot time,
-# a whole second): the same process reads within this of its recorded start time.
-START_TIME_TOLERANCE_S = 1.0
 # Bytes read from the end of stderr.log for a failed launch's reason.
 _STDERR_TAIL_BYTES = 4096
 
 STARTING, RUNNING, STALLED, DEAD, FAILED = "starting", "running", "stalled", "dead", "failed"
 UNRESPONSIVE = "unresponsive"
-
-
-def heartbeat_allowance_s(watchdog_floor_s: float | None = None) -> float:
-    """Seconds a process of a run may go without a heartbeat before it counts as unresponsive
-    (on this host) or lost (elsewhere, and for the peer watch): :data:`HEARTBEAT_TIMEOUT_S`,
-    or the run's ``--watchdog-floor`` when that is shorter (a run that allows short stalls also
-    notices a silent process soon), never under :data:`MIN_ALLOWANCE_BEATS` beats.
-
-    Args:
-        watchdog_floor_s: the run's ``--watchdog-floor`` in seconds (None: not recorded).
-    """
-    if watchdog_floor_s is None:
-        return HEARTBEAT_TIMEOUT_S
-    return max(MIN_ALLOWANCE_BEATS * BEAT_INTERVAL_S, min(HEARTBEAT_TIMEOUT_S, watchdog_floor_s))
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    """``value`` is a JSON integer (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class ProcessId:
-    """Who one process of a run is.
-
-    Attributes:
-        host: ``socket.gethostname()`` of its machine.
-        pid: its process id there.
-        pgid: its process group (a stop signals the group).
-        started: unix seconds it started (psutil's ``create_time``: /proc's start time).
-        process: its index among the run's processes (``jax.process_index()``; 0 when one).
-    """
-
-    host: str
-    pid: int
-    pgid: int
-    started: float
-    process: int = 0
-
-    @classmethod
-    def current(cls, process: int = 0) -> ProcessId:
-        """The calling process."""
-        return cls(
-            socket.gethostname(),
-            os.getpid(),
-            os.getpgid(0),
-            psutil.Process().create_time(),
-            process,
-        )
-
-    @classmethod
-    def of(cls, record: Any) -> ProcessId | None:
-        """The identity held by a record's dict (``run_start.process``, a heartbeat or launch
-        file); None when a field is missing or of another type (a hostile or older record)."""
-        if not isinstance(record, dict):
-            return None
-        host, pid, pgid = record.get("host"), record.get("pid"), record.get("pgid")
-        started, process = record.get("started"), record.get("process", 0)
-        if not (
-            isinstance(host, str)
-            and _is_int(pid)
-            and _is_int(pgid)
-            and _is_int(process)
-            and isinstance(started, int | float)
-        ):
-            return None
-        return cls(host, pid, pgid, float(started), process)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "started": self.started,
-            "process": self.process,
-        }
-
-    @property
-    def local(self) -> bool:
-        """Whether it runs on this host (only then can its pid be checked or signalled)."""
-        return self.host == socket.gethostname()
-
-    def name(self) -> str:
-        """``process 0 (pid 123 on host)``."""
-        return f"process {self.process} (pid {self.pid} on {self.host})"
-
-    def gone(self) -> str | None:
-        """Why this process, on this host, is not running any more (None: it runs).
-
-        Raises:
-            ValueError: it is on another host (:attr:`local` is False).
-        """
-        if not self.local:
-            raise ValueError(f"{self.name()} is on another host")
-        try:
-            proc = psutil.Process(self.pid)
-            started, status = proc.create_time(), proc.status()
-        except psutil.NoSuchProcess:
-            return f"{self.name()} is gone"
-        except psutil.AccessDenied:
-            return None  # exists, but another user's: it cannot be told apart, take it as alive
-        if abs(started - self.started) > START_TIME_TOLERANCE_S:
-            when = format_clock(started, "%H:%M:%S")
-            return f"pid {self.pid} is now another process (started {when})"
-        if status == psutil.STATUS_ZOMBIE:
-            return f"{self.name()} has exited"
-        return None
-
-
-@dataclass(frozen=True)
-class ProcessBeat:
-    """One ``processes/<id>.json``.
-
-    Attributes:
-        id: the process's identity.
-        processes: how many processes the run has.
-        step: last step it reported (None before the first).
-        beat: unix seconds of its last beat.
-        status: ``running``, then the run's ``run_end`` status.
-    """
-
-    id: ProcessId
-    processes: int
-    step: int | None
-    beat: float
-    status: str
-
-    @classmethod
-    def of(cls, record: Any) -> ProcessBeat | None:
-        """The beat of a heartbeat file's JSON; None when it is not one."""
-        identity = ProcessId.of(record)
-        if identity is None:
-            return None
-        count, step = record.get("processes"), record.get("step")
-        beat, status = record.get("beat"), record.get("status")
-        if not isinstance(count, int) or not isinstance(beat, int | float):
-            return None
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
-        return cls(identity, count, step, float(beat), status if isinstance(status, str) else "?")
 
 
 @dataclass(frozen=True)
@@ -326,19 +180,9 @@ class Liveness:
         return text
 
 
-def read_beats(run_dir: Path) -> list[ProcessBeat]:
-    """The heartbeat files of a run, by process index (files that are not one are skipped)."""
-    beats = []
-    for path in sorted(Path(run_dir, PROCESSES_DIR).glob("*.json")):
-        beat = ProcessBeat.of(read_json(path))
-        if beat is not None:
-            beats.append(beat)
-    return sorted(beats, key=lambda b: b.id.process)
-
-
 def read_launch(run_dir: Path) -> ProcessId | None:
     """The process the console's launcher started for the run (``launch.json``), or None."""
-    return ProcessId.of(read_json(Path(run_dir) / LAUNCH_FILE))
+    return ProcessId.of(read_small_json(Path(run_dir) / LAUNCH_FILE))
 
 
 def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Liveness:
@@ -371,8 +215,7 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
             return Liveness(FAILED, reason, last_seen, lost, None, ended, beats, allowance)
         return Liveness(DEAD, why, last_seen, lost, None, ended, beats, allowance)
     if not known:
-        last_seen = last_seen or _mtime(Path(run_dir) / STDERR_LOG)
-        last_seen = last_seen or _mtime(Path(run_dir) / EVENTS_FILE)
+        last_seen = _last_write(run_dir, last_seen)
         if last_seen is not None and now - last_seen > RUNNING_WINDOW_S:
             silent = f"no process recorded and nothing written for {now - last_seen:.0f} s"
             if not facts.started:
@@ -455,18 +298,20 @@ def _stderr_reason(run_dir: Path) -> str:
     return ""
 
 
+def _last_write(run_dir: Path, last_event_at: float | None) -> float | None:
+    """When a run without a recorded process last wrote (unix s): its last event's time, but
+    never after the record's own modification time (an event time in the future, from a clock
+    set wrong, would keep the run alive until then); without events, ``stderr.log``'s or the
+    record's modification time."""
+    written = _mtime(Path(run_dir) / EVENTS_FILE)
+    if last_event_at is None:
+        return _mtime(Path(run_dir) / STDERR_LOG) or written
+    return last_event_at if written is None else min(last_event_at, written)
+
+
 def _mtime(path: Path) -> float | None:
     """When ``path`` was last written (unix s), or None when it is missing."""
     try:
         return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
-def read_json(path: Path) -> Any:
-    """The JSON of a small file, or None when it is missing, unreadable or not JSON."""
-    try:
-        with open_regular(path) as f:
-            return parse_json(f.read(1 << 16))
     except OSError:
         return None

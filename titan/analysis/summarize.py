@@ -110,6 +110,7 @@ from titan.telemetry.events import (
     Step,
     parse_event,
 )
+from titan.telemetry.heartbeat import HEARTBEAT_TIMEOUT_S, ProcessId
 from titan.telemetry.records import EVENTS_FILE, check_runs_root
 
 DB_FILE = "titan.duckdb"
@@ -890,15 +891,13 @@ def _liveness(
     and its run dir (the dir of its events file ``path``)."""
     facts = liveness.RecordFacts(
         started=isinstance(start, RunStart),
-        process=liveness.ProcessId.of(start.process) if isinstance(start, RunStart) else None,
+        process=ProcessId.of(start.process) if isinstance(start, RunStart) else None,
         end_status=end.status if isinstance(end, RunEnd) else None,
         end_error=end.error if isinstance(end, RunEnd) else None,
         last_event_at=last_at,
         stalled=stalled,
         allowance_s=(
-            liveness.run_allowance_s(start)
-            if isinstance(start, RunStart)
-            else liveness.HEARTBEAT_TIMEOUT_S
+            liveness.run_allowance_s(start) if isinstance(start, RunStart) else HEARTBEAT_TIMEOUT_S
         ),
     )
     return liveness.judge(Path(path).parent if path else Path(run_id), facts)

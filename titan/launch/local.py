@@ -50,7 +50,9 @@ from titan.launch.aborts import AbortText
 
 PLATFORMS = ("auto", "cpu", "gpu")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-KILL_AFTER_S = 45.0  # past liveness.HEARTBEAT_TIMEOUT_S: survivors first record the lost one
+KILL_AFTER_S = (
+    45.0  # past titan.telemetry.heartbeat.HEARTBEAT_TIMEOUT_S: survivors first record the lost one
+)
 # A stop checkpoints first: the grace covers writing a large model's checkpoint to local disk.
 STOP_GRACE_S = 300.0
 # Each child is one JAX process (an interpreter, XLA's thread pool, a gloo or NCCL peer); past a

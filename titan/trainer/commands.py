@@ -48,7 +48,8 @@ def add_parser(subparsers: Any) -> None:
         "--print-config",
         action="store_true",
         help="print the resolved config (defaults, --config file, --resume run, flags) as TOML "
-        "and exit",
+        "and exit; each option is checked, but the layout is not held against devices (no "
+        "device is asked for: that check comes when the run starts)",
     )
     files.add_argument(
         "--resume",

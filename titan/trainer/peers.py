@@ -5,7 +5,7 @@ background thread (:class:`PeerWatch`, once a second), whatever the training loo
 reads the others' files on the same beat:
 
 - A process whose status is ``running`` and whose heartbeat is older than the run's allowance
-  (:func:`titan.analysis.liveness.heartbeat_allowance_s`: 30 s, or ``--watchdog-floor``
+  (:func:`titan.telemetry.heartbeat.heartbeat_allowance_s`: 30 s, or ``--watchdog-floor``
   when that is shorter; the console and ``titan summarize`` use the same) is **lost**: killed,
   crashed or cut off (a process stuck in a collective still beats; the stall watchdog covers
   it). The first process to see it ends the run: the writer (process 0) records ``run_end``
@@ -29,14 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titan.analysis.liveness import (
-    BEAT_INTERVAL_S,
-    ProcessBeat,
-    read_beats,
-    read_json,
-)
 from titan.parallel.distributed import process_count, process_index
 from titan.telemetry.events import RunEnd, Stall
+from titan.telemetry.heartbeat import BEAT_INTERVAL_S, ProcessBeat, read_beats, read_small_json
 from titan.telemetry.records import RunRecord
 from titan.telemetry.ticker import Ticker
 from titan.trainer.processes import PROCESSES_DIR, STALL_FIELDS, Heartbeat
@@ -59,7 +54,7 @@ class LostProcess:
 
 def lost_processes(beats: list[ProcessBeat], now: float, after_s: float) -> list[LostProcess]:
     """The processes among ``beats`` (not this one) still ``running`` that are gone: on this
-    host, by their pid (:meth:`titan.analysis.liveness.ProcessId.gone`: at once); on any
+    host, by their pid (:meth:`titan.telemetry.heartbeat.ProcessId.gone`: at once); on any
     host, by a last beat (Unix seconds) more than ``after_s`` before ``now``."""
     lost = []
     for beat in beats:
@@ -131,7 +126,7 @@ class PeerWatch:
 
     def _record_stalls(self) -> None:
         for path in sorted((self.run_dir / PROCESSES_DIR).glob("*.json")):
-            beat = read_json(path)
+            beat = read_small_json(path)
             index = beat.get("process") if isinstance(beat, dict) else None
             stall = beat.get("stall") if isinstance(index, int) else None
             if not isinstance(index, int) or index == 0 or not isinstance(stall, dict):

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from titan.analysis.liveness import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
 from titan.data.tokenizer import Tokenizer
 from titan.parallel.distributed import (
     barrier,
@@ -37,6 +36,7 @@ from titan.parallel.distributed import (
     process_index,
 )
 from titan.telemetry.events import Stall
+from titan.telemetry.heartbeat import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
 from titan.telemetry.records import EventT, RunRecord, new_run_id, write_json_atomic
 from titan.telemetry.ticker import Ticker
 
@@ -98,7 +98,7 @@ class MutedRecord(RunRecord):
 
 class Heartbeat:
     """This process's ``processes/<id>.json``, rewritten (atomically) every
-    :data:`~titan.analysis.liveness.BEAT_INTERVAL_S` by a thread between :meth:`start`
+    :data:`~titan.telemetry.heartbeat.BEAT_INTERVAL_S` by a thread between :meth:`start`
     and :meth:`stop`, whatever the loop is doing (a hung step still beats: the process is alive;
     its ``step`` does not move), and by the loop at most as often; after a stall it also holds
     the stall (:meth:`stalled`), which the writer records (:mod:`titan.trainer.peers`)."""

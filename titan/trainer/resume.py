@@ -4,6 +4,7 @@ the allowed overrides of the command line, read without JAX (``--print-config`` 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,19 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     placed = sorted({"runs_root", "run_id"} & explicit.keys())
     if placed:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
-    placement = {"runs_root": str(run_dir.parent), "run_id": run_dir.name}
+    whole = Path(os.path.abspath(run_dir))  # `--resume .` names its run too
+    placement = {"runs_root": _runs_root(saved.run.runs_root, whole.parent), "run_id": whole.name}
     changes = {**pipeline_reset(explicit), **explicit}
     return resumed_config(saved, changes).replace(**placement)
+
+
+def _runs_root(saved: str | None, parent: Path) -> str:
+    """The runs root a resume records: the saved one where it names ``parent``, the absolute
+    folder of the run (however ``--resume`` spells the path), else ``parent`` (the run was
+    moved; a relative path would hang on the directory the resume was started in)."""
+    if saved and Path(saved).resolve() == parent.resolve():
+        return saved
+    return str(parent)
 
 
 def check_record(run_dir: Path) -> None:

@@ -50,7 +50,6 @@ from typing import Any
 
 import jax
 
-from titan.analysis.liveness import ProcessId, heartbeat_allowance_s
 from titan.config import (
     CheckpointOptions,
     ComputeOptions,
@@ -83,6 +82,7 @@ from titan.shapes import ModelConfig
 from titan.stopping import StopFlag, stopped_at_start
 from titan.telemetry.env import capture_environment
 from titan.telemetry.events import CheckpointUnrestorable, Compile, RunEnd, RunStart
+from titan.telemetry.heartbeat import ProcessId, heartbeat_allowance_s
 from titan.telemetry.mfu import FlopsMeter, device_peak
 from titan.telemetry.power import PowerSampler, open_reader
 from titan.telemetry.profile import StepProfiler

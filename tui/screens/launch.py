@@ -74,6 +74,7 @@ class LaunchScreen(Screen[None]):
         self.texts = texts or default_texts(runs_root)
         self.sub_title = inert(f"resume {resume}") if resume else "launch a training run"
         self._launching = False
+        self._error = ""  # the error shown under the form
         self._preset = "defaults"  # the form preset the Select shows
 
     def compose(self) -> ComposeResult:
@@ -121,6 +122,14 @@ class LaunchScreen(Screen[None]):
         for row in self.query(OptionInput):
             row.control.value = texts[row.option_name]
         self._show_error("")  # an error about the texts replaced no longer applies
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    def _edited(self, event: Input.Changed | Select.Changed) -> None:
+        """An edit of a field clears the error shown: it was about the texts before the edit
+        (the next Launch checks them again)."""
+        if event.control.id != "preset" and self._error:
+            self._show_error("")
 
     @on(Input.Submitted)
     def _next_field(self) -> None:
@@ -186,6 +195,7 @@ class LaunchScreen(Screen[None]):
     def _show_error(self, error: str) -> None:
         """Show ``error`` under the form (``""`` clears it), notify, and focus the field of the
         flag it names."""
+        self._error = error
         self.query_one("#launch-error", Static).update(error)
         flag = _first_flag(error)
         for row in self.query(OptionInput):

@@ -17,9 +17,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from titan.analysis.liveness import Liveness, ProcessId
+from titan.analysis.liveness import Liveness
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
+from titan.telemetry.heartbeat import ProcessId
 from tui.console_app import console_app
 from tui.launcher import LaunchedRun, signal_run
 from tui.run_state import RunState

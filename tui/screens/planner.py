@@ -29,7 +29,9 @@ class PlannerScreen(Screen[None]):
     """The form (left) and the plan (right). Each change restarts a short timer; when it fires
     a thread worker runs :func:`~tui.planner_form.plan_report` (the code of ``titan plan``) and
     posts :class:`Planned`. A bad field shows the planner's one-line error. ``ctrl+t`` sends the
-    plan shown (the best of a search) to the launch form (:class:`TrainPlan`)."""
+    plan shown (the best of a search) to the launch form (:class:`TrainPlan`), only while that
+    plan is the one of the form's texts: not while a change waits for its plan, nor while a bad
+    field leaves the last valid plan on show."""
 
     CSS_PATH = "planner.tcss"
     # The first field has focus as the form opens, so typed keys go to it (never to bindings).
@@ -38,8 +40,10 @@ class PlannerScreen(Screen[None]):
 
     @dataclass
     class Planned(Message):
-        """A plan report, or the error that stopped it (posted by the worker)."""
+        """A plan report, or the error that stopped it, for the form's ``texts`` (posted by the
+        worker)."""
 
+        texts: dict[str, str]
         report: dict[str, Any] | None
         error: str = ""
 
@@ -53,6 +57,8 @@ class PlannerScreen(Screen[None]):
         super().__init__()
         self.sub_title = "budget planner (titan plan)"
         self.report: dict[str, Any] | None = None
+        # Whether ``report`` is the plan of the form's texts as they stand.
+        self.current = False
         self._timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
@@ -79,6 +85,8 @@ class PlannerScreen(Screen[None]):
     @on(Input.Changed)
     @on(Select.Changed)
     def _changed(self) -> None:
+        self.current = False
+        self.refresh_bindings()
         if self._timer is not None:
             self._timer.stop()
         self._timer = self.set_timer(_DEBOUNCE_S, self._recompute)
@@ -98,28 +106,31 @@ class PlannerScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="plan")
     def _plan(self, texts: dict[str, str]) -> None:
         try:
-            self.post_message(self.Planned(plan_report(texts)))
+            self.post_message(self.Planned(texts, plan_report(texts)))
         except TitanError as err:
-            self.post_message(self.Planned(None, str(err)))
+            self.post_message(self.Planned(texts, None, str(err)))
 
     def on_planner_screen_planned(self, message: PlannerScreen.Planned) -> None:
+        if message.texts != self.texts():  # the form changed since: its own plan follows
+            return
         help_static = self.query_one("#plan-help", Static)
         help_static.set_class(bool(message.error), "-error")
         tables = self.query_one(PlanTables)
         tables.set_class(bool(message.error), "-stale")
         if message.error:  # the tables still show the last valid input's plan: dimmed, labelled
             help_static.update(f"{message.error} (results below are for the last valid input)")
+            self.refresh_bindings()
             return
         help_static.update("")
         assert message.report is not None  # a plan without an error
-        self.report = message.report
+        self.report, self.current = message.report, True
         tables.show(message.report)
         self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """``train_plan`` only once there is a valid plan (shown dimmed before)."""
+        """``train_plan`` only with the plan of the form's texts (shown dimmed otherwise)."""
         if action == "train_plan":
-            return bool(self.report and self.report.get("train_options")) or None
+            return bool(self.current and self.report and self.report.get("train_options")) or None
         return True
 
     def action_train_plan(self) -> None:

@@ -15,7 +15,7 @@ from textual.widgets.data_table import ColumnKey
 
 from titan.formatting import format_clock
 from tui.history import HistoryPage, HistoryQuery, HistoryRow
-from tui.plain import cell
+from tui.plain import LAYOUT_WIDTH, PRESET_WIDTH, STATUS_WIDTH, cell, short
 from tui.widgets.plain_table import PlainTable
 
 COLUMNS = (
@@ -56,9 +56,9 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
     started = format_clock(row.started_at, "%Y-%m-%d %H:%M")
     return (
         row.run_id,
-        row.status,
-        row.preset or "-",
-        row.layout or "-",
+        short(row.status, STATUS_WIDTH),
+        short(row.preset or "-", PRESET_WIDTH),
+        short(row.layout or "-", LAYOUT_WIDTH),
         num(row.devices, "d"),
         num(row.steps, "d"),
         num(row.tokens_per_s, ",.0f"),
@@ -76,7 +76,8 @@ class HistoryTable(PlainTable):
     moving past the first or last row of the page post :class:`QueryChanged`, and the screen
     fetches that page in a worker and calls :meth:`show`. ``space`` marks a run for comparison;
     ``enter`` selects (``DataTable.RowSelected``). Cells are inert plain text
-    (:func:`tui.plain.cell`); the run column comes first and is never truncated."""
+    (:func:`tui.plain.cell`); the run column comes first and is never truncated, a long status,
+    preset or layout is cut (:func:`tui.plain.short`)."""
 
     BINDINGS = [
         Binding("enter", "select_cursor", "Detail"),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from titan.analysis.liveness import Liveness, ProcessBeat
+from titan.analysis.liveness import Liveness
+from titan.telemetry.heartbeat import ProcessBeat
 from tui.plain import cell
 from tui.widgets.plain_table import PlainTable
 

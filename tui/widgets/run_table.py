@@ -9,13 +9,11 @@ from pathlib import Path
 from textual.binding import Binding
 
 from titan.inert import inert
-from tui.plain import PlainText, cell
+from tui.plain import PRESET_WIDTH, STATUS_WIDTH, PlainText, cell, short
 from tui.run_list import RunSummary
 from tui.widgets.plain_table import PlainTable
 
-# Presets, run names and statuses longer than these (a custom shape spells out its fields; a
-# record may hold any status text) are cut, ending in "…"; the monitor shows the whole of them.
-PRESET_WIDTH, RUN_WIDTH, STATUS_WIDTH = 28, 40, 16
+RUN_WIDTH = 40  # run names longer than this are cut (tui.plain.short)
 # The colour of each state: done is green, live cyan, a stop blue, a warning yellow, a failure
 # red, a lost or unreadable run magenta. Each is the RGB of a bright ANSI colour (Rich's
 # standard palette), which a 16-colour terminal is sent as that very ANSI colour. Not the ANSI
@@ -38,11 +36,6 @@ def status_cell(state: str) -> PlainText:
     """A state as inert text in its colour (:data:`STATUS_STYLES`; other text unstyled)."""
     text = short(inert(state), STATUS_WIDTH)
     return PlainText(text, style=STATUS_STYLES.get(state, ""), no_wrap=True, end="")
-
-
-def short(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, its end replaced by "…" when cut."""
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class RunTable(PlainTable):
