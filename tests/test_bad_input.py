@@ -411,6 +411,9 @@ CASES: dict[str, Case] = {
     # titan plan
     "plan_d_model_inf": Case(lambda p: [*PLAN_TINY[:2], "d_model=inf", *PLAN_TINY[3:]]),
     "plan_d_model_nan": Case(lambda p: [*PLAN_TINY[:2], "d_model=nan", *PLAN_TINY[3:]]),
+    "plan_a_dit_model": Case(
+        lambda p: [*PLAN_TINY[:2], "dit-tiny", *PLAN_TINY[3:]], "--model dit-tiny: a dit model"
+    ),
     "plan_from_with_gpus": Case(
         lambda p: ["plan", "--from", str(SAMPLE_RUN), "--gpus", "8"], "--gpus conflicts with --from"
     ),

@@ -459,14 +459,19 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture):
     assert "Quitting leaves started runs running" in text
 
 
-def test_run_option_must_name_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--run", str(tmp_path / "missing")])
-    assert exit_info.value.code == 2
-    assert (
-        capsys.readouterr().err
-        == f"titan-console: error: --run: no such folder: {tmp_path / 'missing'}\n"
-    )
+def test_run_option_must_name_a_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "empty").mkdir()
+    for name, problem in (
+        ("missing", "no such folder"),
+        ("file", "not a folder (give the run's folder)"),
+        ("empty", "not a run dir (no events.jsonl there)"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--run", str(tmp_path / name)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err == f"titan-console: error: --run {tmp_path / name}: {problem}\n"
 
 
 def test_exit_message_tells_how_to_follow_and_stop_runs_left_running(tmp_path: Path):

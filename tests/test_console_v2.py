@@ -226,7 +226,7 @@ async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Pat
     ]
     assert diff_rows[-1] == ["watchdog_floor", "5.0", "300.0"]
     assert curves == [(STALL_RUN, 23), (RESUMED_RUN, 40)]
-    assert stalls_log[:2] == ["1 stall(s)", "step of step 25: 9.9 s (allowance 9.4 s)"]
+    assert stalls_log[:2] == ["1 stall(s)", "step 25: 9.9 s (allowance 9.4 s)"]
     assert (summary["status"], summary["stalls"], summary["ETTR"]) == (
         "failed (stall)",
         1,
@@ -492,7 +492,7 @@ async def test_a_stall_of_a_real_run_appears_in_the_watchdog_panel(
     finally:
         kill_children(app)
     assert status == "failed: stalled in step for " + status.split(" for ")[-1]
-    assert stalls.startswith("1 · step of step 3: ")
+    assert stalls.startswith("1 · step 3: ")
     assert any("_debug_stall" in line for line in stack_lines)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
-from tui.curve import Curve, thin
+import pytest
+
+from tui.curve import Curve, nice_ticks, thin, tick_label
 
 
 def _wave(step: int) -> float:
@@ -51,3 +54,23 @@ def test_thin_keeps_each_columns_extremes_and_the_ends():
     every = [v for v in values if math.isfinite(v)]
     assert 7_777 in kept_steps and (min(finite), max(finite)) == (min(every), max(every))
     assert thin(steps[:80], values[:80], columns=40) == (steps[:80], values[:80])
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "most", "labels"),
+    [
+        (1, 200, 6, ["50", "100", "150", "200"]),  # plotext's own: 1.0 50.8 100.5 150.2 200.0
+        (0.67, 5.0, 5, ["1", "2", "3", "4", "5"]),
+        (0.0, 3e-4, 4, ["0", "0.0001", "0.0002", "0.0003"]),
+        (1, 1_000_000, 8, ["200,000", "400,000", "600,000", "800,000", "1,000,000"]),
+        (-3, 7, 5, ["-2", "0", "2", "4", "6"]),
+        (4.0, 4.0, 5, ["4"]),
+        (1.0, math.inf, 5, []),
+    ],
+)
+def test_axis_ticks_are_evenly_spaced_round_numbers(low, high, most, labels):
+    ticks = nice_ticks(low, high, most)
+    assert [tick_label(t) for t in ticks] == labels
+    assert all(low <= t <= high for t in ticks) and len(ticks) <= max(most, 2)
+    gaps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
+    assert len(gaps) <= 1

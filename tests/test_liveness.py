@@ -301,3 +301,17 @@ def test_a_record_without_a_process_whose_events_are_dated_ahead_still_dies(tmp_
     judged = judge(run_dir, _facts(run_dir), now=now)
     assert (judged.state, judged.last_seen) == (DEAD, written)
     assert judged.reason == "no process recorded and nothing written for 3600 s"
+
+
+def test_a_record_cut_before_run_start_takes_the_status_its_heartbeats_ended_with(tmp_path: Path):
+    run_dir = tmp_path / "cut"
+    me = ProcessId.current()
+    gone = ProcessId(me.host, me.pid, me.pgid, me.started - 3600.0)  # an earlier process
+    (run_dir / PROCESSES_DIR).mkdir(parents=True)
+    beat = {**gone.as_dict(), "processes": 1, "step": 8, "beat": time.time(), "status": "completed"}
+    write_json_atomic(run_dir / PROCESSES_DIR / "0.json", beat)
+    (run_dir / "events.jsonl").write_text('{"schema": 1, "type": "run_st')  # cut short
+    judged = judge(run_dir, _facts(run_dir))
+    assert judged.state == "completed"
+    assert judged.reason == "the record holds no run_end; the heartbeat of process 0 says completed"
+    assert judged.control is None

@@ -60,18 +60,24 @@ def assert_every_checkpoint_finite(run_dir: Path) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_poisoned_batch_is_skipped_and_recorded_and_the_run_completes(layout, corpus_dir, tmp_path):
+def test_poisoned_batch_is_skipped_and_recorded_and_the_run_completes(
+    layout, corpus_dir, tmp_path, capsys
+):
     options = small_run(
         corpus_dir,
         tmp_path,
         run_id=layout,
         steps=4,
         checkpoint_every=1,
+        log_every=1,
         debug_nonfinite_at_step=3,
         **LAYOUTS[layout],
     )
     code, run_dir = run_in_process(options)
     assert code == 0
+    [line] = [s for s in capsys.readouterr().out.splitlines() if s.startswith("step 3/4")]
+    assert line.startswith("step 3/4  loss nan  grad_norm nan  lr ")
+    assert line.endswith(" (update skipped)")
     steps = {e["step"]: e for e in events(run_dir, "step")}
     assert steps[3]["skipped"] is True
     assert steps[3]["nonfinite"] == {"loss": "nan", "grad_norm": "nan"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -77,6 +78,39 @@ def test_csv_export_holds_every_step(finished_run, tmp_path):
     assert [int(r["step"]) for r in rows] == [e["step"] for e in steps]
     assert [float(r["train/loss"]) for r in rows] == pytest.approx([e["loss"] for e in steps])
     assert float(rows[0]["time"]) == pytest.approx(steps[0]["time"])
+
+
+@pytest.mark.parametrize("name", ["events.jsonl", "config.json"])
+def test_csv_export_never_replaces_a_file_of_the_run_even_with_force(
+    finished_run, tmp_path, capsys, name
+):
+    run = shutil.copytree(finished_run, tmp_path / "run")
+    before = (run / name).read_bytes()
+    assert main(["export", "csv", str(run), "--out", str(run / name), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file of the run" in err
+    assert (run / name).read_bytes() == before
+    assert main(["export", "csv", str(run), "--out", str(run / "metrics.csv"), "--force"]) == 0
+
+
+def test_csv_export_refuses_a_device_or_fifo_as_out(finished_run, tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for out in (fifo, Path("/dev/null")):
+        assert main(["export", "csv", str(finished_run), "--out", str(out), "--force"]) == 2
+        assert "is not a regular file" in capsys.readouterr().err
+    assert fifo.is_fifo() and Path("/dev/null").is_char_device()
+
+
+def test_wandb_offline_export_into_a_dir_it_cannot_write_is_one_line_exit_2(
+    finished_run, tmp_path, capsys
+):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        assert main(["export", "wandb-offline", str(finished_run), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--out {out}" in err, err
 
 
 @pytest.mark.slow

@@ -94,7 +94,7 @@ def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
     assert main(["train", "--resume", str(run_dir), "--steps", "7"]) == 0
     err = capsys.readouterr().err
     assert (
-        "titan: resuming from step 4: to step 7; learning rate: cosine to 1.00e-04 at step 4, "
+        "titan: resuming from step 4: to step 7; learning rate: cosine to 1.00e-04 after step 4, "
         "then constant (--decay-steps sets where the decay ends)"
     ) in err
     lrs = [e["lr"] for e in events(run_dir, "step")]
@@ -294,9 +294,9 @@ def test_a_warmup_as_long_as_the_schedule_is_said_and_described_as_the_rate_runs
     assert rates == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-4, 1e-4])
     assert warmup_note(opt) == (
         "--warmup-steps 10 is not below the schedule's 4 steps (--decay-steps, else --steps): "
-        "learning rate: linear warmup to 1.00e-03 at step 4, then 1.00e-04, with no decay"
+        "learning rate: linear warmup to 1.00e-03 after step 4, then 1.00e-04, with no decay"
     )
     assert warmup_note(TrainConfig.of(steps=5, warmup_steps=4).optimizer) is None
     assert schedule_text(TrainConfig.of(steps=90, decay_steps=50).optimizer) == (
-        "learning rate: cosine to 3.00e-04 at step 50, then constant"
+        "learning rate: cosine to 3.00e-04 after step 50, then constant"
     )

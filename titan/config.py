@@ -580,13 +580,18 @@ class OptimizerOptions:
     )
     warmup_steps: int = field(
         default=30,
-        metadata=_opt("--warmup-steps", "linear warmup steps before cosine decay", minimum=0),
+        metadata=_opt(
+            "--warmup-steps",
+            "linear warmup steps before cosine decay: step 1 trains at 0 and the rate reaches "
+            "--lr after this many steps (step N trains at the rate after N - 1 updates)",
+            minimum=0,
+        ),
     )
     decay_steps: int = field(
         default=0,
         metadata=_opt(
             "--decay-steps",
-            "step at which the cosine decay reaches --min-lr-ratio x --lr, which later steps "
+            "step after which the cosine decay reaches --min-lr-ratio x --lr, which later steps "
             "keep (0: --steps); a resumed run keeps its schedule's length unless this is given",
             minimum=0,
             resumable=True,

@@ -6,8 +6,10 @@ rate rises linearly from 0 to ``lr`` over ``warmup_steps`` and follows a cosine 
 ``lr * min_lr_ratio`` at ``decay_steps`` (``steps`` when 0) and stays there (Loshchilov & Hutter
 2017); a resumed run keeps the length it started with (:func:`titan.config_files.resumed_config`),
 so extending it continues at the minimum (MaxText's ``learning_rate_schedule_steps`` is the same
-separate length). Clipping by global norm: Pascanu et al. 2013. Optimizer moments are kept in
-the parameters' dtype (float32 master weights).
+separate length). Step N trains at the schedule's value after N - 1 updates, so step 1 trains at
+0 (as optax's ``warmup_cosine_decay_schedule`` and MaxText's warmup start) and a value reached
+"after step N" is the rate of step N + 1. Clipping by global norm: Pascanu et al. 2013.
+Optimizer moments are kept in the parameters' dtype (float32 master weights).
 
 A step whose loss or global gradient norm is not finite leaves the parameters and optimizer
 state as they were (:func:`finite_step`, :func:`keep_if_not_finite`, selected on the device),
@@ -36,15 +38,16 @@ def schedule_steps(opt: OptimizerOptions) -> tuple[int, int]:
 
 
 def schedule_text(opt: OptimizerOptions) -> str:
-    """The learning rate's course in words: ``learning rate: cosine to 3.00e-04 at step 20,
+    """The learning rate's course in words: ``learning rate: cosine to 3.00e-04 after step 20,
     then constant`` (``steps`` past the horizon), or, when the warmup takes the whole horizon,
-    ``linear warmup to 3.00e-03 at step 20, then 3.00e-04``."""
+    ``linear warmup to 3.00e-03 after step 20, then 3.00e-04`` (a value reached after step N is
+    the rate of step N + 1: module docstring)."""
     horizon, warmup = schedule_steps(opt)
     end = opt.lr * opt.min_lr_ratio
     if warmup == horizon:
-        return f"learning rate: linear warmup to {opt.lr:.2e} at step {horizon}, then {end:.2e}"
+        return f"learning rate: linear warmup to {opt.lr:.2e} after step {horizon}, then {end:.2e}"
     after = ", then constant" if opt.steps > horizon else ""
-    return f"learning rate: cosine to {end:.2e} at step {horizon}{after}"
+    return f"learning rate: cosine to {end:.2e} after step {horizon}{after}"
 
 
 def warmup_note(opt: OptimizerOptions) -> str | None:

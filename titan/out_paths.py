@@ -31,13 +31,31 @@ def check_file(out: Path, flag: str = "--out") -> Path:
     replaced; missing parent directories are created by the writer).
 
     Raises:
-        TitanError: ``out`` is a directory, or its nearest existing ancestor is not a writable
-            directory (one line naming ``flag`` and ``out``).
+        TitanError: ``out`` is a directory or another file than a regular one (a device, FIFO
+            or socket), or its nearest existing ancestor is not a writable directory (one line
+            naming ``flag`` and ``out``).
     """
     out = Path(out).absolute()
     if out.is_dir():
         raise TitanError(f"{flag} {out}: is a directory (give the file's path)")
+    if out.exists() and not out.is_file():
+        raise TitanError(f"{flag} {out}: is not a regular file (a device, FIFO or socket)")
     _check_parent(out, flag)
+    return out
+
+
+def check_dir(out: Path, flag: str = "--out") -> Path:
+    """``out`` made absolute, after checking files can be written in it (it exists and is a
+    writable directory, or can be created).
+
+    Raises:
+        TitanError: ``out`` is not a directory, or cannot be written or created (one line
+            naming ``flag`` and ``out``).
+    """
+    out = Path(out).absolute()
+    if out.exists() and not out.is_dir():
+        raise TitanError(f"{flag} {out}: is not a directory")
+    _check_parent(out / "probe", flag)
     return out
 
 

@@ -81,8 +81,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--model",
         metavar="PRESET|SHAPE",
-        help="a preset or d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. "
-        f"(as titan train --model takes it) {REQUIRED}",
+        help="a decoder preset (the llama family; diffusion models are not modelled) or "
+        "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as titan "
+        f"train --model takes it) {REQUIRED}",
     )
     p.add_argument("--gpu", help=f"GPU model: {', '.join(CATALOG)} {REQUIRED}")
     p.add_argument("--gpus", type=int, help=f"number of GPUs {REQUIRED}")
@@ -361,7 +362,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     """The :class:`PlanRequest` of the command line.
 
     Raises:
-        TitanError: unknown model or GPU, bad calibration file.
+        TitanError: unknown model or GPU, a model of another family than llama, bad
+            calibration file.
     """
     missing = [flag for flag in ("model", "gpu", "gpus", "tokens") if getattr(args, flag) is None]
     if missing:
@@ -371,8 +373,15 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     check_peak_dtype(gpu, compute)
     # The registry's SwiGLU: the fused Pallas kernel on accelerators, native on CPU.
     swiglu = "native" if gpu.name == "cpu" else "fused"
+    model = resolve_model(args.model)
+    if model.family != "llama":
+        raise TitanError(
+            f"--model {args.model}: a {model.family} model; titan plan models decoders (the "
+            "llama family), whose tokens are text: a diffusion model's memory and time are not "
+            "modelled"
+        )
     return PlanRequest(
-        model=resolve_model(args.model),
+        model=model,
         gpu=gpu,
         gpus=args.gpus,
         gpus_per_node=gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node,
@@ -430,7 +439,7 @@ def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
 
     Raises:
         TitanError: a size below its minimum, an unknown schedule, a schedule option without
-            a pipeline.
+            a pipeline, ``--dp 0`` with ``--gpus`` not a multiple of fsdp x tp x pp.
     """
     parallel = ParallelOptions(
         **{o.field.name: getattr(args, o.name) for o in section_options("parallel", planner=True)}
@@ -440,6 +449,12 @@ def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
         for name in ("schedule", "virtual_stages"):
             if getattr(parallel, name) != getattr(defaults, name):
                 raise TitanError(f"{flag_of(name)} needs a pipeline (--pp > 1)")
+    per_dp = parallel.fsdp * parallel.tp * parallel.pp
+    if not parallel.dp and args.gpus % per_dp:
+        raise TitanError(
+            f"--gpus {args.gpus} is not a multiple of --fsdp {parallel.fsdp} x --tp {parallel.tp} "
+            f"x --pp {parallel.pp} = {per_dp} (--dp 0 takes the GPUs they leave)"
+        )
     return Layout.from_parallel(parallel, args.gpus, remat)
 
 

@@ -33,9 +33,10 @@ from textual.geometry import Size
 from textual.screen import Screen
 
 from titan import installed_version
+from titan.analysis.liveness import LAUNCH_FILE
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.telemetry.records import check_runs_root, default_runs_root
+from titan.telemetry.records import EVENTS_FILE, check_runs_root, default_runs_root
 from tui.driver import ConsoleDriver
 from tui.history import HistoryStore
 from tui.launcher import LaunchedRun
@@ -291,12 +292,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_a_run(run_dir: Path) -> str | None:
+    """Why ``run_dir`` is not a run dir the monitor can open (None: it is one): missing, not a
+    folder, or a folder with neither the record (``events.jsonl``) nor the console's launch
+    file of a run that has not written it yet."""
+    if not run_dir.exists():
+        return "no such folder"
+    if not run_dir.is_dir():
+        return "not a folder (give the run's folder)"
+    if not any((run_dir / name).exists() for name in (EVENTS_FILE, LAUNCH_FILE)):
+        return f"not a run dir (no {EVENTS_FILE} there)"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``titan-console``. Returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.run is not None and not args.run.is_dir():
-        parser.exit(EXIT_USAGE, f"titan-console: error: --run: no such folder: {inert(args.run)}\n")
+    if args.run is not None and (problem := _not_a_run(args.run)):
+        parser.exit(EXIT_USAGE, f"titan-console: error: --run {inert(args.run)}: {problem}\n")
     try:  # a runs root that does not exist yet is created by the first run launched
         if args.run is None:
             check_runs_root(args.runs_root or default_runs_root(), created=True)

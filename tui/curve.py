@@ -173,3 +173,30 @@ def thin(
         kept.update(extremes)
     order = sorted(kept)
     return [steps[i] for i in order], [values[i] for i in order]
+
+
+def nice_ticks(low: float, high: float, most: int) -> list[float]:
+    """At most ``most`` (at least 2) evenly spaced axis ticks inside ``[low, high]``, a step of
+    1, 2 or 5 times a power of ten apart ("nice numbers": Heckbert 1990, "Nice Numbers for
+    Graph Labels", Graphics Gems I, pp. 61-63), so that labels read ``0 50 100 150`` rather
+    than plotext's ``1.0 50.8 100.5``. One tick at ``low`` when the range is empty, none when
+    a bound is not finite."""
+    if not (math.isfinite(low) and math.isfinite(high)) or high < low:
+        return []
+    if high == low:
+        return [low]
+    power = 10.0 ** math.floor(math.log10((high - low) / max(most, 2)))
+    for step in (m * power * scale for scale in (1, 10, 100) for m in (1, 2, 5)):
+        first, last = math.ceil(low / step - 1e-9), math.floor(high / step + 1e-9)
+        if last - first + 1 <= max(most, 2):
+            break
+    ticks = [n * step for n in range(first, last + 1)]
+    return [round(t, 12) for t in ticks]
+
+
+def tick_label(value: float) -> str:
+    """An axis tick as text: a whole number with thousands separators, else 4 significant
+    digits (``1,000``, ``2.5``, ``0.0003``)."""
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:.4g}"

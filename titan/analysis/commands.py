@@ -326,9 +326,10 @@ def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
 OUT_HELP = {
     "tensorboard": "the directory to write to (an earlier export's event file there is "
     "replaced; the live writer's is kept)",
-    "csv": "the file to write (an existing one is refused unless --force; the default "
-    "RUN_DIR/metrics.csv is replaced)",
-    "wandb-offline": "the directory to write to (each export adds an offline run there)",
+    "csv": "the file to write (an existing one is refused unless --force, a file of the run "
+    "itself always; the default RUN_DIR/metrics.csv is replaced)",
+    "wandb-offline": "the directory under which wandb writes (each export adds an offline "
+    "run, PATH/wandb/offline-run-*; default RUN_DIR)",
 }
 
 

@@ -25,6 +25,9 @@ rule that applies giving the state:
    modification time: a clock set ahead does not keep it alive). A dead run says when it was
    last seen alive (the newest heartbeat or event) and why, naming the lost process (host, pid,
    process id).
+   A run whose record holds no ``run_end`` and names no live process, but whose heartbeat
+   files all hold their process's end (a record cut short or damaged), takes the status of
+   process 0's heartbeat.
 3. ``failed``: a launch whose process is gone before it wrote ``run_start`` (a layout the
    devices cannot hold, a bad option), or a run dir with neither ``run_start`` nor a recorded
    process whose ``stderr.log`` (or, without one, ``events.jsonl``) has not changed for
@@ -214,6 +217,10 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
             reason = "exited before run_start" + _stderr_reason(run_dir)
             return Liveness(FAILED, reason, last_seen, lost, None, ended, beats, allowance)
         return Liveness(DEAD, why, last_seen, lost, None, ended, beats, allowance)
+    if not known and beats:  # every heartbeat holds its process's end, and none is running
+        status = beats[0].status
+        reason = f"the record holds no run_end; the heartbeat of process 0 says {status}"
+        return Liveness(status, reason, last_seen, None, None, ended, beats, allowance)
     if not known:
         last_seen = _last_write(run_dir, last_seen)
         if last_seen is not None and now - last_seen > RUNNING_WINDOW_S:

@@ -584,6 +584,11 @@ class Stall(Event):
         omit_if_none=True,
     )
 
+    def where(self) -> str:
+        """What overran, in words: ``step 4``, or the phase and its step (``eval at step 4``)."""
+        step = "?" if self.step is None else self.step
+        return f"step {step}" if self.phase == "step" else f"{self.phase} at step {step}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline(Event):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
-from titan.out_paths import check_file
+from titan.out_paths import check_dir, check_file
 from titan.telemetry.records import EVENTS_FILE, EventTail
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
@@ -169,8 +169,14 @@ def write_wandb_offline(
 ) -> Path:
     """A W&B offline run of ``rows`` under ``out`` (``wandb/offline-run-*``, for ``wandb
     sync``), written by the ``wandb`` library in offline mode (no network); returns the run's
-    directory."""
+    directory.
+
+    Raises:
+        TitanError: wandb is not installed, or ``out`` is not a directory that can be written
+            (:func:`titan.out_paths.check_dir`).
+    """
     check_library("wandb-offline")
+    check_dir(out)  # else wandb falls back to a temporary directory with only a warning
     import wandb
 
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +200,22 @@ def default_out(run_dir: Path, sink: str) -> Path:
     return run_dir / {"tensorboard": "tensorboard", "csv": "metrics.csv"}.get(sink, "")
 
 
+def _check_not_the_runs(run_dir: Path, out: Path) -> None:
+    """Refuse an ``--out`` that is a file the run wrote (its ``events.jsonl``, config, a
+    checkpoint's): an export never replaces its own source. The export's own default file is
+    allowed.
+
+    Raises:
+        TitanError: ``out`` is an existing file under ``run_dir`` other than the default.
+    """
+    whole, run = out.resolve(), run_dir.resolve()
+    if whole.exists() and whole.is_relative_to(run) and whole != default_out(run, "csv"):
+        raise TitanError(
+            f"--out {out}: is a file of the run {run_dir} (an export never replaces the run's "
+            "own files); give a path outside it"
+        )
+
+
 def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = False) -> Path:
     """Write a run's metrics to ``sink`` (a :data:`SINKS` name); returns what was written.
 
@@ -205,7 +227,8 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
     Raises:
         TitanError: ``run_dir`` has no readable ``events.jsonl``, or one without a single
             event (nothing is written then), the sink's library is missing, or ``out`` is
-            refused (:func:`write_csv`).
+            refused (:func:`write_csv`, :func:`write_wandb_offline`, or a file of the run
+            itself).
     """
     path = run_dir / EVENTS_FILE
     if not path.exists():
@@ -220,6 +243,8 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
             "not events): not a run record"
         )
     rows = metric_rows(events)
+    if out is not None and sink == "csv":
+        _check_not_the_runs(run_dir, out)
     force = force or out is None
     out = out or default_out(run_dir, sink)
     if sink == "tensorboard":

@@ -47,7 +47,21 @@ def _throughput(event: Step) -> str:
     """``12,345 tok/s``, or ``1,234 img/s`` for a diffusion run (its rows are images)."""
     if event.images_per_s is not None:
         return f"{event.images_per_s:,.0f} img/s"
-    return f"{event.tokens_per_s:,.0f} tok/s"
+    return f"{_metric(event, 'tokens_per_s', ',.0f')} tok/s"
+
+
+def _metric(event: Step, name: str, spec: str) -> str:
+    """The step's ``name`` formatted by ``spec``; for a value the step has not (None): what
+    its ``nonfinite`` field says of it (``nan``, ``inf``), else ``-``."""
+    value = getattr(event, name)
+    if value is None:
+        return (event.nonfinite or {}).get(name, "-")
+    return format(value, spec)
+
+
+def _skipped(event: Step) -> str:
+    """``  (update skipped)`` for a step whose update was not applied, else ``""``."""
+    return "  (update skipped)" if event.skipped else ""
 
 
 class _TokenizeLog:
@@ -125,12 +139,13 @@ class TrainProgress:
         """Show one ``step`` event."""
         if self.interactive:
             bar, task = self._ensure_bar(event.step - 1)
-            fields = f"loss {event.loss:.4f}  {_throughput(event)}"
+            fields = f"loss {_metric(event, 'loss', '.4f')}  {_throughput(event)}{_skipped(event)}"
             bar.update(task, completed=event.step, fields=fields)
         elif event.step % self.log_every == 0 or event.step == self.total_steps:
             print(
-                f"step {event.step}/{self.total_steps}  loss {event.loss:.4f}  "
-                f"grad_norm {event.grad_norm:.3f}  lr {event.lr:.2e}  {_throughput(event)}",
+                f"step {event.step}/{self.total_steps}  loss {_metric(event, 'loss', '.4f')}  "
+                f"grad_norm {_metric(event, 'grad_norm', '.3f')}  lr {_metric(event, 'lr', '.2e')}"
+                f"  {_throughput(event)}{_skipped(event)}",
                 flush=True,
             )
 

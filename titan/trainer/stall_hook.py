@@ -69,7 +69,7 @@ class StallHook(Hook):
         if self.heartbeat is not None:
             self.heartbeat.stalled(stall)
         print(
-            f"titan: stall: {stall.phase} of step {stall.step} has taken {stall.elapsed_s:.1f} s "
+            f"titan: stall: {stall.where()} has taken {stall.elapsed_s:.1f} s "
             f"(allowance {stall.threshold_s:.1f} s)",
             file=sys.stderr,
             flush=True,

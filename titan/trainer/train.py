@@ -667,7 +667,7 @@ def _checkpointer(options: CheckpointOptions, run_dir: Path) -> Checkpointer:
 
 
 def _schedule_text(opt: OptimizerOptions) -> str:
-    """``to step 30; learning rate: cosine to 3.00e-04 at step 20, then constant (...)``."""
+    """``to step 30; learning rate: cosine to 3.00e-04 after step 20, then constant (...)``."""
     return f"to step {opt.steps}; {schedule_text(opt)} (--decay-steps sets where the decay ends)"
 
 

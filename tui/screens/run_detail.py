@@ -150,7 +150,7 @@ class RunDetailScreen(Screen[None]):
         for stall in detail.stalls:
             log.write_line(
                 inert(
-                    f"{stall.phase} of step {stall.step}: {format_number(stall.elapsed_s, '.1f')}"
+                    f"{stall.where()}: {format_number(stall.elapsed_s, '.1f')}"
                     f" s (allowance {format_number(stall.threshold_s, '.1f')} s)"
                 )
             )

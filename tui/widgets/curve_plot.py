@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-from tui.curve import thin
+from tui.curve import nice_ticks, thin, tick_label
 
 # Lines drawn with braille dots when colour is on; plain characters for --no-color / ASCII.
 _MARKERS = ("braille", "braille")
 _ASCII_MARKERS = ("*", "+")
+# Axis ticks at even, round values (tui.curve.nice_ticks), about one per this many columns on
+# the step axis and rows on the value axis: room for a label such as "1,000,000" between them.
+_COLUMNS_PER_X_TICK, _ROWS_PER_Y_TICK = 14, 3
 # (label, steps, values): a line; a value None or NaN is no point (tui.curve.thin).
 Series = tuple[str, Sequence[float], Sequence[float | None]]
 
@@ -60,10 +64,21 @@ class CurvePlot(PlotextPlot):
         plt.title(self.title)
         plt.xlabel("step")
         label = len(self.series) > 1
+        shown_x: list[float] = []
+        shown_y: list[float] = []
         for (name, xs, ys), marker in zip(self.series, self.markers, strict=False):
             if xs:
                 steps, values = thin(xs, ys, 2 * width)  # braille: two dots a column
                 plt.plot(steps, values, label=name if label else None, marker=marker)
+                shown_x += steps
+                shown_y += [v for v in values if v is not None and math.isfinite(v)]
+        for ticks, shown, most in (
+            (plt.xticks, shown_x, width // _COLUMNS_PER_X_TICK),
+            (plt.yticks, shown_y, self.size.height // _ROWS_PER_Y_TICK),
+        ):
+            if shown:
+                at = nice_ticks(min(shown), max(shown), most)
+                ticks(at, [tick_label(t) for t in at])
 
 
 def _shape(series: Sequence[Series]) -> list[tuple]:

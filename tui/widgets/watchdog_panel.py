@@ -57,7 +57,7 @@ class WatchdogPanel(Vertical):
             "none"
             if not stalls
             else "; ".join(
-                f"{s.phase} of step {s.step}: {format_number(s.elapsed_s, '.1f')} s > "
+                f"{s.where()}: {format_number(s.elapsed_s, '.1f')} s > "
                 f"{format_number(s.threshold_s, '.1f')} s"
                 for s in stalls[-2:]
             )
