@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -569,3 +570,21 @@ async def test_every_screen_below_80x24_shows_the_terminal_too_small_notice(
         assert displayed
         assert text.startswith("Terminal too small: 70x20.\nThe console needs at least 80x24")
     assert hidden_at_80x24
+
+
+async def test_a_dead_runs_elapsed_time_stops_at_its_last_event(tmp_path: Path, consoles):
+    run_dir = tmp_path / "lost"
+    run_dir.mkdir()
+    t0 = time.time() - 3600
+    start = event("run_start", t0, config={"preset": "tiny"}, total_steps=100)
+    steps = [event("step", t0 + 5 * i, step=i, loss=5.0) for i in (1, 2, 3)]
+    append_events(run_dir, [start, *steps])  # no run_end, no process: silent for an hour
+    os.utime(run_dir / EVENTS_FILE, (t0 + 15, t0 + 15))
+    app = consoles(tmp_path, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.screen.status == "dead", lambda: "not dead", 10)
+        await wait_until(pilot, lambda: stat(app, "elapsed") != "-", lambda: "no clock", 10)
+        first = stat(app, "elapsed")
+        await pilot.pause(1.5)
+        later = stat(app, "elapsed")
+    assert first == later == "0:00:15"

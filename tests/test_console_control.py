@@ -140,6 +140,9 @@ async def test_kill_asks_first_then_sigkills_the_recorded_group(tmp_path: Path):
         app = TitanConsole(tmp_path, open_run=tmp_path / "run")
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: app.screen.status == "running", lambda: "?", 10)
+            await pilot.press("7")
+            app.screen.query_one(ProcessTable).focus()  # a table's own k moves up a row
+            await pilot.pause()
             await pilot.press("k", "n")  # asked, and answered no: nothing sent
             await pilot.pause(0.3)
             alive_after_no = child.poll() is None

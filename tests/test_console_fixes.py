@@ -4,6 +4,7 @@ steps in the run list and History."""
 
 from __future__ import annotations
 
+import html
 import os
 import signal
 from pathlib import Path
@@ -18,6 +19,7 @@ from tui.screens.launch import LaunchScreen
 from tui.screens.planner import PlannerScreen
 from tui.widgets.history_table import HistoryTable
 from tui.widgets.option_input import OptionInput
+from tui.widgets.process_table import ProcessTable
 from tui.widgets.run_table import RunTable
 
 SIZE = (80, 24)
@@ -145,3 +147,16 @@ async def test_the_planner_does_not_send_a_plan_its_form_no_longer_shows(tmp_pat
             pilot, lambda: isinstance(app.screen, LaunchScreen), lambda: "no launch form", 10
         )
     assert pending is planner and errored is planner
+
+
+async def test_the_processes_tab_of_a_run_without_heartbeat_files_says_so(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    app = TitanConsole(root, open_run=root / "llama3-1b-h200")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.screen.status == "completed", lambda: "?", 20)
+        await pilot.press("7")
+        await pilot.pause(0.2)
+        title = app.screen.query_one(ProcessTable).border_title
+        shown = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+    assert title == "no heartbeat file (processes/*.json) in the run dir"
+    assert "no heartbeat file" in shown

@@ -17,6 +17,7 @@ import pytest
 from console_helpers import append_events, stat, wait_until
 from rich.cells import cell_len
 from samples import copy_sample_runs
+from textual.app import App
 from textual.widgets import DataTable, Footer, Input, Select, Static
 
 from tui.app import TitanConsole
@@ -27,7 +28,7 @@ from tui.screens.monitor import MonitorScreen
 from tui.screens.planner import PlannerScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.screens.value import ValueScreen
-from tui.widgets.option_input import OptionInput
+from tui.widgets.option_input import OptionInput, help_line
 
 SIZE = (80, 24)
 STALL_RUN = "tiny-watchdog-stall"
@@ -319,3 +320,11 @@ async def test_run_detail_opens_on_its_rows_and_each_tab_key_focuses_its_table(t
     assert isinstance(popup, ValueScreen) and popup.value == str(summary.get_row_at(1)[1])
     assert focused_on_3 is environment
     assert {"Value in full", "Down", "Up", "First row", "Last row"} <= described
+
+
+async def test_a_fields_help_names_its_default_once():
+    async with App().run_test():  # widgets are made within an app
+        said = OptionInput("preset", "--model", "a shape (default: 'tiny')", "tiny", default="tiny")
+        unsaid = OptionInput("steps", "--steps", "optimizer steps", "20", default=20)
+    assert help_line(said) == "--model: a shape (default: 'tiny')"
+    assert help_line(unsaid) == "--steps: optimizer steps (default: 20)"

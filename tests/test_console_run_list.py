@@ -197,3 +197,18 @@ async def test_keys_help_lists_back_over_history_but_not_over_the_run_list(tmp_p
         on_history = await described()
     assert "Back" not in on_run_list and "Attach" in on_run_list
     assert "Back" in on_history
+
+
+async def test_the_status_line_shows_above_the_footer_at_80_columns(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    app = TitanConsole(root)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 4, lambda: "not listed", 20)
+        await pilot.pause(0.2)
+        status = app.screen.query_one("#runs-status", Static).region
+        footer = app.screen.query_one("Footer").region
+        line = _status_line(app)
+        shown = _screen_text(app)
+    assert status.height == 1 and status.bottom <= footer.y
+    assert line.startswith("0 running") and line[:30] in shown

@@ -117,8 +117,11 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
     assert totals == [list(row) for row in totals_rows(cli["plans"][0])]
     plan = cli["plans"][0]
     total_gb, capacity_gb = plan["memory_bytes"]["total"] / 1e9, plan["capacity_bytes"] / 1e9
+    margin_gb = plan["fit_bytes"] / 1e9
+    assert total_gb < margin_gb < capacity_gb
     assert plan["fits"] and verdict.startswith(
-        f"fits: {total_gb:,.1f} GB of {capacity_gb:,.1f} GB per device"
+        f"fits: {total_gb:,.1f} GB, {margin_gb:,.1f} GB with the margin, of {capacity_gb:,.1f} GB "
+        "per device"
     )
     assert error == "--gpus must be >= 1, got 0 (results below are for the last valid input)"
     assert stale and fresh
@@ -390,7 +393,7 @@ async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path:
     assert power == {  # 2400 J over 2 s on 2 devices: 600 W each, 86% of the H100's 700 W
         "pw-watts": "600 W of 700 W TDP (86%) x 2",
         "pw-energy": "0.0007 kWh (2,400 J)",
-        "pw-jpt": "2.4 J/token · 0.4 tokens/J",
+        "pw-jpt": "2.4 J/token · 0.4 tokens/J over the run",
     }
     assert "-warn" in watts_tone
     assert flops == {

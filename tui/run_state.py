@@ -108,7 +108,9 @@ class RunState:
             recorded one); mfu_reason: why it is missing.
         flops_per_token: model FLOPs per token of the last step under ``mfu_convention``.
         energy_j: energy of every step so far (None without a power source);
-        joules_per_token: of the last step; power_reason: why there is no power source.
+        energy_tokens: the tokens of those steps (``energy_j / energy_tokens``: the run's
+            joules per token, as ``titan summarize`` divides them); power_reason: why there is
+            no power source.
         power_w: average power of each of the last :data:`POWER_STEPS_KEPT` steps with energy,
             watts (all devices).
         devices: devices the layout uses; tdp_w: the board power of one (None: not in the
@@ -149,7 +151,7 @@ class RunState:
     mfu_reason: str | None = None
     flops_per_token: float | None = None
     energy_j: float | None = None
-    joules_per_token: float | None = None
+    energy_tokens: int = 0
     power_reason: str | None = None
     power_w: deque[float] = field(default_factory=lambda: deque(maxlen=POWER_STEPS_KEPT))
     devices: int | None = None
@@ -298,10 +300,10 @@ class RunState:
 
     def _take_energy(self, event: Step) -> None:
         energy_j = event.energy_j
-        self.joules_per_token = event.joules_per_token
         if energy_j is None:
             return
         self.energy_j = (self.energy_j or 0.0) + energy_j
+        self.energy_tokens += event.tokens or 0
         if event.step_time_s:
             self.power_w.append(energy_j / event.step_time_s)
 

@@ -135,6 +135,7 @@ class Plan:
             | {"virtual_stages": self.layout.virtual_stages, "remat": self.layout.remat},
             "memory_bytes": self.memory.as_dict(),
             "capacity_bytes": self.memory.capacity,
+            "fit_bytes": self.memory.fit_bytes,
             "fits": self.memory.fits,
             "step_s": self.step.as_dict(),
             "tokens_per_s": self.step.tokens_per_s,

@@ -77,4 +77,11 @@ class CompareScreen(Screen[None]):
         self.diff = config_diff(a, b)
         table = self.query_one(DataTable)
         table.add_rows((cell(key), cell(str(va)), cell(str(vb))) for key, va, vb in self.diff)
-        table.border_title = f"config: {len(self.diff)} differences"
+        missing = [
+            inert(r) for r, d in zip(self.run_ids, message.details, strict=True) if not d.config
+        ]
+        table.border_title = (
+            f"config: not recorded by {' and '.join(missing)} (no run_start config)"
+            if missing
+            else f"config: {len(self.diff)} differences"
+        )

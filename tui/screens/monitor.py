@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from titan.analysis.liveness import Liveness
+from titan.analysis.liveness import STALLED, UNRESPONSIVE, Liveness
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.telemetry.heartbeat import ProcessId
@@ -91,7 +91,8 @@ class MonitorScreen(Screen[None]):
     CSS_PATH = "monitor.tcss"
     BINDINGS = [
         Binding("s", "signal('stop')", "Stop run"),
-        Binding("k", "signal('kill')", "Kill run"),
+        # Before a focused table's own k (row up, tui.widgets.plain_table): k kills here.
+        Binding("k", "signal('kill')", "Kill run", priority=True),
         Binding("R", "resume", "Resume"),
         # Each tab's title starts with its key: the footer leaves them out, so that at 80
         # columns it still shows the run's keys and ? (the key help lists them all).
@@ -286,13 +287,14 @@ class MonitorScreen(Screen[None]):
     @property
     def status(self) -> str:
         """The run status shown: its liveness (the record's status until first judged);
-        ``stopping`` after a stop until the run ends; ``resuming`` from a resume's launch until
-        its ``run_start``."""
+        ``stopping`` after a stop until the run ends, unless the run is frozen or stalled (a
+        process that may not act on the stop: :meth:`_show_overview` says the stop is pending);
+        ``resuming`` from a resume's launch until its ``run_start``."""
         if self._resuming():
             return "resuming"
         if self.liveness is None:
             return self.state.status
-        if self._stop_sent and self.liveness.alive:
+        if self._stop_sent and self.liveness.alive and not self._stuck():
             return "stopping"
         return self.liveness.state
 
@@ -320,11 +322,17 @@ class MonitorScreen(Screen[None]):
         self._show_clock()
         self._drawn_at = time.monotonic()
 
+    def _stuck(self) -> bool:
+        """Whether the run is judged frozen or stalled (a stop may wait on it for ever)."""
+        return self.liveness is not None and self.liveness.state in (UNRESPONSIVE, STALLED)
+
     def _show_overview(self) -> None:
         state = self.state
         status = self.status
         liveness = self.liveness
         shown = liveness.describe() if liveness and status == liveness.state else status
+        if self._stop_sent and self._stuck():
+            shown += "; stop sent, not acted on yet: k kills"
         self.query_one("#status", Stat).show(shown, _STATUS_TONES.get(status), wrap=shown != status)
         self._show_process()
         total = "?" if state.total_steps is None else str(state.total_steps)
@@ -390,7 +398,9 @@ class MonitorScreen(Screen[None]):
             return
         active = self.query_one(TabbedContent).active
         if active == "overview":
-            self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(time.time())))
+            alive = self.liveness is None or self.liveness.alive
+            now = time.time() if alive else self.state.last_event_at or time.time()
+            self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(now)))
             ended = self.state.end_status is not None or self.returncode is not None
             self.query_one(LossChart).show(self.state.curve, force=ended)
         elif active == "watchdog":

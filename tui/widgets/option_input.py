@@ -128,5 +128,8 @@ def row_of(widget: Widget) -> OptionInput | None:
 
 
 def help_line(row: OptionInput) -> str:
-    """What a form shows under its fields while ``row`` has focus."""
+    """What a form shows under its fields while ``row`` has focus: the flag, its help and its
+    default (unless the help says it already)."""
+    if "(default:" in row.help:
+        return f"{row.flag}: {row.help}"
     return f"{row.flag}: {row.help} (default: {row.default!r})"

@@ -64,8 +64,9 @@ class PlanTables(VerticalScroll):
         p = plans[0]
         fits = p["fits"]
         verdict.update(
-            f"{'fits' if fits else 'does not fit'}: {p['memory_bytes']['total'] / GB:,.1f} GB "
-            f"of {p['capacity_bytes'] / GB:,.1f} GB per device"
+            f"{'fits' if fits else 'does not fit'}: {p['memory_bytes']['total'] / GB:,.1f} GB, "
+            f"{p['fit_bytes'] / GB:,.1f} GB with the margin, of {p['capacity_bytes'] / GB:,.1f} GB "
+            "per device"
             + (f" · best of {report['layouts_fit']} layouts that fit" if report["search"] else "")
         )
         verdict.set_class(not fits, "-bad")

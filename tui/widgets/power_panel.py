@@ -50,9 +50,9 @@ class PowerPanel(Vertical):
         self.query_one("#pw-energy", Stat).show(
             "-" if energy is None else f"{energy / 3.6e6:.4f} kWh ({energy:,.0f} J)"
         )
-        jpt = state.joules_per_token
+        jpt = energy / state.energy_tokens if energy and state.energy_tokens else None
         self.query_one("#pw-jpt", Stat).show(
-            "-" if not jpt else f"{jpt:.4g} J/token · {1 / jpt:,.1f} tokens/J"
+            "-" if not jpt else f"{jpt:.4g} J/token · {1 / jpt:,.1f} tokens/J over the run"
         )
         self.query_one("#pw-source", Stat).show(
             "measured" if energy is not None else f"none: {state.power_reason or 'no reading yet'}"

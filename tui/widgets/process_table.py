@@ -45,4 +45,9 @@ class ProcessTable(PlainTable):
                 f"{max(now - beat.beat, 0.0):.0f} s ago",
                 cell(process_state(beat, liveness, now)),
             )
-        self.border_title = f"{len(liveness.processes)} process(es)"
+        count = len(liveness.processes)
+        self.border_title = (
+            f"{count} process(es)"
+            if count
+            else "no heartbeat file (processes/*.json) in the run dir"
+        )
