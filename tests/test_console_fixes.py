@@ -26,16 +26,21 @@ SIZE = (80, 24)
 STALL_RUN = "tiny-watchdog-stall"
 
 
+async def _refused_launch(app: TitanConsole, pilot) -> tuple[Static, str]:
+    """Launch the form with --steps 0: the error widget and the error it shows."""
+    await pilot.pause()
+    fill_form(app, {"steps": "0"})
+    await pilot.press("ctrl+r")
+    await pilot.pause()
+    error = app.screen.query_one("#launch-error", Static)
+    return error, str(error.render())
+
+
 @pytest.mark.slow
 async def test_changing_the_preset_clears_the_launch_error(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        fill_form(app, {"steps": "0"})
-        await pilot.press("ctrl+r")
-        await pilot.pause()
-        error = app.screen.query_one("#launch-error", Static)
-        before = str(error.render())
+        error, before = await _refused_launch(app, pilot)
         rows = list(app.screen.query(OptionInput))
         invalid_before = [r.option_name for r in rows if r.has_class("-invalid")]
         app.screen.query_one("#preset", Select).value = "cpu smoke test"
@@ -93,12 +98,7 @@ async def test_the_run_list_and_history_count_the_same_steps(tmp_path: Path):
 async def test_editing_a_field_clears_the_launch_error(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        fill_form(app, {"steps": "0"})
-        await pilot.press("ctrl+r")
-        await pilot.pause()
-        error = app.screen.query_one("#launch-error", Static)
-        before = str(error.render())
+        error, before = await _refused_launch(app, pilot)
         fill_form(app, {"steps": "5"})
         await pilot.pause()
         after = str(error.render())
