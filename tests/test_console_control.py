@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -217,3 +218,33 @@ async def test_a_multi_process_run_shows_a_row_per_process_and_names_the_lost_on
         ("1", me.host, str(lost.pid), "7", "lost"),
     ]
     assert all(r[4].endswith(" s ago") for r in rows)
+
+
+async def test_a_stop_sent_to_a_stalled_run_says_it_waits_and_that_k_kills(tmp_path: Path):
+    ignores_stop = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', "
+        "flush=True); time.sleep(600)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", ignores_stop], start_new_session=True, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        identity = ProcessId(ProcessId.current().host, child.pid, child.pid, _started(child.pid))
+        _recorded_run(tmp_path / "run", identity)
+        stall = event("stall", time.time(), phase="step", elapsed_s=40.0, threshold_s=30.0, step=3)
+        append_events(tmp_path / "run", [stall])
+        app = TitanConsole(tmp_path, open_run=tmp_path / "run")
+        async with app.run_test(size=(120, 30)) as pilot:
+            await wait_until(pilot, lambda: app.screen.status == "stalled", lambda: "?", 10)
+            await pilot.press("s", "y")
+            await wait_until(
+                pilot, lambda: "k kills" in stat(app, "status"), lambda: stat(app, "status"), 10
+            )
+            shown = (app.screen.status, stat(app, "status"))
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    assert shown[0] == "stalled"
+    assert shown[1].endswith("; stop sent, not acted on yet: k kills")

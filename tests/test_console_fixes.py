@@ -15,6 +15,7 @@ from samples import copy_sample_runs
 from textual.widgets import Select, Static
 
 from tui.app import TitanConsole
+from tui.screens.confirm import ConfirmScreen
 from tui.screens.launch import LaunchScreen
 from tui.screens.planner import PlannerScreen
 from tui.widgets.history_table import HistoryTable
@@ -160,3 +161,17 @@ async def test_the_processes_tab_of_a_run_without_heartbeat_files_says_so(tmp_pa
         shown = html.unescape(app.export_screenshot()).replace("\xa0", " ")
     assert title == "no heartbeat file (processes/*.json) in the run dir"
     assert "no heartbeat file" in shown
+
+
+async def test_question_mark_shows_the_keys_over_a_confirmation(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.push_screen(ConfirmScreen("Stop the run?"))
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        stack = [type(s).__name__ for s in app.screen_stack]
+        shown = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+    assert stack[-2:] == ["ConfirmScreen", "KeysScreen"]
+    assert "Yes" in shown and "No" in shown

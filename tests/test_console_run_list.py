@@ -203,4 +203,3 @@ async def test_keys_help_lists_back_over_history_but_not_over_the_run_list(tmp_p
         on_history = await described()
     assert "Back" not in on_run_list and "Attach" in on_run_list
     assert "Back" in on_history
-

@@ -23,7 +23,11 @@ class ValueScreen(ModalScreen[None]):
     """
 
     CSS_PATH = "dialog.tcss"
-    BINDINGS = [Binding("escape,enter", "dismiss(None)", "Close")]
+    BINDINGS = [
+        Binding("escape,enter", "dismiss(None)", "Close"),
+        # A modal screen takes the app's keys away: ? (the key help) is bound here again.
+        Binding("question_mark", "app.help", "Keys"),
+    ]
 
     def __init__(self, key: str, value: str) -> None:
         super().__init__()
