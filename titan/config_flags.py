@@ -12,6 +12,12 @@ from titan.config import CODECS_PLAIN, SECTIONS, Option, option_fields
 from titan.shapes import PRESETS
 
 
+def help_with_default(help: str, default: object) -> str:
+    """``help`` with ``(default: 'x')`` appended, unless it names its default already (the
+    default is then said once: ``titan train --help`` and the console's forms)."""
+    return help if "(default:" in help else f"{help} (default: {default!r})"
+
+
 def add_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     options: Iterable[Option],
@@ -33,9 +39,10 @@ def add_arguments(
         default = option.default
         bounds = bounds_text(option)
         help = f"{option.help} [{bounds}]" if bounds else option.help
-        if explicit and "(default:" not in help:
-            shown = default if option.kind in CODECS_PLAIN else option.text(default)
-            help = f"{help} (default: {shown!r})"
+        if explicit:
+            help = help_with_default(
+                help, default if option.kind in CODECS_PLAIN else option.text(default)
+            )
         common: dict[str, Any] = {
             "dest": option.name,
             "default": None if explicit else default,

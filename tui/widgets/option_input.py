@@ -12,6 +12,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select
 
 from titan.config import Option
+from titan.config_flags import help_with_default
 
 # Input types that keep a numeric option's field from taking letters.
 NumberType = Literal["integer", "number"]  # Textual's numeric input types
@@ -129,7 +130,5 @@ def row_of(widget: Widget) -> OptionInput | None:
 
 def help_line(row: OptionInput) -> str:
     """What a form shows under its fields while ``row`` has focus: the flag, its help and its
-    default (unless the help says it already)."""
-    if "(default:" in row.help:
-        return f"{row.flag}: {row.help}"
-    return f"{row.flag}: {row.help} (default: {row.default!r})"
+    default (:func:`titan.config_flags.help_with_default`)."""
+    return f"{row.flag}: {help_with_default(row.help, row.default)}"
