@@ -4,11 +4,13 @@ status, step and loss in view at 80 columns, with colours a 16-colour terminal k
 from __future__ import annotations
 
 import html
+import os
 import re
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -21,6 +23,7 @@ from textual.widgets import Static
 
 from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
 from titan.telemetry.records import write_json_atomic
+from tui import run_list
 from tui.app import TitanConsole
 from tui.screens import runs as runs_screen
 from tui.widgets.history_table import HistoryTable
@@ -203,3 +206,80 @@ async def test_keys_help_lists_back_over_history_but_not_over_the_run_list(tmp_p
         on_history = await described()
     assert "Back" not in on_run_list and "Attach" in on_run_list
     assert "Back" in on_history
+
+
+def _long_record(run_dir: Path, steps: int, attempts: int = 2) -> None:
+    """A record of ``attempts`` attempts of ``steps`` steps each, the last one completed."""
+    run_dir.mkdir()
+    lines = []
+    for attempt in range(attempts):
+        first = attempt * steps
+        start = event("run_start", first, config={"preset": "tiny"}, total_steps=attempts * steps)
+        start["resumed_from_step"] = first or None
+        lines += [
+            start,
+            *(
+                event("step", s, step=s, loss=9.0 - s / 1e5)
+                for s in range(first + 1, first + steps + 1)
+            ),
+        ]
+    lines.append(event("run_end", attempts * steps + 1, status="completed", step=attempts * steps))
+    append_events(run_dir, lines)
+
+
+def _listed(runs_root: Path, cache: run_list.RecordCache, **options) -> dict[str, Any]:
+    listing = run_list.list_runs(runs_root, cache=cache, **options)
+    return {s.run_dir.name: s for s in listing.summaries}
+
+
+def test_a_long_record_is_listed_at_once_and_read_a_slice_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_list, "READ_SLICE_BYTES", 1 << 16)
+    _long_record(tmp_path / "long", 5_000)
+    _long_record(tmp_path / "short", 2)
+    size = (tmp_path / "long" / "events.jsonl").stat().st_size
+    cache: run_list.RecordCache = {}
+    first = _listed(tmp_path, cache, budget_s=0.0)
+    # A budget of 0 reads one slice, of the smallest record: each summary says how much is left.
+    assert first["short"].unread_bytes == 0
+    assert (first["long"].read_bytes, first["long"].unread_bytes) == (0, size)
+    whole = _listed(tmp_path, cache)
+    assert (whole["long"].read_bytes, whole["long"].unread_bytes) == (size, 0)
+    state = whole["long"].state
+    assert (state.step, state.attempts, state.resumed_from_step) == (10_000, 2, 5_000)
+    assert whole["long"].liveness.state == whole["short"].liveness.state == "completed"
+    # A resume appends: the next listing reads what it appended, nothing before it.
+    folded = cache[tmp_path / "long"].state
+    append_events(tmp_path / "long", [event("run_start", 20_000, total_steps=10_001)])
+    grown = (tmp_path / "long" / "events.jsonl").stat().st_size
+    again = _listed(tmp_path, cache)
+    assert (again["long"].read_bytes, again["long"].state.attempts) == (grown, 3)
+    assert cache[tmp_path / "long"].state is folded  # folded on, not read anew
+    assert state.attempts == 2  # the listing before handed out a copy, left as it was
+    # A record replaced by another (a run dir made again) is read anew.
+    (tmp_path / "long" / "events.jsonl").unlink()
+    _long_record(tmp_path / "other", 3)
+    os.replace(tmp_path / "other" / "events.jsonl", tmp_path / "long" / "events.jsonl")
+    replaced = _listed(tmp_path, cache)
+    assert (replaced["long"].state.step, replaced["long"].state.attempts) == (6, 2)
+
+
+async def test_the_run_list_shows_a_long_record_as_reading_until_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_list, "READ_SLICE_BYTES", 1 << 12)
+    monkeypatch.setattr(runs_screen, "LISTING_BUDGET_S", 0.0)  # a slice per listing
+    _long_record(tmp_path / "long", 1_000)
+    app = TitanConsole(tmp_path)
+    seen: list[str] = []
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(RunTable)
+
+        def status() -> str:
+            shown = str(table.get_row_at(0)[0]) if table.row_count else ""
+            if not seen or seen[-1] != shown:
+                seen.append(shown)
+            return shown
+
+        await wait_until(pilot, lambda: status() == "completed", lambda: str(seen), 60)
+        row = [str(c) for c in table.get_row_at(0)[:3]]
+    reading = [s for s in seen if s.startswith("reading ")]
+    assert reading and reading[0] != reading[-1]  # it went on reading, listing as it went
+    assert row == ["completed", "2000/2000", "8.980"]

@@ -107,9 +107,9 @@ def test_history_store_sorts_by_status_and_filters_by_preset_in_sql(big_root):
 
 
 async def test_run_list_of_10k_runs_reads_only_the_most_recently_written(big_root, monkeypatch):
-    read: list[Path] = []
-    load_events = run_list.load_events
-    monkeypatch.setattr(run_list, "load_events", lambda d: read.append(d) or load_events(d))
+    read: set[Path] = set()  # the run dirs whose record a reader was made for
+    tail = run_list.EventTail
+    monkeypatch.setattr(run_list, "EventTail", lambda path: read.add(path.parent) or tail(path))
     app = TitanConsole(big_root)
     async with app.run_test(size=(100, 30)) as pilot:
         table = app.screen.query_one(RunTable)

@@ -34,6 +34,7 @@ from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main
 from tui.launcher import STDERR_LOG
+from tui.run_list import list_runs
 from tui.screens.history import HistoryScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
@@ -153,6 +154,36 @@ def test_wrong_types_and_a_line_longer_than_a_read_chunk_are_survived(tmp_path, 
     assert main(["summarize", str(tmp_path)]) == 0
     assert main(["perf", "check", str(tmp_path)]) == 0
     assert main(["report", str(tmp_path / "wrong")]) == 0
+
+
+def test_bytes_that_are_not_utf8_give_one_state_to_every_reader(tmp_path):
+    path = write_run(tmp_path, "badutf8", [event("run_start", 1000.0, total_steps=4)])
+    end = json.dumps(event("run_end", 1001.0, status="failed", step=0, error="bad XY utf8"))
+    with path.open("ab") as f:  # the run_end's error holds bytes that decode to nothing
+        f.write(end.encode().replace(b"XY", b"\xff\xfe\xc3(") + b"\n")
+    [listed] = list_runs(tmp_path).summaries
+    [summary] = summarize.summarize(tmp_path)
+    tail = EventTail(path)
+    [*_, run_end] = tail.read_new_events()
+    assert listed.liveness.state == summary.status == run_end.status == "failed"
+    assert run_end.error == summary.error == "bad \ufffd\ufffd\ufffd( utf8" and tail.bad_lines == 0
+
+
+def test_a_line_over_many_slices_and_a_torn_tail_are_read_whole_by_the_tail(tmp_path):
+    path = write_run(tmp_path, "long", [event("run_start", 1000.0, total_steps=4)])
+    note = "x" * 300_000
+    with path.open("a") as f:
+        f.write(json.dumps(event("checkpoint", 1001.0, step=1, note=note)) + "\n")
+        f.write('{"type": "run_end", "time": 1002.0, "sta')
+    tail, read = EventTail(path), []
+    while tail.offset < path.stat().st_size:
+        read += tail.read_new_events(65_536)
+    with path.open("a") as f:
+        f.write('tus": "completed", "step": 1}\n')
+    read += tail.read_new_events(65_536)
+    assert [e.type for e in read] == ["run_start", "checkpoint", "run_end"]
+    assert read[1].extra["note"] == note and read[2].status == "completed"
+    assert tail.bad_lines == 0
 
 
 def test_nan_and_infinities_read_as_missing_and_a_line_without_a_finite_time_is_bad(

@@ -85,6 +85,9 @@ def test_poisoned_batch_is_skipped_and_recorded_and_the_run_completes(
     for step in (1, 2, 4):
         assert "skipped" not in steps[step] and "nonfinite" not in steps[step]
         assert np.isfinite(steps[step]["loss"])
+    # the schedule's count does not advance on the skipped step: step 4 applies step 3's rate
+    lrs = [steps[step]["lr"] for step in (1, 2, 3, 4)]
+    assert lrs[0] < lrs[1] < lrs[2] == lrs[3]
     assert events(run_dir)[-1]["status"] == "completed"
     # checkpoints 2, 3, 4 are kept: step 3 changed nothing, step 4 trained again
     assert assert_every_checkpoint_finite(run_dir) == [2, 3, 4]

@@ -14,6 +14,7 @@ import pytest
 from helpers import events
 
 from titan.cli import main
+from titan.telemetry.records import EVENTS_FILE
 from titan.telemetry.sinks import LiveTensorBoard, metric_rows
 
 WANDB_HEADER = 7  # ":W&B", magic 0xBEE1, version: the LevelDB log format's records follow
@@ -128,6 +129,29 @@ def test_wandb_offline_export_is_a_run_that_wandb_sync_reads(finished_run, tmp_p
     steps = events(finished_run, "step")
     assert [h["_step"] for h in logged] == [e["step"] for e in steps]
     assert [h["train/loss"] for h in logged] == pytest.approx([e["loss"] for e in steps])
+
+
+def test_a_foreign_run_id_is_made_a_wandb_id_and_the_config_is_the_runs(
+    finished_run, tmp_path, capsys
+):
+    run = shutil.copytree(finished_run, tmp_path / "run")
+    lines = (run / EVENTS_FILE).read_text().splitlines()
+    hostile = "esc-\x1b]0;PWNED\x07:a/b"
+    records = [json.loads(line) for line in lines]
+    records = [{**r, "run_id": hostile} for r in records]
+    (run / EVENTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["export", "wandb-offline", str(run), "--out", str(tmp_path / "wb")]) == 0
+    written = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    (wandb_file,) = written.glob("run-*.wandb")
+    config = {
+        item.key
+        for r in _wandb_records(wandb_file)
+        if r.HasField("run")
+        for item in r.run.config.update
+    }
+    start = next(r for r in records if r["type"] == "run_start")
+    assert wandb_file.name == "run-esc---0-PWNED--a-b.wandb"
+    assert set(start["config"]) <= config and "type" not in config
 
 
 @pytest.mark.slow

@@ -110,12 +110,36 @@ def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
     [({"steps": 30}, 20), ({"steps": 30, "decay_steps": 30}, 30), ({"steps": 10}, 20)],
 )
 def test_resume_keeps_the_decay_length_unless_decay_steps_is_given(tmp_path, explicit, decay_steps):
-    saved = TrainConfig.of(steps=20)
+    resumed = _resumed_optimizer(tmp_path, TrainConfig.of(steps=20), explicit)
+    assert resumed.decay_steps == decay_steps
+
+
+def _resumed_optimizer(tmp_path, saved: TrainConfig, explicit: dict):
     (tmp_path / "config.json").write_text(
         json.dumps({"train": dataclasses.asdict(saved), "model": {}})
     )
     (tmp_path / "tokenizer.model").write_bytes(b"")
-    assert resume_options(tmp_path, explicit).optimizer.decay_steps == decay_steps
+    return resume_options(tmp_path, explicit).optimizer
+
+
+@pytest.mark.parametrize(
+    ("explicit", "warmup_steps"),
+    [({"steps": 24, "decay_steps": 200}, 20), ({"steps": 24}, 30), ({"steps": 10}, 30)],
+)
+def test_a_new_decay_length_keeps_the_warmup_the_old_length_cut(tmp_path, explicit, warmup_steps):
+    # 20 steps of a 30-step warmup: the rate rose over those 20 steps, on every resume
+    resumed = _resumed_optimizer(tmp_path, TrainConfig.of(steps=20, warmup_steps=30), explicit)
+    assert resumed.warmup_steps == warmup_steps
+    assert resumed.schedule_steps()[1] == 20
+
+
+def test_a_new_decay_length_never_drops_back_into_the_warmup(tmp_path):
+    saved = TrainConfig.of(steps=20, warmup_steps=30)
+    resumed = _resumed_optimizer(tmp_path, saved, {"steps": 24, "decay_steps": 200})
+    rates = [float(learning_rate_schedule(resumed)(n)) for n in range(17, 24)]
+    assert rates[:4] == [float(learning_rate_schedule(saved.optimizer)(n)) for n in range(17, 21)]
+    assert max(rates) == rates[3] == pytest.approx(saved.optimizer.lr)  # the peak, then decay
+    assert rates[3:] == sorted(rates[3:], reverse=True)
 
 
 @pytest.mark.slow

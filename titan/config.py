@@ -628,6 +628,13 @@ class OptimizerOptions:
         ),
     )
 
+    def schedule_steps(self) -> tuple[int, int]:
+        """(horizon, warmup) in steps: where the cosine ends (``--decay-steps``, else
+        ``--steps``) and where the linear warmup does (``--warmup-steps``, at most the
+        horizon)."""
+        horizon = self.decay_steps or self.steps
+        return horizon, min(self.warmup_steps, horizon)
+
     def _check(self) -> None:
         if not self.lr > 0:
             raise TitanError(f"--lr must be > 0, got {self.lr}")

@@ -183,7 +183,8 @@ def config_to_toml(cfg: TrainConfig) -> str:
 def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConfig:
     """The config of a resumed run: ``saved`` with the ``explicit`` options (flat names) that
     may change on resume (:func:`resumable_options`); a saved profiled range is cut to a lowered
-    ``--steps``.
+    ``--steps``. The learning-rate schedule keeps its length unless ``--decay-steps`` is given,
+    and a warmup that the old length cut stays as the run trained it.
 
     Raises:
         TitanError: an explicit option that differs from the saved one and may not change.
@@ -201,6 +202,10 @@ def resumed_config(saved: TrainConfig, explicit: Mapping[str, Any]) -> TrainConf
     if "decay_steps" not in explicit and not saved.optimizer.decay_steps:
         # a longer --steps continues at the minimum learning rate: the schedule keeps its length
         changes["decay_steps"] = saved.optimizer.steps
+    _, warmup = saved.optimizer.schedule_steps()
+    if "decay_steps" in explicit and warmup < saved.optimizer.warmup_steps:
+        # the warmup was cut to the old horizon: a new one keeps the warmup the run trained with
+        changes["warmup_steps"] = warmup
     if "profile_steps" not in explicit and saved.observability.profile_steps is not None:
         steps = by_name["steps"].coerce(explicit.get("steps", saved.optimizer.steps))
         first, last = saved.observability.profile_steps

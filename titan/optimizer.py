@@ -14,7 +14,8 @@ Optimizer moments are kept in the parameters' dtype (float32 master weights).
 A step whose loss or global gradient norm is not finite leaves the parameters and optimizer
 state as they were (:func:`finite_step`, :func:`keep_if_not_finite`, selected on the device),
 as ``optax.apply_if_finite`` does: AdamW's own step count (its bias correction and schedule)
-does not advance for a skipped step.
+does not advance for a skipped step. After k skipped steps, step N therefore trains at the
+schedule's value after N - 1 - k updates, the rate that :func:`applied_learning_rate` reports.
 """
 
 from __future__ import annotations
@@ -30,19 +31,12 @@ from titan.config import OptimizerOptions
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 
 
-def schedule_steps(opt: OptimizerOptions) -> tuple[int, int]:
-    """(horizon, warmup) in steps: where the cosine ends (``--decay-steps``, else ``--steps``)
-    and where the linear warmup does (``--warmup-steps``, at most the horizon)."""
-    horizon = opt.decay_steps or opt.steps
-    return horizon, min(opt.warmup_steps, horizon)
-
-
 def schedule_text(opt: OptimizerOptions) -> str:
     """The learning rate's course in words: ``learning rate: cosine to 3.00e-04 after step 20,
     then constant`` (``steps`` past the horizon), or, when the warmup takes the whole horizon,
     ``linear warmup to 3.00e-03 after step 20, then 3.00e-04`` (a value reached after step N is
     the rate of step N + 1: module docstring)."""
-    horizon, warmup = schedule_steps(opt)
+    horizon, warmup = opt.schedule_steps()
     end = opt.lr * opt.min_lr_ratio
     if warmup == horizon:
         return f"learning rate: linear warmup to {opt.lr:.2e} after step {horizon}, then {end:.2e}"
@@ -51,9 +45,10 @@ def schedule_text(opt: OptimizerOptions) -> str:
 
 
 def warmup_note(opt: OptimizerOptions) -> str | None:
-    """A note when ``--warmup-steps`` is not below the horizon (:func:`schedule_steps`): the
-    learning rate then rises through the whole schedule and never decays. None otherwise."""
-    horizon, _ = schedule_steps(opt)
+    """A note when ``--warmup-steps`` is not below the horizon
+    (:meth:`OptimizerOptions.schedule_steps`): the learning rate then rises through the whole
+    schedule and never decays. None otherwise."""
+    horizon, _ = opt.schedule_steps()
     if opt.warmup_steps < horizon:
         return None
     return (
@@ -64,7 +59,7 @@ def warmup_note(opt: OptimizerOptions) -> str | None:
 
 def learning_rate_schedule(opt: OptimizerOptions) -> optax.Schedule:
     """Learning rate (per step, unitless multiplier of the update) as a function of the step."""
-    horizon, warmup = schedule_steps(opt)
+    horizon, warmup = opt.schedule_steps()
     return optax.warmup_cosine_decay_schedule(  # constant at end_value after decay_steps
         init_value=0.0,
         peak_value=opt.lr,
@@ -72,6 +67,21 @@ def learning_rate_schedule(opt: OptimizerOptions) -> optax.Schedule:
         decay_steps=max(horizon, warmup + 1),
         end_value=opt.lr * opt.min_lr_ratio,
     )
+
+
+def applied_learning_rate(schedule: optax.Schedule, opt_state: Any) -> jax.Array:
+    """The learning rate (float32 scalar) that the next update of ``opt_state`` applies: the
+    schedule at the count of the state's ``ScaleByScheduleState``, the updates applied so far
+    (a skipped step does not advance it: module docstring).
+
+    Raises:
+        KeyError: ``opt_state`` holds no ``ScaleByScheduleState`` (not :func:`build_optimizer`'s
+            state), or several.
+    """
+    state = optax.tree_utils.tree_get(opt_state, "ScaleByScheduleState")
+    if state is None:
+        raise KeyError("the optimizer state holds no ScaleByScheduleState")
+    return jnp.asarray(schedule(state.count), jnp.float32)
 
 
 def _decay_mask(params: Any) -> Any:

@@ -137,7 +137,10 @@ def depth_within(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 def parse_json(line: str | bytes) -> Any:
     """The JSON value of one record line, or None when it is not a record's: malformed, or
     nested deeper than :data:`MAX_JSON_DEPTH` (no line, however built, gets past here to stop a
-    reader)."""
+    reader). Bytes that are not UTF-8 read as U+FFFD, as the database ingest reads them, so
+    that every reader sees the same events."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", errors="replace")
     try:
         value = json.loads(line)
     except (ValueError, RecursionError):

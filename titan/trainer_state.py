@@ -45,8 +45,7 @@ class TrainState:
     """The state of a run, for either layout (a pytree whose leaves are the chunks' arrays).
 
     Attributes:
-        step: optimizer steps done (host int; the learning rate of the next step is
-            ``lr_schedule(step)``).
+        step: optimizer steps done, skipped ones included (host int).
         chunks: one :class:`ChunkState` per model chunk, in model order.
     """
 
@@ -69,7 +68,8 @@ class StepMetrics(TypedDict):
     Attributes:
         loss: mean loss of the step's batch (token cross-entropy in nats for language models).
         grad_norm: global L2 norm of the gradients before clipping.
-        lr: the learning rate of the step's number (``lr_schedule(step)``).
+        lr: the learning rate the step's update applied, or would have applied had it been
+            skipped (:func:`titan.optimizer.applied_learning_rate`).
         finite: bool, the loss and gradient norm were finite, so the update was applied (when
             False the state is the previous step's; :func:`titan.optimizer.finite_step`).
     """

@@ -8,18 +8,20 @@ run from the database. Call it from a worker, not the UI thread.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import stat
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan.analysis.liveness import LAUNCH_FILE, STDERR_LOG, Liveness, judge
-from titan.telemetry.records import EVENTS_FILE, load_events
+from titan.telemetry.records import EVENTS_FILE, EventTail
 from tui.run_state import RunState
 
-# Runs whose records the run list reads, at most: a few screenfuls. A record is read whole
-# (about 3 ms for a short one), so this bounds the list's time at any size of runs root, where
-# the stat of each run dir costs about 5 us (bench/console.py --scale: run_list_open_s).
+# Runs whose records the run list reads, at most: a few screenfuls. A short record is read in
+# about 3 ms, so this bounds the list's time at any size of runs root, where the stat of each
+# run dir costs about 5 us (bench/console.py --scale: run_list_open_s).
 RECENT_RUNS = 100
 # The files that make a folder a run dir, the first that exists giving its last write.
 _RUN_FILES = (EVENTS_FILE, LAUNCH_FILE, STDERR_LOG)
@@ -34,12 +36,22 @@ class RunSummary:
         state: its events folded into a :class:`~tui.run_state.RunState`.
         created_at: unix seconds of its first event, or the dir's mtime when it has none yet.
         liveness: its state (:func:`titan.analysis.liveness.judge`).
+        read_bytes, unread_bytes: bytes of its record read, and not read yet (0: ``state``
+            holds all of it).
     """
 
     run_dir: Path
     state: RunState
     created_at: float
     liveness: Liveness
+    read_bytes: int = 0
+    unread_bytes: int = 0
+
+    @property
+    def read_fraction(self) -> float:
+        """The part of the record read, 0 to 1."""
+        size = self.read_bytes + self.unread_bytes
+        return 1.0 if not size else self.read_bytes / size
 
 
 @dataclass(frozen=True)
@@ -85,44 +97,106 @@ def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
     return [runs_root / name for _, name in recent], len(written)
 
 
-# A run dir's folded record as last read, by the stat key (size, mtime_ns) of its events file.
-RecordCache = dict[Path, tuple[tuple[int, int] | None, RunState, float]]
+# One read of a record: a listing folds a record slice by slice, so its memory stays bounded
+# whatever the record's size (a 180 MB record read whole held 1.4 GB of parsed events).
+READ_SLICE_BYTES = 1 << 20
+
+
+@dataclass
+class _Record:
+    """A run dir's record as folded so far: its reader, the file it read, the state."""
+
+    tail: EventTail
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
+    size: int = 0  # the file's size at the last look
+    state: RunState = field(default_factory=RunState)
+    shown: RunState = field(default_factory=RunState)  # the snapshot listings hand out
+    created_at: float | None = None
+
+    @classmethod
+    def of(cls, run_dir: Path, known: _Record | None) -> _Record:
+        """``known`` with the events file's size looked at, or a fresh record when there is
+        none, or the file was replaced or cut shorter than what was read."""
+        path = run_dir / EVENTS_FILE
+        try:
+            info = os.stat(path)
+        except OSError:  # no record (yet, or any more)
+            return cls(EventTail(path))
+        identity = (info.st_dev, info.st_ino)
+        if known is None or info.st_size < known.tail.offset or identity != known.identity:
+            known = cls(EventTail(path), identity)
+        known.size = info.st_size
+        return known
+
+    def unread(self) -> int:
+        """Bytes of the events file not folded yet (as of the last look)."""
+        return max(self.size - self.tail.offset, 0)
+
+    def read(self, deadline: float, first: bool) -> bool:
+        """Fold slices of what is unread until it is all read or ``deadline`` passes (after
+        one slice at least when ``first``); returns whether it read any."""
+        changed = False
+        while self.tail.offset < self.size and (first or time.monotonic() < deadline):
+            first = False
+            before = self.tail.offset
+            events = self.tail.read_new_events(READ_SLICE_BYTES)
+            if self.created_at is None and events:
+                self.created_at = events[0].written_time
+            self.state.apply(events)
+            changed = True
+            if self.tail.offset == before:  # unreadable
+                break
+        if changed:
+            self.shown = self.state.snapshot()
+        return changed
+
+
+# The records of a runs root as folded so far, by run dir (kept by the caller between listings).
+RecordCache = dict[Path, _Record]
 
 
 def list_runs(
-    runs_root: Path, limit: int = RECENT_RUNS, cache: RecordCache | None = None
+    runs_root: Path,
+    limit: int = RECENT_RUNS,
+    cache: RecordCache | None = None,
+    budget_s: float = math.inf,
 ) -> RunListing:
     """Summaries of the ``limit`` run dirs directly under ``runs_root`` whose record was
     written last, newest first by their first event (empty when the folder does not exist).
-    Every run is judged anew (:func:`~titan.analysis.liveness.judge`); ``cache`` (kept by
-    the caller between listings) spares reading again a record whose events file has not
-    changed, so that a listing every few seconds costs a ``stat`` per unchanged run."""
+    Every run is judged anew (:func:`~titan.analysis.liveness.judge`). ``cache`` (kept by the
+    caller between listings) holds each record folded so far, so that a listing reads only
+    what was appended since the last one. Records are read, the smallest remainder first,
+    until every one is read or ``budget_s`` seconds have passed (a slice at least, so that
+    listings always progress); a summary then says how much of its record is left
+    (``unread_bytes``) and the next listing goes on from there."""
     if not runs_root.is_dir():
         return RunListing([], 0)
     run_dirs, total = _recent_run_dirs(runs_root, limit)
     cache = {} if cache is None else cache
-    summaries = []
-    for run_dir in run_dirs:
-        key = _record_key(run_dir)
-        cached = cache.get(run_dir)
-        if cached is None or cached[0] != key or key is None:
-            events = load_events(run_dir)
-            state = RunState()
-            state.apply(events)
-            created_at = events[0].written_time if events else run_dir.stat().st_mtime
-            cached = cache[run_dir] = (key, state, created_at)
-        _, state, created_at = cached
-        summaries.append(RunSummary(run_dir, state, created_at, judge(run_dir, state.facts)))
+    records = [_Record.of(d, cache.get(d)) for d in run_dirs]
+    cache.update(zip(run_dirs, records, strict=True))
+    deadline, read = time.monotonic() + budget_s, False
+    for record in sorted(records, key=_Record.unread):
+        read = record.read(deadline, first=not read) or read
+    summaries = [
+        RunSummary(
+            run_dir,
+            record.shown,
+            record.created_at or _mtime(run_dir),
+            judge(run_dir, record.shown.facts),
+            record.tail.offset,
+            record.unread(),
+        )
+        for run_dir, record in zip(run_dirs, records, strict=True)
+    ]
     for gone in set(cache) - set(run_dirs):
         del cache[gone]
     summaries.sort(key=lambda s: s.created_at, reverse=True)
     return RunListing(summaries, total)
 
 
-def _record_key(run_dir: Path) -> tuple[int, int] | None:
-    """(size, st_mtime_ns) of the run's events file, None when it has none."""
+def _mtime(path: Path) -> float:
     try:
-        info = os.stat(run_dir / EVENTS_FILE)
+        return path.stat().st_mtime
     except OSError:
-        return None
-    return (info.st_size, info.st_mtime_ns)
+        return 0.0

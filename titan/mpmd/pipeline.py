@@ -41,7 +41,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +52,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from titan.errors import TitanError
 from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
-from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
+from titan.optimizer import (
+    applied_learning_rate,
+    clip_by_global_norm,
+    finite_step,
+    keep_if_not_finite,
+)
 from titan.parallel.chunks import (
     Chunk,
     chunk_item,
@@ -115,6 +120,15 @@ def _abstract(tree: Any, shardings: Any) -> Any:
     )
 
 
+class UpdateFigures(TypedDict):
+    """What a step's update returns on the device (the :class:`StepMetrics` fields other than
+    the loss): global gradient norm, finite flag, learning rate applied."""
+
+    grad_norm: jax.Array
+    finite: jax.Array
+    lr: jax.Array
+
+
 @dataclass
 class ChunkPrograms:
     """The compiled programs of one model chunk on its stage's devices."""
@@ -123,6 +137,7 @@ class ChunkPrograms:
     mesh: DeviceMesh
     adapter: ModelAdapter
     tx: optax.GradientTransformation
+    lr_schedule: optax.Schedule
     dtype: jnp.dtype
     grad_clip: float
     shardings: Any
@@ -167,12 +182,13 @@ class ChunkPrograms:
     def _update(self, params, opt_state, grads, squared_norms, loss):
         global_norm = jnp.sqrt(sum(squared_norms))
         finite = finite_step(loss, global_norm)
+        lr = applied_learning_rate(self.lr_schedule, opt_state)
         grads = clip_by_global_norm(grads, global_norm, self.grad_clip)
         updates, new_opt_state = self.tx.update(grads, opt_state, params)
         updated = (optax.apply_updates(params, updates), new_opt_state)
         params, opt_state = keep_if_not_finite(finite, updated, (params, opt_state))
         zeros = jax.tree.map(jnp.zeros_like, grads)
-        return params, opt_state, zeros, global_norm, finite
+        return params, opt_state, zeros, global_norm, finite, lr
 
     def activation_abstract(self) -> jax.ShapeDtypeStruct:
         """The chunk's output (and the next chunk's input) of one microbatch."""
@@ -218,6 +234,7 @@ class ChunkPrograms:
             grad_shardings,
             self.shardings["opt_state"],
             grad_shardings,
+            replicated,
             replicated,
             replicated,
         )
@@ -292,7 +309,8 @@ class PipelineTrainer:
         meshes: one device mesh per stage.
         chunks: the model chunks, in model order.
         programs: one :class:`ChunkPrograms` per chunk.
-        tx: the optimizer; ``lr_schedule`` its learning rate per step.
+        tx: the optimizer (its learning rate per step is each :class:`ChunkPrograms`'s
+            ``lr_schedule``).
         compute_dtype: dtype of forward and backward.
         schedule: the pipeline schedule (:mod:`titan.schedules`).
         order: the schedule's actions in dispatch order.
@@ -304,14 +322,12 @@ class PipelineTrainer:
     chunks: list[Chunk]
     programs: list[ChunkPrograms]
     tx: optax.GradientTransformation
-    lr_schedule: optax.Schedule
     compute_dtype: jnp.dtype
     schedule: Schedule
     order: list[Action]
     timing_every: int
     _grads: list[Any] = field(default_factory=list)
     _loss_seed: Any = None
-    _lr: Any = None
     _events: list = field(default_factory=list)
     _fields: dict[str, Any] = field(default_factory=dict)
     _steps_done: int = 0
@@ -351,7 +367,18 @@ class PipelineTrainer:
             mesh = meshes[chunk.stage]
             shardings, abstract = mesh.state_shardings(tx, *adapter.abstract_params(chunk))
             programs.append(
-                ChunkPrograms(chunk, mesh, adapter, tx, dtype, grad_clip, shardings, abstract, rows)
+                ChunkPrograms(
+                    chunk,
+                    mesh,
+                    adapter,
+                    tx,
+                    lr_schedule,
+                    dtype,
+                    grad_clip,
+                    shardings,
+                    abstract,
+                    rows,
+                )
             )
         order = execution_order(schedule)
         return cls(
@@ -360,7 +387,6 @@ class PipelineTrainer:
             chunks,
             programs,
             tx,
-            lr_schedule,
             dtype,
             schedule,
             order,
@@ -453,8 +479,6 @@ class PipelineTrainer:
         # would queue behind stage 0's work and stall the last stage's first backward.
         last = self.programs[-1].mesh.replicated()
         self._loss_seed = jax.device_put(np.float32(1.0 / self.schedule.microbatches), last)
-        # Jitted: evaluated eagerly, the schedule is a dozen small blocking dispatches per step.
-        self._lr = jax.jit(self.lr_schedule)
         return [
             Compile(what="stage", stage=stage, seconds=s, memory=self._stage_memory(stage))
             for stage, s in seconds.items()
@@ -577,7 +601,7 @@ class PipelineTrainer:
                     ]
                 )
         losses = self._loss_on_stages(buffers)
-        new_state, grad_norm, finite = self._update(state, losses)
+        new_state, figures = self._update(state, losses)
         self._fields = {"dispatch_s": time.perf_counter() - start}
         if timed:
             jax.block_until_ready(new_state)
@@ -588,9 +612,8 @@ class PipelineTrainer:
                     step_time_s=time.perf_counter() - start,
                 )
             )
-        lr = self._lr(np.int32(state.step))
         loss = self._local_loss(losses)
-        return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite}
+        return new_state, {"loss": loss, **figures}
 
     def _local_loss(self, losses: list[jax.Array]) -> jax.Array:
         """This process's copy of the loss of :meth:`_loss_on_stages`."""
@@ -637,27 +660,25 @@ class PipelineTrainer:
 
     def _update(
         self, state: TrainState, losses: list[jax.Array]
-    ) -> tuple[TrainState, jax.Array, jax.Array]:
+    ) -> tuple[TrainState, UpdateFigures]:
         """Every chunk's update, each given the squared gradient norms of all chunks and the
         loss on its stage (``losses``), so that each decides alike, on its own devices, whether
         the step is finite (:func:`titan.optimizer.finite_step`) before applying it. Across
         processes only this process's chunks are updated, and every process takes part in
-        sending each chunk's squared norm to every stage. Returns (new state, global gradient
-        norm, finite flag), the last two as this process's copies."""
+        sending each chunk's squared norm to every stage. Returns the new state and the
+        update's figures, as this process's copies."""
         squared = [
             p.compiled["squared_norm"](g) if p.mesh.is_local else remote_array(_scalar(p.mesh))
             for p, g in zip(self.programs, self._grads, strict=True)
         ]
         on_stage = [tuple(transfer(s, mesh.replicated()) for s in squared) for mesh in self.meshes]
-        chunks, norm, finite = [], None, None
+        chunks, figures = [], None
         for c, program in enumerate(self.programs):
             current, stage = state.chunks[c], program.chunk.stage
             if not program.mesh.is_local:
                 chunks.append(current)
                 continue
-            params, opt_state, self._grads[c], chunk_norm, chunk_finite = program.compiled[
-                "update"
-            ](
+            params, opt_state, self._grads[c], *scalars = program.compiled["update"](
                 current["params"],
                 current["opt_state"],
                 self._grads[c],
@@ -665,10 +686,11 @@ class PipelineTrainer:
                 losses[stage],
             )
             chunks.append({"params": params, "opt_state": opt_state})
-            if norm is None:
-                norm, finite = _local(chunk_norm), _local(chunk_finite)
-        assert norm is not None and finite is not None  # every process holds a chunk
-        return TrainState(state.step + 1, tuple(chunks)), norm, finite
+            if figures is None:
+                norm, finite, lr = (_local(x) for x in scalars)
+                figures = UpdateFigures(grad_norm=norm, finite=finite, lr=lr)
+        assert figures is not None  # every process holds a chunk
+        return TrainState(state.step + 1, tuple(chunks)), figures
 
     def next_step_blocks(self) -> bool:
         """Whether the next :meth:`step` is a timed one, which blocks after every action."""

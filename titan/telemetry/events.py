@@ -368,7 +368,10 @@ class Step(Event):
         "step's, the batch is consumed (``--nonfinite``)",
         omit_if_none=True,
     )
-    lr: float | None = _field("learning rate of the step")
+    lr: float | None = _field(
+        "learning rate that the step's update applied (or would have, for a skipped step): the "
+        "schedule after the updates applied so far"
+    )
     tokens: int | None = _field(
         "tokens of this step (batch size x sequence length; a DiT's: batch size x patches per "
         "image)",

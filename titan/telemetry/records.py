@@ -226,7 +226,9 @@ class EventTail:
     offset: int = 0
     bad_lines: int = 0
     error: str | None = None
-    _pending: bytes = field(default=b"", repr=False)
+    # The partial last line, in the pieces read: joined once its end is read, so that a line
+    # read in many slices costs its length once (not once per slice).
+    _pending: list[bytes] = field(default_factory=list, repr=False)
 
     def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
         """The complete lines appended since the last call, as JSON objects; with
@@ -241,9 +243,12 @@ class EventTail:
             return []
         self.error = None
         self.offset += len(chunk)
-        data = self._pending + chunk
-        lines = data.split(b"\n")
-        self._pending = lines.pop()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self._pending.append(chunk)
+            return []
+        lines = b"".join([*self._pending, chunk[:end]]).split(b"\n")
+        self._pending = [chunk[end + 1 :]]
         events, bad = _objects(lines)
         self.bad_lines += bad
         return events

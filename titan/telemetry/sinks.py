@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import math
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -252,7 +253,16 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
     if sink == "csv":
         return write_csv(rows, out, force)
     start = next((e for e in events if e.get("type") == "run_start"), {})
-    return write_wandb_offline(rows, out, str(start.get("run_id", run_dir.name)), start)
+    config = start.get("config")
+    run_id = wandb_run_id(str(start.get("run_id", run_dir.name)))
+    return write_wandb_offline(rows, out, run_id, config if isinstance(config, dict) else {})
+
+
+def wandb_run_id(run_id: str) -> str:
+    """``run_id`` as a W&B run id: characters other than letters, digits, ``.``, ``_`` and
+    ``-`` become ``-``. wandb refuses ids with ``:;,#?/'``, spaces at either end, or empty
+    (``wandb.Settings``' run id validator); a foreign record's id may hold anything."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run"
 
 
 class LiveTensorBoard:

@@ -28,7 +28,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
-from titan.optimizer import clip_by_global_norm, finite_step, keep_if_not_finite
+from titan.optimizer import (
+    applied_learning_rate,
+    clip_by_global_norm,
+    finite_step,
+    keep_if_not_finite,
+)
 from titan.parallel.chunks import Chunk, chunk_item, chunk_ranges
 from titan.parallel.fit import microbatch_rows
 from titan.parallel.mesh import DeviceMesh
@@ -173,7 +178,7 @@ class SpmdTrainer:
         grads = jax.tree.map(lambda g, p: (g / m).astype(p.dtype), grad_sum, params)
         return jax.tree.map(lambda total: total / m, sums), grads
 
-    def _step(self, chunk: ChunkState, step: jax.Array, batch: dict[str, jax.Array]):
+    def _step(self, chunk: ChunkState, batch: dict[str, jax.Array]):
         if self.microbatches == 1:
             (loss, terms), grads = self._loss_and_grads(chunk["params"], batch)
         else:
@@ -185,7 +190,7 @@ class SpmdTrainer:
         metrics = {
             "loss": loss,
             "grad_norm": grad_norm,
-            "lr": self.lr_schedule(step),
+            "lr": applied_learning_rate(self.lr_schedule, chunk["opt_state"]),
             "finite": finite,
             **terms,  # Step fields of the same names
         }
@@ -197,19 +202,14 @@ class SpmdTrainer:
         replicated = self.mesh.replicated()
         jitted = jax.jit(
             self._step,
-            in_shardings=(
-                self.chunk_shardings,
-                replicated,
-                self.mesh.batch_sharding(self.batch_size),
-            ),
+            in_shardings=(self.chunk_shardings, self.mesh.batch_sharding(self.batch_size)),
             out_shardings=(self.chunk_shardings, replicated),
             donate_argnums=0,
         )
-        step = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         start = time.perf_counter()
         with self.mesh.tracing():
             self._lowered = jitted.lower(
-                self.chunk_abstract, step, self.adapter.batch_shapes(self.batch_size)
+                self.chunk_abstract, self.adapter.batch_shapes(self.batch_size)
             )
         return time.perf_counter() - start
 
@@ -223,7 +223,7 @@ class SpmdTrainer:
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
         """One optimizer step (asynchronous dispatch). Returns (new state, metrics on device)."""
         chunk, metrics = self._compiled(
-            state.chunks[0], np.int32(state.step), self.mesh.shard_batch(batch, self.batch_size)
+            state.chunks[0], self.mesh.shard_batch(batch, self.batch_size)
         )
         return TrainState(state.step + 1, (chunk,)), metrics
 

@@ -1,11 +1,14 @@
 """The run list: the run dirs of a runs root, newest first, to open in the monitor (the most
 recently written :data:`tui.run_list.RECENT_RUNS`; History lists all). It lists them again
-every :data:`REFRESH_INTERVAL_S` while shown (each run judged anew, a record read again only
-when it changed), so that a run killed meanwhile leaves the ``running`` count at the next
-listing; ``o`` changes the order, ``/`` filters."""
+every :data:`REFRESH_INTERVAL_S` while shown (each run judged anew, only what a record gained
+since read), so that a run killed meanwhile leaves the ``running`` count at the next listing;
+one listing runs at a time, and a long record is read a slice at a time: the list shows at
+once, such a run as ``reading N%`` until its record is read. ``o`` changes the order, ``/``
+filters."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.worker import get_current_worker
 
 from titan.analysis.liveness import RUNNING
 from titan.inert import inert
@@ -25,6 +29,10 @@ from tui.widgets.run_table import RunTable
 
 # The run list is listed again this often while shown (seconds).
 REFRESH_INTERVAL_S = 2.0
+# Seconds a listing reads records before it is shown; one that left records unread is followed
+# by another at once, after a pause that leaves the interpreter to the UI thread.
+LISTING_BUDGET_S = 0.5
+LISTING_PAUSE_S = 0.05
 # The orders ``o`` cycles through: name, and the key of each run.
 ORDERS = {
     "newest": lambda s: -s.created_at,
@@ -77,9 +85,10 @@ class RunsScreen(Screen[None]):
 
     @dataclass
     class Listed(Message):
-        """A finished listing of the runs root (posted by the worker)."""
+        """A listing of the runs root (posted by the worker); ``last``: the worker's last."""
 
         listing: RunListing
+        last: bool
 
     def __init__(self, runs_root: Path) -> None:
         super().__init__()
@@ -89,6 +98,7 @@ class RunsScreen(Screen[None]):
         self.order = "newest"
         self.text = ""
         self._records: RecordCache = {}
+        self._listing_now = False  # a worker is listing: no other starts
         self._ticker = ScreenTicker(self, REFRESH_INTERVAL_S, self.action_refresh)
 
     def compose(self) -> ComposeResult:
@@ -138,8 +148,10 @@ class RunsScreen(Screen[None]):
         self.query_one(RunTable).focus()
 
     def action_refresh(self) -> None:
-        """List the runs root again (in a worker)."""
-        self._list_runs()
+        """List the runs root again (in a worker), unless a listing is under way."""
+        if not self._listing_now:
+            self._listing_now = True
+            self._list_runs()
 
     def action_attach(self) -> None:
         """Ask for a run dir and open it in the monitor."""
@@ -152,10 +164,19 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="list")
     def _list_runs(self) -> None:
-        self.post_message(self.Listed(list_runs(self.runs_root, cache=self._records)))
+        """Post listings until every listed record is read (or the screen goes)."""
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            listing = list_runs(self.runs_root, cache=self._records, budget_s=LISTING_BUDGET_S)
+            last = not any(s.unread_bytes for s in listing.summaries)
+            self.post_message(self.Listed(listing, last))
+            if last:
+                return
+            time.sleep(LISTING_PAUSE_S)
 
     def on_runs_screen_listed(self, message: RunsScreen.Listed) -> None:
         self.listing = message.listing
+        self._listing_now = not message.last
         self._show()
 
     def _show(self) -> None:
@@ -167,7 +188,7 @@ class RunsScreen(Screen[None]):
         self.query_one(RunTable).show(rows)
         status = self.query_one("#runs-status", Static)
         shown = len(listing.summaries)
-        running = sum(s.liveness.state == RUNNING for s in listing.summaries)
+        running = sum(s.liveness.state == RUNNING and not s.unread_bytes for s in listing.summaries)
         if not shown:
             status.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
         else:

@@ -55,10 +55,16 @@ class RunTable(PlainTable):
         self.clear()
         for summary in summaries:
             state = summary.state
+            if summary.unread_bytes:  # its figures so far may be an earlier attempt's
+                status, step, loss = f"reading {summary.read_fraction:.0%}", "…", "…"
+            else:
+                status = summary.liveness.state
+                step = f"{state.step}/{state.total_steps or '?'}"
+                loss = "-" if state.loss is None else f"{state.loss:.3f}"
             self.add_row(
-                status_cell(summary.liveness.state),
-                cell(f"{state.step}/{state.total_steps or '?'}"),
-                cell("-" if state.loss is None else f"{state.loss:.3f}"),
+                status_cell(status),
+                cell(step),
+                cell(loss),
                 cell(short(summary.run_dir.name, RUN_WIDTH)),
                 cell(short(state.preset or "?", PRESET_WIDTH)),
                 key=str(summary.run_dir),
