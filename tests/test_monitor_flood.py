@@ -35,14 +35,16 @@ def _step_lines(first: int, last: int) -> bytes:
     )
 
 
-def _flooded_run(run_dir: Path, steps: int) -> None:
-    """A run dir whose record holds a ``run_start`` and ``steps`` steps, written at once."""
+def _flooded_run(run_dir: Path, steps: int, resumed_at: tuple[int, ...] = ()) -> None:
+    """A run dir whose record holds ``steps`` steps, written at once: one attempt, or one
+    more resumed at each step of ``resumed_at``."""
     run_dir.mkdir(parents=True)
-    append_events(
-        run_dir, [event("run_start", 100.0, config={"preset": "tiny"}, total_steps=steps)]
-    )
-    with open(run_dir / EVENTS_FILE, "ab") as f:
-        f.write(_step_lines(1, steps))
+    starts = (0, *resumed_at)
+    for first, last in zip(starts, (*resumed_at, steps), strict=True):
+        start = event("run_start", 100.0 + first, config={"preset": "tiny"}, total_steps=steps)
+        append_events(run_dir, [{**start, "resumed_from_step": first or None}])
+        with open(run_dir / EVENTS_FILE, "ab") as f:
+            f.write(_step_lines(first + 1, last))
 
 
 def _live_start(time_s: float, **fields) -> dict:
@@ -146,7 +148,7 @@ async def test_the_monitor_shows_the_newest_step_of_a_flooded_record_and_fills_i
     tmp_path: Path,
 ):
     run_dir = tmp_path / "flood"
-    _flooded_run(run_dir, 30_000)
+    _flooded_run(run_dir, 30_000, resumed_at=(10, 15_000))
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = MonitorScreen(run_dir)
@@ -158,15 +160,21 @@ async def test_the_monitor_shows_the_newest_step_of_a_flooded_record_and_fills_i
             30,
         )
         first_shown = stat(app, "step")
+        first_elapsed = stat(app, "elapsed")
         first_count = screen.state.curve.count
         await wait_until(
             pilot,
-            lambda: screen.state.curve.count == 30_000 and stat(app, "step") == "30000 / 30000",
+            lambda: (
+                screen.state.curve.count == 30_000
+                and stat(app, "step") == "30000 / 30000 (resumed at 15000)"
+            ),
             lambda: f"{screen.state.curve.count} read; {stat(app, 'step')}",
             300,
         )
         points = len(screen.state.curve.steps)
+    # The history read so far holds an earlier attempt's run_start: not shown as this one's.
     assert first_shown.startswith("30000 / 30000 · ") and "MB of history to read" in first_shown
+    assert "resumed" not in first_shown and first_elapsed == "-"
     assert first_count < 30_000
     assert points <= MAX_POINTS
 

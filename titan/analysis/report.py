@@ -38,7 +38,8 @@ from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration, format_flops_rate, format_number
 from titan.inert import inert, markdown_text
-from titan.telemetry.events import Eval, Event, Profile, RunStart, Step
+from titan.progress_bar import progress_bar
+from titan.telemetry.events import Eval, Event, Profile, RunStart, Step, parse_events
 from titan.telemetry.records import EVENTS_FILE, EventTail
 
 REPORT_DIR = "report"
@@ -62,13 +63,13 @@ def read_run(run_dir: Path) -> tuple[list[Event], int, int]:
     if not path.is_file():
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
     tail = EventTail(path)
-    events = tail.read_new_events()
+    with progress_bar(f"reading {EVENTS_FILE}: MiB") as update:
+        events, not_events = parse_events(tail.read_to_end(update))
     if tail.error is not None:
         raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
     if not any(isinstance(e, RunStart) for e in events):
         raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no readable run_start event")
-    data = path.read_bytes()
-    return events, tail.bad_lines, len(data) - (data.rfind(b"\n") + 1)
+    return events, tail.bad_lines + not_events, tail.pending_bytes
 
 
 def _mfu_values(step: Step) -> dict[str, float | None]:

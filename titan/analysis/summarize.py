@@ -98,6 +98,7 @@ from titan.analysis.sql import insert_rows
 from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line
 from titan.formatting import format_flops_rate
+from titan.progress_bar import progress_bar
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
 from titan.telemetry.events import (
     MFU_CONVENTION,
@@ -958,15 +959,17 @@ def summarize_run_dir(run_dir: Path) -> RunSummary:
 
 @contextlib.contextmanager
 def ingested(runs_root: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    """The runs root's database (:func:`connect`) with every record ingested (:func:`ingest`),
-    closed when the block ends.
+    """The runs root's database (:func:`connect`) with every record ingested (:func:`ingest`,
+    its progress in a terminal: :func:`titan.progress_bar.progress_bar`), closed when the
+    block ends.
 
     Raises:
         TitanError: as :func:`connect`.
     """
     con = connect(runs_root)
     try:
-        ingest(con, runs_root)
+        with progress_bar("ingesting run records: run dirs") as update:
+            ingest(con, runs_root, progress=update)
         yield con
     finally:
         con.close()

@@ -25,6 +25,7 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -211,6 +212,10 @@ def disk_full(err: BaseException) -> str | None:
     return None
 
 
+# One read of :meth:`EventTail.read_to_end`.
+WHOLE_READ_SLICE_BYTES = 8 << 20
+
+
 @dataclass
 class EventTail:
     """Incremental reader of an ``events.jsonl`` that another process is appending to.
@@ -252,6 +257,31 @@ class EventTail:
         events, bad = _objects(lines)
         self.bad_lines += bad
         return events
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the partial last line read so far (0 when the last read ended a line)."""
+        return sum(map(len, self._pending))
+
+    def read_to_end(
+        self, progress: Callable[[int, int], None] | None = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`read_new` up to the file's end as it is now, in slices of
+        :data:`WHOLE_READ_SLICE_BYTES`, calling ``progress(MiB read, MiB in all)`` after each
+        (a record of hundreds of MB takes a minute to parse)."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return self.read_new()  # which says why in ``error``
+        objects: list[dict[str, Any]] = []
+        while self.offset < size:
+            before = self.offset
+            objects += self.read_new(min(WHOLE_READ_SLICE_BYTES, size - before))
+            if progress is not None:
+                progress(self.offset >> 20, size >> 20)
+            if self.offset == before:
+                break
+        return objects
 
     def read_new_events(self, max_bytes: int = -1) -> list[Event]:
         """:meth:`read_new`, each object parsed by :func:`~titan.telemetry.events.

@@ -26,6 +26,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.out_paths import check_dir, check_file
+from titan.progress_bar import progress_bar, tracked
 from titan.telemetry.records import EVENTS_FILE, EventTail
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
@@ -126,7 +127,7 @@ def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
         old.unlink()
     writer = _tensorboard_writer(out, EXPORT_SUFFIX)
     try:
-        for row in rows:
+        for row in tracked(rows, "writing TensorBoard events: steps"):
             for tag, value in row.values.items():
                 writer.add_scalar(tag, value, global_step=row.step, walltime=row.time)
     finally:
@@ -156,7 +157,7 @@ def write_csv(rows: list[MetricRow], out: Path, force: bool = False) -> Path:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(["step", "time", *tags])
-            for row in rows:
+            for row in tracked(rows, "writing the CSV: steps"):
                 writer.writerow([row.step, row.time, *(row.values.get(t, "") for t in tags)])
         tmp.replace(out)
     except OSError as e:
@@ -187,7 +188,7 @@ def write_wandb_offline(
         config=config, settings=settings,
     )  # fmt: skip
     try:
-        for row in rows:
+        for row in tracked(rows, "writing the W&B offline run: steps"):
             run.log(row.values, step=row.step)
     finally:
         run.finish()
@@ -235,7 +236,8 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
     if not path.exists():
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} (not a run directory)")
     tail = EventTail(path)
-    events = tail.read_new()
+    with progress_bar(f"reading {EVENTS_FILE}: MiB") as update:
+        events = tail.read_to_end(update)
     if tail.error is not None:
         raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
     if not events:

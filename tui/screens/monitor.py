@@ -326,6 +326,12 @@ class MonitorScreen(Screen[None]):
         """Whether the run is judged frozen or stalled (a stop may wait on it for ever)."""
         return self.liveness is not None and self.liveness.state in (UNRESPONSIVE, STALLED)
 
+    def _history_behind(self) -> bool:
+        """Whether the newest events are shown ahead of the history still being read
+        (:mod:`tui.run_watch`): what the latest ``run_start`` says (the attempt's start, the
+        step it resumed at) is not known until the history reaches it."""
+        return self._unread_bytes > READ_SLICE_BYTES
+
     def _show_overview(self) -> None:
         state = self.state
         status = self.status
@@ -338,10 +344,9 @@ class MonitorScreen(Screen[None]):
         total = "?" if state.total_steps is None else str(state.total_steps)
         resumed_at = state.resumed_from_step
         resumed = "" if resumed_at is None else f" (resumed at {resumed_at})"
-        # While the newest events are shown ahead of the history still being read.
-        unread = self._unread_bytes
-        behind = f" · {unread / 1e6:.1f} MB of history to read" if unread > READ_SLICE_BYTES else ""
-        self.query_one("#step", Stat).show(f"{state.step} / {total}{resumed}{behind}")
+        if self._history_behind():  # its run_start may be an earlier attempt's: not shown
+            resumed = f" · {self._unread_bytes / 1e6:.1f} MB of history to read"
+        self.query_one("#step", Stat).show(f"{state.step} / {total}{resumed}")
         params = "" if state.param_count is None else f" · {state.param_count / 1e6:.2f}M params"
         self.query_one("#model", Stat).show(f"{state.preset or '?'}{params}")
         self.query_one("#loss", Stat).show("-" if state.loss is None else f"{state.loss:.4f}")
@@ -400,7 +405,8 @@ class MonitorScreen(Screen[None]):
         if active == "overview":
             alive = self.liveness is None or self.liveness.alive
             now = time.time() if alive else self.state.last_event_at or time.time()
-            self.query_one("#elapsed", Stat).show(_duration(self.state.elapsed_s(now)))
+            elapsed = None if self._history_behind() else self.state.elapsed_s(now)
+            self.query_one("#elapsed", Stat).show(_duration(elapsed))
             ended = self.state.end_status is not None or self.returncode is not None
             self.query_one(LossChart).show(self.state.curve, force=ended)
         elif active == "watchdog":
