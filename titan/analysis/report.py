@@ -64,7 +64,7 @@ def read_run(run_dir: Path) -> tuple[list[Event], int, int]:
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
     tail = EventTail(path)
     with progress_bar(f"reading {EVENTS_FILE}: MiB") as update:
-        events, not_events = parse_events(tail.read_to_end(update))
+        events, not_events = parse_events(list(tail.iter_to_end(update)))
     if tail.error is not None:
         raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
     if not any(isinstance(e, RunStart) for e in events):

@@ -25,7 +25,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -212,7 +212,7 @@ def disk_full(err: BaseException) -> str | None:
     return None
 
 
-# One read of :meth:`EventTail.read_to_end`.
+# One read of :meth:`EventTail.iter_to_end`.
 WHOLE_READ_SLICE_BYTES = 8 << 20
 
 
@@ -263,25 +263,25 @@ class EventTail:
         """Bytes of the partial last line read so far (0 when the last read ended a line)."""
         return sum(map(len, self._pending))
 
-    def read_to_end(
+    def iter_to_end(
         self, progress: Callable[[int, int], None] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> Iterator[dict[str, Any]]:
         """:meth:`read_new` up to the file's end as it is now, in slices of
-        :data:`WHOLE_READ_SLICE_BYTES`, calling ``progress(MiB read, MiB in all)`` after each
-        (a record of hundreds of MB takes a minute to parse)."""
+        :data:`WHOLE_READ_SLICE_BYTES` (one slice's objects are held at a time), calling
+        ``progress(MiB read, MiB in all)`` after each (a record of hundreds of MB takes a
+        minute to parse)."""
         try:
             size = os.stat(self.path).st_size
         except OSError:
-            return self.read_new()  # which says why in ``error``
-        objects: list[dict[str, Any]] = []
-        while self.offset < size:
+            size = 0  # the read below says why in ``error``
+        while True:  # one read at least, which opens the file: an unreadable one sets error
             before = self.offset
-            objects += self.read_new(min(WHOLE_READ_SLICE_BYTES, size - before))
+            left = size - before  # none (a size of 0, as /proc files say): read to the end
+            yield from self.read_new(min(WHOLE_READ_SLICE_BYTES, left) if left > 0 else -1)
             if progress is not None:
                 progress(self.offset >> 20, size >> 20)
-            if self.offset == before:
+            if self.offset >= size or self.offset == before:
                 break
-        return objects
 
     def read_new_events(self, max_bytes: int = -1) -> list[Event]:
         """:meth:`read_new`, each object parsed by :func:`~titan.telemetry.events.

@@ -87,16 +87,18 @@ class MetricRow:
 def metric_rows(events: Iterable[dict[str, Any]]) -> list[MetricRow]:
     """One row per step that has scalars, in step order; for each (event type, step) the last
     event recorded wins."""
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    # (time, scalars) of each (type, step): the events themselves are not kept, so that a
+    # stream of them (EventTail.iter_to_end) is held a slice at a time
+    latest: dict[tuple[str, int], tuple[float, list[tuple[str, float]]]] = {}
     for event in events:
-        if event_scalars(event):
+        if scalars := event_scalars(event):
             latest.pop((event["type"], event["step"]), None)  # re-inserted last: file order
-            latest[(event["type"], event["step"])] = event
+            latest[(event["type"], event["step"])] = (float(event["time"]), scalars)
     rows: dict[int, MetricRow] = {}
-    for (_, step), event in latest.items():
-        row = rows.setdefault(step, MetricRow(step, float(event["time"])))
-        row.time = max(row.time, float(event["time"]))
-        row.values.update(event_scalars(event))
+    for (_, step), (time, scalars) in latest.items():
+        row = rows.setdefault(step, MetricRow(step, time))
+        row.time = max(row.time, time)
+        row.values.update(scalars)
     return [rows[step] for step in sorted(rows)]
 
 
@@ -235,17 +237,16 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
     path = run_dir / EVENTS_FILE
     if not path.exists():
         raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} (not a run directory)")
-    tail = EventTail(path)
+    tail, seen = EventTail(path), _Seen()
     with progress_bar(f"reading {EVENTS_FILE}: MiB") as update:
-        events = tail.read_to_end(update)
+        rows = metric_rows(seen.through(tail.iter_to_end(update)))
     if tail.error is not None:
         raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
-    if not events:
+    if not seen.events:
         raise TitanError(
             f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no event ({tail.bad_lines} lines that are "
             "not events): not a run record"
         )
-    rows = metric_rows(events)
     if out is not None and sink == "csv":
         _check_not_the_runs(run_dir, out)
     force = force or out is None
@@ -254,10 +255,26 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
         return write_tensorboard(rows, out)
     if sink == "csv":
         return write_csv(rows, out, force)
-    start = next((e for e in events if e.get("type") == "run_start"), {})
+    start = seen.run_start
     config = start.get("config")
     run_id = wandb_run_id(str(start.get("run_id", run_dir.name)))
     return write_wandb_offline(rows, out, run_id, config if isinstance(config, dict) else {})
+
+
+@dataclass
+class _Seen:
+    """What an export needs of a record beside its rows, noted as the events stream past: how
+    many there were, and the first ``run_start`` (empty: none)."""
+
+    events: int = 0
+    run_start: dict[str, Any] = field(default_factory=dict)
+
+    def through(self, events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for event in events:
+            self.events += 1
+            if not self.run_start and event.get("type") == "run_start":
+                self.run_start = event
+            yield event
 
 
 def wandb_run_id(run_id: str) -> str:
