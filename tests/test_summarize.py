@@ -118,6 +118,33 @@ def test_torn_last_line_waits_for_the_next_ingest(tmp_path):
     assert summarize.ingest(con, tmp_path).events == 0
 
 
+def test_a_run_summarised_a_moment_ago_waits_its_turn_then_is_read_whole(tmp_path, monkeypatch):
+    events = crash_then_resume()
+    path = write_run(tmp_path, "live", events[:-1])
+    ended = json.dumps({**events[-1], "run_id": "live"}) + "\n"
+    con = summarize.connect(tmp_path)
+    summarize.ingest(con, tmp_path)
+    [before] = summarize.summaries(con)
+    # A summary costing an hour per byte: the run is not summarised again within the process.
+    monkeypatch.setattr(summarize, "SUMMARY_S_PER_BYTE", 3600.0)
+    with path.open("a") as f:
+        f.write(ended)
+    waited = summarize.ingest(con, tmp_path)
+    [meanwhile] = summarize.summaries(con)
+    monkeypatch.setattr(summarize, "REFRESH_THROTTLE", 0)
+    caught_up = summarize.ingest(con, tmp_path)
+    [after] = summarize.summaries(con)
+    con.close()
+    assert (waited.deferred, waited.events, caught_up.deferred, caught_up.events) == (
+        ("live",),
+        0,
+        (),
+        1,
+    )
+    assert before.status == meanwhile.status != after.status == "completed"
+    assert event_count(summarize.connect(tmp_path), "live") == len(events)
+
+
 def test_new_fields_types_and_bad_lines_are_kept_or_counted(tmp_path):
     events = crash_then_resume()
     events[2] = {**events[2], "schema": 2, "novel": {"nested": [1, 2]}, "loss": float("nan")}
