@@ -283,3 +283,10 @@ async def test_the_run_list_shows_a_long_record_as_reading_until_it_is_read(tmp_
     reading = [s for s in seen if s.startswith("reading ")]
     assert reading and reading[0] != reading[-1]  # it went on reading, listing as it went
     assert row == ["completed", "2000/2000", "8.980"]
+
+
+def test_an_events_file_that_cannot_be_read_is_listed_as_read(tmp_path):
+    (tmp_path / "odd" / "events.jsonl").mkdir(parents=True)  # a directory where the file goes
+    (tmp_path / "odd" / "stderr.log").write_text("")  # what makes it a run dir
+    [listed] = run_list.list_runs(tmp_path).summaries
+    assert listed.unread_bytes == 0  # else the list would list again at once, for ever

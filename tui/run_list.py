@@ -144,7 +144,8 @@ class _Record:
                 self.created_at = events[0].written_time
             self.state.apply(events)
             changed = True
-            if self.tail.offset == before:  # unreadable
+            if self.tail.offset == before:  # unreadable (a directory, say): no more to read
+                self.size = before
                 break
         if changed:
             self.shown = self.state.snapshot()
