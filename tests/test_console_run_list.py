@@ -290,3 +290,34 @@ def test_an_events_file_that_cannot_be_read_is_listed_as_read(tmp_path):
     (tmp_path / "odd" / "stderr.log").write_text("")  # what makes it a run dir
     [listed] = run_list.list_runs(tmp_path).summaries
     assert listed.unread_bytes == 0  # else the list would list again at once, for ever
+
+
+def test_a_record_made_anew_in_its_place_is_read_from_its_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_list, "READ_SLICE_BYTES", 1 << 12)
+    _long_record(tmp_path / "run", 600, attempts=1)  # its one run_start in the first slice
+    cache: run_list.RecordCache = {}
+    _listed(tmp_path, cache, budget_s=0.0)  # one slice of it read
+    path = tmp_path / "run" / "events.jsonl"
+    old = path.read_bytes()
+    # The same inode (as a file system may give a file made after one removed), other content:
+    # a run of another preset and length, at least as long as what was read.
+    new = old.replace(b'"preset": "tiny"', b'"preset": "big1"').replace(
+        b'"total_steps": 600', b'"total_steps": 999'
+    )
+    with path.open("r+b") as f:
+        f.write(new)
+    read = _listed(tmp_path, cache)["run"]
+    assert (read.state.preset, read.state.total_steps) == ("big1", 999)
+
+
+def test_the_filter_and_the_status_order_take_the_status_shown(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_list, "READ_SLICE_BYTES", 1 << 12)
+    _long_record(tmp_path / "long", 2_000)
+    _long_record(tmp_path / "short", 2)
+    listing = run_list.list_runs(tmp_path, cache={}, budget_s=0.0)
+    reading = runs_screen.arrange(listing.summaries, "status", "reading")
+    assert [s.run_dir.name for s in reading] == ["long"]
+    assert [s.status for s in runs_screen.arrange(listing.summaries, "status", "")] == [
+        "completed",
+        "reading 0%",
+    ]

@@ -169,6 +169,19 @@ def test_bytes_that_are_not_utf8_give_one_state_to_every_reader(tmp_path):
     assert run_end.error == summary.error == "bad \ufffd\ufffd\ufffd( utf8" and tail.bad_lines == 0
 
 
+def test_a_lone_surrogate_escape_that_json_dumps_writes_reads_alike_everywhere(tmp_path):
+    # A file name with a byte that is not UTF-8 reaches the record as "\udce9" (surrogateescape)
+    start = event("run_start", 1000.0, total_steps=2, config={"data": "caf\udce9.txt"})
+    path = write_run(tmp_path, "surrogate", [start, event("step", 1001.0, step=1, loss=2.0)])
+    append_events(path.parent, [event("run_end", 1002.0, status="completed", step=1)])
+    [listed] = list_runs(tmp_path).summaries
+    [summary] = summarize.summarize(tmp_path)
+    first = EventTail(path).read_new_events()[0]
+    assert (summary.status, summary.steps, summary.bad_lines) == ("completed", 1, 0)
+    assert listed.liveness.state == "completed" and summary.wall_s == 2.0
+    assert first.config["data"] == "caf\ufffd.txt"
+
+
 def test_a_line_over_many_slices_and_a_torn_tail_are_read_whole_by_the_tail(tmp_path):
     path = write_run(tmp_path, "long", [event("run_start", 1000.0, total_steps=4)])
     note = "x" * 300_000

@@ -43,9 +43,15 @@ def test_a_terminal_gets_a_bar_with_the_count_and_the_items_all_come_through():
     assert shown.rstrip().endswith("600")
 
 
-def test_a_pipe_gets_no_bar():
+def test_a_pipe_gets_no_bar_even_where_colour_is_forced():
+    env = {**os.environ, "FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}  # as CI systems set
     done = subprocess.run(
-        [sys.executable, "-c", WORK], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", WORK],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
     )
     assert (done.stdout, done.stderr) == ("600\n", "")
 

@@ -15,7 +15,7 @@ from helpers import events
 
 from titan.cli import main
 from titan.telemetry.records import EVENTS_FILE
-from titan.telemetry.sinks import LiveTensorBoard, metric_rows
+from titan.telemetry.sinks import WANDB_ID_CHARS, LiveTensorBoard, metric_rows, wandb_run_id
 
 WANDB_HEADER = 7  # ":W&B", magic 0xBEE1, version: the LevelDB log format's records follow
 WANDB_BLOCK = 32768
@@ -160,6 +160,13 @@ def test_wandb_offline_export_lands_in_the_run_dirs_wandb_folder(finished_run, t
     assert main(["export", "wandb-offline", str(run)]) == 0
     written = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert written.parent == run / "wandb" and written.name.startswith("offline-run-")
+
+
+def test_a_wandb_id_is_cleaned_and_a_long_one_cut_to_stay_distinct():
+    long_a, long_b = "x" * 300, "x" * 299 + "y"
+    assert wandb_run_id("a:b/c") == "a-b-c" and wandb_run_id("") == "run"
+    assert len(wandb_run_id(long_a)) == WANDB_ID_CHARS
+    assert wandb_run_id(long_a) != wandb_run_id(long_b)
 
 
 def test_a_replayed_step_is_exported_once_as_its_last_record():

@@ -5,6 +5,7 @@ alone. ``titan train`` has its own (:mod:`titan.trainer.progress`)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -18,10 +19,10 @@ Item = TypeVar("Item")
 def progress_bar(what: str) -> Iterator[Callable[[int, int], None]]:
     """``update(done, total)`` for the work ``what`` (plain text, shown as it is), drawn on
     stderr while the block runs when stderr is a terminal; a no-op elsewhere."""
-    console = Console(stderr=True)
-    if not console.is_terminal:
+    if not sys.stderr.isatty():  # Rich takes FORCE_COLOR for a terminal: a log file is none
         yield lambda done, total: None
         return
+    console = Console(stderr=True)
     columns = (TextColumn(what, markup=False), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(what, total=None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import tomllib
 from pathlib import Path
@@ -134,15 +135,31 @@ def depth_within(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return True
 
 
+# A \uD800-\uDFFF escape that is not half of a pair (Python's json.dumps writes one for a
+# surrogate-escaped byte of a file name, which no UTF-8 holds): DuckDB's JSON refuses the line.
+_LONE_SURROGATE = re.compile(
+    r"(?<!\\)\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<![dD][89abAB][0-9a-fA-F]{2})(?<!\\)\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def without_lone_surrogates(text: str) -> str:
+    """``text`` (JSON) with each escape of a lone UTF-16 surrogate made ``\ufffd``, so that
+    every reader (Python's json, DuckDB's) reads the line, and reads it alike."""
+    if "\\u" not in text:
+        return text
+    return _LONE_SURROGATE.sub(r"\\ufffd", text)
+
+
 def parse_json(line: str | bytes) -> Any:
     """The JSON value of one record line, or None when it is not a record's: malformed, or
     nested deeper than :data:`MAX_JSON_DEPTH` (no line, however built, gets past here to stop a
-    reader). Bytes that are not UTF-8 read as U+FFFD, as the database ingest reads them, so
-    that every reader sees the same events."""
+    reader). Bytes that are not UTF-8, and escapes of lone surrogates, read as U+FFFD, as the
+    database ingest reads them, so that every reader sees the same events."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", errors="replace")
     try:
-        value = json.loads(line)
+        value = json.loads(without_lone_surrogates(line))
     except (ValueError, RecursionError):
         return None
     return value if depth_within(value) else None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan.analysis.liveness import LAUNCH_FILE, STDERR_LOG, Liveness, judge
+from titan.reading import open_regular
 from titan.telemetry.records import EVENTS_FILE, EventTail
 from tui.run_state import RunState
 
@@ -52,6 +53,14 @@ class RunSummary:
         """The part of the record read, 0 to 1."""
         size = self.read_bytes + self.unread_bytes
         return 1.0 if not size else self.read_bytes / size
+
+    @property
+    def status(self) -> str:
+        """The status the list shows, filters and orders by: the run's state, or ``reading
+        N%`` while its record is not all read (the state so far may be an earlier attempt's)."""
+        if self.unread_bytes:
+            return f"reading {self.read_fraction:.0%}"
+        return self.liveness.state
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,17 @@ def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
 # One read of a record: a listing folds a record slice by slice, so its memory stays bounded
 # whatever the record's size (a 180 MB record read whole held 1.4 GB of parsed events).
 READ_SLICE_BYTES = 1 << 20
+# The first bytes of a record that tell it from another made in its place (its run_start).
+HEAD_BYTES = 4096
+
+
+def _head(path: Path) -> bytes:
+    """The first :data:`HEAD_BYTES` of ``path`` (empty when it cannot be read)."""
+    try:
+        with open_regular(path) as f:
+            return f.read(HEAD_BYTES)
+    except OSError:
+        return b""
 
 
 @dataclass
@@ -109,23 +129,33 @@ class _Record:
     tail: EventTail
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
     size: int = 0  # the file's size at the last look
+    mtime_ns: int = 0  # and its modification time
+    head: bytes = b""  # its first HEAD_BYTES (fewer while it is shorter)
     state: RunState = field(default_factory=RunState)
     shown: RunState = field(default_factory=RunState)  # the snapshot listings hand out
     created_at: float | None = None
 
     @classmethod
     def of(cls, run_dir: Path, known: _Record | None) -> _Record:
-        """``known`` with the events file's size looked at, or a fresh record when there is
-        none, or the file was replaced or cut shorter than what was read."""
+        """``known`` with the events file looked at, or a fresh record when there is none, or
+        the file is another: another inode, shorter than what was read, or other first bytes
+        (a file made anew can take the inode of the one removed)."""
         path = run_dir / EVENTS_FILE
         try:
             info = os.stat(path)
         except OSError:  # no record (yet, or any more)
             return cls(EventTail(path))
-        identity = (info.st_dev, info.st_ino)
-        if known is None or info.st_size < known.tail.offset or identity != known.identity:
+        if known is not None and (known.size, known.mtime_ns) == (info.st_size, info.st_mtime_ns):
+            return known
+        identity, head = (info.st_dev, info.st_ino), _head(path)
+        if (
+            known is None
+            or identity != known.identity
+            or info.st_size < known.tail.offset
+            or head[: len(known.head)] != known.head
+        ):
             known = cls(EventTail(path), identity)
-        known.size = info.st_size
+        known.size, known.mtime_ns, known.head = info.st_size, info.st_mtime_ns, head
         return known
 
     def unread(self) -> int:

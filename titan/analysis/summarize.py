@@ -100,7 +100,7 @@ from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line
 from titan.formatting import format_flops_rate
 from titan.progress_bar import progress_bar
-from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json
+from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json, without_lone_surrogates
 from titan.telemetry.events import (
     MFU_CONVENTION,
     Compile,
@@ -465,9 +465,9 @@ def _stage_file(path: Path, run_id: str, known: _FileRow | None, staged_stem: Pa
             f.seek(offset)
             count = chunk.count(b"\n", 0, end + 1)
             staged = Path(f"{staged_stem}-{len(chunks)}.jsonl")
-            # read_text needs UTF-8: undecodable bytes become U+FFFD.
-            text = _without_deep_lines(chunk[: end + 1])
-            staged.write_bytes(text.decode("utf-8", "replace").encode("utf-8"))
+            # read_text needs UTF-8: undecodable bytes, and lone surrogates, become U+FFFD.
+            text = _without_deep_lines(chunk[: end + 1]).decode("utf-8", "replace")
+            staged.write_bytes(without_lone_surrogates(text).encode("utf-8"))
             chunks.append((str(staged), seq + lines))
             lines += count
         head_len = min(offset, HEAD_BYTES)
@@ -599,6 +599,8 @@ def ingest(
     report.deferred = tuple(run_id for run_id, _ in todo if not due(run_id))
     todo = [(run_id, path) for run_id, path in todo if due(run_id)]
     changed: list[str] = []
+    if progress is not None and todo:
+        progress(0, len(todo))
     with tempfile.TemporaryDirectory(prefix="titan-ingest-") as tmp:
         for start in range(0, len(todo), BATCH_FILES):
             batch = todo[start : start + BATCH_FILES]

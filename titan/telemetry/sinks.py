@@ -15,6 +15,7 @@ last record, the one the run went on from. The libraries (``tensorboardX``, ``wa
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import math
 import re
@@ -280,8 +281,19 @@ class _Seen:
 def wandb_run_id(run_id: str) -> str:
     """``run_id`` as a W&B run id: characters other than letters, digits, ``.``, ``_`` and
     ``-`` become ``-``. wandb refuses ids with ``:;,#?/'``, spaces at either end, or empty
-    (``wandb.Settings``' run id validator); a foreign record's id may hold anything."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run"
+    (``wandb.Settings``' run id validator), and names a folder after the id, so one longer
+    than :data:`WANDB_ID_CHARS` is cut there and ends in 8 hex digits of its sha256 (a name
+    has 255 bytes at most on common file systems); a foreign record's id may hold anything."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run"
+    if len(clean) <= WANDB_ID_CHARS:
+        return clean
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{clean[: WANDB_ID_CHARS - 9]}-{digest}"
+
+
+# The longest W&B run id an export gives: its folder (offline-run-<date>_<time>-<id>) stays
+# far below 255 bytes.
+WANDB_ID_CHARS = 128
 
 
 class LiveTensorBoard:

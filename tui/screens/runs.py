@@ -37,7 +37,7 @@ LISTING_PAUSE_S = 0.05
 ORDERS = {
     "newest": lambda s: -s.created_at,
     "run": lambda s: s.run_dir.name,
-    "status": lambda s: (s.liveness.state, -s.created_at),
+    "status": lambda s: (s.status, -s.created_at),
 }
 
 
@@ -47,9 +47,7 @@ def arrange(summaries: list[RunSummary], order: str, text: str) -> list[RunSumma
     text = text.strip().lower()
 
     def holds(s: RunSummary) -> bool:
-        return any(
-            text in (v or "").lower() for v in (s.run_dir.name, s.state.preset, s.liveness.state)
-        )
+        return any(text in (v or "").lower() for v in (s.run_dir.name, s.state.preset, s.status))
 
     return sorted([s for s in summaries if holds(s)], key=ORDERS[order])
 
@@ -188,7 +186,7 @@ class RunsScreen(Screen[None]):
         self.query_one(RunTable).show(rows)
         status = self.query_one("#runs-status", Static)
         shown = len(listing.summaries)
-        running = sum(s.liveness.state == RUNNING and not s.unread_bytes for s in listing.summaries)
+        running = sum(s.status == RUNNING for s in listing.summaries)
         if not shown:
             status.update(inert(f"No runs in {self.runs_root} yet: press n to launch one."))
         else:

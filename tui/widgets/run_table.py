@@ -56,13 +56,12 @@ class RunTable(PlainTable):
         for summary in summaries:
             state = summary.state
             if summary.unread_bytes:  # its figures so far may be an earlier attempt's
-                status, step, loss = f"reading {summary.read_fraction:.0%}", "…", "…"
+                step, loss = "…", "…"
             else:
-                status = summary.liveness.state
                 step = f"{state.step}/{state.total_steps or '?'}"
                 loss = "-" if state.loss is None else f"{state.loss:.3f}"
             self.add_row(
-                status_cell(status),
+                status_cell(summary.status),
                 cell(step),
                 cell(loss),
                 cell(short(summary.run_dir.name, RUN_WIDTH)),
