@@ -87,8 +87,7 @@ def _case_progress() -> Iterator[Callable[[int, int, str], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
-    if not console.is_terminal:
+    if not sys.stderr.isatty():  # as titan.progress_bar: FORCE_COLOR makes no log a terminal
 
         def line(done: int, total: int, case: str) -> None:
             if case:
@@ -98,6 +97,7 @@ def _case_progress() -> Iterator[Callable[[int, int, str], None]]:
 
         yield line
         return
+    console = Console(stderr=True)
     columns = [TextColumn("checking"), BarColumn(), MofNCompleteColumn()]
     columns += [TextColumn("{task.fields[case]}", markup=False), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as bar:
