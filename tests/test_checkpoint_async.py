@@ -92,6 +92,24 @@ def test_failed_async_save_is_recorded_and_never_committed(small_options, monkey
 
 
 @pytest.mark.slow
+def test_a_run_whose_last_save_fails_ends_failed_naming_the_last_committed_checkpoint(
+    small_options, monkeypatch, capsys
+):
+    fail_commit_of(monkeypatch, 6, errno.EIO)  # the run's last step: no end to resume from
+    options = {**small_options, "run_id": "last", "checkpoint_every": 2, "checkpoint_async": True}
+    code, run_dir = run_in_process(options)
+    assert code == EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("titan train: error: the checkpoint of step 6, the run's last, failed (")
+    assert err.endswith("); the last committed checkpoint is step 4")
+    end = events(run_dir)[-1]
+    assert (end["type"], end["status"], end["step"]) == ("run_end", "failed", 6)
+    checkpointer = Checkpointer(run_dir)
+    assert checkpointer.committed_steps() == [2, 4]
+    checkpointer.close()
+
+
+@pytest.mark.slow
 def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_checkpoint(
     small_options, monkeypatch, capsys
 ):
@@ -331,3 +349,26 @@ def test_an_error_line_leaves_out_the_spec_tensorstore_appends():
     err = ValueError(f'NOT_FOUND: Error opening "zarr" driver{spec}\nsource location: x.cc')
     assert error_line(err) == 'ValueError: NOT_FOUND: Error opening "zarr" driver'
     assert error_line(OSError()) == "OSError"
+
+
+@pytest.mark.slow
+def test_checkpoints_kept_for_ever_stay_when_a_resume_changes_the_interval(small_options):
+    options = {
+        **small_options,
+        "run_id": "milestones",
+        "steps": 8,
+        "checkpoint_every": 2,
+        "checkpoint_keep": 1,
+        "checkpoint_keep_every": 4,
+    }
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    checkpointer = Checkpointer(run_dir)
+    assert checkpointer.committed_steps() == [4, 8]
+    checkpointer.close()
+    resumed = {**options, "steps": 12, "checkpoint_keep_every": 5}
+    code, _ = run_in_process(resumed, resume=run_dir)
+    assert code == 0
+    checkpointer = Checkpointer(run_dir)
+    assert checkpointer.committed_steps() == [4, 8, 10, 12]  # 4 and 8 kept under the old K
+    checkpointer.close()

@@ -100,6 +100,7 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
     argv = train_argv(config, tmp_path, "my-run")
     assert argv == [
         sys.executable,
+        "-P",
         "-m",
         "titan.cli",
         "train",
@@ -114,7 +115,7 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
         "--remat",
         "dots",
     ]
-    assert build_parser().parse_args(argv[3:]).lr == 0.01
+    assert build_parser().parse_args(argv[4:]).lr == 0.01
 
 
 @pytest.mark.slow

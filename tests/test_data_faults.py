@@ -6,6 +6,7 @@ can hold."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 import zstandard
 
 from titan.cli import main
+from titan.data.cache import naming
 from titan.data.text import open_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import split_line, train_tokenizer, training_sample
@@ -71,6 +73,13 @@ def _record_of_an_older_titan(path: Path) -> None:
     record.write_text(json.dumps(payload))
 
 
+def _record_without_digest(path: Path) -> None:
+    record = path.with_suffix(".json")
+    payload = json.loads(record.read_text())
+    del payload["digest"]
+    record.write_text(json.dumps(payload))
+
+
 def _record_torn(path: Path) -> None:
     path.with_suffix(".json").write_text('{"tokens": 1')
 
@@ -81,6 +90,7 @@ DAMAGE = {
     "tokens appended": (_appended, "bytes, but its record says"),
     "emptied": (_emptied, ": 0 bytes, but its record says"),
     "record of an older titan": (_record_of_an_older_titan, "no token count"),
+    "record without a digest": (_record_without_digest, "no token count or digest"),
     "record torn": (_record_torn, "not JSON"),
 }
 
@@ -235,3 +245,92 @@ def test_split_line_cuts_a_long_line_into_pieces_of_at_least_half_the_window():
     sizes = [len(piece.encode()) for piece in pieces]
     assert all(50 <= size <= 100 for size in sizes[:-1]) and 0 < sizes[-1] <= 100
     assert len(pieces) >= 40_000  # 156 bytes a repeat: at least two pieces each
+
+
+def test_a_file_rewritten_with_its_size_and_mtime_put_back_is_tokenized_again(
+    tokenizer, tmp_path, cache
+):
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps({"text": "alpha beta gamma delta " * 50}) + "\n")
+    first = token_stream(open_corpus(str(path)), tokenizer)
+    stat = path.stat()
+    path.write_text(json.dumps({"text": "ALPHA BETA GAMMA DELTA " * 50}) + "\n")  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p, rsync -a, tar x do
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    second = token_stream(open_corpus(str(path)), tokenizer)
+    assert second.tokens.tobytes() != first.tokens.tobytes()
+    assert second.digest != first.digest
+    relative = token_stream(open_corpus(os.path.relpath(path)), tokenizer)  # the same file
+    assert relative.digest == second.digest and len(list(cache.glob("*.u32"))) == 2
+
+
+def test_hidden_directories_are_left_out_links_followed_and_each_file_read_once(tmp_path):
+    root = tmp_path / "c"
+    (root / "real").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "real" / "a.txt").write_text("doc one")
+    (root / ".git" / "config").write_text("[core]")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "b.txt").write_text("doc two")
+    (root / "more").symlink_to(elsewhere)
+    (root / "real" / "up").symlink_to(root)  # a loop
+    (root / "again.txt").symlink_to(root / "real" / "a.txt")
+    for spec in (str(root), f"{root}/**"):
+        corpus = open_corpus(spec)
+        assert sorted(p.resolve().name for p in corpus.files) == ["a.txt", "b.txt"], spec
+        assert sorted(corpus.documents()) == ["doc one", "doc two"]
+
+
+def test_titan_tokenize_names_the_records_it_dropped_and_stops_on_ctrl_c_keeping_its_work(
+    tokenizer, tmp_path, cache, capsys, monkeypatch
+):
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tokenizer.model_proto)
+    shard = tmp_path / "a.jsonl"
+    shard.write_bytes(JSONL + b'{"text": ""}\nnot json\n{"body": "x"}\n')
+    args = ["tokenize", "--data", str(shard), "--tokenizer", str(model), "--data-workers", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out.startswith(f"{shard}: 3,000 documents, ")
+    assert out.endswith(" tokens (dropped: 1 empty, 1 non_text, 1 bad_json)")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("titan.trainer.tokenize_command.token_stream", interrupted)
+    assert main(args) == 4
+    err = capsys.readouterr().err
+    assert err.endswith("titan tokenize: interrupted; run it again to resume where it stopped\n")
+    assert "Traceback" not in err
+
+
+def test_an_error_without_a_file_name_is_given_the_file_written():
+    with pytest.raises(OSError) as caught, naming(Path("/cache/tokens/k.partial")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # what write() raises
+    assert caught.value.filename == "/cache/tokens/k.partial"
+    assert caught.value.errno == errno.ENOSPC
+    with pytest.raises(OSError) as caught, naming(Path("/elsewhere")):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), "/named")
+    assert caught.value.filename == "/named"
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_corpus_with_other_tokens_but_as_many_sequences_is_refused(
+    small_corpus, tmp_path, capsys
+):
+    from helpers import run_in_process, small_run
+
+    root = small_corpus.files[0].parent
+    options = small_run(root, tmp_path / "runs", run_id="r", steps=2, checkpoint_every=2)
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    first, last = small_corpus.files[0], small_corpus.files[-1]
+    first.rename(root / "swap")  # the same documents in another order
+    last.rename(first)
+    (root / "swap").rename(last)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "the corpus changed since the checkpoint (the same number of sequences" in err
+    assert "other tokens" in err and err.count("\n") == 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -66,8 +68,28 @@ EXPECTED = [
 
 def test_formats_are_chosen_by_file_name():
     names = ["a.jsonl", "b.JSONL.GZ", "c.jsonl.zst", "d.parquet", "e.txt", "f.py", "g.json.gz"]
+    names += ["h.ndjson", "i.jsonl.bz2", "j.ndjson.xz"]
     kinds = [file_format(Path(n)) for n in names]
-    assert kinds == ["jsonl", "jsonl", "jsonl", "parquet", "text", "text", "text"]
+    assert kinds == ["jsonl", "jsonl", "jsonl", "parquet", "text", "text", "text"] + ["jsonl"] * 3
+
+
+@pytest.mark.parametrize(
+    "name, pack",
+    [
+        ("a.jsonl", lambda data: data),
+        ("a.ndjson", lambda data: data),
+        ("a.jsonl.bz2", bz2.compress),
+        ("a.jsonl.xz", lzma.compress),
+    ],
+)
+def test_json_lines_with_a_byte_order_mark_or_compressed_read_every_record(name, pack, tmp_path):
+    data = "\ufeff".encode() + _jsonl(["first", "second"])
+    (tmp_path / name).write_bytes(pack(data))
+    dropped = Counter()
+    assert list(open_corpus(str(tmp_path / name)).documents(dropped)) == ["first", "second"]
+    assert not +dropped
+    (tmp_path / "b.txt").write_bytes("\ufeffplain".encode())
+    assert list(open_corpus(str(tmp_path / "b.txt")).documents()) == ["plain"]
 
 
 def test_directory_of_mixed_shards_yields_exactly_their_documents(mixed_dir):

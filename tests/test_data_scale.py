@@ -3,6 +3,7 @@ resumed after an interruption; weighted mixtures that keep their weights and res
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -171,6 +172,8 @@ def test_interrupted_tokenization_resumes_where_it_committed(tokenizer, tmp_path
     assert resumed.tokens.tobytes() == whole.tokens.tobytes()
     assert (resumed.documents, resumed.dropped) == (whole.documents, whole.dropped)
     assert resumed.documents == 2100 and resumed.dropped["empty"] == 3
+    # the digest of the token bytes, the committed ones read back on resume
+    assert resumed.digest == whole.digest == hashlib.sha256(whole.tokens.tobytes()).hexdigest()
     assert not list((tmp_path / "cache" / "tokens").glob("*.partial"))
 
 

@@ -160,6 +160,18 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_on_on
         (["--coordinator", "127.0.0.1:1", "--num-processes", "0"], "--num-processes 0"),
         (["--num-processes", "2", "--process-id", "2"], "--process-id 2 is out of range"),
         (["--distributed", "off", "--num-processes", "2"], "--distributed off"),
+        (["--coordinator", "127.0.0.1:99999", "--num-processes", "2"], "port must be 1 to"),
+        (
+            [
+                "--coordinator",
+                "nosuchhost.invalid:1234",
+                "--num-processes",
+                "2",
+                "--process-id",
+                "1",
+            ],
+            "--coordinator nosuchhost.invalid:1234: cannot reach nosuchhost.invalid",
+        ),
     ],
 )
 def test_bad_launch_settings_are_a_one_line_error(tmp_path, flags, message):
@@ -172,6 +184,49 @@ def test_bad_launch_settings_are_a_one_line_error(tmp_path, flags, message):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_taken_coordinator_port_is_refused_before_joining(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "titan.cli", "train", "--runs-root", str(tmp_path), *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert f"port {port} is in use on this host" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_processes_started_with_other_options_all_stop_naming_them(corpus_dir, tmp_path):
+    port = free_port()
+    options = small_run(corpus_dir, tmp_path, steps=2, run_id="mixed", dp=2)
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "XLA_FLAGS": ""}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "titan.cli", "train", *cli_args(options)]
+            + ["--lr", lr, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+            + ["--process-id", str(index)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index, lr in enumerate(["0.003", "0.3"])
+    ]
+    errors = [proc.communicate(timeout=180)[1].strip().splitlines()[-1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [2, 2], errors
+    assert "another process of this run was started with other options" in errors[0]
+    assert "process 1 was started with other options than process 0: --lr 0.3 here, " in errors[1]
+    assert not (tmp_path / "mixed").exists()
 
 
 def test_one_process_without_a_cluster_initialises_nothing():

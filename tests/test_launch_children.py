@@ -15,6 +15,7 @@ import psutil
 import pytest
 from helpers import cli_args, small_run
 
+from titan import cli_command
 from titan.cli import main
 from titan.launch.local import PROCESSES_PER_CPU, max_processes, supervise
 
@@ -129,3 +130,15 @@ def test_a_second_stop_signal_kills_children_that_do_not_stop(corpus_dir: Path, 
     # 137: killed at the second signal; 143: a child not yet past its start-up's signal handler
     # ended by the first (the worst code of those that ended by themselves)
     assert alive == [] and code in (128 + signal.SIGKILL, 128 + signal.SIGTERM), code
+
+
+@pytest.mark.parametrize("shadow", ["titan/__init__.py", "titan.py"])
+def test_children_run_the_installed_titan_from_a_directory_that_shadows_it(shadow, tmp_path):
+    (tmp_path / shadow).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / shadow).write_text("raise SystemExit('the shadow was imported')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        cli_command("--version"), cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("titan ")

@@ -6,6 +6,7 @@ embedding is NaN) drives the real trainer; checkpoints are read back with orbax.
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import warnings
 from pathlib import Path
@@ -294,6 +295,21 @@ def test_resume_without_a_checkpoint_says_so_and_records_no_resumed_step(small_o
     assert "no committed checkpoint; starting from step 0" in capsys.readouterr().err
     start = events(run_dir, "run_start")[-1]
     assert (start["start_step"], start["resumed_from_step"]) == (0, None)
+
+
+@pytest.mark.slow
+def test_resume_of_a_run_whose_recorded_checkpoints_are_gone_is_refused(
+    finished_run, tmp_path, capsys
+):
+    run_dir = tmp_path / "done"
+    shutil.copytree(finished_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints")
+    record = (run_dir / "events.jsonl").read_bytes()
+    assert main(["train", "--resume", str(run_dir), "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume: the run's record names checkpoint 2, but " in err
+    assert "holds none: refusing to start again from step 0" in err
+    assert (run_dir / "events.jsonl").read_bytes() == record  # nothing started over
 
 
 def test_guard_options_are_validated():

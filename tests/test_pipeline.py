@@ -210,3 +210,25 @@ def test_stage_layers_give_first_and_last_stages_fewer_layers(corpus_dir, tmp_pa
     )
     _, run_dir = run_in_process(options)
     assert events(run_dir, "pipeline")[0]["layers_per_chunk"] == [1, 2, 1]
+
+
+@pytest.mark.slow
+def test_bfloat16_master_weights_train_on_pipeline_stages_and_resume_onto_them(
+    corpus_dir, tmp_path
+):
+    bf16 = {"param_dtype": "bfloat16", "decay_steps": 4, "warmup_steps": 1}
+    first = _options(corpus_dir, tmp_path, "bf16", steps=2, checkpoint_every=2, **bf16)
+    code, run_dir = run_in_process(first)
+    assert code == 0
+    pipeline = {"layout": "mpmd", "pp": 2, "microbatches": 2}
+    assert main(["train", "--resume", str(run_dir), "--steps", "4", *_flags(pipeline)]) == 0
+    steps = events(run_dir, "step")
+    assert [e["step"] for e in steps] == [1, 2, 3, 4]
+    assert all(np.isfinite(e["loss"]) and np.isfinite(e["grad_norm"]) for e in steps)
+    fresh = _options(corpus_dir, tmp_path, "bf16-mpmd", steps=2, **bf16, **pipeline)
+    code, fresh_dir = run_in_process(fresh)
+    assert code == 0 and len(events(fresh_dir, "step")) == 2
+
+
+def _flags(options: dict) -> list[str]:
+    return [f for name, value in options.items() for f in (f"--{name}", str(value))]

@@ -68,7 +68,7 @@ def test_tokenize_lines_write_small_corpora_in_megabytes(capsys):
     )
     progress.tokenize(lambda report: report(done))
     line = capsys.readouterr().out
-    assert line.startswith("titan: tokenizing: 50% of 24 MB, 1,000 tokens, 91 tokens/s")
+    assert line == "titan: tokenizing: 50% of 24 MB, ETA 11s, 1,000 tokens, 91 tokens/s\n"
 
 
 def _step(**fields) -> Step:

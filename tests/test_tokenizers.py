@@ -253,3 +253,112 @@ def test_a_bad_tiktoken_file_or_config_is_one_line(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("[1]")
     with pytest.raises(TitanError, match=r"config.json: the document is an array, not an object"):
         load_tokenizer(tmp_path / "tokenizer.model")
+
+
+def _edited_json(path: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the ``tokenizer.json`` at ``path`` (and its config) with ``edit(spec)``
+    applied to its JSON."""
+    target = _configured(path, tmp_path)
+    spec = json.loads(target.read_text())
+    edit(spec)
+    target.write_text(json.dumps(spec))
+    return target
+
+
+def test_truncation_and_padding_a_tokenizer_json_sets_are_off(files, tmp_path):
+    def truncate_and_pad(spec: dict) -> None:
+        spec["truncation"] = {
+            "direction": "Right",
+            "max_length": 4,
+            "strategy": "LongestFirst",
+            "stride": 0,
+        }
+        spec["padding"] = {
+            "strategy": {"Fixed": 64},
+            "direction": "Right",
+            "pad_to_multiple_of": None,
+            "pad_id": 1,
+            "pad_type_id": 0,
+            "pad_token": "</s>",
+        }
+
+    plain = load_tokenizer(files["huggingface"])
+    edited = load_tokenizer(_edited_json(files["huggingface"], tmp_path, truncate_and_pad))
+    texts = [TEXT * 3, "short"]
+    for got, want in zip(
+        edited.encode_documents(texts), plain.encode_documents(texts), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+    assert len(edited.encode_documents(texts)[0]) > 60  # neither cut at 4 nor padded
+
+
+def test_a_tokenizer_json_with_gaps_in_its_ids_sizes_the_vocabulary_past_its_largest_id(
+    files, tmp_path
+):
+    def move_specials(spec: dict) -> None:
+        for token in spec["added_tokens"]:
+            token["id"] += 5000
+        for name in ("<s>", "</s>", "<|eot_id|>"):
+            spec["model"]["vocab"][name] += 5000
+        spec["post_processor"]["special_tokens"]["<s>"]["ids"] = [spec["model"]["vocab"]["<s>"]]
+
+    tok = load_tokenizer(_edited_json(files["huggingface"], tmp_path, move_specials))
+    ids = np.concatenate(tok.encode_documents([TEXT]))
+    assert tok.vocab_size == tok.token_id("<|eot_id|>") + 1 == 5003  # the largest id + 1
+    assert tok.bos_id == 5000 and int(ids.max()) < tok.vocab_size
+
+
+def test_a_damaged_run_copy_or_a_config_flag_spelled_as_text_is_one_line(files, tmp_path):
+    copy = json.loads(load_tokenizer(files["huggingface"]).model_proto)
+    del copy["tokenizer"]
+    (tmp_path / "tokenizer.model").write_text(json.dumps(copy))
+    with pytest.raises(TitanError, match=r"a damaged tokenizer copy \(no 'tokenizer' field\)"):
+        load_tokenizer(tmp_path / "tokenizer.model")
+    (tmp_path / "sp").mkdir()
+    configured = _configured(files["sentencepiece"], tmp_path / "sp", add_bos_token="false")
+    with pytest.raises(TitanError, match="add_bos_token must be true or false, got 'false'"):
+        load_tokenizer(configured)
+
+
+def test_a_tiktoken_file_with_a_rank_twice_is_one_line(tmp_path):
+    (tmp_path / "tokenizer.model").write_text("aGk= 0\naGo= 0\n")
+    with pytest.raises(TitanError, match="a token or a rank appears twice"):
+        load_tokenizer(tmp_path / "tokenizer.model")
+
+
+def test_a_document_the_tokenizer_cannot_encode_is_one_line(tmp_path):
+    model = hf_tokenizers.models.WordLevel({"<s>": 0, "</s>": 1, "hello": 2})  # no unk token
+    tok = hf_tokenizers.Tokenizer(model)
+    tok.pre_tokenizer = hf_tokenizers.pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
+    with pytest.raises(TitanError, match="--tokenizer cannot encode a document: .*UNK"):
+        tokenizer.encode_documents(["hello world"])
+
+
+def test_a_damaged_cached_tokenizer_is_trained_again(corpus_dir, titan_cache, capsys):
+    corpus = open_corpus(str(corpus_dir))
+    first = train_tokenizer(corpus, 512)
+    [cached] = [
+        p
+        for p in (titan_cache / "tokenizers").glob("*.model")
+        if p.read_bytes() == first.model_proto
+    ]
+    cached.write_bytes(first.model_proto[:1000])
+    again = train_tokenizer(corpus, 512)
+    assert again.model_proto == first.model_proto
+    assert "not a tokenizer" in capsys.readouterr().err
+    assert cached.read_bytes() == first.model_proto
+
+
+def test_a_directory_an_empty_file_or_a_byte_order_mark_is_told_apart(files, tmp_path):
+    with pytest.raises(TitanError, match="a directory; give the tokenizer file in it"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "empty.model").write_bytes(b"")
+    with pytest.raises(TitanError, match="the file is empty"):
+        load_tokenizer(tmp_path / "empty.model")
+    marked = _configured(files["huggingface"], tmp_path)
+    marked.write_bytes(b"\xef\xbb\xbf" + files["huggingface"].read_bytes())
+    assert load_tokenizer(marked).vocab_size == load_tokenizer(files["huggingface"]).vocab_size

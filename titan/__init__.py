@@ -5,10 +5,19 @@ are ``titan`` and ``tui``. :data:`__version__` is the one place the version is w
 pyproject.toml reads it (setuptools' dynamic version).
 """
 
+import sys
 from importlib import metadata
 
 DISTRIBUTION = "titan-jax"
 __version__ = "0.1.0"
+
+
+def cli_command(*args: str) -> list[str]:
+    """The command line of the ``titan`` CLI in a child process: this interpreter with ``-P``
+    (Python 3.11's safe path: the working directory is not put first on ``sys.path``, so a
+    ``titan/`` folder or ``titan.py`` there never shadows the installed package) running
+    ``titan.cli`` with ``args``."""
+    return [sys.executable, "-P", "-m", "titan.cli", *args]
 
 
 def installed_version() -> str:

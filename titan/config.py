@@ -495,8 +495,9 @@ class DataOptions:
         default=0,
         metadata=_opt(
             "--data-workers",
-            "worker processes that tokenize the corpus (0: one per CPU core; a corpus of one "
-            "chunk, 4 Mi characters, is tokenized in the training process)",
+            "worker processes that tokenize the corpus (0: one per usable CPU, as the affinity "
+            "mask and a container limit allow; a corpus of one chunk, 4 Mi characters, is "
+            "tokenized in the training process)",
             minimum=0,
             maximum=MAX_DATA_WORKERS,
             resumable=True,

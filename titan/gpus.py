@@ -97,8 +97,10 @@ class GpuSpec:
 #   DGX B200 datasheet: 8x ConnectX-7 400 Gb/s.
 # - mi250x: AMD Instinct MI250X datasheet (OAM): BF16 383 TFLOPS dense, no FP8, 128 GB HBM2e at
 #   3.2 TB/s, 560 W peak, 8 Infinity Fabric links of 100 GB/s (50 one direction). One package
-#   is two GCDs, which JAX shows as two devices; figures here are per package. HPE Cray EX235a
-#   (Frontier) node: 4 MI250X, 4x Slingshot 200 Gb/s.
+#   is two GCDs, which JAX (ROCm) shows as two devices: the row is per GCD, the package's
+#   figures halved (191.5 TFLOPS, 64 GB at 1.6 TB/s, 280 W, 4 links), so that a device's peak
+#   and memory are what one JAX device has. HPE Cray EX235a (Frontier) node: 4 MI250X (8 GCDs),
+#   4x Slingshot 200 Gb/s (12.5 GB/s per GCD one direction).
 # - mi300x: AMD Instinct MI300X datasheet (OAM): BF16 1,307.4 and FP8 2,614.9 TFLOPS dense,
 #   192 GB HBM3 at 5.3 TB/s, 750 W, 7 Infinity Fabric links of 128 GB/s (both directions) =
 #   896 GB/s, one per peer in the 8-GPU platform; platform brief: a 400 Gb/s NIC per GPU.
@@ -116,7 +118,7 @@ _TABLE = (
     ("h100", "H100 SXM", 989.5, 1979, 80, 3.35, 700, 450, None, 50, 8),
     ("h200", "H200 SXM", 989.5, 1979, 141, 4.8, 700, 450, None, 50, 8),
     ("b200", "B200 (HGX)", 2250, 4500, 180, 8.0, 1000, 900, None, 50, 8),
-    ("mi250x", "MI250X (OAM)", 383, None, 128, 3.2, 560, 400, 50, 25, 4),
+    ("mi250x", "MI250X (OAM), one GCD", 191.5, None, 64, 1.6, 280, 200, 50, 12.5, 8),
     ("mi300x", "MI300X (OAM)", 1307.4, 2614.9, 192, 5.3, 750, 448, 64, 50, 8),
     ("mi325x", "MI325X (OAM)", 1307.4, 2614.9, 256, 6.0, 1000, 448, 64, 50, 8),
     ("mi355x", "MI355X (OAM)", 2516.6, 5033.2, 288, 8.0, 1400, 537.6, 76.8, 50, 8),

@@ -541,8 +541,11 @@ def train_options(model: str, p: Plan) -> dict[str, Any]:
     """The ``titan train`` options of a plan, by config field name: the model as ``--model``
     was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the batch in
     sequences, the precision and the layout's options (:meth:`Layout.options`; ``--layout mpmd``
-    with a pipeline)."""
+    with a pipeline); with a remat policy, ``--layer-unroll 1``: the memory model is that of a
+    rolled layer loop, which an unrolled one (the default up to 16 or 28 layers) can exceed
+    under remat (docs/planner.md, "Limits")."""
     request, layout = p.request, p.layout
+    rolled = {"layer_unroll": 1} if layout.remat != "none" else {}
     values = {
         "preset": model,  # --model
         "steps": math.ceil(request.tokens / (request.batch_sequences * request.seq_len)),
@@ -552,7 +555,7 @@ def train_options(model: str, p: Plan) -> dict[str, Any]:
         "compute_dtype": request.precision.compute_dtype,
         "layout": "mpmd" if layout.pp > 1 else "spmd",
     }
-    return values | layout.options()
+    return values | layout.options() | rolled
 
 
 def _json(request: PlanRequest, plans: list[Plan]) -> dict[str, Any]:

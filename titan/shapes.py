@@ -215,6 +215,8 @@ def parse_model(text: str, flag: str = "--model") -> ModelConfig:
             values[key] = number if key in OPTIONAL_SHAPE_FIELDS else int(number)
         except (ValueError, OverflowError):  # OverflowError: inf
             raise TitanError(f"{flag}: {key} must be a number, got {value!r}") from None
+        if key not in OPTIONAL_SHAPE_FIELDS and not number.is_integer():
+            raise TitanError(f"{flag}: {key} must be a whole number, got {value!r}")
     missing = [key for key in SHAPE_FIELDS if key not in values]
     if missing:
         raise TitanError(f"{flag}: missing {', '.join(missing)}")
@@ -237,6 +239,11 @@ def check_shape(m: ModelConfig, flag: str = "--model") -> None:
     if m.n_heads % m.n_kv_heads:
         raise TitanError(
             f"{flag}: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
+        )
+    if m.head_dim % 2:
+        raise TitanError(
+            f"{flag}: the head dim d_model / n_heads = {m.head_dim} must be even (rotary "
+            "embeddings turn pairs of its features; Su et al. 2021, RoFormer, Sec. 3.4)"
         )
 
 

@@ -26,7 +26,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from titan import cli_command
 from titan.analysis.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness
 from titan.config import Option, TrainConfig, check_run_id, option_fields
 from titan.data.mixture import check_inputs
@@ -62,7 +62,7 @@ def train_argv(
     by ``--flag value`` for each option of ``config`` that differs from ``base`` (default:
     the defaults). With ``base`` (a resumed run's saved options) the placement is ``--resume
     <runs root>/<run id>`` instead."""
-    argv = [sys.executable, "-m", "titan.cli", "train"]
+    argv = cli_command("train")
     if base is None:
         argv += ["--runs-root", str(runs_root), "--run-id", run_id]
     else:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from urllib.parse import quote
 
 import numpy as np
 
+from titan import cli_command
 from titan.analysis import ettr, plots
 from titan.analysis.summarize import RunSummary, summarize_run_dir
 from titan.analysis.trace_summary import summarize_trace
@@ -360,7 +360,7 @@ def _sample_lines(run_dir: Path, out: Path, last: RunStart) -> list[str]:
     process), or why there is none; nothing for a language model."""
     if (last.model or {}).get("family") != "dit":
         return []
-    command = [sys.executable, "-m", "titan.cli", "sample", str(run_dir)]
+    command = cli_command("sample", str(run_dir))
     try:
         done = subprocess.run(
             [*command, "--out", str(out / "samples.png")],

@@ -234,6 +234,11 @@ class ImageBatches:
         """Images per epoch (named as the text loader's, for the checkpoints' resume check)."""
         return len(self.data.images)
 
+    @property
+    def data_digest(self) -> str:
+        """The images' and labels' digest (:attr:`ImageSet.digest`), kept in checkpoints."""
+        return self.data.digest
+
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
             self._orders = {

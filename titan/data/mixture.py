@@ -19,6 +19,7 @@ that checkpoints store, and a resume mid-epoch neither repeats nor skips a seque
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 from collections import Counter
@@ -56,6 +57,11 @@ class Batches(Protocol):
     @property
     def num_tokens(self) -> int:
         """Tokens of the stream(s)."""
+        ...
+
+    @property
+    def data_digest(self) -> str:
+        """Digest of the tokens of the stream(s), kept in checkpoints (empty: not known)."""
         ...
 
     def next_batch(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -189,6 +195,12 @@ class MixtureBatches:
     def num_tokens(self) -> int:
         return sum(part.num_tokens for part in self.parts)
 
+    @property
+    def data_digest(self) -> str:
+        """sha256 (hex) of the parts' digests in order (empty when one is not known)."""
+        digests = [part.digest for part in self.parts]
+        return hashlib.sha256(" ".join(digests).encode()).hexdigest() if all(digests) else ""
+
     def _block_places(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """(part, place within the part overall) of each place of ``block``."""
         if self._block is None or self._block[0] != block:
@@ -243,7 +255,8 @@ def make_batches(
         TitanError: the corpus holds fewer sequences than a batch, or a part holds none.
     """
     if len(sources) == 1:
-        return PackedBatches(streams[0].tokens, seq_len, batch_size, seed, bos_id)
+        stream = streams[0]
+        return PackedBatches(stream.tokens, seq_len, batch_size, seed, bos_id, digest=stream.digest)
     parts = []
     for c, (source, stream) in enumerate(zip(sources, streams, strict=True)):
         if (len(stream.tokens) - 1) // seq_len < 1:
@@ -251,7 +264,9 @@ def make_batches(
                 f"--data part {source.spec} has {len(stream.tokens)} tokens: not one sequence "
                 f"of --seq-len {seq_len}"
             )
-        parts.append(PackedBatches(stream.tokens, seq_len, 1, seed, bos_id, salt=(c,)))
+        parts.append(
+            PackedBatches(stream.tokens, seq_len, 1, seed, bos_id, salt=(c,), digest=stream.digest)
+        )
     return MixtureBatches(parts, [s.weight for s in sources], batch_size, seed)
 
 

@@ -2,8 +2,9 @@
 
 Corpora (``--data``): ``stdlib`` (the ``.py`` sources of the running Python's standard library,
 real text present on every machine), a file, a directory (every file below it) or a glob. Each
-file's format comes from its name (:func:`file_format`): ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``
-(one JSON object per line, the text in ``--text-field``), ``.parquet`` (the ``--text-field``
+file's format comes from its name (:func:`file_format`): ``.jsonl`` or ``.ndjson``, plain or
+compressed (``.gz``, ``.zst``, ``.bz2``, ``.xz``; one JSON object per line, the text in
+``--text-field``; a UTF-8 byte order mark is skipped), ``.parquet`` (the ``--text-field``
 column, read through DuckDB in batches), anything else plain UTF-8 text (one document per
 file). Everything is streamed, one file open at a time. A record that is not a document is
 counted by reason (:data:`DROP_REASONS`), never dropped silently. A compressed file that is cut
@@ -23,11 +24,14 @@ repeats nor skips a sequence.
 
 from __future__ import annotations
 
+import bz2
 import glob
 import gzip
 import hashlib
 import io
 import json
+import lzma
+import os
 import re
 import sysconfig
 import zlib
@@ -64,8 +68,16 @@ CORRUPT_ERRORS: tuple[type[Exception], ...] = (
     zlib.error,
     gzip.BadGzipFile,
     zstandard.ZstdError,
+    lzma.LZMAError,
 )
-"""What reading a cut-short or corrupt ``.gz`` or ``.zst`` file raises (:func:`_text_lines`)."""
+"""What reading a cut-short or corrupt compressed file raises (:func:`_text_lines`; ``bz2``
+raises a plain :class:`OSError`, named as a read error)."""
+JSONL_SUFFIXES = tuple(
+    base + compression
+    for base in (".jsonl", ".ndjson")
+    for compression in ("", ".gz", ".zst", ".bz2", ".xz")
+)
+"""File names read as JSON lines (:func:`file_format`)."""
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -80,7 +92,7 @@ def _plain_text(data: bytes, dropped: Counter[str]) -> Iterator[str]:
     if b"\0" in data:
         dropped["nul_bytes"] += 1
         return
-    yield from _checked(data.decode("utf-8", errors="replace"), dropped)
+    yield from _checked(data.decode("utf-8-sig", errors="replace"), dropped)
 
 
 def _checked(text: object, dropped: Counter[str]) -> Iterator[str]:
@@ -159,17 +171,22 @@ class _ZstdFrames(io.RawIOBase):
 
 
 def _text_lines(path: Path, raw: IO[bytes]) -> IO[str]:
-    """The raw bytes of a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file as text lines,
-    decompressed while read; reading a cut-short or corrupt compressed file raises one of
-    :data:`CORRUPT_ERRORS`."""
+    """The raw bytes of a JSON lines file (:data:`JSONL_SUFFIXES`) as text lines, decompressed
+    while read, a leading byte order mark skipped; reading a cut-short or corrupt compressed
+    file raises one of :data:`CORRUPT_ERRORS`."""
     name = path.name.lower()
+    binary: IO[bytes] | gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile
     if name.endswith(".gz"):
-        binary: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw, mode="rb")
+        binary = gzip.GzipFile(fileobj=raw, mode="rb")
     elif name.endswith(".zst"):
         binary = io.BufferedReader(_ZstdFrames(raw))
+    elif name.endswith(".bz2"):
+        binary = bz2.BZ2File(raw, mode="rb")
+    elif name.endswith(".xz"):
+        binary = lzma.LZMAFile(raw, mode="rb")
     else:
         binary = raw
-    return io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace")
 
 
 def _jsonl_documents(
@@ -213,18 +230,22 @@ def _parquet_documents(path: Path, field_name: str, dropped: Counter[str]) -> It
 
 
 def file_format(path: Path) -> str:
-    """A corpus file's format by its name: ``jsonl`` (``.jsonl``, ``.jsonl.gz``,
-    ``.jsonl.zst``), ``parquet`` (``.parquet``) or ``text`` (anything else: one document)."""
+    """A corpus file's format by its name: ``jsonl`` (:data:`JSONL_SUFFIXES`), ``parquet``
+    (``.parquet``) or ``text`` (anything else: one document)."""
     name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+    if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
     if name.endswith(".parquet"):
         return "parquet"
     return "text"
 
 
-def _stat_fingerprint(paths: tuple[Path, ...]) -> list[tuple[str, int, int]]:
-    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+def _stat_fingerprint(paths: tuple[Path, ...]) -> list[tuple[str, int, int, int, int]]:
+    """(absolute path, size, mtime, ctime, inode) of each file. The change time and inode
+    catch what size and mtime miss: a file rewritten to the same size with its mtime put back
+    (``cp -p``, ``rsync -a``, ``tar x``, ``touch -d``) has a new ctime, which no user can set."""
+    stats = [(p.resolve(), p.stat()) for p in paths]
+    return [(str(p), s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino) for p, s in stats]
 
 
 @dataclass(frozen=True)
@@ -290,8 +311,8 @@ class Corpus:
         return [p.stat().st_size for p in self.files]
 
     def fingerprint(self) -> str:
-        """Identity of the corpus for caches: sha256 over the text field and (path, size,
-        mtime) of its files."""
+        """Identity of the corpus for caches: sha256 over the text field and (absolute path,
+        size, mtime, ctime, inode) of its files (:func:`_stat_fingerprint`)."""
         payload = json.dumps([self.text_field, _stat_fingerprint(self.files)])
         return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
@@ -320,20 +341,55 @@ def _stdlib_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file())
 
 
-def _files_below(path: Path) -> list[Path]:
+def _files_below(path: Path, spec: str) -> list[Path]:
+    """``path`` itself when a file, else the files below it, sorted: hidden files and
+    directories (a ``.git``) left out, symbolic links to directories followed, each directory
+    once (a link back up is not a loop).
+
+    Raises:
+        TitanError: a directory below cannot be listed (names it and the OS's reason).
+    """
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    if not path.is_dir():  # a dangling link, or a glob's match through too many links
+        return []
+
+    def refuse(err: OSError) -> None:
+        raise TitanError(f"--data {spec}: cannot read {err.filename}: {err.strerror or err}")
+
+    files: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, names in os.walk(path, onerror=refuse, followlinks=True):
+        status = os.stat(root)
+        if (status.st_dev, status.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((status.st_dev, status.st_ino))
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files += [Path(root, n) for n in names if not n.startswith(".")]
+    return sorted(f for f in files if f.is_file())
+
+
+def _distinct(files: list[Path]) -> tuple[Path, ...]:
+    """``files`` in order, each file once however many names reach it (links, a glob's
+    ``**`` through a link back up)."""
+    seen: dict[tuple[int, int], Path] = {}
+    for f in files:
+        status = f.stat()
+        seen.setdefault((status.st_dev, status.st_ino), f)
+    return tuple(seen.values())
 
 
 def open_corpus(spec: str, text_field: str = "text") -> Corpus:
-    """Resolve ``--data``: ``stdlib``, a file, a directory (every file below it, hidden ones
-    excepted) or a glob (``shards/*.jsonl.zst``, ``**`` recursive; directories it matches are
-    read whole).
+    """Resolve ``--data``: ``stdlib``, a file, a directory (every file below it, hidden files
+    and directories excepted: :func:`_files_below`) or a glob (``shards/*.jsonl.zst``, ``**``
+    recursive; directories it matches are read whole). A file reached by several names is
+    read once.
 
     Raises:
         TitanError: the path does not exist, is neither a regular file nor a directory (a
-            FIFO, a device), or the directory or glob holds no files.
+            FIFO, a device), a directory below cannot be listed, or the directory or glob holds
+            no files.
     """
     if spec == STDLIB:
         return Corpus(spec, tuple(_stdlib_files()), text_field)
@@ -341,20 +397,20 @@ def open_corpus(spec: str, text_field: str = "text") -> Corpus:
         files = [
             f
             for match in sorted(glob.glob(spec, recursive=True))
-            for f in _files_below(Path(match))
+            for f in _files_below(Path(match), spec)
         ]
         if not files:
             raise TitanError(f"--data {spec}: the pattern matches no files")
-        return Corpus(spec, tuple(dict.fromkeys(files)), text_field)
+        return Corpus(spec, _distinct(files), text_field)
     path = Path(spec)
     if not path.exists():
         raise TitanError(f"--data {spec}: no such file or directory (or 'stdlib')")
     if not (path.is_file() or path.is_dir()):
         raise TitanError(f"--data {spec}: not a regular file or directory (a FIFO, a device)")
-    files = _files_below(path)
+    files = _files_below(path, spec)
     if not files:
         raise TitanError(f"--data {spec}: directory holds no files")
-    return Corpus(spec, tuple(files), text_field)
+    return Corpus(spec, _distinct(files), text_field)
 
 
 @dataclass
@@ -381,6 +437,8 @@ class PackedBatches:
         rows: the rows of each batch to materialise (sorted; None: all), for a process that
             holds only some rows of the global batch; the ids are always the whole batch's.
         salt: more seed words of the order (a mixture's part index); ``()`` for one corpus.
+        digest: the stream's content digest (:attr:`titan.data.tokenize.TokenStream.digest`),
+            which checkpoints keep to tell, on resume, a corpus whose tokens changed.
 
     Raises:
         TitanError: the stream holds fewer sequences than one batch.
@@ -394,6 +452,7 @@ class PackedBatches:
     position: int = 0
     rows: np.ndarray | None = None
     salt: tuple[int, ...] = ()
+    digest: str = ""
     _orders: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -411,6 +470,11 @@ class PackedBatches:
     def num_tokens(self) -> int:
         """Tokens of the stream."""
         return len(self.tokens)
+
+    @property
+    def data_digest(self) -> str:
+        """The stream's content digest (:attr:`digest`; empty: not known)."""
+        return self.digest
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:

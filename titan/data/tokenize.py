@@ -16,9 +16,11 @@ file being read, its documents done, the drop counts before it) replaces the pre
 that is stopped, killed or crashes leaves both; the next one truncates the partial file to the
 committed tokens, skips the files done, re-reads (without encoding) the documents done of the
 current one, and goes on. The finished file becomes ``<key>.u32``; its record ``<key>.json``
-(tokens, documents, drop counts) is written and fsynced before the rename. A finished file whose
-size is not that of its record's tokens (cut short, appended to) or whose record is unreadable
-is never used: it is discarded, with one line on stderr, and tokenized again.
+(tokens, documents, drop counts, the sha256 of the token bytes, hashed as they are written
+and, after an interruption, read back once) is written and fsynced before the rename. A
+finished file whose size is not that of its record's tokens (cut short, appended to) or whose
+record is unreadable is never used: it is discarded, with one line on stderr, and tokenized
+again.
 ``<key>.lock`` (``flock``) keeps two processes of one host from tokenizing into the same file: the
 second waits, then reads the finished one.
 
@@ -46,11 +48,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
-from titan.data.cache import cache_dir
+from titan.data.cache import cache_dir, naming, writable_dir
 from titan.data.text import DROP_REASONS, Documents, FilePosition
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
@@ -62,6 +64,7 @@ CHUNK_CHARS = 4 << 20
 """Characters of text per chunk (4 Mi: about a second of one core's sentencepiece encoding, so
 that a commit, and the work an interruption loses, stays small)."""
 IN_FLIGHT_PER_WORKER = 2
+HASH_READ_BYTES = 8 << 20
 PARENT_POLL_S = 1.0
 
 
@@ -74,11 +77,22 @@ class TokenStream:
         documents: documents tokenized.
         dropped: records that are not documents, by reason (:data:`DROP_REASONS`, every
             reason present, zeros included).
+        digest: sha256 of the token file's bytes (64 hex digits), computed while it is
+            written: checkpoints keep it, so that a resume on a corpus whose tokens changed is
+            refused even when its number of sequences did not.
     """
 
     tokens: np.ndarray
     documents: int
     dropped: dict[str, int]
+    digest: str
+
+    def summary(self) -> str:
+        """``1,234 documents, 567,890 tokens`` and, when records were not documents,
+        `` (dropped: 3 empty, 1 bad_json)``."""
+        drops = ", ".join(f"{n:,} {reason}" for reason, n in self.dropped.items() if n)
+        line = f"{self.documents:,} documents, {len(self.tokens):,} tokens"
+        return f"{line} (dropped: {drops})" if drops else line
 
 
 @dataclass(frozen=True)
@@ -330,12 +344,14 @@ def _tokenize(
     sizes = corpus.file_sizes()
     clock = _Clock(time.monotonic(), commit.tokens, sum(sizes[: commit.file]), sum(sizes))
     encoder = _Encoder(tokenizer, workers)
+    hasher = hashlib.sha256()
     try:
-        with open(paths.partial, "r+b" if commit.tokens else "wb") as out:
+        with naming(paths.partial), open(paths.partial, "r+b" if commit.tokens else "w+b") as out:
             out.truncate(4 * commit.tokens)
-            out.seek(4 * commit.tokens)
+            _hash_written(out, hasher)
             for chunk, data in encoder.ordered(_chunks(corpus, commit, chunk_chars)):
                 _append(out, data)
+                hasher.update(data)
                 commit = dataclasses.replace(
                     chunk.end,
                     tokens=commit.tokens + len(data) // 4,
@@ -346,18 +362,32 @@ def _tokenize(
                     progress(clock.report(commit, chunk.bytes_done))
     finally:
         encoder.close()
-    _publish(corpus, paths, commit)
+    _publish(corpus, paths, commit, hasher.hexdigest())
 
 
-def _publish(corpus: Documents, paths: _Paths, commit: Commit) -> None:
+def _hash_written(out: IO[bytes], hasher: Any) -> None:
+    """Feed ``hasher`` what an interrupted run committed to ``out`` (read back in
+    :data:`HASH_READ_BYTES` slices), leaving ``out`` at its end to append to."""
+    out.seek(0)
+    while data := out.read(HASH_READ_BYTES):
+        hasher.update(data)
+
+
+def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> None:
     dropped = {reason: commit.dropped_before_file.get(reason, 0) for reason in DROP_REASONS}
     if commit.documents == 0:
         paths.partial.unlink(missing_ok=True)
         paths.commit.unlink(missing_ok=True)
         summary = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"
         raise TitanError(f"--data {corpus.spec}: no non-empty document (dropped: {summary})")
-    record = {"tokens": commit.tokens, "documents": commit.documents, "dropped": dropped}
-    _write_json(paths.counts, record)
+    record = {
+        "tokens": commit.tokens,
+        "documents": commit.documents,
+        "dropped": dropped,
+        "digest": digest,
+    }
+    with naming(paths.counts):
+        _write_json(paths.counts, record)
     os.replace(paths.partial, paths.tokens)
     paths.commit.unlink(missing_ok=True)
 
@@ -369,11 +399,12 @@ def _cached(paths: _Paths) -> TokenStream | str:
     where = f"token cache {paths.counts}"
     try:
         record = read_json(paths.counts, "token cache")
-        if "tokens" not in record:
-            return f"{where}: no token count (written by an older titan)"
+        if "tokens" not in record or "digest" not in record:
+            return f"{where}: no token count or digest (written by an older titan)"
         tokens = json_field(record, "tokens", int, where)
         documents = json_field(record, "documents", int, where)
         dropped = json_field(record, "dropped", dict, where)
+        digest = json_field(record, "digest", str, where)
         size = paths.tokens.stat().st_size
     except TitanError as err:
         return str(err)
@@ -386,7 +417,8 @@ def _cached(paths: _Paths) -> TokenStream | str:
             f"token cache {paths.tokens}: {size:,} bytes, but its record says {tokens:,} tokens "
             f"({4 * tokens:,} bytes)"
         )
-    return TokenStream(np.memmap(paths.tokens, dtype=np.uint32, mode="r"), documents, dropped)
+    tokens_array = np.memmap(paths.tokens, dtype=np.uint32, mode="r")
+    return TokenStream(tokens_array, documents, dropped, digest)
 
 
 def _discard(paths: _Paths, reason: str) -> None:
@@ -431,11 +463,12 @@ def token_stream(
         TitanError: the corpus has no non-empty document (the message counts the drops), a
             file of it cannot be read, or the token file just written does not match its
             record (the cache's file system lost it).
+        OSError: the cache cannot be written (read-only, full), naming the file.
     """
     paths = _Paths.of(stream_key(corpus, tokenizer))
     if paths.done() and isinstance(stream := _cached(paths), TokenStream):
         return stream
-    paths.lock.parent.mkdir(parents=True, exist_ok=True)
+    writable_dir(paths.lock.parent)
     with open(paths.lock, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
         if paths.done():  # another process may have finished it meanwhile

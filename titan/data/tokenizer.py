@@ -47,6 +47,7 @@ import json
 import os
 import random
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +58,11 @@ import sentencepiece as spm
 import tiktoken
 import tokenizers as hf_tokenizers
 
-from titan.data.cache import cache_dir
+from titan.cpus import usable_cpus
+from titan.data.cache import cache_dir, naming, writable_dir
 from titan.data.text import Documents
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.reading import read_json
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -162,7 +165,8 @@ class SentencePieceBackend:
 class HuggingFaceBackend:
     """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), with the BOS and EOS
     tokens that :func:`load_tokenizer` took from its configuration; its ``encode_special_tokens``
-    is set, so that text spelling a special token encodes as ordinary text."""
+    is set, so that text spelling a special token encodes as ordinary text, and the truncation
+    and padding its file may set are off (a document is encoded whole, never cut or padded)."""
 
     tokenizer: hf_tokenizers.Tokenizer
     bos_id: int
@@ -173,7 +177,8 @@ class HuggingFaceBackend:
 
     @property
     def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+        """The largest id + 1 (ids may have gaps, so the count of tokens can be smaller)."""
+        return max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
     def encode(self, texts: list[str], threads: int) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -338,9 +343,14 @@ class Tokenizer:
         Raises:
             TitanError: the tokenizer encodes a document's ordinary text to the BOS or EOS id
                 (a ``tokenizer.json`` whose BOS or EOS is an added token not marked special),
-                which would make one document look like several.
+                which would make one document look like several; or the tokenizer library
+                cannot encode a document (a WordLevel model without its unknown token).
         """
-        ids = self.backend.encode(texts, threads or (os.cpu_count() or 1))
+        try:
+            ids = self.backend.encode(texts, threads or usable_cpus())
+        except Exception as err:  # the libraries raise plain Exception for what they refuse
+            reason = (str(err).splitlines() or [type(err).__name__])[0]
+            raise TitanError(f"--tokenizer cannot encode a document: {reason}") from None
         docs = [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
         stream = np.concatenate(docs) if docs else np.zeros(0, np.int32)
         if np.count_nonzero((stream == self.bos_id) | (stream == self.eos_id)) != 2 * len(docs):
@@ -392,6 +402,10 @@ class StreamDecoder:
 _BACKENDS: dict[bytes, Backend] = {}
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+"""The byte order mark some editors put first in a UTF-8 file (a ``tokenizer.json`` too)."""
+
+
 def _is_json(data: bytes) -> bool:
     return data.lstrip()[:1] == b"{"
 
@@ -399,6 +413,8 @@ def _is_json(data: bytes) -> bool:
 def _huggingface_backend(envelope: dict) -> HuggingFaceBackend:
     tok = hf_tokenizers.Tokenizer.from_str(envelope["tokenizer"])
     tok.encode_special_tokens = True  # text is text: "<s>" in a document is not BOS
+    tok.no_truncation()  # saved pipelines often set them: documents are encoded whole
+    tok.no_padding()
     bos, eos = (tok.token_to_id(envelope[k]) for k in ("bos_token", "eos_token"))
     assert bos is not None and eos is not None  # _load_huggingface checked both are in the vocab
     before, after = _template_specials(
@@ -414,19 +430,24 @@ def tiktoken_ranks(text: str) -> dict[bytes, int]:
     ``load_tiktoken_bpe`` format).
 
     Raises:
-        ValueError: a line is not of that form.
+        ValueError: a line is not of that form, or a token or a rank appears twice.
     """
     ranks = {}
     for line in text.splitlines():
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
+    if not ranks or min(ranks.values()) < 0:
+        raise ValueError("no ranks, or a negative one")
+    if len(set(ranks.values())) != len(ranks) or len(ranks) != sum(map(bool, text.splitlines())):
+        raise ValueError("a token or a rank appears twice")
     return ranks
 
 
 def _tiktoken_backend(envelope: dict) -> TiktokenBackend:
     ranks = tiktoken_ranks(envelope["ranks"])
-    specials = {name: len(ranks) + i for i, name in enumerate(envelope["special_tokens"])}
+    first = max(ranks.values()) + 1  # len(ranks) for Meta's files, whose ranks have no gaps
+    specials = {name: first + i for i, name in enumerate(envelope["special_tokens"])}
     encoding = tiktoken.Encoding(
         "titan", pat_str=envelope["pattern"], mergeable_ranks=ranks, special_tokens=specials
     )
@@ -541,12 +562,22 @@ def config_end_ids(directories: list[Path]) -> list[int]:
     return sorted(ids)
 
 
-def _rules(config: dict, add_bos: bool, add_eos: bool) -> dict[str, bool]:
-    """``add_bos``/``add_eos``: the config's ``add_bos_token``/``add_eos_token``, else these."""
-    return {
-        "add_bos": bool(config.get("add_bos_token", add_bos)),
-        "add_eos": bool(config.get("add_eos_token", add_eos)),
-    }
+def _rules(config: dict, add_bos: bool, add_eos: bool, source: Path) -> dict[str, bool]:
+    """``add_bos``/``add_eos``: the config's ``add_bos_token``/``add_eos_token``, else these.
+
+    Raises:
+        TitanError: a value is not a JSON boolean (``"false"`` would read as true).
+    """
+    rules = {"add_bos": add_bos, "add_eos": add_eos}
+    for rule in rules:
+        value = config.get(f"{rule}_token", rules[rule])
+        if not isinstance(value, bool):
+            raise TitanError(
+                f"--tokenizer {source.with_name(TOKENIZER_CONFIG)}: {rule}_token must be true "
+                f"or false, got {value!r}"
+            )
+        rules[rule] = value
+    return rules
 
 
 def _hf_special_tokens(config: dict, spec: dict) -> tuple[str | None, str | None]:
@@ -569,8 +600,8 @@ def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
     text = data.decode("utf-8", errors="replace")
     try:
         spec = json.loads(text)
-        if spec.get("format") in _ENVELOPES:  # a run dir's copy
-            return Tokenizer(data)
+        if isinstance(spec, dict) and spec.get("format") in _ENVELOPES:  # a run dir's copy
+            return _run_copy(path, data)
         tok = hf_tokenizers.Tokenizer.from_str(text)
     except Exception as err:  # the library raises plain Exception for a bad file
         reason = str(err).splitlines()[0]
@@ -590,10 +621,26 @@ def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
             "tokenizer": text,
             "bos_token": bos,
             "eos_token": eos,
-            **_rules(config, before is not None, after is not None),
+            **_rules(config, before is not None, after is not None, path),
             **_end_ids(end_ids),
         }
     )
+
+
+def _run_copy(path: Path, data: bytes) -> Tokenizer:
+    """A run dir's ``tokenizer.model`` that holds an envelope, checked by loading it.
+
+    Raises:
+        TitanError: a field is missing or does not load (a damaged or hand-edited copy).
+    """
+    try:
+        _backend(data)
+    except KeyError as err:
+        raise TitanError(f"--tokenizer {path}: a damaged tokenizer copy (no {err} field)") from None
+    except Exception as err:  # the libraries raise plain Exception for what they cannot load
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        raise TitanError(f"--tokenizer {path}: a damaged tokenizer copy ({reason})") from None
+    return _check_convention(Tokenizer(data), str(path))
 
 
 def _is_tiktoken(data: bytes) -> bool:
@@ -614,7 +661,7 @@ def _load_tiktoken(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
     tokens."""
     text = data.decode("utf-8", errors="replace")
     try:
-        ranks = len(tiktoken_ranks(text))
+        ranks = max(tiktoken_ranks(text).values(), default=-1) + 1
     except (ValueError, binascii.Error) as err:
         raise TitanError(f"--tokenizer {path} is not a tiktoken BPE file ({err})") from None
     specials = LLAMA3_SPECIAL_TOKENS
@@ -627,7 +674,7 @@ def _load_tiktoken(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
             "special_tokens": list(specials),
             "bos_token": specials[0],
             "eos_token": specials[1],
-            **_rules(tokenizer_config(path), True, False),
+            **_rules(tokenizer_config(path), True, False, path),
             **_end_ids(sorted({*stops, *end_ids})),
         }
     )
@@ -638,7 +685,7 @@ def _load_sentencepiece(path: Path, data: bytes, end_ids: list[int]) -> Tokenize
         spm.SentencePieceProcessor(model_proto=data)
     except RuntimeError as err:
         raise TitanError(f"--tokenizer {path} is not a sentencepiece model ({err})") from None
-    rules = _rules(tokenizer_config(path), True, False)
+    rules = _rules(tokenizer_config(path), True, False, path)
     tokenizer = Tokenizer(data)
     if rules != {"add_bos": True, "add_eos": False} or end_ids:
         model = base64.b64encode(data).decode()
@@ -662,12 +709,19 @@ def load_tokenizer(path: str | Path, config_dirs: tuple[Path, ...] = ()) -> Toke
             a config beside it is not a JSON object.
     """
     path = Path(path)
+    if path.is_dir():
+        raise TitanError(
+            f"--tokenizer {path}: a directory; give the tokenizer file in it "
+            "(tokenizer.json, tokenizer.model)"
+        )
     if not path.is_file():
         raise TitanError(f"--tokenizer {path}: no such file")
     try:
-        data = path.read_bytes()
+        data = path.read_bytes().removeprefix(UTF8_BOM)
     except OSError as err:
         raise TitanError(f"--tokenizer {path}: cannot read it: {err.strerror or err}") from None
+    if not data.strip():
+        raise TitanError(f"--tokenizer {path}: the file is empty")
     end_ids = config_end_ids([path.parent, *config_dirs])
     if _is_json(data):
         return _load_huggingface(path, data, end_ids)
@@ -803,10 +857,12 @@ def train_tokenizer(
 
     Raises:
         TitanError: when the corpus is too small for ``vocab_size``.
+        OSError: the cache cannot be written (checked before training), naming the path.
     """
     cached = cache_dir() / "tokenizers" / f"{_cache_key(corpus, vocab_size)}.model"
-    if cached.is_file():
-        return Tokenizer(cached.read_bytes())
+    if cached.is_file() and (tokenizer := _cached_tokenizer(cached)) is not None:
+        return tokenizer
+    writable_dir(cached.parent)  # before the training it would be written after
     sample = training_sample(corpus)
     if not sample:
         raise TitanError(f"--data {corpus.spec}: no non-empty text document")
@@ -816,7 +872,7 @@ def train_tokenizer(
             sentence_iterator=_reporting(sample, progress),
             model_writer=model,
             vocab_size=vocab_size,
-            num_threads=os.cpu_count() or 1,
+            num_threads=usable_cpus(),
             minloglevel=2,
             **TRAINER_SETTINGS,
         )
@@ -825,11 +881,34 @@ def train_tokenizer(
         raise TitanError(
             f"--vocab-size {vocab_size} cannot be trained on --data: {reason}"
         ) from None
-    cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(model.getvalue())
+    with naming(tmp), open(tmp, "wb") as out:  # whole or not at all: written, fsynced, renamed
+        out.write(model.getvalue())
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, cached)
     return Tokenizer(model.getvalue())
+
+
+def _cached_tokenizer(path: Path) -> Tokenizer | None:
+    """The trained tokenizer cached at ``path``, or None when it does not load (cut short,
+    emptied, overwritten): then it is removed, with one line on stderr, to be trained again."""
+    try:
+        data = path.read_bytes()
+        processor = spm.SentencePieceProcessor(model_proto=data)
+        if processor.bos_id() >= 0 and processor.eos_id() >= 0:
+            return Tokenizer(data)
+        reason = "no BOS or EOS piece"
+    except (OSError, RuntimeError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    print(
+        f"titan: tokenizer cache {inert(str(path))}: not a tokenizer ({inert(reason)}): "
+        "discarded, training again",
+        file=sys.stderr,
+        flush=True,
+    )
+    path.unlink(missing_ok=True)
+    return None
 
 
 def tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:

@@ -44,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from titan import cli_command
+from titan.cpus import usable_cpus
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED, worst_exit_code
 from titan.launch.aborts import AbortText
@@ -127,13 +129,6 @@ def child_envs(
     ]
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def max_processes() -> int:
     """The most ``--processes`` this host holds: :data:`PROCESSES_PER_CPU` x :func:`usable_cpus`."""
     return PROCESSES_PER_CPU * usable_cpus()
@@ -163,10 +158,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 def child_command(train_args: list[str], port: int, processes: int, index: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "titan.cli",
+    return cli_command(
         *train_args,
         "--coordinator",
         f"127.0.0.1:{port}",
@@ -174,7 +166,7 @@ def child_command(train_args: list[str], port: int, processes: int, index: int) 
         str(processes),
         "--process-id",
         str(index),
-    ]
+    )
 
 
 def exit_code(returncode: int) -> int:

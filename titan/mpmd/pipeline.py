@@ -111,7 +111,9 @@ def _local(x: jax.Array) -> jax.Array:
 
 
 def _squared_norm(tree: Any) -> jax.Array:
-    return jnp.square(optax.tree.norm(tree))
+    """The squared L2 norm of a stage's gradients, in float32 whatever their dtype (bf16
+    gradients of ``--param-dtype bfloat16`` too: the update program takes float32 scalars)."""
+    return jnp.square(optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), tree)))
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:

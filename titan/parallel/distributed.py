@@ -27,6 +27,7 @@ every process derives from the step number (docs/architecture.md, "Several proce
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -104,6 +105,8 @@ class LaunchSettings:
             host, _, port = self.coordinator.rpartition(":")
             if not host or not port.isdigit():
                 raise TitanError(f"--coordinator {self.coordinator}: expected HOST:PORT")
+            if not 1 <= int(port) <= 65535:
+                raise TitanError(f"--coordinator {self.coordinator}: port must be 1 to 65535")
 
 
 _FLAGS = {
@@ -119,8 +122,37 @@ def detected_cluster() -> tuple[str, int] | None:
 
     for env in ClusterEnv._cluster_types:
         if not env.opt_in_only_method and env.is_env_present():
-            return env.__name__, int(env.get_process_count())
+            try:
+                return env.__name__, int(env.get_process_count())
+            except (ValueError, TypeError, KeyError) as err:
+                raise TitanError(
+                    f"a {env.__name__} job is detected, but its process count cannot be read "
+                    f"from its environment ({err})"
+                ) from None
     return None
+
+
+def _coordinator_port_free(coordinator: str) -> None:
+    """Process 0 serves the coordination service on the coordinator's port of every local
+    address: refuse a port that is taken now (gRPC would crash the process on it).
+
+    Raises:
+        TitanError: the port is in use on this host.
+    """
+    port = int(coordinator.rpartition(":")[2])
+    try:
+        probe = socket.socket(socket.AF_INET6)  # dual stack: IPv4 users of the port count too
+    except OSError:  # no IPv6 on this host
+        probe = socket.socket(socket.AF_INET)
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            raise TitanError(
+                f"--coordinator {coordinator}: port {port} is in use on this host, where "
+                f"process 0 serves the coordination service ({err.strerror or err})"
+            ) from None
 
 
 def initialize(settings: LaunchSettings) -> int:
@@ -154,11 +186,33 @@ def initialize(settings: LaunchSettings) -> int:
     if not jax.config.read("jax_cross_host_transfer_socket_address"):
         address = transfer_address(explicit.get("coordinator_address"))
         jax.config.update("jax_cross_host_transfer_socket_address", address)
+    if explicit.get("process_id") == 0 and "coordinator_address" in explicit:
+        _coordinator_port_free(explicit["coordinator_address"])
+    print(_joining_line(explicit, cluster), file=sys.stderr, flush=True)
     try:
         jax.distributed.initialize(**explicit)
     except (ValueError, RuntimeError) as err:
         raise TitanError(f"jax.distributed.initialize: {str(err).splitlines()[0]}") from None
     return jax.process_count()
+
+
+JOIN_TIMEOUT_S = 300
+"""How long ``jax.distributed.initialize`` waits for every process to join before it ends the
+process (its ``initialization_timeout`` default, jax/_src/distributed.py)."""
+
+
+def _joining_line(explicit: InitializeKeywords, cluster: tuple[str, int] | None) -> str:
+    """What this process waits for while the others join, in one line (JAX says nothing until
+    it gives up after :data:`JOIN_TIMEOUT_S`)."""
+    where = explicit.get("coordinator_address") or "the coordinator"
+    count = explicit.get("num_processes") or (cluster[1] if cluster else "the")
+    source = f" ({cluster[0]})" if cluster else ""
+    index = explicit.get("process_id")
+    me = f"process {index}" if index is not None else "this process"
+    return (
+        f"titan: {me} joining {count} processes at {where}{source}; waiting up to "
+        f"{JOIN_TIMEOUT_S} s for all of them"
+    )
 
 
 def transfer_address(coordinator: str | None) -> str:
@@ -170,8 +224,14 @@ def transfer_address(coordinator: str | None) -> str:
     taken from the kernel and released just before JAX binds it.
     """
     if coordinator:
+        host = coordinator.rpartition(":")[0].strip("[]")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((coordinator.rpartition(":")[0].strip("[]"), 9))  # sends nothing
+            try:
+                probe.connect((host, 9))  # sends nothing
+            except OSError as err:  # gaierror: the host does not resolve
+                raise TitanError(
+                    f"--coordinator {coordinator}: cannot reach {host}: {err.strerror or err}"
+                ) from None
             local = probe.getsockname()[0]
     else:
         local = socket.gethostbyname(socket.gethostname())

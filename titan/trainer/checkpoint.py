@@ -229,6 +229,11 @@ class Unrestorable:
     error: str
 
 
+MILESTONE = "milestone"
+"""The meta field that marks a checkpoint saved at a multiple of ``--checkpoint-keep-every``:
+pruning never deletes it (:meth:`Checkpointer._prune`), whatever the option is later."""
+
+
 def steps_to_prune(committed: list[int], keep: int, keep_every: int) -> list[int]:
     """The committed steps to delete: all but the ``keep`` newest and (``keep_every`` > 0)
     the multiples of ``keep_every``, oldest first."""
@@ -345,7 +350,8 @@ class Checkpointer:
         run_dir: the run dir (checkpoints go to ``<run dir>/checkpoints``).
         keep: how many of the newest committed checkpoints to keep (``--checkpoint-keep``).
         keep_every: also keep every step that is a multiple of this, forever (0: none;
-            ``--checkpoint-keep-every``).
+            ``--checkpoint-keep-every``); a checkpoint saved as one stays when a resume
+            changes the option (:data:`MILESTONE`).
         asynchronous: write in a background thread (``--checkpoint-async``).
     """
 
@@ -427,6 +433,7 @@ class Checkpointer:
         start = time.perf_counter()
         settled = self._settle()
         self._conclude()
+        meta = {**meta, MILESTONE: bool(self.keep_every and state.step % self.keep_every == 0)}
         if not self._saved:  # what an earlier run's failed or killed saves left
             self.remove_leftovers(None)
             barrier("titan:checkpoint-leftovers")
@@ -533,7 +540,8 @@ class Checkpointer:
         it leaves is deleted by a later pruning."""
         try:
             for step in steps_to_prune(committed, self.keep, self.keep_every):
-                self._manager.delete(step)
+                if not self._milestone(step):
+                    self._manager.delete(step)
             self.remove_leftovers(upto)
         except Exception as err:  # noqa: BLE001 - the new checkpoint is committed all the same
             line = f"titan: deleting checkpoints older than {upto} failed: {error_line(err)}"
@@ -751,6 +759,15 @@ class Checkpointer:
         error at the root of ``err`` (tensorstore's names the array and the file)."""
         why = first_line(err) if isinstance(err, TitanError) else error_line(root_cause(err))
         return f"checkpoint {step} ({self.path(step)}) cannot be read: {why}"
+
+    def _milestone(self, step: int) -> bool:
+        """Whether checkpoint ``step`` was saved as a multiple of ``--checkpoint-keep-every``
+        (its meta's :data:`MILESTONE`): kept for ever, also after a resume changed the option.
+        A meta that cannot be read counts as no milestone."""
+        try:
+            return self._meta(step).get(MILESTONE) is True
+        except TitanError:
+            return False
 
     def _meta(self, step: int) -> dict[str, Any]:
         """The ``meta`` item of checkpoint ``step``, orbax's ``JsonSave`` file read through

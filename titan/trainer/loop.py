@@ -110,6 +110,7 @@ class TrainLoop:
 
         Raises:
             NonFiniteAbort: ``--nonfinite abort`` (:mod:`titan.trainer.guard`).
+            FinalSaveFailed: the last save was not committed.
         """
         self.saver.saved_step = self.recorded_step = step  # restored or initialised: saved
         self._newest = (state, self.batches.position, None)
@@ -125,6 +126,7 @@ class TrainLoop:
                 self.save_newest()
             self.phase("checkpoint_save", step)
             self.saver.wait()  # the last save commits before run_end
+            self.saver.check_committed(step)
             self.phase("idle", step)
         finally:
             self.hooks.after_loop()

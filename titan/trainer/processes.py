@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -27,11 +28,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from titan.config import flag_of, options_by_name
 from titan.data.tokenizer import Tokenizer
+from titan.errors import TitanError
 from titan.parallel.distributed import (
     barrier,
     broadcast_bytes,
     broadcast_text,
+    largest_over_processes,
     process_count,
     process_index,
 )
@@ -60,6 +64,39 @@ def batch_rows(trainer: Any, batch_size: int) -> np.ndarray | None:
 def agreed_run_id(preset: str) -> str:
     """A fresh run id, drawn by process 0 and the same on every process."""
     return broadcast_text(new_run_id(preset) if is_writer() else None)
+
+
+def same_options(options: dict[str, Any]) -> None:
+    """Refuse a run whose processes were started with different options (by hand, or by a
+    SLURM or Kubernetes script that varies them per task): each process compares its options
+    (``TrainConfig.record()``, and its ``--num-processes``) with process 0's, and every process
+    learns whether any differ, so that all of them stop before the run starts.
+
+    Raises:
+        TitanError: this process's options differ from process 0's (naming the first
+            options and both values), or another process's do.
+    """
+    if process_count() == 1:
+        return
+    mine = json.dumps(options, sort_keys=True)
+    first = json.loads(broadcast_text(mine if is_writer() else None))
+    differ = [name for name in sorted({*first, *options}) if first.get(name) != options.get(name)]
+    if largest_over_processes(int(bool(differ))) == 0:
+        return
+    if not differ:
+        raise TitanError(
+            "another process of this run was started with other options (it names them); "
+            "every process of a run takes the same options"
+        )
+    shown = "; ".join(
+        f"{flag_of(name) if name in options_by_name() else name} {options.get(name)!r} "
+        f"here, {first.get(name)!r} on process 0"
+        for name in differ[:3]
+    )
+    raise TitanError(
+        f"process {process_index()} was started with other options than process 0: {shown}; "
+        "every process of a run takes the same options"
+    )
 
 
 def one_tokenizer(make: Callable[[], Tokenizer]) -> Tokenizer:

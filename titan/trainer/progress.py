@@ -35,11 +35,12 @@ TOKENIZE_LOG_EVERY_S = 10.0
 
 
 def _line(done: TokenizeProgress) -> str:
-    """``45% of 2.1 GB, 123,456 tokens, 1,234,567 tokens/s, ETA 1m40s``."""
+    """``45% of 2.1 GB, ETA 1m40s, 123,456 tokens, 1,234,567 tokens/s`` (the ETA early, so
+    that a narrow terminal, which cuts the line's end, still shows it)."""
     share = done.bytes_done / done.bytes_total if done.bytes_total else 1.0
     return (
-        f"{share:.0%} of {format_size(done.bytes_total)}, {done.tokens:,} tokens, "
-        f"{done.tokens_per_s:,.0f} tokens/s, ETA {format_duration(done.eta_s)}"
+        f"{share:.0%} of {format_size(done.bytes_total)}, ETA {format_duration(done.eta_s)}, "
+        f"{done.tokens:,} tokens, {done.tokens_per_s:,.0f} tokens/s"
     )
 
 
@@ -119,7 +120,7 @@ class TrainProgress:
         if not self.interactive:
             return build(_TokenizeLog().report)
         with Progress(
-            TextColumn("tokenizing the corpus"),
+            TextColumn("tokenizing"),
             BarColumn(),
             TextColumn("{task.fields[fields]}"),
             TimeElapsedColumn(),

@@ -11,6 +11,7 @@ from typing import Any
 from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
+from titan.reading import parse_json
 from titan.telemetry.records import CONFIG_FILE, EVENTS_FILE, read_first_events
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -86,3 +87,26 @@ def pipeline_reset(explicit: dict[str, Any]) -> dict[str, Any]:
         return {}
     defaults = ParallelOptions()
     return {n: getattr(defaults, n) for n in PIPELINE_ONLY_OPTIONS if n not in explicit}
+
+
+CHECKPOINT_EVENT = b'"type": "checkpoint"'
+"""How a ``checkpoint`` event's type reads in a record line (``json.dumps``' separators)."""
+
+
+def recorded_checkpoint(run_dir: Path) -> int | None:
+    """The newest step that a ``checkpoint`` event (a committed save) of the run's record
+    names, or None (no such event, or no readable record). The record is scanned line by line
+    and only lines naming the event are parsed: a second for a record of a few hundred MB, and
+    called only when a resume finds no checkpoint."""
+    newest = None
+    try:
+        with open(run_dir / EVENTS_FILE, "rb") as record:
+            for line in record:
+                if CHECKPOINT_EVENT in line:
+                    event = parse_json(line)
+                    step = event.get("step") if isinstance(event, dict) else None
+                    if isinstance(step, int) and not isinstance(step, bool):
+                        newest = max(newest or 0, step)
+    except OSError:
+        return None
+    return newest

@@ -17,6 +17,25 @@ from titan.trainer.guard import FiniteCheck, NonFiniteAbort
 from titan.trainer_state import Trainer, TrainState
 
 
+class FinalSaveFailed(Exception):
+    """The run's newest state, saved at its end (completed or stopped), was not committed: the
+    run fails (``run_end`` ``failed``, exit 1) rather than report an end that a resume cannot
+    start from.
+
+    Args:
+        step: the step of the state that was saved.
+        latest: the newest committed checkpoint's step (None: none).
+        error: why the save failed (its ``checkpoint_failed`` error).
+    """
+
+    def __init__(self, step: int, latest: int | None, error: str) -> None:
+        kept = "none (a resume starts from step 0)" if latest is None else f"step {latest}"
+        super().__init__(
+            f"the checkpoint of step {step}, the run's last, failed ({error}); the last "
+            f"committed checkpoint is {kept}"
+        )
+
+
 class Saver:
     """Saves of the run's state and their records.
 
@@ -46,6 +65,7 @@ class Saver:
         self.phase = phase
         self.finite_check = FiniteCheck()
         self.saved_step: int | None = None  # the step of the newest state saved or restored
+        self.errors: dict[int, str] = {}  # the failed saves' errors by step
 
     def save(self, state: TrainState, position: int) -> None:
         """Save ``state`` with the data position after its step (``position``), unless its
@@ -65,6 +85,7 @@ class Saver:
         meta = {
             "data_position": position,
             "num_sequences": self.batches.num_sequences,
+            "data_digest": self.batches.data_digest,
             "layout": self.trainer.describe().to_json(),
         }
         self.record_saves(self.checkpointer.save(state, meta))
@@ -78,6 +99,16 @@ class Saver:
     def wait(self) -> None:
         """Wait for a save in flight and record it (:meth:`record_saves`)."""
         self.record_saves(self.checkpointer.wait())
+
+    def check_committed(self, step: int) -> None:
+        """Check that the run's last state, of ``step``, is committed (after :meth:`wait`).
+
+        Raises:
+            FinalSaveFailed: the newest committed checkpoint is not ``step``'s.
+        """
+        latest = self.checkpointer.latest_step()
+        if latest != step:
+            raise FinalSaveFailed(step, latest, self.errors.get(step, "not committed"))
 
     def record_saves(self, results: list[SaveResult]) -> None:
         """A ``checkpoint`` event per committed save, a ``checkpoint_failed`` event and a line
@@ -101,6 +132,7 @@ class Saver:
                     )
                 )
                 continue
+            self.errors[r.step] = r.error
             self.record.emit(
                 CheckpointFailed(
                     step=r.step, error=r.error, seconds=r.blocking_s, commit_s=r.commit_s

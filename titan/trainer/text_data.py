@@ -5,22 +5,23 @@ resumed run's, ``--tokenizer``'s, or trained on the corpus and cached); the toke
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from titan.config import DataOptions, ObservabilityOptions, model_config, trained_vocab_size
+from titan.cpus import usable_cpus
 from titan.data.heldout import split_sources, training_corpus
 from titan.data.mixture import Source, data_record, make_batches, open_sources
 from titan.data.text import Documents
 from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from titan.inert import inert
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag
 from titan.trainer.evaluation import open_evaluation
-from titan.trainer.processes import batch_rows, first_then_others, one_tokenizer
+from titan.trainer.processes import batch_rows, first_then_others, is_writer, one_tokenizer
 from titan.trainer.progress import TrainProgress
 from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer.task import RunData
@@ -112,6 +113,9 @@ class TextTask:
                 obs.eval_batches,
                 tick,
             )
+        if is_writer():
+            for source, stream in zip(sources, streams, strict=True):
+                print(f"titan: {inert(source.spec)}: {stream.summary()}", flush=True)
         described = data_record(data.corpus, sources, streams, batches)
         if evaluation:
             described["eval"] = evaluation.describe()
@@ -139,7 +143,7 @@ class TextTask:
 
     def _streams(self, tokenizer: Tokenizer, report: Callable[[Any], None]) -> list[TokenStream]:
         """Each source's token stream (tokenized with ``--data-workers`` workers, or cached)."""
-        workers = self.data.data_workers or os.cpu_count() or 1
+        workers = self.data.data_workers or usable_cpus()
         sources = self.corpora.sources
         return [token_stream(source.corpus, tokenizer, report, workers) for source in sources]
 

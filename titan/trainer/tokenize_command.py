@@ -10,15 +10,18 @@ interrupted ``titan tokenize`` resumes where it stopped, as training does.
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import sys
 from typing import Any
 
 from titan.config import MAX_DATA_WORKERS, DataOptions
+from titan.cpus import usable_cpus
 from titan.data.mixture import open_sources, union_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
+from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
+from titan.trainer.progress import TrainProgress
 
 
 def add_parser(subparsers: Any) -> None:
@@ -41,13 +44,18 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help=f"worker processes, 0 to {MAX_DATA_WORKERS} (default 0: one per CPU core)",
+        help=f"worker processes, 0 to {MAX_DATA_WORKERS} (default 0: one per usable CPU)",
     )
     t.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints one line per part: its spec, documents, tokens.
+    """Prints one line per part: its spec, documents, tokens and the records dropped, with
+    progress on stderr (a bar in a terminal, else a line every 10 s) while it works.
+
+    Returns:
+        :data:`EXIT_OK`, or :data:`EXIT_STOPPED` when interrupted (Ctrl-C): what was
+        tokenized is kept, and a second run resumes there.
 
     Raises:
         TitanError: a bad option, checked as ``titan train`` checks it (:class:`DataOptions`).
@@ -60,15 +68,24 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
     )
     sources = open_sources(options.corpus, options.text_field)
-    if options.tokenizer:
-        tokenizer = load_tokenizer(options.tokenizer)
-    else:
-        tokenizer = train_tokenizer(union_corpus(options.corpus, sources), options.vocab_size)
-    workers = options.data_workers or os.cpu_count() or 1
-    for source in sources:
-        stream = token_stream(source.corpus, tokenizer, workers=workers)
+    progress = TrainProgress(total_steps=0, log_every=1)
+    try:
+        with progress.status("preparing the tokenizer"):
+            if options.tokenizer:
+                tokenizer = load_tokenizer(options.tokenizer)
+            else:
+                corpus = union_corpus(options.corpus, sources)
+                tokenizer = train_tokenizer(corpus, options.vocab_size)
+        workers = options.data_workers or usable_cpus()
+        for source in sources:
+            stream = progress.tokenize(
+                functools.partial(token_stream, source.corpus, tokenizer, workers=workers)
+            )
+            print(f"{inert(source.spec)}: {stream.summary()}", file=sys.stdout, flush=True)
+    except KeyboardInterrupt:
         print(
-            f"{inert(source.spec)}: {stream.documents:,} documents, {len(stream.tokens):,} tokens",
-            file=sys.stdout,
+            "titan tokenize: interrupted; run it again to resume where it stopped",
+            file=sys.stderr,
         )
-    return 0
+        return EXIT_STOPPED
+    return EXIT_OK

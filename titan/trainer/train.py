@@ -130,12 +130,12 @@ from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook
 from titan.trainer.pinned_host import reservation_pays
 from titan.trainer.power_hook import PowerHook
-from titan.trainer.processes import Heartbeat, MutedRecord, is_writer
+from titan.trainer.processes import Heartbeat, MutedRecord, is_writer, same_options
 from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
-from titan.trainer.resume import check_record, resume_options
-from titan.trainer.saver import Saver
+from titan.trainer.resume import check_record, recorded_checkpoint, resume_options
+from titan.trainer.saver import FinalSaveFailed, Saver
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
 from titan.trainer.task import RunData, Task
@@ -163,7 +163,9 @@ def train_from_cli(
     """
     resume_dir = Path(resume) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
-    initialize(launch or LaunchSettings())
+    launch = launch or LaunchSettings()
+    initialize(launch)
+    same_options({**cfg.record(), "num_processes": launch.num_processes})
     if resume_dir is not None:
         check_resumed_layout(cfg, resume_dir, layout_given=bool(LAYOUT_OPTIONS & explicit.keys()))
     return train(cfg, resume_dir, stop)
@@ -692,11 +694,18 @@ def _restore_or_init(
     with the weights of ``init_from`` (``--init-from``) when given.
 
     Raises:
-        TitanError: the latest checkpoint cannot be read or restored onto this layout, or
-            the corpus changed since it was written.
+        TitanError: the latest checkpoint cannot be read or restored onto this layout, the
+            corpus changed since it was written, or the record names a checkpoint that is
+            gone (a resume would silently start over).
     """
     restored = checkpointer.restore_latest(trainer) if resuming else None
     if restored is None:
+        if resuming and (recorded := recorded_checkpoint(checkpointer.directory.parent)):
+            raise TitanError(
+                f"--resume: the run's record names checkpoint {recorded}, but "
+                f"{checkpointer.directory} holds none: refusing to start again from step 0 "
+                "(to train from scratch, start a new run id)"
+            )
         if resuming:
             print(
                 "titan: --resume: the run has no committed checkpoint; starting from step 0",
@@ -725,6 +734,12 @@ def _restore_or_init(
             f"--resume: the corpus changed since the checkpoint ({saved_sequences} "
             f"sequences then, {batches.num_sequences} now)"
         )
+    saved_digest = meta.get("data_digest") or ""  # absent from older checkpoints
+    if saved_digest and batches.data_digest and saved_digest != batches.data_digest:
+        raise TitanError(
+            "--resume: the corpus changed since the checkpoint (the same number of "
+            f"sequences, {saved_sequences}, but other tokens: an edited or reordered file)"
+        )
     batches.position = position
     return state, latest, unrestorable
 
@@ -749,13 +764,16 @@ def failure_to_name(err: Exception, saver: Saver) -> Exception:
 def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook, step: int | None) -> int:
     """Say and record a failure after ``run_start`` (``run_end`` ``failed`` at ``step``, the
     last step with a ``step`` event, None before the loop began; as far as the disk allows);
-    returns :data:`EXIT_FAILED`. A full disk is one line naming the path."""
+    returns :data:`EXIT_FAILED`. A full disk is one line naming the path, and so is a last
+    save that was not committed (:class:`FinalSaveFailed`); anything else shows its traceback."""
     liveness.peers.settle()  # a peer killed mid-collective: record it, not the symptom
     full = disk_full(err)
+    if isinstance(err, FinalSaveFailed):
+        full = str(err)  # said in one line, as a full disk is
     if full is None:
         traceback.print_exc()
     else:
-        print(f"titan train: error: {full}", file=sys.stderr, flush=True)
+        print(f"titan train: error: {inert(full)}", file=sys.stderr, flush=True)
     error = full or f"{type(err).__name__}: {err}"
     with contextlib.suppress(OSError):
         record.emit(RunEnd(status="failed", step=step, error=error))
