@@ -16,7 +16,7 @@ from helpers import cli_args, events, small_run
 
 pytestmark = pytest.mark.slow
 
-STEP_FUNCTIONS = {"jit(_step)": "train_step", "jit(_all_finite)": "finite_check"}  # -> what
+STEP_FUNCTIONS = {"jit(_step)": "train_step", "jit(_finite_and_digest)": "finite_check"}  # -> what
 COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ")
 
 

@@ -169,12 +169,39 @@ def test_state_with_a_nan_weight_is_not_finite():
     check = FiniteCheck()
     (compiled,) = check.compile(TrainState(0, (chunk, chunk)))
     assert (compiled.what, compiled.reason) == ("finite_check", None) and compiled.seconds > 0
-    assert check(TrainState(1, (chunk, chunk))) == (True, [])  # compiled already: no event
+    finite, digests, events = check(TrainState(1, (chunk, chunk)))
+    assert (finite, events) == (True, []) and digests[0] == digests[1]  # compiled: no event
     poisoned = {
         "params": {"w": jnp.ones((2, 3)).at[1, 2].set(jnp.inf)},
         "opt_state": (chunk["opt_state"]),
     }
-    assert check(TrainState(1, (chunk, poisoned))) == (False, [])
+    finite, digests, events = check(TrainState(1, (chunk, poisoned)))
+    assert (finite, events) == (False, []) and digests[0] != digests[1]
+
+
+def test_the_digest_sees_any_flipped_bit_and_swapped_leaves_but_not_the_sharding():
+    w = jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 7
+    chunk = {"params": {"a": w, "b": w.astype(jnp.bfloat16) + 1}, "opt_state": (jnp.int32(3),)}
+    check = FiniteCheck()
+    _, (base,), _ = check(TrainState(0, (chunk,)))
+    bits = np.asarray(w).view(np.uint32)
+    for index, bit in [(0, 0), (5, 17), (63, 31)]:
+        flipped = bits.copy().reshape(-1)
+        flipped[index] ^= np.uint32(1 << bit)
+        changed = {
+            **chunk,
+            "params": {**chunk["params"], "a": jnp.asarray(flipped.view(np.float32).reshape(8, 8))},
+        }
+        assert check(TrainState(0, (changed,)))[1] != [base], (index, bit)
+    swapped = {
+        **chunk,
+        "params": {"a": chunk["params"]["b"].astype(jnp.float32), "b": w.astype(jnp.bfloat16)},
+    }
+    assert check(TrainState(0, (swapped,)))[1] != [base]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    sharded = jax.tree.map(lambda x: jax.device_put(x, split) if x.ndim else x, chunk)
+    assert check(TrainState(0, (sharded,)))[1] == [base]
 
 
 def test_a_state_sharded_otherwise_recompiles_the_finite_check_with_its_cause():
@@ -187,11 +214,12 @@ def test_a_state_sharded_otherwise_recompiles_the_finite_check_with_its_cause():
         "params": {"w": jax.device_put(chunk["params"]["w"], split)},
         "opt_state": (jnp.zeros(3),),
     }
-    finite, (event,) = check(TrainState(1, (moved,)))
+    finite, _, (event,) = check(TrainState(1, (moved,)))
     assert finite and event.what == "finite_check"
     assert event.reason.startswith("['params']['w']: sharding SingleDeviceSharding(")
     assert "-> NamedSharding(" in event.reason
-    assert check(TrainState(2, (moved,))) == (True, [])  # once per new signature
+    finite, _, events = check(TrainState(2, (moved,)))
+    assert (finite, events) == (True, [])  # once per new signature
 
 
 def test_spike_detector_flags_losses_above_mean_plus_sigma_std():

@@ -560,9 +560,13 @@ class Checkpointer:
         self._stages.prune(self.committed_steps(), upto)
 
     def restore_latest(
-        self, trainer: Trainer
+        self,
+        trainer: Trainer,
+        verify: Callable[[int, TrainState, dict[str, Any]], None] | None = None,
     ) -> tuple[TrainState, dict[str, Any], list[Unrestorable]] | None:
-        """Restore the newest committed checkpoint that restores, newest first.
+        """Restore the newest committed checkpoint that restores, newest first; ``verify(step,
+        state, meta)`` may refuse a restored one (raising :class:`TitanError`), which then
+        counts as unrestorable (:func:`titan.trainer.saver.digest_check`).
 
         Returns:
             None when there is no committed checkpoint; else (state, meta, the newer
@@ -572,7 +576,14 @@ class Checkpointer:
         Raises:
             TitanError: none restores (the newest one's error).
         """
-        restored, skipped = self._newest_readable(lambda step: self.restore(step, trainer))
+
+        def read(step: int) -> tuple[TrainState, dict[str, Any]]:
+            state, meta = self.restore(step, trainer)
+            if verify is not None:
+                verify(step, state, meta)
+            return state, meta
+
+        restored, skipped = self._newest_readable(read)
         if restored is not None:
             return *restored, skipped
         if skipped:

@@ -147,9 +147,26 @@ class LossSpikeDetector:
         return spike
 
 
-def _all_finite(tree) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves))
+def _words(leaf: jax.Array) -> jax.Array:
+    """The leaf's bits as unsigned words (its own width), widened to uint32."""
+    if leaf.dtype == jnp.bool_:
+        return leaf.astype(jnp.uint32)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[leaf.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(leaf, unsigned).astype(jnp.uint32)
+
+
+def _finite_and_digest(tree) -> tuple[jax.Array, jax.Array]:
+    """(whether every leaf is finite, the tree's digest): the digest is the sum, modulo 2^32,
+    over leaves ``i`` of ``(2 i + 1)`` x the sum of the leaf's words (:func:`_words`). A flipped
+    bit ``k`` moves a leaf's sum by 2^k, and an odd weight keeps that nonzero modulo 2^32, so any
+    single flipped bit changes the digest; distinct weights catch most leaves swapped for
+    others. One pass of reads over the state, in the program the finite check runs anyway."""
+    leaves = jax.tree.leaves(tree)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+    sums = [jnp.sum(_words(leaf), dtype=jnp.uint32) for leaf in leaves]
+    weighted = (total * jnp.uint32(2 * i + 1) for i, total in enumerate(sums))
+    digest = sum(weighted, start=jnp.uint32(0))
+    return finite, digest
 
 
 def _held(state: TrainState) -> list[Any]:
@@ -182,16 +199,19 @@ def _difference(compiled: list[tuple], new: tuple) -> str:
 
 @dataclass
 class FiniteCheck:
-    """Whether every parameter and optimizer moment of a state is finite (one reduction per
-    chunk on its own devices, then a host read: before a save, never per step), with programs
-    compiled ahead of time: :meth:`compile` beside the step, then a call per save that compiles
-    only for a state unlike every one compiled for (its shapes, dtypes or shardings).
+    """Whether every parameter and optimizer moment of a state is finite, and each chunk's
+    digest (:func:`_finite_and_digest`: one reduction per chunk on its own devices, then a host
+    read: before a save and after a restore, never per step), with programs compiled ahead of
+    time: :meth:`compile` beside the step, then a call per save that compiles only for a state
+    unlike every one compiled for (its shapes, dtypes or shardings).
 
     With several processes each checks the chunks it holds and all agree on the answer (an
-    all-gather of one flag).
+    all-gather of one flag); digests are then not taken (None): a chunk of another process
+    is not readable here.
     """
 
     _programs: dict[tuple, Any] = field(default_factory=dict)
+    _events: list[Compile] = field(default_factory=list)  # compiled before compile() asked
 
     def _compile(self, chunks: list[Any]) -> Compile | None:
         """Compile for the chunks not compiled for yet; their ``compile`` event, or None."""
@@ -201,7 +221,7 @@ class FiniteCheck:
         causes = [_difference(list(self._programs), key) for key in new]
         start = time.perf_counter()
         for key, chunk in new.items():
-            self._programs[key] = jax.jit(_all_finite).lower(chunk).compile()
+            self._programs[key] = jax.jit(_finite_and_digest).lower(chunk).compile()
         seconds = time.perf_counter() - start
         cause = None if causes == ["first compile"] * len(causes) else "; ".join(causes)
         return Compile(what="finite_check", seconds=seconds, reason=cause)
@@ -210,21 +230,31 @@ class FiniteCheck:
         """Compile for the chunks of ``state`` (the restored or initial state, shaped as every
         later one). Returns the ``compile`` event (none when already compiled)."""
         event = self._compile(_held(state))
-        return [event] if event else []
+        events, self._events = [*self._events, *([event] if event else [])], []
+        return events
 
-    def __call__(self, state: TrainState) -> tuple[bool, list[Compile]]:
-        """(whether ``state`` is finite, the ``compile`` event of a recompilation with its
-        ``cause``, if ``state`` needed one)."""
+    def __call__(self, state: TrainState) -> tuple[bool, list[int] | None, list[Compile]]:
+        """(whether ``state`` is finite, each chunk's digest with one process (else None), the
+        ``compile`` event of a recompilation with its ``cause``, if ``state`` needed one)."""
         one_thread("the finite-weights check")  # its reductions span the processes
         held = _held(state)
         event = self._compile(held)
-        finite = all(bool(self._programs[_signature(chunk)](chunk)) for chunk in held)
+        results = [self._programs[_signature(chunk)](chunk) for chunk in held]
+        finite = all(bool(ok) for ok, _ in results)
+        digests = [int(digest) for _, digest in results]
         if jax.process_count() > 1:
             finite = bool(np.all(multihost_utils.process_allgather(np.array(finite))))
-        return finite, [event] if event else []
+        return finite, digests if jax.process_count() == 1 else None, [event] if event else []
+
+    def digests(self, state: TrainState) -> list[int] | None:
+        """Each chunk's digest of a restored ``state`` (None with several processes); a
+        program compiled for it now is reported by the next :meth:`compile`."""
+        _, digests, events = self(state)
+        self._events += events
+        return digests
 
 
-FINITE_CHECK_FUNCTION = _all_finite.__name__  # its compilations: FiniteCheck's own events
+FINITE_CHECK_FUNCTION = _finite_and_digest.__name__  # its compilations: FiniteCheck's own events
 
 
 def poison_batch(batch: Batch) -> Batch:

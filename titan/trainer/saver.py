@@ -6,15 +6,53 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
+from titan.errors import TitanError
 from titan.inert import inert
 from titan.telemetry.events import Checkpoint, CheckpointFailed
 from titan.telemetry.records import DiskFull, RunRecord
 from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule
 from titan.trainer.guard import FiniteCheck, NonFiniteAbort
 from titan.trainer_state import Trainer, TrainState
+
+DIGESTS = "digests"
+"""The meta field of a checkpoint's chunk digests (:class:`titan.trainer.guard.FiniteCheck`),
+taken before the save and compared after a restore onto the same layout (:func:`digest_check`)."""
+
+
+def digest_check(
+    finite_check: FiniteCheck, trainer: Trainer
+) -> Callable[[int, TrainState, dict[str, Any]], None]:
+    """The check of a restored checkpoint against the digests saved in its meta: a file that
+    changed after the save (a flipped bit on disk, a hand edit) restores values that do not
+    match, and the checkpoint counts as unrestorable (the one before it is tried). Skipped for a
+    checkpoint without digests (older, or of several processes), onto another layout (the
+    chunks are cut otherwise), and with several processes.
+
+    Raises (the returned function):
+        TitanError: a chunk's digest differs from the saved one (names the checkpoint and the
+            chunk).
+    """
+
+    def check(step: int, state: TrainState, meta: dict[str, Any]) -> None:
+        saved = meta.get(DIGESTS)
+        same_layout = meta["layout"]["chunks"] == trainer.describe().to_json()["chunks"]
+        if not isinstance(saved, list) or not same_layout:
+            return
+        restored = finite_check.digests(state)
+        if restored is None:
+            return
+        for chunk, (before, after) in enumerate(zip(saved, restored, strict=True)):
+            if before != after:
+                raise TitanError(
+                    f"checkpoint {step}: chunk {chunk} does not match the digest saved with it "
+                    f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
+                )
+
+    return check
 
 
 class FinalSaveFailed(Exception):
@@ -46,6 +84,8 @@ class Saver:
         trainer: the run's trainer (its layout goes in each save's meta).
         batches: the run's batches (their count goes in each save's meta).
         phase: enters a watchdog phase of a step (:meth:`titan.trainer.hooks.Hooks.on_phase`).
+        finite_check: the check of the weights before a save (shared with the restore's
+            :func:`digest_check`; a fresh one by default).
     """
 
     def __init__(
@@ -56,6 +96,7 @@ class Saver:
         trainer: Trainer,
         batches: Batches | ImageBatches,
         phase: Callable[[str, int], None],
+        finite_check: FiniteCheck | None = None,
     ) -> None:
         self.checkpointer = checkpointer
         self.schedule = schedule
@@ -63,7 +104,7 @@ class Saver:
         self.trainer = trainer
         self.batches = batches
         self.phase = phase
-        self.finite_check = FiniteCheck()
+        self.finite_check = finite_check or FiniteCheck()
         self.saved_step: int | None = None  # the step of the newest state saved or restored
         self.errors: dict[int, str] = {}  # the failed saves' errors by step
 
@@ -77,7 +118,7 @@ class Saver:
         """
         step = state.step
         self.phase("checkpoint_save", step)
-        finite, recompiled = self.finite_check(state)
+        finite, digests, recompiled = self.finite_check(state)
         for event in recompiled:
             self.record.emit(event)
         if not finite:
@@ -87,6 +128,7 @@ class Saver:
             "num_sequences": self.batches.num_sequences,
             "data_digest": self.batches.data_digest,
             "layout": self.trainer.describe().to_json(),
+            **({DIGESTS: digests} if digests is not None else {}),
         }
         self.record_saves(self.checkpointer.save(state, meta))
         self.schedule.restart()

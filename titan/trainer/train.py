@@ -45,6 +45,7 @@ import dataclasses
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,7 @@ from titan.trainer.compile_hook import CompileHook
 from titan.trainer.eval_hook import EvalHook
 from titan.trainer.guard import (
     FINITE_CHECK_FUNCTION,
+    FiniteCheck,
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
@@ -135,7 +137,7 @@ from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
 from titan.trainer.resume import check_record, recorded_checkpoint, resume_options
-from titan.trainer.saver import FinalSaveFailed, Saver
+from titan.trainer.saver import FinalSaveFailed, Saver, digest_check
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
 from titan.trainer.task import RunData, Task
@@ -383,6 +385,7 @@ class _Run:
         self.run_dir, self.trainer, self.ops, self.data = run_dir, trainer, ops, data
         self.compiled = built.compiled
         self.progress, self.stop = progress, stop
+        self.finite_check = FiniteCheck()  # the restore's digests, then the saves' checks
         run_devices = jax.devices()[: trainer.describe().devices]
         power_reader, self.power_info = open_reader(devices=run_devices)
         local_devices = [d for d in run_devices if d.process_index == jax.process_index()]
@@ -450,7 +453,13 @@ class _Run:
         with self.stop.during("restore"):
             self.hooks.on_phase("checkpoint_restore", 0)
             self.state, self.start_step, self.unrestorable = _restore_or_init(
-                self.checkpointer, self.trainer, self.data.batches, resuming, seed, init_from
+                self.checkpointer,
+                self.trainer,
+                self.data.batches,
+                resuming,
+                seed,
+                init_from,
+                digest_check(self.finite_check, self.trainer),
             )
         self.hooks.on_phase("compile", self.start_step)
 
@@ -496,7 +505,13 @@ class _Run:
         )
         trainer, batches, record = self.trainer, self.data.batches, self.record
         self.saver = Saver(
-            self.checkpointer, schedule, record, trainer, batches, self.hooks.on_phase
+            self.checkpointer,
+            schedule,
+            record,
+            trainer,
+            batches,
+            self.hooks.on_phase,
+            self.finite_check,
         )
         self.loop = TrainLoop(
             trainer,
@@ -688,6 +703,7 @@ def _restore_or_init(
     resuming: bool,
     seed: int,
     init_from: str,
+    verify: Callable[[int, TrainState, dict[str, Any]], None] | None = None,
 ) -> tuple[TrainState, int, list[Unrestorable]]:
     """(state, step, checkpoints skipped): the latest checkpoint's when resuming and one
     exists (the batches moved to its data position), else fresh from ``seed`` (``--seed``),
@@ -698,7 +714,7 @@ def _restore_or_init(
             corpus changed since it was written, or the record names a checkpoint that is
             gone (a resume would silently start over).
     """
-    restored = checkpointer.restore_latest(trainer) if resuming else None
+    restored = checkpointer.restore_latest(trainer, verify) if resuming else None
     if restored is None:
         if resuming and (recorded := recorded_checkpoint(checkpointer.directory.parent)):
             raise TitanError(
