@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from helpers import events, fail_commit_of, run_in_process, start_subprocess, tr
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError, error_line
-from titan.exit_codes import EXIT_FAILED, EXIT_USAGE
+from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE
 from titan.ops import Ops
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
 from titan.trainer.snapshot import bytes_per_device, snapshot_fits
@@ -395,3 +396,21 @@ def test_a_checkpoint_whose_arrays_no_longer_match_their_digest_is_set_aside(sma
     )
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
     assert (run_dir / "unrestorable_checkpoints" / "4").is_dir()
+
+
+@pytest.mark.slow
+def test_a_stop_before_the_first_step_ends_stopped_with_nothing_to_save(small_options, monkeypatch):
+    from titan.trainer import train
+
+    run = train._Run.run
+
+    def signalled_run(self, *args):
+        os.kill(os.getpid(), signal.SIGTERM)  # after run_start, before step 1 (its compile)
+        return run(self, *args)
+
+    monkeypatch.setattr(train._Run, "run", signalled_run)
+    code, run_dir = run_in_process({**small_options, "run_id": "early-stop"})
+    assert code == EXIT_STOPPED
+    assert events(run_dir, "step") == [] and events(run_dir, "checkpoint") == []
+    end = events(run_dir)[-1]
+    assert (end["type"], end["status"], end["step"]) == ("run_end", "stopped", 0)

@@ -27,6 +27,7 @@ from console_helpers import (
 from samples import SAMPLE_RUNS
 from textual.widgets import Input, Label, Log, Select
 
+from titan import cli_command
 from titan.cli import build_parser
 from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
@@ -99,11 +100,7 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
     config = TrainConfig.of(steps=4, lr=0.01, remat="dots", runs_root="ignored", run_id="ignored")
     argv = train_argv(config, tmp_path, "my-run")
     assert argv == [
-        sys.executable,
-        "-P",
-        "-m",
-        "titan.cli",
-        "train",
+        *cli_command("train"),
         "--runs-root",
         str(tmp_path),
         "--run-id",
@@ -115,7 +112,7 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
         "--remat",
         "dots",
     ]
-    assert build_parser().parse_args(argv[4:]).lr == 0.01
+    assert build_parser().parse_args(argv[len(cli_command()) :]).lr == 0.01
 
 
 @pytest.mark.slow
@@ -167,8 +164,9 @@ async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
     events = read_events(run_dir)
     step_losses = [e["loss"] for e in events if e["type"] == "step"]
     assert run_dir.parent == runs_root.resolve()
-    options = launched.argv[8:]
-    assert launched.argv[3:8] == [
+    child = len(cli_command())  # the interpreter and its flags
+    options = launched.argv[child + 5 :]
+    assert launched.argv[child : child + 5] == [
         "train",
         "--runs-root",
         str(runs_root.resolve()),

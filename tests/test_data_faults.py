@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -73,13 +74,6 @@ def _record_of_an_older_titan(path: Path) -> None:
     record.write_text(json.dumps(payload))
 
 
-def _record_without_digest(path: Path) -> None:
-    record = path.with_suffix(".json")
-    payload = json.loads(record.read_text())
-    del payload["digest"]
-    record.write_text(json.dumps(payload))
-
-
 def _record_torn(path: Path) -> None:
     path.with_suffix(".json").write_text('{"tokens": 1')
 
@@ -90,7 +84,6 @@ DAMAGE = {
     "tokens appended": (_appended, "bytes, but its record says"),
     "emptied": (_emptied, ": 0 bytes, but its record says"),
     "record of an older titan": (_record_of_an_older_titan, "no token count"),
-    "record without a digest": (_record_without_digest, "no token count or digest"),
     "record torn": (_record_torn, "not JSON"),
 }
 
@@ -247,21 +240,19 @@ def test_split_line_cuts_a_long_line_into_pieces_of_at_least_half_the_window():
     assert len(pieces) >= 40_000  # 156 bytes a repeat: at least two pieces each
 
 
-def test_a_file_rewritten_with_its_size_and_mtime_put_back_is_tokenized_again(
-    tokenizer, tmp_path, cache
+def test_a_cache_record_of_an_older_titan_without_a_digest_gets_one_from_its_file(
+    tokenizer, small_corpus, cache, capsys
 ):
-    path = tmp_path / "a.jsonl"
-    path.write_text(json.dumps({"text": "alpha beta gamma delta " * 50}) + "\n")
-    first = token_stream(open_corpus(str(path)), tokenizer)
-    stat = path.stat()
-    path.write_text(json.dumps({"text": "ALPHA BETA GAMMA DELTA " * 50}) + "\n")  # same size
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p, rsync -a, tar x do
-    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
-    second = token_stream(open_corpus(str(path)), tokenizer)
-    assert second.tokens.tobytes() != first.tokens.tobytes()
-    assert second.digest != first.digest
-    relative = token_stream(open_corpus(os.path.relpath(path)), tokenizer)  # the same file
-    assert relative.digest == second.digest and len(list(cache.glob("*.u32"))) == 2
+    whole = token_stream(small_corpus, tokenizer)
+    (path,) = cache.glob("*.u32")
+    record = path.with_suffix(".json")
+    older = {k: v for k, v in json.loads(record.read_text()).items() if k != "digest"}
+    record.write_text(json.dumps(older))
+    before = path.stat().st_mtime_ns
+    again = token_stream(small_corpus, tokenizer)
+    assert again.digest == whole.digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert path.stat().st_mtime_ns == before and capsys.readouterr().err == ""  # not re-made
+    assert json.loads(record.read_text()) == {**older, "digest": whole.digest}
 
 
 def test_hidden_directories_are_left_out_links_followed_and_each_file_read_once(tmp_path):
@@ -334,3 +325,25 @@ def test_a_resume_on_a_corpus_with_other_tokens_but_as_many_sequences_is_refused
     err = capsys.readouterr().err
     assert "the corpus changed since the checkpoint (the same number of sequences" in err
     assert "other tokens" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_resume_of_an_older_checkpoint_on_a_corpus_read_otherwise_says_why(
+    small_corpus, tmp_path, capsys
+):
+    from helpers import run_in_process, small_run
+
+    root = small_corpus.files[0].parent
+    options = small_run(root, tmp_path / "runs", run_id="old", steps=2, checkpoint_every=2)
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    meta_file = run_dir / "checkpoints" / "2" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    del meta["data_digest"]  # as an older titan wrote it
+    meta["num_sequences"] += 40  # which read the .git folder's files too
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "the corpus changed since the checkpoint (" in err
+    assert "the checkpoint is an older titan's, which read corpora otherwise (files in " in err

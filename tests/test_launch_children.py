@@ -133,12 +133,13 @@ def test_a_second_stop_signal_kills_children_that_do_not_stop(corpus_dir: Path, 
 
 
 @pytest.mark.parametrize("shadow", ["titan/__init__.py", "titan.py"])
-def test_children_run_the_installed_titan_from_a_directory_that_shadows_it(shadow, tmp_path):
+def test_children_run_the_installed_titan_from_a_directory_that_shadows_it(
+    shadow, tmp_path, monkeypatch
+):
     (tmp_path / shadow).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / shadow).write_text("raise SystemExit('the shadow was imported')\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(
-        cli_command("--version"), cwd=tmp_path, capture_output=True, text=True, env=env
-    )
+    monkeypatch.chdir(tmp_path)  # where the launcher runs, and its children
+    done = subprocess.run(cli_command("--version"), capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("titan ")

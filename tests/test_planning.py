@@ -37,7 +37,7 @@ from titan.planning.step import (
     model_flops_utilization,
 )
 from titan.schedules import build_schedule
-from titan.shapes import PRESETS, resolve_model
+from titan.shapes import PRESETS, check_shape, resolve_model
 
 H200 = find_gpu("h200")
 # The plain-JAX baseline bench/baselines/plain_jax_llama.py: 0.886B Llama, seq 2048, batch 8.
@@ -79,6 +79,12 @@ def test_custom_shapes_parse_and_bad_ones_name_the_field():
     with pytest.raises(TitanError, match="n_heads 8 is not a multiple of n_kv_heads 3"):
         resolve_model("d_model=512,n_layers=4,n_heads=8,n_kv_heads=3,ffn_dim=1,vocab_size=1")
     assert resolve_model("TINY").vocab_size == 4096
+    with pytest.raises(TitanError, match="d_model must be a whole number, got '512.5'"):
+        resolve_model("d_model=512.5,n_layers=4,n_heads=8,n_kv_heads=2,ffn_dim=1,vocab_size=1")
+    with pytest.raises(TitanError, match="the head dim d_model / n_heads = 15 must be even"):
+        resolve_model("d_model=60,n_layers=4,n_heads=4,n_kv_heads=2,ffn_dim=1,vocab_size=1")
+    odd_dit = dataclasses.replace(PRESETS["dit-s-2"], d_model=60, n_heads=4, n_kv_heads=4)
+    check_shape(odd_dit)  # a DiT has no rotary embeddings
 
 
 def test_training_flops_are_6n_plus_attention_under_both_conventions():

@@ -362,3 +362,8 @@ def test_a_directory_an_empty_file_or_a_byte_order_mark_is_told_apart(files, tmp
     marked = _configured(files["huggingface"], tmp_path)
     marked.write_bytes(b"\xef\xbb\xbf" + files["huggingface"].read_bytes())
     assert load_tokenizer(marked).vocab_size == load_tokenizer(files["huggingface"]).vocab_size
+
+
+def test_a_null_add_bos_token_counts_as_unset(files, tmp_path):
+    configured = _configured(files["sentencepiece"], tmp_path, add_bos_token=None)
+    assert load_tokenizer(configured).add_bos is True  # sentencepiece's default rule

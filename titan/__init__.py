@@ -7,17 +7,21 @@ pyproject.toml reads it (setuptools' dynamic version).
 
 import sys
 from importlib import metadata
+from pathlib import Path
 
 DISTRIBUTION = "titan-jax"
 __version__ = "0.1.0"
 
 
 def cli_command(*args: str) -> list[str]:
-    """The command line of the ``titan`` CLI in a child process: this interpreter with ``-P``
-    (Python 3.11's safe path: the working directory is not put first on ``sys.path``, so a
-    ``titan/`` folder or ``titan.py`` there never shadows the installed package) running
-    ``titan.cli`` with ``args``."""
-    return [sys.executable, "-P", "-m", "titan.cli", *args]
+    """The command line of the ``titan`` CLI in a child process: this interpreter running
+    ``titan.cli`` with ``args``, with ``-P`` (Python 3.11's safe path: the working directory is
+    not put first on ``sys.path``) unless this package is the working directory's own (a
+    checkout run without installing), so that a ``titan/`` folder or ``titan.py`` there never
+    shadows the package that runs."""
+    here = Path(__file__).resolve().parent.parent
+    safe = [] if here == Path.cwd().resolve() else ["-P"]
+    return [sys.executable, *safe, "-m", "titan.cli", *args]
 
 
 def installed_version() -> str:

@@ -469,8 +469,9 @@ class DataOptions:
         metadata=_opt(
             "--data",
             "corpus: 'stdlib' (this Python's standard library sources), a file, a directory or "
-            "a glob; each file's format by its name: .jsonl, .jsonl.gz, .jsonl.zst (one JSON "
-            "object per line), .parquet, anything else plain text (one document per file); a "
+            "a glob (hidden files and directories left out); each file's format by its name: "
+            ".jsonl or .ndjson, plain or .gz, .zst, .bz2, .xz (one JSON object per line), "
+            ".parquet, anything else plain text (one document per file); a "
             "weighted mixture as 'web/*.jsonl.zst:0.7,code/:0.3' (each part sampled in "
             "proportion to its weight)",
             name="data",

@@ -240,7 +240,7 @@ def check_shape(m: ModelConfig, flag: str = "--model") -> None:
         raise TitanError(
             f"{flag}: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
         )
-    if m.head_dim % 2:
+    if m.family == "llama" and m.head_dim % 2:
         raise TitanError(
             f"{flag}: the head dim d_model / n_heads = {m.head_dim} must be even (rotary "
             "embeddings turn pairs of its features; Su et al. 2021, RoFormer, Sec. 3.4)"

@@ -58,10 +58,10 @@ _PLACEMENT = ("runs_root", "run_id")
 def train_argv(
     config: TrainConfig, runs_root: Path, run_id: str, base: TrainConfig | None = None
 ) -> list[str]:
-    """The child's command line: ``python -m titan.cli train --runs-root R --run-id I`` followed
-    by ``--flag value`` for each option of ``config`` that differs from ``base`` (default:
-    the defaults). With ``base`` (a resumed run's saved options) the placement is ``--resume
-    <runs root>/<run id>`` instead."""
+    """The child's command line: ``python -P -m titan.cli train --runs-root R --run-id I``
+    (:func:`titan.cli_command`) followed by ``--flag value`` for each option of ``config`` that
+    differs from ``base`` (default: the defaults). With ``base`` (a resumed run's saved options)
+    the placement is ``--resume <runs root>/<run id>`` instead."""
     argv = cli_command("train")
     if base is None:
         argv += ["--runs-root", str(runs_root), "--run-id", run_id]

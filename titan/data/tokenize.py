@@ -32,6 +32,7 @@ tokenize ahead of training, run ``titan tokenize`` with the run's ``--data`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -307,7 +308,7 @@ def _write_json(path: Path, payload: dict) -> None:
     """``payload`` as ``path``, whole or not at all: written to a temporary file, fsynced,
     renamed over it."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as out:
+    with naming(tmp), open(tmp, "w") as out:  # a write names no file (a full disk)
         out.write(json.dumps(payload))
         out.flush()
         os.fsync(out.fileno())
@@ -349,8 +350,11 @@ def _tokenize(
         with naming(paths.partial), open(paths.partial, "r+b" if commit.tokens else "w+b") as out:
             out.truncate(4 * commit.tokens)
             _hash_written(out, hasher)
+        with open(paths.partial, "r+b") as out:
+            out.seek(4 * commit.tokens)
             for chunk, data in encoder.ordered(_chunks(corpus, commit, chunk_chars)):
-                _append(out, data)
+                with naming(paths.partial):  # a write names no file (a full disk)
+                    _append(out, data)
                 hasher.update(data)
                 commit = dataclasses.replace(
                     chunk.end,
@@ -366,7 +370,7 @@ def _tokenize(
 
 
 def _hash_written(out: IO[bytes], hasher: Any) -> None:
-    """Feed ``hasher`` what an interrupted run committed to ``out`` (read back in
+    """Feed ``hasher`` what ``out`` holds (what an interrupted run committed; read back in
     :data:`HASH_READ_BYTES` slices), leaving ``out`` at its end to append to."""
     out.seek(0)
     while data := out.read(HASH_READ_BYTES):
@@ -386,8 +390,7 @@ def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> N
         "dropped": dropped,
         "digest": digest,
     }
-    with naming(paths.counts):
-        _write_json(paths.counts, record)
+    _write_json(paths.counts, record)
     os.replace(paths.partial, paths.tokens)
     paths.commit.unlink(missing_ok=True)
 
@@ -399,12 +402,12 @@ def _cached(paths: _Paths) -> TokenStream | str:
     where = f"token cache {paths.counts}"
     try:
         record = read_json(paths.counts, "token cache")
-        if "tokens" not in record or "digest" not in record:
-            return f"{where}: no token count or digest (written by an older titan)"
+        if "tokens" not in record:
+            return f"{where}: no token count (written by an older titan)"
         tokens = json_field(record, "tokens", int, where)
         documents = json_field(record, "documents", int, where)
         dropped = json_field(record, "dropped", dict, where)
-        digest = json_field(record, "digest", str, where)
+        digest = json_field(record, "digest", str, where) if "digest" in record else None
         size = paths.tokens.stat().st_size
     except TitanError as err:
         return str(err)
@@ -417,8 +420,20 @@ def _cached(paths: _Paths) -> TokenStream | str:
             f"token cache {paths.tokens}: {size:,} bytes, but its record says {tokens:,} tokens "
             f"({4 * tokens:,} bytes)"
         )
+    if digest is None:  # an older titan's record: the digest of the file it holds, kept
+        digest = _file_digest(paths.tokens)
+        with contextlib.suppress(OSError):  # a read-only cache: computed again next time
+            _write_json(paths.counts, {**record, "digest": digest})
     tokens_array = np.memmap(paths.tokens, dtype=np.uint32, mode="r")
     return TokenStream(tokens_array, documents, dropped, digest)
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 (hex) of a file, read in :data:`HASH_READ_BYTES` slices."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as data:
+        _hash_written(data, hasher)
+    return hasher.hexdigest()
 
 
 def _discard(paths: _Paths, reason: str) -> None:

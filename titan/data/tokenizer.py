@@ -565,12 +565,16 @@ def config_end_ids(directories: list[Path]) -> list[int]:
 def _rules(config: dict, add_bos: bool, add_eos: bool, source: Path) -> dict[str, bool]:
     """``add_bos``/``add_eos``: the config's ``add_bos_token``/``add_eos_token``, else these.
 
+    A null value counts as absent.
+
     Raises:
         TitanError: a value is not a JSON boolean (``"false"`` would read as true).
     """
     rules = {"add_bos": add_bos, "add_eos": add_eos}
     for rule in rules:
-        value = config.get(f"{rule}_token", rules[rule])
+        value = config.get(f"{rule}_token")
+        if value is None:  # absent, or null as transformers writes an unset one
+            continue
         if not isinstance(value, bool):
             raise TitanError(
                 f"--tokenizer {source.with_name(TOKENIZER_CONFIG)}: {rule}_token must be true "

@@ -1,6 +1,6 @@
 """N local processes of one run, each with its share of the devices (``titan launch``).
 
-Each child is ``python -m titan.cli train ... --coordinator 127.0.0.1:PORT --num-processes N
+Each child is ``python -P -m titan.cli train ... --coordinator 127.0.0.1:PORT --num-processes N
 --process-id I`` on a free port; JAX's distributed runtime joins them
 (:mod:`titan.parallel.distributed`). Devices are split by the environment each child starts
 with:

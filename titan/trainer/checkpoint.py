@@ -396,7 +396,7 @@ class Checkpointer:
             return self.finish_orbax_save(step)
 
         def prune() -> None:  # the new checkpoint is committed: older ones may go
-            self._prune(step, [s for s in self.committed_steps() if s <= step])
+            self._prune(step, self._doomed([s for s in self.committed_steps() if s <= step]))
 
         self._pending = _PendingSave(write, step, begun, time.perf_counter() - start, prune)
         return []
@@ -526,22 +526,27 @@ class Checkpointer:
         if result is None or result.error is not None:
             return
         # Listed before the barrier: past it, process 0 may already be deleting some.
-        committed = [s for s in self.committed_steps() if s <= result.step]
+        doomed = self._doomed([s for s in self.committed_steps() if s <= result.step])
         fault_point("seen", result.step)
         barrier(f"titan:checkpoint-seen:{result.step}")
         fault_point("prune", result.step)
-        self._prune(result.step, committed)
+        self._prune(result.step, doomed)
 
-    def _prune(self, upto: int, committed: list[int]) -> None:
-        """Delete what retention no longer keeps among ``committed`` (the steps up to ``upto``,
-        the same list on every process: orbax's delete is collective; its folder goes first,
-        which uncommits the step, then its stage items), and the leftovers of saves up to
-        ``upto`` that never committed. A failure is one line on stderr, never the save's: what
-        it leaves is deleted by a later pruning."""
+    def _doomed(self, committed: list[int]) -> list[int]:
+        """The steps of ``committed`` that retention deletes: :func:`steps_to_prune`'s, less the
+        milestones (:meth:`_milestone`)."""
+        pruned = steps_to_prune(committed, self.keep, self.keep_every)
+        return [step for step in pruned if not self._milestone(step)]
+
+    def _prune(self, upto: int, doomed: list[int]) -> None:
+        """Delete the ``doomed`` steps (:meth:`_doomed`, listed up to ``upto`` before the
+        processes met: the same list on every process, as orbax's delete is collective; its
+        folder goes first, which uncommits the step, then its stage items), and the leftovers
+        of saves up to ``upto`` that never committed. A failure is one line on stderr, never
+        the save's: what it leaves is deleted by a later pruning."""
         try:
-            for step in steps_to_prune(committed, self.keep, self.keep_every):
-                if not self._milestone(step):
-                    self._manager.delete(step)
+            for step in doomed:
+                self._manager.delete(step)
             self.remove_leftovers(upto)
         except Exception as err:  # noqa: BLE001 - the new checkpoint is committed all the same
             line = f"titan: deleting checkpoints older than {upto} failed: {error_line(err)}"
@@ -774,11 +779,12 @@ class Checkpointer:
     def _milestone(self, step: int) -> bool:
         """Whether checkpoint ``step`` was saved as a multiple of ``--checkpoint-keep-every``
         (its meta's :data:`MILESTONE`): kept for ever, also after a resume changed the option.
-        A meta that cannot be read counts as no milestone."""
+        A meta that cannot be read counts as one: in doubt a checkpoint is kept, and every
+        process keeps it (a delete is collective)."""
         try:
-            return self._meta(step).get(MILESTONE) is True
+            return self._meta(step).get(MILESTONE, False) is not False
         except TitanError:
-            return False
+            return True
 
     def _meta(self, step: int) -> dict[str, Any]:
         """The ``meta`` item of checkpoint ``step``, orbax's ``JsonSave`` file read through

@@ -148,25 +148,29 @@ class LossSpikeDetector:
 
 
 def _words(leaf: jax.Array) -> jax.Array:
-    """The leaf's bits as unsigned words (its own width), widened to uint32."""
+    """The leaf's bits as unsigned words of its own width (8-byte values as two 32-bit words),
+    widened to uint32."""
     if leaf.dtype == jnp.bool_:
         return leaf.astype(jnp.uint32)
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[leaf.dtype.itemsize]
+    unsigned = {1: jnp.uint8, 2: jnp.uint16}.get(leaf.dtype.itemsize, jnp.uint32)
     return jax.lax.bitcast_convert_type(leaf, unsigned).astype(jnp.uint32)
 
 
-def _finite_and_digest(tree) -> tuple[jax.Array, jax.Array]:
+def _finite_and_digest(tree, digest: bool) -> tuple[jax.Array, jax.Array]:
     """(whether every leaf is finite, the tree's digest): the digest is the sum, modulo 2^32,
     over leaves ``i`` of ``(2 i + 1)`` x the sum of the leaf's words (:func:`_words`). A flipped
     bit ``k`` moves a leaf's sum by 2^k, and an odd weight keeps that nonzero modulo 2^32, so any
     single flipped bit changes the digest; distinct weights catch most leaves swapped for
-    others. One pass of reads over the state, in the program the finite check runs anyway."""
+    others. One pass of reads over the state, in the program the finite check runs anyway.
+    Without ``digest`` (several processes, whose gloo collectives have no unsigned sums) the
+    digest is 0."""
     leaves = jax.tree.leaves(tree)
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+    if not digest:
+        return finite, jnp.uint32(0)
     sums = [jnp.sum(_words(leaf), dtype=jnp.uint32) for leaf in leaves]
     weighted = (total * jnp.uint32(2 * i + 1) for i, total in enumerate(sums))
-    digest = sum(weighted, start=jnp.uint32(0))
-    return finite, digest
+    return finite, sum(weighted, start=jnp.uint32(0))
 
 
 def _held(state: TrainState) -> list[Any]:
@@ -221,7 +225,8 @@ class FiniteCheck:
         causes = [_difference(list(self._programs), key) for key in new]
         start = time.perf_counter()
         for key, chunk in new.items():
-            self._programs[key] = jax.jit(_finite_and_digest).lower(chunk).compile()
+            check = jax.jit(_finite_and_digest, static_argnames="digest")
+            self._programs[key] = check.lower(chunk, digest=jax.process_count() == 1).compile()
         seconds = time.perf_counter() - start
         cause = None if causes == ["first compile"] * len(causes) else "; ".join(causes)
         return Compile(what="finite_check", seconds=seconds, reason=cause)

@@ -112,7 +112,7 @@ class TrainLoop:
             NonFiniteAbort: ``--nonfinite abort`` (:mod:`titan.trainer.guard`).
             FinalSaveFailed: the last save was not committed.
         """
-        self.saver.saved_step = self.recorded_step = step  # restored or initialised: saved
+        start = self.saver.saved_step = self.recorded_step = step  # restored or initialised
         self._newest = (state, self.batches.position, None)
         self.clock = StepClock()
         self.energy = StepEnergy(self.throughput.power)
@@ -126,7 +126,8 @@ class TrainLoop:
                 self.save_newest()
             self.phase("checkpoint_save", step)
             self.saver.wait()  # the last save commits before run_end
-            self.saver.check_committed(step)
+            if step != start:  # this run trained and saved (a stop before step 1 saves nothing)
+                self.saver.check_committed(step)
             self.phase("idle", step)
         finally:
             self.hooks.after_loop()

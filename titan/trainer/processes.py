@@ -66,10 +66,16 @@ def agreed_run_id(preset: str) -> str:
     return broadcast_text(new_run_id(preset) if is_writer() else None)
 
 
+HOST_OPTIONS = frozenset({"compilation_cache", "data_workers"})
+"""Options that may differ between hosts of one run: a node-local compilation cache, the
+tokenizer's workers for each host's CPUs."""
+
+
 def same_options(options: dict[str, Any]) -> None:
     """Refuse a run whose processes were started with different options (by hand, or by a
     SLURM or Kubernetes script that varies them per task): each process compares its options
-    (``TrainConfig.record()``, and its ``--num-processes``) with process 0's, and every process
+    (``TrainConfig.record()`` less :data:`HOST_OPTIONS`, and its ``--num-processes``) with
+    process 0's, and every process
     learns whether any differ, so that all of them stop before the run starts.
 
     Raises:
@@ -78,6 +84,7 @@ def same_options(options: dict[str, Any]) -> None:
     """
     if process_count() == 1:
         return
+    options = {k: v for k, v in options.items() if k not in HOST_OPTIONS}
     mine = json.dumps(options, sort_keys=True)
     first = json.loads(broadcast_text(mine if is_writer() else None))
     differ = [name for name in sorted({*first, *options}) if first.get(name) != options.get(name)]

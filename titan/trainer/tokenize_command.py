@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
         data_workers=args.data_workers,
         vocab_size=args.vocab_size,
     )
-    sources = open_sources(options.corpus, options.text_field)
     progress = TrainProgress(total_steps=0, log_every=1)
     try:
+        sources = open_sources(options.corpus, options.text_field)
         with progress.status("preparing the tokenizer"):
             if options.tokenizer:
                 tokenizer = load_tokenizer(options.tokenizer)

@@ -745,12 +745,13 @@ def _restore_or_init(
             f"--resume: checkpoint {latest} ({checkpointer.path(latest)}) cannot be "
             f"read: {error_line(err)}"
         ) from None
+    saved_digest = meta.get("data_digest") or ""  # absent from older checkpoints
     if saved_sequences != batches.num_sequences:
+        older = "" if "data_digest" in meta else OLDER_CORPUS_RULES
         raise TitanError(
             f"--resume: the corpus changed since the checkpoint ({saved_sequences} "
-            f"sequences then, {batches.num_sequences} now)"
+            f"sequences then, {batches.num_sequences} now){older}"
         )
-    saved_digest = meta.get("data_digest") or ""  # absent from older checkpoints
     if saved_digest and batches.data_digest and saved_digest != batches.data_digest:
         raise TitanError(
             "--resume: the corpus changed since the checkpoint (the same number of "
@@ -758,6 +759,16 @@ def _restore_or_init(
         )
     batches.position = position
     return state, latest, unrestorable
+
+
+OLDER_CORPUS_RULES = (
+    "; the checkpoint is an older titan's, which read corpora otherwise (files in hidden "
+    "directories such as .git, no links to directories, .ndjson, .bz2 and .xz as plain text, "
+    "a byte order mark kept, a tokenizer.json's truncation applied): finish the run with that "
+    "version, or start a new one"
+)
+"""Why a checkpoint written before the corpus rules of this version may count other sequences
+(a checkpoint of this version keeps ``data_digest``)."""
 
 
 def failure_to_name(err: Exception, saver: Saver) -> Exception:
