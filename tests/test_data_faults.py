@@ -306,16 +306,22 @@ def test_an_error_without_a_file_name_is_given_the_file_written():
     assert caught.value.filename == "/named"
 
 
+def _saved_at_step_2(corpus_root: Path, tmp_path: Path, run_id: str) -> Path:
+    """The dir of a 2-step run on ``corpus_root`` with its checkpoint at step 2."""
+    from helpers import run_in_process, small_run
+
+    options = small_run(corpus_root, tmp_path / "runs", run_id=run_id, steps=2, checkpoint_every=2)
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    return run_dir
+
+
 @pytest.mark.slow
 def test_a_resume_on_a_corpus_with_other_tokens_but_as_many_sequences_is_refused(
     small_corpus, tmp_path, capsys
 ):
-    from helpers import run_in_process, small_run
-
     root = small_corpus.files[0].parent
-    options = small_run(root, tmp_path / "runs", run_id="r", steps=2, checkpoint_every=2)
-    code, run_dir = run_in_process(options)
-    assert code == 0
+    run_dir = _saved_at_step_2(root, tmp_path, "r")
     first, last = small_corpus.files[0], small_corpus.files[-1]
     first.rename(root / "swap")  # the same documents in another order
     last.rename(first)
@@ -331,12 +337,7 @@ def test_a_resume_on_a_corpus_with_other_tokens_but_as_many_sequences_is_refused
 def test_a_resume_of_an_older_checkpoint_on_a_corpus_read_otherwise_says_why(
     small_corpus, tmp_path, capsys
 ):
-    from helpers import run_in_process, small_run
-
-    root = small_corpus.files[0].parent
-    options = small_run(root, tmp_path / "runs", run_id="old", steps=2, checkpoint_every=2)
-    code, run_dir = run_in_process(options)
-    assert code == 0
+    run_dir = _saved_at_step_2(small_corpus.files[0].parent, tmp_path, "old")
     meta_file = run_dir / "checkpoints" / "2" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
     del meta["data_digest"]  # as an older titan wrote it
