@@ -124,6 +124,10 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def _export_into_checkpoints(run_dir: str) -> list[str]:
+    return ["export", "hf", run_dir, "--out", f"{run_dir}/checkpoints/99"]
+
+
 def _shape_toml(extra: str) -> str:
     """A ``--config`` file whose [model] is a small custom shape with ``extra`` fields."""
     fields = "d_model = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 128"
@@ -223,6 +227,13 @@ CASES: dict[str, Case] = {
     "train_eval_split_holding_out_every_document": Case(
         lambda p: p.train(eval_split=0.999999, eval_every=1),
         "(the documents left by --eval-split 0.999999): no non-empty",
+    ),
+    "train_mixture_weight_never_sampled": Case(
+        lambda p: p.train(data=f"{p.corpus}:1e-30,{p.corpus}/:1"), "would never be sampled"
+    ),
+    "train_eval_data_of_no_document": Case(
+        lambda p: p.train(eval_data=p.file("empty.jsonl", "\n"), eval_every=1),
+        "--eval-data",
     ),
     "train_mixture_weight_inf": Case(
         lambda p: p.train(data=f"{p.corpus}:inf,{p.corpus}/:1"), "needs a finite weight > 0"
@@ -517,11 +528,22 @@ CASES: dict[str, Case] = {
     "export_csv_of_unreadable_events": Case(
         lambda p: ["export", "csv", p.run_copy(_unreadable_events)], "cannot read events.jsonl"
     ),
+    "export_hf_out_among_the_checkpoints": Case(
+        lambda p: _export_into_checkpoints(p.run_copy()), "inside the run's checkpoints/"
+    ),
     # titan report, summarize, perf
     "report_of_an_events_directory": Case(
         lambda p: ["report", str(Path(p.dir("er/events.jsonl")).parent)]
     ),
     "summarize_a_file": Case(lambda p: ["summarize", p.file("a_file", "x")], "is not a directory"),
+    "summarize_a_corpus_dir": Case(  # no database is written into it
+        lambda p: ["summarize", str(Path(p.file("code/a.py", "x = 1\n")).parent)],
+        "holds no runs",
+    ),
+    "perf_check_a_corpus_dir": Case(
+        lambda p: ["perf", "check", str(Path(p.file("code/a.py", "x = 1\n")).parent)],
+        "holds no runs",
+    ),
     "perf_check_a_file": Case(
         lambda p: ["perf", "check", p.file("a_file", "x")], "is not a directory"
     ),
@@ -543,6 +565,10 @@ CASES: dict[str, Case] = {
     "sample_guidance_inf": Case(
         lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--guidance", "inf"],
         "--guidance must be a finite number >= 0",
+    ),
+    "sample_out_not_a_png": Case(
+        lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--out", "grid.jpg"],
+        "give a path ending in .png",
     ),
     "sample_out_under_proc": Case(
         lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--out", "/proc/titan.png"],

@@ -220,6 +220,31 @@ async def test_a_run_reads_resuming_until_the_new_attempts_run_start(tmp_path: P
     assert below == (first, "resuming", False)
 
 
+@pytest.mark.slow
+async def test_a_refused_resume_is_said_and_the_monitor_below_is_drawn_anew(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    run_dir = root / RESUMED_RUN
+    refusal = "titan train: error: --steps 40 leaves nothing to train"
+    app = TitanConsole(root, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        first = app.screen
+        ended = lambda: first.check_action("resume", ())  # noqa: E731
+        await wait_until(pilot, ended, lambda: "resume not offered", 20)
+        code = f"import sys; sys.stderr.write({refusal!r} + '\\n'); sys.exit(2)"
+        child = _stand_in_child(run_dir, code, resumed=True)
+        await app.push_screen(LaunchScreen(root, resume=run_dir, texts=default_texts(root)))
+        app.screen.post_message(LaunchScreen.Launched([child]))
+        notices = lambda: [n.message for n in app._notifications]  # noqa: E731
+        said = lambda: f"Not started: {refusal}" in notices()  # noqa: E731
+        await wait_until(pilot, said, lambda: str(notices()), 20)
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        below = (app.screen is first, stat(app, "status"), first.check_action("resume", ()))
+        status = first.status
+    assert below == (True, status, True)
+    assert status != "resuming"
+
+
 async def test_a_failed_start_up_does_not_offer_resume(tmp_path: Path):
     run_dir = tmp_path / "runs" / "tiny-failed"
     run_dir.mkdir(parents=True)

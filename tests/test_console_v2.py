@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,12 @@ from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.telemetry.events import PipelineTiming
 from tui.app import TitanConsole
-from tui.history import HistoryStore, config_diff
+from tui.history import HistoryQuery, HistoryStore, config_diff
 from tui.launcher import start_run
 from tui.options import MAX_COPIES, copies_of
 from tui.planner_form import plan_argv, start_texts
 from tui.run_state import RunState
+from tui.run_watch import RunWatcher
 from tui.screens.compare import CompareScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.launch import LaunchScreen
@@ -516,17 +518,21 @@ async def test_a_form_preset_fills_the_fields(tmp_path: Path):
 
 
 def test_copies_get_their_own_seeds_and_run_ids():
-    configs = copies_of(TrainConfig.of(seed=7, run_id="sweep"), 3)
+    configs = copies_of(TrainConfig.of(seed=7, run_id="sweep"), "3")
     assert [(c.run.seed, c.run.run_id) for c in configs] == [
         (7, "sweep-1"),
         (8, "sweep-2"),
         (9, "sweep-3"),
     ]
-    assert copies_of(TrainConfig(), 1) == [TrainConfig()]
+    assert copies_of(TrainConfig(), "1") == [TrainConfig()]
     for copies in (0, MAX_COPIES + 1, 10**9):
         with pytest.raises(TitanError, match=f"copies must be from 1 to 64, got {copies}$"):
-            copies_of(TrainConfig(), copies)
-    assert len(copies_of(TrainConfig(), MAX_COPIES)) == MAX_COPIES
+            copies_of(TrainConfig(), str(copies))
+    assert len(copies_of(TrainConfig(), str(MAX_COPIES))) == MAX_COPIES
+    # what Textual's integer field lets through while it is typed: refused in one line
+    for partial in ("-", "+", "1_", ""):
+        with pytest.raises(TitanError, match=f"whole number .* got '{re.escape(partial)}'$"):
+            copies_of(TrainConfig(), partial)
 
 
 def test_launch_refuses_missing_data_before_making_a_run_dir(tmp_path: Path):
@@ -534,3 +540,49 @@ def test_launch_refuses_missing_data_before_making_a_run_dir(tmp_path: Path):
     with pytest.raises(TitanError, match="--data .*nope: no such file or directory"):
         start_run(config)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_history_export_that_cannot_be_written_is_one_line(sample_root: Path, tmp_path: Path):
+    store = HistoryStore(sample_root)
+    store.ingest()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(TitanError, match=r"^history not exported: cannot write .*a-file/h\.csv"):
+        store.export(blocked / "h.csv", HistoryQuery())
+    assert store.export(tmp_path / "h.csv", HistoryQuery()) == 4
+
+
+def test_the_watcher_reads_a_record_replaced_under_it_from_its_start(tmp_path: Path):
+    """A record copied over the one read (shorter, or longer with other first bytes), or
+    removed: what was read is dropped, not shown as the run's state."""
+    completed = (SAMPLE_RUNS / "tiny-20261129-185806-39fc" / "events.jsonl").read_bytes()
+    stalled = (SAMPLE_RUNS / "tiny-watchdog-stall" / "events.jsonl").read_bytes()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record = run_dir / "events.jsonl"
+    record.write_bytes(completed)
+    watcher = RunWatcher(run_dir)
+    state = _read_to_end(watcher)
+    assert (state.end_status, state.step) == ("completed", 200)
+    record.write_bytes(stalled)
+    state = _read_to_end(watcher)
+    assert (state.end_status, state.step) == ("failed", 23)
+    record.write_bytes(completed + completed)
+    state = _read_to_end(watcher)
+    assert (state.attempts, state.step) == (2, 200)
+    shutil.rmtree(run_dir)
+    state = _read_to_end(watcher)
+    assert (state.attempts, state.end_status) == (0, None)
+
+
+def _read_to_end(watcher: RunWatcher) -> RunState:
+    """The state once the watcher has read the record to its end (polls until then)."""
+    states = []
+    for _ in range(10_000):
+        update = watcher.poll()
+        if update is not None and update.state is not None:
+            states.append(update.state)
+        if update is None or not update.unread_bytes:
+            break
+    assert states, "nothing read"
+    return states[-1]

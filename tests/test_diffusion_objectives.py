@@ -3,6 +3,8 @@ read without scikit-learn, image folders, resumable batches, deterministic sampl
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 from PIL import Image
 
 from titan.config import TrainConfig
+from titan.config_files import config_to_data
 from titan.data.images import ImageBatches, load_folder, open_images, read_digits
 from titan.diffusion.objectives import (
     FLOW_SIGMA_MIN,
@@ -23,6 +26,8 @@ from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
 from titan.shapes import resolve_model
+from titan.trainer.images import image_batches
+from titan.trainer.init_from import init_from_options
 from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])
@@ -173,3 +178,47 @@ def test_a_diffusion_run_with_a_missing_folder_is_one_line_and_leaves_nothing(tm
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(TitanError, match="--task diffusion trains dit models"):
         TrainConfig.of(task="diffusion", preset="llama3-1b")
+
+
+def test_image_folders_leave_hidden_entries_out_and_refuse_an_ambiguous_layout(tmp_path):
+    pixel = np.zeros((8, 8), np.uint8)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        Image.fromarray(pixel).save(tmp_path / name / "0.png")
+    (tmp_path / ".ipynb_checkpoints").mkdir()  # not a class
+    (tmp_path / "a" / "._0.png").write_bytes(b"macOS resource fork")  # not an image
+    data = load_folder(str(tmp_path), 8, 1)
+    assert (data.classes, data.labels.tolist()) == (2, [0, 1])
+    (tmp_path / "c").mkdir()
+    with pytest.raises(TitanError, match="class subfolder c holds no .png"):
+        load_folder(str(tmp_path), 8, 1)
+    (tmp_path / "c").rmdir()
+    Image.fromarray(pixel).save(tmp_path / "loose.png")
+    with pytest.raises(TitanError, match="loose.png and others lie beside the class subfolders"):
+        load_folder(str(tmp_path), 8, 1)
+
+
+def test_sixteen_bit_images_are_scaled_to_eight_bits(tmp_path):
+    values = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000  # 0 to 63000 of 65535
+    Image.fromarray(values).save(tmp_path / "a.png")  # a 16-bit grayscale PNG
+    data = load_folder(str(tmp_path), 8, 1)
+    expected = np.round(values / 65535 * 255) / 127.5 - 1
+    np.testing.assert_allclose(data.images[0, ..., 0], expected, atol=1e-6)
+
+
+def test_the_presets_shaped_for_latents_train_on_rgb_pixels():
+    options = TrainConfig.of(task="diffusion", preset="dit-s-2", image_size=8).diffusion
+    model, batches = image_batches(resolve_model("dit-s-2"), options, 2, 0)
+    assert (model.channels, model.image_size, model.vocab_size) == (3, 8, 1001)
+    assert batches.data.images.shape[1:] == (8, 8, 3)
+    assert resolve_model("dit-tiny").channels == 1  # grayscale stays grayscale
+
+
+def test_init_from_a_diffusion_run_takes_its_model_and_no_tokenizer(tmp_path):
+    cfg = TrainConfig.of(task="diffusion", preset="dit-tiny")
+    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text(json.dumps(saved))
+    options = init_from_options({"task": "diffusion", "init_from": str(tmp_path / "a")})
+    assert "tokenizer" not in options
+    assert TrainConfig.of(**options).model.shape.family == "dit"

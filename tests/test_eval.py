@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 from console_helpers import wait_until
-from helpers import events
+from helpers import events, run_in_process, small_run
 
 from titan.analysis import ettr
 from titan.analysis.report import write_report
 from titan.analysis.summarize import summarize
+from titan.cli import main
 from titan.config import TrainConfig
 from titan.data.heldout import EvalBatches, held_out, split_corpus, split_sources, training_corpus
 from titan.data.mixture import open_sources
@@ -22,6 +25,7 @@ from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 from titan.telemetry.events import parse_event
+from titan.trainer.text_data import NOT_EVALUATED
 from tui.app import TitanConsole
 from tui.widgets.curve_plot import CurvePlot
 
@@ -103,7 +107,6 @@ async def test_the_monitor_curves_show_the_eval_loss(spmd_eval_run):
     ("options", "message"),
     [
         ({"eval_every": 2}, "--eval-every N needs --eval-data or --eval-split"),
-        ({"eval_split": 0.1}, "--eval-data and --eval-split need --eval-every N"),
         ({"eval_split": 1.0, "eval_every": 1}, "--eval-split must be < 1"),
         ({"eval_split": 0.1, "eval_data": "x", "eval_every": 1}, "exclude each other"),
     ],
@@ -111,6 +114,48 @@ async def test_the_monitor_curves_show_the_eval_loss(spmd_eval_run):
 def test_bad_eval_options_are_refused(options, message):
     with pytest.raises(TitanError, match=message):
         TrainConfig.of(**options)
+
+
+def test_held_out_data_without_eval_every_is_held_out_and_never_evaluated():
+    cfg = TrainConfig.of(eval_split=0.1)  # a resume may turn evaluation off (--eval-every 0)
+    assert (cfg.data.eval_split, cfg.observability.eval_every) == (0.1, 0)
+
+
+@pytest.mark.slow
+def test_a_resume_turns_evaluation_off_and_keeps_the_documents_held_out(
+    spmd_eval_run, tmp_path, capsys
+):
+    run_dir = Path(shutil.copytree(spmd_eval_run, tmp_path / "run"))
+    assert main(["train", "--resume", str(run_dir), "--steps", "7", "--eval-every", "0"]) == 0
+    assert NOT_EVALUATED in capsys.readouterr().out
+    evaluated = [e["step"] for e in events(run_dir, "eval")]
+    assert evaluated == [2, 4]  # none after the resume at step 5
+    saved = json.loads((run_dir / "config.json").read_text())["train"]
+    assert saved["data"]["eval_split"] == 0.25  # the same training documents
+
+
+@pytest.mark.slow
+def test_tokenize_prepares_what_a_run_with_held_out_documents_reads(
+    corpus_dir, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
+    argv = ["tokenize", "--data", str(corpus_dir), "--vocab-size", "512", "--eval-split", "0.25"]
+    assert main([*argv, "--data-workers", "1"]) == 0
+    assert "held-out: " in capsys.readouterr().out
+    prepared = _cached_data(tmp_path / "cache")
+    options = small_run(corpus_dir, tmp_path, steps=1, run_id="r", eval_split=0.25)
+    code, _ = run_in_process({**options, "eval_every": 1, "eval_batches": 1, "data_workers": 1})
+    assert code == 0
+    assert _cached_data(tmp_path / "cache") == prepared  # nothing trained nor tokenized again
+
+
+def _cached_data(cache: Path) -> list[str]:
+    """The tokenizers and token files of a cache (not its compiled programs, nor locks)."""
+    return sorted(
+        str(p.relative_to(cache))
+        for p in cache.rglob("*")
+        if p.is_file() and p.parts[len(cache.parts)] != "xla" and p.suffix != ".lock"
+    )
 
 
 def test_held_out_data_smaller_than_a_batch_is_refused(tmp_path):

@@ -18,7 +18,7 @@ from titan.cli import main
 from titan.errors import TitanError
 from titan.generation.loading import load_model
 from titan.ops import Ops
-from titan.trainer.checkpoint import CHECKPOINT_DIR, initial_state
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, initial_state
 from titan.trainer.init_from import saved_model
 
 PROMPT = "def main("
@@ -176,3 +176,30 @@ def test_train_init_from_with_no_readable_checkpoint_is_one_line_and_exit_2(
     (line,) = [line for line in err.splitlines() if line.startswith("titan train: error: ")]
     assert f"--init-from {run}: {run / CHECKPOINT_DIR}: none of the 2 committed" in line
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_checkpoint_deleted_while_it_is_read_gives_the_one_committed_since(
+    two_checkpoints, tmp_path, monkeypatch
+):
+    """``titan generate`` of a live run: its retention deletes the checkpoint being read and
+    commits a newer one; the folder is listed again and the newer one read (not refused as
+    having no checkpoint)."""
+    run_dir = copy_run(two_checkpoints, tmp_path)
+    checkpoints = run_dir / CHECKPOINT_DIR
+    real = Checkpointer.restore_params
+    raced: list[int] = []
+
+    def racing(self, step, trainer):
+        if not raced:  # the run deletes what was listed, then commits step 9
+            raced.append(step)
+            newest = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+            (checkpoints / str(newest)).rename(checkpoints / "9")
+            for old in checkpoints.iterdir():
+                if old.name != "9":
+                    shutil.rmtree(old)
+            raise FileNotFoundError(f"{checkpoints / str(step)}: gone")
+        return real(self, step, trainer)
+
+    monkeypatch.setattr(Checkpointer, "restore_params", racing)
+    loaded = load_model(str(run_dir))
+    assert (loaded.step, loaded.unreadable) == (9, ())

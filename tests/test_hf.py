@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -292,3 +293,31 @@ def test_a_scaled_shape_round_trips_through_toml(imported, tmp_path):
     path = tmp_path / "run.toml"
     path.write_text(config_to_toml(TrainConfig.of(preset=model)))
     assert TrainConfig.of(**read_config_file(str(path))).model.shape == model
+
+
+def test_an_import_records_the_context_its_model_declares_as_its_seq_len(imported):
+    """``titan generate`` may fill an import's declared context (256 here), not the default
+    ``--seq-len`` 128 of a run trained from scratch."""
+    cfg, model = saved_model(imported["untied"], "test")
+    assert model.max_positions == 256
+    assert cfg.data.seq_len == 256
+
+
+@pytest.mark.slow
+def test_export_of_a_checkpoint_path_is_readable_by_all_and_refuses_an_out_among_checkpoints(
+    imported, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    source = imported["untied"]
+    old = os.umask(0o022)
+    try:
+        assert main(["export", "hf", str(source / "checkpoints" / "0"), "--out", "e"]) == 0
+    finally:
+        os.umask(old)
+    assert "e: step 0 of" in capsys.readouterr().out
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "e").iterdir()}
+    assert set(modes.values()) == {0o644}, modes  # safetensors writes 0600 files itself
+    inside = source / "checkpoints" / "99"
+    assert main(["export", "hf", str(source), "--out", str(inside)]) == 2
+    assert "inside the run's checkpoints/" in capsys.readouterr().err
+    assert not inside.exists()

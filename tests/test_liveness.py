@@ -18,6 +18,7 @@ from helpers import cli_args, small_run, start_subprocess, wait_for_event
 
 from titan.analysis import summarize
 from titan.analysis.liveness import DEAD, UNRESPONSIVE, Liveness, RecordFacts, judge
+from titan.analysis.report import write_report
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, PROCESSES_DIR, ProcessId
 from titan.telemetry.records import load_events, write_json_atomic
 from tui.history import HistoryQuery, HistoryStore
@@ -70,8 +71,10 @@ def test_a_run_killed_with_sigkill_reads_dead_everywhere(corpus_dir: Path, tmp_p
     store.ingest()
     [row] = store.page(HistoryQuery()).rows
     [summary] = summarize.summarize(tmp_path)
+    attempts = write_report(run_dir, tmp_path / "report").read_text().split("## Attempts")[1]
     assert (alive.state, alive.control.pid) == ("running", process.pid)
     assert judged.state == DEAD
+    assert "| crashed |" in attempts.split("##")[0]  # the report says what its summary says
     assert judged.reason == f"process 0 (pid {process.pid} on {socket.gethostname()}) is gone"
     assert judged.lost.pid == process.pid and judged.control is None
     assert judged.last_seen is not None and judged.last_seen <= time.time()

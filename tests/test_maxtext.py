@@ -17,6 +17,7 @@ pytest.importorskip("maxtext", reason="maxtext installs on Python 3.12+ ([maxtex
 
 from helpers import events, run_in_process, small_run  # noqa: E402
 
+from titan.config import ComputeOptions, ModelOptions  # noqa: E402
 from titan.errors import TitanError  # noqa: E402
 from titan.generation.loading import load_model  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
@@ -28,6 +29,7 @@ from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 from titan.shapes import ModelConfig  # noqa: E402
+from titan.trainer.adapters import build_adapter  # noqa: E402
 from titan.trainer.hf_checkpoints import export_hf  # noqa: E402
 from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 
@@ -334,3 +336,24 @@ def test_the_load_balancing_loss_is_a_named_term_of_one_stage_only():
     assert balanced.loss_terms() == ("moe_lb_loss",) and _adapter("qwen3-0.6b").loss_terms() == ()
     with pytest.raises(TitanError, match="load-balancing loss .* not carried across pipeline"):
         balanced.abstract_params(plan_chunks(4, 2, 1)[0])
+
+
+@pytest.mark.parametrize("kernel", ["flash", "cudnn_flash_te", "cudnn_flash_jax"])
+def test_an_attention_kernel_of_accelerators_is_refused_on_the_cpu_in_one_line(kernel: str):
+    settings = {**TINY, "attention": kernel}
+    model = ModelOptions(model_source="maxtext", maxtext_model="llama2-7b", maxtext_set=settings)
+    shape = ModelConfig("t", 128, 32, 4, 4, 2, 64)
+    with pytest.raises(TitanError, match=f"^--maxtext-set attention={kernel}: needs a GPU"):
+        build_adapter(shape, model, ComputeOptions(), 16, Ops("cpu"))
+
+
+def test_a_check_across_keys_names_the_settings_it_mentions():
+    """pydantic's model validators give no location: the error names the keys its text does."""
+
+    class CrossKeyError(ValueError):
+        def errors(self):
+            return [{"loc": (), "msg": "base_mlp_dim must equal base_moe_mlp_dim"}]
+
+    settings = {"base_emb_dim": "64", "base_mlp_dim": "128"}
+    err = maxtext_errors.config_error(CrossKeyError(), settings)
+    assert str(err) == "--maxtext-set base_mlp_dim=128: base_mlp_dim must equal base_moe_mlp_dim"

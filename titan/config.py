@@ -1337,13 +1337,10 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if parallel.layout == "mpmd":
         parallel.check_schedule()
     check_task_options(cfg)
-    held_out = bool(cfg.data.eval_data or cfg.data.eval_split)
-    if held_out != bool(cfg.observability.eval_every):
-        raise TitanError(
-            "--eval-every N needs --eval-data or --eval-split"
-            if cfg.observability.eval_every
-            else "--eval-data and --eval-split need --eval-every N"
-        )
+    # Held-out data without --eval-every is held out and not evaluated (a resume may turn
+    # evaluation off; the documents held out stay out of training).
+    if cfg.observability.eval_every and not (cfg.data.eval_data or cfg.data.eval_split):
+        raise TitanError("--eval-every N needs --eval-data or --eval-split")
     bounds, steps = cfg.observability.profile_steps, cfg.optimizer.steps
     if bounds is not None and not 1 <= bounds[0] <= bounds[1] <= steps:
         raise TitanError(

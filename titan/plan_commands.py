@@ -43,7 +43,7 @@ from titan.planning.verdict import Verdict, gpus_needed, verdict
 from titan.reading import read_json
 from titan.remat import AUTO, auto_candidates
 from titan.schedules import SCHEDULES
-from titan.shapes import resolve_model
+from titan.shapes import ModelConfig, resolve_model
 from titan.tables import Column, console, fitted_table, print_fitted
 from titan.telemetry.records import default_runs_root
 
@@ -374,12 +374,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     # The registry's SwiGLU: the fused Pallas kernel on accelerators, native on CPU.
     swiglu = "native" if gpu.name == "cpu" else "fused"
     model = resolve_model(args.model)
-    if model.family != "llama":
-        raise TitanError(
-            f"--model {args.model}: a {model.family} model; titan plan models decoders (the "
-            "llama family), whose tokens are text: a diffusion model's memory and time are not "
-            "modelled"
-        )
+    check_planned_family(model, f"--model {args.model}")
     return PlanRequest(
         model=model,
         gpu=gpu,
@@ -394,10 +389,29 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     )
 
 
+def check_planned_family(model: ModelConfig, what: str) -> None:
+    """Refuse a model that the planner does not model: only decoders of the llama family,
+    whose tokens are text, are.
+
+    Raises:
+        TitanError: names ``what`` (the flag and its value) and the model's family.
+    """
+    if model.family != "llama":
+        raise TitanError(
+            f"{what}: a {model.family} model; titan plan models decoders (the llama family), "
+            "whose tokens are text: a diffusion model's memory and time are not modelled"
+        )
+
+
 def request_from_run(args: argparse.Namespace, run: Measurement) -> PlanRequest:
     """The :class:`PlanRequest` of a measured run (``--from``): its model, GPUs, batch and
     precision; ``--tokens`` (default: one step's batch), ``--price`` and ``--calibration``
-    from the command line."""
+    from the command line.
+
+    Raises:
+        TitanError: the run's model is not of the llama family (:func:`check_planned_family`).
+    """
+    check_planned_family(run.model, f"--from {args.from_run}")
     batch = run.batch_sequences * run.seq_len
     return PlanRequest(
         model=run.model,

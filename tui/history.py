@@ -26,6 +26,7 @@ import duckdb
 
 from titan.analysis import summarize
 from titan.analysis.summarize import IngestReport, RunSummary
+from titan.errors import TitanError
 from titan.reading import parse_json
 from titan.telemetry.events import RunStart, Stall, parse_events
 
@@ -330,6 +331,8 @@ class HistoryStore:
 
         Raises:
             ValueError: a suffix other than ``.csv`` or ``.parquet``.
+            TitanError: ``path`` cannot be written (a read-only runs root, a full disk), in
+                one line naming it.
         """
         kind = path.suffix.lstrip(".")
         if kind not in EXPORT_FORMATS:
@@ -338,10 +341,14 @@ class HistoryStore:
         with self._connection() as con:
             (count,) = con.execute(f"SELECT count(*) FROM ({select})", params).fetchall()[0]
             relation = con.sql(select, params=params)
-            if kind == "csv":
-                relation.write_csv(str(path))
-            else:
-                relation.write_parquet(str(path))
+            try:
+                if kind == "csv":
+                    relation.write_csv(str(path))
+                else:
+                    relation.write_parquet(str(path))
+            except (duckdb.Error, OSError) as err:
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise TitanError(f"history not exported: cannot write {path} ({reason})") from None
         return count
 
 

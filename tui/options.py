@@ -92,13 +92,20 @@ def config_from_texts(texts: Mapping[str, str]) -> TrainConfig:
 MAX_COPIES = 64
 
 
-def copies_of(config: TrainConfig, copies: int) -> list[TrainConfig]:
-    """``copies`` runs of ``config`` launched together: seeds ``seed``, ``seed + 1``, ...; an
-    explicit run id gets ``-1``, ``-2``, ... (generated ids are unique anyway).
+def copies_of(config: TrainConfig, text: str) -> list[TrainConfig]:
+    """``text`` (the form's copies field) runs of ``config`` launched together: seeds
+    ``seed``, ``seed + 1``, ...; an explicit run id gets ``-1``, ``-2``, ... (generated ids are
+    unique anyway).
 
     Raises:
-        TitanError: ``copies`` below 1 or above :data:`MAX_COPIES`.
+        TitanError: ``text`` is not a whole number from 1 to :data:`MAX_COPIES`.
     """
+    try:
+        copies = int(text)
+    except ValueError:
+        raise TitanError(
+            f"copies must be a whole number from 1 to {MAX_COPIES}, got {text!r}"
+        ) from None
     if not 1 <= copies <= MAX_COPIES:
         raise TitanError(f"copies must be from 1 to {MAX_COPIES}, got {copies}")
     if copies == 1:

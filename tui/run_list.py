@@ -110,14 +110,14 @@ def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
 # whatever the record's size (a 180 MB record read whole held 1.4 GB of parsed events).
 READ_SLICE_BYTES = 1 << 20
 # The first bytes of a record that tell it from another made in its place (its run_start).
-HEAD_BYTES = 4096
+IDENTITY_BYTES = 4096
 
 
-def _head(path: Path) -> bytes:
-    """The first :data:`HEAD_BYTES` of ``path`` (empty when it cannot be read)."""
+def record_head(path: Path) -> bytes:
+    """The first :data:`IDENTITY_BYTES` of ``path`` (empty when it cannot be read)."""
     try:
         with open_regular(path) as f:
-            return f.read(HEAD_BYTES)
+            return f.read(IDENTITY_BYTES)
     except OSError:
         return b""
 
@@ -130,7 +130,7 @@ class _Record:
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
     size: int = 0  # the file's size at the last look
     mtime_ns: int = 0  # and its modification time
-    head: bytes = b""  # its first HEAD_BYTES (fewer while it is shorter)
+    head: bytes = b""  # its first IDENTITY_BYTES (fewer while it is shorter)
     state: RunState = field(default_factory=RunState)
     shown: RunState = field(default_factory=RunState)  # the snapshot listings hand out
     created_at: float | None = None
@@ -147,7 +147,7 @@ class _Record:
             return cls(EventTail(path))
         if known is not None and (known.size, known.mtime_ns) == (info.st_size, info.st_mtime_ns):
             return known
-        identity, head = (info.st_dev, info.st_ino), _head(path)
+        identity, head = (info.st_dev, info.st_ino), record_head(path)
         if (
             known is None
             or identity != known.identity

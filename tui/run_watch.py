@@ -34,6 +34,7 @@ from titan.reading import open_regular
 from titan.telemetry.events import Event
 from titan.telemetry.records import EVENTS_FILE, EventTail, read_last_events
 from tui.launcher import LaunchedRun
+from tui.run_list import IDENTITY_BYTES, record_head
 from tui.run_state import RunState
 
 # A stat of the record every 0.1 s costs microseconds and puts a step on screen well within
@@ -86,13 +87,20 @@ class RunWatcher:
     """
 
     def __init__(self, run_dir: Path, launched: LaunchedRun | None = None) -> None:
-        self._events = EventTail(Path(run_dir) / EVENTS_FILE)
         self._stderr_path = Path(run_dir) / STDERR_LOG
         self._launched = launched
         self._stderr_size: int | None = None
         self._stderr_tail: tuple[str, ...] = ()
         self._returncode: int | None = None
         self._run_dir = Path(run_dir)
+        self._judged_facts: tuple | None = None
+        self._liveness: Liveness | None = None
+        self._judged_at = -LIVENESS_INTERVAL_S
+        self._start_record()
+
+    def _start_record(self) -> None:
+        """Read the record from its start, as a new one (at first, and when it was replaced)."""
+        self._events = EventTail(self._run_dir / EVENTS_FILE)
         self._history = RunState()
         self._facts = RecordFacts()  # of the newest events read
         self._exit_size: int | None = None  # the record's size when the child's exit was seen
@@ -100,21 +108,26 @@ class RunWatcher:
         self._head: list[Event] = []  # the newest events, while the history is behind them
         self._head_start = 0  # where the head's first line starts in the file
         self._head_end = 0  # the file's size when the head was read
-        self._judged_facts: tuple | None = None
-        self._liveness: Liveness | None = None
-        self._judged_at = -LIVENESS_INTERVAL_S
+        self._seen: tuple[int, int, bytes] | None = None  # (device, inode, first bytes) read
+        self._seen_size = 0
 
     def poll(self) -> RunUpdate | None:
         """Read what changed; ``None`` when nothing did. Never blocks on the child."""
         # Exit code first: once the child is gone, the events read below are all it wrote.
         returncode = self._launched.returncode() if self._launched else None
-        size = _size(self._events.path) or 0
+        status = _stat(self._events.path)
+        replaced = self._replaced(status)
+        if replaced:  # shrunk, another file, or gone: what was read is no longer the record
+            self._start_record()
+        size = status.st_size if status is not None else 0
         if returncode is not None and self._exit_size is None:
             self._exit_size = size
         # The newest lines first; while they keep coming, the history is read at a slower pace
         # (the UI thread has the interpreter for the keys).
         head = self._read_head(size)
-        read = self._read_history(size, PARSE_BUDGET_S / 4 if head else PARSE_BUDGET_S) or head
+        budget = PARSE_BUDGET_S / 4 if head else PARSE_BUDGET_S
+        read = self._read_history(size, budget) or head or replaced
+        self._remember(status)
         state = None
         if read:
             state = self._history.snapshot()
@@ -129,6 +142,30 @@ class RunWatcher:
         self._returncode = returncode
         unread = max(size - self._events.offset, 0)
         return RunUpdate(state, returncode, self._stderr_tail, self._liveness, unread)
+
+    def _replaced(self, status: os.stat_result | None) -> bool:
+        """Whether the record read so far is no longer the file: it is gone, shrank, is
+        another file (inode), or its first bytes changed (a copy over it: read only when its
+        size changed)."""
+        if self._seen is None:
+            return False
+        if status is None or status.st_size < self._events.offset:
+            return True
+        if (status.st_dev, status.st_ino) != self._seen[:2]:
+            return True
+        if status.st_size == self._seen_size:
+            return False
+        seen = self._seen[2]
+        return record_head(self._events.path)[: len(seen)] != seen
+
+    def _remember(self, status: os.stat_result | None) -> None:
+        """Keep what tells the record read so far apart from a replacement."""
+        if status is None or self._events.offset == 0:
+            return
+        short = self._seen is None or len(self._seen[2]) < IDENTITY_BYTES
+        if short and status.st_size != self._seen_size:  # a record shorter than them grew
+            self._seen = (status.st_dev, status.st_ino, record_head(self._events.path))
+        self._seen_size = status.st_size
 
     def _read_history(self, size: int, budget_s: float) -> bool:
         """Fold the next slices of the record into the history, for at most ``budget_s`` of
@@ -199,7 +236,8 @@ class RunWatcher:
             tail = tuple(self._launched.startup_error.splitlines()[-STDERR_TAIL_LINES:])
             changed, self._stderr_tail = tail != self._stderr_tail, tail
             return changed
-        size = _size(self._stderr_path)
+        stderr = _stat(self._stderr_path)
+        size = stderr.st_size if stderr is not None else None
         if size is None or size == self._stderr_size:
             return False
         self._stderr_size = size
@@ -213,9 +251,9 @@ class RunWatcher:
         return True
 
 
-def _size(path: Path) -> int | None:
-    """The size of ``path`` in bytes from a stat (no open, no read); ``None`` when missing."""
+def _stat(path: Path) -> os.stat_result | None:
+    """``os.stat(path)`` (no open, no read); ``None`` when it is missing or cannot be read."""
     try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
+        return os.stat(path)
+    except OSError:
         return None

@@ -139,7 +139,7 @@ def run_summarize(args: argparse.Namespace) -> int:
     """
     from titan.analysis import summarize
 
-    root = _root(args)
+    root = summarize.check_holds_runs(_root(args))
     recent = None if args.all or args.run_id is not None else args.last
     with summarize.ingested(root) as con:
         rows = summarize.summaries(con, args.run_id, recent)
@@ -171,7 +171,7 @@ def run_perf_check(args: argparse.Namespace) -> int:
     """
     from titan.analysis import perfdb, summarize
 
-    root = _root(args)
+    root = summarize.check_holds_runs(_root(args))
     with summarize.ingested(root) as con:
         checks = perfdb.check(perfdb.measurements(con))
     _note_database(args.command, root, summarize.database_path(root))

@@ -33,7 +33,7 @@ import numpy as np
 
 from titan import cli_command
 from titan.analysis import ettr, plots
-from titan.analysis.summarize import RunSummary, summarize_run_dir
+from titan.analysis.summarize import RunSummary, ettr_now, summarize_run_dir
 from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration, format_flops_rate, format_number
@@ -197,9 +197,10 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
     ]
 
 
-def _attempt_rows(events: list[Event]) -> list[tuple[Any, ...]]:
+def _attempt_rows(events: list[Event], status: str) -> list[tuple[Any, ...]]:
+    """The attempts table's rows of a run whose summary says ``status``."""
     rows = []
-    for a in ettr.analyze(events, now=time.time()).attempts:
+    for a in ettr.analyze(events, now=ettr_now(status, time.time())).attempts:
         started = format_clock(a.start, utc=True)
         compile_s = a.compile_s + a.startup_compile_s
         rows.append((a.index + 1, started, a.start_step, a.last_step, a.status, f"{compile_s:.1f}"))
@@ -424,7 +425,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         "",
         *_table(
             ("attempt", "started (UTC)", "start step", "last step", "status", "compile (s)"),
-            _attempt_rows(events),
+            _attempt_rows(events, summary.status),
         ),
         *_figures(out, events, summary),
         *_eval_lines(events),

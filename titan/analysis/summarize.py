@@ -330,6 +330,24 @@ def cached_database_path(runs_root: Path) -> Path:
     return cache_dir() / CACHE_DATABASES / f"{digest}.duckdb"
 
 
+def check_holds_runs(runs_root: Path) -> Path:
+    """``runs_root`` after checking that, where it is a directory, it holds runs
+    (``<run id>/events.jsonl``) or their database: no database is written into a directory of
+    something else (a corpus named by mistake).
+
+    Raises:
+        TitanError: a directory holding neither, in one line.
+    """
+    root = Path(runs_root)
+    if root.is_dir() and not os.path.lexists(database_path(root)):
+        found, unreadable = scan_runs_root(root)
+        if not (found or unreadable):
+            raise TitanError(
+                f"runs root {root} holds no runs (no <run id>/{EVENTS_FILE}); nothing written"
+            )
+    return root
+
+
 def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the runs root's database (:func:`database_path`) with its
     tables.
@@ -824,8 +842,7 @@ def _summary(
     else:
         tokens_per_j = None
     judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)
-    # a run judged dead counts its last attempt as crashed now, not after ettr's window
-    goodput = ettr.analyze(events, now=now if judged.state in _NOT_ENDED else None)
+    goodput = ettr.analyze(events, now=ettr_now(judged.state, now))
     power = (start.power if isinstance(start, RunStart) else None) or {}
     programs = [e.run_program_bytes for e in events if isinstance(e, Compile)]
     compiled = max((b for b in programs if b is not None), default=None)
@@ -960,6 +977,14 @@ def run_count(con: duckdb.DuckDBPyConnection) -> int:
     row = con.execute("SELECT count(*) FROM runs").fetchone()
     assert row is not None  # count(*) returns one row
     return row[0]
+
+
+def ettr_now(state: str, now: float) -> float | None:
+    """The ``now`` that :func:`titan.analysis.ettr.analyze` takes for a run judged ``state``
+    (:mod:`titan.analysis.liveness`): ``now`` while the run may still be going, else None (a
+    run judged dead counts its last attempt as crashed, not as running until ETTR's window
+    has passed)."""
+    return now if state in _NOT_ENDED else None
 
 
 def summarize_run_dir(run_dir: Path) -> RunSummary:

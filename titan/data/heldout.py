@@ -116,8 +116,14 @@ def split_corpus(
         try:
             return corpus, open_corpus(eval_data, corpus.text_field)
         except TitanError as err:
-            raise TitanError(str(err).replace("--data", "--eval-data", 1)) from None
+            raise eval_data_error(err) from None
     return corpus, None
+
+
+def eval_data_error(err: TitanError) -> TitanError:
+    """``err`` of a corpus opened or read for ``--eval-data``, naming that flag (the corpus's
+    own messages name ``--data``)."""
+    return TitanError(str(err).replace("--data", "--eval-data", 1))
 
 
 def split_sources(

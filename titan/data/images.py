@@ -9,7 +9,8 @@ Sources (``--images``):
   ``importlib.util.find_spec`` and read with the standard library: scikit-learn is never
   imported.
 - a folder: one subfolder per class (labels follow the sorted subfolder names; files directly in
-  the folder are class 0 when there are no subfolders), PNG and JPEG files read with Pillow.
+  the folder are class 0 when there are no subfolders; hidden files and folders are left out),
+  PNG and JPEG files read with Pillow, 8-bit or 16-bit (scaled to 8 bits).
 
 Every image is converted to the model's channels (1: grayscale, 3: RGB), resized so that its
 shorter side is ``--image-size`` (bicubic) and centre-cropped to a square, then scaled from
@@ -140,39 +141,84 @@ def load_digits(size: int, channels: int) -> ImageSet:
     return ImageSet(images, labels, 10, DIGITS, _digest(images, labels))
 
 
-def _folder_files(root: Path) -> list[tuple[Path, int]]:
-    classes = sorted(p for p in root.iterdir() if p.is_dir())
-    groups = [(d, i) for i, d in enumerate(classes)] if classes else [(root, 0)]
-    return [
-        (f, label)
-        for folder, label in groups
-        for f in sorted(folder.iterdir())
-        if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()
-    ]
+def _visible(folder: Path) -> list[Path]:
+    """The entries of ``folder`` not hidden (``.ipynb_checkpoints``, macOS's ``._`` files),
+    sorted."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return [f for f in _visible(folder) if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]
+
+
+def _folder_files(root: Path, spec: str) -> tuple[list[tuple[Path, int]], int]:
+    """(each image with its label, the number of classes) of a folder: one class per
+    subfolder, else one class of the images in it.
+
+    Raises:
+        TitanError: images both in the folder and in subfolders, or a subfolder without one.
+    """
+    classes = [p for p in _visible(root) if p.is_dir()]
+    if not classes:
+        return [(f, 0) for f in _images_in(root)], 1
+    if loose := _images_in(root):
+        raise TitanError(
+            f"--images {spec}: {loose[0].name} and others lie beside the class subfolders; "
+            "put every image in a class subfolder, or use no subfolders"
+        )
+    files = [(f, label) for label, folder in enumerate(classes) for f in _images_in(folder)]
+    labelled = {label for _, label in files}
+    for label, folder in enumerate(classes):
+        if files and label not in labelled:
+            raise TitanError(
+                f"--images {spec}: class subfolder {folder.name} holds no .png, .jpg or .jpeg "
+                "file (each subfolder is a class)"
+            )
+    return files, len(classes)
+
+
+def _eight_bit(image: Image.Image, file: Path) -> Image.Image:
+    """``image`` with 8-bit channels: 16-bit grayscale (Pillow's ``I;16`` modes, and ``I``
+    holding 16-bit values) scaled from [0, 65535] to [0, 255]; others as they are.
+
+    Raises:
+        TitanError: an image of floats, or of integers past 16 bits.
+    """
+    if image.mode == "F":
+        raise TitanError(f"--images: {file} holds floating-point pixels (8 or 16 bits read)")
+    if not image.mode.startswith("I"):
+        return image
+    pixels = np.asarray(image, np.float64)
+    if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
+        raise TitanError(f"--images: {file} holds pixels past 16 bits (8 or 16 bits read)")
+    return Image.fromarray(np.round(pixels * (255 / 65535)).astype(np.uint8), "L")
 
 
 def load_folder(path: str, size: int, channels: int) -> ImageSet:
-    """The PNG/JPEG images under ``path`` (class subfolders) at ``size`` x ``size`` x ``channels``.
+    """The PNG/JPEG images under ``path`` (class subfolders) at ``size`` x ``size`` x ``channels``;
+    hidden files and folders are left out.
 
     Raises:
-        TitanError: the folder does not exist, holds no image, or an image cannot be read.
+        TitanError: the folder does not exist, holds no image, mixes images and class
+            subfolders, has a class subfolder without images, or an image cannot be read (or
+            holds floating-point pixels, or integers past 16 bits).
     """
     root = Path(path)
     if not root.is_dir():
         raise TitanError(f"--images {path}: not 'digits' nor a folder")
-    files = _folder_files(root)
+    files, classes = _folder_files(root, path)
     if not files:
         raise TitanError(f"--images {path}: no .png, .jpg or .jpeg files in it or its subfolders")
     mode, arrays = _mode(channels), []
     for file, _ in files:
         try:
             with Image.open(file) as image:
-                arrays.append(np.asarray(_fit(image.convert(mode), size), np.uint8))
+                pixels = _fit(_eight_bit(image, file).convert(mode), size)
+                arrays.append(np.asarray(pixels, np.uint8))
         except (OSError, UnidentifiedImageError) as err:
             raise TitanError(f"--images: cannot read {file}: {err}") from None
     images = _scaled(np.stack(arrays).reshape(len(arrays), size, size, channels))
     labels = np.array([label for _, label in files], np.int32)
-    classes = max(1, len([p for p in root.iterdir() if p.is_dir()]))
     return ImageSet(images, labels, classes, str(root), _digest(images, labels))
 
 

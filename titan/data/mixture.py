@@ -95,8 +95,9 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
 
     Raises:
         TitanError: ``data`` is empty, a part names no weight while another does, a weight is
-            not a finite number > 0, the weights' sum is not finite, or a part's files cannot
-            be found (:func:`open_corpus`).
+            not a finite number > 0, the weights' sum is not finite, a part's weight is too
+            small to be sampled (:func:`apportion` gives it no place in a block of
+            :data:`BLOCK_SEQUENCES`), or a part's files cannot be found (:func:`open_corpus`).
     """
     if not data.strip():
         raise TitanError("--data is empty")
@@ -123,6 +124,14 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
             f"--data {data}: the weights sum past the largest float "
             f"({sys.float_info.max:.3g}); scale them down (only their ratios count)"
         )
+    quota = apportion([w / total for _, w in pairs], BLOCK_SEQUENCES)
+    for part, places in zip(parts, quota, strict=True):
+        if not places:
+            raise TitanError(
+                f"--data {data}: part '{part}' would never be sampled: a part gets its share of "
+                f"each {BLOCK_SEQUENCES} sequences, rounded, and this one's rounds to none "
+                f"(give it at least 1/{BLOCK_SEQUENCES} of the weights' sum)"
+            )
     return [Source(spec, w / total, open_corpus(spec, text_field)) for spec, w in pairs]
 
 

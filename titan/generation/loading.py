@@ -25,10 +25,9 @@ from titan.models.adapters.base import cast_tree
 from titan.models.adapters.maxtext_checkpoints import refuse_maxtext_source
 from titan.ops import Ops
 from titan.shapes import ModelConfig
-from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import one_device_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, Unrestorable
-from titan.trainer.init_from import saved_model
+from titan.trainer.init_from import resolve_source, saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 
 
@@ -56,27 +55,6 @@ class LoadedModel:
     step: int
     seq_len: int
     unreadable: tuple[Unrestorable, ...] = ()
-
-
-def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
-    """(run dir, step or None for the newest) of ``RUN_DIR`` or ``RUN_DIR/checkpoints/STEP``.
-
-    Raises:
-        TitanError: ``source`` is neither, or ``step`` contradicts a checkpoint path.
-    """
-    path = Path(source)
-    if (path / CONFIG_FILE).is_file():
-        return path, step
-    run_dir = path.parent.parent
-    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit():
-        if (run_dir / CONFIG_FILE).is_file():
-            if step is not None and step != int(path.name):
-                raise TitanError(f"--step {step} contradicts the checkpoint {source}")
-            return run_dir, int(path.name)
-    raise TitanError(
-        f"{source}: neither a run dir (with {CONFIG_FILE}) nor a checkpoint "
-        f"<run dir>/{CHECKPOINT_DIR}/<step>"
-    )
 
 
 def load_model(source: str, step: int | None = None) -> LoadedModel:

@@ -51,6 +51,11 @@ class Ops:
         self._table = OpTable(backend, dict(overrides or {}), from_env=from_env)
 
     @property
+    def backend(self) -> str:
+        """The ``jax.default_backend()`` name these ops run on."""
+        return self._table.backend
+
+    @property
     def served(self) -> dict[str, str]:
         return dict(self._table.served)
 
@@ -59,7 +64,7 @@ class Ops:
         provider. For traces whose results are thrown away, such as the float32 forward that
         flax runs to create parameters, where a provider forced for the bf16 train step
         (``attention=cudnn``, bf16/fp16 only) would rightly refuse float32 inputs."""
-        return Ops(self._table.backend, from_env=False)
+        return Ops(self.backend, from_env=False)
 
     def attention(self, q, k, v, *, segment_ids=None, causal=True, sliding_window=None):
         """Scaled dot-product attention with grouped-query heads (Vaswani et al. 2017, Sec. 3.2;

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from titan.ops.registry import OPS
+
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
@@ -23,8 +25,7 @@ def add_parser(subparsers: Any) -> None:
     ops = subparsers.add_parser(
         "ops",
         help="semantic operators and their providers",
-        description="Semantic operators (attention, rms_norm, rope, swiglu, cross_entropy) and "
-        "the providers that implement them.",
+        description=f"Semantic operators ({', '.join(OPS)}) and the providers that implement them.",
     )
     actions = ops.add_subparsers(dest="ops_command", required=True, parser_class=type(ops))
     check = actions.add_parser(

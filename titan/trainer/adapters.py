@@ -37,6 +37,7 @@ from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.dit import DitAdapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
+from titan.models.adapters.maxtext_errors import check_attention_backend
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
@@ -97,8 +98,8 @@ def _maxtext(
 
     Raises:
         TitanError: ``--ops`` forces providers (MaxText's layers do not call Titan's
-            operators), MaxText refuses the model, or its vocabulary is smaller than the
-            tokenizer's.
+            operators), MaxText refuses the model, its attention kernel cannot run on the
+            ops' backend, or its vocabulary is smaller than the tokenizer's.
     """
     if compute.ops:
         raise TitanError(
@@ -115,6 +116,7 @@ def _maxtext(
         param_dtype=compute.param_dtype,
     )
     adapter = MaxTextAdapter(maxtext, document_mask=compute.attention_mask == "document")
+    check_attention_backend(adapter.config_of(None).attention, ops.backend)
     if adapter.config.vocab_size < tokenizer_vocab:
         raise TitanError(
             f"--maxtext-set vocab_size={adapter.config.vocab_size} is smaller than the "

@@ -232,6 +232,9 @@ class Unrestorable:
 MILESTONE = "milestone"
 """The meta field that marks a checkpoint saved at a multiple of ``--checkpoint-keep-every``:
 pruning never deletes it (:meth:`Checkpointer._prune`), whatever the option is later."""
+# Checkpoints that a newest-first read may see deleted under it (a live run's retention) before
+# it gives up: each time the folder is listed afresh and the newest committed one tried.
+VANISHED_TRIES = 10
 
 
 def steps_to_prune(committed: list[int], keep: int, keep_every: int) -> list[int]:
@@ -607,11 +610,22 @@ class Checkpointer:
             TitanError: there is no committed checkpoint, or none can be read (names the
                 checkpoints' folder and the newest one's error).
         """
-        read, skipped = self._newest_readable(
-            lambda step: (self.restore_params(step, trainer), step)
-        )
-        if read is not None:
-            return *read, skipped
+        return self.read_newest(lambda step: self.restore_params(step, trainer))
+
+    def read_newest(self, read: Callable[[int], T]) -> tuple[T, int, list[Unrestorable]]:
+        """``read(step)`` of the newest committed checkpoint that it reads, newest first.
+
+        Returns:
+            (what ``read`` returned, the step read, the newer checkpoints that could not be
+            read).
+
+        Raises:
+            TitanError: there is no committed checkpoint, or none can be read (names the
+                checkpoints' folder and the newest one's error).
+        """
+        done, skipped = self._newest_readable(lambda step: (read(step), step))
+        if done is not None:
+            return *done, skipped
         if not skipped:
             raise TitanError(f"{self.directory}: no committed checkpoint")
         raise TitanError(
@@ -621,15 +635,30 @@ class Checkpointer:
 
     def _newest_readable(self, read: Callable[[int], T]) -> tuple[T | None, list[Unrestorable]]:
         """(``read(step)`` of the newest committed checkpoint it reads, None when it reads
-        none; the newer checkpoints it could not read, each with its error in one line)."""
+        none; the newer checkpoints it could not read, each with its error in one line).
+
+        The folder is listed afresh before each try: a run still training (``titan generate``
+        of a live run) commits new checkpoints and deletes old ones meanwhile. A checkpoint
+        deleted while it was read is not unreadable: the newest one committed then is read
+        instead, up to :data:`VANISHED_TRIES` times (then it counts as unreadable)."""
         skipped: list[Unrestorable] = []
-        for step in reversed(self.committed_steps()):
+        vanished = 0
+        while steps := [s for s in self._listed_steps() if s not in {u.step for u in skipped}]:
+            step = steps[-1]
             try:
                 return read(step), skipped
             except Exception as err:  # noqa: BLE001 - a corrupt checkpoint: try the previous
+                if not self._is_committed(step) and (vanished := vanished + 1) < VANISHED_TRIES:
+                    continue
                 message = str(err) if isinstance(err, TitanError) else self._unreadable(step, err)
                 skipped.append(Unrestorable(step, message.splitlines()[0]))
         return None, skipped
+
+    def _listed_steps(self) -> list[int]:
+        """:meth:`committed_steps` of the folder as it is now (orbax's manager lists it once,
+        when made, and then knows only its own saves)."""
+        self._manager.reload()
+        return self.committed_steps()
 
     def restore(self, step: int, trainer: Trainer) -> tuple[TrainState, dict[str, Any]]:
         """Restore checkpoint ``step`` into ``trainer``'s layout (resharding as needed).
@@ -815,6 +844,8 @@ def open_checkpoint(run_dir: Path, step: int | None, flag: str) -> tuple[Checkpo
     chosen = steps[-1] if step is None and steps else step
     if chosen not in steps:
         checkpointer.close()
+        if chosen is None:
+            raise TitanError(f"{flag} {run_dir}: no committed checkpoint yet")
         have = ", ".join(map(str, steps)) or "none"
         raise TitanError(f"{flag} {run_dir}: no committed checkpoint {chosen} (committed: {have})")
     return checkpointer, chosen

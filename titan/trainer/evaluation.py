@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from titan.config import DataOptions
-from titan.data.heldout import EvalBatches
+from titan.data.heldout import EvalBatches, eval_data_error
 from titan.data.text import Documents
 from titan.data.tokenize import TokenizeProgress, token_stream
 from titan.data.tokenizer import Tokenizer
@@ -83,7 +83,8 @@ def open_evaluation(
     batches: int,
     progress: Callable[[TokenizeProgress], None],
 ) -> Evaluation | None:
-    """The run's evaluation (None without held-out data): the held-out corpus tokenized
+    """The run's evaluation (None without held-out data or with ``every`` 0: held out, never
+    evaluated): the held-out corpus tokenized
     (cached, process 0 first) and cut into ``batches`` (``--eval-batches``) batches of
     ``data``'s ``--batch-size`` x ``--seq-len``, of this process's rows, evaluated after every
     ``every``-th step (``--eval-every``).
@@ -91,14 +92,15 @@ def open_evaluation(
     Raises:
         TitanError: the held-out data holds less than one batch, or cannot be read.
     """
-    if held_out is None:
+    if held_out is None or not every:
         return None
     try:
         stream = first_then_others(
             "titan:eval-tokens", lambda: token_stream(held_out, tokenizer, progress)
         )
     except TitanError as err:
-        raise TitanError(f"held-out data: {err}") from None
+        held = eval_data_error(err) if data.eval_data else TitanError(f"held-out data: {err}")
+        raise held from None
     eval_batches = EvalBatches(
         stream.tokens,
         data.seq_len,

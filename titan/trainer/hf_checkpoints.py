@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ from titan.config import ComputeOptions, ModelOptions, OptimizerOptions, TrainCo
 from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.layout_description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
@@ -51,7 +53,7 @@ from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_adapter
-from titan.trainer.checkpoint import Checkpointer, open_checkpoint, params_only
+from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, open_checkpoint, params_only
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer_state import ChunkState, TrainState
@@ -205,7 +207,8 @@ def write_llama_checkpoint(
     what: str = "titan import hf",
 ) -> None:
     """Write ``out``, a dir shaped like a run dir: ``config.json`` (the default options of
-    ``model``, the shape, and ``record``: where the weights came from), ``tokenizer.model`` and
+    ``model``, with ``--seq-len`` the context the model declares where it does, the shape, and
+    ``record``: where the weights came from), ``tokenizer.model`` and
     the checkpoint at step 0 of Titan's Llama ``params`` (a nested dict of host arrays, cast to
     the master weights' dtype) as one SPMD chunk with a fresh AdamW state. ``titan train
     --init-from``, ``titan export hf`` and ``titan generate`` read it. Written into a temporary
@@ -215,7 +218,9 @@ def write_llama_checkpoint(
         TitanError: ``out`` exists or cannot be made, or the checkpoint is not written (names
             ``what``, the command).
     """
-    cfg = TrainConfig.of(preset=model)
+    # The context it declares, which titan generate may fill (a run's is its --seq-len).
+    context = {"seq_len": model.max_positions} if model.max_positions else {}
+    cfg = TrainConfig.of(preset=model, **context)
     adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
     mesh, chunk = host_mesh(), whole_model(model.n_layers)
     target = host_abstract(adapter, tx)([chunk], mesh)[chunk_item(0)]["params"]
@@ -255,8 +260,9 @@ def export_hf(
     (the step exported, the directory written).
 
     Raises:
-        TitanError: not a run dir, a diffusion run, no such committed checkpoint, or ``out``
-            exists or cannot be made.
+        TitanError: not a run dir, a diffusion run, no such committed checkpoint (none that
+            can be read, without ``step``), or ``out`` exists, cannot be made or lies among the
+            run's checkpoints.
     """
     cfg, model = saved_model(run_dir, "titan export hf")
     if model.family != "llama":
@@ -265,14 +271,22 @@ def export_hf(
     if not (run_dir / TOKENIZER_FILE).is_file():
         raise TitanError(f"titan export hf: {run_dir}: no {TOKENIZER_FILE} there (no tokenizer)")
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
-    checkpointer, step = open_checkpoint(run_dir, step, "titan export hf")
-    out = out or Path(f"{run_dir.absolute().name}-hf-{step}")
-    adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
+    checkpointer, listed = open_checkpoint(run_dir, step, "titan export hf")
     try:
+        _check_export_dir(out or _export_dir(run_dir, listed), run_dir)  # before the long read
+        adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
         abstract = params_only(host_abstract(adapter, tx))
-        items, chunks, _ = checkpointer.restore_host(step, abstract, partial=True)
+        if step is None:  # the newest readable: a live run may delete `listed` meanwhile
+            (items, chunks, _), step, skipped = checkpointer.read_newest(
+                lambda s: checkpointer.restore_host(s, abstract, partial=True)
+            )
+            for unreadable in skipped:
+                print(f"titan export hf: {inert(unreadable.error)}", file=sys.stderr, flush=True)
+        else:
+            items, chunks, _ = checkpointer.restore_host(step, abstract, partial=True)
     finally:
         checkpointer.close()
+    out = out or _export_dir(run_dir, step)
     params = [items[chunk_item(c.index)]["params"] for c in chunks]
     joined = join_layers(params, adapter.is_layer_stacked, adapter.layer_axis)
     shapes, _ = adapter.abstract_params(whole_model(model.n_layers))
@@ -290,6 +304,34 @@ def export_hf(
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes(data)
     return step, out
+
+
+def _readable_as_umask(path: Path) -> None:
+    """Give ``path`` the mode a new file gets under the process's umask (safetensors writes
+    through a private temporary file, mode 0600, which others sharing the export could not
+    read)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def _check_export_dir(out: Path, run_dir: Path) -> None:
+    """Refuse an ``--out`` that exists, cannot be made, or lies in ``run_dir``'s checkpoints
+    (a folder there would be taken for a checkpoint, and deleted with the run's old ones).
+
+    Raises:
+        TitanError: one line naming ``--out``.
+    """
+    whole = check_new_dir(out)
+    if whole.resolve().is_relative_to((run_dir / CHECKPOINT_DIR).resolve()):
+        raise TitanError(
+            f"--out {out}: is inside the run's {CHECKPOINT_DIR}/; give a path outside it"
+        )
+
+
+def _export_dir(run_dir: Path, step: int) -> Path:
+    """``titan export hf``'s default ``--out``: ``./<run id>-hf-<step>``."""
+    return Path(f"{run_dir.absolute().name}-hf-{step}")
 
 
 def rope_positions(model: ModelConfig) -> int:
@@ -325,11 +367,13 @@ def _write_safetensors(directory: Path, tensors: dict[str, np.ndarray]) -> None:
     metadata = {"format": "pt"}  # what transformers' loader expects of a PyTorch checkpoint
     if len(shards) == 1:
         save_file(tensors, str(directory / SINGLE_FILE), metadata=metadata)
+        _readable_as_umask(directory / SINGLE_FILE)
         return
     weight_map = {}
     for i, names in enumerate(shards, 1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file({n: tensors[n] for n in names}, str(directory / file), metadata=metadata)
+        _readable_as_umask(directory / file)
         weight_map.update(dict.fromkeys(names, file))
     total = sum(value.nbytes for value in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

@@ -16,6 +16,9 @@ from titan.trainer.progress import TrainProgress
 from titan.trainer.task import RunData
 from titan.trainer_state import Trainer
 
+PIXEL_CHANNELS = (1, 3)  # grayscale, RGB
+RGB = 3
+
 
 def objective_of(diffusion: DiffusionOptions) -> Objective:
     """The training objective of the diffusion options."""
@@ -23,10 +26,17 @@ def objective_of(diffusion: DiffusionOptions) -> Objective:
     return Objective(d.objective, d.beta_schedule, d.snr_gamma, d.flow_shift, d.flow_weighting)
 
 
+def image_channels(shape: ModelConfig) -> int:
+    """The channels of the pixels a DiT preset trains on: its own (1: grayscale, 3: RGB), or
+    RGB for a preset shaped for the paper's 4-channel latents (``dit-s-2`` to ``dit-xl-2``;
+    Titan's DiT models pixels, it has no autoencoder)."""
+    return shape.channels if shape.channels in PIXEL_CHANNELS else RGB
+
+
 def image_model_config(shape: ModelConfig, image_size: int, classes: int) -> ModelConfig:
     """The DiT shape of the run: the preset ``shape``, at ``image_size`` (``--image-size``) when
-    given, with a label table of ``classes`` + 1 rows (the null label last) when the preset
-    leaves it open (``dit-tiny``).
+    given, over :func:`image_channels`, with a label table of ``classes`` + 1 rows (the null
+    label last) when the preset leaves it open (``dit-tiny``).
 
     Raises:
         TitanError: the data has more classes than the preset's label table holds.
@@ -42,7 +52,12 @@ def image_model_config(shape: ModelConfig, image_size: int, classes: int) -> Mod
             f"--images has {classes} classes but --preset {shape.name} holds "
             f"{shape.vocab_size - 1} labels"
         )
-    return dataclasses.replace(shape, vocab_size=shape.vocab_size or classes + 1, image_size=size)
+    return dataclasses.replace(
+        shape,
+        vocab_size=shape.vocab_size or classes + 1,
+        image_size=size,
+        channels=image_channels(shape),
+    )
 
 
 def image_batches(
@@ -55,7 +70,7 @@ def image_batches(
         TitanError: bad ``--images``, ``--image-size`` or a batch larger than the data.
     """
     d = diffusion
-    data = open_images(d.images, d.image_size or shape.image_size, shape.channels)
+    data = open_images(d.images, d.image_size or shape.image_size, image_channels(shape))
     model = image_model_config(shape, d.image_size, data.classes)
     null_label = model.vocab_size - 1  # the label table's last row
     batches = ImageBatches(data, objective_of(d), batch_size, seed, d.label_dropout, null_label)

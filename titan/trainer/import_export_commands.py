@@ -12,6 +12,7 @@ from typing import Any
 
 from titan.analysis.commands import add_export_formats
 from titan.trainer import maxtext_commands
+from titan.trainer.init_from import resolve_source
 
 EXPORT_DTYPES = ("float32", "bfloat16")
 
@@ -51,7 +52,12 @@ def add_parser(subparsers: Any) -> None:
         description="Write a run's checkpoint (any layout) as a Hugging Face Llama directory: "
         "safetensors, config.json and the tokenizer's files.",
     )
-    hf.add_argument("run_dir", metavar="RUN_DIR", help="a run dir, or a titan import hf output")
+    hf.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run dir or a titan import hf output (its newest checkpoint that can be read), "
+        "or one of its checkpoints, RUN_DIR/checkpoints/STEP",
+    )
     hf.add_argument(
         "--step", type=int, metavar="N", help="the checkpoint to export (default: the newest)"
     )
@@ -84,8 +90,8 @@ def run_export(args: argparse.Namespace) -> int:
     """``titan export hf``: prints the output directory and the step exported."""
     from titan.trainer import hf_checkpoints
 
-    run_dir = Path(args.run_dir)
+    run_dir, step = resolve_source(args.run_dir, args.step)
     out = Path(args.out) if args.out else None
-    step, out = hf_checkpoints.export_hf(run_dir, args.step, out, args.dtype)
+    step, out = hf_checkpoints.export_hf(run_dir, step, out, args.dtype)
     print(f"{out}: step {step} of {run_dir}")
     return 0

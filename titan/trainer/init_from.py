@@ -31,6 +31,27 @@ def checkpoint_location(text: str) -> tuple[Path, int | None]:
     return path, None
 
 
+def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
+    """(run dir, step or None for the newest) of ``RUN_DIR`` or ``RUN_DIR/checkpoints/STEP``.
+
+    Raises:
+        TitanError: ``source`` is neither, or ``step`` contradicts a checkpoint path.
+    """
+    path = Path(source)
+    if (path / CONFIG_FILE).is_file():
+        return path, step
+    run_dir = path.parent.parent
+    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit():
+        if (run_dir / CONFIG_FILE).is_file():
+            if step is not None and step != int(path.name):
+                raise TitanError(f"--step {step} contradicts the checkpoint {source}")
+            return run_dir, int(path.name)
+    raise TitanError(
+        f"{source}: neither a run dir (with {CONFIG_FILE}) nor a checkpoint "
+        f"<run dir>/{CHECKPOINT_DIR}/<step>"
+    )
+
+
 def saved_model(run_dir: Path, flag: str) -> tuple[TrainConfig, ModelConfig]:
     """The options and the model shape recorded in a run dir's (or an import's) ``config.json``.
 
@@ -77,6 +98,8 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
                 f"--model {model_text(asked)} conflicts with the model of --init-from {text} "
                 f"({model_text(model)}); leave --model out"
             )
+    if model.family == "dit":  # no text: no vocabulary, no tokenizer
+        return {**explicit, "preset": model}
     check_vocab_size(text, explicit.get("vocab_size"), model.vocab_size)
     tokenizer = explicit.get("tokenizer") or str(run_dir / TOKENIZER_FILE)
     return {**explicit, "preset": model, "tokenizer": tokenizer}

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from titan.errors import TitanError
+
 
 def add_parser(subparsers: Any) -> None:
     """Add ``sample`` to the ``titan`` subcommands."""
@@ -52,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
+    if out is not None and out.suffix.lower() != ".png":
+        raise TitanError(f"--out {out}: the grid is a PNG; give a path ending in .png")
     path, step = write_sample_grid(
         run_dir,
         out,

@@ -28,6 +28,10 @@ from titan.trainer.task import RunData
 from titan.trainer_state import Trainer
 
 T = TypeVar("T")
+NOT_EVALUATED = (
+    "the documents of --eval-data or --eval-split are held out and, without --eval-every N, "
+    "never evaluated"
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class TextTask:
         if is_writer():
             for source, stream in zip(sources, streams, strict=True):
                 print(f"titan: {inert(source.spec)}: {stream.summary()}", flush=True)
+            if self.corpora.held_out is not None and not obs.eval_every:
+                print(f"titan: {NOT_EVALUATED}", flush=True)
         described = data_record(data.corpus, sources, streams, batches)
         if evaluation:
             described["eval"] = evaluation.describe()

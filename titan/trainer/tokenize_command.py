@@ -1,8 +1,9 @@
 """``titan tokenize``: tokenize a corpus into the cache ahead of training.
 
-It prepares what ``titan train`` with the same ``--data``, ``--text-field`` and ``--tokenizer``
-(or ``--vocab-size``) prepares before its first step: the tokenizer (trained and cached when
-none is given) and each part's token file (:mod:`titan.data.tokenize`), so that a training run
+It prepares what ``titan train`` with the same ``--data``, ``--text-field``, ``--tokenizer``
+(or ``--vocab-size``) and ``--eval-data`` or ``--eval-split`` prepares before its first step:
+the tokenizer (trained and cached when none is given), each part's token file and the
+held-out documents' (:mod:`titan.data.tokenize`), so that a training run
 started afterwards, on this host or one sharing ``$TITAN_CACHE``, finds both in the cache. An
 interrupted ``titan tokenize`` resumes where it stopped, as training does.
 """
@@ -16,12 +17,15 @@ from typing import Any
 
 from titan.config import MAX_DATA_WORKERS, DataOptions
 from titan.cpus import usable_cpus
-from titan.data.mixture import open_sources, union_corpus
+from titan.data.heldout import split_sources, training_corpus
+from titan.data.mixture import open_sources
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.trainer.progress import TrainProgress
+
+HELD_OUT = "held-out"  # the line of the held-out documents (--eval-data or --eval-split)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -31,14 +35,22 @@ def add_parser(subparsers: Any) -> None:
         help="tokenize a corpus into the cache ahead of training",
         description="Train (or load) the tokenizer and tokenize every part of --data into "
         "$TITAN_CACHE (default ~/.cache/titan), as titan train does before its first step; a "
-        "later titan train with the same --data, --text-field and --tokenizer or --vocab-size "
-        "starts from the cache. Interrupted, it resumes where it stopped.",
+        "later titan train with the same --data, --text-field, --tokenizer or --vocab-size, and "
+        "--eval-data or --eval-split starts from the cache. Interrupted, it resumes where it "
+        "stopped.",
     )
     defaults = DataOptions()
     t.add_argument("--data", required=True, help="as titan train --data (a mixture too)")
     t.add_argument("--text-field", default=defaults.text_field, help="as titan train")
     t.add_argument("--tokenizer", default="", help="as titan train (empty: train one)")
     t.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="as titan train")
+    t.add_argument("--eval-data", default="", help="as titan train (held-out corpus)")
+    t.add_argument(
+        "--eval-split",
+        type=float,
+        default=defaults.eval_split,
+        help="as titan train (fraction of --data held out; 0: none)",
+    )
     t.add_argument(
         "--data-workers",
         type=int,
@@ -50,8 +62,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints one line per part: its spec, documents, tokens and the records dropped, with
-    progress on stderr (a bar in a terminal, else a line every 10 s) while it works.
+    """Prints one line per part (and one for the held-out documents): its spec, documents,
+    tokens and the records dropped, with progress on stderr (a bar in a terminal, else a line
+    every 10 s) while it works.
 
     Returns:
         :data:`EXIT_OK`, or :data:`EXIT_STOPPED` when interrupted (Ctrl-C): what was
@@ -66,22 +79,32 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         data_workers=args.data_workers,
         vocab_size=args.vocab_size,
+        eval_data=args.eval_data,
+        eval_split=args.eval_split,
     )
     progress = TrainProgress(total_steps=0, log_every=1)
     try:
-        sources = open_sources(options.corpus, options.text_field)
+        sources, held_out = split_sources(
+            options.corpus,
+            open_sources(options.corpus, options.text_field),
+            options.eval_data,
+            options.eval_split,
+        )
         with progress.status("preparing the tokenizer"):
             if options.tokenizer:
                 tokenizer = load_tokenizer(options.tokenizer)
             else:
-                corpus = union_corpus(options.corpus, sources)
+                corpus = training_corpus(options.corpus, sources)
                 tokenizer = train_tokenizer(corpus, options.vocab_size)
         workers = options.data_workers or usable_cpus()
-        for source in sources:
+        parts = [(source.spec, source.corpus) for source in sources]
+        if held_out is not None:
+            parts.append((HELD_OUT, held_out))
+        for spec, documents in parts:
             stream = progress.tokenize(
-                functools.partial(token_stream, source.corpus, tokenizer, workers=workers)
+                functools.partial(token_stream, documents, tokenizer, workers=workers)
             )
-            print(f"{inert(source.spec)}: {stream.summary()}", file=sys.stdout, flush=True)
+            print(f"{inert(spec)}: {stream.summary()}", file=sys.stdout, flush=True)
     except KeyboardInterrupt:
         print(
             "titan tokenize: interrupted; run it again to resume where it stopped",

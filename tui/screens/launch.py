@@ -161,7 +161,7 @@ class LaunchScreen(Screen[None]):
         copies = "1" if self.resume else self.query_one("#copies", Input).value or "0"
         try:
             config = config_from_texts({row.option_name: row.text for row in rows})
-            configs = copies_of(config, int(copies))
+            configs = copies_of(config, copies)
         except TitanError as err:
             self._show_error(str(err))
             return

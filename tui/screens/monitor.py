@@ -18,7 +18,7 @@ from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from titan.analysis.liveness import STALLED, UNRESPONSIVE, Liveness
-from titan.exit_codes import EXIT_OK, EXIT_STOPPED
+from titan.exit_codes import EXIT_OK, EXIT_STOPPED, EXIT_USAGE
 from titan.inert import inert
 from titan.telemetry.heartbeat import ProcessId
 from tui.console_app import console_app
@@ -197,6 +197,8 @@ class MonitorScreen(Screen[None]):
         self.returncode = update.returncode
         if exited:  # a resume refused at start-up can be resumed again
             self.refresh_bindings()
+            if update.returncode == EXIT_USAGE:
+                self._say_refused(update.stderr_tail)
         judged = update.liveness
         # A new state (stopped, dead, ...) is drawn at once, not at the next second.
         new_state = judged is not None and (
@@ -223,10 +225,18 @@ class MonitorScreen(Screen[None]):
         self._draw_pending = False
         self._show_state()
 
+    def _say_refused(self, stderr_tail: tuple[str, ...]) -> None:
+        """Notify that the child refused its options (exit 2), with its one-line reason."""
+        lines = [line.strip() for line in stderr_tail if line.strip()]
+        why = lines[-1] if lines else "see its stderr"
+        self.notify(inert(f"Not started: {why}"), severity="error", markup=False, timeout=15)
+
     def on_screen_resume(self) -> None:
-        if self._stale or self._resuming():
-            self._stale = False
-            self._show_state()
+        """Drawn as it is now: what changed while another screen was shown (a resume launched
+        from there may have started or ended meanwhile), and the keys that apply now."""
+        self._stale = False
+        self.refresh_bindings()
+        self._show_state()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         """A tab shown by a click: draw it (the hidden tabs are not kept up to date)."""

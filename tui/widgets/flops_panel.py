@@ -35,7 +35,8 @@ class FlopsPanel(Vertical):
             mfu = f"{state.mfu:.1%} ({convention} attention FLOPs, dense peak of the dtype)"
         else:
             mfu = f"- ({state.mfu_reason})" if state.mfu_reason else "-"
-        self.query_one("#fl-mfu", Stat).show(mfu)
+        # the reason for no MFU is shown whole (wrapped), not cut at the column's end
+        self.query_one("#fl-mfu", Stat).show(mfu, wrap=state.mfu is None)
         self.query_one("#fl-tokens", Stat).show(
             "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
         )

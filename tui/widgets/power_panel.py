@@ -55,6 +55,7 @@ class PowerPanel(Vertical):
             "-" if not jpt else f"{jpt:.4g} J/token · {1 / jpt:,.1f} tokens/J over the run"
         )
         self.query_one("#pw-source", Stat).show(
-            "measured" if energy is not None else f"none: {state.power_reason or 'no reading yet'}"
+            "measured" if energy is not None else f"none: {state.power_reason or 'no reading yet'}",
+            wrap=energy is None,  # why there is none, whole
         )
         self.query_one(ColumnSparkline).data = list(state.power_w)[-SPARK_STEPS:]

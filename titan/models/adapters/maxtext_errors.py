@@ -22,6 +22,13 @@ from titan.errors import TitanError
 # MaxText's attention kernels for training (maxtext/layers/attention_op.py, apply_attention);
 # its others ("paged", "vllm_rpa", ...) serve inference only.
 TRAINING_ATTENTION = ("dot_product", "autoselected", "flash", "cudnn_flash_te", "cudnn_flash_jax")
+# Those that need an accelerator, and the jax.default_backend() names they run on: "flash" is
+# tokamax's Pallas kernels (GPU and TPU), the cudnn_* ones cuDNN's fused attention (NVIDIA GPUs).
+ACCELERATOR_ATTENTION = {
+    "flash": ("gpu", "cuda", "rocm", "tpu"),
+    "cudnn_flash_te": ("gpu", "cuda"),
+    "cudnn_flash_jax": ("gpu", "cuda"),
+}
 # Widths and counts of a MaxText config that must be positive.
 POSITIVE_KEYS = (
     "base_emb_dim",
@@ -71,20 +78,29 @@ def config_error(err: Exception, settings: Mapping[str, str]) -> TitanError:
     if not errors:
         return build_error(err, settings)
     first = errors[0]
-    key = ".".join(str(part) for part in first.get("loc", ())) or "?"
-    return TitanError(f"--maxtext-set {_setting(key, settings)}: {first.get('msg', err)}")
+    reason = str(first.get("msg", err))
+    key = ".".join(str(part) for part in first.get("loc", ()))
+    # a check across keys (a pydantic model validator) has no location: the keys it names
+    shown = _setting(key, settings) if key else _named(reason, settings)
+    return TitanError(f"--maxtext-set {shown}: {reason}")
+
+
+def _named(reason: str, settings: Mapping[str, str]) -> str:
+    """The ``--maxtext-set`` settings that ``reason`` names (a word of it is the key or the
+    key without ``base_``), else all of them, as ``KEY=VALUE`` words."""
+    words = set(re.findall(r"\w+", reason))
+    named = [k for k in settings if k in words or k.removeprefix("base_") in words]
+    return " ".join(_setting(k, settings) for k in named or settings)
 
 
 def build_error(err: Exception, settings: Mapping[str, str]) -> TitanError:
     """The one-line error of MaxText failing to build a model: its first line, after the
-    ``--maxtext-set`` keys it names (a word of it is the key or the key without ``base_``),
-    else all of them."""
+    ``--maxtext-set`` settings it names (:func:`_named`)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     reason = lines[0] if lines else type(err).__name__
-    words = set(re.findall(r"\w+", reason))
-    named = [k for k in settings if k in words or k.removeprefix("base_") in words]
-    shown = " ".join(_setting(k, settings) for k in named or settings)
-    return TitanError(f"--maxtext-set {shown}: MaxText cannot build the model: {reason}")
+    return TitanError(
+        f"--maxtext-set {_named(reason, settings)}: MaxText cannot build the model: {reason}"
+    )
 
 
 def check_shape(config: Any, settings: Mapping[str, str]) -> None:
@@ -107,4 +123,20 @@ def check_shape(config: Any, settings: Mapping[str, str]) -> None:
         raise TitanError(
             f"--maxtext-set attention={config.attention}: not one of MaxText's attention "
             f"kernels for training ({', '.join(TRAINING_ATTENTION)})"
+        )
+
+
+def check_attention_backend(attention: str, backend: str) -> None:
+    """Refuse a MaxText attention kernel (``--maxtext-set attention=...``) that cannot run on
+    ``backend`` (:data:`ACCELERATOR_ATTENTION`), before MaxText fails deep in its first step.
+
+    Raises:
+        TitanError: names the setting, where it runs and the kernel that runs everywhere.
+    """
+    runs_on = ACCELERATOR_ATTENTION.get(attention)
+    if runs_on is not None and backend not in runs_on:
+        raise TitanError(
+            f"--maxtext-set attention={attention}: needs a GPU"
+            + (" or TPU" if "tpu" in runs_on else "")
+            + f", not {backend} (attention=dot_product runs everywhere)"
         )
