@@ -231,6 +231,14 @@ CASES: dict[str, Case] = {
     "train_mixture_weight_never_sampled": Case(
         lambda p: p.train(data=f"{p.corpus}:1e-30,{p.corpus}/:1"), "would never be sampled"
     ),
+    "tokenize_eval_data_of_no_document": Case(
+        lambda p: [
+            "tokenize",
+            *("--data", str(p.corpus), "--vocab-size", "512"),
+            *("--eval-data", p.file("empty.jsonl", "\n")),
+        ],
+        "--eval-data",
+    ),
     "train_eval_data_of_no_document": Case(
         lambda p: p.train(eval_data=p.file("empty.jsonl", "\n"), eval_every=1),
         "--eval-data",

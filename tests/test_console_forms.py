@@ -86,6 +86,26 @@ async def test_a_key_typed_on_a_choice_field_opens_it_not_a_binding(tmp_path: Pa
     assert opened
 
 
+async def test_the_key_that_opens_a_choice_field_searches_it_and_the_footer_leaves_q_out(
+    tmp_path: Path,
+):
+    app = TitanConsole(tmp_path, show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.screen.set_focus(None)
+        await pilot.pause()
+        unfocused = "q" in app.screen.active_bindings
+        preset = app.screen.query_one("#preset", Select)
+        preset.focus()
+        await pilot.pause()
+        focused = "q" in app.screen.active_bindings  # what the footer offers
+        await pilot.press("c", "enter")
+        await pilot.pause()
+        chosen = preset.value
+    assert (unfocused, focused) == (True, False)
+    assert chosen == "cpu smoke test"
+
+
 @pytest.mark.slow
 async def test_an_integer_field_refuses_letters_visibly(tmp_path: Path):
     app = TitanConsole(tmp_path, show_launch_form=True)

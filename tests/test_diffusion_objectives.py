@@ -7,11 +7,13 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from titan.cli import main
 from titan.config import TrainConfig
 from titan.config_files import config_to_data
 from titan.data.images import ImageBatches, load_folder, open_images, read_digits
@@ -26,8 +28,9 @@ from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
 from titan.shapes import resolve_model
-from titan.trainer.images import image_batches
+from titan.trainer.images import image_batches, image_model_config
 from titan.trainer.init_from import init_from_options
+from titan.trainer.resume import check_resumed_images
 from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])
@@ -214,11 +217,58 @@ def test_the_presets_shaped_for_latents_train_on_rgb_pixels():
     assert resolve_model("dit-tiny").channels == 1  # grayscale stays grayscale
 
 
-def test_init_from_a_diffusion_run_takes_its_model_and_no_tokenizer(tmp_path):
+def _diffusion_run_dir(path: Path, classes: int) -> Path:
+    """A run dir holding only the ``config.json`` of a dit-tiny run on ``classes`` classes."""
     cfg = TrainConfig.of(task="diffusion", preset="dit-tiny")
-    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(cfg.model.shape)}
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "config.json").write_text(json.dumps(saved))
-    options = init_from_options({"task": "diffusion", "init_from": str(tmp_path / "a")})
+    model = image_model_config(cfg.model.shape, 8, classes)
+    saved = {"train": config_to_data(cfg), "model": dataclasses.asdict(model)}
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(saved))
+    return path
+
+
+def test_init_from_a_diffusion_run_takes_its_model_and_no_tokenizer(tmp_path):
+    run_dir = _diffusion_run_dir(tmp_path / "a", classes=10)
+    options = init_from_options({"task": "diffusion", "init_from": str(run_dir)})
     assert "tokenizer" not in options
-    assert TrainConfig.of(**options).model.shape.family == "dit"
+    model = TrainConfig.of(**options).model.shape
+    assert (model.family, model.vocab_size) == ("dit", 11)
+
+
+def test_a_resume_whose_images_give_other_classes_is_refused_before_a_restore(tmp_path):
+    run_dir = _diffusion_run_dir(tmp_path / "a", classes=3)
+    preset = TrainConfig.of(task="diffusion").model.shape
+    now = image_model_config(preset, 8, 2)  # a class folder fewer
+    with pytest.raises(
+        TitanError,
+        match=r"images now give 3 labels \(classes and the null label\); the run trained 4 ",
+    ):
+        check_resumed_images(run_dir, now)
+    check_resumed_images(run_dir, image_model_config(preset, 8, 3))
+
+
+@pytest.mark.slow
+def test_titan_train_refuses_a_resume_whose_image_folder_gained_a_class(tmp_path, capsys):
+    images = tmp_path / "images"
+    for name in ("a", "b"):
+        (images / name).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(np.full((8, 8), 60 * i, np.uint8)).save(images / name / f"{i}.png")
+    argv = ["train", "--task", "diffusion", "--images", str(images), "--image-size", "8"]
+    runs = [
+        "--runs-root",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "r",
+        "--batch-size",
+        "2",
+        "--dp",
+        "1",
+    ]
+    assert main([*argv, *runs, "--steps", "1", "--checkpoint-every", "1"]) == 0
+    (images / "c").mkdir()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(images / "c" / "0.png")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "runs" / "r"), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "images now give 4 labels" in err and err.count("\n") == 1, err

@@ -203,3 +203,21 @@ def test_a_checkpoint_deleted_while_it_is_read_gives_the_one_committed_since(
     monkeypatch.setattr(Checkpointer, "restore_params", racing)
     loaded = load_model(str(run_dir))
     assert (loaded.step, loaded.unreadable) == (9, ())
+
+
+def test_a_checkpoint_deleted_while_orbax_lists_the_folder_is_listed_again(
+    two_checkpoints, tmp_path, monkeypatch
+):
+    run_dir = copy_run(two_checkpoints, tmp_path)
+    real = ocp.CheckpointManager.reload
+    calls: list[int] = []
+
+    def racing(self):  # the first listings find a step that is gone before its stat
+        calls.append(1)
+        if len(calls) <= 2:
+            raise FileNotFoundError(f"{run_dir / CHECKPOINT_DIR / '2'}: gone")
+        return real(self)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "reload", racing)
+    loaded = load_model(str(run_dir))
+    assert (loaded.step, len(calls)) == (4, 3)

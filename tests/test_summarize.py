@@ -473,3 +473,14 @@ def test_a_run_ended_by_a_non_finite_loss_shows_its_error(corpus_dir, tmp_path, 
     assert capsys.readouterr().out.splitlines()[-2:] == ["errors (run_end):", f"  nan: {error}"]
     assert main(["report", str(run_dir)]) == 0
     assert f"| error | {error} |" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_an_empty_runs_root_is_summarized_as_no_runs_and_a_corpus_dir_is_refused(tmp_path, capsys):
+    empty = tmp_path / "runs"
+    empty.mkdir()
+    assert main(["summarize", str(empty)]) == 0  # before the first run
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "a.py").write_text("x = 1\n")
+    assert main(["summarize", str(tmp_path / "code")]) == 2
+    assert "holds no runs" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "code").iterdir()] == ["a.py"]

@@ -331,17 +331,17 @@ def cached_database_path(runs_root: Path) -> Path:
 
 
 def check_holds_runs(runs_root: Path) -> Path:
-    """``runs_root`` after checking that, where it is a directory, it holds runs
+    """``runs_root`` after checking that, where it is a directory, it is empty or holds runs
     (``<run id>/events.jsonl``) or their database: no database is written into a directory of
     something else (a corpus named by mistake).
 
     Raises:
-        TitanError: a directory holding neither, in one line.
+        TitanError: a directory holding other things only, in one line.
     """
     root = Path(runs_root)
     if root.is_dir() and not os.path.lexists(database_path(root)):
         found, unreadable = scan_runs_root(root)
-        if not (found or unreadable):
+        if not (found or unreadable) and any(root.iterdir()):  # an empty one awaits its runs
             raise TitanError(
                 f"runs root {root} holds no runs (no <run id>/{EVENTS_FILE}); nothing written"
             )

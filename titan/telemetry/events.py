@@ -232,8 +232,9 @@ class RunStart(Event):
         "for a mixture also ``parts``: each one's ``source``, ``weight``, ``tokens``, "
         "``documents`` and ``dropped`` (:mod:`titan.data.mixture`); "
         "with ``--eval-every``, ``eval``: the "
-        "held-out ``documents``, their ``tokens`` and the ``batches`` each evaluation covers "
-        "(the corpus's counts are then of the training side); "
+        "held-out ``documents``, their ``tokens`` and the ``batches`` each evaluation covers; "
+        "with ``--eval-split`` the corpus's counts are of the training side (also without "
+        "``--eval-every``, which then holds the documents out without evaluating them); "
         "of a diffusion run ``source``, "
         "``images``, ``classes``, ``shape`` (H, W, C) and ``digest`` (:mod:`titan.data.images`)"
     )

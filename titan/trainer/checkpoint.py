@@ -656,8 +656,15 @@ class Checkpointer:
 
     def _listed_steps(self) -> list[int]:
         """:meth:`committed_steps` of the folder as it is now (orbax's manager lists it once,
-        when made, and then knows only its own saves)."""
-        self._manager.reload()
+        when made, and then knows only its own saves). A checkpoint deleted while orbax lists
+        the folder (its files stat-ed after its name was found) makes it list again, up to
+        :data:`VANISHED_TRIES` times; then the last listing, less what is gone, is used."""
+        for _ in range(VANISHED_TRIES):
+            try:
+                self._manager.reload()
+                break
+            except FileNotFoundError:
+                continue
         return self.committed_steps()
 
     def restore(self, step: int, trainer: Trainer) -> tuple[TrainState, dict[str, Any]]:

@@ -286,7 +286,9 @@ def export_hf(
             items, chunks, _ = checkpointer.restore_host(step, abstract, partial=True)
     finally:
         checkpointer.close()
-    out = out or _export_dir(run_dir, step)
+    if out is None:  # the step read may not be the one listed: its default folder checked too
+        out = _export_dir(run_dir, step)
+        _check_export_dir(out, run_dir)
     params = [items[chunk_item(c.index)]["params"] for c in chunks]
     joined = join_layers(params, adapter.is_layer_stacked, adapter.layer_axis)
     shapes, _ = adapter.abstract_params(whole_model(model.n_layers))

@@ -12,6 +12,7 @@ from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, fl
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
 from titan.reading import parse_json
+from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE, EVENTS_FILE, read_first_events
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -55,6 +56,42 @@ def _runs_root(saved: str | None, parent: Path) -> str:
     if saved and Path(saved).resolve() == parent.resolve():
         return saved
     return str(parent)
+
+
+# The fields of a DiT's shape that its images decide (titan.trainer.images.image_model_config),
+# as errors name them.
+IMAGE_SHAPE_FIELDS = {
+    "vocab_size": "labels (classes and the null label)",
+    "image_size": "pixels a side",
+    "channels": "channels",
+}
+
+
+def check_resumed_images(run_dir: Path, model: ModelConfig) -> None:
+    """Refuse a resume of a diffusion run whose images now ask for another model (``model``)
+    than the one it trained (its ``config.json``): another number of classes (labels), image
+    size or channels, which no checkpoint of the run could be restored into.
+
+    Raises:
+        TitanError: one line naming both and why they may differ.
+    """
+    _, saved = read_run_config(run_dir / CONFIG_FILE, "--resume")
+    changed = [f for f in IMAGE_SHAPE_FIELDS if f in saved and saved[f] != getattr(model, f)]
+    if changed:
+        now = ", ".join(f"{getattr(model, f)} {IMAGE_SHAPE_FIELDS[f]}" for f in changed)
+        then = ", ".join(f"{saved[f]} {IMAGE_SHAPE_FIELDS[f]}" for f in changed)
+        raise TitanError(
+            f"--resume {run_dir}: the images now give {now}; the run trained {then} (the "
+            f"folder changed, or {OLDER_IMAGE_RULES})"
+        )
+
+
+OLDER_IMAGE_RULES = (
+    "the run is an older titan's, which read folders otherwise: hidden folders as classes, "
+    "hidden files as images, 16-bit images clipped to 8 bits"
+)
+"""Why an image folder that did not change may give other classes or pixels than an older
+titan's read of it."""
 
 
 def check_record(run_dir: Path) -> None:

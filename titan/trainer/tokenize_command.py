@@ -17,10 +17,11 @@ from typing import Any
 
 from titan.config import MAX_DATA_WORKERS, DataOptions
 from titan.cpus import usable_cpus
-from titan.data.heldout import split_sources, training_corpus
+from titan.data.heldout import eval_data_error, split_sources, training_corpus
 from titan.data.mixture import open_sources
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
+from titan.errors import TitanError
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.trainer.progress import TrainProgress
@@ -101,9 +102,14 @@ def run(args: argparse.Namespace) -> int:
         if held_out is not None:
             parts.append((HELD_OUT, held_out))
         for spec, documents in parts:
-            stream = progress.tokenize(
-                functools.partial(token_stream, documents, tokenizer, workers=workers)
-            )
+            try:
+                stream = progress.tokenize(
+                    functools.partial(token_stream, documents, tokenizer, workers=workers)
+                )
+            except TitanError as err:  # the held-out corpus's errors name --eval-data
+                if documents is held_out and args.eval_data:
+                    raise eval_data_error(err) from None
+                raise
             print(f"{inert(spec)}: {stream.summary()}", file=sys.stdout, flush=True)
     except KeyboardInterrupt:
         print(

@@ -136,7 +136,13 @@ from titan.trainer.processes import Heartbeat, MutedRecord, is_writer, same_opti
 from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
-from titan.trainer.resume import check_record, recorded_checkpoint, resume_options
+from titan.trainer.resume import (
+    OLDER_IMAGE_RULES,
+    check_record,
+    check_resumed_images,
+    recorded_checkpoint,
+    resume_options,
+)
 from titan.trainer.saver import FinalSaveFailed, Saver, digest_check
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
@@ -248,6 +254,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                 else ImageTask(cfg.diffusion, cfg.data.batch_size, cfg.run.seed)
             )
             shape = task.model_shape(cfg.model.shape, progress, stop)
+            if resume_dir is not None and shape.family == "dit":
+                check_resumed_images(resume_dir, shape)
             with stop.during("build"):
                 ops = Ops(jax.default_backend(), cfg.compute.ops)
                 remat = remat_choice(shape, cfg.trainer, cfg.debugging.debug_usable_memory)
@@ -753,9 +761,14 @@ def _restore_or_init(
             f"sequences then, {batches.num_sequences} now){older}"
         )
     if saved_digest and batches.data_digest and saved_digest != batches.data_digest:
+        other = (
+            f"other images or labels: an edited file, or {OLDER_IMAGE_RULES}"
+            if isinstance(batches, ImageBatches)
+            else "other tokens: an edited or reordered file"
+        )
         raise TitanError(
             "--resume: the corpus changed since the checkpoint (the same number of "
-            f"sequences, {saved_sequences}, but other tokens: an edited or reordered file)"
+            f"sequences, {saved_sequences}, but {other})"
         )
     batches.position = position
     return state, latest, unrestorable

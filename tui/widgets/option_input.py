@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select
+from textual.widgets._select import SelectOverlay  # the open list, which searches what is typed
 
 from titan.config import Option
 from titan.config_flags import help_with_default
@@ -49,15 +50,23 @@ class NumberInput(Input):
 
 
 class FieldSelect(Select[str]):
-    """A form's choice field: a typed character opens its list instead of reaching the screen's
-    bindings (``n``, ``p``, ``h``, ``q``), as a text field keeps what is typed into it."""
+    """A form's choice field: a typed character opens its list and searches it (Textual's
+    type-to-search, from that first character on) instead of reaching the screen's bindings
+    (``n``, ``p``, ``h``, ``q``), as a text field keeps what is typed into it; the footer then
+    leaves those bindings out."""
+
+    def check_consume_key(self, key: str, character: str | None = None) -> bool:
+        """Printable keys are the field's while it has focus (the footer asks)."""
+        return character is not None and character.isprintable()
 
     def on_key(self, event: events.Key) -> None:
-        """Open the list on a printable key (Textual's list then searches what is typed)."""
+        """Open the list on a printable key, and hand it that key to search with."""
         if event.is_printable and not self.expanded:
             event.stop()
             event.prevent_default()
             self.expanded = True
+            typed = events.Key(event.key, event.character)
+            self.call_after_refresh(self.query_one(SelectOverlay).post_message, typed)
 
 
 class OptionInput(HorizontalGroup):
