@@ -55,7 +55,8 @@ def _flags(parser: argparse.ArgumentParser, dest: str) -> str:
 
 
 def _marks(option: Option) -> str:
-    return " ".join(mark for mark, on in (("R", option.resumable), ("P", option.perf_key)) if on)
+    marks = (("R", option.resumable), ("P", option.perf_key), ("planner", option.planner))
+    return " ".join(mark for mark, on in marks if on)
 
 
 def _allowed(option: Option) -> str:
@@ -127,7 +128,8 @@ def _preamble() -> list[str]:
         "",
         "**marks**: **R**, may change when a run is resumed (`titan train --resume RUN_DIR "
         "--steps 400`); an option without it must match the saved run. **P**, part of the "
-        "performance database's key: runs that differ in it are not compared.",
+        "performance database's key: runs that differ in it are not compared. **planner**, "
+        "`titan plan` takes it too.",
         "",
     ]
 

@@ -19,10 +19,12 @@ from titan.config import (
     Schedule,
     TrainConfig,
     option_fields,
+    options_by_name,
     perf_key_options,
     trained_vocab_size,
 )
 from titan.config_files import config_from_dict, config_to_data, config_to_toml, read_config_file
+from titan.config_flags import bounds_text
 from titan.errors import TitanError
 from titan.planning.memory import Layout, in_flight_microbatches
 from titan.planning.step import bubble_fraction
@@ -346,3 +348,21 @@ def test_a_resume_keeps_the_runs_root_however_the_run_dir_is_spelled(tmp_path: P
     monkeypatch.chdir(tmp_path)
     run = resume_options(Path("elsewhere"), {}).run
     assert (run.runs_root, run.run_id) == (str(tmp_path), "elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message", "shown"),
+    [
+        ("lr", 0.0, "--lr must be > 0, got 0.0", "> 0"),
+        ("min_lr_ratio", 1.5, "--min-lr-ratio must be <= 1, got 1.5", "0 to 1"),
+        ("eval_split", 1.0, "--eval-split must be < 1, got 1.0", ">= 0, < 1"),
+        ("vocab_size", 258, "--vocab-size must be >= 259, got 258", ">= 259"),
+        ("watchdog_factor", 0.0, "--watchdog-factor must be > 0, got 0.0", "> 0"),
+        ("label_dropout", 2.0, "--label-dropout must be <= 1, got 2.0", "0 to 1"),
+        ("flow_shift", -1.0, "--flow-shift must be > 0, got -1.0", "> 0"),
+    ],
+)
+def test_each_bound_is_declared_once_checked_and_shown(option, value, message, shown):
+    with pytest.raises(TitanError, match=f"^{re.escape(message)}$"):
+        TrainConfig.of(**{option: value})
+    assert bounds_text(options_by_name()[option]) == shown  # --help and docs/options.md

@@ -39,5 +39,6 @@ def test_an_option_row_states_its_flags_key_type_default_bounds_and_marks():
         "| `--checkpoint-async`, `--no-checkpoint-async` | R | `checkpoint.checkpoint_async` "
         "| `bool` | `true` |  | "
     ) in page
-    assert "| `--remat` | R P | `compute.remat` | `str` | `auto` | `auto`, `none`, " in page
+    assert "| `--remat` | R P planner | `compute.remat` | `str` | `auto` | `auto`, `none`, " in page
+    assert "| `--lr` |  | `optimizer.lr` | `float` | `0.003` | > 0 | " in page
     assert "| `--resume` | `RUN_DIR` | continue the run in RUN_DIR" in page

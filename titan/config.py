@@ -264,6 +264,8 @@ def _opt(
     name: str | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
     resumable: bool = False,
     perf: bool = False,
     **extra: Any,
@@ -275,15 +277,16 @@ def _opt(
         codec: a :data:`CODECS` key when the annotation does not say (composite values).
         name: its flat name when not the field name.
         minimum: smallest allowed value (``"{flag} must be >= {minimum}"``).
-        maximum: largest allowed value (``"{flag} must be <= {maximum}"``); ``titan train
-            --help`` states both.
+        maximum: largest allowed value (``"{flag} must be <= {maximum}"``).
+        above, below: exclusive bounds (``"{flag} must be > {above}"``, ``< {below}``);
+            ``titan train --help`` and ``docs/options.md`` state every bound.
         resumable: may change when a run is resumed; everything else must match the saved run.
         perf: part of the performance database's key (``titan.analysis.perfdb``): runs
             that differ in it are not compared.
         extra: ``choices`` (allowed values), ``planner`` (``titan plan`` takes it too).
     """
     meta = {"flag": flag, "help": help, "resumable": resumable, "perf": perf}
-    bounds = {"minimum": minimum, "maximum": maximum}
+    bounds = {"minimum": minimum, "maximum": maximum, "above": above, "below": below}
     return meta | {"codec": codec, "name": name, **bounds, **extra}
 
 
@@ -310,6 +313,10 @@ def _normalize(section: Any) -> None:
             raise TitanError(f"{flag} must be >= {meta['minimum']}, got {value}")
         if meta["maximum"] is not None and value > meta["maximum"]:
             raise TitanError(f"{flag} must be <= {meta['maximum']}, got {value}")
+        if meta["above"] is not None and not value > meta["above"]:
+            raise TitanError(f"{flag} must be > {meta['above']}, got {value}")
+        if meta["below"] is not None and not value < meta["below"]:
+            raise TitanError(f"{flag} must be < {meta['below']}, got {value}")
 
 
 _Section = TypeVar("_Section")
@@ -374,9 +381,10 @@ class ModelOptions:
         metadata=_opt(
             "--model",
             f"model shape: a preset ({', '.join(PRESETS)}) or a custom shape "
-            "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as "
-            "titan plan --model takes it); --preset NAME is the same for a preset (default: "
-            "'tiny')",
+            "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. and "
+            "optionally rope_theta=.. (default 500000, Llama 3's; the tiny preset's is 10000) "
+            "(as titan plan --model takes it); --preset NAME is the same for a preset "
+            "(default: 'tiny')",
             codec="shape",
             name="preset",
         ),
@@ -509,7 +517,8 @@ class DataOptions:
         metadata=_opt(
             "--vocab-size",
             "vocabulary of the tokenizer trained when none is given (a custom --model shape's "
-            "vocab_size instead)",
+            "vocab_size instead); at least 3 special tokens and 256 byte pieces",
+            minimum=259,
         ),
     )
     batch_size: int = field(
@@ -539,6 +548,7 @@ class DataOptions:
             "fraction of --data's documents held out for --eval-every, chosen per document by "
             "a hash of its text and never trained on (0: none)",
             minimum=0,
+            below=1,
         ),
     )
 
@@ -552,15 +562,8 @@ class DataOptions:
                 f"--eval-data {self.eval_data}: takes one corpus (files, globs, dirs), no "
                 "mixture or weights"
             )
-        if self.eval_split >= 1:
-            raise TitanError(f"--eval-split must be < 1, got {self.eval_split}")
         if self.eval_split and self.eval_data:
             raise TitanError("--eval-split and --eval-data exclude each other: give one")
-        if self.vocab_size < 259:
-            raise TitanError(
-                "--vocab-size must be >= 259 (3 special tokens + 256 byte pieces), "
-                f"got {self.vocab_size}"
-            )
 
 
 @_section
@@ -576,9 +579,12 @@ class OptimizerOptions:
             resumable=True,
         ),
     )
-    lr: float = field(default=3e-3, metadata=_opt("--lr", "peak learning rate (AdamW)"))
+    lr: float = field(default=3e-3, metadata=_opt("--lr", "peak learning rate (AdamW)", above=0))
     min_lr_ratio: float = field(
-        default=0.1, metadata=_opt("--min-lr-ratio", "final learning rate as a fraction of --lr")
+        default=0.1,
+        metadata=_opt(
+            "--min-lr-ratio", "final learning rate as a fraction of --lr", minimum=0, maximum=1
+        ),
     )
     warmup_steps: int = field(
         default=30,
@@ -636,12 +642,6 @@ class OptimizerOptions:
         horizon)."""
         horizon = self.decay_steps or self.steps
         return horizon, min(self.warmup_steps, horizon)
-
-    def _check(self) -> None:
-        if not self.lr > 0:
-            raise TitanError(f"--lr must be > 0, got {self.lr}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise TitanError(f"--min-lr-ratio must be within [0, 1], got {self.min_lr_ratio}")
 
 
 @_section
@@ -894,6 +894,7 @@ class ObservabilityOptions:
             "--watchdog-floor",
             "seconds a step may always take before the watchdog reports a stall (the allowance "
             "is the larger of this and --watchdog-factor x the median step time)",
+            above=0,
             resumable=True,
         ),
     )
@@ -902,6 +903,7 @@ class ObservabilityOptions:
         metadata=_opt(
             "--watchdog-factor",
             "stall allowance of a step in median step times",
+            above=0,
             resumable=True,
         ),
     )
@@ -929,6 +931,7 @@ class ObservabilityOptions:
         metadata=_opt(
             "--loss-spike-sigma",
             "how many standard deviations above the window's mean a loss spike is",
+            above=0,
             resumable=True,
         ),
     )
@@ -974,15 +977,6 @@ class ObservabilityOptions:
             resumable=True,
         ),
     )
-
-    def _check(self) -> None:
-        if not self.loss_spike_sigma > 0:
-            raise TitanError(f"--loss-spike-sigma must be > 0, got {self.loss_spike_sigma}")
-        if not self.watchdog_floor > 0 or not self.watchdog_factor > 0:
-            raise TitanError(
-                f"--watchdog-floor and --watchdog-factor must be > 0, got {self.watchdog_floor} "
-                f"and {self.watchdog_factor}"
-            )
 
 
 @_section
@@ -1080,7 +1074,9 @@ class DiffusionOptions:
     )
     flow_shift: float = field(
         default=1.0,
-        metadata=_opt("--flow-shift", "flow matching timestep shift (1: none; Wan trains with 5)"),
+        metadata=_opt(
+            "--flow-shift", "flow matching timestep shift (1: none; Wan trains with 5)", above=0
+        ),
     )
     flow_weighting: Literal["gaussian", "none"] = field(
         default="gaussian",
@@ -1097,14 +1093,9 @@ class DiffusionOptions:
             "fraction of examples trained with the null label, for classifier-free guidance "
             "(DiT uses 0.1)",
             minimum=0,
+            maximum=1,
         ),
     )
-
-    def _check(self) -> None:
-        if self.label_dropout > 1:
-            raise TitanError(f"--label-dropout must be within [0, 1], got {self.label_dropout}")
-        if not self.flow_shift > 0:
-            raise TitanError(f"--flow-shift must be > 0, got {self.flow_shift}")
 
 
 # Section name -> its dataclass, in ``titan train --help`` and TOML order.
@@ -1162,6 +1153,11 @@ class Option:
     @property
     def perf_key(self) -> bool:
         return self.field.metadata["perf"]
+
+    @property
+    def planner(self) -> bool:
+        """``titan plan`` takes it too (a layout option of the planner's)."""
+        return bool(self.field.metadata.get("planner", False))
 
     @property
     def kind(self) -> str:

@@ -81,13 +81,16 @@ def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...
 
 
 def bounds_text(option: Option) -> str:
-    """The allowed range of ``option``'s ``minimum`` and ``maximum``: ``LOW to HIGH``,
-    ``>= LOW``, ``<= HIGH``, or ``""`` for an option without bounds (``titan train --help``
-    shows it in brackets)."""
-    low, high = option.metadata.get("minimum"), option.metadata.get("maximum")
-    if high is not None:
-        return f"{low:g} to {high:g}" if low is not None else f"<= {high:g}"
-    return f">= {low:g}" if low is not None else ""
+    """The allowed range of ``option``'s bounds (``minimum``, ``maximum``, and the exclusive
+    ``above`` and ``below``): ``>= LOW, < HIGH`` and the like, ``LOW to HIGH`` for two
+    inclusive ones, or ``""`` for an option without bounds (``titan train --help`` shows it in
+    brackets)."""
+    meta = option.metadata
+    low, high = meta.get("minimum"), meta.get("maximum")
+    if low is not None and high is not None:
+        return f"{low:g} to {high:g}"
+    signs = ((">=", low), ("<=", high), (">", meta.get("above")), ("<", meta.get("below")))
+    return ", ".join(f"{sign} {value:g}" for sign, value in signs if value is not None)
 
 
 def section_summary(section: str) -> str:

@@ -278,9 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs-root",
         metavar="DIR",
         type=Path,
-        help="list the run dirs in DIR (newest first) to open in the monitor; new runs are "
-        "created in DIR, and DIR by the first (default: $TITAN_RUNS, else ./runs, with the "
-        "launch form open)",
+        help="list the run dirs in DIR (newest first) to open in the monitor; runs launched "
+        "here are created in DIR, which the first one creates when it does not exist "
+        "(default: $TITAN_RUNS, else ./runs, with the launch form open)",
     )
     target.add_argument(
         "--run",
