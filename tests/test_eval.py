@@ -19,8 +19,7 @@ from titan.analysis.report import write_report
 from titan.analysis.summarize import summarize
 from titan.cli import main
 from titan.config import TrainConfig
-from titan.data.heldout import EvalBatches, held_out, split_corpus, split_sources, training_corpus
-from titan.data.mixture import open_sources
+from titan.data.heldout import EvalBatches, held_out, open_corpora, split_corpus, training_corpus
 from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
@@ -172,9 +171,10 @@ def test_the_tokenizer_of_a_split_mixture_reads_no_held_out_document(tmp_path):
         lines = [json.dumps({"text": f"part {part} document {i} " * 3}) for i in range(40)]
         (tmp_path / part / "docs.jsonl").write_text("\n".join(lines) + "\n")
     data = f"{tmp_path / 'a'}:0.5,{tmp_path / 'b'}:0.5"
-    sources, held = split_sources(data, open_sources(data, "text"), "", SPLIT)
-    trained_on = list(training_corpus(data, sources).documents())
-    held_docs = set(held.documents())
+    corpora = open_corpora(data, "text", "", SPLIT)
+    trained_on = list(training_corpus(data, corpora.sources).documents())
+    assert corpora.held_out is not None
+    held_docs = set(corpora.held_out.documents())
     assert held_docs and len(trained_on) == 80 - len(held_docs)
     assert not held_docs & set(trained_on)
     assert {d.split()[1] for d in trained_on} == {"a", "b"}

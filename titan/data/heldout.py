@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from titan.data.mixture import Source, union_corpus
+from titan.data.mixture import Source, open_sources, union_corpus
 from titan.data.text import Documents, FilePosition, batch_of, open_corpus
 from titan.errors import TitanError
 
@@ -57,8 +57,17 @@ class SplitCorpus:
     def spec(self) -> str:
         """The corpus's ``--data`` naming this side, as messages about it name the data: a
         training side that ``--eval-split`` emptied then says so."""
+        return f"{self.corpus.spec} {self._side}"
+
+    @property
+    def label(self) -> str:
+        """How messages name this side: the corpus's label and the side."""
+        return f"{self.corpus.label} {self._side}"
+
+    @property
+    def _side(self) -> str:
         side = "held out by" if self.held_out else "left by"
-        return f"{self.corpus.spec} (the documents {side} --eval-split {self.fraction})"
+        return f"(the documents {side} --eval-split {self.fraction})"
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -113,36 +122,37 @@ def split_corpus(
     if eval_split:
         return SplitCorpus(corpus, eval_split, False), SplitCorpus(corpus, eval_split, True)
     if eval_data:
-        try:
-            return corpus, open_corpus(eval_data, corpus.text_field)
-        except TitanError as err:
-            raise eval_data_error(err) from None
+        return corpus, open_corpus(eval_data, corpus.text_field, "--eval-data")
     return corpus, None
 
 
-def eval_data_error(err: TitanError) -> TitanError:
-    """``err`` of a corpus opened or read for ``--eval-data``, naming that flag (the corpus's
-    own messages name ``--data``)."""
-    return TitanError(str(err).replace("--data", "--eval-data", 1))
+@dataclass(frozen=True)
+class Corpora:
+    """The ``--data`` parts to train on and the held-out documents (None without
+    ``--eval-data`` or ``--eval-split``)."""
+
+    sources: list[Source]
+    held_out: Documents | None
 
 
-def split_sources(
-    data: str, sources: list[Source], eval_data: str, eval_split: float
-) -> tuple[list[Source], Documents | None]:
-    """(the ``--data`` parts to train on, the held-out corpus or None) for ``--eval-split`` or
-    ``--eval-data``: with a split, each part keeps its training side and the held-out side is
-    that of all the parts' files together (the same documents: the split is per document).
+def open_corpora(data: str, text_field: str, eval_data: str, eval_split: float) -> Corpora:
+    """The parts of ``--data`` (scanned, not read: :func:`titan.data.mixture.open_sources`)
+    split by ``--eval-split`` or ``--eval-data``: with a split, each part keeps its training
+    side and the held-out side is that of all the parts' files together (the same documents:
+    the split is per document).
 
     Raises:
-        TitanError: ``eval_data`` does not exist or holds no files.
+        TitanError: a corpus (``--data``'s, ``--eval-data``'s) does not exist or holds no
+            files, or a weight is bad.
     """
+    sources = open_sources(data, text_field)
     if not eval_split:
-        return sources, split_corpus(sources[0].corpus, eval_data, 0.0)[1]
+        return Corpora(sources, split_corpus(sources[0].corpus, eval_data, 0.0)[1])
     train = [
         dataclasses.replace(s, corpus=SplitCorpus(s.corpus, eval_split, False)) for s in sources
     ]
     everything = union_corpus(data, sources)
-    return train, SplitCorpus(everything, eval_split, True)
+    return Corpora(train, SplitCorpus(everything, eval_split, True))
 
 
 def training_corpus(data: str, sources: list[Source]) -> Documents:
@@ -152,7 +162,7 @@ def training_corpus(data: str, sources: list[Source]) -> Documents:
     splits = [s.corpus for s in sources if isinstance(s.corpus, SplitCorpus)]
     if len(sources) == 1 or not splits:
         return union_corpus(data, sources)
-    # split_sources splits every part or none
+    # open_corpora splits every part or none
     pairs = zip(sources, splits, strict=True)
     whole = [dataclasses.replace(s, corpus=split.corpus) for s, split in pairs]
     return SplitCorpus(union_corpus(data, whole), splits[0].fraction, False)

@@ -212,10 +212,13 @@ def _jsonl_documents(
             yield from _checked(text, dropped)
 
 
-def _parquet_documents(path: Path, field_name: str, dropped: Counter[str]) -> Iterator[str]:
+def _parquet_documents(
+    path: Path, field_name: str, dropped: Counter[str], label: str
+) -> Iterator[str]:
     """The ``field_name`` column, read through DuckDB in batches of
     :data:`PARQUET_BATCH_ROWS` rows (never the whole file at once). DuckDB is imported here,
-    by the corpora that need it: training on text needs no database."""
+    by the corpora that need it: training on text needs no database. Errors begin with the
+    corpus's ``label`` (:attr:`Corpus.label`)."""
     import duckdb
 
     column = '"' + field_name.replace('"', '""') + '"'
@@ -226,7 +229,9 @@ def _parquet_documents(path: Path, field_name: str, dropped: Counter[str]) -> It
                 yield from _checked(text, dropped)
     except duckdb.Error as err:
         reason = str(err).splitlines()[0]
-        raise TitanError(f"--data {path}: cannot read a '{field_name}' column ({reason})") from None
+        raise TitanError(
+            f"{label}: {path}: cannot read a '{field_name}' column ({reason})"
+        ) from None
 
 
 def file_format(path: Path) -> str:
@@ -250,17 +255,24 @@ def _stat_fingerprint(paths: tuple[Path, ...]) -> list[tuple[str, int, int]]:
 
 @dataclass(frozen=True)
 class Corpus:
-    """A set of documents named by ``--data``.
+    """A set of documents named by ``--data`` (or ``--eval-data``).
 
     Attributes:
-        spec: the ``--data`` value.
+        spec: the option's value.
         files: the files read, in order; each one's format by its name (:func:`file_format`).
         text_field: the field (``.jsonl``) or column (``.parquet``) holding a record's text.
+        option: the option that named it, which messages about it name.
     """
 
     spec: str
     files: tuple[Path, ...]
     text_field: str = "text"
+    option: str = "--data"
+
+    @property
+    def label(self) -> str:
+        """How messages name the corpus: ``--data SPEC``."""
+        return f"{self.option} {self.spec}"
 
     def documents(self, dropped: Counter[str] | None = None) -> Iterator[str]:
         """The documents' texts, in a fixed order, streamed (one file open at a time).
@@ -293,18 +305,14 @@ class Corpus:
             if kind == "jsonl":
                 yield from _jsonl_documents(path, self.text_field, dropped, position)
             elif kind == "parquet":
-                yield from _parquet_documents(path, self.text_field, dropped)
+                yield from _parquet_documents(path, self.text_field, dropped, self.label)
             else:
                 yield from _plain_text(_read_bytes(path), dropped)
         except CORRUPT_ERRORS as err:  # BadGzipFile is an OSError: this comes first
-            raise TitanError(
-                f"--data {self.spec}: {path} is cut short or corrupt ({err})"
-            ) from None
+            raise TitanError(f"{self.label}: {path} is cut short or corrupt ({err})") from None
         except OSError as err:
             where = err.filename or path
-            raise TitanError(
-                f"--data {self.spec}: cannot read {where}: {err.strerror or err}"
-            ) from None
+            raise TitanError(f"{self.label}: cannot read {where}: {err.strerror or err}") from None
 
     def file_sizes(self) -> list[int]:
         """Each file's size on disk (bytes), in :attr:`files` order."""
@@ -325,6 +333,8 @@ class Documents(Protocol):
     @property
     def spec(self) -> str: ...
     @property
+    def label(self) -> str: ...
+    @property
     def files(self) -> tuple[Path, ...]: ...
     @property
     def text_field(self) -> str: ...
@@ -341,13 +351,14 @@ def _stdlib_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file())
 
 
-def _files_below(path: Path, spec: str) -> list[Path]:
+def _files_below(path: Path, label: str) -> list[Path]:
     """``path`` itself when a file, else the files below it, sorted: hidden files and
     directories (a ``.git``) left out, symbolic links to directories followed, each directory
     once (a link back up is not a loop).
 
     Raises:
-        TitanError: a directory below cannot be listed (names it and the OS's reason).
+        TitanError: a directory below cannot be listed (names it and the OS's reason), the
+            message beginning with ``label`` (``--data SPEC``).
     """
     if path.is_file():
         return [path]
@@ -355,7 +366,7 @@ def _files_below(path: Path, spec: str) -> list[Path]:
         return []
 
     def refuse(err: OSError) -> None:
-        raise TitanError(f"--data {spec}: cannot read {err.filename}: {err.strerror or err}")
+        raise TitanError(f"{label}: cannot read {err.filename}: {err.strerror or err}")
 
     files: list[Path] = []
     seen: set[tuple[int, int]] = set()
@@ -380,37 +391,38 @@ def _distinct(files: list[Path]) -> tuple[Path, ...]:
     return tuple(seen.values())
 
 
-def open_corpus(spec: str, text_field: str = "text") -> Corpus:
-    """Resolve ``--data``: ``stdlib``, a file, a directory (every file below it, hidden files
-    and directories excepted: :func:`_files_below`) or a glob (``shards/*.jsonl.zst``, ``**``
-    recursive; directories it matches are read whole). A file reached by several names is
-    read once.
+def open_corpus(spec: str, text_field: str = "text", option: str = "--data") -> Corpus:
+    """Resolve ``--data`` (or another ``option`` naming a corpus, which its messages name):
+    ``stdlib``, a file, a directory (every file below it, hidden files and directories
+    excepted: :func:`_files_below`) or a glob (``shards/*.jsonl.zst``, ``**`` recursive;
+    directories it matches are read whole). A file reached by several names is read once.
 
     Raises:
         TitanError: the path does not exist, is neither a regular file nor a directory (a
             FIFO, a device), a directory below cannot be listed, or the directory or glob holds
             no files.
     """
+    label = f"{option} {spec}"
     if spec == STDLIB:
-        return Corpus(spec, tuple(_stdlib_files()), text_field)
+        return Corpus(spec, tuple(_stdlib_files()), text_field, option)
     if GLOB_CHARS & set(spec):
         files = [
             f
             for match in sorted(glob.glob(spec, recursive=True))
-            for f in _files_below(Path(match), spec)
+            for f in _files_below(Path(match), label)
         ]
         if not files:
-            raise TitanError(f"--data {spec}: the pattern matches no files")
-        return Corpus(spec, _distinct(files), text_field)
+            raise TitanError(f"{label}: the pattern matches no files")
+        return Corpus(spec, _distinct(files), text_field, option)
     path = Path(spec)
     if not path.exists():
-        raise TitanError(f"--data {spec}: no such file or directory (or 'stdlib')")
+        raise TitanError(f"{label}: no such file or directory (or 'stdlib')")
     if not (path.is_file() or path.is_dir()):
-        raise TitanError(f"--data {spec}: not a regular file or directory (a FIFO, a device)")
-    files = _files_below(path, spec)
+        raise TitanError(f"{label}: not a regular file or directory (a FIFO, a device)")
+    files = _files_below(path, label)
     if not files:
-        raise TitanError(f"--data {spec}: directory holds no files")
-    return Corpus(spec, _distinct(files), text_field)
+        raise TitanError(f"{label}: directory holds no files")
+    return Corpus(spec, _distinct(files), text_field, option)
 
 
 @dataclass

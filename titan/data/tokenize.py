@@ -383,7 +383,7 @@ def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> N
         paths.partial.unlink(missing_ok=True)
         paths.commit.unlink(missing_ok=True)
         summary = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"
-        raise TitanError(f"--data {corpus.spec}: no non-empty document (dropped: {summary})")
+        raise TitanError(f"{corpus.label}: no non-empty document (dropped: {summary})")
     record = {
         "tokens": commit.tokens,
         "documents": commit.documents,

@@ -869,7 +869,7 @@ def train_tokenizer(
     writable_dir(cached.parent)  # before the training it would be written after
     sample = training_sample(corpus)
     if not sample:
-        raise TitanError(f"--data {corpus.spec}: no non-empty text document")
+        raise TitanError(f"{corpus.label}: no non-empty text document")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

@@ -21,11 +21,10 @@ import jax
 import numpy as np
 
 from titan.config import DataOptions
-from titan.data.heldout import EvalBatches, eval_data_error
+from titan.data.heldout import EvalBatches
 from titan.data.text import Documents
 from titan.data.tokenize import TokenizeProgress, token_stream
 from titan.data.tokenizer import Tokenizer
-from titan.errors import TitanError
 from titan.telemetry.events import Eval
 from titan.trainer.processes import batch_rows, first_then_others
 from titan.trainer_state import Trainer, TrainState
@@ -94,13 +93,9 @@ def open_evaluation(
     """
     if held_out is None or not every:
         return None
-    try:
-        stream = first_then_others(
-            "titan:eval-tokens", lambda: token_stream(held_out, tokenizer, progress)
-        )
-    except TitanError as err:
-        held = eval_data_error(err) if data.eval_data else TitanError(f"held-out data: {err}")
-        raise held from None
+    stream = first_then_others(
+        "titan:eval-tokens", lambda: token_stream(held_out, tokenizer, progress)
+    )
     eval_batches = EvalBatches(
         stream.tokens,
         data.seq_len,

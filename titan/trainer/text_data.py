@@ -1,19 +1,18 @@
 """The data of a ``--task lm`` run (:class:`TextTask`): the ``--data`` corpus, or each part of a
-weighted mixture, and its held-out documents (:func:`open_corpora`); the tokenizer (the
-resumed run's, ``--tokenizer``'s, or trained on the corpus and cached); the token streams
-(tokenized once, cached), the batches and the evaluation of the held-out documents."""
+weighted mixture, and its held-out documents (:class:`titan.data.heldout.Corpora`); the
+tokenizer (the resumed run's, ``--tokenizer``'s, or trained on the corpus and cached); the
+token streams (tokenized once, cached), the batches and the evaluation of the held-out documents."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from titan.config import DataOptions, ObservabilityOptions, model_config, trained_vocab_size
 from titan.cpus import usable_cpus
-from titan.data.heldout import split_sources, training_corpus
-from titan.data.mixture import Source, data_record, make_batches, open_sources
+from titan.data.heldout import Corpora, training_corpus
+from titan.data.mixture import data_record, make_batches
 from titan.data.text import Documents
 from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -34,26 +33,6 @@ NOT_EVALUATED = (
 )
 
 
-@dataclass(frozen=True)
-class Corpora:
-    """The ``--data`` parts to train on and the held-out documents (None without
-    ``--eval-data`` or ``--eval-split``): :func:`titan.data.heldout.split_sources`."""
-
-    sources: list[Source]
-    held_out: Documents | None
-
-
-def open_corpora(data: DataOptions) -> Corpora:
-    """The corpora of ``--data`` (scanned, not read), split by ``--eval-data`` or
-    ``--eval-split``.
-
-    Raises:
-        TitanError: a corpus does not exist, holds no files, or a weight is bad.
-    """
-    sources = open_sources(data.corpus, data.text_field)
-    return Corpora(*split_sources(data.corpus, sources, data.eval_data, data.eval_split))
-
-
 class TextTask:
     """The data of a ``--task lm`` run.
 
@@ -61,7 +40,7 @@ class TextTask:
         data: the data options (corpus, tokenizer, batch).
         observability: ``--eval-every`` and ``--eval-batches``.
         seed: ``--seed`` (the batches' shuffle).
-        corpora: :func:`open_corpora`'s.
+        corpora: :func:`titan.data.heldout.open_corpora`'s.
         resume_dir: the run being resumed (its tokenizer), or None.
     """
 

@@ -17,11 +17,9 @@ from typing import Any
 
 from titan.config import MAX_DATA_WORKERS, DataOptions
 from titan.cpus import usable_cpus
-from titan.data.heldout import eval_data_error, split_sources, training_corpus
-from titan.data.mixture import open_sources
+from titan.data.heldout import open_corpora, training_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
-from titan.errors import TitanError
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
 from titan.trainer.progress import TrainProgress
@@ -74,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         TitanError: a bad option, checked as ``titan train`` checks it (:class:`DataOptions`).
     """
-    options = DataOptions(
+    data = DataOptions(
         corpus=args.data,
         text_field=args.text_field,
         tokenizer=args.tokenizer,
@@ -85,31 +83,22 @@ def run(args: argparse.Namespace) -> int:
     )
     progress = TrainProgress(total_steps=0, log_every=1)
     try:
-        sources, held_out = split_sources(
-            options.corpus,
-            open_sources(options.corpus, options.text_field),
-            options.eval_data,
-            options.eval_split,
-        )
+        corpora = open_corpora(data.corpus, data.text_field, data.eval_data, data.eval_split)
+        sources, held_out = corpora.sources, corpora.held_out
         with progress.status("preparing the tokenizer"):
-            if options.tokenizer:
-                tokenizer = load_tokenizer(options.tokenizer)
+            if data.tokenizer:
+                tokenizer = load_tokenizer(data.tokenizer)
             else:
-                corpus = training_corpus(options.corpus, sources)
-                tokenizer = train_tokenizer(corpus, options.vocab_size)
-        workers = options.data_workers or usable_cpus()
+                corpus = training_corpus(data.corpus, sources)
+                tokenizer = train_tokenizer(corpus, data.vocab_size)
+        workers = data.data_workers or usable_cpus()
         parts = [(source.spec, source.corpus) for source in sources]
         if held_out is not None:
             parts.append((HELD_OUT, held_out))
         for spec, documents in parts:
-            try:
-                stream = progress.tokenize(
-                    functools.partial(token_stream, documents, tokenizer, workers=workers)
-                )
-            except TitanError as err:  # the held-out corpus's errors name --eval-data
-                if documents is held_out and args.eval_data:
-                    raise eval_data_error(err) from None
-                raise
+            stream = progress.tokenize(
+                functools.partial(token_stream, documents, tokenizer, workers=workers)
+            )
             print(f"{inert(spec)}: {stream.summary()}", file=sys.stdout, flush=True)
     except KeyboardInterrupt:
         print(

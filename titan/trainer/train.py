@@ -63,6 +63,7 @@ from titan.config import (
     TrainerOptions,
 )
 from titan.config_files import config_to_data
+from titan.data.heldout import Corpora, open_corpora
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
 from titan.errors import TitanError, error_line
@@ -147,7 +148,7 @@ from titan.trainer.saver import FinalSaveFailed, Saver, digest_check
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
 from titan.trainer.task import RunData, Task
-from titan.trainer.text_data import TextTask, open_corpora
+from titan.trainer.text_data import TextTask
 from titan.trainer_state import Trainer, TrainState
 
 # The options that choose a layout's sizes: a resume that gives none of them runs the saved ones.
@@ -232,7 +233,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
         if resume_dir is not None:
             check_record(resume_dir)  # a record the run could not continue: refused first
         with stop.during("scan"):
-            corpora = open_corpora(cfg.data) if cfg.model.task == "lm" else None  # else images
+            corpora = _corpora(cfg.data) if cfg.model.task == "lm" else None  # else images
             check_library(cfg.observability.metrics)
             _say(check_layout_fits(cfg.parallel, cfg.data.batch_size))  # before the tokenizer
         run_dir = run_dir_of(cfg.run, cfg.model.shape.name, resuming)
@@ -637,6 +638,12 @@ class _Run:
         finally:
             self.record.close()
             self.progress.close()
+
+
+def _corpora(data: DataOptions) -> Corpora:
+    """The corpora of ``--data`` (scanned, not read), split by ``--eval-data`` or
+    ``--eval-split``: :func:`titan.data.heldout.open_corpora`."""
+    return open_corpora(data.corpus, data.text_field, data.eval_data, data.eval_split)
 
 
 def _installed(stop: StopFlag, debug_signal_in: str) -> StopFlag:
