@@ -75,7 +75,7 @@ class Source:
 
     spec: str
     weight: float
-    corpus: Documents  # a Corpus, or one side of it (titan.data.heldout.split_sources)
+    corpus: Documents  # a Corpus, or one side of it (titan.data.heldout.open_corpora)
 
 
 def _weighted(part: str) -> tuple[str, float] | None:
