@@ -106,6 +106,15 @@ def test_glob_selects_shards_in_sorted_order(mixed_dir):
         open_corpus(str(mixed_dir / "*.nothing"))
 
 
+def test_a_file_whose_name_reads_as_a_glob_is_that_file(tmp_path):
+    (tmp_path / "part[1].jsonl").write_bytes(_jsonl(["bracketed"]))
+    (tmp_path / "part1.jsonl").write_bytes(_jsonl(["matched by the glob"]))
+    assert list(open_corpus(str(tmp_path / "part[1].jsonl")).documents()) == ["bracketed"]
+    assert list(open_corpus(str(tmp_path / "part[12].jsonl")).documents()) == [
+        "matched by the glob"
+    ]
+
+
 def test_text_field_names_the_json_field_and_parquet_column(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(_jsonl(["from json"], field="content"))
     _write_parquet(tmp_path / "b.parquet", ["from parquet"], column="content")

@@ -395,7 +395,8 @@ def open_corpus(spec: str, text_field: str = "text", option: str = "--data") -> 
     """Resolve ``--data`` (or another ``option`` naming a corpus, which its messages name):
     ``stdlib``, a file, a directory (every file below it, hidden files and directories
     excepted: :func:`_files_below`) or a glob (``shards/*.jsonl.zst``, ``**`` recursive;
-    directories it matches are read whole). A file reached by several names is read once.
+    directories it matches are read whole; a path that exists is never read as a glob, so
+    ``part[1].jsonl`` names that file). A file reached by several names is read once.
 
     Raises:
         TitanError: the path does not exist, is neither a regular file nor a directory (a
@@ -405,7 +406,8 @@ def open_corpus(spec: str, text_field: str = "text", option: str = "--data") -> 
     label = f"{option} {spec}"
     if spec == STDLIB:
         return Corpus(spec, tuple(_stdlib_files()), text_field, option)
-    if GLOB_CHARS & set(spec):
+    path = Path(spec)
+    if GLOB_CHARS & set(spec) and not path.exists():  # a name with brackets is itself first
         files = [
             f
             for match in sorted(glob.glob(spec, recursive=True))
@@ -414,7 +416,6 @@ def open_corpus(spec: str, text_field: str = "text", option: str = "--data") -> 
         if not files:
             raise TitanError(f"{label}: the pattern matches no files")
         return Corpus(spec, _distinct(files), text_field, option)
-    path = Path(spec)
     if not path.exists():
         raise TitanError(f"{label}: no such file or directory (or 'stdlib')")
     if not (path.is_file() or path.is_dir()):
