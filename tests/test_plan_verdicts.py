@@ -25,6 +25,7 @@ from titan.planning.budget import PlanRequest, search
 from titan.planning.memory import FIT_MARGIN
 from titan.planning.step import calibrate
 from titan.shapes import resolve_model
+from titan.telemetry.records import load_events
 from titan.trainer.adapters import build_adapter
 
 SAMPLE_H200_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
@@ -154,9 +155,11 @@ def test_from_a_run_dir_prints_the_prediction_against_the_measurements(capsys):
 def test_from_a_hostile_run_dir_shows_it_inert_and_its_unknown_peak_not_reported(capsys, tmp_path):
     hostile = tmp_path / "e\x1b[31mDIR[bold]x"
     shutil.copytree(SAMPLE_RUN_WITHOUT_PEAK, hostile)
+    events = hostile / "events.jsonl"
+    events.write_text(events.read_text().replace('"name": "tiny"', '"name": "ti\\u001b[2Jny"'))
     code, out, _ = run_plan(capsys, "--from", str(hostile))
     assert code == EXIT_OK and "\x1b" not in out
-    header = f"{tmp_path}/e\\x1b[31mDIR[bold]x: measured: 5.0M params, 8 x "
+    header = f"{tmp_path}/e\\x1b[31mDIR[bold]x: ti\\x1b[2Jny: 5.0M params, 8 x "
     assert "".join(out.split()).startswith("".join(header.split()))  # wrapped at any width
     assert re.search(r"peak memory \(GB\) │ [\d.]+ │ not reported │ - │", out), out
 
@@ -225,3 +228,37 @@ def test_remat_auto_plans_the_fastest_policy_that_fits_as_titan_train_resolves_i
     assert "layout: dp1 fsdp1 tp1 remat=dots" in capsys.readouterr().out
     assert main([*base, "--gpus", "1", "--param-dtype", "float32"]) == EXIT_FAILED
     assert "remat=full" in capsys.readouterr().out  # nothing fits: the last candidate
+
+
+def test_from_a_run_resumed_with_another_layout_plans_its_last_layout_by_its_steps(tmp_path):
+    run_dir = tmp_path / "relaid"
+    shutil.copytree(SAMPLE_RUN_WITHOUT_PEAK, run_dir)
+    events = run_dir / "events.jsonl"
+    lines = events.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if '"type": "run_start"' in line]
+    assert len(starts) == 2  # killed, then resumed
+    lines[starts[1]] = lines[starts[1]].replace('"remat": "none"', '"remat": "full"')
+    events.write_text("\n".join(lines) + "\n")
+    run, _ = perfdb.run_measurement(run_dir)
+    row = perfdb.measure("relaid", load_events(run_dir))
+    assert row is not None and row.layout["remat"] == "full"
+    assert run.layout.remat == "full" and run.step_s == row.median_step_s  # as perf check
+    whole = perfdb.measure("whole", load_events(SAMPLE_RUN_WITHOUT_PEAK))
+    assert whole is not None and whole.steps > row.steps  # the first attempt's steps left out
+    assert run.model.name == "tiny"
+
+
+def test_from_a_run_plans_a_given_budget_and_refuses_no_tokens(capsys):
+    code, out, _ = run_plan(capsys, "--from", str(SAMPLE_H200_RUN), "--tokens", "1e12")
+    words = " ".join(out.split())
+    assert code == EXIT_OK and "GPU-hours" in words and "total time" in words
+    code, out, _ = run_plan(capsys, "--from", str(SAMPLE_H200_RUN))
+    assert code == EXIT_OK and "GPU-hours" not in out  # no budget given: none planned
+    code, _, err = run_plan(capsys, "--from", str(SAMPLE_H200_RUN), "--tokens", "0")
+    assert code == 2 and "--tokens must be a finite number > 0" in err
+
+
+def test_a_batch_of_a_trillion_sequences_gets_its_verdict(capsys):
+    argv = ("--model", "llama3-8b", "--gpu", "h100", "--gpus", "1", "--seq-len", "1")
+    code, out, _ = run_plan(capsys, *argv, "--batch-size", str(2**40), "--tokens", "1e12")
+    assert code in (EXIT_OK, EXIT_FAILED) and "tokens/s" in out

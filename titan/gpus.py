@@ -19,7 +19,7 @@ this project runs its CPU tests on, and is mostly useful to check the model agai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from titan.errors import TitanError
 
@@ -35,8 +35,7 @@ class GpuSpec:
     Attributes:
         name: catalog key (lower case).
         label: display name.
-        aliases: other accepted names, lower case; the ``jax.Device.device_kind`` of the chip
-            (``nvidia h200``, ``cpu``) starts with the name or one of them.
+        aliases: other accepted names (``--gpu``), lower case.
         bf16_flops: dense BF16 matmul peak, FLOP/s (the compute dtype's peak for the planner;
             for the CPU entry, the measured float32 matmul rate, since Titan computes in
             float32 on CPU).
@@ -204,6 +203,23 @@ def _index() -> dict[str, GpuSpec]:
 _BY_NAME = _index()
 
 
+def on_one_host(spec: GpuSpec, devices: int) -> GpuSpec:
+    """``spec`` as one of ``devices`` devices of one host: the CPU entry's forced host devices
+    (``--xla_force_host_platform_device_count``) share the one host's compute, memory and
+    memory bandwidth, each getting 1/``devices`` of them; an accelerator is its own device and
+    is returned unchanged."""
+    if spec.name != "cpu" or devices <= 1:
+        return spec
+    return replace(
+        spec,
+        label=f"{spec.label}, 1/{devices} each",
+        bf16_flops=spec.bf16_flops / devices,
+        hbm_bytes=spec.hbm_bytes / devices,
+        hbm_bytes_per_s=spec.hbm_bytes_per_s / devices,
+        usable_bytes=spec.usable_bytes / devices,
+    )
+
+
 def gpu_named(name: str) -> GpuSpec | None:
     """The catalog entry for ``name`` (case-insensitive; aliases such as ``h100-sxm``), or
     None."""
@@ -222,10 +238,33 @@ def find_gpu(name: str) -> GpuSpec:
     return spec
 
 
+# What may follow the model's word in a ``device_kind`` of that very product (CUDA's device name,
+# ROCm's marketing name): "NVIDIA H100 80GB HBM3" is an H100 SXM, while "NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL", "NVIDIA A100-SXM4-40GB" and "NVIDIA H200 NVL" are other products, with
+# other peaks or memory, that the catalog does not list. Words are split at spaces, '-' and '/'.
+_KIND_QUALIFIERS: dict[str, frozenset[str]] = {
+    "a100": frozenset({"sxm", "sxm4", "80gb"}),
+    "h100": frozenset({"sxm", "sxm5", "80gb", "hbm3"}),
+    "h200": frozenset({"sxm", "141gb"}),
+    "b200": frozenset({"sxm", "180gb"}),
+    "mi250x": frozenset({"mi250", "oam"}),
+    "mi300x": frozenset({"oam"}),
+    "mi325x": frozenset({"oam"}),
+    "mi355x": frozenset({"oam"}),
+    "cpu": frozenset(),
+}
+_VENDOR_WORDS = frozenset({"nvidia", "amd", "instinct", "tesla"})
+
+
 def gpu_for_device_kind(device_kind: str) -> GpuSpec | None:
-    """The catalog entry of a JAX ``device_kind`` string (``NVIDIA H200``, ``cpu``), or None."""
-    kind = device_kind.strip().lower()
-    for spec in CATALOG.values():
-        if any(kind.startswith(prefix) for prefix in (spec.name, *spec.aliases)):
-            return spec
-    return None
+    """The catalog entry of a JAX ``device_kind`` string (``NVIDIA H200``, ``NVIDIA H100 80GB
+    HBM3``, ``cpu``), or None for a device the catalog does not list: its model's word first
+    (vendor words left out), then only words that name that same product
+    (:data:`_KIND_QUALIFIERS`), so that an H100 PCIe or an A100 40GB is not taken for the SXM
+    part the catalog lists."""
+    words = device_kind.lower().replace("-", " ").replace("/", " ").split()
+    words = [w for w in words if w not in _VENDOR_WORDS]
+    spec = CATALOG.get(words[0]) if words else None
+    if spec is None or not set(words[1:]) <= _KIND_QUALIFIERS[spec.name]:
+        return None
+    return spec

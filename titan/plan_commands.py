@@ -27,7 +27,7 @@ from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.flops import ATTENTION_KERNELS
 from titan.formatting import format_count, format_flops_rate
-from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named
+from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named, on_one_host
 from titan.inert import inert
 from titan.planning.budget import (
     Plan,
@@ -375,11 +375,12 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     swiglu = "native" if gpu.name == "cpu" else "fused"
     model = resolve_model(args.model)
     check_planned_family(model, f"--model {args.model}")
+    per_node = gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node
     return PlanRequest(
         model=model,
-        gpu=gpu,
+        gpu=on_one_host(gpu, min(args.gpus, per_node)),
         gpus=args.gpus,
-        gpus_per_node=gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node,
+        gpus_per_node=per_node,
         seq_len=args.seq_len,
         batch_tokens=batch_tokens(args),
         tokens=args.tokens,
@@ -420,7 +421,7 @@ def request_from_run(args: argparse.Namespace, run: Measurement) -> PlanRequest:
         gpus_per_node=run.gpus_per_node,
         seq_len=run.seq_len,
         batch_tokens=batch,
-        tokens=args.tokens or batch,
+        tokens=batch if args.tokens is None else args.tokens,
         price_per_gpu_hour=args.price,
         precision=run.precision,
         calibration=load_calibration(args.calibration, args.runs_root),
@@ -539,6 +540,8 @@ def run_from(args: argparse.Namespace) -> int:
         table.add_row(name, f"{predicted / unit:,.4g}", shown, error)
     out.print(table)
     out.print(Text(judged.summary(p), style="green" if judged.fits else "red"))
+    if args.tokens is not None or args.price is not None:  # a budget to plan the run for
+        out.print(_totals(p))
     return EXIT_OK if judged.fits else EXIT_FAILED
 
 
@@ -615,17 +618,21 @@ def known_peak(gpu: GpuSpec) -> float | None:
 
 def peak_text(gpu: GpuSpec) -> str:
     """The peak of :func:`known_peak` in TFLOP/s (GFLOP/s below 1 TFLOP/s), 4 significant
-    digits, with its dtype (``989.5 TFLOP/s dense bfloat16``); ``unknown`` when unknown."""
+    digits, with its dtype (``989.5 TFLOP/s dense bfloat16``); ``unknown`` when unknown. The CPU
+    entry's figure is said to be a measured rate (:mod:`titan.gpus`)."""
     peak = known_peak(gpu)
     if peak is None:
         return "unknown"
+    if gpu.name == "cpu":  # titan.gpus: measured on one VM, and runs there exceed it
+        return f"{format_flops_rate(peak)} {gpu.compute_dtype} (a measured matmul rate)"
     return f"{format_flops_rate(peak)} dense {gpu.compute_dtype}"
 
 
 def _mfu_caption(request: PlanRequest, conventions: str) -> str:
+    divisor = "rate per device, not a peak" if request.gpu.name == "cpu" else "peak per GPU"
     return (
         f"MFU: model FLOPs per token (6N + 12Lsd, attention {conventions}), no recomputation, "
-        f"of the peak per GPU: {peak_text(request.gpu)}"
+        f"of the {divisor}: {peak_text(request.gpu)}"
     )
 
 
@@ -677,7 +684,15 @@ def _print_plan(p: Plan, judged: Verdict) -> None:
         step.add_row(name.removesuffix("_s"), f"{value:.4f}")
     step.caption = f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls"
     out.print(step)
-    totals = Table(title="run", caption=_mfu_caption(request, "halved for causal / in full"))
+    out.print(_totals(p))
+
+
+def _totals(p: Plan) -> Any:
+    """The run table of a plan: tokens/s, MFU, and the budget's time, GPU-hours, energy and
+    cost (with ``--price``)."""
+    from rich.table import Table
+
+    totals = Table(title="run", caption=_mfu_caption(p.request, "halved for causal / in full"))
     totals.add_column("quantity")
     totals.add_column("value", justify="right")
     mfu = p.mfu
@@ -691,7 +706,7 @@ def _print_plan(p: Plan, judged: Verdict) -> None:
         totals.add_row(name, text)
     if p.cost is not None:
         totals.add_row("cost (--price currency)", _amount(p.cost))
-    out.print(totals)
+    return totals
 
 
 def _schedule_cell(layout: Layout) -> str:

@@ -184,6 +184,9 @@ def dit_param_count(m: ModelConfig) -> int:
 
 
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+# The largest value of a shape field: 2^24, far above any model's (Llama 3.1 405B: d_model 16,384,
+# ffn_dim 53,248, 126 layers, 128,256 pieces), so that arithmetic on shapes stays exact in floats.
+MAX_SHAPE_FIELD = 2**24
 OPTIONAL_SHAPE_FIELDS = ("rope_theta",)  # floats, ModelConfig's default when left out
 DEFAULT_VOCAB_SIZE = 4096
 
@@ -228,8 +231,10 @@ def parse_model(text: str, flag: str = "--model") -> ModelConfig:
 def check_shape(m: ModelConfig, flag: str = "--model") -> None:
     """Raises TitanError naming the first inconsistent field of a custom shape."""
     for key in SHAPE_FIELDS:
-        if getattr(m, key) < 1:
-            raise TitanError(f"{flag}: {key} must be >= 1, got {getattr(m, key)}")
+        if not 1 <= getattr(m, key) <= MAX_SHAPE_FIELD:
+            raise TitanError(
+                f"{flag}: {key} must be in [1, {MAX_SHAPE_FIELD:,}], got {getattr(m, key):.6g}"
+            )
     if not m.rope_theta > 1 or m.rope_theta == float("inf"):
         raise TitanError(f"{flag}: rope_theta must be a finite number > 1, got {m.rope_theta}")
     if not 0 < m.norm_eps < 1:

@@ -25,7 +25,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from titan.analysis.ettr import attempt_start, split_attempts
 from titan.analysis.sql import insert_rows
 from titan.config import perf_key_options
 from titan.errors import TitanError
-from titan.gpus import gpu_for_device_kind
+from titan.gpus import gpu_for_device_kind, on_one_host
 from titan.planning.memory import Layout, Precision
 from titan.planning.step import Measurement
 from titan.shapes import ModelConfig
@@ -146,25 +146,35 @@ def steady_step_times(events: Sequence[Event]) -> list[float]:
     return times
 
 
-def measure(run_id: str, events: Sequence[Event]) -> PerfRow | None:
-    """The run's ``perf`` row; None when it has no run_start or no steady steps. A run resumed
-    with another layout (``--resume`` allows it) is measured by the attempts that share its
-    last attempt's key; ``time`` is the first of those attempts' start."""
-    attempts = split_attempts(events)
-    if not attempts:
-        return None
+def _last_layout(attempts: list[list[Event]]) -> tuple[dict[str, Any], list[list[Event]]]:
+    """The key of the last attempt (:func:`perf_key`) and the attempts that share it: a run
+    resumed with another layout (``--resume`` allows it) is measured by its last layout."""
     key = perf_key(attempt_start(attempts[-1]))
     same = [a for a in attempts if _canonical(perf_key(attempt_start(a))) == _canonical(key)]
+    return key, same
+
+
+def _row(run_id: str, key: dict[str, Any], same: list[list[Event]]) -> PerfRow:
+    """The ``perf`` row of the attempts ``same`` of one key; ``time`` is the first one's start,
+    the median NaN when they have no steady step."""
     times = steady_step_times([e for a in same for e in a])
-    if not times:
-        return None
     return PerfRow(
         run_id=run_id,
-        median_step_s=statistics.median(times),
+        median_step_s=statistics.median(times) if times else math.nan,
         steps=len(times),
         time=same[0][0].written_time,
         **key,
     )
+
+
+def measure(run_id: str, events: Sequence[Event]) -> PerfRow | None:
+    """The run's ``perf`` row, of its last layout's attempts (:func:`_last_layout`); None when
+    it has no run_start or no steady steps."""
+    attempts = split_attempts(events)
+    if not attempts:
+        return None
+    row = _row(run_id, *_last_layout(attempts))
+    return row if row.steps else None
 
 
 def store(con: Any, run_ids: Sequence[str], rows: Sequence[PerfRow]) -> None:
@@ -256,12 +266,13 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
             str(lay.get("compute_dtype") or gpu.compute_dtype),
             {str(op): str(provider) for op, provider in ops.items()},
         )
+        per_node = min(int(row.device_count), gpu.gpus_per_node)
         result.append(
             Measurement(
                 model=model,
                 layout=layout,
-                gpu=gpu,
-                gpus_per_node=min(int(row.device_count), gpu.gpus_per_node),
+                gpu=on_one_host(gpu, per_node),
+                gpus_per_node=per_node,
                 seq_len=int(lay.get("seq_len") or 0),
                 batch_sequences=int(lay["batch_size"]),
                 precision=precision,
@@ -272,33 +283,30 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
 
 
 def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
-    """A run dir's configuration and measurements as the planner sees them: its first
-    ``run_start`` (the model, layout, batch, dtypes and providers), the median of its steady
-    step times (:func:`steady_step_times`; NaN when it has none) and the largest compiled
-    program's bytes of its ``compile`` events (None when none recorded them).
+    """A run dir's configuration and measurements as the planner sees them, of the attempts
+    of its last layout (:func:`_last_layout`, as ``titan perf check`` measures it): their
+    ``run_start`` (the model, its name, layout, batch, dtypes and providers), the median of
+    their steady step times (:func:`steady_step_times`; NaN when they have none) and the
+    largest compiled program's bytes of their ``compile`` events (None when none recorded them).
 
     Raises:
         TitanError: no events, no ``run_start``, or a device the GPU catalog does not list.
     """
-    events = load_events(run_dir)
-    start = next((e for e in events if isinstance(e, RunStart)), None)
-    if start is None:
+    attempts = split_attempts(load_events(run_dir))
+    if not attempts:
         raise TitanError(f"--from {run_dir}: no run_start record (not a run dir?)")
-    times = steady_step_times(events)
-    key = perf_key(start)
-    row = PerfRow(
-        run_id=start.run_id or run_dir.name,  # the run dir's name is its run id
-        **key,
-        median_step_s=statistics.median(times) if times else math.nan,
-        steps=len(times),
-        time=start.written_time,
-    )
-    found = planner_measurements([row])
+    key, same = _last_layout(attempts)
+    start = attempt_start(same[-1])
+    found = planner_measurements([_row(start.run_id or run_dir.name, key, same)])
     if not found:
         raise TitanError(
             f"--from {run_dir}: device {key['device_kind']!r} is not in the GPU catalog or the "
             "run_start record is incomplete"
         )
-    programs = [e.run_program_bytes for e in events if isinstance(e, Compile)]
+    name = (start.model or {}).get("name")
+    measurement = found[0]
+    if isinstance(name, str) and name:
+        measurement = replace(measurement, model=replace(measurement.model, name=name))
+    programs = [e.run_program_bytes for a in same for e in a if isinstance(e, Compile)]
     peaks = [b for b in programs if b is not None]
-    return found[0], max(peaks) if peaks else None
+    return measurement, max(peaks) if peaks else None

@@ -230,7 +230,7 @@ def check_layouts_exist(request: PlanRequest) -> None:
         )
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (O(sqrt n):
     a million GPUs take a thousand trials, not a million)."""
     small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
@@ -248,14 +248,14 @@ def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> It
     about a second). Pipeline stages (and interleaved chunks) split the layers evenly, as
     ``titan train`` does without ``--stage-layers``."""
     tp_gcd = math.gcd(gpus, tp_limit(model))
-    for tp in _divisors(tp_gcd):
+    for tp in divisors(tp_gcd):
         rest = gpus // tp
-        for pp in (k for k in _divisors(model.n_layers) if rest % k == 0):
-            for fsdp in _divisors(math.gcd(rest // pp, model.d_model)):
+        for pp in (k for k in divisors(model.n_layers) if rest % k == 0):
+            for fsdp in divisors(math.gcd(rest // pp, model.d_model)):
                 dp = rest // (pp * fsdp)
                 if batch_sequences % (dp * fsdp):
                     continue
-                for m in _divisors(batch_sequences // (dp * fsdp)):
+                for m in divisors(batch_sequences // (dp * fsdp)):
                     for schedule, virtual in _schedules(model, pp, m):
                         for remat in REMAT_POLICIES:
                             yield Layout(dp, fsdp, tp, pp, m, schedule, virtual, remat)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan.errors import TitanError
-from titan.planning.budget import Plan, PlanRequest, max_layout_gpus, plan, search
+from titan.planning.budget import Plan, PlanRequest, divisors, max_layout_gpus, plan, search
 from titan.planning.memory import Layout
 from titan.remat import REMAT_POLICIES
 
@@ -82,12 +82,12 @@ def _remedies(p: Plan) -> Iterator[str]:
         if remat != layout.remat and (fit := _fitting(request, _with(layout, remat=remat))):
             yield _describe(f"--remat {remat}", fit)
     rows = request.batch_sequences // layout.replicas
-    for m in (k for k in range(layout.microbatches + 1, rows + 1) if rows % k == 0):
+    for m in (k for k in divisors(rows) if k > layout.microbatches):
         if fit := _fitting(request, _with(layout, microbatches=m)):
             yield _describe(f"--microbatches {m}", fit)
             break
     data = layout.dp * layout.fsdp
-    for fsdp in (k for k in range(layout.fsdp + 1, data + 1) if data % k == 0):
+    for fsdp in (k for k in divisors(data) if k > layout.fsdp):
         if fit := _fitting(request, _with(layout, fsdp=fsdp, dp=data // fsdp)):
             yield _describe(f"--fsdp {fsdp} --dp {data // fsdp}", fit)
             break
