@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -219,6 +220,34 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(small_options, cap
     checkpointer = Checkpointer(run_dir)
     assert checkpointer.committed_steps()[-1] == 6
     checkpointer.close()
+
+
+@pytest.mark.slow
+def test_step_folders_without_meta_are_set_aside_and_a_vanished_newest_is_said(
+    small_options, capfd
+):
+    options = {**small_options, "run_id": "cut", "steps": 6, "checkpoint_every": 2}
+    code, run_dir = run_in_process({**options, "checkpoint_keep": 3})
+    assert code == 0
+    folders = run_dir / CHECKPOINT_DIR
+    for step in (2, 6):  # a copy of the run dir cut short: meta is orbax's last item
+        shutil.rmtree(folders / str(step) / "meta")
+    capfd.readouterr()
+    code, _ = run_in_process({**options, "steps": 8, "checkpoint_keep": 2}, resume=run_dir)
+    assert code == 0  # step 6 saved again, not "step already exists"
+    err = capfd.readouterr().err
+    for step in (2, 6):
+        assert f"titan: checkpoint {step} cannot be restored (" in err and "holds no meta" in err
+    assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 4
+    assert sorted(e["step"] for e in events(run_dir, "checkpoint_unrestorable")) == [2, 6]
+    assert {p.name for p in (run_dir / "unrestorable_checkpoints").iterdir()} == {"2", "6"}
+    assert sorted(p.name for p in folders.iterdir()) == ["6", "8"]  # retention counts again
+    shutil.rmtree(folders / "8")
+    code, _ = run_in_process({**options, "steps": 9}, resume=run_dir)
+    assert code == 0
+    err = capfd.readouterr().err
+    assert "the run's record names checkpoint 8, newer than any in" in err
+    assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 6
 
 
 @pytest.mark.slow

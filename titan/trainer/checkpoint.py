@@ -222,8 +222,8 @@ class SaveResult:
 
 @dataclass(frozen=True)
 class Unrestorable:
-    """A committed checkpoint that could not be restored (corrupt, or written by an
-    incompatible layout); the restore went on with the one before it."""
+    """A checkpoint that could not be restored (corrupt, written by an incompatible layout, or
+    a step folder without ``meta``); the restore went on with an older one."""
 
     step: int
     error: str
@@ -578,8 +578,10 @@ class Checkpointer:
 
         Returns:
             None when there is no committed checkpoint; else (state, meta, the newer
-            checkpoints that could not be restored; nothing on disk changes here: the caller
-            moves them aside with :meth:`set_aside` once the run has started).
+            checkpoints that could not be restored and the step folders of any step that hold
+            no ``meta``; nothing on disk changes here: the caller moves them aside with
+            :meth:`set_aside` once the run has started, so that their steps can be saved
+            again and nothing keeps them from retention's count).
 
         Raises:
             TitanError: none restores (the newest one's error).
@@ -593,10 +595,17 @@ class Checkpointer:
 
         restored, skipped = self._newest_readable(read)
         if restored is not None:
-            return *restored, skipped
+            return *restored, skipped + self._uncommitted()
         if skipped:
             raise TitanError(f"--resume: {skipped[0].error}")
         return None
+
+    def _uncommitted(self) -> list[Unrestorable]:
+        """The step folders without ``meta``: no save of this run leaves one (orbax renames a
+        whole folder), so a copy of the run dir cut short, or a delete cut short, did."""
+        steps = sorted(s for s in self._manager.all_steps() if not self._is_committed(s))
+        reason = "no meta: a copy or a delete of it was cut short"
+        return [Unrestorable(step, f"{self.path(step)} holds {reason}") for step in steps]
 
     def restore_params_newest(self, trainer: Trainer) -> tuple[list[Any], int, list[Unrestorable]]:
         """:meth:`restore_params` of the newest committed checkpoint that can be read, newest

@@ -659,6 +659,11 @@ def _say(note: str | None) -> None:
         print(f"titan: {note}", flush=True)
 
 
+def _warn(note: str) -> None:
+    """Say ``note`` on stderr: what a resume found amiss and went past."""
+    print(f"titan: {note}", file=sys.stderr, flush=True)
+
+
 def _resumed_checkpointer(
     options: CheckpointOptions, steps: int, run_dir: Path | None
 ) -> Checkpointer | None:
@@ -745,14 +750,19 @@ def _restore_or_init(
             )
         return initial_state(trainer, seed, init_from), 0, []
     state, meta, unrestorable = restored
-    for skipped in unrestorable:
-        print(
-            f"titan: checkpoint {skipped.step} cannot be restored ({inert(skipped.error)}); "
-            "resuming from the one before it",
-            file=sys.stderr,
-            flush=True,
-        )
     latest = state.step
+    for skipped in unrestorable:
+        _warn(
+            f"checkpoint {skipped.step} cannot be restored ({inert(skipped.error)}); set aside, "
+            f"resuming from checkpoint {latest}"
+        )
+    recorded = recorded_checkpoint(checkpointer.directory.parent)
+    if recorded is not None and recorded > max([latest, *(u.step for u in unrestorable)]):
+        _warn(
+            f"the run's record names checkpoint {recorded}, newer than any in "
+            f"{checkpointer.directory} (deleted, or set aside earlier); resuming from "
+            f"checkpoint {latest}"
+        )
     try:
         saved_sequences, position = meta["num_sequences"], meta["data_position"]
     except (KeyError, TypeError) as err:  # a hand-edited meta
