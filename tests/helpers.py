@@ -108,6 +108,19 @@ def file_tree(root: Path) -> dict[str, tuple]:
     return found
 
 
+def fail_folder_of(monkeypatch, step: int, code: int) -> None:
+    """Make orbax's temporary folder of checkpoint ``step`` fail to be made with OS error
+    ``code`` (as a read-only file system does: before any array is written)."""
+    create = atomicity.AtomicRenameTemporaryPath.create
+
+    async def failing(self):
+        if self._final_path.name == str(step):
+            raise OSError(code, os.strerror(code), str(self._tmp_path))
+        return await create(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "create", failing)
+
+
 def fail_commit_of(monkeypatch, step: int, code: int) -> None:
     """Make orbax's final rename of checkpoint ``step`` fail with OS error ``code`` (in the
     background thread of an async save, in the save itself otherwise)."""

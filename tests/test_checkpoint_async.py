@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -16,7 +17,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import events, fail_commit_of, run_in_process, start_subprocess, trainer_of
+from helpers import (
+    events,
+    fail_commit_of,
+    fail_folder_of,
+    run_in_process,
+    start_subprocess,
+    trainer_of,
+)
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError, error_line
@@ -96,12 +104,14 @@ def test_failed_async_save_is_recorded_and_never_committed(small_options, monkey
 
 @pytest.mark.slow
 def test_a_run_whose_last_save_fails_ends_failed_naming_the_last_committed_checkpoint(
-    small_options, monkeypatch, capsys
+    small_options, monkeypatch, capsys, caplog
 ):
     fail_commit_of(monkeypatch, 6, errno.EIO)  # the run's last step: no end to resume from
+    fail_folder_of(monkeypatch, 6, errno.EROFS)  # the first of them to run: a read-only mount
     options = {**small_options, "run_id": "last", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == EXIT_FAILED
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("titan train: error: the checkpoint of step 6, the run's last, failed (")
     assert err.endswith("); the last committed checkpoint is step 4")

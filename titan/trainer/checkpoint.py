@@ -148,7 +148,13 @@ def reshard_items(
 _DISK_FULL = os.strerror(errno.ENOSPC)
 
 
-_BACKGROUND_FAILURE = "in background save thread"  # orbax's echo of a failed async save
+# orbax's echoes of a failed save: the async save's, its finalize thread's (once from the thread,
+# once from the wait), and its signalling thread's (orbax.checkpoint._src.futures)
+_SAVE_FAILURES = (
+    "in background save thread",
+    "Save Finalize thread (save_finalize) failed",
+    "_SignalingThread.run() raised an exception",
+)
 
 
 # orbax's log line for a checkpoint's unreadable metadata, logged before the read raises
@@ -166,7 +172,7 @@ def _drop_echoed_log(record: logging.LogRecord) -> bool:
     message = record.getMessage()
     if record.exc_info and record.exc_info[1] is not None:
         message += f" {record.exc_info[1]!r}"
-    echoes = (_DISK_FULL, _BACKGROUND_FAILURE, _BAD_METADATA)
+    echoes = (_DISK_FULL, *_SAVE_FAILURES, _BAD_METADATA)
     return not any(echo in message for echo in echoes)
 
 
