@@ -25,6 +25,7 @@ from titan.exit_codes import EXIT_STOPPED
 from titan.optimizer import learning_rate_schedule, schedule_text, warmup_note
 from titan.telemetry.records import load_events
 from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.saver import Saver
 from titan.trainer.train import resume_options
 
 REQUIRED = {"schema", "type", "time", "run_id"}
@@ -156,6 +157,22 @@ def test_sigterm_finishes_the_step_checkpoints_and_stops(small_options):
     assert end["signal"] == "SIGTERM"
     checkpoints = events(run_dir, "checkpoint")
     assert checkpoints[-1]["step"] == end["step"] == events(run_dir, "step")[-1]["step"]
+
+
+@pytest.mark.slow
+def test_a_signal_during_the_last_save_leaves_the_run_completed(small_options, monkeypatch):
+    wait = Saver.wait
+
+    def signalled_wait(saver):  # the last save, after every step: SIGTERM now
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait(saver)
+
+    monkeypatch.setattr(Saver, "wait", signalled_wait)
+    code, run_dir = run_in_process({**small_options, "run_id": "late", "steps": 4})
+    assert code == 0
+    end = events(run_dir)[-1]
+    assert (end["type"], end["status"], end["step"]) == ("run_end", "completed", 4)
+    assert end["signal"] == "SIGTERM" and events(run_dir, "checkpoint")[-1]["step"] == 4
 
 
 @pytest.mark.slow

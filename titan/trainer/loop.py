@@ -106,7 +106,8 @@ class TrainLoop:
         newest state and wait for the last save.
 
         Returns:
-            (last step done, ``completed`` or ``stopped``).
+            (last step done, ``completed`` (every step done, whenever a stop came) or
+            ``stopped``).
 
         Raises:
             NonFiniteAbort: ``--nonfinite abort`` (:mod:`titan.trainer.guard`).
@@ -131,7 +132,9 @@ class TrainLoop:
             self.phase("idle", step)
         finally:
             self.hooks.after_loop()
-        return step, "stopped" if self.agreement.agreed else "completed"
+        # a stop that came once every step was done (during the last save) ends nothing early
+        stopped = self.agreement.agreed and step < self.steps
+        return step, "stopped" if stopped else "completed"
 
     def loop(self, state: TrainState, step: int) -> int:
         """The steps of :meth:`run` from ``step``, each reported one step late. Returns the
