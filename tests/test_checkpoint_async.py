@@ -416,7 +416,10 @@ def test_checkpoints_kept_for_ever_stay_when_a_resume_changes_the_interval(small
 
 
 @pytest.mark.slow
-def test_a_checkpoint_whose_arrays_no_longer_match_their_digest_is_set_aside(small_options, capsys):
+@pytest.mark.parametrize("onto", [{}, {"layout": "mpmd", "pp": 2}], ids=["same", "recut"])
+def test_a_checkpoint_whose_arrays_no_longer_match_their_digest_is_set_aside(
+    small_options, capsys, onto
+):
     options = {**small_options, "run_id": "rot", "steps": 4, "checkpoint_every": 2}
     code, run_dir = run_in_process(options)
     assert code == 0
@@ -427,12 +430,11 @@ def test_a_checkpoint_whose_arrays_no_longer_match_their_digest_is_set_aside(sma
     meta["digests"][0] ^= 1 << 20
     meta_file.write_text(json.dumps(meta))
     capsys.readouterr()
-    code, _ = run_in_process({**options, "steps": 6}, resume=run_dir)
+    code, _ = run_in_process({**options, "steps": 6, **onto}, resume=run_dir)
     assert code == 0
     err = capsys.readouterr().err
-    assert (
-        "titan: checkpoint 4 cannot be restored (checkpoint 4: chunk 0 does not match the " in err
-    )
+    assert "titan: checkpoint 4 cannot be restored (" in err
+    assert "checkpoint 4: chunk 0 does not match the digest saved with it" in err
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
     assert (run_dir / "unrestorable_checkpoints" / "4").is_dir()
 

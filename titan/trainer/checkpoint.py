@@ -73,6 +73,7 @@ from titan.parallel.mesh import DeviceMesh, host_mesh, remote_array
 from titan.reading import read_json
 from titan.telemetry.records import DISK_FULL, disk_full
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
+from titan.trainer.guard import DIGESTS, check_digests, read_digests
 from titan.trainer.init_from import checkpoint_location
 from titan.trainer.snapshot import device_snapshot, snapshot_fits
 from titan.trainer.stage_store import StageStore, check_dtype
@@ -730,6 +731,9 @@ class Checkpointer:
                 items = self._restore_items(step, meta, abstract(), partial)
             else:
                 saved, saved_chunks, _ = self.restore_host(step, abstract, partial)
+                if not partial and DIGESTS in meta:  # checked as written, before the cut
+                    chunks = [saved[chunk_item(c.index)] for c in saved_chunks]
+                    check_digests(step, meta, read_digests(chunks))
                 adapter = trainer.adapter
                 items = reshard_items(saved, saved_chunks, abstract(), trainer.chunks, adapter)
         except (ValueError, KeyError, TitanError) as err:

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from titan.errors import TitanError
 from titan.parallel.distributed import one_thread
 from titan.telemetry.events import Compile, LossSpike
 from titan.trainer_state import Batch, TrainState
@@ -171,6 +172,38 @@ def _finite_and_digest(tree, digest: bool) -> tuple[jax.Array, jax.Array]:
     sums = [jnp.sum(_words(leaf), dtype=jnp.uint32) for leaf in leaves]
     weighted = (total * jnp.uint32(2 * i + 1) for i, total in enumerate(sums))
     return finite, sum(weighted, start=jnp.uint32(0))
+
+
+DIGESTS = "digests"
+"""The meta field of a checkpoint's chunk digests (:func:`_finite_and_digest`), taken before the
+save and compared after a restore (:func:`check_digests`)."""
+
+
+def check_digests(step: int, meta: dict[str, Any], restored: list[int]) -> None:
+    """Compare the digests of checkpoint ``step``'s chunks as restored with those saved in its
+    ``meta`` (none saved: older, or of several processes; nothing to compare).
+
+    Raises:
+        TitanError: a chunk's digest differs (a file changed or corrupt on disk); names the
+            checkpoint and the chunk.
+    """
+    saved = meta.get(DIGESTS)
+    if not isinstance(saved, list):
+        return
+    for chunk, (before, after) in enumerate(zip(saved, restored, strict=True)):
+        if before != after:
+            raise TitanError(
+                f"checkpoint {step}: chunk {chunk} does not match the digest saved with it "
+                f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
+            )
+
+
+def read_digests(chunks: list[Any]) -> list[int]:
+    """The digest of each of ``chunks`` (:func:`_finite_and_digest`) read whole into this
+    process (a checkpoint read to host memory before it is cut for another layout), as
+    :class:`FiniteCheck` takes them on the devices before a save."""
+    digest = jax.jit(_finite_and_digest, static_argnames="digest")
+    return [int(digest(chunk, digest=True)[1]) for chunk in chunks]
 
 
 def _held(state: TrainState) -> list[Any]:

@@ -10,27 +10,23 @@ from typing import Any
 
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
-from titan.errors import TitanError
 from titan.inert import inert
 from titan.telemetry.events import Checkpoint, CheckpointFailed
 from titan.telemetry.records import DiskFull, RunRecord
 from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule
-from titan.trainer.guard import FiniteCheck, NonFiniteAbort
+from titan.trainer.guard import DIGESTS, FiniteCheck, NonFiniteAbort, check_digests
 from titan.trainer_state import Trainer, TrainState
-
-DIGESTS = "digests"
-"""The meta field of a checkpoint's chunk digests (:class:`titan.trainer.guard.FiniteCheck`),
-taken before the save and compared after a restore onto the same layout (:func:`digest_check`)."""
 
 
 def digest_check(
     finite_check: FiniteCheck, trainer: Trainer
 ) -> Callable[[int, TrainState, dict[str, Any]], None]:
-    """The check of a restored checkpoint against the digests saved in its meta: a file that
-    changed after the save (a flipped bit on disk, a hand edit) restores values that do not
-    match, and the checkpoint counts as unrestorable (the one before it is tried). Skipped for a
-    checkpoint without digests (older, or of several processes), onto another layout (the
-    chunks are cut otherwise), and with several processes.
+    """The check of a checkpoint restored onto the same layout against the digests saved in
+    its meta (:func:`titan.trainer.guard.check_digests`): a file that changed after the save (a
+    flipped bit on disk, a hand edit) restores values that do not match, and the checkpoint
+    counts as unrestorable (the one before it is tried). Onto another layout the checkpoint's
+    chunks are checked as read, before they are cut (:meth:`titan.trainer.checkpoint.
+    Checkpointer.restore`); with several processes no digest is taken.
 
     Raises (the returned function):
         TitanError: a chunk's digest differs from the saved one (names the checkpoint and the
@@ -38,19 +34,11 @@ def digest_check(
     """
 
     def check(step: int, state: TrainState, meta: dict[str, Any]) -> None:
-        saved = meta.get(DIGESTS)
-        same_layout = meta["layout"]["chunks"] == trainer.describe().to_json()["chunks"]
-        if not isinstance(saved, list) or not same_layout:
+        if meta["layout"]["chunks"] != trainer.describe().to_json()["chunks"]:
             return
         restored = finite_check.digests(state)
-        if restored is None:
-            return
-        for chunk, (before, after) in enumerate(zip(saved, restored, strict=True)):
-            if before != after:
-                raise TitanError(
-                    f"checkpoint {step}: chunk {chunk} does not match the digest saved with it "
-                    f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
-                )
+        if restored is not None:
+            check_digests(step, meta, restored)
 
     return check
 
