@@ -34,7 +34,13 @@ from titan.ops import Ops
 from titan.stopping import PHASES
 from titan.telemetry.events import RunEnd
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S
-from titan.telemetry.records import EVENTS_FILE, DiskFull, RunRecord, disk_full
+from titan.telemetry.records import (
+    EVENTS_FILE,
+    DiskFull,
+    RunRecord,
+    disk_full,
+    write_json_atomic,
+)
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule
 from titan.trainer.processes import Heartbeat
 from titan.trainer.saver import Saver
@@ -292,3 +298,17 @@ def test_disk_full_is_found_through_wrapping_errors():
         "disk full (ENOSPC): cannot write /a/b"
     )
     assert disk_full(OSError(errno.EIO, "Input/output error")) is None
+
+
+def test_a_json_file_that_meets_a_full_disk_is_named_and_left_as_it_was(tmp_path, monkeypatch):
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+
+    def full(self, *args, **kwargs):  # a write that found the disk full names no file
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as caught:
+        write_json_atomic(path, {"a": 1})
+    assert disk_full(caught.value) == f"disk full (ENOSPC): cannot write {path}.tmp"
+    assert path.read_bytes() == b"{}" and sorted(tmp_path.iterdir()) == [path]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from titan.data.cache import naming
 from titan.errors import TitanError
 from titan.reading import open_regular, parse_json
 from titan.telemetry.events import SCHEMA_VERSION, Event, parse_events
@@ -353,10 +354,15 @@ def load_events(run_dir: Path) -> list[Event]:
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename, so readers never see half
-    (and a failed write leaves ``path`` as it was and no temporary file)."""
+    (and a failed write leaves ``path`` as it was and no temporary file).
+
+    Raises:
+        OSError: the write or the rename failed (naming the temporary file).
+    """
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        with naming(tmp):  # a full disk's error names the file
+            tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, path)
     except BaseException:  # a full disk, a signal: no half-written temporary file stays
         tmp.unlink(missing_ok=True)
