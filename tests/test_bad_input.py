@@ -445,6 +445,7 @@ CASES: dict[str, Case] = {
         "--dp conflicts with --search",
     ),
     "plan_top_without_search": Case(lambda p: [*PLAN_TINY, "--top", "3"], "--top needs --search"),
+    "plan_wide_without_search": Case(lambda p: [*PLAN_TINY, "--wide"], "--wide needs --search"),
     "plan_schedule_without_a_pipeline": Case(
         lambda p: [*PLAN_TINY, "--schedule", "zero-bubble"],
         "--schedule needs a pipeline (--pp > 1)",

@@ -168,8 +168,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--wide",
         action="store_true",
-        help="every --search column, however wide the terminal (default: the columns that fit, "
-        "by priority; dp, fsdp, tp and pp always)",
+        help="every --search column, however wide the terminal, only with --search (default: "
+        "the columns that fit, by priority; dp, fsdp, tp and pp always)",
     )
     p.set_defaults(run=run, plan_defaults={dest: p.get_default(dest) for dest in FROM_RUN_DESTS})
 
@@ -210,9 +210,9 @@ def check_exclusive_options(args: argparse.Namespace) -> None:
 
 
 def check_dependent_options(args: argparse.Namespace) -> int:
-    """Refuse options without the one they serve (``--top`` without ``--search``,
-    ``--runs-root`` without ``--calibration perfdb``); returns the rows of the ``--search``
-    table.
+    """Refuse options without the one they serve (``--top`` or ``--wide`` without
+    ``--search``, ``--runs-root`` without ``--calibration perfdb``); returns the rows of the
+    ``--search`` table.
 
     Raises:
         TitanError: names the option, or a ``--top`` below 1.
@@ -220,6 +220,8 @@ def check_dependent_options(args: argparse.Namespace) -> int:
     top = getattr(args, "top", None)
     if top is not None and not args.search:
         raise TitanError("--top needs --search (it sets the rows of the ranked table)")
+    if args.wide and not args.search:
+        raise TitanError("--wide needs --search (it shows every column of the ranked table)")
     if args.runs_root is not None and args.calibration != PERFDB:
         raise TitanError(f"--runs-root needs --calibration {PERFDB} (it is the runs root it reads)")
     top = DEFAULT_TOP if top is None else top
