@@ -18,7 +18,7 @@ from titan import plan_commands as commands
 from titan.cli import Parser
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
-from titan.gpus import CATALOG, find_gpu, gpu_for_device_kind
+from titan.gpus import CATALOG, find_gpu, gpu_for_device_kind, on_one_host
 from titan.planning import collectives
 from titan.planning.budget import PlanRequest, candidate_layouts, plan, search
 from titan.planning.memory import (
@@ -135,6 +135,53 @@ def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_c
     assert gpu_for_device_kind("TPU v5e") is None
     with pytest.raises(TitanError, match="known: a100, h100, h200"):
         find_gpu("v100")
+
+
+@pytest.mark.parametrize(
+    ("device_kind", "name"),
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("AMD Instinct MI250X/MI250", "mi250x"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("cpu", "cpu"),
+        # other products, with other peaks or memory, that the catalog does not list
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA H100 PCIe", None),
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA A100-SXM4-40GB", None),
+        ("NVIDIA A100 80GB PCIe", None),
+        ("NVIDIA GH200 480GB", None),
+        ("AMD Instinct MI300A", None),
+        ("host", None),
+        ("", None),
+    ],
+)
+def test_a_device_kind_is_the_catalog_entry_of_that_very_product(device_kind, name):
+    spec = gpu_for_device_kind(device_kind)
+    assert (spec.name if spec else None) == name
+
+
+def test_forced_host_devices_share_the_cpu_entry_and_an_accelerator_is_its_own(capsys):
+    argv = ("--model", "llama3-1b", "--gpu", "cpu", "--seq-len", "512", "--batch-size", "16")
+    argv += ("--tokens", "1e6", "--json")
+    capacity = {}
+    for gpus in ("1", "8"):
+        code, out, _ = run_plan(capsys, *argv, "--gpus", gpus, "--fsdp", gpus)
+        capacity[gpus] = json.loads(out)["plans"][0]["capacity_bytes"]
+    cpu = find_gpu("cpu")
+    assert capacity["1"] == cpu.usable_bytes
+    assert capacity["8"] == pytest.approx(cpu.usable_bytes / 8)
+    assert on_one_host(H200, 8) is H200
+    assert on_one_host(cpu, 4).bf16_flops == pytest.approx(cpu.bf16_flops / 4)
+
+
+def test_a_shape_field_past_its_bound_is_refused_in_one_line(capsys):
+    shape = "d_model=1e200,n_layers=2,n_heads=1,n_kv_heads=1,ffn_dim=64,vocab_size=64"
+    argv = ("--model", shape, "--gpu", "h100", "--gpus", "1", "--tokens", "1")
+    code, _, err = run_plan(capsys, *argv)
+    assert code == 2 and err.strip().endswith("d_model must be in [1, 16,777,216], got 1e+200")
 
 
 def test_adamw_mixed_precision_state_is_16_bytes_per_parameter():
@@ -420,7 +467,8 @@ def test_the_mfu_caption_names_a_small_peak_in_its_unit_and_an_unknown_one_as_un
     code, out, _ = run_plan(capsys, *argv)
     words = " ".join(out.split())
     assert code == 0 and "0.0 TFLOP/s" not in words
-    assert "of the peak per GPU: 43 GFLOP/s dense float32" in words
+    rate = "of the rate per device, not a peak: 43 GFLOP/s float32 (a measured matmul rate)"
+    assert rate in words
     assert f"GPU-hours │ {gpu_hours:.3g} │" in words  # three digits, not rounded to 0
     assert commands.peak_text(find_gpu("h100")) == "989.5 TFLOP/s dense bfloat16"
     for peak in (0.0, -1.0, float("nan"), float("inf")):
