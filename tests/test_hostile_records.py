@@ -20,6 +20,7 @@ from test_ettr import crash_then_resume
 from test_summarize import write_run
 from textual.widgets import DataTable
 
+from titan import reading
 from titan.analysis import summarize
 from titan.analysis.report import REPORT_FILE
 from titan.cli import main
@@ -27,9 +28,10 @@ from titan.config import check_run_id
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration
 from titan.inert import inert
-from titan.reading import parse_json
+from titan.reading import lines_from_end, parse_json
 from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, EventTail
+from titan.trainer import resume
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main
@@ -197,6 +199,48 @@ def test_a_line_over_many_slices_and_a_torn_tail_are_read_whole_by_the_tail(tmp_
     assert [e.type for e in read] == ["run_start", "checkpoint", "run_end"]
     assert read[1].extra["note"] == note and read[2].status == "completed"
     assert tail.bad_lines == 0
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 2**20])
+@pytest.mark.parametrize(
+    ("text", "lines"),
+    [
+        (b"", []),
+        (b"\n", [b""]),
+        (b"a\nbb\n", [b"bb", b"a"]),
+        (b"a\nbb\nccc", [b"bb", b"a"]),  # an unfinished last line is left out
+        (b"only, unfinished", []),
+        (b"\n\nx\n", [b"x", b"", b""]),
+    ],
+)
+def test_lines_from_end_reads_whole_lines_last_first_over_any_block(tmp_path, block, text, lines):
+    path = tmp_path / "record"
+    path.write_bytes(text)
+    assert list(lines_from_end(path, block)) == lines
+
+
+def test_the_recorded_checkpoint_is_found_from_the_tail_of_a_record_of_real_size(tmp_path):
+    path = write_run(tmp_path, "long", [event("checkpoint", 1000.0, step=3)])
+    with path.open("a") as f:
+        for step in range(4, 40_004):
+            f.write(json.dumps(event("step", 1000.0 + step, step=step, loss=2.0)) + "\n")
+        f.write(json.dumps(event("checkpoint", 2e5, step=40_000)) + "\n")
+        f.write('{"type": "checkpoint", "time": 2e5, "step": 40')  # torn by a kill
+    reads = []
+    real_lines = reading.lines_from_end
+
+    def counted(*args):
+        for line in real_lines(*args):
+            reads.append(line)
+            yield line
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resume, "lines_from_end", counted)
+        assert resume.recorded_checkpoint(path.parent) == 40_000
+    assert len(reads) == 1
+    path.write_text(path.read_text().replace('"checkpoint"', '"checkpoint_unrestorable"'))
+    assert resume.recorded_checkpoint(path.parent) is None
+    assert resume.recorded_checkpoint(tmp_path / "missing") is None
 
 
 def test_nan_and_infinities_read_as_missing_and_a_line_without_a_finite_time_is_bad(

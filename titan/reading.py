@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -68,6 +69,36 @@ def open_regular(path: Path | str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def lines_from_end(path: Path | str, block: int = 2**20) -> Iterator[bytes]:
+    """The complete lines of the regular file ``path``, last first, without their newlines,
+    read backwards ``block`` bytes at a time: a reader after the newest line of some kind reads
+    only the file's tail, whatever its size. What follows the last newline (a line a writer has
+    not finished) is left out.
+
+    Raises:
+        OSError: as :func:`open_regular`, or a read fails.
+    """
+    with open_regular(path) as file:
+        segments = _segments_from_end(file, block)
+        next(segments)  # after the last newline: empty, or an unfinished line
+        yield from segments
+
+
+def _segments_from_end(file: BinaryIO, block: int) -> Iterator[bytes]:
+    """The newline-separated segments of ``file``, last first (the first one yielded is what
+    follows the last newline)."""
+    end = file.seek(0, os.SEEK_END)
+    head = b""  # the start of the segment that the block read last ends in
+    while end > 0:
+        start = max(0, end - block)
+        file.seek(start)
+        parts = (file.read(end - start) + head).split(b"\n")
+        head = parts.pop(0)
+        yield from reversed(parts)
+        end = start
+    yield head
 
 
 def _kind(mode: int) -> str:

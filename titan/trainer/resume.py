@@ -11,7 +11,7 @@ from typing import Any
 from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
-from titan.reading import parse_json
+from titan.reading import lines_from_end, parse_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE, EVENTS_FILE, read_first_events
 
@@ -131,19 +131,17 @@ CHECKPOINT_EVENT = b'"type": "checkpoint"'
 
 
 def recorded_checkpoint(run_dir: Path) -> int | None:
-    """The newest step that a ``checkpoint`` event (a committed save) of the run's record
-    names, or None (no such event, or no readable record). The record is scanned line by line
-    and only lines naming the event are parsed: a second for a record of a few hundred MB, and
-    called only when a resume finds no checkpoint."""
-    newest = None
+    """The step that the last ``checkpoint`` event (a committed save) of the run's record names,
+    or None (no such event, or no readable record). The record is read backwards from its end
+    (:func:`titan.reading.lines_from_end`) and only lines naming the event are parsed, so a
+    resume reads the record's tail, not a record of real size whole."""
     try:
-        with open(run_dir / EVENTS_FILE, "rb") as record:
-            for line in record:
-                if CHECKPOINT_EVENT in line:
-                    event = parse_json(line)
-                    step = event.get("step") if isinstance(event, dict) else None
-                    if isinstance(step, int) and not isinstance(step, bool):
-                        newest = max(newest or 0, step)
+        for line in lines_from_end(run_dir / EVENTS_FILE):
+            if CHECKPOINT_EVENT in line:
+                event = parse_json(line)
+                step = event.get("step") if isinstance(event, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool):
+                    return step
     except OSError:
         return None
-    return newest
+    return None
