@@ -108,27 +108,17 @@ def file_tree(root: Path) -> dict[str, tuple]:
     return found
 
 
-def fail_folder_of(monkeypatch, step: int, code: int) -> None:
-    """Make orbax's temporary folder of checkpoint ``step`` fail to be made with OS error
-    ``code`` (as a read-only file system does: before any array is written)."""
-    create = atomicity.AtomicRenameTemporaryPath.create
+def fail_checkpoint(monkeypatch, step: int, code: int, at: str = "finalize") -> None:
+    """Make orbax's temporary folder of checkpoint ``step`` fail with OS error ``code`` at
+    ``at``: ``"create"``, the folder's making (as a read-only file system does: before any array
+    is written), or ``"finalize"``, its rename to the final name (in the background thread of an
+    async save, in the save itself otherwise)."""
+    real = getattr(atomicity.AtomicRenameTemporaryPath, at)
 
     async def failing(self):
         if self._final_path.name == str(step):
-            raise OSError(code, os.strerror(code), str(self._tmp_path))
-        return await create(self)
+            path = self._tmp_path if at == "create" else self._final_path
+            raise OSError(code, os.strerror(code), str(path))
+        return await real(self)
 
-    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "create", failing)
-
-
-def fail_commit_of(monkeypatch, step: int, code: int) -> None:
-    """Make orbax's final rename of checkpoint ``step`` fail with OS error ``code`` (in the
-    background thread of an async save, in the save itself otherwise)."""
-    finalize = atomicity.AtomicRenameTemporaryPath.finalize
-
-    async def failing(self):
-        if self._final_path.name == str(step):
-            raise OSError(code, os.strerror(code), str(self._final_path))
-        return await finalize(self)
-
-    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing)
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, at, failing)

@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 from helpers import (
     events,
-    fail_commit_of,
-    fail_folder_of,
+    fail_checkpoint,
     run_in_process,
     start_subprocess,
     trainer_of,
@@ -86,7 +85,7 @@ def test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers(tmp_
 
 @pytest.mark.slow
 def test_failed_async_save_is_recorded_and_never_committed(small_options, monkeypatch):
-    fail_commit_of(monkeypatch, 4, errno.EIO)
+    fail_checkpoint(monkeypatch, 4, errno.EIO)
     options = {**small_options, "run_id": "failed", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == 0
@@ -106,8 +105,9 @@ def test_failed_async_save_is_recorded_and_never_committed(small_options, monkey
 def test_a_run_whose_last_save_fails_ends_failed_naming_the_last_committed_checkpoint(
     small_options, monkeypatch, capsys, caplog
 ):
-    fail_commit_of(monkeypatch, 6, errno.EIO)  # the run's last step: no end to resume from
-    fail_folder_of(monkeypatch, 6, errno.EROFS)  # the first of them to run: a read-only mount
+    fail_checkpoint(monkeypatch, 6, errno.EIO)  # the run's last step: no end to resume from
+    # the first of them to run: a read-only mount
+    fail_checkpoint(monkeypatch, 6, errno.EROFS, at="create")
     options = {**small_options, "run_id": "last", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == EXIT_FAILED
@@ -126,7 +126,7 @@ def test_a_run_whose_last_save_fails_ends_failed_naming_the_last_committed_check
 def test_an_async_save_that_finds_the_disk_full_ends_the_run_keeping_the_last_checkpoint(
     small_options, monkeypatch, capsys
 ):
-    fail_commit_of(monkeypatch, 4, errno.ENOSPC)
+    fail_checkpoint(monkeypatch, 4, errno.ENOSPC)
     options = {**small_options, "run_id": "full", "checkpoint_every": 2, "checkpoint_async": True}
     code, run_dir = run_in_process(options)
     assert code == EXIT_FAILED

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 from checkpoint_worker import holds, pipeline_trainer
-from helpers import fail_commit_of, trainer_of
+from helpers import fail_checkpoint, trainer_of
 
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
@@ -214,7 +214,7 @@ def test_leftovers_go_at_the_first_save_and_then_only_up_to_the_step_all_process
 @pytest.mark.slow
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_failed_save_leaves_no_temporary_folder(tmp_path, monkeypatch, asynchronous):
-    fail_commit_of(monkeypatch, 2, errno.ENOSPC)
+    fail_checkpoint(monkeypatch, 2, errno.ENOSPC)
     trainer = _tiny_trainer()
     state = trainer.init_state(seed=0)
     checkpointer = Checkpointer(tmp_path, asynchronous=asynchronous)
