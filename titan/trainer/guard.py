@@ -198,12 +198,15 @@ def check_digests(step: int, meta: dict[str, Any], restored: list[int]) -> None:
             )
 
 
+_CHECK = jax.jit(_finite_and_digest, static_argnames="digest")
+""":func:`_finite_and_digest` compiled once per chunk signature for the whole process."""
+
+
 def read_digests(chunks: list[Any]) -> list[int]:
     """The digest of each of ``chunks`` (:func:`_finite_and_digest`) read whole into this
     process (a checkpoint read to host memory before it is cut for another layout), as
     :class:`FiniteCheck` takes them on the devices before a save."""
-    digest = jax.jit(_finite_and_digest, static_argnames="digest")
-    return [int(digest(chunk, digest=True)[1]) for chunk in chunks]
+    return [int(_CHECK(chunk, digest=True)[1]) for chunk in chunks]
 
 
 def _held(state: TrainState) -> list[Any]:
@@ -258,8 +261,7 @@ class FiniteCheck:
         causes = [_difference(list(self._programs), key) for key in new]
         start = time.perf_counter()
         for key, chunk in new.items():
-            check = jax.jit(_finite_and_digest, static_argnames="digest")
-            self._programs[key] = check.lower(chunk, digest=jax.process_count() == 1).compile()
+            self._programs[key] = _CHECK.lower(chunk, digest=jax.process_count() == 1).compile()
         seconds = time.perf_counter() - start
         cause = None if causes == ["first compile"] * len(causes) else "; ".join(causes)
         return Compile(what="finite_check", seconds=seconds, reason=cause)
