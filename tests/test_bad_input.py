@@ -454,6 +454,16 @@ CASES: dict[str, Case] = {
         lambda p: [*PLAN_TINY[:-3], "3", "--tokens", "1e9", "--search"],
         "--gpus 3: no layout splits this model and batch over 3 GPUs",
     ),
+    "plan_search_over_no_gpus": Case(
+        lambda p: [*PLAN_TINY[:-3], "0", "--tokens", "1e9", "--search"], "--gpus must be >= 1"
+    ),
+    "plan_search_over_negative_gpus": Case(
+        lambda p: [*PLAN_TINY[:-3], "-4", "--tokens", "1e9", "--search"], "--gpus must be >= 1"
+    ),
+    "plan_totals_past_a_float": Case(
+        lambda p: [*PLAN_TINY[:-1], "1e12", "--price", "1e308"],
+        "the run's totals overflow a float",
+    ),
     "plan_perfdb_calibration_of_an_empty_runs_root": Case(
         lambda p: [*PLAN_TINY, "--calibration", "perfdb", "--runs-root", p.dir("empty")],
         "--calibration perfdb: no measured run",

@@ -20,6 +20,7 @@ from samples import copy_sample_runs
 from textual.app import App
 from textual.widgets import DataTable, Footer, Input, Select, Static
 
+from titan.formatting import format_span
 from tui.app import TitanConsole
 from tui.launcher import LaunchedRun
 from tui.options import default_texts
@@ -324,9 +325,9 @@ async def test_the_planner_ranking_shows_tokens_per_s_and_time_at_80_columns(tmp
         visible = ranked.scrollable_content_region.width
         best = ranked.get_row_at(0)[:2]
         plan = planner.report["plans"][0]
-    assert labels[:2] == ["tokens/s", "days"]
+    assert labels[:2] == ["tokens/s", "time"]
     assert sum(shown) <= visible  # both columns whole on screen (render widths hold padding)
-    assert best == [f"{plan['tokens_per_s']:,.0f}", f"{plan['total_s'] / 86_400:,.1f}"]
+    assert best == [f"{plan['tokens_per_s']:,.0f}", format_span(plan["total_s"])]
 
 
 async def test_j_k_g_and_G_move_the_cursor_of_the_planner_ranking(tmp_path: Path):

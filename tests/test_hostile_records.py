@@ -11,11 +11,13 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from console_helpers import append_events, event, wait_until
 from markdown_it import MarkdownIt
+from samples import copy_sample_runs
 from test_ettr import crash_then_resume
 from test_summarize import write_run
 from textual.widgets import DataTable
@@ -35,6 +37,7 @@ from titan.trainer import resume
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main
+from tui.history import HistoryQuery, HistoryStore
 from tui.launcher import STDERR_LOG
 from tui.run_list import list_runs
 from tui.screens.history import HistoryScreen
@@ -241,6 +244,58 @@ def test_the_recorded_checkpoint_is_found_from_the_tail_of_a_record_of_real_size
     path.write_text(path.read_text().replace('"checkpoint"', '"checkpoint_unrestorable"'))
     assert resume.recorded_checkpoint(path.parent) is None
     assert resume.recorded_checkpoint(tmp_path / "missing") is None
+
+
+def _corrupted(path: Path, good: bytes) -> Iterator[int]:
+    """Write ``good`` to ``path`` with one DuckDB block after the file's headers overwritten,
+    block by block (DuckDB's blocks are 256 KiB after three 4 KiB headers); yields the offset."""
+    for offset in range(3 * 4096, len(good), 256 * 1024):
+        path.write_bytes(good[: offset + 100] + b"\xff" * 1000 + good[offset + 1100 :])
+        yield offset
+
+
+def test_a_corrupt_database_is_one_line_and_built_again_once_removed(tmp_path, capsys):
+    root = copy_sample_runs(tmp_path / "runs")
+    assert main(["summarize", str(root)]) == 0
+    database = summarize.database_path(root)
+    good = database.read_bytes()
+    outcomes = []
+    for _ in _corrupted(database, good):
+        capsys.readouterr()
+        outcomes.append((main(["summarize", str(root)]), capsys.readouterr().err))
+    refused = [err for code, err in outcomes if code == 2]
+    assert {code for code, _ in outcomes} <= {0, 2} and refused
+    for err in refused:
+        assert err.count("\n") == 1 and "Corrupt database file" in err
+        assert "it only summarises the run records: remove it and it is built again" in err
+    database.unlink()
+    assert main(["summarize", str(root)]) == 0
+
+
+def test_the_consoles_history_store_raises_one_line_on_a_corrupt_database(tmp_path):
+    root = copy_sample_runs(tmp_path / "runs")
+    store = HistoryStore(root)
+    store.ingest()
+    good = summarize.database_path(root).read_bytes()
+    refused = []
+    for _ in _corrupted(summarize.database_path(root), good):
+        try:
+            store.ingest()
+            store.page(HistoryQuery())
+            store.detail("tiny-killed-resumed")
+        except TitanError as err:
+            refused.append(str(err))
+    assert refused and all("Corrupt database file" in error for error in refused)
+
+
+def test_the_detail_of_a_run_removed_since_it_was_listed_is_one_line(tmp_path):
+    root = copy_sample_runs(tmp_path / "runs")
+    store = HistoryStore(root)
+    store.ingest()
+    shutil.rmtree(root / "tiny-killed-resumed")
+    store.ingest()
+    with pytest.raises(TitanError, match="run tiny-killed-resumed is gone: its dir was removed"):
+        store.detail("tiny-killed-resumed")
 
 
 def test_nan_and_infinities_read_as_missing_and_a_line_without_a_finite_time_is_bad(

@@ -41,6 +41,24 @@ def format_duration(seconds: float | None) -> str:
     return f"{m}m{s:02d}s" if minutes else f"{s}s"
 
 
+def format_amount(value: float) -> str:
+    """A total (GPU-hours, energy, cost): whole with thousands separators from 100 up, else 3
+    significant digits without an exponent (``0.256``, ``0.00000171``; never ``0`` for a
+    positive amount)."""
+    if abs(value) >= 100 or value == 0:
+        return f"{value:,.0f}"
+    return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
+
+
+def format_span(seconds: float) -> str:
+    """A planned span of time in its largest unit: days from one up (``12.5 d``), hours from
+    one up (``3.25 h``), minutes from one up (``47.9 min``), else seconds (``28.1 s``)."""
+    for scale, unit, digits in ((86400, "d", 1), (3600, "h", 2), (60, "min", 1)):
+        if seconds >= scale:
+            return f"{seconds / scale:,.{digits}f} {unit}"
+    return f"{seconds:.3g} s"
+
+
 def format_flops_rate(flops_per_s: float) -> str:
     """A rate in FLOP/s, 4 significant digits, in TFLOP/s from 1 TFLOP/s up and in GFLOP/s
     below (a CPU's peak is not ``0.0 TFLOP/s``): ``989.5 TFLOP/s``, ``76.8 GFLOP/s``."""

@@ -26,7 +26,7 @@ from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.flops import ATTENTION_KERNELS
-from titan.formatting import format_count, format_flops_rate
+from titan.formatting import format_amount, format_count, format_flops_rate, format_span
 from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named, on_one_host
 from titan.inert import inert
 from titan.planning.budget import (
@@ -271,8 +271,9 @@ def perfdb_calibration(runs_root: Path | None) -> dict[str, float]:
     fresh = not summarize.database_path(root).exists()
     con = summarize.connect(root)
     try:
-        summarize.ingest(con, root, scanned)
-        found = perfdb.planner_measurements(perfdb.measurements(con))
+        with summarize.guarded(summarize.database_path(root)):
+            summarize.ingest(con, root, scanned)
+            found = perfdb.planner_measurements(perfdb.measurements(con))
     finally:
         con.close()
     if not found:
@@ -475,6 +476,59 @@ def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
     return Layout.from_parallel(parallel, args.gpus, remat)
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What ``titan plan`` found for its arguments, as the command and the console's planner
+    show it.
+
+    Attributes:
+        request: the planned request.
+        plans: the command line's layout, or with ``--search`` every layout that fits, fastest
+            first.
+        judged: the verdict of the one layout (None with ``--search``).
+        needed: with ``--search`` and no layout that fits, the fewest GPUs some layout fits on
+            (None when none does, or otherwise).
+    """
+
+    request: PlanRequest
+    plans: list[Plan]
+    judged: Verdict | None
+    needed: int | None
+
+    @property
+    def fits(self) -> bool:
+        """Whether the first plan fits (a train command is offered only then)."""
+        return bool(self.plans) and (self.judged is None or self.judged.fits)
+
+    def none_fit(self) -> str:
+        """A search that found no layout, in one line: the GPUs that would be needed."""
+        request = self.request
+        more = (
+            f"{self.needed} GPUs would be needed (titan plan --gpus {self.needed} --search)"
+            if self.needed
+            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} GPUs "
+            "would do (the most any layout of this model and batch spans)"
+        )
+        return f"no layout of {request.gpus} GPUs fits in memory; {more}"
+
+
+def outcome(args: argparse.Namespace) -> Outcome:
+    """The plans of ``titan plan``'s arguments (``--from`` aside) and their verdict.
+
+    Raises:
+        TitanError: as :func:`request_from_args`, :func:`planned` and
+            :func:`titan.planning.budget.check_layouts_exist` (with ``--search``: no layout
+            splits the model and batch over ``--gpus``).
+    """
+    request = request_from_args(args)
+    if args.search:
+        check_layouts_exist(request)
+    plans = search(request) if args.search else [planned(request, args)]
+    judged = None if args.search else verdict(plans[0])
+    needed = gpus_needed(request) if args.search and not plans else None
+    return Outcome(request, plans, judged, needed)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``titan plan``; returns the exit code: :data:`EXIT_FAILED` when the layout does not
     fit (or, with ``--search``, when none does), else :data:`EXIT_OK`."""
@@ -482,34 +536,29 @@ def run(args: argparse.Namespace) -> int:
     check_exclusive_options(args)
     if args.from_run is not None:
         return run_from(args)
-    request = request_from_args(args)
-    if args.search:
-        check_layouts_exist(request)
-    plans = search(request) if args.search else [planned(request, args)]
-    judged = None if args.search else verdict(plans[0])
-    needed = gpus_needed(request) if args.search and not plans else None
-    fits = bool(plans) and (judged is None or judged.fits)
-    command = train_command(args.model, plans[0]) if fits else None  # never for a misfit
+    found = outcome(args)
+    plans, judged = found.plans, found.judged
+    command = train_command(args.model, plans[0]) if found.fits else None  # never for a misfit
     if args.json:
-        report = _json(request, plans[:top])
+        report = _json(found.request, plans[:top])
         if args.search:
             report["layouts_fit"] = len(plans)
-            report["gpus_needed"] = needed
+            report["gpus_needed"] = found.needed
         else:
             assert judged is not None  # judged unless --search
             report["verdict"] = dataclasses.asdict(judged)
         report["train_command"] = command
         print(json.dumps(report, indent=2))
-        return EXIT_OK if fits else EXIT_FAILED
+        return EXIT_OK if found.fits else EXIT_FAILED
     if args.search:
-        _print_search(request, plans[:top], len(plans), args.wide, needed)
+        _print_search(found, top, args.wide)
     else:
         assert judged is not None  # judged unless --search
         _print_plan(plans[0], judged)
     if command is not None:
         print(f"{'best layout' if args.search else 'this layout'}, for titan train:")
         print(command)
-    return EXIT_OK if fits else EXIT_FAILED
+    return EXIT_OK if found.fits else EXIT_FAILED
 
 
 def run_from(args: argparse.Namespace) -> int:
@@ -638,23 +687,6 @@ def _mfu_caption(request: PlanRequest, conventions: str) -> str:
     )
 
 
-def _amount(value: float) -> str:
-    """A total (GPU-hours, energy, cost): whole with thousands separators from 100 up, else 3
-    significant digits without an exponent (``0.256``, ``0.00000171``; never ``0`` for a
-    positive amount)."""
-    if abs(value) >= 100 or value == 0:
-        return f"{value:,.0f}"
-    return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
-
-
-def _duration(seconds: float) -> str:
-    """Days from one up, hours from one up, minutes from one up, else seconds."""
-    for scale, unit, digits in ((86400, "d", 1), (3600, "h", 2), (60, "min", 1)):
-        if seconds >= scale:
-            return f"{seconds / scale:,.{digits}f} {unit}"
-    return f"{seconds:.3g} s"
-
-
 # Width of the output when it is neither a terminal nor sized by $COLUMNS (files, logs).
 PIPE_WIDTH = 160
 
@@ -701,13 +733,13 @@ def _totals(p: Plan) -> Any:
     for name, text in (
         ("tokens/s", f"{p.step.tokens_per_s:,.0f}"),
         ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
-        ("total time", _duration(p.total_s)),
-        ("GPU-hours", _amount(p.gpu_hours)),
-        ("energy (kWh)", _amount(p.energy_kwh)),
+        ("total time", format_span(p.total_s)),
+        ("GPU-hours", format_amount(p.gpu_hours)),
+        ("energy (kWh)", format_amount(p.energy_kwh)),
     ):
         totals.add_row(name, text)
     if p.cost is not None:
-        totals.add_row("cost (--price currency)", _amount(p.cost))
+        totals.add_row("cost (--price currency)", format_amount(p.cost))
     return totals
 
 
@@ -739,21 +771,14 @@ SEARCH_COLUMNS = (
 COST_COLUMN = Column("cost", 6)
 
 
-def _print_search(
-    request: PlanRequest, plans: list[Plan], total: int, wide: bool, needed: int | None
-) -> None:
+def _print_search(found: Outcome, top: int, wide: bool) -> None:
     from rich import box
 
+    request, plans, total = found.request, found.plans[:top], len(found.plans)
     out = console(PIPE_WIDTH)
     out.print(_header(request))
     if not plans:
-        more = (
-            f"{needed} GPUs would be needed (titan plan --gpus {needed} --search)"
-            if needed
-            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} GPUs "
-            "would do (the most any layout of this model and batch spans)"
-        )
-        out.print(Text(f"no layout of {request.gpus} GPUs fits in memory; {more}", style="red"))
+        out.print(Text(found.none_fit(), style="red"))
         return
     rows = []
     for rank, p in enumerate(plans, 1):
@@ -771,12 +796,12 @@ def _print_search(
             f"{p.step.step_s:.3f}",
             f"{p.step.tokens_per_s:,.0f}",
             f"{p.mfu['causal']:.1%}",
-            _duration(p.total_s),
-            _amount(p.gpu_hours),
-            _amount(p.energy_kwh / 1000),
+            format_span(p.total_s),
+            format_amount(p.gpu_hours),
+            format_amount(p.energy_kwh / 1000),
         ]
         if p.cost is not None:
-            row.append(_amount(p.cost))
+            row.append(format_amount(p.cost))
         rows.append(row)
     columns = SEARCH_COLUMNS + ((COST_COLUMN,) if plans[0].cost is not None else ())
     table, width = fitted_table(

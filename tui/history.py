@@ -197,7 +197,8 @@ class HistoryStore:
         runs_root: the runs root whose records are ingested.
 
     Every method raises :class:`~titan.errors.TitanError` when another process holds the
-    database at that moment.
+    database at that moment, or DuckDB fails on it (a corrupt file:
+    :func:`titan.analysis.summarize.guarded`).
     """
 
     def __init__(self, runs_root: Path) -> None:
@@ -217,7 +218,8 @@ class HistoryStore:
         with lock:
             con = summarize.connect(self.runs_root)
             try:
-                yield con
+                with summarize.guarded(summarize.database_path(self.runs_root)):
+                    yield con
             finally:
                 con.close()
 
@@ -239,7 +241,8 @@ class HistoryStore:
             return
         cursor = held.cursor()
         try:
-            yield cursor
+            with summarize.guarded(summarize.database_path(self.runs_root)):
+                yield cursor
         finally:
             cursor.close()
             with self._held_lock:
@@ -305,9 +308,17 @@ class HistoryStore:
             return con.execute(_LOSS_CURVE, [run_id, max(1, max_points // 2)]).fetchall()
 
     def detail(self, run_id: str) -> RunDetail:
-        """Summary, config, environment, attempts and stalls of one run."""
+        """Summary, config, environment, attempts and stalls of one run.
+
+        Raises:
+            TitanError: the run is no longer in the database (its dir was removed since it was
+                listed), or as :func:`titan.analysis.summarize.connect`.
+        """
         with self._connection() as con:
-            (summary,) = summarize.summaries(con, run_id)
+            found = summarize.summaries(con, run_id)
+            if not found:
+                raise TitanError(f"run {run_id} is gone: its dir was removed from the runs root")
+            (summary,) = found
             rows = con.execute(
                 "SELECT time, payload FROM events WHERE run_id = ? "
                 "AND type IN ('run_start', 'stall') ORDER BY seq",

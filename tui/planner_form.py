@@ -15,18 +15,15 @@ from typing import Any, NoReturn
 
 from titan.cli import build_parser
 from titan.errors import TitanError
-from titan.plan_commands import (
-    LAYOUT_DESTS,
-    planned,
-    request_from_args,
-    train_options,
-)
-from titan.planning.budget import search
+from titan.plan_commands import LAYOUT_DESTS, outcome, train_options
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
 # either).
-_NOT_IN_FORM = {"help", "json", "top", "calibration", "runs_root", "from_run", "run", "batch_size"}
+_NOT_IN_FORM = {
+    *("help", "json", "top", "wide"),
+    *("calibration", "runs_root", "from_run", "run", "batch_size"),
+}
 # The form opens on a plan that fits (8B on 64 H100s), so its first screen shows a verdict.
 FORM_START = {
     "model": "llama3-8b",
@@ -117,20 +114,22 @@ def plan_argv(texts: dict[str, str]) -> list[str]:
 
 
 def plan_report(texts: dict[str, str]) -> dict[str, Any]:
-    """The planner's answer for the form's texts: ``{"search": bool, "layouts_fit": int,
-    "plans": [Plan.as_dict(), ...], "train_options": {...} | None}`` (one plan, or the best
-    :data:`SEARCH_TOP` of a search; the ``titan train`` options of the first,
-    :func:`titan.plan_commands.train_options`).
+    """The planner's answer for the form's texts, as ``titan plan`` finds it
+    (:func:`titan.plan_commands.outcome`): ``{"search": bool, "layouts_fit": int,
+    "plans": [Plan.as_dict(), ...], "none_fit": str, "train_options": {...} | None}`` (one plan,
+    or the best :data:`SEARCH_TOP` of a search; why a search found none; the ``titan train``
+    options of the first, :func:`titan.plan_commands.train_options`, only when it fits, as
+    ``titan plan`` prints a command only then).
 
     Raises:
         TitanError: one line naming the bad option (argparse's wording, or the planner's).
     """
     args = _plan_parser().parse_args(plan_argv(texts))
-    request = request_from_args(args)
-    plans = search(request) if args.search else [planned(request, args)]
+    found = outcome(args)
     return {
         "search": args.search,
-        "layouts_fit": len(plans),
-        "plans": [p.as_dict() for p in plans[:SEARCH_TOP]],
-        "train_options": train_options(args.model, plans[0]) if plans else None,
+        "layouts_fit": len(found.plans),
+        "plans": [p.as_dict() for p in found.plans[:SEARCH_TOP]],
+        "none_fit": "" if found.plans else found.none_fit(),
+        "train_options": train_options(args.model, found.plans[0]) if found.fits else None,
     }

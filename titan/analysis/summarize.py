@@ -97,7 +97,7 @@ import duckdb
 from titan.analysis import ettr, liveness, perfdb
 from titan.analysis.sql import insert_rows
 from titan.data.cache import cache_dir
-from titan.errors import TitanError, error_line
+from titan.errors import TitanError, error_line, first_line
 from titan.formatting import format_flops_rate
 from titan.progress_bar import progress_bar
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json, without_lone_surrogates
@@ -368,10 +368,36 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
             f"({err.strerror or err}); set $TITAN_CACHE to a folder you can write"
         ) from None
     except duckdb.Error as err:
-        raise TitanError(f"{path}: {str(err).splitlines()[0]}") from None
+        raise database_error(path, err) from None
     if not read_only:
-        _create_tables(con)
+        with guarded(path, con):
+            _create_tables(con)
     return con
+
+
+def database_error(path: Path, err: duckdb.Error) -> TitanError:
+    """One line for DuckDB's error ``err`` on the database ``path``; a corrupt file is named
+    with its remedy (the database holds only what the run records hold)."""
+    line = first_line(err)
+    if "corrupt" in line.lower():
+        line += "; it only summarises the run records: remove it and it is built again"
+    return TitanError(f"{path}: {line}")
+
+
+@contextlib.contextmanager
+def guarded(path: Path, con: duckdb.DuckDBPyConnection | None = None) -> Iterator[None]:
+    """A block that uses the database ``path``: DuckDB's errors in it (a block of the file found
+    corrupt by a query) become one line (:func:`database_error`); ``con`` is closed then.
+
+    Raises:
+        TitanError: DuckDB raised in the block.
+    """
+    try:
+        yield
+    except duckdb.Error as err:
+        if con is not None:
+            con.close()
+        raise database_error(path, err) from None
 
 
 def _connect_waiting(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
@@ -1023,9 +1049,10 @@ def ingested(runs_root: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """
     con = connect(runs_root)
     try:
-        with progress_bar("ingesting run records: run dirs") as update:
-            ingest(con, runs_root, progress=update)
-        yield con
+        with guarded(database_path(Path(runs_root))):
+            with progress_bar("ingesting run records: run dirs") as update:
+                ingest(con, runs_root, progress=update)
+            yield con
     finally:
         con.close()
 

@@ -8,6 +8,7 @@ network, cooling or PUE). Cost is GPU-hours x the price per GPU-hour given.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -180,7 +181,22 @@ def _estimate(request: PlanRequest, layout: Layout, memory: MemoryBreakdown) -> 
         request.batch_sequences,
         request.precision,
     )
-    return Plan(request, layout, memory, step)
+    return _check_totals(Plan(request, layout, memory, step))
+
+
+def _check_totals(p: Plan) -> Plan:
+    """``p`` when its totals are finite numbers.
+
+    Raises:
+        TitanError: a total overflows a float (``--tokens`` and ``--price`` are each finite,
+            their products need not be), naming both options.
+    """
+    totals = (p.total_s, p.gpu_hours, p.energy_kwh, p.cost or 0.0)
+    if all(math.isfinite(total) for total in totals):
+        return p
+    price = p.request.price_per_gpu_hour
+    given = f"--tokens {p.request.tokens:g}" + ("" if price is None else f" at --price {price:g}")
+    raise TitanError(f"{given}: the run's totals overflow a float (over {sys.float_info.max:.1e})")
 
 
 def search(request: PlanRequest) -> list[Plan]:
@@ -217,8 +233,10 @@ def check_layouts_exist(request: PlanRequest) -> None:
     """Refuse a GPU count no layout of the model and batch spans (``--search``).
 
     Raises:
-        TitanError: no :func:`candidate_layouts` of ``request.gpus`` GPUs; names the rules.
+        TitanError: an impossible request (:func:`check_request`), or no
+            :func:`candidate_layouts` of ``request.gpus`` GPUs; names the rules.
     """
+    check_request(request)
     m = request.model
     if next(candidate_layouts(m, request.gpus, request.batch_sequences), None) is None:
         raise TitanError(

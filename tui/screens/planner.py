@@ -96,9 +96,12 @@ class PlannerScreen(Screen[None]):
         self.focus_next()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The focused field's help, unless a bad field's error is on show (it stays until
+        the form plans again)."""
         row = row_of(event.widget)
-        if row is not None:
-            self.query_one("#plan-help", Static).update(help_line(row))
+        help_static = self.query_one("#plan-help", Static)
+        if row is not None and not help_static.has_class("-error"):
+            help_static.update(help_line(row))
 
     def _recompute(self) -> None:
         self._plan(self.texts())

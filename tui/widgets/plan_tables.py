@@ -9,10 +9,10 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from titan.formatting import format_amount, format_span
 from tui.widgets.plain_table import PlainTable
 
 GB = 1e9
-SECONDS_PER_DAY = 86_400
 
 
 def _table(id: str, *columns: str) -> PlainTable:
@@ -23,16 +23,17 @@ def _table(id: str, *columns: str) -> PlainTable:
 
 
 def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(figure, value)`` of a plan's totals, as the Totals table shows them."""
-    cost = "-" if p["cost"] is None else f"{p['cost']:,.0f}"
+    """``(figure, value)`` of a plan's totals, as the Totals table shows them (written as
+    ``titan plan`` writes them: :func:`titan.formatting.format_amount`, ``format_span``)."""
+    cost = "-" if p["cost"] is None else format_amount(p["cost"])
     mfu = ", ".join(f"{k} {v:.1%}" for k, v in p["mfu"].items())
     return [
         ("layout", p["layout"]),
         ("tokens/s", f"{p['tokens_per_s']:,.0f}"),
         ("MFU", mfu),
-        ("total time", f"{p['total_s'] / SECONDS_PER_DAY:,.2f} days"),
-        ("GPU-hours", f"{p['gpu_hours']:,.0f}"),
-        ("energy", f"{p['energy_kwh']:,.0f} kWh"),
+        ("total time", format_span(p["total_s"])),
+        ("GPU-hours", format_amount(p["gpu_hours"])),
+        ("energy", f"{format_amount(p['energy_kwh'])} kWh"),
         ("cost", cost),
     ]
 
@@ -47,7 +48,7 @@ class PlanTables(VerticalScroll):
         yield _table("plan-step", "step time", "s")
         # tokens/s and time first: the layout is the widest cell, and at 80 columns the
         # panel shows about 36 cells (the best layout is in full in the totals above).
-        yield _table("plan-ranked", "tokens/s", "days", "layout", "fits", "GPU-h", "cost")
+        yield _table("plan-ranked", "tokens/s", "time", "layout", "fits", "GPU-h", "cost")
 
     def show(self, report: dict[str, Any]) -> None:
         """Draw a :func:`tui.planner_form.plan_report`."""
@@ -58,7 +59,7 @@ class PlanTables(VerticalScroll):
         for table in self.query(DataTable):
             table.clear()
         if not plans:
-            verdict.update("No layout fits: more GPUs, recomputation or a smaller batch.")
+            verdict.update(report["none_fit"])
             verdict.set_class(True, "-bad")
             return
         p = plans[0]
@@ -80,11 +81,11 @@ class PlanTables(VerticalScroll):
             ranked.add_rows(
                 (
                     f"{q['tokens_per_s']:,.0f}",
-                    f"{q['total_s'] / SECONDS_PER_DAY:,.1f}",
+                    format_span(q["total_s"]),
                     q["layout"],
                     "yes" if q["fits"] else "no",
-                    f"{q['gpu_hours']:,.0f}",
-                    "-" if q["cost"] is None else f"{q['cost']:,.0f}",
+                    format_amount(q["gpu_hours"]),
+                    "-" if q["cost"] is None else format_amount(q["cost"]),
                 )
                 for q in plans
             )
