@@ -250,6 +250,14 @@ CASES: dict[str, Case] = {
         lambda p: ["train", "--task", "diffusion", "--image-size", "2048"],
         f"--image-size must be <= {MAX_IMAGE_SIZE}",
     ),
+    "train_diffusion_flow_shift_past_its_bound": Case(
+        lambda p: ["train", "--task", "diffusion", "--flow-shift", "1e20"],
+        "--flow-shift must be <= 1000",
+    ),
+    "train_diffusion_flow_shift_below_its_bound": Case(
+        lambda p: ["train", "--task", "diffusion", "--flow-shift", "1e-20"],
+        "--flow-shift must be >= 0.001",
+    ),
     "train_diffusion_with_data": Case(
         lambda p: ["train", "--task", "diffusion", "--data", str(p.tmp)],
         "--data does not apply to --task diffusion",

@@ -31,6 +31,7 @@ from titan.shapes import resolve_model
 from titan.trainer.images import image_batches, image_model_config
 from titan.trainer.init_from import init_from_options
 from titan.trainer.resume import check_resumed_images
+from titan.trainer.sampling import trained_classes
 from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])
@@ -272,3 +273,33 @@ def test_titan_train_refuses_a_resume_whose_image_folder_gained_a_class(tmp_path
     assert main(["train", "--resume", str(tmp_path / "runs" / "r"), "--steps", "2"]) == 2
     err = capsys.readouterr().err
     assert "images now give 4 labels" in err and err.count("\n") == 1, err
+
+
+def test_an_image_past_pils_bomb_limit_is_one_line_and_a_strip_is_never_enlarged(
+    tmp_path, monkeypatch
+):
+    Image.fromarray(np.zeros((1, 20_000), np.uint8)).save(tmp_path / "strip.png")
+    sizes = []
+    resize = Image.Image.resize
+
+    def recorded(self, size, *args, **kwargs):
+        sizes.append(tuple(size))
+        return resize(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", recorded)
+    data = load_folder(str(tmp_path), 8, 1)
+    assert data.images.shape == (1, 8, 8, 1) and sizes == [(8, 8)]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5_000)  # the strip is past twice that
+    with pytest.raises(TitanError, match=r"--images: cannot read .*strip.png: Image size"):
+        load_folder(str(tmp_path), 8, 1)
+
+
+def test_sampling_draws_the_classes_the_run_trained_not_its_presets_label_table(tmp_path):
+    model = dataclasses.replace(resolve_model("dit-s-2"), vocab_size=1001)
+    assert trained_classes(tmp_path, model) == 1000  # no record: the table less the null label
+    start = {"type": "run_start", "time": 1.0, "data": {"images": 40, "classes": 2}}
+    (tmp_path / "events.jsonl").write_text(json.dumps(start) + "\n")
+    assert trained_classes(tmp_path, model) == 2
+    start["data"]["classes"] = 5000  # more than the table holds: not this model's record
+    (tmp_path / "events.jsonl").write_text(json.dumps(start) + "\n")
+    assert trained_classes(tmp_path, model) == 1000

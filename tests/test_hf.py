@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -16,7 +17,7 @@ import pytest
 import tokenizers as hf_tokenizers
 import torch
 from helpers import events, small_run
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from titan.cli import main
@@ -321,3 +322,54 @@ def test_export_of_a_checkpoint_path_is_readable_by_all_and_refuses_an_out_among
     assert main(["export", "hf", str(source), "--out", str(inside)]) == 2
     assert "inside the run's checkpoints/" in capsys.readouterr().err
     assert not inside.exists()
+
+
+def _edited(source: Path, target: Path, config: dict | None = None, tensors=None) -> Path:
+    """A copy of the Hugging Face directory ``source`` at ``target``: ``config`` merged into
+    its config.json, ``tensors(name, array)`` (None: the tensor is kept) applied to each
+    tensor of its shards, written back to the same shard."""
+    shutil.copytree(source, target)
+    document = json.loads((target / "config.json").read_text())
+    if "rope_scaling" in (config or {}):  # transformers 5's rope_parameters would win
+        document.pop("rope_parameters", None)
+    (target / "config.json").write_text(json.dumps({**document, **(config or {})}))
+    for shard in target.glob("*.safetensors"):
+        arrays = load_file(shard)
+        edited = {name: tensors(name, value) if tensors else None for name, value in arrays.items()}
+        save_file({n: v if edited[n] is None else edited[n] for n, v in arrays.items()}, shard)
+    return target
+
+
+def _nan_in_the_final_norm(name: str, value: np.ndarray) -> np.ndarray | None:
+    return np.full_like(value, np.nan) if name == "model.norm.weight" else None
+
+
+@pytest.mark.parametrize(
+    ("config", "tensors", "message"),
+    [
+        ({"tie_word_embeddings": "false"}, None, "tie_word_embeddings"),
+        ({"num_hidden_layers": 1}, None, "tensors that config.json's Llama has no place for"),
+        ({"max_position_embeddings": -5}, None, "config.json max_position_embeddings is -5"),
+        (
+            {"rope_scaling": {**LLAMA3_SCALING, "factor": 0.0}},
+            None,
+            "rope_scaling: factor must be a finite number >= 1",
+        ),
+        (
+            {"rope_scaling": {**LLAMA3_SCALING, "low_freq_factor": 4.0}},
+            None,
+            "0 < low < high",
+        ),
+        ({}, _nan_in_the_final_norm, "parameter final_norm holds NaN or infinite values"),
+    ],
+    ids=["tie-a-string", "fewer-layers", "negative-context", "factor-0", "equal-edges", "nan"],
+)
+def test_an_import_refuses_what_it_would_drop_or_train_nan_on_and_writes_nothing(
+    hf_models, tmp_path, capsys, config, tensors, message
+):
+    source = _edited(hf_models["untied"][0], tmp_path / "hf", config, tensors)
+    out = tmp_path / "out"
+    assert main(["import", "hf", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not out.exists()

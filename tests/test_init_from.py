@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
+import pytest
+
 from titan.cli import main
+from titan.config import TrainConfig
+from titan.config_files import config_to_data
+from titan.errors import TitanError
 from titan.shapes import DEFAULT_VOCAB_SIZE
-from titan.trainer.init_from import saved_model
+from titan.trainer.init_from import init_from_options, saved_model
 
 
 def test_a_vocab_size_other_than_the_checkpoints_is_refused_naming_both(
@@ -28,3 +36,31 @@ def test_a_vocab_size_other_than_the_checkpoints_is_refused_naming_both(
     (tmp_path / "printed.toml").write_text(printed)
     assert main(["train", "--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
     assert capsys.readouterr().out == printed
+
+
+def test_a_checkpoint_in_another_dtype_than_param_dtype_is_refused_naming_both(
+    finished_run, tmp_path, capsys
+):
+    runs = tmp_path / "runs"
+    argv = ["train", "--init-from", str(finished_run), "--param-dtype", "bfloat16"]
+    assert main([*argv, "--steps", "1", "--runs-root", str(runs)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "was saved as float32, the model asks for bfloat16" in line
+    assert "--param-dtype float32 reads it" in line
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_preset_whose_labels_come_from_the_data_matches_the_diffusion_run_it_starts_from(
+    tmp_path,
+):
+    saved = tmp_path / "d1"
+    saved.mkdir()
+    model = TrainConfig.of(preset="dit-tiny", task="diffusion").model.shape
+    model = dataclasses.replace(model, vocab_size=11)  # the digits' 10 classes and the null label
+    config = {"train": config_to_data(TrainConfig.of(task="diffusion")), "model": model}
+    (saved / "config.json").write_text(json.dumps(config, default=dataclasses.asdict))
+    (saved / "checkpoints").mkdir()
+    options = {"task": "diffusion", "init_from": str(saved)}
+    assert init_from_options({**options, "preset": "dit-tiny"})["preset"] == model
+    with pytest.raises(TitanError, match="--model dit-s-2 conflicts with the model of"):
+        init_from_options({**options, "preset": "dit-s-2"})

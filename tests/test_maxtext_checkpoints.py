@@ -5,6 +5,7 @@ MaxText's own per-token loss on a fixed batch."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from titan.models.adapters.maxtext_checkpoints import (
     read_maxtext_params,
     read_run_params,
     rope_settings,
+    write_maxtext_params,
 )
 from titan.models.hf_llama import params_to_hf
 from titan.ops import Ops
@@ -187,17 +189,63 @@ def test_export_fails_at_once_when_out_is_under_a_regular_file(llama_run, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
-@pytest.mark.parametrize("flag", ["--rope-theta", "--norm-eps"])
-@pytest.mark.parametrize("value", ["-5", "0"])
-def test_import_refuses_non_positive_rope_theta_and_norm_eps(
-    tmp_path, tokenizer, capsys, flag, value
+@pytest.mark.parametrize(
+    ("flag", "value", "rule"),
+    [
+        *(("--rope-theta", v, "a finite number > 1") for v in ("-5", "0", "0.5", "1e400")),
+        *(("--norm-eps", v, "a number in (0, 1)") for v in ("-5", "0", "5", "nan")),
+    ],
+)
+def test_import_refuses_a_rope_theta_or_norm_eps_no_model_takes(
+    tmp_path, tokenizer, capsys, flag, value, rule
 ):
     out = tmp_path / "o"
     args = ["import", "maxtext", str(FIXTURE / "checkpoint"), "--out", str(out), flag, value]
     assert main([*args, "--tokenizer", str(tokenizer)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and flag in err and "must be > 0" in err
+    assert err.count("\n") == 1 and flag in err and f"must be {rule}" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("decoder", "layers", "mlp", "wi_1", "kernel"),  # an FFN narrower than wi_0's
+        ("decoder", "logits_dense", "kernel"),  # a head of another vocabulary
+    ],
+)
+def test_import_refuses_arrays_that_disagree_in_shape_and_writes_nothing(
+    tmp_path, tokenizer, capsys, path
+):
+    weights = read_maxtext_params(FIXTURE / "checkpoint")
+    tree = weights
+    for key in path[:-1]:
+        tree = tree[key]
+    value = np.asarray(tree[path[-1]])
+    tree[path[-1]] = np.zeros((*value.shape[:-1], value.shape[-1] - 8), value.dtype)
+    write_maxtext_params(tmp_path / "bad", weights)
+    out = tmp_path / "o"
+    args = ["import", "maxtext", str(tmp_path / "bad"), "--out", str(out)]
+    assert main([*args, "--tokenizer", str(tokenizer)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "titan import maxtext: parameter" in err and "shape" in err
+    assert not out.exists()
+
+
+def test_a_truncated_checkpoint_file_is_one_line(tmp_path, tokenizer, capsys):
+    shutil.copytree(FIXTURE / "checkpoint", tmp_path / "cut")
+    largest = max((p for p in (tmp_path / "cut").rglob("*") if p.is_file()), key=_size)
+    largest.write_bytes(largest.read_bytes()[: _size(largest) // 2])
+    out = tmp_path / "o"
+    args = ["import", "maxtext", str(tmp_path / "cut"), "--out", str(out)]
+    assert main([*args, "--tokenizer", str(tokenizer)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the checkpoint cannot be read" in err
+    assert not out.exists()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size
 
 
 def test_llama31_rope_scaling_is_carried_into_maxtexts_settings_and_others_refused():

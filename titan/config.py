@@ -1075,7 +1075,11 @@ class DiffusionOptions:
     flow_shift: float = field(
         default=1.0,
         metadata=_opt(
-            "--flow-shift", "flow matching timestep shift (1: none; Wan trains with 5)", above=0
+            "--flow-shift",
+            "flow matching timestep shift (1: none; SD3 uses 3, Wan 5; the bounds keep the "
+            "shifted training sigmas distinct in float64)",
+            minimum=1e-3,
+            maximum=1e3,
         ),
     )
     flow_weighting: Literal["gaussian", "none"] = field(

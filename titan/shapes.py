@@ -9,6 +9,7 @@ This module imports neither JAX nor Textual.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -38,7 +39,13 @@ class RopeScaling:
 
     @classmethod
     def of(cls, value: RopeScaling | Mapping | None) -> RopeScaling | None:
-        """A scaling from itself, a mapping of its fields (``config.json``), or None."""
+        """A scaling from itself, a mapping of its fields (``config.json``), or None.
+
+        Raises:
+            TitanError: a field is missing or no number, or the values break the rules Hugging
+                Face's ``_validate_llama3_parameters`` (``transformers/modeling_rope_utils.py``)
+                checks them against (:meth:`problem`).
+        """
         if value is None or isinstance(value, RopeScaling):
             return value
         names = [f.name for f in fields(cls)]
@@ -50,7 +57,27 @@ class RopeScaling:
         for name in names:
             if isinstance(value[name], bool) or not isinstance(value[name], int | float):
                 raise TitanError(f"rope_scaling: {name} must be a number, got {value[name]!r}")
-        return cls(**{name: value[name] for name in names})
+        scaling = cls(**{name: value[name] for name in names})
+        if problem := scaling.problem():
+            raise TitanError(f"rope_scaling: {problem}")
+        return scaling
+
+    def problem(self) -> str | None:
+        """Why these values scale no frequency band, or None: ``factor`` a finite number >= 1
+        (a stretch), ``0 < low_freq_factor < high_freq_factor`` finite (the band's edges;
+        equal edges divide by zero in the interpolation), ``original_max_position_embeddings``
+        an integer >= 1."""
+        if not 1 <= self.factor < math.inf:
+            return f"factor must be a finite number >= 1, got {self.factor}"
+        if not 0 < self.low_freq_factor < self.high_freq_factor < math.inf:
+            return (
+                "low_freq_factor and high_freq_factor must be finite with 0 < low < high, got "
+                f"{self.low_freq_factor} and {self.high_freq_factor}"
+            )
+        original = self.original_max_position_embeddings
+        if not (original >= 1 and float(original).is_integer()):
+            return f"original_max_position_embeddings must be an integer >= 1, got {original}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -228,6 +255,22 @@ def parse_model(text: str, flag: str = "--model") -> ModelConfig:
     return shape
 
 
+ROPE_THETA_RULE = "a finite number > 1"
+NORM_EPS_RULE = "a number in (0, 1)"
+
+
+def rope_theta_ok(value: float) -> bool:
+    """Whether ``value`` is a RoPE base: every wavelength ``theta^(2i/d)`` grows with ``i``
+    (Su et al. 2021, RoFormer, Sec. 3.2.2), so it must exceed 1, and be finite."""
+    return 1 < value < math.inf
+
+
+def norm_eps_ok(value: float) -> bool:
+    """Whether ``value`` is an RMSNorm epsilon (Zhang & Sennrich 2019): positive, and below the
+    unit mean square it guards."""
+    return 0 < value < 1
+
+
 def check_shape(m: ModelConfig, flag: str = "--model") -> None:
     """Raises TitanError naming the first inconsistent field of a custom shape."""
     for key in SHAPE_FIELDS:
@@ -235,10 +278,10 @@ def check_shape(m: ModelConfig, flag: str = "--model") -> None:
             raise TitanError(
                 f"{flag}: {key} must be in [1, {MAX_SHAPE_FIELD:,}], got {getattr(m, key):.6g}"
             )
-    if not m.rope_theta > 1 or m.rope_theta == float("inf"):
-        raise TitanError(f"{flag}: rope_theta must be a finite number > 1, got {m.rope_theta}")
-    if not 0 < m.norm_eps < 1:
-        raise TitanError(f"{flag}: norm_eps must be a number in (0, 1), got {m.norm_eps}")
+    if not rope_theta_ok(m.rope_theta):
+        raise TitanError(f"{flag}: rope_theta must be {ROPE_THETA_RULE}, got {m.rope_theta}")
+    if not norm_eps_ok(m.norm_eps):
+        raise TitanError(f"{flag}: norm_eps must be {NORM_EPS_RULE}, got {m.norm_eps}")
     if m.d_model % m.n_heads:
         raise TitanError(f"{flag}: d_model {m.d_model} is not a multiple of n_heads {m.n_heads}")
     if m.n_heads % m.n_kv_heads:

@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from titan.diffusion.objectives import TRAIN_TIMESTEPS, Objective
-from titan.errors import TitanError
+from titan.errors import TitanError, first_line
 
 DIGITS = "digits"
 DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
@@ -102,14 +102,16 @@ def read_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fit(image, size: int):
-    """Resize so the shorter side is ``size`` (bicubic), then centre-crop to size x size."""
+    """The centre square of ``image`` at ``size`` x ``size``: what resizing the shorter side to
+    ``size`` (bicubic) and centre-cropping gives, computed from the square's source region alone
+    (PIL's ``resize(box=...)``), so a 1 x 2,000,000 strip never becomes a 32 x 64,000,000
+    image on the way."""
     w, h = image.size
     scale = size / min(w, h)
-    resized = image.resize(
-        (max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC
-    )
-    left, top = (resized.size[0] - size) // 2, (resized.size[1] - size) // 2
-    return resized.crop((left, top, left + size, top + size))
+    rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
+    left, top = (rw - size) // 2, (rh - size) // 2
+    box = (left * w / rw, top * h / rh, (left + size) * w / rw, (top + size) * h / rh)
+    return image.resize((size, size), Image.Resampling.BICUBIC, box=box)
 
 
 def _scaled(pixels: np.ndarray) -> np.ndarray:
@@ -215,8 +217,8 @@ def load_folder(path: str, size: int, channels: int) -> ImageSet:
             with Image.open(file) as image:
                 pixels = _fit(_eight_bit(image, file).convert(mode), size)
                 arrays.append(np.asarray(pixels, np.uint8))
-        except (OSError, UnidentifiedImageError) as err:
-            raise TitanError(f"--images: cannot read {file}: {err}") from None
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as err:
+            raise TitanError(f"--images: cannot read {file}: {first_line(err)}") from None
     images = _scaled(np.stack(arrays).reshape(len(arrays), size, size, channels))
     labels = np.array([label for _, label in files], np.int32)
     return ImageSet(images, labels, classes, str(root), _digest(images, labels))

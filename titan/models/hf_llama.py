@@ -117,10 +117,22 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         rope_theta=theta,
         norm_eps=eps,
         rope_scaling=scaling,
-        max_positions=int(json_field(hf, "max_position_embeddings", int, where, 0) or 0),
+        max_positions=_max_positions(hf),
     )
     check_shape(model, "config.json")
     return model
+
+
+def _max_positions(hf: Mapping[str, Any]) -> int:
+    """``max_position_embeddings``: the context the model declares (0 when absent).
+
+    Raises:
+        TitanError: it is given and not an integer >= 1.
+    """
+    value = json_field(hf, "max_position_embeddings", (int, type(None)), "config.json", None)
+    if value is not None and value < 1:
+        raise _refuse("max_position_embeddings", value, "an integer >= 1")
+    return value or 0
 
 
 def config_to_hf(
@@ -197,6 +209,32 @@ def _take(tensors: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) 
     return value
 
 
+# Buffers that older Hugging Face Llama checkpoints hold beside the weights (RoPE's inverse
+# frequencies, derived from the config): not parameters.
+_BUFFER_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _check_no_leftovers(tensors: Mapping[str, np.ndarray], model: ModelConfig) -> None:
+    """Refuse tensors that ``model`` has no place for: they would be dropped without a word.
+
+    Raises:
+        TitanError: names the first few and how many there are.
+    """
+    wanted = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    wanted |= {
+        f"{LAYER_PREFIX}.{i}.{hf_name}"
+        for i in range(model.n_layers)
+        for hf_name in _LAYER_NAMES.values()
+    }
+    left = sorted(k for k in tensors if k not in wanted and not k.endswith(_BUFFER_SUFFIXES))
+    if left:
+        shown = ", ".join(left[:3]) + (", ..." if len(left) > 3 else "")
+        raise TitanError(
+            f"the safetensors hold {len(left)} tensors that config.json's Llama has no place "
+            f"for ({shown}): a config.json of another model, or a feature Titan's Llama lacks"
+        )
+
+
 def params_from_hf(
     tensors: Mapping[str, np.ndarray], model: ModelConfig, tied: bool
 ) -> dict[str, Any]:
@@ -209,8 +247,10 @@ def params_from_hf(
             is then ignored when present).
 
     Raises:
-        TitanError: a tensor is missing or has the wrong shape (names it).
+        TitanError: a tensor is missing or has the wrong shape, or a tensor is left over (a
+            layer beyond ``num_hidden_layers``, a bias); names it.
     """
+    _check_no_leftovers(tensors, model)
     v, e, f = model.vocab_size, model.d_model, model.ffn_dim
     hd, kd = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     hf_shapes = {

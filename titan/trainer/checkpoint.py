@@ -55,7 +55,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+import tensorstore as ts
 
 from titan.errors import TitanError, error_line, first_line, root_cause
 from titan.inert import inert
@@ -86,10 +87,9 @@ T = TypeVar("T")
 
 def _restore_args(tree: Any, partial: bool) -> ocp.args.CheckpointArgs:
     """orbax's restore arguments of one item placed like ``tree`` (``jax.ShapeDtypeStruct``
-    leaves carrying shardings). Whole (``partial`` False): each array is cast to its dtype, so
-    its saved dtype is checked before (:meth:`Checkpointer._check_dtypes`). ``partial``:
-    ``tree`` is part of the item and the rest is not read, not even its metadata; each array
-    keeps its saved dtype, checked after."""
+    leaves carrying shardings). Each array is cast to its dtype, so its saved dtype is checked
+    before (:meth:`Checkpointer._check_dtypes`). ``partial``: ``tree`` is part of the item and
+    the rest of its arrays is not read."""
     if not partial:
         return ocp.args.StandardRestore(tree)
     restore_args = jax.tree.map(
@@ -107,6 +107,28 @@ def params_only(abstract: Callable[..., dict[str, Any]]) -> Callable[..., dict[s
         return {name: {"params": item["params"]} for name, item in abstract(*args).items()}
 
     return cut
+
+
+def _saved_dtypes(item: Path, names: Iterable[str]) -> dict[str, Any]:
+    """The saved dtype of each array ``names`` of the orbax item at ``item``, read from its zarr
+    metadata alone (no array data, and no other array's metadata: a partial restore needs
+    nothing else of the item).
+
+    Raises:
+        TitanError: the item's ``_METADATA`` cannot be read.
+        ValueError: an array is missing or its metadata cannot be read (tensorstore's error).
+    """
+    layout = read_json(item / "_METADATA", "checkpoint")
+    driver = "zarr3" if layout.get("use_zarr3") else "zarr"
+    dtypes = {}
+    for name in names:
+        if layout.get("use_ocdbt", True):
+            spec = {"kvstore": {"driver": "ocdbt", "base": f"file://{item}/"}, "path": name}
+        else:
+            spec = {"kvstore": {"driver": "file", "path": str(item / name)}}
+        array = ts.open({"driver": driver, **spec}, open=True).result()
+        dtypes[name] = array.dtype.numpy_dtype
+    return dtypes
 
 
 def _leaf_dtypes(tree: Any) -> dict[str, Any]:
@@ -777,16 +799,16 @@ class Checkpointer:
             for name, tree in abstract.items()
             if name not in kept
         }
-        if not partial:  # orbax would cast each array to the target's dtype
-            for name in args:
-                metadata = ocp.StandardCheckpointHandler().metadata(self.path(step) / name)
+        for name in args:  # orbax would cast each array to the target's dtype (partial too)
+            item = self.path(step) / name
+            if partial:  # the arrays read only: the others may be absent
+                saved = _saved_dtypes(item, _leaf_dtypes(abstract[name]))
+            else:
+                metadata = ocp.StandardCheckpointHandler().metadata(item)
                 saved = {leaf.name: leaf.dtype for leaf in jax.tree.leaves(metadata)}
-                self._check_dtypes(step, name, abstract[name], saved)
+            self._check_dtypes(step, name, abstract[name], saved)
         if args:
-            restored = self._manager.restore(step, args=ocp.args.Composite(**args))
-            for name in args if partial else ():  # read in their saved dtypes
-                self._check_dtypes(step, name, abstract[name], _leaf_dtypes(restored[name]))
-            items.update(restored)
+            items.update(self._manager.restore(step, args=ocp.args.Composite(**args)))
         return items
 
     def _check_dtypes(self, step: int, name: str, abstract: Any, saved: dict[str, Any]) -> None:

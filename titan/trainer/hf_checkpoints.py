@@ -190,7 +190,7 @@ def import_hf(source: Path, out: Path) -> ModelConfig:
             f"titan import hf: the tokenizer has {tokenizer.vocab_size} tokens, config.json "
             f"vocab_size is {model.vocab_size}"
         )
-    tied = bool(hf.get("tie_word_embeddings", False))
+    tied = json_field(hf, "tie_word_embeddings", bool, "config.json", False)
     params = params_from_hf(read_safetensors(source), model, tied)
     write_llama_checkpoint(
         out, model, params, tokenizer, {"hf_import": {"source": str(source.absolute())}}
@@ -224,6 +224,7 @@ def write_llama_checkpoint(
     adapter, tx = _build(model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len)
     mesh, chunk = host_mesh(), whole_model(model.n_layers)
     target = host_abstract(adapter, tx)([chunk], mesh)[chunk_item(0)]["params"]
+    check_params(params, target, what)
     placed = jax.tree.map(
         lambda value, leaf: jax.device_put(np.asarray(value, leaf.dtype), leaf.sharding),
         params,
@@ -243,6 +244,35 @@ def write_llama_checkpoint(
             checkpointer.close()
         if results[-1].error:
             raise TitanError(f"{what}: the checkpoint was not written ({results[-1].error})")
+
+
+def check_params(params: Any, target: Any, what: str) -> None:
+    """Refuse weights that Titan's Llama of this shape cannot hold, before anything is written:
+    each of ``params`` (host arrays) must have its ``target`` leaf's shape, a floating-point
+    dtype, and finite values (a NaN would train NaN, or fail the run's first save).
+
+    Raises:
+        TitanError: names ``what`` (the command), the parameter, and what is wrong with it.
+    """
+
+    def named(tree: Any) -> dict[str, Any]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {jax.tree_util.keystr(path, simple=True, separator="."): x for path, x in leaves}
+
+    given = named(params)
+    for name, leaf in named(target).items():
+        if name not in given:
+            raise TitanError(f"{what}: no parameter {name}")
+        value = np.asarray(given[name])
+        if value.shape != leaf.shape:
+            raise TitanError(
+                f"{what}: parameter {name} has shape {value.shape}, the model's other weights "
+                f"make it {leaf.shape}"
+            )
+        if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
+            raise TitanError(f"{what}: parameter {name} is {value.dtype}, not floating point")
+        if not np.isfinite(value.astype(np.float32)).all():
+            raise TitanError(f"{what}: parameter {name} holds NaN or infinite values")
 
 
 def _write_config(directory: Path, train: dict, model: ModelConfig, record: dict) -> None:

@@ -92,8 +92,9 @@ def init_from_options(explicit: dict[str, Any]) -> dict[str, Any]:
             f"{TASK_FAMILIES[task]} models"
         )
     if "preset" in explicit:
-        asked = TrainConfig.of(preset=explicit["preset"]).model.shape
-        if any(getattr(asked, f) != getattr(model, f) for f in SHAPE_FIELDS):
+        asked = TrainConfig.of(preset=explicit["preset"], task=task).model.shape
+        fields = [f for f in SHAPE_FIELDS if f != "vocab_size" or asked.vocab_size]  # 0: data's
+        if any(getattr(asked, f) != getattr(model, f) for f in fields):
             raise TitanError(
                 f"--model {model_text(asked)} conflicts with the model of --init-from {text} "
                 f"({model_text(model)}); leave --model out"

@@ -22,7 +22,13 @@ from titan.models.adapters.maxtext_checkpoints import (
     read_maxtext_params,
 )
 from titan.out_paths import check_new_dir
-from titan.shapes import ModelConfig
+from titan.shapes import (
+    NORM_EPS_RULE,
+    ROPE_THETA_RULE,
+    ModelConfig,
+    norm_eps_ok,
+    rope_theta_ok,
+)
 from titan.trainer.hf_checkpoints import write_llama_checkpoint
 
 WHAT = "titan import maxtext"
@@ -42,13 +48,15 @@ def import_maxtext(
         The model shape (``out/config.json``'s ``model``).
 
     Raises:
-        TitanError: ``rope_theta`` or ``norm_eps`` is not positive, ``out`` exists or cannot be
+        TitanError: ``rope_theta`` or ``norm_eps`` is no model's (:func:`titan.shapes.check_shape`
+            holds them to its rules), ``out`` exists or cannot be
             made, ``path`` is not a llama2-block checkpoint or has a shape Titan's Llama cannot
             take, or the tokenizer does not load or has more tokens than the embedding.
     """
-    for flag, value in (("--rope-theta", rope_theta), ("--norm-eps", norm_eps)):
-        if not value > 0:
-            raise TitanError(f"{flag} {value}: must be > 0")
+    if not rope_theta_ok(rope_theta):
+        raise TitanError(f"--rope-theta {rope_theta}: must be {ROPE_THETA_RULE}")
+    if not norm_eps_ok(norm_eps):
+        raise TitanError(f"--norm-eps {norm_eps}: must be {NORM_EPS_RULE}")
     check_new_dir(out)  # before the read: a bad --out fails at once
     loaded = load_tokenizer(tokenizer)
     params = maxtext_to_llama(read_maxtext_params(path), str(path))

@@ -21,10 +21,13 @@ from titan.inert import inert
 from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
 from titan.out_paths import check_file
+from titan.shapes import ModelConfig
+from titan.telemetry.records import EVENTS_FILE, read_first_events
 from titan.trainer.adapters import one_device_trainer
 from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
 from titan.trainer.images import objective_of
 from titan.trainer.init_from import saved_model
+from titan.trainer.resume import RECORD_HEAD_BYTES
 
 # All classes x --per-class samples go through the model as one batch on one device (the grid is
 # --per-class columns wide): 64 bounds that batch at 64 images per class.
@@ -50,6 +53,25 @@ def check_options(per_class: int, seed: int, steps: int, guidance: float) -> Non
             raise TitanError(f"{flag} must be in [{low}, {high}], got {value}")
     if not 0 <= guidance < math.inf:
         raise TitanError(f"--guidance must be a finite number >= 0, got {guidance}")
+
+
+def trained_classes(run_dir: Path, model: ModelConfig) -> int:
+    """The classes a diffusion run's images had (its first ``run_start``'s ``data.classes``):
+    a preset's label table may hold more (``dit-s-2``: ImageNet's 1000) than the data used,
+    and rows never trained draw noise. The table's size less the null label when the record
+    does not say (or cannot be read).
+    """
+    table = model.vocab_size - 1
+    try:
+        events = read_first_events(run_dir / EVENTS_FILE, RECORD_HEAD_BYTES)
+    except OSError:
+        return table
+    for event in events:
+        data = event.get("data") if event.get("type") == "run_start" else None
+        classes = data.get("classes") if isinstance(data, dict) else None
+        if isinstance(classes, int) and not isinstance(classes, bool) and 1 <= classes <= table:
+            return classes
+    return table
 
 
 def sample_grid(
@@ -80,7 +102,7 @@ def sample_grid(
         print(inert(f"titan: {unreadable.error}; using checkpoint {step}"), file=sys.stderr)
     # A diffusion run's family: DiT (one_device_trainer builds no other for --task diffusion).
     adapter, dtype = cast(ImageModelAdapter, trainer.adapter), trainer.compute_dtype
-    classes = model.vocab_size - 1
+    classes = trained_classes(run_dir, model)
     labels = np.repeat(np.arange(classes), per_class)
     predict = jax.jit(lambda x, t, y: adapter.predict(params, x, t, y, dtype))
     images = sample(

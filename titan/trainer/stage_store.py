@@ -63,7 +63,8 @@ def check_dtype(step: int, item: str, leaf: str, saved: Any, wanted: Any) -> Non
     if jax.numpy.dtype(saved) != jax.numpy.dtype(wanted):
         raise TitanError(
             f"checkpoint {step}: {item} {leaf} was saved as {jax.numpy.dtype(saved)}, the model "
-            f"asks for {jax.numpy.dtype(wanted)} (a restore never casts)"
+            f"asks for {jax.numpy.dtype(wanted)} (a restore never casts: --param-dtype "
+            f"{jax.numpy.dtype(saved)} reads it)"
         )
 
 

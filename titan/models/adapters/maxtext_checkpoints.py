@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import v1 as ocp_v1
 
-from titan.errors import TitanError
+from titan.errors import TitanError, error_line
 from titan.out_paths import check_new_dir
 from titan.parallel.chunks import chunk_item, chunks_from_ranges, join_layers
 from titan.reading import json_field, read_json
@@ -197,12 +197,16 @@ def read_maxtext_params(path: Path) -> dict[str, Any]:
     """MaxText's parameters (``items/params/params``) of a params checkpoint, as numpy.
 
     Raises:
-        TitanError: ``path`` holds no such checkpoint.
+        TitanError: ``path`` holds no such checkpoint, or its files cannot be read (truncated,
+            garbled: orbax's and tensorstore's errors in one line).
     """
     items = Path(path).absolute() / "items"
     if not items.is_dir():
         raise TitanError(f"{path}: not a MaxText params checkpoint (no items/)")
-    tree = _as_numpy(items)
+    try:
+        tree = _as_numpy(items)
+    except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, orbax's metadata errors
+        raise TitanError(f"{path}: the checkpoint cannot be read ({error_line(err)})") from None
     try:
         return tree["params"]["params"]
     except (KeyError, TypeError):
