@@ -359,7 +359,7 @@ def test_a_resume_keeps_the_runs_root_however_the_run_dir_is_spelled(tmp_path: P
         ("vocab_size", 258, "--vocab-size must be >= 259, got 258", ">= 259"),
         ("watchdog_factor", 0.0, "--watchdog-factor must be > 0, got 0.0", "> 0"),
         ("label_dropout", 2.0, "--label-dropout must be <= 1, got 2.0", "0 to 1"),
-        ("flow_shift", -1.0, "--flow-shift must be > 0, got -1.0", "> 0"),
+        ("flow_shift", -1.0, "--flow-shift must be >= 0.001, got -1.0", "0.001 to 1000"),
     ],
 )
 def test_each_bound_is_declared_once_checked_and_shown(option, value, message, shown):
