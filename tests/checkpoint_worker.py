@@ -2,6 +2,7 @@
 ``tests/test_checkpoint_protocol.py``; two of them run together, ``JAX_NUM_CPU_DEVICES=2`` each:
 
     python checkpoint_worker.py save PORT INDEX RUN_DIR
+    python checkpoint_worker.py fail-alone PORT INDEX RUN_DIR
     python checkpoint_worker.py restore PORT INDEX RUN_DIR [RUN_DIR ...]
 
 The model is Titan's tiny Llama as an MPMD pipeline of 2 stages, one per process (each stage on
@@ -11,6 +12,8 @@ shows which step it read; it is placed straight from host memory (nothing to com
 
 - ``save``: saves steps 1, 2 and 3 asynchronously, keeping 1 (each commit prunes the step before
   it), then waits for the last one.
+- ``fail-alone``: saves as ``save`` does, process 1 failing to write its stage items of step 2,
+  and prints each step's error.
 - ``restore``: for each run dir, restores the newest committed checkpoint and prints one JSON
   line (``run_dir``, ``step``, ``skipped``: the newer ones that did not restore, ``exact``:
   whether this process's chunks hold that step's values), then saves the next step (the run
@@ -19,7 +22,9 @@ shows which step it read; it is placed straight from host memory (nothing to com
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +38,7 @@ from titan.parallel.chunks import chunk_item
 from titan.parallel.distributed import LaunchSettings, initialize
 from titan.parallel.mesh import remote_array
 from titan.trainer.checkpoint import Checkpointer
+from titan.trainer.stage_store import StageStore
 from titan.trainer_state import TrainState
 
 VOCAB = 512
@@ -105,11 +111,35 @@ def restore(trainer, run_dir: Path) -> None:
     checkpointer.close()
 
 
+def fail_alone(trainer, run_dir: Path) -> None:
+    """Steps 1 to 3 saved as ``save`` does, process 1's stage items of step 2 failing to be
+    written (a file too large for its host's limit); prints each step's error (None: committed)
+    as one JSON line."""
+    if jax.process_index() == 1:
+        write = StageStore.save
+
+        def failing(self, step, items):
+            if step == 2:
+                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(run_dir))
+            return write(self, step, items)
+
+        StageStore.save = failing
+    checkpointer = Checkpointer(run_dir, keep=1, asynchronous=True)
+    meta = {"data_position": 0, "num_sequences": 1, "layout": trainer.describe().to_json()}
+    results = [r for step in (1, 2, 3) for r in checkpointer.save(state_at(trainer, step), meta)]
+    results += checkpointer.wait()
+    checkpointer.close()
+    print(json.dumps({r.step: r.error for r in results}), flush=True)
+
+
+MODES = {"save": save, "restore": restore, "fail-alone": fail_alone}
+
+
 def main(mode: str, port: int, index: int, run_dirs: list[Path]) -> None:
     initialize(LaunchSettings(coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=index))
     trainer = pipeline_trainer()
     for run_dir in run_dirs:
-        (save if mode == "save" else restore)(trainer, run_dir)
+        MODES[mode](trainer, run_dir)
 
 
 if __name__ == "__main__":

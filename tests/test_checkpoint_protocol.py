@@ -262,3 +262,15 @@ def test_a_malformed_fault_point_is_refused_in_one_line(monkeypatch):
         fault_point("write", 2)
     monkeypatch.setenv(FAULT_ENV, "write:1:2")  # another process: nothing happens here
     fault_point("write", 2)
+
+
+def test_stage_items_that_fail_on_one_process_fail_that_save_on_both_and_the_next_commits(
+    tmp_path,
+):
+    run_dir, log = tmp_path / "run", tmp_path / "fail-alone.log"
+    _finish(_workers("fail-alone", [run_dir], log, {}), log)
+    errors = [json.loads(Path(f"{log}.{i}").read_text().splitlines()[-1]) for i in range(2)]
+    assert [e["1"] for e in errors] == [None, None] and [e["3"] for e in errors] == [None, None]
+    assert errors[0]["2"] == "another process could not write its stage items"
+    assert "File too large" in errors[1]["2"]
+    assert Checkpointer(run_dir).committed_steps() == [3]

@@ -88,3 +88,15 @@ def test_a_process_of_this_host_that_is_gone_is_lost_at_once(tmp_path):
     beat_file(tmp_path, 1, host=socket.gethostname(), pid=gone.pid)  # beating just now
     (lost,) = lost_processes(read_beats(tmp_path), time.time(), HEARTBEAT_TIMEOUT_S)
     assert lost.process == 1 and "is gone" in lost.describe()
+
+
+def test_a_peer_that_failed_alone_is_lost_once_its_last_beat_is_past_the_allowance(tmp_path):
+    """A save that failed on one host: that process ended failed while this one runs on into a
+    collective it would wait in for ever."""
+    now = time.time()
+    beat_file(tmp_path, 1, beat=now - 40, status="failed")
+    beat_file(tmp_path, 2, beat=now - 5, status="failed")  # failing with this one, just now
+    beat_file(tmp_path, 3, beat=now - 40, status="stopped")  # a signal: every process stops
+    (lost,) = lost_processes(read_beats(tmp_path), now, HEARTBEAT_TIMEOUT_S)
+    assert lost.process == 1
+    assert lost.describe() == "lost process 1 (pid 4243 on node7): failed 40 s ago, last step 5"

@@ -263,6 +263,18 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def on_every_process(flag: bool) -> bool:
+    """Whether ``flag`` holds on every process: an all-gather of one flag, so that every
+    process waits for all, as at a barrier (``flag`` itself for one process)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return flag
+    one_thread("an agreement of every process")
+    return bool(np.all(multihost_utils.process_allgather(np.array(flag))))
+
+
 def broadcast_bytes(data: bytes | None) -> bytes:
     """Process 0's ``data`` on every process (others pass anything, e.g. None)."""
     import jax

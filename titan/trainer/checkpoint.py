@@ -69,7 +69,12 @@ from titan.errors import TitanError, error_line, first_line, root_cause
 from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
-from titan.parallel.distributed import barrier, process_count, process_index
+from titan.parallel.distributed import (
+    barrier,
+    on_every_process,
+    process_count,
+    process_index,
+)
 from titan.parallel.mesh import DeviceMesh, host_mesh, remote_array
 from titan.reading import read_json
 from titan.telemetry.records import DISK_FULL, disk_full
@@ -474,9 +479,15 @@ class Checkpointer:
         if self._snapshots and snapshot_fits(items):
             return [*settled, *self._save_snapshot(step, device_snapshot(items), meta, start)]
         fault_point("write", step)
-        stage_items = self._stages.save(step, items)  # written now, whatever the mode
+        try:
+            stage_items, error = self._stages.save(step, items), None  # now, whatever the mode
+        except Exception as err:  # noqa: BLE001 - a failed save is a result, not a crash
+            stage_items, error = [], _save_error(err)
         fault_point("barrier", step)
-        barrier(f"titan:stage-items:{step}")  # every process's own items, before the commit
+        if not on_every_process(error is None):  # every process's own items, before the commit
+            error = error or "another process could not write its stage items"
+            elapsed = time.perf_counter() - start
+            return [*settled, self._settle_as(SaveResult(step, elapsed, elapsed, error))]
         fault_point("commit", step)
         args = {
             name: ocp.args.StandardSave(tree)

@@ -6,7 +6,9 @@ A save of step ``N`` goes through these phases, on every process alike
 
 1. ``write``: each process writes the items it holds alone, the pipeline stages on its own
    devices (:mod:`titan.trainer.stage_store`, ``stage_checkpoints/N/chunk_<c>``).
-2. ``barrier``: every process has written its items (barrier ``titan:stage-items:N``).
+2. ``barrier``: every process has written its items, or the save fails on every process (an
+   all-gather of one flag: a process that could not write its items, a file too large or a
+   read-only mount on that host alone, fails the save everywhere, and nobody waits for it).
 3. ``commit``: orbax's save, on every process: each writes its shards of the other items and
    process 0 writes ``meta`` (which names the stage items) into ``N.orbax-checkpoint-tmp``;
    once every process has written (orbax's own barrier) process 0 renames it to ``N``. Step

@@ -36,10 +36,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from titan.errors import TitanError
-from titan.parallel.distributed import one_thread
+from titan.parallel.distributed import on_every_process, one_thread
 from titan.telemetry.events import Compile, LossSpike
 from titan.trainer_state import Batch, TrainState
 
@@ -283,7 +282,7 @@ class FiniteCheck:
         finite = all(bool(ok) for ok, _ in results)
         digests = [int(digest) for _, digest in results]
         if jax.process_count() > 1:
-            finite = bool(np.all(multihost_utils.process_allgather(np.array(finite))))
+            finite = on_every_process(finite)
         return finite, digests if jax.process_count() == 1 else None, [event] if event else []
 
     def digests(self, state: TrainState) -> list[int] | None:

@@ -9,8 +9,13 @@ reads the others' files on the same beat:
   when that is shorter; the console and ``titan summarize`` use the same) is **lost**: killed,
   crashed or cut off (a process stuck in a collective still beats; the stall watchdog covers
   it). The first process to see it ends the run: the writer (process 0) records ``run_end``
-  ``failed`` with reason ``lost_process`` naming it; when process 0 is the one lost, the lowest
-  surviving process appends that ``run_end`` instead. Every other process marks its own
+  ``failed`` with reason ``lost_process`` naming it. A process that ended ``failed`` (a
+  save that failed on its host alone) is lost likewise once its last beat is that old while
+  others still run. When process 0 is the one lost, the lowest surviving process appends that
+  ``run_end`` instead, if it can: JAX's coordination service runs in process 0, and when that
+  process is killed JAX aborts the others at once (SIGABRT, a C++ stack trace), before any
+  record; the run then has no ``run_end``, and its heartbeats say what happened
+  (``titan summarize``: ``dead``). Every other process marks its own
   heartbeat ``failed`` and exits with :data:`titan.exit_codes.EXIT_FAILED`, so nobody waits in
   a collective for a process that will never answer. JAX's coordination service would end the
   processes too, but only after its own heartbeat timeout (100 s) and without a record.
@@ -53,16 +58,23 @@ class LostProcess:
 
 
 def lost_processes(beats: list[ProcessBeat], now: float, after_s: float) -> list[LostProcess]:
-    """The processes among ``beats`` (not this one) still ``running`` that are gone: on this
-    host, by their pid (:meth:`titan.telemetry.heartbeat.ProcessId.gone`: at once); on any
-    host, by a last beat (Unix seconds) more than ``after_s`` before ``now``."""
+    """The processes among ``beats`` (not this one) that this one would wait for in vain: one
+    still ``running`` that is gone, on this host by its pid
+    (:meth:`titan.telemetry.heartbeat.ProcessId.gone`: at once), on any host by a last beat
+    (Unix seconds) more than ``after_s`` before ``now``; and one that ended ``failed`` more than
+    ``after_s`` ago (a save or write that failed on its host alone) while this one still runs,
+    so would wait for it in the next collective. Peers failing together (a non-finite loss on
+    every process) end within that time and are never reported."""
     lost = []
     for beat in beats:
-        if beat.id.process == process_index() or beat.status != "running":
+        if beat.id.process == process_index() or beat.status not in ("running", "failed"):
             continue
         silent_s = now - beat.beat
-        why = beat.id.gone() if beat.id.local else None
-        if why is None and silent_s > after_s:
+        if beat.status == "failed":
+            why = f"{beat.id.name()}: failed {silent_s:.0f} s ago" if silent_s > after_s else None
+        else:
+            why = beat.id.gone() if beat.id.local else None
+        if why is None and silent_s > after_s and beat.status == "running":
             why = f"{beat.id.name()}: no heartbeat for {silent_s:.0f} s"
         if why is not None:
             lost.append(LostProcess(beat, why))
