@@ -206,6 +206,27 @@ def test_a_taken_coordinator_port_is_refused_before_joining(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_while_waiting_for_the_others_to_join_stops_at_once_in_one_line(tmp_path):
+    flags = ["--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "titan.cli", "train", "--runs-root", str(tmp_path), *flags]
+        + ["--process-id", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    joining = proc.stderr.readline()
+    time.sleep(2)  # well inside JAX's native wait for process 1
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert "process 0 joining 2 processes" in joining
+    assert proc.returncode == EXIT_STOPPED and time.monotonic() - start < 30
+    assert "titan train: stopped by SIGTERM while starting" in err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
 def test_processes_started_with_other_options_all_stop_naming_them(corpus_dir, tmp_path):
     port = free_port()
     options = small_run(corpus_dir, tmp_path, steps=2, run_id="mixed", dp=2)

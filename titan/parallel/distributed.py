@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
-from titan.errors import TitanError
+from titan.errors import TitanError, first_line
 
 if TYPE_CHECKING:
     import jax
@@ -189,11 +189,43 @@ def initialize(settings: LaunchSettings) -> int:
     if explicit.get("process_id") == 0 and "coordinator_address" in explicit:
         _coordinator_port_free(explicit["coordinator_address"])
     print(_joining_line(explicit, cluster), file=sys.stderr, flush=True)
-    try:
-        jax.distributed.initialize(**explicit)
-    except (ValueError, RuntimeError) as err:
-        raise TitanError(f"jax.distributed.initialize: {str(err).splitlines()[0]}") from None
+    _join(explicit)
     return jax.process_count()
+
+
+def _join(explicit: InitializeKeywords) -> None:
+    """``jax.distributed.initialize`` in a helper thread while the main thread waits in short
+    slices: its native wait for the other processes would otherwise hold the main thread, so
+    that no signal handler ran (SIGTERM, Ctrl-C: :mod:`titan.stopping` stops the start-up at
+    once) until JAX ends the process after :data:`JOIN_TIMEOUT_S` with a C++ stack trace.
+
+    Raises:
+        TitanError: JAX refused the settings, or not every process joined within
+            :data:`JOIN_TIMEOUT_S` less a second (before JAX's own abort).
+    """
+    import jax
+
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            jax.distributed.initialize(**explicit, initialization_timeout=JOIN_TIMEOUT_S)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            failures.append(err)
+
+    joining = threading.Thread(target=run, name="titan-join", daemon=True)
+    joining.start()
+    joining.join(JOIN_TIMEOUT_S - 1)  # a signal's handler runs on the main thread meanwhile
+    if joining.is_alive():
+        raise TitanError(
+            f"not every process joined within {JOIN_TIMEOUT_S} s (a process that did not "
+            "start, another --coordinator, or a --process-id given twice)"
+        )
+    if failures:
+        err = failures[0]
+        if isinstance(err, ValueError | RuntimeError):
+            raise TitanError(f"jax.distributed.initialize: {first_line(err)}") from None
+        raise err
 
 
 JOIN_TIMEOUT_S = 300
