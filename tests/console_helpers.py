@@ -20,6 +20,7 @@ from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
 from titan.telemetry.records import EVENTS_FILE, SCHEMA, write_json_atomic
 from tui.app import TitanConsole
 from tui.screens.monitor import MonitorScreen
+from tui.screens.planner import PlannerScreen
 from tui.widgets.option_input import OptionInput
 from tui.widgets.stat import Stat
 
@@ -72,6 +73,15 @@ async def launch_from_form(
     await wait_until(pilot, ready, context, LAUNCH_TIMEOUT_S)
     await pilot.pause(0.3)  # let the last poll's message render
     return app.screen
+
+
+async def open_planner(app: TitanConsole, pilot: Pilot) -> PlannerScreen:
+    """Open the planner (``p``) and wait for the plan of its opening form."""
+    await pilot.press("p")
+    planner = app.screen
+    assert isinstance(planner, PlannerScreen)
+    await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
+    return planner
 
 
 def stat(app: TitanConsole, stat_id: str) -> str:

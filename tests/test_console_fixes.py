@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from console_helpers import fill_form, wait_until
+from console_helpers import fill_form, open_planner, wait_until
 from samples import copy_sample_runs
 from textual.widgets import Select, Static
 
@@ -129,10 +129,7 @@ async def test_the_planner_sends_its_plan_to_the_launch_form(tmp_path: Path):
 async def test_the_planner_does_not_send_a_plan_its_form_no_longer_shows(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("p")
-        planner = app.screen
-        assert isinstance(planner, PlannerScreen)
-        await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
+        planner = await open_planner(app, pilot)
         fill_form(app, {"gpus": "-3"})
         await pilot.press("ctrl+t")  # before the bad field's error is shown
         pending = app.screen

@@ -7,14 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from console_helpers import fill_form, wait_until
+from console_helpers import fill_form, open_planner, wait_until
 from textual.widgets import DataTable, Static
 
 from titan.cli import main
 from titan.errors import TitanError
 from tui.app import TitanConsole
 from tui.planner_form import plan_argv, plan_options, plan_report, start_texts
-from tui.screens.planner import PlannerScreen
 from tui.widgets.plan_tables import PlanTables, totals_rows
 
 # A budget of 1e7 tokens: under a minute on 8 GPUs, fractions of a GPU-hour and of a kWh.
@@ -103,10 +102,7 @@ def test_the_form_leaves_out_the_output_options_of_titan_plan():
 async def test_ctrl_t_sends_no_plan_that_does_not_fit(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("p")
-        planner = app.screen
-        assert isinstance(planner, PlannerScreen)
-        await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
+        planner = await open_planner(app, pilot)
         fill_form(app, MISFIT)
         verdict = planner.query_one("#plan-verdict", Static)
         shown = lambda: planner.current and str(verdict.render()).startswith("does not fit")  # noqa: E731
@@ -120,9 +116,7 @@ async def test_ctrl_t_sends_no_plan_that_does_not_fit(tmp_path: Path):
 async def test_a_bad_fields_error_stays_on_show_while_the_focus_moves(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("p")
-        planner = app.screen
-        await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
+        planner = await open_planner(app, pilot)
         fill_form(app, {"gpus": "abc"})
         help_line = planner.query_one("#plan-help", Static)
         await wait_until(pilot, lambda: "--gpus" in str(help_line.render()), lambda: "no error", 30)
