@@ -70,12 +70,13 @@ def lost_processes(beats: list[ProcessBeat], now: float, after_s: float) -> list
         if beat.id.process == process_index() or beat.status not in ("running", "failed"):
             continue
         silent_s = now - beat.beat
+        quiet = silent_s > after_s
         if beat.status == "failed":
-            why = f"{beat.id.name()}: failed {silent_s:.0f} s ago" if silent_s > after_s else None
+            why = f"{beat.id.name()}: failed {silent_s:.0f} s ago" if quiet else None
         else:
             why = beat.id.gone() if beat.id.local else None
-        if why is None and silent_s > after_s and beat.status == "running":
-            why = f"{beat.id.name()}: no heartbeat for {silent_s:.0f} s"
+            if why is None and quiet:
+                why = f"{beat.id.name()}: no heartbeat for {silent_s:.0f} s"
         if why is not None:
             lost.append(LostProcess(beat, why))
     return lost
