@@ -159,7 +159,7 @@ def _cached_data(cache: Path) -> list[str]:
 
 def test_held_out_data_smaller_than_a_batch_is_refused(tmp_path):
     with pytest.raises(TitanError, match="fewer than one batch"):
-        EvalBatches(np.zeros(100, np.uint32), 32, 8, 1, 4)
+        EvalBatches((np.zeros(100, np.uint32),), (1.0,), 32, 8, 1, 4)
     with pytest.raises(TitanError, match="--eval-data .*: no such file"):
         (tmp_path / "a.txt").write_text("text")
         split_corpus(open_corpus(str(tmp_path)), str(tmp_path / "missing"), 0.0)
@@ -174,7 +174,75 @@ def test_the_tokenizer_of_a_split_mixture_reads_no_held_out_document(tmp_path):
     corpora = open_corpora(data, "text", "", SPLIT)
     trained_on = list(training_corpus(data, corpora.sources).documents())
     assert corpora.held_out is not None
-    held_docs = set(corpora.held_out.documents())
+    held_docs = {d for part in corpora.held_out for d in part.corpus.documents()}
     assert held_docs and len(trained_on) == 80 - len(held_docs)
     assert not held_docs & set(trained_on)
     assert {d.split()[1] for d in trained_on} == {"a", "b"}
+    parts = {part.spec: part for part in corpora.held_out}  # each part holds out its own
+    assert list(parts) == [str(tmp_path / "a"), str(tmp_path / "b")]
+    for name, part in zip("ab", parts.values(), strict=True):
+        assert part.weight == 0.5
+        assert {d.split()[1] for d in part.corpus.documents()} == {name}
+
+
+def _numbered(first: int, tokens: int) -> np.ndarray:
+    return np.arange(first, first + tokens, dtype=np.uint32)
+
+
+def test_each_part_of_a_mixture_is_evaluated_in_its_weights_share():
+    """2 batches of 4 sequences at weights 3:1: part a's first 6 sequences, then part b's first
+    2, in order; a part too short for its share of 2 batches leaves 1; none is refused."""
+    a, b = _numbered(0, 1000), _numbered(100_000, 1000)
+    batches = EvalBatches((a, b), (0.75, 0.25), 8, 4, 1, 2, names=("web", "code"))
+    assert batches.count == 2 and batches.shares(2).tolist() == [6, 2]
+    firsts = [batches.batch(i)["tokens"][:, 0].tolist() for i in range(2)]
+    assert firsts == [[0, 8, 16, 24], [32, 40, 100_000, 100_008]]
+    window = batches.batch(1)["tokens"][2]
+    assert window.tolist() == list(range(100_000, 100_009))  # seq_len + 1 tokens
+    rows = EvalBatches((a, b), (0.75, 0.25), 8, 4, 1, 2, np.array([2, 3]))
+    assert rows.batch(1)["tokens"][:, 0].tolist() == [100_000, 100_008]
+    short = EvalBatches((a, _numbered(0, 9)), (0.75, 0.25), 8, 4, 1, 2)  # b: one sequence
+    assert short.count == 1 and short.shares(1).tolist() == [3, 1]
+    with pytest.raises(TitanError, match="--data part 'code' have 8 tokens, fewer than its share"):
+        EvalBatches((a, _numbered(0, 8)), (0.75, 0.25), 8, 4, 1, 2, names=("web", "code"))
+
+
+def test_one_held_out_corpus_is_evaluated_on_its_first_sequences():
+    batches = EvalBatches((_numbered(0, 100),), (1.0,), 8, 4, 1, 5)
+    assert batches.count == 3  # 12 whole sequences of 8 (+1) tokens
+    assert batches.batch(2)["tokens"][:, 0].tolist() == [64, 72, 80, 88]
+
+
+@pytest.mark.slow
+def test_a_mixture_run_evaluates_each_part_that_tokenize_prepared(
+    corpus_dir, tmp_path, monkeypatch, capsys
+):
+    """``titan tokenize`` prepares each part's held-out documents; the run reads them from the
+    cache and evaluates each part in its weight's share (``run_start``'s ``data.eval``)."""
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
+    files = sorted(corpus_dir.iterdir())
+    for name, chosen in (("a", files[:11]), ("b", files[11:])):
+        (tmp_path / name).mkdir()
+        for path in chosen:
+            shutil.copyfile(path, tmp_path / name / path.name)
+    data = f"{tmp_path / 'a'}:0.75,{tmp_path / 'b'}:0.25"
+    argv = ["tokenize", "--data", data, "--vocab-size", "512", "--eval-split", "0.25"]
+    assert main([*argv, "--data-workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"held-out {tmp_path / 'a'}: " in out and f"held-out {tmp_path / 'b'}: " in out
+    prepared = _cached_data(tmp_path / "cache")
+    options = small_run(tmp_path, tmp_path / "runs", steps=1, run_id="r", eval_split=0.25)
+    options = {**options, "data": data, "eval_every": 1, "eval_batches": 2, "data_workers": 1}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    assert _cached_data(tmp_path / "cache") == prepared  # nothing trained nor tokenized again
+    described = events(run_dir, "run_start")[0]["data"]["eval"]
+    assert described["batches"] == 2
+    parts = described["parts"]
+    assert [(p["source"], p["weight"], p["sequences"]) for p in parts] == [
+        (str(tmp_path / "a"), 0.75, 12),
+        (str(tmp_path / "b"), 0.25, 4),
+    ]
+    assert described["documents"] == sum(p["documents"] for p in parts)
+    assert all(p["documents"] > 0 for p in parts)
+    assert [e["batches"] for e in events(run_dir, "eval")] == [2]

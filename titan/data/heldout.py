@@ -9,7 +9,11 @@ one side only, and about F of the documents are held out. The training side
 tokenized for training: no held-out document is ever in a training batch. ``--eval-data PATH``
 reads a separate corpus instead (:func:`titan.data.text.open_corpus`).
 
-The eval batches (:class:`EvalBatches`) are the held-out stream's first sequences, in order,
+With a weighted mixture (``--data 'web/:0.7,code/:0.3'``) each part holds out its own
+documents and is evaluated in its weight's share: the loss estimates the mixture's, as the
+training batches sample it (:class:`EvalBatches`).
+
+The eval batches (:class:`EvalBatches`) are the held-out streams' first sequences, in order,
 the same every evaluation, packed like training sequences (:class:`titan.data.text.PackedBatches`:
 ``seq_len + 1`` tokens each, document ids counting BOS tokens).
 """
@@ -22,11 +26,12 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from titan.data.mixture import Source, open_sources, union_corpus
+from titan.data.mixture import Source, apportion, open_sources, union_corpus
 from titan.data.text import Documents, FilePosition, batch_of, open_corpus
 from titan.errors import TitanError
 
@@ -128,18 +133,18 @@ def split_corpus(
 
 @dataclass(frozen=True)
 class Corpora:
-    """The ``--data`` parts to train on and the held-out documents (None without
-    ``--eval-data`` or ``--eval-split``)."""
+    """The ``--data`` parts to train on and the held-out parts (None without ``--eval-data``
+    or ``--eval-split``): with ``--eval-split`` each ``--data`` part's held-out side, with its
+    weight; with ``--eval-data`` that corpus, weight 1."""
 
     sources: list[Source]
-    held_out: Documents | None
+    held_out: list[Source] | None
 
 
 def open_corpora(data: str, text_field: str, eval_data: str, eval_split: float) -> Corpora:
     """The parts of ``--data`` (scanned, not read: :func:`titan.data.mixture.open_sources`)
     split by ``--eval-split`` or ``--eval-data``: with a split, each part keeps its training
-    side and the held-out side is that of all the parts' files together (the same documents:
-    the split is per document).
+    side and holds out its own documents (the split is per document).
 
     Raises:
         TitanError: a corpus (``--data``'s, ``--eval-data``'s) does not exist or holds no
@@ -147,12 +152,15 @@ def open_corpora(data: str, text_field: str, eval_data: str, eval_split: float) 
     """
     sources = open_sources(data, text_field)
     if not eval_split:
-        return Corpora(sources, split_corpus(sources[0].corpus, eval_data, 0.0)[1])
+        held = split_corpus(sources[0].corpus, eval_data, 0.0)[1]
+        return Corpora(sources, None if held is None else [Source(eval_data, 1.0, held)])
     train = [
         dataclasses.replace(s, corpus=SplitCorpus(s.corpus, eval_split, False)) for s in sources
     ]
-    everything = union_corpus(data, sources)
-    return Corpora(train, SplitCorpus(everything, eval_split, True))
+    held_out = [
+        dataclasses.replace(s, corpus=SplitCorpus(s.corpus, eval_split, True)) for s in sources
+    ]
+    return Corpora(train, held_out)
 
 
 def training_corpus(data: str, sources: list[Source]) -> Documents:
@@ -170,40 +178,71 @@ def training_corpus(data: str, sources: list[Source]) -> Documents:
 
 @dataclass(frozen=True)
 class EvalBatches:
-    """The eval batches: sequence k of the held-out stream is tokens ``[k * seq_len,
-    k * seq_len + seq_len]``, batch j holds sequences ``j * B`` to ``j * B + B - 1``; as many
-    batches as ``--eval-batches`` asks, or as the stream holds whole.
+    """The eval batches: ``count x batch_size`` sequences, each part's share by the parts'
+    weights (:func:`titan.data.mixture.apportion` of the whole, Hamilton's method), each share
+    its part's first sequences in order (sequence k of a stream is tokens ``[k * seq_len,
+    k * seq_len + seq_len]``), laid out part after part; batch j holds sequences ``j * B`` to
+    ``j * B + B - 1``. ``count`` is the most batches, up to ``--eval-batches``, of which every
+    part holds its share. One part (one corpus, ``--eval-data``): the stream's first sequences.
 
     Args:
-        tokens: (N,) held-out token stream.
+        streams: (N_c,) held-out token stream of each part.
+        weights: each part's weight (they sum to 1).
         seq_len, batch_size: as training's; bos_id: the tokenizer's BOS.
         batches: ``--eval-batches``.
         rows: the rows of each batch this process materialises (None: all).
+        names: each part's ``--data`` spec (for messages).
 
     Raises:
-        TitanError: the stream holds fewer sequences than one batch.
+        TitanError: a part holds fewer sequences than its share of one batch.
     """
 
-    tokens: np.ndarray
+    streams: tuple[np.ndarray, ...]
+    weights: tuple[float, ...]
     seq_len: int
     batch_size: int
     bos_id: int
     batches: int
     rows: np.ndarray | None = None
+    names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.count == 0:
+        if self.count:
+            return
+        if len(self.streams) == 1:
             raise TitanError(
-                f"the held-out data has {len(self.tokens)} tokens, fewer than one batch of "
+                f"the held-out data has {self.tokens} tokens, fewer than one batch of "
                 f"--batch-size {self.batch_size} x --seq-len {self.seq_len} (+1): hold out more "
                 "(--eval-split, --eval-data)"
             )
+        short = int(np.argmax(self.shares(1) - self._held))
+        raise TitanError(
+            f"the held-out documents of --data part '{self.names[short]}' have "
+            f"{len(self.streams[short])} tokens, fewer than its share of one batch "
+            f"({int(self.shares(1)[short])} of --batch-size {self.batch_size} sequences of "
+            f"--seq-len {self.seq_len} + 1): hold out more (--eval-split)"
+        )
 
     @property
+    def _held(self) -> np.ndarray:
+        """(C,) whole sequences each part's stream holds."""
+        return np.array([max(len(s) - 1, 0) // self.seq_len for s in self.streams])
+
+    def shares(self, count: int) -> np.ndarray:
+        """(C,) int64 sequences of each part in ``count`` batches."""
+        return apportion(list(self.weights), count * self.batch_size)
+
+    @cached_property
     def count(self) -> int:
-        """Batches evaluated: min(--eval-batches, whole batches in the stream)."""
-        sequences = max(len(self.tokens) - 1, 0) // self.seq_len
-        return min(self.batches, sequences // self.batch_size)
+        """Batches evaluated: the most, up to --eval-batches, whose shares every part holds."""
+        held = self._held
+        fits = (n for n in range(self.batches, 0, -1) if np.all(self.shares(n) <= held))
+        return next(fits, 0)
+
+    @property
+    def tokens(self) -> int:
+        """Held-out tokens of every part."""
+        return sum(len(s) for s in self.streams)
 
     @property
     def tokens_per_batch(self) -> int:
@@ -215,6 +254,13 @@ class EvalBatches:
         ids = index * self.batch_size + np.arange(self.batch_size)
         if self.rows is not None:
             ids = ids[self.rows]
-        window = ids[:, None] * self.seq_len + np.arange(self.seq_len + 1)[None, :]
-        tokens = np.asarray(self.tokens[window], dtype=np.int32)
+        starts = np.concatenate([[0], np.cumsum(self.shares(self.count))])
+        parts = np.searchsorted(starts, ids, side="right") - 1
+        window = np.arange(self.seq_len + 1)
+        tokens = np.stack(
+            [
+                self.streams[part][(i - starts[part]) * self.seq_len + window]
+                for part, i in zip(parts, ids, strict=True)
+            ]
+        ).astype(np.int32)
         return batch_of(tokens, self.bos_id)

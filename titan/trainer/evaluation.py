@@ -1,13 +1,14 @@
 """Validation during training (``--eval-every N``): the loss on held-out data, as ``eval`` events.
 
 After every N-th step the loop evaluates the state on the same ``--eval-batches`` batches of
-the held-out documents (:mod:`titan.data.heldout`: ``--eval-split`` or ``--eval-data``), forward
-passes only, on the run's own layout (:meth:`titan.trainer_state.Trainer.eval_loss`: the SPMD
-step's forward; under MPMD each chunk's forward on its stage). The loss is the mean over the
-batches of each batch's mean token loss (every batch has ``--batch-size x --seq-len`` tokens,
-so it is the mean over all of them); perplexity is exp(loss) (Jelinek et al. 1977). The time
-spent, compiling the forward the first time included, is the ``eval`` event's ``seconds``,
-which ETTR counts as badput of its own (:mod:`titan.analysis.ettr`).
+the held-out documents (:mod:`titan.data.heldout`: ``--eval-split`` or ``--eval-data``; of a
+weighted mixture, each part's in its weight's share), forward passes only, on the run's own
+layout (:meth:`titan.trainer_state.Trainer.eval_loss`: the SPMD step's forward; under MPMD each
+chunk's forward on its stage). The loss is the mean over the batches of each batch's mean token
+loss (every batch has ``--batch-size x --seq-len`` tokens, so it is the mean over all of them);
+perplexity is exp(loss) (Jelinek et al. 1977). The time spent, compiling the forward the first
+time included, is the ``eval`` event's ``seconds``, which ETTR counts as badput of its own
+(:mod:`titan.analysis.ettr`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
 
 from titan.config import DataOptions
 from titan.data.heldout import EvalBatches
-from titan.data.text import Documents
+from titan.data.mixture import Source
 from titan.data.tokenize import TokenizeProgress, token_stream
 from titan.data.tokenizer import Tokenizer
 from titan.telemetry.events import Eval
@@ -40,21 +42,40 @@ class Evaluation:
         trainer: the run's trainer (its layout's forward).
         batches: the held-out batches.
         every: ``--eval-every``.
-        documents: held-out documents tokenized.
+        parts: the held-out parts (:class:`titan.data.heldout.Corpora`).
+        documents: each part's held-out documents tokenized.
     """
 
     trainer: Trainer
     batches: EvalBatches
     every: int
-    documents: int
+    parts: list[Source]
+    documents: list[int]
 
-    def describe(self) -> dict[str, int]:
-        """``run_start``'s ``data.eval``: held-out documents and tokens, batches evaluated."""
-        return {
-            "documents": self.documents,
-            "tokens": int(len(self.batches.tokens)),
+    def describe(self) -> dict[str, Any]:
+        """``run_start``'s ``data.eval``: held-out documents and tokens, batches evaluated; of a
+        mixture also ``parts``: each part's ``source``, ``weight``, ``documents``, ``tokens``
+        and the ``sequences`` evaluated."""
+        described: dict[str, Any] = {
+            "documents": sum(self.documents),
+            "tokens": self.batches.tokens,
             "batches": self.batches.count,
         }
+        if len(self.parts) > 1:
+            shares = self.batches.shares(self.batches.count)
+            described["parts"] = [
+                {
+                    "source": part.spec,
+                    "weight": part.weight,
+                    "documents": documents,
+                    "tokens": len(stream),
+                    "sequences": int(share),
+                }
+                for part, documents, stream, share in zip(
+                    self.parts, self.documents, self.batches.streams, shares, strict=True
+                )
+            ]
+        return described
 
     def run(self, state: TrainState, step: int) -> Eval:
         """Evaluate ``state`` (after ``step``); blocks until the losses are read."""
@@ -74,7 +95,7 @@ class Evaluation:
 
 
 def open_evaluation(
-    held_out: Documents | None,
+    held_out: list[Source] | None,
     tokenizer: Tokenizer,
     trainer: Trainer,
     data: DataOptions,
@@ -83,25 +104,29 @@ def open_evaluation(
     progress: Callable[[TokenizeProgress], None],
 ) -> Evaluation | None:
     """The run's evaluation (None without held-out data or with ``every`` 0: held out, never
-    evaluated): the held-out corpus tokenized
-    (cached, process 0 first) and cut into ``batches`` (``--eval-batches``) batches of
-    ``data``'s ``--batch-size`` x ``--seq-len``, of this process's rows, evaluated after every
-    ``every``-th step (``--eval-every``).
+    evaluated): each held-out part tokenized (cached, process 0 first) and cut into
+    ``batches`` (``--eval-batches``) batches of ``data``'s ``--batch-size`` x ``--seq-len``,
+    each part in its weight's share (:class:`titan.data.heldout.EvalBatches`), of this
+    process's rows, evaluated after every ``every``-th step (``--eval-every``).
 
     Raises:
-        TitanError: the held-out data holds less than one batch, or cannot be read.
+        TitanError: a held-out part holds less than its share of one batch, or cannot be read.
     """
     if held_out is None or not every:
         return None
-    stream = first_then_others(
-        "titan:eval-tokens", lambda: token_stream(held_out, tokenizer, progress)
+    streams = first_then_others(
+        "titan:eval-tokens",
+        lambda: [token_stream(part.corpus, tokenizer, progress) for part in held_out],
     )
     eval_batches = EvalBatches(
-        stream.tokens,
+        tuple(stream.tokens for stream in streams),
+        tuple(part.weight for part in held_out),
         data.seq_len,
         data.batch_size,
         tokenizer.bos_id,
         batches,
         batch_rows(trainer, data.batch_size),
+        tuple(part.spec for part in held_out),
     )
-    return Evaluation(trainer, eval_batches, every, stream.documents)
+    documents = [stream.documents for stream in streams]
+    return Evaluation(trainer, eval_batches, every, held_out, documents)

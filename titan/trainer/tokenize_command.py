@@ -61,7 +61,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints one line per part (and one for the held-out documents): its spec, documents,
+    """Prints one line per part (and one for the held-out documents, one per part of a mixture
+    with ``--eval-split``): its spec (``held-out [SPEC]``), documents,
     tokens and the records dropped, with progress on stderr (a bar in a terminal, else a line
     every 10 s) while it works.
 
@@ -93,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
                 tokenizer = train_tokenizer(corpus, data.vocab_size)
         workers = data.data_workers or usable_cpus()
         parts = [(source.spec, source.corpus) for source in sources]
-        if held_out is not None:
-            parts.append((HELD_OUT, held_out))
+        held = held_out or []  # with --eval-split, each --data part's held-out side
+        parts += [(HELD_OUT if len(held) == 1 else f"{HELD_OUT} {h.spec}", h.corpus) for h in held]
         for spec, documents in parts:
             stream = progress.tokenize(
                 functools.partial(token_stream, documents, tokenizer, workers=workers)
