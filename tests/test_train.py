@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import sys
 import time
@@ -83,6 +84,32 @@ def test_resume_continues_data_and_loss_exactly(small_options):
     assert len({d for d, _ in got.values()}) == 6
     for s in range(1, 7):
         assert got[s][1] == pytest.approx(expected[s][1], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_resume_started_elsewhere_reads_the_runs_relative_paths_where_it_started(
+    small_options, corpus_dir, tmp_path, monkeypatch, capsys
+):
+    """``--data data`` (relative) of a run started in ``start/``; ``--resume`` from ``other/``
+    works there, says so and continues the run; without the start folder, ``data`` is named."""
+    start, other = tmp_path / "start", tmp_path / "other"
+    shutil.copytree(corpus_dir, start / "data")
+    other.mkdir()
+    monkeypatch.chdir(start)
+    options = {**small_options, "data": "data", "runs_root": "runs", "steps": 3}
+    assert main(["train", *cli_args({**options, "run_id": "r"})]) == 0
+    monkeypatch.chdir(other)
+    capsys.readouterr()
+    assert main(["train", "--resume", "../start/runs/r", "--steps", "6"]) == 0
+    assert f"titan: working in {start}, where the run started" in capsys.readouterr().out
+    run_dir = start / "runs" / "r"
+    assert [e["env"]["cwd"] for e in events(run_dir, "run_start")] == [str(start)] * 2
+    assert events(run_dir, "run_end")[-1]["step"] == 6
+    moved = tmp_path / "moved"
+    start.rename(moved)  # where the run started is gone: the paths are read from here
+    os.chdir(other)
+    assert main(["train", "--resume", "../moved/runs/r", "--steps", "9"]) == 2
+    assert "--data data: no such file or directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -189,8 +189,9 @@ def accelerator_versions() -> dict[str, Any]:
 
 
 def capture_environment() -> dict[str, Any]:
-    """Python and package versions, backend, device kinds and counts, host, git commit and dirty
-    flag, driver and runtime versions, recorded environment variables (and ``xla_flags``)."""
+    """Python and package versions, backend, device kinds and counts, host, working directory
+    (``cwd``: where a resume reads the run's relative paths from), git commit and dirty flag,
+    driver and runtime versions, recorded environment variables (and ``xla_flags``)."""
     import jax
 
     devices = jax.devices()
@@ -203,6 +204,7 @@ def capture_environment() -> dict[str, Any]:
         "device_count": len(devices),
         "process_count": jax.process_count(),
         "host": socket.gethostname(),
+        "cwd": os.getcwd(),
         "git_commit": git_commit(),
         "git_dirty": git_dirty(),
         "accelerator": accelerator_versions(),

@@ -218,7 +218,8 @@ class RunStart(Event):
     compute_dtype: str | None = _field("dtype of forward and backward, e.g. ``bfloat16``")
     ops: dict[str, Any] | None = _field("the provider serving each operator")
     env: dict[str, Any] | None = _field(
-        "versions, device kinds and count, host, git (:mod:`titan.telemetry.env`)"
+        "versions, device kinds and count, host, working directory (``cwd``), git "
+        "(:mod:`titan.telemetry.env`)"
     )
     tokenizer: dict[str, Any] | None = _field(
         "``vocab_size`` and ``source`` (a path or trained); None for a diffusion run"
@@ -235,7 +236,8 @@ class RunStart(Event):
         "held-out ``documents``, their ``tokens`` and the ``batches`` each evaluation covers, "
         "and of a mixture with ``--eval-split`` ``parts``: each one's ``source``, ``weight``, "
         "held-out ``documents`` and ``tokens``, and the ``sequences`` evaluated, its weight's "
-        "share (:class:`titan.data.heldout.EvalBatches`); with ``--eval-split`` the corpus's counts are of the training side (also without "
+        "share (:class:`titan.data.heldout.EvalBatches`); with ``--eval-split`` the corpus's "
+        "counts are of the training side (also without "
         "``--eval-every``, which then holds the documents out without evaluating them); "
         "of a diffusion run ``source``, "
         "``images``, ``classes``, ``shape`` (H, W, C) and ``digest`` (:mod:`titan.data.images`)"

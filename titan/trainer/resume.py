@@ -11,6 +11,7 @@ from typing import Any
 from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
+from titan.inert import inert
 from titan.reading import lines_from_end, parse_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE, EVENTS_FILE, read_first_events
@@ -115,6 +116,40 @@ def check_record(run_dir: Path) -> None:
             f"--resume {run_dir}: the run record {path} starts with no run_start event "
             "(not a Titan record, or damaged)"
         )
+
+
+def launch_dir(run_dir: Path) -> Path | None:
+    """The working directory the run started in: its first ``run_start`` event's ``env.cwd``
+    (None: not recorded, or no readable record)."""
+    try:
+        events = read_first_events(run_dir / EVENTS_FILE, RECORD_HEAD_BYTES)
+    except OSError:
+        return None
+    starts = [event for event in events if event["type"] == "run_start"]
+    env = starts[0].get("env") if starts else None
+    cwd = env.get("cwd") if isinstance(env, dict) else None
+    return Path(cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else None
+
+
+def enter_launch_dir(run_dir: Path) -> Path:
+    """Work in the directory the run in ``run_dir`` started in (:func:`launch_dir`), when it is
+    another one that exists, so that a resume started anywhere reads the run's relative paths
+    (``--data corpus.jsonl``, ``--eval-data``) as its start did; one line says so.
+
+    Returns:
+        ``run_dir`` as named from the working directory now (absolute once it moved).
+    """
+    launch = launch_dir(run_dir)
+    if launch is None or not launch.is_dir() or launch.resolve() == Path.cwd().resolve():
+        return run_dir
+    run_dir = run_dir.absolute()
+    os.chdir(launch)
+    print(
+        f"titan: working in {inert(str(launch))}, where the run started: its relative paths "
+        "name the same files there",
+        flush=True,
+    )
+    return run_dir
 
 
 def pipeline_reset(explicit: dict[str, Any]) -> dict[str, Any]:

@@ -141,6 +141,7 @@ from titan.trainer.resume import (
     OLDER_IMAGE_RULES,
     check_record,
     check_resumed_images,
+    enter_launch_dir,
     recorded_checkpoint,
     resume_options,
 )
@@ -170,7 +171,7 @@ def train_from_cli(
         ``--exit-zero-on-stop``), 1 failed, 3 a watchdog abort, 5 a non-finite abort. Raises
         TitanError for bad input.
     """
-    resume_dir = Path(resume) if resume else None
+    resume_dir = enter_launch_dir(Path(resume)) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
     launch = launch or LaunchSettings()
     initialize(launch)
