@@ -172,6 +172,24 @@ def test_a_resume_refused_while_tracing_leaves_config_json_and_resumes_after(
     assert [e["type"] for e in events(run_dir)].count("run_end") == 2
 
 
+@pytest.mark.slow
+def test_a_provider_forced_for_an_op_the_model_never_calls_is_said_to_have_no_effect(
+    finished_run, tmp_path, capsys, monkeypatch
+):
+    run_dir = tmp_path / "done"
+    shutil.copytree(finished_run, run_dir)
+    monkeypatch.setenv("TITAN_OPS", "patch_embed=native")
+    argv = ["train", "--resume", str(run_dir), "--steps", "3"]
+    assert main([*argv, "--ops", "modulate=native,attention=native"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "has no effect" in line]
+    assert said == [
+        "titan: patch_embed=native (--ops, TITAN_OPS) has no effect: the model calls no "
+        "patch_embed",
+        "titan: modulate=native (--ops, TITAN_OPS) has no effect: the model calls no modulate",
+    ]
+    assert events(run_dir, "run_start")[-1]["ops"]["attention"] == "native"
+
+
 @contextlib.contextmanager
 def _tmpfs(path: Path, size: str):
     """A tmpfs of ``size`` at ``path`` (skips the test where mounting is not allowed)."""

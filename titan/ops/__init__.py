@@ -59,6 +59,13 @@ class Ops:
     def served(self) -> dict[str, str]:
         return dict(self._table.served)
 
+    def unused_overrides(self) -> dict[str, str]:
+        """The forced providers (overrides, ``TITAN_OPS``) of the ops that no trace so far
+        called (op name -> provider name): a model that calls no ``modulate`` ignores
+        ``modulate=pallas``, and a MaxText model calls none of these ops."""
+        forced = self._table.overrides.items()
+        return {op: name for op, name in forced if op not in self._table.served}
+
     def unforced(self) -> Ops:
         """These ops with no overrides (``TITAN_OPS`` ignored too): the registry chooses every
         provider. For traces whose results are thrown away, such as the float32 forward that

@@ -450,6 +450,9 @@ class _Run:
             if self.compiled is None:  # else traced and compiled as it was built
                 trainer.trace()
             traced = Traced(trainer.describe().devices, str(trainer.compute_dtype), self.ops.served)
+            for op, name in self.ops.unused_overrides().items() if is_writer() else ():
+                said = f"{op}={name} (--ops, TITAN_OPS) has no effect: the model calls no {op}"
+                print(f"titan: {said}", flush=True)
             devices = self.throughput.local_devices
             model = trainer.adapter.config
             self.memory = check_memory(
