@@ -258,6 +258,17 @@ CASES: dict[str, Case] = {
         lambda p: ["train", "--task", "diffusion", "--flow-shift", "1e-20"],
         "--flow-shift must be >= 0.001",
     ),
+    "train_diffusion_with_the_typed_tiny_preset": Case(
+        lambda p: ["train", "--task", "diffusion", "--preset", "tiny"],
+        "--preset tiny is a llama model; --task diffusion trains dit models",
+    ),
+    "train_maxtext_with_the_typed_tiny_preset": Case(
+        lambda p: [
+            *("train", "--model-source", "maxtext", "--maxtext-model", "llama2-7b"),
+            *("--preset", "tiny"),
+        ],
+        "--preset/--model: not with --model-source maxtext",
+    ),
     "train_diffusion_with_data": Case(
         lambda p: ["train", "--task", "diffusion", "--data", str(p.tmp)],
         "--data does not apply to --task diffusion",

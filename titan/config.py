@@ -457,6 +457,31 @@ class ModelOptions:
             )
 
 
+def check_typed_shape(typed: str, model: ModelOptions) -> None:
+    """Refuse a shape typed on the command line (``--preset tiny``, ``--model``) where the
+    default one would be replaced: ``--task diffusion`` puts its own default (``dit-tiny``) in
+    the place of ``tiny``, and ``--model-source maxtext`` takes its shape from
+    ``--maxtext-model``; typed, such a shape is refused as any other of the wrong kind is. (A
+    config file names the shape whatever it is: ``--print-config`` writes ``tiny`` for a MaxText
+    run.)
+
+    Raises:
+        TitanError: names the shape and what the task or source trains.
+    """
+    given = options_by_name()["preset"].coerce(typed)
+    if model.model_source == "maxtext":
+        raise TitanError(
+            "--preset/--model: not with --model-source maxtext (the shape comes from "
+            "--maxtext-model and --maxtext-set)"
+        )
+    if given != model.shape:  # the task put its own default in its place
+        flag = f"--preset {given.name}" if given.name in PRESETS else "--model"
+        raise TitanError(
+            f"{flag} is a {given.family} model; --task {model.task} trains "
+            f"{TASK_FAMILIES[model.task]} models"
+        )
+
+
 _WEIGHT_TAIL = re.compile(r":\s*[0-9.eE+-]+\s*$")  # a mixture part's ':WEIGHT'
 # Largest --data-workers: the cores of the largest two-socket hosts (2 x 128); each
 # worker holds up to two 4 Mi-character chunks (titan.data.tokenize), 10000 would fork that many.

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.config import SECTIONS, TrainConfig, option_fields
+from titan.config import SECTIONS, TrainConfig, check_typed_shape, option_fields
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options, section_summary
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``titan train``; returns the exit code. The stop signals are handled from here on,
     before JAX is imported (:mod:`titan.stopping`)."""
     options = init_from_options(explicit_options(args))
+    if args.preset is not None and not args.resume:  # typed: --preset, --model
+        check_typed_shape(args.preset, TrainConfig.of(**options).model)
     if args.print_config:
         cfg = (
             resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
