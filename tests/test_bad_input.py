@@ -258,6 +258,9 @@ CASES: dict[str, Case] = {
         lambda p: ["train", "--task", "diffusion", "--flow-shift", "1e-20"],
         "--flow-shift must be >= 0.001",
     ),
+    "train_resume_of_an_empty_run_dir": Case(
+        lambda p: ["train", "--resume", "", "--steps", "2"], "--resume is empty"
+    ),
     "train_diffusion_with_the_typed_tiny_preset": Case(
         lambda p: ["train", "--task", "diffusion", "--preset", "tiny"],
         "--preset tiny is a llama model; --task diffusion trains dit models",

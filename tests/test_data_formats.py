@@ -6,6 +6,7 @@ import bz2
 import gzip
 import json
 import lzma
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -123,6 +124,22 @@ def test_text_field_names_the_json_field_and_parquet_column(tmp_path):
     assert corpus.fingerprint() != open_corpus(str(tmp_path)).fingerprint()
     with pytest.raises(TitanError, match="cannot read a 'text' column"):
         list(open_corpus(str(tmp_path / "b.parquet")).documents())
+
+
+def test_same_named_files_of_two_folders_are_two_corpora_whatever_names_them(tmp_path, monkeypatch):
+    """``c.txt`` in two folders, of one size and modification time (``cp -p``, a tarball), named
+    relatively from each: two fingerprints (the token cache's key); the same file named
+    relatively and absolutely: one."""
+    for name, text in (("p1", "lower case text\n"), ("p2", "UPPER CASE TEXT\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "c.txt").write_text(text)
+        os.utime(tmp_path / name / "c.txt", ns=(1_700_000_000_000_000_000,) * 2)
+    fingerprints = []
+    for name in ("p1", "p2"):
+        monkeypatch.chdir(tmp_path / name)
+        fingerprints.append(open_corpus("c.txt").fingerprint())
+        assert fingerprints[-1] == open_corpus(str(tmp_path / name / "c.txt")).fingerprint()
+    assert fingerprints[0] != fingerprints[1]
 
 
 def test_parquet_is_read_in_batches_across_many_rows(tmp_path):

@@ -109,7 +109,9 @@ def test_a_resume_started_elsewhere_reads_the_runs_relative_paths_where_it_start
     start.rename(moved)  # where the run started is gone: the paths are read from here
     os.chdir(other)
     assert main(["train", "--resume", "../moved/runs/r", "--steps", "9"]) == 2
-    assert "--data data: no such file or directory" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"titan: the run started in {start}, which is gone" in out
+    assert "--data data: no such file or directory" in err
 
 
 @pytest.mark.slow

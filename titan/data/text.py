@@ -246,11 +246,12 @@ def file_format(path: Path) -> str:
 
 
 def _stat_fingerprint(paths: tuple[Path, ...]) -> list[tuple[str, int, int]]:
-    """(path as given, size, mtime) of each file, as make and rsync judge a file changed: the
+    """(absolute path, size, mtime) of each file, as make and rsync judge a file changed: the
     same on every host that mounts the corpus at the same path (a node-local copy made with
-    ``rsync -a`` too), and cheap for 10^5 files. A file rewritten to the same size with its
-    mtime put back is not seen (``touch`` it)."""
-    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+    ``rsync -a`` too), whichever directory names it relatively (``c.txt`` in two folders is two
+    files), and cheap for 10^5 files. A file rewritten to the same size with its mtime put back
+    is not seen (``touch`` it)."""
+    return [(os.path.abspath(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
 
 
 @dataclass(frozen=True)

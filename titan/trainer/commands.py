@@ -15,6 +15,7 @@ from typing import Any
 from titan.config import SECTIONS, TrainConfig, check_typed_shape, option_fields
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options, section_summary
+from titan.errors import TitanError
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
 from titan.trainer.init_from import init_from_options
@@ -93,6 +94,8 @@ def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan train``; returns the exit code. The stop signals are handled from here on,
     before JAX is imported (:mod:`titan.stopping`)."""
+    if args.resume is not None and not args.resume.strip():  # an unset $RUN: not a new run
+        raise TitanError("--resume is empty: give the run dir to continue")
     options = init_from_options(explicit_options(args))
     if args.preset is not None and not args.resume:  # typed: --preset, --model
         check_typed_shape(args.preset, TrainConfig.of(**options).model)

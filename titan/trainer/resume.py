@@ -134,13 +134,21 @@ def launch_dir(run_dir: Path) -> Path | None:
 def enter_launch_dir(run_dir: Path) -> Path:
     """Work in the directory the run in ``run_dir`` started in (:func:`launch_dir`), when it is
     another one that exists, so that a resume started anywhere reads the run's relative paths
-    (``--data corpus.jsonl``, ``--eval-data``) as its start did; one line says so.
+    (``--data corpus.jsonl``, ``--eval-data``) as its start did; one line says so, or, where
+    that directory is gone, that the paths are read from here.
 
     Returns:
         ``run_dir`` as named from the working directory now (absolute once it moved).
     """
     launch = launch_dir(run_dir)
-    if launch is None or not launch.is_dir() or launch.resolve() == Path.cwd().resolve():
+    if launch is None or (launch.is_dir() and launch.resolve() == Path.cwd().resolve()):
+        return run_dir
+    if not launch.is_dir():
+        print(
+            f"titan: the run started in {inert(str(launch))}, which is gone: its relative paths "
+            f"are read from {inert(os.getcwd())}",
+            flush=True,
+        )
         return run_dir
     run_dir = run_dir.absolute()
     os.chdir(launch)
