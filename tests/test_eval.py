@@ -20,10 +20,12 @@ from titan.analysis.summarize import summarize
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.data.heldout import EvalBatches, held_out, open_corpora, split_corpus, training_corpus
+from titan.data.mixture import Source
 from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 from titan.telemetry.events import parse_event
+from titan.trainer.evaluation import Evaluation
 from titan.trainer.text_data import NOT_EVALUATED
 from tui.app import TitanConsole
 from tui.widgets.curve_plot import CurvePlot
@@ -246,3 +248,51 @@ def test_a_mixture_run_evaluates_each_part_that_tokenize_prepared(
     assert described["documents"] == sum(p["documents"] for p in parts)
     assert all(p["documents"] > 0 for p in parts)
     assert [e["batches"] for e in events(run_dir, "eval")] == [2]
+
+
+def test_a_mixture_part_without_held_out_documents_or_share_is_said():
+    """A part that holds out nothing has weight 0 in the eval batches; one whose weight rounds
+    to no sequence is named too."""
+    parts = [
+        Source("web", 0.5, open_corpus("stdlib")),
+        Source("code", 0.499, open_corpus("stdlib")),
+        Source("math", 0.001, open_corpus("stdlib")),
+    ]
+    streams = (_numbered(0, 1000), np.zeros(0, np.uint32), _numbered(0, 1000))
+    batches = EvalBatches(streams, (0.998, 0.0, 0.002), 8, 4, 1, 2, names=("web", "code", "math"))
+    assert batches.count == 2 and batches.shares(2).tolist() == [8, 0, 0]
+    notes = Evaluation(None, batches, 1, parts, [10, 0, 3]).notes()  # type: ignore[arg-type]
+    assert notes == [
+        "--data part 'code' holds out no document: it is left out of evaluation, the other "
+        "parts' weights renormalised",
+        "--data part 'math' (weight 0.001) gets none of the 8 sequences evaluated: more "
+        "--eval-batches give it its share",
+    ]
+
+
+@pytest.mark.slow
+def test_a_mixture_part_that_holds_out_nothing_is_left_out_of_evaluation(
+    corpus_dir, tmp_path, monkeypatch, capsys
+):
+    """A one-document part whose document is not held out: ``titan tokenize`` and the run both
+    say so and evaluate the other part alone."""
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
+    files = sorted(corpus_dir.iterdir())
+    alone = next(f for f in files if not held_out(f.read_text(), SPLIT))
+    for name, chosen in (("a", [f for f in files if f != alone]), ("small", [alone])):
+        (tmp_path / name).mkdir()
+        for path in chosen:
+            shutil.copyfile(path, tmp_path / name / path.name)
+    small = tmp_path / "small"
+    data = f"{tmp_path / 'a'}:0.75,{small}:0.25"
+    argv = ["tokenize", "--data", data, "--vocab-size", "512", "--eval-split", str(SPLIT)]
+    assert main([*argv, "--data-workers", "1"]) == 0
+    assert f"held-out {small}: holds out no document" in capsys.readouterr().out
+    options = small_run(tmp_path, tmp_path / "runs", steps=1, run_id="r", eval_split=SPLIT)
+    options = {**options, "data": data, "eval_every": 1, "eval_batches": 2, "data_workers": 1}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    assert f"titan: --data part '{small}' holds out no document" in capsys.readouterr().out
+    parts = events(run_dir, "run_start")[0]["data"]["eval"]["parts"]
+    assert [(p["documents"], p["sequences"]) for p in parts][1] == (0, 0)
+    assert parts[0]["sequences"] == 16 and parts[0]["documents"] > 0

@@ -377,13 +377,17 @@ def _hash_written(out: IO[bytes], hasher: Any) -> None:
         hasher.update(data)
 
 
+class EmptyCorpus(TitanError):
+    """The corpus holds no non-empty document (the message counts the records dropped)."""
+
+
 def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> None:
     dropped = {reason: commit.dropped_before_file.get(reason, 0) for reason in DROP_REASONS}
     if commit.documents == 0:
         paths.partial.unlink(missing_ok=True)
         paths.commit.unlink(missing_ok=True)
         summary = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"
-        raise TitanError(f"{corpus.label}: no non-empty document (dropped: {summary})")
+        raise EmptyCorpus(f"{corpus.label}: no non-empty document (dropped: {summary})")
     record = {
         "tokens": commit.tokens,
         "documents": commit.documents,
@@ -475,9 +479,9 @@ def token_stream(
     record unreadable) is discarded, with one line on stderr, and tokenized again.
 
     Raises:
-        TitanError: the corpus has no non-empty document (the message counts the drops), a
-            file of it cannot be read, or the token file just written does not match its
-            record (the cache's file system lost it).
+        EmptyCorpus: the corpus has no non-empty document (the message counts the drops).
+        TitanError: a file of the corpus cannot be read, or the token file just written does
+            not match its record (the cache's file system lost it).
         OSError: the cache cannot be written (read-only, full), naming the file.
     """
     paths = _Paths.of(stream_key(corpus, tokenizer))

@@ -25,7 +25,7 @@ import numpy as np
 from titan.config import DataOptions
 from titan.data.heldout import EvalBatches
 from titan.data.mixture import Source
-from titan.data.tokenize import TokenizeProgress, token_stream
+from titan.data.tokenize import EmptyCorpus, TokenizeProgress, TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer
 from titan.telemetry.events import Eval
 from titan.trainer.processes import batch_rows, first_then_others
@@ -77,6 +77,26 @@ class Evaluation:
             ]
         return described
 
+    def notes(self) -> list[str]:
+        """What a run says of its evaluation of a mixture: each part that holds out no document
+        (left out, the other parts' weights renormalised), and each part whose share of the
+        sequences evaluated rounds to none (a weight too small for ``--eval-batches``)."""
+        shares = self.batches.shares(self.batches.count)
+        notes = []
+        for part, documents, share in zip(self.parts, self.documents, shares, strict=True):
+            if not documents:
+                notes.append(
+                    f"--data part '{part.spec}' holds out no document: it is left out of "
+                    "evaluation, the other parts' weights renormalised"
+                )
+            elif not share:
+                notes.append(
+                    f"--data part '{part.spec}' (weight {part.weight:.3g}) gets none of the "
+                    f"{self.batches.count * self.batches.batch_size} sequences evaluated: more "
+                    "--eval-batches give it its share"
+                )
+        return notes
+
     def run(self, state: TrainState, step: int) -> Eval:
         """Evaluate ``state`` (after ``step``); blocks until the losses are read."""
         start = time.perf_counter()
@@ -115,12 +135,13 @@ def open_evaluation(
     if held_out is None or not every:
         return None
     streams = first_then_others(
-        "titan:eval-tokens",
-        lambda: [token_stream(part.corpus, tokenizer, progress) for part in held_out],
+        "titan:eval-tokens", lambda: held_out_streams(held_out, tokenizer, progress)
     )
+    pairs = list(zip(held_out, streams, strict=True))
+    kept = sum(part.weight for part, stream in pairs if stream is not None)
     eval_batches = EvalBatches(
-        tuple(stream.tokens for stream in streams),
-        tuple(part.weight for part in held_out),
+        tuple(np.zeros(0, np.uint32) if s is None else s.tokens for s in streams),
+        tuple(0.0 if stream is None else part.weight / kept for part, stream in pairs),
         data.seq_len,
         data.batch_size,
         tokenizer.bos_id,
@@ -128,5 +149,31 @@ def open_evaluation(
         batch_rows(trainer, data.batch_size),
         tuple(part.spec for part in held_out),
     )
-    documents = [stream.documents for stream in streams]
+    documents = [0 if stream is None else stream.documents for stream in streams]
     return Evaluation(trainer, eval_batches, every, held_out, documents)
+
+
+def held_out_streams(
+    parts: list[Source],
+    tokenizer: Tokenizer,
+    progress: Callable[[TokenizeProgress], None] | None = None,
+) -> list[TokenStream | None]:
+    """Each held-out part tokenized (:func:`titan.data.tokenize.token_stream`, cached); None
+    for a part of a mixture that holds out no document (a small part at a small
+    ``--eval-split``).
+
+    Raises:
+        TitanError: no part holds out a document (the first one's :class:`titan.data.tokenize.
+            EmptyCorpus`), or a part cannot be read.
+    """
+    streams: list[TokenStream | None] = []
+    empty: EmptyCorpus | None = None
+    for part in parts:
+        try:
+            streams.append(token_stream(part.corpus, tokenizer, progress))
+        except EmptyCorpus as err:
+            empty = empty or err
+            streams.append(None)
+    if empty is not None and all(stream is None for stream in streams):
+        raise empty
+    return streams

@@ -101,6 +101,8 @@ class TextTask:
                 print(f"titan: {inert(source.spec)}: {stream.summary()}", flush=True)
             if self.corpora.held_out is not None and not obs.eval_every:
                 print(f"titan: {NOT_EVALUATED}", flush=True)
+            for note in evaluation.notes() if evaluation else ():
+                print(f"titan: {inert(note)}", flush=True)
         described = data_record(data.corpus, sources, streams, batches)
         if evaluation:
             described["eval"] = evaluation.describe()

@@ -18,7 +18,7 @@ from typing import Any
 from titan.config import MAX_DATA_WORKERS, DataOptions
 from titan.cpus import usable_cpus
 from titan.data.heldout import open_corpora, training_corpus
-from titan.data.tokenize import token_stream
+from titan.data.tokenize import EmptyCorpus, token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
@@ -93,14 +93,21 @@ def run(args: argparse.Namespace) -> int:
                 corpus = training_corpus(data.corpus, sources)
                 tokenizer = train_tokenizer(corpus, data.vocab_size)
         workers = data.data_workers or usable_cpus()
-        parts = [(source.spec, source.corpus) for source in sources]
+        parts = [(source.spec, source.corpus, False) for source in sources]
         held = held_out or []  # with --eval-split, each --data part's held-out side
-        parts += [(HELD_OUT if len(held) == 1 else f"{HELD_OUT} {h.spec}", h.corpus) for h in held]
-        for spec, documents in parts:
-            stream = progress.tokenize(
-                functools.partial(token_stream, documents, tokenizer, workers=workers)
-            )
-            print(f"{inert(spec)}: {stream.summary()}", file=sys.stdout, flush=True)
+        several = len(held) > 1  # a part of them may hold out nothing (titan train leaves it out)
+        parts += [
+            (f"{HELD_OUT} {h.spec}" if several else HELD_OUT, h.corpus, several) for h in held
+        ]
+        for spec, documents, may_be_empty in parts:
+            tokenize = functools.partial(token_stream, documents, tokenizer, workers=workers)
+            try:
+                summary = progress.tokenize(tokenize).summary()
+            except EmptyCorpus:
+                if not may_be_empty:
+                    raise
+                summary = "holds out no document (left out of evaluation)"
+            print(f"{inert(spec)}: {summary}", file=sys.stdout, flush=True)
     except KeyboardInterrupt:
         print(
             "titan tokenize: interrupted; run it again to resume where it stopped",
