@@ -258,6 +258,7 @@ CASES: dict[str, Case] = {
         lambda p: ["train", "--task", "diffusion", "--flow-shift", "1e-20"],
         "--flow-shift must be >= 0.001",
     ),
+    "train_text_field_empty": Case(lambda p: p.train(text_field=""), "--text-field is empty"),
     "train_resume_of_an_empty_run_dir": Case(
         lambda p: ["train", "--resume", "", "--steps", "2"], "--resume is empty"
     ),

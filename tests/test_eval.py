@@ -213,6 +213,11 @@ def test_one_held_out_corpus_is_evaluated_on_its_first_sequences():
     batches = EvalBatches((_numbered(0, 100),), (1.0,), 8, 4, 1, 5)
     assert batches.count == 3  # 12 whole sequences of 8 (+1) tokens
     assert batches.batch(2)["tokens"][:, 0].tolist() == [64, 72, 80, 88]
+    part = Source("c", 1.0, open_corpus("stdlib"))
+    notes = Evaluation(None, batches, 1, [part], [3]).notes()  # type: ignore[arg-type]
+    assert notes == [
+        "the held-out data fills 3 of --eval-batches 5 batches: each evaluation covers those"
+    ]
 
 
 @pytest.mark.slow

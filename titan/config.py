@@ -580,6 +580,8 @@ class DataOptions:
     def _check(self) -> None:
         if not self.corpus.strip():
             raise TitanError("--data is empty")
+        if not self.text_field.strip():
+            raise TitanError("--text-field is empty: name the field (.jsonl) or column (.parquet)")
         if self.eval_data and not self.eval_data.strip():
             raise TitanError("--eval-data is empty")
         if "," in self.eval_data or _WEIGHT_TAIL.search(self.eval_data):

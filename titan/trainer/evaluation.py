@@ -78,11 +78,17 @@ class Evaluation:
         return described
 
     def notes(self) -> list[str]:
-        """What a run says of its evaluation of a mixture: each part that holds out no document
-        (left out, the other parts' weights renormalised), and each part whose share of the
-        sequences evaluated rounds to none (a weight too small for ``--eval-batches``)."""
-        shares = self.batches.shares(self.batches.count)
+        """What a run says of its evaluation: fewer batches than ``--eval-batches`` (the held-out
+        data holds no more); of a mixture, each part that holds out no document (left out, the
+        other parts' weights renormalised) and each part whose share of the sequences evaluated
+        rounds to none (a weight too small for ``--eval-batches``)."""
+        batches, shares = self.batches, self.batches.shares(self.batches.count)
         notes = []
+        if batches.count < batches.batches:
+            notes.append(
+                f"the held-out data fills {batches.count} of --eval-batches {batches.batches} "
+                "batches: each evaluation covers those"
+            )
         for part, documents, share in zip(self.parts, self.documents, shares, strict=True):
             if not documents:
                 notes.append(
@@ -92,7 +98,7 @@ class Evaluation:
             elif not share:
                 notes.append(
                     f"--data part '{part.spec}' (weight {part.weight:.3g}) gets none of the "
-                    f"{self.batches.count * self.batches.batch_size} sequences evaluated: more "
+                    f"{batches.count * batches.batch_size} sequences evaluated: more "
                     "--eval-batches give it its share"
                 )
         return notes
