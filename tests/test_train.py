@@ -115,6 +115,24 @@ def test_a_resume_started_elsewhere_reads_the_runs_relative_paths_where_it_start
 
 
 @pytest.mark.slow
+def test_a_run_whose_output_reader_goes_away_trains_on_to_its_end(small_options):
+    """``titan train ... | head``: stdout and stderr closed by their reader after the first
+    step's line; the run goes on, checkpoints and completes (exit 0)."""
+    options = {**small_options, "run_id": "piped", "steps": 12, "log_every": 1}
+    proc = start_subprocess(options)
+    assert proc.stdout is not None and proc.stderr is not None
+    while not proc.stdout.readline().startswith("step 1/"):
+        pass
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.wait(timeout=300) == 0
+    run_dir = small_options["runs_root"] + "/piped"
+    end = events(run_dir, "run_end")
+    assert [(e["status"], e["step"]) for e in end] == [("completed", 12)]
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [3, 6, 9, 12]
+
+
+@pytest.mark.slow
 def test_resume_with_more_steps_keeps_the_schedule_and_continues_at_the_minimum(
     small_options, capsys
 ):

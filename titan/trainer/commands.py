@@ -18,6 +18,7 @@ from titan.config_flags import add_arguments, section_options, section_summary
 from titan.errors import TitanError
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
+from titan.streams import surviving_output
 from titan.trainer.init_from import init_from_options
 from titan.trainer.resume import resume_options
 
@@ -113,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         launch = LaunchSettings(
             args.distributed, args.coordinator, args.num_processes, args.process_id
         )
-        return train_from_cli(options, args.resume, launch, stop)
+        with surviving_output():  # a reader that goes away ends no run
+            return train_from_cli(options, args.resume, launch, stop)
     except StopRequested:  # before train() took over: importing JAX, reading a resumed config
         return stopped_at_start(stop, bool(options.get("exit_zero_on_stop")), bool(args.resume))
     finally:
