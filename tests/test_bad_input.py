@@ -243,6 +243,9 @@ CASES: dict[str, Case] = {
         lambda p: p.train(eval_data=p.file("empty.jsonl", "\n"), eval_every=1),
         "--eval-data",
     ),
+    "train_mixture_part_named_twice": Case(
+        lambda p: p.train(data=f"{p.corpus}:0.5,{p.corpus}:0.5"), "is named twice"
+    ),
     "train_mixture_weight_inf": Case(
         lambda p: p.train(data=f"{p.corpus}:inf,{p.corpus}/:1"), "needs a finite weight > 0"
     ),

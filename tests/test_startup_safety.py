@@ -173,6 +173,17 @@ def test_a_resume_refused_while_tracing_leaves_config_json_and_resumes_after(
 
 
 @pytest.mark.slow
+def test_a_resume_through_a_link_to_the_run_dir_continues_the_run_it_names(finished_run, tmp_path):
+    run_dir = tmp_path / "runs" / "done"
+    shutil.copytree(finished_run, run_dir)
+    (tmp_path / "link").symlink_to(run_dir)
+    assert main(["train", "--resume", str(tmp_path / "link"), "--steps", "3"]) == 0
+    starts = events(run_dir, "run_start")
+    assert [s["run_id"] for s in starts] == ["done", "done"]
+    assert events(run_dir, "checkpoint")[-1]["path"] == str(run_dir / "checkpoints" / "3")
+
+
+@pytest.mark.slow
 def test_a_provider_forced_for_an_op_the_model_never_calls_is_said_to_have_no_effect(
     finished_run, tmp_path, capsys, monkeypatch
 ):

@@ -94,10 +94,11 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
     ``SPEC:WEIGHT`` parts (weights normalised to sum to 1).
 
     Raises:
-        TitanError: ``data`` is empty, a part names no weight while another does, a weight is
-            not a finite number > 0, the weights' sum is not finite, a part's weight is too
-            small to be sampled (:func:`apportion` gives it no place in a block of
-            :data:`BLOCK_SEQUENCES`), or a part's files cannot be found (:func:`open_corpus`).
+        TitanError: ``data`` is empty, a part names no weight while another does, a part is
+            named twice, a weight is not a finite number > 0, the weights' sum is not finite, a
+            part's weight is too small to be sampled (:func:`apportion` gives it no place in a
+            block of :data:`BLOCK_SEQUENCES`), or a part's files cannot be found
+            (:func:`open_corpus`).
     """
     if not data.strip():
         raise TitanError("--data is empty")
@@ -118,6 +119,12 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
                 f"--data {data}: part '{part}' needs a finite weight > 0, got {pair[1]}"
             )
     pairs = [pair for pair in weighted if pair is not None]  # all of them, checked above
+    specs = [spec for spec, _ in pairs]
+    twice = next((spec for spec in specs if specs.count(spec) > 1), None)
+    if twice is not None:
+        raise TitanError(
+            f"--data {data}: part '{twice}' is named twice (give it once, with the weights' sum)"
+        )
     total = sum(weight for _, weight in pairs)
     if not math.isfinite(total):
         raise TitanError(

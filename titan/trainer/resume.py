@@ -44,7 +44,7 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     placed = sorted({"runs_root", "run_id"} & explicit.keys())
     if placed:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
-    whole = Path(os.path.abspath(run_dir))  # `--resume .` names its run too
+    whole = Path(run_dir).resolve()  # `--resume .` names its run too, a link the run it is
     placement = {"runs_root": _runs_root(saved.run.runs_root, whole.parent), "run_id": whole.name}
     changes = {**pipeline_reset(explicit), **explicit}
     return resumed_config(saved, changes).replace(**placement)

@@ -249,7 +249,9 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             compilation_settings(cfg.compute.compilation_cache) as cache,
             CompileWatch(frozenset({FINITE_CHECK_FUNCTION})) as compiles,
         ):
-            resumed = _resumed_checkpointer(cfg.checkpoint, cfg.optimizer.steps, resume_dir)
+            # the run dir as the resume placed it: a link's target (resume_options)
+            resumed_dir = run_dir if resuming else None
+            resumed = _resumed_checkpointer(cfg.checkpoint, cfg.optimizer.steps, resumed_dir)
             task: Task = (
                 TextTask(cfg.data, cfg.observability, cfg.run.seed, corpora, resume_dir)
                 if corpora is not None
