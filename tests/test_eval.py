@@ -25,7 +25,7 @@ from titan.data.text import PackedBatches, batch_digest, open_corpus
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 from titan.telemetry.events import parse_event
-from titan.trainer.evaluation import Evaluation
+from titan.trainer.evaluation import Evaluation, never_evaluated
 from titan.trainer.text_data import NOT_EVALUATED
 from tui.app import TitanConsole
 from tui.widgets.curve_plot import CurvePlot
@@ -301,3 +301,11 @@ def test_a_mixture_part_that_holds_out_nothing_is_left_out_of_evaluation(
     parts = events(run_dir, "run_start")[0]["data"]["eval"]["parts"]
     assert [(p["documents"], p["sequences"]) for p in parts][1] == (0, 0)
     assert parts[0]["sequences"] == 16 and parts[0]["documents"] > 0
+
+
+def test_an_eval_every_past_the_runs_steps_is_said():
+    assert (
+        never_evaluated(1000, 2)
+        == "--eval-every 1000 is past --steps 2: the run is never evaluated"
+    )
+    assert never_evaluated(2, 2) is None and never_evaluated(0, 2) is None

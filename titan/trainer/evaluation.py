@@ -120,6 +120,14 @@ class Evaluation:
         )
 
 
+def never_evaluated(every: int, steps: int) -> str | None:
+    """A note when ``--eval-every`` is past the run's ``--steps`` (the run is then never
+    evaluated), else None."""
+    if every <= steps:
+        return None
+    return f"--eval-every {every} is past --steps {steps}: the run is never evaluated"
+
+
 def open_evaluation(
     held_out: list[Source] | None,
     tokenizer: Tokenizer,

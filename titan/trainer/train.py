@@ -116,6 +116,7 @@ from titan.trainer.claim import RunClaim, run_dir_of
 from titan.trainer.compilation import CompileWatch, compilation_settings
 from titan.trainer.compile_hook import CompileHook
 from titan.trainer.eval_hook import EvalHook
+from titan.trainer.evaluation import never_evaluated
 from titan.trainer.guard import (
     FINITE_CHECK_FUNCTION,
     FiniteCheck,
@@ -267,6 +268,7 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                 built = _Built.of(shape, ops, cfg.trainer, remat, compiler)
                 _say(built.remat.line())
                 _say(warmup_note(cfg.optimizer))
+                _say(never_evaluated(cfg.observability.eval_every, cfg.optimizer.steps))
                 cfg = cfg.replace(remat=built.remat.remat)  # what the records say: what ran
             data = task.run_data(built.trainer, progress, stop)
             run = _Run(run_dir, built, ops, data, cfg.data.batch_size, progress, stop)
