@@ -250,9 +250,10 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
             compilation_settings(cfg.compute.compilation_cache) as cache,
             CompileWatch(frozenset({FINITE_CHECK_FUNCTION})) as compiles,
         ):
-            # the run dir as the resume placed it: a link's target (resume_options)
-            resumed_dir = run_dir if resuming else None
-            resumed = _resumed_checkpointer(cfg.checkpoint, cfg.optimizer.steps, resumed_dir)
+            # of the run dir as the resume placed it (a link's target: resume_options)
+            resumed = _resumed_checkpointer(
+                cfg.checkpoint, cfg.optimizer.steps, run_dir if resuming else None
+            )
             task: Task = (
                 TextTask(cfg.data, cfg.observability, cfg.run.seed, corpora, resume_dir)
                 if corpora is not None
@@ -454,9 +455,8 @@ class _Run:
             if self.compiled is None:  # else traced and compiled as it was built
                 trainer.trace()
             traced = Traced(trainer.describe().devices, str(trainer.compute_dtype), self.ops.served)
-            for op, name in self.ops.unused_overrides().items() if is_writer() else ():
-                said = f"{op}={name} (--ops, TITAN_OPS) has no effect: the model calls no {op}"
-                print(f"titan: {said}", flush=True)
+            for op, name in self.ops.unused_overrides().items():
+                _say(f"{op}={name} (--ops, TITAN_OPS) has no effect: the model calls no {op}")
             devices = self.throughput.local_devices
             model = trainer.adapter.config
             self.memory = check_memory(
