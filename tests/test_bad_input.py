@@ -466,6 +466,17 @@ CASES: dict[str, Case] = {
         lambda p: ["plan", "--from", str(SAMPLE_RUN), "--model", "tiny"],
         "--model conflicts with --from",
     ),
+    "plan_from_with_a_typed_default": Case(  # the run's attention, not the typed one
+        lambda p: ["plan", "--from", str(SAMPLE_RUN), "--attention", "flash"],
+        "--attention conflicts with --from",
+    ),
+    "plan_from_with_a_typed_default_seq_len": Case(
+        lambda p: ["plan", "--from", str(SAMPLE_RUN), "--seq-len", "8192"],
+        "--seq-len conflicts with --from",
+    ),
+    "plan_search_with_a_typed_default_layout": Case(
+        lambda p: [*PLAN_TINY, "--search", "--remat", "auto"], "--remat conflicts with --search"
+    ),
     "plan_search_with_a_layout": Case(
         lambda p: [*PLAN_TINY, "--search", "--dp", "2", "--tp", "4"],
         "--dp conflicts with --search",
@@ -512,6 +523,10 @@ CASES: dict[str, Case] = {
     "import_hf_rope_theta_a_list": Case(
         lambda p: ["import", "hf", p.hf_dir(rope_theta=[1]), "--out", str(p.tmp / "o")],
         "field 'rope_theta'",
+    ),
+    "import_hf_of_a_titan_run": Case(
+        lambda p: ["import", "hf", p.saved_run("r"), "--out", str(p.tmp / "o")],
+        "config.json has no model_type: not a Hugging Face model's config",
     ),
     "import_hf_config_binary": Case(
         lambda p: ["import", "hf", str(Path(p.file("hf/config.json", BINARY)).parent)],

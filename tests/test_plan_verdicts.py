@@ -58,6 +58,7 @@ def _accepted_by_titan_train(model: str, options: dict) -> None:
         ("llama3-8b", 8, 8192, 512),
         ("llama3-70b", 64, 8192, 512),
         ("llama3-1b", 2, 2048, 16),
+        ("llama3-8b", 32, 131072, 1),  # one sequence: pipelines of fewer microbatches than stages
         (
             "d_model=1536,n_layers=7,n_heads=12,n_kv_heads=4,ffn_dim=4096,vocab_size=32000",
             6,
@@ -165,11 +166,14 @@ def test_from_a_hostile_run_dir_shows_it_inert_and_its_unknown_peak_not_reported
 
 
 def test_a_search_that_fits_nowhere_names_the_most_gpus_a_layout_spans(capsys):
-    # One sequence a step: no pipeline (it needs a microbatch per stage), tp at most 8.
+    # One sequence a step: tp at most 8 (8 KV heads), pp at most the layers, one microbatch.
     argv = ("--model", "llama3-70b", "--gpu", "h200", "--gpus", "1", "--tokens", "1e9")
     code, out, _ = run_plan(capsys, *argv, "--batch-tokens", "8192", "--search")
-    assert code == EXIT_FAILED
-    assert "not even 640 GPUs would do (the most any layout of this model and batch spans)" in out
+    assert code == EXIT_FAILED and "32 GPUs would be needed" in out  # pp 4 x tp 8
+    argv = ("--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--tokens", "1e9")
+    code, out, _ = run_plan(capsys, *argv, "--batch-size", "1", "--seq-len", "4194304", "--search")
+    assert code == EXIT_FAILED  # 4M tokens of activations: 1 x 8 x 32 GPUs are not enough
+    assert "not even 256 GPUs would do (the most any layout of this model and batch spans)" in out
 
 
 def test_calibration_from_the_performance_database(capsys, tmp_path):

@@ -175,6 +175,11 @@ def test_forced_host_devices_share_the_cpu_entry_and_an_accelerator_is_its_own(c
     assert capacity["8"] == pytest.approx(cpu.usable_bytes / 8)
     assert on_one_host(H200, 8) is H200
     assert on_one_host(cpu, 4).bf16_flops == pytest.approx(cpu.bf16_flops / 4)
+    assert on_one_host(cpu, 4).tdp_w == pytest.approx(cpu.tdp_w / 4)  # one host's power
+    code, out, _ = run_plan(capsys, *argv, "--gpus", "8", "--fsdp", "8")
+    run = json.loads(out)["plans"][0]
+    watts = run["energy_kwh"] * 3.6e6 / run["total_s"]
+    assert watts == pytest.approx(cpu.tdp_w * 0.76)  # the host's, not eight hosts'
 
 
 def test_a_shape_field_past_its_bound_is_refused_in_one_line(capsys):
@@ -354,11 +359,15 @@ def test_tensor_and_data_parallel_communication_appears_when_the_layout_needs_it
 
 def test_totals_follow_the_step_time():
     p = plan(request(price_per_gpu_hour=2.0), Layout(dp=1, fsdp=8, tp=8, microbatches=64))
-    assert p.total_s == pytest.approx(1e12 / p.step.tokens_per_s)
+    assert p.request.steps == 238_419  # 1e12 tokens over batches of 512 x 8192, rounded up
+    assert p.total_s == pytest.approx(238_419 * p.step.step_s)
     assert p.gpu_hours == pytest.approx(64 * p.total_s / 3600)
     assert p.energy_kwh == pytest.approx(64 * 700 * 0.76 * p.total_s / 3.6e6)
     assert p.cost == pytest.approx(2.0 * p.gpu_hours)
     assert plan(request(), Layout(dp=64)).cost is None
+    # a budget below one batch still runs the one step titan train would (--steps 1)
+    tiny = plan(request(tokens=1e6), Layout(dp=1, fsdp=8, tp=8, microbatches=64))
+    assert tiny.request.steps == 1 and tiny.total_s == pytest.approx(tiny.step.step_s)
 
 
 def test_search_ranks_only_fitting_layouts_of_the_whole_device_count():
@@ -375,6 +384,23 @@ def test_search_ranks_only_fitting_layouts_of_the_whole_device_count():
         "zero-bubble",
     }
     assert all(layout.tp <= 8 for layout in layouts)  # 8 KV heads
+
+
+def test_search_finds_a_pipeline_of_fewer_microbatches_than_stages_that_alone_fits(capsys):
+    # one sequence of 128k tokens: dp x fsdp x microbatches is 1, so only tp and pp can split
+    # it; the fitting layouts have pp > m = 1 (every schedule runs as GPipe: one 1F1B row)
+    argv = ("--model", "llama3-8b", "--gpu", "h100", "--tokens", "1e9", "--batch-size", "1")
+    argv += ("--seq-len", "131072", "--search", "--json")
+    code, out, _ = run_plan(capsys, *argv, "--gpus", "8")
+    assert code == 1 and json.loads(out)["gpus_needed"] == 32
+    code, out, _ = run_plan(capsys, *argv, "--gpus", "32")
+    plans = json.loads(out)["plans"]
+    assert code == 0 and plans
+    for p in plans:
+        fields = p["layout_fields"]
+        assert fields["microbatches"] == 1 < fields["pp"] and fields["schedule"] == "1f1b"
+    layouts = candidate_layouts(PRESETS["llama3-8b"], 32, 1)
+    assert {(x.schedule, x.microbatches) for x in layouts if x.pp > 1} == {("1f1b", 1)}
 
 
 def test_titan_plan_is_registered_with_the_cli():
@@ -447,8 +473,8 @@ def test_plan_help_names_each_default_once_and_which_options_are_required():
     assert all(text.count("(default:") <= 1 for text in helps.values()), helps
     for dest in ("model", "gpu", "gpus", "tokens"):
         assert "required" in helps[dest] and "default: None" not in helps[dest]
-    assert helps["seq_len"].endswith("(default: %(default)s)")
-    assert helps["dp"].endswith("(default: %(default)s)")  # a default of 0 is still named
+    assert helps["seq_len"].endswith("(default: 8192)")
+    assert helps["dp"].endswith("(default: 0)")  # a default of 0 is still named
     text = " ".join(plan_parser.format_help().split())
     for shown in ("(default: None)", "(default: False)", "(default: ==SUPPRESS==)"):
         assert shown not in text

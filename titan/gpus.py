@@ -205,9 +205,9 @@ _BY_NAME = _index()
 
 def on_one_host(spec: GpuSpec, devices: int) -> GpuSpec:
     """``spec`` as one of ``devices`` devices of one host: the CPU entry's forced host devices
-    (``--xla_force_host_platform_device_count``) share the one host's compute, memory and
-    memory bandwidth, each getting 1/``devices`` of them; an accelerator is its own device and
-    is returned unchanged."""
+    (``--xla_force_host_platform_device_count``) share the one host's compute, memory, memory
+    bandwidth and power, each getting 1/``devices`` of them; an accelerator is its own device
+    and is returned unchanged."""
     if spec.name != "cpu" or devices <= 1:
         return spec
     return replace(
@@ -217,6 +217,7 @@ def on_one_host(spec: GpuSpec, devices: int) -> GpuSpec:
         hbm_bytes=spec.hbm_bytes / devices,
         hbm_bytes_per_s=spec.hbm_bytes_per_s / devices,
         usable_bytes=spec.usable_bytes / devices,
+        tdp_w=spec.tdp_w / devices,
     )
 
 

@@ -93,13 +93,12 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="GPUs per node (default: those of the --gpu's reference server in the catalog)",
     )
-    p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
+    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default: {DEFAULT_SEQ_LEN})")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(
         "--batch-tokens",
         type=int,
-        default=DEFAULT_BATCH_TOKENS,
-        help="global batch, tokens (or --batch-size)",
+        help=f"global batch, tokens (or --batch-size) (default: {DEFAULT_BATCH_TOKENS})",
     )
     batch.add_argument(
         "--batch-size",
@@ -128,14 +127,12 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="price per GPU-hour in any currency (adds the cost, in that currency)",
     )
-    add_arguments(p, section_options("parallel", planner=True), explicit=False)
-    model = {o.name: o for o in section_options("compute", planner=True)}
-    add_arguments(p, [model[n] for n in ("remat", "param_dtype", "compute_dtype")], explicit=False)
+    add_arguments(p, PLANNED_OPTIONS, explicit=True)  # typed ones told from defaults: --from
     p.add_argument(
         "--attention",
         choices=ATTENTION_KERNELS,
-        default="flash",
-        help="fused kernel, or scores materialized (titan.ops native provider)",
+        help="fused kernel, or scores materialized (titan.ops native provider) (default: "
+        f"{PLAN_DEFAULTS['attention']})",
     )
     p.add_argument(
         "--calibration",
@@ -171,9 +168,19 @@ def add_parser(subparsers: Any) -> None:
         help="every --search column, however wide the terminal, only with --search (default: "
         "the columns that fit, by priority; dp, fsdp, tp and pp always)",
     )
-    p.set_defaults(run=run, plan_defaults={dest: p.get_default(dest) for dest in FROM_RUN_DESTS})
+    p.set_defaults(run=run)
 
 
+# The layout and precision options of titan train that titan plan takes.
+PLANNED_OPTIONS = (
+    *section_options("parallel", planner=True),
+    *sorted(section_options("compute", planner=True), key=lambda o: o.name != "remat"),
+)  # --remat first among the compute options, as in titan train --help
+# The defaults of the options whose parser default is None (so that typed ones are told).
+PLAN_DEFAULTS: dict[str, Any] = {
+    **{o.name: o.default for o in PLANNED_OPTIONS},
+    **{"seq_len": DEFAULT_SEQ_LEN, "batch_tokens": DEFAULT_BATCH_TOKENS, "attention": "flash"},
+}
 # The options of one layout: --search ranks every value of them.
 LAYOUT_DESTS = (*(o.name for o in section_options("parallel", planner=True)), "remat")
 # The options whose values --from takes from the run.
@@ -185,9 +192,19 @@ FROM_RUN_DESTS = (
 
 
 def _first_given(args: argparse.Namespace, dests: tuple[str, ...]) -> str | None:
-    """The flag of the first of ``dests`` set away from its default, or None."""
-    given = (d for d in dests if getattr(args, d) != args.plan_defaults[d])
+    """The flag of the first of ``dests`` typed on the command line (their parser default is
+    None, a switch's False: a typed default counts), or None."""
+    given = (d for d in dests if getattr(args, d) not in (None, False))
     return next(("--" + d.replace("_", "-") for d in given), None)
+
+
+def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with each option left out set to its default (:data:`PLAN_DEFAULTS`); after
+    :func:`check_exclusive_options`, which tells the typed ones by their None."""
+    for dest, default in PLAN_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    return args
 
 
 def check_exclusive_options(args: argparse.Namespace) -> None:
@@ -520,7 +537,7 @@ def outcome(args: argparse.Namespace) -> Outcome:
             :func:`titan.planning.budget.check_layouts_exist` (with ``--search``: no layout
             splits the model and batch over ``--gpus``).
     """
-    request = request_from_args(args)
+    request = request_from_args(fill_defaults(args))
     if args.search:
         check_layouts_exist(request)
     plans = search(request) if args.search else [planned(request, args)]
@@ -616,7 +633,7 @@ def train_options(model: str, p: Plan) -> dict[str, Any]:
     rolled = {"layer_unroll": 1} if layout.remat != "none" else {}
     values = {
         "preset": model,  # --model
-        "steps": math.ceil(request.tokens / (request.batch_sequences * request.seq_len)),
+        "steps": request.steps,
         "batch_size": request.batch_sequences,
         "seq_len": request.seq_len,
         "param_dtype": request.precision.param_dtype,

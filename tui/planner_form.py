@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from titan.cli import build_parser
 from titan.errors import TitanError
-from titan.plan_commands import LAYOUT_DESTS, outcome, train_options
+from titan.plan_commands import LAYOUT_DESTS, PLAN_DEFAULTS, outcome, train_options
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
@@ -84,7 +84,8 @@ def plan_options() -> tuple[PlanOption, ...]:
         if action.dest in _NOT_IN_FORM or not action.option_strings:
             continue
         switch = isinstance(action, argparse._StoreTrueAction)
-        default = "" if action.default is None or switch else str(action.default)
+        default = PLAN_DEFAULTS.get(action.dest, action.default)
+        default = "" if default is None or switch else str(default)
         choices = tuple(str(c) for c in action.choices or ())
         flag = action.option_strings[0]
         options.append(PlanOption(action.dest, flag, action.help or "", default, choices, switch))

@@ -86,8 +86,10 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
             head dim other than hidden_size / num_attention_heads, a RoPE scaling other than
             Llama 3's), or an inconsistent shape; one line naming the field.
     """
-    if hf.get("model_type") != "llama":
-        raise _refuse("model_type", hf.get("model_type"), "'llama'")
+    if "model_type" not in hf:  # a Titan run's config.json, say
+        raise TitanError("config.json has no model_type: not a Hugging Face model's config")
+    if hf["model_type"] != "llama":
+        raise _refuse("model_type", hf["model_type"], "'llama'")
     for bias in ("attention_bias", "mlp_bias"):
         if hf.get(bias):
             raise _refuse(bias, hf[bias], "false")

@@ -65,6 +65,12 @@ class PlanRequest:
     def batch_sequences(self) -> int:
         return self.batch_tokens // self.seq_len
 
+    @property
+    def steps(self) -> int:
+        """Whole steps of the budget: ceil(tokens / batch tokens), as ``titan train --steps``
+        runs it (a budget below one batch is one step)."""
+        return math.ceil(self.tokens / self.batch_tokens)
+
 
 def check_request(request: PlanRequest) -> None:
     """Reject impossible inputs (one-line :class:`TitanError` naming the flag)."""
@@ -109,7 +115,8 @@ class Plan:
 
     @property
     def total_s(self) -> float:
-        return self.request.tokens / self.step.tokens_per_s
+        """The run's time, seconds: :attr:`PlanRequest.steps` whole steps of the step time."""
+        return self.request.steps * self.step.step_s
 
     @property
     def gpu_hours(self) -> float:
@@ -280,10 +287,8 @@ def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> It
 
 
 def _schedules(model: ModelConfig, pp: int, m: int) -> Iterator[tuple[str, int]]:
-    if pp == 1:
-        yield "1f1b", 1
-        return
-    if m < pp:
+    if pp == 1 or m < pp:  # with m < pp every schedule runs as GPipe: one row, 1F1B's
+        yield "1f1b", 1  # (a bubble of (pp - 1) / m, exact there; ZB-H1's 3 m needs m >= pp)
         return
     for schedule, spec in SCHEDULES.items():
         if not spec.virtual_stages:
