@@ -251,6 +251,23 @@ def _pipeline_command(data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _ran_todays_orders(result: dict[str, Any]) -> bool:
+    """Whether a ``bench/pipeline.py`` MPMD row ran the action orders that
+    :func:`titan.schedules.build_schedule` gives now: each stage's actions in the order its
+    timed step started them (``timing.actions``: stage, chunk, microbatch, kind, start, end)."""
+    from titan.schedules import build_schedule
+
+    built = build_schedule(
+        result["schedule"], result["pp"], result["microbatches"], result["virtual_stages"]
+    )
+    ran: list[list[tuple[int, int, str]]] = [[] for _ in range(result["pp"])]
+    for stage, chunk, microbatch, kind, _start, _end in sorted(
+        result["timing"]["actions"], key=lambda a: a[4]
+    ):
+        ran[stage].append((chunk, microbatch, kind))
+    return ran == [[(a.chunk, a.microbatch, a.kind) for a in g] for g in built.stages]
+
+
 def pipeline_table(path: Path, base: Path) -> list[str]:
     """One ``bench/pipeline.py`` file: SPMD and every schedule and microbatch count."""
     data = json.loads(path.read_text())
@@ -279,6 +296,8 @@ def pipeline_table(path: Path, base: Path) -> list[str]:
         mpmd = r["layout"] == "mpmd"
         overhead = r.get("controller_overhead")
         schedule = r["schedule"] + (f", v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
+        if mpmd and not _ran_todays_orders(r):
+            schedule += " †"
         bubble = "-"
         if mpmd and "measured_bubble" in r:
             stages = ", ".join(f"{b:.0%}" for b in r["bubble_per_stage"])
@@ -302,6 +321,13 @@ def pipeline_table(path: Path, base: Path) -> list[str]:
     lines += [""] + [
         f"- failed: {r.get('schedule')} M={r.get('microbatches')}: {r.get('error')}" for r in failed
     ]
+    if any(r["layout"] == "mpmd" and not _ran_todays_orders(r) for r in results):
+        lines += [
+            "† ran other action orders than `titan.schedules` builds now (each stage's actions "
+            "in the order the timed step started them): these rows are of another schedule "
+            "and are to be measured again.",
+            "",
+        ]
     lines += [
         "Measured bubble: one step runs with a block after every action; per device group, "
         "1 - (its action times) / (normal step time - its update time), averaged over the "

@@ -388,7 +388,7 @@ def test_search_ranks_only_fitting_layouts_of_the_whole_device_count():
 
 def test_search_finds_a_pipeline_of_fewer_microbatches_than_stages_that_alone_fits(capsys):
     # one sequence of 128k tokens: dp x fsdp x microbatches is 1, so only tp and pp can split
-    # it; the fitting layouts have pp > m = 1 (every schedule runs as GPipe: one 1F1B row)
+    # it; the fitting layouts have pp > m = 1
     argv = ("--model", "llama3-8b", "--gpu", "h100", "--tokens", "1e9", "--batch-size", "1")
     argv += ("--seq-len", "131072", "--search", "--json")
     code, out, _ = run_plan(capsys, *argv, "--gpus", "8")
@@ -396,11 +396,10 @@ def test_search_finds_a_pipeline_of_fewer_microbatches_than_stages_that_alone_fi
     code, out, _ = run_plan(capsys, *argv, "--gpus", "32")
     plans = json.loads(out)["plans"]
     assert code == 0 and plans
-    for p in plans:
-        fields = p["layout_fields"]
-        assert fields["microbatches"] == 1 < fields["pp"] and fields["schedule"] == "1f1b"
+    assert all(p["layout_fields"]["microbatches"] == 1 < p["layout_fields"]["pp"] for p in plans)
     layouts = candidate_layouts(PRESETS["llama3-8b"], 32, 1)
-    assert {(x.schedule, x.microbatches) for x in layouts if x.pp > 1} == {("1f1b", 1)}
+    schedules = {x.schedule for x in layouts if x.pp > 1}
+    assert schedules == {"gpipe", "1f1b", "zero-bubble"}  # interleaving needs pp | m
 
 
 def test_titan_plan_is_registered_with_the_cli():

@@ -58,8 +58,32 @@ def test_1f1b_keeps_at_most_pp_microbatches_on_the_first_stage():
 def test_zero_bubble_defers_weight_gradients_into_the_cool_down():
     first = build_schedule("zero-bubble", 4, 8).stages[0]
     kinds = "".join(a.kind for a in first)
-    assert kinds.endswith("W" * 4)  # the last I is followed by the deferred W's
+    cool_down = kinds[kinds.rindex("F") + 1 :]  # the first stage waits for input gradients
+    assert cool_down.count("W") >= 4 and kinds.endswith("W")  # deferred W's fill the waits
     assert kinds.index("W") > kinds.index("I") + 3
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16])
+def test_replay_of_zero_bubble_at_unit_times_has_the_zb_h1_bubble(pp, m):
+    # t_F = t_I = t_W: (pp - 1)(t_F + t_I - t_W) idle for m >= pp (Qi et al. 2023, Sec. 3.1),
+    # against 1F1B's (pp - 1)(t_F + t_I + t_W) in the same units
+    from titan.schedules import simulate
+
+    schedule = build_schedule("zero-bubble", pp, m)
+    durations = {(a.chunk, a.microbatch, a.kind): 1.0 for stage in schedule.stages for a in stage}
+    makespan = simulate(schedule, durations)
+    if m >= pp:
+        assert makespan == 3 * m + pp - 1
+    assert 1 - 3 * m / makespan == pytest.approx(theoretical_bubble("zero-bubble", pp, m))
+    one_f_one_b = build_schedule("1f1b", pp, m)
+    both = {
+        (a.chunk, a.microbatch, a.kind): 2.0 if a.kind == "B" else 1.0
+        for g in one_f_one_b.stages
+        for a in g
+    }
+    assert makespan < simulate(one_f_one_b, both) == 3 * (m + pp - 1)
+    assert all(schedule.peak_in_flight(g) <= 2 * pp - g - 1 for g in range(pp))
 
 
 def test_validator_rejects_a_backward_before_its_forward():
@@ -101,6 +125,7 @@ def test_theoretical_bubbles():
     assert theoretical_bubble("interleaved-1f1b", 2, 8, 2) == pytest.approx(1 / 17)
     assert theoretical_bubble("zero-bubble", 2, 8) == pytest.approx(1 / 25)
     assert theoretical_bubble("zero-bubble", 4, 8) < theoretical_bubble("1f1b", 4, 8)
+    assert theoretical_bubble("zero-bubble", 4, 1) == pytest.approx(6 / 9)  # the I chain bare
 
 
 @pytest.mark.parametrize(

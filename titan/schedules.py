@@ -19,9 +19,9 @@ ask the registry:
   forwards on stage g, then one forward one backward, then the remaining backwards.
 - ``interleaved-1f1b`` (Narayanan et al. 2021, Sec. 2.2.2): 1F1B over ``v`` chunks per stage;
   needs ``m`` to be a multiple of ``pp``.
-- ``zero-bubble`` (ZB-H1, Qi et al. 2023, Sec. 3.1): 1F1B with the backward split into I and W;
-  stage g keeps up to ``pp - g - 1`` W actions deferred and runs them in the cool-down phase,
-  where 1F1B idles waiting for input gradients.
+- ``zero-bubble`` (ZB-H1, Qi et al. 2023, Sec. 3.1): 1F1B's warm-up with the backward split
+  into I and W; input gradients go first, and W actions run where 1F1B idles waiting for
+  input gradients (the orders are list-scheduled at equal action times, as the paper does).
 
 Theoretical bubble fractions (idle share of a stage's step time), with t_F, t_B the forward and
 backward times of one microbatch on one stage:
@@ -29,17 +29,21 @@ backward times of one microbatch on one stage:
 - GPipe and 1F1B: (pp - 1) / (m + pp - 1) (Narayanan et al. 2021, Sec. 2.2.1).
 - Interleaved: (pp - 1) / (v m + pp - 1) (ibid., Sec. 2.2.2: the bubble shrinks by v).
 - ZB-H1: the bubble is (pp - 1)(t_F + t_I - t_W) against 1F1B's (pp - 1)(t_F + t_I + t_W)
-  (Qi et al. 2023, Sec. 3.1); with t_F = t_I = t_W this is (pp - 1) / (3 m + pp - 1).
+  (Qi et al. 2023, Sec. 3.1); with t_F = t_I = t_W this is (pp - 1) / (3 m + pp - 1) for
+  m >= pp. With fewer microbatches the I chain is not covered: the step takes
+  3 m + pp - 1 + (pp - m) units (Titan's ZB-H1 orders, :func:`_zero_bubble_orders`, replayed
+  by :func:`simulate` at unit times take exactly these).
 
-Each is (pp - 1) / (k + pp - 1) with k the schedule's busy time in microbatch-stage units (m,
-v m, 3 m: :attr:`ScheduleSpec.bubble_work`); the planner's bubble relative to the ideal step,
-(pp - 1) / k (:func:`bubble_ratio`), is the same formula.
+Each is idle / (idle + busy) with a stage's idle and busy time in one unit ((pp - 1, m),
+(pp - 1, v m), (pp - 1 + max(0, pp - m), 3 m): :attr:`ScheduleSpec.bubble`); the planner's
+bubble relative to the ideal step, idle / busy (:func:`bubble_ratio`), is the same formula.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from titan.errors import TitanError
 
@@ -120,17 +124,55 @@ def _1f1b(stage: int, pp: int, m: int, v: int) -> list[Action]:
 
 
 def _zero_bubble(stage: int, pp: int, m: int, v: int) -> list[Action]:
-    deferred_limit = pp - stage - 1
-    actions: list[Action] = []
-    pending: list[int] = []
-    for microbatch, kind in _one_f_one_b(stage, pp, m, BACKWARD_INPUT):
-        actions.append(Action(stage, stage, microbatch, kind))
-        if kind == BACKWARD_INPUT:
-            pending.append(microbatch)
-            cooling_down = microbatch >= m - (pp - stage - 1)
-            if len(pending) > deferred_limit or (cooling_down and pending):
-                actions.append(Action(stage, stage, pending.pop(0), BACKWARD_WEIGHT))
-    return actions + [Action(stage, stage, i, BACKWARD_WEIGHT) for i in pending]
+    return [Action(stage, stage, i, k) for i, k in _zero_bubble_orders(pp, m)[stage]]
+
+
+# Tie-break of actions that could start at once: the input gradient first (the next stage
+# down waits for it), then a forward, then a weight gradient (it fills what would idle).
+_ZB_RANK = {BACKWARD_INPUT: 0, FORWARD: 1, BACKWARD_WEIGHT: 2}
+
+
+@cache
+def _zero_bubble_orders(pp: int, m: int) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """Each stage's (microbatch, kind) order of ZB-H1 (Qi et al. 2023, Sec. 3.1), found as
+    that paper finds its schedules, by list scheduling at t_F = t_I = t_W: the action that can
+    start first runs (ties: :data:`_ZB_RANK`, then the lower stage). Stage g starts a forward
+    while fewer than ``pp - g`` of its forwards wait for their I (1F1B's warm-up) and fewer than
+    ``2 pp - g - 1`` microbatches wait for their W (their residuals stay alive until W runs:
+    the in-flight bound). So W fills the time 1F1B idles, and the step takes
+    3 m + pp - 1 + max(0, pp - m) units against 1F1B's 3 (m + pp - 1)."""
+    done: dict[tuple[int, int, str], int] = {}  # (stage, microbatch, kind) -> finish
+    free = [0] * pp
+    ran: list[dict[str, int]] = [dict.fromkeys(_ZB_RANK, 0) for _ in range(pp)]
+    orders: list[list[tuple[int, str]]] = [[] for _ in range(pp)]
+    for _ in range(3 * pp * m):
+        start, _rank, g, kind = min(
+            (max(free[g], ready), _ZB_RANK[kind], g, kind)
+            for g in range(pp)
+            for kind, ready in _zb_ready(g, pp, m, ran[g], done).items()
+        )
+        i = ran[g][kind]
+        done[(g, i, kind)] = free[g] = start + 1
+        ran[g][kind] += 1
+        orders[g].append((i, kind))
+    return tuple(tuple(order) for order in orders)
+
+
+def _zb_ready(
+    g: int, pp: int, m: int, ran: dict[str, int], done: dict[tuple[int, int, str], int]
+) -> dict[str, int]:
+    """Stage g's next F, I and W that may run now, each with the time its inputs are ready."""
+    f, i, w = ran[FORWARD], ran[BACKWARD_INPUT], ran[BACKWARD_WEIGHT]
+    ready: dict[str, int] = {}
+    upstream = done.get((g - 1, f, FORWARD)) if g else 0
+    if f < m and f - i < pp - g and f - w < 2 * pp - g - 1 and upstream is not None:
+        ready[FORWARD] = upstream
+    downstream = done.get((g + 1, i, BACKWARD_INPUT)) if g < pp - 1 else 0
+    if i < f and downstream is not None:
+        ready[BACKWARD_INPUT] = max(done[(g, i, FORWARD)], downstream)
+    if w < i:
+        ready[BACKWARD_WEIGHT] = done[(g, w, BACKWARD_INPUT)]
+    return ready
 
 
 def _interleaved(stage: int, pp: int, m: int, v: int) -> list[Action]:
@@ -167,6 +209,11 @@ def _check_interleaved(name: str, pp: int, m: int, v: int) -> None:
         )
 
 
+def _one_chunk_bubble(pp: int, m: int, v: int) -> tuple[int, int]:
+    """GPipe's and 1F1B's (idle, busy), in t_F + t_B: (pp - 1, m), for any m."""
+    return pp - 1, m
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     """Everything known about one pipeline schedule, registered once in :data:`SCHEDULES`.
@@ -176,8 +223,8 @@ class ScheduleSpec:
         short: label in the planner's tables.
         builder: (stage, pp, m, v) -> that stage's ordered actions.
         check: (name, pp, m, v) -> None; raises TitanError for options the schedule rejects.
-        bubble_work: (m, v) -> the pipeline's busy time in microbatch-stage units, k with the
-            bubble (pp - 1) / k of the ideal step time (module docstring, with sources).
+        bubble: (pp, m, v) -> (idle, busy): a stage's idle and busy time in one step, in one
+            unit (module docstring, with sources).
         in_flight: (stage, pp, m, v) -> documented peak of chunk-microbatches whose residuals
             the stage holds (before the cap at m v).
         split_backward: the backward runs as I and W actions (input, weight gradients).
@@ -188,7 +235,7 @@ class ScheduleSpec:
     short: str
     builder: Callable[[int, int, int, int], list[Action]]
     check: Callable[[str, int, int, int], None]
-    bubble_work: Callable[[int, int], float]
+    bubble: Callable[[int, int, int], tuple[int, int]]
     in_flight: Callable[[int, int, int, int], int]
     split_backward: bool = False
     virtual_stages: bool = False
@@ -197,8 +244,9 @@ class ScheduleSpec:
         """Documented peak of chunk-microbatches in flight on ``stage``, at most ``m v``:
         GPipe m; 1F1B pp - stage; interleaved the warm-up forwards plus one,
         ``2 (pp - stage - 1) + (v - 1) pp + 1`` (Narayanan et al. 2021, Sec. 2.2.2); ZB-H1 here
-        1F1B's bound plus the ``pp - stage - 1`` deferred W actions, whose residuals stay alive
-        until W runs."""
+        ``2 pp - stage - 1``: the first stage's is 1F1B's plus ``pp - 1`` deferred W actions,
+        whose residuals stay alive until W runs, and no stage holds more
+        (:func:`_zero_bubble_orders`)."""
         return min(self.in_flight(stage, pp, m, v), m * v)
 
 
@@ -206,17 +254,17 @@ SCHEDULES: dict[str, ScheduleSpec] = {
     spec.name: spec
     for spec in (
         ScheduleSpec(
-            "gpipe", "gpipe", _gpipe, _check_one_chunk, lambda m, v: m, lambda g, p, m, v: m
+            "gpipe", "gpipe", _gpipe, _check_one_chunk, _one_chunk_bubble, lambda g, p, m, v: m
         ),
         ScheduleSpec(
-            "1f1b", "1f1b", _1f1b, _check_one_chunk, lambda m, v: m, lambda g, p, m, v: p - g
+            "1f1b", "1f1b", _1f1b, _check_one_chunk, _one_chunk_bubble, lambda g, p, m, v: p - g
         ),
         ScheduleSpec(
             "interleaved-1f1b",
             "int",
             _interleaved,
             _check_interleaved,
-            lambda m, v: v * m,
+            lambda p, m, v: (p - 1, v * m),
             lambda g, p, m, v: 2 * (p - g - 1) + (v - 1) * p + 1,
             virtual_stages=True,
         ),
@@ -225,8 +273,8 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             "zb",
             _zero_bubble,
             _check_one_chunk,
-            lambda m, v: 3 * m,
-            lambda g, p, m, v: 2 * (p - g) - 1,
+            lambda p, m, v: (p - 1 + max(0, p - m), 3 * m),
+            lambda g, p, m, v: 2 * p - g - 1,
             split_backward=True,
         ),
     )
@@ -250,16 +298,17 @@ def check_schedule_options(name: str, pp: int, microbatches: int, virtual_stages
 
 
 def bubble_ratio(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
-    """Pipeline idle time over the ideal (bubble-free) step time: (pp - 1) / k, k the schedule's
-    :attr:`ScheduleSpec.bubble_work` (module docstring); 0 without a pipeline."""
-    return (pp - 1) / schedule_spec(name).bubble_work(microbatches, virtual_stages)
+    """Pipeline idle time over the ideal (bubble-free) step time: idle / busy of the schedule's
+    :attr:`ScheduleSpec.bubble` (module docstring); 0 without a pipeline."""
+    idle, busy = schedule_spec(name).bubble(pp, microbatches, virtual_stages)
+    return idle / busy
 
 
 def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
-    """Idle fraction of each stage's step time, (pp - 1) / (k + pp - 1) (module docstring for
-    formulas and sources)."""
-    work = schedule_spec(name).bubble_work(microbatches, virtual_stages)
-    return (pp - 1) / (work + pp - 1)
+    """Idle fraction of each stage's step time, idle / (idle + busy) of the schedule's
+    :attr:`ScheduleSpec.bubble` (module docstring for formulas and sources)."""
+    idle, busy = schedule_spec(name).bubble(pp, microbatches, virtual_stages)
+    return idle / (idle + busy)
 
 
 def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:

@@ -287,8 +287,8 @@ def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> It
 
 
 def _schedules(model: ModelConfig, pp: int, m: int) -> Iterator[tuple[str, int]]:
-    if pp == 1 or m < pp:  # with m < pp every schedule runs as GPipe: one row, 1F1B's
-        yield "1f1b", 1  # (a bubble of (pp - 1) / m, exact there; ZB-H1's 3 m needs m >= pp)
+    if pp == 1:
+        yield "1f1b", 1
         return
     for schedule, spec in SCHEDULES.items():
         if not spec.virtual_stages:

@@ -26,11 +26,11 @@ optimizer step takes
   (``bench/planner_accuracy.py --evaluate``) and scored on the other half.
 - bubble (Narayanan et al. 2021, Sec. 2.2.1 and 2.2.2; Qi et al. 2023, Sec. 3.1), as a fraction
   of the ideal pipeline time: GPipe and 1F1B (pp - 1) / m; interleaved 1F1B (pp - 1) / (v m);
-  ZB-H1 (pp - 1) / (3 m), a third of 1F1B's. Titan's zero-bubble backward costs more than
-  B: its input-gradient program (I) and its weight-gradient program (W) each run the stage's
-  VJP, and W re-derives the activation-gradient chain that I computed (``titan.mpmd.pipeline``),
-  so I + W = B + I, with I one forward's worth of matmuls plus the recomputation (the per-action
-  times of ``bench/results/pipeline-h200x2.json``).
+  ZB-H1 (pp - 1 + max(0, pp - m)) / (3 m), a third of 1F1B's for m >= pp. Titan's zero-bubble
+  backward costs more than B: its input-gradient program (I) and its weight-gradient program
+  (W) each run the stage's VJP, and W re-derives the activation-gradient chain that I computed
+  (``titan.mpmd.pipeline``), so I + W = B + I, with I one forward's worth of matmuls plus the
+  recomputation (the per-action times of ``bench/results/pipeline-h200x2.json``).
 - communication (``titan.planning.collectives``): TP all-reduces activations twice per layer in
   the forward pass, twice in the backward and twice more in a full recomputation (Shoeybi et al.
   2019, "Megatron-LM", Sec. 3), on the critical path; FSDP all-gathers each layer's weights in
