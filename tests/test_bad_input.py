@@ -65,6 +65,10 @@ class Places:
         path.write_bytes(data.encode() if isinstance(data, str) else data)
         return str(path)
 
+    def link(self, name: str, target: str) -> str:
+        (self.tmp / name).symlink_to(target)
+        return str(self.tmp / name)
+
     def fifo(self, name: str) -> str:
         os.mkfifo(self.tmp / name)
         return str(self.tmp / name)
@@ -523,6 +527,27 @@ CASES: dict[str, Case] = {
     "import_hf_rope_theta_a_list": Case(
         lambda p: ["import", "hf", p.hf_dir(rope_theta=[1]), "--out", str(p.tmp / "o")],
         "field 'rope_theta'",
+    ),
+    # an output never replaces the run's files (links followed) nor goes into its checkpoints
+    "sample_out_a_link_to_the_runs_record": Case(
+        lambda p: ["sample", (r := p.run_copy()), "--out", p.link("s.png", f"{r}/events.jsonl")],
+        "is a file of the run",
+    ),
+    "sample_out_into_the_runs_checkpoints": Case(
+        lambda p: ["sample", (r := p.run_copy()), "--out", f"{r}/checkpoints/2/meta.png"],
+        "is inside the run's checkpoints/",
+    ),
+    "export_tensorboard_into_the_runs_checkpoints": Case(
+        lambda p: ["export", "tensorboard", (r := p.run_copy()), "--out", f"{r}/checkpoints"],
+        "is inside the run's checkpoints/",
+    ),
+    "export_csv_to_a_link_to_the_runs_config": Case(
+        lambda p: ["export", "csv", (r := p.run_copy()), "--out", p.link("m", f"{r}/config.json")],
+        "is a file of the run",
+    ),
+    "export_maxtext_into_the_runs_checkpoints": Case(
+        lambda p: ["export", "maxtext", (r := p.run_copy()), "--out", f"{r}/checkpoints/21"],
+        "is inside the run's checkpoints/",
     ),
     "import_hf_of_a_titan_run": Case(
         lambda p: ["import", "hf", p.saved_run("r"), "--out", str(p.tmp / "o")],

@@ -753,3 +753,13 @@ async def test_console_monitor_survives_wrong_types_and_shows_escapes_inert(tmp_
     assert f"cannot read {STDERR_LOG}" in shown[0]
     assert "thread main\\x1b]52;c;" in shown[2] and "frame[/]\\x1b]2;owned\\x07" in shown[2]
     assert "gpipe[/bogus]\\x1b]52" in shown[5] and "F0.0[link=http://x]" in shown[5]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["maxtext", "hf"])
+def test_an_exports_success_line_shows_a_hostile_out_inert(kind, finished_run, tmp_path, capsys):
+    out = tmp_path / f"{kind}\x1b[2J\nx"
+    assert main(["export", kind, str(finished_run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and printed.count("\n") == 1, printed
+    assert inert(str(out)) in printed

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from titan.errors import TitanError
 
+CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder (titan.trainer.checkpoint writes it)
+
 
 def check_new_dir(out: Path, flag: str = "--out") -> Path:
     """``out`` made absolute, after checking it can be created as a new directory.
@@ -57,6 +59,31 @@ def check_dir(out: Path, flag: str = "--out") -> Path:
         raise TitanError(f"{flag} {out}: is not a directory")
     _check_parent(out / "probe", flag)
     return out
+
+
+def check_outside_run(
+    out: Path, run_dir: Path, own: Path | None = None, flag: str = "--out"
+) -> None:
+    """Refuse an output that would replace a file the run wrote (its ``events.jsonl``, its
+    config, a checkpoint's file) or lie in its checkpoints folder (a folder there is taken for a
+    checkpoint, and deleted with the run's old ones). Links are followed: a link to the run's
+    ``events.jsonl`` is that file. ``own``: the command's own output in the run dir (its
+    default), which it may replace.
+
+    Raises:
+        TitanError: one line naming ``flag`` and ``out``.
+    """
+    whole, run = Path(out).resolve(), Path(run_dir).resolve()
+    if whole.is_relative_to(run / CHECKPOINT_DIR):
+        raise TitanError(
+            f"{flag} {out}: is inside the run's {CHECKPOINT_DIR}/; give a path outside it"
+        )
+    theirs = whole.is_file() and (own is None or whole != Path(own).resolve())
+    if theirs and whole.is_relative_to(run):
+        raise TitanError(
+            f"{flag} {out}: is a file of the run {run_dir} (an output never replaces the "
+            "run's own files); give a path outside it"
+        )
 
 
 def _check_parent(out: Path, flag: str) -> None:

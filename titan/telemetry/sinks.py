@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
-from titan.out_paths import check_dir, check_file
+from titan.out_paths import check_dir, check_file, check_outside_run
 from titan.progress_bar import progress_bar, tracked
 from titan.telemetry.records import EVENTS_FILE, EventTail
 
@@ -205,22 +205,6 @@ def default_out(run_dir: Path, sink: str) -> Path:
     return run_dir / {"tensorboard": "tensorboard", "csv": "metrics.csv"}.get(sink, "")
 
 
-def _check_not_the_runs(run_dir: Path, out: Path) -> None:
-    """Refuse an ``--out`` that is a file the run wrote (its ``events.jsonl``, config, a
-    checkpoint's): an export never replaces its own source. The export's own default file is
-    allowed.
-
-    Raises:
-        TitanError: ``out`` is an existing file under ``run_dir`` other than the default.
-    """
-    whole, run = out.resolve(), run_dir.resolve()
-    if whole.exists() and whole.is_relative_to(run) and whole != default_out(run, "csv"):
-        raise TitanError(
-            f"--out {out}: is a file of the run {run_dir} (an export never replaces the run's "
-            "own files); give a path outside it"
-        )
-
-
 def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = False) -> Path:
     """Write a run's metrics to ``sink`` (a :data:`SINKS` name); returns what was written.
 
@@ -248,8 +232,8 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
             f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no event ({tail.bad_lines} lines that are "
             "not events): not a run record"
         )
-    if out is not None and sink == "csv":
-        _check_not_the_runs(run_dir, out)
+    if out is not None:  # its default may be replaced: a csv's, by the next export
+        check_outside_run(out, run_dir, default_out(run_dir, sink))
     force = force or out is None
     out = out or default_out(run_dir, sink)
     if sink == "tensorboard":

@@ -68,6 +68,7 @@ import tensorstore as ts
 from titan.errors import TitanError, error_line, first_line, root_cause
 from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
+from titan.out_paths import CHECKPOINT_DIR
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
 from titan.parallel.distributed import (
     barrier,
@@ -85,7 +86,6 @@ from titan.trainer.snapshot import device_snapshot, snapshot_fits
 from titan.trainer.stage_store import StageStore, check_dtype
 from titan.trainer_state import ChunkState, Trainer, TrainState
 
-CHECKPOINT_DIR = "checkpoints"  # titan.trainer.init_from.CHECKPOINT_DIR too
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
 T = TypeVar("T")
 

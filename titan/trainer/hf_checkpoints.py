@@ -46,14 +46,14 @@ from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_s
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
-from titan.out_paths import check_new_dir, make_dir
+from titan.out_paths import check_new_dir, check_outside_run, make_dir
 from titan.parallel.chunks import Chunk, chunk_item, chunk_ranges, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_adapter
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, open_checkpoint, params_only
+from titan.trainer.checkpoint import Checkpointer, open_checkpoint, params_only
 from titan.trainer.init_from import saved_model
 from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer_state import ChunkState, TrainState
@@ -354,11 +354,8 @@ def _check_export_dir(out: Path, run_dir: Path) -> None:
     Raises:
         TitanError: one line naming ``--out``.
     """
-    whole = check_new_dir(out)
-    if whole.resolve().is_relative_to((run_dir / CHECKPOINT_DIR).resolve()):
-        raise TitanError(
-            f"--out {out}: is inside the run's {CHECKPOINT_DIR}/; give a path outside it"
-        )
+    check_new_dir(out)
+    check_outside_run(out, run_dir)
 
 
 def _export_dir(run_dir: Path, step: int) -> Path:

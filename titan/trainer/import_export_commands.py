@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.analysis.commands import add_export_formats
+from titan.inert import inert
 from titan.trainer import maxtext_commands
 from titan.trainer.init_from import resolve_source
 
@@ -82,7 +83,7 @@ def run_import(args: argparse.Namespace) -> int:
     source = Path(args.source)
     out = Path(args.out) if args.out else Path(f"{source.absolute().name}-titan")
     model = hf_checkpoints.import_hf(source, out)
-    print(f"{out}: step 0, {model.param_count():,} parameters ({model.n_layers} layers)")
+    print(f"{inert(out)}: step 0, {model.param_count():,} parameters ({model.n_layers} layers)")
     return 0
 
 
@@ -93,5 +94,5 @@ def run_export(args: argparse.Namespace) -> int:
     run_dir, step = resolve_source(args.run_dir, args.step)
     out = Path(args.out) if args.out else None
     step, out = hf_checkpoints.export_hf(run_dir, step, out, args.dtype)
-    print(f"{out}: step {step} of {run_dir}")
+    print(f"{inert(out)}: step {step} of {inert(run_dir)}")
     return 0

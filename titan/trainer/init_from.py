@@ -14,11 +14,11 @@ from typing import Any
 from titan.config import TASK_FAMILIES, TrainConfig
 from titan.config_files import read_run_config
 from titan.errors import TitanError
+from titan.out_paths import CHECKPOINT_DIR
 from titan.shapes import DEFAULT_VOCAB_SIZE, SHAPE_FIELDS, ModelConfig, model_text
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.resume import TOKENIZER_FILE
 
-CHECKPOINT_DIR = "checkpoints"  # titan.trainer.checkpoint's (that module imports orbax)
 # What each --model-source builds, as errors name it.
 SOURCE_MODELS = {"titan": "titan's llama", "maxtext": "a maxtext model"}
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from titan.inert import inert
+
 
 def add_import_format(kinds: Any) -> None:
     """Add ``maxtext`` to the formats of ``titan import``."""
@@ -66,7 +68,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     shape = import_maxtext(args.path, args.out, args.tokenizer, args.rope_theta, args.norm_eps)
     print(
-        f"titan import maxtext: wrote {args.out}: Titan's Llama d_model={shape.d_model} "
+        f"titan import maxtext: wrote {inert(args.out)}: Titan's Llama d_model={shape.d_model} "
         f"n_layers={shape.n_layers} n_heads={shape.n_heads} n_kv_heads={shape.n_kv_heads} "
         f"ffn_dim={shape.ffn_dim} vocab_size={shape.vocab_size}, "
         f"{shape.param_count():,} parameters"
@@ -79,5 +81,6 @@ def run_export(args: argparse.Namespace) -> int:
 
     written = export_run(args.run_dir, args.out, args.step)
     settings = " ".join(f"{key}={value}" for key, value in written["settings"].items())
-    print(f"titan export maxtext: wrote {args.out} (step {written['step']}); MaxText: {settings}")
+    wrote = f"wrote {inert(args.out)} (step {written['step']})"
+    print(f"titan export maxtext: {wrote}; MaxText: {settings}")
     return 0

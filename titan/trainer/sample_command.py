@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
+from titan.inert import inert
 
 
 def add_parser(subparsers: Any) -> None:
@@ -65,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
         steps=args.sample_steps,
         guidance=args.guidance,
     )
-    print(f"titan sample: step {step}: {path}")
+    print(f"titan sample: step {step}: {inert(path)}")
     return 0

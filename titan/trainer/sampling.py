@@ -20,7 +20,7 @@ from titan.errors import TitanError
 from titan.inert import inert
 from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
-from titan.out_paths import check_file
+from titan.out_paths import check_file, check_outside_run
 from titan.shapes import ModelConfig
 from titan.telemetry.records import EVENTS_FILE, read_first_events
 from titan.trainer.adapters import one_device_trainer
@@ -118,6 +118,14 @@ def sample_grid(
     return grid(images, columns=per_class), step
 
 
+def _own_sample(run_dir: Path, out: Path) -> Path | None:
+    """``out`` when it names one of the run's own sample grids (``RUN_DIR/samples-*.png``, the
+    default of a sampling before), which a new one may replace; else None."""
+    whole = out.resolve()
+    own = whole.parent == run_dir.resolve() and whole.name.startswith("samples-")
+    return whole if own else None
+
+
 def write_sample_grid(
     run_dir: Path, out: Path | None, scale: int = 1, **options: Any
 ) -> tuple[Path, int]:
@@ -133,6 +141,7 @@ def write_sample_grid(
         raise TitanError(f"--scale must be in [1, 16], got {scale}")
     if out is not None:
         check_file(out)
+        check_outside_run(out, run_dir, _own_sample(run_dir, out))
     image, step = sample_grid(run_dir, **options)
     out = out or run_dir / f"samples-{step}.png"
     out.parent.mkdir(parents=True, exist_ok=True)

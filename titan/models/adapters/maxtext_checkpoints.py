@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import v1 as ocp_v1
 
 from titan.errors import TitanError, error_line
-from titan.out_paths import check_new_dir
+from titan.out_paths import check_new_dir, check_outside_run
 from titan.parallel.chunks import chunk_item, chunks_from_ranges, join_layers
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
@@ -276,9 +276,11 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> dict[str, A
 
     Raises:
         TitanError: not a run dir, a diffusion run, no checkpoint, a RoPE scaling MaxText does
-            not take (:func:`rope_settings`), ``out`` exists or cannot be made.
+            not take (:func:`rope_settings`), ``out`` exists, cannot be made, or lies in the
+            run's checkpoints folder (:func:`titan.out_paths.check_outside_run`).
     """
     check_new_dir(out)  # before the read: a bad --out fails at once
+    check_outside_run(out, run_dir)
     params, config, step = read_run_params(run_dir, step)
     model = config["train"].get("model", {})
     if model.get("model_source") == "maxtext":
