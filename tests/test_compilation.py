@@ -121,3 +121,17 @@ def test_cache_misses_and_writes_are_not_logged(tmp_path: Path, monkeypatch, cap
     assert any((tmp_path / "xla").iterdir())  # written
     assert not [r for r in caplog.records if "PERSISTENT" in r.getMessage()]
     assert not [r for r in caplog.records if r.getMessage().startswith("Writing ")]
+
+
+def test_a_write_left_to_process_0_is_not_logged_on_the_others(
+    tmp_path: Path, monkeypatch, caplog
+):
+    # what JAX logs per compiled program on every process but 0 (jax._src.compiler), which
+    # filled a failed process's last lines under titan launch
+    from jax._src import distributed
+
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path))
+    monkeypatch.setattr(distributed.global_state, "process_id", 1)
+    with compilation_settings(cache=True), CompileWatch():
+        jax.jit(lambda x: x * 5.0)(jnp.ones((6,))).block_until_ready()
+    assert not [r for r in caplog.records if "Not writing" in r.getMessage()]

@@ -174,9 +174,15 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-# gloo's rendezvous lines ("[Gloo] Rank 1 is connected to 1 peer ranks. ..."): shown only with
-# --all-logs.
-GLOO_PREFIX = "[Gloo] "
+# gloo's rendezvous lines ("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of
+# connected peer ranks is : 1"), shown only with --all-logs: its C++ stream is not the Python
+# one, so a line of it can arrive cut at any point, the rest on a line of its own.
+GLOO_MARKS = ("[Gloo] ", "Expected number of connected peer ranks is")
+
+
+def is_gloo(line: str) -> bool:
+    """Whether ``line`` is (a piece of) gloo's rendezvous line (:data:`GLOO_MARKS`)."""
+    return any(mark in line for mark in GLOO_MARKS)
 HIDDEN_TAIL_LINES = 50  # of a process whose output is hidden, shown when it fails
 
 
@@ -190,15 +196,16 @@ def _relay(
     all_logs: bool,
 ) -> None:
     """Copy a child's lines to ``out`` as ``[index] line`` (gloo's only with ``all_logs``);
-    into ``tail`` instead when its output is hidden (``tail`` is None when it is shown). A
+    into ``tail`` instead (gloo's left out too) when its output is hidden (``tail`` is None when
+    it is shown). A
     native abort's text is kept off the terminal: it is said in one line once the child is
     dead."""
     for line in stream:
-        if abort.take(line):
+        if abort.take(line) or (not all_logs and is_gloo(line)):
             continue
         if tail is not None:
             tail.append(line)
-        elif all_logs or not line.startswith(GLOO_PREFIX):
+        else:
             with lock:
                 out.write(f"[{index}] {line}")
                 out.flush()

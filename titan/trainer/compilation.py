@@ -36,7 +36,11 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # jax._src.compiler
 _EXPLAIN_LOGGER = "jax._src.interpreters.partial_eval"  # where JAX logs TRACING CACHE MISS
 # where JAX logs, as warnings once misses are explained, each persistent-cache miss and write
 _CACHE_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
-_CACHE_LINES = ("PERSISTENT COMPILATION CACHE MISS", "Writing ")
+_CACHE_LINES = (
+    "PERSISTENT COMPILATION CACHE MISS",
+    "Writing ",
+    "Not writing persistent cache entry since process_id != 0",  # process 0 writes it
+)
 _SETTINGS = (
     "jax_compilation_cache_dir",
     "jax_persistent_cache_min_compile_time_secs",
@@ -83,7 +87,8 @@ def compilation_settings(cache: bool) -> Iterator[Path | None]:
 
 def _quiet_cache_lines(record: logging.LogRecord) -> bool:
     """Logging filter: drops JAX's line per persistent-cache miss and write (every program of a
-    cold start; the ``compile`` event counts the hits)."""
+    cold start; the ``compile`` event counts the hits), and, on the processes other than 0, per
+    write left to process 0."""
     return not record.getMessage().startswith(_CACHE_LINES)
 
 
