@@ -123,9 +123,7 @@ def test_cache_misses_and_writes_are_not_logged(tmp_path: Path, monkeypatch, cap
     assert not [r for r in caplog.records if r.getMessage().startswith("Writing ")]
 
 
-def test_a_write_left_to_process_0_is_not_logged_on_the_others(
-    tmp_path: Path, monkeypatch, caplog
-):
+def test_a_write_left_to_process_0_is_not_logged_on_the_others(tmp_path: Path, monkeypatch, caplog):
     # what JAX logs per compiled program on every process but 0 (jax._src.compiler), which
     # filled a failed process's last lines under titan launch
     from jax._src import distributed

@@ -183,6 +183,8 @@ GLOO_MARKS = ("[Gloo] ", "Expected number of connected peer ranks is")
 def is_gloo(line: str) -> bool:
     """Whether ``line`` is (a piece of) gloo's rendezvous line (:data:`GLOO_MARKS`)."""
     return any(mark in line for mark in GLOO_MARKS)
+
+
 HIDDEN_TAIL_LINES = 50  # of a process whose output is hidden, shown when it fails
 
 
