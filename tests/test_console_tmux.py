@@ -57,6 +57,13 @@ def _send(*keys: str) -> None:
         time.sleep(0.6 if key == "Escape" else 0.2)
 
 
+def _back_to_the_run_list(*keys: str) -> None:
+    """Send ``keys`` and wait for the run list's keys: a key sent while a form still had the
+    focus (a loaded machine is slow to close it) would be typed into its field."""
+    _send(*keys)
+    _wait_for("⏎ Open", 30)
+
+
 def _wait_for(text: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while text not in (screen := _screen()):
@@ -162,12 +169,15 @@ def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_noti
         detail = _shown("detail", "— llama3-1b-h200", "1 summary", "completed", *keys)
         _send("Escape", "Space", "Down", "Space", "c")
         compare = _shown("compare", "A llama3-1b-h200 vs B tiny-watchdog-stall", "config", *keys)
-        _send("Escape", "Escape", "p")
+        _back_to_the_run_list("Escape", "Escape")
+        _send("p")
         # a field has focus: q and ? are text there
         planner = _shown("planner", "budget planner", "--model", "^t Train this plan", "f1 Keys")
-        _send("Escape", "n")
+        _back_to_the_run_list("Escape")
+        _send("n")
         launch = _shown("launch", "--model: ", "--nonfinite-patience ", "^r Launch", "f1 Keys")
-        _send("Escape", "?")
+        _back_to_the_run_list("Escape")
+        _send("?")
         help_ = _shown("keys", "esc, ? or f1 to close", "Attach")
         _send("C-End")  # the list scrolls: the app's keys come last
         _shown("keys-end", "esc, ? or f1 to close", "History", small=False)
