@@ -40,6 +40,7 @@ from tui.app import main as console_main
 from tui.history import HistoryQuery, HistoryStore
 from tui.launcher import STDERR_LOG
 from tui.run_list import list_runs
+from tui.screens.compare import CompareScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
@@ -763,3 +764,39 @@ def test_an_exports_success_line_shows_a_hostile_out_inert(kind, finished_run, t
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and printed.count("\n") == 1, printed
     assert inert(str(out)) in printed
+
+
+async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_step(tmp_path):
+    root = tmp_path / "runs"
+    for name in ("tiny-20261129-185806-39fc", "tiny-killed-resumed"):
+        shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs" / name, root / name)
+    (root / "loop").symlink_to(root / "loop")  # ELOOP at the listing's is_dir()
+    hostile = root / "tiny-killed-resumed" / EVENTS_FILE
+    lines = hostile.read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    steps = [
+        dict(last, type="step", step=38, loss=-1e308),
+        dict(last, type="step", step=None, loss=5.0),
+    ]
+    hostile.write_text("".join(lines[:-1] + [json.dumps(s) + "\n" for s in steps] + lines[-1:]))
+    app = TitanConsole(root)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RunTable)
+        await wait_until(pilot, lambda: table.row_count == 2, lambda: "runs not listed", 20)
+        table.move_cursor(row=0)  # the run written last: the hostile one
+        assert table.selected_run() == hostile.parent
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        await pilot.press("2")  # the curves: plotext overflowed on -1e308
+        await pilot.pause(0.5)
+        curves = _screen_text(app)
+        await pilot.press("escape", "h")
+        history = app.screen.query_one(HistoryTable)
+        await wait_until(pilot, lambda: history.row_count == 2, lambda: "not in history", 20)
+        await pilot.press("space", "down", "space", "c")  # the null step broke the ticks
+        compare = app.screen
+        assert isinstance(compare, CompareScreen)
+        await wait_until(pilot, lambda: bool(compare.diff), lambda: "no diff", 10)
+        await pilot.pause(0.5)
+        compared = _screen_text(app)
+    assert "learning rate" in curves and "tiny-killed-resumed" in compared

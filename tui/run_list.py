@@ -89,6 +89,14 @@ def _last_write(run_dir: str, root_fd: int) -> float | None:
     return None
 
 
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether a runs root's entry is a folder (or a link to one); a link loop is none."""
+    try:
+        return entry.is_dir()
+    except OSError:  # ELOOP: the link names itself
+        return False
+
+
 def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
     """The ``limit`` run dirs written to last, and the number of run dirs."""
     written = []
@@ -96,7 +104,7 @@ def _recent_run_dirs(runs_root: Path, limit: int) -> tuple[list[Path], int]:
     try:
         with os.scandir(root_fd) as entries:
             for entry in entries:
-                if entry.is_dir():
+                if _is_dir(entry):
                     mtime = _last_write(entry.name, root_fd)
                     if mtime is not None:
                         written.append((mtime, entry.name))

@@ -18,6 +18,9 @@ _ASCII_MARKERS = ("*", "+")
 _COLUMNS_PER_X_TICK, _ROWS_PER_Y_TICK = 14, 3
 # (label, steps, values): a line; a value None or NaN is no point (tui.curve.thin).
 Series = tuple[str, Sequence[float], Sequence[float | None]]
+# The largest magnitude drawn: plotext's scale overflows past about 1e300 (a loss of -1e308
+# raised OverflowError in its render); a record's value beyond it is no point, as NaN is.
+_LARGEST = 1e200
 
 
 class CurvePlot(PlotextPlot):
@@ -67,6 +70,7 @@ class CurvePlot(PlotextPlot):
         shown_x: list[float] = []
         shown_y: list[float] = []
         for (name, xs, ys), marker in zip(self.series, self.markers, strict=False):
+            xs, ys = _drawable(xs, ys)
             if xs:
                 steps, values = thin(xs, ys, 2 * width)  # braille: two dots a column
                 plt.plot(steps, values, label=name if label else None, marker=marker)
@@ -79,6 +83,26 @@ class CurvePlot(PlotextPlot):
             if shown:
                 at = nice_ticks(min(shown), max(shown), most)
                 ticks(at, [tick_label(t) for t in at])
+
+
+def _drawable(
+    xs: Sequence[float], ys: Sequence[float | None]
+) -> tuple[list[float], list[float | None]]:
+    """The points of a series that a chart can place: a step that is a finite number (a
+    record's ``"step": null`` is none), and its value, or None (no point) for a value that is
+    not a finite number within :data:`_LARGEST`."""
+    steps, values = [], []
+    for x, y in zip(xs, ys, strict=True):
+        if _finite(x):
+            steps.append(x)
+            values.append(
+                y if isinstance(y, int | float) and _finite(y) and abs(y) <= _LARGEST else None
+            )
+    return steps, values
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _shape(series: Sequence[Series]) -> list[tuple]:
