@@ -34,7 +34,7 @@ def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
         ("total time", format_span(p["total_s"])),
         ("GPU-hours", format_amount(p["gpu_hours"])),
         ("energy", f"{format_amount(p['energy_kwh'])} kWh"),
-        ("cost", cost),
+        ("cost (¤)", cost),  # ¤: the currency of --price (titan plan: "--price currency")
     ]
 
 
