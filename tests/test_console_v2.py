@@ -586,3 +586,27 @@ def _read_to_end(watcher: RunWatcher) -> RunState:
             break
     assert states, "nothing read"
     return states[-1]
+
+
+async def test_the_watchdog_panel_says_a_heartbeat_from_the_future_is_ahead_of_this_clock():
+    from textual.app import App, ComposeResult
+
+    from tui.widgets.stat import Stat
+    from tui.widgets.watchdog_panel import WatchdogPanel
+
+    class One(App):
+        def compose(self) -> ComposeResult:
+            yield WatchdogPanel()
+
+    state = RunState()
+    state.apply(parsed([event("run_start", 0.0), event("step", 1e9, step=1, loss=3.0)]))
+    async with One().run_test(size=SIZE) as pilot:
+        panel = pilot.app.query_one(WatchdogPanel)
+        panel.show(state, now=100.0)  # the record's clock 1e9 s ahead: not "-1e9 s ago"
+        await pilot.pause()
+        ahead = panel.query_one("#wd-age", Stat).value
+        panel.show(state, now=1e9 + 12.0)
+        await pilot.pause()
+        age = panel.query_one("#wd-age", Stat).value
+    assert "999999900 s ahead of this clock" in ahead and "ago" not in ahead
+    assert "12 s ago" in age

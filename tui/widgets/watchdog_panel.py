@@ -48,6 +48,8 @@ class WatchdogPanel(Vertical):
         age_stat = self.query_one("#wd-age", Stat)
         if state.last_event_at is None or state.end_status:
             age_stat.show("-")
+        elif state.last_event_at > now + 1:  # another host's clock, or a record's bad time
+            age_stat.show(f"{state.last_event_at - now:.0f} s ahead of this clock", "warn")
         else:
             age = now - state.last_event_at
             # Whole seconds: the monitor's clock ticks once a second.
