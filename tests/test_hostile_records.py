@@ -28,7 +28,7 @@ from titan.analysis.report import REPORT_FILE
 from titan.cli import main
 from titan.config import check_run_id
 from titan.errors import TitanError
-from titan.formatting import format_clock, format_duration
+from titan.formatting import format_bounded, format_clock, format_duration
 from titan.inert import inert
 from titan.reading import lines_from_end, parse_json
 from titan.telemetry.heartbeat import ProcessId
@@ -774,9 +774,9 @@ async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_
     hostile = root / "tiny-killed-resumed" / EVENTS_FILE
     lines = hostile.read_text().splitlines(keepends=True)
     last = json.loads(lines[-1])
-    steps = [
-        dict(last, type="step", step=38, loss=-1e308),
+    steps = [  # the last loss shown in the run list, its step past any real run's
         dict(last, type="step", step=None, loss=5.0),
+        dict(last, type="step", step=10**20, loss=-1e308),
     ]
     hostile.write_text("".join(lines[:-1] + [json.dumps(s) + "\n" for s in steps] + lines[-1:]))
     app = TitanConsole(root)
@@ -785,6 +785,8 @@ async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_
         await wait_until(pilot, lambda: table.row_count == 2, lambda: "runs not listed", 20)
         table.move_cursor(row=0)  # the run written last: the hostile one
         assert table.selected_run() == hostile.parent
+        await pilot.pause(0.2)
+        listed = _screen_text(app)
         await pilot.press("enter")
         await pilot.pause(0.5)
         await pilot.press("2")  # the curves: plotext overflowed on -1e308
@@ -800,3 +802,7 @@ async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_
         await pilot.pause(0.5)
         compared = _screen_text(app)
     assert "learning rate" in curves and "tiny-killed-resumed" in compared
+    # a number past any real run's stays one short cell: the other columns stay on the screen
+    row = next(line for line in listed.splitlines() if "-1.00e+308" in line)
+    assert "1.00e+20/" in row and "tiny-killed-resumed" in row
+    assert format_bounded(1234567.0, ",.0f") == "1,234,567"  # a real run's, in full

@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import math
 import time
+from decimal import Decimal
 
 
 def format_number(value: float | None, fmt: str, missing: str = "-") -> str:
     """``value`` in ``fmt`` (a format spec), or ``missing`` when it is None."""
     return missing if value is None else format(value, fmt)
+
+
+# The widest number a cell shows in fixed point: a real run's figures (steps, tokens/s, losses)
+# take at most about 15 characters with separators; a corrupt or hostile record's (a loss of
+# -1e308, a step of 1e20) would take hundreds and push every other column off the screen.
+FIXED_WIDTH = 15
+
+
+def format_bounded(value: float | None, spec: str, missing: str = "-") -> str:
+    """``value`` in ``spec`` (:func:`format_number`), or in scientific notation with three
+    significant digits (``-1.00e+308``) when that would be wider than :data:`FIXED_WIDTH`
+    characters (an int past a float's range too: Decimal formats it)."""
+    text = format_number(value, spec, missing)
+    if value is None or len(text) <= FIXED_WIDTH:
+        return text
+    return format(Decimal(value), ".2e")
 
 
 def format_count(n: int) -> str:

@@ -19,6 +19,7 @@ from textual.worker import get_current_worker
 
 from titan.analysis.liveness import STALLED, UNRESPONSIVE, Liveness
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED, EXIT_USAGE
+from titan.formatting import format_bounded
 from titan.inert import inert
 from titan.telemetry.heartbeat import ProcessId
 from tui.console_app import console_app
@@ -351,18 +352,17 @@ class MonitorScreen(Screen[None]):
             shown += "; stop sent, not acted on yet: k kills"
         self.query_one("#status", Stat).show(shown, _STATUS_TONES.get(status), wrap=shown != status)
         self._show_process()
-        total = "?" if state.total_steps is None else str(state.total_steps)
+        total = format_bounded(state.total_steps, "", "?")
         resumed_at = state.resumed_from_step
         resumed = "" if resumed_at is None else f" (resumed at {resumed_at})"
         if self._history_behind():  # its run_start may be an earlier attempt's: not shown
             resumed = f" · {self._unread_bytes / 1e6:.1f} MB of history to read"
-        self.query_one("#step", Stat).show(f"{state.step} / {total}{resumed}")
+        self.query_one("#step", Stat).show(f"{format_bounded(state.step, '')} / {total}{resumed}")
         params = "" if state.param_count is None else f" · {state.param_count / 1e6:.2f}M params"
         self.query_one("#model", Stat).show(f"{state.preset or '?'}{params}")
-        self.query_one("#loss", Stat).show("-" if state.loss is None else f"{state.loss:.4f}")
-        tokens_per_s = "-" if state.tokens_per_s is None else f"{state.tokens_per_s:,.0f}"
-        self.query_one("#throughput", Stat).show(tokens_per_s)
-        self.query_one("#tokens", Stat).show(f"{state.tokens_seen:,}")
+        self.query_one("#loss", Stat).show(format_bounded(state.loss, ".4f"))
+        self.query_one("#throughput", Stat).show(format_bounded(state.tokens_per_s, ",.0f"))
+        self.query_one("#tokens", Stat).show(format_bounded(state.tokens_seen, ","))
         # A run that stopped or failed has nothing left to wait for: no ETA, not 0:00:00.
         eta_s = state.eta_s() if status in ("running", "completed") else None
         self.query_one("#eta", Stat).show(_duration(eta_s))

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets.data_table import ColumnKey
 
-from titan.formatting import format_clock
+from titan.formatting import format_bounded, format_clock
 from tui.history import HistoryPage, HistoryQuery, HistoryRow
 from tui.plain import LAYOUT_WIDTH, PRESET_WIDTH, STATUS_WIDTH, cell, short
 from tui.widgets.plain_table import PlainTable
@@ -51,7 +51,7 @@ _FIELDS = (
 
 def _cells(row: HistoryRow) -> tuple[str, ...]:
     def num(value: float | None, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
+        return format_bounded(value, spec)
 
     started = format_clock(row.started_at, "%Y-%m-%d %H:%M")
     return (

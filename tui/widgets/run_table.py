@@ -8,6 +8,7 @@ from pathlib import Path
 
 from textual.binding import Binding
 
+from titan.formatting import format_bounded
 from titan.inert import inert
 from tui.plain import PRESET_WIDTH, STATUS_WIDTH, PlainText, cell, short
 from tui.run_list import RunSummary
@@ -58,8 +59,9 @@ class RunTable(PlainTable):
             if summary.unread_bytes:  # its figures so far may be an earlier attempt's
                 step, loss = "…", "…"
             else:
-                step = f"{state.step}/{state.total_steps or '?'}"
-                loss = "-" if state.loss is None else f"{state.loss:.3f}"
+                total = format_bounded(state.total_steps, "", "?")
+                step = f"{format_bounded(state.step, '')}/{total}"
+                loss = format_bounded(state.loss, ".3f")
             self.add_row(
                 status_cell(summary.status),
                 cell(step),
