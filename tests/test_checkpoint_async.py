@@ -341,6 +341,7 @@ def test_one_process_async_saves_prune_off_the_loop_thread(tmp_path, monkeypatch
     synchronous.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
 def test_a_failed_pruning_leaves_the_new_checkpoint_committed(tmp_path, asynchronous, capfd):
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", batch_size=8, seq_len=32)

@@ -56,6 +56,7 @@ async def test_changing_the_preset_clears_the_launch_error(tmp_path: Path):
     assert steps.text == "20"
 
 
+@pytest.mark.slow
 async def test_the_planners_focused_field_stands_out(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -126,6 +127,7 @@ async def test_the_planner_sends_its_plan_to_the_launch_form(tmp_path: Path):
     assert form["steps"] == str(options["steps"]) and int(form["steps"]) > 0
 
 
+@pytest.mark.slow
 async def test_the_planner_does_not_send_a_plan_its_form_no_longer_shows(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:

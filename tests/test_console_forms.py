@@ -87,6 +87,7 @@ async def test_a_key_typed_on_a_choice_field_opens_it_not_a_binding(tmp_path: Pa
     assert opened
 
 
+@pytest.mark.slow
 async def test_the_key_that_opens_a_choice_field_searches_it_and_the_footer_leaves_q_out(
     tmp_path: Path,
 ):

@@ -369,6 +369,7 @@ def test_over_ssh_a_run_is_launched_watched_stopped_and_the_console_quits(
     assert not psutil.pid_exists(ssh_pid) and _consoles_and_trainers() == []
 
 
+@pytest.mark.slow
 @needs_ssh
 @pytest.mark.parametrize("leads_session", [True, False], ids=["sighup", "no-sighup-only-eio"])
 def test_a_dropped_ssh_connection_ends_the_console_by_itself(tmp_path: Path, leads_session: bool):

@@ -766,6 +766,7 @@ def test_an_exports_success_line_shows_a_hostile_out_inert(kind, finished_run, t
     assert inert(str(out)) in printed
 
 
+@pytest.mark.slow
 async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_step(tmp_path):
     root = tmp_path / "runs"
     for name in ("tiny-20261129-185806-39fc", "tiny-killed-resumed"):

@@ -38,6 +38,7 @@ def test_a_vocab_size_other_than_the_checkpoints_is_refused_naming_both(
     assert capsys.readouterr().out == printed
 
 
+@pytest.mark.slow
 def test_a_checkpoint_in_another_dtype_than_param_dtype_is_refused_naming_both(
     finished_run, tmp_path, capsys
 ):

@@ -25,6 +25,7 @@ def _adapters():
     yield DitAdapter(dataclasses.replace(PRESETS["dit-tiny"], vocab_size=11), OPS)  # 10 digits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", _adapters(), ids=lambda a: type(a).__name__)
 def test_init_is_rolled_and_gives_the_unrolled_values(adapter, monkeypatch: pytest.MonkeyPatch):
     n_layers = adapter.config.n_layers

@@ -230,6 +230,7 @@ def test_a_compile_event_without_a_complete_analysis_has_no_program_bytes(memory
     assert whole.program_bytes == 35
 
 
+@pytest.mark.slow
 def test_train_holds_auto_against_its_compiled_program_and_builds_the_next_candidate():
     cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, batch_size=8, seq_len=32)
     shape = model_config(cfg.model.shape, VOCAB)

@@ -262,6 +262,7 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_with_run_end(corpus_d
         assert end["error"].startswith("disk full (ENOSPC)")
 
 
+@pytest.mark.slow
 def test_a_full_disk_met_while_a_save_is_in_flight_names_the_save(tmp_path):
     # The race the test above can lose under load: the loop's record finds the disk full
     # while the async save that filled it is still writing.
