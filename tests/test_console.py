@@ -587,3 +587,20 @@ async def test_a_dead_runs_elapsed_time_stops_at_its_last_event(tmp_path: Path, 
         await pilot.pause(1.5)
         later = stat(app, "elapsed")
     assert first == later == "0:00:15"
+
+
+async def test_a_screen_returned_to_after_shrinking_the_terminal_shows_the_notice(
+    consoles, tmp_path: Path
+):
+    app = consoles(tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("p")  # the planner, then the terminal shrinks under it
+        await pilot.pause()
+        await pilot.resize_terminal(50, 15)
+        await pilot.pause()
+        await pilot.press("escape")  # back to the run list, left while the terminal was large
+        await pilot.pause()
+        notice = app.screen.query_one(TooSmall)
+        shown = (type(app.screen).__name__, notice.display, str(notice.content))
+    assert shown[:2] == ("RunsScreen", True)
+    assert shown[2].startswith("Terminal too small: 50x15.")

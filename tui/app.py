@@ -132,19 +132,23 @@ class TitanConsole(App[None], inherit_bindings=False):
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size)
 
-    def _check_size(self, size: Size | None = None) -> None:
-        """Show or hide the "terminal too small" notice for ``size`` (default: the app's)."""
+    def _check_size(self, size: Size | None = None, screen: Screen | None = None) -> None:
+        """Show or hide the "terminal too small" notice for ``size`` (default: the app's), its
+        text written on ``screen`` (default: the active one)."""
         size = size or self.size
         small = too_small(size)
         self.set_class(small, "-too-small")
         if small:
-            for notice in self.screen.query(TooSmall):
+            for notice in (screen or self.screen).query(TooSmall):
                 notice.update(notice_text(size))
 
     def _add_size_notice(self, screen: Screen) -> None:
+        """Give ``screen`` its notice, as the terminal is now: a screen returned to after a
+        resize kept the notice of the size it was left at (or none, when it was left large)."""
         if not screen.query_children(TooSmall):
             screen.mount(TooSmall())
-        self._check_size()
+        self._check_size(screen=screen)
+        self.update_styles(screen)  # the app's class may have changed while it was below
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Hide Back on the base screen (there is nothing below it), in the key help over it
