@@ -610,3 +610,14 @@ async def test_the_watchdog_panel_says_a_heartbeat_from_the_future_is_ahead_of_t
         age = panel.query_one("#wd-age", Stat).value
     assert "999999900 s ahead of this clock" in ahead and "ago" not in ahead
     assert "12 s ago" in age
+
+
+def test_a_resumed_attempt_shows_no_figure_of_the_attempt_before_until_its_first_step():
+    state = RunState()
+    state.apply(parsed([event("run_start", 0.0, total_steps=4, start_step=0)]))
+    state.apply(parsed([event("step", 1.0, step=2, loss=8.39, tokens_per_s=900.0)]))
+    # killed at step 2 with no checkpoint: the resume starts again at step 0
+    state.apply(parsed([event("run_start", 5.0, total_steps=1, start_step=0)]))
+    assert (state.step, state.loss, state.tokens_per_s) == (0, None, None)
+    state.apply(parsed([event("step", 6.0, step=1, loss=8.5, tokens_per_s=1000.0)]))
+    assert (state.step, state.loss, state.tokens_per_s) == (1, 8.5, 1000.0)

@@ -257,6 +257,8 @@ class RunState:
         self.attempts += 1
         self.resumed_from_step = event.resumed_from_step
         self.step = event.start_step if event.start_step is not None else self.step
+        # the last step's figures are an earlier attempt's, maybe of a step past this start
+        self.loss = self.tokens_per_s = None
         self.end_status = self.end_error = self.ended_at = None
         self._step_times.clear()
 
