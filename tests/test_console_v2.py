@@ -621,3 +621,23 @@ def test_a_resumed_attempt_shows_no_figure_of_the_attempt_before_until_its_first
     assert (state.step, state.loss, state.tokens_per_s) == (0, None, None)
     state.apply(parsed([event("step", 6.0, step=1, loss=8.5, tokens_per_s=1000.0)]))
     assert (state.step, state.loss, state.tokens_per_s) == (1, 8.5, 1000.0)
+
+
+async def test_a_column_the_sort_arrow_left_gives_its_room_back(sample_root: Path):
+    app = TitanConsole(sample_root)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await _open_history(pilot)
+
+        def widths() -> list[int]:
+            return [column.get_render_width(table) for column in table.ordered_columns]
+
+        await pilot.press("o")  # sorted by run: its heading takes the arrow
+        await wait_until(pilot, lambda: table.current, lambda: "not sorted", 10)
+        await pilot.pause(0.1)
+        first = widths()
+        for _ in range(len(first)):  # the arrow round every column, back to the run column
+            await pilot.press("o")
+            await wait_until(pilot, lambda: table.current, lambda: "not sorted", 10)
+        await pilot.pause(0.1)
+        again = widths()
+    assert again == first  # no column kept the arrow's width once it moved on

@@ -197,6 +197,8 @@ class HistoryTable(PlainTable):
             selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         self._relabel()
         self.clear()
+        for heading in self.columns.values():  # sized afresh: by its label, then the new rows
+            heading.content_width = heading.label.cell_len
         for row in self.page.rows:
             cells = _cells(row)
             mark = "* " if row.run_id in self.marked else ""
