@@ -478,6 +478,9 @@ CASES: dict[str, Case] = {
         lambda p: ["plan", "--from", str(SAMPLE_RUN), "--seq-len", "8192"],
         "--seq-len conflicts with --from",
     ),
+    "plan_search_with_a_typed_zero": Case(  # 0 == False: told by identity, not equality
+        lambda p: [*PLAN_TINY, "--search", "--dp", "0"], "--dp conflicts with --search"
+    ),
     "plan_search_with_a_typed_default_layout": Case(
         lambda p: [*PLAN_TINY, "--search", "--remat", "auto"], "--remat conflicts with --search"
     ),

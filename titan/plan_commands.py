@@ -194,7 +194,7 @@ FROM_RUN_DESTS = (
 def _first_given(args: argparse.Namespace, dests: tuple[str, ...]) -> str | None:
     """The flag of the first of ``dests`` typed on the command line (their parser default is
     None, a switch's False: a typed default counts), or None."""
-    given = (d for d in dests if getattr(args, d) not in (None, False))
+    given = (d for d in dests if getattr(args, d) is not None and getattr(args, d) is not False)
     return next(("--" + d.replace("_", "-") for d in given), None)
 
 
