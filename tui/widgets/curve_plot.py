@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
@@ -95,13 +96,12 @@ def _drawable(
     for x, y in zip(xs, ys, strict=True):
         if _finite(x):
             steps.append(x)
-            values.append(
-                y if isinstance(y, int | float) and _finite(y) and abs(y) <= _LARGEST else None
-            )
+            values.append(y if _finite(y) and abs(y) <= _LARGEST else None)
     return steps, values
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
+    """A number (not a bool) that is neither infinite nor NaN."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
