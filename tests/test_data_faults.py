@@ -273,6 +273,21 @@ def test_hidden_directories_are_left_out_links_followed_and_each_file_read_once(
         assert sorted(corpus.documents()) == ["doc one", "doc two"]
 
 
+def test_a_loop_of_links_or_a_dangling_link_is_told_from_a_missing_path(tmp_path):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone.jsonl")
+    expected = {
+        "loop1": "cannot read it: Too many levels of symbolic links",
+        "dangling": f"a link to {tmp_path / 'gone.jsonl'}, which does not exist",
+        "absent": "no such file or directory (or 'stdlib')",
+    }
+    for name, reason in expected.items():
+        with pytest.raises(TitanError) as raised:
+            open_corpus(str(tmp_path / name))
+        assert str(raised.value) == f"--data {tmp_path / name}: {reason}"
+
+
 def test_titan_tokenize_names_the_records_it_dropped_and_stops_on_ctrl_c_keeping_its_work(
     tokenizer, tmp_path, cache, capsys, monkeypatch
 ):

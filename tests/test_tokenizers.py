@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -367,3 +368,17 @@ def test_a_directory_an_empty_file_or_a_byte_order_mark_is_told_apart(files, tmp
 def test_a_null_add_bos_token_counts_as_unset(files, tmp_path):
     configured = _configured(files["sentencepiece"], tmp_path, add_bos_token=None)
     assert load_tokenizer(configured).add_bos is True  # sentencepiece's default rule
+
+
+def test_a_vocabulary_larger_than_the_corpus_yields_names_the_largest_it_does(tmp_path):
+    (tmp_path / "small.txt").write_text("hello world\nthe quick brown fox\n")
+    with pytest.raises(TitanError) as raised:
+        train_tokenizer(open_corpus(str(tmp_path / "small.txt")), 512)
+    message = str(raised.value)
+    assert re.fullmatch(
+        r"--vocab-size 512 is more pieces than --data yields: set it to \d+ or less, "
+        r"or give more text",
+        message,
+    ), message
+    most = int(re.search(r"set it to (\d+)", message)[1])
+    assert train_tokenizer(open_corpus(str(tmp_path / "small.txt")), most).vocab_size == most

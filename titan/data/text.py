@@ -382,6 +382,25 @@ def _files_below(path: Path, label: str) -> list[Path]:
     return sorted(f for f in files if f.is_file())
 
 
+def _check_exists(path: Path, label: str) -> None:
+    """Raise unless ``path`` can be stat'ed (its links followed).
+
+    Raises:
+        TitanError: no such path (a link whose target is missing says so), or the OS's reason
+            it cannot be reached (a loop of links, a directory on the way that cannot be read).
+    """
+    try:
+        path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise TitanError(
+                f"{label}: a link to {os.readlink(path)}, which does not exist"
+            ) from None
+        raise TitanError(f"{label}: no such file or directory (or 'stdlib')") from None
+    except OSError as err:
+        raise TitanError(f"{label}: cannot read it: {err.strerror or err}") from None
+
+
 def _distinct(files: list[Path]) -> tuple[Path, ...]:
     """``files`` in order, each file once however many names reach it (links, a glob's
     ``**`` through a link back up)."""
@@ -417,8 +436,7 @@ def open_corpus(spec: str, text_field: str = "text", option: str = "--data") -> 
         if not files:
             raise TitanError(f"{label}: the pattern matches no files")
         return Corpus(spec, _distinct(files), text_field, option)
-    if not path.exists():
-        raise TitanError(f"{label}: no such file or directory (or 'stdlib')")
+    _check_exists(path, label)
     if not (path.is_file() or path.is_dir()):
         raise TitanError(f"{label}: not a regular file or directory (a FIFO, a device)")
     files = _files_below(path, label)

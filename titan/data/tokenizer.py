@@ -849,6 +849,23 @@ def _reporting(lines: list[str], progress: Callable[[int], None] | None) -> Iter
         yield line
 
 
+# sentencepiece's failed checks: "INTERNAL: src/trainer_interface.cc(744) [check] reason".
+_SENTENCEPIECE_CHECK = re.compile(r"^[A-Z_]+: \S+\(\d+\) (?:\[.*?\] )?")
+_TOO_MANY_PIECES = re.compile(r"Vocabulary size too high \(\d+\).*<= (\d+)")
+
+
+def _training_error(message: str, vocab_size: int) -> str:
+    """The one line for a sentencepiece training failure, without its source location and
+    check: a vocabulary larger than the corpus yields names the largest that it does."""
+    reason = _SENTENCEPIECE_CHECK.sub("", message.strip().splitlines()[-1])
+    if most := _TOO_MANY_PIECES.search(reason):
+        return (
+            f"--vocab-size {vocab_size} is more pieces than --data yields: "
+            f"set it to {most[1]} or less, or give more text"
+        )
+    return f"--vocab-size {vocab_size} cannot be trained on --data: {reason}"
+
+
 def train_tokenizer(
     corpus: Documents, vocab_size: int, progress: Callable[[int], None] | None = None
 ) -> Tokenizer:
@@ -881,10 +898,7 @@ def train_tokenizer(
             **TRAINER_SETTINGS,
         )
     except RuntimeError as err:
-        reason = str(err).strip().splitlines()[-1]
-        raise TitanError(
-            f"--vocab-size {vocab_size} cannot be trained on --data: {reason}"
-        ) from None
+        raise TitanError(_training_error(str(err), vocab_size)) from None
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     with naming(tmp), open(tmp, "wb") as out:  # whole or not at all: written, fsynced, renamed
         out.write(model.getvalue())
