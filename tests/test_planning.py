@@ -451,6 +451,7 @@ def test_titan_plan_json_reports_memory_verdict_step_and_totals(capsys):
         (("--gpus", "8", "--tp", "3", "--dp", "2"), "= 6 devices, but --gpus is 8"),
         (("--gpus", "8", "--gpu", "v100"), "--gpu 'v100' is not in the catalog"),
         (("--gpus", "8", "--batch-tokens", "1000"), "is not a multiple of --seq-len"),
+        (("--gpus", "8", "--batch-tokens", "4.1e3"), "--batch-tokens 4100 is not a multiple"),
         (("--gpus", "8", "--tp", "16", "--dp", "1"), "devices, but --gpus is 8"),
     ],
 )
@@ -459,6 +460,18 @@ def test_impossible_inputs_give_a_one_line_error(capsys, argv, message):
     code, out, err = run_plan(capsys, *base, *argv)
     assert code == titan.cli.EXIT_USAGE
     assert message in err and err.count("\n") == 1 and not out
+
+
+@pytest.mark.parametrize("value", ["1.5", "abc", "inf", "1e400"])
+def test_a_batch_of_tokens_that_is_no_whole_number_is_refused_by_the_parser(capsys, value):
+    with pytest.raises(SystemExit) as exited:
+        titan.cli.main(["plan", "--model", "llama3-8b", "--batch-tokens", value])
+    assert exited.value.code == titan.cli.EXIT_USAGE
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == (
+        f"titan plan: error: argument --batch-tokens: expected a whole number of tokens, "
+        f"not {value!r}"
+    )
 
 
 def test_plan_help_names_each_default_once_and_which_options_are_required():

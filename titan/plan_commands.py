@@ -68,6 +68,25 @@ class HelpFormatter(argparse.HelpFormatter):
         return text if "(default" in text else f"{text} (default: %(default)s)"
 
 
+def _token_count(text: str) -> int:
+    """A ``--batch-tokens`` value: a whole number, written out or as ``4e6`` as ``--tokens``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not a whole one.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, not {text!r}")
+    return int(value)
+
+
 def add_parser(subparsers: Any) -> None:
     """Add ``plan`` to the ``titan`` subcommands."""
     p = subparsers.add_parser(
@@ -97,7 +116,7 @@ def add_parser(subparsers: Any) -> None:
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(
         "--batch-tokens",
-        type=int,
+        type=_token_count,
         help=f"global batch, tokens (or --batch-size) (default: {DEFAULT_BATCH_TOKENS})",
     )
     batch.add_argument(
