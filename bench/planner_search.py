@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from titan.cli import build_parser
+from titan.cpus import usable_cpus
 
 RESULTS = Path(__file__).resolve().parent / "results" / "planner_search.json"
 CASES = (  # model, GPUs, tokens
@@ -77,7 +78,7 @@ def main() -> None:
         )
     result = {
         "command": "python bench/planner_search.py",
-        "machine": platform.processor() or platform.machine(),
+        "machine": f"{usable_cpus()} usable CPUs, {platform.machine()}",
         "repeats": args.repeats,
         "rows": rows,
     }

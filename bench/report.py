@@ -13,7 +13,7 @@ Result files and the scripts that write them:
 - ``planner_accuracy.json``: ``bench/planner_accuracy.py --suite ...``; ``planner_draws.json``:
   ``bench/planner_accuracy.py --draw SEED`` (configurations drawn from ``bench/planner_space.py``),
   ``planner_draws_evaluation.json``: ``bench/planner_accuracy.py --evaluate`` (fit on half, score
-  the other half);
+  the other half); ``planner_search.json``: ``bench/planner_search.py``;
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
   --scale <runs>``; ``console-real-<runs>.json``: ``--real <runs>``;
   ``console-flood*.json``: ``bench/console.py --flood``; ``console-follow*.json``:
@@ -531,6 +531,27 @@ def planner_unroll_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def planner_search_table(path: Path, base: Path) -> list[str]:
+    """``bench/planner_search.py``: ``titan plan --search``'s time against one fixed layout's
+    plan, per cluster size."""
+    data = json.loads(path.read_text())
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`.", ""]
+    lines += [f"Machine: {data['machine']}; each time the median of {data['repeats']} runs.", ""]
+    rows = [
+        [
+            r["model"],
+            f"{r['gpus']:,}",
+            r["tokens"],
+            f"{r['fixed_s']:.4f}",
+            f"{r['search_s']:.4f}",
+            f"{r['ratio']:.1f}",
+        ]
+        for r in data["rows"]
+    ]
+    header = ["model", "GPUs", "tokens", "one layout (s)", "--search (s)", "search / one"]
+    return lines + _table(header, rows) + [""]
+
+
 def _figure(value: Any) -> str:
     if value is None:
         return "not measured"
@@ -1031,6 +1052,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     if (results / "planner_unroll.json").exists():
         lines += ["## Remat, layer loop rolled and unrolled (`bench/planner_unroll.py`)", ""]
         lines += planner_unroll_table(results / "planner_unroll.json", doc)
+    if (results / "planner_search.json").exists():
+        lines += ["## The planner's search time (`bench/planner_search.py`)", ""]
+        lines += planner_search_table(results / "planner_search.json", doc)
     if (results / "planner_accuracy.json").exists():
         lines += ["## Planner accuracy, fixed suites (`bench/planner_accuracy.py --suite`)", ""]
         lines += planner_tables(results / "planner_accuracy.json", doc)
