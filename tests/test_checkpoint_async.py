@@ -350,18 +350,26 @@ def test_a_failed_pruning_leaves_the_new_checkpoint_committed(tmp_path, asynchro
     meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe().to_json()}
     checkpointer = Checkpointer(tmp_path, keep=1, asynchronous=asynchronous)
 
-    def failing_delete(step: int) -> None:
-        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(checkpointer.path(step)))
+    delete = checkpointer._manager.delete
+
+    def failing_delete(step: int) -> None:  # checkpoint 1 cannot be deleted, others can
+        if step == 1:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(checkpointer.path(step)))
+        delete(step)
 
     saved = [*checkpointer.save(dataclasses.replace(state, step=1), meta), *checkpointer.wait()]
     assert [(r.step, r.error) for r in saved] == [(1, None)]
     checkpointer._manager.delete = failing_delete  # type: ignore[method-assign]
-    saved = [*checkpointer.save(dataclasses.replace(state, step=2), meta), *checkpointer.wait()]
-    assert [(r.step, r.error) for r in saved] == [(2, None)]
-    assert checkpointer.committed_steps() == [1, 2]  # 1 stays until a later pruning
+    for step in (2, 3, 4):
+        saved = [
+            *checkpointer.save(dataclasses.replace(state, step=step), meta),
+            *checkpointer.wait(),
+        ]
+        assert [(r.step, r.error) for r in saved] == [(step, None)]
+    assert checkpointer.committed_steps() == [1, 4]  # 1 is kept; it stops no other deletion
     err = capfd.readouterr().err.strip().splitlines()
-    assert err == [
-        "titan: deleting checkpoints older than 2 failed: PermissionError: [Errno 13] Permission "
+    assert err == [  # once, naming the checkpoint
+        "titan: deleting checkpoint 1 failed, kept: PermissionError: [Errno 13] Permission "
         f"denied: '{checkpointer.path(1)}'"
     ]
     checkpointer.close()

@@ -407,6 +407,7 @@ class Checkpointer:
         self._pending: _PendingSave | None = None
         self._settled: SaveResult | None = None  # the last save settled, not yet concluded
         self._saved = False  # whether this checkpointer has saved yet
+        self._undeletable: set[int] = set()  # steps whose deletion failed, told once each
         # one process, asynchronous: saves from a copy on the device, written and pruned by a
         # background thread (orbax's saves and deletes are collective across processes)
         self._snapshots = asynchronous and jax.process_count() == 1
@@ -585,14 +586,25 @@ class Checkpointer:
         """Delete the ``doomed`` steps (:meth:`_doomed`, listed up to ``upto`` before the
         processes met: the same list on every process, as orbax's delete is collective; its
         folder goes first, which uncommits the step, then its stage items), and the leftovers
-        of saves up to ``upto`` that never committed. A failure is one line on stderr, never
-        the save's: what it leaves is deleted by a later pruning."""
-        try:
-            for step in doomed:
+        of saves up to ``upto`` that never committed. A failure is one line on stderr (once
+        per step), never the save's, and stops no other deletion: a later pruning tries the
+        step again."""
+        for step in doomed:
+            try:
                 self._manager.delete(step)
+            except Exception as err:  # noqa: BLE001 - the new checkpoint is committed all the same
+                self._report_undeletable(step, err)
+        try:
             self.remove_leftovers(upto)
-        except Exception as err:  # noqa: BLE001 - the new checkpoint is committed all the same
-            line = f"titan: deleting checkpoints older than {upto} failed: {error_line(err)}"
+        except Exception as err:  # noqa: BLE001
+            line = f"titan: removing unfinished saves up to {upto} failed: {error_line(err)}"
+            print(inert(line), file=sys.stderr, flush=True)
+
+    def _report_undeletable(self, step: int, err: Exception) -> None:
+        """One line on stderr the first time checkpoint ``step`` cannot be deleted."""
+        if step not in self._undeletable:
+            self._undeletable.add(step)
+            line = f"titan: deleting checkpoint {step} failed, kept: {error_line(err)}"
             print(inert(line), file=sys.stderr, flush=True)
 
     def remove_leftovers(self, upto: int | None) -> None:
