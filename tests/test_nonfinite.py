@@ -338,6 +338,16 @@ def test_resume_of_a_run_whose_recorded_checkpoints_are_gone_is_refused(
     assert "--resume: the run's record names checkpoint 2, but " in err
     assert "holds none: refusing to start again from step 0" in err
     assert (run_dir / "events.jsonl").read_bytes() == record  # nothing started over
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    for step in (1, 2):  # whose meta is gone: a copy of the run cut short
+        shutil.copytree(finished_run / "checkpoints" / "2", run_dir / "checkpoints" / str(step))
+        shutil.rmtree(run_dir / "checkpoints" / str(step) / "meta")
+    assert main(["train", "--resume", str(run_dir), "--steps", "4"]) == 2
+    assert (
+        "holds no committed checkpoint: step folders 1, 2 hold no meta (a copy or a delete was "
+        "cut short): refusing to start again from step 0"
+    ) in capsys.readouterr().err
+    assert (run_dir / "events.jsonl").read_bytes() == record
 
 
 def test_guard_options_are_validated():

@@ -647,12 +647,12 @@ class Checkpointer:
 
         restored, skipped = self._newest_readable(read)
         if restored is not None:
-            return *restored, skipped + self._uncommitted()
+            return *restored, skipped + self.uncommitted()
         if skipped:
             raise TitanError(f"--resume: {skipped[0].error}")
         return None
 
-    def _uncommitted(self) -> list[Unrestorable]:
+    def uncommitted(self) -> list[Unrestorable]:
         """The step folders without ``meta``: no save of this run leaves one (orbax renames a
         whole folder), so a copy of the run dir cut short, or a delete cut short, did."""
         steps = sorted(s for s in self._manager.all_steps() if not self._is_committed(s))

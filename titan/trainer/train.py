@@ -724,6 +724,17 @@ def _write_run_files(run_dir: Path, config: dict[str, Any], files: dict[str, byt
         (run_dir / name).write_bytes(content)
 
 
+def _no_checkpoint(checkpointer: Checkpointer) -> str:
+    """What a checkpoints folder with no committed checkpoint holds: ``none``, or its step
+    folders without ``meta`` (``no committed checkpoint: step folders 35, 38 hold no meta``)."""
+    steps = [u.step for u in checkpointer.uncommitted()]
+    if not steps:
+        return "none"
+    listed = ", ".join(map(str, steps))
+    folders = f"step folder {listed} holds" if len(steps) == 1 else f"step folders {listed} hold"
+    return f"no committed checkpoint: {folders} no meta (a copy or a delete was cut short)"
+
+
 def _restore_or_init(
     checkpointer: Checkpointer,
     trainer: Trainer,
@@ -747,8 +758,8 @@ def _restore_or_init(
         if resuming and (recorded := recorded_checkpoint(checkpointer.directory.parent)):
             raise TitanError(
                 f"--resume: the run's record names checkpoint {recorded}, but "
-                f"{checkpointer.directory} holds none: refusing to start again from step 0 "
-                "(to train from scratch, start a new run id)"
+                f"{checkpointer.directory} holds {_no_checkpoint(checkpointer)}: refusing to "
+                "start again from step 0 (to train from scratch, start a new run id)"
             )
         if resuming:
             print(
