@@ -187,6 +187,9 @@ _SAVE_FAILURES = (
 
 # orbax's log line for a checkpoint's unreadable metadata, logged before the read raises
 _BAD_METADATA = "Failed to json parse Metadata file"
+# orbax's log line for a step folder without its own metadata file (a folder made by hand, or
+# a copy cut short): the step is set aside or skipped, and Titan's own line says so
+_NO_METADATA = "Metadata file does not exist"
 # orbax's error for one array of a failed read, raised again by each of its reads still going
 _ARRAY_READ_FAILURE = "Encountered error while reading array index"
 
@@ -196,11 +199,11 @@ def _drop_echoed_log(record: logging.LogRecord) -> bool:
     before the save raises it, and an async save's failure once more from its thread; a full
     disk is said once, in one line, by the trainer, and any failed save in a
     ``checkpoint_failed`` event and one line. Likewise a checkpoint's unreadable metadata,
-    which the restore's error says."""
+    which the restore's error says, and a step folder without orbax's metadata file."""
     message = record.getMessage()
     if record.exc_info and record.exc_info[1] is not None:
         message += f" {record.exc_info[1]!r}"
-    echoes = (_DISK_FULL, *_SAVE_FAILURES, _BAD_METADATA)
+    echoes = (_DISK_FULL, *_SAVE_FAILURES, _BAD_METADATA, _NO_METADATA)
     return not any(echo in message for echo in echoes)
 
 
