@@ -150,6 +150,19 @@ def test_checkpoint_moves_from_pp4_to_pp2_and_spmd(corpus_dir, tmp_path):
     ("extra", "message"),
     [
         (["--pp", "3"], "4 layers of --preset tiny do not split evenly into --pp 3"),
+        (
+            ["--pp", "8"],
+            "4 layers of --preset tiny cannot fill --pp 8 x --virtual-stages 1 = 8 chunks",
+        ),
+        (
+            [
+                "--pp",
+                "3",
+                "--model",
+                "d_model=64,n_layers=4,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512",
+            ],
+            "4 layers of --model do not split evenly into --pp 3",
+        ),
         (["--pp", "16"], "--pp 16 = 16 devices asked, 8 present"),
         (
             ["--pp", "2", "--microbatches", "3"],

@@ -427,10 +427,11 @@ class ModelOptions:
 
     @property
     def label(self) -> str:
-        """How errors name the model: ``--preset tiny``, or ``--maxtext-model NAME``."""
+        """How errors name the model: ``--preset tiny``, ``--model`` (a shape given field by
+        field), or ``--maxtext-model NAME``."""
         if self.model_source == "maxtext":
             return f"--maxtext-model {self.maxtext_model}"
-        return f"--preset {self.shape.name}"
+        return f"--preset {self.shape.name}" if self.shape.name in PRESETS else "--model"
 
     def _check(self) -> None:
         if self.model_source == "maxtext" and not self.maxtext_model:

@@ -80,7 +80,8 @@ def plan_chunks(
     (``--stage-layers``). ``model_label`` names the model in errors (``--preset tiny``).
 
     Raises:
-        TitanError: counts that do not sum to the layers, or layers that do not split evenly.
+        TitanError: counts that do not sum to the layers, fewer layers than chunks, or layers
+            that do not split evenly.
     """
     chunks = pp * virtual_stages
     if stage_layers:
@@ -91,6 +92,11 @@ def plan_chunks(
                 f"--stage-layers {listed} must give {chunks} positive counts summing "
                 f"to the {n_layers} layers of {model_label}"
             )
+    elif n_layers < chunks:
+        raise TitanError(
+            f"{n_layers} layers of {model_label} cannot fill --pp {pp} x --virtual-stages "
+            f"{virtual_stages} = {chunks} chunks: each chunk needs a layer"
+        )
     elif n_layers % chunks:
         raise TitanError(
             f"{n_layers} layers of {model_label} do not split evenly into "
