@@ -13,6 +13,11 @@ class TitanError(Exception):
     """
 
 
+class CheckpointDamaged(TitanError):
+    """A checkpoint's files are missing, incomplete or changed on disk: a damaged checkpoint,
+    whatever layout reads it (told apart from a layout that cannot be mapped onto another)."""
+
+
 # What tensorstore and orbax append to an error's first line: the store's spec, kilobytes of
 # JSON (``[tensorstore_spec='{...}']``; orbax: ``See full TensorStore details: <...spec of
 # TensorStore({``, the rest of it on the lines after).

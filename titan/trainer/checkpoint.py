@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
-from titan.errors import TitanError, error_line, first_line, root_cause
+from titan.errors import CheckpointDamaged, TitanError, error_line, first_line, root_cause
 from titan.inert import inert
 from titan.models.adapters.base import ModelAdapter
 from titan.out_paths import CHECKPOINT_DIR
@@ -784,6 +784,8 @@ class Checkpointer:
                     check_digests(step, meta, read_digests(chunks))
                 adapter = trainer.adapter
                 items = reshard_items(saved, saved_chunks, abstract(), trainer.chunks, adapter)
+        except CheckpointDamaged as err:  # damaged whatever the layouts
+            raise TitanError(self._unreadable(step, err)) from None
         except (ValueError, KeyError, TitanError) as err:
             written, target = _layout_name(meta["layout"]), _layout_name(current)
             if written == target:

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titan.errors import TitanError
+from titan.errors import CheckpointDamaged
 from titan.parallel.distributed import on_every_process, one_thread
 from titan.telemetry.events import Compile, LossSpike
 from titan.trainer_state import Batch, TrainState
@@ -183,7 +183,7 @@ def check_digests(step: int, meta: dict[str, Any], restored: list[int]) -> None:
     ``meta`` (none saved: older, or of several processes; nothing to compare).
 
     Raises:
-        TitanError: a chunk's digest differs (a file changed or corrupt on disk); names the
+        CheckpointDamaged: a chunk's digest differs (a file changed or corrupt on disk); names the
             checkpoint and the chunk.
     """
     saved = meta.get(DIGESTS)
@@ -191,7 +191,7 @@ def check_digests(step: int, meta: dict[str, Any], restored: list[int]) -> None:
         return
     for chunk, (before, after) in enumerate(zip(saved, restored, strict=True)):
         if before != after:
-            raise TitanError(
+            raise CheckpointDamaged(
                 f"checkpoint {step}: chunk {chunk} does not match the digest saved with it "
                 f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
             )

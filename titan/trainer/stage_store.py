@@ -31,7 +31,7 @@ import jax
 import numpy as np
 import tensorstore as ts
 
-from titan.errors import TitanError
+from titan.errors import CheckpointDamaged, TitanError
 from titan.parallel.distributed import process_count, process_index
 from titan.parallel.mesh import remote_array
 from titan.reading import json_field, read_json
@@ -119,13 +119,14 @@ class StageStore:
         handles, :func:`titan.parallel.mesh.remote_array`).
 
         Raises:
-            TitanError: the item is missing or incomplete, or does not match ``abstract`` (a
-                leaf's shape or dtype: :func:`check_dtype`).
+            CheckpointDamaged: the item is missing or incomplete.
+            TitanError: it does not match ``abstract`` (a leaf's shape or dtype:
+                :func:`check_dtype`).
         """
         directory = self.item_dir(step, name)
         listing_file = directory / LEAVES_FILE
         if not listing_file.is_file():
-            raise TitanError(f"checkpoint {step}: {directory} is missing or incomplete")
+            raise CheckpointDamaged(f"checkpoint {step}: {directory} is missing or incomplete")
         entries = read_json(listing_file, f"checkpoint {step}", expect=list)
         where = f"checkpoint {step} {listing_file}"
         listing = {json_field(entry, "path", str, where): i for i, entry in enumerate(entries)}
