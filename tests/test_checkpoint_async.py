@@ -468,3 +468,19 @@ def test_a_stop_before_the_first_step_ends_stopped_with_nothing_to_save(small_op
     assert events(run_dir, "step") == [] and events(run_dir, "checkpoint") == []
     end = events(run_dir)[-1]
     assert (end["type"], end["status"], end["step"]) == ("run_end", "stopped", 0)
+
+
+def test_a_checkpoint_set_aside_takes_its_stage_items_with_it(tmp_path):
+    checkpoints, stages = tmp_path / CHECKPOINT_DIR, tmp_path / "stage_checkpoints"
+    (checkpoints / "15" / "meta").mkdir(parents=True)
+    (stages / "15" / "chunk_1").mkdir(parents=True)
+    (stages / "15" / "chunk_0" / "leaves.json").parent.mkdir()
+    (stages / "15" / "chunk_0" / "leaves.json").write_text("[]")
+    (stages / "12" / "chunk_0").mkdir(parents=True)  # another step's: stays
+    checkpointer = Checkpointer(tmp_path)
+    checkpointer.set_aside([15])
+    aside = tmp_path / "unrestorable_checkpoints" / "15"
+    assert (aside / "meta").is_dir()
+    assert (aside / "stage_checkpoints" / "chunk_0" / "leaves.json").read_text() == "[]"
+    assert sorted(p.name for p in stages.iterdir()) == ["12"]
+    checkpointer.close()

@@ -511,7 +511,8 @@ class CheckpointFailed(Event):
 class CheckpointUnrestorable(Event):
     """A committed checkpoint that a resume could not restore (corrupt, or an incompatible
     layout); the resume used an older one. Written after ``run_start``. The checkpoint is moved
-    to ``<run dir>/unrestorable_checkpoints/<step>``."""
+    to ``<run dir>/unrestorable_checkpoints/<step>``, its stage items
+    (``stage_checkpoints/<step>``) into its ``stage_checkpoints``."""
 
     type: ClassVar[str] = "checkpoint_unrestorable"
 

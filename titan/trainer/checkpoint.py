@@ -83,7 +83,7 @@ from titan.trainer.checkpoint_protocol import fault_point, leftovers
 from titan.trainer.guard import DIGESTS, check_digests, read_digests
 from titan.trainer.init_from import checkpoint_location
 from titan.trainer.snapshot import device_snapshot, snapshot_fits
-from titan.trainer.stage_store import StageStore, check_dtype
+from titan.trainer.stage_store import STAGE_CHECKPOINT_DIR, StageStore, check_dtype
 from titan.trainer_state import ChunkState, Trainer, TrainState
 
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
@@ -798,8 +798,9 @@ class Checkpointer:
 
     def set_aside(self, steps: list[int]) -> None:
         """Move the unrestorable checkpoints newer than the restored one to
-        ``<run dir>/unrestorable_checkpoints/<step>`` (kept for inspection; the run saves
-        those steps again). Process 0 moves them; every process then re-reads the steps."""
+        ``<run dir>/unrestorable_checkpoints/<step>``, with their stage items (its
+        ``stage_checkpoints``), kept for inspection; the run saves those steps again. Process
+        0 moves them; every process then re-reads the steps."""
         if not steps:
             return
         if ocp.multihost.process_index() == 0:
@@ -811,6 +812,7 @@ class Checkpointer:
                 while target.exists():
                     target, suffix = aside / f"{step}.{suffix}", suffix + 1
                 self.path(step).rename(target)
+                self._stages.move(step, target / STAGE_CHECKPOINT_DIR)
         ocp.multihost.sync_global_processes("titan:unrestorable-set-aside")
         self._manager.reload()
 

@@ -149,6 +149,11 @@ class StageStore:
             placed.append(jax.device_put(np.asarray(value), leaf.sharding))
         return jax.tree_util.tree_unflatten(treedef, placed)
 
+    def move(self, step: int, target: Path) -> None:
+        """Move the items of ``step`` (when it has any) to ``target``."""
+        if (self.directory / str(step)).is_dir():
+            (self.directory / str(step)).rename(target)
+
     def prune(self, kept_steps: list[int], upto: int | None) -> None:
         """Remove (process 0) the items of the steps up to ``upto`` (any step: None) that are
         not among ``kept_steps``, the committed checkpoints; a higher step's items may be
