@@ -344,6 +344,9 @@ def test_resume_cuts_the_saved_profile_range_to_a_lowered_steps(tmp_path, explic
         ({"layout": "spmd", "microbatches": 1}, (1, 1, "1f1b", (), 1)),
         # the pipeline stays as saved when the layout does
         ({"steps": 4}, (2, 2, "interleaved-1f1b", (1, 1, 1, 1), 2)),
+        # a schedule of one chunk per stage: the virtual stages (and their layers) fall back
+        ({"schedule": "gpipe"}, (2, 1, "gpipe", (), 2)),
+        ({"schedule": "zero-bubble", "stage_layers": (1, 3)}, (2, 1, "zero-bubble", (1, 3), 2)),
     ],
 )
 def test_resume_onto_spmd_resets_the_saved_pipeline_options(tmp_path, explicit, expected):

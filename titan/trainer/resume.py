@@ -13,6 +13,7 @@ from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.reading import lines_from_end, parse_json
+from titan.schedules import SCHEDULES
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE, EVENTS_FILE, read_first_events
 
@@ -26,7 +27,8 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
 
     A resume onto ``--layout spmd`` resets the pipeline options the saved run set
     (:data:`titan.config.PIPELINE_ONLY_OPTIONS`) to their defaults, unless ``explicit`` gives
-    them; ``--microbatches`` stays (SPMD accumulates gradients over it).
+    them; ``--microbatches`` stays (SPMD accumulates gradients over it). One onto a schedule
+    of one chunk per stage resets ``--virtual-stages`` likewise (:func:`pipeline_reset`).
 
     Raises:
         TitanError: ``run_dir`` holds no run (no ``config.json``, no tokenizer of a text run),
@@ -46,7 +48,7 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
         raise TitanError(f"{flag_of(placed[0])} cannot be given with --resume (the run dir is)")
     whole = Path(run_dir).resolve()  # `--resume .` names its run too, a link the run it is
     placement = {"runs_root": _runs_root(saved.run.runs_root, whole.parent), "run_id": whole.name}
-    changes = {**pipeline_reset(explicit), **explicit}
+    changes = {**pipeline_reset(explicit, saved.parallel), **explicit}
     return resumed_config(saved, changes).replace(**placement)
 
 
@@ -160,13 +162,27 @@ def enter_launch_dir(run_dir: Path) -> Path:
     return run_dir
 
 
-def pipeline_reset(explicit: dict[str, Any]) -> dict[str, Any]:
+def pipeline_reset(explicit: dict[str, Any], saved: ParallelOptions) -> dict[str, Any]:
     """The defaults of the pipeline options ``explicit`` leaves out when it asks for
-    ``--layout spmd`` (none otherwise): the saved run's pipeline does not carry over."""
-    if explicit.get("layout") != "spmd":
-        return {}
+    ``--layout spmd``: the saved run's pipeline does not carry over. Likewise
+    ``--virtual-stages`` and ``--stage-layers`` (which counts each virtual stage) when it asks
+    for a schedule of one chunk per stage (``--schedule gpipe``) and the saved run had several.
+    None otherwise."""
     defaults = ParallelOptions()
-    return {n: getattr(defaults, n) for n in PIPELINE_ONLY_OPTIONS if n not in explicit}
+    if explicit.get("layout") == "spmd":
+        names: tuple[str, ...] = PIPELINE_ONLY_OPTIONS
+    elif saved.virtual_stages > 1 and _one_chunk_per_stage(explicit.get("schedule")):
+        names = ("virtual_stages", "stage_layers")
+    else:
+        names = ()
+    return {n: getattr(defaults, n) for n in names if n not in explicit}
+
+
+def _one_chunk_per_stage(schedule: Any) -> bool:
+    """Whether ``schedule`` (a ``--schedule`` value, or None) names a registered schedule of one
+    model chunk per stage."""
+    spec = SCHEDULES.get(schedule) if isinstance(schedule, str) else None
+    return spec is not None and not spec.virtual_stages
 
 
 CHECKPOINT_EVENT = b'"type": "checkpoint"'
