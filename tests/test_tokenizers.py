@@ -8,6 +8,7 @@ import base64
 import json
 import re
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import tokenizers as hf_tokenizers
 from tiktoken._educational import bpe_train
 
+from titan.data.long_documents import LONG_DOCUMENT_CHARS, encode_long, pieces
 from titan.data.text import document_ids, open_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import (
@@ -382,3 +384,69 @@ def test_a_vocabulary_larger_than_the_corpus_yields_names_the_largest_it_does(tm
     ), message
     most = int(re.search(r"set it to (\d+)", message)[1])
     assert train_tokenizer(open_corpus(str(tmp_path / "small.txt")), most).vocab_size == most
+
+
+def _metaspace_tokenizer(corpus_dir: Path, directory: Path) -> Path:
+    """A Hugging Face BPE behind Llama 2's pre-tokenizer (a ``▁`` before the first word only)."""
+    hf = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE(byte_fallback=True))
+    hf.pre_tokenizer = hf_tokenizers.pre_tokenizers.Metaspace(prepend_scheme="first")
+    hf.decoder = hf_tokenizers.decoders.Metaspace(prepend_scheme="first")
+    trainer = hf_tokenizers.trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"])
+    hf.train_from_iterator([_sample(corpus_dir)], trainer)
+    hf.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    return directory / "tokenizer.json"
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "metaspace"])
+def test_a_long_document_encoded_in_pieces_has_the_ids_of_one_encoding(
+    files, corpus_dir, backend, tmp_path
+):
+    path = _metaspace_tokenizer(corpus_dir, tmp_path) if backend == "metaspace" else files[backend]
+    tok = load_tokenizer(path)
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return tok.backend.encode(texts, 1)
+
+    hard = "x" * 3000 + " y  z\n\n  w\t" + TEXT * 200 + "\u3000".join(["語"] * 500)
+    for text in (_sample(corpus_dir)[:60_000], hard):
+        cut = pieces(encode, text, 1000)
+        assert "".join(cut) != text or backend != "sentencepiece"  # a space dropped at its cuts
+        assert len(cut) > 5, backend
+        assert encode_long(encode, text, 1000).tolist() == encode([text])[0], backend
+
+
+def test_encode_documents_cuts_only_documents_longer_than_a_piece(files, corpus_dir):
+    tok = load_tokenizer(files["sentencepiece"])
+    sample = _sample(corpus_dir)
+    long = (sample * (LONG_DOCUMENT_CHARS // len(sample) + 2))[: LONG_DOCUMENT_CHARS + 50_000]
+    short, whole = sample[:500], tok.backend.encode([long], 1)[0]
+    docs = tok.encode_documents([short, long, short])
+    assert [d.tolist() for d in docs] == [
+        [tok.bos_id, *tok.backend.encode([text], 1)[0], tok.eos_id] for text in (short, long, short)
+    ]
+    assert len(docs[1]) == len(whole) + 2
+
+
+def test_a_long_document_in_pieces_holds_a_fraction_of_the_memory_of_one_encoding(
+    files, corpus_dir
+):
+    tok = load_tokenizer(files["sentencepiece"])
+    text = (_sample(corpus_dir) * 10)[:400_000]
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return tok.backend.encode(texts, 1)
+
+    def peak_bytes(work) -> int:
+        tracemalloc.start()
+        try:
+            work()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    whole = peak_bytes(lambda: np.asarray(encode([text])[0], dtype=np.int32))
+    cut = peak_bytes(lambda: encode_long(encode, text, 20_000))
+    # one list of ints (36 bytes a token) against the pieces' arrays and their concatenation
+    # (8 bytes a token) beside one piece's list
+    assert cut < whole / 3, (cut, whole)

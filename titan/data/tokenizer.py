@@ -60,6 +60,7 @@ import tokenizers as hf_tokenizers
 
 from titan.cpus import usable_cpus
 from titan.data.cache import cache_dir, naming, writable_dir
+from titan.data.long_documents import LONG_DOCUMENT_CHARS, encode_long
 from titan.data.text import Documents
 from titan.errors import TitanError
 from titan.inert import inert
@@ -346,20 +347,36 @@ class Tokenizer:
                 which would make one document look like several; or the tokenizer library
                 cannot encode a document (a WordLevel model without its unknown token).
         """
+        threads = threads or usable_cpus()
         try:
-            ids = self.backend.encode(texts, threads or usable_cpus())
+            ids = self._encode_each(texts, threads)
         except Exception as err:  # the libraries raise plain Exception for what they refuse
             reason = (str(err).splitlines() or [type(err).__name__])[0]
             raise TitanError(f"--tokenizer cannot encode a document: {reason}") from None
-        docs = [np.asarray([self.bos_id, *doc, self.eos_id], dtype=np.int32) for doc in ids]
-        stream = np.concatenate(docs) if docs else np.zeros(0, np.int32)
-        if np.count_nonzero((stream == self.bos_id) | (stream == self.eos_id)) != 2 * len(docs):
+        bos, eos = (np.array([i], dtype=np.int32) for i in (self.bos_id, self.eos_id))
+        docs = [np.concatenate([bos, doc, eos]) for doc in ids]
+        marks = sum(np.count_nonzero((d == self.bos_id) | (d == self.eos_id)) for d in docs)
+        if marks != 2 * len(docs):
             raise TitanError(
                 f"--tokenizer encodes document text to its BOS or EOS id "
                 f"({self.bos_id}, {self.eos_id}): mark them special in its tokenizer.json "
                 "(added_tokens) so that text stays text"
             )
         return docs
+
+    def _encode_each(self, texts: list[str], threads: int) -> list[np.ndarray]:
+        """The ids of each text as ordinary text, int32: the texts of at most
+        :data:`~titan.data.long_documents.LONG_DOCUMENT_CHARS` characters in one call of the
+        library, each longer one alone, in pieces (:func:`~titan.data.long_documents.encode_long`:
+        the same ids in a fraction of the memory)."""
+        short = [t for t in texts if len(t) <= LONG_DOCUMENT_CHARS]
+        encoded = iter(self.backend.encode(short, threads) if short else [])
+        return [
+            np.asarray(next(encoded), dtype=np.int32)
+            if len(text) <= LONG_DOCUMENT_CHARS
+            else encode_long(lambda pieces: self.backend.encode(pieces, 1), text)
+            for text in texts
+        ]
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
