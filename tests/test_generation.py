@@ -8,6 +8,8 @@ import functools
 import io
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -171,6 +173,29 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
     assert kept(0.0, 1.0) == {0}  # greedy
     beyond_vocab = sample(jnp.asarray([[0.0, 0.0, 9.0]]), jax.random.key(0), 0.0, 1.0, 2)
     assert int(beyond_vocab[0]) == 0
+
+
+TINY_TEMPERATURES = """
+import jax, jax.numpy as jnp
+from titan.generation.sampling import sample
+logits = 3 * jax.random.normal(jax.random.key(0), (4, 512))
+draw = jax.jit(sample, static_argnames="vocab")
+for t in (1e-6, 1e-9, 1e-10, 1e-20, 1e-30, 1e-45):
+    drawn = draw(logits, jax.random.key(1), jnp.float32(t), jnp.float32(1.0), vocab=512)
+    print(t, bool((drawn == jnp.argmax(logits, axis=-1)).all()))
+"""
+
+
+def test_a_tiny_temperature_draws_the_argmax():
+    # XLA:CPU as users run it: the suite's --xla_backend_optimization_level=0 hid the NaN
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", TINY_TEMPERATURES], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        word for t in ("1e-06", "1e-09", "1e-10", "1e-20", "1e-30", "1e-45") for word in (t, "True")
+    ]
 
 
 @pytest.mark.slow

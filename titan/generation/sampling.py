@@ -11,9 +11,10 @@ def sample(
 ) -> jax.Array:
     """One token per row of ``logits``.
 
-    Temperature 0 is greedy (the argmax). Otherwise the logits are divided by the temperature
-    and the token drawn from the nucleus: the most probable tokens whose probabilities, taken
-    in decreasing order, reach ``top_p`` before the last one is added (Holtzman et al. 2020,
+    Temperature 0 is greedy (the argmax). Otherwise the logits, less their maximum (which
+    changes no probability; a temperature of 1e-30 then draws the argmax), are divided by the
+    temperature and the token drawn from the nucleus: the most probable tokens whose
+    probabilities, taken in decreasing order, reach ``top_p`` before the last one is added (Holtzman et al. 2020,
     "The Curious Case of Neural Text Degeneration", Sec. 3.1; ``top_p`` 1 keeps every token).
     Tokens tied with the least probable one kept are kept too.
 
@@ -29,7 +30,10 @@ def sample(
     ids = jnp.arange(logits.shape[-1])
     logits = jnp.where(ids < vocab, logits, -jnp.inf)
     greedy = jnp.argmax(logits, axis=-1)
-    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)
+    # shifted first, so that the largest is 0 and a tiny temperature makes the others -inf or
+    # huge negatives, never huge positives (whose softmax is NaN under jit)
+    shifted = logits - jnp.max(logits, axis=-1, keepdims=True)
+    scaled = shifted / jnp.where(temperature > 0, temperature, 1.0)
     probs = jax.nn.softmax(scaled, axis=-1)
     descending = -jnp.sort(-probs, axis=-1)
     before = jnp.cumsum(descending, axis=-1) - descending  # mass of the more probable tokens
