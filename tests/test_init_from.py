@@ -65,3 +65,16 @@ def test_a_preset_whose_labels_come_from_the_data_matches_the_diffusion_run_it_s
     assert init_from_options({**options, "preset": "dit-tiny"})["preset"] == model
     with pytest.raises(TitanError, match="--model dit-s-2 conflicts with the model of"):
         init_from_options({**options, "preset": "dit-s-2"})
+
+
+@pytest.mark.parametrize("flag", ["--init-from", "--resume"])
+def test_a_hugging_face_directory_is_told_to_be_imported_first(tmp_path, capsys, flag):
+    hf = tmp_path / "llama-hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    assert main(["train", flag, str(hf), "--print-config"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"titan train: error: {flag} {hf}: a Hugging Face model's directory, not a Titan run: "
+        f"make it one with titan import hf {hf} --out RUN_DIR"
+    )

@@ -70,13 +70,19 @@ def read_run_config(path: Path, what: str) -> tuple[TrainConfig, dict[str, Any]]
         what: the flag that named the run (``--resume``), for errors.
 
     Raises:
-        TitanError: a file :func:`titan.reading.read_json` refuses, ``train`` or ``model``
-            missing or not an object, a number option of a sectioned ``train`` recorded as a
-            string (Titan writes numbers), or an option :func:`config_from_dict` refuses (each
-            names the file and the field).
+        TitanError: a file :func:`titan.reading.read_json` refuses, a Hugging Face model's
+            ``config.json`` (its ``model_type``), ``train`` or ``model`` missing or not an
+            object, a number option of a sectioned ``train`` recorded as a string (Titan
+            writes numbers), or an option :func:`config_from_dict` refuses (each names the
+            file and the field).
     """
     where = f"{what} {path}"
     saved = read_json(path, what)
+    if isinstance(saved, dict) and "model_type" in saved and "train" not in saved:
+        raise TitanError(
+            f"{what} {path.parent}: a Hugging Face model's directory, not a Titan run: make it "
+            f"one with titan import hf {path.parent} --out RUN_DIR"
+        )
     train = json_field(saved, "train", dict, where)
     model = json_field(saved, "model", dict, where)
     if _is_sectioned(train):

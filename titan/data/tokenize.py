@@ -6,8 +6,8 @@ into chunks of at most :data:`CHUNK_DOCS` documents or :data:`CHUNK_CHARS` chara
 (:class:`concurrent.futures.ProcessPoolExecutor`, spawned: the trainer's JAX threads are never
 forked), at most ``2 x workers`` chunks in flight, and written in chunk order: the token file is
 the same for any number of workers. Memory is bounded by the chunks in flight (about
-``2 x workers x CHUNK_CHARS`` characters plus their ids), never by the corpus; a
-document longer than a piece is encoded in pieces (:mod:`titan.data.long_documents`). A corpus of one
+``2 x workers x CHUNK_CHARS`` characters plus their ids), never by the corpus; a document
+longer than a piece is encoded in pieces (:mod:`titan.data.long_documents`). A corpus of one
 chunk, or ``workers`` = 0, is encoded in the calling process (with the tokenizer library's
 threads).
 

@@ -14,8 +14,9 @@ def sample(
     Temperature 0 is greedy (the argmax). Otherwise the logits, less their maximum (which
     changes no probability; a temperature of 1e-30 then draws the argmax), are divided by the
     temperature and the token drawn from the nucleus: the most probable tokens whose
-    probabilities, taken in decreasing order, reach ``top_p`` before the last one is added (Holtzman et al. 2020,
-    "The Curious Case of Neural Text Degeneration", Sec. 3.1; ``top_p`` 1 keeps every token).
+    probabilities, taken in decreasing order, reach ``top_p`` before the last one is added
+    (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", Sec. 3.1; ``top_p``
+    1 keeps every token).
     Tokens tied with the least probable one kept are kept too.
 
     Args:
