@@ -134,3 +134,27 @@ def test_console_version_flag_prints_the_same_version(capsys):
         console_main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"titan-console {titan.installed_version()}\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "hf", "RUN"],
+        ["export", "maxtext", "RUN"],
+        ["export", "csv", "RUN"],
+        ["export", "tensorboard", "RUN"],
+        ["import", "hf", "DIR"],
+        ["import", "maxtext", "DIR"],
+        ["sample", "RUN"],
+        ["report", "RUN"],
+    ],
+)
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_refused_not_read_as_the_default(command, out, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--out", out])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"titan {' '.join(command[:-1])}: error: argument --out: an empty path; name a file or "
+        "directory"
+    )

@@ -5,6 +5,7 @@ permission bits: a probe file is made and removed in the nearest existing direct
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -12,6 +13,18 @@ from pathlib import Path
 from titan.errors import TitanError
 
 CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder (titan.trainer.checkpoint writes it)
+
+
+def out_argument(text: str) -> str:
+    """The ``type`` of an ``--out`` option: the path as given, unless it is empty (which an
+    unset default would otherwise stand in for, or which would name the current directory).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty or all-blank path.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; name a file or directory")
+    return text
 
 
 def check_new_dir(out: Path, flag: str = "--out") -> Path:

@@ -24,6 +24,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.formatting import format_duration, format_number
 from titan.inert import inert
+from titan.out_paths import out_argument
 from titan.tables import Column, console, fitted_table, print_fitted
 from titan.telemetry import sinks
 from titan.telemetry.records import default_runs_root
@@ -100,7 +101,9 @@ def add_parser(subparsers: Any) -> None:
         "--out (default: RUN_DIR/report).",
     )
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
-    r.add_argument("--out", default=None, metavar="DIR", help="default: RUN_DIR/report")
+    r.add_argument(
+        "--out", default=None, metavar="DIR", type=out_argument, help="default: RUN_DIR/report"
+    )
     r.set_defaults(run=run_report)
 
 
@@ -351,7 +354,9 @@ def add_export_formats(formats: Any) -> None:
             "the source of truth; an export can be written again at any time.",
         )
         f.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
-        f.add_argument("--out", default=None, metavar="PATH", help=OUT_HELP[sink])
+        f.add_argument(
+            "--out", default=None, metavar="PATH", type=out_argument, help=OUT_HELP[sink]
+        )
         if sink == "csv":
             f.add_argument(
                 "--force", action="store_true", help="replace the file --out if it exists"

@@ -12,6 +12,7 @@ from typing import Any
 
 from titan.analysis.commands import add_export_formats
 from titan.inert import inert
+from titan.out_paths import out_argument
 from titan.trainer import maxtext_commands
 from titan.trainer.init_from import resolve_source
 
@@ -35,7 +36,10 @@ def add_parser(subparsers: Any) -> None:
     )
     hf.add_argument("source", metavar="DIR", help="the Hugging Face model directory")
     hf.add_argument(
-        "--out", metavar="PATH", help="directory to write (default: ./<DIR name>-titan)"
+        "--out",
+        metavar="PATH",
+        type=out_argument,
+        help="directory to write (default: ./<DIR name>-titan)",
     )
     hf.set_defaults(run=run_import)
     maxtext_commands.add_import_format(formats)
@@ -63,7 +67,10 @@ def add_parser(subparsers: Any) -> None:
         "--step", type=int, metavar="N", help="the checkpoint to export (default: the newest)"
     )
     hf.add_argument(
-        "--out", metavar="DIR", help="directory to write (default: ./<run id>-hf-<step>)"
+        "--out",
+        metavar="DIR",
+        type=out_argument,
+        help="directory to write (default: ./<run id>-hf-<step>)",
     )
     hf.add_argument(
         "--dtype",

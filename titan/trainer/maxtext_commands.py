@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from titan.inert import inert
+from titan.out_paths import out_argument
 
 
 def add_import_format(kinds: Any) -> None:
@@ -24,7 +25,9 @@ def add_import_format(kinds: Any) -> None:
         "to 0 (docs/maxtext.md).",
     )
     maxtext.add_argument("path", help="the MaxText checkpoint (the folder holding items/)")
-    maxtext.add_argument("--out", required=True, help="new folder for the Titan checkpoint")
+    maxtext.add_argument(
+        "--out", required=True, type=out_argument, help="new folder for the Titan checkpoint"
+    )
     maxtext.add_argument(
         "--tokenizer",
         required=True,
@@ -58,7 +61,9 @@ def add_export_format(kinds: Any) -> None:
         "Prints the MaxText settings that build the model.",
     )
     maxtext.add_argument("run_dir", help="the Titan run dir")
-    maxtext.add_argument("--out", required=True, help="new folder for the MaxText checkpoint")
+    maxtext.add_argument(
+        "--out", required=True, type=out_argument, help="new folder for the MaxText checkpoint"
+    )
     maxtext.add_argument("--step", type=int, help="the checkpoint step (default: the newest)")
     maxtext.set_defaults(run=run_export)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.out_paths import out_argument
 
 
 def add_parser(subparsers: Any) -> None:
@@ -22,7 +23,10 @@ def add_parser(subparsers: Any) -> None:
     )
     sample.add_argument("run_dir", metavar="RUN_DIR", help="the run dir")
     sample.add_argument(
-        "--out", default=None, help="the PNG to write (default: RUN_DIR/samples-<step>.png)"
+        "--out",
+        default=None,
+        type=out_argument,
+        help="the PNG to write (default: RUN_DIR/samples-<step>.png)",
     )
     sample.add_argument(
         "--per-class", type=int, default=8, help="samples per class, 1 to 64 (default 8)"
