@@ -152,3 +152,14 @@ def test_killed_diffusion_run_resumes_exactly(tmp_path):
             assert event["batch_digest"] == before[event["step"]][0]
             assert event["loss"] == pytest.approx(before[event["step"]][1], rel=1e-5)
     assert events(run_dir)[-1]["status"] == "completed"
+
+
+def test_a_folder_of_one_image_fewer_than_a_batch_is_one_line(tmp_path, capsys):
+    (tmp_path / "images" / "only").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "only" / "a.png")
+    options = ["--task", "diffusion", "--images", str(tmp_path / "images"), "--batch-size", "2"]
+    options += ["--dp", "1"]
+    assert main(["train", *options, "--runs-root", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "titan train: error: --images has 1 image, fewer than --batch-size 2"
+    ]

@@ -273,7 +273,8 @@ class ImageBatches:
             self.null_label = self.data.classes
         if self.num_sequences < self.batch_size:
             raise TitanError(
-                f"--images has {self.num_sequences} images, fewer than --batch-size "
+                f"--images has {self.num_sequences} image{'s' * (self.num_sequences != 1)}, "
+                "fewer than --batch-size "
                 f"{self.batch_size}"
             )
 

@@ -792,9 +792,14 @@ def _restore_or_init(
     saved_digest = meta.get("data_digest") or ""  # absent from older checkpoints
     if saved_sequences != batches.num_sequences:
         older = "" if "data_digest" in meta else OLDER_CORPUS_RULES
+        data, unit = (
+            ("--images", "images")
+            if isinstance(batches, ImageBatches)
+            else ("the corpus", "sequences")
+        )
         raise TitanError(
-            f"--resume: the corpus changed since the checkpoint ({saved_sequences} "
-            f"sequences then, {batches.num_sequences} now){older}"
+            f"--resume: {data} changed since the checkpoint ({saved_sequences} "
+            f"{unit} then, {batches.num_sequences} now){older}"
         )
     if saved_digest and batches.data_digest and saved_digest != batches.data_digest:
         other = (
