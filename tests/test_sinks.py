@@ -103,15 +103,17 @@ def test_csv_export_refuses_a_device_or_fifo_as_out(finished_run, tmp_path, caps
     assert fifo.is_fifo() and Path("/dev/null").is_char_device()
 
 
-def test_wandb_offline_export_into_a_dir_it_cannot_write_is_one_line_exit_2(
-    finished_run, tmp_path, capsys
+@pytest.mark.parametrize("sink", ["wandb-offline", "tensorboard"])
+def test_an_export_into_a_dir_it_cannot_write_is_one_line_exit_2(
+    finished_run, tmp_path, capsys, sink
 ):
     blocker = tmp_path / "file"
     blocker.write_text("")
     for out in (blocker, blocker / "sub"):
-        assert main(["export", "wandb-offline", str(finished_run), "--out", str(out)]) == 2
+        assert main(["export", sink, str(finished_run), "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--out {out}" in err, err
+    assert blocker.read_text() == ""
 
 
 @pytest.mark.slow

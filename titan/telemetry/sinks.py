@@ -124,7 +124,13 @@ def _tensorboard_writer(out: Path, suffix: str) -> Any:
 
 def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
     """TensorBoard event files of ``rows`` in ``out`` (replacing an earlier export's file there);
-    returns ``out``."""
+    returns ``out``.
+
+    Raises:
+        TitanError: ``out`` is not a directory or cannot be written
+            (:func:`titan.out_paths.check_dir`).
+    """
+    check_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"events.out.tfevents.*{EXPORT_SUFFIX}"):
         old.unlink()

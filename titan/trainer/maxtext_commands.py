@@ -24,7 +24,9 @@ def add_import_format(kinds: Any) -> None:
         "read. The query kernel is scaled by sqrt(head_dim) and the layer axis moved from 1 "
         "to 0 (docs/maxtext.md).",
     )
-    maxtext.add_argument("path", help="the MaxText checkpoint (the folder holding items/)")
+    maxtext.add_argument(
+        "path", metavar="DIR", help="the MaxText checkpoint (the folder holding items/)"
+    )
     maxtext.add_argument(
         "--out", required=True, type=out_argument, help="new folder for the Titan checkpoint"
     )
@@ -60,7 +62,7 @@ def add_export_format(kinds: Any) -> None:
         "to MaxText's llama2 block, a --model-source maxtext run's parameters as they are. "
         "Prints the MaxText settings that build the model.",
     )
-    maxtext.add_argument("run_dir", help="the Titan run dir")
+    maxtext.add_argument("run_dir", metavar="RUN_DIR", help="the Titan run dir")
     maxtext.add_argument(
         "--out", required=True, type=out_argument, help="new folder for the MaxText checkpoint"
     )
