@@ -27,8 +27,9 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
 
     A resume onto ``--layout spmd`` resets the pipeline options the saved run set
     (:data:`titan.config.PIPELINE_ONLY_OPTIONS`) to their defaults, unless ``explicit`` gives
-    them; ``--microbatches`` stays (SPMD accumulates gradients over it). One onto a schedule
-    of one chunk per stage resets ``--virtual-stages`` likewise (:func:`pipeline_reset`).
+    them; ``--microbatches`` stays (SPMD accumulates gradients over it). One of an interleaved
+    run onto a schedule of one chunk per stage resets ``--virtual-stages`` and
+    ``--stage-layers`` likewise (:func:`pipeline_reset`).
 
     Raises:
         TitanError: ``run_dir`` holds no run (no ``config.json``, no tokenizer of a text run),
