@@ -46,20 +46,20 @@ def exact_cut(encode: Encode, text: str, near: int) -> tuple[int, int] | None:
     ``start``), the first piece ending before ``end`` and the next starting at ``start``
     (``end`` or ``end + 1``: the space or newline at ``end`` dropped), or None when none of the
     first :data:`CUT_CANDIDATES` candidates passes (module docstring)."""
-    tried = 0
     position = near
-    while tried < CUT_CANDIDATES:
+    for _ in range(CUT_CANDIDATES):
         cut = _next_candidate(text, position)
         if cut is None:
             return None
+        begin = max(cut - CUT_WINDOW_CHARS, 0)
         for start in (cut, cut + 1):
-            left = text[max(cut - CUT_WINDOW_CHARS, 0) : cut]
-            right = text[start : start + CUT_WINDOW_CHARS]
-            whole = text[max(cut - CUT_WINDOW_CHARS, 0) : start + CUT_WINDOW_CHARS]
-            ids_left, ids_right, ids_whole = encode([left, right, whole])
+            end = start + CUT_WINDOW_CHARS
+            ids_left, ids_right, ids_whole = encode(
+                [text[begin:cut], text[start:end], text[begin:end]]
+            )
             if ids_left + ids_right == ids_whole:
                 return cut, start
-        tried, position = tried + 1, cut + 1
+        position = cut + 1
     return None
 
 
