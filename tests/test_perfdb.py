@@ -68,6 +68,11 @@ def test_steady_step_times_leave_out_profiled_steps_and_the_step_before():
     assert perfdb.steady_step_times(parse_events(events)[0]) == [1.0, 1.1]
 
 
+def test_steady_step_times_leave_out_negative_times_of_a_damaged_record():
+    events = [run_start(0.0), *steps(1.0, 1, [9.0, 5.0, 4.0, 1.0, -5.0, 1.1])]
+    assert perfdb.steady_step_times(parse_events(events)[0]) == [1.0, 1.1]
+
+
 def test_the_attention_mask_is_part_of_the_key():
     causal = {**run_start(0.0), "config": {**run_start(0.0)["config"], "attention_mask": "causal"}}
     assert perfdb.perf_key(parse_event(causal)) != perfdb.perf_key(parse_event(run_start(0.0)))

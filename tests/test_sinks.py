@@ -215,3 +215,19 @@ def test_live_tensorboard_follows_the_events_written_after_it_started(tmp_path):
     accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
     accumulator.Reload()
     assert [(s.step, s.value) for s in accumulator.Scalars("train/loss")] == [(2, 5.0), (3, 4.0)]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dangling link"])
+@pytest.mark.parametrize("command", [["report"], ["export", "csv"]])
+def test_a_record_that_is_no_regular_file_is_named_as_unreadable(tmp_path, capsys, kind, command):
+    events = tmp_path / "run" / "events.jsonl"
+    events.parent.mkdir()
+    {
+        "fifo": os.mkfifo,
+        "directory": Path.mkdir,
+        "dangling link": lambda p: p.symlink_to(tmp_path / "gone"),
+    }[kind](events)
+    assert main([*command, str(events.parent)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read events.jsonl" in err, err
+    assert sorted(p.name for p in events.parent.iterdir()) == ["events.jsonl"]

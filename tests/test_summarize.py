@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import file_tree, run_in_process, small_run
@@ -16,10 +17,11 @@ from samples import copy_sample_runs, sample_run_dirs
 from test_ettr import crash_then_resume
 
 from titan.analysis import summarize
+from titan.analysis.ettr import analyze
 from titan.cli import main
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE
-from titan.telemetry.events import RunEnd, RunStart, Step, parse_event
+from titan.telemetry.events import RunEnd, RunStart, Step, parse_event, parse_events
 from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, RunRecord
 
@@ -68,6 +70,20 @@ def test_steps_a_resume_threw_away_are_not_counted_until_redone(tmp_path):
     write_run(tmp_path, "resumed", events)
     [s] = summarize.summarize(tmp_path)
     assert (s.steps, s.tokens, s.best_loss, s.final_loss) == (3, 300, 3.6, 3.6)
+
+
+def test_a_resume_that_has_not_stepped_yet_counts_only_the_steps_it_restored(tmp_path):
+    # Attempt 0 ran steps 1-4; attempt 1 restored step 2, compiled and failed before a step:
+    # the run stands at step 2, with step 2's loss (4.0) its last, as ETTR counts it.
+    events = crash_then_resume()[:10]
+    assert events[-1]["type"] == "compile"
+    events.append({"type": "run_end", "time": 1108.5, "status": "failed", "step": None})
+    for e in events:
+        if e["type"] == "step":
+            e.update(tokens_seen=100 * e["step"])
+    write_run(tmp_path, "resume-failed", events)
+    [s] = summarize.summarize(tmp_path)
+    assert (s.steps, s.tokens, s.final_loss, s.best_loss) == (2, 200, 4.0, 4.0)
 
 
 def test_a_run_found_dead_at_once_counts_its_steps_past_the_checkpoint_as_lost(tmp_path):
@@ -160,6 +176,68 @@ def test_new_fields_types_and_bad_lines_are_kept_or_counted(tmp_path):
     types = con.execute("SELECT list(DISTINCT type) FROM events").fetchone()[0]
     assert "some_new_type" in types and "stall" in types
     assert summarize.summaries(con, "new")[0].bad_lines == 2
+
+
+def _summary_and_reader(tmp_path: Path, events: list[dict]) -> tuple[Any, Any]:
+    """The summary of ``events`` by the DuckDB ingest, and ETTR by the Python reader."""
+    write_run(tmp_path, "odd", events)
+    [s] = summarize.summarize(tmp_path)
+    parsed, _ = parse_events(json.loads(line) for line in (tmp_path / "odd" / EVENTS_FILE).open())
+    return s, analyze(parsed)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("loss", "0.5"), ("loss", True), ("step_time_s", "500"), ("step", True)],
+)
+def test_a_number_field_of_another_type_is_missing_as_in_every_reader(tmp_path, field, value):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "step":
+            e["mfu"] = {"causal": 0.25}
+    events[2][field] = value  # step 1
+    s, reader = _summary_and_reader(tmp_path, events)
+    assert s.best_loss == 3.1 and s.median_mfu == 0.25
+    assert s.ettr == pytest.approx(reader.ettr) and reader.ettr is not None
+
+
+@pytest.mark.parametrize("field", ["step_time_s", "data_wait_s"])
+def test_a_negative_duration_makes_ettr_unknown_as_in_every_reader(tmp_path, field):
+    events = crash_then_resume()
+    events[2][field] = -5.0
+    s, reader = _summary_and_reader(tmp_path, events)
+    assert s.ettr is None and s.goodput is None and reader.ettr is None
+    assert reader.unreadable == 1
+
+
+def test_an_mfu_recorded_as_a_string_is_missing(tmp_path):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "step":
+            e["mfu"] = {"causal": "0.99", "peak_flops": "1e15"}
+    s, _ = _summary_and_reader(tmp_path, events)
+    assert s.median_mfu is None and s.mfu_convention is None
+
+
+def test_out_of_range_rates_are_missing_and_sums_stay_finite_json(tmp_path, capsys):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "step":
+            e.update(energy_j=1e308, tokens=100, mfu={"causal": -0.5})
+    write_run(tmp_path, "absurd", events)
+    [s] = summarize.summarize(tmp_path)
+    assert s.energy_j is None and s.tokens_per_j is None and s.median_mfu is None
+    assert main(["summarize", str(tmp_path), "--json"]) == 0
+    json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
+
+
+def test_the_summary_table_names_the_runs_with_lines_that_are_not_events(tmp_path, capsys):
+    write_run(tmp_path, "torn", crash_then_resume(), tail="{not json\n\x1b[31mgarbage\n")
+    write_run(tmp_path, "clean", crash_then_resume())
+    assert main(["summarize", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "lines that are not events, skipped:\n  torn: 2 in events.jsonl\n" in out
+    assert "clean:" not in out
 
 
 def test_replaced_file_is_read_again(tmp_path):

@@ -27,7 +27,7 @@ from titan.inert import inert
 from titan.out_paths import out_argument
 from titan.tables import Column, console, fitted_table, print_fitted
 from titan.telemetry import sinks
-from titan.telemetry.records import default_runs_root
+from titan.telemetry.records import EVENTS_FILE, default_runs_root
 
 EXIT_OK, EXIT_FLAGGED = 0, 1
 # Runs that ``titan summarize`` lists by default: the most recent ones (a runs root may hold
@@ -62,7 +62,8 @@ def add_parser(subparsers: Any) -> None:
         help="summarize the runs of a runs root",
         description="Ingest the run records of RUNS_ROOT into its database (incrementally) and "
         "print each run's status, steps, tokens, throughput, MFU, energy, ETTR and goodput, "
-        "stalls, restarts and losses, and under the table the error of each failed run. "
+        "stalls, restarts and losses; under the table, the error of each failed run and the runs "
+        "whose record holds lines that are not events (skipped: damage), with their count. "
         + DATABASE_HELP,
     )
     _add_common(s, run_summarize)
@@ -156,6 +157,7 @@ def run_summarize(args: argparse.Namespace) -> int:
     else:
         _print_summaries(root, rows, args.wide, sorted(set(peaks.values())))
         _print_errors(rows)
+        _print_bad_lines(rows)
     if total > len(rows):
         hidden = (
             f"{len(rows):,} most recent of {total:,} runs shown ({total - len(rows):,} "
@@ -300,6 +302,17 @@ def _print_errors(rows: list[Any]) -> None:
         print("errors (run_end):")
     for run_id, error in failed:
         print(inert(f"  {run_id}: {error}"))
+
+
+def _print_bad_lines(rows: list[Any]) -> None:
+    """Under the summary table: each run whose record holds complete lines that are not events
+    (damage: a line cut by a crash and written over, bytes that are not JSON), and how many;
+    its figures come from the events that are read."""
+    damaged = [(r.run_id, r.bad_lines) for r in rows if r.bad_lines]
+    if damaged:
+        print("lines that are not events, skipped:")
+    for run_id, count in damaged:
+        print(inert(f"  {run_id}: {count:,} in {EVENTS_FILE}"))
 
 
 def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:

@@ -128,7 +128,8 @@ def _profiled_steps(events: Sequence[Event]) -> set[int]:
 
 def steady_step_times(events: Sequence[Event]) -> list[float]:
     """``step_time_s`` of the steps after the first :data:`WARMUP_STEPS` of each attempt,
-    leaving out steps with a checkpoint save inside them and profiled steps."""
+    leaving out steps with a checkpoint save inside them, profiled steps, and negative times
+    (a damaged record)."""
     times: list[float] = []
     profiled = _profiled_steps(events)
     seen_in_attempt, saved = 0, False
@@ -140,8 +141,9 @@ def steady_step_times(events: Sequence[Event]) -> list[float]:
         elif isinstance(event, Step):
             seen_in_attempt += 1
             steady = seen_in_attempt > WARMUP_STEPS and not saved
-            if steady and event.step not in profiled and event.step_time_s is not None:
-                times.append(event.step_time_s)
+            seconds = event.step_time_s
+            if steady and event.step not in profiled and seconds is not None and seconds >= 0:
+                times.append(seconds)
             saved = False
     return times
 

@@ -40,7 +40,7 @@ from titan.formatting import format_clock, format_duration, format_flops_rate, f
 from titan.inert import inert, markdown_text
 from titan.progress_bar import progress_bar
 from titan.telemetry.events import Eval, Event, Profile, RunStart, Step, parse_events
-from titan.telemetry.records import EVENTS_FILE, EventTail
+from titan.telemetry.records import EVENTS_FILE, run_record_tail
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"
@@ -57,16 +57,10 @@ def read_run(run_dir: Path) -> tuple[list[Event], int, int]:
     Raises:
         TitanError: ``run_dir`` is not a directory, has no ``events.jsonl`` or no ``run_start``.
     """
-    path = run_dir / EVENTS_FILE
-    if not run_dir.is_dir():
-        raise TitanError(f"RUN_DIR {run_dir} is not a directory")
-    if not path.is_file():
-        raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
-    tail = EventTail(path)
+    tail = run_record_tail(run_dir)
     with progress_bar(f"reading {EVENTS_FILE}: MiB") as update:
         events, not_events = parse_events(list(tail.iter_to_end(update)))
-    if tail.error is not None:
-        raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
+    tail.check_read()
     if not any(isinstance(e, RunStart) for e in events):
         raise TitanError(f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no readable run_start event")
     return events, tail.bad_lines + not_events, tail.pending_bytes

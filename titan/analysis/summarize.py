@@ -125,7 +125,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 9
+DB_VERSION = 10
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # A run's summary is computed from all its events: about 16 ns per byte of record (2.9 s for a
@@ -180,53 +180,101 @@ _SCHEMA = (
     best_loss DOUBLE, summary JSON, tokens_per_j DOUBLE, started_at DOUBLE, preset VARCHAR,
     layout VARCHAR, pp BIGINT, devices BIGINT, best_eval_loss DOUBLE)""",
 )
-# The typed columns that may be negative; every other count, duration and rate below 0 is a
-# value no run records, read as missing (as NaN and infinities are).
-_SIGNED_COLUMNS = ("time", "loss")
+# The typed columns that may be negative: times, losses, and the durations that ETTR judges
+# (a negative one makes its ETTR unknown, as in every reader: titan.analysis.ettr). Every other
+# count and rate below 0 is a value no run records, read as missing (as NaN and infinities are).
+_SIGNED_COLUMNS = ("time", "loss", "step_time_s", "data_wait_s")
+# JSON types of a number: a field of another type (a string "0.5", true) is missing, as
+# titan.telemetry.events reads it, never converted.
+_JSON_NUMBERS = "('BIGINT', 'UBIGINT', 'DOUBLE')"
+
+
+def _number_sql(json_kind: str, number: str, kind: str, signed: bool) -> str:
+    """SQL of a number read as :mod:`titan.telemetry.events` reads one, from its JSON type
+    ``json_kind`` and its value as a DOUBLE ``number`` (SQL expressions): NULL when it is not a
+    JSON number (a string, a bool), not finite, not whole (``kind`` ``BIGINT``), or, unless
+    ``signed``, below 0."""
+    sane = [f"{json_kind} IN {_JSON_NUMBERS}", f"isfinite({number})"]
+    if kind == "BIGINT":
+        sane.append(f"{number} = floor({number})")
+    if not signed:
+        sane.append(f"{number} >= 0")
+    return f"CASE WHEN {' AND '.join(sane)} THEN TRY_CAST({number} AS {kind}) END"
+
+
+def json_number(value: str, kind: str = "DOUBLE", signed: bool = False) -> str:
+    """SQL of the JSON value ``value`` (an SQL expression of type JSON) as a ``kind``
+    (``DOUBLE`` or ``BIGINT``), by :func:`_number_sql`."""
+    return _number_sql(f"json_type({value})", f"TRY_CAST({value} AS DOUBLE)", kind, signed)
+
+
+_NUMBER_FIELDS = [name for name, kind in EVENT_FIELDS.items() if kind in ("DOUBLE", "BIGINT")]
 
 
 def _staged_column(name: str, kind: str) -> str:
-    """The SQL of one typed column of :data:`_STAGE_EVENTS`: a number that is not finite, or
-    negative where :data:`_SIGNED_COLUMNS` does not allow it, is NULL."""
-    if kind not in ("DOUBLE", "BIGINT"):
+    """The SQL of one typed column of :data:`_STAGE_EVENTS`: a number field by
+    :func:`_number_sql` (negative only where :data:`_SIGNED_COLUMNS` allows it), from its JSON
+    type in ``k`` and its value in ``e``."""
+    if name not in _NUMBER_FIELDS:
         return f"e.{name}"
-    sane = "isfinite(e.{0})" if kind == "DOUBLE" else "true"
-    if name not in _SIGNED_COLUMNS:
-        sane += " AND e.{0} >= 0"
-    return f"CASE WHEN {sane.format(name)} THEN e.{name} END AS {name}"
+    json_kind = f"k[{_NUMBER_FIELDS.index(name) + 1}]"
+    return f"{_number_sql(json_kind, f'e.{name}', kind, name in _SIGNED_COLUMNS)} AS {name}"
+
+
+# The shape given to json_transform: every number field as a DOUBLE, typed by _staged_column.
+_TRANSFORM = {
+    name: "DOUBLE" if name in _NUMBER_FIELDS else kind for name, kind in EVENT_FIELDS.items()
+}
 
 
 # The complete lines of the staged files of a batch, each file's lines numbered from its first
-# seq, the JSON objects among them transformed to the typed columns in one parse each
-# (json_transform gives NULL for a field of another type), into a temporary table. A staged
-# file ends with a newline, so its last split piece is empty and never valid JSON. Parameters:
-# the staged files, then the same files, their run ids and first seqs (lists of one length).
+# seq, the JSON objects among them transformed to the typed columns (``e``, every number as a
+# DOUBLE) and the JSON types of the number fields (``k``, one parse for all of them), typed by
+# _staged_column, into a temporary table. A staged file ends with a newline, so its last split
+# piece is empty and never valid JSON. Parameters: the staged files, then the same files, their
+# run ids and first seqs (lists of one length).
 _STAGE_EVENTS = (
     "CREATE OR REPLACE TEMP TABLE staged_events AS SELECT run_id, seq, "
     + ", ".join(_staged_column(name, kind) for name, kind in EVENT_FIELDS.items())
     + ", line::JSON AS payload FROM (SELECT m.run_id, m.seq0 + t.i - 1 AS seq, t.line, "
     + "json_transform(t.line, '"
-    + json.dumps(EVENT_FIELDS)
-    + """') AS e FROM (SELECT filename, unnest(string_split(content, chr(10))) AS line,
+    + json.dumps(_TRANSFORM)
+    + "') AS e, json_type(t.line, "
+    + repr([f"$.{name}" for name in _NUMBER_FIELDS])
+    + """) AS k FROM (SELECT filename, unnest(string_split(content, chr(10))) AS line,
         generate_subscripts(string_split(content, chr(10)), 1) AS i FROM read_text(?)) t
     JOIN (SELECT unnest(?::VARCHAR[]) AS filename, unnest(?::VARCHAR[]) AS run_id,
         unnest(?::BIGINT[]) AS seq0) m USING (filename)
-    WHERE json_valid(t.line) AND json_type(t.line) = 'OBJECT') WHERE isfinite(e.time)"""
+    WHERE json_valid(t.line) AND json_type(t.line) = 'OBJECT') WHERE """
+    + _staged_column("time", "DOUBLE").removesuffix(" AS time")
+    + " IS NOT NULL"
+)
+# The step an attempt starts after, from its run_start (ETTR's start_step: titan.analysis.ettr).
+_START_STEP = (
+    "COALESCE("
+    + json_number("payload->'$.start_step'", "BIGINT")
+    + ", "
+    + json_number("payload->'$.resumed_from_step'", "BIGINT")
+    + ", 0)"
 )
 # What a batch of summaries needs from the events, one row per run asked for (NULLs for a run
-# without events; parameters: the run ids, the MFU convention's JSON path, the run ids again).
-_SUMMARY_FACTS = """SELECT run_id, steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt,
+# without events; parameters: the run ids, three times). The steps that survive end at the
+# newest step event's step, or at the newest run_start's start step when that came after it (a
+# resume that has not stepped yet).
+_SUMMARY_FACTS = f"""SELECT run_id, steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt,
     best_eval, mfu, peak_memory, final, last_start, last_end, last_type,
     first_start->>'$.config.preset', first_start->>'$.config.layout',
-    TRY_CAST(first_start->>'$.config.pp' AS BIGINT),
-    TRY_CAST(first_start->>'$.layout.devices' AS BIGINT)
+    {json_number("first_start->'$.config.pp'", "BIGINT")},
+    {json_number("first_start->'$.layout.devices'", "BIGINT")}
 FROM (SELECT unnest(?::VARCHAR[]) AS run_id) LEFT JOIN (SELECT run_id,
-    max(step) AS steps, max(tokens_seen) AS tokens, min(loss) FILTER (isfinite(loss)) AS best
-    FROM (SELECT run_id, step, tokens_seen, loss,
-        row_number() OVER (PARTITION BY run_id, step ORDER BY seq DESC) AS newest,
-        arg_max(step, seq) OVER (PARTITION BY run_id) AS last_step
-        FROM events WHERE type = 'step' AND list_contains(?, run_id))
-    WHERE newest = 1 AND step <= last_step GROUP BY run_id) USING (run_id)
+    max(step) AS steps, max(tokens_seen) AS tokens, min(loss) FILTER (isfinite(loss)) AS best,
+    arg_max(payload, seq) AS final
+    FROM (SELECT run_id, seq, type, step, tokens_seen, loss, payload,
+        row_number() OVER (PARTITION BY run_id, type, step ORDER BY seq DESC) AS newest,
+        arg_max(CASE WHEN type = 'step' THEN step ELSE {_START_STEP} END, seq)
+            OVER (PARTITION BY run_id) AS last_step
+        FROM events WHERE type IN ('step', 'run_start') AND list_contains(?, run_id))
+    WHERE type = 'step' AND newest = 1 AND step <= last_step GROUP BY run_id) USING (run_id)
 LEFT JOIN (SELECT run_id,
     min(time) FILTER (type = 'run_start') AS t0, max(time) AS t1,
     median(tokens_per_s) FILTER (type = 'step') AS tps,
@@ -234,11 +282,9 @@ LEFT JOIN (SELECT run_id,
     sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL) AS energy_tokens,
     median(joules_per_token) FILTER (type = 'step') AS jpt,
     min(loss) FILTER (type = 'eval' AND isfinite(loss)) AS best_eval,
-    median(TRY_CAST(json_extract_string(mfu, ?) AS DOUBLE))
+    median({json_number(f"json_extract(mfu, '$.{MFU_CONVENTION}')")})
         FILTER (type = 'step' AND mfu IS NOT NULL) AS mfu,
-    max(TRY_CAST(json_extract_string(payload, '$.peak_memory_bytes') AS DOUBLE))
-        FILTER (type = 'step') AS peak_memory,
-    arg_max(payload, seq) FILTER (type = 'step') AS final,
+    max({json_number("payload->'$.peak_memory_bytes'")}) FILTER (type = 'step') AS peak_memory,
     arg_max(payload, seq) FILTER (type = 'run_start') AS last_start,
     arg_max(payload, seq) FILTER (type IN ('run_start', 'run_end')) AS last_end,
     arg_max(type, seq) AS last_type,
@@ -784,25 +830,27 @@ def _payload_event(payload: str | None) -> Event | None:
     return _parse(line) if isinstance(line, dict) else None
 
 
+# Per run: its last MFU's peak and peak kind, its last run_start's device kinds and count, and
+# how many steps recorded an MFU (parameter: the run ids).
+_MFU_PEAKS = f"""SELECT run_id,
+arg_max({json_number("json_extract(mfu, '$.peak_flops')")}, seq)
+    FILTER (type = 'step' AND mfu IS NOT NULL),
+arg_max(json_extract_string(mfu, '$.peak_kind'), seq)
+    FILTER (type = 'step' AND mfu IS NOT NULL),
+arg_max(json_extract_string(payload, '$.env.device_kinds'), seq)
+    FILTER (type = 'run_start'),
+arg_max({json_number("payload->'$.env.device_count'", "BIGINT")}, seq)
+    FILTER (type = 'run_start'),
+count(*) FILTER (type = 'step' AND mfu IS NOT NULL)
+FROM events WHERE list_contains(?, run_id) GROUP BY run_id"""
+
+
 def mfu_peaks(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
     """What the MFU of each of ``run_ids`` that recorded one divides by, per device: e.g.
     ``NVIDIA H200: 989.5 TFLOP/s per device (datasheet_dense_bfloat16)`` from its last MFU's
     ``peak_flops`` over its ``run_start``'s ``env.device_count``, or ``<device kind>: peak
     unknown`` when the record names no peak."""
-    rows = con.execute(
-        """SELECT run_id,
-        arg_max(TRY_CAST(json_extract_string(mfu, '$.peak_flops') AS DOUBLE), seq)
-            FILTER (type = 'step' AND mfu IS NOT NULL),
-        arg_max(json_extract_string(mfu, '$.peak_kind'), seq)
-            FILTER (type = 'step' AND mfu IS NOT NULL),
-        arg_max(json_extract_string(payload, '$.env.device_kinds'), seq)
-            FILTER (type = 'run_start'),
-        arg_max(TRY_CAST(json_extract_string(payload, '$.env.device_count') AS BIGINT), seq)
-            FILTER (type = 'run_start'),
-        count(*) FILTER (type = 'step' AND mfu IS NOT NULL)
-        FROM events WHERE list_contains(?, run_id) GROUP BY run_id""",
-        [run_ids],
-    ).fetchall()
+    rows = con.execute(_MFU_PEAKS, [run_ids]).fetchall()
     return {run_id: _peak_label(*rest) for run_id, *rest, mfu_steps in rows if mfu_steps}
 
 
@@ -835,9 +883,7 @@ def compute_summaries(
             "SELECT run_id, path, bad_lines FROM files WHERE list_contains(?, run_id)", [run_ids]
         ).fetchall()
     }
-    rows = con.execute(
-        _SUMMARY_FACTS, [run_ids, run_ids, "$." + MFU_CONVENTION, run_ids]
-    ).fetchall()
+    rows = con.execute(_SUMMARY_FACTS, [run_ids, run_ids, run_ids]).fetchall()
     now = time.time()
     result = []
     order = {run_id: i for i, run_id in enumerate(run_ids)}
@@ -861,6 +907,7 @@ def _summary(
         :12
     ]
     final, start, end = (_payload_event(p) for p in facts[12:15])
+    energy, tps, jpt = _optional(energy), _optional(tps), _optional(jpt)  # a sum may overflow
     if energy_tokens and energy:
         tokens_per_j = energy_tokens / energy
     elif jpt:

@@ -284,6 +284,17 @@ class EventTail:
             if self.offset >= size or self.offset == before:
                 break
 
+    def check_read(self) -> None:
+        """Raise when the last read failed, for a command that reads a run's record whole.
+
+        Raises:
+            TitanError: the file could not be read (names the run dir and the reason).
+        """
+        if self.error is not None:
+            raise TitanError(
+                f"RUN_DIR {self.path.parent}: cannot read {EVENTS_FILE} ({self.error})"
+            )
+
     def read_new_events(self, max_bytes: int = -1) -> list[Event]:
         """:meth:`read_new`, each object parsed by :func:`~titan.telemetry.events.
         parse_event`; an object that is not an event (e.g. a non-numeric ``time``) is skipped
@@ -339,6 +350,23 @@ def read_first_events(path: Path, max_bytes: int) -> list[dict[str, Any]]:
     with open_regular(path) as f:
         data = f.read(max_bytes)
     return _objects(data.split(b"\n")[:-1])[0]
+
+
+def run_record_tail(run_dir: Path) -> EventTail:
+    """A reader of ``run_dir``'s ``events.jsonl`` from its start, for a command that reads a
+    run's record whole (``titan report``, ``titan export``; :meth:`EventTail.check_read` after
+    reading). A name that is there but no regular file (a FIFO, a directory, a dangling link)
+    is for the read to refuse, with its reason.
+
+    Raises:
+        TitanError: ``run_dir`` is not a directory, or holds no ``events.jsonl``.
+    """
+    if not run_dir.is_dir():
+        raise TitanError(f"RUN_DIR {run_dir} is not a directory")
+    path = run_dir / EVENTS_FILE
+    if not os.path.lexists(path):
+        raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} there (not a run dir)")
+    return EventTail(path)
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.out_paths import check_dir, check_file, check_outside_run
 from titan.progress_bar import progress_bar, tracked
-from titan.telemetry.records import EVENTS_FILE, EventTail
+from titan.telemetry.records import EVENTS_FILE, EventTail, run_record_tail
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
 """Event types exported as scalars, and the group (tag prefix) of each."""
@@ -225,14 +225,10 @@ def export_run(run_dir: Path, sink: str, out: Path | None = None, force: bool = 
             refused (:func:`write_csv`, :func:`write_wandb_offline`, or a file of the run
             itself).
     """
-    path = run_dir / EVENTS_FILE
-    if not path.exists():
-        raise TitanError(f"RUN_DIR {run_dir}: no {EVENTS_FILE} (not a run directory)")
-    tail, seen = EventTail(path), _Seen()
+    tail, seen = run_record_tail(run_dir), _Seen()
     with progress_bar(f"reading {EVENTS_FILE}: MiB") as update:
         rows = metric_rows(seen.through(tail.iter_to_end(update)))
-    if tail.error is not None:
-        raise TitanError(f"RUN_DIR {run_dir}: cannot read {EVENTS_FILE} ({tail.error})")
+    tail.check_read()
     if not seen.events:
         raise TitanError(
             f"RUN_DIR {run_dir}: {EVENTS_FILE} holds no event ({tail.bad_lines} lines that are "
