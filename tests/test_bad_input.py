@@ -323,7 +323,7 @@ CASES: dict[str, Case] = {
     ),
     "config_file_value_of_the_wrong_type": Case(
         lambda p: p.train(config=p.file("c.toml", '[optimizer]\nlr = "fast"\n')),
-        "c.toml: [optimizer] lr: argument --lr: invalid float value: 'fast'",
+        "c.toml: [optimizer] lr: --lr must be a number, got 'fast'",
     ),
     "config_file_shape_missing_fields": Case(
         lambda p: p.train(config=p.file("c.toml", "[model]\nmodel = {d_model = 64}\n")),

@@ -146,6 +146,65 @@ def test_print_config_prints_toml_that_reads_back_the_same(tmp_path: Path, capsy
     assert "watchdog_abort = true" in first
 
 
+def test_print_config_escapes_what_toml_forbids_raw_and_refuses_what_it_cannot_hold(
+    tmp_path: Path, capsys
+):
+    argv = ["train", "--text-field", "a\x7fb", "--model-source", "maxtext"]
+    argv += ["--maxtext-model", "llama2-7b", "--maxtext-set", "é=1 x.y=2"]
+    assert main([*argv, "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    (tmp_path / "printed.toml").write_text(printed)
+    assert main(["train", "--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+    assert read_config_file(str(tmp_path / "printed.toml"))["text_field"] == "a\x7fb"
+    assert main(["train", "--data", "a\udcffb", "--print-config"]) == 2  # a path's byte 0xff
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--data 'a\\udcffb': bytes that are not UTF-8" in err
+
+
+def test_a_settings_table_keeps_values_with_spaces_and_refuses_nested_tables():
+    table = {"a": "x y", "flag": True, "n": 3}
+    cfg = TrainConfig.of(model_source="maxtext", maxtext_model="llama2-7b", maxtext_set=table)
+    assert cfg.model.maxtext_set == {"a": "x y", "flag": "true", "n": "3"}
+    with pytest.raises(TitanError, match=re.escape("--maxtext-set: 'a' must be key = a text")):
+        TrainConfig.of(model_source="maxtext", maxtext_model="x", maxtext_set={"a": {"b": 1}})
+    with pytest.raises(TitanError, match="a value with spaces goes in a TOML table"):
+        TrainConfig.of(model_source="maxtext", maxtext_model="x", maxtext_set="x=a b")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[data]\nbatch_size = "8"', "[data] batch_size: --batch-size must be an integer, got '8'"),
+        ('[optimizer]\nlr = "1e-3"', "[optimizer] lr: --lr must be a number, got '1e-3'"),
+        (
+            "[compute]\nmemory_check = 0",
+            "[compute] memory_check: --memory-check must be true or false, got 0",
+        ),
+        ("[data]\nbatch_size = 0", "[data] batch_size: --batch-size must be >= 1, got 0"),
+        ('[compute]\nremat = "FULL"', "[compute] remat: --remat must be one of auto, none, "),
+        ("[optimizer]\nlr = nan", "[optimizer] lr: --lr must be a finite number, got nan"),
+    ],
+)
+def test_a_config_files_value_of_another_type_or_out_of_bounds_names_the_file_and_key(
+    tmp_path: Path, text: str, message: str
+):
+    path = tmp_path / "c.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(TitanError, match=re.escape(f"--config {path}: {message}")):
+        read_config_file(str(path))
+    path.write_text("[optimizer]\nlr = 1\n")  # an integer is a number
+    assert read_config_file(str(path)) == {"lr": 1}
+
+
+def test_two_keys_of_one_option_in_a_config_file_are_refused(tmp_path: Path):
+    path = tmp_path / "both.toml"
+    path.write_text("[data]\nbatch-size = 8\nbatch_size = 4\n")
+    message = f"--config {path}: [data] batch-size and batch_size both set --batch-size: keep one"
+    with pytest.raises(TitanError, match=re.escape(message)):
+        read_config_file(str(path))
+
+
 def test_example_config_is_a_small_run_on_the_default_corpus():
     cfg = TrainConfig.of(**{**read_config_file(str(REPO / "examples/tiny.toml")), "steps": 20})
     assert (cfg.data.corpus, cfg.model.shape.name, cfg.optimizer.steps) == ("stdlib", "tiny", 20)

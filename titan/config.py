@@ -212,10 +212,16 @@ def _check_shape_fields(value: Mapping[str, Any], flag: str) -> None:
 
 
 def _settings(value: Any, flag: str) -> dict[str, str]:
-    """``key=value`` entries (texts of them separated by spaces, or a mapping) as a key ->
-    value-text mapping (values hold no spaces)."""
+    """``key=value`` entries (texts of them separated by spaces: a value holds none) or a
+    mapping of keys to scalar values (a TOML table: a value may hold spaces) as a key ->
+    value-text mapping.
+
+    Raises:
+        TitanError: an entry that is not ``key=value``, or a mapping's value that is a table or
+            an array (names the key).
+    """
     if isinstance(value, Mapping):
-        value = [f"{key}={text}" for key, text in value.items()]
+        return {str(key).strip(): _setting_text(key, text, flag) for key, text in value.items()}
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list | tuple):
@@ -224,9 +230,22 @@ def _settings(value: Any, flag: str) -> dict[str, str]:
     for entry in [word for item in value for word in str(item).split()]:
         key, sep, text = str(entry).partition("=")
         if not sep or not key.strip():
-            raise TitanError(f"{flag}: {inert(str(entry))!r} is not key=value")
+            raise TitanError(
+                f"{flag}: {inert(str(entry))!r} is not key=value (entries are separated by "
+                "spaces; a value with spaces goes in a TOML table)"
+            )
         settings[key.strip()] = text.strip()
     return settings
+
+
+def _setting_text(key: Any, value: Any, flag: str) -> str:
+    """One value of a settings mapping as MaxText's command line takes it (booleans as
+    ``true``/``false``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping | list | tuple) or not str(key).strip():
+        raise TitanError(f"{flag}: {inert(str(key))!r} must be key = a text or number")
+    return str(value).strip()
 
 
 def _dump_shape(m: ModelConfig) -> str | dict[str, Any]:
@@ -297,26 +316,37 @@ def _kind(f: dataclasses.Field) -> str:
     return meta["codec"] or ("str" if meta.get("choices") else str(f.type))
 
 
+def _checked(f: dataclasses.Field, value: Any) -> Any:
+    """``value`` of the option field ``f``, coerced to its type and checked against its choices
+    and bounds.
+
+    Raises:
+        TitanError: a value of another type, not finite, not a choice or out of bounds (names
+            the flag).
+    """
+    meta = f.metadata
+    flag = meta["flag"]
+    value = CODECS[_kind(f)].coerce(value, flag)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TitanError(f"{flag} must be a finite number, got {value}")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise TitanError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+    if meta["minimum"] is not None and value < meta["minimum"]:
+        raise TitanError(f"{flag} must be >= {meta['minimum']}, got {value}")
+    if meta["maximum"] is not None and value > meta["maximum"]:
+        raise TitanError(f"{flag} must be <= {meta['maximum']}, got {value}")
+    if meta["above"] is not None and not value > meta["above"]:
+        raise TitanError(f"{flag} must be > {meta['above']}, got {value}")
+    if meta["below"] is not None and not value < meta["below"]:
+        raise TitanError(f"{flag} must be < {meta['below']}, got {value}")
+    return value
+
+
 def _normalize(section: Any) -> None:
     """Coerce every field of a section to its type and check it (``__post_init__``)."""
     for f in dataclasses.fields(section):
-        meta = f.metadata
-        flag = meta["flag"]
-        value = CODECS[_kind(f)].coerce(getattr(section, f.name), flag)
-        object.__setattr__(section, f.name, value)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise TitanError(f"{flag} must be a finite number, got {value}")
-        choices = meta.get("choices")
-        if choices and value not in choices:
-            raise TitanError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
-        if meta["minimum"] is not None and value < meta["minimum"]:
-            raise TitanError(f"{flag} must be >= {meta['minimum']}, got {value}")
-        if meta["maximum"] is not None and value > meta["maximum"]:
-            raise TitanError(f"{flag} must be <= {meta['maximum']}, got {value}")
-        if meta["above"] is not None and not value > meta["above"]:
-            raise TitanError(f"{flag} must be > {meta['above']}, got {value}")
-        if meta["below"] is not None and not value < meta["below"]:
-            raise TitanError(f"{flag} must be < {meta['below']}, got {value}")
+        object.__setattr__(section, f.name, _checked(f, getattr(section, f.name)))
 
 
 _Section = TypeVar("_Section")
@@ -411,7 +441,8 @@ class ModelOptions:
         metadata=_opt(
             "--maxtext-set",
             "MaxText config overrides KEY=VALUE ... (as MaxText's command line takes them, e.g. "
-            "base_emb_dim=256 base_num_decoder_layers=4); repeatable",
+            "base_emb_dim=256 base_num_decoder_layers=4; a value with spaces goes in a TOML "
+            "table); repeatable",
             codec="settings",
         ),
     )
@@ -1211,6 +1242,15 @@ class Option:
     def coerce(self, value: Any) -> Any:
         """The typed value of ``value`` (typed already, plain data, or text)."""
         return self.codec.coerce(value, self.flag)
+
+    def checked(self, value: Any) -> Any:
+        """:meth:`coerce`, then checked against the option's choices and bounds, as a section
+        checks it.
+
+        Raises:
+            TitanError: as a section's construction does for this option (names the flag).
+        """
+        return _checked(self.field, value)
 
     def text(self, value: Any) -> str:
         """``value`` as ``titan train`` takes it on its command line."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,9 @@ def read_config_file(path: str) -> dict[str, Any]:
 
     Raises:
         TitanError: a file :func:`titan.reading.read_toml` refuses (unreadable, not a regular
-            file, too large, not UTF-8, bad TOML), unknown section or option, or a value of
-            the wrong type (names the file, section and key).
+            file, too large, not UTF-8, bad TOML), unknown section or option, two keys of one
+            option (``batch_size`` and ``batch-size``), or a value of the wrong type (names the
+            file, section and key).
     """
     values = read_toml(path, "--config")
     flat = {}
@@ -117,16 +119,44 @@ def read_config_file(path: str) -> dict[str, Any]:
         if not isinstance(options, dict):
             what = "an array of tables" if isinstance(options, list) else repr(options)
             raise TitanError(f"--config {path}: [{section}] must be one table, got {what}")
+        keys: dict[str, str] = {}  # option name -> the key that set it
         for key, value in options.items():
             option = _option_of_key(key)
             if option is None or option.section != section:
                 raise TitanError(f"--config {path}: {_unknown_key(key, section, option)}")
+            if option.name in keys:
+                raise TitanError(
+                    f"--config {path}: [{section}] {keys[option.name]} and {key} both set "
+                    f"{option.flag}: keep one"
+                )
+            keys[option.name] = key
             try:
-                option.coerce(value)  # checked here to name the file; kept as written
+                _check_toml_type(option, value)
+                option.checked(value)  # checked here to name the file; kept as written
             except TitanError as err:
                 raise TitanError(f"--config {path}: [{section}] {key}: {err}") from None
             flat[option.name] = value
     return flat
+
+
+TOML_TYPES = {"int": "an integer", "float": "a number", "bool": "true or false"}
+"""What a TOML value of an option of each plain kind must be: a TOML integer, float (or
+integer) or boolean, never a string or a number standing for a switch (the command line's
+texts, ``"8"``, ``"on"``, ``1``, are for the command line)."""
+
+
+def _check_toml_type(option: Option, value: Any) -> None:
+    """Refuse a TOML value of another TOML type than ``option``'s kind (:data:`TOML_TYPES`).
+
+    Raises:
+        TitanError: names the flag, the type wanted and the value.
+    """
+    kind = option.kind
+    if kind not in TOML_TYPES:
+        return
+    accepted: tuple[type, ...] = {"int": (int,), "float": (int, float), "bool": (bool,)}[kind]
+    if isinstance(value, bool) != (kind == "bool") or not isinstance(value, accepted):
+        raise TitanError(f"{option.flag} must be {TOML_TYPES[kind]}, got {value!r}")
 
 
 def _option_of_key(key: str) -> Any:
@@ -157,17 +187,37 @@ def toml_key(option: Option) -> str:
     return option.flag.removeprefix("--").replace("-", "_")
 
 
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+"""A TOML key written without quotes (TOML 1.0, "Keys": bare keys are ASCII letters, digits,
+``_`` and ``-``)."""
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's escapes are TOML's, and DEL (U+007F), which TOML
+    forbids raw and JSON leaves raw, is escaped too (TOML 1.0, "String").
+
+    Raises:
+        TitanError: ``text`` holds a lone surrogate (bytes that are not UTF-8, as a path's
+            undecodable bytes are read): no TOML string can hold it.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TitanError(f"{text!r}: bytes that are not UTF-8, which TOML cannot hold") from None
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return _toml_string(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     items = (
-        f"{json.dumps(k) if not k.isidentifier() else k} = {_toml_value(v)}"
+        f"{k if BARE_KEY.fullmatch(k) else _toml_string(k)} = {_toml_value(v)}"
         for k, v in value.items()
     )
     return "{ " + ", ".join(items) + " }" if value else "{}"
@@ -177,12 +227,20 @@ def config_to_toml(cfg: TrainConfig) -> str:
     """``cfg`` as a TOML document, one table per section, keyed by flag names (``model``,
     ``data``, ``batch_size``); :func:`read_config_file` reads it
     back to the same config. (Values are strings, numbers, booleans, arrays and inline tables;
-    a writer of that much TOML is this function.)"""
+    a writer of that much TOML is this function.)
+
+    Raises:
+        TitanError: a value holds bytes that are not UTF-8 (names its flag).
+    """
     lines: list[str | None] = []
-    keys = {o.field.name: toml_key(o) for o in option_fields()}
+    by_field = {o.field.name: o for o in option_fields()}
     for section, values in config_to_data(cfg).items():
         lines += ["" if lines else None, f"[{section}]"]
-        lines += [f"{keys[key]} = {_toml_value(value)}" for key, value in values.items()]
+        for key, value in values.items():
+            try:
+                lines.append(f"{toml_key(by_field[key])} = {_toml_value(value)}")
+            except TitanError as err:
+                raise TitanError(f"{by_field[key].flag} {err}") from None
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 
