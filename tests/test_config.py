@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import typing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,52 @@ def test_a_config_files_value_of_another_type_or_out_of_bounds_names_the_file_an
         read_config_file(str(path))
     path.write_text("[optimizer]\nlr = 1\n")  # an integer is a number
     assert read_config_file(str(path)) == {"lr": 1}
+
+
+SMALL = "d_model=32,n_layers=1,n_heads=2,n_kv_heads=1,ffn_dim=64"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--layout", "mpmd", "--pp", "2", "--stage-layers", "2,-1"], "--stage-layers 2,-1 must "),
+        (["--data", "a:nan,b:1"], "--data a:nan,b:1: part 'a:nan' needs a finite weight > 0"),
+        (
+            ["--layout", "mpmd", "--pp", "2", "--schedule", "interleaved-1f1b"]
+            + ["--virtual-stages", "4", "--microbatches", "2", "--batch-size", "4"],
+            "4 layers of --preset tiny cannot fill --pp 2 x --virtual-stages 4 = 8 chunks",
+        ),
+        (["--model", SMALL + ",vocab_size=100"], "--model: vocab_size 100 is below the 259"),
+    ],
+)
+def test_print_config_makes_the_checks_that_need_no_device(capsys, argv, message):
+    assert main(["train", *argv, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_config_given_twice_or_empty_is_refused(tmp_path: Path, capsys):
+    (tmp_path / "a.toml").write_text("[data]\nbatch_size = 8\n")
+    twice = ["--config", str(tmp_path / "a.toml")] * 2
+    for argv, message in (
+        (twice, "argument --config: given twice; give it once"),
+        (["--config", ""], "argument --config: an empty path"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(["train", *argv, "--print-config"])
+        assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_shape_table_that_names_a_preset_must_be_that_preset():
+    fields = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, vocab_size=512)
+    message = "--model: name 'llama3-1b' is a preset of another shape (d_model 32, not 2048)"
+    with pytest.raises(TitanError, match=re.escape(message)):
+        TrainConfig.of(preset={"name": "llama3-1b", **fields})
+    assert TrainConfig.of(preset=fields).model.shape.name == "custom"
+    tiny = {**PRESETS["tiny"].record(), "vocab_size": 512}  # its vocabulary filled in
+    assert TrainConfig.of(preset=tiny).model.shape == replace(PRESETS["tiny"], vocab_size=512)
+    with pytest.raises(TitanError, match="patch_size belong to a dit shape, not a llama's"):
+        TrainConfig.of(preset={**fields, "patch_size": 2})
 
 
 def test_two_keys_of_one_option_in_a_config_file_are_refused(tmp_path: Path):

@@ -35,6 +35,7 @@ from titan.remat import AUTO, REMAT_POLICIES
 from titan.schedules import SCHEDULES, check_schedule_options
 from titan.shapes import (
     DEFAULT_VOCAB_SIZE,
+    MIN_TRAINED_VOCAB,
     PRESETS,
     SHAPE_FIELDS,
     ModelConfig,
@@ -186,10 +187,27 @@ def _shape(value: Any, flag: str) -> ModelConfig:
             return PRESETS[value["name"]]
         _check_shape_fields(value, flag)
         shape = ModelConfig(**{"name": "custom", **value})
-        if PRESETS.get(shape.name) != shape:
+        preset = PRESETS.get(shape.name)
+        if preset is not None:  # its vocabulary may be filled in (tokenizer, --init-from)
+            preset = dataclasses.replace(preset, vocab_size=shape.vocab_size)
+        if preset is not None and preset != shape:
+            raise TitanError(
+                f"{flag}: name {shape.name!r} is a preset of another shape "
+                f"({_shape_difference(preset, shape)}); leave name out for a custom shape"
+            )
+        if preset is None:
             check_shape(shape, flag)
         return shape
     raise TitanError(f"{flag} must be a preset name or a shape, got {value!r}")
+
+
+def _shape_difference(preset: ModelConfig, shape: ModelConfig) -> str:
+    """The first field in which ``shape`` differs from ``preset``: ``d_model 32, not 2048``."""
+    for f in dataclasses.fields(ModelConfig):
+        mine, theirs = getattr(shape, f.name), getattr(preset, f.name)
+        if mine != theirs:
+            return f"{f.name} {mine}, not {theirs}"
+    return "the same"
 
 
 _FIELD_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
@@ -575,7 +593,7 @@ class DataOptions:
             "--vocab-size",
             "vocabulary of the tokenizer trained when none is given (a custom --model shape's "
             "vocab_size instead); at least 3 special tokens and 256 byte pieces",
-            minimum=259,
+            minimum=MIN_TRAINED_VOCAB,
         ),
     )
     batch_size: int = field(
@@ -1468,5 +1486,17 @@ def model_config(shape: ModelConfig, tokenizer_vocab: int, tokenizer: str = "") 
 
 def trained_vocab_size(shape: ModelConfig, vocab_size: int) -> int:
     """Pieces of the tokenizer trained when ``--tokenizer`` is not given: a custom ``--model``
-    ``shape``'s ``vocab_size`` (its embedding's rows), else ``--vocab-size`` (``vocab_size``)."""
-    return shape.vocab_size if shape.name == "custom" else vocab_size
+    ``shape``'s ``vocab_size`` (its embedding's rows), else ``--vocab-size`` (``vocab_size``).
+
+    Raises:
+        TitanError: a custom shape's ``vocab_size`` below :data:`MIN_TRAINED_VOCAB`.
+    """
+    if shape.name != "custom":
+        return vocab_size
+    if shape.vocab_size < MIN_TRAINED_VOCAB:
+        raise TitanError(
+            f"--model: vocab_size {shape.vocab_size} is below the {MIN_TRAINED_VOCAB} pieces of "
+            "a tokenizer trained on --data (3 special tokens and 256 byte pieces): give a larger "
+            "one, or --tokenizer"
+        )
+    return shape.vocab_size

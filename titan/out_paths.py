@@ -9,15 +9,17 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from titan.errors import TitanError
 
 CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder (titan.trainer.checkpoint writes it)
 
 
-def out_argument(text: str) -> str:
-    """The ``type`` of an ``--out`` option: the path as given, unless it is empty (which an
-    unset default would otherwise stand in for, or which would name the current directory).
+def path_argument(text: str) -> str:
+    """The ``type`` of a path option (every ``--out``, ``--config``): the path as given, unless
+    it is empty (which an unset default would otherwise stand in for, or which would name the
+    current directory).
 
     Raises:
         argparse.ArgumentTypeError: an empty or all-blank path.
@@ -25,6 +27,22 @@ def out_argument(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; name a file or directory")
     return text
+
+
+class GivenOnce(argparse.Action):
+    """An option's ``action`` that refuses the option given twice (argparse keeps the last, and
+    would drop the first without a word)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            raise argparse.ArgumentError(self, "given twice; give it once")
+        setattr(namespace, self.dest, values)
 
 
 def check_new_dir(out: Path, flag: str = "--out") -> Path:

@@ -216,6 +216,9 @@ SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "voca
 MAX_SHAPE_FIELD = 2**24
 OPTIONAL_SHAPE_FIELDS = ("rope_theta",)  # floats, ModelConfig's default when left out
 DEFAULT_VOCAB_SIZE = 4096
+MIN_TRAINED_VOCAB = 259
+"""The fewest pieces of a tokenizer Titan trains: its 3 special tokens (unknown, BOS, EOS) and
+256 byte pieces, so that every text encodes (sentencepiece's byte fallback)."""
 
 
 def parse_model(text: str, flag: str = "--model") -> ModelConfig:
@@ -288,6 +291,9 @@ def check_shape(m: ModelConfig, flag: str = "--model") -> None:
         raise TitanError(
             f"{flag}: n_heads {m.n_heads} is not a multiple of n_kv_heads {m.n_kv_heads}"
         )
+    dit_fields = [key for key in ("patch_size", "image_size", "channels") if getattr(m, key)]
+    if m.family == "llama" and dit_fields:
+        raise TitanError(f"{flag}: {', '.join(dit_fields)} belong to a dit shape, not a llama's")
     if m.family == "llama" and m.head_dim % 2:
         raise TitanError(
             f"{flag}: the head dim d_model / n_heads = {m.head_dim} must be even (rotary "

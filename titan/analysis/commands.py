@@ -24,7 +24,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.formatting import format_duration, format_number
 from titan.inert import inert
-from titan.out_paths import out_argument
+from titan.out_paths import path_argument
 from titan.tables import Column, console, fitted_table, print_fitted
 from titan.telemetry import sinks
 from titan.telemetry.records import EVENTS_FILE, default_runs_root
@@ -103,7 +103,7 @@ def add_parser(subparsers: Any) -> None:
     )
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
     r.add_argument(
-        "--out", default=None, metavar="DIR", type=out_argument, help="default: RUN_DIR/report"
+        "--out", default=None, metavar="DIR", type=path_argument, help="default: RUN_DIR/report"
     )
     r.set_defaults(run=run_report)
 
@@ -368,7 +368,7 @@ def add_export_formats(formats: Any) -> None:
         )
         f.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
         f.add_argument(
-            "--out", default=None, metavar="PATH", type=out_argument, help=OUT_HELP[sink]
+            "--out", default=None, metavar="PATH", type=path_argument, help=OUT_HELP[sink]
         )
         if sink == "csv":
             f.add_argument(

@@ -94,18 +94,28 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
     ``SPEC:WEIGHT`` parts (weights normalised to sum to 1).
 
     Raises:
-        TitanError: ``data`` is empty, a part names no weight while another does, a part is
-            named twice, a weight is not a finite number > 0, the weights' sum is not finite, a
-            part's weight is too small to be sampled (:func:`apportion` gives it no place in a
-            block of :data:`BLOCK_SEQUENCES`), or a part's files cannot be found
+        TitanError: as :func:`mixture_parts`, or a part's files cannot be found
             (:func:`open_corpus`).
+    """
+    return [Source(spec, w, open_corpus(spec, text_field)) for spec, w in mixture_parts(data)]
+
+
+def mixture_parts(data: str) -> list[tuple[str, float]]:
+    """``--data``'s parts and their weights normalised to sum to 1, read from its text alone
+    (no file is looked at): ``[(data, 1.0)]`` for one corpus.
+
+    Raises:
+        TitanError: ``data`` is empty, a part names no weight while another does, a part is
+            named twice, a weight is not a finite number > 0, the weights' sum is not finite, or
+            a part's weight is too small to be sampled (:func:`apportion` gives it no place in a
+            block of :data:`BLOCK_SEQUENCES`).
     """
     if not data.strip():
         raise TitanError("--data is empty")
     parts = data.split(",")
     weighted = [_weighted(part) for part in parts]
     if len(parts) == 1 and weighted[0] is None:
-        return [Source(data, 1.0, open_corpus(data, text_field))]
+        return [(data, 1.0)]
     for part, pair in zip(parts, weighted, strict=True):
         if pair is None:
             spec, sep, tail = part.rpartition(":")
@@ -139,7 +149,7 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
                 f"each {BLOCK_SEQUENCES} sequences, rounded, and this one's rounds to none "
                 f"(give it at least 1/{BLOCK_SEQUENCES} of the weights' sum)"
             )
-    return [Source(spec, w / total, open_corpus(spec, text_field)) for spec, w in pairs]
+    return [(spec, w / total) for spec, w in pairs]
 
 
 def check_inputs(data: str, tokenizer: str) -> None:

@@ -12,10 +12,17 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.config import SECTIONS, TrainConfig, check_typed_shape, option_fields
+from titan.config import (
+    SECTIONS,
+    TrainConfig,
+    check_typed_shape,
+    option_fields,
+    trained_vocab_size,
+)
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options, section_summary
 from titan.errors import TitanError
+from titan.out_paths import GivenOnce, path_argument
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
 from titan.streams import surviving_output
@@ -43,15 +50,18 @@ def add_parser(subparsers: Any) -> None:
         "--config",
         metavar="FILE.toml",
         default=None,
+        type=path_argument,
+        action=GivenOnce,
         help="read options from a TOML file with one table per section ([data] batch_size = 8, "
-        "as --print-config writes it); flags given here override the file",
+        "as --print-config writes it; one file); flags given here override the file",
     )
     files.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved config (defaults, --config file, --resume run, flags) as TOML "
-        "and exit; each option is checked, but the layout is not held against devices (no "
-        "device is asked for: that check comes when the run starts)",
+        help="print the resolved config (defaults, then the --resume run's saved options, the "
+        "--config file and the flags, each over the one before) as TOML and exit; each option "
+        "is checked, and the --data mixture and the layer split, but the layout is not held "
+        "against devices (no device is asked for: that check comes when the run starts)",
     )
     files.add_argument(
         "--resume",
@@ -92,6 +102,27 @@ def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def check_without_devices(cfg: TrainConfig, resumed: bool) -> None:
+    """The checks of a run that need neither a device nor a file, for ``--print-config``: the
+    ``--data`` mixture's parts and weights, a custom shape's vocabulary when a tokenizer is
+    trained, and the layer split of a pipeline of a Titan model (the run makes them again).
+
+    Raises:
+        TitanError: as :func:`titan.data.mixture.mixture_parts`,
+            :func:`titan.config.trained_vocab_size` or :func:`titan.parallel.chunks.plan_chunks`.
+    """
+    from titan.data.mixture import mixture_parts
+    from titan.parallel.chunks import plan_chunks  # imports JAX: not for every command line
+
+    model, data, par = cfg.model, cfg.data, cfg.parallel
+    if model.task == "lm":
+        mixture_parts(data.corpus)
+        if not (resumed or data.tokenizer or cfg.checkpoint.init_from):
+            trained_vocab_size(model.shape, data.vocab_size)
+    if par.layout == "mpmd" and model.model_source == "titan":
+        plan_chunks(model.shape.n_layers, par.pp, par.virtual_stages, par.stage_layers, model.label)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``titan train``; returns the exit code. The stop signals are handled from here on,
     before JAX is imported (:mod:`titan.stopping`)."""
@@ -104,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = (
             resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
         )
+        check_without_devices(cfg, resumed=bool(args.resume))
         print(config_to_toml(cfg), end="")
         return 0
     stop = StopFlag()

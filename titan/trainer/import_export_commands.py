@@ -12,7 +12,7 @@ from typing import Any
 
 from titan.analysis.commands import add_export_formats
 from titan.inert import inert
-from titan.out_paths import out_argument
+from titan.out_paths import path_argument
 from titan.trainer import maxtext_commands
 from titan.trainer.init_from import resolve_source
 
@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
     hf.add_argument(
         "--out",
         metavar="PATH",
-        type=out_argument,
+        type=path_argument,
         help="directory to write (default: ./<DIR name>-titan)",
     )
     hf.set_defaults(run=run_import)
@@ -69,7 +69,7 @@ def add_parser(subparsers: Any) -> None:
     hf.add_argument(
         "--out",
         metavar="DIR",
-        type=out_argument,
+        type=path_argument,
         help="directory to write (default: ./<run id>-hf-<step>)",
     )
     hf.add_argument(

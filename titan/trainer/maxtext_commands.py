@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from titan.inert import inert
-from titan.out_paths import out_argument
+from titan.out_paths import path_argument
 
 
 def add_import_format(kinds: Any) -> None:
@@ -28,7 +28,7 @@ def add_import_format(kinds: Any) -> None:
         "path", metavar="DIR", help="the MaxText checkpoint (the folder holding items/)"
     )
     maxtext.add_argument(
-        "--out", required=True, type=out_argument, help="new folder for the Titan checkpoint"
+        "--out", required=True, type=path_argument, help="new folder for the Titan checkpoint"
     )
     maxtext.add_argument(
         "--tokenizer",
@@ -64,7 +64,7 @@ def add_export_format(kinds: Any) -> None:
     )
     maxtext.add_argument("run_dir", metavar="RUN_DIR", help="the Titan run dir")
     maxtext.add_argument(
-        "--out", required=True, type=out_argument, help="new folder for the MaxText checkpoint"
+        "--out", required=True, type=path_argument, help="new folder for the MaxText checkpoint"
     )
     maxtext.add_argument("--step", type=int, help="the checkpoint step (default: the newest)")
     maxtext.set_defaults(run=run_export)

@@ -9,7 +9,7 @@ from typing import Any
 
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.out_paths import out_argument
+from titan.out_paths import path_argument
 
 
 def add_parser(subparsers: Any) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> None:
     sample.add_argument(
         "--out",
         default=None,
-        type=out_argument,
+        type=path_argument,
         help="the PNG to write (default: RUN_DIR/samples-<step>.png)",
     )
     sample.add_argument(
