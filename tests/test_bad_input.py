@@ -215,6 +215,14 @@ CASES: dict[str, Case] = {
         "$TITAN_RUNS a_file is not a directory",
         env={"TITAN_RUNS": "a_file"},
     ),
+    "train_refused_after_making_a_nested_new_runs_root": Case(
+        lambda p: p.train(
+            runs_root=p.tmp / "new" / "a" / "b",
+            data=p.file("small.txt", "hello world\nthe quick brown fox\n"),
+            vocab_size=512,
+        ),
+        "--vocab-size 512 is more pieces than --data yields",
+    ),
     "train_runs_root_unwritable": Case(lambda p: p.train(runs_root=UNWRITABLE + "/titan-runs")),
     "train_runs_root_in_proc": Case(lambda p: p.train(runs_root="/proc/titan-runs")),
     "train_run_id_256_characters": Case(lambda p: p.train(run_id="r" * 256)),

@@ -82,7 +82,7 @@ class RunClaim:
         self.run_dir, self.fresh, self.enabled = Path(run_dir), fresh, enabled
         self.root_source = root_source
         self.created = False
-        self._made_root = False
+        self._made_parents: list[Path] = []  # the folders above the run dir it made, deepest first
         self.recorded = False  # set once run_start is written: the dir is then never removed
         self._fd: int | None = None
 
@@ -108,7 +108,7 @@ class RunClaim:
 
     def _make_dir(self) -> None:
         try:
-            self._made_root = not self.run_dir.parent.exists()
+            self._made_parents = _missing_parents(self.run_dir)
             self.run_dir.parent.mkdir(parents=True, exist_ok=True)
             os.mkdir(self.run_dir)
             self.created = True
@@ -155,9 +155,21 @@ class RunClaim:
             self._fd = None
         if remove_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-            if self._made_root:
-                with contextlib.suppress(OSError):
-                    self.run_dir.parent.rmdir()  # only when empty
+            for parent in self._made_parents:
+                try:
+                    parent.rmdir()  # only when empty
+                except OSError:
+                    break
+
+
+def _missing_parents(run_dir: Path) -> list[Path]:
+    """The folders above ``run_dir`` that do not exist yet, deepest first."""
+    missing = []
+    parent = run_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return missing
 
 
 def _read_pid(fd: int) -> str:
