@@ -668,7 +668,8 @@ class OptimizerOptions:
         metadata=_opt(
             "--warmup-steps",
             "linear warmup steps before cosine decay: step 1 trains at 0 and the rate reaches "
-            "--lr after this many steps (step N trains at the rate after N - 1 updates)",
+            "--lr after this many steps (step N trains at the rate after N - 1 updates); at most "
+            "the schedule's length (--decay-steps, else --steps): a longer warmup is cut to it",
             minimum=0,
         ),
     )
