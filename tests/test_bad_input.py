@@ -158,6 +158,17 @@ def _write(name: str, data: bytes) -> Callable[[Path], None]:
     return lambda run_dir: (run_dir / name).write_bytes(data)
 
 
+def _without_saved_option(section: str, name: str) -> Callable[[Path], None]:
+    """An edit of a run's ``config.json`` that leaves one option out."""
+
+    def apply(run_dir: Path) -> None:
+        saved = json.loads((run_dir / "config.json").read_text())
+        del saved["train"][section][name]
+        (run_dir / "config.json").write_text(json.dumps(saved))
+
+    return apply
+
+
 def _replace_with_dir(name: str) -> Callable[[Path], None]:
     def apply(run_dir: Path) -> None:
         (run_dir / name).unlink()
@@ -416,6 +427,10 @@ CASES: dict[str, Case] = {
     ),
     "resume_events_without_a_run_start": Case(
         lambda p: p.resume(_write("events.jsonl", STEP_EVENT.encode())), "no run_start event"
+    ),
+    "resume_config_json_without_an_option_that_cannot_change": Case(
+        lambda p: p.resume(_without_saved_option("data", "batch_size")),
+        "config.json says --batch-size 16 but the run recorded",
     ),
     "resume_config_json_a_directory": Case(lambda p: p.resume(_replace_with_dir("config.json"))),
     "resume_config_json_a_fifo": Case(

@@ -23,6 +23,10 @@ PACKAGES = ("titan", "tui")
 ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # the training entry imports JAX, flax, optax and orbax
     "titan/trainer/commands.py:run": "from titan.trainer.train import train_from_cli",
+    # --print-config checks the layer split, whose module imports JAX
+    "titan/trainer/commands.py:_print_config": (
+        "from titan.trainer.config_checks import check_without_devices"
+    ),
     # sampling a diffusion run imports JAX and the trainer
     "titan/trainer/sample_command.py:run": "from titan.trainer.sampling import write_sample_grid",
     # Hugging Face import and export read checkpoints with JAX and orbax

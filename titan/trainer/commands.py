@@ -12,13 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.config import (
-    SECTIONS,
-    TrainConfig,
-    check_typed_shape,
-    option_fields,
-    trained_vocab_size,
-)
+from titan.config import SECTIONS, TrainConfig, check_typed_shape, option_fields
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options, section_summary
 from titan.errors import TitanError
@@ -102,25 +96,15 @@ def explicit_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def check_without_devices(cfg: TrainConfig, resumed: bool) -> None:
-    """The checks of a run that need neither a device nor a file, for ``--print-config``: the
-    ``--data`` mixture's parts and weights, a custom shape's vocabulary when a tokenizer is
-    trained, and the layer split of a pipeline of a Titan model (the run makes them again).
+def _print_config(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """``--print-config``: the resolved config as TOML, once checked as far as it can be
+    without a device."""
+    from titan.trainer.config_checks import check_without_devices
 
-    Raises:
-        TitanError: as :func:`titan.data.mixture.mixture_parts`,
-            :func:`titan.config.trained_vocab_size` or :func:`titan.parallel.chunks.plan_chunks`.
-    """
-    from titan.data.mixture import mixture_parts
-    from titan.parallel.chunks import plan_chunks  # imports JAX: not for every command line
-
-    model, data, par = cfg.model, cfg.data, cfg.parallel
-    if model.task == "lm":
-        mixture_parts(data.corpus)
-        if not (resumed or data.tokenizer or cfg.checkpoint.init_from):
-            trained_vocab_size(model.shape, data.vocab_size)
-    if par.layout == "mpmd" and model.model_source == "titan":
-        plan_chunks(model.shape.n_layers, par.pp, par.virtual_stages, par.stage_layers, model.label)
+    cfg = resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
+    check_without_devices(cfg, resumed=bool(args.resume))
+    print(config_to_toml(cfg), end="")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,12 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.preset is not None and not args.resume:  # typed: --preset, --model
         check_typed_shape(args.preset, TrainConfig.of(**options).model)
     if args.print_config:
-        cfg = (
-            resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
-        )
-        check_without_devices(cfg, resumed=bool(args.resume))
-        print(config_to_toml(cfg), end="")
-        return 0
+        return _print_config(args, options)
     stop = StopFlag()
     stop.install()
     try:

@@ -8,7 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from titan.config import PIPELINE_ONLY_OPTIONS, ParallelOptions, TrainConfig, flag_of
+from titan.config import (
+    PIPELINE_ONLY_OPTIONS,
+    ParallelOptions,
+    TrainConfig,
+    flag_of,
+    resumable_options,
+)
 from titan.config_files import read_run_config, resumed_config
 from titan.errors import TitanError
 from titan.inert import inert
@@ -39,6 +45,7 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     if not config_path.exists():
         raise TitanError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
     saved, _ = read_run_config(config_path, "--resume")
+    check_saved_config(run_dir, saved)
     if saved.model.task == "lm" and not (run_dir / TOKENIZER_FILE).is_file():
         raise TitanError(
             f"--resume {run_dir}: no {TOKENIZER_FILE} there (a copy of a run record without "
@@ -51,6 +58,32 @@ def resume_options(run_dir: Path, explicit: dict[str, Any]) -> TrainConfig:
     placement = {"runs_root": _runs_root(saved.run.runs_root, whole.parent), "run_id": whole.name}
     changes = {**pipeline_reset(explicit, saved.parallel), **explicit}
     return resumed_config(saved, changes).replace(**placement)
+
+
+def check_saved_config(run_dir: Path, saved: TrainConfig) -> None:
+    """Refuse a ``config.json`` whose options that cannot change on a resume differ from those
+    the run's first ``run_start`` recorded (an option left out of an edited file is read as its
+    default: the resume would silently train another run). Options the record lacks, the
+    pipeline's (a resume onto another layout resets them) and the run's place are not compared;
+    an unreadable record is for :func:`check_record` to refuse.
+
+    Raises:
+        TitanError: names the flag, the recorded value and the saved one.
+    """
+    try:
+        events = read_first_events(run_dir / EVENTS_FILE, RECORD_HEAD_BYTES)
+    except OSError:
+        return
+    starts = [e.get("config") for e in events if e["type"] == "run_start"]
+    recorded = starts[0] if starts and isinstance(starts[0], dict) else {}
+    skipped = {*PIPELINE_ONLY_OPTIONS, "runs_root", "run_id", *resumable_options()}
+    for name, value in saved.record().items():
+        if name not in skipped and name in recorded and recorded[name] != value:
+            raise TitanError(
+                f"--resume {run_dir}: {CONFIG_FILE} says {flag_of(name)} {value!r} but the run "
+                f"recorded {recorded[name]!r} in its {EVENTS_FILE} ({CONFIG_FILE} was edited or "
+                "damaged: put the recorded value back)"
+            )
 
 
 def _runs_root(saved: str | None, parent: Path) -> str:
