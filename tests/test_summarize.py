@@ -59,31 +59,33 @@ def test_summary_of_a_crash_and_resume_run(tmp_path):
     assert s.energy_j == 400.0 and s.tokens_per_j == pytest.approx(2.0)
 
 
-def test_steps_a_resume_threw_away_are_not_counted_until_redone(tmp_path):
-    # Attempt 0 ran steps 1-4 (loss 3.4 at step 4); attempt 1 resumed from step 2 and, so far,
-    # redid step 3 (loss 3.6): steps 1, 2 and the new 3 survive.
-    events = crash_then_resume()[:11]
-    assert events[-1]["type"] == "step" and events[-1]["step"] == 3
+def _with_tokens_seen(events: list[dict]) -> list[dict]:
     for e in events:
         if e["type"] == "step":
             e.update(tokens_seen=100 * e["step"])
-    write_run(tmp_path, "resumed", events)
-    [s] = summarize.summarize(tmp_path)
-    assert (s.steps, s.tokens, s.best_loss, s.final_loss) == (3, 300, 3.6, 3.6)
+    return events
 
 
-def test_a_resume_that_has_not_stepped_yet_counts_only_the_steps_it_restored(tmp_path):
-    # Attempt 0 ran steps 1-4; attempt 1 restored step 2, compiled and failed before a step:
-    # the run stands at step 2, with step 2's loss (4.0) its last, as ETTR counts it.
-    events = crash_then_resume()[:10]
-    assert events[-1]["type"] == "compile"
-    events.append({"type": "run_end", "time": 1108.5, "status": "failed", "step": None})
-    for e in events:
-        if e["type"] == "step":
-            e.update(tokens_seen=100 * e["step"])
-    write_run(tmp_path, "resume-failed", events)
+@pytest.mark.parametrize(
+    "events, expected",
+    [
+        # Attempt 0 ran steps 1-4 (loss 3.4 at step 4); attempt 1 resumed from step 2 and, so
+        # far, redid step 3 (loss 3.6): steps 1, 2 and the new 3 survive.
+        (crash_then_resume()[:11], (3, 300, 3.6, 3.6)),
+        # Attempt 1 restored step 2, compiled and failed before a step: the run stands at step
+        # 2, with step 2's loss (4.0) its last, as ETTR counts it.
+        (
+            crash_then_resume()[:10]
+            + [{"type": "run_end", "time": 1108.5, "status": "failed", "step": None}],
+            (2, 200, 4.0, 4.0),
+        ),
+    ],
+    ids=["redone-in-part", "not-stepped-yet"],
+)
+def test_steps_a_resume_threw_away_are_not_counted_until_redone(tmp_path, events, expected):
+    write_run(tmp_path, "resumed", _with_tokens_seen(events))
     [s] = summarize.summarize(tmp_path)
-    assert (s.steps, s.tokens, s.final_loss, s.best_loss) == (2, 200, 4.0, 4.0)
+    assert (s.steps, s.tokens, s.final_loss, s.best_loss) == expected
 
 
 def test_a_run_found_dead_at_once_counts_its_steps_past_the_checkpoint_as_lost(tmp_path):
