@@ -226,6 +226,9 @@ CASES: dict[str, Case] = {
         "$TITAN_RUNS a_file is not a directory",
         env={"TITAN_RUNS": "a_file"},
     ),
+    "train_steps_past_optaxs_int32_count": Case(
+        lambda p: p.train(steps=2**31), "--steps must be <= 2147483647, got 2147483648"
+    ),
     "train_refused_after_making_a_nested_new_runs_root": Case(
         lambda p: p.train(
             runs_root=p.tmp / "new" / "a" / "b",

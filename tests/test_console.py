@@ -115,6 +115,19 @@ def test_child_argv_passes_only_options_that_differ_from_defaults(tmp_path: Path
     assert build_parser().parse_args(argv[len(cli_command()) :]).lr == 0.01
 
 
+async def test_an_empty_copies_field_is_named_empty_not_zero(consoles, tmp_path: Path):
+    app = consoles(tmp_path / "runs", show_launch_form=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.screen.query_one("#copies", Input).clear()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        shown = str(app.screen.query_one("#launch-error").content)
+        assert isinstance(app.screen, LaunchScreen)
+    assert shown == "copies must be a whole number from 1 to 64, got ''", shown
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 @pytest.mark.slow
 async def test_form_rejects_bad_steps_with_the_cli_message(consoles, tmp_path: Path):
     runs_root = tmp_path / "runs"

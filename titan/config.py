@@ -45,6 +45,10 @@ from titan.shapes import (
 )
 from titan.stopping import PHASES
 
+MAX_STEPS = 2**31 - 1
+"""The most optimizer steps of a run: optax counts its updates in an int32
+(``ScaleByAdamState.count``), which its bias correction and schedules read."""
+
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
 # "auto" and the names of titan.remat's registry
@@ -651,8 +655,10 @@ class OptimizerOptions:
         default=200,
         metadata=_opt(
             "--steps",
-            "total optimizer steps of the run (a resumed run stops here)",
+            "total optimizer steps of the run (a resumed run stops here); at most 2^31 - 1, "
+            "optax's int32 step count",
             minimum=1,
+            maximum=MAX_STEPS,
             resumable=True,
         ),
     )

@@ -88,9 +88,14 @@ def bounds_text(option: Option) -> str:
     meta = option.metadata
     low, high = meta.get("minimum"), meta.get("maximum")
     if low is not None and high is not None:
-        return f"{low:g} to {high:g}"
+        return f"{_bound(low)} to {_bound(high)}"
     signs = ((">=", low), ("<=", high), (">", meta.get("above")), ("<", meta.get("below")))
-    return ", ".join(f"{sign} {value:g}" for sign, value in signs if value is not None)
+    return ", ".join(f"{sign} {_bound(value)}" for sign, value in signs if value is not None)
+
+
+def _bound(value: float) -> str:
+    """A bound as written: an integer whole (``2,147,483,647``), a float short (``1e-08``)."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 def section_summary(section: str) -> str:

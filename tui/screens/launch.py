@@ -158,7 +158,7 @@ class LaunchScreen(Screen[None]):
         if self._launching:
             return
         rows = list(self.query(OptionInput))
-        copies = "1" if self.resume else self.query_one("#copies", Input).value or "0"
+        copies = "1" if self.resume else self.query_one("#copies", Input).value
         try:
             config = config_from_texts({row.option_name: row.text for row in rows})
             configs = copies_of(config, copies)
