@@ -107,6 +107,9 @@ def test_check_run_id_refuses_unsafe_names_in_one_line(run_id: str, message: str
 def test_json_nested_1000_deep_is_a_bad_line_for_every_reader(tmp_path: Path):
     assert parse_json(DEEP) is None and parse_json("[" * 65 + "]" * 65) is None
     assert parse_json('{"a": [{"b": 1}]}') == {"a": [{"b": 1}]}
+    assert parse_json("[" * 64 + "]" * 64) is not None  # the deepest a reader takes
+    brackets = '{"text": "' + "[{" * 1000 + '"}'  # brackets in a string nest nothing
+    assert parse_json(brackets) == {"text": "[{" * 1000}
     events = crash_then_resume()
     deep_end = '{"type": "run_end", "time": 1113.0, "status": ' + DEEP + "}"
     deep_step = '{"type": "step", "time": 1114.0, "step": 9, "x": ' + DEEP + "}"

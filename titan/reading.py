@@ -193,6 +193,8 @@ def parse_json(line: str | bytes) -> Any:
         value = json.loads(without_lone_surrogates(line))
     except (ValueError, RecursionError):
         return None
+    if line.count("[") + line.count("{") <= MAX_JSON_DEPTH:
+        return value  # too few brackets to nest deeper: the walk is spared
     return value if depth_within(value) else None
 
 

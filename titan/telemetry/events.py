@@ -825,15 +825,10 @@ def _encode_fields(obj: Any) -> dict[str, Any]:
     return out
 
 
-def _none_or(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``convert``, except that None stays None."""
-    return lambda value: None if value is None else convert(value)
-
-
 @functools.cache
 def _decoder(hint: Any) -> Callable[[Any], Any]:
     """The function that turns a JSON value into ``hint`` (None when it is None or of another
-    type), built once per type (the readers
+    type: each decoder below gives None for None), built once per type (the readers
     decode every line of every record: the type is taken apart here, not per value).
 
     Raises:
@@ -847,17 +842,17 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
         (inner,) = [a for a in args if a is not type(None)]
         return _decoder(inner)
     if hint is float:
-        return _none_or(_float)
+        return _float
     if hint is int:
-        return _none_or(_int)
+        return _int
     if hint in (str, bool):
-        return _none_or(lambda v: v if isinstance(v, hint) else None)
+        return lambda v: v if isinstance(v, hint) else None
     if origin is dict:
-        return _none_or(lambda v: dict(v) if isinstance(v, Mapping) else None)
+        return lambda v: dict(v) if isinstance(v, Mapping) else None
     if origin is list:
-        return _none_or(_list_decoder(args[0]))
+        return _list_decoder(args[0])
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _none_or(_dataclass_decoder(hint))
+        return _dataclass_decoder(hint)
     raise TypeError(f"no JSON conversion for {hint!r}")
 
 
