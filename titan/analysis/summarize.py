@@ -202,7 +202,7 @@ def _number_sql(json_kind: str, number: str, kind: str, signed: bool) -> str:
     return f"CASE WHEN {' AND '.join(sane)} THEN TRY_CAST({number} AS {kind}) END"
 
 
-def json_number(value: str, kind: str = "DOUBLE", signed: bool = False) -> str:
+def _json_number(value: str, kind: str = "DOUBLE", signed: bool = False) -> str:
     """SQL of the JSON value ``value`` (an SQL expression of type JSON) as a ``kind``
     (``DOUBLE`` or ``BIGINT``), by :func:`_number_sql`."""
     return _number_sql(f"json_type({value})", f"TRY_CAST({value} AS DOUBLE)", kind, signed)
@@ -252,9 +252,9 @@ _STAGE_EVENTS = (
 # The step an attempt starts after, from its run_start (ETTR's start_step: titan.analysis.ettr).
 _START_STEP = (
     "COALESCE("
-    + json_number("payload->'$.start_step'", "BIGINT")
+    + _json_number("payload->'$.start_step'", "BIGINT")
     + ", "
-    + json_number("payload->'$.resumed_from_step'", "BIGINT")
+    + _json_number("payload->'$.resumed_from_step'", "BIGINT")
     + ", 0)"
 )
 # What a batch of summaries needs from the events, one row per run asked for (NULLs for a run
@@ -264,8 +264,8 @@ _START_STEP = (
 _SUMMARY_FACTS = f"""SELECT run_id, steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt,
     best_eval, mfu, peak_memory, final, last_start, last_end, last_type,
     first_start->>'$.config.preset', first_start->>'$.config.layout',
-    {json_number("first_start->'$.config.pp'", "BIGINT")},
-    {json_number("first_start->'$.layout.devices'", "BIGINT")}
+    {_json_number("first_start->'$.config.pp'", "BIGINT")},
+    {_json_number("first_start->'$.layout.devices'", "BIGINT")}
 FROM (SELECT unnest(?::VARCHAR[]) AS run_id) LEFT JOIN (SELECT run_id,
     max(step) AS steps, max(tokens_seen) AS tokens, min(loss) FILTER (isfinite(loss)) AS best,
     arg_max(payload, seq) AS final
@@ -282,9 +282,9 @@ LEFT JOIN (SELECT run_id,
     sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL) AS energy_tokens,
     median(joules_per_token) FILTER (type = 'step') AS jpt,
     min(loss) FILTER (type = 'eval' AND isfinite(loss)) AS best_eval,
-    median({json_number(f"json_extract(mfu, '$.{MFU_CONVENTION}')")})
+    median({_json_number(f"json_extract(mfu, '$.{MFU_CONVENTION}')")})
         FILTER (type = 'step' AND mfu IS NOT NULL) AS mfu,
-    max({json_number("payload->'$.peak_memory_bytes'")}) FILTER (type = 'step') AS peak_memory,
+    max({_json_number("payload->'$.peak_memory_bytes'")}) FILTER (type = 'step') AS peak_memory,
     arg_max(payload, seq) FILTER (type = 'run_start') AS last_start,
     arg_max(payload, seq) FILTER (type IN ('run_start', 'run_end')) AS last_end,
     arg_max(type, seq) AS last_type,
@@ -833,13 +833,13 @@ def _payload_event(payload: str | None) -> Event | None:
 # Per run: its last MFU's peak and peak kind, its last run_start's device kinds and count, and
 # how many steps recorded an MFU (parameter: the run ids).
 _MFU_PEAKS = f"""SELECT run_id,
-arg_max({json_number("json_extract(mfu, '$.peak_flops')")}, seq)
+arg_max({_json_number("json_extract(mfu, '$.peak_flops')")}, seq)
     FILTER (type = 'step' AND mfu IS NOT NULL),
 arg_max(json_extract_string(mfu, '$.peak_kind'), seq)
     FILTER (type = 'step' AND mfu IS NOT NULL),
 arg_max(json_extract_string(payload, '$.env.device_kinds'), seq)
     FILTER (type = 'run_start'),
-arg_max({json_number("payload->'$.env.device_count'", "BIGINT")}, seq)
+arg_max({_json_number("payload->'$.env.device_count'", "BIGINT")}, seq)
     FILTER (type = 'run_start'),
 count(*) FILTER (type = 'step' AND mfu IS NOT NULL)
 FROM events WHERE list_contains(?, run_id) GROUP BY run_id"""
