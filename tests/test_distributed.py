@@ -250,6 +250,42 @@ def test_processes_started_with_other_options_all_stop_naming_them(corpus_dir, t
     assert not (tmp_path / "mixed").exists()
 
 
+@pytest.mark.slow
+def test_a_process_that_refuses_its_inputs_stops_the_others_before_they_wait(corpus_dir, tmp_path):
+    # --data names a folder that process 0's working directory holds and process 1's lacks
+    # (one node without the file): process 1 refuses it, process 0 stops too, at once (not
+    # after JAX's 300 s wait in the tokenizer's broadcast).
+    port = free_port()
+    options = {**small_run(corpus_dir, tmp_path, steps=2, run_id="split", dp=2), "data": "corpus"}
+    places = [tmp_path / "node0", tmp_path / "node1"]
+    for place in places:
+        place.mkdir()
+    (places[0] / "corpus").symlink_to(corpus_dir)
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "XLA_FLAGS": ""}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "titan.cli", "train", *cli_args(options)]
+            + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+            + ["--process-id", str(index)],
+            cwd=place,
+            env={**env, "PYTHONPATH": os.pathsep.join(sys.path)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index, place in enumerate(places)
+    ]
+    try:
+        errors = [proc.communicate(timeout=120)[1].strip().splitlines()[-1] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [2, 2], errors
+    assert "process 1 of the run refused to start (its own output says why)" in errors[0]
+    assert "--data corpus: no such file or directory" in errors[1], errors
+    assert not (tmp_path / "split").exists()
+
+
 def test_one_process_without_a_cluster_initialises_nothing():
     assert initialize(LaunchSettings()) == 1
     assert initialize(LaunchSettings(num_processes=1, process_id=0)) == 1

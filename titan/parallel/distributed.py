@@ -298,13 +298,21 @@ def barrier(name: str) -> None:
 def on_every_process(flag: bool) -> bool:
     """Whether ``flag`` holds on every process: an all-gather of one flag, so that every
     process waits for all, as at a barrier (``flag`` itself for one process)."""
+    return not processes_without(flag)
+
+
+def processes_without(flag: bool) -> list[int]:
+    """The indices of the processes where ``flag`` does not hold: an all-gather of one flag,
+    so that every process waits for all, as at a barrier (``[]`` or ``[0]`` for one
+    process)."""
     import jax
     from jax.experimental import multihost_utils
 
     if jax.process_count() == 1:
-        return flag
+        return [] if flag else [0]
     one_thread("an agreement of every process")
-    return bool(np.all(multihost_utils.process_allgather(np.array(flag))))
+    flags = np.asarray(multihost_utils.process_allgather(np.array(flag))).reshape(-1)
+    return [int(i) for i in np.flatnonzero(~flags.astype(bool))]
 
 
 def broadcast_bytes(data: bytes | None) -> bytes:

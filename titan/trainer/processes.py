@@ -38,6 +38,7 @@ from titan.parallel.distributed import (
     largest_over_processes,
     process_count,
     process_index,
+    processes_without,
 )
 from titan.telemetry.events import Stall
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
@@ -104,6 +105,33 @@ def same_options(options: dict[str, Any]) -> None:
         f"process {process_index()} was started with other options than process 0: {shown}; "
         "every process of a run takes the same options"
     )
+
+
+def checked_on_every_process(check: Callable[[], T]) -> T:
+    """``check()`` (a process's checks of its own inputs: the files it reads, its devices),
+    whose refusal on any process stops every one before the run starts: the processes agree
+    once all have checked, so that none waits in a later collective (the tokenizer's broadcast)
+    for one that has left. One process: ``check()`` itself.
+
+    Raises:
+        TitanError: ``check()``'s own error on the process that refused; on the others, one
+            line naming the processes that refused (their own output says why).
+    """
+    if process_count() == 1:
+        return check()
+    try:
+        value = check()
+    except TitanError:
+        processes_without(False)
+        raise
+    refused = processes_without(True)
+    if refused:
+        named = ", ".join(map(str, refused))
+        raise TitanError(
+            f"process {named} of the run refused to start (its own output says why): nothing "
+            "was started"
+        )
+    return value
 
 
 def one_tokenizer(make: Callable[[], Tokenizer]) -> Tokenizer:

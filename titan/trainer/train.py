@@ -134,7 +134,13 @@ from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook
 from titan.trainer.pinned_host import reservation_pays
 from titan.trainer.power_hook import PowerHook
-from titan.trainer.processes import Heartbeat, MutedRecord, is_writer, same_options
+from titan.trainer.processes import (
+    Heartbeat,
+    MutedRecord,
+    checked_on_every_process,
+    is_writer,
+    same_options,
+)
 from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
@@ -232,12 +238,8 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     progress = TrainProgress(cfg.optimizer.steps, cfg.observability.log_every)
     resuming = resume_dir is not None
     try:
-        if resume_dir is not None:
-            check_record(resume_dir)  # a record the run could not continue: refused first
         with stop.during("scan"):
-            corpora = _corpora(cfg.data) if cfg.model.task == "lm" else None  # else images
-            check_library(cfg.observability.metrics)
-            _say(check_layout_fits(cfg.parallel, cfg.data.batch_size))  # before the tokenizer
+            corpora = checked_on_every_process(lambda: _scanned(cfg, resume_dir))
         run_dir = run_dir_of(cfg.run, cfg.model.shape.name, resuming)
         with (
             # claimed before anything slow: a second run of this dir is refused at once
@@ -646,6 +648,23 @@ class _Run:
         finally:
             self.record.close()
             self.progress.close()
+
+
+def _scanned(cfg: TrainConfig, resume_dir: Path | None) -> Corpora | None:
+    """A process's checks of its inputs before the run starts: the record of a resumed run
+    (one it could not continue is refused first), the corpora of a text run (None for images),
+    the metrics library, and the layout against the devices (before the tokenizer).
+
+    Raises:
+        TitanError: as :func:`check_record`, :func:`_corpora`, :func:`check_library` or
+            :func:`check_layout_fits`.
+    """
+    if resume_dir is not None:
+        check_record(resume_dir)
+    corpora = _corpora(cfg.data) if cfg.model.task == "lm" else None
+    check_library(cfg.observability.metrics)
+    _say(check_layout_fits(cfg.parallel, cfg.data.batch_size))
+    return corpora
 
 
 def _corpora(data: DataOptions) -> Corpora:
