@@ -126,10 +126,9 @@ def checked_on_every_process(check: Callable[[], T]) -> T:
         raise
     refused = processes_without(True)
     if refused:
-        named = ", ".join(map(str, refused))
+        named = ("process " if len(refused) == 1 else "processes ") + ", ".join(map(str, refused))
         raise TitanError(
-            f"process {named} of the run refused to start (its own output says why): nothing "
-            "was started"
+            f"{named} of the run refused to start (its own output says why): nothing was started"
         )
     return value
 
