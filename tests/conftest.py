@@ -16,6 +16,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import shutil  # noqa: E402
 import sysconfig  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -82,16 +83,20 @@ def small_options(corpus_dir: Path, tmp_path: Path) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
-    """A real 2-step run with a checkpoint at step 2 (copy it before changing it)."""
-    from helpers import run_in_process, small_run  # deferred: it imports JAX, light tests need not
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Iterator[Path]:
+    """A real 2-step run with a checkpoint at step 2, shared by every test of a worker: read
+    it, or copy it before changing it."""
+    # deferred: it imports JAX, light tests need not
+    from helpers import file_tree, run_in_process, small_run
 
     root = tmp_path_factory.mktemp("finished")
     options = small_run(corpus_dir, root, steps=2, checkpoint_every=2, dp=1, run_id="done")
     code, run_dir = run_in_process(options)
     assert code == 0
-    return run_dir
+    before = file_tree(run_dir.parent)
+    yield run_dir
+    assert file_tree(run_dir.parent) == before, "a test changed the shared finished run"
 
 
 # A small model for the eval and generation tests: 2 layers, one per pipeline stage.
