@@ -73,6 +73,21 @@ def test_steady_step_times_leave_out_negative_times_of_a_damaged_record():
     assert perfdb.steady_step_times(parse_events(events)[0]) == [1.0, 1.1]
 
 
+def test_steady_step_times_leave_out_zero_and_infinite_times_and_the_median_stays_finite():
+    events = [run_start(0.0), *steps(1.0, 1, [9.0, 5.0, 4.0, 0.0, 1e308, float("inf"), 1e308])]
+    assert perfdb.steady_step_times(parse_events(events)[0]) == [1e308, 1e308]
+    row = perfdb.measure("r", parse_events(events)[0])
+    assert row is not None and row.median_step_s == 1e308
+
+
+def test_the_calibration_holds_a_measurement_far_from_every_prediction(runs_root):
+    write(runs_root, "far", [run_start(500.0), *steps(501.0, 1, [1e308] * 5)])
+    con = summarize.connect(runs_root)
+    summarize.ingest(con, runs_root)
+    found = perfdb.planner_measurements(perfdb.measurements(con))
+    assert 0 < calibrate(found)["h200"] <= 1  # the prediction over it underflows to 0
+
+
 def test_the_attention_mask_is_part_of_the_key():
     causal = {**run_start(0.0), "config": {**run_start(0.0)["config"], "attention_mask": "causal"}}
     assert perfdb.perf_key(parse_event(causal)) != perfdb.perf_key(parse_event(run_start(0.0)))
@@ -112,6 +127,30 @@ def test_perf_check_command_exits_1_when_a_listed_run_is_flagged(runs_root, caps
     assert main(["perf", "check", str(runs_root), "--run", "b"]) == 0
     assert "b" in capsys.readouterr().out
     assert main(["perf", "check", str(runs_root), "--run", "zz"]) == 2
+
+
+def test_perf_check_names_the_runs_it_could_not_check(runs_root, capsys):
+    write(runs_root, "short", [run_start(500.0), *steps(501.0, 1, [1.0] * 3)])
+    write(runs_root, "zero", [run_start(600.0), *steps(601.0, 1, [0.0] * 5)])
+    assert main(["perf", "check", str(runs_root)]) == 1
+    out = capsys.readouterr().out
+    assert out.endswith("runs without a steady step time, not checked:\n  short\n  zero\n")
+    assert main(["perf", "check", str(runs_root), "--json"]) == 1
+    assert "not checked:\n  short\n  zero\n" in capsys.readouterr().err
+
+
+def test_perf_check_that_would_check_nothing_is_one_line_exit_2(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["perf", "check", str(empty)]) == 2
+    assert capsys.readouterr().err == (
+        f"titan perf: error: runs root {empty} holds no runs: nothing to check\n"
+    )
+    assert list(empty.iterdir()) == []  # no database written
+    write(tmp_path / "runs", "short", [run_start(0.0), *steps(1.0, 1, [1.0] * 3)])
+    assert main(["perf", "check", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "has a steady step time" in err and "nothing checked; runs read: 1" in err
 
 
 def test_planner_measurements_from_the_perf_table(runs_root):

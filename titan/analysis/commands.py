@@ -7,7 +7,8 @@ only read: its database is kept in the cache (:func:`~titan.analysis.summarize.d
 and a line on stderr says where. ``--json`` prints the same as JSON. ``summarize`` lists the
 error of each failed run (``run_end``'s ``error``) under its table.
 ``titan perf check`` exits 1 when a run it lists is flagged (more than 5% slower than the best
-earlier run of its key), so that a script or CI job can gate on it; 0 otherwise. ``titan
+earlier run of its key), so that a script or CI job can gate on it; 2 when it could check
+no run; 0 otherwise. ``titan
 report`` writes one run's Markdown report and figures (:mod:`titan.analysis.report`);
 ``titan export tensorboard|csv|wandb-offline`` its metrics (:mod:`titan.telemetry.sinks`;
 formats of the ``export`` command that :mod:`titan.trainer.import_export_commands` defines).
@@ -19,10 +20,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from titan.errors import TitanError
-from titan.formatting import format_duration, format_number
+from titan.formatting import format_bounded, format_duration, format_number
 from titan.inert import inert
 from titan.out_paths import path_argument
 from titan.tables import Column, console, fitted_table, print_fitted
@@ -90,7 +91,9 @@ def add_parser(subparsers: Any) -> None:
         help="flag runs slower than the best earlier run of the same key",
         description="List each run's median step time (first 3 steps of each attempt left "
         "out) against the best earlier run of the same key; flag it when more than 5% slower. "
-        "Exit code 1 when a listed run is flagged. " + DATABASE_HELP,
+        "Runs without a steady step time are named under the table. Exit code 1 when a listed "
+        "run is flagged; 2 when no run could be checked (a gate that checked nothing does not "
+        "pass). " + DATABASE_HELP,
     )
     _add_common(c, run_perf_check)
 
@@ -168,27 +171,48 @@ def run_summarize(args: argparse.Namespace) -> int:
 
 
 def run_perf_check(args: argparse.Namespace) -> int:
-    """Run ``titan perf check``; returns 1 when a listed run is flagged, else 0.
+    """Run ``titan perf check``; returns 1 when a listed run is flagged, else 0. The runs it
+    could not check (no steady step time) are named under the table (on stderr with
+    ``--json``).
 
     Raises:
-        TitanError: as :func:`titan.analysis.summarize.connect`, or ``--run`` names no
-            measured run.
+        TitanError: as :func:`titan.analysis.summarize.connect`; the runs root holds no run
+            (nothing written), or none with a steady step time (a gate that checked nothing
+            must not pass); ``--run`` names no measured run.
     """
     from titan.analysis import perfdb, summarize
 
     root = summarize.check_holds_runs(_root(args))
+    if root.is_dir() and not any(summarize.scan_runs_root(root)):
+        raise TitanError(f"runs root {root} holds no runs: nothing to check")
     with summarize.ingested(root) as con:
         checks = perfdb.check(perfdb.measurements(con))
+        unmeasured = perfdb.unmeasured(con)
     _note_database(args.command, root, summarize.database_path(root))
+    if not checks:
+        raise TitanError(
+            f"no run in {root} has a steady step time (the first {perfdb.WARMUP_STEPS} steps "
+            f"of each attempt are left out): nothing checked; runs read: {len(unmeasured):,}"
+        )
     if args.run_id is not None:
         checks = [c for c in checks if c.run_id == args.run_id]
         if not checks:
             raise TitanError(f"--run {args.run_id}: no step-time measurement for it in {root}")
+        unmeasured = []
     if args.json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:
         _print_checks(root, checks, args.wide)
+    _print_unmeasured(unmeasured, sys.stderr if args.json else sys.stdout)
     return EXIT_FLAGGED if any(c.flagged for c in checks) else EXIT_OK
+
+
+def _print_unmeasured(run_ids: list[str], out: TextIO) -> None:
+    """Under the checks: the runs not checked, for want of a steady step time."""
+    if run_ids:
+        print("runs without a steady step time, not checked:", file=out)
+    for run_id in run_ids:
+        print(inert(f"  {run_id}"), file=out)
 
 
 def _note_database(command: str, root: Path, path: Path) -> None:
@@ -319,10 +343,10 @@ def _print_checks(root: Path, checks: list[Any], wide: bool) -> None:
     cells = [
         (
             _plain(c.run_id),
-            f"{c.median_step_s:.4f}",
-            format_number(c.best_earlier_s, ".4f"),
+            format_bounded(c.median_step_s, ".4f"),
+            format_bounded(c.best_earlier_s, ".4f"),
             _plain(c.best_earlier_run or "-"),
-            format_number(c.slower, "+.1%"),
+            format_bounded(c.slower, "+.1%"),
             "[red]SLOWER[/red]" if c.flagged else "ok",
         )
         for c in checks

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from titan.analysis.ettr import attempt_start, split_attempts
 from titan.analysis.sql import insert_rows
@@ -81,7 +80,9 @@ class PerfCheck:
     flagged: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON values: a ratio beyond the float range (``slower`` of times
+        1e300 apart) is None, never ``Infinity``, which JSON lacks."""
+        return {k: None if v in (math.inf, -math.inf) else v for k, v in asdict(self).items()}
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -128,8 +129,8 @@ def _profiled_steps(events: Sequence[Event]) -> set[int]:
 
 def steady_step_times(events: Sequence[Event]) -> list[float]:
     """``step_time_s`` of the steps after the first :data:`WARMUP_STEPS` of each attempt,
-    leaving out steps with a checkpoint save inside them, profiled steps, and negative times
-    (a damaged record)."""
+    leaving out steps with a checkpoint save inside them, profiled steps, and times that no
+    step takes: zero, negative or infinite (a damaged record)."""
     times: list[float] = []
     profiled = _profiled_steps(events)
     seen_in_attempt, saved = 0, False
@@ -142,10 +143,27 @@ def steady_step_times(events: Sequence[Event]) -> list[float]:
             seen_in_attempt += 1
             steady = seen_in_attempt > WARMUP_STEPS and not saved
             seconds = event.step_time_s
-            if steady and event.step not in profiled and seconds is not None and seconds >= 0:
+            if steady and event.step not in profiled and _a_duration(seconds):
                 times.append(seconds)
             saved = False
     return times
+
+
+def _a_duration(seconds: float | None) -> TypeGuard[float]:
+    """Whether ``seconds`` is a time a step can take: finite and above zero."""
+    return seconds is not None and 0 < seconds < math.inf
+
+
+def _median(values: Sequence[float]) -> float:
+    """The median of ``values`` (not empty), which stays finite where the values are: the mean
+    of the two middle ones is taken as ``low + (high - low) / 2`` (``statistics.median`` adds
+    them first, and two times of 1e308 s made ``inf``)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    low, high = ordered[middle - 1], ordered[middle]
+    return low + (high - low) / 2
 
 
 def _last_layout(attempts: list[list[Event]]) -> tuple[dict[str, Any], list[list[Event]]]:
@@ -162,7 +180,7 @@ def _row(run_id: str, key: dict[str, Any], same: list[list[Event]]) -> PerfRow:
     times = steady_step_times([e for a in same for e in a])
     return PerfRow(
         run_id=run_id,
-        median_step_s=statistics.median(times) if times else math.nan,
+        median_step_s=_median(times) if times else math.nan,
         steps=len(times),
         time=same[0][0].written_time,
         **key,
@@ -211,6 +229,15 @@ def measurements(con: Any) -> list[PerfRow]:
         "median_step_s, steps, time FROM perf ORDER BY time, run_id"
     ).fetchall()
     return [PerfRow(r[0], json.loads(r[1]), json.loads(r[2]), *r[3:]) for r in rows]
+
+
+def unmeasured(con: Any) -> list[str]:
+    """The runs of the database's ``files`` (every record ingested) that have no ``perf`` row:
+    no ``run_start``, or no steady step (:func:`steady_step_times`); sorted."""
+    rows = con.execute(
+        "SELECT run_id FROM files WHERE run_id NOT IN (SELECT run_id FROM perf) ORDER BY run_id"
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 def _same_key(a: PerfRow, b: PerfRow) -> bool:

@@ -378,10 +378,17 @@ def fit_achievable_fraction(
 ) -> float:
     """The ``eta`` in (0, 1] whose predictions ``predict(eta)`` (seconds, one per measurement)
     best match ``measured_s``: least mean absolute log error, by a coarse grid then golden-section
-    refinement (the error is unimodal in eta for this model)."""
+    refinement (the error is unimodal in eta for this model). Each error is
+    ``log(p) - log(t)``, which, unlike ``log(p / t)``, holds for times far apart (a ratio that
+    overflows or underflows the float range).
+
+    Raises:
+        ValueError: a prediction or measurement of zero or below.
+    """
 
     def loss(eta: float) -> float:
-        return sum(abs(math.log(p / t)) for p, t in zip(predict(eta), measured_s, strict=True))
+        pairs = zip(predict(eta), measured_s, strict=True)
+        return sum(abs(math.log(p) - math.log(t)) for p, t in pairs)
 
     grid = [i / 100 for i in range(1, 101)]
     best = min(grid, key=loss)
