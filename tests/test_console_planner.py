@@ -4,6 +4,8 @@ a bad field's error kept on show while the focus moves."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,52 @@ def test_a_plan_that_does_not_fit_offers_no_train_options_as_titan_plan_prints_n
     assert code == 1 and "does not fit" in out and "titan train" not in out
     assert not report["plans"][0]["fits"]
     assert report["train_options"] is None
+
+
+def _said(out: str) -> str:
+    """``titan plan``'s output with its tables' borders and line breaks taken out: the words of
+    its captions and lines, wherever the table cut them."""
+    return " ".join(re.sub(r"[│┃┏┓┗┛┡┩└┘━─┳┻╇╈┼]", " ", out).split())
+
+
+def test_the_planner_notes_say_what_titan_plan_says_under_its_tables(capsys):
+    code, out, _ = _cli(plan_argv({**start_texts(), **MISFIT}), capsys)
+    report = plan_report({**start_texts(), **MISFIT})
+    notes = report["notes"]
+    assert code == 1 and report["verdict"] in _said(out) and "GB over the" in report["verdict"]
+    assert notes[0].endswith("of the peak per GPU: 989.5 TFLOP/s dense bfloat16")
+    assert notes[1].startswith("eta = ") and notes[2] == "would fit with:" and notes[3:]
+    for note in notes:
+        assert " ".join(note.split()) in _said(out)
+
+
+def test_a_budget_past_the_steps_limit_of_titan_train_gets_no_command_and_says_why(capsys):
+    texts = {**start_texts(), **SMALL, "tokens": "1e20"}
+    code, out, _ = _cli(plan_argv(texts), capsys)
+    report = plan_report(texts)
+    assert code == 0 and "titan train --" not in out
+    refusal = "above titan train's --steps limit of 2,147,483,647"
+    assert refusal in out and refusal in report["notes"][-1]
+    assert report["train_options"] is None
+    assert main(["plan", *plan_argv(texts), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["train_command"] is None and refusal in said["no_train_command"]
+
+
+def test_a_batch_past_two_to_the_forty_tokens_is_one_line_exit_2(capsys):
+    texts = {**start_texts(), **SMALL, "batch_tokens": str(2**40 + 8192)}
+    code, _, err = _cli(plan_argv(texts), capsys)
+    with pytest.raises(TitanError) as refused:
+        plan_report(texts)
+    assert code == 2 and err == f"titan plan: error: {refused.value}\n"
+    assert str(refused.value) == (
+        "--batch-tokens must be <= 1,099,511,627,776 (2^40), got 1,099,511,635,968"
+    )
+    code, _, err = _cli([*plan_argv(SMALL), "--batch-size", str(2**40)], capsys)
+    assert code == 2 and err == (
+        "titan plan: error: --batch-size 1,099,511,627,776 x --seq-len 8,192 must be <= "
+        "1,099,511,627,776 tokens (2^40), got 9,007,199,254,740,992\n"
+    )
 
 
 @pytest.mark.parametrize(

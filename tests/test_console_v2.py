@@ -121,11 +121,11 @@ async def test_planner_form_shows_the_numbers_of_titan_plan_json(tmp_path: Path)
     total_gb, capacity_gb = plan["memory_bytes"]["total"] / 1e9, plan["capacity_bytes"] / 1e9
     margin_gb = plan["fit_bytes"] / 1e9
     assert total_gb < margin_gb < capacity_gb
-    assert plan["fits"] and verdict.startswith(
-        f"fits: {total_gb:,.1f} GB, {margin_gb:,.1f} GB with the margin, of {capacity_gb:,.1f} GB "
-        "per device"
+    assert plan["fits"] and verdict == (  # titan plan's words
+        f"fits: {total_gb:,.2f} GB estimated, {margin_gb:,.2f} GB with the margin, of "
+        f"{capacity_gb:,.2f} GB usable"
     )
-    assert error == "--gpus must be >= 1, got 0 (results below are for the last valid input)"
+    assert error == "--gpus must be >= 1, got 0 (the dimmed results are for the last valid input)"
     assert stale and fresh
     assert searched["plans"] == cli_search["plans"]
     assert searched["layouts_fit"] == cli_search["layouts_fit"]

@@ -21,7 +21,7 @@ from typing import Any
 from rich.text import Text
 
 from titan.analysis import perfdb, summarize
-from titan.config import ParallelOptions, flag_of
+from titan.config import MAX_STEPS, ParallelOptions, flag_of
 from titan.config_flags import add_arguments, section_options
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
@@ -30,6 +30,7 @@ from titan.formatting import format_amount, format_count, format_flops_rate, for
 from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named, on_one_host
 from titan.inert import inert
 from titan.planning.budget import (
+    MAX_BATCH_TOKENS,
     Plan,
     PlanRequest,
     check_layouts_exist,
@@ -371,11 +372,17 @@ def batch_tokens(args: argparse.Namespace) -> int:
     ``--batch-tokens`` (default :data:`DEFAULT_BATCH_TOKENS`).
 
     Raises:
-        TitanError: ``--batch-size`` below 1.
+        TitanError: ``--batch-size`` below 1, or a batch above
+            :data:`~titan.planning.budget.MAX_BATCH_TOKENS` tokens.
     """
     if args.batch_size is not None:
         if args.batch_size < 1:
             raise TitanError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if args.batch_size * args.seq_len > MAX_BATCH_TOKENS:
+            raise TitanError(
+                f"--batch-size {args.batch_size:,} x --seq-len {args.seq_len:,} must be <= "
+                f"{MAX_BATCH_TOKENS:,} tokens (2^40), got {args.batch_size * args.seq_len:,}"
+            )
         return args.batch_size * args.seq_len
     return args.batch_tokens
 
@@ -533,8 +540,49 @@ class Outcome:
 
     @property
     def fits(self) -> bool:
-        """Whether the first plan fits (a train command is offered only then)."""
+        """Whether the first plan fits."""
         return bool(self.plans) and (self.judged is None or self.judged.fits)
+
+    @property
+    def no_command(self) -> str | None:
+        """Why a first plan that fits gets no ``titan train`` command, in one line: its budget
+        takes more steps than ``titan train --steps`` allows (:data:`titan.config.MAX_STEPS`);
+        None when it gets one."""
+        steps = self.request.steps
+        if not self.fits or steps <= MAX_STEPS:
+            return None
+        return (
+            f"no titan train command: the budget takes {steps:,} steps, above titan train's "
+            f"--steps limit of {MAX_STEPS:,}; plan a larger batch or fewer --tokens"
+        )
+
+    @property
+    def command_offered(self) -> bool:
+        """Whether a ``titan train`` command is offered: the first plan fits and its steps are
+        within ``--steps``'s limit."""
+        return self.fits and self.no_command is None
+
+    def verdict_line(self) -> str:
+        """The first plan's memory verdict in one line (:meth:`Verdict.summary`); "" without
+        a plan."""
+        if not self.plans:
+            return ""
+        return (self.judged or verdict(self.plans[0])).summary(self.plans[0])
+
+    def notes(self) -> list[str]:
+        """The lines under the tables: the MFU's convention and peak, the matmul efficiency,
+        what would make a misfit fit, and why no command is offered (as ``titan plan`` prints
+        them, for the console's planner)."""
+        if not self.plans:
+            return []
+        first = self.plans[0]
+        lines = [
+            mfu_caption(self.request, "halved for causal / in full"),
+            eta_caption(first),
+        ]
+        if self.judged is not None and self.judged.remedies:
+            lines += ["would fit with:", *(f"  {r}" for r in self.judged.remedies)]
+        return lines + ([self.no_command] if self.no_command else [])
 
     def none_fit(self) -> str:
         """A search that found no layout, in one line: the GPUs that would be needed."""
@@ -574,7 +622,8 @@ def run(args: argparse.Namespace) -> int:
         return run_from(args)
     found = outcome(args)
     plans, judged = found.plans, found.judged
-    command = train_command(args.model, plans[0]) if found.fits else None  # never for a misfit
+    # never for a misfit, nor past --steps's limit
+    command = train_command(args.model, plans[0]) if found.command_offered else None
     if args.json:
         report = _json(found.request, plans[:top])
         if args.search:
@@ -584,6 +633,7 @@ def run(args: argparse.Namespace) -> int:
             assert judged is not None  # judged unless --search
             report["verdict"] = dataclasses.asdict(judged)
         report["train_command"] = command
+        report["no_train_command"] = found.no_command
         print(json.dumps(report, indent=2))
         return EXIT_OK if found.fits else EXIT_FAILED
     if args.search:
@@ -594,6 +644,8 @@ def run(args: argparse.Namespace) -> int:
     if command is not None:
         print(f"{'best layout' if args.search else 'this layout'}, for titan train:")
         print(command)
+    if found.no_command:
+        print(found.no_command)
     return EXIT_OK if found.fits else EXIT_FAILED
 
 
@@ -715,12 +767,20 @@ def peak_text(gpu: GpuSpec) -> str:
     return f"{format_flops_rate(peak)} dense {gpu.compute_dtype}"
 
 
-def _mfu_caption(request: PlanRequest, conventions: str) -> str:
+def mfu_caption(request: PlanRequest, conventions: str) -> str:
+    """What the plan's MFU divides, in one line: the model FLOPs per token
+    (:func:`titan.flops.model_flops_per_token`, N the matmul parameters: the embedding lookup is
+    no matmul), the attention ``conventions`` and the peak (:func:`peak_text`)."""
     divisor = "rate per device, not a peak" if request.gpu.name == "cpu" else "peak per GPU"
     return (
-        f"MFU: model FLOPs per token (6N + 12Lsd, attention {conventions}), no recomputation, "
-        f"of the {divisor}: {peak_text(request.gpu)}"
+        f"MFU: model FLOPs per token (6N + 12Lsd, N the matmul parameters, attention "
+        f"{conventions}), no recomputation, of the {divisor}: {peak_text(request.gpu)}"
     )
+
+
+def eta_caption(p: Plan) -> str:
+    """The matmul efficiency the step time assumes, in one line."""
+    return f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls"
 
 
 # Width of the output when it is neither a terminal nor sized by $COLUMNS (files, logs).
@@ -752,7 +812,7 @@ def _print_plan(p: Plan, judged: Verdict) -> None:
     step.add_column("s", justify="right")
     for name, value in p.step.as_dict().items():
         step.add_row(name.removesuffix("_s"), f"{value:.4f}")
-    step.caption = f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls"
+    step.caption = eta_caption(p)
     out.print(step)
     out.print(_totals(p))
 
@@ -762,7 +822,7 @@ def _totals(p: Plan) -> Any:
     cost (with ``--price``)."""
     from rich.table import Table
 
-    totals = Table(title="run", caption=_mfu_caption(p.request, "halved for causal / in full"))
+    totals = Table(title="run", caption=mfu_caption(p.request, "halved for causal / in full"))
     totals.add_column("quantity")
     totals.add_column("value", justify="right")
     mfu = p.mfu
@@ -844,7 +904,7 @@ def _print_search(found: Outcome, top: int, wide: bool) -> None:
         columns,
         rows,
         None if wide else out.width,
-        caption=_mfu_caption(request, "halved for the causal mask"),
+        caption=mfu_caption(request, "halved for the causal mask"),
         title=f"{total} layouts fit; fastest {len(plans)} (int = interleaved-1f1b x chunks, "
         "zb = zero-bubble)",
         box=box.SIMPLE_HEAD,

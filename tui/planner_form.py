@@ -117,10 +117,12 @@ def plan_argv(texts: dict[str, str]) -> list[str]:
 def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     """The planner's answer for the form's texts, as ``titan plan`` finds it
     (:func:`titan.plan_commands.outcome`): ``{"search": bool, "layouts_fit": int,
-    "plans": [Plan.as_dict(), ...], "none_fit": str, "train_options": {...} | None}`` (one plan,
-    or the best :data:`SEARCH_TOP` of a search; why a search found none; the ``titan train``
-    options of the first, :func:`titan.plan_commands.train_options`, only when it fits, as
-    ``titan plan`` prints a command only then).
+    "plans": [Plan.as_dict(), ...], "verdict": str, "none_fit": str, "notes": [str, ...],
+    "train_options": {...} | None}`` (one plan, or the best :data:`SEARCH_TOP` of a search; the
+    first's memory verdict in ``titan plan``'s words; why a search found none; the lines
+    ``titan plan`` prints under its tables, :meth:`~titan.plan_commands.Outcome.notes`; the
+    ``titan train`` options of the first, :func:`titan.plan_commands.train_options`, only when
+    ``titan plan`` prints a command).
 
     Raises:
         TitanError: one line naming the bad option (argparse's wording, or the planner's).
@@ -131,6 +133,10 @@ def plan_report(texts: dict[str, str]) -> dict[str, Any]:
         "search": args.search,
         "layouts_fit": len(found.plans),
         "plans": [p.as_dict() for p in found.plans[:SEARCH_TOP]],
+        "verdict": found.verdict_line(),
         "none_fit": "" if found.plans else found.none_fit(),
-        "train_options": train_options(args.model, found.plans[0]) if found.fits else None,
+        "notes": found.notes(),
+        "train_options": (
+            train_options(args.model, found.plans[0]) if found.command_offered else None
+        ),
     }

@@ -7,6 +7,7 @@ network, cooling or PUE). Cost is GPU-hours x the price per GPU-hour given.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Iterator, Mapping
@@ -33,6 +34,10 @@ from titan.shapes import ModelConfig
 POWER_FRACTION_OF_TDP = 0.76
 SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3.6e6
+# The largest global batch planned, in tokens: 2^40, about 65,000 times Llama 3 405B's 16M
+# tokens per step (Meta 2024, "The Llama 3 Herd of Models", Sec. 3.4.1). It bounds the trial
+# divisions of the batch (:func:`divisors`) to about a million, a tenth of a second.
+MAX_BATCH_TOKENS = 2**40
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,10 @@ def check_request(request: PlanRequest) -> None:
     ):
         if value < 1:
             raise TitanError(f"{flag} must be >= 1, got {value}")
+    if request.batch_tokens > MAX_BATCH_TOKENS:
+        raise TitanError(
+            f"--batch-tokens must be <= {MAX_BATCH_TOKENS:,} (2^40), got {request.batch_tokens:,}"
+        )
     if request.gpus > request.gpus_per_node and request.gpus % request.gpus_per_node:
         raise TitanError(
             f"--gpus {request.gpus} does not fill whole nodes of --gpus-per-node "
@@ -255,11 +264,13 @@ def check_layouts_exist(request: PlanRequest) -> None:
         )
 
 
-def divisors(n: int) -> list[int]:
+@functools.lru_cache(maxsize=1024)
+def divisors(n: int) -> tuple[int, ...]:
     """The divisors of ``n`` in increasing order, by trial division up to sqrt(n) (O(sqrt n):
-    a million GPUs take a thousand trials, not a million)."""
+    a million GPUs take a thousand trials, not a million); kept for the numbers a search asks
+    again (the batch's rows per replica of each layout)."""
     small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return small + [n // k for k in reversed(small) if k * k != n]
+    return (*small, *(n // k for k in reversed(small) if k * k != n))
 
 
 def candidate_layouts(model: ModelConfig, gpus: int, batch_sequences: int) -> Iterator[Layout]:

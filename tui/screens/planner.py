@@ -121,7 +121,7 @@ class PlannerScreen(Screen[None]):
         tables = self.query_one(PlanTables)
         tables.set_class(bool(message.error), "-stale")
         if message.error:  # the tables still show the last valid input's plan: dimmed, labelled
-            help_static.update(f"{message.error} (results below are for the last valid input)")
+            help_static.update(f"{message.error} (the dimmed results are for the last valid input)")
             self.refresh_bindings()
             return
         help_static.update("")

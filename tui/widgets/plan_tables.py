@@ -39,7 +39,9 @@ def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 class PlanTables(VerticalScroll):
-    """Verdict line, then the tables of the first plan, then the ranking of a search."""
+    """Verdict line, then the tables of the first plan, the ranking of a search, and the notes
+    ``titan plan`` prints under its tables (the MFU's convention and peak, what would make a
+    misfit fit)."""
 
     def compose(self) -> ComposeResult:
         yield Static("", id="plan-verdict", markup=False)
@@ -49,6 +51,7 @@ class PlanTables(VerticalScroll):
         # tokens/s and time first: the layout is the widest cell, and at 80 columns the
         # panel shows about 36 cells (the best layout is in full in the totals above).
         yield _table("plan-ranked", "tokens/s", "time", "layout", "fits", "GPU-h", "cost")
+        yield Static("", id="plan-notes", markup=False)
 
     def show(self, report: dict[str, Any]) -> None:
         """Draw a :func:`tui.planner_form.plan_report`."""
@@ -58,19 +61,18 @@ class PlanTables(VerticalScroll):
         ranked.display = report["search"]
         for table in self.query(DataTable):
             table.clear()
+        self.query_one("#plan-notes", Static).update("")
         if not plans:
             verdict.update(report["none_fit"])
             verdict.set_class(True, "-bad")
             return
         p = plans[0]
-        fits = p["fits"]
         verdict.update(
-            f"{'fits' if fits else 'does not fit'}: {p['memory_bytes']['total'] / GB:,.1f} GB, "
-            f"{p['fit_bytes'] / GB:,.1f} GB with the margin, of {p['capacity_bytes'] / GB:,.1f} GB "
-            "per device"
+            report["verdict"]
             + (f" · best of {report['layouts_fit']} layouts that fit" if report["search"] else "")
         )
-        verdict.set_class(not fits, "-bad")
+        verdict.set_class(not p["fits"], "-bad")
+        self.query_one("#plan-notes", Static).update("\n".join(report["notes"]))
         self.query_one("#plan-totals", DataTable).add_rows(totals_rows(p))
         memory = self.query_one("#plan-memory", DataTable)
         memory.add_rows((k, f"{v / GB:,.2f}") for k, v in p["memory_bytes"].items())
