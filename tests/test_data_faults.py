@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -288,8 +290,9 @@ def test_a_loop_of_links_or_a_dangling_link_is_told_from_a_missing_path(tmp_path
         assert str(raised.value) == f"--data {tmp_path / name}: {reason}"
 
 
-def test_titan_tokenize_names_the_records_it_dropped_and_stops_on_ctrl_c_keeping_its_work(
-    tokenizer, tmp_path, cache, capsys, monkeypatch
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_titan_tokenize_names_the_records_it_dropped_and_stops_on_a_signal_keeping_its_work(
+    tokenizer, tmp_path, cache, capsys, monkeypatch, signum
 ):
     model = tmp_path / "tokenizer.model"
     model.write_bytes(tokenizer.model_proto)
@@ -302,7 +305,8 @@ def test_titan_tokenize_names_the_records_it_dropped_and_stops_on_ctrl_c_keeping
     assert out.endswith(" tokens (dropped: 1 empty, 1 non_text, 1 bad_json)")
 
     def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the handler raises at once
 
     monkeypatch.setattr("titan.trainer.tokenize_command.token_stream", interrupted)
     assert main(args) == 4

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +24,17 @@ from titan.errors import TitanError
 from titan.generation.generate import (
     Generator,
     Sampling,
+    check_cache_fits,
     check_prompt,
     new_token_budget,
     printable,
 )
-from titan.generation.loading import load_model
+from titan.generation.loading import LoadedModel, load_model
 from titan.generation.sampling import sample
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.ops.native import rms_norm
+from titan.shapes import resolve_model
 
 NEW_TOKENS = 12
 PROMPT = "def main("  # one prompt and length throughout: the decoder compiles once
@@ -247,6 +250,23 @@ def test_prompt_and_new_tokens_fit_in_the_runs_seq_len():
         new_token_budget(3, 32, 30)
     with pytest.raises(TitanError, match="--prompt: 32 tokens"):
         new_token_budget(32, 32, None)
+
+
+def test_a_cache_past_the_memory_there_is_refused_before_it_is_made(monkeypatch):
+    import titan.generation.generate as generate
+
+    model = resolve_model("d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512")
+    weights = {"w": np.zeros(1000, np.float32)}  # 4,000 bytes
+    loaded = LoadedModel(model, weights, jnp.float32, None, Path("r"), 0, 10**6)  # type: ignore[arg-type]
+    cache = 2 * 2 * 1000 * 2 * 16 * 4  # 2 (k, v) x layers x positions x KV heads x dim x bytes
+    monkeypatch.setattr(generate, "host_memory_bytes", lambda: cache + 4000)
+    check_cache_fits(loaded, 1000)  # exactly what there is
+    with pytest.raises(TitanError) as refused:
+        check_cache_fits(loaded, 1001)
+    assert str(refused.value) == (
+        "--max-new-tokens: the key/value cache of 1,001 positions takes 513 kB and the weights "
+        "4 kB, more than the 516 kB of this host's memory; ask for fewer new tokens"
+    )
 
 
 def test_a_prompt_must_be_utf8_text():

@@ -27,12 +27,14 @@ import numpy as np
 
 from titan.data.tokenizer import StreamDecoder, Tokenizer
 from titan.errors import TitanError
+from titan.formatting import format_size
 from titan.generation import MAX_TEMPERATURE
 from titan.generation.loading import LoadedModel, load_model
 from titan.generation.sampling import sample
 from titan.inert import inert
 from titan.models.kv_cache import cached_forward, init_cache
 from titan.ops import Ops
+from titan.telemetry.device_memory import host_memory_bytes, usable_bytes
 
 
 def printable(text: str) -> str:
@@ -85,6 +87,33 @@ def new_token_budget(prompt_tokens: int, seq_len: int, requested: int | None) ->
             f"positions and the prompt takes {prompt_tokens} (BOS included): at most {room}"
         )
     return requested
+
+
+def check_cache_fits(loaded: LoadedModel, length: int) -> None:
+    """Refuse a key/value cache of ``length`` positions (prompt and new tokens) that, with the
+    weights, needs more memory than the device holds: the allocator's pool
+    (:func:`~titan.telemetry.device_memory.usable_bytes`), or on XLA:CPU, which reports none,
+    the host's memory (:func:`~titan.telemetry.device_memory.host_memory_bytes`). The cache is
+    2 x layers x positions x KV heads x head dim elements of the compute dtype
+    (:func:`titan.models.kv_cache.init_cache`); XLA would fail to allocate it after the load.
+
+    Raises:
+        TitanError: names ``--max-new-tokens``, the cache's and the weights' bytes and the
+            memory there is.
+    """
+    m = loaded.model
+    itemsize = jnp.dtype(loaded.dtype).itemsize
+    cache = 2 * m.n_layers * length * m.n_kv_heads * m.head_dim * itemsize
+    weights = sum(leaf.nbytes for leaf in jax.tree.leaves(loaded.params))
+    device = jax.local_devices()[0]
+    capacity = usable_bytes([device]) or host_memory_bytes()
+    if capacity is not None and cache + weights > capacity:
+        where = "this host's memory" if device.platform == "cpu" else f"{device.device_kind}'s pool"
+        raise TitanError(
+            f"--max-new-tokens: the key/value cache of {length:,} positions takes "
+            f"{format_size(cache)} and the weights {format_size(weights)}, more than the "
+            f"{format_size(capacity)} of {where}; ask for fewer new tokens"
+        )
 
 
 def stop_ids(tokenizer: Tokenizer, stop: tuple[str, ...]) -> frozenset[int]:
@@ -175,13 +204,15 @@ class Generator:
 
         Raises:
             TitanError: an empty prompt (not even BOS), more tokens than the run's
-                ``--seq-len`` (:func:`new_token_budget`), or a bad ``--stop`` value.
+                ``--seq-len`` (:func:`new_token_budget`) or the memory holds
+                (:func:`check_cache_fits`), or a bad ``--stop`` value.
         """
         if not prompt_ids:
             raise TitanError("--prompt: no tokens")
         ends = stop_ids(self.loaded.tokenizer, sampling.stop)
         budget = new_token_budget(len(prompt_ids), self.loaded.seq_len, sampling.max_new_tokens)
         length = len(prompt_ids) + budget
+        check_cache_fits(self.loaded, length)
         cache = init_cache(self.loaded.model, 1, length, self.loaded.dtype)
         knobs = (np.float32(sampling.temperature), np.float32(sampling.top_p))
         key = jax.random.key(sampling.seed)
@@ -207,10 +238,15 @@ class Generator:
         out.write(printable(prompt))
         out.flush()
         ids = []
-        for token in self.tokens(prompt_ids, sampling):
-            ids.append(token)
-            out.write(printable(decoder.push([token])))
+        try:
+            for token in self.tokens(prompt_ids, sampling):
+                ids.append(token)
+                out.write(printable(decoder.push([token])))
+                out.flush()
+        except BaseException:  # a stop signal: the line ends before the one that says so
+            out.write("\n")
             out.flush()
+            raise
         out.write(printable(decoder.flush()) + "\n")
         out.flush()
         return ids
@@ -223,7 +259,8 @@ def generate_from_cli(source: str, step: int | None, prompt: str, sampling: Samp
 
     Raises:
         TitanError: bad source, step, sampling or --stop option, a prompt that is not UTF-8, a
-            prompt and --max-new-tokens past the run's --seq-len, or no checkpoint to read.
+            prompt and --max-new-tokens past the run's --seq-len or the memory, or no
+            checkpoint to read.
     """
     check_prompt(prompt)  # before the load, which takes a while
     loaded = load_model(source, step)
@@ -233,7 +270,9 @@ def generate_from_cli(source: str, step: int | None, prompt: str, sampling: Samp
     generator = Generator(loaded)
     # refused before any output, not after the header
     stop_ids(loaded.tokenizer, sampling.stop)
-    new_token_budget(len(generator.prompt_ids(prompt)), loaded.seq_len, sampling.max_new_tokens)
+    prompt_ids = generator.prompt_ids(prompt)
+    budget = new_token_budget(len(prompt_ids), loaded.seq_len, sampling.max_new_tokens)
+    check_cache_fits(loaded, len(prompt_ids) + budget)
     header = f"titan generate: {inert(loaded.run_dir)} step {loaded.step}"
     print(header, file=sys.stderr, flush=True)
     generator.stream(prompt, sampling, sys.stdout)

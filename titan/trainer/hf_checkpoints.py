@@ -19,12 +19,14 @@ nothing behind; an existing output is refused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,21 +136,57 @@ def host_abstract(
 
 @contextmanager
 def _staged(out: Path, flag: str) -> Iterator[Path]:
-    """A new temporary sibling of ``out`` (parents made), renamed to ``out`` when the block
-    succeeds and removed when it fails.
+    """A new temporary sibling of ``out`` (parents made), ``.<name>.tmp<pid>``, renamed to
+    ``out`` when the block succeeds and removed when it fails. A failure (a stop signal among
+    them) first waits for the threads the block started (orbax writes from its own threads,
+    which an exception in the main thread does not stop), so that none writes into the removed
+    folder. The stagings of ``out`` left by processes that are gone (killed) are removed first.
 
     Raises:
         TitanError: ``out`` exists or cannot be created (names ``flag`` and ``out``).
     """
     given, out = out, check_new_dir(out, flag)
-    staging = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    _remove_orphaned_stagings(out)
+    staging = out.with_name(f"{_staging_prefix(out)}{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
+    threads = set(threading.enumerate())
     try:
         make_dir(staging, given, flag)
         yield staging
         os.replace(staging, out)
+    except BaseException:
+        for thread in set(threading.enumerate()) - threads:
+            if not thread.daemon:
+                thread.join()
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging_prefix(out: Path) -> str:
+    return f".{out.name}.tmp"
+
+
+def _remove_orphaned_stagings(out: Path) -> None:
+    """Remove the stagings of ``out`` (:func:`_staged`) whose process is gone: the folders a
+    killed ``titan import`` or ``titan export`` left (a live process's is kept)."""
+    prefix = _staging_prefix(out)
+    with contextlib.suppress(OSError):
+        for path in out.parent.iterdir():
+            pid = path.name.removeprefix(prefix)
+            if path.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: signalling it is refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _whole_tree(joined: dict[str, Any], shapes: Any) -> Any:

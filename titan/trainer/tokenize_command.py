@@ -22,6 +22,7 @@ from titan.data.tokenize import EmptyCorpus, token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
+from titan.stopping import StopRequested
 from titan.trainer.progress import TrainProgress
 
 HELD_OUT = "held-out"  # the line of the held-out documents (--eval-data or --eval-split)
@@ -67,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     every 10 s) while it works.
 
     Returns:
-        :data:`EXIT_OK`, or :data:`EXIT_STOPPED` when interrupted (Ctrl-C): what was
-        tokenized is kept, and a second run resumes there.
+        :data:`EXIT_OK`, or :data:`EXIT_STOPPED` when a stop signal interrupted it (Ctrl-C,
+        SIGTERM, SIGHUP): what was tokenized is kept, and a second run resumes there.
 
     Raises:
         TitanError: a bad option, checked as ``titan train`` checks it (:class:`DataOptions`).
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                     raise
                 summary = "holds out no document (left out of evaluation)"
             print(f"{inert(spec)}: {summary}", file=sys.stdout, flush=True)
-    except KeyboardInterrupt:
+    except StopRequested:  # titan.cli's stop flag: SIGINT, SIGTERM or SIGHUP
         print(
             "titan tokenize: interrupted; run it again to resume where it stopped",
             file=sys.stderr,
