@@ -557,6 +557,15 @@ CASES: dict[str, Case] = {
         lambda p: ["import", "hf", p.hf_dir(rope_theta=[1]), "--out", str(p.tmp / "o")],
         "field 'rope_theta'",
     ),
+    # a shape's errors name the file's keys, not Titan's fields
+    "import_hf_kv_heads_that_do_not_divide_the_heads": Case(
+        lambda p: ["import", "hf", p.hf_dir(num_key_value_heads=3), "--out", str(p.tmp / "o")],
+        "config.json: num_attention_heads 4 is not a multiple of num_key_value_heads 3",
+    ),
+    "import_hf_a_negative_norm_eps": Case(
+        lambda p: ["import", "hf", p.hf_dir(rms_norm_eps=-1.0), "--out", str(p.tmp / "o")],
+        "config.json: rms_norm_eps must be",
+    ),
     # an output never replaces the run's files (links followed) nor goes into its checkpoints
     "sample_out_a_link_to_the_runs_record": Case(
         lambda p: ["sample", (r := p.run_copy()), "--out", p.link("s.png", f"{r}/events.jsonl")],

@@ -263,6 +263,7 @@ def test_a_long_record_is_listed_at_once_and_read_a_slice_at_a_time(tmp_path, mo
     assert (replaced["long"].state.step, replaced["long"].state.attempts) == (6, 2)
 
 
+@pytest.mark.slow
 async def test_the_run_list_shows_a_long_record_as_reading_until_it_is_read(tmp_path, monkeypatch):
     monkeypatch.setattr(run_list, "READ_SLICE_BYTES", 1 << 12)
     monkeypatch.setattr(runs_screen, "LISTING_BUDGET_S", 0.0)  # a slice per listing

@@ -189,6 +189,7 @@ for t in (1e-6, 1e-9, 1e-10, 1e-20, 1e-30, 1e-45):
 """
 
 
+@pytest.mark.slow
 def test_a_tiny_temperature_draws_the_argmax():
     # XLA:CPU as users run it: the suite's --xla_backend_optimization_level=0 hid the NaN
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}

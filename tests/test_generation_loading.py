@@ -178,6 +178,7 @@ def test_train_init_from_with_no_readable_checkpoint_is_one_line_and_exit_2(
     assert "Traceback" not in err and "Exception ignored" not in err
 
 
+@pytest.mark.slow
 def test_a_checkpoint_deleted_while_it_is_read_gives_the_one_committed_since(
     two_checkpoints, tmp_path, monkeypatch
 ):
@@ -205,6 +206,7 @@ def test_a_checkpoint_deleted_while_it_is_read_gives_the_one_committed_since(
     assert (loaded.step, loaded.unreadable) == (9, ())
 
 
+@pytest.mark.slow
 def test_a_checkpoint_deleted_while_orbax_lists_the_folder_is_listed_again(
     two_checkpoints, tmp_path, monkeypatch
 ):

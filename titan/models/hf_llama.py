@@ -29,6 +29,7 @@ Only numpy here: no JAX, torch or transformers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,6 +54,15 @@ _LAYER_NAMES = {
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 _HEADS = "num_attention_heads"
+# Titan's shape fields by the config.json keys they come from, for errors in the file's words.
+_HF_KEYS = {
+    "d_model": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": _HEADS,
+    "n_kv_heads": "num_key_value_heads",
+    "ffn_dim": "intermediate_size",
+    "norm_eps": "rms_norm_eps",
+}
 
 
 def _refuse(field: str, value: Any, allowed: str) -> TitanError:
@@ -105,7 +115,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         n_kv_heads=json_field(hf, "num_key_value_heads", (int, type(None)), where, None) or n_heads,
         ffn_dim=json_field(hf, "intermediate_size", int, where),
     )
-    check_shape(ModelConfig("custom", **shape), where)
+    _check_in_hf_words(ModelConfig("custom", **shape))
     head_dim = json_field(hf, "head_dim", (int, type(None)), where, None) or d_model // n_heads
     if head_dim * n_heads != d_model:
         raise _refuse(
@@ -121,8 +131,22 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         rope_scaling=scaling,
         max_positions=_max_positions(hf),
     )
-    check_shape(model, "config.json")
+    _check_in_hf_words(model)
     return model
+
+
+def _check_in_hf_words(model: ModelConfig) -> None:
+    """:func:`titan.shapes.check_shape` of an imported shape, its error naming the
+    ``config.json`` keys (``num_key_value_heads``), not Titan's fields (``n_kv_heads``).
+
+    Raises:
+        TitanError: the shape's error, in the file's words.
+    """
+    try:
+        check_shape(model, "config.json")
+    except TitanError as err:
+        words = re.sub(r"\b(\w+)\b", lambda m: _HF_KEYS.get(m[1], m[1]), str(err))
+        raise TitanError(words) from None
 
 
 def _max_positions(hf: Mapping[str, Any]) -> int:
