@@ -489,6 +489,9 @@ CASES: dict[str, Case] = {
     "plan_a_dit_model": Case(
         lambda p: [*PLAN_TINY[:2], "dit-tiny", *PLAN_TINY[3:]], "--model dit-tiny: a dit model"
     ),
+    "plan_from_a_missing_dir": Case(
+        lambda p: ["plan", "--from", str(p.tmp / "gone")], "gone: no such directory"
+    ),
     "plan_from_with_gpus": Case(
         lambda p: ["plan", "--from", str(SAMPLE_RUN), "--gpus", "8"], "--gpus conflicts with --from"
     ),

@@ -319,8 +319,11 @@ def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
     largest compiled program's bytes of their ``compile`` events (None when none recorded them).
 
     Raises:
-        TitanError: no events, no ``run_start``, or a device the GPU catalog does not list.
+        TitanError: no such directory, no events, no ``run_start``, or a device the GPU
+            catalog does not list.
     """
+    if not Path(run_dir).is_dir():
+        raise TitanError(f"--from {run_dir}: no such directory")
     attempts = split_attempts(load_events(run_dir))
     if not attempts:
         raise TitanError(f"--from {run_dir}: no run_start record (not a run dir?)")
