@@ -3,8 +3,10 @@
 One layout (the flags of ``titan train``) prints its memory breakdown with a fits / does-not-fit
 verdict, its step-time breakdown and the totals; ``--search`` ranks every layout that fits
 (its table keeps the columns that fit the terminal, by priority; ``--wide`` shows all). Both end
-with the ``titan train`` command of the layout (the best one with ``--search``), on one line.
-``--json`` prints the same as JSON (bytes, seconds, kWh; the command as ``train_command``).
+with the ``titan train`` command of the layout (the best one with ``--search``), on one line,
+or the line that says why there is none (a budget past ``--steps``'s limit). ``--json`` prints
+the same as JSON (bytes, seconds, kWh; the command as ``train_command``, why none as
+``no_train_command``).
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ class Generator:
                 ids.append(token)
                 out.write(printable(decoder.push([token])))
                 out.flush()
-        except BaseException:  # a stop signal: the line ends before the one that says so
+        except BaseException:  # a stop or an error: the line ends before the one saying why
             out.write("\n")
             out.flush()
             raise
