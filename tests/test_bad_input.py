@@ -690,7 +690,11 @@ CASES: dict[str, Case] = {
     ),
     "sample_guidance_inf": Case(
         lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--guidance", "inf"],
-        "--guidance must be a finite number >= 0",
+        "--guidance must be a number in [0, 3.402823e+38] (the float32 maximum), got inf",
+    ),
+    "sample_guidance_past_float32": Case(  # finite as a float64, inf in the float32 sampler
+        lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--guidance", "4e38"],
+        "got 4e+38",
     ),
     "sample_out_not_a_png": Case(
         lambda p: ["sample", p.saved_run("d1", task="diffusion"), "--out", "grid.jpg"],

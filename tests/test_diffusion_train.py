@@ -14,6 +14,7 @@ from PIL import Image
 from titan.analysis.report import write_report
 from titan.analysis.summarize import summarize_run_dir
 from titan.cli import main
+from titan.trainer import sampling
 from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.sampling import sample_grid, write_sample_grid
 
@@ -96,6 +97,20 @@ def test_sample_grid_is_deterministic_and_written(trained, tmp_path):
     np.testing.assert_array_equal(big[2::3, 1::3][..., None], image)
 
 
+def test_samples_that_are_not_finite_are_one_line_and_write_nothing(
+    trained, tmp_path, capsys, monkeypatch
+):
+    # a diverged run's weights: every sample NaN, which a PNG would show as black pixels
+    monkeypatch.setattr(sampling, "sample", lambda *a, **k: np.full((10, 8, 8, 1), np.nan))
+    assert main(["sample", str(trained), "--out", str(tmp_path / "g.png")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"titan sample: error: {trained}: the samples of checkpoint {STEPS} are not finite (its "
+        "weights, or --guidance 1.0, overflow): nothing written\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -152,6 +167,15 @@ def test_killed_diffusion_run_resumes_exactly(tmp_path):
             assert event["batch_digest"] == before[event["step"]][0]
             assert event["loss"] == pytest.approx(before[event["step"]][1], rel=1e-5)
     assert events(run_dir)[-1]["status"] == "completed"
+
+
+def test_a_poisoned_image_batch_is_skipped_and_the_run_completes(tmp_path):
+    options = _options(tmp_path, "poisoned", steps=3, batch_size=8, debug_nonfinite_at_step=2)
+    code, run_dir = run_in_process(options)
+    steps = {e["step"]: e for e in events(run_dir, "step")}
+    assert code == 0 and events(run_dir)[-1]["status"] == "completed"
+    assert steps[2]["skipped"] is True and steps[2]["nonfinite"]["loss"] == "nan"
+    assert np.isfinite(steps[3]["loss"]) and "skipped" not in steps[3]
 
 
 def test_a_folder_of_one_image_fewer_than_a_batch_is_one_line(tmp_path, capsys):

@@ -297,8 +297,11 @@ FINITE_CHECK_FUNCTION = _finite_and_digest.__name__  # its compilations: FiniteC
 
 
 def poison_batch(batch: Batch) -> Batch:
-    """``--debug-nonfinite-at-step``: ``batch`` with every token id beyond any vocabulary (the
-    int32 maximum). The embedding lookup (``jnp.take``, fill mode) returns NaN for such ids,
-    so the step's loss and gradients are NaN, as with a corrupt batch."""
-    tokens = batch["tokens"]
-    return {**batch, "tokens": np.full_like(tokens, np.iinfo(tokens.dtype).max)}
+    """``--debug-nonfinite-at-step``: ``batch`` made to give a NaN loss and NaN gradients, as
+    a corrupt batch does. A text batch gets every token id beyond any vocabulary (the int32
+    maximum), for which the embedding lookup (``jnp.take``, fill mode) returns NaN; an image
+    batch (:meth:`titan.data.images.ImageBatches.batch_of`) a ``noisy`` input of NaN."""
+    if "tokens" in batch:
+        tokens = batch["tokens"]
+        return {**batch, "tokens": np.full_like(tokens, np.iinfo(tokens.dtype).max)}
+    return {**batch, "noisy": np.full_like(batch["noisy"], np.nan)}

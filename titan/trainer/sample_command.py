@@ -41,8 +41,8 @@ def add_parser(subparsers: Any) -> None:
         "--guidance",
         type=float,
         default=1.0,
-        help="classifier-free guidance scale, a finite number >= 0 (1: the conditional model "
-        "alone; default 1)",
+        help="classifier-free guidance scale, a number in [0, 3.4e38] (the sampler computes in "
+        "float32; 1: the conditional model alone; default 1)",
     )
     sample.add_argument(
         "--scale",

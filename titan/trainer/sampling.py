@@ -5,7 +5,6 @@ RUN_DIR``, and the sample grid of ``titan report``."""
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -33,12 +32,14 @@ from titan.trainer.resume import RECORD_HEAD_BYTES
 # --per-class columns wide): 64 bounds that batch at 64 images per class.
 MAX_PER_CLASS = 64
 MAX_SEED = 2**32  # --seed in [0, 2**32): the PRNG seed range, as titan generate's
+MAX_GUIDANCE = float(np.finfo(np.float32).max)  # the sampler's arithmetic is float32
 
 
 def check_options(per_class: int, seed: int, steps: int, guidance: float) -> None:
     """Bounds of ``titan sample``'s options: ``--per-class`` in [1, :data:`MAX_PER_CLASS`],
     ``--seed`` in [0, 2**32), ``--sample-steps`` in [1, T] (T = 1000, the training timesteps
-    the sampler steps are spaced over), ``--guidance`` finite and >= 0.
+    the sampler steps are spaced over), ``--guidance`` in [0, the float32 maximum] (the
+    sampler computes in float32: a larger scale overflows to inf, and the samples to NaN).
 
     Raises:
         TitanError: the first option out of bounds, named.
@@ -51,8 +52,11 @@ def check_options(per_class: int, seed: int, steps: int, guidance: float) -> Non
     for flag, (value, low, high) in bounds.items():
         if not low <= value <= high:
             raise TitanError(f"{flag} must be in [{low}, {high}], got {value}")
-    if not 0 <= guidance < math.inf:
-        raise TitanError(f"--guidance must be a finite number >= 0, got {guidance}")
+    if not 0 <= guidance <= MAX_GUIDANCE:
+        raise TitanError(
+            f"--guidance must be a number in [0, {MAX_GUIDANCE:.7g}] (the float32 maximum), "
+            f"got {guidance}"
+        )
 
 
 def trained_classes(run_dir: Path, model: ModelConfig) -> int:
@@ -115,6 +119,11 @@ def sample_grid(
         steps=steps,
         guidance=guidance,
     )
+    if not np.isfinite(images).all():
+        raise TitanError(
+            f"{run_dir}: the samples of checkpoint {step} are not finite (its weights, or "
+            f"--guidance {guidance}, overflow): nothing written"
+        )
     return grid(images, columns=per_class), step
 
 
