@@ -37,6 +37,38 @@ def test_a_signal_stops_a_command_in_one_line_with_exit_4(signum, capsys, monkey
     assert signal.getsignal(signal.SIGTERM) is before  # the command's handlers are taken back
 
 
+class _SignalOnCollection:
+    """Sends SIGTERM to this process when collected: a signal handled inside a finalizer, as
+    one landing in JAX's garbage-collection callback is, where the stop cannot be raised."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_dropped_inside_a_finalizer_is_raised_again(capsys, monkeypatch):
+    def collected_then_working(args) -> int:
+        _SignalOnCollection()  # collected at once: its stop is dropped there
+        time.sleep(2)  # the command's work goes on: the stop must be raised again meanwhile
+        return 0  # a command that ended as if no signal had come
+
+    monkeypatch.setattr("titan.plan_commands.run", collected_then_working)
+    printed: list = []  # what would be printed as "Exception ignored in: ..."
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+    assert main(PLAN) == EXIT_STOPPED
+    assert capsys.readouterr().err == "titan plan: stopped by SIGTERM\n"
+    assert printed == []
+
+
+def test_a_signal_while_the_commands_are_imported_is_one_line_exit_4(capsys, monkeypatch):
+    def signalled_parser():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    monkeypatch.setattr("titan.cli.build_parser", signalled_parser)
+    assert main(PLAN) == EXIT_STOPPED
+    assert capsys.readouterr().err == "titan: stopped by SIGINT\n"
+
+
 def test_a_stop_waits_for_the_threads_writing_the_output_then_removes_it(tmp_path: Path):
     # orbax writes a checkpoint from its own threads, which a stop in the main thread does not
     # end: one that wrote on after the staging was removed left it behind

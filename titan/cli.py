@@ -5,11 +5,12 @@ own errors through :class:`Parser`, a :class:`titan.errors.TitanError` raised by
 and an operating-system error no command turned into one (a path that cannot be read or
 written), named by its path and the OS's reason.
 
-A stop signal (SIGINT, SIGTERM, SIGHUP) ends every command but ``train`` and ``launch`` (which
-handle their own: :mod:`titan.stopping`, :mod:`titan.launch.local`) with one line and
-:data:`~titan.exit_codes.EXIT_STOPPED`: a :class:`~titan.stopping.StopFlag` raises
-:class:`~titan.stopping.StopRequested` at the first signal, the command's clean-up runs (a
-second signal does not cut it short), and whatever it was writing is removed.
+A stop signal (SIGINT, SIGTERM, SIGHUP) ends a command with one line and
+:data:`~titan.exit_codes.EXIT_STOPPED`: a :class:`~titan.stopping.StopFlag`, installed before
+the parser imports the commands, raises :class:`~titan.stopping.StopRequested` at the first
+signal, the command's clean-up runs (a second signal does not cut it short), and whatever it
+was writing is removed. ``train`` and ``launch`` install their own handlers on top while they
+run (:mod:`titan.stopping`, :mod:`titan.launch.local`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from titan.exit_codes import EXIT_STOPPED, EXIT_USAGE
 from titan.inert import inert
 from titan.stopping import StopFlag, StopRequested
 
-# The commands that handle the stop signals themselves (the others: main's StopFlag).
-OWN_SIGNALS = frozenset({"train", "launch"})
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe
 # Each module defines add_parser(subparsers), which sets ``run`` (args -> exit code) as the
 # subparser's default. Modules must import quickly: no JAX at import time.
@@ -70,15 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``titan`` console script. Returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    stop = _stop_flag(args.command)
+    stop = _stop_flag()
+    command = "titan"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"titan {args.command}"
         return args.run(args)
-    except StopRequested:
-        return _stopped(args.command, stop)
+    except StopRequested as err:
+        return _stopped(command, str(err))
     except TitanError as err:
         # The message may quote a record or a path: shown inert (no terminal escapes).
-        print(f"titan {args.command}: error: {inert(err)}", file=sys.stderr)
+        print(f"{command}: error: {inert(err)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         # The reader of the output went away (``| head``): stop quietly, as Unix tools do. The
@@ -86,27 +87,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except OSError as err:
-        print(f"titan {args.command}: error: {inert(os_error_line(err))}", file=sys.stderr)
+        print(f"{command}: error: {inert(os_error_line(err))}", file=sys.stderr)
         return EXIT_USAGE
     except Exception:
         if stop.requested:  # a native library turned the stop into an error of its own
-            return _stopped(args.command, stop)
+            return _stopped(command, stop.signal_name)
         raise
     finally:
         stop.uninstall()
 
 
-def _stopped(command: str, stop: StopFlag) -> int:
+def _stopped(command: str, signal_name: str) -> int:
     """Say in one line that a signal stopped ``command``; returns :data:`EXIT_STOPPED`."""
-    print(f"titan {command}: stopped by {stop.signal_name}", file=sys.stderr, flush=True)
+    print(f"{command}: stopped by {signal_name or 'a signal'}", file=sys.stderr, flush=True)
     return EXIT_STOPPED
 
 
-def _stop_flag(command: str) -> StopFlag:
-    """The stop flag of ``command``, installed unless the command handles the signals itself
-    (:data:`OWN_SIGNALS`) or runs outside the main thread (where Python sets no handler)."""
+def _stop_flag() -> StopFlag:
+    """The command's stop flag, installed unless this runs outside the main thread (where
+    Python sets no handler)."""
     stop = StopFlag()
-    if command not in OWN_SIGNALS and threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():
         stop.install()
     return stop
 

@@ -21,12 +21,14 @@ the others.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import dataclasses
 import functools
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +66,7 @@ class StopFlag:
     signal_name: str = ""
     phase: str = "starting"
     running: bool = False
+    _raised: bool = False
     _previous: dict = dataclasses.field(default_factory=dict)
     _terminal_fds: list = dataclasses.field(default_factory=list)
 
@@ -79,12 +82,33 @@ class StopFlag:
             previous = signal.signal(sig, self._handle)
             if first:
                 self._previous[sig] = previous
+        if self not in _INSTALLED:
+            _INSTALLED.append(self)
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before :meth:`install`."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
+
+    def redeliver(self) -> None:
+        """The :class:`StopRequested` of a signal was raised where Python could not pass it on
+        (inside a garbage-collection callback, such as JAX's, or a finalizer) and was dropped:
+        raise it again from the main thread's next bytecode, after :data:`REDELIVER_S`, once
+        the callback is over, by the same signal simulated there
+        (:func:`_thread.interrupt_main`). A command without phase checks would otherwise run
+        to its end."""
+        self._raised = False
+        signum = signal.Signals[self.signal_name]
+        timer = threading.Timer(REDELIVER_S, self._interrupt, (signum,))
+        timer.daemon = True
+        timer.start()
+
+    def _interrupt(self, signum: signal.Signals) -> None:
+        if self in _INSTALLED and not self._raised and not self.running:
+            _thread.interrupt_main(signum)
 
     def start(self) -> None:
         """The run is starting (``run_start`` comes next): a signal now stops it after a step.
@@ -99,6 +123,7 @@ class StopFlag:
     def check(self) -> None:
         """Raises StopRequested if a signal arrived during start-up."""
         if self.requested and not self.running:
+            self._raised = True  # a stop dropped before is not raised again in the clean-up
             raise StopRequested(self.signal_name)
 
     @contextlib.contextmanager
@@ -122,22 +147,30 @@ class StopFlag:
         report()  # the native call reported nothing (a cached tokenizer or token file)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        first = not self.requested
         self.requested = True
         self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGHUP:
             _detach_from_terminal(self._terminal_fds)
-        if first and not self.running:
-            raise StopRequested(self.signal_name)  # once: a second signal lets clean-up finish
+        if not self._raised and not self.running:
+            self._raised = True  # once: a second signal lets clean-up finish
+            raise StopRequested(self.signal_name)
+
+
+# The stop flags whose handlers are installed, newest last (the one a dropped stop belongs to).
+_INSTALLED: list[StopFlag] = []
+# Seconds between a dropped stop and its second raise: a garbage-collection pass is over by then.
+REDELIVER_S = 0.01
 
 
 def _drop_unraisable_stop(unraisable: Any, previous: Callable[[Any], None]) -> None:
     """``sys.unraisablehook``: a :class:`StopRequested` raised where Python cannot pass it on
     (a signal handled inside a garbage-collection callback or a finalizer, such as JAX's) is
-    dropped, not printed as a traceback: the flag holds the signal, and the next phase check
-    raises it again. Everything else is passed on."""
+    not printed as a traceback: the installed flag raises it again (:meth:`StopFlag.redeliver`;
+    ``titan train``'s next phase check would too). Everything else is passed on."""
     if not isinstance(unraisable.exc_value, StopRequested):
         previous(unraisable)
+    elif _INSTALLED:
+        _INSTALLED[-1].redeliver()
 
 
 def _quiet_unraisable_stops() -> None:
