@@ -13,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from titan.analysis import plots
 from titan.cli import main
 from titan.exit_codes import EXIT_STOPPED
 from titan.stopping import StopRequested
+from titan.telemetry import sinks
 from titan.trainer.hf_checkpoints import _staged
 
+SAMPLE_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "tiny-20261129-185806-39fc"
 PLAN = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]
 
 
@@ -98,3 +101,39 @@ def test_the_stagings_of_a_killed_process_are_removed_by_the_next(tmp_path: Path
     with _staged(tmp_path / "out", "--out") as staging:
         (staging / "config.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp1", live.name, "out"]
+
+
+def _stopped_after(function):
+    """``function``, which sends SIGINT to this process once it has done its work."""
+
+    def stopped(*args, **kwargs):
+        done = function(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the handler raises at once
+        return done
+
+    return stopped
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_report_stopped_after_its_first_figure_leaves_no_report(
+    tmp_path, capsys, monkeypatch, existing
+):
+    out = tmp_path / "report"
+    if existing:  # a folder of the user's: only what the report added goes
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    monkeypatch.setattr(plots, "plot_loss", _stopped_after(plots.plot_loss))
+    assert main(["report", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
+    assert capsys.readouterr().err.endswith("titan report: stopped by SIGINT\n")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == (
+        ["notes.txt", "report"] if existing else []
+    )
+
+
+def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sinks, "tracked", _stopped_after(lambda rows, what: rows))
+    out = tmp_path / "tb"
+    assert main(["export", "tensorboard", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
+    assert capsys.readouterr().err.endswith("titan export: stopped by SIGINT\n")
+    assert list(tmp_path.iterdir()) == []

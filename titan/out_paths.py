@@ -6,8 +6,12 @@ permission bits: a probe file is made and removed in the nearest existing direct
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +147,31 @@ def make_dir(path: Path, out: Path, flag: str = "--out") -> None:
         path.mkdir(parents=True)
     except OSError as err:
         raise TitanError(f"{flag} {out}: cannot create it ({err.strerror})") from None
+
+
+@contextmanager
+def removed_on_failure(directory: Path) -> Iterator[None]:
+    """The block writes into ``directory``; when it fails (a stop signal among the failures),
+    what it added is removed: the directory itself when the block made it, else the entries
+    that were not there before (an entry it replaced in place stays)."""
+    created = not directory.exists()
+    before = set() if created else _entries(directory)
+    try:
+        yield
+    except BaseException:
+        added = [directory] if created else _entries(directory) - before
+        for path in added:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):  # never made (its parent is a file, say)
+                    path.unlink()
+        raise
+
+
+def _entries(directory: Path) -> set[Path]:
+    """The entries of ``directory``; none when it cannot be listed."""
+    try:
+        return set(directory.iterdir())
+    except OSError:
+        return set()

@@ -38,6 +38,7 @@ from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration, format_flops_rate, format_number
 from titan.inert import inert, markdown_text
+from titan.out_paths import removed_on_failure
 from titan.progress_bar import progress_bar
 from titan.telemetry.events import Eval, Event, Profile, RunStart, Step, parse_events
 from titan.telemetry.records import EVENTS_FILE, run_record_tail
@@ -397,60 +398,61 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     summary = summarize_run_dir(run_dir)
     starts = [e for e in events if isinstance(e, RunStart)]
     last = starts[-1]
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise TitanError(f"--out {out}: cannot create it ({err.strerror})") from None
-    for name in FIGURES:
-        (out / name).unlink(missing_ok=True)
-    skipped = f"{bad_lines} line(s) that are not events skipped" + (
-        f", a torn last line ({torn} bytes) ignored" if torn else ""
-    )
-    lines = [
-        f"# Run report: {markdown_text(summary.run_id)}",
-        "",
-        f"From {markdown_text(run_dir / EVENTS_FILE)}: {len(events)} events, "
-        f"{len(starts)} attempt(s), {skipped}.",
-        "",
-        "## Summary",
-        "",
-        *_table(("field", "value"), summary_rows(summary, last.total_steps)),
-        "## Attempts",
-        "",
-        *_table(
-            ("attempt", "started (UTC)", "start step", "last step", "status", "compile (s)"),
-            _attempt_rows(events, summary.status),
-        ),
-        *_figures(out, events, summary),
-        *_eval_lines(events),
-        *_sample_lines(run_dir, out, last),
-        *_profile_lines(run_dir, out, events),
-        "## Configuration",
-        "",
-        *_table(("option", "value"), list(_flatten(last.config or {}))),
-        *_changes(starts, "config", "Changed on resume"),
-        "## Model and layout",
-        "",
-        *_table(
-            ("", "value"),
-            [
-                ("parameters", format_number(last.param_count, ",.0f")),
-                *_flatten({"model": last.model or {}, "layout": last.layout or {}}),
-                ("compute dtype", last.compute_dtype),
-                *_flatten({"ops": last.ops or {}, "tokenizer": last.tokenizer or {}}),
-                *_flatten({"data": last.data or {}}),
-            ],
-        ),
-        "## Environment",
-        "",
-        "Of the last attempt's `run_start`.",
-        "",
-        *_table(("field", "value"), list(_flatten(last.env or {}))),
-        *_changes(starts, "env", "Changed between attempts"),
-    ]
-    path = out / REPORT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    # Every line goes out inert: record strings never carry a terminal escape into a viewer.
-    tmp.write_text("\n".join(map(inert, lines)).rstrip() + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    with removed_on_failure(out):  # a stop or a failure leaves no report half-written
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise TitanError(f"--out {out}: cannot create it ({err.strerror})") from None
+        for name in FIGURES:
+            (out / name).unlink(missing_ok=True)
+        skipped = f"{bad_lines} line(s) that are not events skipped" + (
+            f", a torn last line ({torn} bytes) ignored" if torn else ""
+        )
+        lines = [
+            f"# Run report: {markdown_text(summary.run_id)}",
+            "",
+            f"From {markdown_text(run_dir / EVENTS_FILE)}: {len(events)} events, "
+            f"{len(starts)} attempt(s), {skipped}.",
+            "",
+            "## Summary",
+            "",
+            *_table(("field", "value"), summary_rows(summary, last.total_steps)),
+            "## Attempts",
+            "",
+            *_table(
+                ("attempt", "started (UTC)", "start step", "last step", "status", "compile (s)"),
+                _attempt_rows(events, summary.status),
+            ),
+            *_figures(out, events, summary),
+            *_eval_lines(events),
+            *_sample_lines(run_dir, out, last),
+            *_profile_lines(run_dir, out, events),
+            "## Configuration",
+            "",
+            *_table(("option", "value"), list(_flatten(last.config or {}))),
+            *_changes(starts, "config", "Changed on resume"),
+            "## Model and layout",
+            "",
+            *_table(
+                ("", "value"),
+                [
+                    ("parameters", format_number(last.param_count, ",.0f")),
+                    *_flatten({"model": last.model or {}, "layout": last.layout or {}}),
+                    ("compute dtype", last.compute_dtype),
+                    *_flatten({"ops": last.ops or {}, "tokenizer": last.tokenizer or {}}),
+                    *_flatten({"data": last.data or {}}),
+                ],
+            ),
+            "## Environment",
+            "",
+            "Of the last attempt's `run_start`.",
+            "",
+            *_table(("field", "value"), list(_flatten(last.env or {}))),
+            *_changes(starts, "env", "Changed between attempts"),
+        ]
+        path = out / REPORT_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        # Every line goes out inert: record strings never carry a terminal escape into a viewer.
+        tmp.write_text("\n".join(map(inert, lines)).rstrip() + "\n", encoding="utf-8")
+        os.replace(tmp, path)
     return path

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.errors import TitanError
-from titan.out_paths import check_dir, check_file, check_outside_run
+from titan.out_paths import check_dir, check_file, check_outside_run, removed_on_failure
 from titan.progress_bar import progress_bar, tracked
 from titan.telemetry.records import EVENTS_FILE, EventTail, run_record_tail
 
@@ -124,23 +124,25 @@ def _tensorboard_writer(out: Path, suffix: str) -> Any:
 
 def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
     """TensorBoard event files of ``rows`` in ``out`` (replacing an earlier export's file there);
-    returns ``out``.
+    returns ``out``. A write that fails or is stopped leaves no file of its own (nor ``out``,
+    when it made it).
 
     Raises:
         TitanError: ``out`` is not a directory or cannot be written
             (:func:`titan.out_paths.check_dir`).
     """
     check_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob(f"events.out.tfevents.*{EXPORT_SUFFIX}"):
-        old.unlink()
-    writer = _tensorboard_writer(out, EXPORT_SUFFIX)
-    try:
-        for row in tracked(rows, "writing TensorBoard events: steps"):
-            for tag, value in row.values.items():
-                writer.add_scalar(tag, value, global_step=row.step, walltime=row.time)
-    finally:
-        writer.close()
+    with removed_on_failure(out):
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob(f"events.out.tfevents.*{EXPORT_SUFFIX}"):
+            old.unlink()
+        writer = _tensorboard_writer(out, EXPORT_SUFFIX)
+        try:
+            for row in tracked(rows, "writing TensorBoard events: steps"):
+                for tag, value in row.values.items():
+                    writer.add_scalar(tag, value, global_step=row.step, walltime=row.time)
+        finally:
+            writer.close()
     return out
 
 
