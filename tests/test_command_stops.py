@@ -137,3 +137,24 @@ def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(tmp_path, caps
     assert main(["export", "tensorboard", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
     assert capsys.readouterr().err.endswith("titan export: stopped by SIGINT\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_titan_script_ends_a_stopped_command_without_the_interpreters_shutdown():
+    # the shutdown met XLA's threads still compiling or running a step: SIGSEGV after the line
+    script = """
+import atexit, os, signal, sys, time
+import titan.plan_commands
+from titan.cli import entry
+atexit.register(lambda: print("shut down", flush=True))
+def signalled(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+titan.plan_commands.outcome = signalled
+sys.argv = ["titan", *sys.argv[1:]]
+entry()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *PLAN], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (EXIT_STOPPED, "")  # no atexit: no shutdown
+    assert done.stderr == "titan plan: stopped by SIGTERM\n"
