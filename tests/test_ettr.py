@@ -292,6 +292,7 @@ def test_a_clock_within_its_slack_is_believed():
     g = analyze(events)
     assert g.attempts[0].other_s < 0 and g.clock_believed
     assert g.ettr == pytest.approx(g.productive_s / g.available_s)
+    assert g.badput_s["other"] == 0.0  # never a negative badput
 
 
 def test_an_unreadable_duration_leaves_ettr_unknown_not_zero():

@@ -42,7 +42,8 @@ checkpoint save and restore, progress wasted by a disruption)):
                              the trainer keeps it out of every step's time)
         lost_progress      = compute time of steps that did not survive
         other              = available_s - everything above (shutdown, logging, the time after
-                             the last step of a crashed attempt)
+                             the last step of a crashed attempt), per attempt; 0 where the
+                             durations exceed the wall time within the clocks' slack
 
 Assumptions, stated because the records cannot show otherwise:
 
@@ -227,7 +228,9 @@ class Goodput:
 
     @property
     def badput_s(self) -> dict[str, float]:
-        """Seconds per badput kind (:data:`BADPUT_KINDS`), summed over attempts."""
+        """Seconds per badput kind (:data:`BADPUT_KINDS`), summed over attempts; an attempt's
+        ``other`` is at least 0 (its durations may exceed its wall time within the clocks'
+        slack, :attr:`Attempt.clock_believed`: no badput is negative)."""
         per_attempt = {
             "initialization": lambda a: a.init_s,
             "compilation": lambda a: a.compile_s,
@@ -236,7 +239,7 @@ class Goodput:
             "checkpoint_restore": lambda a: a.restore_s,
             "eval": lambda a: a.eval_s,
             "lost_progress": lambda a: a.lost_s,
-            "other": lambda a: a.other_s,
+            "other": lambda a: max(a.other_s, 0.0),
         }
         return {kind: sum(get(a) for a in self.attempts) for kind, get in per_attempt.items()}
 
