@@ -254,7 +254,24 @@ def test_a_cache_record_of_an_older_titan_without_a_digest_gets_one_from_its_fil
     again = token_stream(small_corpus, tokenizer)
     assert again.digest == whole.digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert path.stat().st_mtime_ns == before and capsys.readouterr().err == ""  # not re-made
-    assert json.loads(record.read_text()) == {**older, "digest": whole.digest}
+    assert json.loads(record.read_text()) == {**older, "digest": whole.digest, "mtime_ns": before}
+
+
+def test_a_cached_token_file_written_over_with_as_many_bytes_is_tokenized_again(
+    tokenizer, small_corpus, cache, capsys
+):
+    whole = token_stream(small_corpus, tokenizer)
+    expected = np.array(whole.tokens)
+    (path,) = cache.glob("*.u32")
+    written = path.stat().st_mtime_ns
+    with open(path, "r+b") as out:  # the same size, other bytes, later
+        out.write(b"\xff" * 64)
+    os.utime(path, ns=(written + 10**9, written + 10**9))  # past the clock's granularity
+    again = token_stream(small_corpus, tokenizer)
+    assert "changed since it was written" in capsys.readouterr().err
+    assert again.digest == whole.digest and np.array_equal(np.array(again.tokens), expected)
+    token_stream(small_corpus, tokenizer)
+    assert capsys.readouterr().err == ""  # its record stamped again: reused as it is
 
 
 def test_hidden_directories_are_left_out_links_followed_and_each_file_read_once(tmp_path):

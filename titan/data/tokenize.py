@@ -394,6 +394,7 @@ def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> N
         "documents": commit.documents,
         "dropped": dropped,
         "digest": digest,
+        "mtime_ns": paths.partial.stat().st_mtime_ns,  # kept by the rename below
     }
     _write_json(paths.counts, record)
     os.replace(paths.partial, paths.tokens)
@@ -402,8 +403,10 @@ def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> N
 
 def _cached(paths: _Paths) -> TokenStream | str:
     """The finished token file with its record's counts, or why it cannot be used: its
-    record is unreadable or lacks a field, or the file's size is not 4 bytes per token of the
-    record (a file cut short or appended to)."""
+    record is unreadable or lacks a field, the file's size is not 4 bytes per token of the
+    record (a file cut short or appended to), or the file was written to after its record
+    (its modification time is not the recorded ``mtime_ns``) and its sha256 is no longer the
+    recorded digest."""
     where = f"token cache {paths.counts}"
     try:
         record = read_json(paths.counts, "token cache")
@@ -413,7 +416,8 @@ def _cached(paths: _Paths) -> TokenStream | str:
         documents = json_field(record, "documents", int, where)
         dropped = json_field(record, "dropped", dict, where)
         digest = json_field(record, "digest", str, where) if "digest" in record else None
-        size = paths.tokens.stat().st_size
+        stat = paths.tokens.stat()
+        size, mtime_ns = stat.st_size, stat.st_mtime_ns
     except TitanError as err:
         return str(err)
     except OSError as err:
@@ -425,10 +429,15 @@ def _cached(paths: _Paths) -> TokenStream | str:
             f"token cache {paths.tokens}: {size:,} bytes, but its record says {tokens:,} tokens "
             f"({4 * tokens:,} bytes)"
         )
-    if digest is None:  # an older titan's record: the digest of the file it holds, kept
-        digest = _file_digest(paths.tokens)
+    if digest is None or record.get("mtime_ns") != mtime_ns:
+        # an older titan's record, or a file written to since (same size, other bytes): the
+        # digest of the file it holds, kept with its time when it is the recorded one
+        held = _file_digest(paths.tokens)
+        if digest is not None and held != digest:
+            return f"token cache {paths.tokens}: changed since it was written (sha256 {held[:12]})"
+        digest = held
         with contextlib.suppress(OSError):  # a read-only cache: computed again next time
-            _write_json(paths.counts, {**record, "digest": digest})
+            _write_json(paths.counts, {**record, "digest": digest, "mtime_ns": mtime_ns})
     tokens_array = np.memmap(paths.tokens, dtype=np.uint32, mode="r")
     return TokenStream(tokens_array, documents, dropped, digest)
 
@@ -476,8 +485,8 @@ def token_stream(
         workers: worker processes that encode chunks (0: the calling process).
         chunk_chars: characters per chunk (tests make it small).
 
-    A cached file that does not match its record (:func:`_cached`: cut short, appended to, its
-    record unreadable) is discarded, with one line on stderr, and tokenized again.
+    A cached file that does not match its record (:func:`_cached`: cut short, appended to,
+    written over, its record unreadable) is discarded, with one line on stderr, and tokenized again.
 
     Raises:
         EmptyCorpus: the corpus has no non-empty document (the message counts the drops).
