@@ -11,7 +11,7 @@ import pytest
 from helpers import events, run_in_process, start_subprocess, wait_for_event
 from PIL import Image
 
-from titan.analysis.report import write_report
+from titan.analysis.report import summary_rows, write_report
 from titan.analysis.summarize import summarize_run_dir
 from titan.cli import main
 from titan.trainer import sampling
@@ -144,6 +144,10 @@ def test_summaries_read_a_diffusion_run(trained):
     summary = summarize_run_dir(trained)
     assert (summary.status, summary.steps) == ("completed", STEPS)
     assert summary.final_loss == pytest.approx(_losses(trained)[-1])
+    rates = sorted(e["images_per_s"] for e in events(trained, "step"))
+    assert summary.median_images_per_s == pytest.approx(float(np.median(rates)))
+    rows = dict(summary_rows(summary, STEPS))
+    assert rows["median images/s"] == f"{summary.median_images_per_s:,.1f}"
 
 
 def test_killed_diffusion_run_resumes_exactly(tmp_path):

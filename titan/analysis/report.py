@@ -178,6 +178,11 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
         ("tokens", format_number(s.tokens, ",")),
         ("wall time (first run_start to last event)", format_duration(s.wall_s)),
         ("median tokens/s", format_number(s.median_tokens_per_s, ",.0f")),
+        *(
+            [("median images/s", format_number(s.median_images_per_s, ",.1f"))]
+            if s.median_images_per_s is not None
+            else []
+        ),
         ("median MFU", mfu),
         ("energy (J)", energy),
         ("tokens/J", format_number(s.tokens_per_j, ",.2f", "unavailable")),

@@ -54,7 +54,8 @@ Summary fields: ``steps``, ``tokens`` and ``best_loss`` count the steps that sur
 step number's newest ``step`` event, up to the step of the newest ``step`` event (a step that a
 resume from an earlier checkpoint threw away, and did not redo yet, is not counted);
 ``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
-included); ``median_tokens_per_s`` and ``median_mfu`` are medians over step events (MFU under
+included); ``median_tokens_per_s``, ``median_images_per_s`` (None unless the rows are images) and
+``median_mfu`` are medians over step events (MFU under
 :data:`titan.telemetry.events.MFU_CONVENTION`, ``causal``);
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
@@ -125,7 +126,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 10
+DB_VERSION = 11
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # A run's summary is computed from all its events: about 16 ns per byte of record (2.9 s for a
@@ -262,7 +263,7 @@ _START_STEP = (
 # newest step event's step, or at the newest run_start's start step when that came after it (a
 # resume that has not stepped yet).
 _SUMMARY_FACTS = f"""SELECT run_id, steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt,
-    best_eval, mfu, peak_memory, final, last_start, last_end, last_type,
+    best_eval, mfu, peak_memory, ips, final, last_start, last_end, last_type,
     first_start->>'$.config.preset', first_start->>'$.config.layout',
     {_json_number("first_start->'$.config.pp'", "BIGINT")},
     {_json_number("first_start->'$.layout.devices'", "BIGINT")}
@@ -285,6 +286,7 @@ LEFT JOIN (SELECT run_id,
     median({_json_number(f"json_extract(mfu, '$.{MFU_CONVENTION}')")})
         FILTER (type = 'step' AND mfu IS NOT NULL) AS mfu,
     max({_json_number("payload->'$.peak_memory_bytes'")}) FILTER (type = 'step') AS peak_memory,
+    median({_json_number("payload->'$.images_per_s'")}) FILTER (type = 'step') AS ips,
     arg_max(payload, seq) FILTER (type = 'run_start') AS last_start,
     arg_max(payload, seq) FILTER (type IN ('run_start', 'run_end')) AS last_end,
     arg_max(type, seq) AS last_type,
@@ -325,6 +327,8 @@ class RunSummary:
     compiled_memory_bytes: float | None = None
     memory_estimate_bytes: float | None = None
     best_eval_loss: float | None = None  # the lowest finite loss of the run's eval events
+    # images per second (median of step events' images_per_s): a run whose rows are images
+    median_images_per_s: float | None = None
     error: str | None = None  # the last attempt's run_end error (``Type: message``), verbatim
 
     def as_dict(self) -> dict[str, Any]:
@@ -889,8 +893,8 @@ def compute_summaries(
     order = {run_id: i for i, run_id in enumerate(run_ids)}
     for row in sorted(rows, key=lambda r: order[r[0]]):
         run_id, path_bad = row[0], files.get(row[0], (None, 0))
-        summary = _summary(run_id, row[1:17], events.get(run_id, []), path_bad, now)
-        result.append((summary, (row[3], *row[17:])))
+        summary = _summary(run_id, row[1:18], events.get(run_id, []), path_bad, now)
+        result.append((summary, (row[3], *row[18:])))
     return result
 
 
@@ -903,10 +907,10 @@ def _summary(
 ) -> RunSummary:
     """One run's summary from its row of :data:`_SUMMARY_FACTS` (after the run id), its
     accounting events and its ``files`` path and bad lines."""
-    (steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt, best_eval, mfu, peak) = facts[
-        :12
-    ]
-    final, start, end = (_payload_event(p) for p in facts[12:15])
+    (steps, tokens, t0, t1, tps, best, energy, energy_tokens, jpt, best_eval, mfu, peak, ips) = (
+        facts[:13]
+    )
+    final, start, end = (_payload_event(p) for p in facts[13:16])
     energy, tps, jpt = _optional(energy), _optional(tps), _optional(jpt)  # a sum may overflow
     if energy_tokens and energy:
         tokens_per_j = energy_tokens / energy
@@ -914,7 +918,7 @@ def _summary(
         tokens_per_j = 1 / jpt
     else:
         tokens_per_j = None
-    judged = _liveness(run_id, path_bad[0], start, end, t1, facts[15] == Stall.type)
+    judged = _liveness(run_id, path_bad[0], start, end, t1, facts[16] == Stall.type)
     goodput = ettr.analyze(events, now=ettr_now(judged.state, now))
     power = (start.power if isinstance(start, RunStart) else None) or {}
     programs = [e.run_program_bytes for e in events if isinstance(e, Compile)]
@@ -929,6 +933,7 @@ def _summary(
         tokens=tokens,
         wall_s=(t1 - t0) if t0 is not None and t1 is not None else None,
         median_tokens_per_s=tps,
+        median_images_per_s=_optional(ips),
         median_mfu=_optional(mfu),
         mfu_convention=MFU_CONVENTION if _optional(mfu) is not None else None,
         mfu_reason=None if mfu is not None or not isinstance(final, Step) else final.mfu_reason,
