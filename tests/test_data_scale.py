@@ -137,6 +137,9 @@ class _Counting:
         self.encoded += len(texts)
         return self.inner.encode_documents(texts, threads)
 
+    def spans(self, text, piece_chars):
+        return self.inner.spans(text, piece_chars)
+
 
 def _shards(root: Path, files: int, docs: int) -> Path:
     root.mkdir()
@@ -175,6 +178,55 @@ def test_interrupted_tokenization_resumes_where_it_committed(tokenizer, tmp_path
     # the digest of the token bytes, the committed ones read back on resume
     assert resumed.digest == whole.digest == hashlib.sha256(whole.tokens.tobytes()).hexdigest()
     assert not list((tmp_path / "cache" / "tokens").glob("*.partial"))
+
+
+def _one_document(corpus_dir: Path, path: Path) -> str:
+    """A plain text file (one document) of the test corpus's modules, about 0.9 MB."""
+    text = "\n".join(f.read_text() for f in sorted(corpus_dir.iterdir()))
+    path.write_text(text)
+    return text
+
+
+def test_a_document_longer_than_a_chunk_is_chunked_with_the_ids_of_one_encoding(
+    tokenizer, corpus_dir, tmp_path, monkeypatch
+):
+    text = _one_document(corpus_dir, tmp_path / "one.txt")
+    corpus = open_corpus(str(tmp_path / "one.txt"))
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "whole"))
+    whole = token_stream(corpus, tokenizer)  # one chunk
+    assert np.array_equal(whole.tokens, tokenizer.encode_documents([text])[0])
+    monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cut"))
+    reports: list = []
+    cut = token_stream(corpus, tokenizer, reports.append, workers=2, chunk_chars=40_000)
+    assert cut.tokens.tobytes() == whole.tokens.tobytes() and cut.documents == 1
+    done = [r.bytes_done for r in reports]
+    assert len(done) >= len(text) // 40_000 and done == sorted(done)
+    assert done[-1] == reports[-1].bytes_total
+    assert 0 < done[len(done) // 2] < done[-1]  # progress inside the one document
+
+
+def test_a_tokenization_stopped_inside_a_long_document_resumes_inside_it(
+    tokenizer, corpus_dir, tmp_path, monkeypatch
+):
+    text = _one_document(corpus_dir, tmp_path / "one.txt")
+    corpus = open_corpus(str(tmp_path / "one.txt"))
+    reports: list = []
+
+    def stop_after_three(progress) -> None:
+        reports.append(progress)
+        if len(reports) == 3:
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        token_stream(corpus, tokenizer, stop_after_three, chunk_chars=40_000)
+    partial = next((Path(os.environ["TITAN_CACHE"]) / "tokens").glob("*.partial"))
+    commit = json.loads(partial.with_name(partial.stem + ".commit.json").read_text())
+    assert commit["documents"] == 0 and 80_000 < commit["document_chars"] < len(text)
+    counting = _Counting(tokenizer)
+    resumed = token_stream(corpus, counting, chunk_chars=40_000)
+    assert np.array_equal(resumed.tokens, tokenizer.encode_documents([text])[0])
+    assert resumed.documents == 1 and counting.encoded < len(text) // 40_000  # not from 0
+    assert resumed.digest == hashlib.sha256(resumed.tokens.tobytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")

@@ -70,19 +70,27 @@ def _next_candidate(text: str, position: int) -> int | None:
     return None if found is None else found.start()
 
 
-def pieces(encode: Encode, text: str, piece_chars: int = LONG_DOCUMENT_CHARS) -> list[str]:
-    """``text`` cut into pieces of about ``piece_chars`` characters at :func:`exact_cut`\\ s
-    (one piece when it is no longer, or no cut passes)."""
-    cut_pieces: list[str] = []
+def spans(
+    encode: Encode, text: str, piece_chars: int = LONG_DOCUMENT_CHARS
+) -> list[tuple[int, int]]:
+    """``text`` cut into pieces of about ``piece_chars`` characters at :func:`exact_cut`\\ s,
+    as (start, end) character spans in order (one span when it is no longer, or no cut
+    passes): the pieces' ids, joined, are those of ``text``."""
+    cut_spans: list[tuple[int, int]] = []
     start, near = 0, piece_chars
     while len(text) - start > piece_chars and near < len(text):
         cut = exact_cut(encode, text, near)
         if cut is None:
             near += piece_chars  # this piece goes on to the next place to cut
             continue
-        cut_pieces.append(text[start : cut[0]])
+        cut_spans.append((start, cut[0]))
         start, near = cut[1], cut[1] + piece_chars
-    return [*cut_pieces, text[start:]]
+    return [*cut_spans, (start, len(text))]
+
+
+def pieces(encode: Encode, text: str, piece_chars: int = LONG_DOCUMENT_CHARS) -> list[str]:
+    """The texts of :func:`spans`."""
+    return [text[start:end] for start, end in spans(encode, text, piece_chars)]
 
 
 def encode_long(encode: Encode, text: str, piece_chars: int = LONG_DOCUMENT_CHARS) -> np.ndarray:

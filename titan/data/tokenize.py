@@ -1,7 +1,10 @@
 """Tokenizing a corpus into its cached token file: streamed, in worker processes, resumable.
 
 The calling process reads the corpus in order, one file open at a time, and cuts its documents
-into chunks of at most :data:`CHUNK_DOCS` documents or :data:`CHUNK_CHARS` characters. With
+into chunks of at most :data:`CHUNK_DOCS` documents or :data:`CHUNK_CHARS` characters; a
+document longer than a chunk (a plain text file is one document) is cut into chunks of its own,
+at cuts that leave its ids those of one encoding (:func:`titan.data.long_documents.spans`), BOS
+before the first and EOS after the last. With
 ``workers`` > 0 (``--data-workers``), the chunks are encoded by that many worker processes
 (:class:`concurrent.futures.ProcessPoolExecutor`, spawned: the trainer's JAX threads are never
 forked), at most ``2 x workers`` chunks in flight, and written in chunk order: the token file is
@@ -13,10 +16,11 @@ threads).
 
 Resuming: tokens are appended to ``<key>.partial``; after each chunk the file is flushed and
 fsynced and the commit ``<key>.commit.json`` (:class:`Commit`: tokens and documents written, the
-file being read, its documents done, the drop counts before it) replaces the previous one. A run
-that is stopped, killed or crashes leaves both; the next one truncates the partial file to the
-committed tokens, skips the files done, re-reads (without encoding) the documents done of the
-current one, and goes on. The finished file becomes ``<key>.u32``; its record ``<key>.json``
+file being read, its documents done, the characters done of a long document, the drop counts
+before it) replaces the previous one. A run that is stopped, killed or crashes leaves both; the
+next one truncates the partial file to the committed tokens, skips the files done, re-reads
+(without encoding) the documents done of the current one, and goes on (inside a long document,
+from its characters done). The finished file becomes ``<key>.u32``; its record ``<key>.json``
 (tokens, documents, drop counts, the sha256 of the token bytes, hashed as they are written
 and, after an interruption, read back once) is written and fsynced before the rename. A
 finished file whose size is not that of its record's tokens (cut short, appended to) or whose
@@ -106,7 +110,9 @@ class Commit:
         documents: documents encoded into them.
         file: index in :attr:`Corpus.files` of the file the last chunk ended in
             (``len(files)``: every file read).
-        file_documents: documents of that file the chunks hold.
+        file_documents: documents of that file the chunks hold whole.
+        document_chars: characters of the next document that the chunks hold (a document
+            longer than a chunk is cut into chunks of its own); 0 when none.
         dropped_before_file: drop counts by reason of the files before ``file``.
     """
 
@@ -114,6 +120,7 @@ class Commit:
     documents: int = 0
     file: int = 0
     file_documents: int = 0
+    document_chars: int = 0
     dropped_before_file: dict[str, int] = field(default_factory=dict)
 
 
@@ -177,9 +184,19 @@ class _Clock:
 
 @dataclass(frozen=True)
 class _Chunk:
+    """Texts encoded together: whole documents, or one piece of a long document (``opens``:
+    the piece begins its document, BOS before it; ``closes``: it ends it, EOS after it)."""
+
     texts: list[str]
     end: Commit  # tokens and documents left at 0: the writer counts them
     bytes_done: int
+    opens: bool = True
+    closes: bool = True
+
+    @property
+    def documents(self) -> int:
+        """Documents this chunk completes."""
+        return len(self.texts) - (0 if self.closes else 1)
 
 
 _WORKER_TOKENIZER: list[Tokenizer] = []
@@ -203,27 +220,50 @@ def _init_worker(model_proto: bytes) -> None:
     _WORKER_TOKENIZER.append(Tokenizer(model_proto))
 
 
-def _encode_in_worker(texts: list[str]) -> bytes:
-    return encode_chunk(_WORKER_TOKENIZER[0], texts, threads=1)
+def _encode_in_worker(texts: list[str], opens: bool, closes: bool) -> bytes:
+    return encode_chunk(_WORKER_TOKENIZER[0], texts, threads=1, opens=opens, closes=closes)
 
 
-def encode_chunk(tokenizer: Tokenizer, texts: list[str], threads: int = 0) -> bytes:
+def encode_chunk(
+    tokenizer: Tokenizer,
+    texts: list[str],
+    threads: int = 0,
+    opens: bool = True,
+    closes: bool = True,
+) -> bytes:
     """The chunk's documents as BOS ids EOS each, concatenated: uint32 bytes (native order).
 
     Args:
         threads: the tokenizer library's threads (0: one per core).
+        opens: the first text begins its document (False: the piece of a long document after
+            its first, without the BOS).
+        closes: the last text ends its document (False: without the EOS).
     """
     if not texts:
         return b""
-    arrays = tokenizer.encode_documents(texts, threads)
-    return np.concatenate(arrays).astype(np.uint32).tobytes()
+    ids = np.concatenate(tokenizer.encode_documents(texts, threads))
+    return ids[0 if opens else 1 : None if closes else -1].astype(np.uint32).tobytes()
 
 
-def _chunks(corpus: Documents, start: Commit, chunk_chars: int) -> Iterator[_Chunk]:
+def _encode(tokenizer: Tokenizer, chunk: _Chunk) -> bytes:
+    return encode_chunk(tokenizer, chunk.texts, opens=chunk.opens, closes=chunk.closes)
+
+
+def _chunks(
+    corpus: Documents,
+    start: Commit,
+    chunk_chars: int,
+    cut: Callable[[str], list[tuple[int, int]]],
+) -> Iterator[_Chunk]:
     """The corpus's documents from ``start`` on, in chunks; the last chunk (maybe empty) ends
-    at ``file == len(files)`` with the final drop counts."""
+    at ``file == len(files)`` with the final drop counts. A document longer than
+    ``chunk_chars`` is a run of chunks of its own, one per span ``cut`` gives (spans whose
+    ids, joined, are those of the whole text: :func:`titan.data.long_documents.spans`), so
+    that a plain text file (one document) is encoded in parallel, reports progress and
+    commits as any other corpus."""
     dropped: Counter[str] = Counter(start.dropped_before_file)
-    offsets = np.concatenate([[0], np.cumsum(corpus.file_sizes())]).tolist()
+    sizes = corpus.file_sizes()
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     texts: list[str] = []
     chars = 0
     for index in range(start.file, len(corpus.files)):
@@ -231,6 +271,15 @@ def _chunks(corpus: Documents, start: Commit, chunk_chars: int) -> Iterator[_Chu
         skip = start.file_documents if index == start.file else 0
         for number, document in enumerate(corpus.file_documents(index, dropped, position), 1):
             if number <= skip:
+                continue
+            done = start.document_chars if (index, number) == (start.file, skip + 1) else 0
+            if len(document) - done > chunk_chars:
+                if texts:
+                    end = Commit(file=index, file_documents=number - 1, dropped_before_file=before)
+                    yield _Chunk(texts, end, offsets[index] + position.bytes_read())
+                    texts, chars = [], 0
+                place = _Place(index, number, before, offsets[index], sizes[index], position)
+                yield from _document_chunks(document, done, cut(document[done:]), place)
                 continue
             texts.append(document)
             chars += len(document)
@@ -240,6 +289,39 @@ def _chunks(corpus: Documents, start: Commit, chunk_chars: int) -> Iterator[_Chu
                 texts, chars = [], 0
     end = Commit(file=len(corpus.files), dropped_before_file=dict(dropped))
     yield _Chunk(texts, end, offsets[-1])
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a long document stands: its file's index, its number in the file, the drops
+    before the file, the file's offset and size in the corpus's bytes, and how far it is read."""
+
+    file: int
+    number: int
+    dropped_before_file: dict[str, int]
+    offset: int
+    size: int
+    position: FilePosition
+
+
+def _document_chunks(
+    document: str, done: int, spans: list[tuple[int, int]], at: _Place
+) -> Iterator[_Chunk]:
+    """One chunk per span of ``document[done:]`` (its first ``done`` characters committed
+    before), each committing the characters up to the next span's start; a file read whole
+    (Parquet, text: no stream position) counts its bytes in proportion to those characters."""
+    for i, (begin, end) in enumerate(spans):
+        closes = i == len(spans) - 1
+        reached = len(document) if closes else done + spans[i + 1][0]
+        commit = Commit(
+            file=at.file,
+            file_documents=at.number if closes else at.number - 1,
+            document_chars=0 if closes else reached,
+            dropped_before_file=at.dropped_before_file,
+        )
+        read = at.position.bytes_read() or at.size * reached // len(document)
+        piece = document[done + begin : done + end]
+        yield _Chunk([piece], commit, at.offset + read, opens=i == 0 and done == 0, closes=closes)
 
 
 class _Encoder:
@@ -267,13 +349,14 @@ class _Encoder:
         second = next(chunks, None)
         if self.workers <= 0 or second is None or not second.texts:  # one chunk: no workers
             for chunk in (first, second) if second else (first,):
-                yield chunk, encode_chunk(self.tokenizer, chunk.texts)
-            yield from ((c, encode_chunk(self.tokenizer, c.texts)) for c in chunks)
+                yield chunk, _encode(self.tokenizer, chunk)
+            yield from ((c, _encode(self.tokenizer, c)) for c in chunks)
             return
         pool = self._start()
         pending: deque[tuple[_Chunk, Future[bytes]]] = deque()
         for chunk in itertools.chain((first, second), chunks):
-            pending.append((chunk, pool.submit(_encode_in_worker, chunk.texts)))
+            job = pool.submit(_encode_in_worker, chunk.texts, chunk.opens, chunk.closes)
+            pending.append((chunk, job))
             if len(pending) >= IN_FLIGHT_PER_WORKER * self.workers:
                 done, future = pending.popleft()
                 yield done, future.result()
@@ -353,14 +436,15 @@ def _tokenize(
             _hash_written(out, hasher)
         with open(paths.partial, "r+b") as out:
             out.seek(4 * commit.tokens)
-            for chunk, data in encoder.ordered(_chunks(corpus, commit, chunk_chars)):
+            chunks = _chunks(corpus, commit, chunk_chars, lambda t: tokenizer.spans(t, chunk_chars))
+            for chunk, data in encoder.ordered(chunks):
                 with naming(paths.partial):  # a write names no file (a full disk)
                     _append(out, data)
                 hasher.update(data)
                 commit = dataclasses.replace(
                     chunk.end,
                     tokens=commit.tokens + len(data) // 4,
-                    documents=commit.documents + len(chunk.texts),
+                    documents=commit.documents + chunk.documents,
                 )
                 _write_json(paths.commit, dataclasses.asdict(commit))
                 if progress:

@@ -60,7 +60,7 @@ import tokenizers as hf_tokenizers
 
 from titan.cpus import usable_cpus
 from titan.data.cache import cache_dir, naming, writable_dir
-from titan.data.long_documents import LONG_DOCUMENT_CHARS, encode_long
+from titan.data.long_documents import LONG_DOCUMENT_CHARS, encode_long, spans
 from titan.data.text import Documents
 from titan.errors import TitanError
 from titan.inert import inert
@@ -377,6 +377,11 @@ class Tokenizer:
             else encode_long(lambda pieces: self.backend.encode(pieces, 1), text)
             for text in texts
         ]
+
+    def spans(self, text: str, piece_chars: int) -> list[tuple[int, int]]:
+        """``text`` as (start, end) spans of about ``piece_chars`` characters whose ids, joined,
+        are those of ``text`` (:func:`titan.data.long_documents.spans`)."""
+        return spans(lambda texts: self.backend.encode(texts, 1), text, piece_chars)
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` decoded as one sequence (for chunks, :class:`StreamDecoder`)."""
