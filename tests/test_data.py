@@ -122,5 +122,5 @@ def test_event_records_are_standard_json_and_readers_skip_foreign_lines(tmp_path
 
 def test_empty_corpus_is_a_clear_error(tmp_path):
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
-    with pytest.raises(TitanError, match="no non-empty text document"):
+    with pytest.raises(TitanError, match=r"no non-empty document \(dropped: 1 nul_bytes\)$"):
         train_tokenizer(open_corpus(str(tmp_path)), 512)

@@ -188,8 +188,14 @@ def test_token_stream_carries_the_counts_also_when_cached(tmp_path):
 
 def test_corpus_of_only_dropped_records_names_the_reasons(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
-    with pytest.raises(TitanError, match=r"no non-empty document \(dropped: 2 non_text\)"):
+    line = (
+        r"no non-empty document \(dropped: 2 non_text\); non_text: records without a string "
+        r"'text' \(--text-field\)"
+    )
+    with pytest.raises(TitanError, match=line):
         token_stream(open_corpus(str(tmp_path / "a.jsonl")), _Encoder())
+    with pytest.raises(TitanError, match=line):  # before a tokenizer is trained on it
+        train_tokenizer(open_corpus(str(tmp_path / "a.jsonl")), 512)
 
 
 def test_split_line_keeps_every_character_and_respects_the_limit():

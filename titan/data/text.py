@@ -36,7 +36,7 @@ import re
 import sysconfig
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -55,6 +55,18 @@ field is missing, or holds no string), ``nul_bytes`` (a NUL byte: a binary file)
 (a ``.jsonl`` line that is not a JSON object, or whose text holds a lone surrogate escape such
 as ``"\\ud800"``: no Unicode text, so no tokenizer can encode it; strict parsers, I-JSON's
 RFC 7493, refuse the line)."""
+
+
+def no_documents(corpus: Documents, dropped: Mapping[str, int]) -> str:
+    """The line for a corpus without a non-empty document: its label, the records dropped by
+    reason (:data:`DROP_REASONS`) and, when records lack a text, the field they lack."""
+    summary = ", ".join(f"{n:,} {reason}" for reason, n in dropped.items() if n) or "none"
+    line = f"{corpus.label}: no non-empty document (dropped: {summary})"
+    if dropped.get("non_text"):
+        line += f"; non_text: records without a string {corpus.text_field!r} (--text-field)"
+    return line
+
+
 SURROGATE = re.compile(r"[\ud800-\udfff]")
 """A lone surrogate: what ``json.loads`` makes of a ``\\uD800``-``\\uDFFF`` escape that is
 not half of a pair."""

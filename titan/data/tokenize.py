@@ -59,7 +59,7 @@ from typing import IO, Any
 import numpy as np
 
 from titan.data.cache import cache_dir, naming, writable_dir
-from titan.data.text import DROP_REASONS, Documents, FilePosition
+from titan.data.text import DROP_REASONS, Documents, FilePosition, no_documents
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
 from titan.inert import inert
@@ -471,8 +471,7 @@ def _publish(corpus: Documents, paths: _Paths, commit: Commit, digest: str) -> N
     if commit.documents == 0:
         paths.partial.unlink(missing_ok=True)
         paths.commit.unlink(missing_ok=True)
-        summary = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"
-        raise EmptyCorpus(f"{corpus.label}: no non-empty document (dropped: {summary})")
+        raise EmptyCorpus(no_documents(corpus, dropped))
     record = {
         "tokens": commit.tokens,
         "documents": commit.documents,

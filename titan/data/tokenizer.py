@@ -48,6 +48,7 @@ import os
 import random
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,7 @@ import tokenizers as hf_tokenizers
 from titan.cpus import usable_cpus
 from titan.data.cache import cache_dir, naming, writable_dir
 from titan.data.long_documents import LONG_DOCUMENT_CHARS, encode_long, spans
-from titan.data.text import Documents
+from titan.data.text import Documents, no_documents
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.reading import read_json
@@ -824,7 +825,9 @@ def _sentences(document: str, max_bytes: int) -> tuple[list[str], int]:
     return sentences, size
 
 
-def training_sample(corpus: Documents, max_bytes: int = SAMPLE_BYTES) -> list[str]:
+def training_sample(
+    corpus: Documents, max_bytes: int = SAMPLE_BYTES, dropped: Counter[str] | None = None
+) -> list[str]:
     """The sentences the tokenizer trains on: a seeded random sample of the corpus's documents,
     streamed: it holds at most ``max_bytes`` UTF-8 bytes of sentences (twice that while one
     document is being placed), never the corpus.
@@ -836,13 +839,16 @@ def training_sample(corpus: Documents, max_bytes: int = SAMPLE_BYTES) -> list[st
     sketches"), kept with a heap; a document larger than the budget contributes its first
     sentences that fit.
 
+    Args:
+        dropped: counts the records that are not documents, by reason, when given.
+
     Returns:
         The sample's sentences, documents in corpus order.
     """
     rng = random.Random(SAMPLE_SEED)
     heap: list[tuple[float, int, list[str], int]] = []  # (-key, index, sentences, bytes)
     total, threshold = 0, float("inf")  # threshold: the smallest key ever evicted
-    for index, document in enumerate(corpus.documents()):
+    for index, document in enumerate(corpus.documents(dropped)):
         key = rng.random()
         if key >= threshold:
             continue
@@ -906,9 +912,10 @@ def train_tokenizer(
     if cached.is_file() and (tokenizer := _cached_tokenizer(cached)) is not None:
         return tokenizer
     writable_dir(cached.parent)  # before the training it would be written after
-    sample = training_sample(corpus)
+    dropped: Counter[str] = Counter()
+    sample = training_sample(corpus, dropped=dropped)
     if not sample:
-        raise TitanError(f"{corpus.label}: no non-empty text document")
+        raise TitanError(no_documents(corpus, dropped))
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
