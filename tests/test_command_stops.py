@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cli_args, small_run
 
 from titan.analysis import plots
 from titan.cli import main
@@ -139,22 +140,47 @@ def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_titan_script_ends_a_stopped_command_without_the_interpreters_shutdown():
-    # the shutdown met XLA's threads still compiling or running a step: SIGSEGV after the line
-    script = """
+_SCRIPT = """
 import atexit, os, signal, sys, time
-import titan.plan_commands
+import titan.plan_commands, titan.trainer.tokenize_command
 from titan.cli import entry
 atexit.register(lambda: print("shut down", flush=True))
 def signalled(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)
 titan.plan_commands.outcome = signalled
+titan.trainer.tokenize_command.token_stream = signalled
 sys.argv = ["titan", *sys.argv[1:]]
 entry()
 """
+
+
+@pytest.mark.parametrize("command", ["plan", "tokenize", "train"])
+def test_the_titan_script_ends_a_stopped_command_without_the_interpreters_shutdown(
+    command, corpus_dir, tmp_path
+):
+    # the shutdown met XLA's threads still compiling or running a step (SIGSEGV after the
+    # line), waited for tokenizer workers to finish the chunks handed to them (seconds) and
+    # for the coordination service's barrier (its errors printed after the line)
+    train = small_run(corpus_dir, tmp_path / "runs", steps=2, debug_signal_in="build")
+    argv, line = {
+        "train": (
+            ["train", *cli_args(train)],
+            "titan train: stopped by SIGINT while building the model, before the run started: "
+            "nothing recorded\n",
+        ),
+        "plan": (PLAN, "titan plan: stopped by SIGTERM\n"),
+        "tokenize": (
+            ["tokenize", "--data", str(corpus_dir), "--vocab-size", "512"],
+            "titan tokenize: interrupted; run it again to resume where it stopped\n",
+        ),
+    }[command]
     done = subprocess.run(
-        [sys.executable, "-c", script, *PLAN], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _SCRIPT, *argv], capture_output=True, text=True, timeout=300
     )
-    assert (done.returncode, done.stdout) == (EXIT_STOPPED, "")  # no atexit: no shutdown
-    assert done.stderr == "titan plan: stopped by SIGTERM\n"
+    # no atexit: no shutdown
+    assert (done.returncode, done.stdout.replace(PREPARING, "")) == (EXIT_STOPPED, "")
+    assert done.stderr == line
+
+
+PREPARING = "titan: preparing the tokenizer\n"  # tokenize's phase line (stdout, no terminal)

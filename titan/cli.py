@@ -28,10 +28,8 @@ from titan import installed_version
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STOPPED, EXIT_USAGE
 from titan.inert import inert
-from titan.stopping import StopFlag, StopRequested
+from titan.stopping import StopFlag, StopRequested, cut_short, mark_cut_short
 
-# Set once a signal cut a command short (:func:`entry` then ends the process at once).
-_CUT_SHORT = threading.Event()
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe
 # Each module defines add_parser(subparsers), which sets ``run`` (args -> exit code) as the
 # subparser's default. Modules must import quickly: no JAX at import time.
@@ -102,17 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _stopped(command: str, signal_name: str) -> int:
     """Say in one line that a signal stopped ``command``; returns :data:`EXIT_STOPPED`."""
     print(f"{command}: stopped by {signal_name or 'a signal'}", file=sys.stderr, flush=True)
-    _CUT_SHORT.set()
+    mark_cut_short()
     return EXIT_STOPPED
 
 
 def entry() -> NoReturn:
     """The ``titan`` console script: exits with :func:`main`'s code. A command that a signal
-    cut short (its clean-up done) ends at once, its output flushed, without the interpreter's
-    shutdown: that would meet XLA's threads still compiling or running a step, and crash the
-    process (SIGSEGV) after the stop line."""
+    cut short (its clean-up done: :func:`titan.stopping.mark_cut_short`) ends at once, its
+    output flushed, without the interpreter's shutdown."""
     code = main()
-    if _CUT_SHORT.is_set():
+    if cut_short():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -193,9 +193,26 @@ def _detach_from_terminal(fds: list[int]) -> None:
     os.close(devnull)
 
 
+_CUT_SHORT = threading.Event()
+
+
+def mark_cut_short() -> None:
+    """Say that a stop signal cut the command short, its clean-up done and its line printed:
+    the ``titan`` script (:func:`titan.cli.entry`) then ends the process at once. The
+    interpreter's shutdown would wait for work abandoned in other threads and processes
+    (tokenizer workers finishing their chunks, the coordination service's barrier) and meet
+    XLA's threads still compiling (a SIGSEGV after the line)."""
+    _CUT_SHORT.set()
+
+
+def cut_short() -> bool:
+    """Whether :func:`mark_cut_short` was called."""
+    return _CUT_SHORT.is_set()
+
+
 def stopped_at_start(stop: StopFlag, exit_zero_on_stop: bool, resumed: bool) -> int:
-    """Say in one line that a signal stopped start-up; returns the exit code
-    (:data:`EXIT_STOPPED`, 0 with ``--exit-zero-on-stop``)."""
+    """Say in one line that a signal stopped start-up (:func:`mark_cut_short`); returns the
+    exit code (:data:`EXIT_STOPPED`, 0 with ``--exit-zero-on-stop``)."""
     left = "the run's record is as it was" if resumed else "nothing recorded"
     print(
         f"titan train: stopped by {stop.signal_name or 'a signal'} while {stop.phase}, before "
@@ -203,4 +220,5 @@ def stopped_at_start(stop: StopFlag, exit_zero_on_stop: bool, resumed: bool) -> 
         file=sys.stderr,
         flush=True,
     )
+    mark_cut_short()
     return EXIT_OK if exit_zero_on_stop else EXIT_STOPPED

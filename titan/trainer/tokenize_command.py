@@ -22,7 +22,7 @@ from titan.data.tokenize import EmptyCorpus, token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
-from titan.stopping import StopRequested
+from titan.stopping import StopRequested, mark_cut_short
 from titan.trainer.progress import TrainProgress
 
 HELD_OUT = "held-out"  # the line of the held-out documents (--eval-data or --eval-split)
@@ -114,5 +114,6 @@ def run(args: argparse.Namespace) -> int:
             "titan tokenize: interrupted; run it again to resume where it stopped",
             file=sys.stderr,
         )
+        mark_cut_short()  # the workers' chunks in flight are not waited for
         return EXIT_STOPPED
     return EXIT_OK
