@@ -285,12 +285,26 @@ def test_a_clock_set_back_during_an_attempt_leaves_ettr_unknown_not_above_one():
     assert g.as_dict()["clock_believed"] is False
 
 
+def test_a_step_event_written_late_with_the_next_is_not_taken_for_its_steps_end():
+    events = crash_then_resume()[8:]  # attempt 1 alone: restore 3 s, steps 3-6
+    late = copy.deepcopy(events)
+    late[2]["time"] = late[4]["time"]  # step 3's event flushed with step 4's, as a stop does
+    for g in (analyze(events), analyze(late)):
+        assert g.attempts[0].restore_s == pytest.approx(3.0)  # not 3 + step 4's 1 s
+        assert g.badput_s["other"] == pytest.approx(0.0) and g.clock_believed
+        assert g.ettr == pytest.approx(4.0 / 12.5)
+
+
 def test_a_clock_within_its_slack_is_believed():
     events = crash_then_resume()[8:]
-    for e in events[3:]:  # durations 0.5 s beyond the wall time: within CLOCK_SLACK_S
-        e["time"] -= 0.5
+    # the clock set back 3.5 s after step 3: the first step's start 3.5 s earlier by the later
+    # steps, its 3 s restore none, and the durations 0.5 s beyond the wall time (within
+    # CLOCK_SLACK_S)
+    for e in events[3:]:
+        e["time"] -= 3.5
     g = analyze(events)
-    assert g.attempts[0].other_s < 0 and g.clock_believed
+    assert g.attempts[0].restore_s == 0.0
+    assert g.attempts[0].other_s == pytest.approx(-0.5) and g.clock_believed
     assert g.ettr == pytest.approx(g.productive_s / g.available_s)
     assert g.badput_s["other"] == 0.0  # never a negative badput
 

@@ -22,7 +22,11 @@ checkpoint save and restore, progress wasted by a disruption)):
         initialization     = first step start (or the attempt's end) - start - the seconds
                              of the compilations and of the ``pinned_host`` reservation
                              before it, fresh attempt (events written
-                             together after several compilations tell only their lengths)
+                             together after several compilations tell only their lengths);
+                             first step start = min over the attempt's step events k of
+                             (k's write time - the step times up to k's), as a step event
+                             may be written after its step ended (a stop flushes the last
+                             ones together)
         checkpoint_restore = the same span in a resumed attempt (an upper bound: it also holds
                              whatever else the process did there)
         compilation        = sum of ``compile`` events' ``seconds``, of the compilations
@@ -354,6 +358,7 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
     )
     first_step_start: float | None = None
     counted_before_steps = 0.0  # compilations and pinned_host reservations
+    steps_s = 0.0  # the step times so far
     save_since_step = 0.0
     saw_data_wait = False
     for event in events[1:]:
@@ -388,8 +393,12 @@ def _attempt(index: int, events: list[Event], earliest: float) -> tuple[Attempt,
             step_time = attempt.duration(event.step_time_s)
             wait = attempt.duration(event.data_wait_s)
             saw_data_wait |= event.data_wait_s is not None
-            if first_step_start is None:
-                first_step_start = event.written_time - step_time
+            steps_s += step_time
+            # each step's write time less the step times up to it bounds the first step's
+            # start from above (time outside the steps, an eval, only raises it): a step event
+            # written late (a stop flushes the last ones together) is not taken for its end
+            began = event.written_time - steps_s
+            first_step_start = began if first_step_start is None else min(first_step_start, began)
             compute = step_time - wait - save_since_step
             attempt.steps.append((event.step, compute if compute > 0 else 0.0))
             attempt.data_wait_s += wait
