@@ -153,6 +153,24 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_on_on
 
 
 @pytest.mark.slow
+def test_a_resume_onto_fewer_processes_ignores_the_heartbeats_of_the_earlier_ones(
+    options, two_processes, tmp_path
+):
+    run_dir = Path(options["runs_root"]) / "fewer"
+    shutil.copytree(two_processes, run_dir)
+    for index, status in ((2, "running"), (3, "failed")):  # a crashed 4-process attempt's
+        beat = {**heartbeats(run_dir)[1], "process": index, "processes": 4, "status": status}
+        # above Linux's largest pid (2**22): no such process
+        beat["pid"], beat["beat"] = 2**22 + index, time.time() - 600
+        (run_dir / "processes" / f"{index}.json").write_text(json.dumps(beat))
+    proc = launch({"resume": str(run_dir), "steps": STEPS + 2})
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output  # not "lost process 2 ... is gone" (exit 1)
+    assert sorted(heartbeats(run_dir)) == [0, 1]
+    assert events(run_dir, "run_end")[-1]["status"] == "completed"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -167,6 +167,16 @@ class MutedRecord(RunRecord):
         pass
 
 
+def clear_heartbeats(run_dir: Path) -> None:
+    """Remove the heartbeat files of the run's earlier attempts (``processes/*.json``), before
+    this attempt's processes write theirs (the writer, before they pass a barrier): after a
+    resume onto fewer processes, a process of an earlier attempt would otherwise read as lost
+    by this one's peer watch (ending it), and to ``titan summarize`` and the console as a
+    process of this attempt."""
+    for path in (Path(run_dir) / PROCESSES_DIR).glob("*.json"):
+        path.unlink(missing_ok=True)
+
+
 class Heartbeat:
     """This process's ``processes/<id>.json``, rewritten (atomically) every
     :data:`~titan.telemetry.heartbeat.BEAT_INTERVAL_S` by a thread between :meth:`start`

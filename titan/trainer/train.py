@@ -138,6 +138,7 @@ from titan.trainer.processes import (
     Heartbeat,
     MutedRecord,
     checked_on_every_process,
+    clear_heartbeats,
     is_writer,
     same_options,
 )
@@ -497,6 +498,7 @@ class _Run:
             self.record = _open_record(run_dir)
             model = self.trainer.adapter.config.record()
             _write_run_files(run_dir, {"train": train, "model": model}, self.data.files)
+            clear_heartbeats(run_dir)  # an earlier attempt's
             sink = live_sink(observability.metrics, run_dir)
             if sink is not None:
                 self.hooks.add(SinkHook(sink))
