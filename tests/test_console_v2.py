@@ -320,7 +320,7 @@ def _gpu_run(run_dir: Path, t0: float) -> None:
         t0,
         config={"preset": "tiny", "watchdog_floor": 5.0, "watchdog_factor": 10.0},
         layout={"devices": 2},
-        env={"device_kinds": ["NVIDIA H100 80GB HBM3"]},
+        env={"device_kinds": ["NVIDIA H100 80GB HBM3"], "device_count": 2},
         power={"available": True, "reason": None},
         total_steps=10,
     )
@@ -344,7 +344,7 @@ def _gpu_run(run_dir: Path, t0: float) -> None:
         step_time_s=2.0,
         tokens_per_s=500.0,
         model_flops_per_token={"causal": 2e9, "full": 3e9},
-        mfu={"causal": 0.25, "full": 0.375},
+        mfu={"causal": 0.25, "full": 0.375, "peak_flops": 4e12, "peak_kind": "datasheet"},
         energy_j=2400.0,
         joules_per_token=2.4,
         peak_memory_bytes=50_000_000_000,
@@ -400,7 +400,9 @@ async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path:
     assert "-warn" in watts_tone
     assert flops == {
         "fl-tflops": "1.000",
-        "fl-mfu": "25.0% (causal attention FLOPs, dense peak of the dtype)",
+        # the peak it divides by, as titan summarize names it: 4 TFLOP/s over 2 devices
+        "fl-mfu": "25.0% (causal attention FLOPs, of NVIDIA H100 80GB HBM3: 2 TFLOP/s per "
+        "device (datasheet))",
         "fl-tokens": "500",
         "fl-memory": "peak 50.00 GB · compiled 42.00 GB",
     }

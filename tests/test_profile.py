@@ -157,7 +157,8 @@ def test_report_of_each_sample_run_matches_its_events(run_dir, tmp_path, capsys)
     assert summary["status"].startswith(events(run_dir, "run_end")[-1]["status"])
     mfu = [e["mfu"]["causal"] for e in steps if e.get("mfu")]
     if mfu:  # the GPU run
-        assert summary["median MFU"] == f"{statistics.median(mfu):.1%} (causal)"
+        h200 = "NVIDIA H200: 989.5 TFLOP/s per device (datasheet_dense_bfloat16)"
+        assert summary["median MFU"] == f"{statistics.median(mfu):.1%} (causal, of {h200})"
         assert starts[-1]["power"]["available"]
         _assert_png(out / "mfu.png")
         _assert_png(out / "power.png")
@@ -194,7 +195,9 @@ def test_report_of_a_resumed_run_with_mfu_power_and_a_torn_line(tmp_path):
         _assert_png(path.parent / name)
     text = path.read_text()
     summary = _summary(text)
-    assert summary["median MFU"] == "40.0% (causal)"
+    # the run's peak over its 8 devices (forced CPU devices, named as the record names them)
+    peak = "cpu: 123.7 TFLOP/s per device (datasheet_dense_bfloat16)"
+    assert summary["median MFU"] == f"40.0% (causal, of {peak})"
     assert summary["energy (J)"] == f"{energy_j:,.0f}"
     assert "over 989.5 TFLOP/s (datasheet_dense_bfloat16), source: NVIDIA H200" in text
     assert "2 attempt(s)" in text and "a torn last line (12 bytes) ignored" in text

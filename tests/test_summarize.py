@@ -18,6 +18,7 @@ from test_ettr import crash_then_resume
 
 from titan.analysis import summarize
 from titan.analysis.ettr import analyze
+from titan.analysis.report import summary_rows
 from titan.cli import main
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE
@@ -328,13 +329,11 @@ def test_the_summary_names_the_peak_each_runs_mfu_divides_by(tmp_path, capsys):
             e["mfu"] = {"causal": 0.3, "full": 0.4}
     write_run(root, "no-peak", events)
     h200 = "NVIDIA H200: 989.5 TFLOP/s per device (datasheet_dense_bfloat16)"
-    con = summarize.connect(root)
-    try:
-        summarize.ingest(con, root)
-        peaks = summarize.mfu_peaks(con, ["llama3-1b-h200", "no-peak", "tiny-killed-resumed"])
-    finally:
-        con.close()
-    assert peaks == {"llama3-1b-h200": h200, "no-peak": "TPU v9: peak unknown"}
+    runs = ["llama3-1b-h200", "no-peak", "tiny-killed-resumed"]
+    peaks = [summarize.summarize_run_dir(root / r).mfu_peak for r in runs]
+    assert peaks == [h200, "TPU v9: peak unknown", None]
+    rows = dict(summary_rows(summarize.summarize_run_dir(root / runs[0]), 0))
+    assert rows["median MFU"].endswith(f"(causal, of {h200})")
     assert main(["summarize", str(root), "--wide"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"MFU convention: causal, of the peak of {h200}; TPU v9: peak unknown" in out

@@ -83,6 +83,18 @@ def format_flops_rate(flops_per_s: float) -> str:
     return f"{flops_per_s / scale:,.4g} {unit}"
 
 
+def peak_label(flops: float | None, kind: str | None, devices: list[str], count: int | None) -> str:
+    """What an MFU divides by, per device: ``NVIDIA H200: 989.5 TFLOP/s per device
+    (datasheet_dense_bfloat16)`` from the run's peak ``flops`` (FLOP/s, all its devices: an MFU
+    event's ``peak_flops``), the peak's ``kind`` and the run's device kinds and ``count``
+    (``run_start``'s ``env``); ``<device kind>: peak unknown`` when the record names no peak."""
+    device = ", ".join(devices) or "device kind unknown"
+    if not flops or not count or not math.isfinite(flops):
+        return f"{device}: peak unknown"
+    per_device = format_flops_rate(flops / count)
+    return f"{device}: {per_device} per device ({kind or 'kind unknown'})"
+
+
 def format_clock(
     epoch_s: float | None, fmt: str = "%Y-%m-%d %H:%M:%S", *, utc: bool = False
 ) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from titan.analysis.liveness import RecordFacts
+from titan.formatting import peak_label
 from titan.gpus import gpu_for_device_kind
 from titan.telemetry.events import (
     MFU_CONVENTION,
@@ -105,7 +106,8 @@ class RunState:
         stalls: the last :data:`STALLS_KEPT` ``stall`` events (phase, elapsed_s, threshold_s,
             step, stacks); stall_count: all of them.
         mfu: MFU of the last step under ``mfu_convention`` (:data:`MFU_CONVENTION` once a step
-            recorded one); mfu_reason: why it is missing.
+            recorded one); mfu_reason: why it is missing; mfu_peak: what it divides by, per
+            device (:func:`titan.formatting.peak_label`, as ``titan summarize`` names it).
         flops_per_token: model FLOPs per token of the last step under ``mfu_convention``.
         energy_j: energy of every step so far (None without a power source);
         energy_tokens: the tokens of those steps (``energy_j / energy_tokens``: the run's
@@ -149,6 +151,9 @@ class RunState:
     mfu: float | None = None
     mfu_convention: str | None = None
     mfu_reason: str | None = None
+    mfu_peak: str | None = None
+    device_kinds: list[str] = field(default_factory=list)
+    device_count: int | None = None
     flops_per_token: float | None = None
     energy_j: float | None = None
     energy_tokens: int = 0
@@ -249,6 +254,8 @@ class RunState:
         self.devices = _typed(event.layout or {}, "devices", int, None)
         kinds = _typed(event.env or {}, "device_kinds", list, None) or [""]
         gpu = gpu_for_device_kind(kinds[0]) if isinstance(kinds[0], str) else None
+        self.device_kinds = [k for k in kinds if isinstance(k, str) and k]
+        self.device_count = _typed(event.env or {}, "device_count", int, None)
         self.tdp_w = gpu.tdp_w if gpu is not None and gpu.name != "cpu" else None
         self.power_reason = _typed(event.power or {}, "reason", str, None)
         self.param_count = event.param_count
@@ -299,6 +306,11 @@ class RunState:
         if per_token is not None:
             self.flops_per_token = getattr(per_token, MFU_CONVENTION)
         self.mfu = getattr(mfu, MFU_CONVENTION) if mfu is not None else None
+        self.mfu_peak = (
+            peak_label(mfu.peak_flops, mfu.peak_kind, self.device_kinds, self.device_count)
+            if mfu is not None
+            else None
+        )
 
     def _take_energy(self, event: Step) -> None:
         energy_j = event.energy_j

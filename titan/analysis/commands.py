@@ -151,14 +151,13 @@ def run_summarize(args: argparse.Namespace) -> int:
     with summarize.ingested(root) as con:
         rows = summarize.summaries(con, args.run_id, recent)
         total = summarize.run_count(con) if args.run_id is None else len(rows)
-        peaks = summarize.mfu_peaks(con, [r.run_id for r in rows])
     _note_database(args.command, root, summarize.database_path(root))
     if args.run_id is not None and not rows:
         raise TitanError(f"--run {args.run_id}: no such run in {root}")
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        _print_summaries(root, rows, args.wide, sorted(set(peaks.values())))
+        _print_summaries(root, rows, args.wide, sorted({r.mfu_peak for r in rows if r.mfu_peak}))
         _print_errors(rows)
         _print_bad_lines(rows)
     if total > len(rows):
@@ -274,7 +273,7 @@ PIPE_WIDTH = 200
 
 def _print_summaries(root: Path, rows: list[Any], wide: bool, peaks: list[str]) -> None:
     """The summary table; its caption names the MFU convention and the ``peaks`` it divides by
-    (:func:`titan.analysis.summarize.mfu_peaks`)."""
+    (each run's ``mfu_peak``)."""
     conventions = sorted({r.mfu_convention for r in rows if r.mfu_convention})
     cells = []
     for r in rows:

@@ -159,7 +159,7 @@ def summary_rows(s: RunSummary, total_steps: Any) -> list[tuple[Any, ...]]:
     detail. ``error`` (the last ``run_end``'s, on one line; record text, to be shown inert) only
     for a run whose record holds one."""
     mfu = (
-        f"{s.median_mfu:.1%} ({s.mfu_convention})"
+        f"{s.median_mfu:.1%} ({s.mfu_convention}, of {s.mfu_peak})"
         if s.median_mfu is not None
         else f"unknown ({s.mfu_reason or NOT_RECORDED})"
     )

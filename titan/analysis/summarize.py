@@ -99,7 +99,7 @@ from titan.analysis import ettr, liveness, perfdb
 from titan.analysis.sql import insert_rows
 from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line, first_line
-from titan.formatting import format_flops_rate
+from titan.formatting import peak_label
 from titan.progress_bar import progress_bar
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json, without_lone_surrogates
 from titan.telemetry.events import (
@@ -312,6 +312,8 @@ class RunSummary:
     median_mfu: float | None
     mfu_convention: str | None
     mfu_reason: str | None
+    # what the MFU divides by, per device (titan.formatting.peak_label); None without an MFU
+    mfu_peak: str | None
     energy_j: float | None
     energy_reason: str | None
     tokens_per_j: float | None
@@ -834,39 +836,17 @@ def _payload_event(payload: str | None) -> Event | None:
     return _parse(line) if isinstance(line, dict) else None
 
 
-# Per run: its last MFU's peak and peak kind, its last run_start's device kinds and count, and
-# how many steps recorded an MFU (parameter: the run ids).
-_MFU_PEAKS = f"""SELECT run_id,
-arg_max({_json_number("json_extract(mfu, '$.peak_flops')")}, seq)
-    FILTER (type = 'step' AND mfu IS NOT NULL),
-arg_max(json_extract_string(mfu, '$.peak_kind'), seq)
-    FILTER (type = 'step' AND mfu IS NOT NULL),
-arg_max(json_extract_string(payload, '$.env.device_kinds'), seq)
-    FILTER (type = 'run_start'),
-arg_max({_json_number("payload->'$.env.device_count'", "BIGINT")}, seq)
-    FILTER (type = 'run_start'),
-count(*) FILTER (type = 'step' AND mfu IS NOT NULL)
-FROM events WHERE list_contains(?, run_id) GROUP BY run_id"""
-
-
-def mfu_peaks(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, str]:
-    """What the MFU of each of ``run_ids`` that recorded one divides by, per device: e.g.
-    ``NVIDIA H200: 989.5 TFLOP/s per device (datasheet_dense_bfloat16)`` from its last MFU's
-    ``peak_flops`` over its ``run_start``'s ``env.device_count``, or ``<device kind>: peak
-    unknown`` when the record names no peak."""
-    rows = con.execute(_MFU_PEAKS, [run_ids]).fetchall()
-    return {run_id: _peak_label(*rest) for run_id, *rest, mfu_steps in rows if mfu_steps}
-
-
-def _peak_label(flops: float | None, kind: str | None, kinds: str | None, count: int | None) -> str:
-    try:
-        device = ", ".join(json.loads(kinds)) if kinds else "device kind unknown"
-    except (ValueError, TypeError):
-        device = "device kind unknown"
-    if not flops or not count or not math.isfinite(flops):
-        return f"{device}: peak unknown"
-    per_device = format_flops_rate(flops / count)
-    return f"{device}: {per_device} per device ({kind or 'kind unknown'})"
+def _mfu_peak(final: Event | None, start: Event | None) -> str | None:
+    """What the run's MFU divides by (:func:`titan.formatting.peak_label`): its last step's
+    MFU peak over its last ``run_start``'s devices; None without an MFU."""
+    if not isinstance(final, Step) or final.mfu is None:
+        return None
+    env = (start.env if isinstance(start, RunStart) else None) or {}
+    kinds = env.get("device_kinds")
+    names = [k for k in kinds if isinstance(k, str)] if isinstance(kinds, list) else []
+    count = env.get("device_count")
+    count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    return peak_label(final.mfu.peak_flops, final.mfu.peak_kind, names, count)
 
 
 def _optional(value: Any) -> float | None:
@@ -936,6 +916,7 @@ def _summary(
         median_images_per_s=_optional(ips),
         median_mfu=_optional(mfu),
         mfu_convention=MFU_CONVENTION if _optional(mfu) is not None else None,
+        mfu_peak=_mfu_peak(final, start) if _optional(mfu) is not None else None,
         mfu_reason=None if mfu is not None or not isinstance(final, Step) else final.mfu_reason,
         energy_j=energy,
         energy_reason=None if energy is not None else power.get("reason"),

@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.telemetry.events import MFU_CONVENTION
 from tui.history import READ_HOLD_S, HistoryPage, HistoryQuery, HistoryStore
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
@@ -168,7 +169,7 @@ class HistoryScreen(Screen[None]):
 
     def _show_count(self) -> None:
         """The runs matching (``1 of 4 runs`` under a filter), the rows of the page when there
-        is more than one, and the keys, on the status line."""
+        is more than one, the MFU's convention and the keys, on the status line."""
         page = self.query_one(HistoryTable).page
         parts = [
             f"{page.matched:,} of {page.total:,} runs"
@@ -178,6 +179,7 @@ class HistoryScreen(Screen[None]):
         if page.matched > len(page.rows):
             last = page.offset + len(page.rows)
             parts.append(f"rows {page.offset + 1:,}-{last:,}, ]/[: next/previous page")
+        parts.append(f"MFU {MFU_CONVENTION}, of each run's peak (in its detail)")
         parts.append("space: mark two, c: compare · O: reverse · x/X: export CSV/Parquet")
         self._status(" · ".join(parts))
 

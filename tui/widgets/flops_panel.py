@@ -12,8 +12,9 @@ from tui.widgets.stat import Stat
 
 class FlopsPanel(Vertical):
     """Achieved model TFLOP/s (tokens/s x model FLOPs per token of the convention, all devices),
-    MFU and its convention (or why there is none), tokens/s, device memory per device (the
-    last step's measured peak, where the backend reports one, and the compiled program's).
+    MFU with its convention and the peak it divides by (or why there is none), tokens/s,
+    device memory per device (the last step's measured peak, where the backend reports one,
+    and the compiled program's).
 
     Args:
         id: the widget id.
@@ -32,11 +33,11 @@ class FlopsPanel(Vertical):
         convention = state.mfu_convention or "?"
         self.query_one("#fl-tflops", Stat).show("-" if achieved is None else f"{achieved:.3f}")
         if state.mfu is not None:
-            mfu = f"{state.mfu:.1%} ({convention} attention FLOPs, dense peak of the dtype)"
+            mfu = f"{state.mfu:.1%} ({convention} attention FLOPs, of {state.mfu_peak})"
         else:
             mfu = f"- ({state.mfu_reason})" if state.mfu_reason else "-"
-        # the reason for no MFU is shown whole (wrapped), not cut at the column's end
-        self.query_one("#fl-mfu", Stat).show(mfu, wrap=state.mfu is None)
+        # shown whole (wrapped), not cut at the column's end: the peak, or why there is none
+        self.query_one("#fl-mfu", Stat).show(mfu, wrap=True)
         self.query_one("#fl-tokens", Stat).show(
             "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
         )
