@@ -352,6 +352,10 @@ def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses()
     assert state.eta_s() == pytest.approx(7 * 2.0)
     state.apply(parsed([event("run_end", 107.0, status="stopped", step=3)]))
     assert (state.status, state.eta_s(), state.elapsed_s(now=1e9)) == ("stopped", 0.0, 7.0)
+    assert state.elapsed_s(now=1.0) == 7.0  # ended: now does not count
+    early = RunState()
+    early.apply(parsed([event("run_start", 100.0, total_steps=10)]))
+    assert early.elapsed_s(now=40.0) is None  # the clock set back since: unknown, not -60 s
     state.apply(
         parsed([event("run_start", 200.0, total_steps=10, start_step=3, resumed_from_step=3)])
     )

@@ -213,10 +213,12 @@ class RunState:
         return "running" if self.started_at is not None else "starting"
 
     def elapsed_s(self, now: float) -> float | None:
-        """Seconds since ``run_start`` (until ``run_end`` once ended); ``None`` before start."""
+        """Seconds since ``run_start`` (until ``run_end`` once ended); ``None`` before start,
+        and when the clock went back since it (a span below 0: unknown, never negative)."""
         if self.started_at is None:
             return None
-        return (self.ended_at or now) - self.started_at
+        elapsed = (self.ended_at or now) - self.started_at
+        return elapsed if elapsed >= 0 else None
 
     def eta_s(self) -> float | None:
         """Seconds left at the recent step rate; 0 once ended, ``None`` while unknown.
