@@ -471,6 +471,10 @@ CASES: dict[str, Case] = {
         lambda p: ["launch", "--processes", "2", "--", *p.train(coordinator="127.0.0.1:1")],
         "--coordinator is set by titan launch",
     ),
+    "launch_with_distributed_off": Case(
+        lambda p: ["launch", "--processes", "2", "--", "train", "--distrib", "off"],
+        "--distributed off: titan launch runs its processes as one run",
+    ),
     "launch_with_a_prefix_of_process_id": Case(
         lambda p: ["launch", "--processes", "2", "--", "train", "--process-i=1"],
         "--process-id is set by titan launch",

@@ -232,13 +232,7 @@ def launch_local(
     """
     if not train_args or train_args[0] != "train":
         raise TitanError("titan launch runs 'train': give it as -- train OPTIONS")
-    for name in (arg.split("=")[0] for arg in train_args if arg.startswith("--")):
-        given = [flag for flag in LAUNCHER_FLAGS if len(name) > 2 and flag.startswith(name)]
-        if given:  # argparse takes a unique prefix of a flag as the flag
-            raise TitanError(
-                f"{given[0]} is set by titan launch for each process; leave it out of the "
-                "train options"
-            )
+    _check_train_options(train_args[1:])
     envs = child_envs(
         processes,
         devices_per_process,
@@ -256,6 +250,32 @@ def launch_local(
         for child in children:
             if child.poll() is None:
                 child.kill()
+
+
+def _check_train_options(options: list[str]) -> None:
+    """Refuse the train options that the launch decides: a flag of :data:`LAUNCHER_FLAGS`, or
+    ``--distributed off`` (its processes are one run over JAX's distributed runtime). argparse
+    takes a unique prefix of a flag as the flag, and a value after ``=`` or as the next word.
+
+    Raises:
+        TitanError: naming the flag.
+    """
+    for i, arg in enumerate(options):
+        name, _, value = arg.partition("=")
+        if not name.startswith("--") or len(name) <= 2:
+            continue
+        given = [flag for flag in LAUNCHER_FLAGS if flag.startswith(name)]
+        if given:
+            raise TitanError(
+                f"{given[0]} is set by titan launch for each process; leave it out of the "
+                "train options"
+            )
+        value = value or (options[i + 1] if i + 1 < len(options) else "")
+        if "--distributed".startswith(name) and value == "off":
+            raise TitanError(
+                "--distributed off: titan launch runs its processes as one run over JAX's "
+                "distributed runtime; leave it out, or run titan train alone"
+            )
 
 
 def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = False) -> int:
