@@ -46,6 +46,7 @@ from tui.screens.launch import LaunchScreen
 from tui.screens.planner import PlannerScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
+from tui.widgets.loss_chart import LossChart
 from tui.widgets.option_input import OptionInput
 from tui.widgets.pipeline_panel import timeline
 from tui.widgets.plan_tables import PlanTables, totals_rows
@@ -575,6 +576,25 @@ def test_the_watcher_reads_a_record_replaced_under_it_from_its_start(tmp_path: P
     shutil.rmtree(run_dir)
     state = _read_to_end(watcher)
     assert (state.attempts, state.end_status) == (0, None)
+
+
+async def test_a_monitor_whose_run_dir_is_removed_says_so_and_drops_what_it_showed(
+    tmp_path: Path,
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUNS / "tiny-20261129-185806-39fc", run_dir)
+    app = TitanConsole(tmp_path, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.screen.state.step == 200, lambda: "not read", 20)
+        chart = app.screen.query_one(LossChart)
+        drawn = lambda: "last" in str(chart.border_subtitle)  # noqa: E731
+        await wait_until(pilot, drawn, lambda: "no curve", 10)
+        shutil.rmtree(run_dir)
+        seen = lambda: _value(app, "status") == f"removed: {run_dir} no longer exists"  # noqa: E731
+        await wait_until(pilot, seen, lambda: _value(app, "status"), 10)
+        cleared = lambda: chart.border_subtitle == "no steps yet"  # noqa: E731
+        await wait_until(pilot, cleared, lambda: str(chart.border_subtitle), 10)
+        assert _value(app, "step").startswith("0")
 
 
 def _read_to_end(watcher: RunWatcher) -> RunState:

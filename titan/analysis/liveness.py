@@ -13,6 +13,8 @@ process group, start time; :mod:`titan.telemetry.heartbeat`, the side a run writ
 :func:`judge` turns them, with the record's last events, into one :class:`Liveness`, the first
 rule that applies giving the state:
 
+0. ``removed``: the run dir no longer exists (deleted while a reader follows it): nothing it
+   read before is the run's any more.
 1. ``completed``, ``stopped``, ``failed``: the last attempt's ``run_end`` status (``failed``
    with its error; a record's other status text is shown as it is).
 2. ``dead``: a process of the run that has not ended is gone. On the host it runs on, a pid is
@@ -85,7 +87,7 @@ STDERR_LOG = "stderr.log"
 _STDERR_TAIL_BYTES = 4096
 
 STARTING, RUNNING, STALLED, DEAD, FAILED = "starting", "running", "stalled", "dead", "failed"
-UNRESPONSIVE = "unresponsive"
+UNRESPONSIVE, REMOVED = "unresponsive", "removed"
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class Liveness:
 
     Attributes:
         state: ``starting``, ``running``, ``stalled``, ``unresponsive``, ``dead``,
-            ``completed``, ``stopped`` or ``failed``.
+            ``completed``, ``stopped``, ``failed`` or ``removed``.
         reason: why (for ``dead``: why it is judged dead; ``failed``: the error); "" when there
             is nothing to say.
         last_seen: unix seconds it was last seen alive (newest heartbeat or event), or None.
@@ -197,6 +199,8 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
         now: unix seconds (default: the clock).
     """
     now = time.time() if now is None else now
+    if not Path(run_dir).is_dir():
+        return Liveness(REMOVED, f"{run_dir} no longer exists", no_control="its run dir is gone")
     beats, allowance = read_beats(run_dir), facts.allowance_s
     ended = "the run has ended"
     if facts.end_status is not None:

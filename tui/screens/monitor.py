@@ -47,6 +47,7 @@ _STATUS_TONES = {
     "dead": "bad",
     "stalled": "warn",
     "unresponsive": "bad",
+    "removed": "bad",
 }
 # What each key does to the run's recorded process group, and the question asked first.
 _SIGNALS = {

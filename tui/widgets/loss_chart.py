@@ -45,6 +45,10 @@ class LossChart(Vertical):
             return
         losses = [loss for loss in curve.losses if loss is not None]
         if not losses:
+            if curve.count == 0:  # the record read again from its start (replaced, removed)
+                self._drawn_count = 0
+                self.query_one(ColumnSparkline).data = []
+                self.border_subtitle = "no steps yet"
             return
         self._drawn_at, self._drawn_count = now, curve.count
         self.query_one(ColumnSparkline).data = losses

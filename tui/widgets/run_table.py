@@ -30,6 +30,7 @@ STATUS_STYLES = {
     "failed": "#ff5555",
     "dead": "#ff55ff",
     "unreadable": "#ff55ff",
+    "removed": "#ff55ff",
 }
 
 
