@@ -597,6 +597,22 @@ async def test_a_monitor_whose_run_dir_is_removed_says_so_and_drops_what_it_show
         assert _value(app, "step").startswith("0")
 
 
+async def test_a_starting_run_shows_what_its_trainer_says_it_is_doing(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    progress = "titan: tokenizing: 67% of 31.5 MB, ETA 6s, 1,000 tokens, 500 tokens/s"
+    (run_dir / "stdout.log").write_text(f"titan: preparing the tokenizer\n{progress}\n")
+    (run_dir / "stderr.log").write_text("")
+    app = TitanConsole(tmp_path, open_run=run_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        shown = lambda: _value(app, "status") == f"starting: {progress}"  # noqa: E731
+        await wait_until(pilot, shown, lambda: _value(app, "status"), 10)
+        with open(run_dir / "stdout.log", "a") as out:
+            out.write("titan: compiling the train step\n")
+        compiling = lambda: _value(app, "status") == "starting: titan: compiling the train step"  # noqa: E731
+        await wait_until(pilot, compiling, lambda: _value(app, "status"), 10)
+
+
 def _read_to_end(watcher: RunWatcher) -> RunState:
     """The state once the watcher has read the record to its end (polls until then)."""
     states = []

@@ -33,7 +33,7 @@ from titan.analysis.liveness import STDERR_LOG, Liveness, RecordFacts, judge
 from titan.reading import open_regular
 from titan.telemetry.events import Event
 from titan.telemetry.records import EVENTS_FILE, EventTail, read_last_events
-from tui.launcher import LaunchedRun
+from tui.launcher import STDOUT_LOG, LaunchedRun
 from tui.run_list import IDENTITY_BYTES, record_head
 from tui.run_state import RunState
 
@@ -45,8 +45,8 @@ STDERR_TAIL_LINES = 8
 # The run's processes are checked this often (a few stats and reads of /proc): the state it
 # shows is at most this old, plus a poll.
 LIVENESS_INTERVAL_S = 1.0
-# Bytes read from the end of stderr.log to find its last lines.
-_STDERR_TAIL_BYTES = 16_384
+# Bytes read from the end of stderr.log (or stdout.log) to find its last lines.
+_LOG_TAIL_BYTES = 16_384
 # One read of events.jsonl: about 170 step lines of 380 bytes.
 READ_SLICE_BYTES = 65_536
 # CPU seconds of the worker thread spent parsing per poll at most (then it sleeps a poll
@@ -67,6 +67,8 @@ class RunUpdate:
         returncode: the child's exit code; ``None`` while it runs, when the run was not
             launched by this console, or once another attempt has started.
         stderr_tail: the last lines of ``stderr.log`` (empty when there is none).
+        stdout_line: the last line of ``stdout.log``, where the trainer says what it is doing
+            while it starts (its phases, tokenization's progress); "" when there is none.
         liveness: the run's state, from the record and its processes (None: not judged yet).
         unread_bytes: bytes of ``events.jsonl`` not yet folded into the history (0: caught up).
     """
@@ -74,6 +76,7 @@ class RunUpdate:
     state: RunState | None = None
     returncode: int | None = None
     stderr_tail: tuple[str, ...] = ()
+    stdout_line: str = ""
     liveness: Liveness | None = None
     unread_bytes: int = 0
 
@@ -87,9 +90,9 @@ class RunWatcher:
     """
 
     def __init__(self, run_dir: Path, launched: LaunchedRun | None = None) -> None:
-        self._stderr_path = Path(run_dir) / STDERR_LOG
+        self._stderr = _LogTail(Path(run_dir) / STDERR_LOG, STDERR_TAIL_LINES)
+        self._stdout = _LogTail(Path(run_dir) / STDOUT_LOG, 1)
         self._launched = launched
-        self._stderr_size: int | None = None
         self._stderr_tail: tuple[str, ...] = ()
         self._returncode: int | None = None
         self._run_dir = Path(run_dir)
@@ -135,13 +138,14 @@ class RunWatcher:
             self._facts = state.facts
             if self._resumed_elsewhere(state):
                 self._launched, returncode = None, None
-        stderr_changed = self._read_stderr_tail()
+        stderr_changed = self._read_stderr_tail() | self._stdout.read()
         judged = self._judge(self._facts, returncode != self._returncode)
         if not read and not stderr_changed and returncode == self._returncode and not judged:
             return None
         self._returncode = returncode
         unread = max(size - self._events.offset, 0)
-        return RunUpdate(state, returncode, self._stderr_tail, self._liveness, unread)
+        stdout_line = self._stdout.tail[-1] if self._stdout.tail else ""
+        return RunUpdate(state, returncode, self._stderr_tail, stdout_line, self._liveness, unread)
 
     def _replaced(self, status: os.stat_result | None) -> bool:
         """Whether the record read so far is no longer the file: it is gone, shrank, is
@@ -236,18 +240,34 @@ class RunWatcher:
             tail = tuple(self._launched.startup_error.splitlines()[-STDERR_TAIL_LINES:])
             changed, self._stderr_tail = tail != self._stderr_tail, tail
             return changed
-        stderr = _stat(self._stderr_path)
-        size = stderr.st_size if stderr is not None else None
-        if size is None or size == self._stderr_size:
+        if not self._stderr.read():
             return False
-        self._stderr_size = size
+        self._stderr_tail = self._stderr.tail
+        return True
+
+
+class _LogTail:
+    """The last ``lines`` lines of a log file, read again when its size changed."""
+
+    def __init__(self, path: Path, lines: int) -> None:
+        self.path, self.lines = path, lines
+        self.size: int | None = None
+        self.tail: tuple[str, ...] = ()
+
+    def read(self) -> bool:
+        """Refresh :attr:`tail` if the file's size changed; returns whether it did."""
+        status = _stat(self.path)
+        size = status.st_size if status is not None else None
+        if size is None or size == self.size:
+            return False
+        self.size = size
         try:
-            with open_regular(self._stderr_path) as f:
-                f.seek(max(size - _STDERR_TAIL_BYTES, 0))
-                text = f.read(_STDERR_TAIL_BYTES).decode("utf-8", errors="replace")
+            with open_regular(self.path) as f:
+                f.seek(max(size - _LOG_TAIL_BYTES, 0))
+                text = f.read(_LOG_TAIL_BYTES).decode("utf-8", errors="replace")
         except OSError as err:  # a directory, a FIFO, unreadable: say so instead of a tail
-            text = f"cannot read {STDERR_LOG}: {err.strerror or err}"
-        self._stderr_tail = tuple(text.splitlines()[-STDERR_TAIL_LINES:])
+            text = f"cannot read {self.path.name}: {err.strerror or err}"
+        self.tail = tuple(text.splitlines()[-self.lines :])
         return True
 
 

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from titan.analysis.liveness import STALLED, UNRESPONSIVE, Liveness
+from titan.analysis.liveness import STALLED, STARTING, UNRESPONSIVE, Liveness
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED, EXIT_USAGE
 from titan.formatting import format_bounded
 from titan.inert import inert
@@ -122,6 +122,7 @@ class MonitorScreen(Screen[None]):
         self.liveness: Liveness | None = None
         self._stop_sent = False
         self._stderr_tail: tuple[str, ...] = ()
+        self._stdout_line = ""  # stdout.log's last line: what a starting run is doing
         self._stderr_drawn: tuple[str, ...] = ()
         self._unread_bytes = 0
         self._drawn_at = 0.0
@@ -211,6 +212,7 @@ class MonitorScreen(Screen[None]):
                 self.refresh_bindings()
             self.liveness = judged
         self._stderr_tail = update.stderr_tail
+        self._stdout_line = update.stdout_line
         if not self.is_current:  # under another screen: drawn when shown again
             self._stale = True
             return
@@ -349,6 +351,8 @@ class MonitorScreen(Screen[None]):
         status = self.status
         liveness = self.liveness
         shown = liveness.describe() if liveness and status == liveness.state else status
+        if status == STARTING and self._stdout_line:
+            shown = f"{status}: {self._stdout_line}"
         if self._stop_sent and self._stuck():
             shown += "; stop sent, not acted on yet: k kills"
         self.query_one("#status", Stat).show(shown, _STATUS_TONES.get(status), wrap=shown != status)
