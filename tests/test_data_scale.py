@@ -141,6 +141,23 @@ class _Counting:
         return self.inner.spans(text, piece_chars)
 
 
+def _stopped_after_three_chunks(corpus, tokenizer, chunk_chars: int) -> tuple[list, dict]:
+    """Tokenize ``corpus`` into ``$TITAN_CACHE``, interrupted after its third chunk (as a stop
+    signal raises in the progress callback); returns the reports and the commit left."""
+    reports: list = []
+
+    def stop_after_three(progress) -> None:
+        reports.append(progress)
+        if len(reports) == 3:
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        token_stream(corpus, tokenizer, stop_after_three, chunk_chars=chunk_chars)
+    partial = next((Path(os.environ["TITAN_CACHE"]) / "tokens").glob("*.partial"))
+    commit = json.loads(partial.with_name(partial.stem + ".commit.json").read_text())
+    return reports, commit
+
+
 def _shards(root: Path, files: int, docs: int) -> Path:
     root.mkdir()
     for f in range(files):
@@ -154,19 +171,11 @@ def test_interrupted_tokenization_resumes_where_it_committed(tokenizer, tmp_path
     monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "whole"))
     whole = token_stream(corpus, tokenizer, workers=2, chunk_chars=20_000)  # worker processes
     monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
-    counting, reports = _Counting(tokenizer), []
-
-    def stop_after_three(progress) -> None:
-        reports.append(progress)
-        if len(reports) == 3:
-            raise _Interrupted
-
-    with pytest.raises(_Interrupted):
-        token_stream(corpus, counting, stop_after_three, chunk_chars=20_000)
-    partial = next((tmp_path / "cache" / "tokens").glob("*.partial"))
-    commit = json.loads(partial.with_name(partial.stem + ".commit.json").read_text())
+    counting = _Counting(tokenizer)
+    reports, commit = _stopped_after_three_chunks(corpus, counting, 20_000)
     assert commit["tokens"] == reports[-1].tokens and commit["documents"] == reports[-1].documents
     assert reports[-1].documents < 2100 and reports[-1].bytes_done < reports[-1].bytes_total
+    partial = next((tmp_path / "cache" / "tokens").glob("*.partial"))
     with open(partial, "ab") as f:  # a write the crash left uncommitted
         f.write(b"\x07" * 12)
     counting.encoded = 0
@@ -210,17 +219,7 @@ def test_a_tokenization_stopped_inside_a_long_document_resumes_inside_it(
 ):
     text = _one_document(corpus_dir, tmp_path / "one.txt")
     corpus = open_corpus(str(tmp_path / "one.txt"))
-    reports: list = []
-
-    def stop_after_three(progress) -> None:
-        reports.append(progress)
-        if len(reports) == 3:
-            raise _Interrupted
-
-    with pytest.raises(_Interrupted):
-        token_stream(corpus, tokenizer, stop_after_three, chunk_chars=40_000)
-    partial = next((Path(os.environ["TITAN_CACHE"]) / "tokens").glob("*.partial"))
-    commit = json.loads(partial.with_name(partial.stem + ".commit.json").read_text())
+    _, commit = _stopped_after_three_chunks(corpus, tokenizer, 40_000)
     assert commit["documents"] == 0 and 80_000 < commit["document_chars"] < len(text)
     counting = _Counting(tokenizer)
     resumed = token_stream(corpus, counting, chunk_chars=40_000)
