@@ -141,18 +141,18 @@ class _Counting:
         return self.inner.spans(text, piece_chars)
 
 
-def _stopped_after_three_chunks(corpus, tokenizer, chunk_chars: int) -> tuple[list, dict]:
-    """Tokenize ``corpus`` into ``$TITAN_CACHE``, interrupted after its third chunk (as a stop
+def _stopped_after_chunks(corpus, tokenizer, chunk_chars: int, chunks: int) -> tuple[list, dict]:
+    """Tokenize ``corpus`` into ``$TITAN_CACHE``, interrupted after ``chunks`` chunks (as a stop
     signal raises in the progress callback); returns the reports and the commit left."""
     reports: list = []
 
-    def stop_after_three(progress) -> None:
+    def stop(progress) -> None:
         reports.append(progress)
-        if len(reports) == 3:
+        if len(reports) == chunks:
             raise _Interrupted
 
     with pytest.raises(_Interrupted):
-        token_stream(corpus, tokenizer, stop_after_three, chunk_chars=chunk_chars)
+        token_stream(corpus, tokenizer, stop, chunk_chars=chunk_chars)
     partial = next((Path(os.environ["TITAN_CACHE"]) / "tokens").glob("*.partial"))
     commit = json.loads(partial.with_name(partial.stem + ".commit.json").read_text())
     return reports, commit
@@ -172,7 +172,7 @@ def test_interrupted_tokenization_resumes_where_it_committed(tokenizer, tmp_path
     whole = token_stream(corpus, tokenizer, workers=2, chunk_chars=20_000)  # worker processes
     monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
     counting = _Counting(tokenizer)
-    reports, commit = _stopped_after_three_chunks(corpus, counting, 20_000)
+    reports, commit = _stopped_after_chunks(corpus, counting, 20_000, 3)
     assert commit["tokens"] == reports[-1].tokens and commit["documents"] == reports[-1].documents
     assert reports[-1].documents < 2100 and reports[-1].bytes_done < reports[-1].bytes_total
     partial = next((tmp_path / "cache" / "tokens").glob("*.partial"))
@@ -219,13 +219,17 @@ def test_a_tokenization_stopped_inside_a_long_document_resumes_inside_it(
 ):
     text = _one_document(corpus_dir, tmp_path / "one.txt")
     corpus = open_corpus(str(tmp_path / "one.txt"))
-    _, commit = _stopped_after_three_chunks(corpus, tokenizer, 40_000)
-    assert commit["documents"] == 0 and 80_000 < commit["document_chars"] < len(text)
-    counting = _Counting(tokenizer)
-    resumed = token_stream(corpus, counting, chunk_chars=40_000)
-    assert np.array_equal(resumed.tokens, tokenizer.encode_documents([text])[0])
-    assert resumed.documents == 1 and counting.encoded < len(text) // 40_000  # not from 0
-    assert resumed.digest == hashlib.sha256(resumed.tokens.tobytes()).hexdigest()
+    whole = tokenizer.encode_documents([text])[0]
+    # stopped early in it, and before its last, short piece (shorter than a chunk)
+    for chunk_chars, chunks in ((40_000, 3), (len(text) // 2 - 10_000, 2)):
+        monkeypatch.setenv("TITAN_CACHE", str(tmp_path / f"cache-{chunks}"))
+        _, commit = _stopped_after_chunks(corpus, tokenizer, chunk_chars, chunks)
+        assert commit["documents"] == 0 and 0 < commit["document_chars"] < len(text)
+        counting = _Counting(tokenizer)
+        resumed = token_stream(corpus, counting, chunk_chars=chunk_chars)
+        assert np.array_equal(resumed.tokens, whole)
+        assert resumed.documents == 1 and counting.encoded < len(text) // chunk_chars  # not from 0
+        assert resumed.digest == hashlib.sha256(resumed.tokens.tobytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")

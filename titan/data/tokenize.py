@@ -273,7 +273,7 @@ def _chunks(
             if number <= skip:
                 continue
             done = start.document_chars if (index, number) == (start.file, skip + 1) else 0
-            if len(document) - done > chunk_chars:
+            if done or len(document) > chunk_chars:  # its rest, however short, without BOS
                 if texts:
                     end = Commit(file=index, file_documents=number - 1, dropped_before_file=before)
                     yield _Chunk(texts, end, offsets[index] + position.bytes_read())
