@@ -836,17 +836,18 @@ def _payload_event(payload: str | None) -> Event | None:
     return _parse(line) if isinstance(line, dict) else None
 
 
-def _mfu_peak(final: Event | None, start: Event | None) -> str | None:
+def _mfu_peak(final: Event | None, start: Event | None) -> str:
     """What the run's MFU divides by (:func:`titan.formatting.peak_label`): its last step's
-    MFU peak over its last ``run_start``'s devices; None without an MFU."""
-    if not isinstance(final, Step) or final.mfu is None:
-        return None
+    MFU peak over its last ``run_start``'s devices (``peak unknown`` when that step names
+    none)."""
+    mfu = final.mfu if isinstance(final, Step) else None
     env = (start.env if isinstance(start, RunStart) else None) or {}
     kinds = env.get("device_kinds")
     names = [k for k in kinds if isinstance(k, str)] if isinstance(kinds, list) else []
     count = env.get("device_count")
     count = count if isinstance(count, int) and not isinstance(count, bool) else None
-    return peak_label(final.mfu.peak_flops, final.mfu.peak_kind, names, count)
+    flops, kind = (mfu.peak_flops, mfu.peak_kind) if mfu is not None else (None, None)
+    return peak_label(flops, kind, names, count)
 
 
 def _optional(value: Any) -> float | None:
