@@ -138,9 +138,9 @@ class RunWatcher:
             self._facts = state.facts
             if self._resumed_elsewhere(state):
                 self._launched, returncode = None, None
-        stderr_changed = self._read_stderr_tail() | self._stdout.read()
+        logs_changed = self._read_stderr_tail() | self._stdout.read()
         judged = self._judge(self._facts, returncode != self._returncode)
-        if not read and not stderr_changed and returncode == self._returncode and not judged:
+        if not read and not logs_changed and returncode == self._returncode and not judged:
             return None
         self._returncode = returncode
         unread = max(size - self._events.offset, 0)
