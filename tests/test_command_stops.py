@@ -184,3 +184,24 @@ def test_the_titan_script_ends_a_stopped_command_without_the_interpreters_shutdo
 
 
 PREPARING = "titan: preparing the tokenizer\n"  # tokenize's phase line (stdout, no terminal)
+
+
+def test_a_command_with_live_child_processes_is_not_cut_short():
+    # ending at once would leave a tokenizer's workers running, and multiprocessing's resource
+    # tracker warning of leaked semaphores after the stop line: the shutdown waits for them
+    script = """
+import multiprocessing, time
+from titan.stopping import cut_short, mark_cut_short
+if __name__ == "__main__":
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(1,))
+    child.start()
+    mark_cut_short()
+    print(cut_short())
+    child.join()
+    mark_cut_short()
+    print(cut_short())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["False", "True"], done.stderr

@@ -22,11 +22,13 @@ import pytest
 import zstandard
 
 from titan.cli import main
+from titan.data import tokenize as tokenize_module
 from titan.data.cache import naming
 from titan.data.text import open_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import split_line, train_tokenizer, training_sample
 from titan.errors import TitanError
+from titan.stopping import StopRequested
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +257,18 @@ def test_a_cache_record_of_an_older_titan_without_a_digest_gets_one_from_its_fil
     assert again.digest == whole.digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert path.stat().st_mtime_ns == before and capsys.readouterr().err == ""  # not re-made
     assert json.loads(record.read_text()) == {**older, "digest": whole.digest, "mtime_ns": before}
+
+
+def test_a_commit_cut_short_between_its_write_and_its_rename_leaves_no_temporary_file(
+    tmp_path, monkeypatch
+):
+    def stopped(fd):
+        raise StopRequested
+
+    monkeypatch.setattr(os, "fsync", stopped)
+    with pytest.raises(StopRequested):
+        tokenize_module._write_json(tmp_path / "k.commit.json", {"tokens": 1})
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_cached_token_file_written_over_with_as_many_bytes_is_tokenized_again(

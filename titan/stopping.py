@@ -25,6 +25,7 @@ import _thread
 import contextlib
 import dataclasses
 import functools
+import multiprocessing
 import os
 import signal
 import sys
@@ -199,10 +200,16 @@ _CUT_SHORT = threading.Event()
 def mark_cut_short() -> None:
     """Say that a stop signal cut the command short, its clean-up done and its line printed:
     the ``titan`` script (:func:`titan.cli.entry`) then ends the process at once. The
-    interpreter's shutdown would wait for work abandoned in other threads and processes
-    (tokenizer workers finishing their chunks, the coordination service's barrier) and meet
-    XLA's threads still compiling (a SIGSEGV after the line)."""
-    _CUT_SHORT.set()
+    interpreter's shutdown would wait for work abandoned in other threads (the coordination
+    service's barrier, its errors printed after the line) and meet XLA's threads still
+    compiling (a SIGSEGV after the line).
+
+    Not while child processes of this one live (a tokenizer's workers, still encoding the
+    chunks they were handed): the shutdown then waits for them and releases their
+    semaphores, where ending at once would leave them running and multiprocessing's
+    resource tracker printing a warning after the line."""
+    if not multiprocessing.active_children():
+        _CUT_SHORT.set()
 
 
 def cut_short() -> bool:

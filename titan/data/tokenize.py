@@ -390,13 +390,17 @@ class _Paths:
 
 def _write_json(path: Path, payload: dict) -> None:
     """``payload`` as ``path``, whole or not at all: written to a temporary file, fsynced,
-    renamed over it."""
+    renamed over it; the temporary file is removed when that is cut short."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with naming(tmp), open(tmp, "w") as out:  # a write names no file (a full disk)
-        out.write(json.dumps(payload))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with naming(tmp), open(tmp, "w") as out:  # a write names no file (a full disk)
+            out.write(json.dumps(payload))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a stop signal or a full disk between the write and the rename
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_commit(paths: _Paths) -> Commit:
