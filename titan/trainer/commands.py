@@ -102,7 +102,9 @@ def _print_config(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from titan.trainer.config_checks import check_without_devices
 
     cfg = resume_options(Path(args.resume), options) if args.resume else TrainConfig.of(**options)
-    check_without_devices(cfg, resumed=bool(args.resume))
+    check_without_devices(
+        cfg.model, cfg.data, cfg.parallel, cfg.checkpoint.init_from, resumed=bool(args.resume)
+    )
     print(config_to_toml(cfg), end="")
     return 0
 

@@ -185,11 +185,14 @@ def train_from_cli(
     initialize(launch)
     same_options({**cfg.record(), "num_processes": launch.num_processes})
     if resume_dir is not None:
-        check_resumed_layout(cfg, resume_dir, layout_given=bool(LAYOUT_OPTIONS & explicit.keys()))
+        layout_given = bool(LAYOUT_OPTIONS & explicit.keys())
+        check_resumed_layout(cfg.parallel, cfg.data.batch_size, resume_dir, layout_given)
     return train(cfg, resume_dir, stop)
 
 
-def check_resumed_layout(cfg: TrainConfig, resume_dir: Path, *, layout_given: bool) -> None:
+def check_resumed_layout(
+    parallel: ParallelOptions, batch_size: int, resume_dir: Path, layout_given: bool
+) -> None:
     """Refuse a resume whose layout does not fit the devices here, in the words of a resume:
     a saved layout (``layout_given`` False: none of :data:`LAYOUT_OPTIONS` given) is named as
     the run's, not as asked; and since ``--batch-size`` cannot change on ``--resume``, a batch
@@ -199,7 +202,7 @@ def check_resumed_layout(cfg: TrainConfig, resume_dir: Path, *, layout_given: bo
         TitanError: names ``--resume``, the layout's error, and the options to give.
     """
     try:
-        check_layout_fits(cfg.parallel, cfg.data.batch_size)
+        check_layout_fits(parallel, batch_size)
     except TitanError as err:
         if not layout_given:
             raise TitanError(
@@ -209,7 +212,7 @@ def check_resumed_layout(cfg: TrainConfig, resume_dir: Path, *, layout_given: bo
             ) from None
         if isinstance(err, BatchSplitError):
             raise TitanError(
-                f"--resume {resume_dir}: {err}, but --batch-size {cfg.data.batch_size} is the "
+                f"--resume {resume_dir}: {err}, but --batch-size {batch_size} is the "
                 "run's and cannot change on --resume: give --dp, --fsdp and --microbatches "
                 "whose product divides it"
             ) from None
@@ -240,7 +243,11 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
     resuming = resume_dir is not None
     try:
         with stop.during("scan"):
-            corpora = checked_on_every_process(lambda: _scanned(cfg, resume_dir))
+            corpora = checked_on_every_process(
+                lambda: _scanned(
+                    cfg.data, cfg.model.task, cfg.parallel, cfg.observability, resume_dir
+                )
+            )
         run_dir = run_dir_of(cfg.run, cfg.model.shape.name, resuming)
         with (
             # claimed before anything slow: a second run of this dir is refused at once
@@ -652,7 +659,13 @@ class _Run:
             self.progress.close()
 
 
-def _scanned(cfg: TrainConfig, resume_dir: Path | None) -> Corpora | None:
+def _scanned(
+    data: DataOptions,
+    task: str,
+    parallel: ParallelOptions,
+    observability: ObservabilityOptions,
+    resume_dir: Path | None,
+) -> Corpora | None:
     """A process's checks of its inputs before the run starts: the record of a resumed run
     (one it could not continue is refused first), the corpora of a text run (None for images),
     the metrics library, and the layout against the devices (before the tokenizer).
@@ -663,9 +676,9 @@ def _scanned(cfg: TrainConfig, resume_dir: Path | None) -> Corpora | None:
     """
     if resume_dir is not None:
         check_record(resume_dir)
-    corpora = _corpora(cfg.data) if cfg.model.task == "lm" else None
-    check_library(cfg.observability.metrics)
-    _say(check_layout_fits(cfg.parallel, cfg.data.batch_size))
+    corpora = _corpora(data) if task == "lm" else None
+    check_library(observability.metrics)
+    _say(check_layout_fits(parallel, data.batch_size))
     return corpora
 
 
