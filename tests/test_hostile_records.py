@@ -358,6 +358,18 @@ def test_a_step_past_64_bits_is_left_out_of_every_export(tmp_path):
     assert steps == ["2", "3", "4", "5", "6"]
 
 
+@pytest.mark.parametrize("step", [2**63, -(2**63) - 1, 1e23])
+def test_a_step_past_64_bits_is_a_bad_line_to_the_run_list_as_to_summarize(tmp_path, step):
+    events = crash_then_resume()
+    last = next(e for e in reversed(events) if e["type"] == "step")
+    events.insert(events.index(last) + 1, dict(last, step=step, loss=123.0))
+    write_run(tmp_path, "huge", events)
+    [summary] = summarize.summarize(tmp_path)
+    [listed] = list_runs(tmp_path).summaries
+    assert (listed.state.step, listed.state.loss) == (last["step"], last["loss"])
+    assert (summary.steps, summary.final_loss) == (last["step"], last["loss"])
+
+
 def test_an_error_of_200k_characters_is_cut_in_summaries_and_kept_whole_in_json(tmp_path, capsys):
     events = crash_then_resume()
     events[-1].update(status="failed", error="x" * 200_000)
@@ -780,7 +792,7 @@ async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_
     last = json.loads(lines[-1])
     steps = [  # the last loss shown in the run list, its step past any real run's
         dict(last, type="step", step=None, loss=5.0),
-        dict(last, type="step", step=10**20, loss=-1e308),
+        dict(last, type="step", step=9 * 10**18, loss=-1e308),
     ]
     hostile.write_text("".join(lines[:-1] + [json.dumps(s) + "\n" for s in steps] + lines[-1:]))
     app = TitanConsole(root)
@@ -808,5 +820,5 @@ async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_
     assert "learning rate" in curves and "tiny-killed-resumed" in compared
     # a number past any real run's stays one short cell: the other columns stay on the screen
     row = next(line for line in listed.splitlines() if "-1.00e+308" in line)
-    assert "1.00e+20/" in row and "tiny-killed-resumed" in row
+    assert "9.00e+18/" in row and "tiny-killed-resumed" in row
     assert format_bounded(1234567.0, ",.0f") == "1,234,567"  # a real run's, in full

@@ -866,12 +866,20 @@ def _float(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+# The integers a record holds: JSON bounds none, but DuckDB's BIGINT (``titan summarize``) and
+# the metric sinks' steps (TensorBoard's, wandb's) are signed 64-bit.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int(value: Any) -> int | None:
+    """A JSON integer (or a float of an integer's value) in the signed 64-bit range; None for a
+    bool, another type, or one out of range (a damaged or foreign record's: every reader then
+    leaves it out alike)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value if isinstance(value, int) else None
+        value = int(value)
+    return value if isinstance(value, int) and INT64_MIN <= value <= INT64_MAX else None
 
 
 def _list_decoder(item: Any) -> Callable[[Any], Any]:
@@ -945,9 +953,10 @@ def markdown() -> str:
         "",
         f"Current schema version: {SCHEMA_VERSION} (lines without `schema` are version 0 and "
         "read the same way). Non-finite numbers (a diverged loss) are written as `null`; a `step` "
-        "event names them in its `nonfinite` field. A reader takes a `NaN` or `Infinity` "
-        "(which only a damaged or foreign record holds) as a missing value, and a line whose "
-        "`time` is not a finite number as no event.",
+        "event names them in its `nonfinite` field. A reader takes a `NaN` or `Infinity`, or an "
+        "integer outside the signed 64-bit range (which only a damaged or foreign record holds), "
+        "as a missing value, and a line whose `time` is not a finite number, or whose required "
+        "field is missing (a `step` event's `step`), as no event.",
         "",
         "## Every line",
         "",

@@ -28,6 +28,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.out_paths import check_dir, check_file, check_outside_run, removed_on_failure
 from titan.progress_bar import progress_bar, tracked
+from titan.telemetry.events import INT64_MAX
 from titan.telemetry.records import EVENTS_FILE, EventTail, run_record_tail
 
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
@@ -53,19 +54,15 @@ def _numbers(prefix: str, value: Any) -> Iterator[tuple[str, float]]:
             yield from _numbers(f"{prefix}.{key}", inner)
 
 
-# The largest step a sink stores: TensorBoard's and wandb's step is a signed 64-bit integer.
-MAX_STEP = 2**63 - 1
-
-
 def event_scalars(event: dict[str, Any]) -> list[tuple[str, float]]:
     """``(tag, value)`` of each finite numeric field of an event of :data:`SCALAR_EVENTS` (none
-    for other events, or one without an integer ``step`` from 0 to :data:`MAX_STEP`, or
-    without a finite ``time``)."""
+    for other events, or one without an integer ``step`` from 0 to
+    :data:`titan.telemetry.events.INT64_MAX`, or without a finite ``time``)."""
     group = SCALAR_EVENTS.get(event.get("type", ""))
     step, at = event.get("step"), event.get("time")
     if group is None or isinstance(step, bool) or not isinstance(step, int):
         return []
-    if not 0 <= step <= MAX_STEP or not (isinstance(at, int | float) and math.isfinite(at)):
+    if not 0 <= step <= INT64_MAX or not (isinstance(at, int | float) and math.isfinite(at)):
         return []
     return [
         (f"{group}/{tag}", value)
