@@ -225,6 +225,7 @@ async def test_a_run_reads_resuming_until_the_new_attempts_run_start(tmp_path: P
             second = app.screen
             await pilot.pause(0.3)
             shown = (second.status, stat(app, "status"), second.check_action("resume", ()))
+            process = stat(app, "process")
             await pilot.press("R")
             await pilot.pause()
             after_r = app.screen
@@ -238,6 +239,7 @@ async def test_a_run_reads_resuming_until_the_new_attempts_run_start(tmp_path: P
         os.killpg(child.pid, signal.SIGKILL)
         child.process.wait(timeout=30)
     assert shown == ("resuming", "resuming", False)
+    assert process == "the resume's process runs; its run_start is not written yet"
     assert after_r is second
     assert below == (first, "resuming", False)
 

@@ -396,6 +396,8 @@ class MonitorScreen(Screen[None]):
             else:
                 clean = self.returncode in (EXIT_OK, EXIT_STOPPED)  # completed or stopped
                 process.show(f"exited rc {self.returncode}", "good" if clean else "bad")
+        elif self._resuming():  # the liveness is still the ended attempt's
+            process.show("the resume's process runs; its run_start is not written yet", wrap=True)
         elif liveness is None:
             process.show("-")
         elif liveness.lost is not None:
