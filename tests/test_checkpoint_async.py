@@ -25,6 +25,7 @@ from helpers import (
     trainer_of,
 )
 
+from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE
@@ -174,6 +175,27 @@ def test_time_based_saves_trigger_after_the_interval():
 def test_time_based_saves_refuse_several_processes():
     with pytest.raises(TitanError, match="--checkpoint-every-s runs with one process, not 2"):
         SaveSchedule(every_steps=100, every_s=60.0, processes=2)
+
+
+def test_time_based_saves_on_several_processes_are_refused_before_the_join(
+    monkeypatch, tmp_path, capsys
+):
+    def join(launch):  # the run's processes would wait here for each other
+        raise AssertionError("joined")
+
+    monkeypatch.setattr("titan.trainer.train.initialize", join)
+    launch = ["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "0"]
+    options = ["--checkpoint-every-s", "60", "--runs-root", str(tmp_path)]
+    assert main(["train", *options, *launch]) == EXIT_USAGE
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "--checkpoint-every-s runs with one process, not 2 (their clocks would pick different "
+            "steps); use --checkpoint-every"
+        )
+    )
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -297,15 +297,28 @@ def _key_name(key: Any) -> str:
     return str(key)
 
 
+def check_save_clock(every_s: float, processes: int) -> None:
+    """Refuse ``--checkpoint-every-s`` (``every_s`` > 0) with several ``processes``: each would
+    read its own clock and they could pick different steps (``--checkpoint-every`` steps agree
+    by construction).
+
+    Raises:
+        TitanError: naming both.
+    """
+    if every_s and processes > 1:
+        raise TitanError(
+            f"--checkpoint-every-s runs with one process, not {processes} (their clocks "
+            "would pick different steps); use --checkpoint-every"
+        )
+
+
 class SaveSchedule:
     """When the loop saves: after every ``every_steps``-th step and, with ``every_s`` > 0, after
     the first step that ends ``every_s`` seconds or more after the last save (or the loop's
     start).
 
     Raises:
-        TitanError: ``every_s`` with several processes (each would read its own clock and
-            they could pick different steps; ``--checkpoint-every`` steps agree by
-            construction).
+        TitanError: as :func:`check_save_clock`.
     """
 
     def __init__(
@@ -315,11 +328,7 @@ class SaveSchedule:
         processes: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if every_s and processes > 1:
-            raise TitanError(
-                f"--checkpoint-every-s runs with one process, not {processes} (their clocks "
-                "would pick different steps); use --checkpoint-every"
-            )
+        check_save_clock(every_s, processes)
         self.every_steps, self.every_s, self._clock = every_steps, every_s, clock
         self._last = clock()
 

@@ -109,6 +109,7 @@ from titan.trainer.checkpoint import (
     Checkpointer,
     SaveSchedule,
     Unrestorable,
+    check_save_clock,
     initial_state,
 )
 from titan.trainer.checkpoint_hook import CheckpointHook, SettledSavesHook
@@ -182,6 +183,8 @@ def train_from_cli(
     resume_dir = enter_launch_dir(Path(resume)) if resume else None
     cfg = resume_options(resume_dir, explicit) if resume_dir else TrainConfig.of(**explicit)
     launch = launch or LaunchSettings()
+    if launch.num_processes is not None:  # else known once joined: the save schedule checks it
+        check_save_clock(cfg.checkpoint.checkpoint_every_s, launch.num_processes)
     initialize(launch)
     same_options({**cfg.record(), "num_processes": launch.num_processes})
     if resume_dir is not None:
