@@ -61,6 +61,30 @@ def test_launch_shows_process_0_without_gloo_lines_and_a_failed_process_last_lin
     )
 
 
+def test_a_failure_is_said_before_the_lines_of_the_processes_it_stops():
+    stops_on_sigterm = (
+        "import signal, sys, time\n"
+        "def stop(*_): print('titan: stopped by SIGTERM'); sys.exit(4)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('step 1/2', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    running = subprocess.Popen(
+        [sys.executable, "-c", stops_on_sigterm],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert running.stdout is not None and running.stdout.readline() == "step 1/2\n"
+    out = io.StringIO()
+    assert supervise([running, _child("titan train: error: bad", code=2)], out, False) == 2
+    assert out.getvalue().splitlines() == [
+        "titan launch: process 1 exited 2; stopping the others",
+        "[0] titan: stopped by SIGTERM",
+        "[1] titan train: error: bad",
+    ]
+
+
 def _children(pid: int, count: int) -> list[psutil.Process]:
     """The launcher's ``count`` children once each runs ``titan train`` (past its exec: a child
     between fork and exec is still a copy of the launcher, before its death signal is set)."""

@@ -17,7 +17,8 @@ with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux (the kernel kills it when the
 even by SIGKILL), and the launcher kills any child still running when it returns or raises.
 ``--processes`` is at most :data:`PROCESSES_PER_CPU` per CPU this process may run on
 (``os.sched_getaffinity``). Each line a child prints comes out prefixed ``[I]``. When a child
-fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) the others are
+fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) while others
+run, a line names it and its code (ahead of what the others print as they stop), and they are
 sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a collective
 for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
 child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over completion; a
@@ -304,9 +305,14 @@ def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = Fa
             if child.poll() is None:
                 child.send_signal(signum)
 
+    def say(line: str) -> None:
+        with lock:
+            out.write(line)
+            out.flush()
+
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        stopped = _wait(children, kill_at)
+        stopped = _wait(children, kill_at, say)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -323,16 +329,23 @@ def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = Fa
     return worst_exit_code(exit_code(c.returncode) for c in ended)
 
 
-def _wait(children: list[subprocess.Popen], kill_at: list[float]) -> set[int]:
-    """Wait for every child; after one fails, SIGTERM the rest, and SIGKILL them after
-    :data:`KILL_AFTER_S`; SIGKILL any still running at ``kill_at[0]`` (a forwarded stop's
-    deadline) too. Returns the indices of the children it signalled after a failure."""
+def _wait(
+    children: list[subprocess.Popen], kill_at: list[float], say: Callable[[str], None]
+) -> set[int]:
+    """Wait for every child; after one fails, ``say`` which (before the lines the others print
+    as they stop), SIGTERM the rest, and SIGKILL them after :data:`KILL_AFTER_S`; SIGKILL any
+    still running at ``kill_at[0]`` (a forwarded stop's deadline) too. Returns the indices of
+    the children it signalled after a failure."""
     stopped: set[int] = set()
     failure_seen = False
     while [c.poll() for c in children].count(None):  # every child polled: each one's code is seen
-        failed = any(c.returncode not in (None, EXIT_OK, EXIT_STOPPED) for c in children)
+        failed = [
+            i for i, c in enumerate(children) if c.returncode not in (None, EXIT_OK, EXIT_STOPPED)
+        ]
         if failed and not failure_seen:
             failure_seen = True
+            code = exit_code(children[failed[0]].returncode)
+            say(f"titan launch: process {failed[0]} exited {code}; stopping the others\n")
             deadline = time.monotonic() + KILL_AFTER_S
             kill_at[:] = [min(kill_at + [deadline])]
             for i, child in enumerate(children):
