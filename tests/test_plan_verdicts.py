@@ -266,3 +266,20 @@ def test_a_batch_of_a_trillion_sequences_gets_its_verdict(capsys):
     argv = ("--model", "llama3-8b", "--gpu", "h100", "--gpus", "1", "--seq-len", "1")
     code, out, _ = run_plan(capsys, *argv, "--batch-size", str(2**40), "--tokens", "1e12")
     assert code in (EXIT_OK, EXIT_FAILED) and "tokens/s" in out
+
+
+@pytest.mark.parametrize(
+    ("gpu", "swiglu"),
+    [("h200", "fused"), ("b200", "fused"), ("mi300x", "native"), ("cpu", "native")],
+)
+def test_the_swiglu_priced_is_the_one_the_registry_serves_on_that_gpu(capsys, gpu, swiglu):
+    argv = ["--model", "llama3-8b", "--gpu", gpu, "--gpus", "8", "--tokens", "1e11", "--json"]
+    code, out, _ = run_plan(capsys, *argv)
+    assert json.loads(out)["precision"]["swiglu"] == swiglu
+
+
+def test_an_amd_layout_is_priced_with_the_native_swiglu_it_runs(capsys):
+    # priced with the fused SwiGLU (opt-in on ROCm), 77 GB: a fit in 144 GB that would not run
+    argv = ["--model", "llama3-8b", "--gpu", "mi300x", "--gpus", "8", "--tokens", "1e11"]
+    code, out, _ = run_plan(capsys, *argv, "--fsdp", "8", "--microbatches", "64", "--remat", "none")
+    assert code == EXIT_FAILED and "does not fit: 138.47 GB estimated" in out

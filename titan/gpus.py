@@ -50,6 +50,9 @@ class GpuSpec:
         scale_out_bytes_per_s: typical network bandwidth per GPU between nodes, one direction.
         gpus_per_node: GPUs of the reference server.
         compute_dtype: dtype Titan computes in on this device (``--compute-dtype auto``).
+        accelerator: the software stack it runs (``cuda``, ``rocm`` or ``cpu``): what the
+            operator registry chooses providers by
+            (:func:`titan.ops.providers.platform.accelerator`).
         source: where each figure comes from.
         usable_bytes: device memory a run may use, bytes: the allocator pool JAX gives XLA
             (``bytes_limit`` of ``jax.Device.memory_stats()``) where measured
@@ -72,6 +75,7 @@ class GpuSpec:
     scale_out_bytes_per_s: float
     gpus_per_node: int
     compute_dtype: str
+    accelerator: str
     source: str
     usable_bytes: float
     usable_source: str
@@ -166,6 +170,10 @@ def _usable(name: str, hbm_bytes: float) -> tuple[float, str]:
     return hbm_bytes * USABLE_MEMORY_FRACTION, f"{share} of the datasheet's memory (JAX's pool)"
 
 
+# The AMD Instinct rows, which run ROCm; the other GPUs run CUDA.
+_ROCM = frozenset({"mi250x", "mi300x", "mi325x", "mi355x"})
+
+
 def _spec(row: tuple) -> GpuSpec:
     name, label, bf16, fp8, memory, bandwidth, tdp, up, peer, out, per_node = row
     usable_bytes, usable_source = _usable(name, memory * GB)
@@ -183,6 +191,7 @@ def _spec(row: tuple) -> GpuSpec:
         scale_out_bytes_per_s=out * GB,
         gpus_per_node=per_node,
         compute_dtype="float32" if name == "cpu" else "bfloat16",
+        accelerator="cpu" if name == "cpu" else "rocm" if name in _ROCM else "cuda",
         source=_SOURCES[name],
         usable_bytes=usable_bytes,
         usable_source=usable_source,

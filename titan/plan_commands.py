@@ -419,8 +419,9 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     gpu = find_gpu(args.gpu)
     compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
     check_peak_dtype(gpu, compute)
-    # The registry's SwiGLU: the fused Pallas kernel on accelerators, native on CPU.
-    swiglu = "native" if gpu.name == "cpu" else "fused"
+    # The registry's SwiGLU: the fused Pallas kernel on CUDA (titan.ops.providers.swiglu's
+    # preferred), native elsewhere (opt-in on ROCm, interpreted on CPU).
+    swiglu = "fused" if gpu.accelerator == "cuda" else "native"
     model = resolve_model(args.model)
     check_planned_family(model, f"--model {args.model}")
     per_node = gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node
