@@ -24,6 +24,7 @@ from titan.telemetry.records import RunRecord
 from titan.trainer.compilation import CompileWatch
 from titan.trainer.memory_check import (
     AUTO_KERNELS,
+    UNKNOWN_KERNELS,
     RematChoice,
     Traced,
     check_memory,
@@ -49,7 +50,7 @@ class _Cpu:
 class _Gpu:
     """A device whose allocator reports a pool of ``limit`` bytes."""
 
-    device_kind, platform = "NVIDIA H200", "gpu"
+    device_kind, platform = "NVIDIA H200", "cuda"
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -252,3 +253,22 @@ def test_train_holds_auto_against_its_compiled_program_and_builds_the_next_candi
     assert "dots-attention compiled to" in built.remat.line()
     given = _Built.of(shape, ops, cfg.trainer, RematChoice("dots"), compiler)
     assert given.compiled is None  # nothing to hold: compiled when the run starts
+
+
+class _AmdGpu(_Gpu):
+    device_kind, platform = "AMD Instinct MI300X", "rocm"
+
+
+def test_remat_auto_prices_the_swiglu_the_registry_serves_unasked():
+    # the fused SwiGLU keeps fewer bytes per layer, but ROCm runs the native one unless asked
+    on_cuda, on_rocm = _auto([_Gpu(10**15)]), _auto([_AmdGpu(10**15)])
+    assert on_cuda.remat == on_rocm.remat == "dots-attention"
+    fused, native = (
+        _check([_Gpu(10**15)], kernels, batch_size=64, seq_len=2048, remat="dots-attention")
+        for kernels in (AUTO_KERNELS, UNKNOWN_KERNELS)
+    )
+    assert native.estimate_bytes > fused.estimate_bytes
+    assert (on_cuda.estimate_bytes, on_rocm.estimate_bytes) == (
+        fused.estimate_bytes,
+        native.estimate_bytes,
+    )

@@ -35,6 +35,7 @@ from typing import Any, cast
 from titan.config import ComputeOptions, DataOptions, ParallelOptions, Remat, TrainerOptions
 from titan.errors import TitanError
 from titan.gpus import find_gpu, gpu_for_device_kind
+from titan.ops.providers.platform import CUDA, accelerator
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.remat import AUTO, REMAT_POLICIES, auto_candidates
 from titan.shapes import ModelConfig
@@ -43,9 +44,16 @@ from titan.telemetry.device_memory import host_memory_bytes, usable_bytes
 GB = 1e9
 # Providers assumed before the trace says which served: a fused attention kernel (module docstring)
 UNKNOWN_KERNELS = {"attention": "pallas"}
-# What --remat auto prices on an accelerator, before the trace: also the fused SwiGLU, which the
-# registry serves on CUDA GPUs (titan.ops.providers.swiglu.preferred), as titan plan assumes.
+# What --remat auto prices on a CUDA GPU, before the trace: also the fused SwiGLU, which the
+# registry serves there unasked (titan.ops.providers.swiglu.preferred), as titan plan assumes.
 AUTO_KERNELS = {**UNKNOWN_KERNELS, "swiglu": "pallas"}
+
+
+def auto_kernels(platform: str) -> dict[str, str]:
+    """The providers ``--remat auto`` prices on a device ``platform`` (``jax.Device.platform``)
+    before the trace: :data:`AUTO_KERNELS` on CUDA, else :data:`UNKNOWN_KERNELS` (the SwiGLU
+    kernel is opt-in on ROCm)."""
+    return AUTO_KERNELS if accelerator(platform) == CUDA else UNKNOWN_KERNELS
 
 
 @dataclass(frozen=True)
@@ -237,15 +245,16 @@ def resolve_remat(
         devices: the run's devices in this process.
         usable_override: ``--debug-usable-memory`` (0: the devices' own figure).
 
-    The estimate prices attention and SwiGLU as the fused kernels that serve them on GPUs
-    (:data:`AUTO_KERNELS`), as ``titan plan`` does: the providers are chosen when the model is
+    The estimate prices attention and SwiGLU as the kernels that serve them unasked
+    (:func:`auto_kernels`), as ``titan plan`` does: the providers are chosen when the model is
     traced, and the memory check then prices the ones that served.
     """
     compute = options.compute
     candidates = auto_candidates(devices[0].platform)
     if compute.remat != AUTO or len(candidates) == 1:  # nothing to choose
         return RematChoice(cast(Remat, candidates[0]) if compute.remat == AUTO else compute.remat)
-    precision = Precision.of_providers(compute.param_dtype, compute_dtype, AUTO_KERNELS)
+    kernels = auto_kernels(devices[0].platform)
+    precision = Precision.of_providers(compute.param_dtype, compute_dtype, kernels)
     kind = devices[0].device_kind
     estimator = _Estimator(
         model, options.parallel, options.seq_len, layout_devices, kind, precision
