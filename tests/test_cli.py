@@ -158,3 +158,30 @@ def test_an_empty_out_is_refused_not_read_as_the_default(command, out, tmp_path,
         f"titan {' '.join(command[:-1])}: error: argument --out: an empty path; name a file or "
         "directory"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "argument"),
+    [
+        (["export", "hf", ""], "RUN_DIR"),
+        (["export", "maxtext", ""], "RUN_DIR"),
+        (["export", "csv", "", "--out", "x.csv"], "RUN_DIR"),
+        (["import", "hf", ""], "DIR"),
+        (["import", "maxtext", ""], "DIR"),
+        (["sample", ""], "RUN_DIR"),
+        (["report", ""], "RUN_DIR"),
+        (["generate", "", "--prompt", "a"], "RUN_DIR|CHECKPOINT"),
+        (["summarize", ""], "RUNS_ROOT"),
+        (["plan", "--from", ""], "--from"),
+        (["plan", "--calibration", "perfdb", "--runs-root", " "], "--runs-root"),
+    ],
+)
+def test_an_empty_path_to_read_is_refused_not_read_as_the_current_dir(command, argument, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(command)
+    assert exited.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f": error: argument {argument}: an empty path; name a file or directory")
+    )

@@ -33,6 +33,16 @@ def path_argument(text: str) -> str:
     return text
 
 
+def path_of(text: str) -> Path:
+    """The ``type`` of a path option read as a :class:`~pathlib.Path` (``--from``,
+    ``--runs-root``): :func:`path_argument`'s check, then the path.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty or all-blank path.
+    """
+    return Path(path_argument(text))
+
+
 class GivenOnce(argparse.Action):
     """An option's ``action`` that refuses the option given twice (argparse keeps the last, and
     would drop the first without a word)."""

@@ -31,6 +31,7 @@ from titan.flops import ATTENTION_KERNELS
 from titan.formatting import format_amount, format_count, format_flops_rate, format_span
 from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named, on_one_host
 from titan.inert import inert
+from titan.out_paths import path_of
 from titan.planning.budget import (
     MAX_BATCH_TOKENS,
     Plan,
@@ -137,7 +138,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--from",
         dest="from_run",
-        type=Path,
+        type=path_of,
         metavar="RUN_DIR",
         help="predict the configuration of this run (its run_start record) and print the "
         "prediction against what the run measured; the model, GPUs, batch, precision and "
@@ -167,7 +168,7 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--runs-root",
-        type=Path,
+        type=path_of,
         default=None,
         help="runs root of --calibration perfdb, only with it (default: $TITAN_RUNS, else ./runs)",
     )

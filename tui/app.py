@@ -36,6 +36,7 @@ from titan import installed_version
 from titan.analysis.liveness import LAUNCH_FILE
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.out_paths import path_of
 from titan.telemetry.records import EVENTS_FILE, check_runs_root, default_runs_root
 from tui.driver import ConsoleDriver
 from tui.history import HistoryStore
@@ -281,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument(
         "--runs-root",
         metavar="DIR",
-        type=Path,
+        type=path_of,
         help="list the run dirs in DIR (newest first) to open in the monitor; runs launched "
         "here are created in DIR, which the first one creates when it does not exist "
         "(default: $TITAN_RUNS, else ./runs, with the launch form open)",
@@ -289,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument(
         "--run",
         metavar="RUN_DIR",
-        type=Path,
+        type=path_of,
         help="open the monitor of the run in RUN_DIR (a folder with events.jsonl); "
         "esc goes to the list of its parent folder",
     )

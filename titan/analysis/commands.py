@@ -104,7 +104,9 @@ def add_parser(subparsers: Any) -> None:
         "profile trace) with PNG figures of loss, tokens/s, MFU and power over the run, into "
         "--out (default: RUN_DIR/report).",
     )
-    r.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
+    r.add_argument(
+        "run_dir", metavar="RUN_DIR", type=path_argument, help="a run dir (holding events.jsonl)"
+    )
     r.add_argument(
         "--out", default=None, metavar="DIR", type=path_argument, help="default: RUN_DIR/report"
     )
@@ -116,6 +118,7 @@ def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
     parser.add_argument(
         "runs_root",
         nargs="?",
+        type=path_argument,
         default=None,
         metavar="RUNS_ROOT",
         help="default: $TITAN_RUNS, else ./runs",
@@ -389,7 +392,12 @@ def add_export_formats(formats: Any) -> None:
             f"events, one value per step and field) as {described[sink]}. events.jsonl stays "
             "the source of truth; an export can be written again at any time.",
         )
-        f.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (holding events.jsonl)")
+        f.add_argument(
+            "run_dir",
+            metavar="RUN_DIR",
+            type=path_argument,
+            help="a run dir (holding events.jsonl)",
+        )
         f.add_argument(
             "--out", default=None, metavar="PATH", type=path_argument, help=OUT_HELP[sink]
         )

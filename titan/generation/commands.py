@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from titan.generation import MAX_TEMPERATURE
+from titan.out_paths import path_argument
 
 
 def add_parser(subparsers: Any) -> None:
@@ -22,6 +23,7 @@ def add_parser(subparsers: Any) -> None:
     generate.add_argument(
         "source",
         metavar="RUN_DIR|CHECKPOINT",
+        type=path_argument,
         help="a run dir (its newest committed checkpoint, or --step N) or one checkpoint "
         "<run dir>/checkpoints/<step>",
     )

@@ -34,7 +34,9 @@ def add_parser(subparsers: Any) -> None:
         "state (weights as float32 master weights); start a run from it with titan train "
         "--init-from OUT.",
     )
-    hf.add_argument("source", metavar="DIR", help="the Hugging Face model directory")
+    hf.add_argument(
+        "source", metavar="DIR", type=path_argument, help="the Hugging Face model directory"
+    )
     hf.add_argument(
         "--out",
         metavar="PATH",
@@ -60,6 +62,7 @@ def add_parser(subparsers: Any) -> None:
     hf.add_argument(
         "run_dir",
         metavar="RUN_DIR",
+        type=path_argument,
         help="a run dir or a titan import hf output (its newest checkpoint that can be read), "
         "or one of its checkpoints, RUN_DIR/checkpoints/STEP",
     )

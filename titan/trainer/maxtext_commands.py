@@ -25,7 +25,10 @@ def add_import_format(kinds: Any) -> None:
         "to 0 (docs/maxtext.md).",
     )
     maxtext.add_argument(
-        "path", metavar="DIR", help="the MaxText checkpoint (the folder holding items/)"
+        "path",
+        metavar="DIR",
+        type=path_argument,
+        help="the MaxText checkpoint (the folder holding items/)",
     )
     maxtext.add_argument(
         "--out", required=True, type=path_argument, help="new folder for the Titan checkpoint"
@@ -62,7 +65,7 @@ def add_export_format(kinds: Any) -> None:
         "to MaxText's llama2 block, a --model-source maxtext run's parameters as they are. "
         "Prints the MaxText settings that build the model.",
     )
-    maxtext.add_argument("run_dir", metavar="RUN_DIR", help="the Titan run dir")
+    maxtext.add_argument("run_dir", metavar="RUN_DIR", type=path_argument, help="the Titan run dir")
     maxtext.add_argument(
         "--out", required=True, type=path_argument, help="new folder for the MaxText checkpoint"
     )

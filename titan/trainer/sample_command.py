@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
         "device and write a grid of samples, one row per class (deterministic for a seed: "
         "Euler steps for flow matching, DDIM for DDPM, optional classifier-free guidance).",
     )
-    sample.add_argument("run_dir", metavar="RUN_DIR", help="the run dir")
+    sample.add_argument("run_dir", metavar="RUN_DIR", type=path_argument, help="the run dir")
     sample.add_argument(
         "--out",
         default=None,
