@@ -283,3 +283,21 @@ def test_an_amd_layout_is_priced_with_the_native_swiglu_it_runs(capsys):
     argv = ["--model", "llama3-8b", "--gpu", "mi300x", "--gpus", "8", "--tokens", "1e11"]
     code, out, _ = run_plan(capsys, *argv, "--fsdp", "8", "--microbatches", "64", "--remat", "none")
     assert code == EXIT_FAILED and "does not fit: 138.47 GB estimated" in out
+
+
+def test_the_matmul_efficiency_says_whether_the_calibration_gave_it(capsys, tmp_path):
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"h100": 0.5}))
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--tokens", "1e11", "--fsdp", "4", "--tp", "2"]
+    argv += ["--microbatches", "128", "--remat", "dots-attention"]
+    shown = {}
+    for gpu, given in (("h100", True), ("h200", True), ("h200", False)):
+        extra = ["--calibration", str(calibration)] if given else []
+        code, out, _ = run_plan(capsys, *argv, "--gpu", gpu, *extra)
+        assert code == EXIT_OK
+        shown[gpu, given] = re.search(r"eta = [\d.]+ of peak for matmuls \([^)]*\)", out)[0]
+    assert shown == {
+        ("h100", True): "eta = 0.50 of peak for matmuls (calibrated)",
+        ("h200", True): "eta = 0.72 of peak for matmuls (default: the calibration has no h200)",
+        ("h200", False): "eta = 0.72 of peak for matmuls (default)",
+    }

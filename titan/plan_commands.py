@@ -783,8 +783,18 @@ def mfu_caption(request: PlanRequest, conventions: str) -> str:
 
 
 def eta_caption(p: Plan) -> str:
-    """The matmul efficiency the step time assumes, in one line."""
-    return f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls"
+    """The matmul efficiency the step time assumes, in one line, and where it comes from: the
+    calibration's figure for the GPU, else the default of
+    :func:`titan.planning.step.achievable_fraction` (no calibration given, or none for the GPU).
+    """
+    gpu, calibration = p.request.gpu, p.request.calibration
+    if gpu.name in calibration:
+        source = "calibrated"
+    elif calibration:
+        source = f"default: the calibration has no {gpu.name}"
+    else:
+        source = "default"
+    return f"eta = {p.step.achievable_fraction:.2f} of peak for matmuls ({source})"
 
 
 # Width of the output when it is neither a terminal nor sized by $COLUMNS (files, logs).
