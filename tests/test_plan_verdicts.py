@@ -301,3 +301,22 @@ def test_the_matmul_efficiency_says_whether_the_calibration_gave_it(capsys, tmp_
         ("h200", True): "eta = 0.72 of peak for matmuls (default: the calibration has no h200)",
         ("h200", False): "eta = 0.72 of peak for matmuls (default)",
     }
+
+
+def test_a_run_judged_by_a_calibration_fitted_on_it_is_said_so(capsys, tmp_path):
+    for root in ("here", "elsewhere"):
+        shutil.copytree(SAMPLE_H200_RUN, tmp_path / root / SAMPLE_H200_RUN.name)
+    run_dir = tmp_path / "here" / SAMPLE_H200_RUN.name
+    said = {}
+    for root in ("here", "elsewhere"):
+        argv = ["--from", str(run_dir), "--calibration", "perfdb", "--runs-root"]
+        code, out, _ = run_plan(capsys, *argv, str(tmp_path / root), "--json")
+        said[root, "json"] = json.loads(out)["calibrated_on_this_run"]
+        code, out, _ = run_plan(capsys, *argv, str(tmp_path / root))
+        said[root, "text"] = "this one among them" in out
+    assert said == {
+        ("here", "json"): True,
+        ("here", "text"): True,
+        ("elsewhere", "json"): False,
+        ("elsewhere", "text"): False,
+    }

@@ -664,9 +664,11 @@ def run_from(args: argparse.Namespace) -> int:
         ("step time (s)", p.step.step_s, None if math.isnan(run.step_s) else run.step_s, 1.0),
         ("peak memory (GB)", p.memory.total, peak, GB),
     ]
+    fitted_on_it = _calibrated_on(args)
     if args.json:
         report = _json(p.request, [p]) | {"verdict": dataclasses.asdict(judged)}
         report["measured"] = {"step_s": rows[0][2], "peak_bytes": peak}
+        report["calibrated_on_this_run"] = fitted_on_it
         print(json.dumps(report, indent=2))
         return EXIT_OK if judged.fits else EXIT_FAILED
     from rich.table import Table
@@ -682,10 +684,24 @@ def run_from(args: argparse.Namespace) -> int:
         error = "-" if measured is None else f"{predicted / measured - 1:+.1%}"
         table.add_row(name, f"{predicted / unit:,.4g}", shown, error)
     out.print(table)
+    if fitted_on_it:
+        out.print(
+            "the perfdb calibration was fitted on the runs of --runs-root, this one among them: "
+            "its step-time error is no check of the model on a run it has not seen"
+        )
     out.print(Text(judged.summary(p), style="green" if judged.fits else "red"))
     if args.tokens is not None or args.price is not None:  # a budget to plan the run for
         out.print(_totals(p))
     return EXIT_OK if judged.fits else EXIT_FAILED
+
+
+def _calibrated_on(args: argparse.Namespace) -> bool:
+    """Whether ``--calibration perfdb`` was fitted on the runs of a runs root that holds the
+    ``--from`` run dir (the database ingests the run dirs directly under it)."""
+    if args.calibration != PERFDB:
+        return False
+    root = perfdb_runs_root(args.runs_root).resolve()
+    return Path(args.from_run).resolve().parent == root
 
 
 def train_command(model: str, p: Plan) -> str:
