@@ -185,3 +185,20 @@ def test_an_empty_path_to_read_is_refused_not_read_as_the_current_dir(command, a
         .err.splitlines()[-1]
         .endswith(f": error: argument {argument}: an empty path; name a file or directory")
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["train", "--bogus"], "titan train"),
+        (["plan", "--bogus", "1"], "titan plan"),
+        (["export", "csv", "RUN", "--bogus"], "titan export csv"),
+        (["perf", "check", "extra", "words"], "titan perf check"),
+    ],
+)
+def test_an_unknown_argument_is_named_by_the_command_that_met_it(argv, command, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{command}: error: unrecognized arguments: ")

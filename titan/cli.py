@@ -51,10 +51,20 @@ def _command_modules() -> list[Any]:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and exit code 2."""
+    """argparse with one-line errors (no usage block) and exit code 2, each named by the
+    command that met it: an argument a subcommand does not know is ``titan plan: error: ...``,
+    not the top parser's ``titan: error: ...`` (argparse leaves it to the top one)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:  # the innermost command met them: every word after its name was its own
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
