@@ -496,6 +496,9 @@ CASES: dict[str, Case] = {
     "plan_from_a_missing_dir": Case(
         lambda p: ["plan", "--from", str(p.tmp / "gone")], "gone: no such directory"
     ),
+    "plan_from_a_file": Case(
+        lambda p: ["plan", "--from", str(SAMPLE_RUN / "events.jsonl")], "jsonl: not a directory"
+    ),
     "plan_from_with_gpus": Case(
         lambda p: ["plan", "--from", str(SAMPLE_RUN), "--gpus", "8"], "--gpus conflicts with --from"
     ),

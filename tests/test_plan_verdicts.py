@@ -320,3 +320,9 @@ def test_a_run_judged_by_a_calibration_fitted_on_it_is_said_so(capsys, tmp_path)
         ("elsewhere", "json"): False,
         ("elsewhere", "text"): False,
     }
+
+
+def test_a_search_on_one_gpu_that_finds_nothing_says_gpu_once(capsys):
+    argv = ["--model", "llama3-70b", "--gpu", "h200", "--gpus", "1", "--tokens", "1e9", "--search"]
+    code, out, _ = run_plan(capsys, *argv)
+    assert code == EXIT_FAILED and "no layout of 1 GPU fits in memory; " in out

@@ -597,7 +597,8 @@ class Outcome:
             else f"not even {max_layout_gpus(request.model, request.batch_sequences)} GPUs "
             "would do (the most any layout of this model and batch spans)"
         )
-        return f"no layout of {request.gpus} GPUs fits in memory; {more}"
+        gpus = f"{request.gpus} GPU{'s' if request.gpus != 1 else ''}"
+        return f"no layout of {gpus} fits in memory; {more}"
 
 
 def outcome(args: argparse.Namespace) -> Outcome:

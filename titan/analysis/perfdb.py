@@ -323,7 +323,8 @@ def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
             catalog does not list.
     """
     if not Path(run_dir).is_dir():
-        raise TitanError(f"--from {run_dir}: no such directory")
+        state = "not a directory" if Path(run_dir).exists() else "no such directory"
+        raise TitanError(f"--from {run_dir}: {state}")
     attempts = split_attempts(load_events(run_dir))
     if not attempts:
         raise TitanError(f"--from {run_dir}: no run_start record (not a run dir?)")
