@@ -203,7 +203,9 @@ async def test_form_launches_a_tiny_run_and_the_monitor_shows_its_steps(
         "checkpoint": "checkpoint at step 4",
     }
     assert losses == step_losses and len(losses) == 4
-    assert chart_caption.endswith(f"last {losses[-1]:.3f}")
+    assert chart_caption == (  # the lowest loss named as History names it
+        f"first {losses[0]:.3f} · best {min(losses):.3f} · last {losses[-1]:.3f}"
+    )
     assert (run_dir / STDOUT_LOG).is_file() and (run_dir / STDERR_LOG).is_file()
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "completed"
 

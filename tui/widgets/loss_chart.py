@@ -1,4 +1,5 @@
-"""The loss curve of a run: a Sparkline in a titled box, with first, lowest and last loss."""
+"""The loss curve of a run: a Sparkline in a titled box, with the first, best (lowest, as History
+names it) and last loss."""
 
 from __future__ import annotations
 
@@ -53,5 +54,5 @@ class LossChart(Vertical):
         self._drawn_at, self._drawn_count = now, curve.count
         self.query_one(ColumnSparkline).data = losses
         self.border_subtitle = (
-            f"first {losses[0]:.3f} · min {min(losses):.3f} · last {losses[-1]:.3f}"
+            f"first {losses[0]:.3f} · best {min(losses):.3f} · last {losses[-1]:.3f}"
         )
