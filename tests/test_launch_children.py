@@ -17,7 +17,7 @@ from helpers import cli_args, small_run
 
 from titan import cli_command
 from titan.cli import main
-from titan.launch.local import PROCESSES_PER_CPU, max_processes, supervise
+from titan.launch.local import PROCESSES_PER_CPU, Forwarder, max_processes, supervise
 
 
 def test_launch_refuses_more_processes_than_the_host_holds(capsys):
@@ -83,6 +83,19 @@ def test_a_failure_is_said_before_the_lines_of_the_processes_it_stops():
         "[0] titan: stopped by SIGTERM",
         "[1] titan train: error: bad",
     ]
+
+
+def test_a_stop_received_while_the_children_start_reaches_those_started_after_it():
+    def sleeper() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    forwarder = Forwarder()
+    with forwarder.installed():
+        forwarder.add(sleeper())
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's stop, between two starts
+        forwarder.add(sleeper())
+    codes = [child.wait(timeout=30) for child in forwarder.children]
+    assert codes == [-signal.SIGTERM, -signal.SIGTERM] and forwarder.kill_at
 
 
 def _children(pid: int, count: int) -> list[psutil.Process]:

@@ -10,9 +10,10 @@ with:
 - GPU: ``CUDA_VISIBLE_DEVICES``, consecutive GPUs per process.
 
 SIGTERM, SIGINT and SIGHUP are forwarded to every child (each one's run then stops after the
-same step as the others); children still running :data:`STOP_GRACE_S` after the first, or at a
-second one, get SIGKILL (a child blocked in a native call, such as JAX's distributed start-up
-waiting for peers, cannot act on the signal). Children never outlive the launcher: each starts
+same step as the others), from before the first child starts (:class:`Forwarder`); children
+still running :data:`STOP_GRACE_S` after the first, or at a second one, get SIGKILL (a child
+blocked in a native call, such as JAX's distributed start-up waiting for peers, cannot act on
+the signal). Children never outlive the launcher: each starts
 with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux (the kernel kills it when the launcher dies,
 even by SIGKILL), and the launcher kills any child still running when it returns or raises.
 ``--processes`` is at most :data:`PROCESSES_PER_CPU` per CPU this process may run on
@@ -41,7 +42,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -242,15 +244,56 @@ def launch_local(
     )
     port = free_port()
     out = out or sys.stdout
-    children: list[subprocess.Popen] = []
+    forwarder = Forwarder()
     try:
-        for i, env in enumerate(envs):
-            children.append(_start(child_command(train_args, port, processes, i), env))
-        return supervise(children, out, all_logs)
+        with forwarder.installed():  # a stop while they start reaches each one started
+            for i, env in enumerate(envs):
+                forwarder.add(_start(child_command(train_args, port, processes, i), env))
+            return supervise(forwarder.children, out, all_logs, forwarder)
     finally:
-        for child in children:
+        for child in forwarder.children:
             if child.poll() is None:
                 child.kill()
+
+
+class Forwarder:
+    """The launcher's handler of :data:`FORWARDED_SIGNALS`: each one is sent to every child
+    still running, and to each child added after it; the first sets :attr:`kill_at` to
+    :data:`STOP_GRACE_S` from then, a second to now.
+
+    Attributes:
+        children: the children, in process order.
+        kill_at: [monotonic seconds when the children still running get SIGKILL], or [] before
+            any signal.
+    """
+
+    def __init__(self, children: list[subprocess.Popen] | None = None) -> None:
+        self.children = children if children is not None else []
+        self.kill_at: list[float] = []
+        self._signum: int | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.kill_at[:] = [time.monotonic() + (STOP_GRACE_S if not self.kill_at else 0.0)]
+        self._signum = signum
+        for child in self.children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    def add(self, child: subprocess.Popen) -> None:
+        """Count ``child`` among the children (sent the stop signal already received, if any)."""
+        self.children.append(child)
+        if self._signum is not None:
+            child.send_signal(self._signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """This handler for :data:`FORWARDED_SIGNALS` in the body; the previous ones after."""
+        previous = {sig: signal.signal(sig, self) for sig in FORWARDED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _check_train_options(options: list[str]) -> None:
@@ -279,9 +322,16 @@ def _check_train_options(options: list[str]) -> None:
             )
 
 
-def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = False) -> int:
+def supervise(
+    children: list[subprocess.Popen],
+    out: TextIO,
+    all_logs: bool = False,
+    forwarder: Forwarder | None = None,
+) -> int:
     """Relay the children's lines (process 0's, or every process's with ``all_logs``), forward
-    stop signals, wait; the worst child's exit code."""
+    stop signals (through ``forwarder``, or one of its own over ``children``), wait; the worst
+    child's exit code."""
+    forwarder = forwarder or Forwarder(children)
     lock = threading.Lock()
     aborts = [AbortText() for _ in children]
     tails: list[deque[str] | None] = [
@@ -297,25 +347,13 @@ def supervise(children: list[subprocess.Popen], out: TextIO, all_logs: bool = Fa
     for relay in relays:
         relay.start()
 
-    kill_at: list[float] = []  # set by the first forwarded signal, moved to now by a second
-
-    def forward(signum: int, frame: object) -> None:
-        kill_at[:] = [time.monotonic() + (STOP_GRACE_S if not kill_at else 0.0)]
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
-
     def say(line: str) -> None:
         with lock:
             out.write(line)
             out.flush()
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    try:
-        stopped = _wait(children, kill_at, say)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with forwarder.installed():
+        stopped = _wait(children, forwarder.kill_at, say)
     for relay in relays:
         relay.join(timeout=5)
     for i, (child, tail) in enumerate(zip(children, tails, strict=True)):
@@ -345,7 +383,8 @@ def _wait(
         if failed and not failure_seen:
             failure_seen = True
             code = exit_code(children[failed[0]].returncode)
-            say(f"titan launch: process {failed[0]} exited {code}; stopping the others\n")
+            if not kill_at:  # after a forwarded stop, a child's end is no news
+                say(f"titan launch: process {failed[0]} exited {code}; stopping the others\n")
             deadline = time.monotonic() + KILL_AFTER_S
             kill_at[:] = [min(kill_at + [deadline])]
             for i, child in enumerate(children):
