@@ -38,6 +38,17 @@ def test_a_vocab_size_other_than_the_checkpoints_is_refused_naming_both(
     assert capsys.readouterr().out == printed
 
 
+def test_the_checkpoints_own_preset_typed_with_init_from_is_taken_and_another_refused(
+    finished_run, capsys
+):
+    start = ["train", "--init-from", str(finished_run), "--print-config"]
+    assert main([*start, "--preset", "tiny"]) == 0  # the checkpoint's shape, its vocabulary aside
+    capsys.readouterr()
+    assert main([*start, "--preset", "llama3-1b"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("titan train: error: --model llama3-1b conflicts with the model of ")
+
+
 @pytest.mark.slow
 def test_a_checkpoint_in_another_dtype_than_param_dtype_is_refused_naming_both(
     finished_run, tmp_path, capsys

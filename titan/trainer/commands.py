@@ -114,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
     before JAX is imported (:mod:`titan.stopping`)."""
     if args.resume is not None and not args.resume.strip():  # an unset $RUN: not a new run
         raise TitanError("--resume is empty: give the run dir to continue")
-    options = init_from_options(explicit_options(args))
-    if args.preset is not None and not args.resume:  # typed: --preset, --model
-        check_typed_shape(args.preset, TrainConfig.of(**options).model)
+    explicit = explicit_options(args)
+    options = init_from_options(explicit)  # a typed shape checked against --init-from's there
+    if args.preset is not None and not (args.resume or explicit.get("init_from")):
+        check_typed_shape(args.preset, TrainConfig.of(**options).model)  # typed: --preset, --model
     if args.print_config:
         return _print_config(args, options)
     stop = StopFlag()
