@@ -165,6 +165,7 @@ def test_titan_tokenize_of_a_cut_short_shard_exits_2_with_one_line(
         f"titan tokenize: error: --data {shard}: {shard} is cut short or corrupt "
         "(the file ends inside a zstd frame)\n"
     )
+    assert cache.is_dir() and not list(cache.glob("*.partial"))  # nothing committed: no start
 
 
 def test_a_zst_shard_of_several_frames_is_read_whole(tmp_path):

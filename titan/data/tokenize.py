@@ -453,6 +453,10 @@ def _tokenize(
                 _write_json(paths.commit, dataclasses.asdict(commit))
                 if progress:
                     progress(clock.report(commit, chunk.bytes_done))
+    except TitanError:  # an unreadable corpus: a partial file that holds no commit is no start
+        if not paths.commit.is_file():
+            paths.partial.unlink(missing_ok=True)
+        raise
     finally:
         encoder.close()
     _publish(corpus, paths, commit, hasher.hexdigest())
