@@ -202,3 +202,11 @@ def test_an_unknown_argument_is_named_by_the_command_that_met_it(argv, command, 
     assert exited.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"{command}: error: unrecognized arguments: ")
+
+
+def test_an_error_names_the_subcommand_run_once(tmp_path, capsys):
+    assert main(["import", "hf", str(tmp_path / "gone")]) == 2
+    assert capsys.readouterr().err == (
+        f"titan import hf: error: {tmp_path / 'gone' / 'config.json'}: cannot read it "
+        "(No such file or directory)\n"
+    )

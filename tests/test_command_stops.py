@@ -136,7 +136,7 @@ def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(tmp_path, caps
     monkeypatch.setattr(sinks, "tracked", _stopped_after(lambda rows, what: rows))
     out = tmp_path / "tb"
     assert main(["export", "tensorboard", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
-    assert capsys.readouterr().err.endswith("titan export: stopped by SIGINT\n")
+    assert capsys.readouterr().err.endswith("titan export tensorboard: stopped by SIGINT\n")
     assert list(tmp_path.iterdir()) == []
 
 

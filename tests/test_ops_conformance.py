@@ -348,8 +348,8 @@ def test_ops_check_prints_a_table_and_rejects_unknown_names(capsys):
     assert cases and cases[0].startswith(f"titan ops check: case 1/{len(cases)}: rope ")
     assert main(["ops", "check", "--op", "attn"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "titan ops: error: --op must be one of attention, rms_norm, rope, swiglu, cross_entropy, "
-        "modulate, patch_embed, got 'attn'"
+        "titan ops check: error: --op must be one of attention, rms_norm, rope, swiglu, "
+        "cross_entropy, modulate, patch_embed, got 'attn'"
     )
     assert main(["ops", "check", "--op", "rope", "--provider", "pallas"]) == 2
     assert "'pallas' is not registered for op rope; known: fused, native" in capsys.readouterr().err

@@ -144,7 +144,7 @@ def test_perf_check_that_would_check_nothing_is_one_line_exit_2(tmp_path, capsys
     empty.mkdir()
     assert main(["perf", "check", str(empty)]) == 2
     assert capsys.readouterr().err == (
-        f"titan perf: error: runs root {empty} holds no runs: nothing to check\n"
+        f"titan perf check: error: runs root {empty} holds no runs: nothing to check\n"
     )
     assert list(empty.iterdir()) == []  # no database written
     write(tmp_path / "runs", "short", [run_start(0.0), *steps(1.0, 1, [1.0] * 3)])
@@ -174,7 +174,7 @@ def test_perf_check_reads_a_read_only_runs_root(tmp_path):
     done = titan(read_only(root), "perf", "check", "--json", str(root))
     assert done.returncode == 1, done.stderr  # a sample run is flagged (README)
     assert done.stderr == (
-        f"titan perf: {root} cannot be written: its records are only read; database: "
+        f"titan perf check: {root} cannot be written: its records are only read; database: "
         f"{summarize.cached_database_path(root)}\n"
     )
     flagged = [c["run_id"] for c in json.loads(done.stdout) if c["flagged"]]

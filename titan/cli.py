@@ -64,7 +64,22 @@ class Parser(argparse.ArgumentParser):
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:  # the innermost command met them: every word after its name was its own
             self.error(f"unrecognized arguments: {' '.join(extras)}")
+        if getattr(parsed, COMMAND_NAME, None) is None:  # the innermost parser returns first
+            setattr(parsed, COMMAND_NAME, self.prog)
         return parsed, extras
+
+
+# The namespace attribute that holds the command run, ``titan import hf`` (:class:`Parser`).
+COMMAND_NAME = "_command_name"
+
+
+def _error_text(command: str, err: TitanError) -> str:
+    """``err``'s text, inert, without a leading ``command`` that it names itself (a message
+    written to be read alone: ``titan import hf: no safetensors in DIR``)."""
+    text = inert(err)
+    if text.startswith((f"{command}:", f"{command} ")):
+        return text[len(command) :].lstrip(": ")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,13 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "titan"
     try:
         args = build_parser().parse_args(argv)
-        command = f"titan {args.command}"
+        command = getattr(args, COMMAND_NAME)
         return args.run(args)
     except StopRequested as err:
         return _stopped(command, str(err))
     except TitanError as err:
         # The message may quote a record or a path: shown inert (no terminal escapes).
-        print(f"{command}: error: {inert(err)}", file=sys.stderr)
+        print(f"{command}: error: {_error_text(command, err)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         # The reader of the output went away (``| head``): stop quietly, as Unix tools do. The

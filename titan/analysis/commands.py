@@ -190,7 +190,7 @@ def run_perf_check(args: argparse.Namespace) -> int:
     with summarize.ingested(root) as con:
         checks = perfdb.check(perfdb.measurements(con))
         unmeasured = perfdb.unmeasured(con)
-    _note_database(args.command, root, summarize.database_path(root))
+    _note_database(f"{args.command} {args.perf_command}", root, summarize.database_path(root))
     if not checks:
         raise TitanError(
             f"no run in {root} has a steady step time (the first {perfdb.WARMUP_STEPS} steps "
