@@ -31,6 +31,7 @@ from titan.flops import ATTENTION_KERNELS
 from titan.formatting import format_amount, format_count, format_flops_rate, format_span
 from titan.gpus import CATALOG, GpuSpec, find_gpu, gpu_named, on_one_host
 from titan.inert import inert
+from titan.ops.providers.platform import fused_swiglu_by_default
 from titan.out_paths import path_of
 from titan.planning.budget import (
     MAX_BATCH_TOKENS,
@@ -420,9 +421,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     gpu = find_gpu(args.gpu)
     compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
     check_peak_dtype(gpu, compute)
-    # The registry's SwiGLU: the fused Pallas kernel on CUDA (titan.ops.providers.swiglu's
-    # preferred), native elsewhere (opt-in on ROCm, interpreted on CPU).
-    swiglu = "fused" if gpu.accelerator == "cuda" else "native"
+    swiglu = "fused" if fused_swiglu_by_default(gpu.accelerator) else "native"  # the registry's
     model = resolve_model(args.model)
     check_planned_family(model, f"--model {args.model}")
     per_node = gpu.gpus_per_node if args.gpus_per_node is None else args.gpus_per_node

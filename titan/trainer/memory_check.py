@@ -35,7 +35,7 @@ from typing import Any, cast
 from titan.config import ComputeOptions, DataOptions, ParallelOptions, Remat, TrainerOptions
 from titan.errors import TitanError
 from titan.gpus import find_gpu, gpu_for_device_kind
-from titan.ops.providers.platform import CUDA, accelerator
+from titan.ops.providers.platform import accelerator, fused_swiglu_by_default
 from titan.planning.memory import Layout, Precision, memory_per_device
 from titan.remat import AUTO, REMAT_POLICIES, auto_candidates
 from titan.shapes import ModelConfig
@@ -53,7 +53,7 @@ def auto_kernels(platform: str) -> dict[str, str]:
     """The providers ``--remat auto`` prices on a device ``platform`` (``jax.Device.platform``)
     before the trace: :data:`AUTO_KERNELS` on CUDA, else :data:`UNKNOWN_KERNELS` (the SwiGLU
     kernel is opt-in on ROCm)."""
-    return AUTO_KERNELS if accelerator(platform) == CUDA else UNKNOWN_KERNELS
+    return AUTO_KERNELS if fused_swiglu_by_default(accelerator(platform)) else UNKNOWN_KERNELS
 
 
 @dataclass(frozen=True)

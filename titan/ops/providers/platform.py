@@ -66,3 +66,12 @@ def pallas_compiler_params(interpret: bool, num_warps: int, num_stages: int) -> 
     from jax.experimental.pallas import triton as pltriton
 
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def fused_swiglu_by_default(accelerator_name: str) -> bool:
+    """Whether the registry serves SwiGLU with the fused Pallas kernel unasked on
+    ``accelerator_name`` (``cuda``, ``rocm`` or ``cpu``, as :func:`accelerator` names them): on
+    CUDA, where it measured faster (``bench/results/ops-nvidia-h200-swiglu.json``); on ROCm it
+    is unmeasured and interpreted on CPU slow, so it is opt-in there. The planner and
+    ``--remat auto`` price what this chooses."""
+    return accelerator_name == CUDA

@@ -44,8 +44,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 
 from titan.ops import native
 from titan.ops.providers.platform import (
-    CUDA,
     accelerator,
+    fused_swiglu_by_default,
     pallas_compiler_params,
     pallas_interpret,
     pallas_runs_on,
@@ -74,8 +74,8 @@ def supports(backend: str, x, w_gate, w_up, w_down) -> Any:
 
 
 def preferred(backend: str, x, w_gate, w_up, w_down) -> bool:
-    """Where the registry chooses it unasked: CUDA GPUs (measured faster there)."""
-    return accelerator(backend) == CUDA
+    """Where the registry chooses it unasked (:func:`fused_swiglu_by_default`): CUDA GPUs."""
+    return fused_swiglu_by_default(accelerator(backend))
 
 
 def swiglu(x, w_gate, w_up, w_down):
