@@ -474,6 +474,40 @@ def test_a_checkpoint_whose_arrays_no_longer_match_their_digest_is_set_aside(
     assert (run_dir / "unrestorable_checkpoints" / "4").is_dir()
 
 
+PARAMS_READERS = {  # (run dir, data, out) -> argv
+    "generate": lambda run, data, out: ["generate", run, "--prompt", "def"],
+    "export hf": lambda run, data, out: ["export", "hf", run, "--out", out],
+    "init-from": lambda run, data, out: [
+        *["train", "--init-from", run, "--data", data, "--runs-root", out, "--steps", "1"]
+    ],
+    "init-from recut": lambda run, data, out: [
+        *["train", "--init-from", run, "--data", data, "--runs-root", out, "--steps", "1"],
+        *["--layout", "mpmd", "--pp", "2"],
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader", list(PARAMS_READERS))
+def test_a_reader_of_the_parameters_alone_checks_them_against_their_digest(
+    finished_run, corpus_dir, tmp_path, capsys, reader
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    meta_file = run_dir / CHECKPOINT_DIR / "2" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    assert len(meta["params_digests"]) == len(meta["digests"]) == 1
+    meta["params_digests"][0] ^= 1 << 7  # as the parameters' files changed since the save
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(PARAMS_READERS[reader](str(run_dir), str(corpus_dir), str(out))) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint 2: the parameters of chunk 0 do not match the digest saved with them" in err
+    assert "cannot be restored onto" not in err  # damage, not a layout that does not map
+    assert not out.exists() or not any(out.iterdir())  # no export, no run made
+
+
 @pytest.mark.slow
 def test_a_stop_before_the_first_step_ends_stopped_with_nothing_to_save(small_options, monkeypatch):
     from titan.trainer import train

@@ -22,7 +22,15 @@ from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
-from titan.trainer.guard import FiniteCheck, LossSpikeDetector, NonFiniteAbort, NonFiniteGuard
+from titan.trainer.guard import (
+    DIGESTS,
+    PARAMS_DIGESTS,
+    FiniteCheck,
+    LossSpikeDetector,
+    NonFiniteAbort,
+    NonFiniteGuard,
+    read_digests,
+)
 from titan.trainer_state import TrainState
 
 LAYOUTS = {
@@ -170,20 +178,23 @@ def test_state_with_a_nan_weight_is_not_finite():
     (compiled,) = check.compile(TrainState(0, (chunk, chunk)))
     assert (compiled.what, compiled.reason) == ("finite_check", None) and compiled.seconds > 0
     finite, digests, events = check(TrainState(1, (chunk, chunk)))
-    assert (finite, events) == (True, []) and digests[0] == digests[1]  # compiled: no event
+    assert (finite, events) == (True, [])  # compiled: no event
+    assert [len(set(d)) for d in (digests[DIGESTS], digests[PARAMS_DIGESTS])] == [1, 1]
     poisoned = {
         "params": {"w": jnp.ones((2, 3)).at[1, 2].set(jnp.inf)},
         "opt_state": (chunk["opt_state"]),
     }
     finite, digests, events = check(TrainState(1, (chunk, poisoned)))
-    assert (finite, events) == (False, []) and digests[0] != digests[1]
+    assert (finite, events) == (False, [])
+    assert [len(set(d)) for d in (digests[DIGESTS], digests[PARAMS_DIGESTS])] == [2, 2]
 
 
 def test_the_digest_sees_any_flipped_bit_and_swapped_leaves_but_not_the_sharding():
     w = jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 7
     chunk = {"params": {"a": w, "b": w.astype(jnp.bfloat16) + 1}, "opt_state": (jnp.int32(3),)}
     check = FiniteCheck()
-    _, (base,), _ = check(TrainState(0, (chunk,)))
+    _, base, _ = check(TrainState(0, (chunk,)))
+    assert base[DIGESTS] != base[PARAMS_DIGESTS]
     bits = np.asarray(w).view(np.uint32)
     for index, bit in [(0, 0), (5, 17), (63, 31)]:
         flipped = bits.copy().reshape(-1)
@@ -192,16 +203,24 @@ def test_the_digest_sees_any_flipped_bit_and_swapped_leaves_but_not_the_sharding
             **chunk,
             "params": {**chunk["params"], "a": jnp.asarray(flipped.view(np.float32).reshape(8, 8))},
         }
-        assert check(TrainState(0, (changed,)))[1] != [base], (index, bit)
+        digests = check(TrainState(0, (changed,)))[1]
+        assert all(digests[k] != base[k] for k in (DIGESTS, PARAMS_DIGESTS)), (index, bit)
     swapped = {
         **chunk,
         "params": {"a": chunk["params"]["b"].astype(jnp.float32), "b": w.astype(jnp.bfloat16)},
     }
-    assert check(TrainState(0, (swapped,)))[1] != [base]
+    assert check(TrainState(0, (swapped,)))[1][PARAMS_DIGESTS] != base[PARAMS_DIGESTS]
+    moved = check(TrainState(0, ({**chunk, "opt_state": (jnp.int32(4),)},)))[1]
+    assert moved[DIGESTS] != base[DIGESTS] and moved[PARAMS_DIGESTS] == base[PARAMS_DIGESTS]
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
     split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     sharded = jax.tree.map(lambda x: jax.device_put(x, split) if x.ndim else x, chunk)
-    assert check(TrainState(0, (sharded,)))[1] == [base]
+    assert check(TrainState(0, (sharded,)))[1] == base
+    # as a restore reads them to host memory: the whole chunk, or its parameters alone
+    host = jax.tree.map(np.asarray, chunk)
+    assert read_digests([host]) == base
+    only = read_digests([{"params": host["params"]}], partial=True)
+    assert only == {PARAMS_DIGESTS: base[PARAMS_DIGESTS]}
 
 
 def test_a_state_sharded_otherwise_recompiles_the_finite_check_with_its_cause():

@@ -42,7 +42,10 @@ Restoring (:meth:`Checkpointer.restore_latest`) takes the newest committed check
 restores; a corrupt one is reported (:class:`Unrestorable`) and the one before it is tried.
 What needs only the weights (``titan generate``, ``--init-from``) restores only the parameters,
 not the optimizer state (:meth:`Checkpointer.restore_params`), of the newest checkpoint that can
-be read likewise (:meth:`Checkpointer.restore_params_newest`).
+be read likewise (:meth:`Checkpointer.restore_params_newest`). With one process a save keeps
+the digests of each chunk and of its parameters alone in its meta
+(:data:`titan.trainer.guard.DIGESTS`, :data:`titan.trainer.guard.PARAMS_DIGESTS`): each reader
+compares what it read with the one that covers it, and a checkpoint that differs is corrupt.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ from titan.parallel.mesh import DeviceMesh, host_mesh, remote_array
 from titan.reading import read_json
 from titan.telemetry.records import DISK_FULL, disk_full
 from titan.trainer.checkpoint_protocol import fault_point, leftovers
-from titan.trainer.guard import DIGESTS, check_digests, read_digests
+from titan.trainer.guard import DIGESTS, PARAMS_DIGESTS, check_digests, read_digests
 from titan.trainer.init_from import checkpoint_location
 from titan.trainer.snapshot import device_snapshot, snapshot_fits
 from titan.trainer.stage_store import STAGE_CHECKPOINT_DIR, StageStore, check_dtype
@@ -765,7 +768,8 @@ class Checkpointer:
 
         Raises:
             TitanError: the checkpoint cannot be read (names it and its folder: a truncated or
-                garbled file) or mapped onto the trainer's model.
+                garbled file, or parameters unlike their saved digest) or mapped onto the
+                trainer's model.
         """
         try:
             abstract = params_only(trainer.abstract_items)
@@ -786,11 +790,12 @@ class Checkpointer:
         try:
             if meta["layout"]["chunks"] == current["chunks"]:
                 items = self._restore_items(step, meta, abstract(), partial)
-            else:
+                # a whole state is checked on its devices (titan.trainer.saver.digest_check);
+                # several processes' sums would need unsigned collectives, which gloo lacks
+                if partial and jax.process_count() == 1:
+                    _check_as_read(step, meta, items, trainer.chunks, partial)
+            else:  # checked as written, before the cut
                 saved, saved_chunks, _ = self.restore_host(step, abstract, partial)
-                if not partial and DIGESTS in meta:  # checked as written, before the cut
-                    chunks = [saved[chunk_item(c.index)] for c in saved_chunks]
-                    check_digests(step, meta, read_digests(chunks))
                 adapter = trainer.adapter
                 items = reshard_items(saved, saved_chunks, abstract(), trainer.chunks, adapter)
         except CheckpointDamaged as err:  # damaged whatever the layouts
@@ -875,11 +880,14 @@ class Checkpointer:
 
         Raises:
             TitanError: the checkpoint cannot be read (corrupt metadata or arrays).
+            CheckpointDamaged: what was read does not match the digests saved in its meta
+                (:func:`_check_as_read`).
         """
         try:
             meta = self._meta(step)
             saved_chunks = chunks_from_ranges(meta["layout"]["chunks"])
             items = self._restore_items(step, meta, abstract(saved_chunks, host_mesh()), partial)
+            _check_as_read(step, meta, items, saved_chunks, partial)
         except TitanError:
             raise
         except Exception as err:  # noqa: BLE001 - tensorstore's DATA_LOSS, a hand-edited meta
@@ -915,6 +923,22 @@ class Checkpointer:
         it) and close orbax's manager."""
         self._settle()
         self._manager.close()
+
+
+def _check_as_read(
+    step: int, meta: dict[str, Any], items: dict[str, Any], chunks: list[Chunk], partial: bool
+) -> None:
+    """Checkpoint ``step``'s ``items`` as read (whole chunks, or their ``params`` alone:
+    ``partial``) against the digests saved in its ``meta``
+    (:func:`titan.trainer.guard.check_digests`); none saved (an older checkpoint, or one of
+    several processes): nothing is compared.
+
+    Raises:
+        CheckpointDamaged: a chunk, or its parameters, do not match (names them).
+    """
+    if (PARAMS_DIGESTS if partial else DIGESTS) in meta:
+        read = [items[chunk_item(c.index)] for c in chunks]
+        check_digests(step, meta, read_digests(read, partial))
 
 
 def open_checkpoint(run_dir: Path, step: int | None, flag: str) -> tuple[Checkpointer, int]:

@@ -156,56 +156,79 @@ def _words(leaf: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(leaf, unsigned).astype(jnp.uint32)
 
 
-def _finite_and_digest(tree, digest: bool) -> tuple[jax.Array, jax.Array]:
-    """(whether every leaf is finite, the tree's digest): the digest is the sum, modulo 2^32,
-    over leaves ``i`` of ``(2 i + 1)`` x the sum of the leaf's words (:func:`_words`). A flipped
-    bit ``k`` moves a leaf's sum by 2^k, and an odd weight keeps that nonzero modulo 2^32, so any
-    single flipped bit changes the digest; distinct weights catch most leaves swapped for
-    others. One pass of reads over the state, in the program the finite check runs anyway.
-    Without ``digest`` (several processes, whose gloo collectives have no unsigned sums) the
-    digest is 0."""
-    leaves = jax.tree.leaves(tree)
+def _digest(tree: Any) -> jax.Array:
+    """The digest of ``tree`` (uint32 scalar): the sum, modulo 2^32, over leaves ``i`` of
+    ``(2 i + 1)`` x the sum of the leaf's words (:func:`_words`). A flipped bit ``k`` moves a
+    leaf's sum by 2^k, and an odd weight keeps that nonzero modulo 2^32, so any single flipped
+    bit changes the digest; distinct weights catch most leaves swapped for others."""
+    sums = [jnp.sum(_words(leaf), dtype=jnp.uint32) for leaf in jax.tree.leaves(tree)]
+    weighted = (total * jnp.uint32(2 * i + 1) for i, total in enumerate(sums))
+    return sum(weighted, start=jnp.uint32(0))
+
+
+def _finite_and_digest(chunk: Any, digest: bool) -> tuple[jax.Array, jax.Array]:
+    """(whether every leaf of ``chunk`` is finite, uint32[2]: the digest (:func:`_digest`) of
+    the whole chunk and of its ``params`` alone). One pass of reads over the state, in the
+    program the finite check runs anyway (XLA computes each leaf's sum once for both). Without
+    ``digest`` (several processes, whose gloo collectives have no unsigned sums) the digests
+    are 0."""
+    leaves = jax.tree.leaves(chunk)
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
     if not digest:
-        return finite, jnp.uint32(0)
-    sums = [jnp.sum(_words(leaf), dtype=jnp.uint32) for leaf in leaves]
-    weighted = (total * jnp.uint32(2 * i + 1) for i, total in enumerate(sums))
-    return finite, sum(weighted, start=jnp.uint32(0))
+        return finite, jnp.zeros(2, jnp.uint32)
+    return finite, jnp.stack([_digest(chunk), _digest(chunk["params"])])
 
 
 DIGESTS = "digests"
-"""The meta field of a checkpoint's chunk digests (:func:`_finite_and_digest`), taken before the
-save and compared after a restore (:func:`check_digests`)."""
+"""The meta field of a checkpoint's chunk digests (:func:`_digest` of each whole chunk), taken
+before the save and compared after a restore (:func:`check_digests`)."""
+PARAMS_DIGESTS = "params_digests"
+"""The meta field of the digest of each chunk's parameters alone, compared by a restore that
+reads only them (``titan generate``, ``titan export hf``, ``--init-from``)."""
+_CHECKED = {  # what each digest covers, in check_digests' message
+    DIGESTS: "chunk {chunk} does not match the digest saved with it",
+    PARAMS_DIGESTS: "the parameters of chunk {chunk} do not match the digest saved with them",
+}
 
 
-def check_digests(step: int, meta: dict[str, Any], restored: list[int]) -> None:
-    """Compare the digests of checkpoint ``step``'s chunks as restored with those saved in its
-    ``meta`` (none saved: older, or of several processes; nothing to compare).
+def check_digests(step: int, meta: dict[str, Any], restored: dict[str, list[int]]) -> None:
+    """Compare the digests of checkpoint ``step``'s chunks as restored (``restored``: meta
+    field -> one digest per chunk) with those saved in its ``meta`` (a field not saved: older,
+    or of several processes; nothing to compare).
 
     Raises:
-        CheckpointDamaged: a chunk's digest differs (a file changed or corrupt on disk); names the
+        CheckpointDamaged: a digest differs (a file changed or corrupt on disk); names the
             checkpoint and the chunk.
     """
-    saved = meta.get(DIGESTS)
-    if not isinstance(saved, list):
-        return
-    for chunk, (before, after) in enumerate(zip(saved, restored, strict=True)):
-        if before != after:
-            raise CheckpointDamaged(
-                f"checkpoint {step}: chunk {chunk} does not match the digest saved with it "
-                f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
-            )
+    for name, digests in restored.items():
+        saved = meta.get(name)
+        if not isinstance(saved, list):
+            continue
+        for chunk, (before, after) in enumerate(zip(saved, digests, strict=True)):
+            if before != after:
+                raise CheckpointDamaged(
+                    f"checkpoint {step}: {_CHECKED[name].format(chunk=chunk)} "
+                    f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
+                )
 
 
 _CHECK = jax.jit(_finite_and_digest, static_argnames="digest")
 """:func:`_finite_and_digest` compiled once per chunk signature for the whole process."""
 
 
-def read_digests(chunks: list[Any]) -> list[int]:
-    """The digest of each of ``chunks`` (:func:`_finite_and_digest`) read whole into this
-    process (a checkpoint read to host memory before it is cut for another layout), as
-    :class:`FiniteCheck` takes them on the devices before a save."""
-    return [int(_CHECK(chunk, digest=True)[1]) for chunk in chunks]
+def read_digests(chunks: list[Any], partial: bool = False) -> dict[str, list[int]]:
+    """The digests of each of ``chunks`` (:func:`_finite_and_digest`), as :class:`FiniteCheck`
+    takes them on the devices before a save: meta field -> one digest per chunk. ``partial``:
+    the chunks hold their ``params`` alone, whose digests are the only ones read."""
+    pairs = [_CHECK(chunk, digest=True)[1].tolist() for chunk in chunks]
+    if partial:
+        return {PARAMS_DIGESTS: [params for _, params in pairs]}
+    return _by_field(pairs)
+
+
+def _by_field(pairs: list[list[int]]) -> dict[str, list[int]]:
+    """Each chunk's (whole, params) digests as meta field -> one digest per chunk."""
+    return {DIGESTS: [whole for whole, _ in pairs], PARAMS_DIGESTS: [p for _, p in pairs]}
 
 
 def _held(state: TrainState) -> list[Any]:
@@ -272,21 +295,24 @@ class FiniteCheck:
         events, self._events = [*self._events, *([event] if event else [])], []
         return events
 
-    def __call__(self, state: TrainState) -> tuple[bool, list[int] | None, list[Compile]]:
-        """(whether ``state`` is finite, each chunk's digest with one process (else None), the
-        ``compile`` event of a recompilation with its ``cause``, if ``state`` needed one)."""
+    def __call__(
+        self, state: TrainState
+    ) -> tuple[bool, dict[str, list[int]] | None, list[Compile]]:
+        """(whether ``state`` is finite, its chunks' digests with one process (meta field -> one
+        digest per chunk, :func:`read_digests`; else None), the ``compile`` event of a
+        recompilation with its ``cause``, if ``state`` needed one)."""
         one_thread("the finite-weights check")  # its reductions span the processes
         held = _held(state)
         event = self._compile(held)
         results = [self._programs[_signature(chunk)](chunk) for chunk in held]
         finite = all(bool(ok) for ok, _ in results)
-        digests = [int(digest) for _, digest in results]
         if jax.process_count() > 1:
-            finite = on_every_process(finite)
-        return finite, digests if jax.process_count() == 1 else None, [event] if event else []
+            return on_every_process(finite), None, [event] if event else []
+        digests = _by_field([digest.tolist() for _, digest in results])
+        return finite, digests, [event] if event else []
 
-    def digests(self, state: TrainState) -> list[int] | None:
-        """Each chunk's digest of a restored ``state`` (None with several processes); a
+    def digests(self, state: TrainState) -> dict[str, list[int]] | None:
+        """The digests of a restored ``state``'s chunks (None with several processes); a
         program compiled for it now is reported by the next :meth:`compile`."""
         _, digests, events = self(state)
         self._events += events

@@ -14,7 +14,7 @@ from titan.inert import inert
 from titan.telemetry.events import Checkpoint, CheckpointFailed
 from titan.telemetry.records import DiskFull, RunRecord
 from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule
-from titan.trainer.guard import DIGESTS, FiniteCheck, NonFiniteAbort, check_digests
+from titan.trainer.guard import FiniteCheck, NonFiniteAbort, check_digests
 from titan.trainer_state import Trainer, TrainState
 
 
@@ -116,7 +116,7 @@ class Saver:
             "num_sequences": self.batches.num_sequences,
             "data_digest": self.batches.data_digest,
             "layout": self.trainer.describe().to_json(),
-            **({DIGESTS: digests} if digests is not None else {}),
+            **(digests or {}),  # with one process: guard.DIGESTS, guard.PARAMS_DIGESTS
         }
         self.record_saves(self.checkpointer.save(state, meta))
         self.schedule.restart()
