@@ -237,6 +237,18 @@ CASES: dict[str, Case] = {
         ),
         "--vocab-size 512 is more pieces than --data yields",
     ),
+    "train_vocab_size_beside_a_tokenizer": Case(
+        lambda p: p.train(tokenizer=str(p.finished / "tokenizer.model"), vocab_size=1000),
+        "--vocab-size 1000 sizes only a tokenizer trained on --data; --tokenizer",
+    ),
+    "tokenize_vocab_size_beside_a_tokenizer": Case(
+        lambda p: [
+            "tokenize",
+            *("--data", str(p.corpus), "--vocab-size", "1000"),
+            *("--tokenizer", str(p.finished / "tokenizer.model")),
+        ],
+        "leave --vocab-size out",
+    ),
     "train_runs_root_unwritable": Case(lambda p: p.train(runs_root=UNWRITABLE + "/titan-runs")),
     "train_runs_root_in_proc": Case(lambda p: p.train(runs_root="/proc/titan-runs")),
     "train_run_id_256_characters": Case(lambda p: p.train(run_id="r" * 256)),

@@ -596,7 +596,8 @@ class DataOptions:
         metadata=_opt(
             "--vocab-size",
             "vocabulary of the tokenizer trained when none is given (a custom --model shape's "
-            "vocab_size instead); at least 3 special tokens and 256 byte pieces",
+            "vocab_size instead; refused beside --tokenizer); at least 3 special tokens and 256 "
+            "byte pieces",
             minimum=MIN_TRAINED_VOCAB,
         ),
     )
@@ -1489,6 +1490,23 @@ def model_config(shape: ModelConfig, tokenizer_vocab: int, tokenizer: str = "") 
             f"{shape.vocab_size} (vocab_size)"
         )
     return shape
+
+
+def check_vocab_size_unused(tokenizer: str, vocab_size: int | None) -> None:
+    """Refuse ``--vocab-size`` (``vocab_size``; None when not given) beside ``--tokenizer``
+    (``tokenizer``): it sizes only a tokenizer trained on the corpus, so it would be ignored,
+    and the run's config would record a vocabulary its model does not have. The default
+    (:data:`titan.shapes.DEFAULT_VOCAB_SIZE`) passes: a config file that ``--print-config``
+    wrote holds it, given or not.
+
+    Raises:
+        TitanError: names both options.
+    """
+    if tokenizer and vocab_size is not None and vocab_size != DEFAULT_VOCAB_SIZE:
+        raise TitanError(
+            f"--vocab-size {vocab_size} sizes only a tokenizer trained on --data; --tokenizer "
+            f"{tokenizer} brings its own vocabulary (the run keeps it): leave --vocab-size out"
+        )
 
 
 def trained_vocab_size(shape: ModelConfig, vocab_size: int) -> int:

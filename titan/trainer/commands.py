@@ -12,7 +12,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.config import SECTIONS, TrainConfig, check_typed_shape, option_fields
+from titan.config import (
+    SECTIONS,
+    TrainConfig,
+    check_typed_shape,
+    check_vocab_size_unused,
+    option_fields,
+)
 from titan.config_files import config_to_toml, read_config_file
 from titan.config_flags import add_arguments, section_options, section_summary
 from titan.errors import TitanError
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume is not None and not args.resume.strip():  # an unset $RUN: not a new run
         raise TitanError("--resume is empty: give the run dir to continue")
     explicit = explicit_options(args)
+    check_vocab_size_unused(explicit.get("tokenizer", ""), explicit.get("vocab_size"))
     options = init_from_options(explicit)  # a typed shape checked against --init-from's there
     if args.preset is not None and not (args.resume or explicit.get("init_from")):
         check_typed_shape(args.preset, TrainConfig.of(**options).model)  # typed: --preset, --model

@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Any
 
-from titan.config import MAX_DATA_WORKERS, DataOptions
+from titan.config import MAX_DATA_WORKERS, DataOptions, check_vocab_size_unused
 from titan.cpus import usable_cpus
 from titan.data.heldout import open_corpora, training_corpus
 from titan.data.tokenize import EmptyCorpus, token_stream
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         TitanError: a bad option, checked as ``titan train`` checks it (:class:`DataOptions`).
     """
+    check_vocab_size_unused(args.tokenizer, args.vocab_size)
     data = DataOptions(
         corpus=args.data,
         text_field=args.text_field,
