@@ -31,7 +31,7 @@ from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
 from titan.ops import Ops
-from titan.stopping import PHASES
+from titan.stopping import FRESH_RUN_PHASES, PHASES
 from titan.telemetry.events import RunEnd
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S
 from titan.telemetry.records import (
@@ -47,14 +47,15 @@ from titan.trainer.saver import Saver
 from titan.trainer.train import failure_to_name
 
 
-def _stopped(proc: subprocess.Popen, phase: str) -> None:
+def _stopped(proc: subprocess.Popen, phase: str, fresh: bool = False) -> None:
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_STOPPED, err
     assert "Traceback" not in err
     assert err.strip().splitlines() == [
         line for line in err.strip().splitlines() if "stopped by SIGINT" in line
     ]
-    assert f"stopped by SIGINT while {PHASES[phase]}, before the run started" in err
+    named = FRESH_RUN_PHASES.get(phase, PHASES[phase]) if fresh else PHASES[phase]
+    assert f"stopped by SIGINT while {named}, before the run started" in err
 
 
 @pytest.mark.slow
@@ -66,7 +67,7 @@ def test_ctrl_c_in_each_start_up_phase_is_one_line_exit_4_and_leaves_nothing(
     monkeypatch.setenv("TITAN_CACHE", str(tmp_path / "cache"))
     runs = tmp_path / "runs"
     options = small_run(corpus_dir, runs, steps=2, dp=1, run_id="r", debug_signal_in=phase)
-    _stopped(start_subprocess(options), phase)
+    _stopped(start_subprocess(options), phase, fresh=True)
     assert not runs.exists()  # the claimed run dir (and the root it made) is removed again
     # finished token files, or an interrupted tokenization's committed part (resumed next time)
     tokens = tmp_path / "cache" / "tokens"

@@ -1103,7 +1103,7 @@ class DebuggingOptions:
             "--debug-signal-in",
             "testing aid: send SIGINT to the process in this start-up phase (scan: the corpus, "
             "tokenizer: its training, build: the model, tokenize: the corpus, restore: the "
-            "checkpoint, trace: the step; '': never)",
+            "checkpoint or a new run's initial state, trace: the step; '': never)",
             choices=("", *PHASES),
             resumable=True,
         ),

@@ -45,6 +45,7 @@ PHASES = {
     "restore": "restoring the state",
     "trace": "tracing the step",
 }
+FRESH_RUN_PHASES = {"restore": "initialising the state"}  # a new run's name for a resume's phase
 INNER_PHASES = ("tokenizer", "tokenize")  # the debug signal comes from inside the native call
 
 
@@ -127,11 +128,12 @@ class StopFlag:
             raise StopRequested(self.signal_name)
 
     @contextlib.contextmanager
-    def during(self, key: str) -> Iterator[Callable[..., None]]:
-        """The start-up phase ``key`` (a :data:`PHASES` key), checked on entry and exit. Yields
+    def during(self, key: str, fresh: bool = False) -> Iterator[Callable[..., None]]:
+        """The start-up phase ``key`` (a :data:`PHASES` key; of a new run, not a resume:
+        ``fresh``, named as :data:`FRESH_RUN_PHASES` says), checked on entry and exit. Yields
         a progress callback for the phase's native work (its first call sends the debug signal
         of an inner phase)."""
-        self.phase = PHASES[key]
+        self.phase = FRESH_RUN_PHASES.get(key, PHASES[key]) if fresh else PHASES[key]
         self.check()
         fire = [self.debug_signal_in == key]
 

@@ -480,7 +480,7 @@ class _Run:
         """The state: the latest checkpoint's when ``resuming`` and one exists, else fresh
         from ``seed`` (with ``--init-from``'s weights when given)
         (:func:`_restore_or_init`)."""
-        with self.stop.during("restore"):
+        with self.stop.during("restore", fresh=not resuming):
             self.hooks.on_phase("checkpoint_restore", 0)
             self.state, self.start_step, self.unrestorable = _restore_or_init(
                 self.checkpointer,
