@@ -77,8 +77,8 @@ async def test_a_killed_run_leaves_the_running_count_within_one_refresh(tmp_path
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert before == ("1 running · 1 runs · o: order (newest)", "running")
-    assert after == "0 running · 1 runs · o: order (newest)"
+    assert before == ("1 running · 1 run · o: order (newest)", "running")
+    assert after == "0 running · 1 run · o: order (newest)"
     assert seen_after_s < 1.0 + 5.0  # one refresh, and the time the listing took under load
 
 

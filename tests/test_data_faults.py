@@ -399,3 +399,10 @@ def test_a_resume_of_an_older_checkpoint_on_a_corpus_read_otherwise_says_why(
     err = capsys.readouterr().err
     assert "the corpus changed since the checkpoint (" in err
     assert "the checkpoint is an older titan's, which read corpora otherwise (files in " in err
+
+
+def test_a_streams_summary_counts_one_document_and_one_token_in_the_singular():
+    one = tokenize_module.TokenStream(np.zeros(1, np.uint32), 1, {"empty": 1}, "0" * 64)
+    assert one.summary() == "1 document, 1 token (dropped: 1 empty)"
+    two = tokenize_module.TokenStream(np.zeros(1234, np.uint32), 2, {"empty": 0}, "0" * 64)
+    assert two.summary() == "2 documents, 1,234 tokens"

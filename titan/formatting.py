@@ -37,6 +37,12 @@ def format_count(n: int) -> str:
     return str(n)
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` with separators and ``noun``, plural unless ``n`` is 1: ``1 run``,
+    ``1,234 runs``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def format_size(n_bytes: float) -> str:
     """A size in decimal units with 3 significant digits: ``2.1 GB``, ``45.3 MB``, ``812 kB``,
     ``96 B``."""

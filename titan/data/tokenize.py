@@ -62,6 +62,7 @@ from titan.data.cache import cache_dir, naming, writable_dir
 from titan.data.text import DROP_REASONS, Documents, FilePosition, no_documents
 from titan.data.tokenizer import Tokenizer
 from titan.errors import TitanError
+from titan.formatting import counted
 from titan.inert import inert
 from titan.reading import json_field, read_json
 
@@ -97,7 +98,7 @@ class TokenStream:
         """``1,234 documents, 567,890 tokens`` and, when records were not documents,
         `` (dropped: 3 empty, 1 bad_json)``."""
         drops = ", ".join(f"{n:,} {reason}" for reason, n in self.dropped.items() if n)
-        line = f"{self.documents:,} documents, {len(self.tokens):,} tokens"
+        line = f"{counted(self.documents, 'document')}, {counted(len(self.tokens), 'token')}"
         return f"{line} (dropped: {drops})" if drops else line
 
 

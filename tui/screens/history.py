@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from titan.errors import TitanError
+from titan.formatting import counted
 from titan.inert import inert
 from titan.telemetry.events import MFU_CONVENTION
 from tui.history import READ_HOLD_S, HistoryPage, HistoryQuery, HistoryStore
@@ -172,9 +173,9 @@ class HistoryScreen(Screen[None]):
         is more than one, the MFU's convention and the keys, on the status line."""
         page = self.query_one(HistoryTable).page
         parts = [
-            f"{page.matched:,} of {page.total:,} runs"
+            f"{page.matched:,} of {counted(page.total, 'run')}"
             if page.query.text
-            else f"{page.total:,} runs"
+            else counted(page.total, "run")
         ]
         if page.matched > len(page.rows):
             last = page.offset + len(page.rows)

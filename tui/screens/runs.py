@@ -21,6 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
 from titan.analysis.liveness import RUNNING
+from titan.formatting import counted
 from titan.inert import inert
 from tui.run_list import RecordCache, RunListing, RunSummary, list_runs
 from tui.screens.attach import AttachScreen
@@ -197,7 +198,7 @@ class RunsScreen(Screen[None]):
                 parts.append(f"{shown:,} most recently written of {listing.total:,} runs")
                 parts.append("h: History lists all")
             else:
-                parts.append(f"{shown:,} runs")
+                parts.append(counted(shown, "run"))
             parts.append(f"o: order ({self.order})")
             status.update(" · ".join(parts))
         status.set_class(bool(shown), "-count")
