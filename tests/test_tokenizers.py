@@ -386,6 +386,21 @@ def test_a_vocabulary_larger_than_the_corpus_yields_names_the_largest_it_does(tm
     assert train_tokenizer(open_corpus(str(tmp_path / "small.txt")), most).vocab_size == most
 
 
+def test_a_vocabulary_smaller_than_the_corpus_characters_need_names_the_smallest(tmp_path):
+    characters = "".join(chr(0x4E00 + i) for i in range(120))  # 120 CJK ideographs
+    (tmp_path / "wide.txt").write_text(f"{characters} the quick brown fox\n" * 50)
+    with pytest.raises(TitanError) as raised:
+        train_tokenizer(open_corpus(str(tmp_path / "wide.txt")), 259)
+    message = str(raised.value)
+    assert re.fullmatch(
+        r"--vocab-size 259 is fewer pieces than the characters of --data and the special "
+        r"tokens need: set it to \d+ or more",
+        message,
+    ), message
+    least = int(re.search(r"set it to (\d+)", message)[1])
+    assert train_tokenizer(open_corpus(str(tmp_path / "wide.txt")), least).vocab_size == least
+
+
 def _metaspace_tokenizer(corpus_dir: Path, directory: Path) -> Path:
     """A Hugging Face BPE behind Llama 2's pre-tokenizer (a ``▁`` before the first word only)."""
     hf = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE(byte_fallback=True))

@@ -880,16 +880,24 @@ def _reporting(lines: list[str], progress: Callable[[int], None] | None) -> Iter
 # sentencepiece's failed checks: "INTERNAL: src/trainer_interface.cc(744) [check] reason".
 _SENTENCEPIECE_CHECK = re.compile(r"^[A-Z_]+: \S+\(\d+\) (?:\[.*?\] )?")
 _TOO_MANY_PIECES = re.compile(r"Vocabulary size too high \(\d+\).*<= (\d+)")
+_TOO_FEW_PIECES = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
 
 
 def _training_error(message: str, vocab_size: int) -> str:
     """The one line for a sentencepiece training failure, without its source location and
-    check: a vocabulary larger than the corpus yields names the largest that it does."""
+    check: a vocabulary larger than the corpus yields names the largest that it does, one
+    smaller than its characters and the special tokens need names the smallest (sentencepiece's
+    own advice names its options, not Titan's)."""
     reason = _SENTENCEPIECE_CHECK.sub("", message.strip().splitlines()[-1])
     if most := _TOO_MANY_PIECES.search(reason):
         return (
             f"--vocab-size {vocab_size} is more pieces than --data yields: "
             f"set it to {most[1]} or less, or give more text"
+        )
+    if least := _TOO_FEW_PIECES.search(reason):
+        return (
+            f"--vocab-size {vocab_size} is fewer pieces than the characters of --data and the "
+            f"special tokens need: set it to {least[1]} or more"
         )
     return f"--vocab-size {vocab_size} cannot be trained on --data: {reason}"
 
