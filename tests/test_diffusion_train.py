@@ -97,6 +97,21 @@ def test_sample_grid_is_deterministic_and_written(trained, tmp_path):
     np.testing.assert_array_equal(big[2::3, 1::3][..., None], image)
 
 
+def test_sample_reads_the_checkpoint_named_by_step_or_by_its_folder(trained, tmp_path, capsys):
+    grids = {}
+    for name, source in {
+        "step": [str(trained), "--step", "20"],
+        "folder": [str(trained / "checkpoints" / "20")],
+        "newest": [str(trained)],
+    }.items():
+        out = tmp_path / f"{name}.png"
+        assert main(["sample", *source, "--out", str(out), "--per-class", "1"]) == 0
+        assert capsys.readouterr().out.startswith("titan sample: step ")
+        grids[name] = np.asarray(Image.open(out))
+    np.testing.assert_array_equal(grids["step"], grids["folder"])
+    assert not np.array_equal(grids["step"], grids["newest"])  # step 20's weights, not 60's
+
+
 def test_samples_that_are_not_finite_are_one_line_and_write_nothing(
     trained, tmp_path, capsys, monkeypatch
 ):
@@ -119,6 +134,7 @@ def test_samples_that_are_not_finite_are_one_line_and_write_nothing(
         (["sample", "--sample-steps", "1001"], "--sample-steps must be in [1, 1000]"),
         (["sample", "--scale", "0"], "--scale must be in [1, 16], got 0"),
         (["sample", "--out", "FILE/x.png"], "FILE is not a directory"),
+        (["sample", "--step", "7"], "--step 7: RUN has no checkpoint of it (it has: 20, 40, 60)"),
         (["generate", "--prompt", "x"], "a diffusion run (no text): use titan sample"),
     ],
 )
@@ -128,7 +144,7 @@ def test_bad_sample_input_is_one_line_naming_the_option(trained, tmp_path, capsy
     before = sorted(trained.iterdir())
     assert main([args[0], str(trained), *args[1:]]) == 2
     err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1, err
+    assert message.replace("RUN", str(trained)) in err and len(err.splitlines()) == 1, err
     assert sorted(trained.iterdir()) == before
 
 

@@ -80,21 +80,12 @@ def load_model(source: str, step: int | None = None) -> LoadedModel:
     tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
     checkpointer = Checkpointer(run_dir)
     try:
-        steps = checkpointer.committed_steps()
-        if asked is None and not steps:
-            raise TitanError(f"{run_dir}: no committed checkpoint")
-        if asked is not None and asked not in steps:
-            have = ", ".join(map(str, steps)) or "none"
-            raise TitanError(f"--step {asked}: {run_dir} has no checkpoint of it (it has: {have})")
+        checkpointer.check_committed(asked)
         ops = Ops(jax.default_backend())
         trainer = one_device_trainer(
             model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len, ops
         )
-        skipped: list[Unrestorable] = []
-        if asked is None:
-            chunks, step, skipped = checkpointer.restore_params_newest(trainer)
-        else:
-            chunks, step = checkpointer.restore_params(asked, trainer), asked
+        chunks, step, skipped = checkpointer.read_params(asked, trainer)
     finally:
         checkpointer.close()
     dtype = trainer.compute_dtype

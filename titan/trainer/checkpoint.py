@@ -688,6 +688,36 @@ class Checkpointer:
         """
         return self.read_newest(lambda step: self.restore_params(step, trainer))
 
+    def check_committed(self, step: int | None) -> None:
+        """Refuse to read ``step`` (None: the newest) where it is not committed.
+
+        Raises:
+            TitanError: no committed checkpoint at all, or none of ``step`` (names the steps
+                there are).
+        """
+        steps = self.committed_steps()
+        if not steps:
+            raise TitanError(f"{self.directory.parent}: no committed checkpoint")
+        if step is not None and step not in steps:
+            raise TitanError(
+                f"--step {step}: {self.directory.parent} has no checkpoint of it "
+                f"(it has: {', '.join(map(str, steps))})"
+            )
+
+    def read_params(
+        self, step: int | None, trainer: Trainer
+    ) -> tuple[list[Any], int, list[Unrestorable]]:
+        """(the parameters of checkpoint ``step`` (:meth:`restore_params`), or of the newest
+        that can be read (None, :meth:`restore_params_newest`), the step read, the newer
+        checkpoints that could not be read).
+
+        Raises:
+            TitanError: as :meth:`restore_params` or :meth:`restore_params_newest`.
+        """
+        if step is None:
+            return self.restore_params_newest(trainer)
+        return self.restore_params(step, trainer), step, []
+
     def read_newest(self, read: Callable[[int], T]) -> tuple[T, int, list[Unrestorable]]:
         """``read(step)`` of the newest committed checkpoint that it reads, newest first.
 
@@ -978,13 +1008,9 @@ def initial_state(trainer: Trainer, seed: int, init_from: str = "") -> TrainStat
     if not init_from:
         return trainer.init_state(seed)
     run_dir, step = checkpoint_location(init_from)
-    checkpointer, chosen = open_checkpoint(run_dir, step, "--init-from")
-    skipped: list[Unrestorable] = []
+    checkpointer, _ = open_checkpoint(run_dir, step, "--init-from")
     try:
-        if step is None:
-            params, chosen, skipped = checkpointer.restore_params_newest(trainer)
-        else:
-            params = checkpointer.restore_params(chosen, trainer)
+        params, chosen, skipped = checkpointer.read_params(step, trainer)
     except TitanError as err:
         raise TitanError(f"--init-from {init_from}: {err}") from None
     finally:

@@ -1,5 +1,5 @@
 """``titan sample RUN_DIR``: a grid PNG of class-conditional samples of a diffusion run's newest
-checkpoint (:mod:`titan.trainer.sampling`)."""
+checkpoint, or of one it names (:mod:`titan.trainer.sampling`)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,23 @@ def add_parser(subparsers: Any) -> None:
     sample = subparsers.add_parser(
         "sample",
         help="write a grid PNG of samples of a diffusion run",
-        description="Restore the newest committed checkpoint of a --task diffusion run onto one "
-        "device and write a grid of samples, one row per class (deterministic for a seed: "
-        "Euler steps for flow matching, DDIM for DDPM, optional classifier-free guidance).",
+        description="Restore a checkpoint of a --task diffusion run (its newest committed one, "
+        "or --step N, or one checkpoint <run dir>/checkpoints/<step>) onto one device and "
+        "write a grid of samples, one row per class (deterministic for a seed: Euler steps for "
+        "flow matching, DDIM for DDPM, optional classifier-free guidance).",
     )
-    sample.add_argument("run_dir", metavar="RUN_DIR", type=path_argument, help="the run dir")
+    sample.add_argument(
+        "source",
+        metavar="RUN_DIR|CHECKPOINT",
+        type=path_argument,
+        help="the run dir, or one of its checkpoints <run dir>/checkpoints/<step>",
+    )
+    sample.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="the committed checkpoint to sample (default: the newest that can be read)",
+    )
     sample.add_argument(
         "--out",
         default=None,
@@ -55,9 +67,10 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the grid; prints its path. Returns 0 (bad input raises TitanError: exit 2)."""
+    from titan.trainer.init_from import resolve_source
     from titan.trainer.sampling import write_sample_grid
 
-    run_dir = Path(args.run_dir)
+    run_dir, step = resolve_source(args.source, args.step)
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix.lower() != ".png":
         raise TitanError(f"--out {out}: the grid is a PNG; give a path ending in .png")
@@ -65,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir,
         out,
         args.scale,
+        step=step,
         per_class=args.per_class,
         seed=args.seed,
         steps=args.sample_steps,

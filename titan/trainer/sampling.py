@@ -79,14 +79,21 @@ def trained_classes(run_dir: Path, model: ModelConfig) -> int:
 
 
 def sample_grid(
-    run_dir: Path, *, per_class: int = 4, seed: int = 0, steps: int = 50, guidance: float = 1.0
+    run_dir: Path,
+    *,
+    step: int | None = None,
+    per_class: int = 4,
+    seed: int = 0,
+    steps: int = 50,
+    guidance: float = 1.0,
 ) -> tuple[np.ndarray, int]:
     """(grid image (H', W', C) uint8, the checkpoint's step): ``per_class`` samples of every
-    class, one class per row.
+    class, one class per row, of checkpoint ``step`` (None: the newest that can be read).
 
     Raises:
         TitanError: an option out of :func:`check_options`' bounds, ``run_dir`` is not a
-            diffusion run or has no committed checkpoint (then nothing is created in it).
+            diffusion run or has no committed checkpoint (or none of ``step``; then nothing is
+            created in it).
     """
     check_options(per_class, seed, steps, guidance)
     cfg, model = saved_model(run_dir, "RUN_DIR")
@@ -99,9 +106,11 @@ def sample_grid(
         model, cfg.model, cfg.compute, cfg.optimizer, cfg.data.seq_len, ops
     )
     checkpointer = Checkpointer(run_dir, 1, 0, False)
-    if not checkpointer.committed_steps():
-        raise TitanError(f"{run_dir}: no committed checkpoint to sample from")
-    [params], step, skipped = checkpointer.restore_params_newest(trainer)
+    try:
+        checkpointer.check_committed(step)
+        [params], step, skipped = checkpointer.read_params(step, trainer)
+    finally:
+        checkpointer.close()
     for unreadable in skipped:
         print(inert(f"titan: {unreadable.error}; using checkpoint {step}"), file=sys.stderr)
     # A diffusion run's family: DiT (one_device_trainer builds no other for --task diffusion).
