@@ -237,6 +237,10 @@ CASES: dict[str, Case] = {
         ),
         "--vocab-size 512 is more pieces than --data yields",
     ),
+    "report_out_inside_the_runs_checkpoints": Case(
+        lambda p: ["report", (r := p.run_copy()), "--out", f"{r}/checkpoints/2/report"],
+        "is inside the run's checkpoints/",
+    ),
     "train_vocab_size_beside_a_tokenizer": Case(
         lambda p: p.train(tokenizer=str(p.finished / "tokenizer.model"), vocab_size=1000),
         "--vocab-size 1000 sizes only a tokenizer trained on --data; --tokenizer",

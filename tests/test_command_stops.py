@@ -124,20 +124,39 @@ def test_a_report_stopped_after_its_first_figure_leaves_no_report(
     if existing:  # a folder of the user's: only what the report added goes
         out.mkdir()
         (out / "notes.txt").write_text("mine")
-    monkeypatch.setattr(plots, "plot_loss", _stopped_after(plots.plot_loss))
+    plot_loss = plots.plot_loss
+
+    def plotted_beside_another_writer(*args, **kwargs):
+        (out / "theirs.txt").write_text("another writer's, meanwhile")  # a live run's, say
+        return plot_loss(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "plot_loss", _stopped_after(plotted_beside_another_writer))
     assert main(["report", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
     assert capsys.readouterr().err.endswith("titan report: stopped by SIGINT\n")
     assert sorted(p.name for p in tmp_path.rglob("*")) == (
-        ["notes.txt", "report"] if existing else []
+        ["notes.txt", "report", "theirs.txt"] if existing else []
     )
 
 
-def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sinks, "tracked", _stopped_after(lambda rows, what: rows))
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(
+    tmp_path, capsys, monkeypatch, existing
+):
     out = tmp_path / "tb"
+    if existing:  # a live run's logdir, say: its own event file stays
+        out.mkdir()
+        (out / "events.out.tfevents.1.host.titan-live").write_bytes(b"")
+
+    def rows_beside_another_writer(rows, what):
+        (out / "theirs.txt").write_text("another writer's, meanwhile")
+        return rows
+
+    monkeypatch.setattr(sinks, "tracked", _stopped_after(rows_beside_another_writer))
     assert main(["export", "tensorboard", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
     assert capsys.readouterr().err.endswith("titan export tensorboard: stopped by SIGINT\n")
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.rglob("*")) == (
+        ["events.out.tfevents.1.host.titan-live", "tb", "theirs.txt"] if existing else []
+    )
 
 
 _SCRIPT = """

@@ -10,7 +10,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -160,16 +160,19 @@ def make_dir(path: Path, out: Path, flag: str = "--out") -> None:
 
 
 @contextmanager
-def removed_on_failure(directory: Path) -> Iterator[None]:
-    """The block writes into ``directory``; when it fails (a stop signal among the failures),
-    what it added is removed: the directory itself when the block made it, else the entries
-    that were not there before (an entry it replaced in place stays)."""
+def removed_on_failure(directory: Path, ours: Callable[[str], bool]) -> Iterator[None]:
+    """The block writes into ``directory`` the entries whose names ``ours`` accepts; when it
+    fails (a stop signal among the failures), what it added is removed: the directory itself
+    when the block made it, else those of its entries that were not there before (an entry it
+    replaced in place stays, and so does what another writer added meanwhile: a run's new
+    checkpoint, another export)."""
     created = not directory.exists()
     before = set() if created else _entries(directory)
     try:
         yield
     except BaseException:
-        added = [directory] if created else _entries(directory) - before
+        new = _entries(directory) - before
+        added = [directory] if created else [path for path in new if ours(path.name)]
         for path in added:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)

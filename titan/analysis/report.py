@@ -38,7 +38,7 @@ from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration, format_flops_rate, format_number
 from titan.inert import inert, markdown_text
-from titan.out_paths import removed_on_failure
+from titan.out_paths import check_outside_run, removed_on_failure
 from titan.progress_bar import progress_bar
 from titan.telemetry.events import Eval, Event, Profile, RunStart, Step, parse_events
 from titan.telemetry.records import EVENTS_FILE, run_record_tail
@@ -392,18 +392,20 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     ``run_dir/report``). Returns the report's path.
 
     Raises:
-        TitanError: a bad ``run_dir`` (see :func:`read_run`) or ``out`` that is a file; nothing
-            is written then.
+        TitanError: a bad ``run_dir`` (see :func:`read_run`), or ``out`` that is a file or lies
+            in the run's ``checkpoints/``; nothing is written then.
     """
     run_dir = Path(run_dir)
     events, bad_lines, torn = read_run(run_dir)
     out = Path(out) if out is not None else run_dir / REPORT_DIR
     if out.exists() and not out.is_dir():
         raise TitanError(f"--out {out} is not a directory")
+    check_outside_run(out, run_dir)  # not inside its checkpoints/
     summary = summarize_run_dir(run_dir)
     starts = [e for e in events if isinstance(e, RunStart)]
     last = starts[-1]
-    with removed_on_failure(out):  # a stop or a failure leaves no report half-written
+    # a stop or a failure leaves no report half-written
+    with removed_on_failure(out, lambda name: name in (REPORT_FILE, *FIGURES)):
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as err:

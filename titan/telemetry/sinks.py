@@ -15,6 +15,7 @@ last record, the one the run went on from. The libraries (``tensorboardX``, ``wa
 from __future__ import annotations
 
 import csv
+import fnmatch
 import hashlib
 import importlib.util
 import math
@@ -41,6 +42,7 @@ EXPORT_SUFFIX = ".titan-export"
 LIVE_SUFFIX = ".titan-live"
 """Suffixes of the TensorBoard event files written by ``titan export`` and by the live writer
 (an export replaces its own earlier file, never the live one)."""
+EXPORT_EVENTS = f"events.out.tfevents.*{EXPORT_SUFFIX}"  # the event files titan export writes
 
 
 def _numbers(prefix: str, value: Any) -> Iterator[tuple[str, float]]:
@@ -129,9 +131,9 @@ def write_tensorboard(rows: list[MetricRow], out: Path) -> Path:
             (:func:`titan.out_paths.check_dir`).
     """
     check_dir(out)
-    with removed_on_failure(out):
+    with removed_on_failure(out, lambda name: fnmatch.fnmatch(name, EXPORT_EVENTS)):
         out.mkdir(parents=True, exist_ok=True)
-        for old in out.glob(f"events.out.tfevents.*{EXPORT_SUFFIX}"):
+        for old in out.glob(EXPORT_EVENTS):
             old.unlink()
         check_library("tensorboard")
         from tensorboardX import FileWriter
