@@ -372,33 +372,33 @@ def test_a_null_add_bos_token_counts_as_unset(files, tmp_path):
     assert load_tokenizer(configured).add_bos is True  # sentencepiece's default rule
 
 
-def test_a_vocabulary_larger_than_the_corpus_yields_names_the_largest_it_does(tmp_path):
-    (tmp_path / "small.txt").write_text("hello world\nthe quick brown fox\n")
-    with pytest.raises(TitanError) as raised:
-        train_tokenizer(open_corpus(str(tmp_path / "small.txt")), 512)
-    message = str(raised.value)
-    assert re.fullmatch(
-        r"--vocab-size 512 is more pieces than --data yields: set it to \d+ or less, "
+WIDE_TEXT = "".join(chr(0x4E00 + i) for i in range(120)) + " the quick brown fox\n"  # 120 CJK
+VOCABULARIES_REFUSED = {  # corpus text, --vocab-size, the one line (\d+: the bound it names)
+    "larger than the corpus yields": (
+        "hello world\nthe quick brown fox\n",
+        512,
+        r"--vocab-size 512 is more pieces than --data yields: set it to (\d+) or less, "
         r"or give more text",
-        message,
-    ), message
-    most = int(re.search(r"set it to (\d+)", message)[1])
-    assert train_tokenizer(open_corpus(str(tmp_path / "small.txt")), most).vocab_size == most
-
-
-def test_a_vocabulary_smaller_than_the_corpus_characters_need_names_the_smallest(tmp_path):
-    characters = "".join(chr(0x4E00 + i) for i in range(120))  # 120 CJK ideographs
-    (tmp_path / "wide.txt").write_text(f"{characters} the quick brown fox\n" * 50)
-    with pytest.raises(TitanError) as raised:
-        train_tokenizer(open_corpus(str(tmp_path / "wide.txt")), 259)
-    message = str(raised.value)
-    assert re.fullmatch(
+    ),
+    "smaller than its characters need": (
+        WIDE_TEXT * 50,
+        259,
         r"--vocab-size 259 is fewer pieces than the characters of --data and the special "
-        r"tokens need: set it to \d+ or more",
-        message,
-    ), message
-    least = int(re.search(r"set it to (\d+)", message)[1])
-    assert train_tokenizer(open_corpus(str(tmp_path / "wide.txt")), least).vocab_size == least
+        r"tokens need: set it to (\d+) or more",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(VOCABULARIES_REFUSED))
+def test_a_vocabulary_the_corpus_cannot_train_names_the_bound_that_trains(tmp_path, case):
+    text, vocab_size, pattern = VOCABULARIES_REFUSED[case]
+    (tmp_path / "corpus.txt").write_text(text)
+    with pytest.raises(TitanError) as raised:
+        train_tokenizer(open_corpus(str(tmp_path / "corpus.txt")), vocab_size)
+    named = re.fullmatch(pattern, str(raised.value))
+    assert named, str(raised.value)
+    bound = int(named[1])
+    assert train_tokenizer(open_corpus(str(tmp_path / "corpus.txt")), bound).vocab_size == bound
 
 
 def _metaspace_tokenizer(corpus_dir: Path, directory: Path) -> Path:
