@@ -10,6 +10,7 @@ from typing import Any
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.out_paths import path_argument
+from titan.trainer.init_from import resolve_source
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,7 +68,6 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the grid; prints its path. Returns 0 (bad input raises TitanError: exit 2)."""
-    from titan.trainer.init_from import resolve_source
     from titan.trainer.sampling import write_sample_grid
 
     run_dir, step = resolve_source(args.source, args.step)
