@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir,
         out,
         args.scale,
-        step=step,
+        checkpoint_step=step,
         per_class=args.per_class,
         seed=args.seed,
         steps=args.sample_steps,

@@ -81,19 +81,20 @@ def trained_classes(run_dir: Path, model: ModelConfig) -> int:
 def sample_grid(
     run_dir: Path,
     *,
-    step: int | None = None,
+    checkpoint_step: int | None = None,
     per_class: int = 4,
     seed: int = 0,
     steps: int = 50,
     guidance: float = 1.0,
 ) -> tuple[np.ndarray, int]:
     """(grid image (H', W', C) uint8, the checkpoint's step): ``per_class`` samples of every
-    class, one class per row, of checkpoint ``step`` (None: the newest that can be read).
+    class, one class per row, of checkpoint ``checkpoint_step`` (None: the newest that can be
+    read; ``steps`` are the sampler's).
 
     Raises:
         TitanError: an option out of :func:`check_options`' bounds, ``run_dir`` is not a
-            diffusion run or has no committed checkpoint (or none of ``step``; then nothing is
-            created in it).
+            diffusion run or has no committed checkpoint (or none of ``checkpoint_step``; then
+            nothing is created in it).
     """
     check_options(per_class, seed, steps, guidance)
     cfg, model = saved_model(run_dir, "RUN_DIR")
@@ -107,8 +108,8 @@ def sample_grid(
     )
     checkpointer = Checkpointer(run_dir, 1, 0, False)
     try:
-        checkpointer.check_committed(step)
-        [params], step, skipped = checkpointer.read_params(step, trainer)
+        checkpointer.check_committed(checkpoint_step)
+        [params], step, skipped = checkpointer.read_params(checkpoint_step, trainer)
     finally:
         checkpointer.close()
     for unreadable in skipped:
