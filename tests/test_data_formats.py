@@ -18,6 +18,7 @@ import tokenizers as hf_tokenizers
 import zstandard
 from helpers import events, run_in_process, small_run
 
+from titan.data.mixture import mixture_parts, open_sources
 from titan.data.text import DROP_REASONS, PackedBatches, file_format, open_corpus
 from titan.data.tokenize import token_stream
 from titan.data.tokenizer import (
@@ -114,6 +115,39 @@ def test_a_file_whose_name_reads_as_a_glob_is_that_file(tmp_path):
     assert list(open_corpus(str(tmp_path / "part[12].jsonl")).documents()) == [
         "matched by the glob"
     ]
+    # Parquet is read through DuckDB, whose read_parquet takes every name as a pattern
+    for name, docs in {"p[1]*?.parquet": ["bracketed"], "p1x!.parquet": ["the glob's"]}.items():
+        (tmp_path / "pq").mkdir(exist_ok=True)
+        _write_parquet(tmp_path / "pq" / name, docs)
+    assert list(open_corpus(str(tmp_path / "pq" / "p[1]*?.parquet")).documents()) == ["bracketed"]
+    assert list(open_corpus(str(tmp_path / "pq")).documents()) == ["the glob's", "bracketed"]
+
+
+def test_a_mixture_spec_that_is_an_existing_files_name_is_that_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("c").write_text("the file c\n")
+    Path("c:0.5").write_text("the file c:0.5\n")
+    (source,) = open_sources("c:0.5")
+    assert (source.spec, list(source.corpus.documents())) == ("c:0.5", ["the file c:0.5\n"])
+    Path("c:0.5").unlink()  # then the text alone says: c at weight 0.5, the only part
+    assert mixture_parts("c:0.5") == [("c", 1.0)]
+
+
+@pytest.mark.parametrize("entry", ["dangling link", "loop of links", "FIFO"])
+def test_an_entry_of_a_data_directory_that_is_no_regular_file_is_refused_naming_it(tmp_path, entry):
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(["kept"]))
+    bad = tmp_path / "b.jsonl"
+    if entry == "dangling link":
+        bad.symlink_to(tmp_path / "unmounted" / "b.jsonl")
+    elif entry == "loop of links":
+        bad.symlink_to(bad)
+    else:
+        os.mkfifo(bad)
+    for spec in (str(tmp_path), str(tmp_path / "*.jsonl")):  # a directory, a glob
+        with pytest.raises(TitanError) as raised:
+            open_corpus(spec)
+        assert str(raised.value).startswith(f"--data {spec}: {bad}: "), str(raised.value)
+        assert "\n" not in str(raised.value)
 
 
 def test_text_field_names_the_json_field_and_parquet_column(tmp_path):
@@ -157,6 +191,7 @@ def test_dropped_records_are_counted_by_reason(tmp_path):
         json.dumps({"text": "a\u0000b"}),  # nul_bytes
         "{not json",  # bad_json
         "[1, 2]",  # bad_json: not an object
+        '{"text": "x", "n": ' + "[" * 100_000 + "]" * 100_000 + "}",  # bad_json: past the stack
         "",  # blank line: not a record
     ]
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
@@ -164,7 +199,7 @@ def test_dropped_records_are_counted_by_reason(tmp_path):
     (tmp_path / "blank.txt").write_text("\n\n")  # empty
     dropped = Counter()
     assert list(open_corpus(str(tmp_path)).documents(dropped)) == ["kept"]
-    assert dict(dropped) == {"empty": 2, "non_text": 2, "nul_bytes": 2, "bad_json": 2}
+    assert dict(dropped) == {"empty": 2, "non_text": 2, "nul_bytes": 2, "bad_json": 3}
     assert set(dropped) == set(DROP_REASONS)
 
 

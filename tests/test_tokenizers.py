@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import tracemalloc
@@ -362,6 +363,9 @@ def test_a_directory_an_empty_file_or_a_byte_order_mark_is_told_apart(files, tmp
     (tmp_path / "empty.model").write_bytes(b"")
     with pytest.raises(TitanError, match="the file is empty"):
         load_tokenizer(tmp_path / "empty.model")
+    os.mkfifo(tmp_path / "fifo.model")  # never opened: a read would wait for a writer
+    with pytest.raises(TitanError, match=r"fifo.model: not a regular file \(a FIFO, a device\)"):
+        load_tokenizer(tmp_path / "fifo.model")
     marked = _configured(files["huggingface"], tmp_path)
     marked.write_bytes(b"\xef\xbb\xbf" + files["huggingface"].read_bytes())
     assert load_tokenizer(marked).vocab_size == load_tokenizer(files["huggingface"]).vocab_size

@@ -101,8 +101,9 @@ def open_sources(data: str, text_field: str = "text") -> list[Source]:
 
 
 def mixture_parts(data: str) -> list[tuple[str, float]]:
-    """``--data``'s parts and their weights normalised to sum to 1, read from its text alone
-    (no file is looked at): ``[(data, 1.0)]`` for one corpus.
+    """``--data``'s parts and their weights normalised to sum to 1, read from its text:
+    ``[(data, 1.0)]`` for one corpus, which is also what a path that exists names (a file
+    ``c:0.5`` is that file, never ``c`` at weight 0.5, as a name with brackets is never a glob).
 
     Raises:
         TitanError: ``data`` is empty, a part names no weight while another does, a part is
@@ -114,7 +115,7 @@ def mixture_parts(data: str) -> list[tuple[str, float]]:
         raise TitanError("--data is empty")
     parts = data.split(",")
     weighted = [_weighted(part) for part in parts]
-    if len(parts) == 1 and weighted[0] is None:
+    if len(parts) == 1 and (weighted[0] is None or Path(data).exists()):
         return [(data, 1.0)]
     for part, pair in zip(parts, weighted, strict=True):
         if pair is None:

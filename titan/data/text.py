@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, NoReturn, Protocol
 
 import numpy as np
 import zstandard
@@ -52,9 +52,9 @@ GLOB_CHARS = frozenset("*?[")
 DROP_REASONS = ("empty", "non_text", "nul_bytes", "bad_json")
 """Why a record is not a document: ``empty`` (nothing but whitespace), ``non_text`` (the text
 field is missing, or holds no string), ``nul_bytes`` (a NUL byte: a binary file), ``bad_json``
-(a ``.jsonl`` line that is not a JSON object, or whose text holds a lone surrogate escape such
-as ``"\\ud800"``: no Unicode text, so no tokenizer can encode it; strict parsers, I-JSON's
-RFC 7493, refuse the line)."""
+(a ``.jsonl`` line that is not a JSON object, or is nested deeper than the parser's stack, or
+whose text holds a lone surrogate escape such as ``"\\ud800"``: no Unicode text, so no
+tokenizer can encode it; strict parsers, I-JSON's RFC 7493, refuse the line)."""
 
 
 def no_documents(corpus: Documents, dropped: Mapping[str, int]) -> str:
@@ -211,7 +211,7 @@ def _jsonl_documents(
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested deeper than the parser's stack
                 dropped["bad_json"] += 1
                 continue
             if not isinstance(record, dict):
@@ -235,7 +235,8 @@ def _parquet_documents(
 
     column = '"' + field_name.replace('"', '""') + '"'
     try:
-        result = duckdb.connect().execute(f"SELECT {column} FROM read_parquet(?)", [str(path)])
+        query = f"SELECT {column} FROM read_parquet(?)"
+        result = duckdb.connect().execute(query, [_literal_glob(str(path))])
         while rows := result.fetchmany(PARQUET_BATCH_ROWS):
             for (text,) in rows:
                 yield from _checked(text, dropped)
@@ -244,6 +245,13 @@ def _parquet_documents(
         raise TitanError(
             f"{label}: {path}: cannot read a '{field_name}' column ({reason})"
         ) from None
+
+
+def _literal_glob(path: str) -> str:
+    """``path`` as a DuckDB glob that matches that file alone: ``read_parquet`` takes every
+    name as a pattern, where ``part[1].parquet`` is ``part1.parquet``; each ``[``, ``*`` and
+    ``?`` becomes a one-character class of itself (``[[]``)."""
+    return "".join(f"[{c}]" if c in "[*?" else c for c in path)
 
 
 def file_format(path: Path) -> str:
@@ -370,13 +378,16 @@ def _files_below(path: Path, label: str) -> list[Path]:
     once (a link back up is not a loop).
 
     Raises:
-        TitanError: a directory below cannot be listed (names it and the OS's reason), the
-            message beginning with ``label`` (``--data SPEC``).
+        TitanError: a directory below cannot be listed (names it and the OS's reason), or an
+            entry is no regular file (:func:`_not_a_file`), the message beginning with
+            ``label`` (``--data SPEC``).
     """
     if path.is_file():
         return [path]
-    if not path.is_dir():  # a dangling link, or a glob's match through too many links
-        return []
+    if not path.is_dir():  # a glob's match: a dangling link, a loop of links, a FIFO
+        if _named_through_too_many_links(path):  # ** down a link back up, whose files the
+            return []  # glob also matches by shorter names
+        _not_a_file(path, label)
 
     def refuse(err: OSError) -> None:
         raise TitanError(f"{label}: cannot read {err.filename}: {err.strerror or err}")
@@ -391,7 +402,29 @@ def _files_below(path: Path, label: str) -> list[Path]:
         seen.add((status.st_dev, status.st_ino))
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         files += [Path(root, n) for n in names if not n.startswith(".")]
+    for entry in files:  # a shard that cannot be read is never left out without a word
+        if not (entry.is_file() or _named_through_too_many_links(entry)):
+            _not_a_file(entry, label)
     return sorted(f for f in files if f.is_file())
+
+
+def _named_through_too_many_links(path: Path) -> bool:
+    """Whether ``path`` is a usable file or directory that its name alone cannot reach: the
+    directories on its way pass more links than the OS follows in one lookup (40 on Linux),
+    while the same entry, named from its folder's resolved path, is found."""
+    short = Path(os.path.realpath(path.parent)) / path.name
+    return short != path and (short.is_file() or short.is_dir())
+
+
+def _not_a_file(path: Path, label: str) -> NoReturn:
+    """Refuse ``path``, an entry of ``--data`` (``label``) that is no regular file: a link whose
+    target is missing (an unmounted shard, say), a loop of links, a FIFO or a device.
+
+    Raises:
+        TitanError: always, naming ``path`` and what it is.
+    """
+    _check_exists(path, f"{label}: {path}")
+    raise TitanError(f"{label}: {path}: not a regular file (a FIFO, a device)")
 
 
 def _check_exists(path: Path, label: str) -> None:

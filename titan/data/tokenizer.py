@@ -741,8 +741,10 @@ def load_tokenizer(path: str | Path, config_dirs: tuple[Path, ...] = ()) -> Toke
             f"--tokenizer {path}: a directory; give the tokenizer file in it "
             "(tokenizer.json, tokenizer.model)"
         )
-    if not path.is_file():
+    if not path.exists():  # a dangling link too
         raise TitanError(f"--tokenizer {path}: no such file")
+    if not path.is_file():
+        raise TitanError(f"--tokenizer {path}: not a regular file (a FIFO, a device)")
     try:
         data = path.read_bytes().removeprefix(UTF8_BOM)
     except OSError as err:
