@@ -121,9 +121,10 @@ def test_a_report_stopped_after_its_first_figure_leaves_no_report(
     tmp_path, capsys, monkeypatch, existing
 ):
     out = tmp_path / "report"
-    if existing:  # a folder of the user's: only what the report added goes
+    if existing:  # a folder of the user's: it stays as it was, a file the report names too
         out.mkdir()
         (out / "notes.txt").write_text("mine")
+        (out / "loss.png").write_text("my figure")
     plot_loss = plots.plot_loss
 
     def plotted_beside_another_writer(*args, **kwargs):
@@ -134,8 +135,24 @@ def test_a_report_stopped_after_its_first_figure_leaves_no_report(
     assert main(["report", str(SAMPLE_RUN), "--out", str(out)]) == EXIT_STOPPED
     assert capsys.readouterr().err.endswith("titan report: stopped by SIGINT\n")
     assert sorted(p.name for p in tmp_path.rglob("*")) == (
-        ["notes.txt", "report", "theirs.txt"] if existing else []
+        ["loss.png", "notes.txt", "report", "theirs.txt"] if existing else []
     )
+    if existing:
+        assert (out / "loss.png").read_text() == "my figure"
+
+
+def test_a_report_replaces_its_own_files_only_and_removes_a_killed_reports_staging(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True).stdout.strip()  # fmt: skip
+    out = tmp_path / "report"
+    (out / f".report.tmp{gone}").mkdir(parents=True)  # what a killed report left
+    (out / "notes.txt").write_text("mine")
+    (out / "report.md").write_text("an earlier report")
+    assert main(["report", str(SAMPLE_RUN), "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert not [name for name in names if name.startswith(".")], names
+    assert {"notes.txt", "report.md", "loss.png"} <= set(names)
+    assert (out / "report.md").read_text().startswith("# Run report: ")
 
 
 @pytest.mark.parametrize("existing", [False, True])

@@ -188,3 +188,24 @@ def _entries(directory: Path) -> set[Path]:
         return set(directory.iterdir())
     except OSError:
         return set()
+
+
+def remove_orphaned_stagings(folder: Path, prefix: str) -> None:
+    """Remove the entries of ``folder`` named ``<prefix><pid>`` whose process is gone: the
+    stagings a killed command left (a live process's is kept)."""
+    with contextlib.suppress(OSError):
+        for path in folder.iterdir():
+            pid = path.name.removeprefix(prefix)
+            if path.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: signalling it is refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -38,13 +40,14 @@ from titan.analysis.trace_summary import summarize_trace
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_duration, format_flops_rate, format_number
 from titan.inert import inert, markdown_text
-from titan.out_paths import check_outside_run, removed_on_failure
+from titan.out_paths import check_outside_run, remove_orphaned_stagings
 from titan.progress_bar import progress_bar
 from titan.telemetry.events import Eval, Event, Profile, RunStart, Step, parse_events
 from titan.telemetry.records import EVENTS_FILE, run_record_tail
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"
+STAGING_PREFIX = ".report.tmp"  # + pid: the folder in --out a report is written into first
 FIGURES = ("loss.png", "throughput.png", "mfu.png", "power.png", "samples.png")
 SAMPLES_TIMEOUT_S = 600
 POWER_WINDOW_S = 5.0
@@ -374,11 +377,12 @@ def _sample_lines(run_dir: Path, out: Path, last: RunStart) -> list[str]:
     if done.returncode:
         said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         return ["## Samples", "", f"none: {markdown_text(said)}", ""]
-    said = done.stdout.strip().splitlines()[-1]
+    said = done.stdout.strip().splitlines()[-1]  # titan sample: step N: PATH
+    step = said.removeprefix("titan sample: ").split(":")[0]
     return [
         "## Samples",
         "",
-        f"One row per class, from {markdown_text(said.removeprefix('titan sample: '))} (Euler "
+        f"One row per class, from {markdown_text(step)} (Euler "
         "steps for flow "
         "matching, DDIM for DDPM; 50 steps, seed 0, no guidance).",
         "",
@@ -404,14 +408,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     summary = summarize_run_dir(run_dir)
     starts = [e for e in events if isinstance(e, RunStart)]
     last = starts[-1]
-    # a stop or a failure leaves no report half-written
-    with removed_on_failure(out, lambda name: name in (REPORT_FILE, *FIGURES)):
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise TitanError(f"--out {out}: cannot create it ({err.strerror})") from None
-        for name in FIGURES:
-            (out / name).unlink(missing_ok=True)
+    with _staged_in(out) as staging:  # a stop or a failure leaves out as it was
         skipped = f"{bad_lines} line(s) that are not events skipped" + (
             f", a torn last line ({torn} bytes) ignored" if torn else ""
         )
@@ -430,9 +427,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
                 ("attempt", "started (UTC)", "start step", "last step", "status", "compile (s)"),
                 _attempt_rows(events, summary.status),
             ),
-            *_figures(out, events, summary),
+            *_figures(staging, events, summary),
             *_eval_lines(events),
-            *_sample_lines(run_dir, out, last),
+            *_sample_lines(run_dir, staging, last),
             *_profile_lines(run_dir, out, events),
             "## Configuration",
             "",
@@ -457,9 +454,41 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
             *_table(("field", "value"), list(_flatten(last.env or {}))),
             *_changes(starts, "env", "Changed between attempts"),
         ]
-        path = out / REPORT_FILE
-        tmp = path.with_name(path.name + ".tmp")
         # Every line goes out inert: record strings never carry a terminal escape into a viewer.
-        tmp.write_text("\n".join(map(inert, lines)).rstrip() + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    return path
+        text = "\n".join(map(inert, lines)).rstrip() + "\n"
+        (staging / REPORT_FILE).write_text(text, encoding="utf-8")
+    return out / REPORT_FILE
+
+
+@contextmanager
+def _staged_in(out: Path) -> Iterator[Path]:
+    """A new hidden folder in ``out`` (made with its parents), ``.report.tmp<pid>``, that the
+    block writes the report into; when the block succeeds its files replace those of ``out``
+    (and a figure of an earlier report that this one has not goes). The folder is removed
+    either way, and ``out`` too when it was made here and the block failed: a stopped report
+    leaves ``out`` as it was. The stagings of reports that were killed are removed first.
+
+    Raises:
+        TitanError: ``out`` cannot be created (names it and the OS's reason).
+    """
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TitanError(f"--out {out}: cannot create it ({err.strerror})") from None
+    remove_orphaned_stagings(out, STAGING_PREFIX)
+    staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+    try:
+        staging.mkdir()
+        yield staging
+        for name in FIGURES:
+            if not (staging / name).exists():
+                (out / name).unlink(missing_ok=True)
+        for made in staging.iterdir():
+            os.replace(made, out / made.name)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

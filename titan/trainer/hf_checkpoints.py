@@ -19,7 +19,6 @@ nothing behind; an existing output is refused.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -48,7 +47,12 @@ from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_s
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
 from titan.ops import Ops
 from titan.optimizer import build_optimizer
-from titan.out_paths import check_new_dir, check_outside_run, make_dir
+from titan.out_paths import (
+    check_new_dir,
+    check_outside_run,
+    make_dir,
+    remove_orphaned_stagings,
+)
 from titan.parallel.chunks import Chunk, chunk_item, chunk_ranges, join_layers, whole_model
 from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
@@ -146,7 +150,7 @@ def _staged(out: Path, flag: str) -> Iterator[Path]:
         TitanError: ``out`` exists or cannot be created (names ``flag`` and ``out``).
     """
     given, out = out, check_new_dir(out, flag)
-    _remove_orphaned_stagings(out)
+    remove_orphaned_stagings(out.parent, _staging_prefix(out))
     staging = out.with_name(f"{_staging_prefix(out)}{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     threads = set(threading.enumerate())
@@ -165,28 +169,6 @@ def _staged(out: Path, flag: str) -> Iterator[Path]:
 
 def _staging_prefix(out: Path) -> str:
     return f".{out.name}.tmp"
-
-
-def _remove_orphaned_stagings(out: Path) -> None:
-    """Remove the stagings of ``out`` (:func:`_staged`) whose process is gone: the folders a
-    killed ``titan import`` or ``titan export`` left (a live process's is kept)."""
-    prefix = _staging_prefix(out)
-    with contextlib.suppress(OSError):
-        for path in out.parent.iterdir():
-            pid = path.name.removeprefix(prefix)
-            if path.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (another user's counts: signalling it is refused)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _whole_tree(joined: dict[str, Any], shapes: Any) -> Any:
