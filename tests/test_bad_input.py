@@ -57,6 +57,8 @@ class Places:
     def train(self, **options) -> list[str]:
         """``titan train`` of the small run with ``options`` on top."""
         base = small_run(self.corpus, self.runs, steps=2, dp=1)
+        if "tokenizer" in options:  # --vocab-size is refused beside it
+            del base["vocab_size"]
         return ["train", *cli_args({**base, **options})]
 
     def file(self, name: str, data: bytes | str) -> str:
@@ -245,10 +247,14 @@ CASES: dict[str, Case] = {
         lambda p: p.train(tokenizer=str(p.finished / "tokenizer.model"), vocab_size=1000),
         "--vocab-size 1000 sizes only a tokenizer trained on --data; --tokenizer",
     ),
+    "train_default_vocab_size_typed_beside_a_tokenizer": Case(
+        lambda p: p.train(tokenizer=str(p.finished / "tokenizer.model"), vocab_size=4096),
+        "--vocab-size 4096 sizes only a tokenizer trained on --data; --tokenizer",
+    ),
     "tokenize_vocab_size_beside_a_tokenizer": Case(
         lambda p: [
             "tokenize",
-            *("--data", str(p.corpus), "--vocab-size", "1000"),
+            *("--data", str(p.corpus), "--vocab-size", "4096"),
             *("--tokenizer", str(p.finished / "tokenizer.model")),
         ],
         "leave --vocab-size out",

@@ -20,6 +20,7 @@ import pytest
 from helpers import (
     events,
     fail_checkpoint,
+    file_tree,
     run_in_process,
     start_subprocess,
     trainer_of,
@@ -472,6 +473,26 @@ def test_a_checkpoint_whose_arrays_no_longer_match_their_digest_is_set_aside(
     assert "cannot be restored onto" not in err  # damage, not a layout that does not map
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
     assert (run_dir / "unrestorable_checkpoints" / "4").is_dir()
+
+
+@pytest.mark.slow
+def test_a_resume_where_no_checkpoint_restores_says_each_was_tried(small_options):
+    options = {**small_options, "run_id": "all-rot", "steps": 4, "checkpoint_every": 2}
+    code, run_dir = run_in_process(options)
+    assert code == 0
+    for step in (2, 4):
+        meta_file = run_dir / CHECKPOINT_DIR / str(step) / "meta" / "metadata"
+        meta = json.loads(meta_file.read_text())
+        meta["digests"][0] ^= 1 << 20
+        meta_file.write_text(json.dumps(meta))
+    before = file_tree(run_dir)
+    with pytest.raises(TitanError) as raised:
+        run_in_process({**options, "steps": 6}, resume=run_dir)
+    assert str(raised.value).startswith(
+        "--resume: none of the 2 committed checkpoints can be restored (the newest: "
+        "checkpoint 4: chunk 0 does not match the digest saved with it "
+    ), str(raised.value)
+    assert file_tree(run_dir) == before
 
 
 PARAMS_READERS = {  # (run dir, data, out) -> argv

@@ -1492,17 +1492,20 @@ def model_config(shape: ModelConfig, tokenizer_vocab: int, tokenizer: str = "") 
     return shape
 
 
-def check_vocab_size_unused(tokenizer: str, vocab_size: int | None) -> None:
+def check_vocab_size_unused(tokenizer: str, vocab_size: int | None, typed: bool) -> None:
     """Refuse ``--vocab-size`` (``vocab_size``; None when not given) beside ``--tokenizer``
     (``tokenizer``): it sizes only a tokenizer trained on the corpus, so it would be ignored,
-    and the run's config would record a vocabulary its model does not have. The default
-    (:data:`titan.shapes.DEFAULT_VOCAB_SIZE`) passes: a config file that ``--print-config``
-    wrote holds it, given or not.
+    and the run's config would record a vocabulary its model does not have. Any value
+    ``typed`` on the command line is refused; from a config file the default
+    (:data:`titan.shapes.DEFAULT_VOCAB_SIZE`) passes, which one that ``--print-config`` wrote
+    holds, given or not.
 
     Raises:
         TitanError: names both options.
     """
-    if tokenizer and vocab_size is not None and vocab_size != DEFAULT_VOCAB_SIZE:
+    if vocab_size is None or (vocab_size == DEFAULT_VOCAB_SIZE and not typed):
+        return
+    if tokenizer:
         raise TitanError(
             f"--vocab-size {vocab_size} sizes only a tokenizer trained on --data; --tokenizer "
             f"{tokenizer} brings its own vocabulary (the run keeps it): leave --vocab-size out"

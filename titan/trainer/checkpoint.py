@@ -651,7 +651,7 @@ class Checkpointer:
             again and nothing keeps them from retention's count).
 
         Raises:
-            TitanError: none restores (the newest one's error).
+            TitanError: none restores (how many were tried, and the newest one's error).
         """
 
         def read(step: int) -> tuple[TrainState, dict[str, Any]]:
@@ -663,6 +663,11 @@ class Checkpointer:
         restored, skipped = self._newest_readable(read)
         if restored is not None:
             return *restored, skipped + self.uncommitted()
+        if len(skipped) > 1:  # that the older ones were tried too
+            raise TitanError(
+                f"--resume: none of the {len(skipped)} committed checkpoints can be restored "
+                f"(the newest: {skipped[0].error})"
+            )
         if skipped:
             raise TitanError(f"--resume: {skipped[0].error}")
         return None

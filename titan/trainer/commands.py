@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if args.resume is not None and not args.resume.strip():  # an unset $RUN: not a new run
         raise TitanError("--resume is empty: give the run dir to continue")
     explicit = explicit_options(args)
-    check_vocab_size_unused(explicit.get("tokenizer", ""), explicit.get("vocab_size"))
+    typed = args.vocab_size is not None  # on the command line, not from --config
+    check_vocab_size_unused(explicit.get("tokenizer", ""), explicit.get("vocab_size"), typed)
     options = init_from_options(explicit)  # a typed shape checked against --init-from's there
     if args.preset is not None and not (args.resume or explicit.get("init_from")):
         check_typed_shape(args.preset, TrainConfig.of(**options).model)  # typed: --preset, --model

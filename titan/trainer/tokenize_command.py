@@ -22,6 +22,7 @@ from titan.data.tokenize import EmptyCorpus, token_stream
 from titan.data.tokenizer import load_tokenizer, train_tokenizer
 from titan.exit_codes import EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
+from titan.shapes import DEFAULT_VOCAB_SIZE
 from titan.stopping import StopRequested, mark_cut_short
 from titan.trainer.progress import TrainProgress
 
@@ -43,7 +44,12 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--data", required=True, help="as titan train --data (a mixture too)")
     t.add_argument("--text-field", default=defaults.text_field, help="as titan train")
     t.add_argument("--tokenizer", default="", help="as titan train (empty: train one)")
-    t.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="as titan train")
+    t.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"as titan train (default {defaults.vocab_size}; refused beside --tokenizer)",
+    )
     t.add_argument("--eval-data", default="", help="as titan train (held-out corpus)")
     t.add_argument(
         "--eval-split",
@@ -74,13 +80,13 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         TitanError: a bad option, checked as ``titan train`` checks it (:class:`DataOptions`).
     """
-    check_vocab_size_unused(args.tokenizer, args.vocab_size)
+    check_vocab_size_unused(args.tokenizer, args.vocab_size, typed=True)
     data = DataOptions(
         corpus=args.data,
         text_field=args.text_field,
         tokenizer=args.tokenizer,
         data_workers=args.data_workers,
-        vocab_size=args.vocab_size,
+        vocab_size=DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
         eval_data=args.eval_data,
         eval_split=args.eval_split,
     )
