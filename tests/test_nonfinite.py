@@ -20,7 +20,7 @@ from helpers import cli_args, events, run_in_process, small_run, start_subproces
 
 from titan.cli import main
 from titan.config import TrainConfig
-from titan.errors import TitanError
+from titan.errors import CheckpointDamaged, TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
 from titan.trainer.guard import (
     DIGESTS,
@@ -29,6 +29,7 @@ from titan.trainer.guard import (
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
+    check_digests,
     read_digests,
 )
 from titan.trainer_state import TrainState
@@ -378,3 +379,10 @@ def test_guard_options_are_validated():
         TrainConfig.of(loss_spike_sigma=0)
     with pytest.raises(TitanError, match="--loss-spike-window must be >= 2"):
         TrainConfig.of(loss_spike_window=1)
+
+
+@pytest.mark.parametrize("saved", [["abc"], [1, 2], [-1], [2**32], [True], "deadbeef"])
+def test_a_meta_whose_digests_are_no_list_of_32_bit_numbers_is_damage(saved):
+    with pytest.raises(CheckpointDamaged, match=r"checkpoint 4: its meta's digests is not 1 "):
+        check_digests(4, {DIGESTS: saved}, {DIGESTS: [7]})
+    check_digests(4, {}, {DIGESTS: [7]})  # none saved (an older checkpoint): nothing to compare

@@ -197,19 +197,34 @@ def check_digests(step: int, meta: dict[str, Any], restored: dict[str, list[int]
     or of several processes; nothing to compare).
 
     Raises:
-        CheckpointDamaged: a digest differs (a file changed or corrupt on disk); names the
-            checkpoint and the chunk.
+        CheckpointDamaged: a digest differs (a file changed or corrupt on disk; names the
+            checkpoint and the chunk), or the meta's field is no list of one 32-bit digest per
+            chunk.
     """
     for name, digests in restored.items():
         saved = meta.get(name)
-        if not isinstance(saved, list):
+        if saved is None:
             continue
+        if not _digest_list(saved, len(digests)):
+            raise CheckpointDamaged(
+                f"checkpoint {step}: its meta's {name} is not {len(digests)} digest(s) of "
+                "32 bits: the meta changed or corrupt on disk"
+            )
         for chunk, (before, after) in enumerate(zip(saved, digests, strict=True)):
             if before != after:
                 raise CheckpointDamaged(
                     f"checkpoint {step}: {_CHECKED[name].format(chunk=chunk)} "
                     f"({after:08x}, saved {before:08x}): a file changed or corrupt on disk"
                 )
+
+
+def _digest_list(saved: Any, chunks: int) -> bool:
+    """Whether ``saved`` is a list of ``chunks`` unsigned 32-bit integers (JSON's, no bools)."""
+    return (
+        isinstance(saved, list)
+        and len(saved) == chunks
+        and all(type(d) is int and 0 <= d < 2**32 for d in saved)
+    )
 
 
 _CHECK = jax.jit(_finite_and_digest, static_argnames="digest")
