@@ -135,6 +135,7 @@ def test_samples_that_are_not_finite_are_one_line_and_write_nothing(
         (["sample", "--scale", "0"], "--scale must be in [1, 16], got 0"),
         (["sample", "--out", "FILE/x.png"], "FILE is not a directory"),
         (["sample", "--step", "7"], "--step 7: RUN has no checkpoint of it (it has: 20, 40, 60)"),
+        (["sample", "/checkpoints/020"], "neither a run dir (with config.json) nor a checkpoint"),
         (["generate", "--prompt", "x"], "a diffusion run (no text): use titan sample"),
     ],
 )
@@ -142,7 +143,11 @@ def test_bad_sample_input_is_one_line_naming_the_option(trained, tmp_path, capsy
     (tmp_path / "FILE").write_text("")
     args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
     before = sorted(trained.iterdir())
-    assert main([args[0], str(trained), *args[1:]]) == 2
+    if args[1].startswith("/checkpoints/"):  # a checkpoint folder of the run's that is not there
+        args = [args[0], str(trained) + args[1], *args[2:]]
+    else:
+        args = [args[0], str(trained), *args[1:]]
+    assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message.replace("RUN", str(trained)) in err and len(err.splitlines()) == 1, err
     assert sorted(trained.iterdir()) == before

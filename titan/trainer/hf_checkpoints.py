@@ -331,7 +331,8 @@ def export_hf(
                 lambda s: checkpointer.restore_host(s, abstract, partial=True)
             )
             for unreadable in skipped:
-                print(f"titan export hf: {inert(unreadable.error)}", file=sys.stderr, flush=True)
+                line = f"titan export hf: {unreadable.error}; using checkpoint {step}"
+                print(inert(line), file=sys.stderr, flush=True)
         else:
             items, chunks, _ = checkpointer.restore_host(step, abstract, partial=True)
     finally:

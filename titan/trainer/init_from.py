@@ -26,7 +26,7 @@ SOURCE_MODELS = {"titan": "titan's llama", "maxtext": "a maxtext model"}
 def checkpoint_location(text: str) -> tuple[Path, int | None]:
     """(the dir holding ``checkpoints/``, the step or None for the newest) of a CHECKPOINT."""
     path = Path(text)
-    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit():
+    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit() and path.is_dir():
         return path.parent.parent, int(path.name)
     return path, None
 
@@ -41,7 +41,7 @@ def resolve_source(source: str, step: int | None) -> tuple[Path, int | None]:
     if (path / CONFIG_FILE).is_file():
         return path, step
     run_dir = path.parent.parent
-    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit():
+    if path.parent.name == CHECKPOINT_DIR and path.name.isdigit() and path.is_dir():
         if (run_dir / CONFIG_FILE).is_file():
             if step is not None and step != int(path.name):
                 raise TitanError(f"--step {step} contradicts the checkpoint {source}")

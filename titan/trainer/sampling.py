@@ -113,7 +113,8 @@ def sample_grid(
     finally:
         checkpointer.close()
     for unreadable in skipped:
-        print(inert(f"titan: {unreadable.error}; using checkpoint {step}"), file=sys.stderr)
+        line = f"titan sample: {unreadable.error}; using checkpoint {step}"
+        print(inert(line), file=sys.stderr)
     # A diffusion run's family: DiT (one_device_trainer builds no other for --task diffusion).
     adapter, dtype = cast(ImageModelAdapter, trainer.adapter), trainer.compute_dtype
     classes = trained_classes(run_dir, model)
