@@ -478,6 +478,7 @@ def _staged_in(out: Path) -> Iterator[Path]:
         raise TitanError(f"--out {out}: cannot create it ({err.strerror})") from None
     remove_orphaned_stagings(out, STAGING_PREFIX)
     staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # an earlier process's of this pid
     try:
         staging.mkdir()
         yield staging
