@@ -402,10 +402,11 @@ def _files_below(path: Path, label: str) -> list[Path]:
         seen.add((status.st_dev, status.st_ino))
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         files += [Path(root, n) for n in names if not n.startswith(".")]
-    for entry in files:  # a shard that cannot be read is never left out without a word
-        if not (entry.is_file() or _named_through_too_many_links(entry)):
+    regular = [f for f in files if f.is_file()]  # one stat each
+    for entry in sorted(set(files) - set(regular)):  # never left out without a word
+        if not _named_through_too_many_links(entry):
             _not_a_file(entry, label)
-    return sorted(f for f in files if f.is_file())
+    return sorted(regular)
 
 
 def _named_through_too_many_links(path: Path) -> bool:
