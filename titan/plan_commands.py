@@ -506,8 +506,7 @@ def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
     """
     if args.remat != AUTO:
         return plan(request, layout_from_args(args, args.remat))
-    platform = "cpu" if request.gpu.name == "cpu" else "gpu"
-    for remat in auto_candidates(platform):  # estimated only until one fits
+    for remat in auto_candidates(request.gpu.accelerator):  # estimated only until one fits
         candidate = plan(request, layout_from_args(args, remat))
         if candidate.memory.fits:
             break
