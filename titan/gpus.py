@@ -311,7 +311,7 @@ def on_one_host(spec: GpuSpec, devices: int) -> GpuSpec:
         hbm_bytes=spec.hbm_bytes / devices,
         hbm_bytes_per_s=spec.hbm_bytes_per_s / devices,
         usable_bytes=spec.usable_bytes / devices,
-        tdp_w=spec.tdp_w / devices,
+        tdp_w=None if spec.tdp_w is None else spec.tdp_w / devices,
     )
 
 

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from titan.errors import TitanError, first_line
+
+if TYPE_CHECKING:
+    from jax._src.clusters.cloud_tpu_cluster import BaseTpuCluster
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def detected_cluster(timeout_s: int) -> Cluster | None:
     return None
 
 
-def _tpu_slice(env: type, processes: int, timeout_s: int) -> Cluster:
+def _tpu_slice(env: type[BaseTpuCluster], processes: int, timeout_s: int) -> Cluster:
     """A detected TPU slice of ``processes`` processes, with its coordinator and this process's
     index where there are several."""
     if processes == 1:
