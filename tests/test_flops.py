@@ -129,7 +129,7 @@ def test_no_mfu_without_a_datasheet_peak_for_the_devices_and_dtype():
     assert h200_float32.flops is None and "computes in float32" in h200_float32.reason
     assert device_peak(["NVIDIA H200", "NVIDIA H100"], 2, "bfloat16").flops is None
     unknown = device_peak(["Quantum Accelerator 9000"], 1, "bfloat16")
-    assert unknown.flops is None and "not in the GPU catalog" in unknown.reason
+    assert unknown.flops is None and "not in the accelerator catalog" in unknown.reason
     m = ModelConfig("a", 512, 256, 2, 4, 2, 1024)
     meter = FlopsMeter(*training_flops_per_token(m, 64, "none"), unknown)
     step = meter.step_fields(tokens_per_s=1e3)

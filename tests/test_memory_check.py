@@ -27,6 +27,7 @@ from titan.trainer.memory_check import (
     UNKNOWN_KERNELS,
     RematChoice,
     Traced,
+    auto_kernels,
     check_memory,
     resolve_remat,
 )
@@ -265,10 +266,81 @@ def test_remat_auto_prices_the_swiglu_the_registry_serves_unasked():
     assert on_cuda.remat == on_rocm.remat == "dots-attention"
     fused, native = (
         _check([_Gpu(10**15)], kernels, batch_size=64, seq_len=2048, remat="dots-attention")
-        for kernels in (AUTO_KERNELS, UNKNOWN_KERNELS)
+        for kernels in (AUTO_KERNELS, {**UNKNOWN_KERNELS, "swiglu": "native"})
     )
     assert native.estimate_bytes > fused.estimate_bytes
     assert (on_cuda.estimate_bytes, on_rocm.estimate_bytes) == (
         fused.estimate_bytes,
         native.estimate_bytes,
     )
+
+
+class _Tpu(_Gpu):
+    """One v5e chip, with the pool JAX reported there (bytes_limit)."""
+
+    device_kind, platform = "TPU v5 lite", "tpu"
+
+
+ISSUE_SHAPE = "d_model=2048,n_layers=4,n_heads=16,n_kv_heads=8,ffn_dim=5632,vocab_size=32000"
+
+
+@pytest.mark.parametrize(
+    ("device", "options", "served"),
+    [
+        # the 0.32B shape of issue 62 on one v5e, attention served natively and by a kernel
+        (_Tpu(16_910_000_000), {"batch_size": 8, "seq_len": 2048}, {"attention": "native"}),
+        (_Tpu(16_910_000_000), {"batch_size": 8, "seq_len": 2048}, {"attention": "pallas"}),
+        (_Tpu(8 * 10**9), {"batch_size": 16, "seq_len": 1024}, {"attention": "native"}),
+        (_Gpu(10**11), {"batch_size": 32, "seq_len": 4096}, {"attention": "cudnn"}),
+        (_AmdGpu(10**10), {"batch_size": 8, "seq_len": 2048, "fsdp": 1}, {"swiglu": "native"}),
+    ],
+)
+def test_remat_auto_and_the_memory_check_give_one_estimate(device, options, served):
+    cfg = TrainConfig.of(preset=ISSUE_SHAPE, compute_dtype="bfloat16", dp=1, **options)
+    model = model_config(cfg.model.shape, VOCAB)
+    choice = resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "bfloat16", [device], 0.0, served)
+    ran = dataclasses.replace(cfg.compute, remat=choice.remat)
+    traced = Traced(LAYOUT_DEVICES, "bfloat16", served)
+    ran_check = dataclasses.replace(ran, memory_check=False)  # compared, not refused
+    check = check_memory(model, ran_check, cfg.parallel, cfg.data, traced, [device])
+    assert choice.estimate_bytes == check.estimate_bytes
+    assert choice.usable_bytes == check.usable_bytes == device.limit
+
+
+def test_the_estimate_before_the_trace_prices_the_kernels_served_unasked():
+    cfg = TrainConfig.of(preset=ISSUE_SHAPE, compute_dtype="bfloat16", dp=1, batch_size=8)
+    model = model_config(cfg.model.shape, VOCAB)
+    v5e = [_Tpu(16_910_000_000)]
+    before = resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "bfloat16", v5e)
+    unasked = auto_kernels("tpu")
+    kernel = resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "bfloat16", v5e, 0.0, unasked)
+    native = {"attention": "native"}
+    traced = resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "bfloat16", v5e, 0.0, native)
+    assert before == kernel  # what auto_kernels assumes, until the trace says otherwise
+    assert traced.estimate_bytes != before.estimate_bytes  # why titan train prices it again
+
+
+def test_train_prices_auto_again_with_the_providers_that_served_and_builds_that_choice():
+    cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, batch_size=8, seq_len=32)
+    shape = model_config(cfg.model.shape, VOCAB)
+    ops = Ops(jax.default_backend(), cfg.compute.ops)
+    compiler = _Compiler(None, CompileWatch(), TrainProgress(1, 1))
+    asked = []
+
+    def reprice(served, choice):
+        asked.append(served)
+        return choice
+
+    first = RematChoice("dots-attention", 1.0, 1e15, (("full", 1.0),))
+    full = RematChoice("full", 2.0, 1e15)
+    built = _Built.of(
+        shape, ops, cfg.trainer, first, compiler, reprice=lambda served: reprice(served, full)
+    )
+    assert asked == [dict(ops.served)] and "attention" in asked[0]
+    assert built.remat == full and built.traced and built.compiled is None
+    same = RematChoice("dots-attention", 3.0, 1e15, (("full", 2.0),))
+    kept = _Built.of(
+        shape, ops, cfg.trainer, first, compiler, reprice=lambda served: reprice(served, same)
+    )
+    assert kept.remat.remat == "dots-attention" and kept.remat.estimate_bytes == 3.0
+    assert kept.compiled and kept.remat.fallbacks == (("full", 2.0),)

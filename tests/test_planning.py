@@ -112,7 +112,38 @@ def test_catalog_uses_dense_peaks_and_one_direction_links():
     assert find_gpu("b200").scale_up_bytes_per_s == 1.8e12 / 2
     assert find_gpu("a100").fp8_flops is None
     for spec in CATALOG.values():
-        assert spec.source and spec.bf16_flops > 0 and spec.tdp_w > 0
+        assert spec.source and spec.bf16_flops > 0
+        assert spec.tdp_w is None if spec.name in ("v5e", "v5p", "v6e") else spec.tdp_w > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops", "hbm_gib", "hbm_gbps", "ici_gbit", "dims", "per_host"),
+    [
+        ("v4", 275, 32, 1200, 2400, 3, 4),
+        ("v5e", 197, 16, 819, 1600, 2, 8),
+        ("v5p", 459, 95, 2765, 4800, 3, 4),
+        ("v6e", 918, 32, 1638, 3200, 2, 8),
+    ],
+)
+def test_tpus_carry_the_cloud_tpu_pages_figures(
+    name, tflops, hbm_gib, hbm_gbps, ici_gbit, dims, per_host
+):
+    tpu = find_gpu(name)
+    assert tpu.accelerator == "tpu" and tpu.compute_dtype == "bfloat16"
+    assert tpu.bf16_flops == tflops * 1e12 and tpu.hbm_bytes == hbm_gib * 2**30
+    assert tpu.hbm_bytes_per_s == hbm_gbps * 1e9
+    assert tpu.scale_up_bytes_per_s == ici_gbit * 1e9 / 8  # one direction, all ports
+    assert tpu.torus_dims == dims and tpu.chips_per_host == per_host
+    assert f"cloud.google.com/tpu/docs/{name}" in tpu.source
+    assert 0.9 * tpu.hbm_bytes < tpu.usable_bytes < tpu.hbm_bytes
+
+
+def test_a_v5e_plans_with_the_pool_jax_reported_on_the_chip():
+    v5e = gpu_for_device_kind("TPU v5 lite")
+    assert v5e is find_gpu("v5e") and v5e.usable_bytes == 16.91e9
+    assert "measured" in v5e.usable_source
+    v5p = find_gpu("v5p")  # not measured: the v5e's share of its HBM
+    assert v5p.usable_bytes / v5p.hbm_bytes == pytest.approx(16.91e9 / 2**34)
 
 
 def test_the_planner_uses_the_memory_pool_an_h200_reports_and_75_percent_elsewhere():
@@ -131,7 +162,7 @@ def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_c
     assert find_gpu("H200-SXM") is H200
     assert find_gpu("MI300X").name == "mi300x"
     assert gpu_for_device_kind("NVIDIA H200") is H200
-    assert gpu_for_device_kind("TPU v5e") is None
+    assert find_gpu("trillium").name == "v6e"
     with pytest.raises(TitanError, match="known: a100, h100, h200"):
         find_gpu("v100")
 
@@ -145,6 +176,10 @@ def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_c
         ("AMD Instinct MI250X/MI250", "mi250x"),
         ("AMD Instinct MI300X", "mi300x"),
         ("cpu", "cpu"),
+        ("TPU v4", "v4"),
+        ("TPU v5 lite", "v5e"),
+        ("TPU v5", "v5p"),
+        ("TPU v6 lite", "v6e"),
         # other products, with other peaks or memory, that the catalog does not list
         ("NVIDIA H200 NVL", None),
         ("NVIDIA H100 PCIe", None),
@@ -153,6 +188,8 @@ def test_gpu_names_are_case_insensitive_with_aliases_and_unknown_ones_list_the_c
         ("NVIDIA A100 80GB PCIe", None),
         ("NVIDIA GH200 480GB", None),
         ("AMD Instinct MI300A", None),
+        ("TPU v4 lite", None),
+        ("TPU v7x", None),
         ("host", None),
         ("", None),
     ],
@@ -279,6 +316,65 @@ def baseline_step_s(remat: str, attention: str, calibration: dict | None = None)
     cluster = Cluster(H200, 8, calibration or {})
     precision = Precision("float32", "bfloat16", attention)
     return estimate_step(BASELINE, Layout(remat=remat), cluster, 2048, 8, precision).step_s
+
+
+def test_tpu_slices_take_the_cloud_tpu_shapes():
+    # cloud.google.com/tpu/docs/v5p and /v5e: the slice shapes, smallest side first
+    assert [collectives.torus_shape(n, 3) for n in (4, 8, 32, 64, 128, 256)] == [
+        (1, 2, 2),
+        (2, 2, 2),
+        (2, 4, 4),
+        (4, 4, 4),
+        (4, 4, 8),
+        (4, 8, 8),
+    ]
+    assert [collectives.torus_shape(n, 2) for n in (8, 32, 128, 256)] == [
+        (2, 4),
+        (4, 8),
+        (8, 16),
+        (16, 16),
+    ]
+
+
+def test_torus_collectives_run_as_rings_per_axis_and_add_up_over_axes():
+    v5e, efficiency = find_gpu("v5e"), collectives.LINK_EFFICIENCY
+    axis = 2 * v5e.scale_up_bytes_per_s / 4  # both links of one axis, one way each
+    one_axis = collectives.group_link(v5e, 16, 1, v5e.gpus_per_node, 256)
+    assert one_axis.bytes_per_s == pytest.approx(axis * efficiency)
+    assert one_axis.hops == 8 and one_axis.torus == (16, 16)  # a whole ring: both ways round
+    # both axes at once: twice one axis's bandwidth (the scaling book's V / (2 W_ici))
+    whole = collectives.group_link(v5e, 256, 1, v5e.gpus_per_node, 256)
+    assert whole.bytes_per_s == pytest.approx(2 * axis * efficiency)
+    # a line of 8 of the 16 chips of an axis: the same bandwidth, the hops of a line
+    line = collectives.group_link(v5e, 8, 1, v5e.gpus_per_node, 256)
+    assert line.bytes_per_s == pytest.approx(axis * efficiency) and line.hops == 7
+    # every other chip: two groups share the axis's links
+    strided = collectives.group_link(v5e, 8, 2, v5e.gpus_per_node, 256)
+    assert strided.bytes_per_s == pytest.approx(axis / 2 * efficiency)
+    # 1 GB over 16 chips of one axis: V / W_ici x (p - 1) / p, plus 8 latencies
+    gather = collectives.all_gather_s(1e9, 16, one_axis)
+    assert gather == pytest.approx(8 * one_axis.latency_s + 15 / 16 * 1e9 / (axis * efficiency))
+    # beyond one slice: the data-center network
+    beyond = collectives.group_link(v5e, 2, 256, v5e.gpus_per_node, 512)
+    assert beyond.bytes_per_s == pytest.approx(v5e.scale_out_bytes_per_s * efficiency)
+    assert beyond.torus is None
+
+
+def test_titan_plan_on_a_v5p_slice_finds_a_layout_whose_collectives_use_the_torus(capsys):
+    argv = ("--model", "llama3-70b", "--accelerator", "v5p", "--accelerators", "256")
+    code, out, _ = run_plan(capsys, *argv)
+    assert "collectives over the ICI 3D torus 4x8x8" in out
+    flags = re.search(r"--dp 1 --fsdp \d+ --tp \d+ --pp \d+ --microbatches \d+ --remat \w+", out)
+    assert flags is not None, out  # the fastest layout that fits, as flags
+    code, out, _ = run_plan(capsys, *argv, *flags.group(0).split(), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["verdict"]["fits"], report["verdict"]
+    plan_ = report["plans"][0]
+    assert plan_["interconnect"] == (
+        "collectives over the ICI 3D torus 4x8x8, as rings per torus axis"
+    )
+    assert plan_["step_s"]["fsdp_s"] > 0 and plan_["energy_kwh"] is None
+    assert report["tokens"] == 20 * resolve_model("llama3-70b").param_count()
 
 
 def test_default_fraction_predicts_the_plain_jax_baseline_it_was_not_fitted_to():
@@ -449,7 +545,7 @@ def test_titan_plan_json_reports_memory_verdict_step_and_totals(capsys):
         (("--gpus", "8", "--price", "nan"), "--price must be a finite number >= 0, got nan"),
         (("--gpus", "8", "--tp", "3"), "--gpus 8 is not a multiple of --fsdp 1 x --tp 3 x --pp 1"),
         (("--gpus", "8", "--tp", "3", "--dp", "2"), "= 6 devices, but --gpus is 8"),
-        (("--gpus", "8", "--gpu", "v100"), "--gpu 'v100' is not in the catalog"),
+        (("--gpus", "8", "--gpu", "v100"), "--accelerator 'v100' is not in the catalog"),
         (("--gpus", "8", "--batch-tokens", "1000"), "is not a multiple of --seq-len"),
         (("--gpus", "8", "--batch-tokens", "4.1e3"), "--batch-tokens 4100 is not a multiple"),
         (("--gpus", "8", "--tp", "16", "--dp", "1"), "devices, but --gpus is 8"),
@@ -481,8 +577,9 @@ def test_plan_help_names_each_default_once_and_which_options_are_required():
     formatter = commands.HelpFormatter("titan plan")
     helps = {a.dest: formatter._get_help_string(a) or "" for a in plan_parser._actions}
     assert all(text.count("(default:") <= 1 for text in helps.values()), helps
-    for dest in ("model", "gpu", "gpus", "tokens"):
+    for dest in ("model", "gpu", "gpus"):
         assert "required" in helps[dest] and "default: None" not in helps[dest]
+    assert "default: 20 per parameter" in helps["tokens"]
     assert helps["seq_len"].endswith("(default: 8192)")
     assert helps["dp"].endswith("(default: 0)")  # a default of 0 is still named
     text = " ".join(plan_parser.format_help().split())

@@ -13,6 +13,7 @@ import pytest
 
 from titan.telemetry.events import Step
 from titan.telemetry.power import (
+    TPU_REASON,
     AmdSmiReader,
     NvmlReader,
     PowerSampler,
@@ -596,3 +597,16 @@ def test_mixed_gpu_models_need_pci_bus_order(no_visibility):
         NvmlReader(devices=_gpus(0), process_index=0)
     no_visibility.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     assert NvmlReader(devices=_gpus(1), process_index=0).read()[0] == pytest.approx(200.0)
+
+
+def test_a_tpu_run_reads_no_power_and_says_why():
+    def working(**_: object) -> FakeReader:  # a source that would read, were it asked
+        return FakeReader()
+
+    reader, info = open_reader((working,), devices=_gpus(0, 1, platform="tpu"), process_index=0)
+    assert reader is None and info["available"] is False and info["source"] is None
+    assert info["reason"] == TPU_REASON and TPU_REASON.startswith("not available on TPU: ")
+    assert StepEnergy(PowerSampler(reader)).step_fields(100)["energy_j"] is None
+    # the same source on GPUs is read
+    reader, info = open_reader((working,), devices=_gpus(0, 1), process_index=0)
+    assert reader is not None and info["available"] is True

@@ -1,4 +1,5 @@
-"""GPU catalog: peak compute, memory, power and interconnect of each accelerator, with sources.
+"""Accelerator catalog: peak compute, memory, power and interconnect of each GPU and TPU, with
+sources.
 
 Conventions, so that figures from different vendors compare:
 
@@ -11,7 +12,11 @@ Conventions, so that figures from different vendors compare:
   aggregate (896 GB/s MI300X) too, spread over 7 links, one per peer.
 - Scale-out bandwidth is the NIC bandwidth per GPU of the vendor's reference 8-GPU server
   (one NIC per GPU), in bytes/s one direction.
-- ``hbm_bytes`` is the usable capacity as sold (decimal GB).
+- ``hbm_bytes`` is the usable capacity as sold (decimal GB; the TPUs' in GiB, see the TPU rows).
+- A TPU's scale-up network is its slice's inter-chip interconnect (ICI), a 2D or 3D torus
+  (``torus_dims``); ``scale_up_bytes_per_s`` is then the ICI bandwidth of one chip in one
+  direction over all its ports (2 per torus dimension), and the scale-up domain
+  (``gpus_per_node``) is the largest slice of one torus.
 
 The CPU entry is measured, not from a datasheet: it describes the 2-core development machines
 this project runs its CPU tests on, and is mostly useful to check the model against runs there.
@@ -42,15 +47,20 @@ class GpuSpec:
         fp8_flops: dense FP8 matmul peak, FLOP/s, or None when the chip has no FP8.
         hbm_bytes: device memory, bytes.
         hbm_bytes_per_s: device memory bandwidth, bytes/s.
-        tdp_w: board power limit (TDP/TBP), watts.
+        tdp_w: board power limit (TDP/TBP), watts, or None where the vendor publishes none
+            (TPU v5e, v5p, v6e).
         scale_up_bytes_per_s: GPU-to-GPU bandwidth inside a node, per GPU, one direction.
         scale_up_peer_bytes_per_s: bandwidth to one peer when the node is a point-to-point
             mesh (AMD Infinity Fabric: one link per peer); None behind a switch (NVSwitch:
             any peer gets the full ``scale_up_bytes_per_s``).
         scale_out_bytes_per_s: typical network bandwidth per GPU between nodes, one direction.
-        gpus_per_node: GPUs of the reference server.
+        gpus_per_node: devices of one scale-up domain: the GPUs of the reference server, the
+            chips of a TPU's largest single slice (one ICI torus).
+        chips_per_host: devices one host (one process) drives.
+        torus_dims: dimensions of the ICI torus (2 or 3) for a TPU; 0 for a switched or
+            point-to-point network.
         compute_dtype: dtype Titan computes in on this device (``--compute-dtype auto``).
-        accelerator: the software stack it runs (``cuda``, ``rocm`` or ``cpu``): what the
+        accelerator: the software stack it runs (``cuda``, ``rocm``, ``tpu`` or ``cpu``): what the
             operator registry chooses providers by
             (:func:`titan.ops.providers.platform.accelerator`).
         source: where each figure comes from.
@@ -69,11 +79,13 @@ class GpuSpec:
     fp8_flops: float | None
     hbm_bytes: float
     hbm_bytes_per_s: float
-    tdp_w: float
+    tdp_w: float | None
     scale_up_bytes_per_s: float
     scale_up_peer_bytes_per_s: float | None
     scale_out_bytes_per_s: float
     gpus_per_node: int
+    chips_per_host: int
+    torus_dims: int
     compute_dtype: str
     accelerator: str
     source: str
@@ -151,6 +163,42 @@ _SOURCES = {
 }
 
 
+# TPUs. Columns: name, label, dense BF16 TFLOP/s, HBM GiB, HBM GB/s, ICI Gb/s per chip one
+# direction (all ports), torus dimensions, chips of the largest single slice, chips per host,
+# data-center network (DCN) Gb/s per chip, power W (None: not published). Google's pages give
+# capacities now in GB, now in GiB; the v5e's measured pool (16.91e9 bytes, above 16e9) shows
+# they are GiB. ICI figures are per chip and one direction: v5e's page gives 1,600 Gbps
+# ("Interchip Interconnect BW") and, in its newer table, 400 GBps bidirectional, the same
+# figure; per port, that is the total over 2 x torus_dims ports. Sources, row by row:
+# - v4: cloud.google.com/tpu/docs/v4: 275 TFLOPs (bf16), HBM2 32 GiB at 1,200 GBps, measured
+#   max power 192 W, 4,096-chip pod as a 3D torus (AxBxC slices), 4 chips per host (v4-8);
+#   ICI 2,400 Gbps per chip: 6 links of 400 Gb/s each way (Jouppi et al. 2023, "TPU v4: An
+#   Optically Reconfigurable Supercomputer", ISCA). DCN per chip not published: v5p's taken.
+# - v5e: cloud.google.com/tpu/docs/v5e: 197 TFLOPs (bf16), HBM2 16 GB at 819 GBps, ICI
+#   1,600 Gbps, 4 ICI ports, 2D torus, 256-chip pod, 8 chips per host, 2 x 100 Gbps NICs per
+#   host (25 Gb/s per chip).
+# - v5p: cloud.google.com/tpu/docs/v5p: 459 TFLOPs (bf16), HBM2e 95 GB at 2,765 GBps, ICI
+#   4,800 Gbps (1,200 GBps bidirectional), 3D torus, largest single slice 6,144 chips
+#   (16x16x24), 4 chips per host (2x2x1), DCN 50 Gbps per chip.
+# - v6e: cloud.google.com/tpu/docs/v6e: 918 TFLOPs (bf16), 32 GB at 1,638 GBps, ICI 800 GBps
+#   bidirectional (3,200 Gbps one way), 4 ports, 2D torus, 256-chip pod, 8 chips per host.
+#   DCN per chip not published: v5e's taken.
+_TPU_TABLE = (
+    ("v4", "TPU v4", 275, 32, 1200, 2400, 3, 4096, 4, 50, 192),
+    ("v5e", "TPU v5e", 197, 16, 819, 1600, 2, 256, 8, 25, None),
+    ("v5p", "TPU v5p", 459, 95, 2765, 4800, 3, 6144, 4, 50, None),
+    ("v6e", "TPU v6e (Trillium)", 918, 32, 1638, 3200, 2, 256, 8, 25, None),
+)
+_TPU_ALIASES = {
+    "v4": ("tpu-v4", "tpu v4"),
+    "v5e": ("tpu-v5e", "v5litepod", "tpu v5 lite", "tpu v5e"),
+    "v5p": ("tpu-v5p", "tpu v5p", "tpu v5"),
+    "v6e": ("tpu-v6e", "trillium", "tpu v6 lite", "tpu v6e"),
+}
+_TPU_SOURCE = "Google Cloud TPU documentation, cloud.google.com/tpu/docs/{}"
+GIB = 2**30
+
+
 # Share of device memory a run may use where no pool was measured: JAX's GPU allocator
 # preallocates 75% of device memory and XLA's buffers live in that pool (JAX documentation, "GPU
 # memory allocation", XLA_PYTHON_CLIENT_MEM_FRACTION, default .75).
@@ -159,13 +207,20 @@ USABLE_MEMORY_FRACTION = 0.75
 # reported (75% of the 150.76e9 bytes the driver reports, less 0.5 GB), above 75% of the
 # datasheet's 141 GB. The compiled programs' peak (XLA's buffer assignment) matched the
 # runtime's peak_bytes_in_use within 0.01% there: no workspace outside it.
-MEASURED_POOL_BYTES = {"h200": 112_583_507_968}
+# The v5e's: bytes_limit of the one chip of a v5e VM (jax 0.10.2), 16.91e9 bytes of its 16 GiB.
+MEASURED_POOL_BYTES = {"h200": 112_583_507_968, "v5e": 16_910_000_000}
+# A TPU's runtime hands XLA nearly all of HBM (no preallocated share, unlike JAX's GPU pool): the
+# share the v5e's measured pool holds of its HBM, taken for the TPUs not measured.
+TPU_USABLE_FRACTION = MEASURED_POOL_BYTES["v5e"] / (16 * GIB)
 
 
-def _usable(name: str, hbm_bytes: float) -> tuple[float, str]:
+def _usable(name: str, hbm_bytes: float, tpu: bool = False) -> tuple[float, str]:
     """The usable memory of a catalog entry, bytes, and its source."""
     if name in MEASURED_POOL_BYTES:
-        return float(MEASURED_POOL_BYTES[name]), "measured pool (bytes_limit of an H200)"
+        return float(MEASURED_POOL_BYTES[name]), f"measured pool (bytes_limit of one {name})"
+    if tpu:
+        share = f"{TPU_USABLE_FRACTION:.1%}"
+        return hbm_bytes * TPU_USABLE_FRACTION, f"{share} of HBM (the v5e's measured pool share)"
     share = f"{USABLE_MEMORY_FRACTION:.0%}"
     return hbm_bytes * USABLE_MEMORY_FRACTION, f"{share} of the datasheet's memory (JAX's pool)"
 
@@ -190,6 +245,8 @@ def _spec(row: tuple) -> GpuSpec:
         scale_up_peer_bytes_per_s=None if peer is None else peer * GB,
         scale_out_bytes_per_s=out * GB,
         gpus_per_node=per_node,
+        chips_per_host=per_node,
+        torus_dims=0,
         compute_dtype="float32" if name == "cpu" else "bfloat16",
         accelerator="cpu" if name == "cpu" else "rocm" if name in _ROCM else "cuda",
         source=_SOURCES[name],
@@ -198,7 +255,35 @@ def _spec(row: tuple) -> GpuSpec:
     )
 
 
-CATALOG: dict[str, GpuSpec] = {row[0]: _spec(row) for row in _TABLE}
+def _tpu_spec(row: tuple) -> GpuSpec:
+    name, label, bf16, hbm_gib, hbm_gbps, ici_gbit, dims, slice_chips, per_host, dcn_gbit, w = row
+    usable_bytes, usable_source = _usable(name, hbm_gib * GIB, tpu=True)
+    return GpuSpec(
+        name=name,
+        label=label,
+        aliases=_TPU_ALIASES[name],
+        bf16_flops=bf16 * TFLOPS,
+        fp8_flops=None,
+        hbm_bytes=hbm_gib * GIB,
+        hbm_bytes_per_s=hbm_gbps * GB,
+        tdp_w=w,
+        scale_up_bytes_per_s=ici_gbit * GB / 8,
+        scale_up_peer_bytes_per_s=None,
+        scale_out_bytes_per_s=dcn_gbit * GB / 8,
+        gpus_per_node=slice_chips,
+        chips_per_host=per_host,
+        torus_dims=dims,
+        compute_dtype="bfloat16",
+        accelerator="tpu",
+        source=_TPU_SOURCE.format(name),
+        usable_bytes=usable_bytes,
+        usable_source=usable_source,
+    )
+
+
+CATALOG: dict[str, GpuSpec] = {row[0]: _spec(row) for row in _TABLE} | {
+    row[0]: _tpu_spec(row) for row in _TPU_TABLE
+}
 
 
 def _index() -> dict[str, GpuSpec]:
@@ -226,7 +311,7 @@ def on_one_host(spec: GpuSpec, devices: int) -> GpuSpec:
         hbm_bytes=spec.hbm_bytes / devices,
         hbm_bytes_per_s=spec.hbm_bytes_per_s / devices,
         usable_bytes=spec.usable_bytes / devices,
-        tdp_w=spec.tdp_w / devices,
+        tdp_w=None if spec.tdp_w is None else spec.tdp_w / devices,
     )
 
 
@@ -237,14 +322,16 @@ def gpu_named(name: str) -> GpuSpec | None:
 
 
 def find_gpu(name: str) -> GpuSpec:
-    """The catalog entry for ``name`` (:func:`gpu_named`) given as ``--gpu``.
+    """The catalog entry for ``name`` (:func:`gpu_named`) given as ``--accelerator`` (or its
+    alias ``--gpu``).
 
     Raises:
         TitanError: unknown name; the message lists the catalog.
     """
     spec = gpu_named(name)
     if spec is None:
-        raise TitanError(f"--gpu {name!r} is not in the catalog; known: {', '.join(CATALOG)}")
+        known = ", ".join(CATALOG)
+        raise TitanError(f"--accelerator {name!r} is not in the catalog; known: {known}")
     return spec
 
 
@@ -262,17 +349,32 @@ _KIND_QUALIFIERS: dict[str, frozenset[str]] = {
     "mi325x": frozenset({"oam"}),
     "mi355x": frozenset({"oam"}),
     "cpu": frozenset(),
+    **{row[0]: frozenset() for row in _TPU_TABLE},
+}
+# The ``device_kind`` of each TPU, as JAX reports it (the TPU runtime's names), matched whole:
+# "TPU v5 lite" is a v5e, "TPU v5" a v5p, "TPU v6 lite" a v6e; "TPU v4 lite" (v4i, an
+# inference part) and "TPU v5p" spelt otherwise are other products the catalog does not list.
+TPU_DEVICE_KINDS = {
+    "tpu v4": "v4",
+    "tpu v5 lite": "v5e",
+    "tpu v5e": "v5e",
+    "tpu v5": "v5p",
+    "tpu v5p": "v5p",
+    "tpu v6 lite": "v6e",
+    "tpu v6e": "v6e",
 }
 _VENDOR_WORDS = frozenset({"nvidia", "amd", "instinct", "tesla"})
 
 
 def gpu_for_device_kind(device_kind: str) -> GpuSpec | None:
     """The catalog entry of a JAX ``device_kind`` string (``NVIDIA H200``, ``NVIDIA H100 80GB
-    HBM3``, ``cpu``), or None for a device the catalog does not list: its model's word first
-    (vendor words left out), then only words that name that same product
-    (:data:`_KIND_QUALIFIERS`), so that an H100 PCIe or an A100 40GB is not taken for the SXM
-    part the catalog lists."""
+    HBM3``, ``TPU v5 lite``, ``cpu``), or None for a device the catalog does not list: a TPU by
+    its whole name (:data:`TPU_DEVICE_KINDS`); a GPU by its model's word first (vendor words left
+    out), then only words that name that same product (:data:`_KIND_QUALIFIERS`), so that an
+    H100 PCIe or an A100 40GB is not taken for the SXM part the catalog lists."""
     words = device_kind.lower().replace("-", " ").replace("/", " ").split()
+    if " ".join(words) in TPU_DEVICE_KINDS:
+        return CATALOG[TPU_DEVICE_KINDS[" ".join(words)]]
     words = [w for w in words if w not in _VENDOR_WORDS]
     spec = CATALOG.get(words[0]) if words else None
     if spec is None or not set(words[1:]) <= _KIND_QUALIFIERS[spec.name]:

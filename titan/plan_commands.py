@@ -42,6 +42,7 @@ from titan.planning.budget import (
     plan,
     search,
 )
+from titan.planning.collectives import interconnect
 from titan.planning.memory import FIT_MARGIN, Layout, Precision
 from titan.planning.step import DEFAULT_ACHIEVABLE_FRACTION, Measurement, calibrate
 from titan.planning.verdict import Verdict, gpus_needed, verdict
@@ -60,6 +61,9 @@ GB = 1e9
 DEFAULT_TOP = 20  # rows of the --search table
 # What the help says of the options that --from makes optional.
 REQUIRED = "(required unless --from)"
+# Compute-optimal training tokens per parameter: Hoffmann et al. 2022, "Training
+# Compute-Optimal Large Language Models" (Chinchilla), about 20 tokens per parameter.
+TOKENS_PER_PARAM = 20
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -109,8 +113,19 @@ def add_parser(subparsers: Any) -> None:
         "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as titan "
         f"train --model takes it) {REQUIRED}",
     )
-    p.add_argument("--gpu", help=f"GPU model: {', '.join(CATALOG)} {REQUIRED}")
-    p.add_argument("--gpus", type=int, help=f"number of GPUs {REQUIRED}")
+    p.add_argument(
+        "--accelerator",
+        "--gpu",
+        dest="gpu",
+        help=f"accelerator model (GPU or TPU): {', '.join(CATALOG)} {REQUIRED}",
+    )
+    p.add_argument(
+        "--accelerators",
+        "--gpus",
+        dest="gpus",
+        type=int,
+        help=f"number of accelerators (GPUs or TPU chips) {REQUIRED}",
+    )
     p.add_argument(
         "--gpus-per-node",
         type=int,
@@ -134,7 +149,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--tokens",
         type=float,
-        help="training budget, tokens (required; with --from, default: one step's batch)",
+        help="training budget, tokens (default: 20 per parameter, compute-optimal after "
+        "Hoffmann et al. 2022; with --from, one step's batch)",
     )
     p.add_argument(
         "--from",
@@ -415,9 +431,10 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         TitanError: unknown model or GPU, a model of another family than llama, bad
             calibration file.
     """
-    missing = [flag for flag in ("model", "gpu", "gpus", "tokens") if getattr(args, flag) is None]
+    flags = {"model": "--model", "gpu": "--accelerator", "gpus": "--accelerators"}
+    missing = [flag for dest, flag in flags.items() if getattr(args, dest) is None]
     if missing:
-        raise TitanError(f"--{missing[0]} is required (or give --from RUN_DIR)")
+        raise TitanError(f"{missing[0]} is required (or give --from RUN_DIR)")
     gpu = find_gpu(args.gpu)
     compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
     check_peak_dtype(gpu, compute)
@@ -432,7 +449,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         gpus_per_node=per_node,
         seq_len=args.seq_len,
         batch_tokens=batch_tokens(args),
-        tokens=args.tokens,
+        tokens=args.tokens if args.tokens is not None else TOKENS_PER_PARAM * model.param_count(),
         price_per_gpu_hour=args.price,
         precision=Precision(args.param_dtype, compute, args.attention, swiglu),
         calibration=load_calibration(args.calibration, args.runs_root),
@@ -489,8 +506,7 @@ def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
     """
     if args.remat != AUTO:
         return plan(request, layout_from_args(args, args.remat))
-    platform = "cpu" if request.gpu.name == "cpu" else "gpu"
-    for remat in auto_candidates(platform):  # estimated only until one fits
+    for remat in auto_candidates(request.gpu.accelerator):  # estimated only until one fits
         candidate = plan(request, layout_from_args(args, remat))
         if candidate.memory.fits:
             break
@@ -761,11 +777,18 @@ _MFU_CONVENTION = (
 
 def _header(request: PlanRequest) -> str:
     m = request.model
+    network = interconnect(request.gpu, request.gpus, request.gpus_per_node)
+    where = f"({request.gpus_per_node} per node)" if network is None else f"({network})"
     return (
         f"{m.name}: {format_count(m.param_count())} params, {request.gpus} x {request.gpu.label} "
-        f"({request.gpus_per_node} per node), seq {request.seq_len}, batch "
-        f"{request.batch_tokens:,} tokens, budget {request.tokens:.3g} tokens"
+        f"{where}, seq {request.seq_len}, batch {request.batch_tokens:,} tokens, budget "
+        f"{request.tokens:.3g} tokens"
     )
+
+
+def _energy_text(energy_kwh: float | None, per: float = 1.0) -> str:
+    """An energy total in kWh / ``per``, or ``-`` where the catalog has no power figure."""
+    return "-" if energy_kwh is None else format_amount(energy_kwh / per)
 
 
 def known_peak(gpu: GpuSpec) -> float | None:
@@ -861,7 +884,7 @@ def _totals(p: Plan) -> Any:
         ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
         ("total time", format_span(p.total_s)),
         ("GPU-hours", format_amount(p.gpu_hours)),
-        ("energy (kWh)", format_amount(p.energy_kwh)),
+        ("energy (kWh)", _energy_text(p.energy_kwh)),
     ):
         totals.add_row(name, text)
     if p.cost is not None:
@@ -924,7 +947,7 @@ def _print_search(found: Outcome, top: int, wide: bool) -> None:
             f"{p.mfu['causal']:.1%}",
             format_span(p.total_s),
             format_amount(p.gpu_hours),
-            format_amount(p.energy_kwh / 1000),
+            _energy_text(p.energy_kwh, 1000),
         ]
         if p.cost is not None:
             row.append(format_amount(p.cost))

@@ -6,8 +6,10 @@ Start-up (:func:`initialize`) turns the launch settings of ``titan train`` (``--
 
 - ``--distributed off``: one process, nothing initialised; the explicit flags are refused.
 - ``--distributed auto`` (default) with none of the explicit flags: JAX's own cluster detection
-  (SLURM, Open MPI, Kubernetes: ``jax._src.clusters``) decides; a detected job of one process
-  and no detected cluster both mean a single process, nothing initialised.
+  (SLURM, Open MPI, Kubernetes, a Cloud TPU slice: :mod:`titan.parallel.clusters`) decides; a
+  detected job of one process and no detected cluster both mean a single process, nothing
+  initialised. On a TPU VM, a single host and a detection that fails (no metadata server
+  answers) both mean a single process, said in one line on stderr (:func:`one_process_line`).
 - Explicit flags override what detection finds; outside a detected cluster all three are needed.
 
 On CPU the processes' collectives go through gloo (``jax_cpu_collectives_implementation``) and
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 
 from titan.errors import TitanError, first_line
+from titan.parallel.clusters import Cluster, TpuDetectionFailed, detected_cluster, on_cloud_tpu_vm
 
 if TYPE_CHECKING:
     import jax
@@ -116,22 +119,6 @@ _FLAGS = {
 }
 
 
-def detected_cluster() -> tuple[str, int] | None:
-    """(name, process count) of the cluster JAX's own detection finds here, or None."""
-    from jax._src.clusters import ClusterEnv  # JAX's detection, as initialize() runs it
-
-    for env in ClusterEnv._cluster_types:
-        if not env.opt_in_only_method and env.is_env_present():
-            try:
-                return env.__name__, int(env.get_process_count())
-            except (ValueError, TypeError, KeyError) as err:
-                raise TitanError(
-                    f"a {env.__name__} job is detected, but its process count cannot be read "
-                    f"from its environment ({err})"
-                ) from None
-    return None
-
-
 def _coordinator_port_free(coordinator: str) -> None:
     """Process 0 serves the coordination service on the coordinator's port of every local
     address: refuse a port that is taken now (gRPC would crash the process on it).
@@ -166,19 +153,31 @@ def initialize(settings: LaunchSettings) -> int:
     if settings.mode == "off":
         return 1
     explicit = settings.explicit
-    cluster = detected_cluster() if len(explicit) < len(_FLAGS) else None
+    failure = None
+    try:
+        cluster = detected_cluster(JOIN_TIMEOUT_S) if len(explicit) < len(_FLAGS) else None
+    except TpuDetectionFailed as err:
+        cluster, failure = None, err
+    alone = not explicit or explicit.get("num_processes") == 1
+    if (cluster is None or cluster.processes == 1) and alone and on_cloud_tpu_vm():
+        print(one_process_line(cluster, failure), file=sys.stderr, flush=True)
     if cluster is None:
         missing = [flag for key, flag in _FLAGS.items() if key not in explicit]
-        if not explicit or explicit.get("num_processes") == 1:
+        if alone:
             return 1
         if missing:
             given = ", ".join(_FLAGS[key] for key in explicit)
             raise TitanError(
-                f"{given} given without {', '.join(missing)} (no SLURM, Open MPI or Kubernetes "
-                "job detected to fill them in)"
+                f"{given} given without {', '.join(missing)} (no SLURM, Open MPI, Kubernetes "
+                "or TPU slice detected to fill them in)"
             )
-    elif cluster[1] == 1 and "num_processes" not in explicit:
+    elif cluster.processes == 1 and "num_processes" not in explicit:
         return 1
+    if cluster is not None and cluster.coordinator is not None and cluster.process_id is not None:
+        # a TPU slice, read here: JAX need not ask the metadata server again
+        explicit.setdefault("coordinator_address", cluster.coordinator)
+        explicit.setdefault("num_processes", cluster.processes)
+        explicit.setdefault("process_id", cluster.process_id)
     import jax
 
     # gloo carries the CPU collectives between processes (ignored by GPU clients).
@@ -233,12 +232,24 @@ JOIN_TIMEOUT_S = 300
 process (its ``initialization_timeout`` default, jax/_src/distributed.py)."""
 
 
-def _joining_line(explicit: InitializeKeywords, cluster: tuple[str, int] | None) -> str:
+def one_process_line(cluster: Cluster | None, failure: TpuDetectionFailed | None) -> str:
+    """The line that says a run on a TPU VM is one process, and why: a slice of one host, no
+    slice detected, or a detection that failed (``failure``: no metadata server answered)."""
+    if failure is not None:
+        why = f"its TPU slice could not be detected ({failure})"
+    elif cluster is not None:
+        why = f"a single-host TPU slice ({cluster.name})"
+    else:
+        why = "no multi-host TPU slice detected"
+    return f"titan: one process on this TPU VM: {why}"
+
+
+def _joining_line(explicit: InitializeKeywords, cluster: Cluster | None) -> str:
     """What this process waits for while the others join, in one line (JAX says nothing until
     it gives up after :data:`JOIN_TIMEOUT_S`)."""
     where = explicit.get("coordinator_address") or "the coordinator"
-    count = explicit.get("num_processes") or (cluster[1] if cluster else "the")
-    source = f" ({cluster[0]})" if cluster else ""
+    count = explicit.get("num_processes") or (cluster.processes if cluster else "the")
+    source = f" ({cluster.name})" if cluster else ""
     index = explicit.get("process_id")
     me = f"process {index}" if index is not None else "this process"
     return (

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from titan.errors import TitanError
 from titan.gpus import GpuSpec
+from titan.planning.collectives import interconnect
 from titan.planning.memory import (
     Layout,
     MemoryBreakdown,
@@ -132,8 +133,12 @@ class Plan:
         return self.request.gpus * self.total_s / SECONDS_PER_HOUR
 
     @property
-    def energy_kwh(self) -> float:
-        power_w = self.request.gpus * self.request.gpu.tdp_w * POWER_FRACTION_OF_TDP
+    def energy_kwh(self) -> float | None:
+        """Device energy, kWh; None where the catalog has no power figure (TPU v5e, v5p, v6e)."""
+        tdp_w = self.request.gpu.tdp_w
+        if tdp_w is None:
+            return None
+        power_w = self.request.gpus * tdp_w * POWER_FRACTION_OF_TDP
         return power_w * self.total_s / JOULES_PER_KWH
 
     @property
@@ -161,6 +166,9 @@ class Plan:
             "total_s": self.total_s,
             "gpu_hours": self.gpu_hours,
             "energy_kwh": self.energy_kwh,
+            "interconnect": interconnect(
+                self.request.gpu, self.request.gpus, self.request.gpus_per_node
+            ),
             "cost": self.cost,
         }
 
@@ -207,7 +215,7 @@ def _check_totals(p: Plan) -> Plan:
         TitanError: a total overflows a float (``--tokens`` and ``--price`` are each finite,
             their products need not be), naming both options.
     """
-    totals = (p.total_s, p.gpu_hours, p.energy_kwh, p.cost or 0.0)
+    totals = (p.total_s, p.gpu_hours, p.energy_kwh or 0.0, p.cost or 0.0)
     if all(math.isfinite(total) for total in totals):
         return p
     price = p.request.price_per_gpu_hour

@@ -276,7 +276,9 @@ class _Communication:
     overlap: bool
 
     def _link(self, size: int, stride: int) -> collectives.Link:
-        return collectives.group_link(self.cluster.gpu, size, stride, self.cluster.gpus_per_node)
+        return collectives.group_link(
+            self.cluster.gpu, size, stride, self.cluster.gpus_per_node, self.layout.devices
+        )
 
     def _exposed(self, comm_s: float, window_s: float) -> float:
         if not self.overlap:

@@ -12,7 +12,7 @@ The peak is the catalog's dense figure for the compute dtype (:mod:`titan.gpus`)
 all devices of the run. It is never guessed, so MFU is None with a reason when:
 
 - the devices are not in the catalog, or are of several kinds;
-- the compute dtype is not the one the catalog's figure is for (bfloat16 on GPUs);
+- the compute dtype is not the one the catalog's figure is for (bfloat16 on GPUs and TPUs);
 - the devices are CPUs: the catalog's CPU entry is a float32 matmul rate measured on the 2-core
   development VM (43 GFLOP/s), not a peak, and ``titan train`` runs there exceed it (about
   60 GFLOP/s of model FLOPs for ``tiny`` at 16 x 128 tokens), which would read as an MFU above 1.
@@ -53,7 +53,8 @@ def device_peak(device_kinds: list[str], device_count: int, compute_dtype: str) 
         return Peak(None, reason=f"mixed or no device kinds: {sorted(set(device_kinds))}")
     spec = gpu_for_device_kind(device_kinds[0])
     if spec is None:
-        return Peak(None, reason=f"device kind {device_kinds[0]!r} is not in the GPU catalog")
+        reason = f"device kind {device_kinds[0]!r} is not in the accelerator catalog"
+        return Peak(None, reason=reason)
     if spec.name == "cpu":
         return Peak(
             None,

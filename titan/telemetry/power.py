@@ -31,9 +31,9 @@ moving while the devices are busy is frozen: :class:`PowerSampler` warns once an
 sampled power; the step after the switch carries ``power_switch``.
 
 With no source, ``power`` is ``{"source": None, "available": False, "reason": ...}`` and the
-step fields are None. :class:`PowerSampler` reads the source in a background thread, every 1 s
-with a counter and every 100 ms without. A failing read is counted (``errors``) and skipped,
-never raised.
+step fields are None. On TPUs no source is tried: the reason is :data:`TPU_REASON`.
+:class:`PowerSampler` reads the source in a background thread, every 1 s with a counter and
+every 100 ms without. A failing read is counted (``errors``) and skipped, never raised.
 """
 
 from __future__ import annotations
@@ -525,6 +525,14 @@ def _rapl(devices: list[Any] | None = None, process_index: int | None = None) ->
 
 READERS: tuple[Callable[..., Any], ...] = (NvmlReader, AmdSmiReader, _rapl)
 
+TPU_REASON = (
+    "not available on TPU: neither JAX nor the TPU runtime (libtpu, its tpu-info metrics) "
+    "gives a process on the VM the chips' power or energy"
+)
+"""Why a TPU run records no power: what the TPU VM offers a process is JAX's device memory
+statistics and libtpu's runtime metrics (duty cycle, memory; ``tpu-info``), none of them power
+(Cloud TPU documentation, "Monitor TPU VMs" and the ``tpu-info`` tool)."""
+
 
 def open_reader(
     readers: tuple[Callable[..., Any], ...] = READERS,
@@ -547,6 +555,9 @@ def open_reader(
     ``devices`` (what is read) and ``fallbacks`` (why the counter or the power reading is not
     used).
     """
+    local = local_devices(devices, process_index)
+    if local and all(getattr(d, "platform", None) == "tpu" for d in local):
+        return None, _unavailable(TPU_REASON)
     reasons = []
     for make in readers:
         try:
@@ -559,10 +570,15 @@ def open_reader(
             continue
         info = {"source": reader.source, "available": True, "reason": None}
         return reader, {**info, **_reader_info(reader)}
-    return None, {
+    return None, _unavailable("; ".join(reasons))
+
+
+def _unavailable(reason: str) -> dict[str, Any]:
+    """The ``power`` field of a run with no source, and why."""
+    return {
         "source": None,
         "available": False,
-        "reason": "; ".join(reasons),
+        "reason": reason,
         "method": None,
         "power_reading": None,
         "devices": [],

@@ -18,6 +18,7 @@ ones.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
 import jax
@@ -293,14 +294,19 @@ def build_trainer(
 
 
 def remat_choice(
-    shape: ModelConfig, options: TrainerOptions, usable_override: float = 0.0
+    shape: ModelConfig,
+    options: TrainerOptions,
+    usable_override: float = 0.0,
+    served: Mapping[str, str] | None = None,
 ) -> RematChoice:
     """The ``--remat`` policy a run of ``shape`` trains with, ``auto`` resolved on the devices
     present (:func:`titan.trainer.memory_check.resolve_remat`; ``usable_override``:
-    ``--debug-usable-memory``)."""
+    ``--debug-usable-memory``; ``served``: the providers that served in a trace, None before
+    one)."""
     dtype = str(compute_dtype(options.compute.compute_dtype, jax.default_backend()))
     devices = jax.local_devices()
-    return resolve_remat(shape, options, len(jax.devices()), dtype, devices, usable_override)
+    layout_devices = len(jax.devices())
+    return resolve_remat(shape, options, layout_devices, dtype, devices, usable_override, served)
 
 
 def with_remat(options: TrainerOptions, remat: Remat) -> TrainerOptions:

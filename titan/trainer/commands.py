@@ -82,8 +82,9 @@ def _add_launch_arguments(train: argparse.ArgumentParser) -> None:
         "--distributed",
         choices=DISTRIBUTED_MODES,
         default="auto",
-        help="auto: join the processes of a SLURM, Open MPI or Kubernetes job when one is "
-        "detected, or those the flags below name; off: one process (default: auto)",
+        help="auto: join the processes of a SLURM, Open MPI or Kubernetes job or a multi-host "
+        "TPU slice when one is detected, or those the flags below name; off: one process "
+        "(default: auto)",
     )
     group.add_argument(
         "--coordinator", metavar="HOST:PORT", help="address of process 0's coordination service"

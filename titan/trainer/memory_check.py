@@ -11,11 +11,16 @@ estimate and what would fit by the same estimator: the largest ``--batch-size`` 
 dp x fsdp x microbatches) and the ``--remat`` policies that fit at this batch size.
 ``--no-memory-check`` runs anyway.
 
-``--remat auto`` (the default) is resolved before the model is built, by the same estimator
+One function makes the estimate, :func:`estimate_bytes`, for the providers the step's operators
+are served by (:func:`run_precision`: those that served in the trace, else those the registry
+serves unasked, :func:`auto_kernels`). ``--remat auto`` (the default) is resolved by it
 (:func:`resolve_remat`): the first policy of :func:`titan.remat.auto_candidates` whose estimate
-fits the usable memory. The estimate is within 5.3% of the compiled peak on average and 19% at
-worst (:data:`titan.planning.memory.FIT_MARGIN`), so ``titan train`` then holds the choice
-against XLA's own figure: the compiled program's buffers (:attr:`titan.telemetry.events.
+fits the usable memory, priced first with the providers the registry serves unasked and, once
+the first candidate is traced, again with those that served (``titan train`` builds the policy
+that choice names), so that the ``--remat auto`` line, the memory check and ``run_start``'s
+``memory_check`` give one figure. The estimate is within 5.3% of the compiled peak on average
+and 19% at worst (:data:`titan.planning.memory.FIT_MARGIN`), so ``titan train`` then holds the
+choice against XLA's own figure: the compiled program's buffers (:attr:`titan.telemetry.events.
 Compile.program_bytes`, which matched the allocator's peak within 0.01% on an H200). A program
 over the usable memory passes the choice to the next candidate (:meth:`RematChoice.over`).
 ``titan plan``, which compiles nothing, keeps the margin instead.
@@ -28,7 +33,7 @@ so that an unknown kernel never refuses a run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -54,6 +59,39 @@ def auto_kernels(platform: str) -> dict[str, str]:
     before the trace: :data:`AUTO_KERNELS` on CUDA, else :data:`UNKNOWN_KERNELS` (the SwiGLU
     kernel is opt-in on ROCm)."""
     return AUTO_KERNELS if fused_swiglu_by_default(accelerator(platform)) else UNKNOWN_KERNELS
+
+
+def run_precision(
+    param_dtype: str, compute_dtype: str, platform: str, served: Mapping[str, str]
+) -> Precision:
+    """The precision the estimate prices: ``served`` (op -> provider, from the trace), and for an
+    op not traced yet the provider the registry serves unasked on ``platform``
+    (:func:`auto_kernels`)."""
+    return Precision.of_providers(param_dtype, compute_dtype, {**auto_kernels(platform), **served})
+
+
+def estimate_bytes(
+    model: ModelConfig,
+    parallel: ParallelOptions,
+    seq_len: int,
+    batch_size: int,
+    remat: str,
+    layout_devices: int,
+    device_kind: str,
+    precision: Precision,
+) -> float:
+    """The one memory estimate of a run: peak bytes per device of ``model`` laid out by
+    ``parallel`` over ``layout_devices`` devices, with ``remat``, for batches of ``batch_size``
+    rows of ``seq_len`` tokens (a DiT's row: its patches), in ``precision``
+    (:func:`run_precision`), on devices of ``device_kind``: the planner's
+    :func:`titan.planning.memory.memory_per_device` total, as ``titan plan`` prints it.
+    ``--remat auto``, the memory check and ``run_start`` all read it."""
+    layout = Layout.from_parallel(parallel, layout_devices, remat)
+    # Only the workspace allowance (none on CPU, one figure for every accelerator) is read from
+    # the catalog entry; an accelerator the catalog does not list uses the H200's.
+    gpu = gpu_for_device_kind(device_kind) or find_gpu("h200")
+    tokens = model.patches or seq_len  # a DiT's row is one image
+    return memory_per_device(model, layout, gpu, tokens, batch_size, precision).total
 
 
 @dataclass(frozen=True)
@@ -103,13 +141,16 @@ class _Estimator:
     precision: Precision
 
     def bytes(self, batch_size: int, remat: str) -> float:
-        layout = Layout.from_parallel(self.parallel, self.devices, remat)
-        # Only the workspace allowance (none on CPU, one figure for every accelerator) is read
-        # from the catalog entry; an accelerator the catalog does not list uses the H200's.
-        gpu = gpu_for_device_kind(self.device_kind) or find_gpu("h200")
-        tokens = self.model.patches or self.seq_len  # a DiT's row is one image
-        memory = memory_per_device(self.model, layout, gpu, tokens, batch_size, self.precision)
-        return memory.total
+        return estimate_bytes(
+            self.model,
+            self.parallel,
+            self.seq_len,
+            batch_size,
+            remat,
+            self.devices,
+            self.device_kind,
+            self.precision,
+        )
 
     def batch_unit(self, remat: str) -> int:
         layout = Layout.from_parallel(self.parallel, self.devices, remat)
@@ -152,8 +193,8 @@ def check_memory(
         TitanError: the estimate is above the usable memory and the check is on (one line: the
             estimate, the usable memory, what would fit, and ``--no-memory-check``).
     """
-    served = {**UNKNOWN_KERNELS, **traced.served}
-    precision = Precision.of_providers(compute.param_dtype, traced.compute_dtype, served)
+    platform = devices[0].platform
+    precision = run_precision(compute.param_dtype, traced.compute_dtype, platform, traced.served)
     kind = devices[0].device_kind
     estimator = _Estimator(model, parallel, data.seq_len, traced.devices, kind, precision)
     batch, remat = data.batch_size, compute.remat
@@ -232,6 +273,7 @@ def resolve_remat(
     compute_dtype: str,
     devices: Sequence[Any],
     usable_override: float = 0.0,
+    served: Mapping[str, str] | None = None,
 ) -> RematChoice:
     """The ``--remat`` policy of a run of ``model`` built from ``options``: as given, or for
     ``auto`` the first of :func:`titan.remat.auto_candidates` (for the devices' platform) whose
@@ -244,17 +286,18 @@ def resolve_remat(
         compute_dtype: the resolved compute dtype (``float32`` or ``bfloat16``).
         devices: the run's devices in this process.
         usable_override: ``--debug-usable-memory`` (0: the devices' own figure).
+        served: op -> provider that served in a trace of the model; None before any trace.
 
-    The estimate prices attention and SwiGLU as the kernels that serve them unasked
-    (:func:`auto_kernels`), as ``titan plan`` does: the providers are chosen when the model is
-    traced, and the memory check then prices the ones that served.
+    The estimate (:func:`estimate_bytes`) prices the providers of :func:`run_precision`: before
+    the trace, the kernels the registry serves unasked (:func:`auto_kernels`), as ``titan plan``
+    does; after it, those that served, as the memory check does.
     """
     compute = options.compute
     candidates = auto_candidates(devices[0].platform)
     if compute.remat != AUTO or len(candidates) == 1:  # nothing to choose
         return RematChoice(cast(Remat, candidates[0]) if compute.remat == AUTO else compute.remat)
-    kernels = auto_kernels(devices[0].platform)
-    precision = Precision.of_providers(compute.param_dtype, compute_dtype, kernels)
+    platform = devices[0].platform
+    precision = run_precision(compute.param_dtype, compute_dtype, platform, served or {})
     kind = devices[0].device_kind
     estimator = _Estimator(
         model, options.parallel, options.seq_len, layout_devices, kind, precision

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 import traceback
@@ -277,9 +278,11 @@ def train(cfg: TrainConfig, resume_dir: Path | None = None, stop: StopFlag | Non
                 check_resumed_images(resume_dir, shape)
             with stop.during("build"):
                 ops = Ops(jax.default_backend(), cfg.compute.ops)
-                remat = remat_choice(shape, cfg.trainer, cfg.debugging.debug_usable_memory)
+                usable = cfg.debugging.debug_usable_memory
+                remat = remat_choice(shape, cfg.trainer, usable)
                 compiler = _Compiler(cache, compiles, progress)
-                built = _Built.of(shape, ops, cfg.trainer, remat, compiler)
+                reprice = functools.partial(remat_choice, shape, cfg.trainer, usable)
+                built = _Built.of(shape, ops, cfg.trainer, remat, compiler, reprice=reprice)
                 _say(built.remat.line())
                 _say(warmup_note(cfg.optimizer))
                 _say(never_evaluated(cfg.observability.eval_every, cfg.optimizer.steps))
@@ -335,11 +338,13 @@ class _Built:
     Attributes:
         compiled: its compile events when it was compiled as it was built (to hold an
             ``auto`` choice against the compiled program), else None.
+        traced: whether its step was traced as it was built (an estimated ``auto`` choice).
     """
 
     trainer: Trainer
     remat: RematChoice
     compiled: list[Compile] | None = None
+    traced: bool = False
 
     @classmethod
     def of(
@@ -350,25 +355,36 @@ class _Built:
         remat: RematChoice,
         compiler: _Compiler,
         passed: tuple[Compile, ...] = (),
+        reprice: Callable[..., RematChoice] | None = None,
     ) -> _Built:
-        """The trainer of ``shape`` with ``remat``. A choice with candidates is traced and
-        compiled here; while its program is over the usable memory on any process it passes to
-        the next candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`). The
-        compile events of the candidates passed over (``passed``, so far) come first in
-        :attr:`compiled`, marked :attr:`~titan.telemetry.events.Compile.passed_over`: their
-        time is the run's too.
+        """The trainer of ``shape`` with ``remat``. An estimated ``auto`` choice is traced here
+        and, with ``reprice`` (``served=`` the providers that served), chosen again by the
+        estimate of those providers (:func:`titan.trainer.memory_check.run_precision`): a
+        different policy is built instead (once). A choice with candidates is then compiled
+        here; while its program is over the usable memory on any process it passes to the next
+        candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`). The compile events
+        of the candidates passed over (``passed``, so far) come first in :attr:`compiled`,
+        marked :attr:`~titan.telemetry.events.Compile.passed_over`: their time is the run's too.
 
         Raises:
             TitanError: as :func:`titan.trainer.adapters.build_run_trainer`.
         """
         trainer = build_run_trainer(shape, ops, with_remat(options, remat.remat))
-        if not (remat.fallbacks or remat.passed_over):
+        if remat.estimate_bytes is None:  # given, or the only candidate: nothing to price
             return cls(trainer, remat)
         trainer.trace()
+        if reprice is not None and not remat.passed_over:
+            priced = reprice(served=dict(ops.served))
+            if priced.remat != remat.remat:
+                del trainer  # before the other policy's
+                return cls.of(shape, ops, options, priced, compiler, passed)
+            remat = priced
+        if not (remat.fallbacks or remat.passed_over):
+            return cls(trainer, remat, traced=True)
         events = compiler(trainer)
         held = remat.compiled(_largest_program(events))
         if held.remat == remat.remat:
-            return cls(trainer, held, [*passed, *events])
+            return cls(trainer, held, [*passed, *events], traced=True)
         del trainer  # before the next candidate's buffers
         passed += tuple(dataclasses.replace(e, passed_over=True) for e in events)
         return cls.of(shape, ops, options, held, compiler, passed)
@@ -412,6 +428,7 @@ class _Run:
         trainer = built.trainer
         self.run_dir, self.trainer, self.ops, self.data = run_dir, trainer, ops, data
         self.compiled = built.compiled
+        self.traced = built.traced
         self.progress, self.stop = progress, stop
         self.finite_check = FiniteCheck()  # the restore's digests, then the saves' checks
         run_devices = jax.devices()[: trainer.describe().devices]
@@ -465,7 +482,7 @@ class _Run:
         """
         trainer = self.trainer
         with self.stop.during("trace"):
-            if self.compiled is None:  # else traced and compiled as it was built
+            if not self.traced:  # else traced (and compiled) as it was built
                 trainer.trace()
             traced = Traced(trainer.describe().devices, str(trainer.compute_dtype), self.ops.served)
             for op, name in self.ops.unused_overrides().items():

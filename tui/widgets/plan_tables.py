@@ -33,7 +33,7 @@ def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
         ("MFU", mfu),
         ("total time", format_span(p["total_s"])),
         ("GPU-hours", format_amount(p["gpu_hours"])),
-        ("energy", f"{format_amount(p['energy_kwh'])} kWh"),
+        ("energy", "-" if p["energy_kwh"] is None else f"{format_amount(p['energy_kwh'])} kWh"),
         ("cost (¤)", cost),  # ¤: the currency of --price (titan plan: "--price currency")
     ]
 
