@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from titan.cli import main
 from titan.errors import TitanError
-from titan.ops import Ops, native, registry
+from titan.ops import Ops, conformance, native, registry
 from titan.ops.providers import (
     chunked,
     cudnn,
@@ -26,6 +26,7 @@ from titan.ops.providers import (
     fused_loss,
     fused_rope,
     platform,
+    splash_attention,
     swiglu,
 )
 
@@ -149,6 +150,92 @@ def test_rocm_runs_pallas_when_asked_and_refuses_cudnn(monkeypatch):
     assert pallas.choose("attention", *args, segment_ids=a["segments"]).name == "pallas"
     with pytest.raises(TitanError, match="needs a CUDA GPU"):
         registry.OpTable("gpu", {"attention": "cudnn"}, from_env=False).choose("attention", *args)
+
+
+@pytest.mark.parametrize(
+    ("backend", "devices", "case", "expected"),
+    [
+        ("tpu", 1, {"dtype": jnp.bfloat16, "head_dim": 128}, "splash"),
+        ("tpu", 1, {"dtype": jnp.bfloat16, "head_dim": 128, "segments": False}, "splash"),
+        ("tpu", 1, {"dtype": jnp.float32, "head_dim": 128}, "native"),  # bf16 only on a TPU
+        ("tpu", 1, {"dtype": jnp.bfloat16, "head_dim": 64}, "native"),
+        ("tpu", 1, {"dtype": jnp.bfloat16, "head_dim": 128, "seq": 2000}, "native"),
+        ("tpu", 8, {"dtype": jnp.bfloat16, "head_dim": 128}, "native"),  # no partitioning rule
+        ("cpu", 1, {"dtype": jnp.bfloat16, "head_dim": 128}, "native"),  # interpreted: opt-in
+    ],
+)
+def test_tpu_attention_choice_follows_capabilities(monkeypatch, backend, devices, case, expected):
+    monkeypatch.setattr(jax, "device_count", lambda: devices)
+    a = _shapes(case["dtype"], case["head_dim"], seq=case.get("seq", 2048))
+    segments = a["segments"] if case.get("segments", True) else None
+    table = registry.OpTable(backend, from_env=False)
+    chosen = table.choose("attention", a["q"], a["kv"], a["kv"], segment_ids=segments)
+    assert chosen.name == expected
+
+
+def test_forced_splash_names_what_it_cannot_serve(monkeypatch):
+    monkeypatch.delenv("TITAN_OPS", raising=False)
+    a = _shapes(jnp.bfloat16, 128, seq=2048)
+    args = (a["q"], a["kv"], a["kv"])
+    with pytest.raises(TitanError, match="head dim 64 must be a multiple of 128"):
+        _trace_every_op(Ops("cpu", {"attention": "splash"}), head_dim=64, seq=256)
+    with pytest.raises(TitanError, match="sequence length 200 must be a multiple of 128"):
+        _trace_every_op(Ops("cpu", {"attention": "splash"}), head_dim=128, seq=200)
+    tpu = registry.OpTable("tpu", {"attention": "splash"}, from_env=False)
+    f32 = _shapes(jnp.float32, 128, seq=2048)
+    with pytest.raises(TitanError, match="needs q, k, v in one of bfloat16 on tpu; got float32"):
+        tpu.choose("attention", f32["q"], f32["kv"], f32["kv"])
+    assert tpu.choose("attention", *args, segment_ids=a["segments"]).name == "splash"
+    with pytest.raises(TitanError, match="unknown provider 'splash' for op attention on backend"):
+        registry.OpTable("gpu", {"attention": "splash"}, from_env=False)
+
+
+def test_no_kernel_is_interpreted_on_a_tpu():
+    assert splash_attention.interprets("tpu") is False
+    assert splash_attention.interprets("cpu") is True
+    assert not splash_attention.interprets("rocm")
+    assert platform.pallas_interpret("cpu") and not platform.pallas_interpret("tpu")
+    assert not platform.pallas_runs_on("tpu")  # the Triton kernels are refused there
+
+
+def test_splash_blocks_fit_the_sequence_in_multiples_of_128():
+    blocks = splash_attention.SplashBlocks(block_q=1024, block_kv_dq=256)
+    assert blocks.fit(2048) == blocks
+    assert blocks.fit(384) == splash_attention.SplashBlocks(*[128] * 6)
+    assert blocks.fit(1536).block_q == 512 and blocks.fit(1536).block_kv_dq == 256
+
+
+@pytest.mark.slow
+def test_splash_matches_native_with_gqa_causal_documents_and_windows():
+    """Interpreted on CPU: forward and gradients against the float32 reference, grouped-query
+    heads (H 2, K 1), causal with packed documents, 12 documents a row, and a one-sided window
+    without the causal mask."""
+    results = conformance.run_checks("cpu", "attention", "splash")
+    splash_rows = [r for r in results if r.provider == "splash"]
+    assert len(splash_rows) == 6 and all(r.status == "pass" for r in splash_rows)
+    assert max(r.fwd_rel for r in splash_rows if r.dtype == "float32") < 1e-5
+    assert max(r.bwd_rel for r in splash_rows if r.dtype == "float32") < 5e-5
+    # and bf16 against the same float32 reference: the inputs' rounding, no more
+    assert 1e-4 < max(r.fwd_rel for r in splash_rows if r.dtype == "bfloat16") < 2e-2
+
+
+def test_conformance_compiles_each_reference_once_and_no_input_generator(monkeypatch):
+    """Inputs come from NumPy and every argument is traced: the float32 reference of a case is
+    compiled once for both dtypes, and nothing else but the providers' VJPs is compiled."""
+    conformance._vjp_fn.cache_clear()
+    jax.clear_caches()
+    compiled: list[float] = []
+    listener = lambda event, duration, **kw: (  # noqa: E731
+        compiled.append(duration) if event == "/jax/core/compile/backend_compile_duration" else 0
+    )
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        results = conformance.run_checks("cpu", "rope")
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert {r.status for r in results} == {"pass"}
+    # two cases (one static scaling each) x (reference, native bf16, fused f32, fused bf16)
+    assert len(compiled) == 8
 
 
 def _equations(jaxpr):
@@ -321,7 +408,8 @@ def test_ops_check_passes_every_provider_on_cpu_within_tolerance(ops_check_repor
     report = ops_check_report
     assert report["backend"] == "cpu" and report["failures"] == 0
     ran = {(r["op"], r["provider"], r["dtype"]) for r in report["results"] if r["status"] == "pass"}
-    for op, name in [*OPT_IN.items(), *((op, "native") for op in registry.OPS)]:
+    forced = [*OPT_IN.items(), ("attention", "splash")]  # splash: interpreted, TPU kernels
+    for op, name in [*forced, *((op, "native") for op in registry.OPS)]:
         assert {(op, name, "float32"), (op, name, "bfloat16")} <= ran
     for row in report["results"]:
         if row["provider"] == "cudnn":

@@ -14,11 +14,18 @@ backend, an unsupported shape or dtype) are listed as skipped with the reason. O
 every provider that ran is also timed (forward + backward, median of :data:`TIMED_RUNS` runs)
 relative to ``native`` in the same dtype; on CPU (Pallas interpreted) the time says nothing and is
 not taken.
+
+Most of the check's time is compilation, so each compiles as little as it can: inputs are made with
+NumPy (no random-number kernel per shape), and each provider's VJP is one jitted function per op
+and static arguments that takes every array as an argument, so XLA compiles it once per shape and
+dtype: the float32 reference serves both dtypes of a case, and cases of the same shapes (the
+attention cases that differ only in their segment ids) reuse each other's programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -60,38 +67,37 @@ TOLERANCES = {
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One op call: ``build(key, dtype)`` returns (args, kwargs); ``diff`` are the positions of
-    the floating-point args the backward differentiates."""
+    """One op call: ``build(rng)`` returns (args, kwargs) as NumPy arrays, floating-point ones in
+    float32 (each dtype of the grid rounds them); ``diff`` are the positions of the
+    floating-point args the backward differentiates."""
 
     op: str
     shape: str
-    build: Callable[[jax.Array, Any], tuple[tuple, dict]]
+    build: Callable[[np.random.Generator], tuple[tuple, dict]]
     diff: tuple[int, ...]
 
 
-def _normal(key, shape, dtype, std=1.0):
-    return (jax.random.normal(key, shape, F32) * std).astype(dtype)
+def _normal(rng: np.random.Generator, shape, std=1.0) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
 
-def _segments(batch: int, seq_len: int, documents: int = 0) -> jax.Array:
+def _segments(batch: int, seq_len: int, documents: int = 0) -> np.ndarray:
     """Packed documents: row b is cut at seq/3 and 3*seq/4 (row 0 holds one document); with
     ``documents``, every row is cut into that many documents of equal length."""
-    pos = jnp.arange(seq_len)
+    pos = np.arange(seq_len)
     if documents:
-        return jnp.broadcast_to(pos * documents // seq_len, (batch, seq_len)).astype(jnp.int32)
-    cuts = (pos >= seq_len // 3).astype(jnp.int32) + (pos >= 3 * seq_len // 4)
-    rows = [jnp.zeros(seq_len, jnp.int32)] + [cuts + 3 * b for b in range(1, batch)]
-    return jnp.stack(rows)
+        return np.broadcast_to(pos * documents // seq_len, (batch, seq_len)).astype(np.int32)
+    cuts = (pos >= seq_len // 3).astype(np.int32) + (pos >= 3 * seq_len // 4)
+    rows = [np.zeros(seq_len, np.int32)] + [cuts + 3 * b for b in range(1, batch)]
+    return np.stack(rows).astype(np.int32)
 
 
 def attention_case(b, s, h, k, d, *, segments=True, window=None, causal=True, documents=0) -> Case:
     """An attention call; ``documents``: rows of that many documents each (more than the
     cuDNN provider's packed bound at S 256, so that its dense path serves)."""
 
-    def build(key, dtype):
-        keys = jax.random.split(key, 3)
-        q = _normal(keys[0], (b, s, h, d), dtype)
-        kv = [_normal(kk, (b, s, k, d), dtype) for kk in keys[1:]]
+    def build(rng):
+        q, *kv = (_normal(rng, (b, s, heads, d)) for heads in (h, k, k))
         kwargs = {
             "segment_ids": _segments(b, s, documents) if segments else None,
             "causal": causal,
@@ -107,18 +113,17 @@ def attention_case(b, s, h, k, d, *, segments=True, window=None, causal=True, do
 
 
 def rms_norm_case(b, s, e) -> Case:
-    def build(key, dtype):
-        keys = jax.random.split(key)
-        scale = (1.0 + _normal(keys[1], (e,), F32, 0.1)).astype(dtype)
-        return (_normal(keys[0], (b, s, e), dtype), scale), {"eps": 1e-5}
+    def build(rng):
+        x = _normal(rng, (b, s, e))
+        return (x, 1.0 + _normal(rng, (e,), 0.1)), {"eps": 1e-5}
 
     return Case("rms_norm", f"B{b} S{s} E{e}", build, (0, 1))
 
 
 def rope_case(b, s, n, d, scaling: RopeScaling | None = None) -> Case:
-    def build(key, dtype):
-        positions = jnp.broadcast_to(jnp.arange(s), (b, s))
-        return (_normal(key, (b, s, n, d), dtype), positions), {"theta": 10_000.0} | (
+    def build(rng):
+        positions = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s))
+        return (_normal(rng, (b, s, n, d)), positions), {"theta": 10_000.0} | (
             {"scaling": scaling} if scaling else {}
         )
 
@@ -127,40 +132,37 @@ def rope_case(b, s, n, d, scaling: RopeScaling | None = None) -> Case:
 
 
 def swiglu_case(b, s, e, f) -> Case:
-    def build(key, dtype):
-        keys = jax.random.split(key, 4)
-        x = _normal(keys[0], (b, s, e), dtype)
-        w_gate, w_up = (_normal(kk, (e, f), dtype, e**-0.5) for kk in keys[1:3])
-        return (x, w_gate, w_up, _normal(keys[3], (f, e), dtype, f**-0.5)), {}
+    def build(rng):
+        x = _normal(rng, (b, s, e))
+        w_gate, w_up = (_normal(rng, (e, f), e**-0.5) for _ in range(2))
+        return (x, w_gate, w_up, _normal(rng, (f, e), f**-0.5)), {}
 
     return Case("swiglu", f"B{b} S{s} E{e} F{f}", build, (0, 1, 2, 3))
 
 
 def cross_entropy_case(b, s, e, v) -> Case:
-    def build(key, dtype):
-        keys = jax.random.split(key, 3)
-        x = _normal(keys[0], (b, s, e), dtype)
-        w_out = _normal(keys[1], (e, v), dtype, e**-0.5)
-        return (x, w_out, jax.random.randint(keys[2], (b, s), 0, v)), {}
+    def build(rng):
+        x = _normal(rng, (b, s, e))
+        w_out = _normal(rng, (e, v), e**-0.5)
+        return (x, w_out, rng.integers(0, v, (b, s), dtype=np.int32)), {}
 
     return Case("cross_entropy", f"B{b} S{s} E{e} V{v}", build, (0, 1))
 
 
 def modulate_case(b, s, e) -> Case:
-    def build(key, dtype):
-        keys = jax.random.split(key, 3)
-        shift, scale = (_normal(kk, (b, e), dtype, 0.1) for kk in keys[1:])
-        return (_normal(keys[0], (b, s, e), dtype), shift, scale), {}
+    def build(rng):
+        x = _normal(rng, (b, s, e))
+        shift, scale = (_normal(rng, (b, e), 0.1) for _ in range(2))
+        return (x, shift, scale), {}
 
     return Case("modulate", f"B{b} S{s} E{e}", build, (0, 1, 2))
 
 
 def patch_embed_case(b, side, c, p, e) -> Case:
-    def build(key, dtype):
-        keys = jax.random.split(key, 3)
-        images = _normal(keys[0], (b, side, side, c), dtype)
-        w = _normal(keys[1], (p, p, c, e), dtype, (p * p * c) ** -0.5)
-        return (images, w, _normal(keys[2], (e,), dtype, 0.1)), {"patch": p}
+    def build(rng):
+        images = _normal(rng, (b, side, side, c))
+        w = _normal(rng, (p, p, c, e), (p * p * c) ** -0.5)
+        return (images, w, _normal(rng, (e,), 0.1)), {"patch": p}
 
     return Case("patch_embed", f"B{b} {side}x{side}x{c} P{p} E{e}", build, (0, 1, 2))
 
@@ -169,13 +171,14 @@ def cases(backend: str) -> list[Case]:
     """The grid: small shapes everywhere, on accelerators also the 0.9B benchmark model's.
 
     The small attention cases span several blocks of the default flash tiles (S 256 over
-    128/64-token blocks) so that block skipping (causal, window) runs; sequence 1100 exceeds the
+    128/64-token blocks) so that block skipping (causal, window) runs; their head dim is the
+    TPU's lane width (128), the smallest the splash kernels serve. Sequence 1100 exceeds the
     512-token chunk so that chunked cross-entropy pads and loops.
     """
     grid = [
-        attention_case(2, 256, 2, 1, 16),
-        attention_case(2, 256, 2, 1, 16, causal=False, window=40),
-        attention_case(2, 256, 2, 1, 16, documents=12),
+        attention_case(2, 256, 2, 1, 128),
+        attention_case(2, 256, 2, 1, 128, causal=False, window=40),
+        attention_case(2, 256, 2, 1, 128, documents=12),
         rms_norm_case(2, 64, 128),
         rope_case(2, 64, 4, 16),
         # context 32 over D 16: one kept, one interpolated and six stretched frequencies
@@ -224,19 +227,22 @@ class Result:
         return not self.status.startswith("skipped")
 
 
-def _vjp_fn(impl, args: tuple, kwargs: dict, diff: Sequence[int]):
-    """jit(f) with f(*diff_args, cotangent) -> (out, grads), other args and kwargs fixed."""
+@functools.cache
+def _vjp_fn(impl: Callable[..., Any], diff: tuple[int, ...], static: tuple[tuple[str, Any], ...]):
+    """jit(f) with f(args, arrays, cotangent) -> (out, grads): the VJP of ``impl`` with respect to
+    the args at positions ``diff``, ``arrays`` the keyword arrays (segment ids) and ``static``
+    the other keyword arguments. Every argument is traced, none baked in as a constant, so one
+    function serves every dtype and every case of an op, and XLA compiles it once per shape and
+    dtype: the float32 reference of a case is compiled once for both dtypes of the grid."""
 
-    def run(*diff_args_and_cotangent):
-        *diff_args, cotangent = diff_args_and_cotangent
-
+    def run(args, arrays, cotangent):
         def forward(*inputs):
             full = list(args)
             for position, value in zip(diff, inputs, strict=True):
                 full[position] = value
-            return impl(*full, **kwargs)
+            return impl(*full, **arrays, **dict(static))
 
-        out, vjp = jax.vjp(forward, *diff_args)
+        out, vjp = jax.vjp(forward, *(args[i] for i in diff))
         return out, vjp(cotangent.astype(out.dtype))
 
     return jax.jit(run)
@@ -265,46 +271,64 @@ def _available(chosen: registry.Provider, backend: str, args: tuple, kwargs: dic
     return chosen.serves(backend, *args, **kwargs)
 
 
-def _check(case: Case, dtype: str, names: Sequence[str], backend: str) -> list[Result]:
-    args, kwargs = case.build(jax.random.key(0), jnp.dtype(dtype))
-    upcast = tuple(a.astype(F32) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
-    native = registry.provider(case.op, registry.NATIVE).run
-    ref_fn = _vjp_fn(native, upcast, kwargs, case.diff)
-    out_shape = jax.eval_shape(lambda *a: native(*a, **kwargs), *upcast).shape
-    cotangent = jax.random.normal(jax.random.key(1), out_shape, F32)
-    ref_out, ref_grads = ref_fn(*(upcast[i] for i in case.diff), cotangent)
-    inputs = (*(args[i] for i in case.diff), cotangent)
-    tolerance = TOLERANCES[dtype]
-    timed = backend != "cpu"
-    results, native_ms = [], None
-    for name in names:
-        row = Result(case.op, name, dtype, case.shape, "pass")
-        results.append(row)
-        chosen = registry.provider(case.op, name)
-        answer = _available(chosen, backend, args, kwargs)
-        if not answer:
-            row.status = f"skipped: {getattr(answer, 'reason', 'cannot serve this case')}"
-            continue
-        reference_run = name == registry.NATIVE and dtype == "float32"
-        fn = ref_fn if reference_run else _vjp_fn(chosen.run, args, kwargs, case.diff)
-        try:
-            out, grads = (ref_out, ref_grads) if reference_run else fn(*inputs)
-        except Exception as err:  # noqa: BLE001 - a provider crash is a reported failure
-            row.status = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
-            continue
-        row.fwd_abs, row.fwd_rel = _errors(out, ref_out)
-        grad_errors = [_errors(g, r) for g, r in zip(grads, ref_grads, strict=True)]
-        row.bwd_abs = max(e[0] for e in grad_errors)
-        row.bwd_rel = max(e[1] for e in grad_errors)
-        if row.fwd_rel > tolerance.fwd or row.bwd_rel > tolerance.bwd:
-            row.status = "FAIL"
-        if timed:
-            row.time_ms = _median_ms(fn, inputs)
-            native_ms = row.time_ms if name == registry.NATIVE else native_ms
-    for row in results:
-        if row.time_ms is not None and native_ms:
-            row.time_vs_native = row.time_ms / native_ms
+def _check(case: Case, names: Sequence[str], backend: str) -> list[Result]:
+    """Every provider of ``names`` on ``case``, in each dtype of :data:`TOLERANCES`. The inputs
+    (NumPy, so no random-number kernel is compiled) and the cotangent are made once per case."""
+    built, kwargs = case.build(np.random.default_rng(0))
+    # device_put, not jnp.asarray: the latter compiles a copy per shape
+    arrays = {name: jax.device_put(v) for name, v in kwargs.items() if isinstance(v, np.ndarray)}
+    static = tuple((name, v) for name, v in kwargs.items() if name not in arrays)
+    native = registry.provider(case.op, registry.NATIVE)
+    ref_fn = _vjp_fn(registry.load(native.impl), case.diff, static)
+    out_shape = jax.eval_shape(lambda *a: native.run(*a, **kwargs), *built).shape
+    cotangent = jax.device_put(np.random.default_rng(1).standard_normal(out_shape, np.float32))
+    results = []
+    for dtype in TOLERANCES:
+        rounded = tuple(a.astype(jnp.dtype(dtype)) if _floating(a) else a for a in built)
+        upcast = tuple(a.astype(np.float32) if _floating(a) else a for a in rounded)
+        ref_inputs = (jax.device_put(upcast), arrays, cotangent)
+        inputs = (jax.device_put(rounded), arrays, cotangent)
+        ref = ref_fn(*ref_inputs)
+        for name in names:
+            row = Result(case.op, name, dtype, case.shape, "pass")
+            results.append(row)
+            chosen = registry.provider(case.op, name)
+            answer = _available(chosen, backend, inputs[0], kwargs)
+            if not answer:
+                row.status = f"skipped: {getattr(answer, 'reason', 'cannot serve this case')}"
+                continue
+            reference_run = name == registry.NATIVE and dtype == "float32"
+            fn = ref_fn if reference_run else _vjp_fn(registry.load(chosen.impl), case.diff, static)
+            _compare(row, fn, inputs, ref, reference_run)
+            if backend != "cpu" and row.fwd_rel is not None:  # ran, and did not crash
+                row.time_ms = _median_ms(fn, inputs)
+        timed = {r.provider: r.time_ms for r in results if r.dtype == dtype and r.time_ms}
+        for row in results:
+            if row.dtype == dtype and row.time_ms and timed.get(registry.NATIVE):
+                row.time_vs_native = row.time_ms / timed[registry.NATIVE]
     return results
+
+
+def _floating(array: np.ndarray) -> bool:
+    """Whether a NumPy array holds floats (bfloat16 included, whose NumPy kind is not "f")."""
+    return bool(jnp.issubdtype(array.dtype, jnp.floating))
+
+
+def _compare(row: Result, fn, inputs: tuple, ref: tuple, reference_run: bool) -> None:
+    """Run ``fn`` (unless it is the reference, ``ref``) and record its errors and status."""
+    try:
+        out, grads = ref if reference_run else fn(*inputs)
+    except Exception as err:  # noqa: BLE001 - a provider crash is a reported failure
+        row.status = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+        return
+    ref_out, ref_grads = ref
+    row.fwd_abs, row.fwd_rel = _errors(out, ref_out)
+    grad_errors = [_errors(g, r) for g, r in zip(grads, ref_grads, strict=True)]
+    row.bwd_abs = max(e[0] for e in grad_errors)
+    row.bwd_rel = max(e[1] for e in grad_errors)
+    tolerance = TOLERANCES[row.dtype]
+    if row.fwd_rel > tolerance.fwd or row.bwd_rel > tolerance.bwd:
+        row.status = "FAIL"
 
 
 def resolve(op: str | None, provider: str | None) -> list[str]:
@@ -358,7 +382,6 @@ def run_checks(
             names = [p.name for p in registry.providers(case.op)]
             if provider is not None:
                 names = [n for n in names if n in (registry.NATIVE, provider)]
-            for dtype in TOLERANCES:
-                results.extend(_check(case, dtype, names, backend))
+            results.extend(_check(case, names, backend))
     report(len(chosen), len(chosen), "")
     return results

@@ -6,6 +6,10 @@ Provider (priority): what it serves.
   on CPU; fp32/bf16/fp16, GQA, causal, segment ids, sliding window; head dim and blocks powers of
   two. Chosen automatically only where measured faster than cuDNN: Hopper, bf16/fp16, with segment
   ids (:func:`titan.ops.providers.flash_attention.preferred`); otherwise opt-in.
+- ``attention``/``splash`` (15): JAX's Pallas splash attention kernels (Mosaic) on TPUs, interpreted
+  on CPU; bf16 on TPUs (fp32 too on CPU), GQA, causal, segment ids, sliding window; sequence and
+  head dim multiples of 128. Chosen automatically on a TPU where one device runs the model
+  (:mod:`titan.ops.providers.splash_attention`); forced elsewhere (``attention=splash``).
 - ``attention``/``cudnn`` (10): CUDA GPUs, bf16/fp16, head dim a multiple of 8 (<= 256 from
   Hopper), causal, GQA, segment ids (on Hopper as packed documents, else as a dense mask),
   causal sliding window. Chosen
@@ -39,12 +43,13 @@ Each provider module is imported when one of its functions is first called (see
 
 from __future__ import annotations
 
-from titan.ops.providers.platform import PALLAS_BACKENDS
+from titan.ops.providers.platform import PALLAS_BACKENDS, TPU
 from titan.ops.registry import register
 
 OPT_IN = -10
 CUDNN = "titan.ops.providers.cudnn"
 FLASH = "titan.ops.providers.flash_attention"
+SPLASH = "titan.ops.providers.splash_attention"
 RMS_NORM = "titan.ops.providers.rms_norm"
 FUSED_LOSS = "titan.ops.providers.fused_loss"
 SWIGLU = "titan.ops.providers.swiglu"
@@ -57,6 +62,15 @@ register(
     supports=f"{FLASH}:supports",
     backends=PALLAS_BACKENDS,
     prefer=f"{FLASH}:preferred",
+)
+register(
+    "attention",
+    "splash",
+    f"{SPLASH}:attention",
+    priority=15,
+    supports=f"{SPLASH}:supports",
+    backends=("cpu", TPU),
+    prefer=f"{SPLASH}:preferred",
 )
 register(
     "attention",

@@ -163,7 +163,7 @@ def attention(
 
     Args:
         blocks: tile sizes (see :class:`FlashBlocks`).
-        interpret: run the kernels in the Pallas interpreter; default: on every backend but GPUs.
+        interpret: run the kernels in the Pallas interpreter; default: on CPU only.
     """
     if interpret is None:
         interpret = pallas_interpret(jax.default_backend())

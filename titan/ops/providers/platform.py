@@ -1,8 +1,9 @@
 """Which accelerator a backend name stands for, and the Pallas settings that follow from it.
 
 ``jax.default_backend()`` says ``gpu`` for both CUDA and ROCm; the PJRT client's
-``platform_version`` tells them apart (it names ``cuda`` or ``rocm``). Nothing here imports JAX at
-module import time.
+``platform_version`` tells them apart (it names ``cuda`` or ``rocm``). A TPU is ``tpu``, served by
+Pallas's Mosaic kernels (:mod:`titan.ops.providers.splash_attention`), never by the Triton ones.
+Nothing here imports JAX at module import time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from titan.ops.registry import Unsupported
 
-CUDA, ROCM = "cuda", "rocm"
+CUDA, ROCM, TPU = "cuda", "rocm", "tpu"
 PALLAS_BACKENDS = ("cpu", "gpu", "cuda", "rocm")
 
 
@@ -25,7 +26,8 @@ def _gpu_vendor() -> str:
 
 
 def accelerator(backend: str) -> str:
-    """``cuda`` or ``rocm`` for a GPU backend name (``gpu``, ``cuda``, ``rocm``), else the name."""
+    """``cuda`` or ``rocm`` for a GPU backend name (``gpu``, ``cuda``, ``rocm``), else the name
+    (``tpu``, ``cpu``)."""
     if backend == "gpu":
         return _gpu_vendor()
     return backend
@@ -54,8 +56,10 @@ def pallas_runs_on(backend: str) -> bool | Unsupported:
 
 
 def pallas_interpret(backend: str) -> bool:
-    """Pallas kernels run interpreted (``interpret=True``) everywhere but on GPUs."""
-    return accelerator(backend) not in (CUDA, ROCM)
+    """Whether the Triton kernels run interpreted (``interpret=True``): on CPU only. Elsewhere
+    they compile (a TPU, where they cannot, is refused by :func:`pallas_runs_on` first), so a
+    check on an accelerator never times the interpreter."""
+    return backend == "cpu"
 
 
 def pallas_compiler_params(interpret: bool, num_warps: int, num_stages: int) -> Any:

@@ -51,7 +51,7 @@ def rms_norm(x, scale, *, eps, block_rows: int = BLOCK_ROWS, interpret: bool | N
 
     Args:
         block_rows: rows per program (power of two).
-        interpret: run in the Pallas interpreter; default: on every backend but GPUs.
+        interpret: run in the Pallas interpreter; default: on CPU only.
     """
     if interpret is None:
         interpret = pallas_interpret(jax.default_backend())

@@ -1,0 +1,61 @@
+"""``bench/tpu_attention.py``: its masks, its block variants and a tiny run on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bench_modules import bench_module
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_documents_mask_cuts_each_row_into_four_equal_documents():
+    bench = bench_module("tpu_attention")
+    ids = bench.segment_ids("documents", 2, 2048)
+    assert ids.shape == (2, 2048) and ids.dtype == np.int32
+    assert [int(n) for n in np.unique(ids[1], return_counts=True)[1]] == [512] * 4
+    assert bench.segment_ids("causal", 2, 2048) is None
+
+
+def test_block_variants_that_fit_the_sequence_alike_are_timed_once():
+    bench = bench_module("tpu_attention")
+    assert list(bench.variants(2048)) == [
+        "native",
+        "splash",
+        "splash-128",
+        "splash-256",
+        "splash-1024",
+    ]
+    assert list(bench.variants(256)) == ["native", "splash", "splash-128"]  # 256 = 512 = 1024
+
+
+@pytest.mark.slow
+def test_tiny_run_on_cpu_checks_every_variant_against_the_reference(tmp_path):
+    out = tmp_path / "tpu-attention.json"
+    done = subprocess.run(
+        [sys.executable, "bench/tpu_attention.py", "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["interpreted"] is True and report["iters"] == 2
+    assert report["default_blocks"]["block_q"] == 512
+    for mask in ("causal", "documents"):
+        result = report["results"][mask]
+        assert result["shape"] == {"B": 1, "S": 256, "H": 2, "K": 1, "D": 128}
+        for name, measured in result["variants"].items():
+            assert measured["ms"] > 0, name
+            # bf16 against the float32 reference: rounding, not a wrong mask (that is O(1))
+            assert 1e-4 < max(measured["relative_error"].values()) < 2e-2, name
+    # 4 documents of 64 tokens: 4 x 64^2 of the causal row's 256^2
+    causal, documents = (report["results"][m]["flops"] for m in ("causal", "documents"))
+    assert documents == pytest.approx(causal * 4 * 64**2 / 256**2)
+    assert done.stdout.splitlines()[-1].startswith("documents  splash-128")
