@@ -47,6 +47,8 @@ from titan.shapes import ModelConfig
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
 BASELINE = Path(__file__).resolve().parent / "baselines" / "plain_jax_llama.py"
+# --remat policies run explicitly on the small shape beside the default's choice.
+REMAT_COMPARED = ("none", "dots-attention")
 WARMUP_STEPS = 3  # step records left out of the median: the first steps wait on the compile
 
 
@@ -180,10 +182,12 @@ def mfu(shape: Shape, tok_s: float | None, peak: float | None) -> dict[str, floa
     }
 
 
-def run_shape(shape: Shape, runs_root: Path, steps: int, timeout_s: float) -> dict[str, Any]:
-    """Titan's defaults on ``shape`` through ``titan train``."""
-    run_id = f"bench-{shape.name}"
-    args = ["train", "--model", shape.flag(), "--batch-size", str(shape.batch)]
+def run_shape(
+    shape: Shape, runs_root: Path, steps: int, timeout_s: float, remat: str = "auto"
+) -> dict[str, Any]:
+    """Titan's defaults on ``shape`` through ``titan train`` (with ``--remat`` ``remat``)."""
+    run_id = f"bench-{shape.name}-{remat}"
+    args = ["train", "--model", shape.flag(), "--batch-size", str(shape.batch), "--remat", remat]
     args += ["--seq-len", str(shape.seq), "--steps", str(steps), "--log-every", "1"]
     args += ["--runs-root", str(runs_root), "--run-id", run_id]
     done = titan(args, timeout_s)
@@ -248,6 +252,12 @@ def main() -> int:
         if estimate and titan_run.get("program_bytes"):
             row["estimate_over_compiled"] = estimate / titan_run["program_bytes"]
         report["shapes"].append(row)
+        if shape == SMALL:  # what --remat auto chose, against the policies it passed by
+            report["remat"] = {
+                remat: run_shape(shape, runs_root, args.steps, args.timeout, remat)
+                for remat in REMAT_COMPARED
+                if remat != titan_run.get("remat")
+            }
 
     ops = titan(["ops", "check"], args.timeout)
     ops.pop("stdout")
@@ -304,6 +314,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"{titan_run['tok_s'] or 0:,.0f} | {_pct(t_mfu['causal'])} | {_pct(t_mfu['full'])} "
             f"| {_gb(estimate)} | {_gb(titan_run.get('program_bytes'))} "
             f"| {'' if ratio is None else f'{ratio:.3f}'} |"
+        )
+    for remat, run in report.get("remat", {}).items():
+        lines.append(
+            f"| {SMALL.name} | titan --remat {remat} | {run.get('remat')} | "
+            f"{run['tok_s'] or 0:,.0f} | | | | {_gb(run.get('program_bytes'))} | |"
         )
     return "\n".join(lines)
 

@@ -18,17 +18,21 @@ from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.ops import Ops
-from titan.telemetry.device_memory import host_memory_bytes
+from titan.remat import auto_candidates
+from titan.telemetry.device_memory import host_memory_bytes, uncounted_temp_bytes
 from titan.telemetry.events import Compile
 from titan.telemetry.records import RunRecord
 from titan.trainer.compilation import CompileWatch
 from titan.trainer.memory_check import (
     AUTO_KERNELS,
     UNKNOWN_KERNELS,
+    ProgramOverMemory,
     RematChoice,
     Traced,
     auto_kernels,
     check_memory,
+    compiler_fits,
+    program_over_memory,
     resolve_remat,
 )
 from titan.trainer.progress import TrainProgress
@@ -344,3 +348,86 @@ def test_train_prices_auto_again_with_the_providers_that_served_and_builds_that_
     )
     assert kept.remat.remat == "dots-attention" and kept.remat.estimate_bytes == 3.0
     assert kept.compiled and kept.remat.fallbacks == (("full", 2.0),)
+
+
+# XLA:TPU's refusal as a TPU v5e printed it for a 0.32B Llama at 32 x 2048 tokens, --remat full.
+TPU_REFUSAL = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+    "temporaries (19.55G) exceeds available HBM (15.75G)."
+)
+
+
+def test_on_a_tpu_the_estimate_is_at_most_the_usable_memory_since_the_compiler_fits_it():
+    assert compiler_fits("TPU v5 lite") and not compiler_fits("NVIDIA H200")
+    cfg = TrainConfig.of(
+        preset=ISSUE_SHAPE, compute_dtype="bfloat16", dp=1, batch_size=16, seq_len=2048
+    )
+    model = model_config(cfg.model.shape, 32_000)
+    native = {"attention": "native"}
+    v5e, gpu = _Tpu(16_909_336_064), _Gpu(16_909_336_064)
+    tpu_choice = resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "bfloat16", [v5e], 0.0, native)
+    # measured: estimated at 85.2 GB without remat, the program compiled to 17.0 GB and ran
+    assert tpu_choice.remat == "none" and tpu_choice.estimate_bytes == v5e.limit
+    gpu_choice = resolve_remat(model, cfg.trainer, LAYOUT_DEVICES, "bfloat16", [gpu], 0.0, native)
+    assert gpu_choice.remat == "full" and gpu_choice.estimate_bytes > gpu.limit
+    ran = dataclasses.replace(cfg.compute, remat="none")
+    traced = Traced(LAYOUT_DEVICES, "bfloat16", native)
+    assert check_memory(model, ran, cfg.parallel, cfg.data, traced, [v5e]).checked
+    with pytest.raises(TitanError, match="memory check"):
+        check_memory(model, ran, cfg.parallel, cfg.data, traced, [gpu])
+
+
+def test_xla_refusing_a_program_over_the_memory_is_one_line_with_its_figure():
+    over = program_over_memory(RuntimeError(f"compile failed\n{TPU_REFUSAL}\nmore"))
+    assert over is not None and over.required_bytes == int(19.55 * 2**30)
+    assert "\n" not in str(over) and TPU_REFUSAL in str(over) and "--batch-size" in str(over)
+    assert program_over_memory(RuntimeError("INVALID_ARGUMENT: bad shape")) is None
+    assert program_over_memory(RuntimeError("RESOURCE_EXHAUSTED: too many files")) is None
+
+
+def test_a_program_xla_refuses_passes_auto_to_the_next_candidate():
+    gb = 10**9
+    choice = RematChoice("none", 16 * gb, 17 * gb, (("dots-attention", 13 * gb),))
+    refused = choice.refused(int(19.55 * 2**30))
+    assert refused is not None and refused.remat == "dots-attention" and not refused.fallbacks
+    assert refused.refused(None) is None  # nothing left: the refusal stands
+    assert "none compiled to 20.99 GB, over" in (refused.line() or "")
+    assert "none refused by XLA" in (choice.refused(None).line() or "")
+
+
+def test_train_builds_the_next_candidate_when_xla_refuses_the_program():
+    cfg = TrainConfig.of(preset="tiny", compute_dtype="float32", dp=1, batch_size=8, seq_len=32)
+    shape = model_config(cfg.model.shape, VOCAB)
+    ops = Ops(jax.default_backend(), cfg.compute.ops)
+    real = _Compiler(None, CompileWatch(), TrainProgress(1, 1))
+    refusals = []
+
+    def compiler(refuse):
+        def compile_or_refuse(trainer):
+            if len(refusals) < refuse:
+                refusals.append(trainer)
+                over = program_over_memory(RuntimeError(TPU_REFUSAL))
+                assert over is not None
+                raise over
+            return real(trainer)
+
+        return compile_or_refuse
+
+    choice = RematChoice("none", 1.0, 1e15, (("full", 1.0),))
+    built = _Built.of(shape, ops, cfg.trainer, choice, compiler(refuse=1))
+    assert built.remat.remat == "full" and built.compiled and len(refusals) == 1
+    refusals.clear()
+    with pytest.raises(ProgramOverMemory):  # the last candidate refused too: the error stands
+        _Built.of(shape, ops, cfg.trainer, choice, compiler(refuse=2))
+
+
+def test_remat_auto_leaves_the_remat_to_the_compiler_first_on_a_tpu():
+    assert auto_candidates("tpu")[0] == "none"
+    assert auto_candidates("gpu")[0] == "dots-attention"
+
+
+def test_a_tpu_peak_counts_the_program_temporaries_its_allocator_leaves_out():
+    program = {"argument_bytes": 3, "temp_bytes": 12_411_483_136}
+    assert uncounted_temp_bytes([_Tpu(1)], [None, program]) == 12_411_483_136
+    assert uncounted_temp_bytes([_Gpu(1)], [program]) == 0
+    assert uncounted_temp_bytes([], [program]) == 0

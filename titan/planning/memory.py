@@ -309,7 +309,7 @@ class MemoryBreakdown:
 
 # Attention providers that keep only a log-sum-exp per head (Dao et al. 2022), not the (s, s)
 # probabilities: the ``flash`` entries of the activation model (titan.ops.providers).
-FLASH_ATTENTION_PROVIDERS = ("cudnn", "pallas")
+FLASH_ATTENTION_PROVIDERS = ("cudnn", "pallas", "splash")
 
 
 def attention_kernel(provider: str | None) -> str:

@@ -5,6 +5,7 @@ step late (:mod:`titan.trainer.pending`), the run's monitors called at their poi
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ from titan.data.mixture import Batches
 from titan.data.text import batch_digest
 from titan.parallel.distributed import StopAgreement, process_count
 from titan.stopping import StopFlag
-from titan.telemetry.device_memory import peak_bytes
-from titan.telemetry.events import Step
+from titan.telemetry.device_memory import peak_bytes, uncounted_temp_bytes
+from titan.telemetry.events import Compile, Step
 from titan.telemetry.mfu import FlopsMeter
 from titan.telemetry.power import PowerSampler, StepEnergy
 from titan.telemetry.records import RunRecord
@@ -33,7 +34,8 @@ from titan.trainer_state import Trainer, TrainState
 class Throughput:
     """How a ``step`` event counts its work: rows per batch, tokens per row (``--seq-len``, or a
     DiT's patches per image), whether rows are images (``images_per_s``), the MFU meter, the
-    power sampler (``energy_j``) and the run's devices in this process (peak memory)."""
+    power sampler (``energy_j``), the run's devices in this process and the temporaries of its
+    largest program that their allocator does not count (peak memory, :meth:`peak_memory`)."""
 
     batch_size: int
     tokens_per_row: int
@@ -41,6 +43,13 @@ class Throughput:
     flops: FlopsMeter
     power: PowerSampler
     local_devices: list
+    uncounted_temp_bytes: int = 0
+
+    def peak_memory(self) -> int | None:
+        """Peak bytes per device: the allocator's peak (:func:`peak_bytes`) plus the
+        temporaries it does not count; None where the backend reports no peak."""
+        peak = peak_bytes(self.local_devices)
+        return None if peak is None else peak + self.uncounted_temp_bytes
 
 
 def save_before_loop() -> str:
@@ -100,6 +109,12 @@ class TrainLoop:
         self.recorded_step: int | None = None
         self.clock: StepClock  # both made by run(): step times and energy start there
         self.energy: StepEnergy
+
+    def count_program_temporaries(self, compiled: list[Compile]) -> None:
+        """Count in each step's peak memory the temporaries of the largest of the ``compiled``
+        programs where the allocator leaves them out (:func:`uncounted_temp_bytes`)."""
+        temp = uncounted_temp_bytes(self.throughput.local_devices, [e.memory for e in compiled])
+        self.throughput = dataclasses.replace(self.throughput, uncounted_temp_bytes=temp)
 
     def run(self, state: TrainState, step: int) -> tuple[int, str]:
         """Train from ``state`` after ``step`` until ``--steps`` or a stop signal, then save the
@@ -263,6 +278,6 @@ class TrainLoop:
             **self.energy.step_fields(tokens),
             nonfinite=reading.nonfinite or None,
             skipped=None if reading.finite else True,
-            peak_memory_bytes=peak_bytes(work.local_devices),
+            peak_memory_bytes=work.peak_memory(),
             **dispatched.fields,
         )

@@ -33,6 +33,7 @@ so that an unknown kernel never refuses a run.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -79,19 +80,39 @@ def estimate_bytes(
     layout_devices: int,
     device_kind: str,
     precision: Precision,
+    usable: float | None = None,
 ) -> float:
     """The one memory estimate of a run: peak bytes per device of ``model`` laid out by
     ``parallel`` over ``layout_devices`` devices, with ``remat``, for batches of ``batch_size``
     rows of ``seq_len`` tokens (a DiT's row: its patches), in ``precision``
     (:func:`run_precision`), on devices of ``device_kind``: the planner's
     :func:`titan.planning.memory.memory_per_device` total, as ``titan plan`` prints it.
-    ``--remat auto``, the memory check and ``run_start`` all read it."""
+    ``--remat auto``, the memory check and ``run_start`` all read it.
+
+    On a device whose compiler fits the program to the memory itself (:func:`compiler_fits`:
+    a TPU), the estimate is at most ``usable`` (bytes per device, when known): XLA:TPU
+    rematerializes a program that would need more, and refuses at compile one it cannot bring
+    under (module docstring)."""
     layout = Layout.from_parallel(parallel, layout_devices, remat)
     # Only the workspace allowance (none on CPU, one figure for every accelerator) is read from
     # the catalog entry; an accelerator the catalog does not list uses the H200's.
     gpu = gpu_for_device_kind(device_kind) or find_gpu("h200")
     tokens = model.patches or seq_len  # a DiT's row is one image
-    return memory_per_device(model, layout, gpu, tokens, batch_size, precision).total
+    total = memory_per_device(model, layout, gpu, tokens, batch_size, precision).total
+    if usable is not None and compiler_fits(device_kind):
+        return min(total, usable)
+    return total
+
+
+def compiler_fits(device_kind: str) -> bool:
+    """Whether XLA fits a program to the memory of a ``device_kind`` device itself: on a TPU its
+    compiler rematerializes a program whose buffers would exceed the HBM and refuses at compile
+    (``RESOURCE_EXHAUSTED``) one it cannot bring under. Measured on one TPU v5e
+    (docs/planner.md): a 0.32B Llama at 16 x 2048 tokens without remat, estimated at 85.2 GB,
+    compiled to 17.0 GB and ran; at 32 x 2048 with full remat the compile was refused. So there
+    the compiler, not the estimate, is the memory check."""
+    spec = gpu_for_device_kind(device_kind)
+    return spec is not None and spec.accelerator == "tpu"
 
 
 @dataclass(frozen=True)
@@ -139,6 +160,7 @@ class _Estimator:
     devices: int
     device_kind: str
     precision: Precision
+    usable: float | None
 
     def bytes(self, batch_size: int, remat: str) -> float:
         return estimate_bytes(
@@ -150,6 +172,7 @@ class _Estimator:
             self.devices,
             self.device_kind,
             self.precision,
+            self.usable,
         )
 
     def batch_unit(self, remat: str) -> int:
@@ -196,10 +219,10 @@ def check_memory(
     platform = devices[0].platform
     precision = run_precision(compute.param_dtype, traced.compute_dtype, platform, traced.served)
     kind = devices[0].device_kind
-    estimator = _Estimator(model, parallel, data.seq_len, traced.devices, kind, precision)
+    usable, source = _usable(usable_override, devices)
+    estimator = _Estimator(model, parallel, data.seq_len, traced.devices, kind, precision, usable)
     batch, remat = data.batch_size, compute.remat
     estimate = estimator.bytes(batch, remat)
-    usable, source = _usable(usable_override, devices)
     check = MemoryCheck(estimate, usable, source, compute.memory_check and usable is not None)
     if check.checked and usable is not None and estimate > usable:  # checked: usable is known
         raise TitanError(
@@ -250,6 +273,16 @@ class RematChoice:
         over = (*self.passed_over, (self.remat, program_bytes))
         return RematChoice(remat, estimate, self.usable_bytes, tuple(rest), over)
 
+    def refused(self, required_bytes: int | None) -> RematChoice | None:
+        """The next candidate once XLA refused to compile this choice's program
+        (:class:`ProgramOverMemory`, needing ``required_bytes`` per device where XLA says), or
+        None when no candidate is left."""
+        if not self.fallbacks:
+            return None
+        (remat, estimate), *rest = self.fallbacks
+        over = (*self.passed_over, (self.remat, required_bytes or 0))
+        return RematChoice(remat, estimate, self.usable_bytes, tuple(rest), over)
+
     def line(self) -> str | None:
         """The line ``titan train`` prints for an ``auto`` choice, else None."""
         if self.estimate_bytes is None:
@@ -262,8 +295,47 @@ class RematChoice:
             usable = f"{self.usable_bytes / GB:,.2f} GB usable"
         line = f"--remat auto: {self.remat} ({', '.join([*figures, usable])})"
         for remat, program in self.passed_over:
-            line += f"; {remat} compiled to {program / GB:,.2f} GB, over"
+            over = f"compiled to {program / GB:,.2f} GB, over" if program else "refused by XLA"
+            line += f"; {remat} {over}"
         return line
+
+
+class ProgramOverMemory(TitanError):
+    """XLA refused to compile the train step: its program needs more device memory than there
+    is (XLA:TPU fits a program by rematerializing, and refuses one it cannot bring under).
+
+    Attributes:
+        required_bytes: the bytes per device XLA says the program needs, or None where its
+            message gives no figure.
+    """
+
+    def __init__(self, message: str, required_bytes: int | None) -> None:
+        super().__init__(message)
+        self.required_bytes = required_bytes
+
+
+# XLA:TPU's refusal, e.g. "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory
+# required for HLO temporaries (19.55G) exceeds available HBM (15.75G)." Its G is GiB: the
+# available 15.75G of a TPU v5e is its bytes_limit, 16,909,336,064 bytes.
+_REQUIRED = re.compile(r"required for [\w ]+\(([\d.]+)G\)")
+
+
+def program_over_memory(err: BaseException) -> ProgramOverMemory | None:
+    """``err`` as a :class:`ProgramOverMemory` when it is XLA's refusal to compile a program
+    over the device memory (a ``RESOURCE_EXHAUSTED`` error about memory), else None. The
+    message is one line: what XLA said and what may fit instead."""
+    text = str(err)
+    if "RESOURCE_EXHAUSTED" not in text or "memory" not in text.lower():
+        return None
+    said = text[text.index("RESOURCE_EXHAUSTED") :].splitlines()[0].strip()
+    found = _REQUIRED.search(said)
+    required = int(float(found.group(1)) * 2**30) if found else None
+    return ProgramOverMemory(
+        f"the train step does not fit the device memory: XLA refused its program ({said}); a "
+        "smaller --batch-size, a --remat that saves less (dots, full) or more devices (--fsdp) "
+        "may fit",
+        required,
+    )
 
 
 def resolve_remat(
@@ -299,10 +371,10 @@ def resolve_remat(
     platform = devices[0].platform
     precision = run_precision(compute.param_dtype, compute_dtype, platform, served or {})
     kind = devices[0].device_kind
-    estimator = _Estimator(
-        model, options.parallel, options.seq_len, layout_devices, kind, precision
-    )
     usable, _ = _usable(usable_override, devices)
+    estimator = _Estimator(
+        model, options.parallel, options.seq_len, layout_devices, kind, precision, usable
+    )
     batch = options.batch_size
     estimates = [(cast(Remat, n), estimator.bytes(batch, n)) for n in candidates]
     if usable is None:

@@ -131,7 +131,14 @@ from titan.trainer.heartbeat_hook import HeartbeatHook
 from titan.trainer.hooks import Hooks
 from titan.trainer.images import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
-from titan.trainer.memory_check import MemoryCheck, RematChoice, Traced, check_memory
+from titan.trainer.memory_check import (
+    MemoryCheck,
+    ProgramOverMemory,
+    RematChoice,
+    Traced,
+    check_memory,
+    program_over_memory,
+)
 from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook
 from titan.trainer.pinned_host import reservation_pays
@@ -381,7 +388,14 @@ class _Built:
             remat = priced
         if not (remat.fallbacks or remat.passed_over):
             return cls(trainer, remat, traced=True)
-        events = compiler(trainer)
+        try:
+            events = compiler(trainer)
+        except ProgramOverMemory as err:
+            refused = remat.refused(err.required_bytes)
+            if refused is None:
+                raise
+            del trainer  # before the next candidate's buffers
+            return cls.of(shape, ops, options, refused, compiler, passed)
         held = remat.compiled(_largest_program(events))
         if held.remat == remat.remat:
             return cls(trainer, held, [*passed, *events], traced=True)
@@ -644,6 +658,7 @@ class _Run:
             checkpointer.set_aside([skipped.step for skipped in self.unrestorable])
             compiled = self.compiled if self.compiled is not None else compiler(self.trainer)
             compiled = [*compiled, *self.saver.finite_check.compile(self.state)]
+            loop.count_program_temporaries(compiled)
             for event in [*compiled, *self.trainer.start_events()]:
                 record.emit(event)
             step, status = loop.run(self.state, self.start_step)
@@ -899,11 +914,12 @@ def failure_to_name(err: Exception, saver: Saver) -> Exception:
 def _fail(err: Exception, record: RunRecord, liveness: HeartbeatHook, step: int | None) -> int:
     """Say and record a failure after ``run_start`` (``run_end`` ``failed`` at ``step``, the
     last step with a ``step`` event, None before the loop began; as far as the disk allows);
-    returns :data:`EXIT_FAILED`. A full disk is one line naming the path, and so is a last
-    save that was not committed (:class:`FinalSaveFailed`); anything else shows its traceback."""
+    returns :data:`EXIT_FAILED`. A full disk is one line naming the path, and so are a last
+    save that was not committed (:class:`FinalSaveFailed`) and a program XLA refused as over
+    the device memory (:class:`ProgramOverMemory`); anything else shows its traceback."""
     liveness.peers.settle()  # a peer killed mid-collective: record it, not the symptom
     full = disk_full(err)
-    if isinstance(err, FinalSaveFailed):
+    if isinstance(err, (FinalSaveFailed, ProgramOverMemory)):
         full = str(err)  # said in one line, as a full disk is
     if full is None:
         traceback.print_exc()
@@ -942,9 +958,19 @@ def _end_nonfinite(
 
 def _compile(trainer: Trainer, cache: Path | None, compiles: CompileWatch) -> list[Compile]:
     """The trainer's compile events, the first with the cache folder and the programs loaded
-    from it meanwhile."""
+    from it meanwhile.
+
+    Raises:
+        ProgramOverMemory: XLA refused the program as over the device memory.
+    """
     hits = compiles.cache_hits
-    events = trainer.compile()
+    try:
+        events = trainer.compile()
+    except Exception as err:
+        over = program_over_memory(err)
+        if over is None:
+            raise
+        raise over from None
     if events and cache is not None:
         loaded = compiles.cache_hits - hits
         events[0] = dataclasses.replace(events[0], cache_dir=str(cache), cache_hits=loaded)
