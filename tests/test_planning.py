@@ -586,7 +586,8 @@ def test_plan_help_names_each_default_once_and_which_options_are_required():
     for shown in ("(default: None)", "(default: False)", "(default: ==SUPPRESS==)"):
         assert shown not in text
     assert "(default: 20)" in text and "(default: 8192)" in text and "(default: 0)" in text
-    assert "--gpus-per-node GPUS_PER_NODE GPUs per node (default: those of the --gpu's" in text
+    assert "--gpus-per-node GPUS_PER_NODE accelerators per node, the scale-up domain" in text
+    assert "a GPU's reference server, a TPU's largest slice)" in text
 
 
 def test_the_mfu_caption_names_a_small_peak_in_its_unit_and_an_unknown_one_as_unknown(capsys):
