@@ -140,3 +140,15 @@ def test_a_job_whose_process_count_cannot_be_read_is_a_titan_error(monkeypatch):
         monkeypatch.setenv(name, value)
     with pytest.raises(TitanError, match="SlurmCluster job is detected, but its process count"):
         detected_cluster(1)
+
+
+@pytest.mark.slow
+def test_the_default_train_run_completes_on_a_tpu_vm_without_a_metadata_server(tmp_path):
+    argv = [sys.executable, "-m", "titan.cli", "train", "--steps", "2"]
+    env = tpu_vm(TPU_WORKER_HOSTNAMES="127.0.0.1")  # its slice is read from the metadata server
+    proc = subprocess.run(
+        [*argv, "--runs-root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "the cloud metadata server did not answer" in proc.stderr
+    assert "HTTPConnectionPool" not in proc.stderr and "run completed at step 2" in proc.stderr

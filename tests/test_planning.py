@@ -345,9 +345,12 @@ def test_torus_collectives_run_as_rings_per_axis_and_add_up_over_axes():
     # both axes at once: twice one axis's bandwidth (the scaling book's V / (2 W_ici))
     whole = collectives.group_link(v5e, 256, 1, v5e.gpus_per_node, 256)
     assert whole.bytes_per_s == pytest.approx(2 * axis * efficiency)
-    # a line of 8 of the 16 chips of an axis: the same bandwidth, the hops of a line
+    # a line of 8 of the 16 chips of an axis: its middle link carries 4/8 of the data each way,
+    # a ring's links 7/16: 8/7 as long, in 7 hops; a pair: one link one way
     line = collectives.group_link(v5e, 8, 1, v5e.gpus_per_node, 256)
-    assert line.bytes_per_s == pytest.approx(axis * efficiency) and line.hops == 7
+    assert line.bytes_per_s == pytest.approx(axis * 7 / 8 * efficiency) and line.hops == 7
+    pair = collectives.group_link(v5e, 2, 1, v5e.gpus_per_node, 256)
+    assert pair.bytes_per_s == pytest.approx(axis / 2 * efficiency) and pair.hops == 1
     # every other chip: two groups share the axis's links
     strided = collectives.group_link(v5e, 8, 2, v5e.gpus_per_node, 256)
     assert strided.bytes_per_s == pytest.approx(axis / 2 * efficiency)
@@ -586,7 +589,8 @@ def test_plan_help_names_each_default_once_and_which_options_are_required():
     for shown in ("(default: None)", "(default: False)", "(default: ==SUPPRESS==)"):
         assert shown not in text
     assert "(default: 20)" in text and "(default: 8192)" in text and "(default: 0)" in text
-    assert "--gpus-per-node GPUS_PER_NODE GPUs per node (default: those of the --gpu's" in text
+    assert "--gpus-per-node GPUS_PER_NODE accelerators per node, the scale-up domain" in text
+    assert "a GPU's reference server, a TPU's largest slice)" in text
 
 
 def test_the_mfu_caption_names_a_small_peak_in_its_unit_and_an_unknown_one_as_unknown(capsys):

@@ -130,7 +130,8 @@ def add_parser(subparsers: Any) -> None:
         "--gpus-per-node",
         type=int,
         default=None,
-        help="GPUs per node (default: those of the --gpu's reference server in the catalog)",
+        help="accelerators per node, the scale-up domain (default: the catalog's for the "
+        "--accelerator: a GPU's reference server, a TPU's largest slice)",
     )
     p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default: {DEFAULT_SEQ_LEN})")
     batch = p.add_mutually_exclusive_group()

@@ -266,7 +266,8 @@ def check(rows: Sequence[PerfRow], threshold: float = REGRESSION_THRESHOLD) -> l
 
 def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
     """The rows as :class:`titan.planning.step.Measurement` for :func:`~titan.planning.step.
-    calibrate`: only rows whose device kind is in the GPU catalog and whose key is complete."""
+    calibrate`: only rows whose device kind is in the accelerator catalog and whose key is
+    complete."""
     result = []
     for row in rows:
         gpu = gpu_for_device_kind(row.device_kind.split(",")[0])
@@ -333,8 +334,8 @@ def run_measurement(run_dir: Path) -> tuple[Measurement, float | None]:
     found = planner_measurements([_row(start.run_id or run_dir.name, key, same)])
     if not found:
         raise TitanError(
-            f"--from {run_dir}: device {key['device_kind']!r} is not in the GPU catalog or the "
-            "run_start record is incomplete"
+            f"--from {run_dir}: device {key['device_kind']!r} is not in the accelerator catalog or "
+            "the run_start record is incomplete"
         )
     name = (start.model or {}).get("name")
     measurement = found[0]

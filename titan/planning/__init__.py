@@ -1,7 +1,7 @@
 """Budget planner: does a model fit, which layout is fastest, how long and how much.
 
 It prices the facts that sit below it, on the ground floor: :mod:`~titan.flops` (parameter
-counts and training FLOPs per token) and :mod:`~titan.gpus` (the GPU catalog: dense peaks,
+counts and training FLOPs per token) and :mod:`~titan.gpus` (the accelerator catalog: dense peaks,
 memory, power, links, sources).
 
 - :mod:`~titan.planning.memory`: bytes per device under DP, FSDP, TP, PP and remat.

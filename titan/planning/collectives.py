@@ -29,10 +29,12 @@ all-gathers V bytes in V / W_ici seconds, W_ici the two links' bandwidth, whatev
 chips; over several axes the axes' links work at once, so that the time falls with the number
 of axes (V / (n_axes W_ici) for axes alike). Here that is the data split in as many parts as
 axes, each gathered axis by axis in its own rotation of the axes' order, the time that of the
-busiest axis. A reduce-scatter is the mirror image and an all-reduce is both. A group's chips that
-cover only part of an axis form a line, not a ring: the line's middle link then carries the
-same V / 2 each way as every link of the ring, so the bandwidth is the same, in twice the hops;
-chips of the group ``g`` apart along an axis share its links with ``g - 1`` other groups.
+busiest axis. A reduce-scatter is the mirror image and an all-reduce is both. A group's chips
+that cover only part of an axis form a line, not a ring: an all-gather over e chips moves
+(e - 1) / 2e of V each way over every link of a ring, but floor(e / 2) / e of V over the middle
+link of a line, e / (e - 1) times as long for even e (twice for 2 chips, about the same for
+many), in twice the hops; chips of the group ``g`` apart along an axis share its links with
+``g - 1`` other groups.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def torus_link(gpu: GpuSpec, size: int, stride: int, chips: int) -> Link:
     bandwidths B_i (2 links one way, divided among the groups interleaved on the axis): each of
     k parts of V / k bytes is gathered axis by axis in one rotation of the axes' order, an axis
     moving (e_i - 1) / e_i of the part's bytes gathered so far (the part x the extents up to
-    and including its own / p); the time is the busiest axis's load / B_i. The link returned
+    and including its own / p; along a line, 2 floor(e_i / 2) / e_i of them, module
+    docstring); the time is the busiest axis's load / B_i. The link returned
     has the bandwidth that gives this time in the ring formula ((p - 1) / p x V / bandwidth),
     and the hops of the axes (e - 1 along a line, e // 2 round a whole ring).
     """
@@ -125,9 +128,10 @@ def torus_link(gpu: GpuSpec, size: int, stride: int, chips: int) -> Link:
     for start in range(len(axes)):
         gathered = 1
         for i in [*range(start, len(axes)), *range(start)]:
-            extent = axes[i][0]
+            extent, _, ring = axes[i]
             gathered *= extent
-            load[i] += (extent - 1) / extent * gathered / size / len(axes)
+            moved = (extent - 1) / extent if ring else 2 * (extent // 2) / extent
+            load[i] += moved * gathered / size / len(axes)
     busiest = zip(load, axes, strict=True)
     seconds_per_byte = max(
         (share / (2 * link_bytes_per_s / gap) for share, (_, gap, _) in busiest), default=0.0
