@@ -201,6 +201,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=240, help="seconds per process")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     parser.add_argument("--out", type=Path, help="JSON results file")
+    parser.add_argument(
+        "--runs-root", type=Path, help="where the titan train runs go (default: a new temp dir)"
+    )
     args = parser.parse_args()
 
     import jax  # after argparse: --help needs no backend
@@ -216,7 +219,7 @@ def main() -> int:
         "peak_source": spec.source if spec is not None else None,
     }
     del device  # the chip is held by one process at a time: each run below opens it anew
-    runs_root = Path(tempfile.mkdtemp(prefix="titan-bench-tpu-"))
+    runs_root = args.runs_root or Path(tempfile.mkdtemp(prefix="titan-bench-tpu-"))
     default_args = ["train", "--steps", "4" if args.smoke else "30"]
     default_args += ["--runs-root", str(runs_root), "--run-id", "default"]
     if args.smoke:
@@ -252,16 +255,16 @@ def main() -> int:
         if estimate and titan_run.get("program_bytes"):
             row["estimate_over_compiled"] = estimate / titan_run["program_bytes"]
         report["shapes"].append(row)
-        if shape == SMALL:  # what --remat auto chose, against the policies it passed by
-            report["remat"] = {
-                remat: run_shape(shape, runs_root, args.steps, args.timeout, remat)
-                for remat in REMAT_COMPARED
-                if remat != titan_run.get("remat")
-            }
 
     ops = titan(["ops", "check"], args.timeout)
     ops.pop("stdout")
     report["ops_check"] = ops
+    chosen = report["shapes"][0]["titan"].get("remat")
+    report["remat"] = {  # what --remat auto chose on the small shape, against the others
+        remat: run_shape(shapes[0], runs_root, args.steps, args.timeout, remat)
+        for remat in REMAT_COMPARED
+        if remat != chosen
+    }
     out = args.out or RESULTS / f"tpu-{'-'.join(report['device_kind'].lower().split())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -315,9 +318,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_gb(estimate)} | {_gb(titan_run.get('program_bytes'))} "
             f"| {'' if ratio is None else f'{ratio:.3f}'} |"
         )
+    small = report["shapes"][0]["shape"]["name"] if report["shapes"] else ""
     for remat, run in report.get("remat", {}).items():
         lines.append(
-            f"| {SMALL.name} | titan --remat {remat} | {run.get('remat')} | "
+            f"| {small} | titan --remat {remat} | {run.get('remat')} | "
             f"{run['tok_s'] or 0:,.0f} | | | | {_gb(run.get('program_bytes'))} | |"
         )
     return "\n".join(lines)
