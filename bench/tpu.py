@@ -206,19 +206,19 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    import jax  # after argparse: --help needs no backend
-
-    device = jax.devices()[0]
-    spec = gpu_for_device_kind(device.device_kind)
+    # The chip is held by one process at a time: this one never opens it, each run below does.
+    probe = "import jax; d = jax.devices()[0]; print(jax.__version__); print(d.device_kind)"
+    found = _run([sys.executable, "-c", probe], dict(os.environ), args.timeout)
+    version, device_kind = (found["stdout"].strip().splitlines() or ["?", "?"])[-2:]
+    spec = gpu_for_device_kind(device_kind)
     peak = spec.bf16_flops if spec is not None else None
     report: dict[str, Any] = {
         "command": shlex.join(["python", "bench/tpu.py", *sys.argv[1:]]),
-        "device_kind": device.device_kind,
-        "jax": jax.__version__,
+        "device_kind": device_kind,
+        "jax": version,
         "peak_flops": peak,
         "peak_source": spec.source if spec is not None else None,
     }
-    del device  # the chip is held by one process at a time: each run below opens it anew
     runs_root = args.runs_root or Path(tempfile.mkdtemp(prefix="titan-bench-tpu-"))
     default_args = ["train", "--steps", "4" if args.smoke else "30"]
     default_args += ["--runs-root", str(runs_root), "--run-id", "default"]
