@@ -496,3 +496,21 @@ def test_mfu_bench_smoke_runs_titan_levers_against_a_baseline(tmp_path):
         # float32 on CPU: every provider computes the same training step
         assert run["loss"] == pytest.approx(runs["start"]["loss"], abs=1e-4)
     assert "| plain-JAX baseline | causal | cudnn | dots |" in done.stdout
+
+
+def test_splash_gradients_without_remat_in_two_traces():
+    """The backward pass of a step without remat (partial evaluation, not jit's tracing) reached
+    a kernel kept from an earlier trace and raised UnexpectedTracerError on a v5e."""
+    key = jax.random.PRNGKey(0)
+    q = jax.random.normal(key, (1, 128, 2, 128), jnp.float32)
+    kv = jax.random.normal(jax.random.PRNGKey(1), (1, 128, 1, 128), jnp.float32)
+    segments = jnp.zeros((1, 128), jnp.int32)
+
+    def loss(q, k, v):
+        out = splash_attention.attention(q, k, v, segment_ids=segments)
+        return jnp.sum(out**2)
+
+    first = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, kv, kv)
+    again = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, kv, kv)[1]
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5)

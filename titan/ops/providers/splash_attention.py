@@ -36,7 +36,6 @@ Measurements: ``python bench/tpu_attention.py`` (``bench/results/``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -159,7 +158,6 @@ def attention(
     return jnp.swapaxes(out, 1, 2)
 
 
-@functools.cache
 def _kernel(
     heads: int,
     seq_len: int,
@@ -168,9 +166,11 @@ def _kernel(
     blocks: SplashBlocks,
     interpret: bool,
 ) -> splash.splash_attention_kernel.SplashAttentionKernel:
-    """The kernel for one mask (its block-sparsity is computed here, once per shape). Its mask
-    arrays are made concrete (``ensure_compile_time_eval``) even when the first call is traced,
-    so that the cached kernel holds no tracer of that trace."""
+    """The kernel for one mask, its block-sparsity computed here. It is made anew at each call,
+    within the caller's trace: a kernel kept across traces holds its mask arrays as tracers of
+    the trace that made it (``ensure_compile_time_eval`` keeps them concrete under ``jit``, not
+    under the linearization of a backward pass without remat, where a cached kernel leaked an
+    ``int8[1,1,1]`` tracer)."""
     shape = (seq_len, seq_len)
     mask: splash.Mask
     if sliding_window is not None:
