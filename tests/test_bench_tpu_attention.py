@@ -59,3 +59,27 @@ def test_tiny_run_on_cpu_checks_every_variant_against_the_reference(tmp_path):
     causal, documents = (report["results"][m]["flops"] for m in ("causal", "documents"))
     assert documents == pytest.approx(causal * 4 * 64**2 / 256**2)
     assert done.stdout.splitlines()[-1].startswith("documents  splash-128")
+
+
+def test_float32_reference_row_by_row_equals_the_whole_batch():
+    import jax
+    import jax.numpy as jnp
+
+    from titan.ops import native
+
+    bench = bench_module("tpu_attention")
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, cotangent = (jax.random.normal(kk, (3, 16, 4, 8), jnp.bfloat16) for kk in keys[:2])
+    k, v = (jax.random.normal(kk, (3, 16, 2, 8), jnp.bfloat16) for kk in keys[2:])
+    ids = jnp.asarray(bench.segment_ids("documents", 3, 16))
+
+    def attend(q, k, v, ids):
+        return native.attention(q, k, v, segment_ids=ids)
+
+    by_rows = bench.float32_reference(attend, (q, k, v, ids, cotangent))
+    upcast = [x.astype(jnp.float32) for x in (q, k, v, cotangent)]
+    with jax.default_matmul_precision("float32"):
+        whole = bench._step(attend)(*upcast[:3], ids, upcast[3])
+    assert [r.shape for r in by_rows] == [q.shape, q.shape, k.shape, v.shape]
+    for got, want in zip(by_rows, whole, strict=True):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
