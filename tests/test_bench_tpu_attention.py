@@ -83,3 +83,29 @@ def test_float32_reference_row_by_row_equals_the_whole_batch():
     assert [r.shape for r in by_rows] == [q.shape, q.shape, k.shape, v.shape]
     for got, want in zip(by_rows, whole, strict=True):
         np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_report_renders_a_tpu_attention_file_with_its_numbers(tmp_path):
+    report = bench_module("report")
+    results = tmp_path / "results"
+    results.mkdir()
+    measured = {"ms": 3.25, "tflops_per_s": 96.4, "speedup_vs_native": 1.31}
+    variant = measured | {"relative_error": {"out": 1e-3, "dq": 4e-3, "dk": 2e-3, "dv": 1e-3}}
+    result = {
+        "shape": {"B": 8, "S": 2048, "H": 16, "K": 8, "D": 128},
+        "variants": {"splash": variant, "splash-1024": {"error": "ValueError: VMEM | full"}},
+    }
+    data = {
+        "command": "python bench/tpu_attention.py --out x.json",
+        "device": "TPU v5 lite",
+        "jax": "0.10.2",
+        "iters": 20,
+        "warmup": 2,
+        "default_blocks": {"block_q": 512},
+        "results": {"documents": result},
+    }
+    (results / "tpu-attention-v5e.json").write_text(json.dumps(data))
+    doc = report.render(results, report.DOC)
+    assert "## Attention on a TPU (`bench/tpu_attention.py`, one chip)" in doc
+    assert "| B8 S2048 H16 K8 D128, documents | splash | 3.250 | 96.4 | 1.31x | 4.0e-03 |" in doc
+    assert "| splash-1024 | failed: ValueError: VMEM / full |" in doc
