@@ -407,6 +407,14 @@ def _compare(row: Result, got: tuple, ref: tuple) -> None:
         row.status = "FAIL"
 
 
+def _cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, which a container's cpuset
+    narrows; ``os.cpu_count`` counts the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def resolve(op: str | None, provider: str | None) -> list[str]:
     """The ops to check: ``op`` or all, those that ``provider`` (when given) implements.
 
@@ -454,7 +462,7 @@ def run_checks(
     report = progress or (lambda done, total, case: None)
     with (
         jax.default_matmul_precision("float32"),
-        concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool,
+        concurrent.futures.ThreadPoolExecutor(_cores()) as pool,
     ):
         programs = _Programs(pool)
         prepared = []
