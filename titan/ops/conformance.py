@@ -20,7 +20,7 @@ NumPy (no random-number kernel per shape), and each provider's VJP is one jitted
 and static arguments that takes every array as an argument, so XLA compiles it once per shape and
 dtype: the float32 reference serves both dtypes of a case, and cases of the same shapes (the
 attention cases that differ only in their segment ids) reuse each other's programs. Every program
-of the grid is lowered first and compiled on a thread pool (one thread per CPU core), while the
+of the grid is lowered first and compiled on a thread pool (a thread per usable CPU), while the
 cases run in order as their programs become ready.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titan.cpus import usable_cpus
 from titan.errors import TitanError
 from titan.ops import registry
 from titan.shapes import RopeScaling
@@ -407,14 +407,6 @@ def _compare(row: Result, got: tuple, ref: tuple) -> None:
         row.status = "FAIL"
 
 
-def _cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, which a container's cpuset
-    narrows; ``os.cpu_count`` counts the host's)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def resolve(op: str | None, provider: str | None) -> list[str]:
     """The ops to check: ``op`` or all, those that ``provider`` (when given) implements.
 
@@ -462,7 +454,7 @@ def run_checks(
     report = progress or (lambda done, total, case: None)
     with (
         jax.default_matmul_precision("float32"),
-        concurrent.futures.ThreadPoolExecutor(_cores()) as pool,
+        concurrent.futures.ThreadPoolExecutor(usable_cpus()) as pool,
     ):
         programs = _Programs(pool)
         prepared = []
