@@ -22,6 +22,7 @@ Result files and the scripts that write them:
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
 - ``layer-loop-*.json``: ``titan train`` runs per ``--layer-unroll`` (the file says how);
 - ``peers-*.json``: ``bench/peers.py``; ``attention-*.json``: ``bench/attention.py``;
+  ``tpu-attention-*.json``: ``bench/tpu_attention.py``;
   ``startup-*.json``: ``bench/startup.py``;
   ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
@@ -809,6 +810,43 @@ def attention_table(path: Path, base: Path) -> list[str]:
     return lines + _table(["shape", "path", "ms", "TFLOP/s", "error"], rows) + [""]
 
 
+def tpu_attention_table(path: Path, base: Path) -> list[str]:
+    """``bench/tpu_attention.py``: attention's forward and backward time on a TPU chip per mask,
+    for XLA (``native``) and the splash kernels at their default and other block sizes."""
+    data = json.loads(path.read_text())
+    blocks = data["default_blocks"]["block_q"]
+    lines = [f"Result file: {_link(path, base)}; command: `{data['command']}`; {data['device']}, "]
+    lines[0] += f"jax {data['jax']}; median of {data['iters']} calls after {data['warmup']}."
+    lines += [
+        "",
+        "One layer's attention, forward and backward (bf16); TFLOP/s of the causal attention the "
+        "mask computes; error: the largest normwise relative error of out, dq, dk, dv against "
+        f"`native` in float32. `splash` runs its default blocks ({blocks} tokens, fitted to the "
+        "sequence), `splash-N` every block at N.",
+        "",
+    ]
+    rows = []
+    for mask, result in data["results"].items():
+        shape = result["shape"]
+        where = f"B{shape['B']} S{shape['S']} H{shape['H']} K{shape['K']} D{shape['D']}, {mask}"
+        for variant, r in result["variants"].items():
+            if "error" in r:
+                rows.append([where, variant, "failed: " + r["error"].replace("|", "/"), "", "", ""])
+                continue
+            rows.append(
+                [
+                    where,
+                    variant,
+                    f"{r['ms']:.3f}",
+                    f"{r['tflops_per_s']:.1f}",
+                    f"{r['speedup_vs_native']:.2f}x",
+                    f"{max(r['relative_error'].values()):.1e}",
+                ]
+            )
+    header = ["shape, mask", "variant", "ms", "TFLOP/s", "vs native", "error"]
+    return lines + _table(header, rows) + [""]
+
+
 def roofline_table(path: Path, base: Path) -> list[str]:
     """``bench/roofline.py``: the profiled step's kernel time by row against its floor."""
     data = json.loads(path.read_text())
@@ -1025,6 +1063,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     for path in sorted(results.glob("attention-*.json")):
         lines += ["## Attention under the document mask (`bench/attention.py`, one GPU)", ""]
         lines += attention_table(path, doc)
+    for path in sorted(results.glob("tpu-attention-*.json")):
+        lines += ["## Attention on a TPU (`bench/tpu_attention.py`, one chip)", ""]
+        lines += tpu_attention_table(path, doc)
     peer_files = sorted(results.glob("peers-*.json"))
     if peer_files:
         lines += ["## Titan against its peers, per shape (`bench/peers.py`, one GPU)", ""]

@@ -59,3 +59,53 @@ def test_tiny_run_on_cpu_checks_every_variant_against_the_reference(tmp_path):
     causal, documents = (report["results"][m]["flops"] for m in ("causal", "documents"))
     assert documents == pytest.approx(causal * 4 * 64**2 / 256**2)
     assert done.stdout.splitlines()[-1].startswith("documents  splash-128")
+
+
+def test_float32_reference_row_by_row_equals_the_whole_batch():
+    import jax
+    import jax.numpy as jnp
+
+    from titan.ops import native
+
+    bench = bench_module("tpu_attention")
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, cotangent = (jax.random.normal(kk, (3, 16, 4, 8), jnp.bfloat16) for kk in keys[:2])
+    k, v = (jax.random.normal(kk, (3, 16, 2, 8), jnp.bfloat16) for kk in keys[2:])
+    ids = jnp.asarray(bench.segment_ids("documents", 3, 16))
+
+    def attend(q, k, v, ids):
+        return native.attention(q, k, v, segment_ids=ids)
+
+    by_rows = bench.float32_reference(attend, (q, k, v, ids, cotangent))
+    upcast = [x.astype(jnp.float32) for x in (q, k, v, cotangent)]
+    with jax.default_matmul_precision("float32"):
+        whole = bench._step(attend)(*upcast[:3], ids, upcast[3])
+    assert [r.shape for r in by_rows] == [q.shape, q.shape, k.shape, v.shape]
+    for got, want in zip(by_rows, whole, strict=True):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_report_renders_a_tpu_attention_file_with_its_numbers(tmp_path):
+    report = bench_module("report")
+    results = tmp_path / "results"
+    results.mkdir()
+    measured = {"ms": 3.25, "tflops_per_s": 96.4, "speedup_vs_native": 1.31}
+    variant = measured | {"relative_error": {"out": 1e-3, "dq": 4e-3, "dk": 2e-3, "dv": 1e-3}}
+    result = {
+        "shape": {"B": 8, "S": 2048, "H": 16, "K": 8, "D": 128},
+        "variants": {"splash": variant, "splash-1024": {"error": "ValueError: VMEM | full"}},
+    }
+    data = {
+        "command": "python bench/tpu_attention.py --out x.json",
+        "device": "TPU v5 lite",
+        "jax": "0.10.2",
+        "iters": 20,
+        "warmup": 2,
+        "default_blocks": {"block_q": 512},
+        "results": {"documents": result},
+    }
+    (results / "tpu-attention-v5e.json").write_text(json.dumps(data))
+    doc = report.render(results, report.DOC)
+    assert "## Attention on a TPU (`bench/tpu_attention.py`, one chip)" in doc
+    assert "| B8 S2048 H16 K8 D128, documents | splash | 3.250 | 96.4 | 1.31x | 4.0e-03 |" in doc
+    assert "| splash-1024 | failed: ValueError: VMEM / full |" in doc

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -236,6 +237,20 @@ def test_conformance_compiles_each_reference_once_and_no_input_generator(monkeyp
     assert {r.status for r in results} == {"pass"}
     # two cases (one static scaling each) x (reference, native bf16, fused f32, fused bf16)
     assert len(compiled) == 8
+
+
+def test_programs_compile_once_per_shape_and_carry_lowering_errors():
+    square = jax.jit(lambda x: x * x)
+    vector = (jax.ShapeDtypeStruct((4,), jnp.float32),)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        programs = conformance._Programs(pool)
+        compiled = programs.submit(square, vector)
+        assert programs.submit(square, (jax.ShapeDtypeStruct((4,), jnp.float32),)) is compiled
+        assert programs.submit(square, (jax.ShapeDtypeStruct((8,), jnp.float32),)) is not compiled
+        np.testing.assert_array_equal(compiled.result()(jnp.arange(4.0)), [0.0, 1.0, 4.0, 9.0])
+        broken = programs.submit(jax.jit(lambda x: x.reshape(3)), vector)
+        with pytest.raises(TypeError, match="reshape"):
+            broken.result()  # raised where the provider's row is run: an ``error:`` row
 
 
 def _equations(jaxpr):

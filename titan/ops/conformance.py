@@ -19,11 +19,14 @@ Most of the check's time is compilation, so each compiles as little as it can: i
 NumPy (no random-number kernel per shape), and each provider's VJP is one jitted function per op
 and static arguments that takes every array as an argument, so XLA compiles it once per shape and
 dtype: the float32 reference serves both dtypes of a case, and cases of the same shapes (the
-attention cases that differ only in their segment ids) reuse each other's programs.
+attention cases that differ only in their segment ids) reuse each other's programs. Every program
+of the grid is lowered first and compiled on a thread pool (a thread per usable CPU), while the
+cases run in order as their programs become ready.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import statistics
@@ -35,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titan.cpus import usable_cpus
 from titan.errors import TitanError
 from titan.ops import registry
 from titan.shapes import RopeScaling
@@ -271,42 +275,119 @@ def _available(chosen: registry.Provider, backend: str, args: tuple, kwargs: dic
     return chosen.serves(backend, *args, **kwargs)
 
 
-def _check(case: Case, names: Sequence[str], backend: str) -> list[Result]:
-    """Every provider of ``names`` on ``case``, in each dtype of :data:`TOLERANCES`. The inputs
-    (NumPy, so no random-number kernel is compiled) and the cotangent are made once per case."""
+class _Programs:
+    """Compiles jitted functions on a thread pool (XLA compiles without holding the GIL, so the
+    programs of the whole grid compile side by side), each once per function and argument
+    shapes and dtypes; hands back futures of the executables. A function that fails to lower
+    gives a future that raises its error."""
+
+    def __init__(self, pool: concurrent.futures.Executor) -> None:
+        self._pool = pool
+        self._cache: dict[Any, concurrent.futures.Future] = {}
+
+    def submit(self, fn, inputs: tuple) -> concurrent.futures.Future:
+        leaves, tree = jax.tree.flatten(inputs)
+        key = (fn, tree, tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in leaves))
+        if key not in self._cache:
+            try:
+                lowered = fn.lower(*inputs)
+            except Exception as err:  # noqa: BLE001 - reported on the provider's row
+                failed: concurrent.futures.Future = concurrent.futures.Future()
+                failed.set_exception(err)
+                self._cache[key] = failed
+            else:
+                self._cache[key] = self._pool.submit(lowered.compile)
+        return self._cache[key]
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """One case with its programs compiling: the NumPy inputs and, per row, the future of the
+    program that computes it (None: skipped, or the float32 reference itself)."""
+
+    case: Case
+    built: tuple
+    kwargs: dict
+    cotangent: np.ndarray
+    reference: concurrent.futures.Future
+    rows: list[tuple[Result, concurrent.futures.Future | None]]
+
+
+def _abstract(arrays: tuple, dtype: str) -> tuple:
+    """Shapes and dtypes of ``arrays`` with the floating-point ones in ``dtype``."""
+    return tuple(
+        jax.ShapeDtypeStruct(a.shape, jnp.dtype(dtype) if _floating(a) else a.dtype) for a in arrays
+    )
+
+
+def _prepare(case: Case, names: Sequence[str], backend: str, programs: _Programs) -> _Prepared:
+    """Make the inputs of ``case`` (NumPy, so no random-number kernel is compiled) and its
+    cotangent, and submit the programs of every provider of ``names`` in each dtype of
+    :data:`TOLERANCES`."""
     built, kwargs = case.build(np.random.default_rng(0))
-    # device_put, not jnp.asarray: the latter compiles a copy per shape
-    arrays = {name: jax.device_put(v) for name, v in kwargs.items() if isinstance(v, np.ndarray)}
-    static = tuple((name, v) for name, v in kwargs.items() if name not in arrays)
+    static = tuple((k, v) for k, v in kwargs.items() if not isinstance(v, np.ndarray))
+    arrays = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+        for k, v in kwargs.items()
+        if k not in dict(static)
+    }
     native = registry.provider(case.op, registry.NATIVE)
     ref_fn = _vjp_fn(registry.load(native.impl), case.diff, static)
     out_shape = jax.eval_shape(lambda *a: native.run(*a, **kwargs), *built).shape
-    cotangent = jax.device_put(np.random.default_rng(1).standard_normal(out_shape, np.float32))
-    results = []
+    cotangent = np.random.default_rng(1).standard_normal(out_shape, np.float32)
+    cotangent_shape = jax.ShapeDtypeStruct(out_shape, np.float32)
+    reference = programs.submit(ref_fn, (_abstract(built, "float32"), arrays, cotangent_shape))
+    rows: list[tuple[Result, concurrent.futures.Future | None]] = []
     for dtype in TOLERANCES:
-        rounded = tuple(a.astype(jnp.dtype(dtype)) if _floating(a) else a for a in built)
-        upcast = tuple(a.astype(np.float32) if _floating(a) else a for a in rounded)
-        ref_inputs = (jax.device_put(upcast), arrays, cotangent)
-        inputs = (jax.device_put(rounded), arrays, cotangent)
-        ref = ref_fn(*ref_inputs)
+        inputs = (_abstract(built, dtype), arrays, cotangent_shape)
         for name in names:
             row = Result(case.op, name, dtype, case.shape, "pass")
-            results.append(row)
             chosen = registry.provider(case.op, name)
             answer = _available(chosen, backend, inputs[0], kwargs)
             if not answer:
                 row.status = f"skipped: {getattr(answer, 'reason', 'cannot serve this case')}"
+                rows.append((row, None))
+            elif name == registry.NATIVE and dtype == "float32":
+                rows.append((row, None))  # the reference itself
+            else:
+                fn = _vjp_fn(registry.load(chosen.impl), case.diff, static)
+                rows.append((row, programs.submit(fn, inputs)))
+    return _Prepared(case, built, kwargs, cotangent, reference, rows)
+
+
+def _run(prepared: _Prepared, backend: str) -> list[Result]:
+    """Run the programs of a prepared case against its reference; on accelerators time them."""
+    # device_put, not jnp.asarray: the latter compiles a copy per shape
+    arrays = {k: jax.device_put(v) for k, v in prepared.kwargs.items() if isinstance(v, np.ndarray)}
+    cotangent = jax.device_put(prepared.cotangent)
+    reference = prepared.reference.result()
+    for dtype in TOLERANCES:
+        rounded = tuple(a.astype(jnp.dtype(dtype)) if _floating(a) else a for a in prepared.built)
+        upcast = tuple(a.astype(np.float32) if _floating(a) else a for a in rounded)
+        ref_inputs = (jax.device_put(upcast), arrays, cotangent)
+        inputs = (jax.device_put(rounded), arrays, cotangent)
+        ref = reference(*ref_inputs)
+        rows = [(row, program) for row, program in prepared.rows if row.dtype == dtype]
+        for row, program in rows:
+            if not row.ran:
                 continue
-            reference_run = name == registry.NATIVE and dtype == "float32"
-            fn = ref_fn if reference_run else _vjp_fn(registry.load(chosen.impl), case.diff, static)
-            _compare(row, fn, inputs, ref, reference_run)
-            if backend != "cpu" and row.fwd_rel is not None:  # ran, and did not crash
-                row.time_ms = _median_ms(fn, inputs)
-        timed = {r.provider: r.time_ms for r in results if r.dtype == dtype and r.time_ms}
-        for row in results:
-            if row.dtype == dtype and row.time_ms and timed.get(registry.NATIVE):
-                row.time_vs_native = row.time_ms / timed[registry.NATIVE]
-    return results
+            if program is None:  # the reference itself
+                executable, args, got = reference, ref_inputs, ref
+            else:
+                try:
+                    executable, args = program.result(), inputs
+                    got = executable(*inputs)
+                except Exception as err:  # noqa: BLE001 - a provider crash is a reported failure
+                    row.status = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+                    continue
+            _compare(row, got, ref)
+            if backend != "cpu":
+                row.time_ms = _median_ms(executable, args)
+        native_ms = next((r.time_ms for r, _ in rows if r.provider == registry.NATIVE), None)
+        for row, _ in rows:
+            if row.time_ms and native_ms:
+                row.time_vs_native = row.time_ms / native_ms
+    return [row for row, _ in prepared.rows]
 
 
 def _floating(array: np.ndarray) -> bool:
@@ -314,14 +395,9 @@ def _floating(array: np.ndarray) -> bool:
     return bool(jnp.issubdtype(array.dtype, jnp.floating))
 
 
-def _compare(row: Result, fn, inputs: tuple, ref: tuple, reference_run: bool) -> None:
-    """Run ``fn`` (unless it is the reference, ``ref``) and record its errors and status."""
-    try:
-        out, grads = ref if reference_run else fn(*inputs)
-    except Exception as err:  # noqa: BLE001 - a provider crash is a reported failure
-        row.status = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
-        return
-    ref_out, ref_grads = ref
+def _compare(row: Result, got: tuple, ref: tuple) -> None:
+    """Record the errors of ``got`` = (output, gradients) against ``ref`` and the status."""
+    (out, grads), (ref_out, ref_grads) = got, ref
     row.fwd_abs, row.fwd_rel = _errors(out, ref_out)
     grad_errors = [_errors(g, r) for g, r in zip(grads, ref_grads, strict=True)]
     row.bwd_abs = max(e[0] for e in grad_errors)
@@ -376,12 +452,19 @@ def run_checks(
     results = []
     chosen = [case for case in cases(backend) if case.op in ops]
     report = progress or (lambda done, total, case: None)
-    with jax.default_matmul_precision("float32"):
-        for done, case in enumerate(chosen):
-            report(done, len(chosen), f"{case.op} {case.shape}")
+    with (
+        jax.default_matmul_precision("float32"),
+        concurrent.futures.ThreadPoolExecutor(usable_cpus()) as pool,
+    ):
+        programs = _Programs(pool)
+        prepared = []
+        for case in chosen:
             names = [p.name for p in registry.providers(case.op)]
             if provider is not None:
                 names = [n for n in names if n in (registry.NATIVE, provider)]
-            results.extend(_check(case, names, backend))
+            prepared.append(_prepare(case, names, backend, programs))
+        for done, case_ in enumerate(prepared):
+            report(done, len(chosen), f"{case_.case.op} {case_.case.shape}")
+            results.extend(_run(case_, backend))
     report(len(chosen), len(chosen), "")
     return results

@@ -149,13 +149,13 @@ def attention(
     interpret = interprets(jax.default_backend()) is True
     kernel = _kernel(heads, seq_len, causal, sliding_window, blocks.fit(seq_len), interpret)
     scaled = q * jnp.asarray(head_dim**-0.5, q.dtype)
-    per_row = (jnp.swapaxes(x, 1, 2) for x in (scaled, k, v))  # (B, heads, S, D)
-    if segment_ids is None:
-        out = jax.vmap(kernel)(*per_row)
-    else:
-        ids = splash.SegmentIds(q=segment_ids, kv=segment_ids)
-        out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=ids))(*per_row, ids)
-    return jnp.swapaxes(out, 1, 2)
+    q_t, k_t, v_t = (jnp.swapaxes(x, 1, 2) for x in (scaled, k, v))  # (B, heads, S, D)
+    ids = None if segment_ids is None else splash.SegmentIds(q=segment_ids, kv=segment_ids)
+
+    def one_row(q, k, v, ids) -> Any:  # (heads, S, D) each; the kernel returns the output only
+        return kernel(q, k, v, segment_ids=ids)
+
+    return jnp.swapaxes(jax.vmap(one_row)(q_t, k_t, v_t, ids), 1, 2)
 
 
 def _kernel(
