@@ -555,6 +555,26 @@ def test_summarize_prints_hostile_names_and_statuses_inert(tmp_path, capsys):
     assert ESC not in out and "\\x1b]52" in out
 
 
+@pytest.mark.parametrize(
+    "kind", ["[/bogus]", "[link=https://evil.example/k]measured[/link]", "[bold red]measured"]
+)
+def test_a_peak_kind_holding_markup_is_shown_as_written_in_the_caption(
+    tmp_path, capsys, monkeypatch, kind
+):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "run_start":
+            e["env"] = {"device_kinds": ["cpu"], "device_count": 1}
+        if e["type"] == "step":
+            e["mfu"] = {"causal": 0.3, "peak_flops": 1e15, "peak_kind": kind}
+    write_run(tmp_path, "marked", events)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a terminal: links and styles would be sent
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["summarize", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"({kind})" in out and "\x1b]8;" not in out and "\x1b[1;31m" not in out
+
+
 def test_summarize_error_naming_a_hostile_run_is_inert(tmp_path, capsys):
     write_run(tmp_path, "plain", crash_then_resume())
     assert main(["summarize", str(tmp_path), "--run", HOSTILE_ID]) == 2

@@ -65,7 +65,7 @@ def fitted_table(
     columns: Sequence[Column],
     rows: Sequence[Sequence[Any]],
     width: int | None,
-    caption: str = "",
+    caption: str | Text = "",
     **table_args: Any,
 ) -> tuple[Table, int]:
     """A Rich table of the ``columns`` (and the cells of ``rows``, one per column) that fit in
@@ -73,7 +73,9 @@ def fitted_table(
     the width it needs (to print it uncropped).
 
     Args:
-        caption: the table's caption; a note of the columns left out is added to it.
+        caption: the table's caption (a string is Rich markup; record text comes as a
+            :class:`rich.text.Text`, shown as written); a note of the columns left out is
+            added to it.
         table_args: passed to :class:`rich.table.Table` (title, box, ...).
     """
     widths = [_width(c, [row[i] for row in rows]) + COLUMN_CHROME for i, c in enumerate(columns)]
@@ -85,7 +87,8 @@ def fitted_table(
     hidden = [c.name for i, c in enumerate(columns) if i not in kept]
     if hidden:
         note = f"left out at {width} columns: {', '.join(hidden)} (--wide shows all)"
-        caption = f"{caption}\n{note}" if caption else note
+        shown = Text.from_markup(caption) if isinstance(caption, str) else caption
+        caption = Text.assemble(shown, "\n", note) if caption else note
     table = Table(caption=caption or None, **table_args)
     for i in sorted(kept):
         c = columns[i]
