@@ -1,16 +1,22 @@
-"""The stall watchdog: allowances per phase (fake clock), its thread, and a stall end to end."""
+"""The stall watchdog: allowances per phase (fake clock), its thread, a stall end to end, and
+the hang timer that ends a process stuck holding the GIL."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from helpers import events, run_in_process, start_subprocess
 
+from titan.analysis.liveness import DEAD, RecordFacts, judge
 from titan.config import TrainConfig, validate_train_config
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STALL
+from titan.telemetry.heartbeat import hang_stacks_path, read_beats
 from titan.telemetry.watchdog import LONG_PHASE_MIN_S, Watchdog
 from titan.trainer.checkpoint import Checkpointer
 
@@ -136,3 +142,63 @@ def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_optio
     assert code == 0
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
     assert [e["step"] for e in events(run_dir, "step")][-2:] == [3, 4]
+
+
+HANG_SCRIPT = """
+import ctypes, sys
+from pathlib import Path
+from titan.config import ObservabilityOptions
+from titan.telemetry.records import RunRecord
+from titan.trainer.processes import Heartbeat
+from titan.trainer.stall_hook import StallHook
+
+run_dir = Path(sys.argv[1])
+record, heartbeat = RunRecord(run_dir, "hang"), Heartbeat(run_dir)
+hook = StallHook(ObservabilityOptions(watchdog_floor=1.0), record, None)
+hook.attach(record, heartbeat, None)
+hook.on_start()
+for _ in range(3):
+    hook.watchdog.step_done(0.01)
+hook.on_phase("step", 5)
+print("holding", flush=True)
+ctypes.PyDLL(None).sleep(120)  # a C call through PyDLL keeps the GIL: no Python thread runs
+"""
+
+
+def test_a_step_that_hangs_holding_the_gil_ends_within_its_allowance_and_says_why(
+    tmp_path: Path,
+):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
+        held = time.monotonic()
+        # allowance: max(floor 1 s, 10 x 0.01 s) + heartbeat allowance of a 1 s floor (3 s)
+        assert proc.wait(timeout=30) == 1
+        assert time.monotonic() - held < 4.0 + 10.0
+    finally:
+        proc.kill()
+        proc.wait()
+    stacks = hang_stacks_path(tmp_path, 0).read_text()
+    assert stacks.startswith("Timeout (0:00:04)!") and 'File "<string>", line 18' in stacks
+    process = read_beats(tmp_path)[0].id
+    liveness = judge(tmp_path, RecordFacts(started=True, process=process))
+    assert liveness.state == DEAD
+    assert liveness.reason == (
+        f"{process.name()} hung with no Python thread running (the GIL held) and its hang timer "
+        "ended it after 0:00:04; every thread's stack is in processes/0.stacks"
+    )
+
+
+def test_a_stall_the_watchdog_thread_sees_stops_the_hang_timer(tmp_path: Path):
+    watchdog, clock = _watchdog(floor_s=2.0)
+    with open(tmp_path / "stacks", "w") as stacks:
+        watchdog.arm_hang_timer(stacks, 0.5)
+        watchdog.step_done(0.1)
+        watchdog.enter("step", 1)  # armed for 2.5 s
+        clock.now += 3.0
+        assert watchdog.check() is not None  # Python code runs: no hang, the timer is cancelled
+        time.sleep(3.0)
+        watchdog.stop()
+    assert (tmp_path / "stacks").read_text() == ""

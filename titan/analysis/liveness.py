@@ -27,6 +27,8 @@ rule that applies giving the state:
    modification time: a clock set ahead does not keep it alive). A dead run says when it was
    last seen alive (the newest heartbeat or event) and why, naming the lost process (host, pid,
    process id).
+   A process of this host that its hang timer ended (``processes/<id>.stacks`` holds its
+   dump: it hung holding the GIL, :mod:`titan.telemetry.watchdog`) is dead for that reason.
    A run whose record holds no ``run_end`` and names no live process, but whose heartbeat
    files all hold their process's end (a record cut short or damaged), takes the status of
    process 0's heartbeat.
@@ -62,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,8 +78,10 @@ from titan.telemetry.heartbeat import (
     HEARTBEAT_TIMEOUT_S,
     ProcessBeat,
     ProcessId,
+    hang_stacks_path,
     heartbeat_allowance_s,
     read_beats,
+    read_hang,
     read_small_json,
 )
 from titan.telemetry.records import EVENTS_FILE
@@ -220,7 +225,9 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
         if not facts.started and leader is not None and lost == leader:
             reason = "exited before run_start" + _stderr_reason(run_dir)
             return Liveness(FAILED, reason, last_seen, lost, None, ended, beats, allowance)
-        return Liveness(DEAD, why, last_seen, lost, None, ended, beats, allowance)
+        return Liveness(
+            DEAD, _hung(run_dir, lost) or why, last_seen, lost, None, ended, beats, allowance
+        )
     if not known and beats:  # every heartbeat holds its process's end, and none is running
         status = beats[0].status
         reason = f"the record holds no run_end; the heartbeat of process 0 says {status}"
@@ -242,6 +249,21 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
     else:
         state, reason = (RUNNING if facts.started else STARTING), ""
     return Liveness(state, reason, last_seen, None, control, no_control, beats, allowance)
+
+
+def _hung(run_dir: Path, process: ProcessId) -> str:
+    """Why ``process`` is gone when its hang timer ended it (it hung holding the GIL:
+    :meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`), or "" when it did not."""
+    dump = read_hang(run_dir, process.process)
+    if dump is None:
+        return ""
+    timeout = re.fullmatch(r"Timeout \(([0-9:.]+)\)!", dump)
+    after = f" after {timeout.group(1)}" if timeout else ""
+    stacks = hang_stacks_path(run_dir, process.process).relative_to(run_dir)
+    return (
+        f"{process.name()} hung with no Python thread running (the GIL held) and its hang "
+        f"timer ended it{after}; every thread's stack is in {stacks}"
+    )
 
 
 def _silence(process: ProcessId, age_s: float, allowance_s: float) -> str:

@@ -175,6 +175,24 @@ class ProcessBeat:
         return cls(identity, count, step, float(beat), status if isinstance(status, str) else "?")
 
 
+def hang_stacks_path(run_dir: Path, process: int) -> Path:
+    """``processes/<id>.stacks``: where a process's hang timer
+    (:meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`) writes every thread's stack
+    before it ends the process; empty (or absent) unless that happened."""
+    return Path(run_dir) / PROCESSES_DIR / f"{process}.stacks"
+
+
+def read_hang(run_dir: Path, process: int) -> str | None:
+    """The first line of a process's hang dump (faulthandler's ``Timeout (0:00:05)!``), or
+    None when its hang timer never fired."""
+    try:
+        with open_regular(hang_stacks_path(run_dir, process)) as f:
+            first = f.read(256).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return first or None
+
+
 def read_beats(run_dir: Path) -> list[ProcessBeat]:
     """The heartbeat files of a run, by process index (files that are not one are skipped)."""
     beats = []

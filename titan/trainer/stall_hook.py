@@ -8,10 +8,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from pathlib import Path
+from typing import TextIO
 
 from titan.config import ObservabilityOptions
 from titan.exit_codes import EXIT_STALL
 from titan.telemetry.events import RunEnd, Step
+from titan.telemetry.heartbeat import hang_stacks_path, heartbeat_allowance_s
 from titan.telemetry.records import RunRecord
 from titan.telemetry.watchdog import Stall, Watchdog
 from titan.trainer.checkpoint import Checkpointer
@@ -42,11 +45,19 @@ class StallHook(Hook):
         self.checkpointer = checkpointer
         self.heartbeat: Heartbeat | None = None
         self.loop: TrainLoop | None = None
+        self.stacks: TextIO | None = None
+        self.grace_s = heartbeat_allowance_s(options.watchdog_floor)
 
     def attach(self, record: RunRecord, heartbeat: Heartbeat, loop: TrainLoop) -> None:
         """From now on record stalls in ``record``, tell ``heartbeat`` and save ``loop``'s
-        state on an abort."""
+        state on an abort; and end the process, its stacks written to
+        ``processes/<id>.stacks``, when it hangs holding the GIL for its phase's allowance plus
+        the heartbeat allowance (:meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`)."""
         self.record, self.heartbeat, self.loop = record, heartbeat, loop
+        self.stacks = open(  # noqa: SIM115 - open until close(): the timer writes to it
+            hang_stacks_path(record.run_dir, heartbeat.fields["process"]), "w"
+        )
+        self.watchdog.arm_hang_timer(self.stacks, self.grace_s)
 
     def on_start(self) -> None:
         self.watchdog.start()
@@ -58,7 +69,12 @@ class StallHook(Hook):
         self.watchdog.step_done(reading.step_time_s)
 
     def close(self) -> None:
+        """Stop the watchdog and its hang timer; the stacks file, empty (no hang), is removed."""
         self.watchdog.stop()
+        if self.stacks is not None:
+            self.stacks.close()
+            Path(self.stacks.name).unlink(missing_ok=True)
+            self.stacks = None
 
     def on_stall(self, stall: Stall) -> None:
         """Record a stall (on the watchdog thread, while the main thread is stuck); with
