@@ -1,4 +1,5 @@
-"""``titan launch``'s children never outlive it; it refuses more processes than the host holds."""
+"""``titan launch``'s children never outlive it; it refuses more processes than the host holds;
+inside a SLURM step each child still owns every GPU it is given."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from helpers import cli_args, small_run
 
 from titan import cli_command
 from titan.cli import main
-from titan.launch.local import PROCESSES_PER_CPU, Forwarder, max_processes, supervise
+from titan.launch.local import (
+    PROCESSES_PER_CPU,
+    Forwarder,
+    child_envs,
+    max_processes,
+    supervise,
+)
 
 
 def test_launch_refuses_more_processes_than_the_host_holds(capsys):
@@ -182,3 +189,58 @@ def test_children_run_the_installed_titan_from_a_directory_that_shadows_it(
     done = subprocess.run(cli_command("--version"), capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("titan ")
+
+
+def _devices_jax_gives(env: dict[str, str], process: int, monkeypatch) -> list[str]:
+    """The GPUs a child with ``env`` may use once ``jax.distributed.initialize`` has run with the
+    launcher's flags: its ``CUDA_VISIBLE_DEVICES`` narrowed to the ``local_device_ids`` JAX takes
+    from ``JAX_LOCAL_DEVICE_IDS`` or its cluster detection (JAX's own code, stopped before it
+    connects)."""
+    from jax._src import distributed
+
+    class Joined(Exception):
+        pass
+
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "JAX_", "CUDA_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    chosen: dict[str, str] = {}
+
+    class Config:
+        def update(self, name: str, value: str) -> None:
+            chosen[name] = value
+
+    def connect(*args, **kwargs):
+        raise Joined
+
+    monkeypatch.setattr(distributed, "config", Config())
+    monkeypatch.setattr(distributed._jax, "get_distributed_runtime_service", connect)
+    monkeypatch.setattr(distributed._jax, "get_distributed_runtime_client", connect)
+    with contextlib.suppress(Joined):
+        distributed.State().initialize("127.0.0.1:1234", 2, process)
+    gpus = env["CUDA_VISIBLE_DEVICES"].split(",")
+    ids = chosen.get("jax_cuda_visible_devices")
+    return (
+        [gpus[int(i)] if int(i) < len(gpus) else f"none ({i})" for i in ids.split(",")]
+        if ids
+        else gpus
+    )
+
+
+@pytest.mark.parametrize("local_id", ["0", "3"])
+def test_children_inside_a_slurm_step_own_every_gpu_they_are_given(monkeypatch, local_id):
+    step = {  # an `srun --pty bash` step of one task on a node of 4 GPUs
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_NODELIST": "node7",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": local_id,
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "PATH": os.environ["PATH"],
+    }
+    envs = child_envs(2, None, "gpu", step)
+    owned = [_devices_jax_gives(env, i, monkeypatch) for i, env in enumerate(envs)]
+    assert owned == [["0", "1"], ["2", "3"]]
+    assert not [n for env in envs for n in env if n.startswith("SLURM_")]

@@ -9,6 +9,14 @@ with:
   ``--xla_force_host_platform_device_count`` taken out of ``XLA_FLAGS`` (it would override it).
 - GPU: ``CUDA_VISIBLE_DEVICES``, consecutive GPUs per process.
 
+Each child is told that all the devices it is given are its own: ``JAX_LOCAL_DEVICE_IDS``
+(read by ``jax.distributed.initialize`` as its ``local_device_ids``) lists them, so JAX's cluster
+detection fills nothing in. And a child does not inherit the variables of a managed launch the
+launcher may run inside (:data:`MANAGED_LAUNCH_PREFIXES`: an ``srun`` step's ``SLURM_*``, Open
+MPI's ``OMPI_*``, PMI's): they describe the launcher's task, not the child's; under them JAX
+would narrow a child's devices to ``[SLURM_LOCALID]`` (one GPU of its share, or one it cannot
+see).
+
 SIGTERM, SIGINT and SIGHUP are forwarded to every child (each one's run then stops after the
 same step as the others), from before the first child starts (:class:`Forwarder`); children
 still running :data:`STOP_GRACE_S` after the first, or at a second one, get SIGKILL (a child
@@ -67,6 +75,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # The train flags each child gets from the launcher (:func:`child_command`).
 LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id")
 _FORCE_DEVICES = re.compile(r"--xla_force_host_platform_device_count=\S*")
+# The variables of a managed launch (SLURM, Open MPI, PMI/PMIx) that say which task of which
+# job a process is; JAX's cluster detection (jax/_src/clusters/) reads SLURM's and Open MPI's.
+MANAGED_LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_")
 
 
 def free_port() -> int:
@@ -111,12 +122,19 @@ def child_envs(
         )
     if devices_per_process is not None and devices_per_process < 1:
         raise TitanError(f"--devices-per-process {devices_per_process}: must be at least 1")
-    base = {**env, "PYTHONUNBUFFERED": "1"}
+    base = {k: v for k, v in env.items() if not k.startswith(MANAGED_LAUNCH_PREFIXES)}
+    base["PYTHONUNBUFFERED"] = "1"
     if platform == "cpu":
         flags = _FORCE_DEVICES.sub("", env.get("XLA_FLAGS", "")).strip()
-        per = str(devices_per_process or 1)
+        per = devices_per_process or 1
         return [
-            {**base, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": per}
+            {
+                **base,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": flags,
+                "JAX_NUM_CPU_DEVICES": str(per),
+                "JAX_LOCAL_DEVICE_IDS": _ids(per),
+            }
             for _ in range(processes)
         ]
     gpus = visible_gpus(env)
@@ -127,9 +145,18 @@ def child_envs(
             f"{processes * max(per_gpu, 1)} GPUs, {len(gpus)} visible"
         )
     return [
-        {**base, "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_gpu : (i + 1) * per_gpu])}
+        {
+            **base,
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_gpu : (i + 1) * per_gpu]),
+            "JAX_LOCAL_DEVICE_IDS": _ids(per_gpu),
+        }
         for i in range(processes)
     ]
+
+
+def _ids(count: int) -> str:
+    """``0,1,...,count-1``: every device a child is given (its ordinals among them)."""
+    return ",".join(str(i) for i in range(count))
 
 
 def max_processes() -> int:
