@@ -885,31 +885,37 @@ _TOO_MANY_PIECES = re.compile(r"Vocabulary size too high \(\d+\).*<= (\d+)")
 _TOO_FEW_PIECES = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
 
 
-def _training_error(message: str, vocab_size: int) -> str:
+def _training_error(message: str, vocab_size: int, source: str) -> str:
     """The one line for a sentencepiece training failure, without its source location and
     check: a vocabulary larger than the corpus yields names the largest that it does, one
     smaller than its characters and the special tokens need names the smallest (sentencepiece's
-    own advice names its options, not Titan's)."""
+    own advice names its options, not Titan's). ``source`` names the option that set
+    ``vocab_size`` (``--vocab-size ``, ``--model vocab_size=``)."""
     reason = _SENTENCEPIECE_CHECK.sub("", message.strip().splitlines()[-1])
     if most := _TOO_MANY_PIECES.search(reason):
         return (
-            f"--vocab-size {vocab_size} is more pieces than --data yields: "
+            f"{source}{vocab_size} is more pieces than --data yields: "
             f"set it to {most[1]} or less, or give more text"
         )
     if least := _TOO_FEW_PIECES.search(reason):
         return (
-            f"--vocab-size {vocab_size} is fewer pieces than the characters of --data and the "
+            f"{source}{vocab_size} is fewer pieces than the characters of --data and the "
             f"special tokens need: set it to {least[1]} or more"
         )
-    return f"--vocab-size {vocab_size} cannot be trained on --data: {reason}"
+    return f"{source}{vocab_size} cannot be trained on --data: {reason}"
 
 
 def train_tokenizer(
-    corpus: Documents, vocab_size: int, progress: Callable[[int], None] | None = None
+    corpus: Documents,
+    vocab_size: int,
+    progress: Callable[[int], None] | None = None,
+    source: str = "--vocab-size ",
 ) -> Tokenizer:
     """Train (or take from the cache) a BPE tokenizer of ``vocab_size`` pieces on ``corpus``.
 
     Args:
+        source: the option that set ``vocab_size``, as its errors name it
+            (:func:`titan.config.trained_vocab_source`).
         progress: called with the sample lines handed to the trainer so far, from inside its
             native call (a stop signal checked there; sentencepiece reports what it raises as
             a ``RuntimeError``, so the caller looks at its stop flag first).
@@ -937,7 +943,7 @@ def train_tokenizer(
             **TRAINER_SETTINGS,
         )
     except RuntimeError as err:
-        raise TitanError(_training_error(str(err), vocab_size)) from None
+        raise TitanError(_training_error(str(err), vocab_size, source)) from None
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     with naming(tmp), open(tmp, "wb") as out:  # whole or not at all: written, fsynced, renamed
         out.write(model.getvalue())

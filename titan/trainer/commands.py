@@ -17,6 +17,7 @@ from titan.config import (
     TrainConfig,
     check_typed_shape,
     check_vocab_size_unused,
+    custom_vocab_options,
     option_fields,
 )
 from titan.config_files import config_to_toml, read_config_file
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     typed = args.vocab_size is not None  # on the command line, not from --config
     check_vocab_size_unused(explicit.get("tokenizer", ""), explicit.get("vocab_size"), typed)
     options = init_from_options(explicit)  # a typed shape checked against --init-from's there
+    if not args.resume and not options.get("init_from"):
+        options = custom_vocab_options(options, typed)
     if args.preset is not None and not (args.resume or explicit.get("init_from")):
         check_typed_shape(args.preset, TrainConfig.of(**options).model)  # typed: --preset, --model
     if args.print_config:
