@@ -218,6 +218,11 @@ SMALL = "d_model=32,n_layers=1,n_heads=2,n_kv_heads=1,ffn_dim=64"
             "vocab_size is the vocabulary trained on --data",
         ),
         (
+            ["--model", SMALL + ",vocab_size=32003", "--vocab-size", "512", "--tp", "4"],
+            "--vocab-size 512 and --model vocab_size=32003 disagree",
+        ),
+        (["--images", "digits"], "--images does not apply to --task lm (only --task diffusion"),
+        (
             ["--model", SMALL + ",vocab_size=32003", "--tp", "2", "--batch-size", "8"],
             "--tp 2 does not divide --model vocab_size=32003 (the embedding's rows are split",
         ),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, dataclass_transform
 
@@ -1473,16 +1473,36 @@ def check_task_options(cfg: TrainConfig) -> None:
     flat = cfg.flat()
     sections = {name: cls() for name, cls in SECTIONS.items()}
     defaults = {o.name: getattr(sections[o.section], o.field.name) for o in option_fields()}
-    names: tuple[str, ...]
-    if cfg.model.task == "diffusion":
-        names = LM_ONLY_OPTIONS
-        reason = "--task diffusion (it reads --images, each one sequence of its patches)"
-    else:
-        names = tuple(o.name for o in option_fields() if o.section == "diffusion")
-        reason = f"--task {cfg.model.task} (only --task diffusion reads it)"
+    names, reason = _other_task_options(cfg.model.task)
     for name in names:
         if flat[name] != defaults[name]:
             raise TitanError(f"{flag_of(name)} does not apply to {reason}")
+
+
+def check_typed_task_options(task: str, typed: Iterable[str]) -> None:
+    """Refuse an option of the other task typed on the command line (``typed``: flat names),
+    at its default value too (``--images digits`` for a language model):
+    :func:`check_task_options` sees only values away from the default, from any source (a
+    config file that ``--print-config`` wrote holds every option).
+
+    Raises:
+        TitanError: as :func:`check_task_options`.
+    """
+    names, reason = _other_task_options(task)
+    for name in names:
+        if name in typed:
+            raise TitanError(f"{flag_of(name)} does not apply to {reason}")
+
+
+def _other_task_options(task: str) -> tuple[tuple[str, ...], str]:
+    """The options that ``--task`` ``task`` does not read, and why, as its errors say it."""
+    if task == "diffusion":
+        return (
+            LM_ONLY_OPTIONS,
+            "--task diffusion (it reads --images, each one sequence of its patches)",
+        )
+    names = tuple(o.name for o in option_fields() if o.section == "diffusion")
+    return names, f"--task {task} (only --task diffusion reads it)"
 
 
 def model_config(shape: ModelConfig, tokenizer_vocab: int, tokenizer: str = "") -> ModelConfig:
