@@ -25,16 +25,18 @@ the signal). Children never outlive the launcher: each starts
 with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux (the kernel kills it when the launcher dies,
 even by SIGKILL), and the launcher kills any child still running when it returns or raises.
 ``--processes`` is at most :data:`PROCESSES_PER_CPU` per CPU this process may run on
-(``os.sched_getaffinity``). Each line a child prints comes out prefixed ``[I]``. When a child
-fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) while others
-run, a line names it and its code (ahead of what the others print as they stop), and they are
-sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a collective
-for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
-child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over completion; a
-child killed by signal S counts as 128 + S), of the children that ended by themselves: one the
-launcher stopped because another failed does not hide that failure's code. A child that dies of
-a signal by itself is said in one line, with the reason its native abort text gave; that text
-(a C++ exception's, a fatal log's stack trace) stays off the terminal (:mod:`titan.launch.aborts`).
+(``os.sched_getaffinity``). Each line a child prints comes out prefixed ``[I]``, on the
+launcher's stdout or stderr as the child printed it; the launcher's own lines go to stderr. When
+a child fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) while
+others run, a line names it and its code (ahead of what the others print as they stop), and they
+are sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a
+collective for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is
+the worst child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over
+completion; a child killed by signal S counts as 128 + S), of the children that ended by
+themselves: one the launcher stopped because another failed does not hide that failure's code. A
+child that dies of a signal by itself is said in one line, with the reason its native abort text
+gave; that text (a C++ exception's, a fatal log's stack trace) stays off the terminal
+(:mod:`titan.launch.aborts`).
 """
 
 from __future__ import annotations
@@ -173,7 +175,8 @@ def _die_with(parent_pid: int, prctl: Callable[..., int]) -> None:
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """One child, its output piped; on Linux it dies with this process (:func:`_die_with`)."""
+    """One child, its stdout and stderr piped apart; on Linux it dies with this process
+    (:func:`_die_with`)."""
     die_with = None
     if sys.platform == "linux":  # libc looked up before the fork: the child only calls it
         die_with = functools.partial(_die_with, os.getpid(), ctypes.CDLL(None).prctl)
@@ -181,7 +184,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
         command,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
         preexec_fn=die_with,
     )
@@ -223,20 +226,20 @@ def _relay(
     stream: TextIO,
     out: TextIO,
     lock: threading.Lock,
-    abort: AbortText,
+    abort: AbortText | None,
     tail: deque | None,
     all_logs: bool,
 ) -> None:
-    """Copy a child's lines to ``out`` as ``[index] line`` (gloo's only with ``all_logs``);
-    into ``tail`` instead (gloo's left out too) when its output is hidden (``tail`` is None when
-    it is shown). A
-    native abort's text is kept off the terminal: it is said in one line once the child is
-    dead."""
+    """Copy the lines of one of a child's streams to ``out`` (the launcher's stream of the same
+    kind) as ``[index] line`` (gloo's only with ``all_logs``); into ``tail`` instead, with
+    ``out``, (gloo's left out too) when its output is hidden (``tail`` is None when it is
+    shown). A native abort's text (on stderr: ``abort`` is None for stdout) is kept off the
+    terminal: it is said in one line once the child is dead."""
     for line in stream:
-        if abort.take(line) or (not all_logs and is_gloo(line)):
+        if (abort is not None and abort.take(line)) or (not all_logs and is_gloo(line)):
             continue
         if tail is not None:
-            tail.append(line)
+            tail.append((out, line))
         else:
             with lock:
                 out.write(f"[{index}] {line}")
@@ -354,30 +357,38 @@ def supervise(
     out: TextIO,
     all_logs: bool = False,
     forwarder: Forwarder | None = None,
+    err: TextIO | None = None,
 ) -> int:
-    """Relay the children's lines (process 0's, or every process's with ``all_logs``), forward
-    stop signals (through ``forwarder``, or one of its own over ``children``), wait; the worst
-    child's exit code."""
+    """Relay the children's lines (process 0's, or every process's with ``all_logs``): their
+    stdout to ``out``, their stderr to ``err`` (default: this process's stderr), which also gets
+    the launcher's own lines (a failed process, a death); forward stop signals (through
+    ``forwarder``, or one of its own over ``children``), wait; the worst child's exit code."""
+    err = err or sys.stderr
     forwarder = forwarder or Forwarder(children)
     lock = threading.Lock()
     aborts = [AbortText() for _ in children]
-    tails: list[deque[str] | None] = [
+    tails: list[deque[tuple[TextIO, str]] | None] = [
         None if all_logs or i == 0 else deque(maxlen=HIDDEN_TAIL_LINES)
         for i in range(len(children))
     ]
     relays = [
         threading.Thread(
-            target=_relay, args=(i, c.stdout, out, lock, aborts[i], tails[i], all_logs), daemon=True
+            target=_relay, args=(i, pipe, to, lock, abort, tails[i], all_logs), daemon=True
         )
         for i, c in enumerate(children)
+        for pipe, to, abort in (
+            (c.stdout, out, aborts[i] if c.stderr is None else None),  # None: stderr merged in
+            (c.stderr, err, aborts[i]),
+        )
+        if pipe is not None
     ]
     for relay in relays:
         relay.start()
 
     def say(line: str) -> None:
         with lock:
-            out.write(line)
-            out.flush()
+            err.write(line)
+            err.flush()
 
     with forwarder.installed():
         stopped = _wait(children, forwarder.kill_at, say)
@@ -385,11 +396,13 @@ def supervise(
         relay.join(timeout=5)
     for i, (child, tail) in enumerate(zip(children, tails, strict=True)):
         if tail and exit_code(child.returncode) not in (EXIT_OK, EXIT_STOPPED):
-            out.writelines(f"[{i}] {line}" for line in tail)
+            for stream, line in tail:
+                stream.write(f"[{i}] {line}")
         line = aborts[i].death_line(i, child.pid, child.returncode)
         if line and i not in stopped:
-            out.write(line)
+            err.write(line)
     out.flush()
+    err.flush()
     ended = [c for i, c in enumerate(children) if i not in stopped]
     return worst_exit_code(exit_code(c.returncode) for c in ended)
 
