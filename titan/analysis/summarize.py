@@ -86,6 +86,7 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -100,6 +101,7 @@ from titan.analysis.sql import insert_rows
 from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line, first_line
 from titan.formatting import peak_label
+from titan.inert import inert
 from titan.progress_bar import progress_bar
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json, without_lone_surrogates
 from titan.telemetry.events import (
@@ -420,10 +422,46 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
             f"({err.strerror or err}); set $TITAN_CACHE to a folder you can write"
         ) from None
     except duckdb.Error as err:
-        raise database_error(path, err) from None
+        if read_only or "Could not set lock" in str(err) or not path.is_file():
+            raise database_error(path, err) from None
+        con = _built_again(path, err)
     if not read_only:
         with guarded(path, con):
             _create_tables(con)
+    return con
+
+
+def _built_again(path: Path, err: duckdb.Error) -> duckdb.DuckDBPyConnection:
+    """A new database in place of the file ``path`` that DuckDB could not open (``err``: junk,
+    a file of another DuckDB storage version, a damaged header): the file (and its write-ahead
+    log) set aside as ``<name>.unreadable``, said in one line on stderr. The database only
+    summarises the run records, from which the caller fills it again.
+
+    Raises:
+        TitanError: the file cannot be set aside, or the new database cannot be opened.
+    """
+    aside = path.with_name(path.name + ".unreadable")
+    try:
+        path.replace(aside)
+        wal = path.with_name(path.name + ".wal")
+        if wal.exists():
+            wal.replace(aside.with_name(aside.name + ".wal"))
+        con = _connect_waiting(path, read_only=False)
+    except OSError as moved:
+        raise TitanError(
+            f"{path}: {first_line(err)}; it cannot be set aside to be built again "
+            f"({moved.strerror or moved})"
+        ) from None
+    except duckdb.Error as again:
+        raise database_error(path, again) from None
+    print(
+        inert(
+            f"titan: {path} could not be read ({first_line(err)}): set aside as {aside.name}; "
+            "built again from the run records"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
     return con
 
 
