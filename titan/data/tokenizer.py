@@ -641,6 +641,7 @@ def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
                 f"--tokenizer {path} names no {name} token of its vocabulary "
                 "(tokenizer_config.json beside it, or its post_processor template)"
             )
+    _say_broken_added_tokens(path, tok)
     before, after = _template_specials(spec.get("post_processor") or {})
     return _envelope(
         {
@@ -651,6 +652,39 @@ def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
             **_rules(config, before is not None, after is not None, path),
             **_end_ids(end_ids),
         }
+    )
+
+
+def broken_added_tokens(tok: hf_tokenizers.Tokenizer) -> list[tuple[str, str]]:
+    """The added tokens (``added_tokens``, special ones aside) of a Hugging Face tokenizer that
+    do not decode back to their text, each with what it decodes to: ``("Ö", "�")`` for a token
+    outside a ``ByteLevel`` decoder's alphabet, whose content the decoder reads as byte
+    characters. Text holding one is encoded to its id, then read back wrong."""
+    added = [t.content for t in tok.get_added_tokens_decoder().values() if not t.special]
+    if not added:
+        return []
+    ids = [e.ids for e in tok.encode_batch(added, add_special_tokens=False)]
+    decoded = tok.decode_batch(ids, skip_special_tokens=False)
+    return [(text, back) for text, back in zip(added, decoded, strict=True) if back != text]
+
+
+def _say_broken_added_tokens(path: Path, tok: hf_tokenizers.Tokenizer) -> None:
+    """One line on stderr naming the added tokens of ``tok`` that do not round-trip
+    (:func:`broken_added_tokens`), if any: the tokenizer is usable, but text holding them comes
+    back wrong from ``titan generate`` and ``titan sample``."""
+    broken = broken_added_tokens(tok)
+    if not broken:
+        return
+    shown = ", ".join(f"{text!r} -> {back!r}" for text, back in broken[:3])
+    more = f" and {len(broken) - 3} more" if len(broken) > 3 else ""
+    print(
+        inert(
+            f"titan: --tokenizer {path}: {len(broken)} added token(s) do not decode back to "
+            f"their text ({shown}{more}): text holding them is read back wrong; check its "
+            "decoder and added_tokens"
+        ),
+        file=sys.stderr,
+        flush=True,
     )
 
 
