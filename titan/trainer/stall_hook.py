@@ -14,7 +14,7 @@ from typing import TextIO
 from titan.config import ObservabilityOptions
 from titan.exit_codes import EXIT_STALL
 from titan.telemetry.events import RunEnd, Step
-from titan.telemetry.heartbeat import hang_stacks_path, heartbeat_allowance_s
+from titan.telemetry.heartbeat import hang_stacks_path, heartbeat_allowance_s, read_beats
 from titan.telemetry.records import RunRecord
 from titan.telemetry.watchdog import Stall, Watchdog
 from titan.trainer.checkpoint import Checkpointer
@@ -64,6 +64,8 @@ class StallHook(Hook):
 
     def on_phase(self, phase: str, step: int) -> None:
         self.watchdog.enter(phase, step)
+        if self.heartbeat is not None:
+            self.heartbeat.in_phase(phase, step)
 
     def on_metrics(self, event: Step, reading: Reading) -> None:
         self.watchdog.step_done(reading.step_time_s)
@@ -84,9 +86,15 @@ class StallHook(Hook):
         self.record.emit(stall)
         if self.heartbeat is not None:
             self.heartbeat.stalled(stall)
+        peers = [
+            f"{b.id.name()} is {b.doing()}"
+            for b in read_beats(self.record.run_dir)
+            if b.doing()
+            and (self.heartbeat is None or b.id.process != self.heartbeat.fields["process"])
+        ]
         print(
             f"titan: stall: {stall.where()} has taken {stall.elapsed_s:.1f} s "
-            f"(allowance {stall.threshold_s:.1f} s)",
+            f"(allowance {stall.threshold_s:.1f} s)" + "".join(f"; {p}" for p in peers),
             file=sys.stderr,
             flush=True,
         )
