@@ -396,11 +396,11 @@ def supervise(
         relay.join(timeout=5)
     for i, (child, tail) in enumerate(zip(children, tails, strict=True)):
         if tail and exit_code(child.returncode) not in (EXIT_OK, EXIT_STOPPED):
-            for stream, line in tail:
-                stream.write(f"[{i}] {line}")
-        line = aborts[i].death_line(i, child.pid, child.returncode)
-        if line and i not in stopped:
-            err.write(line)
+            for stream, text in tail:
+                stream.write(f"[{i}] {text}")
+        death = aborts[i].death_line(i, child.pid, child.returncode)
+        if death and i not in stopped:
+            err.write(death)
     out.flush()
     err.flush()
     ended = [c for i, c in enumerate(children) if i not in stopped]
