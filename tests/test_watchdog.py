@@ -154,7 +154,8 @@ from titan.trainer.stall_hook import StallHook
 
 run_dir = Path(sys.argv[1])
 record, heartbeat = RunRecord(run_dir, "hang"), Heartbeat(run_dir)
-hook = StallHook(ObservabilityOptions(watchdog_floor=1.0), record, None)
+options = ObservabilityOptions(watchdog_floor=1.0, watchdog_abort=sys.argv[2] == "abort")
+hook = StallHook(options, record, None)
 hook.attach(record, heartbeat, None)
 hook.on_start()
 for _ in range(3):
@@ -165,14 +166,23 @@ ctypes.PyDLL(None).sleep(120)  # a C call through PyDLL keeps the GIL: no Python
 """
 
 
+def _hang(run_dir: Path, abort: bool) -> subprocess.Popen:
+    """A process of a run whose step hangs holding the GIL (:data:`HANG_SCRIPT`), once it
+    holds it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG_SCRIPT, str(run_dir), "abort" if abort else "record"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
+    return proc
+
+
 def test_a_step_that_hangs_holding_the_gil_ends_within_its_allowance_and_says_why(
     tmp_path: Path,
 ):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HANG_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
+    proc = _hang(tmp_path, abort=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
         held = time.monotonic()
         # allowance: max(floor 1 s, 10 x 0.01 s) + heartbeat allowance of a 1 s floor (3 s)
         assert proc.wait(timeout=30) == 1
@@ -181,20 +191,36 @@ def test_a_step_that_hangs_holding_the_gil_ends_within_its_allowance_and_says_wh
         proc.kill()
         proc.wait()
     stacks = hang_stacks_path(tmp_path, 0).read_text()
-    assert stacks.startswith("Timeout (0:00:04)!") and 'File "<string>", line 18' in stacks
+    assert stacks.startswith("Timeout (0:00:04)!") and 'File "<string>", line 19' in stacks
     process = read_beats(tmp_path)[0].id
     liveness = judge(tmp_path, RecordFacts(started=True, process=process))
     assert liveness.state == DEAD
     assert liveness.reason == (
-        f"{process.name()} hung with no Python thread running (the GIL held) and its hang timer "
-        "ended it after 0:00:04; every thread's stack is in processes/0.stacks"
+        f"{process.name()} is gone after a hang with no Python thread running (the GIL held) "
+        "past 0:00:04; every thread's stack is in processes/0.stacks"
     )
+
+
+def test_without_watchdog_abort_a_hang_holding_the_gil_leaves_its_stacks_and_runs_on(
+    tmp_path: Path,
+):
+    proc = _hang(tmp_path, abort=False)
+    try:
+        stacks = hang_stacks_path(tmp_path, 0)
+        deadline = time.monotonic() + 30
+        while not stacks.stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stacks.read_text().startswith("Timeout (0:00:04)!")
+        assert proc.poll() is None  # only a stall's record, as --no-watchdog-abort asks
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_stall_the_watchdog_thread_sees_stops_the_hang_timer(tmp_path: Path):
     watchdog, clock = _watchdog(floor_s=2.0)
     with open(tmp_path / "stacks", "w") as stacks:
-        watchdog.arm_hang_timer(stacks, 0.5)
+        watchdog.arm_hang_timer(stacks, 0.5, end=True)
         watchdog.step_done(0.1)
         watchdog.enter("step", 1)  # armed for 2.5 s
         clock.now += 3.0
@@ -202,3 +228,16 @@ def test_a_stall_the_watchdog_thread_sees_stops_the_hang_timer(tmp_path: Path):
         time.sleep(3.0)
         watchdog.stop()
     assert (tmp_path / "stacks").read_text() == ""
+
+
+def test_a_dump_of_a_process_that_ran_on_is_emptied_at_its_next_phase(tmp_path: Path):
+    watchdog = Watchdog(0.1, 10.0, on_stall=lambda stall: None)  # its thread not started
+    with open(tmp_path / "stacks", "w") as stacks:
+        watchdog.arm_hang_timer(stacks, 0.1, end=False)
+        watchdog.step_done(0.001)
+        watchdog.enter("step", 1)  # dumps after 0.1 + 0.1 s: as if stopped (SIGSTOP) that long
+        time.sleep(1.0)
+        assert (tmp_path / "stacks").read_text().startswith("Timeout (0:00:00.200000)!")
+        watchdog.enter("data_wait", 2)
+        assert (tmp_path / "stacks").read_text() == ""
+        watchdog.stop()

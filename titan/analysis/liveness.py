@@ -27,8 +27,8 @@ rule that applies giving the state:
    modification time: a clock set ahead does not keep it alive). A dead run says when it was
    last seen alive (the newest heartbeat or event) and why, naming the lost process (host, pid,
    process id).
-   A process of this host that its hang timer ended (``processes/<id>.stacks`` holds its
-   dump: it hung holding the GIL, :mod:`titan.telemetry.watchdog`) is dead for that reason.
+   A process of this host gone after its hang timer's dump (``processes/<id>.stacks``: it hung
+   holding the GIL, :mod:`titan.telemetry.watchdog`) is dead for that reason.
    A run whose record holds no ``run_end`` and names no live process, but whose heartbeat
    files all hold their process's end (a record cut short or damaged), takes the status of
    process 0's heartbeat.
@@ -252,17 +252,18 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
 
 
 def _hung(run_dir: Path, process: ProcessId) -> str:
-    """Why ``process`` is gone when its hang timer ended it (it hung holding the GIL:
-    :meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`), or "" when it did not."""
+    """Why ``process`` is gone when its hang timer found it hung holding the GIL (and ended it,
+    or it was killed then: :meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`), or ""
+    when it did not."""
     dump = read_hang(run_dir, process.process)
     if dump is None:
         return ""
     timeout = re.fullmatch(r"Timeout \(([0-9:.]+)\)!", dump)
-    after = f" after {timeout.group(1)}" if timeout else ""
+    after = f" past {timeout.group(1)}" if timeout else ""
     stacks = hang_stacks_path(run_dir, process.process).relative_to(run_dir)
     return (
-        f"{process.name()} hung with no Python thread running (the GIL held) and its hang "
-        f"timer ended it{after}; every thread's stack is in {stacks}"
+        f"{process.name()} is gone after a hang with no Python thread running (the GIL "
+        f"held){after}; every thread's stack is in {stacks}"
     )
 
 

@@ -22,13 +22,16 @@ releases it) is never seen by it. For that case :meth:`Watchdog.arm_hang_timer` 
 each phase entry, :func:`faulthandler.dump_traceback_later`, a timer thread of CPython's own
 that needs no GIL: if neither the next phase entry nor the watchdog thread's stall (proof that
 Python code still runs) comes within the phase's allowance plus a grace, it writes every
-thread's stack to the run's ``processes/<id>.stacks`` and ends the process (exit code 1); the
-run's liveness (:mod:`titan.analysis.liveness`) then says why the process is gone.
+thread's stack to the run's ``processes/<id>.stacks`` and, where a stall ends the run
+(``--watchdog-abort``), ends the process (exit code 1); the run's liveness
+(:mod:`titan.analysis.liveness`) then says why the process is gone. A process that runs on after
+a dump (it was only stopped, ``SIGSTOP``, and continued) empties the file at its next phase.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import os
 import statistics
 import sys
 import threading
@@ -115,26 +118,30 @@ class Watchdog:
         self._phase: tuple[str, int, float, int] = ("idle", 0, clock(), 0)
         self._reported_entry = -1
         self.heartbeat = Ticker(self.poll_s, self._beat, "titan-watchdog")
-        self._hang: tuple[IO[Any], float] | None = None
+        self._hang: tuple[IO[Any], float, bool] | None = None
 
-    def arm_hang_timer(self, stacks: IO[Any], grace_s: float) -> None:
-        """From the next phase entry on, end the process when it hangs holding the GIL (module
-        docstring): :func:`faulthandler.dump_traceback_later` of the phase's allowance plus
-        ``grace_s`` seconds, writing every thread's stack to ``stacks`` (an open file, kept
-        open until :meth:`stop`) and exiting."""
-        self._hang = (stacks, grace_s)
+    def arm_hang_timer(self, stacks: IO[Any], grace_s: float, end: bool) -> None:
+        """From the next phase entry on, watch for a hang holding the GIL (module docstring):
+        :func:`faulthandler.dump_traceback_later` of the phase's allowance plus ``grace_s``
+        seconds writes every thread's stack to ``stacks`` (an open file, kept open until
+        :meth:`stop`) and, with ``end``, ends the process."""
+        self._hang = (stacks, grace_s, end)
 
     def enter(self, phase: str, step: int) -> None:
         """The loop enters ``phase`` working on ``step`` (and the hang timer, when armed, is
         re-armed for it)."""
         self._phase = (phase, step, self.clock(), self._phase[3] + 1)
         if self._hang is not None:
-            stacks, grace_s = self._hang
+            stacks, grace_s, end = self._hang
+            fd = stacks.fileno()
+            if os.fstat(fd).st_size:  # a dump of a process that ran on: no hang to tell of
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
             allowance_s = self.threshold_s(phase)
             if allowance_s == float("inf"):
                 faulthandler.cancel_dump_traceback_later()
             else:
-                faulthandler.dump_traceback_later(allowance_s + grace_s, exit=True, file=stacks)
+                faulthandler.dump_traceback_later(allowance_s + grace_s, exit=end, file=stacks)
 
     def step_done(self, step_time_s: float) -> None:
         """A step completed in ``step_time_s`` seconds (feeds the rolling median)."""

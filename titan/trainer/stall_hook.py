@@ -50,14 +50,15 @@ class StallHook(Hook):
 
     def attach(self, record: RunRecord, heartbeat: Heartbeat, loop: TrainLoop) -> None:
         """From now on record stalls in ``record``, tell ``heartbeat`` and save ``loop``'s
-        state on an abort; and end the process, its stacks written to
-        ``processes/<id>.stacks``, when it hangs holding the GIL for its phase's allowance plus
-        the heartbeat allowance (:meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`)."""
+        state on an abort; and write every thread's stack to ``processes/<id>.stacks`` when the
+        process hangs holding the GIL for its phase's allowance plus the heartbeat allowance,
+        ending it with ``--watchdog-abort`` (:meth:`titan.telemetry.watchdog.Watchdog.
+        arm_hang_timer`)."""
         self.record, self.heartbeat, self.loop = record, heartbeat, loop
         self.stacks = open(  # noqa: SIM115 - open until close(): the timer writes to it
             hang_stacks_path(record.run_dir, heartbeat.fields["process"]), "w"
         )
-        self.watchdog.arm_hang_timer(self.stacks, self.grace_s)
+        self.watchdog.arm_hang_timer(self.stacks, self.grace_s, end=self.abort)
 
     def on_start(self) -> None:
         self.watchdog.start()
