@@ -212,6 +212,15 @@ def test_without_watchdog_abort_a_hang_holding_the_gil_leaves_its_stacks_and_run
             time.sleep(0.2)
         assert stacks.read_text().startswith("Timeout (0:00:04)!")
         assert proc.poll() is None  # only a stall's record, as --no-watchdog-abort asks
+        process = read_beats(tmp_path)[0].id
+        time.sleep(1.0)  # the heartbeat, held by the GIL too, past its allowance of 3 s
+        facts = RecordFacts(started=True, process=process, allowance_s=3.0)  # a 1 s floor's
+        liveness = judge(tmp_path, facts)
+        assert liveness.state == "unresponsive"
+        assert liveness.reason.endswith(
+            "it exists but does not run (stopped or frozen); a hang with no Python thread running "
+            "(the GIL held) past 0:00:04; every thread's stack is in processes/0.stacks"
+        )
     finally:
         proc.kill()
         proc.wait()

@@ -28,7 +28,8 @@ rule that applies giving the state:
    last seen alive (the newest heartbeat or event) and why, naming the lost process (host, pid,
    process id).
    A process of this host gone after its hang timer's dump (``processes/<id>.stacks``: it hung
-   holding the GIL, :mod:`titan.telemetry.watchdog`) is dead for that reason.
+   holding the GIL, :mod:`titan.telemetry.watchdog`) is dead for that reason; one that is
+   unresponsive (4.) with such a dump says so.
    A run whose record holds no ``run_end`` and names no live process, but whose heartbeat
    files all hold their process's end (a record cut short or damaged), takes the status of
    process 0's heartbeat.
@@ -242,8 +243,9 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
             return Liveness(DEAD, silent, last_seen, None, None, ended, beats, allowance)
     control, no_control = _control(leader)
     frozen = _frozen(known, beat_at, now, allowance)
+    hangs = [h for p in known if p.local and (h := _hang_dump(run_dir, p))]
     if frozen:
-        state, reason = UNRESPONSIVE, frozen
+        state, reason = UNRESPONSIVE, frozen + "".join(f"; {h}" for h in hangs[:1])
     elif facts.stalled:
         state, reason = STALLED, "the watchdog recorded a stall and nothing since"
     else:
@@ -255,6 +257,13 @@ def _hung(run_dir: Path, process: ProcessId) -> str:
     """Why ``process`` is gone when its hang timer found it hung holding the GIL (and ended it,
     or it was killed then: :meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`), or ""
     when it did not."""
+    hang = _hang_dump(run_dir, process)
+    return f"{process.name()} is gone after {hang}" if hang else ""
+
+
+def _hang_dump(run_dir: Path, process: ProcessId) -> str:
+    """``a hang with no Python thread running (the GIL held) past 0:00:04; every thread's stack
+    is in processes/0.stacks`` when ``process``'s hang timer dumped its stacks, else ""."""
     dump = read_hang(run_dir, process.process)
     if dump is None:
         return ""
@@ -262,8 +271,8 @@ def _hung(run_dir: Path, process: ProcessId) -> str:
     after = f" past {timeout.group(1)}" if timeout else ""
     stacks = hang_stacks_path(run_dir, process.process).relative_to(run_dir)
     return (
-        f"{process.name()} is gone after a hang with no Python thread running (the GIL "
-        f"held){after}; every thread's stack is in {stacks}"
+        f"a hang with no Python thread running (the GIL held){after}; every thread's stack is "
+        f"in {stacks}"
     )
 
 
