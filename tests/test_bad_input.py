@@ -243,6 +243,14 @@ CASES: dict[str, Case] = {
         lambda p: ["report", (r := p.run_copy()), "--out", f"{r}/checkpoints/2/report"],
         "is inside the run's checkpoints/",
     ),
+    "train_custom_vocab_more_than_the_data_yields_names_the_model": Case(
+        lambda p: p.train(
+            data=p.file("small.txt", "hello world\nthe quick brown fox\n"),
+            model="d_model=32,n_layers=1,n_heads=2,n_kv_heads=1,ffn_dim=64,vocab_size=600",
+            vocab_size=600,
+        ),
+        "--model vocab_size=600 is more pieces than --data yields",
+    ),
     "train_vocab_size_beside_a_tokenizer": Case(
         lambda p: p.train(tokenizer=str(p.finished / "tokenizer.model"), vocab_size=1000),
         "--vocab-size 1000 sizes only a tokenizer trained on --data; --tokenizer",

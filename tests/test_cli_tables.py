@@ -1,4 +1,5 @@
-"""The CLI's tables at 80 columns: columns by priority, the run id and the layout never cut;
+"""The CLI's tables at 80 columns: columns by priority, the run id and the layout never wrapped
+(cut with an ellipsis only beyond 40% of the width);
 ``--wide`` for all; ``titan plan`` ends with a ``titan train`` command that ``titan train``
 takes; ``--search`` answers at any ``--gpus``."""
 
@@ -39,6 +40,22 @@ def test_summarize_at_80_columns_keeps_run_ids_whole_and_wide_shows_every_column
     wide_header = next(line for line in wide if "run" in line and "status" in line)
     assert "restarts" in wide_header and "best loss" in wide_header and len(wide_header) > 80
     assert not any("left out" in line for line in wide)
+
+
+def test_a_run_id_of_200_characters_under_a_long_folder_is_cut_and_the_figures_stay(
+    tmp_path, capsys, monkeypatch
+):
+    root = copy_sample_runs(tmp_path / ("f" * 230))
+    (root / "tiny-killed-resumed").rename(root / ("r" * 200))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["summarize", str(root)]) == 0
+    lines = _lines(capsys)
+    assert max(map(len, lines)) <= 100
+    header = next(line for line in lines if "run" in line and "status" in line)
+    assert "steps" in header and "final loss" in header and "MFU" in header
+    assert any(f"│ {'r' * 30}" in line and "…" in line for line in lines)
+    assert main(["summarize", str(root), "--wide"]) == 0
+    assert any("r" * 200 in line for line in _lines(capsys))
 
 
 def test_plan_search_at_80_columns_shows_the_layout_and_a_train_command(capsys, monkeypatch):

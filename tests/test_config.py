@@ -212,12 +212,37 @@ SMALL = "d_model=32,n_layers=1,n_heads=2,n_kv_heads=1,ffn_dim=64"
             "4 layers of --preset tiny cannot fill --pp 2 x --virtual-stages 4 = 8 chunks",
         ),
         (["--model", SMALL + ",vocab_size=100"], "--model: vocab_size 100 is below the 259"),
+        (
+            ["--model", SMALL + ",vocab_size=32003", "--vocab-size", "512"],
+            "--vocab-size 512 and --model vocab_size=32003 disagree: a custom --model's "
+            "vocab_size is the vocabulary trained on --data",
+        ),
+        (
+            ["--model", SMALL + ",vocab_size=32003", "--vocab-size", "512", "--tp", "4"],
+            "--vocab-size 512 and --model vocab_size=32003 disagree",
+        ),
+        (["--images", "digits"], "--images does not apply to --task lm (only --task diffusion"),
+        (
+            ["--model", SMALL + ",vocab_size=32003", "--tp", "2", "--batch-size", "8"],
+            "--tp 2 does not divide --model vocab_size=32003 (the embedding's rows are split",
+        ),
     ],
 )
 def test_print_config_makes_the_checks_that_need_no_device(capsys, argv, message):
     assert main(["train", *argv, "--print-config"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_custom_shapes_vocabulary_is_the_one_printed_and_read_back(tmp_path: Path, capsys):
+    argv = ["train", "--model", SMALL + ",vocab_size=1000", "--print-config"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "\nvocab_size = 1000\n" in printed  # the vocabulary trained, not the default 4096
+    (tmp_path / "printed.toml").write_text(printed)
+    assert main(["train", "--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+    assert main([*argv, "--vocab-size", "1000"]) == 0  # the same value typed twice agrees
 
 
 def test_config_given_twice_or_empty_is_refused(tmp_path: Path, capsys):

@@ -491,17 +491,18 @@ def test_a_child_aborted_in_native_code_is_one_line_and_the_worst_code(capfd):
         subprocess.Popen(
             [sys.executable, "-c", code],
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for code in (SLEEPER, aborting)
     ]
-    code = supervise(children, sys.stdout)
-    lines = capfd.readouterr().out.splitlines()
+    code = supervise(children, sys.stdout, all_logs=True)
+    captured = capfd.readouterr()
+    lines = captured.out.splitlines() + captured.err.splitlines()
     assert code == 128 + signal.SIGABRT
-    assert "[1] step 1" in lines
+    assert "[1] step 1" in captured.out.splitlines()
     assert not [line for line in lines if any(t in line for t in ABORT_TEXT[:2])]
-    (died,) = [line for line in lines if "died of" in line]
+    (died,) = [line for line in captured.err.splitlines() if "died of" in line]
     assert died == (
         f"titan launch: process 1 (pid {children[1].pid}) died of SIGABRT: gloo::EnforceNotMet: "
         "[enforce fail at external/gloo/gloo/transport/tcp/pair.cc:459] op.preamble.length <= "

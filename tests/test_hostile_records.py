@@ -276,6 +276,31 @@ def test_a_corrupt_database_is_one_line_and_built_again_once_removed(tmp_path, c
     assert main(["summarize", str(root)]) == 0
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"not a database" * 1000,  # junk
+        b"\0" * 8 + b"DUCK" + (51).to_bytes(8, "little") + b"\0" * 12268,  # a damaged header
+    ],
+)
+def test_an_unreadable_database_is_set_aside_and_built_again(tmp_path, capsys, content):
+    root = copy_sample_runs(tmp_path / "runs")
+    assert main(["summarize", str(root), "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    database = summarize.database_path(root)
+    database.write_bytes(content)
+    assert main(["summarize", str(root), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == expected
+    assert (
+        captured.err.count("\n") == 1 and f"titan: {database} could not be read (" in captured.err
+    )
+    assert "set aside as titan.duckdb.unreadable; built again from the run records" in captured.err
+    assert database.with_name("titan.duckdb.unreadable").read_bytes() == content
+    assert main(["summarize", str(root), "--json"]) == 0  # the new one is read as it is
+    assert capsys.readouterr().err == ""
+
+
 def test_the_consoles_history_store_raises_one_line_on_a_corrupt_database(tmp_path):
     root = copy_sample_runs(tmp_path / "runs")
     store = HistoryStore(root)
@@ -553,6 +578,26 @@ def test_summarize_prints_hostile_names_and_statuses_inert(tmp_path, capsys):
     assert main(["perf", "check", str(tmp_path)]) in (0, 1)
     out = capsys.readouterr().out
     assert ESC not in out and "\\x1b]52" in out
+
+
+@pytest.mark.parametrize(
+    "kind", ["[/bogus]", "[link=https://evil.example/k]measured[/link]", "[bold red]measured"]
+)
+def test_a_peak_kind_holding_markup_is_shown_as_written_in_the_caption(
+    tmp_path, capsys, monkeypatch, kind
+):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "run_start":
+            e["env"] = {"device_kinds": ["cpu"], "device_count": 1}
+        if e["type"] == "step":
+            e["mfu"] = {"causal": 0.3, "peak_flops": 1e15, "peak_kind": kind}
+    write_run(tmp_path, "marked", events)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a terminal: links and styles would be sent
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["summarize", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"({kind})" in out and "\x1b]8;" not in out and "\x1b[1;31m" not in out
 
 
 def test_summarize_error_naming_a_hostile_run_is_inert(tmp_path, capsys):

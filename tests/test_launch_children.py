@@ -1,4 +1,5 @@
-"""``titan launch``'s children never outlive it; it refuses more processes than the host holds."""
+"""``titan launch``'s children never outlive it; it refuses more processes than the host holds;
+inside a SLURM step each child still owns every GPU it is given."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from helpers import cli_args, small_run
 
 from titan import cli_command
 from titan.cli import main
-from titan.launch.local import PROCESSES_PER_CPU, Forwarder, max_processes, supervise
+from titan.launch.local import (
+    PROCESSES_PER_CPU,
+    Forwarder,
+    child_envs,
+    max_processes,
+    supervise,
+)
 
 
 def test_launch_refuses_more_processes_than_the_host_holds(capsys):
@@ -27,11 +34,15 @@ def test_launch_refuses_more_processes_than_the_host_holds(capsys):
     assert f"at most {max_processes()} ({PROCESSES_PER_CPU} per CPU" in err
 
 
-def _child(*lines: str, code: int = 0) -> subprocess.Popen:
-    """A process that prints ``lines`` and exits with ``code``, piped as the launcher pipes."""
-    script = f"import sys; print(*{list(lines)!r}, sep=chr(10)); sys.exit({code})"
+def _child(*lines: str, code: int = 0, errors: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A process that prints ``lines``, then ``errors`` on stderr, and exits with ``code``, piped
+    as the launcher pipes."""
+    script = (
+        f"import sys; [print(x, flush=True) for x in {list(lines)!r}]; "
+        f"[print(e, file=sys.stderr) for e in {list(errors)!r}]; sys.exit({code})"
+    )
     return subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -47,13 +58,11 @@ def test_launch_shows_process_0_without_gloo_lines_and_a_failed_process_last_lin
     first.wait()  # done before the other fails: a failure stops the processes still running
     # gloo's line, whole or cut (its C++ stream is not Python's), is left out of a tail too
     cut = GLOO.split("to ")
-    failing = _child(GLOO, "step 1/2", cut[0] + "to ", cut[1], "titan train: error: bad", code=2)
-    assert supervise([first, failing], out, False) == 2
-    assert out.getvalue().splitlines() == [
-        "[0] step 1/2",
-        "[1] step 1/2",
-        "[1] titan train: error: bad",
-    ]
+    failing = _child(GLOO, "step 1/2", cut[0] + "to ", cut[1], code=2, errors=("titan: bad",))
+    err = io.StringIO()
+    assert supervise([first, failing], out, False, err=err) == 2
+    assert out.getvalue().splitlines() == ["[0] step 1/2", "[1] step 1/2"]
+    assert err.getvalue().splitlines() == ["[1] titan: bad"]
     out = io.StringIO()  # --all-logs: every line of every process
     assert supervise([_child(GLOO, "a"), _child(GLOO, "b")], out, True) == 0
     assert sorted(out.getvalue().splitlines()) == sorted(
@@ -76,8 +85,9 @@ def test_a_failure_is_said_before_the_lines_of_the_processes_it_stops():
         text=True,
     )
     assert running.stdout is not None and running.stdout.readline() == "step 1/2\n"
-    out = io.StringIO()
-    assert supervise([running, _child("titan train: error: bad", code=2)], out, False) == 2
+    out = io.StringIO()  # stdout and stderr in one place: the order they come in
+    failing = _child(code=2, errors=("titan train: error: bad",))
+    assert supervise([running, failing], out, False, err=out) == 2
     assert out.getvalue().splitlines() == [
         "titan launch: process 1 exited 2; stopping the others",
         "[0] titan: stopped by SIGTERM",
@@ -182,3 +192,73 @@ def test_children_run_the_installed_titan_from_a_directory_that_shadows_it(
     done = subprocess.run(cli_command("--version"), capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("titan ")
+
+
+def _devices_jax_gives(env: dict[str, str], process: int, monkeypatch) -> list[str]:
+    """The GPUs a child with ``env`` may use once ``jax.distributed.initialize`` has run with the
+    launcher's flags: its ``CUDA_VISIBLE_DEVICES`` narrowed to the ``local_device_ids`` JAX takes
+    from ``JAX_LOCAL_DEVICE_IDS`` or its cluster detection (JAX's own code, stopped before it
+    connects)."""
+    from jax._src import distributed
+
+    class Joined(Exception):
+        pass
+
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "JAX_", "CUDA_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    chosen: dict[str, str] = {}
+
+    class Config:
+        def update(self, name: str, value: str) -> None:
+            chosen[name] = value
+
+    def connect(*args, **kwargs):
+        raise Joined
+
+    monkeypatch.setattr(distributed, "config", Config())
+    monkeypatch.setattr(distributed._jax, "get_distributed_runtime_service", connect)
+    monkeypatch.setattr(distributed._jax, "get_distributed_runtime_client", connect)
+    with contextlib.suppress(Joined):
+        distributed.State().initialize("127.0.0.1:1234", 2, process)
+    gpus = env["CUDA_VISIBLE_DEVICES"].split(",")
+    ids = chosen.get("jax_cuda_visible_devices")
+    return (
+        [gpus[int(i)] if int(i) < len(gpus) else f"none ({i})" for i in ids.split(",")]
+        if ids
+        else gpus
+    )
+
+
+@pytest.mark.parametrize("local_id", ["0", "3"])
+def test_children_inside_a_slurm_step_own_every_gpu_they_are_given(monkeypatch, local_id):
+    step = {  # an `srun --pty bash` step of one task on a node of 4 GPUs
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_NODELIST": "node7",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": local_id,
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "PATH": os.environ["PATH"],
+    }
+    envs = child_envs(2, None, "gpu", step)
+    owned = [_devices_jax_gives(env, i, monkeypatch) for i, env in enumerate(envs)]
+    assert owned == [["0", "1"], ["2", "3"]]
+    assert not [n for env in envs for n in env if n.startswith("SLURM_")]
+
+
+def test_launch_writes_the_childrens_errors_and_its_own_to_stderr(tmp_path):
+    proc = subprocess.run(
+        [*cli_command("launch", "--processes", "2", "--platform", "cpu", "--all-logs"), "--"]
+        + ["train", "--bogus-flag", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and "error" not in proc.stdout, proc.stdout
+    err = proc.stderr.splitlines()
+    assert [line for line in err if "unrecognized arguments: --bogus-flag 1" in line]
+    assert {line[:3] for line in err if "unrecognized arguments" in line} == {"[0]", "[1]"}

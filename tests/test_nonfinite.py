@@ -16,12 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import cli_args, events, run_in_process, small_run, start_subprocess
+from helpers import cli_args, events, file_tree, run_in_process, small_run, start_subprocess
 
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import CheckpointDamaged, TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
+from titan.trainer import train as train_module
 from titan.trainer.guard import (
     DIGESTS,
     PARAMS_DIGESTS,
@@ -346,28 +347,33 @@ def test_resume_without_a_checkpoint_says_so_and_records_no_resumed_step(small_o
 
 
 @pytest.mark.slow
-def test_resume_of_a_run_whose_recorded_checkpoints_are_gone_is_refused(
-    finished_run, tmp_path, capsys
+def test_resume_of_a_run_whose_recorded_checkpoints_are_gone_is_refused_writing_nothing(
+    finished_run, tmp_path, capsys, monkeypatch
 ):
+    def prepared(*args, **kwargs):
+        raise AssertionError("the tokenizer and corpus were prepared before the refusal")
+
+    monkeypatch.setattr(train_module, "TextTask", prepared)
     run_dir = tmp_path / "done"
     shutil.copytree(finished_run, run_dir)
     shutil.rmtree(run_dir / "checkpoints")
-    record = (run_dir / "events.jsonl").read_bytes()
-    assert main(["train", "--resume", str(run_dir), "--steps", "4"]) == 2
+    before = file_tree(run_dir)
+    assert main(["train", "--resume", str(run_dir), "--steps", "35"]) == 2
     err = capsys.readouterr().err
     assert "--resume: the run's record names checkpoint 2, but " in err
-    assert "holds none: refusing to start again from step 0" in err
-    assert (run_dir / "events.jsonl").read_bytes() == record  # nothing started over
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    assert "holds nothing: it does not exist: refusing to start again from step 0" in err
+    assert file_tree(run_dir) == before  # no empty checkpoints/, nothing started over
+    (run_dir / "checkpoints").mkdir()
     for step in (1, 2):  # whose meta is gone: a copy of the run cut short
         shutil.copytree(finished_run / "checkpoints" / "2", run_dir / "checkpoints" / str(step))
         shutil.rmtree(run_dir / "checkpoints" / str(step) / "meta")
+    before = file_tree(run_dir)
     assert main(["train", "--resume", str(run_dir), "--steps", "4"]) == 2
     assert (
         "holds no committed checkpoint: step folders 1, 2 hold no meta (a copy or a delete was "
         "cut short): refusing to start again from step 0"
     ) in capsys.readouterr().err
-    assert (run_dir / "events.jsonl").read_bytes() == record
+    assert file_tree(run_dir) == before
 
 
 def test_guard_options_are_validated():

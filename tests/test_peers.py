@@ -11,10 +11,13 @@ from pathlib import Path
 
 from helpers import events
 
+from titan.config import ObservabilityOptions
+from titan.telemetry.events import Stall
 from titan.telemetry.heartbeat import HEARTBEAT_TIMEOUT_S, heartbeat_allowance_s, read_beats
 from titan.telemetry.records import RunRecord, write_json_atomic
 from titan.trainer.peers import PeerWatch, lost_processes
-from titan.trainer.processes import PROCESSES_DIR, Heartbeat
+from titan.trainer.processes import PROCESSES_DIR, Heartbeat, MutedRecord
+from titan.trainer.stall_hook import StallHook
 
 
 def beat_file(run_dir: Path, process: int, **fields) -> None:
@@ -100,3 +103,28 @@ def test_a_peer_that_failed_alone_is_lost_once_its_last_beat_is_past_the_allowan
     (lost,) = lost_processes(read_beats(tmp_path), now, HEARTBEAT_TIMEOUT_S)
     assert lost.process == 1
     assert lost.describe() == "lost process 1 (pid 4243 on node7): failed 40 s ago, last step 5"
+
+
+def test_a_peer_inside_a_save_is_named_so_when_lost_and_when_this_process_stalls(tmp_path, capsys):
+    heartbeat = Heartbeat(tmp_path)  # process 0: this one
+    heartbeat.in_phase("checkpoint_save", 4)
+    assert read_beats(tmp_path)[0].saving == 4  # published at once, not at the next beat
+    heartbeat.in_phase("data_wait", 5)
+    heartbeat.beat(None, force=True)
+    assert read_beats(tmp_path)[0].saving is None
+    now = time.time()
+    beat_file(tmp_path, 1, beat=now - 40, step=4, saving=4)
+    (lost,) = lost_processes(read_beats(tmp_path), now, HEARTBEAT_TIMEOUT_S)
+    assert lost.describe() == (
+        "lost process 1 (pid 4243 on node7): no heartbeat for 40 s, last step 4, inside the "
+        "checkpoint save of step 4"
+    )
+    beat_file(tmp_path, 1, step=4, saving=4)
+    hook = StallHook(ObservabilityOptions(watchdog_floor=1.0), MutedRecord(tmp_path, "r"), None)
+    hook.on_stall(Stall(phase="step", elapsed_s=6.2, threshold_s=4.0, step=6, stacks=[]))
+    assert capsys.readouterr().err == (
+        "titan: stall: step 6 has taken 6.2 s (allowance 4.0 s); process 1 (pid 4243 on node7) "
+        "is inside the checkpoint save of step 4\n"
+    )
+    save = Stall(phase="checkpoint_save", elapsed_s=31.0, threshold_s=30.0, step=4, stacks=[])
+    assert save.where() == "the checkpoint save of step 4"

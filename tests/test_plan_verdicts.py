@@ -132,8 +132,15 @@ def test_search_with_nothing_fitting_says_how_many_gpus_are_needed(capsys):
     code, out, _ = run_plan(capsys, *argv, "--search")
     assert code == EXIT_FAILED
     assert "no layout of 2 GPUs fits in memory; 32 GPUs would be needed" in out
-    code, out, _ = run_plan(capsys, *argv, "--search", "--json")
+    code, out, err = run_plan(capsys, *argv, "--search", "--json")
     assert code == EXIT_FAILED and json.loads(out)["gpus_needed"] == 32
+    assert (
+        err == "titan plan: no layout of 2 GPUs fits in memory; 32 GPUs would be needed "
+        "(titan plan --gpus 32 --search)\n"
+    )
+    code, out, err = run_plan(capsys, *argv, "--json")  # the layout given does not fit
+    assert code == EXIT_FAILED and not json.loads(out)["verdict"]["fits"]
+    assert err.startswith("titan plan: does not fit: ") and err.count("\n") == 1
     code, _, _ = run_plan(capsys, *argv[:-3], "32", *argv[-2:], "--search", "--json")
     assert code == EXIT_OK
 
@@ -143,8 +150,11 @@ def test_from_a_run_dir_prints_the_prediction_against_the_measurements(capsys):
     assert code == EXIT_OK
     run, _ = perfdb.run_measurement(SAMPLE_H200_RUN)
     assert (run.layout.remat, run.seq_len, run.batch_sequences) == ("dots", 2048, 8)
-    measured = [line for line in out.splitlines() if "step time (s)" in line][0]
+    measured = [line for line in out.splitlines() if "step time (s), measured" in line][0]
     assert f"{run.step_s:,.4g}" in measured and "%" in measured
+    (peak,) = [line for line in out.splitlines() if "peak memory" in line]
+    assert "peak memory (GB), as compiled" in peak  # XLA's plan of the programs: not measured
+    assert "predicted against measured" not in out
     code, out, _ = run_plan(capsys, "--from", str(SAMPLE_H200_RUN), "--json")
     report = json.loads(out)
     assert code == EXIT_OK and report["measured"]["step_s"] == run.step_s
@@ -162,7 +172,7 @@ def test_from_a_hostile_run_dir_shows_it_inert_and_its_unknown_peak_not_reported
     assert code == EXIT_OK and "\x1b" not in out
     header = f"{tmp_path}/e\\x1b[31mDIR[bold]x: ti\\x1b[2Jny: 5.0M params, 8 x "
     assert "".join(out.split()).startswith("".join(header.split()))  # wrapped at any width
-    assert re.search(r"peak memory \(GB\) │ [\d.]+ │ not reported │ - │", out), out
+    assert re.search(r"peak memory \(GB\), as compiled │ [\d.]+ │ not reported │ - │", out), out
 
 
 def test_a_search_that_fits_nowhere_names_the_most_gpus_a_layout_spans(capsys):

@@ -181,9 +181,30 @@ def test_a_replayed_step_is_exported_once_as_its_last_record():
     ]
     rows = metric_rows(records)
     assert [(r.step, r.time, r.values) for r in rows] == [
-        (1, 1.0, {"train/loss": 5.0, "train/mfu.mfu": 0.1}),
-        (2, 4.0, {"train/loss": 3.5}),
+        (1, 1.0, {"train/skipped": 0.0, "train/loss": 5.0, "train/mfu.mfu": 0.1}),
+        (2, 4.0, {"train/skipped": 0.0, "train/loss": 3.5}),
+        (3, 5.0, {"train/skipped": 0.0}),
     ]
+
+
+def test_a_skipped_step_is_marked_in_the_exports_and_its_rates_left_out(tmp_path, capsys):
+    step = {"type": "step", "tokens": 128, "lr": 1e-3, "mfu": {"causal": 0.3}}
+    records = [
+        {**step, "time": 1.0, "step": 1, "loss": 5.0, "step_time_s": 0.05, "tokens_per_s": 2560.0},
+        {**step, "time": 1.1, "step": 2, "loss": None, "nonfinite": {"loss": "nan"}}
+        | {"skipped": True, "step_time_s": 4.4e-05, "tokens_per_s": 2_892_263.0},
+        {**step, "time": 1.2, "step": 3, "loss": 4.0, "step_time_s": 0.07, "tokens_per_s": 1828.0},
+    ]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / EVENTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["export", "csv", str(run_dir)]) == 0
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["train/skipped"] for r in rows] == ["0.0", "1.0", "0.0"]
+    assert [r["train/tokens_per_s"] for r in rows] == ["2560.0", "", "1828.0"]
+    assert [r["train/step_time_s"] for r in rows] == ["0.05", "", "0.07"]
+    assert rows[1]["train/lr"] == "0.001" and rows[1]["train/mfu.causal"] == ""
 
 
 def test_export_of_a_dir_without_a_record_is_one_line_exit_2(tmp_path, capsys):

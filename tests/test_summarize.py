@@ -340,6 +340,19 @@ def test_the_summary_names_the_peak_each_runs_mfu_divides_by(tmp_path, capsys):
     assert "| not reported |" in out.replace("│", "|")  # the peak memory no sample run has
 
 
+def test_a_skipped_steps_rates_are_left_out_of_the_medians(tmp_path):
+    events = crash_then_resume()
+    for e in events:
+        if e["type"] == "step":
+            e.update(tokens_per_s=1000.0 * e["step"], mfu={"causal": 0.1})
+            if e["step"] in (5, 6):  # skipped: no update applied, a step time of microseconds
+                e.update(skipped=True, tokens_per_s=2_892_263.0, mfu={"causal": 50.0})
+    write_run(tmp_path, "skips", events)
+    s = summarize.summarize_run_dir(tmp_path / "skips")
+    assert s.median_tokens_per_s == 3000.0  # of steps 1, 2, 3, 4, 3, 4 (their newest: 3, 4)
+    assert s.median_mfu == pytest.approx(0.1)
+
+
 def test_missing_runs_root_is_a_one_line_error(tmp_path, capsys):
     with pytest.raises(TitanError, match="does not exist"):
         summarize.summarize(tmp_path / "nope")

@@ -469,3 +469,24 @@ def test_a_long_document_in_pieces_holds_a_fraction_of_the_memory_of_one_encodin
     # one list of ints (36 bytes a token) against the pieces' arrays and their concatenation
     # (8 bytes a token) beside one piece's list
     assert cut < whole / 3, (cut, whole)
+
+
+def test_added_tokens_that_do_not_round_trip_are_named_at_load(files, tmp_path, capsys):
+    def add_tokens(spec: dict) -> None:
+        top = max(t["id"] for t in spec["added_tokens"]) + len(spec["model"]["vocab"])
+        for i, content in enumerate(["Ö", "<unused>"]):  # Ö is no ByteLevel character
+            spec["added_tokens"].append(
+                {"id": top + i, "content": content, "single_word": False, "lstrip": False}
+                | {"rstrip": False, "normalized": True, "special": False}
+            )
+
+    path = _edited_json(files["huggingface"], tmp_path, add_tokens)
+    tokenizer = load_tokenizer(path)
+    err = capsys.readouterr().err
+    assert err == (
+        f"titan: --tokenizer {path}: 1 added token(s) do not decode back to their text "
+        "('Ö' -> '�'): text holding them is read back wrong; check its decoder and added_tokens\n"
+    )
+    assert tokenizer.decode(tokenizer.encode("ilÖveyou too")) == "il�veyou too"  # as named
+    load_tokenizer(files["huggingface"])  # one whose added tokens round-trip: not a word
+    assert capsys.readouterr().err == ""

@@ -385,7 +385,12 @@ def test_a_warmup_as_long_as_the_schedule_is_said_and_described_as_the_rate_runs
     assert rates == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-4, 1e-4])
     assert warmup_note(opt) == (
         "--warmup-steps 10 is not below the schedule's 4 steps (--decay-steps, else --steps): "
-        "learning rate: linear warmup to 1.00e-03 after step 4, then 1.00e-04, with no decay"
+        "learning rate: linear warmup to 1.00e-03 after step 4, the last step: no decay"
+    )
+    past = TrainConfig.of(steps=6, decay_steps=4, warmup_steps=4, lr=1e-3).optimizer
+    assert schedule_text(past) == (  # the rates above
+        "learning rate: linear warmup to 1.00e-03 after step 4, then 1.00e-04 after step 5: "
+        "no decay"
     )
     assert warmup_note(TrainConfig.of(steps=5, warmup_steps=4).optimizer) is None
     assert schedule_text(TrainConfig.of(steps=90, decay_steps=50).optimizer) == (

@@ -1,16 +1,22 @@
-"""The stall watchdog: allowances per phase (fake clock), its thread, and a stall end to end."""
+"""The stall watchdog: allowances per phase (fake clock), its thread, a stall end to end, and
+the hang timer that ends a process stuck holding the GIL."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from helpers import events, run_in_process, start_subprocess
 
+from titan.analysis.liveness import DEAD, RecordFacts, judge
 from titan.config import TrainConfig, validate_train_config
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STALL
+from titan.telemetry.heartbeat import hang_stacks_path, read_beats
 from titan.telemetry.watchdog import LONG_PHASE_MIN_S, Watchdog
 from titan.trainer.checkpoint import Checkpointer
 
@@ -136,3 +142,111 @@ def test_injected_stall_is_detected_recorded_and_exits_for_a_restart(small_optio
     assert code == 0
     assert events(run_dir, "run_start")[-1]["resumed_from_step"] == 2
     assert [e["step"] for e in events(run_dir, "step")][-2:] == [3, 4]
+
+
+HANG_SCRIPT = """
+import ctypes, sys
+from pathlib import Path
+from titan.config import ObservabilityOptions
+from titan.telemetry.records import RunRecord
+from titan.trainer.processes import Heartbeat
+from titan.trainer.stall_hook import StallHook
+
+run_dir = Path(sys.argv[1])
+record, heartbeat = RunRecord(run_dir, "hang"), Heartbeat(run_dir)
+options = ObservabilityOptions(watchdog_floor=1.0, watchdog_abort=sys.argv[2] == "abort")
+hook = StallHook(options, record, None)
+hook.attach(record, heartbeat, None)
+hook.on_start()
+for _ in range(3):
+    hook.watchdog.step_done(0.01)
+hook.on_phase("step", 5)
+print("holding", flush=True)
+ctypes.PyDLL(None).sleep(120)  # a C call through PyDLL keeps the GIL: no Python thread runs
+"""
+
+
+def _hang(run_dir: Path, abort: bool) -> subprocess.Popen:
+    """A process of a run whose step hangs holding the GIL (:data:`HANG_SCRIPT`), once it
+    holds it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG_SCRIPT, str(run_dir), "abort" if abort else "record"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
+    return proc
+
+
+def test_a_step_that_hangs_holding_the_gil_ends_within_its_allowance_and_says_why(
+    tmp_path: Path,
+):
+    proc = _hang(tmp_path, abort=True)
+    try:
+        held = time.monotonic()
+        # allowance: max(floor 1 s, 10 x 0.01 s) + heartbeat allowance of a 1 s floor (3 s)
+        assert proc.wait(timeout=30) == 1
+        assert time.monotonic() - held < 4.0 + 10.0
+    finally:
+        proc.kill()
+        proc.wait()
+    stacks = hang_stacks_path(tmp_path, 0).read_text()
+    assert stacks.startswith("Timeout (0:00:04)!") and 'File "<string>", line 19' in stacks
+    process = read_beats(tmp_path)[0].id
+    liveness = judge(tmp_path, RecordFacts(started=True, process=process))
+    assert liveness.state == DEAD
+    assert liveness.reason == (
+        f"{process.name()} is gone after a hang with no Python thread running (the GIL held) "
+        "past 0:00:04; every thread's stack is in processes/0.stacks"
+    )
+
+
+def test_without_watchdog_abort_a_hang_holding_the_gil_leaves_its_stacks_and_runs_on(
+    tmp_path: Path,
+):
+    proc = _hang(tmp_path, abort=False)
+    try:
+        stacks = hang_stacks_path(tmp_path, 0)
+        deadline = time.monotonic() + 30
+        while not stacks.stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stacks.read_text().startswith("Timeout (0:00:04)!")
+        assert proc.poll() is None  # only a stall's record, as --no-watchdog-abort asks
+        process = read_beats(tmp_path)[0].id
+        time.sleep(1.0)  # the heartbeat, held by the GIL too, past its allowance of 3 s
+        facts = RecordFacts(started=True, process=process, allowance_s=3.0)  # a 1 s floor's
+        liveness = judge(tmp_path, facts)
+        assert liveness.state == "unresponsive"
+        assert liveness.reason.endswith(
+            "it exists but does not run (stopped or frozen); a hang with no Python thread running "
+            "(the GIL held) past 0:00:04; every thread's stack is in processes/0.stacks"
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stall_the_watchdog_thread_sees_stops_the_hang_timer(tmp_path: Path):
+    watchdog, clock = _watchdog(floor_s=2.0)
+    with open(tmp_path / "stacks", "w") as stacks:
+        watchdog.arm_hang_timer(stacks, 0.5, end=True)
+        watchdog.step_done(0.1)
+        watchdog.enter("step", 1)  # armed for 2.5 s
+        clock.now += 3.0
+        assert watchdog.check() is not None  # Python code runs: no hang, the timer is cancelled
+        time.sleep(3.0)
+        watchdog.stop()
+    assert (tmp_path / "stacks").read_text() == ""
+
+
+def test_a_dump_of_a_process_that_ran_on_is_emptied_at_its_next_phase(tmp_path: Path):
+    watchdog = Watchdog(0.1, 10.0, on_stall=lambda stall: None)  # its thread not started
+    with open(tmp_path / "stacks", "w") as stacks:
+        watchdog.arm_hang_timer(stacks, 0.1, end=False)
+        watchdog.step_done(0.001)
+        watchdog.enter("step", 1)  # dumps after 0.1 + 0.1 s: as if stopped (SIGSTOP) that long
+        time.sleep(1.0)
+        assert (tmp_path / "stacks").read_text().startswith("Timeout (0:00:00.200000)!")
+        watchdog.enter("data_wait", 2)
+        assert (tmp_path / "stacks").read_text() == ""
+        watchdog.stop()

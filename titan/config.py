@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, dataclass_transform
 
@@ -1431,6 +1431,18 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if parallel.layout == "mpmd":
         parallel.check_schedule()
     check_task_options(cfg)
+    shape = cfg.model.shape  # its embedding's and output's vocab rows are split over --tp
+    if (
+        cfg.model.task == "lm"
+        and cfg.model.model_source == "titan"
+        and shape.vocab_size % parallel.tp
+    ):
+        vocab = f"{trained_vocab_source(shape)}{shape.vocab_size}"
+        if shape.name != "custom":
+            vocab = f"--model {shape.name}'s vocab_size {shape.vocab_size}"
+        raise TitanError(
+            f"--tp {parallel.tp} does not divide {vocab} (the embedding's rows are split over --tp)"
+        )
     # Held-out data without --eval-every is held out and not evaluated (a resume may turn
     # evaluation off; the documents held out stay out of training).
     if cfg.observability.eval_every and not (cfg.data.eval_data or cfg.data.eval_split):
@@ -1461,16 +1473,36 @@ def check_task_options(cfg: TrainConfig) -> None:
     flat = cfg.flat()
     sections = {name: cls() for name, cls in SECTIONS.items()}
     defaults = {o.name: getattr(sections[o.section], o.field.name) for o in option_fields()}
-    names: tuple[str, ...]
-    if cfg.model.task == "diffusion":
-        names = LM_ONLY_OPTIONS
-        reason = "--task diffusion (it reads --images, each one sequence of its patches)"
-    else:
-        names = tuple(o.name for o in option_fields() if o.section == "diffusion")
-        reason = f"--task {cfg.model.task} (only --task diffusion reads it)"
+    names, reason = _other_task_options(cfg.model.task)
     for name in names:
         if flat[name] != defaults[name]:
             raise TitanError(f"{flag_of(name)} does not apply to {reason}")
+
+
+def check_typed_task_options(task: str, typed: Iterable[str]) -> None:
+    """Refuse an option of the other task typed on the command line (``typed``: flat names),
+    at its default value too (``--images digits`` for a language model):
+    :func:`check_task_options` sees only values away from the default, from any source (a
+    config file that ``--print-config`` wrote holds every option).
+
+    Raises:
+        TitanError: as :func:`check_task_options`.
+    """
+    names, reason = _other_task_options(task)
+    for name in names:
+        if name in typed:
+            raise TitanError(f"{flag_of(name)} does not apply to {reason}")
+
+
+def _other_task_options(task: str) -> tuple[tuple[str, ...], str]:
+    """The options that ``--task`` ``task`` does not read, and why, as its errors say it."""
+    if task == "diffusion":
+        return (
+            LM_ONLY_OPTIONS,
+            "--task diffusion (it reads --images, each one sequence of its patches)",
+        )
+    names = tuple(o.name for o in option_fields() if o.section == "diffusion")
+    return names, f"--task {task} (only --task diffusion reads it)"
 
 
 def model_config(shape: ModelConfig, tokenizer_vocab: int, tokenizer: str = "") -> ModelConfig:
@@ -1510,6 +1542,48 @@ def check_vocab_size_unused(tokenizer: str, vocab_size: int | None, typed: bool)
             f"--vocab-size {vocab_size} sizes only a tokenizer trained on --data; --tokenizer "
             f"{tokenizer} brings its own vocabulary (the run keeps it): leave --vocab-size out"
         )
+
+
+def custom_vocab_options(options: dict[str, Any], typed: bool) -> dict[str, Any]:
+    """``options`` (flat, of :class:`TrainConfig`) with ``vocab_size`` set to a custom
+    ``--model`` shape's (of a Titan language model) when a tokenizer is trained
+    on ``--data`` (no ``--tokenizer``; the caller leaves out a resume and ``--init-from``): the
+    shape's is the vocabulary trained (:func:`trained_vocab_size`), so ``--print-config`` and
+    ``config.json`` show it. ``typed``: ``--vocab-size`` was given on the command line.
+
+    Raises:
+        TitanError: a ``--vocab-size`` given (typed, or other than the default in a config file)
+            that differs from the shape's, naming both.
+    """
+    by_name = options_by_name()
+    model = ModelOptions(
+        **{
+            by_name[name].field.name: value
+            for name, value in options.items()
+            if name in by_name and by_name[name].section == "model"
+        }
+    )
+    given, shape = options.get("vocab_size"), model.shape
+    if shape.name != "custom" or model.task != "lm" or model.model_source != "titan":
+        return options
+    if options.get("tokenizer"):
+        return options
+    if given is not None and given != shape.vocab_size and (typed or given != DEFAULT_VOCAB_SIZE):
+        raise TitanError(
+            f"--vocab-size {given} and --model vocab_size={shape.vocab_size} disagree: a custom "
+            "--model's vocab_size is the vocabulary trained on --data; leave --vocab-size out "
+            "or give the same"
+        )
+    if shape.vocab_size < MIN_TRAINED_VOCAB:  # refused by trained_vocab_size, naming --model
+        return options
+    return {**options, "vocab_size": shape.vocab_size}
+
+
+def trained_vocab_source(shape: ModelConfig) -> str:
+    """What sets the vocabulary trained on ``--data`` (:func:`trained_vocab_size`), as an
+    error names it before the value: ``--model vocab_size=`` for a custom shape, else
+    ``--vocab-size ``."""
+    return "--model vocab_size=" if shape.name == "custom" else "--vocab-size "
 
 
 def trained_vocab_size(shape: ModelConfig, vocab_size: int) -> int:

@@ -34,12 +34,16 @@ ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 def schedule_text(opt: OptimizerOptions) -> str:
     """The learning rate's course in words: ``learning rate: cosine to 3.00e-04 after step 20,
     then constant`` (``steps`` past the horizon), or, when the warmup takes the whole horizon,
-    ``linear warmup to 3.00e-03 after step 20, then 3.00e-04`` (a value reached after step N is
-    the rate of step N + 1: module docstring)."""
+    ``linear warmup to 3.00e-03 after step 20, the last step: no decay``, and only when steps
+    go past the horizon (``--decay-steps``) the drop that follows, ``then 3.00e-04 after step
+    21`` (a value reached after step N is the rate of step N + 1: module docstring)."""
     horizon, warmup = opt.schedule_steps()
     end = opt.lr * opt.min_lr_ratio
     if warmup == horizon:
-        return f"learning rate: linear warmup to {opt.lr:.2e} after step {horizon}, then {end:.2e}"
+        rise = f"learning rate: linear warmup to {opt.lr:.2e} after step {horizon}"
+        if opt.steps <= horizon:
+            return f"{rise}, the last step: no decay"
+        return f"{rise}, then {end:.2e} after step {horizon + 1}: no decay"
     after = ", then constant" if opt.steps > horizon else ""
     return f"learning rate: cosine to {end:.2e} after step {horizon}{after}"
 
@@ -53,7 +57,7 @@ def warmup_note(opt: OptimizerOptions) -> str | None:
         return None
     return (
         f"--warmup-steps {opt.warmup_steps} is not below the schedule's {horizon} steps "
-        f"(--decay-steps, else --steps): {schedule_text(opt)}, with no decay"
+        f"(--decay-steps, else --steps): {schedule_text(opt)}"
     )
 
 

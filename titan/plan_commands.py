@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -656,6 +657,8 @@ def run(args: argparse.Namespace) -> int:
         report["train_command"] = command
         report["no_train_command"] = found.no_command
         print(json.dumps(report, indent=2))
+        if not found.fits:  # the exit code's reason, for a reader of stderr
+            print(f"titan plan: {found.verdict_line() or found.none_fit()}", file=sys.stderr)
         return EXIT_OK if found.fits else EXIT_FAILED
     if args.search:
         _print_search(found, top, args.wide)
@@ -672,14 +675,15 @@ def run(args: argparse.Namespace) -> int:
 
 def run_from(args: argparse.Namespace) -> int:
     """``titan plan --from RUN_DIR``: the run's configuration predicted, against what the run
-    measured (median steady step time, compiled programs' peak bytes); exit code as
-    :func:`run` for a single layout."""
+    recorded: its measured median steady step time and its compiled programs' peak bytes (what
+    XLA planned, not a measured peak); exit code as :func:`run` for a single layout."""
     run, peak = perfdb.run_measurement(args.from_run)
     p = plan(request_from_run(args, run), run.layout)
     judged = verdict(p)
-    rows = [
-        ("step time (s)", p.step.step_s, None if math.isnan(run.step_s) else run.step_s, 1.0),
-        ("peak memory (GB)", p.memory.total, peak, GB),
+    step_s = None if math.isnan(run.step_s) else run.step_s
+    rows = [  # the run's: its measured median step time, its compiled programs' peak bytes
+        ("step time (s), measured", p.step.step_s, step_s, 1.0),
+        ("peak memory (GB), as compiled", p.memory.total, peak, GB),
     ]
     fitted_on_it = _calibrated_on(args)
     if args.json:
@@ -687,14 +691,16 @@ def run_from(args: argparse.Namespace) -> int:
         report["measured"] = {"step_s": rows[0][2], "peak_bytes": peak}
         report["calibrated_on_this_run"] = fitted_on_it
         print(json.dumps(report, indent=2))
+        if not judged.fits:  # the exit code's reason, for a reader of stderr
+            print(f"titan plan: {judged.summary(p)}", file=sys.stderr)
         return EXIT_OK if judged.fits else EXIT_FAILED
     from rich.table import Table
 
     out = console(PIPE_WIDTH)
     out.print(Text(inert(f"{args.from_run}: {_header(p.request)}")))  # names from the record
     out.print(f"layout: {p.layout.label()}")
-    table = Table(title="predicted against measured")
-    for name in ("quantity", "predicted", "measured", "error"):
+    table = Table(title="predicted against the run's record")
+    for name in ("quantity", "predicted", "the run", "error"):
         table.add_column(name, justify="left" if name == "quantity" else "right")
     for name, predicted, measured, unit in rows:
         shown = "not reported" if measured is None else f"{measured / unit:,.4g}"

@@ -1,11 +1,13 @@
-"""Command-line tables that fit the terminal: columns chosen by priority, the key never cut.
+"""Command-line tables that fit the terminal: columns chosen by priority, the key never wrapped.
 
 A Rich table wider than the terminal squeezes every column to an ellipsis (run ids become
 ``tiny…``). :func:`fitted_table` instead keeps the columns that fit, in priority order (lowest
-first; priority 0 is always kept), shows them in their own order, never wraps or truncates a
-``key`` column, and says in the caption which columns were left out and that ``--wide`` shows
-all. The width of a column is its widest cell or heading (at most ``max_width`` for a column
-that may wrap) plus Rich's padding and rule: 3 characters, and 1 for the table's edge.
+first; priority 0 is always kept), shows them in their own order, never wraps a ``key`` column
+(it is cut with ``…`` only beyond 40% of the width, so that a run id of hundreds of
+characters leaves room for the figures), and says in the caption which columns were left out
+and that ``--wide`` shows all. The width of a column is its widest cell or heading (at most
+``max_width`` for a column that may wrap) plus Rich's padding and rule: 3 characters, and 1 for
+the table's edge.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from rich.text import Text
 
 # Characters a column takes besides its cells: one space of padding each side and one rule.
 COLUMN_CHROME = 3
+# The share of the width a key column may take before its cells are cut with an ellipsis.
+KEY_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,8 @@ class Column:
 
     Attributes:
         name: the heading. priority: 0 always shown; higher numbers are left out first.
-        justify: ``left`` or ``right``. key: never wrapped or truncated (a run id).
+        justify: ``left`` or ``right``. key: never wrapped (a run id); cut with ``…`` beyond
+            :data:`KEY_SHARE` of the width (whole with ``--wide``).
         max_width: the widest this column is counted when fitting (its cells wrap beyond).
     """
 
@@ -55,9 +60,12 @@ def _plain(cell: Text | str) -> str:
     return cell.plain if isinstance(cell, Text) else Text.from_markup(cell).plain
 
 
-def _width(column: Column, cells: Sequence[Text | str]) -> int:
-    """The characters the column's heading and widest cell take (at most ``max_width``)."""
+def _width(column: Column, cells: Sequence[Text | str], width: int | None) -> int:
+    """The characters the column's heading and widest cell take (at most ``max_width``; a key
+    column at most :data:`KEY_SHARE` of ``width``, its heading at least)."""
     widest = max([cell_len(column.name), *(cell_len(_plain(c)) for c in cells)])
+    if column.key and width is not None:
+        return min(widest, max(cell_len(column.name), int(width * KEY_SHARE) - COLUMN_CHROME))
     return min(widest, column.max_width) if column.max_width else widest
 
 
@@ -65,7 +73,7 @@ def fitted_table(
     columns: Sequence[Column],
     rows: Sequence[Sequence[Any]],
     width: int | None,
-    caption: str = "",
+    caption: str | Text = "",
     **table_args: Any,
 ) -> tuple[Table, int]:
     """A Rich table of the ``columns`` (and the cells of ``rows``, one per column) that fit in
@@ -73,10 +81,14 @@ def fitted_table(
     the width it needs (to print it uncropped).
 
     Args:
-        caption: the table's caption; a note of the columns left out is added to it.
+        caption: the table's caption (a string is Rich markup; record text comes as a
+            :class:`rich.text.Text`, shown as written); a note of the columns left out is
+            added to it.
         table_args: passed to :class:`rich.table.Table` (title, box, ...).
     """
-    widths = [_width(c, [row[i] for row in rows]) + COLUMN_CHROME for i, c in enumerate(columns)]
+    widths = [
+        _width(c, [row[i] for row in rows], width) + COLUMN_CHROME for i, c in enumerate(columns)
+    ]
     kept, used = set(), 1
     for i in sorted(range(len(columns)), key=lambda i: columns[i].priority):
         if columns[i].priority == 0 or width is None or used + widths[i] <= width:
@@ -85,7 +97,8 @@ def fitted_table(
     hidden = [c.name for i, c in enumerate(columns) if i not in kept]
     if hidden:
         note = f"left out at {width} columns: {', '.join(hidden)} (--wide shows all)"
-        caption = f"{caption}\n{note}" if caption else note
+        shown = Text.from_markup(caption) if isinstance(caption, str) else caption
+        caption = Text.assemble(shown, "\n", note) if caption else note
     table = Table(caption=caption or None, **table_args)
     for i in sorted(kept):
         c = columns[i]
@@ -93,7 +106,9 @@ def fitted_table(
             c.name,
             justify=c.justify,
             no_wrap=c.key or c.max_width is None,
+            overflow="ellipsis" if c.key else "fold",
             min_width=widths[i] - COLUMN_CHROME if c.key else None,
+            max_width=widths[i] - COLUMN_CHROME if c.key else None,
         )
     for row in rows:
         table.add_row(*(row[i] for i in sorted(kept)))

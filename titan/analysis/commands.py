@@ -311,10 +311,12 @@ def _print_summaries(root: Path, rows: list[Any], wide: bool, peaks: list[str]) 
         SUMMARY_COLUMNS,
         cells,
         None if wide else out.width,
-        caption="ETTR: productive / available time (Kokolis et al. 2024); goodput badput "
-        "breakdown in --json"
-        + (f"; MFU convention: {', '.join(conventions)}" if conventions else "")
-        + (f", of the peak of {'; '.join(peaks)}" if peaks else ""),
+        caption=_plain(
+            "ETTR: productive / available time (Kokolis et al. 2024); goodput badput "
+            "breakdown in --json"
+            + (f"; MFU convention: {', '.join(conventions)}" if conventions else "")
+            + (f", of the peak of {'; '.join(peaks)}" if peaks else "")
+        ),
         title=_plain(f"runs in {root}"),
     )
     print_fitted(out, table, width)

@@ -27,6 +27,9 @@ rule that applies giving the state:
    modification time: a clock set ahead does not keep it alive). A dead run says when it was
    last seen alive (the newest heartbeat or event) and why, naming the lost process (host, pid,
    process id).
+   A process of this host gone after its hang timer's dump (``processes/<id>.stacks``: it hung
+   holding the GIL, :mod:`titan.telemetry.watchdog`) is dead for that reason; one that is
+   unresponsive (4.) with such a dump says so.
    A run whose record holds no ``run_end`` and names no live process, but whose heartbeat
    files all hold their process's end (a record cut short or damaged), takes the status of
    process 0's heartbeat.
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,8 +79,10 @@ from titan.telemetry.heartbeat import (
     HEARTBEAT_TIMEOUT_S,
     ProcessBeat,
     ProcessId,
+    hang_stacks_path,
     heartbeat_allowance_s,
     read_beats,
+    read_hang,
     read_small_json,
 )
 from titan.telemetry.records import EVENTS_FILE
@@ -220,7 +226,9 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
         if not facts.started and leader is not None and lost == leader:
             reason = "exited before run_start" + _stderr_reason(run_dir)
             return Liveness(FAILED, reason, last_seen, lost, None, ended, beats, allowance)
-        return Liveness(DEAD, why, last_seen, lost, None, ended, beats, allowance)
+        return Liveness(
+            DEAD, _hung(run_dir, lost) or why, last_seen, lost, None, ended, beats, allowance
+        )
     if not known and beats:  # every heartbeat holds its process's end, and none is running
         status = beats[0].status
         reason = f"the record holds no run_end; the heartbeat of process 0 says {status}"
@@ -235,13 +243,37 @@ def judge(run_dir: Path, facts: RecordFacts, now: float | None = None) -> Livene
             return Liveness(DEAD, silent, last_seen, None, None, ended, beats, allowance)
     control, no_control = _control(leader)
     frozen = _frozen(known, beat_at, now, allowance)
+    hangs = [h for p in known if p.local and (h := _hang_dump(run_dir, p))]
     if frozen:
-        state, reason = UNRESPONSIVE, frozen
+        state, reason = UNRESPONSIVE, frozen + "".join(f"; {h}" for h in hangs[:1])
     elif facts.stalled:
         state, reason = STALLED, "the watchdog recorded a stall and nothing since"
     else:
         state, reason = (RUNNING if facts.started else STARTING), ""
     return Liveness(state, reason, last_seen, None, control, no_control, beats, allowance)
+
+
+def _hung(run_dir: Path, process: ProcessId) -> str:
+    """Why ``process`` is gone when its hang timer found it hung holding the GIL (and ended it,
+    or it was killed then: :meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`), or ""
+    when it did not."""
+    hang = _hang_dump(run_dir, process)
+    return f"{process.name()} is gone after {hang}" if hang else ""
+
+
+def _hang_dump(run_dir: Path, process: ProcessId) -> str:
+    """``a hang with no Python thread running (the GIL held) past 0:00:04; every thread's stack
+    is in processes/0.stacks`` when ``process``'s hang timer dumped its stacks, else ""."""
+    dump = read_hang(run_dir, process.process)
+    if dump is None:
+        return ""
+    timeout = re.fullmatch(r"Timeout \(([0-9:.]+)\)!", dump)
+    after = f" past {timeout.group(1)}" if timeout else ""
+    stacks = hang_stacks_path(run_dir, process.process).relative_to(run_dir)
+    return (
+        f"a hang with no Python thread running (the GIL held){after}; every thread's stack is "
+        f"in {stacks}"
+    )
 
 
 def _silence(process: ProcessId, age_s: float, allowance_s: float) -> str:

@@ -129,8 +129,9 @@ def _profiled_steps(events: Sequence[Event]) -> set[int]:
 
 def steady_step_times(events: Sequence[Event]) -> list[float]:
     """``step_time_s`` of the steps after the first :data:`WARMUP_STEPS` of each attempt,
-    leaving out steps with a checkpoint save inside them, profiled steps, and times that no
-    step takes: zero, negative or infinite (a damaged record)."""
+    leaving out steps with a checkpoint save inside them, profiled steps, skipped steps (a
+    non-finite loss or gradient norm: no update applied), and times that no step takes: zero,
+    negative or infinite (a damaged record)."""
     times: list[float] = []
     profiled = _profiled_steps(events)
     seen_in_attempt, saved = 0, False
@@ -143,7 +144,8 @@ def steady_step_times(events: Sequence[Event]) -> list[float]:
             seen_in_attempt += 1
             steady = seen_in_attempt > WARMUP_STEPS and not saved
             seconds = event.step_time_s
-            if steady and event.step not in profiled and _a_duration(seconds):
+            trained = not event.skipped  # a skipped step applied no update: no step time
+            if steady and trained and event.step not in profiled and _a_duration(seconds):
                 times.append(seconds)
             saved = False
     return times

@@ -55,7 +55,8 @@ step number's newest ``step`` event, up to the step of the newest ``step`` event
 resume from an earlier checkpoint threw away, and did not redo yet, is not counted);
 ``wall_s`` is the first ``run_start`` to the last event (gaps between attempts
 included); ``median_tokens_per_s``, ``median_images_per_s`` (None unless the rows are images) and
-``median_mfu`` are medians over step events (MFU under
+``median_mfu`` are medians over step events that trained (a step skipped for a non-finite loss
+or gradient norm, ``skipped``, applied no update: its rates are left out; MFU under
 :data:`titan.telemetry.events.MFU_CONVENTION`, ``causal``);
 ``energy_j`` sums step events' ``energy_j`` (the step's energy) and ``tokens_per_j`` is the tokens
 of those steps over it (else 1 / median ``joules_per_token``); ``mfu_reason`` (the last step's)
@@ -86,6 +87,7 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -100,6 +102,7 @@ from titan.analysis.sql import insert_rows
 from titan.data.cache import cache_dir
 from titan.errors import TitanError, error_line, first_line
 from titan.formatting import peak_label
+from titan.inert import inert
 from titan.progress_bar import progress_bar
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json, without_lone_surrogates
 from titan.telemetry.events import (
@@ -126,7 +129,7 @@ HEAD_BYTES = 4096
 UNREADABLE = "unreadable"
 
 # Bump when a table changes: the database is a cache of the JSONL records, rebuilt on mismatch.
-DB_VERSION = 11
+DB_VERSION = 12
 # Changed files ingested per transaction: one commit (a few ms of fsync) per batch, not per run.
 BATCH_FILES = 256
 # A run's summary is computed from all its events: about 16 ns per byte of record (2.9 s for a
@@ -258,6 +261,9 @@ _START_STEP = (
     + _json_number("payload->'$.resumed_from_step'", "BIGINT")
     + ", 0)"
 )
+# A step event whose update was applied: a step skipped for a non-finite loss or gradient norm
+# (its `skipped`) trained nothing, and its rates would spoil a median.
+_TRAINED = "type = 'step' AND (payload->>'$.skipped') IS DISTINCT FROM 'true'"
 # What a batch of summaries needs from the events, one row per run asked for (NULLs for a run
 # without events; parameters: the run ids, three times). The steps that survive end at the
 # newest step event's step, or at the newest run_start's start step when that came after it (a
@@ -278,15 +284,15 @@ FROM (SELECT unnest(?::VARCHAR[]) AS run_id) LEFT JOIN (SELECT run_id,
     WHERE type = 'step' AND newest = 1 AND step <= last_step GROUP BY run_id) USING (run_id)
 LEFT JOIN (SELECT run_id,
     min(time) FILTER (type = 'run_start') AS t0, max(time) AS t1,
-    median(tokens_per_s) FILTER (type = 'step') AS tps,
+    median(tokens_per_s) FILTER ({_TRAINED}) AS tps,
     sum(energy_j) FILTER (type = 'step') AS energy,
     sum(tokens) FILTER (type = 'step' AND energy_j IS NOT NULL) AS energy_tokens,
     median(joules_per_token) FILTER (type = 'step') AS jpt,
     min(loss) FILTER (type = 'eval' AND isfinite(loss)) AS best_eval,
     median({_json_number(f"json_extract(mfu, '$.{MFU_CONVENTION}')")})
-        FILTER (type = 'step' AND mfu IS NOT NULL) AS mfu,
+        FILTER ({_TRAINED} AND mfu IS NOT NULL) AS mfu,
     max({_json_number("payload->'$.peak_memory_bytes'")}) FILTER (type = 'step') AS peak_memory,
-    median({_json_number("payload->'$.images_per_s'")}) FILTER (type = 'step') AS ips,
+    median({_json_number("payload->'$.images_per_s'")}) FILTER ({_TRAINED}) AS ips,
     arg_max(payload, seq) FILTER (type = 'run_start') AS last_start,
     arg_max(payload, seq) FILTER (type IN ('run_start', 'run_end')) AS last_end,
     arg_max(type, seq) AS last_type,
@@ -420,10 +426,46 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
             f"({err.strerror or err}); set $TITAN_CACHE to a folder you can write"
         ) from None
     except duckdb.Error as err:
-        raise database_error(path, err) from None
+        if read_only or "Could not set lock" in str(err) or not path.is_file():
+            raise database_error(path, err) from None
+        con = _built_again(path, err)
     if not read_only:
         with guarded(path, con):
             _create_tables(con)
+    return con
+
+
+def _built_again(path: Path, err: duckdb.Error) -> duckdb.DuckDBPyConnection:
+    """A new database in place of the file ``path`` that DuckDB could not open (``err``: junk,
+    a file of another DuckDB storage version, a damaged header): the file (and its write-ahead
+    log) set aside as ``<name>.unreadable``, said in one line on stderr. The database only
+    summarises the run records, from which the caller fills it again.
+
+    Raises:
+        TitanError: the file cannot be set aside, or the new database cannot be opened.
+    """
+    aside = path.with_name(path.name + ".unreadable")
+    try:
+        path.replace(aside)
+        wal = path.with_name(path.name + ".wal")
+        if wal.exists():
+            wal.replace(aside.with_name(aside.name + ".wal"))
+        con = _connect_waiting(path, read_only=False)
+    except OSError as moved:
+        raise TitanError(
+            f"{path}: {first_line(err)}; it cannot be set aside to be built again "
+            f"({moved.strerror or moved})"
+        ) from None
+    except duckdb.Error as again:
+        raise database_error(path, again) from None
+    print(
+        inert(
+            f"titan: {path} could not be read ({first_line(err)}): set aside as {aside.name}; "
+            "built again from the run records"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
     return con
 
 

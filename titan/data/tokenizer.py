@@ -641,6 +641,7 @@ def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
                 f"--tokenizer {path} names no {name} token of its vocabulary "
                 "(tokenizer_config.json beside it, or its post_processor template)"
             )
+    _say_broken_added_tokens(path, tok)
     before, after = _template_specials(spec.get("post_processor") or {})
     return _envelope(
         {
@@ -651,6 +652,39 @@ def _load_huggingface(path: Path, data: bytes, end_ids: list[int]) -> Tokenizer:
             **_rules(config, before is not None, after is not None, path),
             **_end_ids(end_ids),
         }
+    )
+
+
+def broken_added_tokens(tok: hf_tokenizers.Tokenizer) -> list[tuple[str, str]]:
+    """The added tokens (``added_tokens``, special ones aside) of a Hugging Face tokenizer that
+    do not decode back to their text, each with what it decodes to: ``("Ö", "�")`` for a token
+    outside a ``ByteLevel`` decoder's alphabet, whose content the decoder reads as byte
+    characters. Text holding one is encoded to its id, then read back wrong."""
+    added = [t.content for t in tok.get_added_tokens_decoder().values() if not t.special]
+    if not added:
+        return []
+    ids = [e.ids for e in tok.encode_batch(added, add_special_tokens=False)]
+    decoded = tok.decode_batch(ids, skip_special_tokens=False)
+    return [(text, back) for text, back in zip(added, decoded, strict=True) if back != text]
+
+
+def _say_broken_added_tokens(path: Path, tok: hf_tokenizers.Tokenizer) -> None:
+    """One line on stderr naming the added tokens of ``tok`` that do not round-trip
+    (:func:`broken_added_tokens`), if any: the tokenizer is usable, but text holding them comes
+    back wrong from ``titan generate`` and ``titan sample``."""
+    broken = broken_added_tokens(tok)
+    if not broken:
+        return
+    shown = ", ".join(f"{text!r} -> {back!r}" for text, back in broken[:3])
+    more = f" and {len(broken) - 3} more" if len(broken) > 3 else ""
+    print(
+        inert(
+            f"titan: --tokenizer {path}: {len(broken)} added token(s) do not decode back to "
+            f"their text ({shown}{more}): text holding them is read back wrong; check its "
+            "decoder and added_tokens"
+        ),
+        file=sys.stderr,
+        flush=True,
     )
 
 
@@ -885,31 +919,37 @@ _TOO_MANY_PIECES = re.compile(r"Vocabulary size too high \(\d+\).*<= (\d+)")
 _TOO_FEW_PIECES = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
 
 
-def _training_error(message: str, vocab_size: int) -> str:
+def _training_error(message: str, vocab_size: int, source: str) -> str:
     """The one line for a sentencepiece training failure, without its source location and
     check: a vocabulary larger than the corpus yields names the largest that it does, one
     smaller than its characters and the special tokens need names the smallest (sentencepiece's
-    own advice names its options, not Titan's)."""
+    own advice names its options, not Titan's). ``source`` names the option that set
+    ``vocab_size`` (``--vocab-size ``, ``--model vocab_size=``)."""
     reason = _SENTENCEPIECE_CHECK.sub("", message.strip().splitlines()[-1])
     if most := _TOO_MANY_PIECES.search(reason):
         return (
-            f"--vocab-size {vocab_size} is more pieces than --data yields: "
+            f"{source}{vocab_size} is more pieces than --data yields: "
             f"set it to {most[1]} or less, or give more text"
         )
     if least := _TOO_FEW_PIECES.search(reason):
         return (
-            f"--vocab-size {vocab_size} is fewer pieces than the characters of --data and the "
+            f"{source}{vocab_size} is fewer pieces than the characters of --data and the "
             f"special tokens need: set it to {least[1]} or more"
         )
-    return f"--vocab-size {vocab_size} cannot be trained on --data: {reason}"
+    return f"{source}{vocab_size} cannot be trained on --data: {reason}"
 
 
 def train_tokenizer(
-    corpus: Documents, vocab_size: int, progress: Callable[[int], None] | None = None
+    corpus: Documents,
+    vocab_size: int,
+    progress: Callable[[int], None] | None = None,
+    source: str = "--vocab-size ",
 ) -> Tokenizer:
     """Train (or take from the cache) a BPE tokenizer of ``vocab_size`` pieces on ``corpus``.
 
     Args:
+        source: the option that set ``vocab_size``, as its errors name it
+            (:func:`titan.config.trained_vocab_source`).
         progress: called with the sample lines handed to the trainer so far, from inside its
             native call (a stop signal checked there; sentencepiece reports what it raises as
             a ``RuntimeError``, so the caller looks at its stop flag first).
@@ -937,7 +977,7 @@ def train_tokenizer(
             **TRAINER_SETTINGS,
         )
     except RuntimeError as err:
-        raise TitanError(_training_error(str(err), vocab_size)) from None
+        raise TitanError(_training_error(str(err), vocab_size, source)) from None
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     with naming(tmp), open(tmp, "wb") as out:  # whole or not at all: written, fsynced, renamed
         out.write(model.getvalue())

@@ -17,7 +17,8 @@ def add_parser(subparsers: Any) -> None:
         "local port), each with its share of the devices; forward SIGTERM, SIGINT and SIGHUP "
         f"to all (SIGKILL to those still running {STOP_GRACE_S:.0f} s after the first or at a "
         "second); children die with the launcher; show process 0's lines prefixed with [0] "
-        "(a failed process's last lines too); exit with the worst exit code. "
+        "(a failed process's last lines too), a child's stderr on stderr, where the launcher's "
+        "own lines go too; exit with the worst exit code. "
         "Example: titan launch --processes 2 --devices-per-process 2 -- train --preset tiny",
     )
     launch.add_argument(

@@ -9,6 +9,14 @@ with:
   ``--xla_force_host_platform_device_count`` taken out of ``XLA_FLAGS`` (it would override it).
 - GPU: ``CUDA_VISIBLE_DEVICES``, consecutive GPUs per process.
 
+Each child is told that all the devices it is given are its own: ``JAX_LOCAL_DEVICE_IDS``
+(read by ``jax.distributed.initialize`` as its ``local_device_ids``) lists them, so JAX's cluster
+detection fills nothing in. And a child does not inherit the variables of a managed launch the
+launcher may run inside (:data:`MANAGED_LAUNCH_PREFIXES`: an ``srun`` step's ``SLURM_*``, Open
+MPI's ``OMPI_*``, PMI's): they describe the launcher's task, not the child's; under them JAX
+would narrow a child's devices to ``[SLURM_LOCALID]`` (one GPU of its share, or one it cannot
+see).
+
 SIGTERM, SIGINT and SIGHUP are forwarded to every child (each one's run then stops after the
 same step as the others), from before the first child starts (:class:`Forwarder`); children
 still running :data:`STOP_GRACE_S` after the first, or at a second one, get SIGKILL (a child
@@ -17,16 +25,18 @@ the signal). Children never outlive the launcher: each starts
 with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux (the kernel kills it when the launcher dies,
 even by SIGKILL), and the launcher kills any child still running when it returns or raises.
 ``--processes`` is at most :data:`PROCESSES_PER_CPU` per CPU this process may run on
-(``os.sched_getaffinity``). Each line a child prints comes out prefixed ``[I]``. When a child
-fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) while others
-run, a line names it and its code (ahead of what the others print as they stop), and they are
-sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a collective
-for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is the worst
-child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over completion; a
-child killed by signal S counts as 128 + S), of the children that ended by themselves: one the
-launcher stopped because another failed does not hide that failure's code. A child that dies of
-a signal by itself is said in one line, with the reason its native abort text gave; that text
-(a C++ exception's, a fatal log's stack trace) stays off the terminal (:mod:`titan.launch.aborts`).
+(``os.sched_getaffinity``). Each line a child prints comes out prefixed ``[I]``, on the
+launcher's stdout or stderr as the child printed it; the launcher's own lines go to stderr. When
+a child fails (exits non-zero, other than a stop's :data:`titan.exit_codes.EXIT_STOPPED`) while
+others run, a line names it and its code (ahead of what the others print as they stop), and they
+are sent SIGTERM at once and SIGKILL after :data:`KILL_AFTER_S` (a process waiting in a
+collective for a dead peer would otherwise wait for JAX's heartbeat timeout). The exit code is
+the worst child's (:func:`titan.exit_codes.worst_exit_code`: a failure over a stop over
+completion; a child killed by signal S counts as 128 + S), of the children that ended by
+themselves: one the launcher stopped because another failed does not hide that failure's code. A
+child that dies of a signal by itself is said in one line, with the reason its native abort text
+gave; that text (a C++ exception's, a fatal log's stack trace) stays off the terminal
+(:mod:`titan.launch.aborts`).
 """
 
 from __future__ import annotations
@@ -67,6 +77,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # The train flags each child gets from the launcher (:func:`child_command`).
 LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id")
 _FORCE_DEVICES = re.compile(r"--xla_force_host_platform_device_count=\S*")
+# The variables of a managed launch (SLURM, Open MPI, PMI/PMIx) that say which task of which
+# job a process is; JAX's cluster detection (jax/_src/clusters/) reads SLURM's and Open MPI's.
+MANAGED_LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_")
 
 
 def free_port() -> int:
@@ -111,12 +124,19 @@ def child_envs(
         )
     if devices_per_process is not None and devices_per_process < 1:
         raise TitanError(f"--devices-per-process {devices_per_process}: must be at least 1")
-    base = {**env, "PYTHONUNBUFFERED": "1"}
+    base = {k: v for k, v in env.items() if not k.startswith(MANAGED_LAUNCH_PREFIXES)}
+    base["PYTHONUNBUFFERED"] = "1"
     if platform == "cpu":
         flags = _FORCE_DEVICES.sub("", env.get("XLA_FLAGS", "")).strip()
-        per = str(devices_per_process or 1)
+        per = devices_per_process or 1
         return [
-            {**base, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": per}
+            {
+                **base,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": flags,
+                "JAX_NUM_CPU_DEVICES": str(per),
+                "JAX_LOCAL_DEVICE_IDS": _ids(per),
+            }
             for _ in range(processes)
         ]
     gpus = visible_gpus(env)
@@ -127,9 +147,18 @@ def child_envs(
             f"{processes * max(per_gpu, 1)} GPUs, {len(gpus)} visible"
         )
     return [
-        {**base, "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_gpu : (i + 1) * per_gpu])}
+        {
+            **base,
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_gpu : (i + 1) * per_gpu]),
+            "JAX_LOCAL_DEVICE_IDS": _ids(per_gpu),
+        }
         for i in range(processes)
     ]
+
+
+def _ids(count: int) -> str:
+    """``0,1,...,count-1``: every device a child is given (its ordinals among them)."""
+    return ",".join(str(i) for i in range(count))
 
 
 def max_processes() -> int:
@@ -146,7 +175,8 @@ def _die_with(parent_pid: int, prctl: Callable[..., int]) -> None:
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """One child, its output piped; on Linux it dies with this process (:func:`_die_with`)."""
+    """One child, its stdout and stderr piped apart; on Linux it dies with this process
+    (:func:`_die_with`)."""
     die_with = None
     if sys.platform == "linux":  # libc looked up before the fork: the child only calls it
         die_with = functools.partial(_die_with, os.getpid(), ctypes.CDLL(None).prctl)
@@ -154,7 +184,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
         command,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
         preexec_fn=die_with,
     )
@@ -196,20 +226,20 @@ def _relay(
     stream: TextIO,
     out: TextIO,
     lock: threading.Lock,
-    abort: AbortText,
+    abort: AbortText | None,
     tail: deque | None,
     all_logs: bool,
 ) -> None:
-    """Copy a child's lines to ``out`` as ``[index] line`` (gloo's only with ``all_logs``);
-    into ``tail`` instead (gloo's left out too) when its output is hidden (``tail`` is None when
-    it is shown). A
-    native abort's text is kept off the terminal: it is said in one line once the child is
-    dead."""
+    """Copy the lines of one of a child's streams to ``out`` (the launcher's stream of the same
+    kind) as ``[index] line`` (gloo's only with ``all_logs``); into ``tail`` instead, with
+    ``out``, (gloo's left out too) when its output is hidden (``tail`` is None when it is
+    shown). A native abort's text (on stderr: ``abort`` is None for stdout) is kept off the
+    terminal: it is said in one line once the child is dead."""
     for line in stream:
-        if abort.take(line) or (not all_logs and is_gloo(line)):
+        if (abort is not None and abort.take(line)) or (not all_logs and is_gloo(line)):
             continue
         if tail is not None:
-            tail.append(line)
+            tail.append((out, line))
         else:
             with lock:
                 out.write(f"[{index}] {line}")
@@ -327,30 +357,38 @@ def supervise(
     out: TextIO,
     all_logs: bool = False,
     forwarder: Forwarder | None = None,
+    err: TextIO | None = None,
 ) -> int:
-    """Relay the children's lines (process 0's, or every process's with ``all_logs``), forward
-    stop signals (through ``forwarder``, or one of its own over ``children``), wait; the worst
-    child's exit code."""
+    """Relay the children's lines (process 0's, or every process's with ``all_logs``): their
+    stdout to ``out``, their stderr to ``err`` (default: this process's stderr), which also gets
+    the launcher's own lines (a failed process, a death); forward stop signals (through
+    ``forwarder``, or one of its own over ``children``), wait; the worst child's exit code."""
+    err = err or sys.stderr
     forwarder = forwarder or Forwarder(children)
     lock = threading.Lock()
     aborts = [AbortText() for _ in children]
-    tails: list[deque[str] | None] = [
+    tails: list[deque[tuple[TextIO, str]] | None] = [
         None if all_logs or i == 0 else deque(maxlen=HIDDEN_TAIL_LINES)
         for i in range(len(children))
     ]
     relays = [
         threading.Thread(
-            target=_relay, args=(i, c.stdout, out, lock, aborts[i], tails[i], all_logs), daemon=True
+            target=_relay, args=(i, pipe, to, lock, abort, tails[i], all_logs), daemon=True
         )
         for i, c in enumerate(children)
+        for pipe, to, abort in (
+            (c.stdout, out, aborts[i] if c.stderr is None else None),  # None: stderr merged in
+            (c.stderr, err, aborts[i]),
+        )
+        if pipe is not None
     ]
     for relay in relays:
         relay.start()
 
     def say(line: str) -> None:
         with lock:
-            out.write(line)
-            out.flush()
+            err.write(line)
+            err.flush()
 
     with forwarder.installed():
         stopped = _wait(children, forwarder.kill_at, say)
@@ -358,11 +396,13 @@ def supervise(
         relay.join(timeout=5)
     for i, (child, tail) in enumerate(zip(children, tails, strict=True)):
         if tail and exit_code(child.returncode) not in (EXIT_OK, EXIT_STOPPED):
-            out.writelines(f"[{i}] {line}" for line in tail)
-        line = aborts[i].death_line(i, child.pid, child.returncode)
-        if line and i not in stopped:
-            out.write(line)
+            for stream, text in tail:
+                stream.write(f"[{i}] {text}")
+        death = aborts[i].death_line(i, child.pid, child.returncode)
+        if death and i not in stopped:
+            err.write(death)
     out.flush()
+    err.flush()
     ended = [c for i, c in enumerate(children) if i not in stopped]
     return worst_exit_code(exit_code(c.returncode) for c in ended)
 

@@ -595,8 +595,11 @@ class Stall(Event):
     )
 
     def where(self) -> str:
-        """What overran, in words: ``step 4``, or the phase and its step (``eval at step 4``)."""
+        """What overran, in words: ``step 4``, ``the checkpoint save of step 4``, or the phase
+        and its step (``eval at step 4``)."""
         step = "?" if self.step is None else self.step
+        if self.phase == "checkpoint_save":
+            return f"the checkpoint save of step {step}"
         return f"step {step}" if self.phase == "step" else f"{self.phase} at step {step}"
 
 

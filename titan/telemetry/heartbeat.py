@@ -153,6 +153,8 @@ class ProcessBeat:
         step: last step it reported (None before the first).
         beat: unix seconds of its last beat.
         status: ``running``, then the run's ``run_end`` status.
+        saving: the step whose checkpoint it is saving (its loop in the ``checkpoint_save``
+            phase), or None.
     """
 
     id: ProcessId
@@ -160,6 +162,7 @@ class ProcessBeat:
     step: int | None
     beat: float
     status: str
+    saving: int | None = None
 
     @classmethod
     def of(cls, record: Any) -> ProcessBeat | None:
@@ -171,8 +174,33 @@ class ProcessBeat:
         beat, status = record.get("beat"), record.get("status")
         if not isinstance(count, int) or not isinstance(beat, int | float):
             return None
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
-        return cls(identity, count, step, float(beat), status if isinstance(status, str) else "?")
+        step = step if _is_int(step) else None
+        saving = record.get("saving")
+        status = status if isinstance(status, str) else "?"
+        return cls(identity, count, step, float(beat), status, saving if _is_int(saving) else None)
+
+    def doing(self) -> str:
+        """What the process was doing at its last beat, when that says more than its step:
+        ``inside the checkpoint save of step 4``, else ""."""
+        return "" if self.saving is None else f"inside the checkpoint save of step {self.saving}"
+
+
+def hang_stacks_path(run_dir: Path, process: int) -> Path:
+    """``processes/<id>.stacks``: where a process's hang timer
+    (:meth:`titan.telemetry.watchdog.Watchdog.arm_hang_timer`) writes every thread's stack
+    before it ends the process; empty (or absent) unless that happened."""
+    return Path(run_dir) / PROCESSES_DIR / f"{process}.stacks"
+
+
+def read_hang(run_dir: Path, process: int) -> str | None:
+    """The first line of a process's hang dump (faulthandler's ``Timeout (0:00:05)!``), or
+    None when its hang timer never fired."""
+    try:
+        with open_regular(hang_stacks_path(run_dir, process)) as f:
+            first = f.read(256).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return first or None
 
 
 def read_beats(run_dir: Path) -> list[ProcessBeat]:

@@ -6,7 +6,9 @@ tensorboard``).
 ``events.jsonl`` stays the source of truth: a sink is derived from it and can be written again at
 any time. The scalars (:func:`metric_rows`) are the numeric fields of the events in
 :data:`SCALAR_EVENTS`, nested objects flattened (``mfu.mfu``), tagged ``<group>/<field>``
-(``train/loss``, ``eval/loss``, ``checkpoint/save_s``) at the event's step. A step recorded more
+(``train/loss``, ``eval/loss``, ``checkpoint/save_s``) at the event's step; ``train/skipped`` is
+1 for a step whose update was not applied (a non-finite loss or gradient norm), whose rates
+(:data:`SKIPPED_STEP_RATES`) are left out, and 0 for the others. A step recorded more
 than once (steps replayed after a resume from an earlier checkpoint) is exported once, as its
 last record, the one the run went on from. The libraries (``tensorboardX``, ``wandb``: the
 ``[sinks]`` extra) are imported by the sink that needs them, never by the trainer otherwise.
@@ -35,6 +37,9 @@ from titan.telemetry.records import EVENTS_FILE, EventTail, run_record_tail
 SCALAR_EVENTS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}
 """Event types exported as scalars, and the group (tag prefix) of each."""
 SKIPPED_FIELDS = frozenset({"schema", "step", "time"})
+# The rates of a step whose update was not applied (``skipped``: a non-finite loss or gradient
+# norm): it trained nothing, so they are left out, and ``train/skipped`` (1, else 0) marks it.
+SKIPPED_STEP_RATES = frozenset({"step_time_s", "tokens_per_s", "images_per_s", "mfu"})
 SINKS = ("tensorboard", "csv", "wandb-offline")
 LIVE_SINKS = ("none", "tensorboard")
 LIVE_POLL_S = 1.0
@@ -66,10 +71,13 @@ def event_scalars(event: dict[str, Any]) -> list[tuple[str, float]]:
         return []
     if not 0 <= step <= INT64_MAX or not (isinstance(at, int | float) and math.isfinite(at)):
         return []
-    return [
+    skipped = group == "train" and event.get("skipped") is True
+    left_out = SKIPPED_FIELDS | (SKIPPED_STEP_RATES if skipped else frozenset())
+    marked = [("train/skipped", float(skipped))] if group == "train" else []
+    return marked + [
         (f"{group}/{tag}", value)
         for key, inner in event.items()
-        if key not in SKIPPED_FIELDS
+        if key not in left_out
         for tag, value in _numbers(key, inner)
     ]
 

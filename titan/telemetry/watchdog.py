@@ -16,10 +16,22 @@ that phase's allowance (:meth:`Watchdog.threshold_s`):
 A stall calls ``on_stall`` once per phase entry with a ``stall`` event
 (:class:`titan.telemetry.events.Stall`) holding the phase, the time spent, the allowance,
 the step and every thread's Python stack.
+
+The thread needs the GIL, so a loop stuck in a call that holds it (a C extension that never
+releases it) is never seen by it. For that case :meth:`Watchdog.arm_hang_timer` re-arms, at
+each phase entry, :func:`faulthandler.dump_traceback_later`, a timer thread of CPython's own
+that needs no GIL: if neither the next phase entry nor the watchdog thread's stall (proof that
+Python code still runs) comes within the phase's allowance plus a grace, it writes every
+thread's stack to the run's ``processes/<id>.stacks`` and, where a stall ends the run
+(``--watchdog-abort``), ends the process (exit code 1); the run's liveness
+(:mod:`titan.analysis.liveness`) then says why the process is gone. A process that runs on after
+a dump (it was only stopped, ``SIGSTOP``, and continued) empties the file at its next phase.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import statistics
 import sys
 import threading
@@ -28,7 +40,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from titan.telemetry.events import Stall
 from titan.telemetry.ticker import Ticker
@@ -106,10 +118,30 @@ class Watchdog:
         self._phase: tuple[str, int, float, int] = ("idle", 0, clock(), 0)
         self._reported_entry = -1
         self.heartbeat = Ticker(self.poll_s, self._beat, "titan-watchdog")
+        self._hang: tuple[IO[Any], float, bool] | None = None
+
+    def arm_hang_timer(self, stacks: IO[Any], grace_s: float, end: bool) -> None:
+        """From the next phase entry on, watch for a hang holding the GIL (module docstring):
+        :func:`faulthandler.dump_traceback_later` of the phase's allowance plus ``grace_s``
+        seconds writes every thread's stack to ``stacks`` (an open file, kept open until
+        :meth:`stop`) and, with ``end``, ends the process."""
+        self._hang = (stacks, grace_s, end)
 
     def enter(self, phase: str, step: int) -> None:
-        """The loop enters ``phase`` working on ``step``."""
+        """The loop enters ``phase`` working on ``step`` (and the hang timer, when armed, is
+        re-armed for it)."""
         self._phase = (phase, step, self.clock(), self._phase[3] + 1)
+        if self._hang is not None:
+            stacks, grace_s, end = self._hang
+            fd = stacks.fileno()
+            if os.fstat(fd).st_size:  # a dump of a process that ran on: no hang to tell of
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+            allowance_s = self.threshold_s(phase)
+            if allowance_s == float("inf"):
+                faulthandler.cancel_dump_traceback_later()
+            else:
+                faulthandler.dump_traceback_later(allowance_s + grace_s, exit=end, file=stacks)
 
     def step_done(self, step_time_s: float) -> None:
         """A step completed in ``step_time_s`` seconds (feeds the rolling median)."""
@@ -138,6 +170,8 @@ class Watchdog:
         if elapsed_s <= threshold_s or entry == self._reported_entry:
             return None
         self._reported_entry = entry
+        if self._hang is not None:  # Python code runs: the stall is this thread's to report
+            faulthandler.cancel_dump_traceback_later()
         return Stall(
             phase=phase,
             elapsed_s=elapsed_s,
@@ -151,8 +185,11 @@ class Watchdog:
         self.heartbeat.start()
 
     def stop(self) -> None:
-        """Stop the heartbeat thread and wait for it."""
+        """Stop the heartbeat thread and wait for it, and the hang timer."""
         self.heartbeat.stop()
+        if self._hang is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._hang = None
 
     def _beat(self) -> None:
         stall = self.check()

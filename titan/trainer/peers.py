@@ -54,7 +54,8 @@ class LostProcess:
         return self.beat.id.process
 
     def describe(self) -> str:
-        return f"lost {self.why}, last step {self.beat.step}"
+        doing = self.beat.doing()
+        return f"lost {self.why}, last step {self.beat.step}" + (f", {doing}" if doing else "")
 
 
 def lost_processes(beats: list[ProcessBeat], now: float, after_s: float) -> list[LostProcess]:

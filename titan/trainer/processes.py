@@ -221,6 +221,16 @@ class Heartbeat:
         with contextlib.suppress(OSError):
             self.beat(None)
 
+    def in_phase(self, phase: str, step: int) -> None:
+        """The loop entered ``phase`` working on ``step``: a checkpoint save is published at once
+        (``saving``: its step; :meth:`ProcessBeat.doing`), so that a peer that waits for this
+        process, or finds it lost, says so; the end of one with the next beat."""
+        saving = step if phase == "checkpoint_save" else None
+        if self.fields.get("saving") != saving:
+            self.fields["saving"] = saving
+            if saving is not None:
+                self.beat(None, force=True)
+
     def stalled(self, stall: Stall) -> None:
         """Publish a stall this process's watchdog found (the writer records it)."""
         self.fields["stall"] = {name: getattr(stall, name) for name in STALL_FIELDS}

@@ -9,7 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from titan.config import DataOptions, ObservabilityOptions, model_config, trained_vocab_size
+from titan.config import (
+    DataOptions,
+    ObservabilityOptions,
+    model_config,
+    trained_vocab_size,
+    trained_vocab_source,
+)
 from titan.cpus import usable_cpus
 from titan.data.heldout import Corpora, training_corpus
 from titan.data.mixture import data_record, make_batches
@@ -126,7 +132,7 @@ class TextTask:
         if self.data.tokenizer:
             return load_tokenizer(self.data.tokenizer)
         vocab_size = trained_vocab_size(shape, self.data.vocab_size)
-        return train_tokenizer(corpus, vocab_size, progress)
+        return train_tokenizer(corpus, vocab_size, progress, trained_vocab_source(shape))
 
     def _streams(self, tokenizer: Tokenizer, report: Callable[[Any], None]) -> list[TokenStream]:
         """Each source's token stream (tokenized with ``--data-workers`` workers, or cached)."""

@@ -749,12 +749,16 @@ def _resumed_checkpointer(
     the run's total).
 
     Raises:
-        TitanError: ``checkpoints`` is not a directory, orbax cannot list it, or its last
-            checkpoint is at ``steps`` or later.
+        TitanError: ``checkpoints`` is not a directory, orbax cannot list it, its last
+            checkpoint is at ``steps`` or later, or the record names a checkpoint and it holds
+            none (or is gone): refused before anything is made or written.
     """
     if run_dir is None:
         return None
     directory = run_dir / CHECKPOINT_DIR
+    recorded = recorded_checkpoint(run_dir)
+    if not directory.exists() and recorded is not None:
+        raise TitanError(_missing_recorded(recorded, directory, "nothing: it does not exist"))
     if directory.exists() and not directory.is_dir():
         raise TitanError(f"--resume {run_dir}: {directory} is not a directory")
     try:
@@ -764,6 +768,9 @@ def _resumed_checkpointer(
             f"--resume {run_dir}: cannot read {directory} ({error_line(err)})"
         ) from None
     latest = checkpointer.latest_step()
+    if latest is None and recorded is not None:
+        checkpointer.close()
+        raise TitanError(_missing_recorded(recorded, directory, _no_checkpoint(checkpointer)))
     if latest is not None and steps <= latest:
         raise TitanError(
             f"--steps {steps} leaves nothing to train: the run's last checkpoint is at step "
@@ -791,6 +798,16 @@ def _write_run_files(run_dir: Path, config: dict[str, Any], files: dict[str, byt
     write_json_atomic(run_dir / CONFIG_FILE, config)
     for name, content in files.items():
         (run_dir / name).write_bytes(content)
+
+
+def _missing_recorded(recorded: int, directory: Path, holds: str) -> str:
+    """The refusal of a resume whose record names checkpoint ``recorded`` while ``directory``
+    holds ``holds`` (:func:`_no_checkpoint`) instead."""
+    return (
+        f"--resume: the run's record names checkpoint {recorded}, but {directory} holds "
+        f"{holds}: refusing to start again from step 0 (to train from scratch, start a new run "
+        "id)"
+    )
 
 
 def _no_checkpoint(checkpointer: Checkpointer) -> str:
@@ -825,11 +842,8 @@ def _restore_or_init(
     restored = checkpointer.restore_latest(trainer, verify) if resuming else None
     if restored is None:
         if resuming and (recorded := recorded_checkpoint(checkpointer.directory.parent)):
-            raise TitanError(
-                f"--resume: the run's record names checkpoint {recorded}, but "
-                f"{checkpointer.directory} holds {_no_checkpoint(checkpointer)}: refusing to "
-                "start again from step 0 (to train from scratch, start a new run id)"
-            )
+            holds = _no_checkpoint(checkpointer)
+            raise TitanError(_missing_recorded(recorded, checkpointer.directory, holds))
         if resuming:
             print(
                 "titan: --resume: the run has no committed checkpoint; starting from step 0",
