@@ -26,7 +26,9 @@ device synchronised at both ends), ``mfu`` (the convention of ``bench/peers.py``
 (6 N + 6 L S d, attention halved for the causal mask) over the dense **bf16** peak of the device,
 989.5e12 on an H200, for FP8 rows too, so that the rows compare as tokens/s do),
 ``vs_bf16`` (tokens/s over the ``bf16`` row's), ``remat`` (the policy ``auto`` took),
-``served`` (the op providers), ``compile_s``, ``peak_memory_gib``, ``losses`` (every step's).
+``served`` (the op providers), ``compile_s``, ``peak_memory_gib``, ``losses`` (every step's),
+``gemms`` and ``fp8_gemms`` (the compiled step's cuBLAS GEMM calls, and its FP8 ones: whether
+XLA rewrote the FP8 pattern, :func:`gemm_counts`).
 
 The loss comparison: on ``--loss-shape`` the ``bf16`` and ``float8`` runs take ``--loss-steps``
 steps (warm-up included) instead; ``loss_check`` gives each run's mean loss over the last
@@ -147,7 +149,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     step_s = (time.perf_counter() - start) / steps
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
-    return {
+    return gemm_counts(trainer) | {
         "device_kind": device.device_kind,
         "jax": jax.__version__,
         "remat": getattr(trainer.adapter, "remat", None),
@@ -164,6 +166,18 @@ def shape_of(name: str) -> Shape:
     """(model, batch, seq-len, master-weight dtype) of a shape of ``bench/peers.py``
     (``tiny``: its smoke shape)."""
     return peers.SMOKE if name == "tiny" else peers.SHAPES[name]
+
+
+def gemm_counts(trainer: Any) -> dict[str, int]:
+    """How many cuBLAS(Lt) GEMM calls the compiled train step makes, and how many of them are
+    FP8 (XLA's custom-call target ``__cublas$lt$matmul$f8``): whether XLA rewrote the FP8
+    pattern of :mod:`titan.ops.linear` into FP8 GEMMs (0 and 0 on the CPU). Reads the SPMD
+    trainer's compiled program (``_compiled``, as ``bench/planner_accuracy.py`` does)."""
+    compiled = getattr(trainer, "_compiled", None)
+    text = compiled.as_text() if compiled is not None else ""
+    calls = [line for line in text.splitlines() if 'custom_call_target="__cublas$' in line]
+    fp8 = [line for line in calls if "__cublas$lt$matmul$f8" in line]
+    return {"gemms": len(calls), "fp8_gemms": len(fp8)}
 
 
 def run_titan(system: str, shape: str, steps: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -207,19 +221,21 @@ def loss_check(results: dict[str, dict[str, Any]], window: int) -> dict[str, Any
 def table(out: dict[str, Any]) -> str:
     """The results as a Markdown table, one row per shape and system, then the loss checks."""
     lines = [
-        "| shape | system | tokens/s | MFU (bf16 peak) | vs bf16 | remat | compile s | peak GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | system | tokens/s | MFU (bf16 peak) | vs bf16 | remat | FP8 GEMMs | compile s "
+        "| peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, systems in out["results"].items():
         for system, r in systems.items():
             if "error" in r:
-                lines.append(f"| {name} | {system} | error: {r['error']} | | | | | |")
+                lines.append(f"| {name} | {system} | error: {r['error']} |" + " |" * 6)
                 continue
             cells = [
                 f"{r['tokens_per_s']:,.0f}",
                 f"{r['mfu']:.1%}" if r.get("mfu") else "unknown",
                 f"{r['vs_bf16']:.3f}" if r.get("vs_bf16") else "",
                 str(r.get("remat") or ""),
+                f"{r['fp8_gemms']} of {r['gemms']}" if "gemms" in r else "",
                 f"{r['compile_s']:.1f}" if r.get("compile_s") else "",
                 f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "",
             ]

@@ -53,6 +53,7 @@ def test_fp8_bench_runs_whole_on_the_cpu_and_the_report_renders_it(tmp_path):
     runs = data["results"]["tiny"]
     assert list(runs) == ["bf16", "float8"]
     assert all(r["tokens_per_s"] > 0 and len(r["losses"]) == 4 for r in runs.values())
+    assert runs["float8"]["fp8_gemms"] == runs["float8"]["gemms"] == 0  # no cuBLAS on a CPU
     assert runs["float8"]["vs_bf16"] == pytest.approx(
         runs["float8"]["tokens_per_s"] / runs["bf16"]["tokens_per_s"]
     )
