@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from helpers import events, run_in_process
 
-from titan.config import ComputeOptions
+from titan.config import ComputeOptions, ModelOptions, OptimizerOptions
 from titan.errors import TitanError
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.ops.linear import OCP_FP8, Linear, float8_einsum, quantize
 from titan.shapes import PRESETS
-from titan.trainer.adapters import linear_layers
+from titan.trainer.adapters import linear_layers, one_device_trainer
 
 F32 = jnp.float32
 # Unit roundoff of E4M3 (3 mantissa bits) and E5M2 (2): 2^-4 and 2^-3 (Micikevicius et al.
@@ -152,6 +152,15 @@ def test_float8_is_refused_on_an_accelerator_without_fp8_and_emulated_on_the_cpu
             linear_layers(float8, "gpu", kind)
     fused = ComputeOptions(fused_projections=True)
     assert linear_layers(fused, "gpu", "NVIDIA A100-SXM4-80GB") == Linear(fused=True)
+
+
+def test_a_float8_runs_model_restored_for_generation_computes_in_the_compute_dtype():
+    compute = ComputeOptions(matmul_dtype="float8", fused_projections=True)
+    shape = dataclasses.replace(PRESETS["tiny"], vocab_size=64, n_layers=2, d_model=32)
+    trainer = one_device_trainer(
+        shape, ModelOptions(), compute, OptimizerOptions(), 16, Ops("cpu", from_env=False)
+    )
+    assert trainer.adapter.linear == Linear(fused=True)
 
 
 @pytest.mark.slow

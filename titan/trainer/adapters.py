@@ -385,9 +385,13 @@ def one_device_trainer(
     ``titan generate`` and ``titan sample`` restore a checkpoint onto (the chunks of any layout
     are joined into it).
 
+    Its linear layers compute in the compute dtype whatever the run's ``--matmul-dtype``: FP8 is
+    a training option, and the device that generates may have no FP8.
+
     Raises:
         TitanError: the run's model family refuses to build here (MaxText not installed).
     """
+    compute = dataclasses.replace(compute, matmul_dtype=ComputeOptions().matmul_dtype)
     adapter = build_adapter(shape, model, compute, seq_len, ops)
     dtype = compute_dtype(compute.compute_dtype, jax.default_backend())
     timing_every = ObservabilityOptions().timing_every  # SPMD records no action timings
