@@ -8,6 +8,8 @@ For each shape of :data:`SHAPES` (``--shapes``), in this order, each in its own 
   ``remat`` and the peers below train with the same one);
 - ``titan-best``: the same with :data:`BEST` (the fastest options measured, which change the
   loss or trade memory: ``docs/benchmarks.md``);
+- ``titan-float8``: the defaults with ``--matmul-dtype float8`` (the decoder's linear layers in
+  FP8 with current scaling, :mod:`titan.ops.linear`);
 - ``plain-jax``: the plain-JAX baseline of this folder (``bench/baselines/plain_jax_llama.py``:
   ``jax.jit(value_and_grad)``, optax AdamW, a rolled ``lax.scan`` over layers, cuDNN attention,
   ``dots_with_no_batch_dims_saveable`` remat), random tokens, the same shape, batch and
@@ -21,7 +23,9 @@ For each shape of :data:`SHAPES` (``--shapes``), in this order, each in its own 
   mask changes with the batch); ``torchtitan-0.2.2``: the newest release that runs on torch
   2.11 unmodified;
 - ``maxtext``: MaxText's own trainer (``bench/peers_maxtext.py``: ``dataset_type=synthetic``,
-  cuDNN attention, the remat policy of Titan's defaults' policy).
+  cuDNN attention, the remat policy of Titan's defaults' policy); ``maxtext-fp8``: the same with
+  MaxText's own FP8 training (``quantization=fp8``: flax's ``fp8_ops``, FP8 GEMMs through
+  XLA as Titan's ``--matmul-dtype float8``).
 
 The peers need packages the GPU machine may lack: ``--peer-path SYSTEM=DIR`` puts ``DIR`` (a
 ``pip install --target`` of the wheels their runners name) and ``bench/stubs`` on that system's
@@ -88,8 +92,15 @@ PEERS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "torchtitan-0.2.2": ("torchtitan", ("--torchtitan-version", "0.2.2")),
     "maxtext": ("maxtext", ()),
+    "maxtext-fp8": ("maxtext", ("quantization=fp8",)),
 }
-SYSTEMS = ("titan-defaults", "titan-best", "plain-jax", *PEERS)
+# Titan's systems: the titan train options each adds to the shape's
+TITAN: dict[str, tuple[str, ...]] = {
+    "titan-defaults": (),
+    "titan-best": BEST,
+    "titan-float8": ("--matmul-dtype", "float8"),
+}
+SYSTEMS = (*TITAN, "plain-jax", *PEERS)
 
 
 def _shape_flag(m: ModelConfig) -> str:
@@ -262,8 +273,7 @@ def main() -> int:
                 elif system in PEERS:
                     result = run_peer(system, shape, remat, args)
                 else:
-                    extra = BEST if system == "titan-best" else ()
-                    result = run_titan(shape, extra, Path(tmp, "runs"), args)
+                    result = run_titan(shape, TITAN[system], Path(tmp, "runs"), args)
                     if system == "titan-defaults" and "remat" in result:
                         remat = result["remat"]
                 _mfu(result, shape[0], shape[2], peak)

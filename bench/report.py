@@ -22,7 +22,7 @@ Result files and the scripts that write them:
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
 - ``layer-loop-*.json``: ``titan train`` runs per ``--layer-unroll`` (the file says how);
 - ``peers-*.json``: ``bench/peers.py``; ``attention-*.json``: ``bench/attention.py``;
-  ``tpu-attention-*.json``: ``bench/tpu_attention.py``;
+  ``tpu-attention-*.json``: ``bench/tpu_attention.py``; ``fp8-*.json``: ``bench/fp8.py``;
   ``startup-*.json``: ``bench/startup.py``;
   ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
@@ -725,11 +725,13 @@ def layer_loop_table(path: Path, base: Path) -> list[str]:
 PEER_SYSTEMS = (
     "titan-defaults",
     "titan-best",
+    "titan-float8",
     "plain-jax",
     "torchtitan",
     "torchtitan-compat",
     "torchtitan-0.2.2",
     "maxtext",
+    "maxtext-fp8",
 )
 
 
@@ -770,6 +772,46 @@ def peers_table(path: Path, base: Path) -> list[str]:
     notes = [f"{note}" for note in data.get("notes", [])]
     notes += [f"Not run: {not_run}."] if not_run else []
     return lines + _table(header, rows) + [""] + [line for n in notes for line in (n, "")]
+
+
+def fp8_table(path: Path, base: Path) -> list[str]:
+    """``bench/fp8.py``: each system's tokens/s per shape against Titan's bf16 defaults, and the
+    loss of the bf16 and float8 runs on the same tokens."""
+    data = json.loads(path.read_text())
+    lines = [
+        f"Result file: {_link(path, base)}; command: `{data['command']}`.",
+        "",
+        f"MFU: {data['mfu_convention']}"
+        + (f" ({data['peak_flops'] / 1e12:,.1f} TFLOP/s" if data["peak_flops"] else " (")
+        + f" on {data['device']}).",
+        "",
+    ]
+    rows = []
+    for name, systems in data["results"].items():
+        shape = data["shapes"][name]
+        where = f"{name} (B{shape['batch']} x S{shape['seq_len']}, {shape['param_dtype']} master)"
+        for system, r in systems.items():
+            if "error" in r:
+                rows.append([where, system, "failed: " + r["error"].replace("|", "/")] + [""] * 4)
+                continue
+            rows.append(
+                [where, system, f"{r['tokens_per_s']:,.0f}", _pct(r.get("mfu"))]
+                + [_num(r.get("vs_bf16"), ".3f"), _num(r.get("peak_memory_gib"), ".1f")]
+                + [str(r.get("remat") or "")]
+            )
+    header = ["shape", "system", "tokens/s", "MFU", "vs bf16", "peak GiB", "remat"]
+    lines += _table(header, rows) + [""]
+    for name, check in data["loss_check"].items():
+        if check is None:
+            continue
+        means = check["mean_loss"]
+        lines += [
+            f"Loss on the same tokens, {name}, {check['steps']} steps, mean of the last "
+            f"{check['window']}: bf16 {means['bf16']:.4f}, float8 {means['float8']:.4f} "
+            f"({check['relative_difference']:+.2%}).",
+            "",
+        ]
+    return lines
 
 
 def attention_table(path: Path, base: Path) -> list[str]:
@@ -1071,6 +1113,9 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
         lines += ["## Titan against its peers, per shape (`bench/peers.py`, one GPU)", ""]
         for path in peer_files:
             lines += peers_table(path, doc)
+    for path in sorted(results.glob("fp8-*.json")):
+        lines += ["## FP8 training and fused projections (`bench/fp8.py`, one GPU)", ""]
+        lines += fp8_table(path, doc)
     for path in sorted(results.glob("layer-loop-*.json")):
         lines += ["## The layer loop, rolled and unrolled (`titan train --layer-unroll`)", ""]
         lines += layer_loop_table(path, doc)

@@ -62,7 +62,7 @@ def test_values_are_parsed_once_into_real_types():
 
 def test_every_option_belongs_to_one_section_and_keeps_its_flag():
     names = [o.name for o in option_fields()]
-    assert len(names) == len(set(names)) == 74
+    assert len(names) == len(set(names)) == 76
     assert {o.section for o in option_fields()} == set(SECTIONS)
     resumable = {o.name for o in option_fields() if o.resumable}
     assert resumable == {
@@ -76,11 +76,12 @@ def test_every_option_belongs_to_one_section_and_keeps_its_flag():
         *("memory_check", "debug_nonfinite_at_step", "debug_usable_memory"),
         *("eval_every", "eval_batches"),
         *("data_workers", "metrics", "compilation_cache", "decay_steps"),
+        *("matmul_dtype", "fused_projections"),  # no state: FP8 scales are per step
     }
     assert set(perf_key_options()) == {
         *("layout", "dp", "fsdp", "tp", "pp", "microbatches", "schedule", "virtual_stages"),
         *("stage_layers", "batch_size", "seq_len", "param_dtype", "compute_dtype", "remat"),
-        *("attention_mask", "layer_unroll"),
+        *("attention_mask", "layer_unroll", "matmul_dtype", "fused_projections"),
     }
 
 

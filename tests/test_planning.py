@@ -390,6 +390,28 @@ def test_default_fraction_predicts_the_plain_jax_baseline_it_was_not_fitted_to()
     assert baseline_step_s("none", "flash") == pytest.approx(tokens / 81.1e3, rel=0.10)
 
 
+def test_float8_prices_the_blocks_linear_layers_at_the_fp8_peak_and_the_rest_at_bf16():
+    cluster = Cluster(H200, 8, {})
+    bf16 = Precision("float32", "bfloat16", "flash")
+    float8 = dataclasses.replace(bf16, matmul="float8")
+    base = estimate_step(BASELINE, Layout(remat="dots"), cluster, 2048, 8, bf16)
+    fast = estimate_step(BASELINE, Layout(remat="dots"), cluster, 2048, 8, float8)
+    assert fast.device_flops == base.device_flops and fast.memory_s == base.memory_s
+    # H200: FP8 peak 1979, bf16 989.5 TFLOP/s, so FP8 saves half the linear layers' bf16 time;
+    # the head and attention stay at bf16, so that time is less than the whole compute time.
+    linear_bf16_s = 2 * (base.compute_s - fast.compute_s)
+    assert 0.5 * base.compute_s < linear_bf16_s < base.compute_s
+    with pytest.raises(ValueError, match="no FP8 peak"):
+        estimate_step(BASELINE, Layout(), Cluster(find_gpu("a100"), 8, {}), 2048, 8, float8)
+
+
+def test_titan_plan_refuses_float8_on_a_gpu_without_fp8(capsys):
+    argv = ["plan", "--model", "llama3-8b", "--gpu", "a100", "--gpus", "8", "--tokens", "1e9"]
+    assert titan.cli.main([*argv, "--matmul-dtype", "float8"]) == 2
+    error = capsys.readouterr().err
+    assert "--matmul-dtype float8: the catalog lists no FP8 peak for A100" in error
+
+
 def test_calibration_sets_the_fraction_and_fitting_recovers_it():
     assert baseline_step_s("dots", "flash", {"h200": 0.3}) > baseline_step_s("dots", "flash")
     runs = [("none", "flash"), ("dots", "flash"), ("full", "materialized")]

@@ -55,6 +55,8 @@ DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16")
 Remat = Literal["auto", "none", "dots", "dots-attention", "full"]
 AttentionMask = Literal["document", "causal"]
 ATTENTION_MASKS: tuple[AttentionMask, ...] = ("document", "causal")
+MatmulDtype = Literal["compute", "float8"]
+MATMUL_DTYPES: tuple[MatmulDtype, ...] = ("compute", "float8")
 TrainLayout = Literal["spmd", "mpmd"]
 LAYOUTS: tuple[TrainLayout, ...] = ("spmd", "mpmd")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]  # titan.schedules
@@ -752,6 +754,32 @@ class ComputeOptions:
             choices=("auto", *DTYPES),
             perf=True,
             planner=True,
+        ),
+    )
+    matmul_dtype: MatmulDtype = field(
+        default="compute",
+        metadata=_opt(
+            "--matmul-dtype",
+            "dtype of the decoder blocks' linear layers (Q, K, V, output, MLP): 'compute': the "
+            "compute dtype; 'float8': FP8 GEMMs, E4M3 operands and E5M2 gradients with one "
+            "scale per tensor and step (GPUs with FP8 only, e.g. Hopper; emulated on the CPU); "
+            "master weights, optimizer, norms, attention, embedding, head and loss unchanged, "
+            "no state added, so a resume may switch it",
+            choices=MATMUL_DTYPES,
+            resumable=True,
+            perf=True,
+            planner=True,
+        ),
+    )
+    fused_projections: bool = field(
+        default=False,
+        metadata=_opt(
+            "--fused-projections",
+            "Q, K and V in one GEMM and gate and up in another, their weights concatenated in "
+            "the step (parameters and checkpoints keep them apart; under --tp the "
+            "concatenation moves data)",
+            resumable=True,
+            perf=True,
         ),
     )
     remat: Remat = field(

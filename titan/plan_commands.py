@@ -431,7 +431,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 
     Raises:
         TitanError: unknown model or GPU, a model of another family than llama, bad
-            calibration file.
+            calibration file, ``--matmul-dtype float8`` on a GPU without FP8.
     """
     flags = {"model": "--model", "gpu": "--accelerator", "gpus": "--accelerators"}
     missing = [flag for dest, flag in flags.items() if getattr(args, dest) is None]
@@ -440,6 +440,11 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     gpu = find_gpu(args.gpu)
     compute = gpu.compute_dtype if args.compute_dtype == "auto" else args.compute_dtype
     check_peak_dtype(gpu, compute)
+    if args.matmul_dtype == "float8" and gpu.fp8_flops is None:
+        raise TitanError(
+            f"--matmul-dtype float8: the catalog lists no FP8 peak for {gpu.label}; plan with "
+            "--matmul-dtype compute"
+        )
     swiglu = "fused" if fused_swiglu_by_default(gpu.accelerator) else "native"  # the registry's
     model = resolve_model(args.model)
     check_planned_family(model, f"--model {args.model}")
@@ -453,7 +458,9 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         batch_tokens=batch_tokens(args),
         tokens=args.tokens if args.tokens is not None else TOKENS_PER_PARAM * model.param_count(),
         price_per_gpu_hour=args.price,
-        precision=Precision(args.param_dtype, compute, args.attention, swiglu),
+        precision=Precision(
+            args.param_dtype, compute, args.attention, swiglu, matmul=args.matmul_dtype
+        ),
         calibration=load_calibration(args.calibration, args.runs_root),
     )
 

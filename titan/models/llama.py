@@ -26,10 +26,12 @@ import jax.numpy as jnp
 
 from titan.models.layer_stack import layer_stack
 from titan.ops import Ops
+from titan.ops.linear import Linear
 from titan.parallel.sharding import ACTIVATION_AXES, EMBEDDING_LOOKUP_AXES
 from titan.shapes import ModelConfig
 
 INIT_STD = 0.02
+PLAIN = Linear()  # the compute dtype's GEMMs, one per weight
 
 
 def _param(module: nn.Module, name: str, axes: tuple[str, ...], shape: tuple[int, ...], std):
@@ -43,6 +45,7 @@ class Block(nn.Module):
     config: ModelConfig
     ops: Ops
     param_dtype: jnp.dtype = jnp.float32
+    linear: Linear = PLAIN
 
     @nn.compact
     def __call__(self, x, positions, segment_ids):
@@ -65,13 +68,17 @@ class Block(nn.Module):
         def attend(q, key, value):
             return ops.attention(q, key, value, segment_ids=segment_ids, causal=True), None
 
-        x, _ = block_forward(cfg, ops, weights, x, positions, attend)
+        x, _ = block_forward(cfg, ops, weights, x, positions, attend, self.linear)
         return nn.with_logical_constraint(x, ACTIVATION_AXES), None
 
 
-def block_forward(cfg: ModelConfig, ops: Ops, weights: dict, x, positions, attend):
+def block_forward(
+    cfg: ModelConfig, ops: Ops, weights: dict, x, positions, attend, linear: Linear = PLAIN
+):
     """One decoder block's math on its ``weights`` (the parameters :class:`Block` creates, by
     name), shared by :class:`Block` and the KV-cache decoder (:mod:`titan.models.kv_cache`).
+    Its linear layers (Q, K, V, the output projection and the MLP's) compute as ``linear``
+    says; norms, RoPE and attention as the ops' providers do.
 
     Args:
         x: (B, S, E) in the compute dtype; positions: (B, S) int32.
@@ -83,15 +90,15 @@ def block_forward(cfg: ModelConfig, ops: Ops, weights: dict, x, positions, atten
         ((B, S, E) in x's dtype, aux).
     """
     hidden = ops.rms_norm(x, weights["attn_norm"], eps=cfg.norm_eps)
-    q = jnp.einsum("bse,ehd->bshd", hidden, weights["wq"])
-    key = jnp.einsum("bse,ekd->bskd", hidden, weights["wk"])
-    value = jnp.einsum("bse,ekd->bskd", hidden, weights["wv"])
+    qkv = (weights["wq"], weights["wk"], weights["wv"])
+    q, key, value = linear.project("bse,ehd->bshd", hidden, qkv)
     rope = functools.partial(ops.rope, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
     q, key = rope(q, positions), rope(key, positions)
     attended, aux = attend(q, key, value)
-    x = x + jnp.einsum("bshd,hde->bse", attended, weights["wo"])
+    x = x + linear.einsum("bshd,hde->bse", attended, weights["wo"])
     hidden = ops.rms_norm(x, weights["mlp_norm"], eps=cfg.norm_eps)
-    x = x + ops.swiglu(hidden, weights["w_gate"], weights["w_up"], weights["w_down"])
+    mlp = (weights["w_gate"], weights["w_up"], weights["w_down"])
+    x = x + ops.swiglu(hidden, *mlp, linear=linear)
     return x, aux
 
 
@@ -121,6 +128,9 @@ class LlamaStage(nn.Module):
         document_mask: attention stays within a document (``segment_ids``); False: causal over
             the whole packed sequence (``segment_ids`` ignored).
         param_dtype: dtype parameters are created in (float32 master weights by default).
+        linear: how the blocks' linear layers compute (:class:`titan.ops.linear.Linear`: the
+            compute dtype or FP8, fused projections or not); the embedding and the output head
+            compute in the compute dtype either way.
 
     Call args:
         inputs: (B, S) int32 token ids (with embedding) or (B, S, E) hidden states;
@@ -138,6 +148,7 @@ class LlamaStage(nn.Module):
     layer_unroll: int = 0
     document_mask: bool = True
     param_dtype: jnp.dtype = jnp.float32
+    linear: Linear = PLAIN
 
     @nn.compact
     def __call__(self, inputs, positions, segment_ids, targets=None):
@@ -151,7 +162,8 @@ class LlamaStage(nn.Module):
             x = nn.with_logical_constraint(jnp.take(embed, inputs, axis=0), EMBEDDING_LOOKUP_AXES)
         x = nn.with_logical_constraint(x, ACTIVATION_AXES)
         stack = layer_stack(Block, self.remat, self.n_layers, self.layer_unroll, args=2)
-        x, _ = stack(cfg, self.ops, self.param_dtype, name="layers")(x, positions, segment_ids)
+        blocks = stack(cfg, self.ops, self.param_dtype, self.linear, name="layers")
+        x, _ = blocks(x, positions, segment_ids)
         if not self.has_head:
             return x
         final_norm = _param(self, "final_norm", ("norm",), (cfg.d_model,), None)

@@ -17,10 +17,14 @@ first called, so the ``titan`` CLI (whose ``ops`` subcommand lives here) starts 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from titan.errors import TitanError
 from titan.ops import providers, registry  # noqa: F401  (importing providers registers them)
 from titan.ops.registry import OPS, OpTable
+
+if TYPE_CHECKING:  # titan.ops.linear imports JAX
+    from titan.ops.linear import Linear
 
 __all__ = ["OPS", "Ops"]
 
@@ -124,15 +128,18 @@ class Ops:
             raise TitanError(f"rope needs an even head dim, got {x.shape[-1]}")
         return self._table.call("rope", x, positions, theta=theta, scaling=scaling)
 
-    def swiglu(self, x, w_gate, w_up, w_down):
+    def swiglu(self, x, w_gate, w_up, w_down, *, linear: Linear | None = None):
         """SwiGLU MLP (Shazeer 2020, Eq. 6): (silu(x W_gate) * (x W_up)) W_down.
 
         Args:
             x: (B, S, E); w_gate, w_up: (E, F); w_down: (F, E), all in the compute dtype.
+            linear: how the three matmuls compute (:class:`titan.ops.linear.Linear`: FP8,
+                gate and up fused into one GEMM; None: ``Linear()``, the compute dtype, one
+                GEMM each); every provider takes it.
         Returns:
             (B, S, E) in x's dtype, matmuls accumulated in float32.
         """
-        return self._table.call("swiglu", x, w_gate, w_up, w_down)
+        return self._table.call("swiglu", x, w_gate, w_up, w_down, linear=linear)
 
     def cross_entropy(self, x, w_out, targets):
         """Output head plus token-level cross-entropy: -log softmax(x W_out)[target].

@@ -19,6 +19,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from titan.ops.linear import Linear
+
 F32 = jnp.float32
 
 
@@ -99,12 +101,13 @@ def swiglu_gating(gate, up):
     return (jax.nn.silu(gate.astype(F32)) * up.astype(F32)).astype(gate.dtype)
 
 
-def swiglu(x, w_gate, w_up, w_down, *, gating=swiglu_gating):
+def swiglu(x, w_gate, w_up, w_down, *, gating=swiglu_gating, linear: Linear | None = None):
     """The MLP around ``gating`` (elementwise on the (B, S, F) projections; providers may pass
-    their own, with another backward pass)."""
-    gate = jnp.einsum("bse,ef->bsf", x, w_gate)
-    up = jnp.einsum("bse,ef->bsf", x, w_up)
-    return jnp.einsum("bsf,fe->bse", gating(gate, up), w_down)
+    their own, with another backward pass), its matmuls computed as ``linear`` says (None:
+    ``Linear()``)."""
+    linear = Linear() if linear is None else linear
+    gate, up = linear.project("bse,ef->bsf", x, (w_gate, w_up))
+    return linear.einsum("bsf,fe->bse", gating(gate, up), w_down)
 
 
 def cross_entropy(x, w_out, targets):

@@ -322,13 +322,16 @@ class Precision:
     """Dtypes and kernels of a run: ``param_dtype`` (master weights, AdamW moments) and
     ``compute_dtype`` (matmuls and activations); ``attention`` is ``flash`` or
     ``materialized``; ``swiglu`` ``fused`` (the Pallas provider) or ``native``; ``loss``
-    ``materialized`` (the full (tokens, vocabulary) logits exist) or ``chunked``."""
+    ``materialized`` (the full (tokens, vocabulary) logits exist) or ``chunked``; ``matmul``
+    the dtype of the decoder blocks' linear layers (``--matmul-dtype``: ``compute`` or
+    ``float8``, priced at the device's FP8 peak by :func:`titan.planning.step.estimate_step`)."""
 
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     attention: str = "flash"
     swiglu: str = "fused"
     loss: str = "materialized"
+    matmul: str = "compute"
 
     @classmethod
     def of_providers(

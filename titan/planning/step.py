@@ -15,6 +15,10 @@ optimizer step takes
   mapping catalog name -> measured fraction (from the performance database, or
   ``bench/planner_accuracy.py``), or :data:`DEFAULT_ACHIEVABLE_FRACTION` when the device has no
   measurements.
+- with ``--matmul-dtype float8`` the decoder blocks' linear-layer FLOPs (forward, backward and
+  recomputed) run at the device's dense FP8 peak (``GpuSpec.fp8_flops``) at the same ``eta``,
+  the head and attention at the bf16 one (:func:`float8_saving_s`); the quantization passes
+  count as nothing (unmeasured);
 - attention FLOPs (q k^T and the weighted sum of values) run at ``ATTENTION_EFFICIENCY`` of
   the matmuls' fraction (flash kernels and XLA's batched score products reach less of peak than
   the projections' GEMMs);
@@ -186,6 +190,20 @@ class Cluster:
     calibration: Mapping[str, float]
 
 
+def float8_saving_s(gpu: GpuSpec, eta: float, linear_flops: float) -> float:
+    """Seconds saved when the blocks' linear-layer FLOPs (``linear_flops``: forward, backward
+    and recomputed, not the head's) run at the device's dense FP8 peak instead of its bf16 one,
+    at the same achievable fraction ``eta`` (``--matmul-dtype float8``).
+
+    Raises:
+        ValueError: the device has no FP8 peak (``titan plan`` refuses it first, naming the
+            option).
+    """
+    if gpu.fp8_flops is None:
+        raise ValueError(f"{gpu.label} has no FP8 peak in the catalog")
+    return linear_flops / (gpu.bf16_flops * eta) - linear_flops / (gpu.fp8_flops * eta)
+
+
 def estimate_step(
     model: ModelConfig,
     layout: Layout,
@@ -224,6 +242,10 @@ def estimate_step(
     device_flops = replica_tokens * (layers * layer_flops(flops) + head_passes * flops.head) / tp
     matmul_flops = device_flops - attention_flops
     compute_s = (matmul_flops + attention_flops / ATTENTION_EFFICIENCY) / (gpu.bf16_flops * eta)
+    if precision.matmul == "float8":
+        compute_s -= float8_saving_s(
+            gpu, eta, matmul_flops - replica_tokens * head_passes * flops.head / tp
+        )
 
     matrices, norms = layer_params(model)
     local_params = layers * (matrices / (layout.fsdp * tp) + norms)

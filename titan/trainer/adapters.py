@@ -32,8 +32,10 @@ from titan.config import (
     ParallelOptions,
     Remat,
     TrainerOptions,
+    flag_of,
 )
 from titan.errors import TitanError
+from titan.gpus import gpu_for_device_kind
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.dit import DitAdapter
 from titan.models.adapters.llama import LlamaAdapter
@@ -41,6 +43,7 @@ from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
 from titan.models.adapters.maxtext_errors import check_attention_backend
 from titan.mpmd.pipeline import PipelineTrainer
 from titan.ops import Ops
+from titan.ops.linear import Linear
 from titan.optimizer import build_optimizer
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.fit import check_layout
@@ -63,6 +66,43 @@ def compute_dtype(name: str, backend: str) -> jnp.dtype:
     return jnp.dtype(name)
 
 
+# Catalog entries whose FP8 is the "fnuz" formats (AMD ROCm documentation, "Data types and
+# precision support": FP8 on MI300, gfx942); MI355X (gfx950) computes in the OCP ones.
+FNUZ_FP8_GPUS = frozenset({"mi300x", "mi325x"})
+
+
+def linear_layers(compute: ComputeOptions, backend: str, device_kind: str) -> Linear:
+    """How the decoder blocks' linear layers compute (``--matmul-dtype``,
+    ``--fused-projections``) on devices of ``device_kind`` (``jax.Device.device_kind``).
+    ``float8`` runs where the catalog (:mod:`titan.gpus`) lists an FP8 peak for the device,
+    and on the CPU, where XLA emulates FP8 (slowly: for tests, not for speed).
+
+    Raises:
+        TitanError: ``--matmul-dtype float8`` on an accelerator without FP8 in the catalog, or
+            one the catalog does not list.
+    """
+    float8 = compute.matmul_dtype == "float8"
+    spec = gpu_for_device_kind(device_kind)
+    if float8 and backend != "cpu" and (spec is None or spec.fp8_flops is None):
+        raise TitanError(
+            f"--matmul-dtype float8 needs FP8 matmuls, which the catalog lists for none of "
+            f"this run's devices ({device_kind}); use --matmul-dtype compute"
+        )
+    fnuz = float8 and spec is not None and spec.name in FNUZ_FP8_GPUS
+    return Linear(float8=float8, fused=compute.fused_projections, fnuz=fnuz)
+
+
+def _check_llama_only(compute: ComputeOptions, family: str) -> None:
+    """Raises TitanError naming the first of ``--matmul-dtype`` and ``--fused-projections``
+    set away from its default: they apply to Titan's Llama only, not to ``family``."""
+    defaults = ComputeOptions()
+    for name in ("matmul_dtype", "fused_projections"):
+        if getattr(compute, name) != getattr(defaults, name):
+            raise TitanError(
+                f"{flag_of(name)} applies to Titan's Llama only, not to the {family} family"
+            )
+
+
 def _titan_llama(
     shape: ModelConfig, model: ModelOptions, compute: ComputeOptions, seq_len: int, ops: Ops
 ) -> LlamaAdapter:
@@ -75,13 +115,19 @@ def _titan_llama(
         layer_unroll=compute.layer_unroll,
         document_mask=compute.attention_mask == "document",
         param_dtype=jnp.dtype(compute.param_dtype),
+        linear=linear_layers(compute, ops.backend, jax.devices()[0].device_kind),
     )
 
 
 def _titan_dit(
     shape: ModelConfig, model: ModelOptions, compute: ComputeOptions, seq_len: int, ops: Ops
 ) -> DitAdapter:
-    """Titan's DiT of ``shape`` (``--task diffusion``; a row is one image, not ``seq_len``)."""
+    """Titan's DiT of ``shape`` (``--task diffusion``; a row is one image, not ``seq_len``).
+
+    Raises:
+        TitanError: ``--matmul-dtype`` or ``--fused-projections`` is set.
+    """
+    _check_llama_only(compute, "dit")
     return DitAdapter(
         shape,
         ops,
@@ -99,7 +145,8 @@ def _maxtext(
 
     Raises:
         TitanError: ``--ops`` forces providers (MaxText's layers do not call Titan's
-            operators), MaxText refuses the model, its attention kernel cannot run on the
+            operators), ``--matmul-dtype`` or ``--fused-projections`` is set, MaxText refuses
+            the model, its attention kernel cannot run on the
             ops' backend, or its vocabulary is smaller than the tokenizer's.
     """
     if compute.ops:
@@ -107,6 +154,7 @@ def _maxtext(
             "--ops does not apply to --model-source maxtext: MaxText's layers call their own "
             "kernels (choose them with --maxtext-set attention=...)"
         )
+    _check_llama_only(compute, "maxtext")
     settings, tokenizer_vocab = model.maxtext_set, shape.vocab_size
     maxtext = MaxTextModel(
         model.maxtext_model,
@@ -343,9 +391,13 @@ def one_device_trainer(
     ``titan generate`` and ``titan sample`` restore a checkpoint onto (the chunks of any layout
     are joined into it).
 
+    Its linear layers compute in the compute dtype whatever the run's ``--matmul-dtype``: FP8 is
+    a training option, and the device that generates may have no FP8.
+
     Raises:
         TitanError: the run's model family refuses to build here (MaxText not installed).
     """
+    compute = dataclasses.replace(compute, matmul_dtype=ComputeOptions().matmul_dtype)
     adapter = build_adapter(shape, model, compute, seq_len, ops)
     dtype = compute_dtype(compute.compute_dtype, jax.default_backend())
     timing_every = ObservabilityOptions().timing_every  # SPMD records no action timings

@@ -26,8 +26,9 @@ from titan.models.adapters.base import (
 )
 from titan.models.adapters.flax_stages import FlaxStages
 from titan.models.layer_stack import INIT_LAYER_UNROLL
-from titan.models.llama import LlamaStage
+from titan.models.llama import PLAIN, LlamaStage
 from titan.ops import Ops
+from titan.ops.linear import Linear
 from titan.parallel.chunks import Chunk
 from titan.shapes import ModelConfig
 
@@ -44,6 +45,7 @@ class LlamaAdapter(FlaxStages):
         layer_unroll: blocks per iteration of the layer scan (0: chosen by depth and remat).
         document_mask: attention stays within a document; False: causal over the sequence.
         param_dtype: dtype of the master weights.
+        linear: how the blocks' linear layers compute (FP8, fused projections).
     """
 
     config: ModelConfig
@@ -53,6 +55,7 @@ class LlamaAdapter(FlaxStages):
     layer_unroll: int = 0
     document_mask: bool = True
     param_dtype: Any = jnp.float32
+    linear: Linear = PLAIN
     family: str = "llama"
     layer_axis: int = 0
 
@@ -68,6 +71,7 @@ class LlamaAdapter(FlaxStages):
             layer_unroll=self.layer_unroll,
             document_mask=self.document_mask,
             param_dtype=jnp.dtype(self.param_dtype),
+            linear=self.linear,
         )
 
     def token_flops(self) -> tuple[dict[str, float], dict[str, float]]:

@@ -43,6 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.custom_partitioning import custom_partitioning
 
 from titan.ops import native
+from titan.ops.linear import Linear
 from titan.ops.providers.platform import (
     accelerator,
     fused_swiglu_by_default,
@@ -59,7 +60,7 @@ MIN_COLS = 128
 NUM_WARPS = 8
 
 
-def supports(backend: str, x, w_gate, w_up, w_down) -> Any:
+def supports(backend: str, x, w_gate, w_up, w_down, linear: Linear | None = None) -> Any:
     """Whether the kernel can serve this call: interpreted on CPU, Triton on CUDA/ROCm; rows a
     multiple of ``BLOCK_ROWS``, F a multiple of 128."""
     if not (runs := pallas_runs_on(backend)):
@@ -73,15 +74,15 @@ def supports(backend: str, x, w_gate, w_up, w_down) -> Any:
     return True
 
 
-def preferred(backend: str, x, w_gate, w_up, w_down) -> bool:
+def preferred(backend: str, x, w_gate, w_up, w_down, linear: Linear | None = None) -> bool:
     """Where the registry chooses it unasked (:func:`fused_swiglu_by_default`): CUDA GPUs."""
     return fused_swiglu_by_default(accelerator(backend))
 
 
-def swiglu(x, w_gate, w_up, w_down):
+def swiglu(x, w_gate, w_up, w_down, linear: Linear | None = None):
     """SwiGLU MLP; arguments and result as :meth:`titan.ops.Ops.swiglu` (x (B, S, E), w_gate and
     w_up (E, F), w_down (F, E); returns (B, S, E) in x's dtype)."""
-    return native.swiglu(x, w_gate, w_up, w_down, gating=_gating)
+    return native.swiglu(x, w_gate, w_up, w_down, gating=_gating, linear=linear)
 
 
 @jax.custom_vjp
