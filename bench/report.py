@@ -1014,8 +1014,16 @@ def _train_command(config: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _program_bytes(compile_event: dict[str, Any]) -> int:
+    """A ``compile`` event's program bytes: arguments + outputs - aliases + temporaries."""
+    memory = compile_event["memory"]
+    parts = memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"]
+    return int(parts - memory["alias_bytes"])
+
+
 def run_records_table(group: Path, base: Path) -> list[str]:
-    """A folder of ``titan train`` run records: medians of steps 2 to N per run."""
+    """A folder of ``titan train`` run records: medians of steps 2 to N per run, and its memory:
+    the estimate ``run_start`` records, the compiled step's program and the steps' peak."""
     rows, commands, peaks = [], [], set()
     for run_dir in sorted(p for p in group.iterdir() if (p / "events.jsonl").exists()):
         events = _events(run_dir)
@@ -1027,6 +1035,12 @@ def run_records_table(group: Path, base: Path) -> list[str]:
         served = start["ops"]
         joules = [e["joules_per_token"] for e in steps if e.get("joules_per_token") is not None]
         config = start["config"]
+        estimate = (start.get("memory_check") or {}).get("estimate_bytes")
+        compiled = next(
+            (_program_bytes(e) for e in events if e["type"] == "compile" and e.get("memory")),
+            None,
+        )
+        peak = max((e["peak_memory_bytes"] for e in steps if e.get("peak_memory_bytes")), default=0)
         rows.append(
             [f"`{run_dir.name}`", served["cross_entropy"], served["rope"], served["swiglu"]]
             + [served["attention"], config["remat"], config["attention_mask"]]
@@ -1034,7 +1048,9 @@ def run_records_table(group: Path, base: Path) -> list[str]:
             + [f"{statistics.median(e['tokens_per_s'] for e in steps):,.0f}"]
             + [_pct(statistics.median(m["causal"] for m in mfu) if mfu else None)]
             + [_pct(statistics.median(m["full"] for m in mfu) if mfu else None)]
-            + [_num(statistics.median(joules) if joules else None, ".4f"), end.get("status", "-")]
+            + [_num(statistics.median(joules) if joules else None, ".4f")]
+            + [_num(_giga(estimate), ".2f"), _num(_giga(compiled), ".2f")]
+            + [_num(_giga(peak or None), ".2f"), end.get("status", "-")]
         )
         commands.append(f"- `{run_dir.name}`: `{_train_command(config)}`")
     device = "unknown device"
@@ -1052,7 +1068,8 @@ def run_records_table(group: Path, base: Path) -> list[str]:
         "",
     ]
     header = ["run", "cross-entropy", "rope", "swiglu", "attention", "remat", "attention mask"]
-    header += ["layer unroll", "steps", "tokens/s", "MFU causal", "MFU full", "J/token", "status"]
+    header += ["layer unroll", "steps", "tokens/s", "MFU causal", "MFU full", "J/token"]
+    header += ["estimate GB", "compiled GB", "peak GB", "status"]
     lines += _table(header, rows)
     return lines + ["", "Commands (from each run's `config.json`):", "", *commands, ""]
 
@@ -1088,7 +1105,7 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     all_keys = list(dict.fromkeys(k for config in keys for k in config))
     for path in files:
         lines += mfu_table(path, doc, all_keys)
-    lines += ["## `titan train` run records (`llama3-1b`)", ""]
+    lines += ["## `titan train` run records", ""]
     for group in sorted(p for p in results.iterdir() if p.is_dir()):
         lines += run_records_table(group, doc)
     lines += ["## Operators (`titan ops check --json`)", ""]
