@@ -149,9 +149,9 @@ def auto_candidates(platform: str) -> tuple[str, ...]:
 
     On a TPU, ``none`` first: XLA:TPU rematerializes on its own whatever does not fit the HBM
     (:func:`titan.trainer.memory_check.compiler_fits`), so saving everything leaves the choice
-    of what to recompute to the compiler, which knows the chip. Measured on one TPU v5e
-    (``bench/results/tpu-tpu-v5-lite.json``, a 0.32B Llama at 8 x 2048 tokens): ``none``
-    49.7k tokens/s against ``dots-attention`` 45.4k.
+    of what to recompute to the compiler, which knows the chip. Measured on one TPU v5e with
+    native attention (``bench/results/tpu-v5e-native-attention``, a 0.32B Llama at 8 x 2048
+    tokens): ``none`` 49.7k tokens/s against ``dots-attention`` 45.5k.
     """
     if platform == "cpu":
         return ("none",)
