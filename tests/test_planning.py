@@ -366,6 +366,7 @@ def test_torus_collectives_run_as_rings_per_axis_and_add_up_over_axes():
 def test_titan_plan_on_a_v5p_slice_finds_a_layout_whose_collectives_use_the_torus(capsys):
     argv = ("--model", "llama3-70b", "--accelerator", "v5p", "--accelerators", "256")
     code, out, _ = run_plan(capsys, *argv)
+    out = " ".join(out.split())  # the lines as wrapped at the terminal's width
     assert "collectives over the ICI 3D torus 4x8x8" in out
     flags = re.search(r"--dp 1 --fsdp \d+ --tp \d+ --pp \d+ --microbatches \d+ --remat \w+", out)
     assert flags is not None, out  # the fastest layout that fits, as flags
