@@ -9,11 +9,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
+from textual.screen import Screen
 
 from titan.telemetry.events import Event, parse_events
 from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
@@ -24,6 +25,7 @@ from tui.screens.planner import PlannerScreen
 from tui.widgets.option_input import OptionInput
 from tui.widgets.stat import Stat
 
+FormScreen = TypeVar("FormScreen", bound=Screen)
 # The first launched run of a session trains a tokenizer and compiles: allow for it.
 LAUNCH_TIMEOUT_S = 180.0
 
@@ -82,6 +84,18 @@ async def open_planner(app: TitanConsole, pilot: Pilot) -> PlannerScreen:
     assert isinstance(planner, PlannerScreen)
     await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
     return planner
+
+
+async def form_shown(app: TitanConsole, pilot: Pilot, kind: type[FormScreen]) -> FormScreen:
+    """The form of type ``kind`` (launch form, planner) once it shows with its first field
+    focused."""
+
+    def shown() -> bool:
+        return isinstance(app.screen, kind) and app.focused is not None
+
+    await wait_until(pilot, shown, lambda: f"{app.screen} shown, not a {kind.__name__}", 30)
+    assert isinstance(app.screen, kind)
+    return app.screen
 
 
 def stat(app: TitanConsole, stat_id: str) -> str:
