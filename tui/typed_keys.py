@@ -67,6 +67,7 @@ class KeyQueue:
         self._waiting: deque[TypedKey] = deque()
         self._in_flight: TypedKey | None = None
         self._lost_timer: Timer | None = None
+        self._holders: set[object] = set()
 
     def read(self, event: events.Key) -> None:
         """Queue a key the terminal sent (posted once the screen shown has handled what it had
@@ -90,6 +91,17 @@ class KeyQueue:
             # After the app has handled the message it is on (the key's bindings act then).
             self._app.call_later(self._after_screen, self._post_next)
 
+    def hold(self, holder: object) -> None:
+        """Hold the keys read from now on until ``holder`` releases them (a form mounting its
+        fields in parts: a key typed meanwhile acts once every field is there)."""
+        self._holders.add(holder)
+
+    def release(self, holder: object) -> None:
+        """End ``holder``'s hold; the keys held go once no other holds them."""
+        self._holders.discard(holder)
+        if not self._holders:
+            self._after_screen(self._post_next)
+
     def _after_screen(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the screen shown has handled the messages it has queued (a
         screen just opened composes its fields and focuses the first one)."""
@@ -97,7 +109,7 @@ class KeyQueue:
             callback()
 
     def _post_next(self) -> None:
-        if self._in_flight is not None or not self._waiting:
+        if self._in_flight is not None or not self._waiting or self._holders:
             return
         key = self._in_flight = self._waiting.popleft()
         self._lost_timer = self._app.set_timer(KEY_LOST_S, lambda: self.handled(key))
