@@ -25,6 +25,7 @@ from test_console_tmux import (
     type_launch_form,
 )
 
+from titan.analysis.summarize import database_path
 from titan.config import option_fields
 
 pytestmark = pytest.mark.slow
@@ -161,3 +162,47 @@ def test_help_is_f1_on_every_screen_and_leaves_a_form_field_as_it_was(tmp_path: 
     assert "f1 Keys" in form, form
     assert "Launch" in help_
     assert _field(after, FIRST_FLAG) == "tiny", after
+
+
+HOLD = (
+    "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('held', flush=True); "
+    "time.sleep(120)"
+)
+
+
+def _holder(database: Path) -> subprocess.Popen[str]:
+    """A process that holds ``database`` (DuckDB's lock) for two minutes, once it says so."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(database)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_held_database_is_named_at_once_in_history_and_by_titan_summarize(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    holder = _holder(database_path(root))
+    _console("--runs-root", str(root))
+    try:
+        _wait_for(RUN_LIST, 60)
+        _send("h")
+        history = _wait_for(f"another process (pid {holder.pid}) holds", 10)
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "titan.cli", "summarize", str(root)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        start = time.monotonic()
+        assert cli.stderr is not None
+        said = cli.stderr.readline()
+        said_after_s = time.monotonic() - start
+        cli.kill()
+        cli.wait()
+    finally:
+        _kill_session()
+        holder.kill()
+        holder.wait()
+    assert "IO Error" not in history
+    assert f"another process (pid {holder.pid}) holds {database_path(root)}: waiting" in said
+    assert said_after_s < 5.0  # about a second: the interpreter's start and the first try
