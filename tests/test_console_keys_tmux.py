@@ -5,6 +5,7 @@ between them, ``capture-pane`` reads what they did."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -206,3 +207,19 @@ def test_a_held_database_is_named_at_once_in_history_and_by_titan_summarize(tmp_
     assert "IO Error" not in history
     assert f"another process (pid {holder.pid}) holds {database_path(root)}: waiting" in said
     assert said_after_s < 5.0  # about a second: the interpreter's start and the first try
+
+
+# SGR parameters that set a colour: basic and bright foreground and background, 256 and 24-bit.
+COLOUR_SGR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|4[0-8]|9[0-7]|10[0-7])[;m]")
+
+
+@pytest.mark.parametrize("env", ["TERM=dumb", "NO_COLOR=1"])
+def test_a_terminal_without_colour_gets_no_colour_escape(tmp_path: Path, env: str):
+    _console("--runs-root", str(copy_sample_runs(tmp_path / "runs")), env=f"{env} ")
+    try:
+        _wait_for(RUN_LIST, 60)
+        drawn = _tmux("capture-pane", "-e", "-p", "-t", SESSION)
+    finally:
+        _kill_session()
+    assert "llama3-1b-h200" in drawn
+    assert COLOUR_SGR.findall(drawn) == []

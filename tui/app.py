@@ -21,7 +21,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from textual import events
@@ -54,6 +54,8 @@ from tui.widgets.too_small import TooSmall, notice_text, too_small
 EXIT_USAGE = 2
 # The keys that act while the "terminal too small" notice is shown (it names them).
 QUIT_KEYS = ("q", "ctrl+q")
+# Terminals that draw no colour (terminfo's names): the console runs there as with NO_COLOR.
+DUMB_TERMINALS = ("dumb", "unknown")
 
 
 class TitanConsole(App[None], inherit_bindings=False):
@@ -98,7 +100,9 @@ class TitanConsole(App[None], inherit_bindings=False):
         show_launch_form: bool = False,
         ascii_only: bool = False,
     ) -> None:
-        super().__init__()
+        # NO_COLOR: the terminal's own ANSI colours, which Textual then strips (its NoColor
+        # filter): no colour escape at all (with Textual's colours it draws shades of grey).
+        super().__init__(ansi_color="NO_COLOR" in os.environ)
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             # No animations unless asked for: a tab's sliding underline repaints the screen for
             # 0.3 s, twice the CPU of drawing the tab itself, and every frame crosses the SSH
@@ -347,6 +351,15 @@ def _not_a_run(run_dir: Path) -> str | None:
     return None
 
 
+def utf8_locale(env: Mapping[str, str]) -> bool:
+    """Whether the locale of ``env`` (the first of ``LC_ALL``, ``LC_CTYPE``, ``LANG`` set, POSIX's
+    order) encodes UTF-8; a terminal under another (``LANG=C``, or none) gets ASCII drawing
+    (``--ascii``). Python's own encoding cannot tell: it coerces the C locale to UTF-8 (PEP 538).
+    """
+    name = next((env[key] for key in ("LC_ALL", "LC_CTYPE", "LANG") if env.get(key)), "")
+    return name.split("@")[0].lower().replace("utf8", "utf-8").endswith("utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``titan-console``. Returns the process exit code."""
     parser = build_parser()
@@ -358,8 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_runs_root(args.runs_root or default_runs_root(), created=True)
     except TitanError as err:
         parser.exit(EXIT_USAGE, f"titan-console: error: --runs-root: {inert(err)}\n")
-    if args.no_color:
+    if args.no_color or os.environ.get("TERM") in DUMB_TERMINALS:
         os.environ["NO_COLOR"] = "1"
+    ascii_only = args.ascii or not utf8_locale(os.environ)
     # The terminal's own size, followed as it changes: Textual reads it with
     # shutil.get_terminal_size, which takes exported COLUMNS and LINES first, so that those would
     # pin the console at one size (and hide the "terminal too small" notice).
@@ -367,13 +381,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.pop(name, None)
     if args.run is not None:
         app = TitanConsole(
-            args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=args.ascii
+            args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=ascii_only
         )
     elif args.runs_root is not None:
-        app = TitanConsole(args.runs_root.resolve(), ascii_only=args.ascii)
+        app = TitanConsole(args.runs_root.resolve(), ascii_only=ascii_only)
     else:
         app = TitanConsole(
-            default_runs_root().resolve(), show_launch_form=True, ascii_only=args.ascii
+            default_runs_root().resolve(), show_launch_form=True, ascii_only=ascii_only
         )
     app.run()
     message = exit_message(app.running_children())
