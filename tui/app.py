@@ -86,9 +86,11 @@ class TitanConsole(App[None], inherit_bindings=False):
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "help", "Keys"),
         Binding("escape", "back", "Back"),
-        Binding("n", "open('launch')", "Launch"),
-        Binding("p", "open('planner')", "Planner"),
-        Binding("h", "open('history')", "History"),
+        # Shown in the run list's footer (RunsScreen binds them there again); a narrow footer of
+        # another screen has no room for them (f1 lists them).
+        Binding("n", "open('launch')", "Launch", show=False),
+        Binding("p", "open('planner')", "Planner", show=False),
+        Binding("h", "open('history')", "History", show=False),
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 

@@ -35,7 +35,9 @@ class KeysScreen(ModalScreen[None]):
             ours = active.node in (self._about, self.app) or _declared_here(active)
             if ours and active.binding.description:
                 keys = keys_by_description.setdefault(active.binding.description, [])
-                keys.append(self.app.get_key_display(active.binding))
+                key = self.app.get_key_display(active.binding)
+                if key not in keys:  # bound on the screen and the app (n, p, h)
+                    keys.append(key)
         return [(", ".join(keys), description) for description, keys in keys_by_description.items()]
 
     def compose(self) -> ComposeResult:
