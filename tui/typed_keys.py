@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from contextvars import Context
+from typing import Any
 
 from textual import events
 from textual.app import App
@@ -62,7 +63,7 @@ class KeyQueue:
         app: the app the keys are posted to (its ``on_event`` hands a :class:`TypedKey` on).
     """
 
-    def __init__(self, app: App[object]) -> None:
+    def __init__(self, app: App[Any]) -> None:
         self._app = app
         self._waiting: deque[TypedKey] = deque()
         self._in_flight: TypedKey | None = None
