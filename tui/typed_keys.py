@@ -50,6 +50,15 @@ class TypedKey(events.Key):
         return self
 
 
+# Keys that act within the focused field: they need no other field to be there.
+FIELD_KEYS = frozenset({"backspace", "delete", "left", "right", "home", "end"})
+
+
+def _within_field(key: events.Key) -> bool:
+    """Whether ``key`` acts within the focused field (a character, :data:`FIELD_KEYS`)."""
+    return key.is_printable or key.key in FIELD_KEYS
+
+
 # Widgets handle it as the key it is (Textual names a message's handler after its class).
 TypedKey.handler_name = events.Key.handler_name
 
@@ -93,8 +102,10 @@ class KeyQueue:
             self._app.call_later(self._after_screen, self._post_next)
 
     def hold(self, holder: object) -> None:
-        """Hold the keys read from now on until ``holder`` releases them (a form mounting its
-        fields in parts: a key typed meanwhile acts once every field is there)."""
+        """Hold the keys read from now on that could act beyond the focused field (a tab, a
+        binding) until ``holder`` releases them (a form mounting its fields in parts: such a key
+        typed meanwhile acts once every field is there); characters and the keys that edit
+        within a field go on (:func:`_within_field`), until a held key is ahead of them."""
         self._holders.add(holder)
 
     def release(self, holder: object) -> None:
@@ -110,7 +121,9 @@ class KeyQueue:
             callback()
 
     def _post_next(self) -> None:
-        if self._in_flight is not None or not self._waiting or self._holders:
+        if self._in_flight is not None or not self._waiting:
+            return
+        if self._holders and not _within_field(self._waiting[0]):
             return
         key = self._in_flight = self._waiting.popleft()
         self._lost_timer = self._app.set_timer(KEY_LOST_S, lambda: self.handled(key))

@@ -17,15 +17,12 @@ from textual.widgets import Footer, Header, Input, Select, Static
 
 from titan.errors import TitanError
 from tui.planner_form import plan_options, plan_report, start_texts
-from tui.widgets.option_input import OptionInput, help_line, mount_in_parts, row_of
+from tui.widgets.option_input import OptionInput, help_line, row_of
 from tui.widgets.plan_tables import PlanTables
 
 # Typing pauses this long before the plan is recomputed.
 _DEBOUNCE_S = 0.25
 _SWITCH_CHOICES = [("off", ""), ("on", "1")]
-# The rows composed with the form (what a terminal of 80x24 shows of it); the others are mounted
-# right after it shows (mount_in_parts).
-FIRST_ROWS = 10
 
 
 class PlannerScreen(Screen[None]):
@@ -63,35 +60,22 @@ class PlannerScreen(Screen[None]):
         # Whether ``report`` is the plan of the form's texts as they stand.
         self.current = False
         self._timer: Timer | None = None
-        self._later_rows: list[OptionInput] = []
-        self.filled = False  # every row mounted (mount_in_parts)
 
     def compose(self) -> ComposeResult:
         texts = start_texts()
-        rows = []
-        for o in plan_options():
-            choices = _SWITCH_CHOICES if o.switch else [(c, c) for c in o.choices]
-            rows.append(
-                OptionInput(
-                    o.dest, o.flag, o.help, texts[o.dest], default=o.default, choices=choices
-                )
-            )
-        self._later_rows = rows[FIRST_ROWS:]
         yield Header()
         with Horizontal():
             with VerticalScroll(id="plan-form"):
-                yield from rows[:FIRST_ROWS]
+                for o in plan_options():
+                    choices = _SWITCH_CHOICES if o.switch else [(c, c) for c in o.choices]
+                    yield OptionInput(
+                        o.dest, o.flag, o.help, texts[o.dest], default=o.default, choices=choices
+                    )
             yield PlanTables(id="plan-results")
         yield Static("", id="plan-help", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
-        """The rows below the first ones are mounted once it shows, then the plan is made."""
-        form = self.query_one("#plan-form", VerticalScroll)
-        mount_in_parts(form, [self._later_rows], self._filled)
-
-    def _filled(self) -> None:
-        self.filled = True
         self._recompute()
 
     def texts(self) -> dict[str, str]:

@@ -150,8 +150,9 @@ def mount_in_parts(
     """Mount ``parts`` (a form's rows, section by section) in ``container``, one part per screen
     refresh, then call ``done``: the form shows its first rows at once, and a screen of 74 rows
     opens in a fraction of the time (Textual styles and lays out every widget it mounts). The
-    app's keys (:class:`tui.typed_keys.KeyQueue`) are held meanwhile, so that a key typed
-    before the last part is there (a tab past the rows shown) acts on the whole form."""
+    app's keys that could act beyond the focused field (:meth:`tui.typed_keys.KeyQueue.hold`)
+    are held meanwhile, so that one typed before the last part is there (a tab past the rows
+    shown) acts on the whole form; characters typed into the first field go in at once."""
     keys = getattr(container.app, "keys", None)
     holder = object()
     if isinstance(keys, KeyQueue):
