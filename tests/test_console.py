@@ -364,6 +364,8 @@ def test_run_state_eta_uses_the_recent_step_rate_and_a_resume_keeps_the_losses()
     state.apply(parsed([event("step", 201.0, step=4, loss=6.0)]))
     assert (state.status, state.step, state.resumed_from_step) == ("running", 4, 3)
     assert state.curve.losses == [9.0, 8.0, 7.0, 6.0]
+    # From the first run_start, the gap between the attempts included (titan summarize's wall)
+    assert state.elapsed_s(now=210.0) == 110.0
 
 
 async def test_a_run_that_names_no_process_is_not_offered_stop_and_says_why(
