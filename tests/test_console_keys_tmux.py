@@ -4,6 +4,7 @@ between them, ``capture-pane`` reads what they did."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -223,3 +224,24 @@ def test_a_terminal_without_colour_gets_no_colour_escape(tmp_path: Path, env: st
         _kill_session()
     assert "llama3-1b-h200" in drawn
     assert COLOUR_SGR.findall(drawn) == []
+
+
+CUSTOM_SHAPE = "d_model=256,n_layers=4,n_heads=8,n_kv_heads=4,d_ff=1024"
+
+
+def test_a_custom_shape_in_the_run_list_at_80x24_ends_in_an_ellipsis(tmp_path: Path):
+    root = copy_sample_runs(tmp_path / "runs")
+    record = root / "tiny-killed-resumed" / "events.jsonl"
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    for line in lines:
+        if line["type"] == "run_start":
+            line["config"]["preset"] = CUSTOM_SHAPE
+    record.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    _console("--runs-root", str(root))
+    try:
+        listed = _wait_for(RUN_LIST, 60)
+    finally:
+        _kill_session()
+    row = next(line for line in listed.splitlines() if "tiny-killed-resumed" in line)
+    assert row.rstrip().endswith("…") and "d_model=256" in row, listed
+    assert re.search(r"llama3-1b-h200 +llama3-1b *$", listed, re.MULTILINE), listed  # whole
