@@ -114,13 +114,17 @@ from textual.app import App  # noqa: E402
 from bench import synthetic_history  # noqa: E402
 from titan.telemetry.events import RunEnd, RunStart, Step  # noqa: E402
 from titan.telemetry.records import EVENTS_FILE, RunRecord, load_events  # noqa: E402
+from titan.trainer.resume import TOKENIZER_FILE  # noqa: E402
 from tui.app import TitanConsole  # noqa: E402
 from tui.curve import Curve  # noqa: E402
 from tui.history import HistoryQuery, HistoryStore  # noqa: E402
 from tui.screens import history as history_screen  # noqa: E402
 from tui.screens import monitor as monitor_screen  # noqa: E402
 from tui.screens.history import HistoryScreen  # noqa: E402
+from tui.screens.launch import LaunchScreen  # noqa: E402
 from tui.screens.monitor import MonitorScreen  # noqa: E402
+from tui.screens.planner import PlannerScreen  # noqa: E402
+from tui.screens.runs import RunsScreen  # noqa: E402
 from tui.widgets.history_table import HistoryTable  # noqa: E402
 from tui.widgets.run_table import RunTable  # noqa: E402
 from tui.widgets.stat import Stat  # noqa: E402
@@ -169,6 +173,9 @@ LONG_RUNS, LONG_STEPS, SUMMARIZE_RUNS = 2, 10_000, 100
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 # The machine is shared: its 1-minute load average when the benchmark starts, recorded with
 # the figures.
+# --forms: each form opens (its first field shown and focused) within 300 ms of its key.
+FORMS_TARGETS = {f"{form}_open_s": 0.3 for form in ("launch", "planner", "resume")}
+FORM_ROUNDS = 3
 LOAD_AT_START = os.getloadavg()[0]
 
 
@@ -807,6 +814,54 @@ def _real(root: Path, runs: int) -> dict:
     }
 
 
+async def _form_times(samples: Path) -> dict[str, list[float]]:
+    """Per form, the seconds from its key to its first field focused (``open``) and to every
+    row mounted (``filled``; the launch form's rows come in parts, :mod:`tui.widgets.option_input`),
+    over :data:`FORM_ROUNDS` rounds, each from the run list (``R``: from the monitor of a
+    sample run)."""
+    times: dict[str, list[float]] = {}
+    for run_dir in samples.iterdir():  # a tokenizer file, as a real run has: R resumes it
+        (run_dir / TOKENIZER_FILE).touch()
+    app = TitanConsole(samples)
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(lambda: app.screen.query_one(RunTable).row_count > 0)
+        for _ in range(FORM_ROUNDS):
+            for form, keys in (("launch", ["n"]), ("planner", ["p"]), ("resume", ["enter", "R"])):
+                for key in keys[:-1]:
+                    await pilot.press(key)
+                await _until(lambda: isinstance(app.screen, (RunsScreen, MonitorScreen)))
+                await pilot.pause(0.5)
+                start = time.perf_counter()
+                app.post_message(events.Key(keys[-1], keys[-1] if len(keys[-1]) == 1 else None))
+                kind = PlannerScreen if form == "planner" else LaunchScreen
+                opened = await _until(lambda k=kind: isinstance(app.screen, k) and app.focused)
+                await _until(
+                    lambda k=kind: isinstance(app.screen, k) and getattr(app.screen, "filled", True)
+                )
+                filled = time.perf_counter() - start
+                times.setdefault(f"{form}_open_s", []).append(opened)
+                times.setdefault(f"{form}_filled_s", []).append(filled)
+                while len(app.screen_stack) > 1:
+                    app.pop_screen()
+                await pilot.pause(0.3)
+    return times
+
+
+def _forms(samples: Path, load: int) -> dict:
+    """:func:`_form_times` with ``load`` processes spinning on the CPU meanwhile (medians)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    try:
+        time.sleep(1 if load else 0)
+        times = asyncio.run(_form_times(samples))
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    figures: dict = {name: statistics.median(values) for name, values in times.items()}
+    figures["spinning_processes"] = load
+    return figures
+
+
 def _result(figures: dict, targets: dict) -> dict:
     higher = {"ingest_events_per_s"}
     return {
@@ -839,13 +894,24 @@ def main() -> None:
     parser.add_argument(
         "--real", type=int, default=None, metavar="RUNS", help="ingest of RUNS copied sample runs"
     )
+    parser.add_argument(
+        "--forms",
+        type=int,
+        default=None,
+        metavar="SPINNERS",
+        help="time each form takes to open, with SPINNERS processes spinning on the CPU",
+    )
     args = parser.parse_args()
     if args.write:
         _write(Path(args.write[0]), int(args.write[1]), float(args.write[2]))
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        if args.flood:
+        if args.forms is not None:
+            shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs", root / "samples")
+            result = _result(_forms(root / "samples", args.forms), FORMS_TARGETS)
+            out = args.out or Path(f"bench/results/console-forms-{args.forms}.json")
+        elif args.flood:
             result = _result(_floods(root), FLOOD_TARGETS)
             out = args.out or Path("bench/results/console-flood.json")
         elif args.follow:

@@ -9,21 +9,24 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
+from textual.screen import Screen
 
 from titan.telemetry.events import Event, parse_events
 from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
 from titan.telemetry.records import EVENTS_FILE, SCHEMA, write_json_atomic
 from tui.app import TitanConsole
+from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.planner import PlannerScreen
 from tui.widgets.option_input import OptionInput
 from tui.widgets.stat import Stat
 
+FormScreen = TypeVar("FormScreen", bound=Screen)
 # The first launched run of a session trains a tokenizer and compiles: allow for it.
 LAUNCH_TIMEOUT_S = 180.0
 
@@ -57,7 +60,7 @@ async def launch_from_form(
     """Fill the launch form with ``texts``, launch with ``ctrl+r`` and let the app run until the
     new run's process has exited, or sooner, its monitor satisfies ``until``; returns the
     monitor."""
-    await pilot.pause()
+    await form_shown(app, pilot, LaunchScreen)
     fill_form(app, texts)
     await pilot.press("ctrl+r")
 
@@ -82,6 +85,21 @@ async def open_planner(app: TitanConsole, pilot: Pilot) -> PlannerScreen:
     assert isinstance(planner, PlannerScreen)
     await wait_until(pilot, lambda: planner.current, lambda: "no plan", 30)
     return planner
+
+
+async def form_shown(app: TitanConsole, pilot: Pilot, kind: type[FormScreen]) -> FormScreen:
+    """The form of type ``kind`` (launch form, planner) once it shows with its first field
+    focused and every row mounted (``filled``; the planner: its first plan made)."""
+
+    def shown() -> bool:
+        screen = app.screen
+        if not isinstance(screen, kind) or app.focused is None:
+            return False
+        return bool(getattr(screen, "filled", None) or getattr(screen, "current", None))
+
+    await wait_until(pilot, shown, lambda: f"{app.screen} shown, not a {kind.__name__}", 30)
+    assert isinstance(app.screen, kind)
+    return app.screen
 
 
 def stat(app: TitanConsole, stat_id: str) -> str:

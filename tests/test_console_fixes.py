@@ -162,13 +162,13 @@ async def test_the_processes_tab_of_a_run_without_heartbeat_files_says_so(tmp_pa
     assert "no heartbeat file" in shown
 
 
-async def test_question_mark_shows_the_keys_over_a_confirmation(tmp_path: Path):
+async def test_f1_shows_the_keys_over_a_confirmation(tmp_path: Path):
     app = TitanConsole(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         app.push_screen(ConfirmScreen("Stop the run?"))
         await pilot.pause()
-        await pilot.press("question_mark")
+        await pilot.press("f1")
         await pilot.pause()
         stack = [type(s).__name__ for s in app.screen_stack]
         shown = html.unescape(app.export_screenshot()).replace("\xa0", " ")

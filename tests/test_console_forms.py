@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from console_helpers import append_events, stat, wait_until
+from console_helpers import append_events, form_shown, stat, wait_until
 from rich.cells import cell_len
 from samples import copy_sample_runs
+from textual import events
 from textual.app import App
 from textual.widgets import DataTable, Footer, Input, Select, Static
 
@@ -361,7 +362,7 @@ async def test_run_detail_opens_on_its_rows_and_each_tab_key_focuses_its_table(t
         await pilot.pause()
         environment = detail.query_one("#detail-environment", DataTable)
         focused_on_3 = app.focused
-        await pilot.press("question_mark")
+        await pilot.press("f1")
         await pilot.pause()
         table = app.screen.query_one(DataTable)
         described = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
@@ -377,3 +378,23 @@ async def test_a_fields_help_names_its_default_once():
         unsaid = OptionInput("steps", "--steps", "optimizer steps", "20", default=20)
     assert help_line(said) == "--model: a shape (default: 'tiny')"
     assert help_line(unsaid) == "--steps: optimizer steps (default: 20)"
+
+
+async def test_keys_read_in_one_burst_each_reach_the_field_focused_after_the_keys_before(
+    tmp_path: Path,
+):
+    """``n tab tab 9`` read at once (tui.typed_keys): the form opens, and 9 goes to its third
+    field, as typed slowly."""
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        for key in ("n", "tab", "tab", "9"):
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+        form = await form_shown(app, pilot, LaunchScreen)
+        await wait_until(pilot, lambda: _texts(form)[2] == "9", lambda: str(_texts(form)), 30)
+        texts = _texts(form)
+    assert texts[:3] == ["tiny", "titan", "9"]
+
+
+def _texts(form: LaunchScreen) -> list[str]:
+    return [row.text for row in form.query(OptionInput)]

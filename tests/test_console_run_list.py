@@ -177,7 +177,7 @@ async def test_keys_help_on_history_lists_its_table_keys_and_j_k_move_the_cursor
         await pilot.press("h")
         history = app.screen.query_one(HistoryTable)
         await wait_until(pilot, lambda: history.row_count == 4, lambda: "not in history", 30)
-        await pilot.press("question_mark")
+        await pilot.press("f1")
         await pilot.pause()
         table = app.screen.query_one("DataTable")
         described = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
@@ -190,7 +190,7 @@ async def test_keys_help_lists_back_over_history_but_not_over_the_run_list(tmp_p
     app = TitanConsole(tmp_path)
 
     async def described() -> set[str]:
-        await pilot.press("question_mark")
+        await pilot.press("f1")
         await pilot.pause()
         table = app.screen.query_one("DataTable")
         rows = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}

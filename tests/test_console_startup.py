@@ -14,6 +14,7 @@ from titan.analysis.liveness import LAUNCH_FILE
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.trainer.resume import TOKENIZER_FILE, resume_options
+from tui.app import utf8_locale
 from tui.launcher import start_run
 from tui.run_list import list_runs
 from tui.run_watch import RunWatcher
@@ -86,3 +87,18 @@ def test_a_runs_root_that_cannot_be_made_is_a_one_line_error_naming_its_source(
     with pytest.raises(TitanError, match=rf"^\{source}: cannot create .*: Not a directory$"):
         start_run(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.parametrize(
+    ("env", "utf8"),
+    [
+        ({}, False),
+        ({"LANG": "C"}, False),
+        ({"LANG": "en_US.UTF-8"}, True),
+        ({"LANG": "C.utf8"}, True),
+        ({"LC_ALL": "C", "LANG": "en_US.UTF-8"}, False),
+        ({"LC_CTYPE": "de_DE.UTF-8@euro"}, True),
+    ],
+)
+def test_a_locale_that_is_not_utf8_draws_in_ascii(env: dict[str, str], utf8: bool):
+    assert utf8_locale(env) is utf8

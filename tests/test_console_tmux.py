@@ -156,7 +156,7 @@ def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_noti
     root = copy_sample_runs(tmp_path / "runs")
     command = f"{shlex.quote(sys.executable)} -m tui.app --runs-root {shlex.quote(str(root))}"
     _tmux("new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", "-c", os.getcwd(), command)
-    keys = ("q Quit", "? Keys")
+    keys = ("q Quit", "f1 Keys")
     try:
         runs = _shown("runs", *SAMPLE_IDS, "completed", "failed", "23/40", *keys, "h History")
         _send("Enter")  # the newest run: llama3-1b-h200
@@ -177,10 +177,10 @@ def test_every_screen_at_80x24_shows_run_ids_states_and_keys_or_a_too_small_noti
         _send("n")
         launch = _shown("launch", "--model: ", "--nonfinite-patience ", "^r Launch", "f1 Keys")
         _back_to_the_run_list("Escape")
-        _send("?")
-        help_ = _shown("keys", "esc, ? or f1 to close", "Attach")
+        _send("F1")
+        help_ = _shown("keys", "esc or f1 to close", "Attach")
         _send("C-End")  # the list scrolls: the app's keys come last
-        _shown("keys-end", "esc, ? or f1 to close", "History", small=False)
+        _shown("keys-end", "esc or f1 to close", "History", small=False)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     screens = [runs, monitor, history, detail, compare, planner, launch, help_]

@@ -412,7 +412,7 @@ async def test_monitor_panels_show_power_flops_and_the_pipeline_bubble(tmp_path:
     assert watchdog == {"wd-phase": "step", "wd-threshold": "20.0 s", "wd-stalls": "none"}
 
 
-@pytest.mark.parametrize("points", [0, 1, 2, 40, 500])
+@pytest.mark.parametrize("points", [1, 2, 40, 500])
 def test_column_sparkline_draws_the_bars_and_colours_of_textuals_sparkline(points: int):
     losses = [10.0 / (1 + i) + (i % 7) * 0.1 for i in range(points)]
     options = {
@@ -432,6 +432,12 @@ def test_column_sparkline_draws_the_bars_and_colours_of_textuals_sparkline(point
     assert drawn == cells(SparklineRenderable(losses, **options))
     rows = "".join(char for char, _ in drawn).split("\n")
     assert (len(rows), len(rows[-1])) == (5, 50)  # five rows; the bottom one is never blank
+
+
+def test_column_sparkline_of_no_data_is_blank():
+    console = Console(width=60, color_system="truecolor", force_terminal=True)
+    drawn = "".join(s.text for s in console.render(SparklineColumns([], width=50, height=2)))
+    assert drawn == " " * 50 + "\n" + " " * 50
 
 
 async def test_ascii_draws_the_console_borders_with_ascii(tmp_path: Path):

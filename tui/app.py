@@ -21,7 +21,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from textual import events
@@ -48,9 +48,14 @@ from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.planner import PlannerScreen
 from tui.screens.runs import RunsScreen
+from tui.typed_keys import KeyQueue, TypedKey
 from tui.widgets.too_small import TooSmall, notice_text, too_small
 
 EXIT_USAGE = 2
+# The keys that act while the "terminal too small" notice is shown (it names them).
+QUIT_KEYS = ("q", "ctrl+q")
+# Terminals that draw no colour (terminfo's names): the console runs there as with NO_COLOR.
+DUMB_TERMINALS = ("dumb", "unknown")
 
 
 class TitanConsole(App[None], inherit_bindings=False):
@@ -73,17 +78,19 @@ class TitanConsole(App[None], inherit_bindings=False):
         "screens/runs.tcss",  # the default screen's: Textual loads only a pushed screen's
         "ascii.tcss",
     ]
-    # The footer shows the first key of an action that works where the focus is: q and ? where
-    # they can be typed into a text field are replaced there by ctrl+q and f1.
+    # The footer shows the first key of an action that works where the focus is: q, where it
+    # can be typed into a text field, is replaced there by ctrl+q. Help is f1 everywhere (a
+    # character key would be text in a form's field).
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
-        Binding("question_mark", "help", "Keys"),
         Binding("f1", "help", "Keys"),
         Binding("escape", "back", "Back"),
-        Binding("n", "open('launch')", "Launch"),
-        Binding("p", "open('planner')", "Planner"),
-        Binding("h", "open('history')", "History"),
+        # Shown in the run list's footer (RunsScreen binds them there again); a narrow footer of
+        # another screen has no room for them (f1 lists them).
+        Binding("n", "open('launch')", "Launch", show=False),
+        Binding("p", "open('planner')", "Planner", show=False),
+        Binding("h", "open('history')", "History", show=False),
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 
@@ -95,7 +102,9 @@ class TitanConsole(App[None], inherit_bindings=False):
         show_launch_form: bool = False,
         ascii_only: bool = False,
     ) -> None:
-        super().__init__()
+        # NO_COLOR: the terminal's own ANSI colours, which Textual then strips (its NoColor
+        # filter): no colour escape at all (with Textual's colours it draws shades of grey).
+        super().__init__(ansi_color="NO_COLOR" in os.environ)
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             # No animations unless asked for: a tab's sliding underline repaints the screen for
             # 0.3 s, twice the CPU of drawing the tab itself, and every frame crosses the SSH
@@ -107,6 +116,7 @@ class TitanConsole(App[None], inherit_bindings=False):
         self._show_launch_form = show_launch_form and open_run is None
         self.launched: dict[Path, LaunchedRun] = {}
         self.history = HistoryStore(runs_root)
+        self.keys = KeyQueue(self)
 
     def get_driver_class(self) -> type[Driver]:
         """Textual's driver for this platform, with :class:`ConsoleDriver` for its Linux one."""
@@ -130,6 +140,31 @@ class TitanConsole(App[None], inherit_bindings=False):
         elif self._show_launch_form:
             self.push_screen(LaunchScreen(self.runs_root))
 
+    async def on_event(self, event: events.Event) -> None:
+        """Keys the terminal sends are applied one at a time (:mod:`tui.typed_keys`); while the
+        "terminal too small" notice is shown, only the quit keys act, and the mouse does not."""
+        if isinstance(event, events.InputEvent) and not event.is_forwarded:
+            if isinstance(event, TypedKey):
+                if self.has_class("-too-small"):
+                    self.keys.handled(event)
+                    if event.key in QUIT_KEYS:
+                        await self.action_quit()
+                    return
+            elif isinstance(event, events.Key):
+                self.keys.read(event)
+                return
+            elif self.has_class("-too-small"):
+                return
+        await super().on_event(event)
+        if isinstance(event, TypedKey) and not event.is_forwarded:  # a priority binding's key
+            self.keys.handled(event)
+
+    def on_key(self, event: events.Key) -> None:
+        """A key gone up from the focused widget: the app's bindings act on it next, and then
+        the next key goes (:class:`~tui.typed_keys.KeyQueue`)."""
+        if isinstance(event, TypedKey):
+            self.keys.handled(event)
+
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size)
 
@@ -139,17 +174,23 @@ class TitanConsole(App[None], inherit_bindings=False):
         size = size or self.size
         small = too_small(size)
         self.set_class(small, "-too-small")
-        if small:
-            for notice in (screen or self.screen).query(TooSmall):
+        for notice in (screen or self.screen).query_children(TooSmall):
+            notice.left_small = small
+            if small:
                 notice.update(notice_text(size))
 
     def _add_size_notice(self, screen: Screen) -> None:
         """Give ``screen`` its notice, as the terminal is now: a screen returned to after a
         resize kept the notice of the size it was left at (or none, when it was left large)."""
-        if not screen.query_children(TooSmall):
+        notices = screen.query_children(TooSmall)
+        left_small = notices.first().left_small if notices else None
+        if not notices:
             screen.mount(TooSmall())
         self._check_size(screen=screen)
-        self.update_styles(screen)  # the app's class may have changed while it was below
+        if left_small is not None and left_small != self.has_class("-too-small"):
+            # The app's class changed while the screen was below: its styles are restyled (all
+            # of its widgets: not for a new screen, which is styled as it mounts).
+            self.update_styles(screen)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Hide Back on the base screen (there is nothing below it), in the key help over it
@@ -223,8 +264,10 @@ class TitanConsole(App[None], inherit_bindings=False):
             self.launched[run.run_dir] = run
         first = message.runs[0]
         monitor = MonitorScreen(first.run_dir, first)
-        if first.resumed and isinstance(self.screen, LaunchScreen):
-            self.switch_screen(monitor)  # the resume form is spent: esc never resumes again
+        if isinstance(self.screen, LaunchScreen):
+            # The form is spent: esc goes back to where the form was opened from, and a key
+            # typed next never lands in one of its fields (nor resumes a run again).
+            self.switch_screen(monitor)
         else:
             self.push_screen(monitor)
         if len(message.runs) > 1:
@@ -260,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from the train options, and follow runs (step, loss curve, tokens/s, elapsed and ETA, "
         "process state, run status, watchdog, power, FLOPs, pipeline, stderr), plan budgets "
         "and browse the run history (DuckDB). Without options it opens the launch form. "
-        "Keys: q quits (ctrl+q inside text fields), ? or f1 lists the keys, esc goes back, "
+        "Keys: q quits (ctrl+q inside text fields), f1 lists the keys, esc goes back, "
         "n / p / h open launch, planner, history. "
         "Quitting leaves started runs running and prints how to stop them.",
     )
@@ -310,6 +353,15 @@ def _not_a_run(run_dir: Path) -> str | None:
     return None
 
 
+def utf8_locale(env: Mapping[str, str]) -> bool:
+    """Whether the locale of ``env`` (the first of ``LC_ALL``, ``LC_CTYPE``, ``LANG`` set, POSIX's
+    order) encodes UTF-8; a terminal under another (``LANG=C``, or none) gets ASCII drawing
+    (``--ascii``). Python's own encoding cannot tell: it coerces the C locale to UTF-8 (PEP 538).
+    """
+    name = next((env[key] for key in ("LC_ALL", "LC_CTYPE", "LANG") if env.get(key)), "")
+    return name.split("@")[0].lower().replace("utf8", "utf-8").endswith("utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``titan-console``. Returns the process exit code."""
     parser = build_parser()
@@ -321,8 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_runs_root(args.runs_root or default_runs_root(), created=True)
     except TitanError as err:
         parser.exit(EXIT_USAGE, f"titan-console: error: --runs-root: {inert(err)}\n")
-    if args.no_color:
+    if args.no_color or os.environ.get("TERM") in DUMB_TERMINALS:
         os.environ["NO_COLOR"] = "1"
+    ascii_only = args.ascii or not utf8_locale(os.environ)
     # The terminal's own size, followed as it changes: Textual reads it with
     # shutil.get_terminal_size, which takes exported COLUMNS and LINES first, so that those would
     # pin the console at one size (and hide the "terminal too small" notice).
@@ -330,13 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.pop(name, None)
     if args.run is not None:
         app = TitanConsole(
-            args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=args.ascii
+            args.run.resolve().parent, open_run=args.run.resolve(), ascii_only=ascii_only
         )
     elif args.runs_root is not None:
-        app = TitanConsole(args.runs_root.resolve(), ascii_only=args.ascii)
+        app = TitanConsole(args.runs_root.resolve(), ascii_only=ascii_only)
     else:
         app = TitanConsole(
-            default_runs_root().resolve(), show_launch_form=True, ascii_only=args.ascii
+            default_runs_root().resolve(), show_launch_form=True, ascii_only=ascii_only
         )
     app.run()
     message = exit_message(app.running_children())

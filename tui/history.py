@@ -209,6 +209,19 @@ class HistoryStore:
         self._held_users = 0
         self._held_opened = 0.0  # time.monotonic() when it was opened
         self._held_until = 0.0  # time.monotonic() after which it is closed when unused
+        # Called (from the thread that connects) with one line when another process holds the
+        # database: the connect waits for it meanwhile.
+        self.on_held: Callable[[str], None] | None = None
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        """:func:`titan.analysis.summarize.connect`, telling :attr:`on_held` at once when
+        another process holds the database (the connect then waits for it)."""
+        with summarize.waits_told(self._tell_held):
+            return summarize.connect(self.runs_root)
+
+    def _tell_held(self, line: str) -> None:
+        if self.on_held is not None:
+            self.on_held(line)
 
     @contextlib.contextmanager
     def _connection(self, writing: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -216,7 +229,7 @@ class HistoryStore:
         makes the tables), under the lock."""
         lock = self._lock if writing or not self.exists() else contextlib.nullcontext()
         with lock:
-            con = summarize.connect(self.runs_root)
+            con = self._connect()
             try:
                 with summarize.guarded(summarize.database_path(self.runs_root)):
                     yield con
@@ -231,7 +244,7 @@ class HistoryStore:
         (:meth:`_connection`)."""
         with self._held_lock:
             if self._held is None and hold_s > 0 and self.exists():
-                self._held = summarize.connect(self.runs_root)
+                self._held = self._connect()
                 self._held_opened = time.monotonic()
             held = self._held
             self._held_users += held is not None

@@ -85,6 +85,7 @@ class RunState:
         param_count: parameters of the model.
         total_steps: the step the run stops at.
         started_at: unix seconds of the (latest) ``run_start``; ``None`` before it.
+        first_started_at: unix seconds of the first ``run_start`` (elapsed time counts from it).
         attempts: ``run_start`` events read (1 for a fresh run, one more per resume).
         resumed_from_step: the checkpoint step this segment resumed from, or ``None``.
         step: the last step with a ``step`` event (1-based; the attempt's start step before
@@ -130,6 +131,7 @@ class RunState:
     param_count: int | None = None
     total_steps: int | None = None
     started_at: float | None = None
+    first_started_at: float | None = None
     attempts: int = 0
     resumed_from_step: int | None = None
     step: int = 0
@@ -213,11 +215,13 @@ class RunState:
         return "running" if self.started_at is not None else "starting"
 
     def elapsed_s(self, now: float) -> float | None:
-        """Seconds since ``run_start`` (until ``run_end`` once ended); ``None`` before start,
-        and when the clock went back since it (a span below 0: unknown, never negative)."""
-        if self.started_at is None:
+        """Seconds since the first ``run_start`` (until ``run_end`` once ended), the gaps
+        between attempts included: the ``wall_s`` of History and ``titan summarize`` (first
+        ``run_start`` to the last event); ``None`` before start, and when the clock went back
+        since it (a span below 0: unknown, never negative)."""
+        if self.first_started_at is None:
             return None
-        elapsed = (self.ended_at or now) - self.started_at
+        elapsed = (self.ended_at or now) - self.first_started_at
         return elapsed if elapsed >= 0 else None
 
     def eta_s(self) -> float | None:
@@ -263,6 +267,8 @@ class RunState:
         self.param_count = event.param_count
         self.total_steps = event.total_steps
         self.started_at = event.time
+        if self.first_started_at is None:
+            self.first_started_at = event.time
         self.attempts += 1
         self.resumed_from_step = event.resumed_from_step
         self.step = event.start_step if event.start_step is not None else self.step

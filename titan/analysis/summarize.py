@@ -80,6 +80,7 @@ This module imports DuckDB but not JAX or Textual.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -87,6 +88,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -473,6 +475,8 @@ def database_error(path: Path, err: duckdb.Error) -> TitanError:
     """One line for DuckDB's error ``err`` on the database ``path``; a corrupt file is named
     with its remedy (the database holds only what the run records hold)."""
     line = first_line(err)
+    if "Could not set lock" in line:
+        return TitanError(f"{held_line(path, err)} (for more than {LOCK_WAIT_S:.0f} s)")
     if "corrupt" in line.lower():
         line += "; it only summarises the run records: remove it and it is built again"
     return TitanError(f"{path}: {line}")
@@ -494,18 +498,52 @@ def guarded(path: Path, con: duckdb.DuckDBPyConnection | None = None) -> Iterato
         raise database_error(path, err) from None
 
 
+# Who is told, once per connect, that the database is held and the connect waits (None: nobody).
+_TELL_WAIT: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "tell_wait", default=None
+)
+# DuckDB's lock error names the holder: "Conflicting lock is held in /usr/bin/python3 (PID 123)".
+_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
+
+
+@contextlib.contextmanager
+def waits_told(tell: Callable[[str], None]) -> Iterator[None]:
+    """Within the block (this thread, or task), a :func:`connect` that finds the database held
+    by another process calls ``tell`` at once with one line naming the file and the holder's
+    pid (:func:`held_line`), then waits as it does (up to :data:`LOCK_WAIT_S`)."""
+    token = _TELL_WAIT.set(tell)
+    try:
+        yield
+    finally:
+        _TELL_WAIT.reset(token)
+
+
+def held_line(path: Path, err: duckdb.Error) -> str:
+    """``another process (pid N) holds <path>``: DuckDB's lock error ``err`` in one line, the
+    holder first (its pid where DuckDB's message gives it), so that a narrow line that cuts the
+    path still names it."""
+    found = _HOLDER_PID.search(str(err))
+    return f"another process{f' (pid {found[1]})' if found else ''} holds {path}"
+
+
 def _connect_waiting(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     """``duckdb.connect``, retried while another process holds the file's lock (DuckDB's
     ``Could not set lock`` error) with exponential backoff and jitter, for up to
-    :data:`LOCK_WAIT_S` seconds; other errors, and the lock error after that, are raised."""
+    :data:`LOCK_WAIT_S` seconds (said at once to :func:`waits_told`'s listener); other errors,
+    and the lock error after that, are raised."""
     deadline = time.monotonic() + LOCK_WAIT_S
     wait = LOCK_FIRST_WAIT_S
+    told = False
     while True:
         try:
             return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as err:
             if "Could not set lock" not in str(err) or time.monotonic() + wait > deadline:
                 raise
+            tell = _TELL_WAIT.get()
+            if tell is not None and not told:
+                tell(f"{held_line(path, err)}: waiting up to {LOCK_WAIT_S:.0f} s for it...")
+                told = True
         time.sleep(wait * random.uniform(0.5, 1.5))
         wait = min(wait * 2, LOCK_MAX_WAIT_S)
 
@@ -1123,7 +1161,8 @@ def ingested(runs_root: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     Raises:
         TitanError: as :func:`connect`.
     """
-    con = connect(runs_root)
+    with waits_told(lambda line: print(inert(f"titan: {line}"), file=sys.stderr, flush=True)):
+        con = connect(runs_root)
     try:
         with guarded(database_path(Path(runs_root))):
             with progress_bar("ingesting run records: run dirs") as update:

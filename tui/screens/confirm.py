@@ -21,8 +21,8 @@ class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [
         Binding("y", "dismiss(True)", "Yes"),
         Binding("n,escape", "dismiss(False)", "No"),
-        # A modal screen takes the app's keys away: ? (the key help) is bound here again.
-        Binding("question_mark", "app.help", "Keys"),
+        # A modal screen takes the app's keys away: f1 (the key help) is bound here again.
+        Binding("f1", "app.help", "Keys"),
     ]
 
     def __init__(self, question: str) -> None:

@@ -75,6 +75,7 @@ class HistoryScreen(Screen[None]):
         self.loaded = False
         self._ticker = ScreenTicker(self, REFRESH_INTERVAL_S, self._tick)
         self._ingesting = False
+        self._held_line = ""  # the database held by another process, said until an ingest gets it
         self._next_ingest_at = 0.0  # time.monotonic() before which no periodic ingest starts
 
     def compose(self) -> ComposeResult:
@@ -85,8 +86,19 @@ class HistoryScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        """Show the stored runs at once, then ingest the new records and show them again."""
+        """Show the stored runs at once, then ingest the new records and show them again (a
+        database held by another process is said at once, on the status line)."""
+        self.store.on_held = self._held
         self._load(self.query_one(HistoryTable).requested, ingest=True, stored_first=True)
+
+    def on_unmount(self) -> None:
+        self.store.on_held = None
+
+    def _held(self, line: str) -> None:
+        """Say (from a worker) that the database is held, until an ingest gets it; the rows
+        shown stay."""
+        self._held_line = f"{line} (the rows shown stay)"
+        self.app.call_from_thread(self._status, self._held_line)
 
     def on_screen_resume(self) -> None:
         self._ticker.resume()
@@ -151,6 +163,7 @@ class HistoryScreen(Screen[None]):
             self._next_ingest_at = 0.0  # the database was held: the next tick tries again
             raise
         else:
+            self._held_line = ""
             end = time.monotonic()
             self._next_ingest_at = end + min(INGEST_SPACING * (end - start), MAX_INGEST_GAP_S)
         finally:
@@ -182,6 +195,10 @@ class HistoryScreen(Screen[None]):
             parts.append(f"rows {page.offset + 1:,}-{last:,}, ]/[: next/previous page")
         parts.append(f"MFU {MFU_CONVENTION}, of each run's peak (in its detail)")
         parts.append("space: mark two, c: compare · O: reverse · x/X: export CSV/Parquet")
+        if self._held_line:
+            parts.insert(0, self._held_line)
+        elif self._ingesting:
+            parts.insert(0, "reading new run records...")
         self._status(" · ".join(parts))
 
     def _status(self, text: str) -> None:

@@ -14,7 +14,7 @@ class KeysScreen(ModalScreen[None]):
 
     Keys that stock widgets bring (text editing, table cursor) are left out, those the console's
     own widgets declare (History's sort and pages, j/k in tables) are listed; ``tab`` and
-    ``shift+tab`` move between fields and are listed. ``Esc``, ``?`` or ``f1`` closes it (a modal
+    ``shift+tab`` move between fields and are listed. ``Esc`` or ``f1`` closes it (a modal
     screen does not see the app's keys, except priority ones such as ``ctrl+q``).
 
     Args:
@@ -22,7 +22,7 @@ class KeysScreen(ModalScreen[None]):
     """
 
     CSS_PATH = "keys.tcss"
-    BINDINGS = [Binding("escape,question_mark,f1", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,f1", "dismiss", "Close")]
 
     def __init__(self, screen: Screen) -> None:
         super().__init__()
@@ -35,13 +35,15 @@ class KeysScreen(ModalScreen[None]):
             ours = active.node in (self._about, self.app) or _declared_here(active)
             if ours and active.binding.description:
                 keys = keys_by_description.setdefault(active.binding.description, [])
-                keys.append(self.app.get_key_display(active.binding))
+                key = self.app.get_key_display(active.binding)
+                if key not in keys:  # bound on the screen and the app (n, p, h)
+                    keys.append(key)
         return [(", ".join(keys), description) for description, keys in keys_by_description.items()]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="keys-box") as box:
             box.border_title = "keys"
-            box.border_subtitle = "esc, ? or f1 to close"
+            box.border_subtitle = "esc or f1 to close"
             table: DataTable[str] = DataTable(show_header=False, cursor_type="none")
             table.add_columns("key", "action")
             table.add_rows(self._key_rows())

@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Grid, HorizontalGroup
 from textual.message import Message
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from titan.config import TrainConfig, option_fields
@@ -26,8 +27,13 @@ from tui.widgets.option_input import (
     NumberInput,
     OptionInput,
     help_line,
+    mount_in_parts,
     row_of,
 )
+
+# The sections composed with the form (what a terminal of 80x24 shows of it); the others are
+# mounted right after it shows (mount_in_parts).
+FIRST_SECTIONS = 2
 
 
 class LaunchScreen(Screen[None]):
@@ -76,17 +82,16 @@ class LaunchScreen(Screen[None]):
         self._launching = False
         self._error = ""  # the error shown under the form
         self._preset = "defaults"  # the form preset the Select shows
+        self.filled = False  # every section's rows mounted (mount_in_parts)
+        self._later_sections: list[list[Widget]] = []
 
     def compose(self) -> ComposeResult:
-        texts = self.texts
         yield Header()
+        sections = self._sections()
+        self._later_sections = sections[FIRST_SECTIONS:]
         with Grid(id="options"):
-            section = None
-            for option in option_fields():
-                if option.section != section:
-                    section = option.section
-                    yield Label(section, classes="section")
-                yield OptionInput.for_field(option, texts[option.name])
+            for widgets in sections[:FIRST_SECTIONS]:
+                yield from widgets
         yield Static(id="option-help", markup=False)
         yield Static(id="launch-error", markup=False)
         with HorizontalGroup(id="launch-bar"):
@@ -141,8 +146,22 @@ class LaunchScreen(Screen[None]):
         """The Launch button does what ctrl+r does."""
         self.action_launch()
 
+    def _sections(self) -> list[list[Widget]]:
+        """The form's rows, section by section, each under its heading."""
+        sections: dict[str, list[Widget]] = {}
+        for option in option_fields():
+            if option.section not in sections:
+                sections[option.section] = [Label(option.section, classes="section")]
+            sections[option.section].append(OptionInput.for_field(option, self.texts[option.name]))
+        return list(sections.values())
+
     def on_mount(self) -> None:
         self._count_devices()
+        grid = self.query_one("#options", Grid)
+        mount_in_parts(grid, [sum(self._later_sections, [])], self._filled)
+
+    def _filled(self) -> None:
+        self.filled = True
 
     @work(thread=True, exclusive=True, group="devices")
     def _count_devices(self) -> None:
@@ -154,8 +173,9 @@ class LaunchScreen(Screen[None]):
             pass
 
     def action_launch(self) -> None:
-        """Validate the form and, when it is valid, start the run in a worker."""
-        if self._launching:
+        """Validate the form and, when it is valid, start the run in a worker (the Launch
+        button, clicked before every row is there, does nothing)."""
+        if self._launching or not self.filled:
             return
         rows = list(self.query(OptionInput))
         copies = "1" if self.resume else self.query_one("#copies", Input).value

@@ -74,6 +74,10 @@ class RunsScreen(Screen[None]):
         Binding("o", "order", "Order: newest, run, status", show=False),
         Binding("a", "attach", "Attach", show=False),
         Binding("r", "refresh", "Refresh", show=False),
+        # The app's keys, shown in this footer (the app's own are not shown: TitanConsole).
+        Binding("n", "app.open('launch')", "Launch"),
+        Binding("p", "app.open('planner')", "Planner"),
+        Binding("h", "app.open('history')", "History"),
     ]
 
     @dataclass

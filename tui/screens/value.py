@@ -25,8 +25,8 @@ class ValueScreen(ModalScreen[None]):
     CSS_PATH = "dialog.tcss"
     BINDINGS = [
         Binding("escape,enter", "dismiss(None)", "Close"),
-        # A modal screen takes the app's keys away: ? (the key help) is bound here again.
-        Binding("question_mark", "app.help", "Keys"),
+        # A modal screen takes the app's keys away: f1 (the key help) is bound here again.
+        Binding("f1", "app.help", "Keys"),
     ]
 
     def __init__(self, key: str, value: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from textual import events
@@ -14,6 +14,7 @@ from textual.widgets._select import SelectOverlay  # the open list, which search
 
 from titan.config import Option
 from titan.config_flags import help_with_default
+from tui.typed_keys import KeyQueue
 
 # Input types that keep a numeric option's field from taking letters.
 NumberType = Literal["integer", "number"]  # Textual's numeric input types
@@ -141,3 +142,31 @@ def help_line(row: OptionInput) -> str:
     """What a form shows under its fields while ``row`` has focus: the flag, its help and its
     default (:func:`titan.config_flags.help_with_default`)."""
     return f"{row.flag}: {help_with_default(row.help, row.default)}"
+
+
+def mount_in_parts(
+    container: Widget, parts: Sequence[Sequence[Widget]], done: Callable[[], None]
+) -> None:
+    """Mount ``parts`` (a form's rows, section by section) in ``container``, one part per screen
+    refresh, then call ``done``: the form shows its first rows at once, and a screen of 74 rows
+    opens in a fraction of the time (Textual styles and lays out every widget it mounts). The
+    app's keys that could act beyond the focused field (:meth:`tui.typed_keys.KeyQueue.hold`)
+    are held meanwhile, so that one typed before the last part is there (a tab past the rows
+    shown) acts on the whole form; characters typed into the first field go in at once."""
+    keys = getattr(container.app, "keys", None)
+    holder = object()
+    if isinstance(keys, KeyQueue):
+        keys.hold(holder)
+    remaining = list(parts)
+
+    async def mount_next() -> None:
+        if remaining and container.is_attached:
+            await container.mount_all(remaining.pop(0))
+            container.call_after_refresh(mount_next)
+            return
+        if isinstance(keys, KeyQueue):
+            keys.release(holder)
+        if container.is_attached:
+            done()
+
+    container.call_after_refresh(mount_next)

@@ -51,15 +51,22 @@ def style_color(style: Style) -> Color:
 
 
 class SparklineColumns(SparklineRenderable[float]):
-    """Textual's sparkline renderable (same arguments), drawn column by column."""
+    """Textual's sparkline renderable (same arguments), drawn column by column; no data draws
+    blank rows (Textual's draws a row of its lowest bar, as if every value were the least)."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         data = self.data
-        if len(data) < 2:  # Textual's flat line or full block
-            yield from super().__rich_console__(console, options)
-            return
         width = self.width or options.max_width
         height = self.height or 1
+        if not data:  # blank: no row of the lowest bar (Textual's) for a run without steps
+            for row in range(height):
+                yield Segment(" " * width)
+                if row < height - 1:
+                    yield Segment.line()
+            return
+        if len(data) == 1:  # Textual's full block
+            yield from super().__rich_console__(console, options)
+            return
         levels = len(self.BARS)
         minimum, maximum = min(data), max(data)
         extent = maximum - minimum or 1

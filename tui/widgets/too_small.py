@@ -20,7 +20,7 @@ def notice_text(size: Size) -> str:
     return (
         f"Terminal too small: {size.width}x{size.height}.\n"
         f"The console needs at least {MIN_SIZE.width}x{MIN_SIZE.height}: enlarge the window.\n"
-        "ctrl+q quits."
+        "Keys do nothing until then, but q or ctrl+q quits."
     )
 
 
@@ -29,3 +29,5 @@ class TooSmall(Static):
 
     def __init__(self) -> None:
         super().__init__("", markup=False)
+        # Whether the terminal was too small when its screen was last shown (the app's class).
+        self.left_small = False
