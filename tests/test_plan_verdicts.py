@@ -336,3 +336,15 @@ def test_a_search_on_one_gpu_that_finds_nothing_says_gpu_once(capsys):
     argv = ["--model", "llama3-70b", "--gpu", "h200", "--gpus", "1", "--tokens", "1e9", "--search"]
     code, out, _ = run_plan(capsys, *argv)
     assert code == EXIT_FAILED and "no layout of 1 GPU fits in memory; " in out
+
+
+def test_an_fp8_plan_says_so_and_its_train_command_trains_in_fp8(capsys):
+    argv = ("--model", "llama3-8b", "--gpu", "h200", "--gpus", "8", "--fsdp", "8")
+    argv += ("--microbatches", "8", "--matmul-dtype", "float8")
+    code, out, _ = run_plan(capsys, *argv)
+    assert code == 0 and "linear layers in float8 (priced at the FP8 peak)" in out
+    assert "--matmul-dtype float8" in out.split("titan train", 1)[1]
+    code, out, _ = run_plan(capsys, *argv, "--json")
+    assert "--matmul-dtype float8" in json.loads(out)["train_command"]
+    code, out, _ = run_plan(capsys, *argv[:-2])  # a bf16 plan names no matmul dtype
+    assert "--matmul-dtype" not in out and "float8" not in out

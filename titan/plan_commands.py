@@ -746,7 +746,7 @@ def train_command(model: str, p: Plan) -> str:
 def train_options(model: str, p: Plan) -> dict[str, Any]:
     """The ``titan train`` options of a plan, by config field name: the model as ``--model``
     was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the batch in
-    sequences, the precision and the layout's options (:meth:`Layout.options`; ``--layout mpmd``
+    sequences, the precision (``--matmul-dtype`` where not ``compute``) and the layout's options (:meth:`Layout.options`; ``--layout mpmd``
     with a pipeline); with a remat policy, ``--layer-unroll 1``: the memory model is that of a
     rolled layer loop, which an unrolled one (the default up to 16 or 28 layers) can exceed
     under remat (docs/planner.md, "Limits")."""
@@ -761,6 +761,8 @@ def train_options(model: str, p: Plan) -> dict[str, Any]:
         "compute_dtype": request.precision.compute_dtype,
         "layout": "mpmd" if layout.pp > 1 else "spmd",
     }
+    if request.precision.matmul != "compute":  # the plan priced the FP8 linear layers
+        values["matmul_dtype"] = request.precision.matmul
     return values | layout.options() | rolled
 
 
@@ -797,6 +799,11 @@ def _header(request: PlanRequest) -> str:
         f"{m.name}: {format_count(m.param_count())} params, {request.gpus} x {request.gpu.label} "
         f"{where}, seq {request.seq_len}, batch {request.batch_tokens:,} tokens, budget "
         f"{request.tokens:.3g} tokens"
+        + (
+            f", the blocks' linear layers in {request.precision.matmul} (priced at the FP8 peak)"
+            if request.precision.matmul != "compute"
+            else ""
+        )
     )
 
 
