@@ -348,3 +348,21 @@ def test_an_fp8_plan_says_so_and_its_train_command_trains_in_fp8(capsys):
     assert "--matmul-dtype float8" in json.loads(out)["train_command"]
     code, out, _ = run_plan(capsys, *argv[:-2])  # a bf16 plan names no matmul dtype
     assert "--matmul-dtype" not in out and "float8" not in out
+
+
+def test_from_an_fp8_run_prices_its_fp8_layers_and_refuses_another_matmul_dtype(capsys, tmp_path):
+    run = tmp_path / "fp8-run"
+    shutil.copytree(SAMPLE_H200_RUN, run)
+    events = run / "events.jsonl"
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    for line in lines:
+        if line["type"] == "run_start":
+            line["config"]["matmul_dtype"] = "float8"
+    events.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    measured, _ = perfdb.run_measurement(run)
+    assert measured.precision.matmul == "float8"
+    assert perfdb.run_measurement(SAMPLE_H200_RUN)[0].precision.matmul == "compute"
+    code, out, _ = run_plan(capsys, "--from", str(run), "--json")
+    assert code == EXIT_OK and json.loads(out)["precision"]["matmul"] == "float8"
+    code, _, err = run_plan(capsys, "--from", str(run), "--matmul-dtype", "compute")
+    assert code == 2 and "--matmul-dtype conflicts with --from" in err

@@ -229,7 +229,7 @@ LAYOUT_DESTS = (*(o.name for o in section_options("parallel", planner=True)), "r
 FROM_RUN_DESTS = (
     *("model", "gpu", "gpus", "gpus_per_node", "seq_len", "batch_tokens", "batch_size"),
     *LAYOUT_DESTS,
-    *("param_dtype", "compute_dtype", "attention", "search"),
+    *("param_dtype", "compute_dtype", "matmul_dtype", "attention", "search"),
 )
 
 
@@ -746,10 +746,11 @@ def train_command(model: str, p: Plan) -> str:
 def train_options(model: str, p: Plan) -> dict[str, Any]:
     """The ``titan train`` options of a plan, by config field name: the model as ``--model``
     was given, ``--steps`` for the token budget (ceil(tokens / batch tokens)), the batch in
-    sequences, the precision (``--matmul-dtype`` where not ``compute``) and the layout's options (:meth:`Layout.options`; ``--layout mpmd``
-    with a pipeline); with a remat policy, ``--layer-unroll 1``: the memory model is that of a
-    rolled layer loop, which an unrolled one (the default up to 16 or 28 layers) can exceed
-    under remat (docs/planner.md, "Limits")."""
+    sequences, the precision (``--matmul-dtype`` where not ``compute``) and the layout's
+    options (:meth:`Layout.options`; ``--layout mpmd`` with a pipeline); with a remat policy,
+    ``--layer-unroll 1``: the memory model is that of a rolled layer loop, which an unrolled
+    one (the default up to 16 or 28 layers) can exceed under remat (docs/planner.md,
+    "Limits")."""
     request, layout = p.request, p.layout
     rolled = {"layer_unroll": 1} if layout.remat != "none" else {}
     values = {

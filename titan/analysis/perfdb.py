@@ -298,6 +298,7 @@ def planner_measurements(rows: Sequence[PerfRow]) -> list[Measurement]:
             str(lay.get("compute_dtype") or gpu.compute_dtype),
             {str(op): str(provider) for op, provider in ops.items()},
         )
+        precision = replace(precision, matmul=str(lay.get("matmul_dtype") or "compute"))
         per_node = min(int(row.device_count), gpu.gpus_per_node)
         result.append(
             Measurement(
