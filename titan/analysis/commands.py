@@ -130,8 +130,8 @@ def _add_common(parser: argparse.ArgumentParser, run: Any) -> None:
     parser.add_argument(
         "--wide",
         action="store_true",
-        help="every column, however wide the terminal (default: the columns that fit, by "
-        "priority; the run id is never cut)",
+        help="every column and whole run ids, however wide the terminal (default: the "
+        "columns that fit, by priority; a run id wider than 40%% of the terminal is cut with …)",
     )
     parser.set_defaults(run=run)
 
