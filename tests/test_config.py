@@ -494,3 +494,15 @@ def test_each_bound_is_declared_once_checked_and_shown(option, value, message, s
     with pytest.raises(TitanError, match=f"^{re.escape(message)}$"):
         TrainConfig.of(**{option: value})
     assert bounds_text(options_by_name()[option]) == shown  # --help and docs/options.md
+
+
+def test_a_resume_refuses_an_option_of_the_other_task_typed_at_its_default(capsys, tmp_path):
+    run = tmp_path / "lm-run"
+    sample = Path(__file__).resolve().parent.parent / "sample_runs" / "tiny-20261129-185806-39fc"
+    run.mkdir()
+    (run / "config.json").write_bytes((sample / "config.json").read_bytes())
+    (run / "tokenizer.model").write_bytes(b"a resume checks only that it is there")
+    assert main(["train", "--resume", str(run), "--steps", "9", "--print-config"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--images", "digits", "--print-config"]) == 2
+    assert "--images does not apply to --task lm" in capsys.readouterr().err

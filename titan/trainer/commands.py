@@ -127,11 +127,14 @@ def run(args: argparse.Namespace) -> int:
     typed = args.vocab_size is not None  # on the command line, not from --config
     check_vocab_size_unused(explicit.get("tokenizer", ""), explicit.get("vocab_size"), typed)
     options = init_from_options(explicit)  # a typed shape checked against --init-from's there
-    if not args.resume:  # a resume's task and shape are its record's
+    typed_names = [o.name for o in option_fields() if getattr(args, o.name) is not None]
+    if args.resume:  # a resume's task and shape are its record's
+        task = resume_options(Path(args.resume), options).model.task
+    else:
         if not options.get("init_from"):
             options = custom_vocab_options(options, typed)
-        typed_names = [o.name for o in option_fields() if getattr(args, o.name) is not None]
-        check_typed_task_options(TrainConfig.of(**options).model.task, typed_names)
+        task = TrainConfig.of(**options).model.task
+    check_typed_task_options(task, typed_names)
     if args.preset is not None and not (args.resume or explicit.get("init_from")):
         check_typed_shape(args.preset, TrainConfig.of(**options).model)  # typed: --preset, --model
     if args.print_config:
