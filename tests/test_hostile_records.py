@@ -299,6 +299,11 @@ def test_an_unreadable_database_is_set_aside_and_built_again(tmp_path, capsys, c
     assert database.with_name("titan.duckdb.unreadable").read_bytes() == content
     assert main(["summarize", str(root), "--json"]) == 0  # the new one is read as it is
     assert capsys.readouterr().err == ""
+    database.write_bytes(b"junk again")  # a second set-aside keeps the first
+    assert main(["summarize", str(root), "--json"]) == 0
+    assert "set aside as titan.duckdb.unreadable.2;" in capsys.readouterr().err
+    assert database.with_name("titan.duckdb.unreadable").read_bytes() == content
+    assert database.with_name("titan.duckdb.unreadable.2").read_bytes() == b"junk again"
 
 
 def test_the_consoles_history_store_raises_one_line_on_a_corrupt_database(tmp_path):

@@ -440,13 +440,18 @@ def connect(runs_root: Path, read_only: bool = False) -> duckdb.DuckDBPyConnecti
 def _built_again(path: Path, err: duckdb.Error) -> duckdb.DuckDBPyConnection:
     """A new database in place of the file ``path`` that DuckDB could not open (``err``: junk,
     a file of another DuckDB storage version, a damaged header): the file (and its write-ahead
-    log) set aside as ``<name>.unreadable``, said in one line on stderr. The database only
-    summarises the run records, from which the caller fills it again.
+    log) set aside as ``<name>.unreadable`` (``.unreadable.2``, ... beside earlier ones, which
+    are kept), said in one line on stderr. The database only summarises the run records, from
+    which the caller fills it again.
 
     Raises:
         TitanError: the file cannot be set aside, or the new database cannot be opened.
     """
     aside = path.with_name(path.name + ".unreadable")
+    copies = 1
+    while aside.exists():
+        copies += 1
+        aside = path.with_name(f"{path.name}.unreadable.{copies}")
     try:
         path.replace(aside)
         wal = path.with_name(path.name + ".wal")
