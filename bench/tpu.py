@@ -19,7 +19,8 @@ the plain-JAX baseline on two shapes, the memory estimate against the compiled p
 (c) the memory estimate that ``run_start`` records (``memory_check.estimate_bytes``) against
     the compiled program's bytes (the ``compile`` event's ``memory``: arguments + outputs -
     aliases + temporaries), which on a TPU is what a run is bounded by (docs/planner.md);
-(d) ``titan ops check`` and its wall time.
+(d) ``titan ops check`` and its wall time;
+(e) with ``--compare-remat``, the small shape under each other policy of :data:`REMAT_COMPARED`.
 
 Writes ``bench/results/tpu-<device>.json`` (or ``--out``) and prints a Markdown table last.
 ``--smoke`` runs a tiny version on the CPU so that a test checks the script end to end.
@@ -204,6 +205,12 @@ def main() -> int:
     parser.add_argument(
         "--runs-root", type=Path, help="where the titan train runs go (default: a new temp dir)"
     )
+    parser.add_argument(
+        "--compare-remat",
+        action="store_true",
+        help="also run the small shape with each other policy of REMAT_COMPARED (about a "
+        "minute each on a v5e; the rest takes about 8)",
+    )
     args = parser.parse_args()
 
     # The chip is held by one process at a time: this one never opens it, each run below does.
@@ -262,7 +269,7 @@ def main() -> int:
     chosen = report["shapes"][0]["titan"].get("remat")
     report["remat"] = {  # what --remat auto chose on the small shape, against the others
         remat: run_shape(shapes[0], runs_root, args.steps, args.timeout, remat)
-        for remat in REMAT_COMPARED
+        for remat in (REMAT_COMPARED if args.compare_remat else ())
         if remat != chosen
     }
     out = args.out or RESULTS / f"tpu-{'-'.join(report['device_kind'].lower().split())}.json"
