@@ -16,7 +16,8 @@ Result files and the scripts that write them:
   the other half); ``planner_search.json``: ``bench/planner_search.py``;
 - ``console.json``: ``bench/console.py``; ``console-scale-<runs>.json``: ``bench/console.py
   --scale <runs>``; ``console-real-<runs>.json``: ``--real <runs>``;
-  ``console-flood*.json``: ``bench/console.py --flood``; ``console-follow*.json``:
+  ``console-flood*.json``: ``bench/console.py --flood``; ``console-forms*.json``:
+  ``bench/console.py --forms``; ``console-follow*.json``:
   ``bench/console.py --follow <rounds>``;
   ``data_loader.json``: ``bench/data_loader.py``;
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
@@ -1175,6 +1176,13 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     for path in sorted(results.glob("console-follow*.json")):
         lines += [
             f"## Monitor following a run at 2 steps/s, {path.stem} (`bench/console.py --follow`)"
+        ]
+        lines += [""] + console_table(path, doc)
+    for path in sorted(results.glob("console-forms*.json")):
+        spinners = json.loads(path.read_text())["figures"].get("spinning_processes", 0)
+        lines += [
+            f"## Forms opening beside {spinners} busy processes, {path.stem} "
+            "(`bench/console.py --forms`)"
         ]
         lines += [""] + console_table(path, doc)
     for path in sorted(results.glob("console-flood*.json")):
