@@ -81,8 +81,12 @@ class Shape:
 
 
 SMALL = Shape("0.32b", layers=4)
-# Tried largest first; the first whose Titan run compiles on the chip is measured.
-LARGE_CANDIDATES = (Shape("0.89b", layers=16), Shape("0.79b", layers=14), Shape("0.69b", 12))
+# Tried largest first; the first whose Titan run compiles on the chip is measured. With float32
+# master weights and AdamW a parameter takes 16 bytes of state (docs/planner.md), so on a
+# v5e's 15.75 GiB a 0.69B model (12 layers: 11.2 GB of state) leaves too little for the
+# activations of 8 x 2048 tokens: XLA refused it under every policy on one v5e
+# (bench/results/tpu-v5e.json).
+LARGE_CANDIDATES = (Shape("0.60b", layers=10), Shape("0.51b", layers=8))
 SMOKE_SHAPE = Shape("smoke", layers=2, d_model=64, heads=4, kv_heads=2, ffn=128, vocab=512,
                     seq=64, batch=2)  # fmt: skip
 
@@ -206,12 +210,24 @@ def main() -> int:
         "--runs-root", type=Path, help="where the titan train runs go (default: a new temp dir)"
     )
     parser.add_argument(
+        "--large",
+        default=",".join(shape.name for shape in LARGE_CANDIDATES),
+        help="the large shapes to try, largest first (of "
+        + ", ".join(shape.name for shape in LARGE_CANDIDATES)
+        + "; empty for none)",
+    )
+    parser.add_argument(
         "--compare-remat",
         action="store_true",
         help="also run the small shape with each other policy of REMAT_COMPARED (about a "
         "minute each on a v5e; the rest takes about 8)",
     )
     args = parser.parse_args()
+    by_name = {shape.name: shape for shape in LARGE_CANDIDATES}
+    unknown = [name for name in args.large.split(",") if name and name not in by_name]
+    if unknown:
+        parser.error(f"--large: unknown shape {unknown[0]!r}; of {', '.join(by_name)}")
+    large = [by_name[name] for name in args.large.split(",") if name]
 
     # The chip is held by one process at a time: this one never opens it, each run below does.
     probe = "import jax; d = jax.devices()[0]; print(jax.__version__); print(d.device_kind)"
@@ -227,6 +243,12 @@ def main() -> int:
         "peak_source": spec.source if spec is not None else None,
     }
     runs_root = args.runs_root or Path(tempfile.mkdtemp(prefix="titan-bench-tpu-"))
+    out = args.out or RESULTS / f"tpu-{'-'.join(device_kind.lower().split())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every phase, so that a call cut short keeps what it measured
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
     default_args = ["train", "--steps", "4" if args.smoke else "30"]
     default_args += ["--runs-root", str(runs_root), "--run-id", "default"]
     if args.smoke:
@@ -234,22 +256,26 @@ def main() -> int:
     default = titan(default_args, args.timeout)
     default.pop("stdout")
     report["default_run"] = {**default, **train_record(runs_root / "default")}
-    print(f"[tpu] default run: rc {default['rc']}", file=sys.stderr, flush=True)
+    _progress("default run", report["default_run"])
+    save()
 
-    shapes = [SMOKE_SHAPE] if args.smoke else [SMALL, *LARGE_CANDIDATES]
+    shapes = [SMOKE_SHAPE] if args.smoke else [SMALL, *large]
     report["shapes"] = []
     measured_large = False
     for shape in shapes:
         if shape in LARGE_CANDIDATES and measured_large:
             continue
         titan_run = run_shape(shape, runs_root, args.steps, args.timeout)
-        print(f"[tpu] {shape.name}: titan {titan_run['tok_s']}", file=sys.stderr, flush=True)
+        _progress(f"{shape.name} titan", titan_run)
         if shape in LARGE_CANDIDATES:
             if titan_run["status"] != "completed":
                 report["shapes"].append({"shape": dataclasses.asdict(shape), "titan": titan_run})
+                save()
                 continue
             measured_large = True
         baseline = {} if args.smoke else run_baseline(shape, args.timeout)
+        if baseline:
+            _progress(f"{shape.name} baseline", baseline)
         row = {
             "shape": dataclasses.asdict(shape),
             "params": shape.model().param_count(),
@@ -262,22 +288,43 @@ def main() -> int:
         if estimate and titan_run.get("program_bytes"):
             row["estimate_over_compiled"] = estimate / titan_run["program_bytes"]
         report["shapes"].append(row)
+        save()
 
-    ops = titan(["ops", "check"], args.timeout)
-    ops.pop("stdout")
+    ops = titan(["ops", "check", "--json"], args.timeout)
+    try:
+        rows = json.loads(ops.pop("stdout"))["results"]
+    except (ValueError, KeyError, TypeError):
+        rows = []
+    ops["rows"] = len(rows)
+    ops["not_passed"] = [r for r in rows if not r["status"].startswith(("pass", "skipped"))]
+    ops["timed"] = [r for r in rows if r.get("time_ms") is not None]
     report["ops_check"] = ops
+    _progress("ops check", ops)
+    for row in ops["not_passed"]:
+        what = f"{row['op']} {row['provider']} {row['dtype']} {row['shape']}"
+        print(f"[tpu]   {what}: {row['status']}", file=sys.stderr, flush=True)
+    save()
     chosen = report["shapes"][0]["titan"].get("remat")
     report["remat"] = {  # what --remat auto chose on the small shape, against the others
         remat: run_shape(shapes[0], runs_root, args.steps, args.timeout, remat)
         for remat in (REMAT_COMPARED if args.compare_remat else ())
         if remat != chosen
     }
-    out = args.out or RESULTS / f"tpu-{'-'.join(report['device_kind'].lower().split())}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    save()
     print(markdown(report))
     print(f"\nresults: {out}")
     return 0
+
+
+def _progress(what: str, run: dict[str, Any]) -> None:
+    """One line on stderr per finished process: its exit, wall time and tokens/s, and the last
+    lines of its output when it failed."""
+    wall = run.get("wall_s")
+    line = f"[tpu] {what}: exit {run.get('rc')}, {wall or 0:.0f} s, tokens/s {run.get('tok_s')}"
+    print(line, file=sys.stderr, flush=True)
+    if run.get("rc") != 0:
+        for tail in run.get("tail") or [run.get("error")]:
+            print(f"[tpu]   {tail}", file=sys.stderr, flush=True)
 
 
 def _pct(value: float | None) -> str:
@@ -298,7 +345,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"default `titan train --steps 30`: exit {default['rc']}, {default.get('wall_s', 0):.0f} s,"
         f" MFU causal {_pct(mfu_line.get('causal'))} of {mfu_line.get('peak_kind', 'no peak')}",
         f"`titan ops check`: exit {report['ops_check']['rc']}, "
-        f"{report['ops_check'].get('wall_s', 0):.0f} s",
+        f"{report['ops_check'].get('wall_s', 0):.0f} s, {report['ops_check'].get('rows', 0)} rows, "
+        f"{len(report['ops_check'].get('not_passed', []))} not passed",
         "",
         "| shape | program | remat | tokens/s | MFU causal | MFU full | estimate GB "
         "| compiled GB | titan / baseline |",

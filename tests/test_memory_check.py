@@ -417,8 +417,11 @@ def test_train_builds_the_next_candidate_when_xla_refuses_the_program():
     built = _Built.of(shape, ops, cfg.trainer, choice, compiler(refuse=1))
     assert built.remat.remat == "full" and built.compiled and len(refusals) == 1
     refusals.clear()
-    with pytest.raises(ProgramOverMemory):  # the last candidate refused too: the error stands
+    with pytest.raises(ProgramOverMemory) as refused:  # the last candidate refused too
         _Built.of(shape, ops, cfg.trainer, choice, compiler(refuse=2))
+    message = str(refused.value)  # names what auto tried, and no policy left to try
+    assert "--remat auto tried none, full and none fit" in message and "(dots" not in message
+    assert "\n" not in message and "HLO temporaries (19.55G)" in message
 
 
 def test_remat_auto_leaves_the_remat_to_the_compiler_first_on_a_tpu():

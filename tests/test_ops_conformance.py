@@ -529,3 +529,15 @@ def test_splash_gradients_without_remat_in_two_traces():
     again = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, kv, kv)[1]
     for a, b in zip(first, again, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_large_attention_cases_shrink_their_batch_to_the_device_memory():
+    v5e, h200 = 16_909_336_064, 150_000_000_000  # bytes_limit of each device
+    assert conformance.attention_batch(32, 2048, v5e) == 2
+    assert conformance.attention_batch(16, 2048, v5e) == 4
+    assert conformance.attention_batch(32, 2048, h200) == 8
+    assert conformance.attention_batch(32, 2048, None) == 8  # unknown: the model's own batch
+    assert conformance.attention_batch(64, 65_536, v5e) == 1  # never below one
+    shapes = [c.shape for c in conformance.cases("tpu", v5e) if c.op == "attention"]
+    assert any(s.startswith("B2 S2048 H32") for s in shapes), shapes
+    assert any(s.startswith("B4 S2048 H16") for s in shapes), shapes

@@ -42,6 +42,7 @@ from titan.cpus import usable_cpus
 from titan.errors import TitanError
 from titan.ops import registry
 from titan.shapes import RopeScaling
+from titan.telemetry.device_memory import usable_bytes
 
 F32 = jnp.float32
 TIMED_RUNS = 10
@@ -171,8 +172,31 @@ def patch_embed_case(b, side, c, p, e) -> Case:
     return Case("patch_embed", f"B{b} {side}x{side}x{c} P{p} E{e}", build, (0, 1, 2))
 
 
-def cases(backend: str) -> list[Case]:
-    """The grid: small shapes everywhere, on accelerators also the 0.9B benchmark model's.
+# Score-sized float32 arrays the native attention reference (titan.ops.native.attention) can
+# hold at once in its VJP, counted from its code as an upper bound (XLA fuses some): the
+# scores, the masked scores, the probabilities saved for the backward, their gradient, the
+# scores' gradient and the softmax's reduction temporary. Half the device memory is left to
+# the inputs and to the other programs of the check.
+REFERENCE_SCORE_ARRAYS = 6
+LARGE_ATTENTION_BATCH = 8  # the 0.9B benchmark model's batch (bench/mfu.py)
+
+
+def attention_batch(heads: int, seq_len: int, usable_bytes: float | None) -> int:
+    """The batch of a large attention case: :data:`LARGE_ATTENTION_BATCH`, halved until the
+    float32 reference's score-sized arrays (:data:`REFERENCE_SCORE_ARRAYS` of ``batch x heads
+    x seq_len^2`` float32) take at most half of ``usable_bytes`` (bytes per device; None:
+    unknown, the full batch). A TPU v5e's 15.75 GiB takes B2 at 32 heads and B4 at 16, an
+    H200's 139 GiB B8; at least 1."""
+    batch = LARGE_ATTENTION_BATCH
+    per_batch = REFERENCE_SCORE_ARRAYS * heads * seq_len**2 * 4
+    while usable_bytes is not None and batch > 1 and batch * per_batch > usable_bytes / 2:
+        batch //= 2
+    return batch
+
+
+def cases(backend: str, usable_bytes: float | None = None) -> list[Case]:
+    """The grid: small shapes everywhere, on accelerators also the 0.9B benchmark model's (its
+    attention at the batch :func:`attention_batch` fits in ``usable_bytes`` per device).
 
     The small attention cases span several blocks of the default flash tiles (S 256 over
     128/64-token blocks) so that block skipping (causal, window) runs; their head dim is the
@@ -194,8 +218,9 @@ def cases(backend: str) -> list[Case]:
     ]
     if backend != "cpu":
         grid += [
-            attention_case(8, 2048, 16, 8, 128),
-            attention_case(8, 2048, 32, 8, 64),  # llama3-1b's heads
+            attention_case(attention_batch(16, 2048, usable_bytes), 2048, 16, 8, 128),
+            # llama3-1b's heads
+            attention_case(attention_batch(32, 2048, usable_bytes), 2048, 32, 8, 64),
             rms_norm_case(8, 2048, 2048),
             rope_case(8, 2048, 16, 128),
             swiglu_case(8, 2048, 2048, 5632),
@@ -450,7 +475,8 @@ def run_checks(
     ops = resolve(op, provider)
     backend = backend or jax.default_backend()
     results = []
-    chosen = [case for case in cases(backend) if case.op in ops]
+    usable = usable_bytes(jax.devices(backend)) if backend != "cpu" else None
+    chosen = [case for case in cases(backend, usable) if case.op in ops]
     report = progress or (lambda done, total, case: None)
     with (
         jax.default_matmul_precision("float32"),

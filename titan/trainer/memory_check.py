@@ -304,14 +304,34 @@ class ProgramOverMemory(TitanError):
     """XLA refused to compile the train step: its program needs more device memory than there
     is (XLA:TPU fits a program by rematerializing, and refuses one it cannot bring under).
 
-    Attributes:
+    Args:
+        said: XLA's own line (from ``RESOURCE_EXHAUSTED``).
         required_bytes: the bytes per device XLA says the program needs, or None where its
             message gives no figure.
+        tried: the ``--remat`` policies ``auto`` tried, each refused (empty: the policy given).
+
+    The message is one line: what XLA said and what may fit instead (a smaller batch, more
+    devices, and a policy that saves less when ``auto`` did not try them all).
     """
 
-    def __init__(self, message: str, required_bytes: int | None) -> None:
-        super().__init__(message)
+    def __init__(self, said: str, required_bytes: int | None, tried: Sequence[str] = ()) -> None:
+        if tried:
+            advice = (
+                f"--remat auto tried {', '.join(tried)} and none fit; a smaller --batch-size or "
+                "more devices (--fsdp) may fit"
+            )
+        else:
+            advice = (
+                "a smaller --batch-size, a --remat that saves less (dots, full) or more "
+                "devices (--fsdp) may fit"
+            )
+        super().__init__(
+            f"the train step does not fit the device memory: XLA refused its program ({said}); "
+            + advice
+        )
+        self.said = said
         self.required_bytes = required_bytes
+        self.tried = tuple(tried)
 
 
 # XLA:TPU's refusal, e.g. "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory
@@ -330,12 +350,7 @@ def program_over_memory(err: BaseException) -> ProgramOverMemory | None:
     said = text[text.index("RESOURCE_EXHAUSTED") :].splitlines()[0].strip()
     found = _REQUIRED.search(said)
     required = int(float(found.group(1)) * 2**30) if found else None
-    return ProgramOverMemory(
-        f"the train step does not fit the device memory: XLA refused its program ({said}); a "
-        "smaller --batch-size, a --remat that saves less (dots, full) or more devices (--fsdp) "
-        "may fit",
-        required,
-    )
+    return ProgramOverMemory(said, required)
 
 
 def resolve_remat(

@@ -392,6 +392,9 @@ class _Built:
             events = compiler(trainer)
         except ProgramOverMemory as err:
             refused = remat.refused(err.required_bytes)
+            if refused is None and remat.passed_over:  # auto tried them all: say so
+                tried = [name for name, _ in remat.passed_over] + [remat.remat]
+                raise ProgramOverMemory(err.said, err.required_bytes, tried) from None
             if refused is None:
                 raise
             del trainer  # before the next candidate's buffers
