@@ -25,8 +25,9 @@ from console_helpers import (
     write_lost_peer,
 )
 
+from titan.analysis.liveness import UNRESPONSIVE
 from titan.exit_codes import EXIT_STOPPED
-from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
+from titan.telemetry.heartbeat import HEARTBEAT_TIMEOUT_S, PROCESSES_DIR, ProcessId
 from titan.telemetry.records import read_events, write_json_atomic
 from tui.app import TitanConsole
 from tui.launcher import signal_run
@@ -52,13 +53,15 @@ def _started(pid: int) -> float:
     return psutil.Process(pid).create_time()
 
 
-def _recorded_run(run_dir: Path, identity: ProcessId) -> None:
-    """A run dir whose run_start and heartbeat name ``identity``, with a fresh beat."""
+def _recorded_run(run_dir: Path, identity: ProcessId, beat_age_s: float = 0.0) -> None:
+    """A run dir whose run_start and heartbeat name ``identity``, with a beat ``beat_age_s``
+    old."""
     run_dir.mkdir(parents=True)
     now = time.time()
     append_events(run_dir, [event("run_start", now, total_steps=9, process=identity.as_dict())])
     (run_dir / PROCESSES_DIR).mkdir()
-    beat = {**identity.as_dict(), "processes": 1, "step": 2, "status": "running", "beat": now}
+    beat = {**identity.as_dict(), "processes": 1, "step": 2, "status": "running"}
+    beat["beat"] = now - beat_age_s
     write_json_atomic(run_dir / PROCESSES_DIR / "0.json", beat)
 
 
@@ -215,9 +218,40 @@ async def test_a_multi_process_run_shows_a_row_per_process_and_names_the_lost_on
     assert status.startswith(f"dead: process 1 (pid {lost.pid} on {me.host}) is gone; last seen ")
     assert [(r[0], r[1], r[2], r[3], r[5]) for r in rows] == [
         ("0", me.host, str(me.pid), "2", "running"),
-        ("1", me.host, str(lost.pid), "7", "lost"),
+        ("1", me.host, str(lost.pid), "7", "dead"),
     ]
     assert all(r[4].endswith(" s ago") for r in rows)
+
+
+async def test_a_frozen_run_is_unresponsive_in_the_status_process_row_and_processes_tab(
+    tmp_path: Path,
+):
+    child = _sleeper()  # a live process whose heartbeat stopped: what SIGSTOP leaves
+    try:
+        identity = ProcessId(ProcessId.current().host, child.pid, child.pid, _started(child.pid))
+        _recorded_run(tmp_path / "run", identity, beat_age_s=HEARTBEAT_TIMEOUT_S + 10)
+        app = TitanConsole(tmp_path, open_run=tmp_path / "run")
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.screen.status == UNRESPONSIVE, lambda: "?", 10)
+            await wait_until(pilot, lambda: stat(app, "process") != "-", lambda: "", 10)
+            shown = {"status": stat(app, "status"), "process": stat(app, "process")}
+            await pilot.press("7")
+            await pilot.pause()
+            table = app.screen.query_one(ProcessTable)
+            [row] = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+            await pilot.press("3")
+            await pilot.pause()
+            labels = [str(label.content) for label in app.screen.query(".stat-label").results()]
+    finally:
+        child.kill()
+        child.wait()
+    # One word for the state, and each allowance named for what it allows.
+    assert shown["status"].startswith(f"unresponsive: process 0 (pid {child.pid} on ")
+    assert f"(heartbeat allowance {HEARTBEAT_TIMEOUT_S:.0f} s)" in shown["status"]
+    assert shown["process"] == f"unresponsive (pid {child.pid})"
+    assert row[5] == "unresponsive"
+    assert {"stall allowance", "last event", "wall time"} <= set(labels)
+    assert "allowance" not in labels and "heartbeat" not in labels
 
 
 async def test_a_stop_sent_to_a_stalled_run_says_it_waits_and_that_k_kills(tmp_path: Path):

@@ -232,7 +232,7 @@ async def test_history_compares_two_runs_and_opens_a_run_detail(sample_root: Pat
     ]
     assert diff_rows[-1] == ["watchdog_floor", "5.0", "300.0"]
     assert curves == [(STALL_RUN, 23), (RESUMED_RUN, 40)]
-    assert stalls_log[:2] == ["1 stall(s)", "step 25: 9.9 s (allowance 9.4 s)"]
+    assert stalls_log[:2] == ["1 stall(s)", "step 25: 9.9 s (stall allowance 9.4 s)"]
     assert (summary["status"], summary["stalls"], summary["ETTR"]) == (
         "failed (stall)",
         1,

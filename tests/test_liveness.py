@@ -139,8 +139,9 @@ def test_a_live_process_with_a_heartbeat_past_the_allowance_reads_unresponsive(t
     # On this host an old heartbeat does not make a live process dead: it is unresponsive, and
     # still offered for a stop or a kill.
     assert (judged.state, judged.control, judged.alive) == (UNRESPONSIVE, me, True)
+    assert judged.process_state(judged.processes[0], time.time()) == UNRESPONSIVE
     assert judged.reason == (
-        f"{me.name()}: no heartbeat for {HEARTBEAT_TIMEOUT_S + 10:.0f} s (allowance "
+        f"{me.name()}: no heartbeat for {HEARTBEAT_TIMEOUT_S + 10:.0f} s (heartbeat allowance "
         f"{HEARTBEAT_TIMEOUT_S:.0f} s); it exists but does not run (stopped or frozen)"
     )
 
@@ -173,7 +174,7 @@ def test_a_sigstopped_run_reads_unresponsive_everywhere_within_its_allowance(
     [beat] = judged.processes
     assert time.time() - beat.beat >= frozen_for - BEAT_INTERVAL_S  # no beat since the stop
     assert judged.reason.startswith(f"process 0 (pid {process.pid} on {socket.gethostname()}): ")
-    frozen_text = " (allowance 3 s); it exists but does not run (stopped or frozen)"
+    frozen_text = " (heartbeat allowance 3 s); it exists but does not run (stopped or frozen)"
     assert judged.reason.endswith(frozen_text)
 
 
@@ -185,11 +186,14 @@ def test_on_another_host_the_heartbeat_age_decides(tmp_path: Path, beat_age_s: f
     _record_process(tmp_path / "remote", remote, beat_age_s)
     judged = judge(tmp_path / "remote", _facts(tmp_path / "remote"))
     assert judged.state == state
+    # the processes tab says the run's word for its one process
+    assert judged.process_state(judged.processes[0], time.time()) == state
     assert judged.control is None
     if state == DEAD:
         assert judged.reason == (
             f"process 0 (pid 4242 on another-host.example): no heartbeat for {beat_age_s:.0f} s "
-            f"(allowance {HEARTBEAT_TIMEOUT_S:.0f} s); its pid cannot be checked from this host"
+            f"(heartbeat allowance {HEARTBEAT_TIMEOUT_S:.0f} s); its pid cannot be checked "
+            "from this host"
         )
     else:
         assert judged.no_control == (

@@ -123,8 +123,8 @@ def test_a_peer_inside_a_save_is_named_so_when_lost_and_when_this_process_stalls
     hook = StallHook(ObservabilityOptions(watchdog_floor=1.0), MutedRecord(tmp_path, "r"), None)
     hook.on_stall(Stall(phase="step", elapsed_s=6.2, threshold_s=4.0, step=6, stacks=[]))
     assert capsys.readouterr().err == (
-        "titan: stall: step 6 has taken 6.2 s (allowance 4.0 s); process 1 (pid 4243 on node7) "
-        "is inside the checkpoint save of step 4\n"
+        "titan: stall: step 6 has taken 6.2 s (stall allowance 4.0 s); "
+        "process 1 (pid 4243 on node7) is inside the checkpoint save of step 4\n"
     )
     save = Stall(phase="checkpoint_save", elapsed_s=31.0, threshold_s=30.0, step=4, stacks=[])
     assert save.where() == "the checkpoint save of step 4"

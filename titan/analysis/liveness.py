@@ -179,9 +179,25 @@ class Liveness:
         """Whether a process of the run still exists (it may be stopped or killed)."""
         return self.state in (STARTING, RUNNING, STALLED, UNRESPONSIVE)
 
-    def silent(self, beat: ProcessBeat, now: float) -> bool:
-        """Whether ``beat`` (unix s ``now``) is older than the run's allowance."""
-        return now - beat.beat > self.allowance_s
+    def process_state(self, beat: ProcessBeat, now: float) -> str:
+        """One process's state, in the words of the run's states (module docstring), so that a
+        process row never names a state the run's status does not: its heartbeat's status once
+        it ended (``completed``, ``stopped``, ``failed``); ``dead`` for the process the run is
+        judged dead by, and for a process of another host whose heartbeat is older than the
+        allowance (its pid cannot be checked: rule 2.); ``unresponsive`` for a process of this
+        host whose heartbeat is older than the allowance (rule 4.); else ``running``.
+
+        Args:
+            beat: the process's heartbeat (one of :attr:`processes`).
+            now: unix seconds.
+        """
+        if beat.status != RUNNING:
+            return beat.status
+        if self.lost is not None and self.lost.process == beat.id.process:
+            return DEAD
+        if now - beat.beat > self.allowance_s:
+            return UNRESPONSIVE if beat.id.local else DEAD
+        return RUNNING
 
     def describe(self) -> str:
         """``dead: process 0 (pid 12 on h) is gone; last seen 12:00:01``, one line."""
@@ -277,8 +293,11 @@ def _hang_dump(run_dir: Path, process: ProcessId) -> str:
 
 
 def _silence(process: ProcessId, age_s: float, allowance_s: float) -> str:
-    """``process 0 (pid 1 on h): no heartbeat for 40 s (allowance 30 s)``."""
-    return f"{process.name()}: no heartbeat for {age_s:.0f} s (allowance {allowance_s:.0f} s)"
+    """``process 0 (pid 1 on h): no heartbeat for 40 s (heartbeat allowance 30 s)``."""
+    return (
+        f"{process.name()}: no heartbeat for {age_s:.0f} s "
+        f"(heartbeat allowance {allowance_s:.0f} s)"
+    )
 
 
 def _frozen(

@@ -95,7 +95,7 @@ class StallHook(Hook):
         ]
         print(
             f"titan: stall: {stall.where()} has taken {stall.elapsed_s:.1f} s "
-            f"(allowance {stall.threshold_s:.1f} s)" + "".join(f"; {p}" for p in peers),
+            f"(stall allowance {stall.threshold_s:.1f} s)" + "".join(f"; {p}" for p in peers),
             file=sys.stderr,
             flush=True,
         )

@@ -160,7 +160,7 @@ class MonitorScreen(Screen[None]):
             yield Stat("model", id="model")
             yield Stat("loss", id="loss")
             yield Stat("tokens/s", id="throughput")
-            yield Stat("elapsed", id="elapsed")
+            yield Stat("wall time", id="elapsed")
             yield Stat("ETA", id="eta")
             yield Stat("tokens", id="tokens")
             yield Stat("saved", id="checkpoint")
@@ -403,7 +403,11 @@ class MonitorScreen(Screen[None]):
         elif liveness.lost is not None:
             process.show(f"gone: {liveness.lost.name()}", "bad")
         elif liveness.alive and liveness.control is not None:
-            process.show(f"running (pid {liveness.control.pid})")
+            pid = liveness.control.pid
+            beats = [b for b in liveness.processes if b.id.pid == pid and b.id.local]
+            # Its heartbeat's state (unresponsive when stopped), as the processes tab says it.
+            word = liveness.process_state(beats[0], time.time()) if beats else "running"
+            process.show(f"{word} (pid {pid})", _STATUS_TONES.get(word))
         else:
             process.show(liveness.no_control, wrap=True)
 

@@ -151,7 +151,7 @@ class RunDetailScreen(Screen[None]):
             log.write_line(
                 inert(
                     f"{stall.where()}: {format_number(stall.elapsed_s, '.1f')}"
-                    f" s (allowance {format_number(stall.threshold_s, '.1f')} s)"
+                    f" s (stall allowance {format_number(stall.threshold_s, '.1f')} s)"
                 )
             )
             log.write_lines(f"  {line}" for line in stack_lines(stall))

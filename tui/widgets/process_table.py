@@ -5,26 +5,14 @@ from __future__ import annotations
 import time
 
 from titan.analysis.liveness import Liveness
-from titan.telemetry.heartbeat import ProcessBeat
 from tui.plain import cell
 from tui.widgets.plain_table import PlainTable
 
 
-def process_state(beat: ProcessBeat, liveness: Liveness, now: float) -> str:
-    """One process's state: its heartbeat's status once it ended; ``lost`` for the process the
-    run's judgement names; ``silent`` for a beat older than
-    the run's heartbeat allowance (:meth:`~titan.analysis.liveness.Liveness.silent`);
-    else ``running``."""
-    if beat.status != "running":
-        return beat.status
-    if liveness.lost is not None and liveness.lost.process == beat.id.process:
-        return "lost"
-    return "silent" if liveness.silent(beat, now) else "running"
-
-
 class ProcessTable(PlainTable):
     """The run's ``processes/<id>.json`` heartbeats (:class:`~titan.analysis.liveness.
-    ProcessBeat`), drawn from a :class:`~titan.analysis.liveness.Liveness`."""
+    ProcessBeat`), drawn from a :class:`~titan.analysis.liveness.Liveness`; each row's state is
+    :meth:`~titan.analysis.liveness.Liveness.process_state`, in the words of the run's status."""
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -43,7 +31,7 @@ class ProcessTable(PlainTable):
                 str(beat.id.pid),
                 "-" if beat.step is None else str(beat.step),
                 f"{max(now - beat.beat, 0.0):.0f} s ago",
-                cell(process_state(beat, liveness, now)),
+                cell(liveness.process_state(beat, now)),
             )
         count = len(liveness.processes)
         self.border_title = (

@@ -1,5 +1,6 @@
-"""The watchdog panel: the phase the run is in, its heartbeat age against the allowance, and the
-stalls with their stacks."""
+"""The watchdog panel: the phase the run is in, the age of its last event against the phase's
+stall allowance (the trainer's watchdog; not the heartbeat allowance the run's state is judged
+by, :mod:`titan.analysis.liveness`), and the stalls with their stacks."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from titan.telemetry.events import Stall
 from tui.run_state import RunState
 from tui.widgets.stat import Stat, tone_of
 
-# Heartbeat age over allowance that turns the age yellow (red past 1: the watchdog fires).
+# Last event's age over the stall allowance that turns the age yellow (red past 1: the watchdog
+# fires).
 WARN_FRACTION = 0.5
 
 
 class WatchdogPanel(Vertical):
-    """Phase, age of the last event, allowance, stalls; the stacks of the last stall below.
+    """Phase, age of the last event, stall allowance, stalls; the stacks of the last stall below.
 
     Args:
         id: the widget id.
@@ -28,8 +30,8 @@ class WatchdogPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Stat("phase", id="wd-phase")
-        yield Stat("heartbeat", id="wd-age")
-        yield Stat("allowance", id="wd-threshold")
+        yield Stat("last event", id="wd-age")
+        yield Stat("stall allowance", id="wd-threshold")
         yield Stat("stalls", id="wd-stalls")
         yield Log(id="wd-stacks", max_lines=400)
 
