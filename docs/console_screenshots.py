@@ -1,6 +1,7 @@
-"""Save the console screenshots of the docs (SVG): the launch form as it opens, the monitor of
-a real small run while it trains (the run is stopped afterwards) at 80x24, and the planner,
-history, run comparison and watchdog panel over ``sample_runs/`` at 100x30.
+"""Save the console screenshots of the docs (SVG), all at 80x24, the smallest terminal the
+console is drawn for: the launch form as it opens, the monitor of a real small run while it
+trains (the run is stopped afterwards), and the planner, history, run comparison and watchdog
+panel over ``sample_runs/``.
 
 Run from the repository root: ``.venv/bin/python docs/console_screenshots.py``. It trains for
 about a minute on CPU; run dirs go to a temporary folder.
@@ -25,7 +26,6 @@ from tui.screens.monitor import MonitorScreen  # noqa: E402
 from tui.widgets.option_input import OptionInput  # noqa: E402
 
 SIZE = (80, 24)
-WIDE = (100, 30)
 # A run small enough for a CPU, long enough to draw a loss curve.
 RUN_OPTIONS = {"steps": "400", "batch_size": "8", "seq_len": "64", "vocab_size": "1024"}
 SHOT_AT_STEP = 120
@@ -45,7 +45,7 @@ async def sample_screens(tmp: str) -> None:
     shutil.copytree(DOCS.parent / "sample_runs", Path(tmp) / "sample_runs")
     os.chdir(tmp)
     app = TitanConsole(Path("sample_runs"))
-    async with app.run_test(size=WIDE) as pilot:
+    async with app.run_test(size=SIZE) as pilot:
         await pilot.press("p")
         await _wait(pilot, lambda: app.screen.report is not None)
         await pilot.pause(0.5)
@@ -65,7 +65,7 @@ async def sample_screens(tmp: str) -> None:
         await pilot.pause(0.3)
         app.save_screenshot("console-run-detail.svg", str(DOCS))
     app = TitanConsole(Path("sample_runs"), open_run=Path("sample_runs/tiny-watchdog-stall"))
-    async with app.run_test(size=WIDE) as pilot:
+    async with app.run_test(size=SIZE) as pilot:
         await _wait(pilot, lambda: app.screen.state.end_status is not None)
         await pilot.press("3")
         await pilot.pause(0.5)

@@ -54,6 +54,8 @@ from tui.widgets.sparkline import SparklineColumns
 from tui.widgets.stat import Stat
 
 SIZE = (80, 24)
+# Wide enough for every History column (at 80 columns some give way: test_console_widths.py).
+WIDE = (160, 24)
 STALL_RUN = "tiny-watchdog-stall"
 RESUMED_RUN = "tiny-killed-resumed"
 GPU_RUN = "llama3-1b-h200"
@@ -146,7 +148,7 @@ async def _open_history(pilot) -> HistoryTable:
 
 async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: Path):
     app = TitanConsole(sample_root)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         table = await _open_history(pilot)
         screen = app.screen
         listed = _rows(table)
@@ -180,7 +182,7 @@ async def test_history_lists_sample_runs_filters_sorts_and_exports(sample_root: 
 
 async def test_history_marks_the_sort_column_and_counts_the_filtered_runs(sample_root: Path):
     app = TitanConsole(sample_root)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         table = await _open_history(pilot)
         screen = app.screen
 

@@ -688,7 +688,8 @@ async def test_console_run_list_and_history_show_hostile_runs_inert(tmp_path: Pa
     os.mkfifo(tmp_path / "fifo" / EVENTS_FILE)
     (tmp_path / "fifo" / STDERR_LOG).write_text("")
     app = TitanConsole(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
+    # wide enough for History's preset column beside the hostile run id (narrower, it gives way)
+    async with app.run_test(size=(200, 30)) as pilot:
         table = app.screen.query_one(RunTable)
         await wait_until(pilot, lambda: table.row_count == 5, lambda: "runs not listed", 20)
         await pilot.pause(0.2)

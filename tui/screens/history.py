@@ -122,6 +122,11 @@ class HistoryScreen(Screen[None]):
         if not self._ingesting and time.monotonic() >= self._next_ingest_at:
             self.action_refresh()
 
+    def on_history_table_columns_changed(self) -> None:
+        """Name the columns left out (or none) on the status line."""
+        if self.loaded:
+            self._show_count()
+
     def on_history_table_query_changed(self, message: HistoryTable.QueryChanged) -> None:
         """Fetch another page (sort, filter or page changed), in a worker; its connection is
         held for the next key (:data:`tui.history.READ_HOLD_S`)."""
@@ -193,6 +198,9 @@ class HistoryScreen(Screen[None]):
         if page.matched > len(page.rows):
             last = page.offset + len(page.rows)
             parts.append(f"rows {page.offset + 1:,}-{last:,}, ]/[: next/previous page")
+        hidden = self.query_one(HistoryTable).hidden
+        if hidden:  # before the rest: the status line is cut at its end
+            parts.append(f"{', '.join(hidden)}: enter (detail)")
         parts.append(f"MFU {MFU_CONVENTION}, of each run's peak (in its detail)")
         parts.append("space: mark two, c: compare · O: reverse · x/X: export CSV/Parquet")
         if self._held_line:

@@ -15,7 +15,7 @@ from textual.widgets.data_table import ColumnKey
 
 from titan.formatting import format_bounded, format_clock
 from tui.history import HistoryPage, HistoryQuery, HistoryRow
-from tui.plain import LAYOUT_WIDTH, PRESET_WIDTH, STATUS_WIDTH, cell, short
+from tui.plain import LAYOUT_WIDTH, PRESET_WIDTH, STATUS_WIDTH, PlainText, plain, short
 from tui.widgets.plain_table import PlainTable
 
 COLUMNS = (
@@ -45,6 +45,23 @@ _FIELDS = (
     "tokens_per_j",
     "ettr",
     "best_loss",
+    "started_at",
+)
+# The order in which the columns keep their place when the table is too narrow for all of
+# them: the run, its status and its figures first; the rest give way from the end (a run's
+# detail, enter, shows every value).
+KEEP_ORDER = (
+    "run_id",
+    "status",
+    "best_loss",
+    "tokens_per_s",
+    "mfu",
+    "steps",
+    "ettr",
+    "tokens_per_j",
+    "devices",
+    "preset",
+    "layout",
     "started_at",
 )
 
@@ -77,7 +94,10 @@ class HistoryTable(PlainTable):
     fetches that page in a worker and calls :meth:`show`. ``space`` marks a run for comparison;
     ``enter`` selects (``DataTable.RowSelected``). Cells are inert plain text
     (:func:`tui.plain.cell`); the run column comes first and is never truncated, a long status,
-    preset or layout is cut (:func:`tui.plain.short`)."""
+    preset or layout is cut, ending in "…" (:func:`tui.plain.short`). The columns that do not
+    fit the table's width give way whole, in :data:`KEEP_ORDER` from its end, so that no
+    heading or value is cut at the edge; :attr:`hidden` names them, and
+    :class:`ColumnsChanged` says when they change."""
 
     BINDINGS = [
         Binding("enter", "select_cursor", "Detail"),
@@ -94,6 +114,10 @@ class HistoryTable(PlainTable):
 
         query: HistoryQuery
 
+    @dataclass
+    class ColumnsChanged(Message):
+        """The columns shown changed (the table's width, or its values' widths)."""
+
     def __init__(self, *, id: str) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.page = HistoryPage(HistoryQuery(), [], 0, 0, 0)
@@ -101,9 +125,21 @@ class HistoryTable(PlainTable):
         self.marked: list[str] = []
         self._cursor_to: int | None = None  # the row the cursor goes to on the next page
         self._column_keys: list[ColumnKey] = []
+        self._shown: tuple[int, ...] = tuple(range(len(COLUMNS)))  # indexes into COLUMNS
+        self._width = 0  # the width the shown columns were fitted to
 
     def on_mount(self) -> None:
         self._column_keys = self.add_columns(*self._labels())
+
+    def on_resize(self) -> None:
+        if self.size.width != self._width:
+            self._redraw()
+
+    @property
+    def hidden(self) -> list[str]:
+        """The headings of the columns left out for want of width, in table order (the sort
+        column's with its arrow, as it would be drawn)."""
+        return [label for i, label in enumerate(self._labels()) if i not in self._shown]
 
     @property
     def filter_text(self) -> str:
@@ -186,23 +222,57 @@ class HistoryTable(PlainTable):
     def _relabel(self) -> None:
         """Put the sort arrow on the headings; they are drawn with the next page (DataTable
         keeps drawn cells until its rows change: a refresh now would draw the old ones)."""
-        for key, label in zip(self._column_keys, self._labels(), strict=True):
+        labels = self._labels()
+        for key, label in zip(self._column_keys, (labels[i] for i in self._shown), strict=True):
             heading = self.columns[key]
             heading.label = Text(label)
             heading.content_width = max(heading.content_width, cell_len(label))
+
+    def _fit(self, rows: list[tuple[PlainText, ...]]) -> None:
+        """Choose the columns that fit the table's width (all of them before it has one), in
+        :data:`KEEP_ORDER`, and make them the table's columns when they changed."""
+        self._width = width = self.size.width
+        labels = self._labels()
+        if width:
+            width -= self.styles.scrollbar_size_vertical  # room for the scrollbar, shown or not
+            needs = [
+                max((cell_len(cells[i].plain) for cells in rows), default=0)
+                for i in range(len(COLUMNS))
+            ]
+            shown = []
+            for name in KEEP_ORDER:
+                i = _FIELDS.index(name)
+                need = max(needs[i], cell_len(labels[i])) + 2 * self.cell_padding
+                if need > width and shown:  # the run column stays, however narrow
+                    break
+                shown.append(i)
+                width -= need
+            fitted = tuple(sorted(shown))
+        else:
+            fitted = tuple(range(len(COLUMNS)))
+        if fitted == self._shown:
+            return
+        self._shown = fitted
+        self.clear(columns=True)
+        self._column_keys = self.add_columns(*(labels[i] for i in fitted))
+        self.post_message(self.ColumnsChanged())
 
     def _redraw(self) -> None:
         selected = None
         if self.row_count:
             selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        rows = []
+        for row in self.page.rows:
+            cells = _cells(row)
+            mark = "* " if row.run_id in self.marked else ""
+            rows.append((row.run_id, tuple(plain(c) for c in (mark + cells[0], *cells[1:]))))
+        self._fit([cells for _, cells in rows])
         self._relabel()
         self.clear()
         for heading in self.columns.values():  # sized afresh: by its label, then the new rows
             heading.content_width = heading.label.cell_len
-        for row in self.page.rows:
-            cells = _cells(row)
-            mark = "* " if row.run_id in self.marked else ""
-            self.add_row(*(cell(c) for c in (mark + cells[0], *cells[1:])), key=row.run_id)
+        for run_id, cells in rows:
+            self.add_row(*(cells[i] for i in self._shown), key=run_id)
         if self._cursor_to is not None and self.row_count:
             self.move_cursor(row=self._cursor_to % self.row_count)
             self._cursor_to = None
