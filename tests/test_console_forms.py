@@ -177,7 +177,9 @@ async def test_a_cut_run_detail_value_reads_in_full_on_enter(tmp_path: Path):
         table = detail.query_one("#detail-summary", DataTable)
         keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
         memory = keys.index("device memory (GB per device)")
-        full = str(table.get_row_at(memory)[1])
+        cut = str(table.get_row_at(memory)[1])
+        widths = [column.get_render_width(table) for column in table.ordered_columns]
+        full = table.values[str(memory)]
         table.focus()
         table.move_cursor(row=memory)
         await pilot.press("enter")
@@ -187,7 +189,9 @@ async def test_a_cut_run_detail_value_reads_in_full_on_enter(tmp_path: Path):
         await pilot.press("escape")
         await pilot.pause()
         back = app.screen
-    assert cell_len(full) > SIZE[0]  # cut in the table at 80 columns
+    assert cell_len(full) > SIZE[0]  # cut in the table at 80 columns, with an ellipsis
+    assert cut.endswith("…") and full.startswith(cut[:-1])
+    assert sum(widths) <= SIZE[0] - table.styles.scrollbar_size_vertical
     assert isinstance(popup, ValueScreen) and popup.value == full
     assert " ".join(shown.split()) == full
     assert back is detail
@@ -367,7 +371,7 @@ async def test_run_detail_opens_on_its_rows_and_each_tab_key_focuses_its_table(t
         table = app.screen.query_one(DataTable)
         described = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
     assert focused_at_open is summary
-    assert isinstance(popup, ValueScreen) and popup.value == str(summary.get_row_at(1)[1])
+    assert isinstance(popup, ValueScreen) and popup.value == summary.values["1"]
     assert focused_on_3 is environment
     assert {"Value in full", "Down", "Up", "First row", "Last row"} <= described
 

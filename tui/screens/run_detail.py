@@ -19,7 +19,7 @@ from titan.errors import TitanError
 from titan.formatting import format_clock, format_number
 from titan.inert import inert
 from tui.history import HistoryStore, RunDetail
-from tui.plain import cell
+from tui.plain import cell, plain, short
 from tui.screens.value import ValueScreen
 from tui.widgets.plain_table import PlainTable
 from tui.widgets.watchdog_panel import stack_lines
@@ -35,15 +35,25 @@ def _pairs(mapping: dict[str, Any]) -> list[tuple[Any, Any]]:
     ]
 
 
-def _fill_key_values(table: DataTable[str], rows: list[tuple[Any, Any]]) -> None:
+def _fill_key_values(table: KeyValueTable, rows: list[tuple[Any, Any]], width: int) -> None:
     """Put ``(key, value)`` rows in a :func:`_key_value_table`, its columns as wide as their
     widest cell at once (DataTable widens auto-width columns only when the app is idle, which a
-    loaded machine can put off for seconds, leaving the values cut to the header's width)."""
+    loaded machine can put off for seconds, leaving the values cut to the header's width), the
+    values no wider than ``width`` cells leave them (the table's width): a longer one is cut,
+    ending in "…", and ``enter`` shows it whole (:attr:`KeyValueTable.values`)."""
     table.clear(columns=True)
-    for index, label in enumerate(("key", "value")):
-        width = max((cell_len(str(row[index])) for row in rows), default=len(label))
-        table.add_column(label, width=width)
-    table.add_rows(rows)
+    table.values = {str(i): str(value) for i, (_, value) in enumerate(rows)}
+    key_width = max((cell_len(str(key)) for key, _ in rows), default=len("key"))
+    room = width - table.styles.scrollbar_size_vertical - key_width - 4 * table.cell_padding
+    value_width = max((cell_len(str(value)) for _, value in rows), default=len("value"))
+    if width and room > 1:  # a table not laid out yet, or too narrow for a value: not cut
+        value_width = min(value_width, room)
+    table.add_column("key", width=key_width)
+    table.add_column("value", width=value_width)
+    for i, (key, value) in enumerate(rows):
+        text = str(value)
+        shown = value if cell_len(text) <= value_width else plain(short(text, value_width))
+        table.add_row(key, shown, key=str(i))
 
 
 def _title(tab: str) -> str:
@@ -52,9 +62,17 @@ def _title(tab: str) -> str:
 
 
 class KeyValueTable(PlainTable):
-    """``(key, value)`` rows; ``enter`` shows the row's value in full (listed by ``?``)."""
+    """``(key, value)`` rows; ``enter`` shows the row's value in full (listed by ``?``).
+
+    Attributes:
+        values: each row's whole value, by row key (the cell may be cut to the width).
+    """
 
     BINDINGS = [Binding("enter", "select_cursor", "Value in full")]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.values: dict[str, str] = {}
 
 
 def _key_value_table(id: str) -> KeyValueTable:
@@ -118,9 +136,10 @@ class RunDetailScreen(Screen[None]):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """A key-value row's whole value, in a dialog."""
-        if event.data_table.id in {f"detail-{tab}" for tab in TABS[:3]}:
-            key, value = event.data_table.get_row(event.row_key)
-            self.app.push_screen(ValueScreen(str(key), str(value)))
+        table = event.data_table
+        if isinstance(table, KeyValueTable) and event.row_key.value is not None:
+            key = table.get_row(event.row_key)[0]
+            self.app.push_screen(ValueScreen(str(key), table.values[event.row_key.value]))
 
     def action_show_tab(self, tab: str) -> None:
         """Show ``tab`` with its table (or stall log) focused, as the summary's at first."""
@@ -132,10 +151,12 @@ class RunDetailScreen(Screen[None]):
         detail = self.detail = message.detail
         rows = summary_rows(detail.summary, detail.config.get("steps"))
         summary = [(cell(key), cell(value)) for key, value in rows]
-        _fill_key_values(self.query_one("#detail-summary", DataTable), summary)
-        _fill_key_values(self.query_one("#detail-config", DataTable), _pairs(detail.config))
-        environment = self.query_one("#detail-environment", DataTable)
-        _fill_key_values(environment, _pairs(detail.environment))
+        width = self.size.width  # every tab's table is as wide (a hidden one has no size yet)
+        _fill_key_values(self.query_one("#detail-summary", KeyValueTable), summary, width)
+        config = _pairs(detail.config)
+        _fill_key_values(self.query_one("#detail-config", KeyValueTable), config, width)
+        environment = self.query_one("#detail-environment", KeyValueTable)
+        _fill_key_values(environment, _pairs(detail.environment), width)
         self.query_one("#detail-restarts", DataTable).add_rows(
             (
                 str(i),
