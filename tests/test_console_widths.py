@@ -1,6 +1,7 @@
-"""Whole words at 80x24: a table too narrow for all its columns leaves whole columns out, in
-its order of priority (the run, its status and its figures first), instead of cutting the
-last one at the edge; through Textual's pilot, on the sample runs with a custom shape's name."""
+"""Whole words at 80x24, through Textual's pilot: a table too narrow for all its columns leaves
+whole columns out, in its order of priority (the run, its status and its figures first),
+instead of cutting the last one at the edge (on the sample runs with a custom shape's name);
+the planner's totals break a long value between words."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 from console_helpers import wait_until
 from rich.cells import cell_len
 from samples import copy_sample_runs
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 
 from titan.telemetry.records import EVENTS_FILE
 from tui.app import TitanConsole
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.history_table import HistoryTable
+from tui.widgets.plan_tables import PlanTables, totals_rows
 
 CUSTOM_SHAPE = "d_model=256,n_layers=4,n_heads=4,n_kv_heads=2,ffn_dim=688,vocab_size=4096"
 
@@ -72,3 +74,23 @@ async def test_history_leaves_columns_out_whole_in_priority_order(
     assert "preset" in hidden and "preset" not in headings
     assert f"{', '.join(hidden)}: enter (detail)" in status
     assert detail
+
+
+async def test_the_planners_totals_break_long_values_between_words(tmp_path: Path):
+    app = TitanConsole(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("p")
+        screen = app.screen
+        await wait_until(pilot, lambda: screen.report is not None, lambda: "no plan", 20)
+        await pilot.pause()
+        table = screen.query_one("#plan-totals", DataTable)
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        right = table.region.x + sum(c.get_render_width(table) for c in table.ordered_columns)
+        room = screen.query_one(PlanTables).scrollable_content_region.right
+        expected = totals_rows(screen.report["plans"][0])
+    values: dict[str, list[str]] = {}
+    for key, line in rows:  # a value's next lines have an empty key
+        values.setdefault(key or list(values)[-1], []).append(line)
+    assert [(key, " ".join(lines)) for key, lines in values.items()] == expected
+    assert len(rows) > len(expected)  # the layout and the MFU do not fit one line at 80
+    assert right <= room

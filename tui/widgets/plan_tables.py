@@ -3,13 +3,16 @@ the ranked layouts of a search. Input: ``titan plan --json``'s plan dicts (bytes
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from titan.formatting import format_amount, format_span
+from tui.plain import short
 from tui.widgets.plain_table import PlainTable
 
 GB = 1e9
@@ -38,6 +41,22 @@ def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def wrapped_rows(rows: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:
+    """``(key, value)`` rows whose values are broken between words into lines of at most
+    ``width`` cells, the lines after a value's first with an empty key; a word longer than
+    ``width`` alone is cut, ending in "…". ``width`` 0 or less (not laid out yet): as they are.
+    """
+    if width <= 0:
+        return rows
+    wrapped = []
+    for key, value in rows:
+        lines = textwrap.wrap(value, width, break_long_words=False) or [value]
+        for i, line in enumerate(lines):
+            shown = line if cell_len(line) <= width else short(line, width)
+            wrapped.append((key if i == 0 else "", shown))
+    return wrapped
+
+
 class PlanTables(VerticalScroll):
     """Verdict line, then the tables of the first plan, the ranking of a search, and the notes
     ``titan plan`` prints under its tables (the MFU's convention and peak, what would make a
@@ -53,8 +72,15 @@ class PlanTables(VerticalScroll):
         yield _table("plan-ranked", "tokens/s", "time", "layout", "fits", "GPU-h", "cost")
         yield Static("", id="plan-notes", markup=False)
 
+    _shown: dict[str, Any] | None = None  # the report drawn, drawn again at a new width
+
+    def on_resize(self) -> None:
+        if self._shown is not None:
+            self.show(self._shown)
+
     def show(self, report: dict[str, Any]) -> None:
         """Draw a :func:`tui.planner_form.plan_report`."""
+        self._shown = report
         plans = report["plans"]
         verdict = self.query_one("#plan-verdict", Static)
         ranked = self.query_one("#plan-ranked", DataTable)
@@ -73,7 +99,16 @@ class PlanTables(VerticalScroll):
         )
         verdict.set_class(not p["fits"], "-bad")
         self.query_one("#plan-notes", Static).update("\n".join(report["notes"]))
-        self.query_one("#plan-totals", DataTable).add_rows(totals_rows(p))
+        totals = totals_rows(p)
+        # whole words at any width: the value column gets what the figure column leaves
+        room = (
+            self.size.width
+            - self.styles.gutter.width
+            - self.styles.scrollbar_size_vertical
+            - max(cell_len(figure) for figure, _ in totals)
+            - 4  # the two columns' cell padding
+        )
+        self.query_one("#plan-totals", DataTable).add_rows(wrapped_rows(totals, room))
         memory = self.query_one("#plan-memory", DataTable)
         memory.add_rows((k, f"{v / GB:,.2f}") for k, v in p["memory_bytes"].items())
         self.query_one("#plan-step", DataTable).add_rows(
