@@ -239,7 +239,7 @@ class HistoryTable(PlainTable):
                 max((cell_len(cells[i].plain) for cells in rows), default=0)
                 for i in range(len(COLUMNS))
             ]
-            shown = []
+            shown: list[int] = []
             for name in KEEP_ORDER:
                 i = _FIELDS.index(name)
                 need = max(needs[i], cell_len(labels[i])) + 2 * self.cell_padding
@@ -261,11 +261,11 @@ class HistoryTable(PlainTable):
         selected = None
         if self.row_count:
             selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        rows = []
+        rows: list[tuple[str, tuple[PlainText, ...]]] = []
         for row in self.page.rows:
-            cells = _cells(row)
+            texts = _cells(row)
             mark = "* " if row.run_id in self.marked else ""
-            rows.append((row.run_id, tuple(plain(c) for c in (mark + cells[0], *cells[1:]))))
+            rows.append((row.run_id, tuple(plain(t) for t in (mark + texts[0], *texts[1:]))))
         self._fit([cells for _, cells in rows])
         self._relabel()
         self.clear()
