@@ -54,8 +54,9 @@ _SIGNALS = {
     "stop": (signal.SIGTERM, "Stop the run? SIGTERM: it checkpoints, then records 'stopped'."),
     "kill": (signal.SIGKILL, "Kill the run? SIGKILL: no checkpoint and no run_end."),
 }
-# Refresh of elapsed time and heartbeat age between polls: both are shown in whole seconds, so
-# a faster tick would redraw the same text (nvitop: never poll faster than the data changes).
+# Refresh of the wall time and the last event's age between polls: both are shown in whole
+# seconds, so a faster tick would redraw the same text (nvitop: never poll faster than the data
+# changes).
 _CLOCK_INTERVAL_S = 1.0
 # Repaints of the panels at most this often (a burst of events is drawn once per interval):
 # the values are read by a person, and a step already drawn less than a second ago waits for
@@ -418,8 +419,8 @@ class MonitorScreen(Screen[None]):
             self._show_clock()
 
     def _show_clock(self) -> None:
-        """Draw what ages with the clock on the visible tab: elapsed time, the loss chart (at
-        most every few seconds), heartbeat age."""
+        """Draw what ages with the clock on the visible tab: the wall time, the loss chart (at
+        most every few seconds), the last event's age."""
         if not self.is_current:
             return
         active = self.query_one(TabbedContent).active
