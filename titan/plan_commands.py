@@ -103,7 +103,8 @@ def add_parser(subparsers: Any) -> None:
         "plan",
         help="estimate memory, step time and cost of a training run",
         description="Estimate memory per device, step time, tokens/s, MFU, total time, "
-        "GPU-hours, energy and cost of training a model on a GPU cluster, for one layout or, "
+        "GPU- or chip-hours, energy and cost of training a model on a GPU cluster or TPU "
+        "slices, for one layout or, "
         "with --search, for every layout that fits.",
         formatter_class=HelpFormatter,
     )
@@ -167,7 +168,8 @@ def add_parser(subparsers: Any) -> None:
         "--price",
         type=float,
         default=None,
-        help="price per GPU-hour in any currency (adds the cost, in that currency)",
+        help="price per GPU-hour (TPU: chip-hour) in any currency (adds the cost, in that "
+        "currency)",
     )
     add_arguments(p, PLANNED_OPTIONS, explicit=True)  # typed ones told from defaults: --from
     p.add_argument(
@@ -514,17 +516,17 @@ def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
         TitanError: as :func:`layout_from_args` and :func:`titan.planning.budget.plan`.
     """
     if args.remat != AUTO:
-        return plan(request, layout_from_args(args, args.remat))
+        return plan(request, layout_from_args(args, args.remat, request.gpu))
     for remat in auto_candidates(request.gpu.accelerator):  # estimated only until one fits
-        candidate = plan(request, layout_from_args(args, remat))
+        candidate = plan(request, layout_from_args(args, remat, request.gpu))
         if candidate.memory.fits:
             break
     return candidate
 
 
-def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
+def layout_from_args(args: argparse.Namespace, remat: str, gpu: GpuSpec) -> Layout:
     """The layout flags (:class:`titan.config.ParallelOptions`, the options ``titan train``
-    takes) with ``remat``, with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
+    takes) with ``remat``, with ``--dp 0`` taking the ``gpu`` devices left by fsdp x tp x pp.
 
     Raises:
         TitanError: a size below its minimum, an unknown schedule, a schedule option without
@@ -541,8 +543,9 @@ def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
     per_dp = parallel.fsdp * parallel.tp * parallel.pp
     if not parallel.dp and args.gpus % per_dp:
         raise TitanError(
-            f"--gpus {args.gpus} is not a multiple of --fsdp {parallel.fsdp} x --tp {parallel.tp} "
-            f"x --pp {parallel.pp} = {per_dp} (--dp 0 takes the GPUs they leave)"
+            f"{gpu.count_flag} {args.gpus} is not a multiple of --fsdp {parallel.fsdp} x --tp "
+            f"{parallel.tp} x --pp {parallel.pp} = {per_dp} (--dp 0 takes the {gpu.unit}s they "
+            "leave)"
         )
     return Layout.from_parallel(parallel, args.gpus, remat)
 
@@ -615,13 +618,14 @@ class Outcome:
     def none_fit(self) -> str:
         """A search that found no layout, in one line: the GPUs that would be needed."""
         request = self.request
+        unit, flag = request.gpu.unit, request.gpu.count_flag
         more = (
-            f"{self.needed} GPUs would be needed (titan plan --gpus {self.needed} --search)"
+            f"{self.needed} {unit}s would be needed (titan plan {flag} {self.needed} --search)"
             if self.needed
-            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} GPUs "
+            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} {unit}s "
             "would do (the most any layout of this model and batch spans)"
         )
-        gpus = f"{request.gpus} GPU{'s' if request.gpus != 1 else ''}"
+        gpus = f"{request.gpus} {unit}{'s' if request.gpus != 1 else ''}"
         return f"no layout of {gpus} fits in memory; {more}"
 
 
@@ -836,7 +840,8 @@ def mfu_caption(request: PlanRequest, conventions: str) -> str:
     """What the plan's MFU divides, in one line: the model FLOPs per token
     (:func:`titan.flops.model_flops_per_token`, N the matmul parameters: the embedding lookup is
     no matmul), the attention ``conventions`` and the peak (:func:`peak_text`)."""
-    divisor = "rate per device, not a peak" if request.gpu.name == "cpu" else "peak per GPU"
+    gpu = request.gpu
+    divisor = "rate per device, not a peak" if gpu.name == "cpu" else f"peak per {gpu.unit}"
     return (
         f"MFU: model FLOPs per token (6N + 12Lsd, N the matmul parameters, attention "
         f"{conventions}), no recomputation, of the {divisor}: {peak_text(request.gpu)}"
@@ -905,7 +910,7 @@ def _totals(p: Plan) -> Any:
         ("tokens/s", f"{p.step.tokens_per_s:,.0f}"),
         ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
         ("total time", format_span(p.total_s)),
-        ("GPU-hours", format_amount(p.gpu_hours)),
+        (f"{p.request.gpu.unit}-hours", format_amount(p.gpu_hours)),
         ("energy (kWh)", _energy_text(p.energy_kwh)),
     ):
         totals.add_row(name, text)
@@ -974,7 +979,9 @@ def _print_search(found: Outcome, top: int, wide: bool) -> None:
         if p.cost is not None:
             row.append(format_amount(p.cost))
         rows.append(row)
-    columns = SEARCH_COLUMNS + ((COST_COLUMN,) if plans[0].cost is not None else ())
+    hours = dataclasses.replace(SEARCH_COLUMNS[-2], name=f"{request.gpu.unit}-h")
+    columns = (*SEARCH_COLUMNS[:-2], hours, SEARCH_COLUMNS[-1])
+    columns += (COST_COLUMN,) if plans[0].cost is not None else ()
     table, width = fitted_table(
         columns,
         rows,
