@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from titan.checkpoint.resume import resume_options
 from titan.cli import build_parser, main
 from titan.config import (
     SECTIONS,
@@ -33,7 +34,6 @@ from titan.remat import AUTO, REMAT_POLICIES
 from titan.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.shapes import PRESETS, model_text
 from titan.trainer.commands import explicit_options
-from titan.trainer.resume import resume_options
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"

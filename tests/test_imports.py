@@ -195,11 +195,32 @@ def test_light_modules_import_neither_jax_nor_textual(name: str):
 
 
 # Who may not import whom (docs/architecture.md, "Packages"): the run's write side never reads
-# the analysis, the planner, the trainer or the console; the ground facts import only the
-# ground floor (titan/errors.py and the like) and each other.
+# the analysis, the planner, the checkpoints, the trainer or the console; checkpoints sit below
+# the trainer and the commands; the ground facts import only the ground floor
+# (titan/errors.py and the like) and each other.
 FORBIDDEN_IMPORTS = {
-    "titan/telemetry": ("titan.analysis", "titan.planning", "titan.trainer", "titan.mpmd", "tui"),
-    "titan/planning": ("titan.analysis", "titan.telemetry", "titan.trainer", "tui"),
+    "titan/telemetry": (
+        "titan.analysis",
+        "titan.planning",
+        "titan.checkpoint",
+        "titan.trainer",
+        "titan.mpmd",
+        "tui",
+    ),
+    "titan/planning": (
+        "titan.analysis",
+        "titan.telemetry",
+        "titan.checkpoint",
+        "titan.trainer",
+        "tui",
+    ),
+    "titan/checkpoint": (
+        "titan.analysis",
+        "titan.planning",
+        "titan.generation",
+        "titan.trainer",
+        "tui",
+    ),
 }
 GROUND_FACTS = ("titan/schedules.py", "titan/gpus.py", "titan/flops.py", "titan/formatting.py")
 GROUND_FLOOR = ("titan.errors", "titan.remat", "titan.shapes", "titan.parsing")

@@ -4,7 +4,7 @@ layout's trainer.
 A run's state is a :class:`TrainState`: the number of steps done and one :class:`ChunkState`
 per model chunk (:mod:`titan.parallel.chunks`), in model order. SPMD trains one chunk (the
 whole model, on one mesh); MPMD one per pipeline stage and virtual stage, each on its stage's
-devices. Checkpoints hold the chunks as items ``chunk_<c>`` (:mod:`titan.trainer.checkpoint`),
+devices. Checkpoints hold the chunks as items ``chunk_<c>`` (:mod:`titan.checkpoint.checkpointer`),
 so a checkpoint of one layout restores onto another.
 """
 

@@ -32,7 +32,7 @@ its stages' programs, and takes part in every transfer that leaves or reaches th
 cross-host transfers: a process holding no shard of the value passes a handle,
 :func:`titan.parallel.mesh.remote_array`). Every process walks the actions in the same order,
 so the transfers pair up. The arrays of another process's stages are such handles: the state of
-a chunk lives, and is checkpointed, on its own process (:mod:`titan.trainer.stage_store`).
+a chunk lives, and is checkpointed, on its own process (:mod:`titan.checkpoint.stage_store`).
 """
 
 from __future__ import annotations

@@ -432,7 +432,7 @@ class Step(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(Event):
-    """A checkpoint committed (:class:`titan.trainer.checkpoint.Checkpointer`); written once it
+    """A checkpoint committed (:class:`titan.checkpoint.checkpointer.Checkpointer`); written once it
     has (for an asynchronous save, after the steps that ran while it was written)."""
 
     type: ClassVar[str] = "checkpoint"
@@ -497,7 +497,7 @@ class LossSpike(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointFailed(Event):
-    """A save that did not commit (:class:`titan.trainer.checkpoint.Checkpointer`): it is not a
+    """A save that did not commit (:class:`titan.checkpoint.checkpointer.Checkpointer`): it is not a
     checkpoint, a resume never picks it, and the run goes on."""
 
     type: ClassVar[str] = "checkpoint_failed"

@@ -36,6 +36,9 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from titan.checkpoint.checkpointer import Checkpointer, open_checkpoint, params_only
+from titan.checkpoint.init_from import saved_model
+from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.config import ComputeOptions, ModelOptions, OptimizerOptions, TrainConfig
 from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
@@ -59,9 +62,6 @@ from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
 from titan.trainer.adapters import build_adapter
-from titan.trainer.checkpoint import Checkpointer, open_checkpoint, params_only
-from titan.trainer.init_from import saved_model
-from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer_state import ChunkState, TrainState
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from titan.analysis.commands import add_export_formats
+from titan.checkpoint.init_from import resolve_source
 from titan.inert import inert
 from titan.out_paths import path_argument
 from titan.trainer import maxtext_commands
-from titan.trainer.init_from import resolve_source
 
 EXPORT_DTYPES = ("float32", "bfloat16")
 

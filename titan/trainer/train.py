@@ -15,10 +15,11 @@ in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
 ``profile``, ``stall``, ``run_end``; ``eval`` with ``--eval-every``
 (:mod:`titan.trainer.evaluation`); ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
-Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
-the loop records each save's outcome once it settles and waits for the last one before
-``run_end``. Before the state is made or restored, :func:`titan.trainer.memory_check.
-check_memory` compares the planner's memory estimate with the devices' usable memory.
+Checkpoints (:mod:`titan.checkpoint.checkpointer`) are asynchronous unless
+``--no-checkpoint-async``: the loop records each save's outcome once it settles and waits for
+the last one before ``run_end``. Before the state is made or restored,
+:func:`titan.trainer.memory_check.check_memory` compares the planner's memory estimate with the
+devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
 refused. During start-up a stop signal ends the process with one line and
@@ -52,6 +53,24 @@ from typing import Any
 
 import jax
 
+from titan.checkpoint.checkpointer import (
+    CHECKPOINT_DIR,
+    Checkpointer,
+    SaveSchedule,
+    Unrestorable,
+    check_save_clock,
+    initial_state,
+)
+from titan.checkpoint.finite_check import FINITE_CHECK_FUNCTION, FiniteCheck
+from titan.checkpoint.pinned_host import reservation_pays
+from titan.checkpoint.resume import (
+    OLDER_IMAGE_RULES,
+    check_record,
+    check_resumed_images,
+    enter_launch_dir,
+    recorded_checkpoint,
+    resume_options,
+)
 from titan.config import (
     CheckpointOptions,
     ComputeOptions,
@@ -105,14 +124,6 @@ from titan.trainer.adapters import (
     remat_choice,
     with_remat,
 )
-from titan.trainer.checkpoint import (
-    CHECKPOINT_DIR,
-    Checkpointer,
-    SaveSchedule,
-    Unrestorable,
-    check_save_clock,
-    initial_state,
-)
 from titan.trainer.checkpoint_hook import CheckpointHook, SettledSavesHook
 from titan.trainer.claim import RunClaim, run_dir_of
 from titan.trainer.compilation import CompileWatch, compilation_settings
@@ -120,8 +131,6 @@ from titan.trainer.compile_hook import CompileHook
 from titan.trainer.eval_hook import EvalHook
 from titan.trainer.evaluation import never_evaluated
 from titan.trainer.guard import (
-    FINITE_CHECK_FUNCTION,
-    FiniteCheck,
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
@@ -141,7 +150,6 @@ from titan.trainer.memory_check import (
 )
 from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook
-from titan.trainer.pinned_host import reservation_pays
 from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import (
     Heartbeat,
@@ -154,14 +162,6 @@ from titan.trainer.processes import (
 from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
-from titan.trainer.resume import (
-    OLDER_IMAGE_RULES,
-    check_record,
-    check_resumed_images,
-    enter_launch_dir,
-    recorded_checkpoint,
-    resume_options,
-)
 from titan.trainer.saver import FinalSaveFailed, Saver, digest_check
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
@@ -600,7 +600,7 @@ class _Run:
     ) -> None:
         """Register the monitors of the loop's steps, in the order they act after a step: the
         profiler (``--profile-steps``), the reservation of pinned host memory for the saves
-        (``pin_host``: :func:`titan.trainer.pinned_host.reservation_pays`), settled saves,
+        (``pin_host``: :func:`titan.checkpoint.pinned_host.reservation_pays`), settled saves,
         repeated compilations, checkpoints, evaluation (``--eval-every``), progress, loss
         spikes (``--loss-spike-*``) and ``--nonfinite``."""
         hooks, record, saver, progress = self.hooks, self.record, self.saver, self.progress
