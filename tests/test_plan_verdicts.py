@@ -14,13 +14,13 @@ import pytest
 
 from titan.analysis import perfdb
 from titan.cli import main
+from titan.commands.plan import train_options
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.gpus import find_gpu
 from titan.ops import Ops
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.sharding import mesh_spec
-from titan.plan_commands import train_options
 from titan.planning.budget import PlanRequest, search
 from titan.planning.memory import FIT_MARGIN
 from titan.planning.step import calibrate
