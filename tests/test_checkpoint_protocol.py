@@ -32,8 +32,8 @@ from titan.checkpoint.stage_store import LEAVES_FILE, STAGE_CHECKPOINT_DIR, Stag
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.launch.local import child_envs, free_port
+from titan.layouts.contract import TrainState
 from titan.ops import Ops
-from titan.trainer_state import TrainState
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 TIMEOUT_S = 600  # a two-process run on a loaded CI machine

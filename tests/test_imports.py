@@ -195,22 +195,24 @@ def test_light_modules_import_neither_jax_nor_textual(name: str):
 
 
 # Who may not import whom (docs/architecture.md, "Packages"): the run's write side never reads
-# the analysis, the planner, the checkpoints, the trainer or the console; checkpoints sit below
-# the trainer; the commands (titan.commands) sit on top, below the console alone; the ground
-# facts import only the ground floor (titan/errors.py and the like) and each other.
+# the analysis, the planner, the layouts, the checkpoints, the trainer or the console; the
+# layouts sit below the checkpoints, which sit below the trainer; the commands (titan.commands)
+# sit on top, below the console alone; the ground facts import only the ground floor
+# (titan/errors.py and the like) and each other.
 FORBIDDEN_IMPORTS = {
     "titan/telemetry": (
         "titan.analysis",
         "titan.planning",
         "titan.checkpoint",
+        "titan.layouts",
         "titan.trainer",
-        "titan.mpmd",
         "titan.commands",
         "tui",
     ),
     "titan/planning": (
         "titan.analysis",
         "titan.telemetry",
+        "titan.layouts",
         "titan.checkpoint",
         "titan.trainer",
         "titan.commands",
@@ -218,7 +220,14 @@ FORBIDDEN_IMPORTS = {
     ),
     "titan/checkpoint": (
         "titan.analysis",
-        "titan.planning",
+        "titan.generation",
+        "titan.trainer",
+        "titan.commands",
+        "tui",
+    ),
+    "titan/layouts": (
+        "titan.analysis",
+        "titan.checkpoint",
         "titan.generation",
         "titan.trainer",
         "titan.commands",
@@ -232,7 +241,6 @@ FORBIDDEN_IMPORTS = {
             "titan/analysis",
             "titan/launch",
             "titan/ops",
-            "titan/mpmd",
         )
     },
 }

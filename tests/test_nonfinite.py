@@ -29,13 +29,13 @@ from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import CheckpointDamaged, TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
+from titan.layouts.contract import TrainState
 from titan.trainer import train as train_module
 from titan.trainer.guard import (
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
 )
-from titan.trainer_state import TrainState
 
 LAYOUTS = {
     "spmd": {"dp": 1},

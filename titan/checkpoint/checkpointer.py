@@ -76,6 +76,7 @@ from titan.checkpoint.snapshot import device_snapshot, snapshot_fits
 from titan.checkpoint.stage_store import STAGE_CHECKPOINT_DIR, StageStore, check_dtype
 from titan.errors import CheckpointDamaged, TitanError, error_line, first_line, root_cause
 from titan.inert import inert
+from titan.layouts.contract import ChunkState, Trainer, TrainState
 from titan.models.adapters.base import ModelAdapter
 from titan.out_paths import CHECKPOINT_DIR
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
@@ -88,7 +89,6 @@ from titan.parallel.distributed import (
 from titan.parallel.mesh import DeviceMesh, host_mesh, remote_array
 from titan.reading import read_json
 from titan.telemetry.records import DISK_FULL, disk_full
-from titan.trainer_state import ChunkState, Trainer, TrainState
 
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
 T = TypeVar("T")

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from titan.errors import CheckpointDamaged
+from titan.layouts.contract import TrainState
 from titan.parallel.distributed import on_every_process, one_thread
 from titan.telemetry.events import Compile
-from titan.trainer_state import TrainState
 
 
 def _words(leaf: jax.Array) -> jax.Array:

@@ -24,11 +24,11 @@ from titan.checkpoint.init_from import resolve_source, saved_model
 from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.data.tokenizer import Tokenizer, load_tokenizer
 from titan.errors import TitanError
+from titan.layouts.builders import one_device_trainer
 from titan.models.adapters.base import cast_tree
 from titan.models.adapters.maxtext_checkpoints import refuse_maxtext_source
 from titan.ops import Ops
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import one_device_trainer
 
 
 @dataclass(frozen=True)

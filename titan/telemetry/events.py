@@ -259,7 +259,7 @@ class RunStart(Event):
         " power reading is not used) (:mod:`titan.telemetry.power`)"
     )
     memory_check: dict[str, Any] | None = _field(
-        "the memory check before compiling (:mod:`titan.trainer.memory_check`): "
+        "the memory check before compiling (:mod:`titan.layouts.memory_check`): "
         "``estimate_bytes`` (the planner's peak per device, :mod:`titan.planning.memory`), "
         "``usable_bytes`` (the device's ``bytes_limit``; None when unknown), ``source`` of the "
         "usable figure, ``checked`` (whether the estimate was compared)"
@@ -606,7 +606,7 @@ class Stall(Event):
 @dataclass(frozen=True, kw_only=True)
 class Pipeline(Event):
     """The shape of an MPMD pipeline, once after compilation
-    (:meth:`titan.mpmd.pipeline.PipelineTrainer.start_events`)."""
+    (:meth:`titan.layouts.mpmd.PipelineTrainer.start_events`)."""
 
     type: ClassVar[str] = "pipeline"
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from titan.layouts.contract import Batch
 from titan.telemetry.events import LossSpike
-from titan.trainer_state import Batch
 
 GUARDED_METRICS = ("loss", "grad_norm")  # the values the device checks (finite_step)
 

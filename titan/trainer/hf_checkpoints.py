@@ -44,7 +44,9 @@ from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.layout_description import LayoutDescription
+from titan.layouts.builders import build_adapter
+from titan.layouts.contract import ChunkState, TrainState
+from titan.layouts.description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
@@ -61,8 +63,6 @@ from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
-from titan.trainer.adapters import build_adapter
-from titan.trainer_state import ChunkState, TrainState
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

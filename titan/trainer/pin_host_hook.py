@@ -15,12 +15,12 @@ from typing import Any
 
 from titan.checkpoint.pinned_host import reserve_host
 from titan.inert import inert
+from titan.layouts.contract import TrainState
 from titan.stopping import StopFlag
 from titan.telemetry.events import PinnedHost
 from titan.telemetry.records import RunRecord
 from titan.trainer.hooks import Hook, LoopControl
 from titan.trainer.progress import TrainProgress
-from titan.trainer_state import TrainState
 
 RESERVING = "reserving pinned host memory for checkpoints"
 

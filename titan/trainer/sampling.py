@@ -20,12 +20,12 @@ from titan.diffusion.objectives import TRAIN_TIMESTEPS
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.layouts.builders import one_device_trainer
 from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
 from titan.out_paths import check_file, check_outside_run
 from titan.shapes import ModelConfig
 from titan.telemetry.records import EVENTS_FILE, read_first_events
-from titan.trainer.adapters import one_device_trainer
 from titan.trainer.images import objective_of
 
 # All classes x --per-class samples go through the model as one batch on one device (the grid is

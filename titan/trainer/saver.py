@@ -13,10 +13,10 @@ from titan.checkpoint.finite_check import FiniteCheck, check_digests
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
 from titan.inert import inert
+from titan.layouts.contract import Trainer, TrainState
 from titan.telemetry.events import Checkpoint, CheckpointFailed
 from titan.telemetry.records import DiskFull, RunRecord
 from titan.trainer.guard import NonFiniteAbort
-from titan.trainer_state import Trainer, TrainState
 
 
 def digest_check(

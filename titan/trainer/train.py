@@ -18,7 +18,7 @@ in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
 Checkpoints (:mod:`titan.checkpoint.checkpointer`) are asynchronous unless
 ``--no-checkpoint-async``: the loop records each save's outcome once it settles and waits for
 the last one before ``run_end``. Before the state is made or restored,
-:func:`titan.trainer.memory_check.check_memory` compares the planner's memory estimate with the
+:func:`titan.layouts.memory_check.check_memory` compares the planner's memory estimate with the
 devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
@@ -89,6 +89,21 @@ from titan.data.mixture import Batches
 from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
+from titan.layouts.builders import (
+    build_run_trainer,
+    check_layout_fits,
+    remat_choice,
+    with_remat,
+)
+from titan.layouts.contract import Trainer, TrainState
+from titan.layouts.memory_check import (
+    MemoryCheck,
+    ProgramOverMemory,
+    RematChoice,
+    Traced,
+    check_memory,
+    program_over_memory,
+)
 from titan.ops import Ops
 from titan.optimizer import schedule_text, warmup_note
 from titan.parallel.distributed import (
@@ -118,12 +133,6 @@ from titan.telemetry.records import (
     write_json_atomic,
 )
 from titan.telemetry.sinks import check_library, live_sink
-from titan.trainer.adapters import (
-    build_run_trainer,
-    check_layout_fits,
-    remat_choice,
-    with_remat,
-)
 from titan.trainer.checkpoint_hook import CheckpointHook, SettledSavesHook
 from titan.trainer.claim import RunClaim, run_dir_of
 from titan.trainer.compilation import CompileWatch, compilation_settings
@@ -140,14 +149,6 @@ from titan.trainer.heartbeat_hook import HeartbeatHook
 from titan.trainer.hooks import Hooks
 from titan.trainer.images import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
-from titan.trainer.memory_check import (
-    MemoryCheck,
-    ProgramOverMemory,
-    RematChoice,
-    Traced,
-    check_memory,
-    program_over_memory,
-)
 from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook
 from titan.trainer.power_hook import PowerHook
@@ -167,7 +168,6 @@ from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
 from titan.trainer.task import RunData, Task
 from titan.trainer.text_data import TextTask
-from titan.trainer_state import Trainer, TrainState
 
 # The options that choose a layout's sizes: a resume that gives none of them runs the saved ones.
 LAYOUT_OPTIONS = frozenset({"layout", "dp", "fsdp", "tp", "pp", "batch_size", "microbatches"})
@@ -366,15 +366,15 @@ class _Built:
     ) -> _Built:
         """The trainer of ``shape`` with ``remat``. An estimated ``auto`` choice is traced here
         and, with ``reprice`` (``served=`` the providers that served), chosen again by the
-        estimate of those providers (:func:`titan.trainer.memory_check.run_precision`): a
+        estimate of those providers (:func:`titan.layouts.memory_check.run_precision`): a
         different policy is built instead (once). A choice with candidates is then compiled
         here; while its program is over the usable memory on any process it passes to the next
-        candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`). The compile events
+        candidate (:meth:`titan.layouts.memory_check.RematChoice.compiled`). The compile events
         of the candidates passed over (``passed``, so far) come first in :attr:`compiled`,
         marked :attr:`~titan.telemetry.events.Compile.passed_over`: their time is the run's too.
 
         Raises:
-            TitanError: as :func:`titan.trainer.adapters.build_run_trainer`.
+            TitanError: as :func:`titan.layouts.builders.build_run_trainer`.
         """
         trainer = build_run_trainer(shape, ops, with_remat(options, remat.remat))
         if remat.estimate_bytes is None:  # given, or the only candidate: nothing to price
@@ -491,7 +491,7 @@ class _Run:
         usable_override: float,
     ) -> None:
         """Trace the step (the operators' providers are chosen here) and check the planner's
-        memory estimate (:func:`titan.trainer.memory_check.check_memory`) before the state
+        memory estimate (:func:`titan.layouts.memory_check.check_memory`) before the state
         takes any memory.
 
         Raises:

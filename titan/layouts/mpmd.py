@@ -50,7 +50,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.errors import TitanError
-from titan.layout_description import LayoutDescription
+from titan.layouts.contract import Batch, ChunkState, StepMetrics, TrainState
+from titan.layouts.description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.optimizer import (
     applied_learning_rate,
@@ -81,7 +82,6 @@ from titan.schedules import (
 )
 from titan.telemetry.device_memory import largest, program_memory
 from titan.telemetry.events import Compile, Event, Pipeline, PipelineTiming
-from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
@@ -301,7 +301,7 @@ class _StepBuffers:
 @dataclass
 class PipelineTrainer:
     """MPMD layout: per-chunk programs, a schedule, and the controller that executes it (a
-    :class:`titan.trainer_state.Trainer`).
+    :class:`titan.layouts.contract.Trainer`).
 
     The state's chunk c lives on stage c % pp. Gradient buffers live on the trainer between
     steps.
