@@ -112,9 +112,9 @@ from textual import events  # noqa: E402
 from textual.app import App  # noqa: E402
 
 from bench import synthetic_history  # noqa: E402
+from titan.checkpoint.resume import TOKENIZER_FILE  # noqa: E402
 from titan.telemetry.events import RunEnd, RunStart, Step  # noqa: E402
 from titan.telemetry.records import EVENTS_FILE, RunRecord, load_events  # noqa: E402
-from titan.trainer.resume import TOKENIZER_FILE  # noqa: E402
 from tui.app import TitanConsole  # noqa: E402
 from tui.curve import Curve  # noqa: E402
 from tui.history import HistoryQuery, HistoryStore  # noqa: E402

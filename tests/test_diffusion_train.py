@@ -13,9 +13,9 @@ from PIL import Image
 
 from titan.analysis.report import summary_rows, write_report
 from titan.analysis.summarize import summarize_run_dir
+from titan.checkpoint.checkpointer import Checkpointer
 from titan.cli import main
 from titan.trainer import sampling
-from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.sampling import sample_grid, write_sample_grid
 
 pytestmark = pytest.mark.slow

@@ -79,7 +79,7 @@ def _trace_every_op(ops: Ops, **shape_args) -> dict[str, str]:
 
 
 def test_importing_ops_and_their_command_imports_no_jax():
-    code = "import sys, titan.ops, titan.ops.commands; print('jax' in sys.modules)"
+    code = "import sys, titan.ops, titan.commands.ops; print('jax' in sys.modules)"
     assert _run("-c", code).stdout.strip() == "False"
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import titan.cli
-from titan import plan_commands as commands
 from titan.cli import Parser
+from titan.commands import plan as commands
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
 from titan.gpus import CATALOG, find_gpu, gpu_for_device_kind, on_one_host
@@ -524,7 +524,7 @@ def test_search_finds_a_pipeline_of_fewer_microbatches_than_stages_that_alone_fi
 
 
 def test_titan_plan_is_registered_with_the_cli():
-    assert "titan.plan_commands" in titan.cli.COMMAND_MODULES
+    assert "titan.commands.plan" in titan.cli.COMMAND_MODULES
 
 
 def test_titan_plan_search_prints_a_ranked_table(capsys):
@@ -639,7 +639,7 @@ def test_the_mfu_caption_names_a_small_peak_in_its_unit_and_an_unknown_one_as_un
 
 def test_planning_imports_neither_jax_nor_textual():
     code = (
-        "import sys, titan.planning.budget, titan.plan_commands; "
+        "import sys, titan.planning.budget, titan.commands.plan; "
         "print(sorted(m for m in ('jax', 'textual') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -2,7 +2,7 @@
 
 The option list is never copied here: it is read from the ``plan`` subparser of
 :func:`titan.cli.build_parser`, the form's texts are parsed by that same parser, and the numbers
-come from :func:`titan.plan_commands.request_from_args`, ``planned`` and
+come from :func:`titan.commands.plan.request_from_args`, ``planned`` and
 :func:`titan.planning.budget.plan` / ``search``: what ``titan plan --json`` prints.
 """
 
@@ -14,8 +14,8 @@ from functools import cache
 from typing import Any, NoReturn
 
 from titan.cli import build_parser
+from titan.commands.plan import LAYOUT_DESTS, PLAN_DEFAULTS, outcome, train_options
 from titan.errors import TitanError
-from titan.plan_commands import LAYOUT_DESTS, PLAN_DEFAULTS, outcome, train_options
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
@@ -116,12 +116,12 @@ def plan_argv(texts: dict[str, str]) -> list[str]:
 
 def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     """The planner's answer for the form's texts, as ``titan plan`` finds it
-    (:func:`titan.plan_commands.outcome`): ``{"search": bool, "layouts_fit": int,
+    (:func:`titan.commands.plan.outcome`): ``{"search": bool, "layouts_fit": int,
     "plans": [Plan.as_dict(), ...], "verdict": str, "none_fit": str, "notes": [str, ...],
     "train_options": {...} | None}`` (one plan, or the best :data:`SEARCH_TOP` of a search; the
     first's memory verdict in ``titan plan``'s words; why a search found none; the lines
-    ``titan plan`` prints under its tables, :meth:`~titan.plan_commands.Outcome.notes`; the
-    ``titan train`` options of the first, :func:`titan.plan_commands.train_options`, only when
+    ``titan plan`` prints under its tables, :meth:`~titan.commands.plan.Outcome.notes`; the
+    ``titan train`` options of the first, :func:`titan.commands.plan.train_options`, only when
     ``titan plan`` prints a command).
 
     Raises:

@@ -10,11 +10,11 @@ from typing import Any, Protocol
 
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
+from titan.layouts.contract import Trainer
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag
 from titan.trainer.evaluation import Evaluation
 from titan.trainer.progress import TrainProgress
-from titan.trainer_state import Trainer
 
 
 @dataclass(frozen=True)

@@ -510,7 +510,7 @@ def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
     train``'s) takes the first policy of :func:`titan.remat.auto_candidates` that fits, the
     margin included (the last when none does). ``titan train`` takes the first whose estimate
     fits without the margin and holds it against the compiled program instead
-    (:mod:`titan.trainer.memory_check`), so it may run a faster policy than the plan names.
+    (:mod:`titan.layouts.memory_check`), so it may run a faster policy than the plan names.
 
     Raises:
         TitanError: as :func:`layout_from_args` and :func:`titan.planning.budget.plan`.

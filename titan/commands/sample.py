@@ -7,10 +7,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from titan.checkpoint.init_from import resolve_source
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.out_paths import path_argument
-from titan.trainer.init_from import resolve_source
 
 
 def add_parser(subparsers: Any) -> None:
