@@ -32,7 +32,7 @@ from titan.config import TrainConfig  # noqa: E402
 from titan.layouts.builders import build_run_trainer  # noqa: E402
 from titan.ops import Ops  # noqa: E402
 from titan.telemetry.mfu import device_peak  # noqa: E402
-from titan.trainer.images import image_model_config  # noqa: E402
+from titan.trainer.image_task import image_model_config  # noqa: E402
 
 BASELINE = ROOT / "bench" / "baselines" / "plain_jax_dit.py"
 

@@ -30,8 +30,8 @@ from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
 from titan.shapes import resolve_model
-from titan.trainer.images import image_batches, image_model_config
-from titan.trainer.sampling import trained_classes
+from titan.trainer.image_samples import trained_classes
+from titan.trainer.image_task import image_batches, image_model_config
 from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])

@@ -37,7 +37,7 @@ from titan.telemetry.records import EVENTS_FILE, EventTail
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main
-from tui.history import HistoryQuery, HistoryStore
+from tui.history_queries import HistoryQuery, HistoryStore
 from tui.launcher import STDERR_LOG
 from tui.run_list import list_runs
 from tui.screens.compare import CompareScreen

@@ -28,7 +28,7 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
         "from titan.trainer.config_checks import check_without_devices"
     ),
     # sampling a diffusion run imports JAX and the trainer
-    "titan/commands/sample.py:run": "from titan.trainer.sampling import write_sample_grid",
+    "titan/commands/sample.py:run": "from titan.trainer.image_samples import write_sample_grid",
     # Hugging Face import and export read checkpoints with JAX and orbax
     "titan/commands/import_export.py:run_import": ("from titan.trainer import hf_checkpoints"),
     "titan/commands/import_export.py:run_export": ("from titan.trainer import hf_checkpoints"),

@@ -1,5 +1,5 @@
 """``titan sample RUN_DIR``: a grid PNG of class-conditional samples of a diffusion run's newest
-checkpoint, or of one it names (:mod:`titan.trainer.sampling`)."""
+checkpoint, or of one it names (:mod:`titan.trainer.image_samples`)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the grid; prints its path. Returns 0 (bad input raises TitanError: exit 2)."""
-    from titan.trainer.sampling import write_sample_grid
+    from titan.trainer.image_samples import write_sample_grid
 
     run_dir, step = resolve_source(args.source, args.step)
     out = Path(args.out) if args.out else None

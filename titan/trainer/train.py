@@ -147,7 +147,7 @@ from titan.trainer.guard import (
 from titan.trainer.health_hook import HealthHook
 from titan.trainer.heartbeat_hook import HeartbeatHook
 from titan.trainer.hooks import Hooks
-from titan.trainer.images import ImageTask
+from titan.trainer.image_task import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
 from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook

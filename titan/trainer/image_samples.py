@@ -26,7 +26,7 @@ from titan.ops import Ops
 from titan.out_paths import check_file, check_outside_run
 from titan.shapes import ModelConfig
 from titan.telemetry.records import EVENTS_FILE, read_first_events
-from titan.trainer.images import objective_of
+from titan.trainer.image_task import objective_of
 
 # All classes x --per-class samples go through the model as one batch on one device (the grid is
 # --per-class columns wide): 64 bounds that batch at 64 images per class.
