@@ -1,7 +1,8 @@
 """The planner form's model: the ``titan plan`` options as text, and back to the planner's result.
 
-The option list is never copied here: it is read from the ``plan`` subparser of
-:func:`titan.cli.build_parser`, the form's texts are parsed by that same parser, and the numbers
+The option list is never copied here: it is the actions
+:func:`titan.commands.plan.add_plan_arguments` declares, the form's texts are parsed by the parser
+it declares them on, and the numbers
 come from :func:`titan.commands.plan.request_from_args`, ``planned`` and
 :func:`titan.planning.budget.plan` / ``search``: what ``titan plan --json`` prints.
 """
@@ -13,8 +14,13 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NoReturn
 
-from titan.cli import build_parser
-from titan.commands.plan import LAYOUT_DESTS, PLAN_DEFAULTS, outcome, train_options
+from titan.commands.plan import (
+    LAYOUT_DESTS,
+    PLAN_DEFAULTS,
+    add_plan_arguments,
+    outcome,
+    train_options,
+)
 from titan.errors import TitanError
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
@@ -68,22 +74,24 @@ class PlanOption:
 
 
 @cache
-def _plan_parser() -> argparse.ArgumentParser:
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    plan_parser = subparsers.choices["plan"]
-    plan_parser.__class__ = _FormParser
-    return plan_parser
+def _plan_parser() -> tuple[_FormParser, tuple[argparse.Action, ...]]:
+    parser = _FormParser(prog="titan plan")
+    return parser, add_plan_arguments(parser)
+
+
+def _switch(action: argparse.Action) -> bool:
+    """A ``store_true`` option: no value, its constant True."""
+    return action.nargs == 0 and action.const is True
 
 
 @cache
 def plan_options() -> tuple[PlanOption, ...]:
     """The form's options, in ``titan plan --help`` order."""
     options = []
-    for action in _plan_parser()._actions:
-        if action.dest in _NOT_IN_FORM or not action.option_strings:
+    for action in _plan_parser()[1]:
+        if action.dest in _NOT_IN_FORM:
             continue
-        switch = isinstance(action, argparse._StoreTrueAction)
+        switch = _switch(action)
         default = PLAN_DEFAULTS.get(action.dest, action.default)
         default = "" if default is None or switch else str(default)
         choices = tuple(str(c) for c in action.choices or ())
@@ -127,7 +135,7 @@ def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     Raises:
         TitanError: one line naming the bad option (argparse's wording, or the planner's).
     """
-    args = _plan_parser().parse_args(plan_argv(texts))
+    args = _plan_parser()[0].parse_args(plan_argv(texts))
     found = outcome(args)
     return {
         "search": args.search,

@@ -108,111 +108,158 @@ def add_parser(subparsers: Any) -> None:
         "with --search, for every layout that fits.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument(
-        "--model",
-        metavar="PRESET|SHAPE",
-        help="a decoder preset (the llama family; diffusion models are not modelled) or "
-        "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as titan "
-        f"train --model takes it) {REQUIRED}",
-    )
-    p.add_argument(
-        "--accelerator",
-        "--gpu",
-        dest="gpu",
-        help=f"accelerator model (GPU or TPU): {', '.join(CATALOG)} {REQUIRED}",
-    )
-    p.add_argument(
-        "--accelerators",
-        "--gpus",
-        dest="gpus",
-        type=int,
-        help=f"number of accelerators (GPUs or TPU chips) {REQUIRED}",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=None,
-        help="accelerators per node, the scale-up domain (default: the catalog's for the "
-        "--accelerator: a GPU's reference server, a TPU's largest slice)",
-    )
-    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default: {DEFAULT_SEQ_LEN})")
-    batch = p.add_mutually_exclusive_group()
-    batch.add_argument(
-        "--batch-tokens",
-        type=_token_count,
-        help=f"global batch, tokens (or --batch-size) (default: {DEFAULT_BATCH_TOKENS})",
-    )
-    batch.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="global batch in sequences per step, as titan train names it (tokens: --batch-size "
-        "x --seq-len)",
-    )
-    p.add_argument(
-        "--tokens",
-        type=float,
-        help="training budget, tokens (default: 20 per parameter, compute-optimal after "
-        "Hoffmann et al. 2022; with --from, one step's batch)",
-    )
-    p.add_argument(
-        "--from",
-        dest="from_run",
-        type=path_of,
-        metavar="RUN_DIR",
-        help="predict the configuration of this run (its run_start record) and print the "
-        "prediction against what the run measured; the model, GPUs, batch, precision and "
-        "layout come from it (giving one of their options too is refused)",
-    )
-    p.add_argument(
-        "--price",
-        type=float,
-        default=None,
-        help="price per GPU-hour (TPU: chip-hour) in any currency (adds the cost, in that "
-        "currency)",
-    )
-    add_arguments(p, PLANNED_OPTIONS, explicit=True)  # typed ones told from defaults: --from
-    p.add_argument(
-        "--attention",
-        choices=ATTENTION_KERNELS,
-        help="fused kernel, or scores materialized (titan.ops native provider) (default: "
-        f"{PLAN_DEFAULTS['attention']})",
-    )
-    p.add_argument(
-        "--calibration",
-        default=None,
-        metavar="FILE|perfdb",
-        help="achievable fraction of peak per GPU: a JSON file (GPU name -> fraction, or a "
-        "planner_accuracy result), or 'perfdb': fitted to the measured runs of the performance "
-        f"database of --runs-root (default: {DEFAULT_ACHIEVABLE_FRACTION} for every GPU, fitted on "
-        "one H200: titan.planning.step)",
-    )
-    p.add_argument(
-        "--runs-root",
-        type=path_of,
-        default=None,
-        help="runs root of --calibration perfdb, only with it (default: $TITAN_RUNS, else ./runs)",
-    )
-    p.add_argument(
-        "--search",
-        action="store_true",
-        help="rank every layout that fits (the layout options --dp ... --remat are not taken)",
-    )
-    p.add_argument(
-        "--top",
-        type=int,
-        default=argparse.SUPPRESS,  # absent unless given (the help names the default)
-        metavar="N",
-        help=f"rows of the --search table, at least 1, only with --search (default: {DEFAULT_TOP})",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
-        "--wide",
-        action="store_true",
-        help="every --search column, however wide the terminal, only with --search (default: "
-        "the columns that fit, by priority; dp, fsdp, tp and pp always)",
-    )
+    add_plan_arguments(p)
     p.set_defaults(run=run)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> tuple[argparse.Action, ...]:
+    """Add ``titan plan``'s options to ``p``; returns their actions in ``--help`` order (the
+    planner form of the console builds its fields from them, and parses its texts with ``p``).
+    The layout and precision options are ``titan train``'s own (:data:`PLANNED_OPTIONS`)."""
+    actions: list[argparse.Action] = []
+    actions.append(
+        p.add_argument(
+            "--model",
+            metavar="PRESET|SHAPE",
+            help="a decoder preset (the llama family; diffusion models are not modelled) or "
+            "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as titan "
+            f"train --model takes it) {REQUIRED}",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--accelerator",
+            "--gpu",
+            dest="gpu",
+            help=f"accelerator model (GPU or TPU): {', '.join(CATALOG)} {REQUIRED}",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--accelerators",
+            "--gpus",
+            dest="gpus",
+            type=int,
+            help=f"number of accelerators (GPUs or TPU chips) {REQUIRED}",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--gpus-per-node",
+            type=int,
+            default=None,
+            help="accelerators per node, the scale-up domain (default: the catalog's for the "
+            "--accelerator: a GPU's reference server, a TPU's largest slice)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--seq-len", type=int, help=f"tokens per sequence (default: {DEFAULT_SEQ_LEN})"
+        )
+    )
+    batch = p.add_mutually_exclusive_group()
+    actions.append(
+        batch.add_argument(
+            "--batch-tokens",
+            type=_token_count,
+            help=f"global batch, tokens (or --batch-size) (default: {DEFAULT_BATCH_TOKENS})",
+        )
+    )
+    actions.append(
+        batch.add_argument(
+            "--batch-size",
+            type=int,
+            default=None,
+            help="global batch in sequences per step, as titan train names it (tokens: "
+            "--batch-size x --seq-len)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--tokens",
+            type=float,
+            help="training budget, tokens (default: 20 per parameter, compute-optimal after "
+            "Hoffmann et al. 2022; with --from, one step's batch)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--from",
+            dest="from_run",
+            type=path_of,
+            metavar="RUN_DIR",
+            help="predict the configuration of this run (its run_start record) and print the "
+            "prediction against what the run measured; the model, GPUs, batch, precision and "
+            "layout come from it (giving one of their options too is refused)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--price",
+            type=float,
+            default=None,
+            help="price per GPU-hour (TPU: chip-hour) in any currency (adds the cost, in that "
+            "currency)",
+        )
+    )
+    actions += add_arguments(
+        p, PLANNED_OPTIONS, explicit=True
+    )  # typed ones told from defaults: --from
+    actions.append(
+        p.add_argument(
+            "--attention",
+            choices=ATTENTION_KERNELS,
+            help="fused kernel, or scores materialized (titan.ops native provider) (default: "
+            f"{PLAN_DEFAULTS['attention']})",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--calibration",
+            default=None,
+            metavar="FILE|perfdb",
+            help="achievable fraction of peak per GPU: a JSON file (GPU name -> fraction, or a "
+            "planner_accuracy result), or 'perfdb': fitted to the measured runs of the "
+            f"performance database of --runs-root (default: {DEFAULT_ACHIEVABLE_FRACTION} for "
+            "every GPU, fitted on one H200: titan.planning.step)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--runs-root",
+            type=path_of,
+            default=None,
+            help="runs root of --calibration perfdb, only with it (default: $TITAN_RUNS, else "
+            "./runs)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--search",
+            action="store_true",
+            help="rank every layout that fits (the layout options --dp ... --remat are not taken)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--top",
+            type=int,
+            default=argparse.SUPPRESS,  # absent unless given (the help names the default)
+            metavar="N",
+            help="rows of the --search table, at least 1, only with --search (default: "
+            f"{DEFAULT_TOP})",
+        )
+    )
+    actions.append(p.add_argument("--json", action="store_true", help="print JSON"))
+    actions.append(
+        p.add_argument(
+            "--wide",
+            action="store_true",
+            help="every --search column, however wide the terminal, only with --search (default: "
+            "the columns that fit, by priority; dp, fsdp, tp and pp always)",
+        )
+    )
+    return tuple(actions)
 
 
 # The layout and precision options of titan train that titan plan takes.
@@ -980,8 +1027,8 @@ def _print_search(found: Outcome, top: int, wide: bool) -> None:
             row.append(format_amount(p.cost))
         rows.append(row)
     hours = dataclasses.replace(SEARCH_COLUMNS[-2], name=f"{request.gpu.unit}-h")
-    columns = (*SEARCH_COLUMNS[:-2], hours, SEARCH_COLUMNS[-1])
-    columns += (COST_COLUMN,) if plans[0].cost is not None else ()
+    cost = (COST_COLUMN,) if plans[0].cost is not None else ()
+    columns: tuple[Column, ...] = (*SEARCH_COLUMNS[:-2], hours, SEARCH_COLUMNS[-1], *cost)
     table, width = fitted_table(
         columns,
         rows,
