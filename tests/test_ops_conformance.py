@@ -559,3 +559,13 @@ def test_only_float32_programs_are_traced_at_float32_matmul_precision(monkeypatc
     assert results and not any(r.failed for r in results)
     assert {p for d, p in seen if d == {"float32"}} == {"float32"}
     assert {p for d, p in seen if d == {"bfloat16"}} == {None}
+
+
+def test_a_provider_that_served_no_case_is_named_in_the_json_as_in_the_exit(capsys):
+    assert main(["ops", "check", "--op", "rms_norm", "--provider", "pallas", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["provider_served_no_case"] is None
+    code = main(["ops", "check", "--op", "attention", "--provider", "cudnn", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert code == 1 and report["failures"] == 0 and report["provider_served_no_case"] == "cudnn"
+    assert "provider 'cudnn' served no case on backend cpu" in captured.err
