@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from titan.analysis.ettr import analyze
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR
 from titan.telemetry.events import parse_events
 from titan.telemetry.records import read_events
-from titan.trainer.checkpoint import CHECKPOINT_DIR
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {"sync": "--no-checkpoint-async", "async": "--checkpoint-async"}

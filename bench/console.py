@@ -112,12 +112,12 @@ from textual import events  # noqa: E402
 from textual.app import App  # noqa: E402
 
 from bench import synthetic_history  # noqa: E402
+from titan.checkpoint.resume import TOKENIZER_FILE  # noqa: E402
 from titan.telemetry.events import RunEnd, RunStart, Step  # noqa: E402
 from titan.telemetry.records import EVENTS_FILE, RunRecord, load_events  # noqa: E402
-from titan.trainer.resume import TOKENIZER_FILE  # noqa: E402
 from tui.app import TitanConsole  # noqa: E402
 from tui.curve import Curve  # noqa: E402
-from tui.history import HistoryQuery, HistoryStore  # noqa: E402
+from tui.history_queries import HistoryQuery, HistoryStore  # noqa: E402
 from tui.screens import history as history_screen  # noqa: E402
 from tui.screens import monitor as monitor_screen  # noqa: E402
 from tui.screens.history import HistoryScreen  # noqa: E402

@@ -2,7 +2,7 @@
 
 ``python bench/dit.py`` runs, in one go, (a) the baseline ``bench/baselines/plain_jax_dit.py``
 (a subprocess; its last JSON line is read) and (b) titan's train step
-(``titan.trainer.adapters.build_run_trainer`` with ``--task diffusion --preset dit-l-2``: the
+(``titan.layouts.builders.build_run_trainer`` with ``--task diffusion --preset dit-l-2``: the
 458 M-parameter DiT-L/2 on the 32 x 32 x 4 latent of a 256 x 256 image, one-device mesh, fp32
 master weights, bf16 compute, AdamW, the registry's providers) on the same batch of random
 latents. MFU is images/s x the model's FLOPs per image (:func:`titan.flops.
@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from titan.config import TrainConfig  # noqa: E402
+from titan.layouts.builders import build_run_trainer  # noqa: E402
 from titan.ops import Ops  # noqa: E402
 from titan.telemetry.mfu import device_peak  # noqa: E402
-from titan.trainer.adapters import build_run_trainer  # noqa: E402
-from titan.trainer.images import image_model_config  # noqa: E402
+from titan.trainer.image_task import image_model_config  # noqa: E402
 
 BASELINE = ROOT / "bench" / "baselines" / "plain_jax_dit.py"
 

@@ -118,8 +118,8 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import jax
 
     from titan.config import TrainConfig
+    from titan.layouts.builders import build_run_trainer
     from titan.ops import Ops
-    from titan.trainer.adapters import build_run_trainer
 
     model, batch, seq_len, param_dtype = shape_of(spec["shape"])
     warmup, steps = spec["warmup"], spec["steps"]

@@ -5,7 +5,7 @@
 (a) the plain-JAX baseline (``bench/baselines/plain_jax_llama.py``, or ``--baseline PATH``; it
     is run as a subprocess with the environment L, S, B, ATTN, REMAT and its last JSON line
     read: ``tok_s``, ``mfu_causal``, ``mfu_palm``, ``peak_mem_gb``);
-(b) titan's train step (``titan.trainer.adapters.build_run_trainer``: jit over a one-device mesh,
+(b) titan's train step (``titan.layouts.builders.build_run_trainer``: jit over a one-device mesh,
     fp32 master weights, bf16 compute, AdamW) on the same model shape, batch and sequence length
     and random tokens (one document per row, as in the baseline), one subprocess per configuration
     so that peak memory and XLA flags belong to that configuration alone.
@@ -159,8 +159,8 @@ def run_titan(shape: Shape, config: RunConfig, steps: int, warmup: int) -> dict[
     import jax
     import numpy as np
 
+    from titan.layouts.builders import build_run_trainer
     from titan.ops import Ops
-    from titan.trainer.adapters import build_run_trainer
 
     backend = jax.default_backend()
     cfg = TrainConfig.of(

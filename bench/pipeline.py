@@ -66,9 +66,9 @@ def _measure(spec: dict) -> dict:
     from titan.config import TrainConfig
     from titan.flops import model_flops_per_token
     from titan.gpus import gpu_for_device_kind
+    from titan.layouts.builders import build_run_trainer
     from titan.ops import Ops
     from titan.shapes import PRESETS
-    from titan.trainer.adapters import build_run_trainer
 
     model = dataclasses.replace(PRESETS[spec["preset"]], n_layers=spec["layers"])
     if spec["preset"] == "tiny":

@@ -1,7 +1,7 @@
 """Benchmark: planner predictions against measured runs (``python bench/planner_accuracy.py``).
 
 For each configuration of a suite (model shape, batch, sequence length, remat policy, SPMD or
-MPMD layout), a child process builds Titan's trainer (``titan.trainer.adapters.build_run_trainer``,
+MPMD layout), a child process builds Titan's trainer (``titan.layouts.builders.build_run_trainer``,
 so custom shapes need no preset), runs ``--steps`` optimizer steps on random tokens with the
 training loop's pattern (metrics read one step late) and reports:
 
@@ -151,8 +151,8 @@ def measure(config: dict[str, Any], steps: int, warmup: int, emit: Any) -> dict[
     import numpy as np
 
     from titan.config import TrainConfig
+    from titan.layouts.builders import build_run_trainer
     from titan.ops import Ops
-    from titan.trainer.adapters import build_run_trainer
 
     model = model_of(config)
     options = {k: v for k, v in config.items() if k not in NOT_OPTIONS}

@@ -23,7 +23,8 @@ Result files and the scripts that write them:
 - ``maxtext-*.json``: ``bench/maxtext.py`` (a MaxText llama against Titan's Llama);
 - ``layer-loop-*.json``: ``titan train`` runs per ``--layer-unroll`` (the file says how);
 - ``peers-*.json``: ``bench/peers.py``; ``attention-*.json``: ``bench/attention.py``;
-  ``tpu-attention-*.json``: ``bench/tpu_attention.py``; ``fp8-*.json``: ``bench/fp8.py``;
+  ``tpu-attention-*.json``: ``bench/tpu_attention.py``; other ``tpu-*.json``: ``bench/tpu.py``;
+  ``fp8-*.json``: ``bench/fp8.py``;
   ``startup-*.json``: ``bench/startup.py``;
   ``roofline-*.json``: ``bench/roofline.py`` (from the ``.trace.json.gz`` and ``.txt.gz`` it names);
 - ``llama3-1b-*/<run>/``: run records (``config.json``, ``events.jsonl``) of ``titan train``.
@@ -890,6 +891,56 @@ def tpu_attention_table(path: Path, base: Path) -> list[str]:
     return lines + _table(header, rows) + [""]
 
 
+def tpu_table(path: Path, base: Path) -> list[str]:
+    """``bench/tpu.py``: Titan on one TPU chip: the default run, Titan's defaults against the
+    plain-JAX baseline per shape (tokens/s, MFU recomputed in both conventions, the memory
+    estimate against the compiled program), and ``titan ops check``."""
+    data = json.loads(path.read_text())
+    peak = data["peak_flops"]
+    default, ops = data["default_run"], data["ops_check"]
+    default_mfu = (default.get("mfu") or {}).get("causal")
+    lines = [
+        f"Result file: {_link(path, base)}; command: `{data['command']}`; {data['device_kind']}, "
+        f"jax {data['jax']}. MFU: 6N + 12Lsd model FLOPs per token (attention halved for "
+        f"causal / in full) over the dense bf16 peak, {peak / 1e12:.0f} TFLOP/s "
+        f"({data['peak_source']}).",
+        "",
+        f"- `titan train --steps 30` with no other option: exit {default['rc']} in "
+        f"{default.get('wall_s', 0):.0f} s, MFU causal {_pct(default_mfu)}.",
+        f"- `titan ops check`: exit {ops['rc']} in {ops.get('wall_s', 0):.0f} s"
+        + (f", {len(ops['not_passed'])} of {ops['rows']} rows not passed" if "rows" in ops else "")
+        + ".",
+        "",
+    ]
+    rows = []
+    for row in data["shapes"]:
+        shape, titan = row["shape"]["name"], row["titan"]
+        if "baseline" not in row:
+            said = (titan.get("tail") or ["-"])[-1].replace("|", "/")
+            rows.append([shape, "titan defaults", "-", "-", "-", "-", "-", "-", "-", said])
+            continue
+        baseline = row["baseline"]
+        if baseline.get("tok_s"):
+            mfu = baseline["mfu_recomputed"]
+            rows.append(
+                [shape, "plain JAX", "dots" if baseline.get("remat") else "none", baseline["attn"]]
+                + [f"{baseline['tok_s']:,.0f}", _pct(mfu["causal"]), _pct(mfu["full"])]
+                + ["-", "-", "1.00"]
+            )
+        mfu = titan["mfu_recomputed"]
+        estimate = (titan.get("memory_check") or {}).get("estimate_bytes")
+        ratio = row.get("titan_over_baseline")
+        rows.append(
+            [shape, "titan defaults", titan["remat"], (titan.get("served") or {}).get("attention")]
+            + [f"{titan['tok_s']:,.0f}", _pct(mfu["causal"]), _pct(mfu["full"])]
+            + [_num(_giga(estimate), ".2f"), _num(_giga(titan.get("program_bytes")), ".2f")]
+            + [_num(ratio, ".3f")]
+        )
+    header = ["shape", "program", "remat", "attention", "tokens/s", "MFU causal", "MFU full"]
+    header += ["estimate GB", "compiled GB", "vs plain JAX"]
+    return lines + _table(header, rows) + [""]
+
+
 def roofline_table(path: Path, base: Path) -> list[str]:
     """``bench/roofline.py``: the profiled step's kernel time by row against its floor."""
     data = json.loads(path.read_text())
@@ -1123,6 +1174,10 @@ def render(results: Path = RESULTS, doc: Path = DOC) -> str:
     for path in sorted(results.glob("attention-*.json")):
         lines += ["## Attention under the document mask (`bench/attention.py`, one GPU)", ""]
         lines += attention_table(path, doc)
+    for path in sorted(results.glob("tpu-*.json")):
+        if not path.name.startswith("tpu-attention-"):
+            lines += ["## Titan on a TPU (`bench/tpu.py`, one chip)", ""]
+            lines += tpu_table(path, doc)
     for path in sorted(results.glob("tpu-attention-*.json")):
         lines += ["## Attention on a TPU (`bench/tpu_attention.py`, one chip)", ""]
         lines += tpu_attention_table(path, doc)

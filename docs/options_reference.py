@@ -19,11 +19,11 @@ DOCS = Path(__file__).resolve().parent
 if str(DOCS.parent) not in sys.path:
     sys.path.insert(0, str(DOCS.parent))
 
+from titan.commands.train import add_parser  # noqa: E402
 from titan.config import CODECS, CODECS_PLAIN, SECTIONS, Option, options_by_name  # noqa: E402
 from titan.config_files import toml_key  # noqa: E402
 from titan.config_flags import bounds_text, section_options, section_summary  # noqa: E402
 from titan.inert import markdown_text  # noqa: E402
-from titan.trainer.commands import add_parser  # noqa: E402
 
 PAGE = DOCS / "options.md"
 COMMAND = ".venv/bin/python docs/options_reference.py"

@@ -32,14 +32,14 @@ import jax
 import numpy as np
 from helpers import trainer_of
 
+from titan.checkpoint.checkpointer import Checkpointer
+from titan.checkpoint.stage_store import StageStore
 from titan.config import TrainConfig, model_config
+from titan.layouts.contract import TrainState
 from titan.ops import Ops
 from titan.parallel.chunks import chunk_item
 from titan.parallel.distributed import LaunchSettings, initialize
 from titan.parallel.mesh import remote_array
-from titan.trainer.checkpoint import Checkpointer
-from titan.trainer.stage_store import StageStore
-from titan.trainer_state import TrainState
 
 VOCAB = 512
 PIPELINE = {"layout": "mpmd", "pp": 2, "dp": 2, "microbatches": 2}

@@ -15,11 +15,11 @@ from typing import Any
 from orbax.checkpoint._src.path import atomicity
 
 from titan.config import TrainConfig, validate_train_config
+from titan.layouts.builders import build_run_trainer
+from titan.layouts.contract import Trainer
 from titan.ops import Ops
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import build_run_trainer
 from titan.trainer.train import train
-from titan.trainer_state import Trainer
 
 
 def small_run(corpus_dir: Path, runs_root: Path, **options: Any) -> dict[str, Any]:

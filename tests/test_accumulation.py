@@ -13,9 +13,9 @@ from helpers import trainer_of
 from titan.cli import main
 from titan.config import TrainConfig, model_config, resumable_options
 from titan.errors import TitanError
+from titan.layouts.builders import check_layout_fits
+from titan.layouts.spmd import SpmdTrainer
 from titan.ops import Ops
-from titan.trainer.adapters import check_layout_fits
-from titan.trainer.spmd import SpmdTrainer
 
 VOCAB = 512
 

@@ -26,13 +26,13 @@ from helpers import (
     trainer_of,
 )
 
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
+from titan.checkpoint.snapshot import bytes_per_device, snapshot_fits
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE
 from titan.ops import Ops
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule, steps_to_prune
-from titan.trainer.snapshot import bytes_per_device, snapshot_fits
 
 VOCAB = 512
 

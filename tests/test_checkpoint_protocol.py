@@ -1,4 +1,4 @@
-"""The checkpoint protocol across processes (:mod:`titan.trainer.checkpoint_protocol`): a process
+"""The checkpoint protocol across processes (:mod:`titan.checkpoint.protocol`): a process
 killed at any phase of a save leaves the newest committed step restorable on one and on two
 processes; pruning never deletes what another process is saving; a failed save leaves no
 temporary folder; a restore never casts to another dtype.
@@ -26,14 +26,14 @@ import pytest
 from checkpoint_worker import holds, pipeline_trainer
 from helpers import fail_checkpoint, trainer_of
 
+from titan.checkpoint.checkpointer import Checkpointer
+from titan.checkpoint.protocol import FAULT_ENV, PHASES, TMP_DIR_SUFFIX, fault_point
+from titan.checkpoint.stage_store import LEAVES_FILE, STAGE_CHECKPOINT_DIR, StageStore
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
 from titan.launch.local import child_envs, free_port
+from titan.layouts.contract import TrainState
 from titan.ops import Ops
-from titan.trainer.checkpoint import Checkpointer
-from titan.trainer.checkpoint_protocol import FAULT_ENV, PHASES, TMP_DIR_SUFFIX, fault_point
-from titan.trainer.stage_store import LEAVES_FILE, STAGE_CHECKPOINT_DIR, StageStore
-from titan.trainer_state import TrainState
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 TIMEOUT_S = 600  # a two-process run on a loaded CI machine

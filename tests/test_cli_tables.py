@@ -12,8 +12,8 @@ import sys
 from samples import copy_sample_runs, sample_run_dirs
 
 from titan.cli import build_parser, main
+from titan.commands.train import explicit_options
 from titan.config import TrainConfig
-from titan.trainer.commands import explicit_options
 
 PLAN = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "64", "--tokens", "1e12"]
 

@@ -33,7 +33,7 @@ def test_a_signal_stops_a_command_in_one_line_with_exit_4(signum, capsys, monkey
         os.kill(os.getpid(), signum)
         time.sleep(5)  # the handler raises at once
 
-    monkeypatch.setattr("titan.plan_commands.outcome", signalled)
+    monkeypatch.setattr("titan.commands.plan.outcome", signalled)
     before = signal.getsignal(signal.SIGTERM)
     assert main(PLAN) == EXIT_STOPPED
     err = capsys.readouterr().err
@@ -55,7 +55,7 @@ def test_a_stop_dropped_inside_a_finalizer_is_raised_again(capsys, monkeypatch):
         time.sleep(2)  # the command's work goes on: the stop must be raised again meanwhile
         return 0  # a command that ended as if no signal had come
 
-    monkeypatch.setattr("titan.plan_commands.run", collected_then_working)
+    monkeypatch.setattr("titan.commands.plan.run", collected_then_working)
     printed: list = []  # what would be printed as "Exception ignored in: ..."
     monkeypatch.setattr(sys, "unraisablehook", printed.append)
     assert main(PLAN) == EXIT_STOPPED
@@ -178,14 +178,14 @@ def test_a_tensorboard_export_stopped_midway_leaves_no_event_file(
 
 _SCRIPT = """
 import atexit, os, signal, sys, time
-import titan.plan_commands, titan.trainer.tokenize_command
+import titan.commands.plan, titan.commands.tokenize
 from titan.cli import entry
 atexit.register(lambda: print("shut down", flush=True))
 def signalled(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)
-titan.plan_commands.outcome = signalled
-titan.trainer.tokenize_command.token_stream = signalled
+titan.commands.plan.outcome = signalled
+titan.commands.tokenize.token_stream = signalled
 sys.argv = ["titan", *sys.argv[1:]]
 entry()
 """

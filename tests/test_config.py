@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from titan.checkpoint.resume import resume_options
 from titan.cli import build_parser, main
+from titan.commands.train import explicit_options
 from titan.config import (
     SECTIONS,
     Remat,
@@ -32,8 +34,6 @@ from titan.planning.step import bubble_fraction
 from titan.remat import AUTO, REMAT_POLICIES
 from titan.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.shapes import PRESETS, model_text
-from titan.trainer.commands import explicit_options
-from titan.trainer.resume import resume_options
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
@@ -356,7 +356,7 @@ def test_train_and_plan_share_the_model_parser_and_the_parallel_flags():
             "128",
         ]
     )
-    from titan.plan_commands import batch_tokens
+    from titan.commands.plan import batch_tokens
 
     assert batch_tokens(args) == 16 * 128
 
@@ -428,7 +428,7 @@ def test_config_validation_asks_the_schedule_registry():
 
 
 def test_config_imports_without_jax():
-    code = "import sys, titan.config, titan.plan_commands; print('jax' in sys.modules)"
+    code = "import sys, titan.config, titan.commands.plan; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -13,11 +13,11 @@ from textual.widgets import Static
 
 from bench.synthetic_history import run_id, synthesize
 from titan.analysis import summarize
-from titan.analysis.commands import SUMMARY_RUNS
 from titan.cli import main
+from titan.commands.summarize_perf_report import SUMMARY_RUNS
 from tui import run_list
 from tui.app import TitanConsole
-from tui.history import PAGE_ROWS, HistoryPage, HistoryQuery, HistoryStore
+from tui.history_queries import PAGE_ROWS, HistoryPage, HistoryQuery, HistoryStore
 from tui.run_list import RECENT_RUNS
 from tui.screens.history import HistoryScreen
 from tui.widgets.history_table import HistoryTable

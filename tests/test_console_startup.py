@@ -11,9 +11,9 @@ from helpers import small_run
 from samples import copy_sample_runs
 
 from titan.analysis.liveness import LAUNCH_FILE
+from titan.checkpoint.resume import TOKENIZER_FILE, resume_options
 from titan.config import TrainConfig
 from titan.errors import TitanError
-from titan.trainer.resume import TOKENIZER_FILE, resume_options
 from tui.app import utf8_locale
 from tui.launcher import start_run
 from tui.run_list import list_runs

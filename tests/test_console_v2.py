@@ -34,7 +34,7 @@ from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.telemetry.events import PipelineTiming
 from tui.app import TitanConsole
-from tui.history import HistoryQuery, HistoryStore, config_diff
+from tui.history_queries import HistoryQuery, HistoryStore, config_diff
 from tui.launcher import start_run
 from tui.options import MAX_COPIES, copies_of
 from tui.planner_form import plan_argv, start_texts

@@ -340,7 +340,7 @@ def test_titan_tokenize_names_the_records_it_dropped_and_stops_on_a_signal_keepi
         os.kill(os.getpid(), signum)
         time.sleep(5)  # the handler raises at once
 
-    monkeypatch.setattr("titan.trainer.tokenize_command.token_stream", interrupted)
+    monkeypatch.setattr("titan.commands.tokenize.token_stream", interrupted)
     assert main(args) == 4
     err = capsys.readouterr().err
     assert err.endswith("titan tokenize: interrupted; run it again to resume where it stopped\n")

@@ -20,7 +20,7 @@ from test_summarize import read_only
 from titan.analysis import summarize
 from titan.errors import TitanError
 from tui.app import TitanConsole
-from tui.history import HistoryQuery, HistoryStore
+from tui.history_queries import HistoryQuery, HistoryStore
 from tui.screens import history as history_screen
 from tui.widgets.history_table import HistoryTable
 
@@ -152,7 +152,7 @@ async def test_history_ingests_again_within_seconds_of_a_long_lock_being_release
 
 # The console's History over a runs root: ingest, then the first page's run ids and count.
 _HISTORY = (
-    "import sys; from tui.history import HistoryQuery, HistoryStore; "
+    "import sys; from tui.history_queries import HistoryQuery, HistoryStore; "
     "store = HistoryStore(sys.argv[1]); store.ingest(); page = store.page(HistoryQuery()); "
     "print(store.exists(), page.total, *[row.run_id for row in page.rows])"
 )

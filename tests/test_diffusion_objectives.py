@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from titan.checkpoint.init_from import init_from_options
+from titan.checkpoint.resume import check_resumed_images
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.config_files import config_to_data
@@ -28,10 +30,8 @@ from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
 from titan.shapes import resolve_model
-from titan.trainer.images import image_batches, image_model_config
-from titan.trainer.init_from import init_from_options
-from titan.trainer.resume import check_resumed_images
-from titan.trainer.sampling import trained_classes
+from titan.trainer.image_samples import trained_classes
+from titan.trainer.image_task import image_batches, image_model_config
 from titan.trainer.train import train
 
 X0 = np.array([[0.5, -1.0]])

@@ -13,10 +13,10 @@ from PIL import Image
 
 from titan.analysis.report import summary_rows, write_report
 from titan.analysis.summarize import summarize_run_dir
+from titan.checkpoint.checkpointer import Checkpointer
 from titan.cli import main
-from titan.trainer import sampling
-from titan.trainer.checkpoint import Checkpointer
-from titan.trainer.sampling import sample_grid, write_sample_grid
+from titan.trainer import image_samples
+from titan.trainer.image_samples import sample_grid, write_sample_grid
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def test_samples_that_are_not_finite_are_one_line_and_write_nothing(
     trained, tmp_path, capsys, monkeypatch
 ):
     # a diverged run's weights: every sample NaN, which a PNG would show as black pixels
-    monkeypatch.setattr(sampling, "sample", lambda *a, **k: np.full((10, 8, 8, 1), np.nan))
+    monkeypatch.setattr(image_samples, "sample", lambda *a, **k: np.full((10, 8, 8, 1), np.nan))
     assert main(["sample", str(trained), "--out", str(tmp_path / "g.png")]) == 2
     err = capsys.readouterr().err
     assert err == (

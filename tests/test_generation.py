@@ -30,7 +30,7 @@ from titan.generation.generate import (
     printable,
 )
 from titan.generation.loading import LoadedModel, load_model
-from titan.generation.sampling import sample
+from titan.generation.next_token import sample
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.ops.native import rms_norm
@@ -180,7 +180,7 @@ def test_nucleus_sampling_keeps_only_the_most_probable_tokens():
 
 TINY_TEMPERATURES = """
 import jax, jax.numpy as jnp
-from titan.generation.sampling import sample
+from titan.generation.next_token import sample
 logits = 3 * jax.random.normal(jax.random.key(0), (4, 512))
 draw = jax.jit(sample, static_argnames="vocab")
 for t in (1e-6, 1e-9, 1e-10, 1e-20, 1e-30, 1e-45):

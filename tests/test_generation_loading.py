@@ -14,12 +14,12 @@ import pytest
 import tensorstore as ts
 from helpers import cli_args, run_in_process, small_run, trainer_of
 
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR, Checkpointer, initial_state
+from titan.checkpoint.init_from import saved_model
 from titan.cli import main
 from titan.errors import TitanError
 from titan.generation.loading import load_model
 from titan.ops import Ops
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, initial_state
-from titan.trainer.init_from import saved_model
 
 PROMPT = "def main("
 

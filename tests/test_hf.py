@@ -20,6 +20,9 @@ from helpers import events, small_run
 from safetensors.numpy import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from titan.checkpoint.checkpointer import open_checkpoint
+from titan.checkpoint.init_from import saved_model
+from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.config_files import config_to_toml, read_config_file
@@ -31,7 +34,6 @@ from titan.models.adapters.llama import LlamaAdapter
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.checkpoint import open_checkpoint
 from titan.trainer.hf_checkpoints import (
     _build,
     export_hf,
@@ -39,8 +41,6 @@ from titan.trainer.hf_checkpoints import (
     import_hf,
     rope_positions,
 )
-from titan.trainer.init_from import saved_model
-from titan.trainer.resume import TOKENIZER_FILE
 
 F32 = jnp.float32
 

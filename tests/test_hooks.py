@@ -8,9 +8,9 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from titan.layouts.contract import TrainState
 from titan.trainer.hooks import Hook, Hooks, LoopControl
 from titan.trainer.pending import Dispatched, PendingMetrics
-from titan.trainer_state import TrainState
 
 
 class _Log(Hook):

@@ -25,6 +25,7 @@ from textual.widgets import DataTable
 from titan import reading
 from titan.analysis import summarize
 from titan.analysis.report import REPORT_FILE
+from titan.checkpoint import resume
 from titan.cli import main
 from titan.config import check_run_id
 from titan.errors import TitanError
@@ -33,11 +34,10 @@ from titan.inert import inert
 from titan.reading import lines_from_end, parse_json
 from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, EventTail
-from titan.trainer import resume
 from titan.trainer.progress import TrainProgress
 from tui.app import TitanConsole
 from tui.app import main as console_main
-from tui.history import HistoryQuery, HistoryStore
+from tui.history_queries import HistoryQuery, HistoryStore
 from tui.launcher import STDERR_LOG
 from tui.run_list import list_runs
 from tui.screens.compare import CompareScreen

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from titan.checkpoint.init_from import init_from_options, saved_model
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.config_files import config_to_data
 from titan.errors import TitanError
 from titan.shapes import DEFAULT_VOCAB_SIZE
-from titan.trainer.init_from import init_from_options, saved_model
 
 
 def test_a_vocab_size_other_than_the_checkpoints_is_refused_naming_both(

@@ -15,11 +15,11 @@ from helpers import events, run_in_process
 
 from titan.config import ComputeOptions, ModelOptions, OptimizerOptions
 from titan.errors import TitanError
+from titan.layouts.builders import linear_layers, one_device_trainer
 from titan.models.llama import LlamaStage
 from titan.ops import Ops
 from titan.ops.linear import OCP_FP8, Linear, float8_einsum, quantize
 from titan.shapes import PRESETS
-from titan.trainer.adapters import linear_layers, one_device_trainer
 
 F32 = jnp.float32
 # Unit roundoff of E4M3 (3 mantissa bits) and E5M2 (2): 2^-4 and 2^-3 (Micikevicius et al.

@@ -21,7 +21,7 @@ from titan.analysis.liveness import DEAD, UNRESPONSIVE, Liveness, RecordFacts, j
 from titan.analysis.report import write_report
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, PROCESSES_DIR, ProcessId
 from titan.telemetry.records import load_events, write_json_atomic
-from tui.history import HistoryQuery, HistoryStore
+from tui.history_queries import HistoryQuery, HistoryStore
 from tui.run_list import list_runs
 from tui.run_watch import RunWatcher
 

@@ -14,11 +14,11 @@ import pytest
 from titan.config import TrainConfig
 from titan.data.images import ImageBatches, open_images
 from titan.diffusion.objectives import Objective
+from titan.layouts.spmd import SpmdTrainer
 from titan.models.adapters.maxdiffusion import DiffusersUNetAdapter, UNetShape
 from titan.optimizer import build_optimizer
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.mesh import build_stage_meshes
-from titan.trainer.spmd import SpmdTrainer
 
 pytest.importorskip("diffusers", reason="the [diffusion] extra is not installed")
 pytestmark = pytest.mark.slow

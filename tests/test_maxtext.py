@@ -20,6 +20,7 @@ from helpers import events, run_in_process, small_run  # noqa: E402
 from titan.config import ComputeOptions, ModelOptions  # noqa: E402
 from titan.errors import TitanError  # noqa: E402
 from titan.generation.loading import load_model  # noqa: E402
+from titan.layouts.builders import build_adapter  # noqa: E402
 from titan.models.adapters import maxtext as adapter_module  # noqa: E402
 from titan.models.adapters import maxtext_errors  # noqa: E402
 from titan.models.adapters.llama import LlamaAdapter  # noqa: E402
@@ -29,7 +30,6 @@ from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 from titan.shapes import ModelConfig  # noqa: E402
-from titan.trainer.adapters import build_adapter  # noqa: E402
 from titan.trainer.hf_checkpoints import export_hf  # noqa: E402
 from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 

@@ -15,6 +15,7 @@ import tokenizers as hf_tokenizers
 from helpers import run_in_process, small_run
 from safetensors.numpy import load_file
 
+from titan.checkpoint.init_from import init_from_options
 from titan.cli import main
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
@@ -32,7 +33,6 @@ from titan.models.hf_llama import params_to_hf
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.init_from import init_from_options
 from titan.trainer.maxtext_import import import_maxtext
 
 FIXTURE = Path(__file__).parent / "fixtures" / "maxtext_llama2_tiny"

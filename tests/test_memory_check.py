@@ -17,13 +17,7 @@ from titan.analysis.summarize import summarize_run_dir
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
-from titan.ops import Ops
-from titan.remat import auto_candidates
-from titan.telemetry.device_memory import host_memory_bytes, uncounted_temp_bytes
-from titan.telemetry.events import Compile
-from titan.telemetry.records import RunRecord
-from titan.trainer.compilation import CompileWatch
-from titan.trainer.memory_check import (
+from titan.layouts.memory_check import (
     AUTO_KERNELS,
     UNKNOWN_KERNELS,
     ProgramOverMemory,
@@ -35,6 +29,12 @@ from titan.trainer.memory_check import (
     program_over_memory,
     resolve_remat,
 )
+from titan.ops import Ops
+from titan.remat import auto_candidates
+from titan.telemetry.device_memory import host_memory_bytes, uncounted_temp_bytes
+from titan.telemetry.events import Compile
+from titan.telemetry.records import RunRecord
+from titan.trainer.compilation import CompileWatch
 from titan.trainer.progress import TrainProgress
 from titan.trainer.train import _Built, _Compiler
 

@@ -14,11 +14,11 @@ from helpers import trainer_of
 from titan import config
 from titan.config import TrainConfig, model_config
 from titan.errors import TitanError
+from titan.layouts.builders import LAYOUTS, build_adapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.ops import Ops
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import LAYOUTS, build_adapter
 
 SHAPE = ModelConfig("seam", 97, 32, 4, 4, 2, 64)
 

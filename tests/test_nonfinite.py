@@ -18,22 +18,24 @@ import orbax.checkpoint as ocp
 import pytest
 from helpers import cli_args, events, file_tree, run_in_process, small_run, start_subprocess
 
+from titan.checkpoint.finite_check import (
+    DIGESTS,
+    PARAMS_DIGESTS,
+    FiniteCheck,
+    check_digests,
+    read_digests,
+)
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import CheckpointDamaged, TitanError
 from titan.exit_codes import EXIT_NONFINITE, EXIT_STALL, EXIT_STOPPED, worst_exit_code
+from titan.layouts.contract import TrainState
 from titan.trainer import train as train_module
 from titan.trainer.guard import (
-    DIGESTS,
-    PARAMS_DIGESTS,
-    FiniteCheck,
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
-    check_digests,
-    read_digests,
 )
-from titan.trainer_state import TrainState
 
 LAYOUTS = {
     "spmd": {"dp": 1},

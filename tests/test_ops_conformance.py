@@ -79,7 +79,7 @@ def _trace_every_op(ops: Ops, **shape_args) -> dict[str, str]:
 
 
 def test_importing_ops_and_their_command_imports_no_jax():
-    code = "import sys, titan.ops, titan.ops.commands; print('jax' in sys.modules)"
+    code = "import sys, titan.ops, titan.commands.ops; print('jax' in sys.modules)"
     assert _run("-c", code).stdout.strip() == "False"
 
 
@@ -541,3 +541,31 @@ def test_large_attention_cases_shrink_their_batch_to_the_device_memory():
     shapes = [c.shape for c in conformance.cases("tpu", v5e) if c.op == "attention"]
     assert any(s.startswith("B2 S2048 H32") for s in shapes), shapes
     assert any(s.startswith("B4 S2048 H16") for s in shapes), shapes
+
+
+def test_only_float32_programs_are_traced_at_float32_matmul_precision(monkeypatch):
+    """Mosaic compiles no TPU kernel whose bfloat16 matmul asks for float32 precision ("Bad lhs
+    type" on a v5e): the bfloat16 programs trace at the default precision, as a run does."""
+    seen = []
+    submit = conformance._Programs.submit
+
+    def recording(self, fn, inputs):
+        dtypes = {str(a.dtype) for a in inputs[0] if jnp.issubdtype(a.dtype, jnp.floating)}
+        seen.append((frozenset(dtypes), jax.config.jax_default_matmul_precision))
+        return submit(self, fn, inputs)
+
+    monkeypatch.setattr(conformance._Programs, "submit", recording)
+    results = conformance.run_checks(op="rms_norm")
+    assert results and not any(r.failed for r in results)
+    assert {p for d, p in seen if d == {"float32"}} == {"float32"}
+    assert {p for d, p in seen if d == {"bfloat16"}} == {None}
+
+
+def test_a_provider_that_served_no_case_is_named_in_the_json_as_in_the_exit(capsys):
+    assert main(["ops", "check", "--op", "rms_norm", "--provider", "pallas", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["provider_served_no_case"] is None
+    code = main(["ops", "check", "--op", "attention", "--provider", "cudnn", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert code == 1 and report["failures"] == 0 and report["provider_served_no_case"] == "cudnn"
+    assert "provider 'cudnn' served no case on backend cpu" in captured.err

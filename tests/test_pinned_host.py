@@ -16,17 +16,18 @@ import pytest
 from helpers import events, run_in_process, trainer_of
 from orbax.checkpoint._src.serialization.replica_slices import get_replica_slices
 
-from titan.config import CheckpointOptions, TrainConfig, model_config
-from titan.exit_codes import EXIT_STOPPED
-from titan.ops import Ops
-from titan.trainer import pin_host_hook, pinned_host
-from titan.trainer.pinned_host import (
+from titan.checkpoint import pinned_host
+from titan.checkpoint.pinned_host import (
     Shard,
     copied_shards,
     orbax_replica_parallel,
     reservation_pays,
     reserve_host,
 )
+from titan.config import CheckpointOptions, TrainConfig, model_config
+from titan.exit_codes import EXIT_STOPPED
+from titan.ops import Ops
+from titan.trainer import pin_host_hook
 from titan.trainer.saver import Saver
 
 

@@ -72,3 +72,18 @@ async def test_rows_drawn_before_their_columns_are_measured_are_drawn_again_at_f
         await pilot.pause()
         assert "llama3-1b-h200" not in early
         assert "llama3-1b-h200" in _row_text(table, 1)
+
+
+def test_textual_is_the_major_release_whose_datatable_rows_plaintable_draws():
+    """PlainTable overrides DataTable's row drawing (members outside Textual's public API), so
+    pyproject.toml pins textual below 9; a new major release fails here until PlainTable is
+    checked against it (the test above compares the two tables' segments)."""
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    major = int(version("textual").split(".")[0])
+    assert major == 8, f"textual {version('textual')}: check PlainTable, then the pin"
+    root = next(p for p in Path(__file__).parents if (p / "pyproject.toml").is_file())
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "textual>=8,<9" in pyproject["project"]["dependencies"]

@@ -14,19 +14,19 @@ import pytest
 
 from titan.analysis import perfdb
 from titan.cli import main
+from titan.commands.plan import train_options
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_OK
 from titan.gpus import find_gpu
+from titan.layouts.builders import build_adapter
 from titan.ops import Ops
 from titan.parallel.chunks import plan_chunks
 from titan.parallel.sharding import mesh_spec
-from titan.plan_commands import train_options
 from titan.planning.budget import PlanRequest, search
 from titan.planning.memory import FIT_MARGIN
 from titan.planning.step import calibrate
 from titan.shapes import resolve_model
 from titan.telemetry.records import load_events
-from titan.trainer.adapters import build_adapter
 
 SAMPLE_H200_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
 SAMPLE_RUN_WITHOUT_PEAK = SAMPLE_H200_RUN.parent / "tiny-killed-resumed"  # 8 CPU devices
@@ -35,7 +35,7 @@ SAMPLE_RUN_WITHOUT_PEAK = SAMPLE_H200_RUN.parent / "tiny-killed-resumed"  # 8 CP
 def _accepted_by_titan_train(model: str, options: dict) -> None:
     """What ``titan train`` checks before it needs devices: the config (``TrainConfig``), the
     split of the layers into pipeline chunks, every parameter's sharding over the stage mesh
-    and the microbatch rows over dp x fsdp (``titan.trainer.spmd`` / ``titan.mpmd.pipeline``)."""
+    and the microbatch rows over dp x fsdp (``titan.layouts.spmd`` / ``titan.layouts.mpmd``)."""
     cfg = TrainConfig.of(**options)
     shape = model_config(cfg.model.shape, cfg.data.vocab_size)
     par = cfg.parallel

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import titan.cli
-from titan import plan_commands as commands
 from titan.cli import Parser
+from titan.commands import plan as commands
 from titan.errors import TitanError
 from titan.flops import model_flops_per_token
 from titan.gpus import CATALOG, find_gpu, gpu_for_device_kind, on_one_host
@@ -524,7 +524,7 @@ def test_search_finds_a_pipeline_of_fewer_microbatches_than_stages_that_alone_fi
 
 
 def test_titan_plan_is_registered_with_the_cli():
-    assert "titan.plan_commands" in titan.cli.COMMAND_MODULES
+    assert "titan.commands.plan" in titan.cli.COMMAND_MODULES
 
 
 def test_titan_plan_search_prints_a_ranked_table(capsys):
@@ -639,7 +639,7 @@ def test_the_mfu_caption_names_a_small_peak_in_its_unit_and_an_unknown_one_as_un
 
 def test_planning_imports_neither_jax_nor_textual():
     code = (
-        "import sys, titan.planning.budget, titan.plan_commands; "
+        "import sys, titan.planning.budget, titan.commands.plan; "
         "print(sorted(m for m in ('jax', 'textual') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -658,3 +658,32 @@ def test_a_compute_dtype_the_catalog_has_no_peak_for_is_refused_not_estimated(
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1
     assert f"--compute-dtype {dtype}: the catalog's" in err and f"peak is for {peak_for}" in err
     assert run_plan(capsys, *argv, "--compute-dtype", peak_for)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (("v5p", "257"), "--accelerators 257 is no TPU v5p slice: those have 4, 8, 16, 32 or"),
+        (("v5p", "6208"), "--accelerators 6208 does not fill whole slices of --gpus-per-node"),
+        (("v5p", "12"), "--accelerators 12 is no TPU v5p slice: those have 4, 8, 16, 32 or a"),
+        (("v5e", "2"), "--accelerators 2 is no TPU v5e slice: those have 1, 4, 8, 16, ... 256"),
+        (("v5e", "512", "--gpus-per-node", "512"), "--gpus-per-node 512 is more chips than a"),
+        (("v5e", "96", "--gpus-per-node", "48"), "--gpus-per-node 48 is no TPU v5e slice"),
+    ],
+)
+def test_titan_plan_takes_only_the_chip_counts_of_cloud_tpu_slices(capsys, argv, error):
+    gpu, count, *rest = argv
+    code = titan.cli.main(
+        ["plan", "--model", "llama3-8b", "--accelerator", gpu, "--accelerators", count, *rest]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and error in err and "Traceback" not in err, err
+
+
+def test_a_tpu_plan_counts_chips_and_chip_hours_not_gpus(capsys):
+    argv = ("--model", "llama3-8b", "--accelerator", "v5e", "--accelerators", "256")
+    layout = ("--dp", "1", "--fsdp", "256", "--microbatches", "2", "--remat", "full")
+    code, out, _ = run_plan(capsys, *argv, *layout, "--tokens", "1e9")
+    words = " ".join(out.split())
+    assert code == 0 and "chip-hours" in words and "peak per chip" in words, words
+    assert "GPU" not in words

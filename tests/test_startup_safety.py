@@ -27,6 +27,7 @@ from helpers import (
 )
 
 import titan.trainer.train as train_module
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR, Checkpointer, SaveSchedule
 from titan.cli import main
 from titan.config import TrainConfig, model_config
 from titan.exit_codes import EXIT_FAILED, EXIT_STOPPED
@@ -41,7 +42,6 @@ from titan.telemetry.records import (
     disk_full,
     write_json_atomic,
 )
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, SaveSchedule
 from titan.trainer.processes import Heartbeat
 from titan.trainer.saver import Saver
 from titan.trainer.train import failure_to_name

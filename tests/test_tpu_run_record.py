@@ -17,7 +17,7 @@ from titan.telemetry.events import parse_events
 from titan.telemetry.mfu import FlopsMeter, device_peak
 from titan.telemetry.power import TPU_REASON, open_reader
 from titan.telemetry.records import EVENTS_FILE
-from tui.history import HistoryQuery, HistoryStore
+from tui.history_queries import HistoryQuery, HistoryStore
 from tui.run_state import RunState
 
 V5E = "TPU v5 lite"  # the device_kind JAX reports for a v5e chip

@@ -19,13 +19,13 @@ import pytest
 from helpers import cli_args, events, run_in_process, start_subprocess, wait_for_event
 
 from titan.analysis.ettr import analyze
+from titan.checkpoint.checkpointer import Checkpointer
 from titan.cli import main
 from titan.config import TrainConfig
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STOPPED
 from titan.optimizer import learning_rate_schedule, schedule_text, warmup_note
 from titan.telemetry.records import load_events
-from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.saver import Saver
 from titan.trainer.train import resume_options
 

@@ -13,12 +13,12 @@ import pytest
 from helpers import events, run_in_process, start_subprocess
 
 from titan.analysis.liveness import DEAD, RecordFacts, judge
+from titan.checkpoint.checkpointer import Checkpointer
 from titan.config import TrainConfig, validate_train_config
 from titan.errors import TitanError
 from titan.exit_codes import EXIT_STALL
 from titan.telemetry.heartbeat import hang_stacks_path, read_beats
 from titan.telemetry.watchdog import LONG_PHASE_MIN_S, Watchdog
-from titan.trainer.checkpoint import Checkpointer
 
 
 class FakeClock:

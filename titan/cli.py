@@ -34,15 +34,15 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed 
 # Each module defines add_parser(subparsers), which sets ``run`` (args -> exit code) as the
 # subparser's default. Modules must import quickly: no JAX at import time.
 COMMAND_MODULES = (
-    "titan.trainer.commands",
-    "titan.ops.commands",
-    "titan.plan_commands",
-    "titan.analysis.commands",
-    "titan.launch.commands",
-    "titan.trainer.import_export_commands",
-    "titan.generation.commands",
-    "titan.trainer.sample_command",
-    "titan.trainer.tokenize_command",
+    "titan.commands.train",
+    "titan.commands.ops",
+    "titan.commands.plan",
+    "titan.commands.summarize_perf_report",
+    "titan.commands.launch",
+    "titan.commands.import_export",
+    "titan.commands.generate",
+    "titan.commands.sample",
+    "titan.commands.tokenize",
 )
 
 

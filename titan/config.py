@@ -1421,7 +1421,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class TrainerOptions:
     """The options a run's trainer is built from (:attr:`TrainConfig.trainer`,
-    :func:`titan.trainer.adapters.build_run_trainer`): the model family's sections (``model``,
+    :func:`titan.layouts.builders.build_run_trainer`): the model family's sections (``model``,
     ``compute``), the layout's (``parallel``, ``optimizer``), the batch (``--batch-size`` x
     ``--seq-len``) and how often a pipeline records its actions' timings (``--timing-every``)."""
 

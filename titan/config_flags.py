@@ -23,11 +23,11 @@ def add_arguments(
     options: Iterable[Option],
     *,
     explicit: bool,
-) -> None:
+) -> list[argparse.Action]:
     """Add a flag per option to ``parser``: switches as ``--x`` / ``--no-x``, numbers and names
     with argparse's type and choices (argparse's own one-line errors), composite values as text
     parsed when the config is constructed. ``--model`` also gets ``--preset`` (presets only; the
-    two are mutually exclusive).
+    two are mutually exclusive). Returns the actions added, in order.
 
     Args:
         explicit: default every flag to None, so that the options a user typed can be told from
@@ -35,6 +35,7 @@ def add_arguments(
             default (``titan plan``, whose help formatter shows it).
     """
     types = {"int": int, "float": float}
+    added: list[argparse.Action] = []
     for option in options:
         default = option.default
         bounds = bounds_text(option)
@@ -49,26 +50,33 @@ def add_arguments(
             "help": help,
         }
         if option.kind == "bool":
-            parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
+            added.append(
+                parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, **common)
+            )
             continue
         if option.kind == "shape":  # --preset is an alias: giving both is refused
             either = parser.add_mutually_exclusive_group()
-            either.add_argument(option.flag, metavar="PRESET|SHAPE", **common)
+            added.append(either.add_argument(option.flag, metavar="PRESET|SHAPE", **common))
             common["help"] = "a preset model shape (the same as --model NAME; not with --model)"
-            either.add_argument("--preset", choices=tuple(PRESETS), **common)
+            added.append(either.add_argument("--preset", choices=tuple(PRESETS), **common))
             continue
         if option.kind == "settings":  # KEY=VALUE ..., repeatable
-            parser.add_argument(
-                option.flag, nargs="+", action="extend", metavar="KEY=VALUE", **common
+            added.append(
+                parser.add_argument(
+                    option.flag, nargs="+", action="extend", metavar="KEY=VALUE", **common
+                )
             )
             continue
-        parser.add_argument(
-            option.flag,
-            type=types.get(option.kind, str),
-            choices=option.choices or None,
-            metavar=None if option.choices else option.name.upper(),
-            **common,
+        added.append(
+            parser.add_argument(
+                option.flag,
+                type=types.get(option.kind, str),
+                choices=option.choices or None,
+                metavar=None if option.choices else option.name.upper(),
+                **common,
+            )
         )
+    return added
 
 
 def section_options(section: str, *, planner: bool = False) -> tuple[Option, ...]:

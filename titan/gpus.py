@@ -92,6 +92,18 @@ class GpuSpec:
     usable_bytes: float
     usable_source: str
 
+    @property
+    def unit(self) -> str:
+        """What one of them is called in a plan's words: ``chip`` for a TPU (Cloud TPU's
+        "chip-hours"), else ``GPU``."""
+        return "chip" if self.accelerator == "tpu" else "GPU"
+
+    @property
+    def count_flag(self) -> str:
+        """The spelling of ``titan plan``'s count option its messages use: ``--accelerators``
+        for a TPU, ``--gpus`` (its alias) for a GPU."""
+        return "--accelerators" if self.accelerator == "tpu" else "--gpus"
+
 
 # One NIC per GPU in the vendors' reference servers: 400 Gb/s (ConnectX-7 NDR InfiniBand or 400G
 # Ethernet) = 50 GB/s one direction; 200 Gb/s (ConnectX-6 HDR, Slingshot-11) = 25 GB/s.

@@ -17,7 +17,7 @@ from typing import Any
 
 from titan.errors import TitanError
 
-CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder (titan.trainer.checkpoint writes it)
+CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder (titan.checkpoint.checkpointer)
 
 
 def path_argument(text: str) -> str:

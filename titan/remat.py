@@ -132,7 +132,7 @@ REMAT_POLICIES: dict[str, RematPolicy] = {
 }
 
 
-AUTO = "auto"  # --remat auto: resolved per run by titan.trainer.memory_check.resolve_remat
+AUTO = "auto"  # --remat auto: resolved per run by titan.layouts.memory_check.resolve_remat
 
 
 def auto_candidates(platform: str) -> tuple[str, ...]:
@@ -148,7 +148,7 @@ def auto_candidates(platform: str) -> tuple[str, ...]:
     automatically on GPUs. On the CPU memory is the host's and compute the bottleneck: ``none``.
 
     On a TPU, ``none`` first: XLA:TPU rematerializes on its own whatever does not fit the HBM
-    (:func:`titan.trainer.memory_check.compiler_fits`), so saving everything leaves the choice
+    (:func:`titan.layouts.memory_check.compiler_fits`), so saving everything leaves the choice
     of what to recompute to the compiler, which knows the chip. Measured on one TPU v5e with
     native attention (``bench/results/tpu-v5e-native-attention``, a 0.32B Llama at 8 x 2048
     tokens): ``none`` 49.7k tokens/s against ``dots-attention`` 45.5k.

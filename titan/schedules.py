@@ -11,7 +11,7 @@ concurrently.
 
 Schedules, each registered once in :data:`SCHEDULES` (a :class:`ScheduleSpec`: builder, option
 check, bubble, in-flight bound). Config validation (``titan.config``), the executor
-(``titan.mpmd.pipeline``, ``titan.trainer.adapters``) and the planner (``titan.planning``) all
+(``titan.layouts.mpmd``, ``titan.layouts.builders``) and the planner (``titan.planning``) all
 ask the registry:
 
 - ``gpipe`` (Huang et al. 2019): all forwards, then all backwards.

@@ -39,7 +39,7 @@ from titan.inert import inert
 from titan.out_paths import path_of
 from titan.telemetry.records import EVENTS_FILE, check_runs_root, default_runs_root
 from tui.driver import ConsoleDriver
-from tui.history import HistoryStore
+from tui.history_queries import HistoryStore
 from tui.launcher import LaunchedRun
 from tui.options import default_texts, resume_texts
 from tui.screens.history import HistoryScreen

@@ -35,6 +35,7 @@ import psutil
 
 from titan import cli_command
 from titan.analysis.liveness import FAILED, LAUNCH_FILE, STDERR_LOG, Liveness
+from titan.checkpoint.resume import resume_options
 from titan.config import Option, TrainConfig, check_run_id, option_fields
 from titan.data.mixture import check_inputs
 from titan.errors import TitanError
@@ -47,7 +48,6 @@ from titan.telemetry.records import (
     runs_root_source,
     write_json_atomic,
 )
-from titan.trainer.resume import resume_options
 
 STDOUT_LOG = "stdout.log"
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from titan.checkpoint.resume import resume_options
 from titan.config import Option, TrainConfig, option_fields
 from titan.errors import TitanError
-from titan.trainer.resume import resume_options
 
 # Form presets: options set over the defaults (by field name, as the form's texts).
 FORM_PRESETS: dict[str, dict[str, str]] = {

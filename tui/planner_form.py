@@ -1,8 +1,9 @@
 """The planner form's model: the ``titan plan`` options as text, and back to the planner's result.
 
-The option list is never copied here: it is read from the ``plan`` subparser of
-:func:`titan.cli.build_parser`, the form's texts are parsed by that same parser, and the numbers
-come from :func:`titan.plan_commands.request_from_args`, ``planned`` and
+The option list is never copied here: it is the actions
+:func:`titan.commands.plan.add_plan_arguments` declares, the form's texts are parsed by the parser
+it declares them on, and the numbers
+come from :func:`titan.commands.plan.request_from_args`, ``planned`` and
 :func:`titan.planning.budget.plan` / ``search``: what ``titan plan --json`` prints.
 """
 
@@ -13,9 +14,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NoReturn
 
-from titan.cli import build_parser
+from titan.commands.plan import (
+    LAYOUT_DESTS,
+    PLAN_DEFAULTS,
+    add_plan_arguments,
+    outcome,
+    train_options,
+)
 from titan.errors import TitanError
-from titan.plan_commands import LAYOUT_DESTS, PLAN_DEFAULTS, outcome, train_options
 
 # Options of ``titan plan`` the form leaves out: output formatting, calibration and run paths, and
 # the batch in sequences (the form names the batch in tokens, --batch-tokens; the CLI takes
@@ -68,22 +74,24 @@ class PlanOption:
 
 
 @cache
-def _plan_parser() -> argparse.ArgumentParser:
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    plan_parser = subparsers.choices["plan"]
-    plan_parser.__class__ = _FormParser
-    return plan_parser
+def _plan_parser() -> tuple[_FormParser, tuple[argparse.Action, ...]]:
+    parser = _FormParser(prog="titan plan")
+    return parser, add_plan_arguments(parser)
+
+
+def _switch(action: argparse.Action) -> bool:
+    """A ``store_true`` option: no value, its constant True."""
+    return action.nargs == 0 and action.const is True
 
 
 @cache
 def plan_options() -> tuple[PlanOption, ...]:
     """The form's options, in ``titan plan --help`` order."""
     options = []
-    for action in _plan_parser()._actions:
-        if action.dest in _NOT_IN_FORM or not action.option_strings:
+    for action in _plan_parser()[1]:
+        if action.dest in _NOT_IN_FORM:
             continue
-        switch = isinstance(action, argparse._StoreTrueAction)
+        switch = _switch(action)
         default = PLAN_DEFAULTS.get(action.dest, action.default)
         default = "" if default is None or switch else str(default)
         choices = tuple(str(c) for c in action.choices or ())
@@ -116,18 +124,18 @@ def plan_argv(texts: dict[str, str]) -> list[str]:
 
 def plan_report(texts: dict[str, str]) -> dict[str, Any]:
     """The planner's answer for the form's texts, as ``titan plan`` finds it
-    (:func:`titan.plan_commands.outcome`): ``{"search": bool, "layouts_fit": int,
+    (:func:`titan.commands.plan.outcome`): ``{"search": bool, "layouts_fit": int,
     "plans": [Plan.as_dict(), ...], "verdict": str, "none_fit": str, "notes": [str, ...],
     "train_options": {...} | None}`` (one plan, or the best :data:`SEARCH_TOP` of a search; the
     first's memory verdict in ``titan plan``'s words; why a search found none; the lines
-    ``titan plan`` prints under its tables, :meth:`~titan.plan_commands.Outcome.notes`; the
-    ``titan train`` options of the first, :func:`titan.plan_commands.train_options`, only when
+    ``titan plan`` prints under its tables, :meth:`~titan.commands.plan.Outcome.notes`; the
+    ``titan train`` options of the first, :func:`titan.commands.plan.train_options`, only when
     ``titan plan`` prints a command).
 
     Raises:
         TitanError: one line naming the bad option (argparse's wording, or the planner's).
     """
-    args = _plan_parser().parse_args(plan_argv(texts))
+    args = _plan_parser()[0].parse_args(plan_argv(texts))
     found = outcome(args)
     return {
         "search": args.search,

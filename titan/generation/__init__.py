@@ -1,5 +1,5 @@
 """Text generation from a run's checkpoint (``titan generate``): loading the weights
-(:mod:`titan.generation.loading`), nucleus sampling (:mod:`titan.generation.sampling`) and the
+(:mod:`titan.generation.loading`), nucleus sampling (:mod:`titan.generation.next_token`) and the
 decode loop with a KV cache (:mod:`titan.generation.generate`)."""
 
 MAX_TEMPERATURE = 100.0

@@ -3,7 +3,7 @@
 The prompt (BOS, then its ids) is prefilled in one call of the cached forward
 (:func:`titan.models.kv_cache.cached_forward`), then one token at a time is decoded, each step
 one call of a jitted program that writes the token's keys and values into the cache, samples
-the next token (:func:`titan.generation.sampling.sample`) and splits the PRNG key. The cache is
+the next token (:func:`titan.generation.next_token.sample`) and splits the PRNG key. The cache is
 preallocated to prompt + ``--max-new-tokens`` positions, so the prefill compiles once per
 prompt length and the decode step once. Decoding stops after ``--max-new-tokens`` or at an end
 token (not printed): every one the tokenizer's config names (:attr:`Tokenizer.end_ids`: EOS,
@@ -30,7 +30,7 @@ from titan.errors import TitanError
 from titan.formatting import format_size
 from titan.generation import MAX_TEMPERATURE
 from titan.generation.loading import LoadedModel, load_model
-from titan.generation.sampling import sample
+from titan.generation.next_token import sample
 from titan.inert import inert
 from titan.models.kv_cache import cached_forward, init_cache
 from titan.ops import Ops

@@ -2,7 +2,7 @@
 checkpoints, on one device, whatever layout wrote it.
 
 The checkpoint's parameters, not its optimizer state, are restored onto a one-device SPMD
-trainer of the run's own config (:meth:`titan.trainer.checkpoint.Checkpointer.restore_params`):
+trainer of the run's own config (:meth:`titan.checkpoint.checkpointer.Checkpointer.restore_params`):
 a checkpoint of another layout, such as an MPMD run's per-stage (and virtual-stage) chunks, is
 joined along the layer axis into the one chunk of the whole model
 (:func:`titan.parallel.chunks.join_layers`), as a resume onto SPMD does. Without a step, the
@@ -19,16 +19,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR, Checkpointer, Unrestorable
+from titan.checkpoint.init_from import resolve_source, saved_model
+from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.data.tokenizer import Tokenizer, load_tokenizer
 from titan.errors import TitanError
+from titan.layouts.builders import one_device_trainer
 from titan.models.adapters.base import cast_tree
 from titan.models.adapters.maxtext_checkpoints import refuse_maxtext_source
 from titan.ops import Ops
 from titan.shapes import ModelConfig
-from titan.trainer.adapters import one_device_trainer
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, Unrestorable
-from titan.trainer.init_from import resolve_source, saved_model
-from titan.trainer.resume import TOKENIZER_FILE
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ def block_forward(
 class LlamaStage(nn.Module):
     """A contiguous slice of the Llama decoder: optionally the embedding, ``n_layers`` blocks,
     optionally the final norm, output head and loss. With both ends it is the whole model
-    (:func:`Llama`); pipeline stages (:mod:`titan.mpmd.pipeline`) are slices of it, with the same
+    (:func:`Llama`); pipeline stages (:mod:`titan.layouts.mpmd`) are slices of it, with the same
     parameter names, so the same sharding rules and checkpoints apply.
 
     Attributes:

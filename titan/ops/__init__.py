@@ -11,7 +11,8 @@ E = model dim, F = MLP hidden dim, V = vocabulary; for images (H, W, C) = height
 channels and P = patch side.
 
 Importing this package imports no JAX: implementations are registered by name and imported when
-first called, so the ``titan`` CLI (whose ``ops`` subcommand lives here) starts quickly.
+first called, so the ``titan`` CLI (whose ``ops`` subcommand is :mod:`titan.commands.ops`)
+starts quickly.
 """
 
 from __future__ import annotations

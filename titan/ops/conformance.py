@@ -3,9 +3,11 @@
 For each case of the grid (an op, a shape, a dtype) and each registered provider of the op, the
 provider runs forward and backward (a VJP with a fixed random cotangent, gradients with respect to
 every floating-point input) and is compared with ``native`` evaluated in float32 on the same
-inputs (the low-precision inputs upcast, so input rounding is not counted as error). Everything
-runs under ``jax.default_matmul_precision("float32")``, so float32 cases test the algorithm
-rather than TF32 rounding on GPUs.
+inputs (the low-precision inputs upcast, so input rounding is not counted as error). The float32
+programs (the reference among them) are traced under ``jax.default_matmul_precision("float32")``,
+so float32 cases test the algorithm rather than TF32 rounding on GPUs or bfloat16 passes on
+TPUs; the bfloat16 ones under the default precision, as a run traces them (Mosaic compiles no
+TPU kernel whose bfloat16 matmul asks for float32 precision).
 
 Errors are normwise: ``max_abs = max |y - y_ref|`` and ``rel = max_abs / max |y_ref|`` (per output;
 the backward reports the worst gradient). A case passes when ``rel`` is within the dtype's
@@ -361,10 +363,12 @@ def _prepare(case: Case, names: Sequence[str], backend: str, programs: _Programs
     out_shape = jax.eval_shape(lambda *a: native.run(*a, **kwargs), *built).shape
     cotangent = np.random.default_rng(1).standard_normal(out_shape, np.float32)
     cotangent_shape = jax.ShapeDtypeStruct(out_shape, np.float32)
-    reference = programs.submit(ref_fn, (_abstract(built, "float32"), arrays, cotangent_shape))
+    with jax.default_matmul_precision("float32"):
+        reference = programs.submit(ref_fn, (_abstract(built, "float32"), arrays, cotangent_shape))
     rows: list[tuple[Result, concurrent.futures.Future | None]] = []
     for dtype in TOLERANCES:
         inputs = (_abstract(built, dtype), arrays, cotangent_shape)
+        precision = "float32" if dtype == "float32" else None  # None: the default
         for name in names:
             row = Result(case.op, name, dtype, case.shape, "pass")
             chosen = registry.provider(case.op, name)
@@ -376,7 +380,8 @@ def _prepare(case: Case, names: Sequence[str], backend: str, programs: _Programs
                 rows.append((row, None))  # the reference itself
             else:
                 fn = _vjp_fn(registry.load(chosen.impl), case.diff, static)
-                rows.append((row, programs.submit(fn, inputs)))
+                with jax.default_matmul_precision(precision):
+                    rows.append((row, programs.submit(fn, inputs)))
     return _Prepared(case, built, kwargs, cotangent, reference, rows)
 
 
@@ -478,10 +483,7 @@ def run_checks(
     usable = usable_bytes(jax.devices(backend)) if backend != "cpu" else None
     chosen = [case for case in cases(backend, usable) if case.op in ops]
     report = progress or (lambda done, total, case: None)
-    with (
-        jax.default_matmul_precision("float32"),
-        concurrent.futures.ThreadPoolExecutor(usable_cpus()) as pool,
-    ):
+    with concurrent.futures.ThreadPoolExecutor(usable_cpus()) as pool:
         programs = _Programs(pool)
         prepared = []
         for case in chosen:

@@ -7,7 +7,7 @@
 - both at once for a config (:func:`check_layout`).
 
 Plain Python, no JAX: ``titan train`` applies these rules to ``jax.devices()``
-(:func:`titan.trainer.adapters.check_layout_fits`, :func:`titan.parallel.mesh.build_stage_meshes`)
+(:func:`titan.layouts.builders.check_layout_fits`, :func:`titan.parallel.mesh.build_stage_meshes`)
 and the console to the device count that a child process reports in the run's environment, so
 both refuse a layout with the same one-line :class:`~titan.errors.TitanError`.
 """

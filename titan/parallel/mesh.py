@@ -162,7 +162,7 @@ def build_stage_meshes(dp: int, fsdp: int, tp: int, pp: int) -> list[DeviceMesh]
 def remote_array(abstract: jax.ShapeDtypeStruct) -> jax.Array:
     """A handle, on a process that holds none of its shards, to an array of ``abstract``'s shape,
     dtype and sharding that other processes hold: what this process passes to a collective or
-    transfer that involves the array (:func:`titan.mpmd.pipeline.transfer`)."""
+    transfer that involves the array (:func:`titan.layouts.mpmd.transfer`)."""
     return jax.make_array_from_single_device_arrays(
         abstract.shape, abstract.sharding, [], dtype=abstract.dtype
     )

@@ -8,7 +8,7 @@ memory, power, links, sources).
 - :mod:`~titan.planning.collectives`: alpha-beta times of ring collectives.
 - :mod:`~titan.planning.step`: step time, with the calibration of achievable fractions.
 - :mod:`~titan.planning.budget`: plans and the layout search behind ``titan plan``
-  (its command is :mod:`~titan.plan_commands`, above the planner and the run analysis).
+  (its command is :mod:`~titan.commands.plan`, above the planner and the run analysis).
 - :mod:`~titan.planning.verdict`: fits or by how much not, what would fit, GPUs needed.
 
 Pure Python: importing it loads neither JAX nor Textual (the console uses it directly).

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from titan.errors import TitanError
 from titan.gpus import GpuSpec
-from titan.planning.collectives import interconnect
+from titan.planning.collectives import interconnect, slice_error
 from titan.planning.memory import (
     Layout,
     MemoryBreakdown,
@@ -81,7 +81,7 @@ class PlanRequest:
 def check_request(request: PlanRequest) -> None:
     """Reject impossible inputs (one-line :class:`TitanError` naming the flag)."""
     for flag, value in (
-        ("--gpus", request.gpus),
+        (request.gpu.count_flag, request.gpus),
         ("--gpus-per-node", request.gpus_per_node),
         ("--seq-len", request.seq_len),
         ("--batch-tokens", request.batch_tokens),
@@ -94,9 +94,19 @@ def check_request(request: PlanRequest) -> None:
         )
     if request.gpus > request.gpus_per_node and request.gpus % request.gpus_per_node:
         raise TitanError(
-            f"--gpus {request.gpus} does not fill whole nodes of --gpus-per-node "
+            f"{request.gpu.count_flag} {request.gpus} does not fill whole "
+            f"{'slices' if request.gpu.torus_dims else 'nodes'} of --gpus-per-node "
             f"{request.gpus_per_node}"
         )
+    if request.gpu.torus_dims:  # a TPU: a slice, or slices of --gpus-per-node chips
+        if request.gpus_per_node > request.gpu.gpus_per_node:
+            error = slice_error(request.gpu, request.gpus_per_node)
+            raise TitanError(f"--gpus-per-node {request.gpus_per_node} {error}")
+        one_slice = min(request.gpus, request.gpus_per_node)
+        error = slice_error(request.gpu, one_slice)
+        if error is not None:
+            flag = request.gpu.count_flag if one_slice == request.gpus else "--gpus-per-node"
+            raise TitanError(f"{flag} {one_slice} {error}")
     if request.batch_tokens % request.seq_len:
         raise TitanError(
             f"--batch-tokens {request.batch_tokens} is not a multiple of --seq-len "
@@ -264,8 +274,9 @@ def check_layouts_exist(request: PlanRequest) -> None:
     m = request.model
     if next(candidate_layouts(m, request.gpus, request.batch_sequences), None) is None:
         raise TitanError(
-            f"--gpus {request.gpus}: no layout splits this model and batch over "
-            f"{request.gpus} GPUs (dp x fsdp x tp x pp, dp x fsdp x microbatches dividing the "
+            f"{request.gpu.count_flag} {request.gpus}: no layout splits this model and batch "
+            f"over {request.gpus} {request.gpu.unit}s (dp x fsdp x tp x pp, dp x fsdp x "
+            "microbatches dividing the "
             f"batch of {request.batch_sequences} sequences, fsdp d_model {m.d_model}, tp "
             f"{tp_limit(m)} (the gcd of heads, KV heads, FFN and vocabulary), pp the "
             f"{m.n_layers} layers)"

@@ -12,7 +12,7 @@ weights 4, two fp32 moments 4 + 4, and 16-bit weights and gradients 2 + 2):
   planner_draws.json); gradients: the compute dtype, which is what the backward pass of the
   compute-dtype weights emits (the layer scan's stacked output; XLA fuses the conversion to
   the parameter dtype into the clipping and the update); accumulated over microbatches (SPMD
-  ``--microbatches``, MPMD) also a float32 accumulator (``titan.trainer.spmd``), 4 bytes per
+  ``--microbatches``, MPMD) also a float32 accumulator (``titan.layouts.spmd``), 4 bytes per
   parameter. So 16 bytes per parameter with float32 master weights and bf16 compute, as in
   ZeRO, and 20 with accumulation;
 - the compute-dtype copy of the weights (``bf16`` cast of the fp32 masters, kept by autodiff
@@ -382,7 +382,7 @@ def memory_per_device(
         compute_weights += 2 * matrices / layout.tp * compute_bytes
     # The backward pass emits the gradients of the compute-dtype copy (the layer scan's
     # stacked output); accumulated over microbatches they are summed into float32 buffers
-    # (titan.trainer.spmd, titan.mpmd.pipeline), next to the current microbatch's.
+    # (titan.layouts.spmd, titan.layouts.mpmd), next to the current microbatch's.
     accumulated = layout.pp > 1 or layout.microbatches > 1
     gradients = stage_params * (compute_bytes + (4 if accumulated else 0))
 

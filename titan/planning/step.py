@@ -33,7 +33,7 @@ optimizer step takes
   ZB-H1 (pp - 1 + max(0, pp - m)) / (3 m), a third of 1F1B's for m >= pp. Titan's zero-bubble
   backward costs more than B: its input-gradient program (I) and its weight-gradient program
   (W) each run the stage's VJP, and W re-derives the activation-gradient chain that I computed
-  (``titan.mpmd.pipeline``), so I + W = B + I, with I one forward's worth of matmuls plus the
+  (``titan.layouts.mpmd``), so I + W = B + I, with I one forward's worth of matmuls plus the
   recomputation (the per-action times of ``bench/results/pipeline-h200x2.json``).
 - communication (``titan.planning.collectives``): TP all-reduces activations twice per layer in
   the forward pass, twice in the backward and twice more in a full recomputation (Shoeybi et al.

@@ -101,14 +101,15 @@ def _other_layouts(request: PlanRequest) -> Iterator[str]:
     if fitting:
         best = fitting[0]
         yield _describe(best.layout.flags(), best) + (
-            f" (the fastest of the {len(fitting)} layouts of {request.gpus} GPUs that fit; "
+            f" (the fastest of the {len(fitting)} layouts of {request.gpus} "
+            f"{request.gpu.unit}s that fit; "
             "--search without layout options ranks them)"
         )
         return
     needed = gpus_needed(request)
     if needed is not None:
         best = search(dataclasses.replace(request, gpus=needed))[0]
-        yield _describe(f"--gpus {needed} {best.layout.flags()}", best)
+        yield _describe(f"{request.gpu.count_flag} {needed} {best.layout.flags()}", best)
 
 
 def _with(layout: Layout, **changes: Any) -> Layout:

@@ -259,7 +259,7 @@ class RunStart(Event):
         " power reading is not used) (:mod:`titan.telemetry.power`)"
     )
     memory_check: dict[str, Any] | None = _field(
-        "the memory check before compiling (:mod:`titan.trainer.memory_check`): "
+        "the memory check before compiling (:mod:`titan.layouts.memory_check`): "
         "``estimate_bytes`` (the planner's peak per device, :mod:`titan.planning.memory`), "
         "``usable_bytes`` (the device's ``bytes_limit``; None when unknown), ``source`` of the "
         "usable figure, ``checked`` (whether the estimate was compared)"
@@ -432,7 +432,7 @@ class Step(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(Event):
-    """A checkpoint committed (:class:`titan.trainer.checkpoint.Checkpointer`); written once it
+    """A checkpoint committed (:class:`titan.checkpoint.checkpointer.Checkpointer`); written once it
     has (for an asynchronous save, after the steps that ran while it was written)."""
 
     type: ClassVar[str] = "checkpoint"
@@ -497,7 +497,7 @@ class LossSpike(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointFailed(Event):
-    """A save that did not commit (:class:`titan.trainer.checkpoint.Checkpointer`): it is not a
+    """A save that did not commit (:class:`titan.checkpoint.checkpointer.Checkpointer`): it is not a
     checkpoint, a resume never picks it, and the run goes on."""
 
     type: ClassVar[str] = "checkpoint_failed"
@@ -606,7 +606,7 @@ class Stall(Event):
 @dataclass(frozen=True, kw_only=True)
 class Pipeline(Event):
     """The shape of an MPMD pipeline, once after compilation
-    (:meth:`titan.mpmd.pipeline.PipelineTrainer.start_events`)."""
+    (:meth:`titan.layouts.mpmd.PipelineTrainer.start_events`)."""
 
     type: ClassVar[str] = "pipeline"
 

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from titan.telemetry.ticker import Ticker
+from titan.telemetry.interval_thread import Ticker
 
 RAPL_ROOT = Path("/sys/class/powercap")
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from titan.telemetry.events import Stall
-from titan.telemetry.ticker import Ticker
+from titan.telemetry.interval_thread import Ticker
 
 PHASES = (
     "idle",

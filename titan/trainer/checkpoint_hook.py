@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
+from titan.layouts.contract import TrainState
 from titan.trainer.hooks import Hook, LoopControl
 from titan.trainer.saver import Saver
-from titan.trainer_state import TrainState
 
 
 class SettledSavesHook(Hook):

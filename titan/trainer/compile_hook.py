@@ -3,10 +3,10 @@ the loop (:class:`titan.trainer.compilation.CompileWatch`), recorded after each 
 
 from __future__ import annotations
 
+from titan.layouts.contract import TrainState
 from titan.telemetry.records import RunRecord
 from titan.trainer.compilation import CompileWatch
 from titan.trainer.hooks import Hook, LoopControl
-from titan.trainer_state import TrainState
 
 
 class CompileHook(Hook):

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+from titan.layouts.contract import TrainState
 from titan.telemetry.records import RunRecord
 from titan.trainer.evaluation import Evaluation
 from titan.trainer.hooks import Hook, LoopControl
 from titan.trainer.progress import TrainProgress
-from titan.trainer_state import TrainState
 
 
 class EvalHook(Hook):

@@ -3,7 +3,7 @@
 After every N-th step the loop evaluates the state on the same ``--eval-batches`` batches of
 the held-out documents (:mod:`titan.data.heldout`: ``--eval-split`` or ``--eval-data``; of a
 weighted mixture, each part's in its weight's share), forward passes only, on the run's own
-layout (:meth:`titan.trainer_state.Trainer.eval_loss`: the SPMD step's forward; under MPMD each
+layout (:meth:`titan.layouts.contract.Trainer.eval_loss`: the SPMD step's forward; under MPMD each
 chunk's forward on its stage). The loss is the mean over the batches of each batch's mean token
 loss (every batch has ``--batch-size x --seq-len`` tokens, so it is the mean over all of them);
 perplexity is exp(loss) (Jelinek et al. 1977). The time spent, compiling the forward the first
@@ -27,9 +27,9 @@ from titan.data.heldout import EvalBatches
 from titan.data.mixture import Source
 from titan.data.tokenize import EmptyCorpus, TokenizeProgress, TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer
+from titan.layouts.contract import Trainer, TrainState
 from titan.telemetry.events import Eval
 from titan.trainer.processes import batch_rows, first_then_others
-from titan.trainer_state import Trainer, TrainState
 
 MAX_EXP_ARG = 709.0  # math.exp overflows a float64 beyond this
 

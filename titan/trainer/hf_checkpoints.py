@@ -36,12 +36,17 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from titan.checkpoint.checkpointer import Checkpointer, open_checkpoint, params_only
+from titan.checkpoint.init_from import saved_model
+from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.config import ComputeOptions, ModelOptions, OptimizerOptions, TrainConfig
 from titan.config_files import config_to_data
 from titan.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 from titan.errors import TitanError
 from titan.inert import inert
-from titan.layout_description import LayoutDescription
+from titan.layouts.builders import build_adapter
+from titan.layouts.contract import ChunkState, TrainState
+from titan.layouts.description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.maxtext_checkpoints import NO_LLAMA, refuse_maxtext_source
 from titan.models.hf_llama import config_from_hf, config_to_hf, params_from_hf, params_to_hf
@@ -58,11 +63,6 @@ from titan.parallel.mesh import DeviceMesh, host_mesh
 from titan.reading import json_field, read_json
 from titan.shapes import ModelConfig
 from titan.telemetry.records import CONFIG_FILE
-from titan.trainer.adapters import build_adapter
-from titan.trainer.checkpoint import Checkpointer, open_checkpoint, params_only
-from titan.trainer.init_from import saved_model
-from titan.trainer.resume import TOKENIZER_FILE
-from titan.trainer_state import ChunkState, TrainState
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from titan.layouts.contract import TrainState
 from titan.telemetry.events import Step
-from titan.trainer_state import TrainState
 
 
 class LoopControl(Protocol):

@@ -15,6 +15,7 @@ from titan.config import DebuggingOptions
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
 from titan.data.text import batch_digest
+from titan.layouts.contract import Trainer, TrainState
 from titan.parallel.distributed import StopAgreement, process_count
 from titan.stopping import StopFlag
 from titan.telemetry.device_memory import peak_bytes, uncounted_temp_bytes
@@ -27,7 +28,6 @@ from titan.trainer.hooks import Hooks, Reading
 from titan.trainer.pending import Dispatched, PendingMetrics
 from titan.trainer.saver import Saver
 from titan.trainer.step_clock import StepClock
-from titan.trainer_state import Trainer, TrainState
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from typing import Any
 from titan.parallel.distributed import process_count, process_index
 from titan.telemetry.events import RunEnd, Stall
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S, ProcessBeat, read_beats, read_small_json
+from titan.telemetry.interval_thread import Ticker
 from titan.telemetry.records import RunRecord
-from titan.telemetry.ticker import Ticker
 from titan.trainer.processes import PROCESSES_DIR, STALL_FIELDS, Heartbeat
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from titan.trainer_state import StepMetrics
+from titan.layouts.contract import StepMetrics
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """``--checkpoint-pin-host`` as a hook: the pinned host memory that saves copy into, reserved
-once after the run's first step (:func:`titan.trainer.pinned_host.reserve_host`), in no step's
+once after the run's first step (:func:`titan.checkpoint.pinned_host.reserve_host`), in no step's
 time.
 
 After the first step, not before it: the first step shows that the compiled program runs (its
@@ -13,14 +13,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from titan.checkpoint.pinned_host import reserve_host
 from titan.inert import inert
+from titan.layouts.contract import TrainState
 from titan.stopping import StopFlag
 from titan.telemetry.events import PinnedHost
 from titan.telemetry.records import RunRecord
 from titan.trainer.hooks import Hook, LoopControl
-from titan.trainer.pinned_host import reserve_host
 from titan.trainer.progress import TrainProgress
-from titan.trainer_state import TrainState
 
 RESERVING = "reserving pinned host memory for checkpoints"
 

@@ -42,8 +42,8 @@ from titan.parallel.distributed import (
 )
 from titan.telemetry.events import Stall
 from titan.telemetry.heartbeat import BEAT_INTERVAL_S, PROCESSES_DIR, ProcessId
+from titan.telemetry.interval_thread import Ticker
 from titan.telemetry.records import EventT, RunRecord, new_run_id, write_json_atomic
-from titan.telemetry.ticker import Ticker
 
 STALL_FIELDS = ("phase", "elapsed_s", "threshold_s", "step")  # published by a stalled process
 T = TypeVar("T")

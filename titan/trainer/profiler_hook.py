@@ -3,9 +3,9 @@ StepProfiler`), closed when the loop ends, also by a stop signal or an error."""
 
 from __future__ import annotations
 
+from titan.layouts.contract import TrainState
 from titan.telemetry.profile import StepProfiler
 from titan.trainer.hooks import Hook, LoopControl
-from titan.trainer_state import TrainState
 
 
 class ProfilerHook(Hook):

@@ -1,6 +1,6 @@
 """Saving the run's state from the loop: the ``checkpoint`` and ``checkpoint_failed`` events of
-each save, and the refusal to save non-finite weights (:class:`titan.trainer.guard.
-FiniteCheck`). :class:`titan.trainer.checkpoint.Checkpointer` does the saving."""
+each save, and the refusal to save non-finite weights (:class:`titan.checkpoint.finite_check.
+FiniteCheck`). :class:`titan.checkpoint.checkpointer.Checkpointer` does the saving."""
 
 from __future__ import annotations
 
@@ -8,25 +8,27 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from titan.checkpoint.checkpointer import Checkpointer, SaveResult, SaveSchedule
+from titan.checkpoint.finite_check import FiniteCheck, check_digests
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
 from titan.inert import inert
+from titan.layouts.contract import Trainer, TrainState
 from titan.telemetry.events import Checkpoint, CheckpointFailed
 from titan.telemetry.records import DiskFull, RunRecord
-from titan.trainer.checkpoint import Checkpointer, SaveResult, SaveSchedule
-from titan.trainer.guard import FiniteCheck, NonFiniteAbort, check_digests
-from titan.trainer_state import Trainer, TrainState
+from titan.trainer.guard import NonFiniteAbort
 
 
 def digest_check(
     finite_check: FiniteCheck, trainer: Trainer
 ) -> Callable[[int, TrainState, dict[str, Any]], None]:
     """The check of a checkpoint restored onto the same layout against the digests saved in
-    its meta (:func:`titan.trainer.guard.check_digests`): a file that changed after the save (a
-    flipped bit on disk, a hand edit) restores values that do not match, and the checkpoint
-    counts as unrestorable (the one before it is tried). Onto another layout the checkpoint's
-    chunks are checked as read, before they are cut (:meth:`titan.trainer.checkpoint.
-    Checkpointer.restore`); with several processes no digest is taken.
+    its meta (:func:`titan.checkpoint.finite_check.check_digests`): a file that changed after
+    the save (a flipped bit on disk, a hand edit) restores values that do not match, and the
+    checkpoint counts as unrestorable (the one before it is tried). Onto another layout the
+    checkpoint's chunks are checked as read, before they are cut
+    (:meth:`titan.checkpoint.checkpointer.Checkpointer.restore`); with several processes no digest
+    is taken.
 
     Raises (the returned function):
         TitanError: a chunk's digest differs from the saved one (names the checkpoint and the
@@ -116,7 +118,7 @@ class Saver:
             "num_sequences": self.batches.num_sequences,
             "data_digest": self.batches.data_digest,
             "layout": self.trainer.describe().to_json(),
-            **(digests or {}),  # with one process: guard.DIGESTS, guard.PARAMS_DIGESTS
+            **(digests or {}),  # one process: finite_check.DIGESTS, finite_check.PARAMS_DIGESTS
         }
         self.record_saves(self.checkpointer.save(state, meta))
         self.schedule.restart()

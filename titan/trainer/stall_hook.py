@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from titan.checkpoint.checkpointer import Checkpointer
 from titan.config import ObservabilityOptions
 from titan.exit_codes import EXIT_STALL
 from titan.telemetry.events import RunEnd, Step
 from titan.telemetry.heartbeat import hang_stacks_path, heartbeat_allowance_s, read_beats
 from titan.telemetry.records import RunRecord
 from titan.telemetry.watchdog import Stall, Watchdog
-from titan.trainer.checkpoint import Checkpointer
 from titan.trainer.hooks import Hook, Reading
 from titan.trainer.loop import TrainLoop, save_before_loop
 from titan.trainer.processes import Heartbeat

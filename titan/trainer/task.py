@@ -1,5 +1,5 @@
 """What a task gives a run (``--task lm``: :class:`titan.trainer.text_data.TextTask`;
-``--task diffusion``: :class:`titan.trainer.images.ImageTask`): first the model's shape once
+``--task diffusion``: :class:`titan.trainer.image_task.ImageTask`): first the model's shape once
 its data is read (a text run's vocabulary is its tokenizer's, a DiT's label table holds its
 classes), then, with the trainer built, the batches and the rest of :class:`RunData`."""
 
@@ -10,11 +10,11 @@ from typing import Any, Protocol
 
 from titan.data.images import ImageBatches
 from titan.data.mixture import Batches
+from titan.layouts.contract import Trainer
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag
 from titan.trainer.evaluation import Evaluation
 from titan.trainer.progress import TrainProgress
-from titan.trainer_state import Trainer
 
 
 @dataclass(frozen=True)

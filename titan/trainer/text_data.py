@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.config import (
     DataOptions,
     ObservabilityOptions,
@@ -23,14 +24,13 @@ from titan.data.text import Documents
 from titan.data.tokenize import TokenStream, token_stream
 from titan.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from titan.inert import inert
+from titan.layouts.contract import Trainer
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag
 from titan.trainer.evaluation import open_evaluation
 from titan.trainer.processes import batch_rows, first_then_others, is_writer, one_tokenizer
 from titan.trainer.progress import TrainProgress
-from titan.trainer.resume import TOKENIZER_FILE
 from titan.trainer.task import RunData
-from titan.trainer_state import Trainer
 
 T = TypeVar("T")
 NOT_EVALUATED = (

@@ -15,10 +15,11 @@ in ``docs/events.md`` (``run_start``, ``compile``, ``step``, ``checkpoint``,
 ``profile``, ``stall``, ``run_end``; ``eval`` with ``--eval-every``
 (:mod:`titan.trainer.evaluation`); ``pipeline`` and ``pipeline_timing`` from an MPMD trainer).
 
-Checkpoints (:mod:`titan.trainer.checkpoint`) are asynchronous unless ``--no-checkpoint-async``:
-the loop records each save's outcome once it settles and waits for the last one before
-``run_end``. Before the state is made or restored, :func:`titan.trainer.memory_check.
-check_memory` compares the planner's memory estimate with the devices' usable memory.
+Checkpoints (:mod:`titan.checkpoint.checkpointer`) are asynchronous unless
+``--no-checkpoint-async``: the loop records each save's outcome once it settles and waits for
+the last one before ``run_end``. Before the state is made or restored,
+:func:`titan.layouts.memory_check.check_memory` compares the planner's memory estimate with the
+devices' usable memory.
 
 The writer claims the run dir first (:mod:`titan.trainer.claim`): a second live run of it is
 refused. During start-up a stop signal ends the process with one line and
@@ -52,6 +53,24 @@ from typing import Any
 
 import jax
 
+from titan.checkpoint.checkpointer import (
+    CHECKPOINT_DIR,
+    Checkpointer,
+    SaveSchedule,
+    Unrestorable,
+    check_save_clock,
+    initial_state,
+)
+from titan.checkpoint.finite_check import FINITE_CHECK_FUNCTION, FiniteCheck
+from titan.checkpoint.pinned_host import reservation_pays
+from titan.checkpoint.resume import (
+    OLDER_IMAGE_RULES,
+    check_record,
+    check_resumed_images,
+    enter_launch_dir,
+    recorded_checkpoint,
+    resume_options,
+)
 from titan.config import (
     CheckpointOptions,
     ComputeOptions,
@@ -70,6 +89,21 @@ from titan.data.mixture import Batches
 from titan.errors import TitanError, error_line
 from titan.exit_codes import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_STOPPED
 from titan.inert import inert
+from titan.layouts.builders import (
+    build_run_trainer,
+    check_layout_fits,
+    remat_choice,
+    with_remat,
+)
+from titan.layouts.contract import Trainer, TrainState
+from titan.layouts.memory_check import (
+    MemoryCheck,
+    ProgramOverMemory,
+    RematChoice,
+    Traced,
+    check_memory,
+    program_over_memory,
+)
 from titan.ops import Ops
 from titan.optimizer import schedule_text, warmup_note
 from titan.parallel.distributed import (
@@ -99,20 +133,6 @@ from titan.telemetry.records import (
     write_json_atomic,
 )
 from titan.telemetry.sinks import check_library, live_sink
-from titan.trainer.adapters import (
-    build_run_trainer,
-    check_layout_fits,
-    remat_choice,
-    with_remat,
-)
-from titan.trainer.checkpoint import (
-    CHECKPOINT_DIR,
-    Checkpointer,
-    SaveSchedule,
-    Unrestorable,
-    check_save_clock,
-    initial_state,
-)
 from titan.trainer.checkpoint_hook import CheckpointHook, SettledSavesHook
 from titan.trainer.claim import RunClaim, run_dir_of
 from titan.trainer.compilation import CompileWatch, compilation_settings
@@ -120,8 +140,6 @@ from titan.trainer.compile_hook import CompileHook
 from titan.trainer.eval_hook import EvalHook
 from titan.trainer.evaluation import never_evaluated
 from titan.trainer.guard import (
-    FINITE_CHECK_FUNCTION,
-    FiniteCheck,
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
@@ -129,19 +147,10 @@ from titan.trainer.guard import (
 from titan.trainer.health_hook import HealthHook
 from titan.trainer.heartbeat_hook import HeartbeatHook
 from titan.trainer.hooks import Hooks
-from titan.trainer.images import ImageTask
+from titan.trainer.image_task import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
-from titan.trainer.memory_check import (
-    MemoryCheck,
-    ProgramOverMemory,
-    RematChoice,
-    Traced,
-    check_memory,
-    program_over_memory,
-)
 from titan.trainer.peers import PeerWatch, end_for_lost
 from titan.trainer.pin_host_hook import PinHostHook
-from titan.trainer.pinned_host import reservation_pays
 from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import (
     Heartbeat,
@@ -154,20 +163,11 @@ from titan.trainer.processes import (
 from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
 from titan.trainer.progress_hook import ProgressHook
-from titan.trainer.resume import (
-    OLDER_IMAGE_RULES,
-    check_record,
-    check_resumed_images,
-    enter_launch_dir,
-    recorded_checkpoint,
-    resume_options,
-)
 from titan.trainer.saver import FinalSaveFailed, Saver, digest_check
 from titan.trainer.sink_hook import SinkHook
 from titan.trainer.stall_hook import StallHook
 from titan.trainer.task import RunData, Task
 from titan.trainer.text_data import TextTask
-from titan.trainer_state import Trainer, TrainState
 
 # The options that choose a layout's sizes: a resume that gives none of them runs the saved ones.
 LAYOUT_OPTIONS = frozenset({"layout", "dp", "fsdp", "tp", "pp", "batch_size", "microbatches"})
@@ -366,15 +366,15 @@ class _Built:
     ) -> _Built:
         """The trainer of ``shape`` with ``remat``. An estimated ``auto`` choice is traced here
         and, with ``reprice`` (``served=`` the providers that served), chosen again by the
-        estimate of those providers (:func:`titan.trainer.memory_check.run_precision`): a
+        estimate of those providers (:func:`titan.layouts.memory_check.run_precision`): a
         different policy is built instead (once). A choice with candidates is then compiled
         here; while its program is over the usable memory on any process it passes to the next
-        candidate (:meth:`titan.trainer.memory_check.RematChoice.compiled`). The compile events
+        candidate (:meth:`titan.layouts.memory_check.RematChoice.compiled`). The compile events
         of the candidates passed over (``passed``, so far) come first in :attr:`compiled`,
         marked :attr:`~titan.telemetry.events.Compile.passed_over`: their time is the run's too.
 
         Raises:
-            TitanError: as :func:`titan.trainer.adapters.build_run_trainer`.
+            TitanError: as :func:`titan.layouts.builders.build_run_trainer`.
         """
         trainer = build_run_trainer(shape, ops, with_remat(options, remat.remat))
         if remat.estimate_bytes is None:  # given, or the only candidate: nothing to price
@@ -491,7 +491,7 @@ class _Run:
         usable_override: float,
     ) -> None:
         """Trace the step (the operators' providers are chosen here) and check the planner's
-        memory estimate (:func:`titan.trainer.memory_check.check_memory`) before the state
+        memory estimate (:func:`titan.layouts.memory_check.check_memory`) before the state
         takes any memory.
 
         Raises:
@@ -600,7 +600,7 @@ class _Run:
     ) -> None:
         """Register the monitors of the loop's steps, in the order they act after a step: the
         profiler (``--profile-steps``), the reservation of pinned host memory for the saves
-        (``pin_host``: :func:`titan.trainer.pinned_host.reservation_pays`), settled saves,
+        (``pin_host``: :func:`titan.checkpoint.pinned_host.reservation_pays`), settled saves,
         repeated compilations, checkpoints, evaluation (``--eval-every``), progress, loss
         spikes (``--loss-spike-*``) and ``--nonfinite``."""
         hooks, record, saver, progress = self.hooks, self.record, self.saver, self.progress

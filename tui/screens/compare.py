@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Footer, Header
 from titan.errors import TitanError
 from titan.inert import inert
 from tui.console_app import console_app
-from tui.history import HistoryStore, RunDetail, config_diff
+from tui.history_queries import HistoryStore, RunDetail, config_diff
 from tui.plain import cell
 from tui.widgets.curve_plot import CurvePlot
 from tui.widgets.plain_table import PlainTable

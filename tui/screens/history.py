@@ -1,8 +1,8 @@
 """History: the runs of the runs root's DuckDB database, sortable and filterable, to open,
 compare and export. The console ingests the records in a worker when the screen opens, on ``r``
 and every few seconds while the screen is shown; sorting, filtering and paging run in SQL in a
-worker too, and the table holds one page (:data:`tui.history.PAGE_ROWS` rows), so the UI thread
-only ever draws a page."""
+worker too, and the table holds one page (:data:`tui.history_queries.PAGE_ROWS` rows), so the UI
+thread only ever draws a page."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from titan.errors import TitanError
 from titan.formatting import counted
 from titan.inert import inert
 from titan.telemetry.events import MFU_CONVENTION
-from tui.history import READ_HOLD_S, HistoryPage, HistoryQuery, HistoryStore
+from tui.history_queries import READ_HOLD_S, HistoryPage, HistoryQuery, HistoryStore
+from tui.refresh_timer import ScreenTicker
 from tui.screens.compare import CompareScreen
 from tui.screens.run_detail import RunDetailScreen
-from tui.ticker import ScreenTicker
 from tui.widgets.history_table import HistoryTable
 
 # New records are ingested this often while the screen is shown (the timer is paused while a
@@ -41,7 +41,7 @@ MAX_INGEST_GAP_S = 30.0
 
 
 class HistoryScreen(Screen[None]):
-    """The History table over a :class:`~tui.history.HistoryStore`.
+    """The History table over a :class:`~tui.history_queries.HistoryStore`.
 
     Args:
         store: the runs root's database.
@@ -129,7 +129,7 @@ class HistoryScreen(Screen[None]):
 
     def on_history_table_query_changed(self, message: HistoryTable.QueryChanged) -> None:
         """Fetch another page (sort, filter or page changed), in a worker; its connection is
-        held for the next key (:data:`tui.history.READ_HOLD_S`)."""
+        held for the next key (:data:`tui.history_queries.READ_HOLD_S`)."""
         self._load(message.query, ingest=False, hold_s=READ_HOLD_S)
 
     @work(thread=True, group="history")

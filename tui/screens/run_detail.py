@@ -18,7 +18,7 @@ from titan.analysis.report import summary_rows
 from titan.errors import TitanError
 from titan.formatting import format_clock, format_number
 from titan.inert import inert
-from tui.history import HistoryStore, RunDetail
+from tui.history_queries import HistoryStore, RunDetail
 from tui.plain import cell, plain, short
 from tui.screens.value import ValueScreen
 from tui.widgets.plain_table import PlainTable

@@ -23,9 +23,9 @@ from textual.worker import get_current_worker
 from titan.analysis.liveness import RUNNING
 from titan.formatting import counted
 from titan.inert import inert
+from tui.refresh_timer import ScreenTicker
 from tui.run_list import RecordCache, RunListing, RunSummary, list_runs
 from tui.screens.attach import AttachScreen
-from tui.ticker import ScreenTicker
 from tui.widgets.run_table import RunTable
 
 # The run list is listed again this often while shown (seconds).

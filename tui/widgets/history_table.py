@@ -1,5 +1,5 @@
 """The History table: a page of the ingested runs, sorted by any column and filtered by text in
-SQL (:class:`tui.history.HistoryQuery`)."""
+SQL (:class:`tui.history_queries.HistoryQuery`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.widgets.data_table import ColumnKey
 
 from titan.formatting import format_bounded, format_clock
-from tui.history import HistoryPage, HistoryQuery, HistoryRow
+from tui.history_queries import HistoryPage, HistoryQuery, HistoryRow
 from tui.plain import LAYOUT_WIDTH, PRESET_WIDTH, STATUS_WIDTH, PlainText, plain, short
 from tui.widgets.plain_table import PlainTable
 
@@ -32,7 +32,7 @@ COLUMNS = (
     "best loss",
     "started",
 )
-# The HistoryRow field behind each column (the sort key, a tui.history.SORT_FIELDS name).
+# The HistoryRow field behind each column (the sort key, a tui.history_queries.SORT_FIELDS name).
 _FIELDS = (
     "run_id",
     "status",
@@ -88,8 +88,8 @@ def _cells(row: HistoryRow) -> tuple[str, ...]:
 
 
 class HistoryTable(PlainTable):
-    """One page of History (:class:`~tui.history.HistoryPage`), rows keyed by run id. The table
-    never queries: ``o`` (sort by the next column), ``O`` (reverse), a filter, ``]``/``[`` and
+    """One page of History (:class:`~tui.history_queries.HistoryPage`), rows keyed by run id. The
+    table never queries: ``o`` (sort by the next column), ``O`` (reverse), a filter, ``]``/``[`` and
     moving past the first or last row of the page post :class:`QueryChanged`, and the screen
     fetches that page in a worker and calls :meth:`show`. ``space`` marks a run for comparison;
     ``enter`` selects (``DataTable.RowSelected``). Cells are inert plain text

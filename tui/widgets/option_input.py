@@ -10,7 +10,6 @@ from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select
-from textual.widgets._select import SelectOverlay  # the open list, which searches what is typed
 
 from titan.config import Option
 from titan.config_flags import help_with_default
@@ -67,7 +66,8 @@ class FieldSelect(Select[str]):
             event.prevent_default()
             self.expanded = True
             typed = events.Key(event.key, event.character)
-            self.call_after_refresh(self.query_one(SelectOverlay).post_message, typed)
+            # the open list (its widget type, SelectOverlay, by a CSS type selector) searches it
+            self.call_after_refresh(self.query_one("SelectOverlay").post_message, typed)
 
 
 class OptionInput(HorizontalGroup):

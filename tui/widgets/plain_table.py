@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from textual._types import SegmentLines
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
-from textual.widgets._data_table import RowCacheKey
 from textual.widgets.data_table import Column, RowKey
 
 from tui.plain import PlainText
+
+SegmentLines = list[list[Segment]]  # lines of segments, as DataTable's row renderer returns them
 
 
 @functools.lru_cache(maxsize=4096)
@@ -142,7 +142,7 @@ class PlainTable(DataTable[object]):  # cells: PlainText, or any value DataTable
         state = (self.show_cursor, self._show_hover_cursor)
         # A key of another shape in DataTable's row cache, so that its clears apply here too.
         key = cast(
-            RowCacheKey,
+            Any,
             (
                 row_key,
                 row_index,

@@ -32,10 +32,10 @@ import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
+from titan.checkpoint.stage_store import owner
 from titan.config import CheckpointOptions
 from titan.errors import error_line
 from titan.telemetry.events import PinnedHost
-from titan.trainer.stage_store import owner
 
 PINNED_HOST = "pinned_host"  # the memory kind orbax copies a save into on GPUs
 
@@ -86,7 +86,7 @@ def copied_shards(items: dict[str, Any], replica_parallel: bool | None = None) -
     empty and one of its dimensions divides by R, by every replica, each a 1/R slice along the
     first such dimension.
 
-    Items held by a single process among several (:func:`titan.trainer.stage_store.owner`)
+    Items held by a single process among several (:func:`titan.checkpoint.stage_store.owner`)
     are written by the stage store, not by orbax, and are left out. So are leaves of extended
     dtypes (PRNG keys; orbax copies their few bytes of key data).
     """

@@ -11,10 +11,10 @@ layer under orbax), one zarr array per leaf:
     <run dir>/stage_checkpoints/<step>/chunk_<c>/leaves.json      (key paths, shapes, dtypes)
 
 ``leaves.json`` is written last, so an item without it is incomplete. A step counts only once
-orbax commits the checkpoint's ``meta`` (:mod:`titan.trainer.checkpoint`), which every process
+orbax commits the checkpoint's ``meta`` (:mod:`titan.checkpoint.checkpointer`), which every process
 reaches only after its own items are written (a barrier), and ``meta`` lists the items kept here
 (``stage_items``). Items are removed only after a commit every process has seen, and only those
-of steps up to it (:mod:`titan.trainer.checkpoint_protocol`). Nothing crosses processes to
+of steps up to it (:mod:`titan.checkpoint.protocol`). Nothing crosses processes to
 save: each process writes from its own devices.
 Restoring reads an item to host memory and places it; any process can read any item (the run
 dir is on a file system they share), so a run resumes on another number of processes.
@@ -31,11 +31,11 @@ import jax
 import numpy as np
 import tensorstore as ts
 
+from titan.checkpoint.protocol import leftovers
 from titan.errors import CheckpointDamaged, TitanError
 from titan.parallel.distributed import process_count, process_index
 from titan.parallel.mesh import remote_array
 from titan.reading import json_field, read_json
-from titan.trainer.checkpoint_protocol import leftovers
 
 STAGE_CHECKPOINT_DIR = "stage_checkpoints"
 LEAVES_FILE = "leaves.json"
@@ -157,7 +157,7 @@ class StageStore:
     def prune(self, kept_steps: list[int], upto: int | None) -> None:
         """Remove (process 0) the items of the steps up to ``upto`` (any step: None) that are
         not among ``kept_steps``, the committed checkpoints; a higher step's items may be
-        another process's save in progress (:mod:`titan.trainer.checkpoint_protocol`)."""
+        another process's save in progress (:mod:`titan.checkpoint.protocol`)."""
         if process_index() != 0 or not self.directory.is_dir():
             return
         for step_dir in leftovers(self.directory.iterdir(), upto, set(kept_steps)):

@@ -2,10 +2,10 @@
 the fault-injection points the tests kill processes at.
 
 A save of step ``N`` goes through these phases, on every process alike
-(:class:`titan.trainer.checkpoint.Checkpointer`):
+(:class:`titan.checkpoint.checkpointer.Checkpointer`):
 
 1. ``write``: each process writes the items it holds alone, the pipeline stages on its own
-   devices (:mod:`titan.trainer.stage_store`, ``stage_checkpoints/N/chunk_<c>``).
+   devices (:mod:`titan.checkpoint.stage_store`, ``stage_checkpoints/N/chunk_<c>``).
 2. ``barrier``: every process has written its items, or the save fails on every process (an
    all-gather of one flag: a process that could not write its items, a file too large or a
    read-only mount on that host alone, fails the save everywhere, and nobody waits for it).

@@ -95,7 +95,7 @@ def _runs_root(saved: str | None, parent: Path) -> str:
     return str(parent)
 
 
-# The fields of a DiT's shape that its images decide (titan.trainer.images.image_model_config),
+# The fields of a DiT's shape that its images decide (titan.trainer.image_task.image_model_config),
 # as errors name them.
 IMAGE_SHAPE_FIELDS = {
     "vocab_size": "labels (classes and the null label)",

@@ -1,8 +1,8 @@
 """``titan import hf|maxtext`` and ``titan export hf|maxtext|tensorboard|csv|wandb-offline``:
 models in and out of Titan checkpoints (Hugging Face Llama directories here,
 :mod:`titan.trainer.hf_checkpoints`, imported when a command runs: it imports JAX; MaxText's
-formats from :mod:`titan.trainer.maxtext_commands`) and a run's metrics out
-(:func:`titan.analysis.commands.add_export_formats`)."""
+formats from :mod:`titan.commands.import_export_maxtext`) and a run's metrics out
+(:func:`titan.commands.summarize_perf_report.add_export_formats`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from titan.analysis.commands import add_export_formats
+from titan.checkpoint.init_from import resolve_source
+from titan.commands import import_export_maxtext
+from titan.commands.summarize_perf_report import add_export_formats
 from titan.inert import inert
 from titan.out_paths import path_argument
-from titan.trainer import maxtext_commands
-from titan.trainer.init_from import resolve_source
 
 EXPORT_DTYPES = ("float32", "bfloat16")
 
@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
         help="directory to write (default: ./<DIR name>-titan)",
     )
     hf.set_defaults(run=run_import)
-    maxtext_commands.add_import_format(formats)
+    import_export_maxtext.add_import_format(formats)
 
     exports = subparsers.add_parser(
         "export",
@@ -82,7 +82,7 @@ def add_parser(subparsers: Any) -> None:
         help="dtype of the tensors (default: float32, the master weights)",
     )
     hf.set_defaults(run=run_export)
-    maxtext_commands.add_export_format(formats)
+    import_export_maxtext.add_export_format(formats)
     add_export_formats(formats)  # tensorboard, csv, wandb-offline: a run's metrics
 
 

@@ -32,7 +32,7 @@ its stages' programs, and takes part in every transfer that leaves or reaches th
 cross-host transfers: a process holding no shard of the value passes a handle,
 :func:`titan.parallel.mesh.remote_array`). Every process walks the actions in the same order,
 so the transfers pair up. The arrays of another process's stages are such handles: the state of
-a chunk lives, and is checkpointed, on its own process (:mod:`titan.trainer.stage_store`).
+a chunk lives, and is checkpointed, on its own process (:mod:`titan.checkpoint.stage_store`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titan.errors import TitanError
-from titan.layout_description import LayoutDescription
+from titan.layouts.contract import Batch, ChunkState, StepMetrics, TrainState
+from titan.layouts.description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.optimizer import (
     applied_learning_rate,
@@ -81,7 +82,6 @@ from titan.schedules import (
 )
 from titan.telemetry.device_memory import largest, program_memory
 from titan.telemetry.events import Compile, Event, Pipeline, PipelineTiming
-from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState
 
 
 def transfer(x: Any, sharding: NamedSharding) -> Any:
@@ -301,7 +301,7 @@ class _StepBuffers:
 @dataclass
 class PipelineTrainer:
     """MPMD layout: per-chunk programs, a schedule, and the controller that executes it (a
-    :class:`titan.trainer_state.Trainer`).
+    :class:`titan.layouts.contract.Trainer`).
 
     The state's chunk c lives on stage c % pp. Gradient buffers live on the trainer between
     steps.

@@ -9,12 +9,12 @@ from titan.config import DiffusionOptions
 from titan.data.images import ImageBatches, open_images
 from titan.diffusion.objectives import Objective
 from titan.errors import TitanError
+from titan.layouts.contract import Trainer
 from titan.shapes import ModelConfig
 from titan.stopping import StopFlag
 from titan.trainer.processes import batch_rows
 from titan.trainer.progress import TrainProgress
 from titan.trainer.task import RunData
-from titan.trainer_state import Trainer
 
 PIXEL_CHANNELS = (1, 3)  # grayscale, RGB
 RGB = 3

@@ -11,7 +11,7 @@ earlier run of its key), so that a script or CI job can gate on it; 2 when it co
 no run; 0 otherwise. ``titan
 report`` writes one run's Markdown report and figures (:mod:`titan.analysis.report`);
 ``titan export tensorboard|csv|wandb-offline`` its metrics (:mod:`titan.telemetry.sinks`;
-formats of the ``export`` command that :mod:`titan.trainer.import_export_commands` defines).
+formats of the ``export`` command that :mod:`titan.commands.import_export` defines).
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ every item has been written, so a checkpoint is visible only when all stages hav
 and a crash mid-save leaves the previous one as the latest.
 
 Under a pipeline whose stages live on different processes, each stage's chunks are held by one
-process, which writes them itself (:mod:`titan.trainer.stage_store`, outside orbax, which
+process, which writes them itself (:mod:`titan.checkpoint.stage_store`, outside orbax, which
 refuses such arrays); ``meta`` names them (``stage_items``) and is committed by orbax only after
 every process has written its own, so the step still counts only once all have. The order of a
 save across processes (write, barrier, commit, seen, prune) is
-:mod:`titan.trainer.checkpoint_protocol`.
+:mod:`titan.checkpoint.protocol`.
 
 Restoring onto the same chunks (any mesh inside them) restores each array straight into its
 new sharding. Restoring onto other chunks (another ``pp``, virtual stages, or SPMD from MPMD
@@ -22,7 +22,7 @@ family's layer axis, cuts them at the new chunk boundaries and places them on th
 
 Saves are asynchronous by default (``--checkpoint-async``, orbax's async
 ``CheckpointManager``). With one process, :meth:`Checkpointer.save` copies the state on its
-devices when they have room (:mod:`titan.trainer.snapshot`) and returns once the copy is
+devices when they have room (:mod:`titan.checkpoint.snapshot`) and returns once the copy is
 dispatched; a background thread hands the copy to orbax, waits for the commit and prunes, so
 neither the copy to host memory nor deleting old checkpoints holds the loop. Otherwise (several
 processes, or no room) it returns once every array of the state has been copied to host memory
@@ -44,8 +44,9 @@ What needs only the weights (``titan generate``, ``--init-from``) restores only 
 not the optimizer state (:meth:`Checkpointer.restore_params`), of the newest checkpoint that can
 be read likewise (:meth:`Checkpointer.restore_params_newest`). With one process a save keeps
 the digests of each chunk and of its parameters alone in its meta
-(:data:`titan.trainer.guard.DIGESTS`, :data:`titan.trainer.guard.PARAMS_DIGESTS`): each reader
-compares what it read with the one that covers it, and a checkpoint that differs is corrupt.
+(:data:`titan.checkpoint.finite_check.DIGESTS`,
+:data:`titan.checkpoint.finite_check.PARAMS_DIGESTS`): each reader compares what it read with
+the one that covers it, and a checkpoint that differs is corrupt.
 """
 
 from __future__ import annotations
@@ -68,8 +69,14 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from titan.checkpoint.finite_check import DIGESTS, PARAMS_DIGESTS, check_digests, read_digests
+from titan.checkpoint.init_from import checkpoint_location
+from titan.checkpoint.protocol import fault_point, leftovers
+from titan.checkpoint.snapshot import device_snapshot, snapshot_fits
+from titan.checkpoint.stage_store import STAGE_CHECKPOINT_DIR, StageStore, check_dtype
 from titan.errors import CheckpointDamaged, TitanError, error_line, first_line, root_cause
 from titan.inert import inert
+from titan.layouts.contract import ChunkState, Trainer, TrainState
 from titan.models.adapters.base import ModelAdapter
 from titan.out_paths import CHECKPOINT_DIR
 from titan.parallel.chunks import Chunk, chunk_item, chunks_from_ranges, cut_layers, join_layers
@@ -82,12 +89,6 @@ from titan.parallel.distributed import (
 from titan.parallel.mesh import DeviceMesh, host_mesh, remote_array
 from titan.reading import read_json
 from titan.telemetry.records import DISK_FULL, disk_full
-from titan.trainer.checkpoint_protocol import fault_point, leftovers
-from titan.trainer.guard import DIGESTS, PARAMS_DIGESTS, check_digests, read_digests
-from titan.trainer.init_from import checkpoint_location
-from titan.trainer.snapshot import device_snapshot, snapshot_fits
-from titan.trainer.stage_store import STAGE_CHECKPOINT_DIR, StageStore, check_dtype
-from titan.trainer_state import ChunkState, Trainer, TrainState
 
 UNRESTORABLE_DIR = "unrestorable_checkpoints"  # where restore_latest moves the ones it skipped
 T = TypeVar("T")
@@ -430,7 +431,7 @@ class Checkpointer:
     def _save_snapshot(
         self, step: int, snapshot: dict[str, Any], meta: dict[str, Any], start: float
     ) -> list[SaveResult]:
-        """Save ``snapshot`` (:func:`titan.trainer.snapshot.device_snapshot` of the state's
+        """Save ``snapshot`` (:func:`titan.checkpoint.snapshot.device_snapshot` of the state's
         items) as checkpoint ``step`` from a background thread, which hands it to orbax (whose
         copy to host memory then holds no loop), waits for the commit and prunes. The loop
         waits only for the copy's dispatch. Returns the saves settled here (none)."""
@@ -470,7 +471,7 @@ class Checkpointer:
     def save(self, state: TrainState, meta: dict[str, Any]) -> list[SaveResult]:
         """Save ``state``'s chunks and ``meta`` as checkpoint ``state.step``.
 
-        Goes through the phases of :mod:`titan.trainer.checkpoint_protocol`: first settles the
+        Goes through the phases of :mod:`titan.checkpoint.protocol`: first settles the
         previous save and, once every process has seen it committed, prunes; then writes this
         process's stage items, waits for every process's, and commits. Synchronous: returns
         once the save has committed (and been pruned after) or failed. Asynchronous: returns
@@ -625,7 +626,7 @@ class Checkpointer:
     def remove_leftovers(self, upto: int | None) -> None:
         """Remove (process 0) orbax's temporary folders and the stage items of steps up to
         ``upto`` (any step: None) that are not committed checkpoints: what saves that failed or
-        were killed left (:func:`titan.trainer.checkpoint_protocol.leftovers`). Only where
+        were killed left (:func:`titan.checkpoint.protocol.leftovers`). Only where
         nobody is saving those steps: after a commit of ``upto`` that every process has seen,
         after a failed save of the only process, or before this checkpointer's first save (only
         the run that holds the run dir saves)."""
@@ -891,7 +892,7 @@ class Checkpointer:
         return items
 
     def _check_dtypes(self, step: int, name: str, abstract: Any, saved: dict[str, Any]) -> None:
-        """:func:`titan.trainer.stage_store.check_dtype` for each leaf of orbax item ``name``
+        """:func:`titan.checkpoint.stage_store.check_dtype` for each leaf of orbax item ``name``
         (``saved``: its saved dtypes by orbax's leaf names)."""
         for leaf_name, dtype in _leaf_dtypes(abstract).items():
             if leaf_name in saved:
@@ -965,8 +966,8 @@ def _check_as_read(
 ) -> None:
     """Checkpoint ``step``'s ``items`` as read (whole chunks, or their ``params`` alone:
     ``partial``) against the digests saved in its ``meta``
-    (:func:`titan.trainer.guard.check_digests`); none saved (an older checkpoint, or one of
-    several processes): nothing is compared.
+    (:func:`titan.checkpoint.finite_check.check_digests`); none saved (an older checkpoint, or
+    one of several processes): nothing is compared.
 
     Raises:
         CheckpointDamaged: a chunk, or its parameters, do not match (names them).
@@ -999,7 +1000,7 @@ def open_checkpoint(run_dir: Path, step: int | None, flag: str) -> tuple[Checkpo
 
 def initial_state(trainer: Trainer, seed: int, init_from: str = "") -> TrainState:
     """The state a new run starts from: ``trainer.init_state(seed)``; with ``init_from``
-    (``--init-from``, :func:`titan.trainer.init_from.checkpoint_location`), that checkpoint's
+    (``--init-from``, :func:`titan.checkpoint.init_from.checkpoint_location`), that checkpoint's
     parameters (its optimizer state is not read: :meth:`Checkpointer.restore_params`), restored
     onto the trainer's chunks and shardings whatever layout wrote them, at step 0 with a fresh
     optimizer state (:func:`fresh_optimizer_state`); nothing is initialised at random. A run dir

@@ -12,6 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from titan.checkpoint.init_from import init_from_options
+from titan.checkpoint.resume import resume_options
 from titan.config import (
     SECTIONS,
     TrainConfig,
@@ -28,8 +30,6 @@ from titan.out_paths import GivenOnce, path_argument
 from titan.parallel.distributed import DISTRIBUTED_MODES, LaunchSettings
 from titan.stopping import StopFlag, StopRequested, stopped_at_start
 from titan.streams import surviving_output
-from titan.trainer.init_from import init_from_options
-from titan.trainer.resume import resume_options
 
 
 def add_parser(subparsers: Any) -> None:

@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
             "tolerances": {k: dataclasses.asdict(t) for k, t in conformance.TOLERANCES.items()},
             "results": [dataclasses.asdict(r) for r in results],
             "failures": len(failures),
+            # the --provider asked for served no case here: the exit is 1 for that too
+            "provider_served_no_case": args.provider if unserved else None,
         }
         print(json.dumps(report, indent=2))
     else:

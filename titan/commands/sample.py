@@ -1,5 +1,5 @@
 """``titan sample RUN_DIR``: a grid PNG of class-conditional samples of a diffusion run's newest
-checkpoint, or of one it names (:mod:`titan.trainer.sampling`)."""
+checkpoint, or of one it names (:mod:`titan.trainer.image_samples`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from titan.checkpoint.init_from import resolve_source
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.out_paths import path_argument
-from titan.trainer.init_from import resolve_source
 
 
 def add_parser(subparsers: Any) -> None:
@@ -68,7 +68,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the grid; prints its path. Returns 0 (bad input raises TitanError: exit 2)."""
-    from titan.trainer.sampling import write_sample_grid
+    from titan.trainer.image_samples import write_sample_grid
 
     run_dir, step = resolve_source(args.source, args.step)
     out = Path(args.out) if args.out else None

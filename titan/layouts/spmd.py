@@ -26,7 +26,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from titan.layout_description import LayoutDescription
+from titan.layouts.contract import Batch, ChunkState, StepMetrics, TrainState
+from titan.layouts.description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.optimizer import (
     applied_learning_rate,
@@ -40,7 +41,6 @@ from titan.parallel.mesh import DeviceMesh
 from titan.parallel.sharding import BATCH_AXES
 from titan.telemetry.device_memory import program_memory
 from titan.telemetry.events import Compile, Event
-from titan.trainer_state import Batch, ChunkState, StepMetrics, TrainState
 
 Terms = dict[str, Any]  # a loss's named terms (ModelAdapter.loss_terms), scalars
 
@@ -48,7 +48,7 @@ Terms = dict[str, Any]  # a loss's named terms (ModelAdapter.loss_terms), scalar
 @dataclass
 class SpmdTrainer:
     """One jitted step (forward, backward, clipping, AdamW) over one mesh; the state has one
-    chunk, the whole model (a :class:`titan.trainer_state.Trainer`).
+    chunk, the whole model (a :class:`titan.layouts.contract.Trainer`).
 
     Attributes:
         adapter: the model family.

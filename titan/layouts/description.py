@@ -1,4 +1,4 @@
-"""What a trainer records of its layout (:meth:`titan.trainer_state.Trainer.describe`): the
+"""What a trainer records of its layout (:meth:`titan.layouts.contract.Trainer.describe`): the
 ``layout`` of ``run_start`` and of every checkpoint's meta, written as
 :meth:`LayoutDescription.to_json`.
 

@@ -1,9 +1,9 @@
 """Training layouts: chooses the model adapter and the layout a run asks for, and builds its
-trainer (:class:`titan.trainer_state.Trainer`).
+trainer (:class:`titan.layouts.contract.Trainer`).
 
-- ``--layout spmd`` (the baseline, :class:`titan.trainer.spmd.SpmdTrainer`): one ``jax.jit``
+- ``--layout spmd`` (the baseline, :class:`titan.layouts.spmd.SpmdTrainer`): one ``jax.jit``
   train step over one mesh, accumulating gradients over ``--microbatches``.
-- ``--layout mpmd`` (:class:`titan.mpmd.pipeline.PipelineTrainer`): one jitted program per
+- ``--layout mpmd`` (:class:`titan.layouts.mpmd.PipelineTrainer`): one jitted program per
   chunk and action on its stage's devices, driven by a pipeline schedule from one Python
   process.
 
@@ -36,12 +36,15 @@ from titan.config import (
 )
 from titan.errors import TitanError
 from titan.gpus import gpu_for_device_kind
+from titan.layouts.contract import Trainer
+from titan.layouts.memory_check import RematChoice, resolve_remat
+from titan.layouts.mpmd import PipelineTrainer
+from titan.layouts.spmd import SpmdTrainer
 from titan.models.adapters.base import ModelAdapter
 from titan.models.adapters.dit import DitAdapter
 from titan.models.adapters.llama import LlamaAdapter
 from titan.models.adapters.maxtext import MaxTextAdapter, MaxTextModel
 from titan.models.adapters.maxtext_errors import check_attention_backend
-from titan.mpmd.pipeline import PipelineTrainer
 from titan.ops import Ops
 from titan.ops.linear import Linear
 from titan.optimizer import build_optimizer
@@ -51,9 +54,6 @@ from titan.parallel.mesh import build_stage_meshes
 from titan.remat import AUTO
 from titan.schedules import build_schedule
 from titan.shapes import ModelConfig
-from titan.trainer.memory_check import RematChoice, resolve_remat
-from titan.trainer.spmd import SpmdTrainer
-from titan.trainer_state import Trainer
 
 T = TypeVar("T")
 
@@ -348,7 +348,7 @@ def remat_choice(
     served: Mapping[str, str] | None = None,
 ) -> RematChoice:
     """The ``--remat`` policy a run of ``shape`` trains with, ``auto`` resolved on the devices
-    present (:func:`titan.trainer.memory_check.resolve_remat`; ``usable_override``:
+    present (:func:`titan.layouts.memory_check.resolve_remat`; ``usable_override``:
     ``--debug-usable-memory``; ``served``: the providers that served in a trace, None before
     one)."""
     dtype = str(compute_dtype(options.compute.compute_dtype, jax.default_backend()))

@@ -1,6 +1,6 @@
 """``titan train --init-from CHECKPOINT``: the options a run takes from the checkpoint it starts
 from (its model shape and tokenizer), read without JAX; the weights themselves are read by
-:func:`titan.trainer.checkpoint.initial_state`.
+:func:`titan.checkpoint.checkpointer.initial_state`.
 
 CHECKPOINT is a run dir or a ``titan import hf`` output (its newest committed checkpoint), or
 one step of it, ``<dir>/checkpoints/<step>``.
@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.config import TASK_FAMILIES, TrainConfig
 from titan.config_files import read_run_config
 from titan.errors import TitanError
 from titan.out_paths import CHECKPOINT_DIR
 from titan.shapes import DEFAULT_VOCAB_SIZE, SHAPE_FIELDS, ModelConfig, model_text
 from titan.telemetry.records import CONFIG_FILE
-from titan.trainer.resume import TOKENIZER_FILE
 
 # What each --model-source builds, as errors name it.
 SOURCE_MODELS = {"titan": "titan's llama", "maxtext": "a maxtext model"}

@@ -4,7 +4,7 @@ layout's trainer.
 A run's state is a :class:`TrainState`: the number of steps done and one :class:`ChunkState`
 per model chunk (:mod:`titan.parallel.chunks`), in model order. SPMD trains one chunk (the
 whole model, on one mesh); MPMD one per pipeline stage and virtual stage, each on its stage's
-devices. Checkpoints hold the chunks as items ``chunk_<c>`` (:mod:`titan.trainer.checkpoint`),
+devices. Checkpoints hold the chunks as items ``chunk_<c>`` (:mod:`titan.checkpoint.checkpointer`),
 so a checkpoint of one layout restores onto another.
 """
 
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titan.layout_description import LayoutDescription
+from titan.layouts.description import LayoutDescription
 from titan.models.adapters.base import ModelAdapter
 from titan.parallel.chunks import Chunk, chunk_item
 from titan.parallel.mesh import DeviceMesh
@@ -82,8 +82,8 @@ class StepMetrics(TypedDict):
 
 class Trainer(Protocol):
     """What the training entry (:mod:`titan.trainer.train`), checkpoints and benchmarks need
-    from a layout's trainer: :class:`titan.trainer.spmd.SpmdTrainer` and
-    :class:`titan.mpmd.pipeline.PipelineTrainer`.
+    from a layout's trainer: :class:`titan.layouts.spmd.SpmdTrainer` and
+    :class:`titan.layouts.mpmd.PipelineTrainer`.
 
     Attributes:
         adapter: the model family (:class:`titan.models.adapters.base.ModelAdapter`).
@@ -97,7 +97,7 @@ class Trainer(Protocol):
 
     def describe(self) -> LayoutDescription:
         """The layout as recorded in ``run_start`` and checkpoints (their JSON form:
-        :meth:`~titan.layout_description.LayoutDescription.to_json`)."""
+        :meth:`~titan.layouts.description.LayoutDescription.to_json`)."""
         ...
 
     def init_state(self, seed: int) -> TrainState:

@@ -103,114 +103,163 @@ def add_parser(subparsers: Any) -> None:
         "plan",
         help="estimate memory, step time and cost of a training run",
         description="Estimate memory per device, step time, tokens/s, MFU, total time, "
-        "GPU-hours, energy and cost of training a model on a GPU cluster, for one layout or, "
+        "GPU- or chip-hours, energy and cost of training a model on a GPU cluster or TPU "
+        "slices, for one layout or, "
         "with --search, for every layout that fits.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument(
-        "--model",
-        metavar="PRESET|SHAPE",
-        help="a decoder preset (the llama family; diffusion models are not modelled) or "
-        "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as titan "
-        f"train --model takes it) {REQUIRED}",
-    )
-    p.add_argument(
-        "--accelerator",
-        "--gpu",
-        dest="gpu",
-        help=f"accelerator model (GPU or TPU): {', '.join(CATALOG)} {REQUIRED}",
-    )
-    p.add_argument(
-        "--accelerators",
-        "--gpus",
-        dest="gpus",
-        type=int,
-        help=f"number of accelerators (GPUs or TPU chips) {REQUIRED}",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=None,
-        help="accelerators per node, the scale-up domain (default: the catalog's for the "
-        "--accelerator: a GPU's reference server, a TPU's largest slice)",
-    )
-    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default: {DEFAULT_SEQ_LEN})")
-    batch = p.add_mutually_exclusive_group()
-    batch.add_argument(
-        "--batch-tokens",
-        type=_token_count,
-        help=f"global batch, tokens (or --batch-size) (default: {DEFAULT_BATCH_TOKENS})",
-    )
-    batch.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="global batch in sequences per step, as titan train names it (tokens: --batch-size "
-        "x --seq-len)",
-    )
-    p.add_argument(
-        "--tokens",
-        type=float,
-        help="training budget, tokens (default: 20 per parameter, compute-optimal after "
-        "Hoffmann et al. 2022; with --from, one step's batch)",
-    )
-    p.add_argument(
-        "--from",
-        dest="from_run",
-        type=path_of,
-        metavar="RUN_DIR",
-        help="predict the configuration of this run (its run_start record) and print the "
-        "prediction against what the run measured; the model, GPUs, batch, precision and "
-        "layout come from it (giving one of their options too is refused)",
-    )
-    p.add_argument(
-        "--price",
-        type=float,
-        default=None,
-        help="price per GPU-hour in any currency (adds the cost, in that currency)",
-    )
-    add_arguments(p, PLANNED_OPTIONS, explicit=True)  # typed ones told from defaults: --from
-    p.add_argument(
-        "--attention",
-        choices=ATTENTION_KERNELS,
-        help="fused kernel, or scores materialized (titan.ops native provider) (default: "
-        f"{PLAN_DEFAULTS['attention']})",
-    )
-    p.add_argument(
-        "--calibration",
-        default=None,
-        metavar="FILE|perfdb",
-        help="achievable fraction of peak per GPU: a JSON file (GPU name -> fraction, or a "
-        "planner_accuracy result), or 'perfdb': fitted to the measured runs of the performance "
-        f"database of --runs-root (default: {DEFAULT_ACHIEVABLE_FRACTION} for every GPU, fitted on "
-        "one H200: titan.planning.step)",
-    )
-    p.add_argument(
-        "--runs-root",
-        type=path_of,
-        default=None,
-        help="runs root of --calibration perfdb, only with it (default: $TITAN_RUNS, else ./runs)",
-    )
-    p.add_argument(
-        "--search",
-        action="store_true",
-        help="rank every layout that fits (the layout options --dp ... --remat are not taken)",
-    )
-    p.add_argument(
-        "--top",
-        type=int,
-        default=argparse.SUPPRESS,  # absent unless given (the help names the default)
-        metavar="N",
-        help=f"rows of the --search table, at least 1, only with --search (default: {DEFAULT_TOP})",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
-        "--wide",
-        action="store_true",
-        help="every --search column, however wide the terminal, only with --search (default: "
-        "the columns that fit, by priority; dp, fsdp, tp and pp always)",
-    )
+    add_plan_arguments(p)
     p.set_defaults(run=run)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> tuple[argparse.Action, ...]:
+    """Add ``titan plan``'s options to ``p``; returns their actions in ``--help`` order (the
+    planner form of the console builds its fields from them, and parses its texts with ``p``).
+    The layout and precision options are ``titan train``'s own (:data:`PLANNED_OPTIONS`)."""
+    actions: list[argparse.Action] = []
+    actions.append(
+        p.add_argument(
+            "--model",
+            metavar="PRESET|SHAPE",
+            help="a decoder preset (the llama family; diffusion models are not modelled) or "
+            "d_model=..,n_layers=..,n_heads=..,n_kv_heads=..,ffn_dim=..,vocab_size=.. (as titan "
+            f"train --model takes it) {REQUIRED}",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--accelerator",
+            "--gpu",
+            dest="gpu",
+            help=f"accelerator model (GPU or TPU): {', '.join(CATALOG)} {REQUIRED}",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--accelerators",
+            "--gpus",
+            dest="gpus",
+            type=int,
+            help=f"number of accelerators (GPUs or TPU chips) {REQUIRED}",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--gpus-per-node",
+            type=int,
+            default=None,
+            help="accelerators per node, the scale-up domain (default: the catalog's for the "
+            "--accelerator: a GPU's reference server, a TPU's largest slice)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--seq-len", type=int, help=f"tokens per sequence (default: {DEFAULT_SEQ_LEN})"
+        )
+    )
+    batch = p.add_mutually_exclusive_group()
+    actions.append(
+        batch.add_argument(
+            "--batch-tokens",
+            type=_token_count,
+            help=f"global batch, tokens (or --batch-size) (default: {DEFAULT_BATCH_TOKENS})",
+        )
+    )
+    actions.append(
+        batch.add_argument(
+            "--batch-size",
+            type=int,
+            default=None,
+            help="global batch in sequences per step, as titan train names it (tokens: "
+            "--batch-size x --seq-len)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--tokens",
+            type=float,
+            help="training budget, tokens (default: 20 per parameter, compute-optimal after "
+            "Hoffmann et al. 2022; with --from, one step's batch)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--from",
+            dest="from_run",
+            type=path_of,
+            metavar="RUN_DIR",
+            help="predict the configuration of this run (its run_start record) and print the "
+            "prediction against what the run measured; the model, GPUs, batch, precision and "
+            "layout come from it (giving one of their options too is refused)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--price",
+            type=float,
+            default=None,
+            help="price per GPU-hour (TPU: chip-hour) in any currency (adds the cost, in that "
+            "currency)",
+        )
+    )
+    actions += add_arguments(
+        p, PLANNED_OPTIONS, explicit=True
+    )  # typed ones told from defaults: --from
+    actions.append(
+        p.add_argument(
+            "--attention",
+            choices=ATTENTION_KERNELS,
+            help="fused kernel, or scores materialized (titan.ops native provider) (default: "
+            f"{PLAN_DEFAULTS['attention']})",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--calibration",
+            default=None,
+            metavar="FILE|perfdb",
+            help="achievable fraction of peak per GPU: a JSON file (GPU name -> fraction, or a "
+            "planner_accuracy result), or 'perfdb': fitted to the measured runs of the "
+            f"performance database of --runs-root (default: {DEFAULT_ACHIEVABLE_FRACTION} for "
+            "every GPU, fitted on one H200: titan.planning.step)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--runs-root",
+            type=path_of,
+            default=None,
+            help="runs root of --calibration perfdb, only with it (default: $TITAN_RUNS, else "
+            "./runs)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--search",
+            action="store_true",
+            help="rank every layout that fits (the layout options --dp ... --remat are not taken)",
+        )
+    )
+    actions.append(
+        p.add_argument(
+            "--top",
+            type=int,
+            default=argparse.SUPPRESS,  # absent unless given (the help names the default)
+            metavar="N",
+            help="rows of the --search table, at least 1, only with --search (default: "
+            f"{DEFAULT_TOP})",
+        )
+    )
+    actions.append(p.add_argument("--json", action="store_true", help="print JSON"))
+    actions.append(
+        p.add_argument(
+            "--wide",
+            action="store_true",
+            help="every --search column, however wide the terminal, only with --search (default: "
+            "the columns that fit, by priority; dp, fsdp, tp and pp always)",
+        )
+    )
+    return tuple(actions)
 
 
 # The layout and precision options of titan train that titan plan takes.
@@ -508,23 +557,23 @@ def planned(request: PlanRequest, args: argparse.Namespace) -> Plan:
     train``'s) takes the first policy of :func:`titan.remat.auto_candidates` that fits, the
     margin included (the last when none does). ``titan train`` takes the first whose estimate
     fits without the margin and holds it against the compiled program instead
-    (:mod:`titan.trainer.memory_check`), so it may run a faster policy than the plan names.
+    (:mod:`titan.layouts.memory_check`), so it may run a faster policy than the plan names.
 
     Raises:
         TitanError: as :func:`layout_from_args` and :func:`titan.planning.budget.plan`.
     """
     if args.remat != AUTO:
-        return plan(request, layout_from_args(args, args.remat))
+        return plan(request, layout_from_args(args, args.remat, request.gpu))
     for remat in auto_candidates(request.gpu.accelerator):  # estimated only until one fits
-        candidate = plan(request, layout_from_args(args, remat))
+        candidate = plan(request, layout_from_args(args, remat, request.gpu))
         if candidate.memory.fits:
             break
     return candidate
 
 
-def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
+def layout_from_args(args: argparse.Namespace, remat: str, gpu: GpuSpec) -> Layout:
     """The layout flags (:class:`titan.config.ParallelOptions`, the options ``titan train``
-    takes) with ``remat``, with ``--dp 0`` taking the GPUs left by fsdp x tp x pp.
+    takes) with ``remat``, with ``--dp 0`` taking the ``gpu`` devices left by fsdp x tp x pp.
 
     Raises:
         TitanError: a size below its minimum, an unknown schedule, a schedule option without
@@ -541,8 +590,9 @@ def layout_from_args(args: argparse.Namespace, remat: str) -> Layout:
     per_dp = parallel.fsdp * parallel.tp * parallel.pp
     if not parallel.dp and args.gpus % per_dp:
         raise TitanError(
-            f"--gpus {args.gpus} is not a multiple of --fsdp {parallel.fsdp} x --tp {parallel.tp} "
-            f"x --pp {parallel.pp} = {per_dp} (--dp 0 takes the GPUs they leave)"
+            f"{gpu.count_flag} {args.gpus} is not a multiple of --fsdp {parallel.fsdp} x --tp "
+            f"{parallel.tp} x --pp {parallel.pp} = {per_dp} (--dp 0 takes the {gpu.unit}s they "
+            "leave)"
         )
     return Layout.from_parallel(parallel, args.gpus, remat)
 
@@ -615,13 +665,14 @@ class Outcome:
     def none_fit(self) -> str:
         """A search that found no layout, in one line: the GPUs that would be needed."""
         request = self.request
+        unit, flag = request.gpu.unit, request.gpu.count_flag
         more = (
-            f"{self.needed} GPUs would be needed (titan plan --gpus {self.needed} --search)"
+            f"{self.needed} {unit}s would be needed (titan plan {flag} {self.needed} --search)"
             if self.needed
-            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} GPUs "
+            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} {unit}s "
             "would do (the most any layout of this model and batch spans)"
         )
-        gpus = f"{request.gpus} GPU{'s' if request.gpus != 1 else ''}"
+        gpus = f"{request.gpus} {unit}{'s' if request.gpus != 1 else ''}"
         return f"no layout of {gpus} fits in memory; {more}"
 
 
@@ -836,7 +887,8 @@ def mfu_caption(request: PlanRequest, conventions: str) -> str:
     """What the plan's MFU divides, in one line: the model FLOPs per token
     (:func:`titan.flops.model_flops_per_token`, N the matmul parameters: the embedding lookup is
     no matmul), the attention ``conventions`` and the peak (:func:`peak_text`)."""
-    divisor = "rate per device, not a peak" if request.gpu.name == "cpu" else "peak per GPU"
+    gpu = request.gpu
+    divisor = "rate per device, not a peak" if gpu.name == "cpu" else f"peak per {gpu.unit}"
     return (
         f"MFU: model FLOPs per token (6N + 12Lsd, N the matmul parameters, attention "
         f"{conventions}), no recomputation, of the {divisor}: {peak_text(request.gpu)}"
@@ -905,7 +957,7 @@ def _totals(p: Plan) -> Any:
         ("tokens/s", f"{p.step.tokens_per_s:,.0f}"),
         ("MFU causal / full", f"{mfu['causal']:.1%} / {mfu['full']:.1%}"),
         ("total time", format_span(p.total_s)),
-        ("GPU-hours", format_amount(p.gpu_hours)),
+        (f"{p.request.gpu.unit}-hours", format_amount(p.gpu_hours)),
         ("energy (kWh)", _energy_text(p.energy_kwh)),
     ):
         totals.add_row(name, text)
@@ -974,7 +1026,9 @@ def _print_search(found: Outcome, top: int, wide: bool) -> None:
         if p.cost is not None:
             row.append(format_amount(p.cost))
         rows.append(row)
-    columns = SEARCH_COLUMNS + ((COST_COLUMN,) if plans[0].cost is not None else ())
+    hours = dataclasses.replace(SEARCH_COLUMNS[-2], name=f"{request.gpu.unit}-h")
+    cost = (COST_COLUMN,) if plans[0].cost is not None else ()
+    columns: tuple[Column, ...] = (*SEARCH_COLUMNS[:-2], hours, SEARCH_COLUMNS[-1], *cost)
     table, width = fitted_table(
         columns,
         rows,

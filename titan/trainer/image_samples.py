@@ -12,21 +12,21 @@ from typing import Any, cast
 import jax
 import numpy as np
 
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR, Checkpointer
+from titan.checkpoint.init_from import saved_model
+from titan.checkpoint.resume import RECORD_HEAD_BYTES
 from titan.data.images import encode_png
 from titan.diffusion.objectives import TRAIN_TIMESTEPS
 from titan.diffusion.samplers import grid, sample
 from titan.errors import TitanError
 from titan.inert import inert
+from titan.layouts.builders import one_device_trainer
 from titan.models.adapters.base import ImageModelAdapter
 from titan.ops import Ops
 from titan.out_paths import check_file, check_outside_run
 from titan.shapes import ModelConfig
 from titan.telemetry.records import EVENTS_FILE, read_first_events
-from titan.trainer.adapters import one_device_trainer
-from titan.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer
-from titan.trainer.images import objective_of
-from titan.trainer.init_from import saved_model
-from titan.trainer.resume import RECORD_HEAD_BYTES
+from titan.trainer.image_task import objective_of
 
 # All classes x --per-class samples go through the model as one batch on one device (the grid is
 # --per-class columns wide): 64 bounds that batch at 64 images per class.
