@@ -376,7 +376,7 @@ def test_a_failed_pruning_leaves_the_new_checkpoint_committed(tmp_path, asynchro
     meta = {"data_position": 8, "num_sequences": 100, "layout": trainer.describe().to_json()}
     checkpointer = Checkpointer(tmp_path, keep=1, asynchronous=asynchronous)
 
-    delete = checkpointer._manager.delete
+    delete = checkpointer.folder.manager.delete
 
     def failing_delete(step: int) -> None:  # checkpoint 1 cannot be deleted, others can
         if step == 1:
@@ -385,7 +385,7 @@ def test_a_failed_pruning_leaves_the_new_checkpoint_committed(tmp_path, asynchro
 
     saved = [*checkpointer.save(dataclasses.replace(state, step=1), meta), *checkpointer.wait()]
     assert [(r.step, r.error) for r in saved] == [(1, None)]
-    checkpointer._manager.delete = failing_delete  # type: ignore[method-assign]
+    checkpointer.folder.manager.delete = failing_delete  # type: ignore[method-assign]
     for step in (2, 3, 4):
         saved = [
             *checkpointer.save(dataclasses.replace(state, step=step), meta),
@@ -408,14 +408,14 @@ def _slow_deletes(checkpointer: Checkpointer, monkeypatch) -> list[tuple[int, st
     """Make ``checkpointer``'s deletions take :data:`PRUNE_S` longer; returns the list of the
     steps deleted and the threads that deleted them, as they happen."""
     deleted_on: list[tuple[int, str]] = []
-    delete = checkpointer._manager.delete
+    delete = checkpointer.folder.manager.delete
 
     def slow_delete(step: int) -> None:
         deleted_on.append((step, threading.current_thread().name))
         time.sleep(PRUNE_S)
         delete(step)
 
-    monkeypatch.setattr(checkpointer._manager, "delete", slow_delete)
+    monkeypatch.setattr(checkpointer.folder.manager, "delete", slow_delete)
     return deleted_on
 
 

@@ -14,8 +14,9 @@ import pytest
 import tensorstore as ts
 from helpers import cli_args, run_in_process, small_run, trainer_of
 
-from titan.checkpoint.checkpointer import CHECKPOINT_DIR, Checkpointer, initial_state
+from titan.checkpoint.checkpointer import CHECKPOINT_DIR, initial_state
 from titan.checkpoint.init_from import saved_model
+from titan.checkpoint.restoring import Restorer
 from titan.cli import main
 from titan.errors import TitanError
 from titan.generation.loading import load_model
@@ -187,7 +188,7 @@ def test_a_checkpoint_deleted_while_it_is_read_gives_the_one_committed_since(
     having no checkpoint)."""
     run_dir = copy_run(two_checkpoints, tmp_path)
     checkpoints = run_dir / CHECKPOINT_DIR
-    real = Checkpointer.restore_params
+    real = Restorer.restore_params
     raced: list[int] = []
 
     def racing(self, step, trainer):
@@ -201,7 +202,7 @@ def test_a_checkpoint_deleted_while_it_is_read_gives_the_one_committed_since(
             raise FileNotFoundError(f"{checkpoints / str(step)}: gone")
         return real(self, step, trainer)
 
-    monkeypatch.setattr(Checkpointer, "restore_params", racing)
+    monkeypatch.setattr(Restorer, "restore_params", racing)
     loaded = load_model(str(run_dir))
     assert (loaded.step, loaded.unreadable) == (9, ())
 

@@ -1,5 +1,7 @@
 """Checkpoints: the :class:`titan.checkpoint.checkpointer.Checkpointer` that saves and restores a
-run's chunks with orbax, the order in which the processes of a run save one
+run's chunks with orbax, made of the checkpoints folder (:mod:`titan.checkpoint.folder`), the saves
+(:mod:`titan.checkpoint.saving`), retention (:mod:`titan.checkpoint.retention`) and the restores
+(:mod:`titan.checkpoint.restoring`), the order in which the processes of a run save one
 (:mod:`titan.checkpoint.protocol`), the items one process holds alone
 (:mod:`titan.checkpoint.stage_store`), the copy of the state a background save writes
 (:mod:`titan.checkpoint.snapshot`) and the pinned host memory it copies into

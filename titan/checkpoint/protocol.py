@@ -2,7 +2,7 @@
 the fault-injection points the tests kill processes at.
 
 A save of step ``N`` goes through these phases, on every process alike
-(:class:`titan.checkpoint.checkpointer.Checkpointer`):
+(:class:`titan.checkpoint.saving.SaveSequence`):
 
 1. ``write``: each process writes the items it holds alone, the pipeline stages on its own
    devices (:mod:`titan.checkpoint.stage_store`, ``stage_checkpoints/N/chunk_<c>``).
@@ -53,7 +53,7 @@ from pathlib import Path
 import orbax.checkpoint as ocp
 
 from titan.errors import TitanError
-from titan.parallel.distributed import process_index
+from titan.parallel.distributed import barrier, on_every_process, process_index
 
 TMP_DIR_SUFFIX = ocp.path.step.TMP_DIR_SUFFIX  # orbax names a save in progress <step><this>...
 PHASES = ("write", "barrier", "commit", "seen", "prune")
@@ -83,6 +83,21 @@ def fault_point(phase: str, step: int) -> None:
         time.sleep(float(fields[3]))
         return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def written_everywhere(step: int, written: bool) -> bool:
+    """The ``barrier`` phase of the save of ``step``: whether every process has written its own
+    items (``written``: this one has), an all-gather of one flag on every process."""
+    fault_point("barrier", step)
+    return on_every_process(written)
+
+
+def seen_everywhere(step: int) -> None:
+    """The ``seen`` phase of the save of ``step``, committed: return once every process has seen
+    it (barrier ``titan:checkpoint-seen:<step>``), at the start of the ``prune`` phase."""
+    fault_point("seen", step)
+    barrier(f"titan:checkpoint-seen:{step}")
+    fault_point("prune", step)
 
 
 def leftovers(folders: Iterable[Path], upto: int | None, kept: set[int] | None) -> list[Path]:
