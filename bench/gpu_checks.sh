@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}"
 python3 -m pytest -q -p no:cacheprovider \
-  "tests/test_checkpoint_async.py::test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers" \
-  "tests/test_checkpoint_async.py::test_one_process_async_saves_prune_off_the_loop_thread"
+  "tests/integration/test_checkpoint_async.py::test_async_save_holds_step_n_although_step_n_plus_1_donates_its_buffers" \
+  "tests/integration/test_checkpoint_async.py::test_one_process_async_saves_prune_off_the_loop_thread"

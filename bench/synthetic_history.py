@@ -7,7 +7,7 @@ them) and fills the tables in bulk as an ingest would leave them: ``events`` par
 from the files (the typed columns of :data:`titan.analysis.summarize.EVENT_FIELDS`),
 ``files`` with each file's offset, digest and ``stat`` key (so the next ingest skips it),
 ``runs`` with the summary's figures aggregated in SQL (ETTR, goodput and MFU left unknown).
-Used by ``bench/console.py --scale`` and ``tests/test_console_scale.py``.
+Used by ``bench/console.py --scale`` and ``tests/console/test_console_scale.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ bounds, choices, help, marks) and the parser that ``titan train --help`` prints 
 flags, and the flags of the command line that are not options of the config).
 
 Run from the repository root: ``.venv/bin/python docs/options_reference.py``.
-``tests/test_options_docs.py`` fails when the page is stale. A script beside the pages, as
+``tests/unit/test_options_docs.py`` fails when the page is stale. A script beside the pages, as
 ``console_screenshots.py`` is, rather than a function of ``titan``: nothing but this page needs
 the Markdown, so the package does not ship it. Imports no JAX.
 """

@@ -1,5 +1,6 @@
 """One process of a two-process pipeline that saves or restores checkpoints, for
-``tests/test_checkpoint_protocol.py``; two of them run together, ``JAX_NUM_CPU_DEVICES=2`` each:
+``tests/multiprocess/test_checkpoint_protocol.py``; two of them run together,
+``JAX_NUM_CPU_DEVICES=2`` each:
 
     python checkpoint_worker.py save PORT INDEX RUN_DIR
     python checkpoint_worker.py fail-alone PORT INDEX RUN_DIR

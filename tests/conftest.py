@@ -1,4 +1,5 @@
-"""Test setup: 8 forced CPU devices (before JAX starts), a private cache, a small real corpus.
+"""Test setup: 8 forced CPU devices (before JAX starts), a private cache, a small real corpus,
+and a marker per level folder.
 
 XLA:CPU compiles at LLVM's cheapest optimisation level (``--xla_backend_optimization_level=0``),
 here and in every process the tests start (they inherit ``XLA_FLAGS``): the tiny models and the
@@ -46,6 +47,23 @@ CORPUS_MODULES = (
     "textwrap.py",
     "uuid.py",
 )
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test with the level folder its file is in (``tests/unit/...`` -> ``unit``), so
+    ``-m`` selects levels together with ``slow``. A folder that is no marker registered in
+    pyproject.toml fails the collection (``--strict-markers``); a test file outside a level folder
+    raises :class:`pytest.UsageError`."""
+    for item in items:
+        parts = item.path.resolve().relative_to(TESTS).parts
+        if len(parts) < 2:
+            raise pytest.UsageError(
+                f"{item.path.name}: a test file goes in a level folder of tests/"
+            )
+        item.add_marker(parts[0])
 
 
 @pytest.fixture(scope="session", autouse=True)

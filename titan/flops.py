@@ -62,7 +62,7 @@ class TokenFlops:
             only enters the residual sum (2 d ffn, Llama's SwiGLU down projection). A backward
             pass never needs that output, so recomputation never redoes it: JAX drops it from
             the recomputed forward as dead code (the compiled step's ``cost_analysis()``,
-            ``tests/test_flops.py``). 0 where the output is needed (a DiT gates it).
+            ``tests/unit/test_flops.py``). 0 where the output is needed (a DiT gates it).
     """
 
     layer_matmul: float

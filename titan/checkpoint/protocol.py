@@ -35,7 +35,7 @@ items. With one process they go as soon as the save has failed; with several, at
 the next commit, or at the first save of the next run (all of them, whatever their step: before
 the barrier that follows, nothing is being written).
 
-Fault injection, for the tests (``tests/test_checkpoint_protocol.py``): with
+Fault injection, for the tests (``tests/multiprocess/test_checkpoint_protocol.py``): with
 ``TITAN_CHECKPOINT_FAULT=PHASE:PROCESS:STEP`` the process with index ``PROCESS`` sends itself
 SIGKILL at the start of ``PHASE`` of the save of ``STEP``; ``PHASE:PROCESS:STEP:SECONDS`` makes
 it sleep that long there instead (to widen a race). ``STEP`` ``*`` matches every step. Unset,

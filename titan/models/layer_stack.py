@@ -19,7 +19,7 @@ from titan.remat import REMAT_POLICIES
 FULL_UNROLL_MAX_LAYERS = {"none": 28, "dots-attention": 28, "dots": 16, "full": 16}
 # Blocks per iteration of the layer loop in the program that creates the parameters (flax's
 # init): rolled, whatever --layer-unroll says. The scan splits one key per layer whatever its
-# unroll, so the values are those of an unrolled init (tests/test_layer_init.py); its program
+# unroll, so the values are those of an unrolled init (tests/unit/test_layer_init.py); its program
 # holds one layer's initializers instead of one copy per layer, and compiles in a fraction of
 # the time (28 layers of d_model 256 on CPU, jax 0.10.2: 2.3 s against 17.8 s unrolled). On an
 # H200 (jax 0.11.2), `titan train --preset llama3-3b --batch-size 4 --param-dtype float32` with

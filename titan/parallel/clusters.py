@@ -1,6 +1,6 @@
 """JAX's own cluster detection, as ``jax.distributed.initialize`` runs it: the one use of
 ``jax._src.clusters`` and ``jax._src.cloud_tpu_init`` in Titan (JAX has no public API for it;
-``tests/test_clusters.py`` pins what is used here).
+``tests/multiprocess/test_clusters.py`` pins what is used here).
 
 JAX tries each registered cluster type (``ClusterEnv._cluster_types``: SLURM, Open MPI,
 Kubernetes, a Cloud TPU VM's slice on GCE or GKE) in order, skipping the opt-in-only ones, and

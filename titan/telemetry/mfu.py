@@ -6,7 +6,7 @@ the ``causal`` convention or counted in ``full``; see there for sources). Hardwa
 forward work that ``--remat`` redoes in the backward pass (:func:`layer_recompute_flops`); their
 ratio to the peak is the HFU. For ``full`` that counts the whole layer forward, while XLA drops
 the recomputed MLP down projection (2 d ffn FLOPs per token and layer), whose output the
-backward pass does not need (``tests/test_flops.py`` measures it).
+backward pass does not need (``tests/unit/test_flops.py`` measures it).
 
 The peak is the catalog's dense figure for the compute dtype (:mod:`titan.gpus`), over
 all devices of the run. It is never guessed, so MFU is None with a reason when:

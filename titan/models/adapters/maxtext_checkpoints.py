@@ -5,7 +5,7 @@ so it runs on Python 3.11 too.
 
 MaxText's Llama-family decoder (the ``llama2`` block: llama2, llama3, and mistral without its
 sliding window) and Titan's Llama compute the same function with three differences
-(checked against MaxText's own per-token loss, ``tests/test_maxtext_checkpoints.py``):
+(checked against MaxText's own per-token loss, ``tests/integration/test_maxtext_checkpoints.py``):
 
 - names: :data:`LAYER_NAMES` and :data:`TOP_NAMES`;
 - the layer axis of stacked parameters: 1 in MaxText's scanned decoder (``param_scan_axis``),

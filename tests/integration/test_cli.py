@@ -116,7 +116,7 @@ def test_output_cut_short_by_a_closed_pipe_ends_quietly():
 
 
 def test_version_flag_prints_the_installed_distributions_version(capsys):
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == titan.DISTRIBUTION
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "titan.__version__"}
     try:

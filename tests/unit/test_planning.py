@@ -147,7 +147,7 @@ def test_a_v5e_plans_with_the_pool_jax_reported_on_the_chip():
 
 
 def test_the_planner_uses_the_memory_pool_an_h200_reports_and_75_percent_elsewhere():
-    draws = Path(__file__).resolve().parents[1] / "bench" / "results" / "planner_draws.json"
+    draws = Path(__file__).resolve().parents[2] / "bench" / "results" / "planner_draws.json"
     limits = {int(m) for m in re.findall(r'"bytes_limit": (\d+)', draws.read_text())}
     assert limits == {int(H200.usable_bytes)}  # what the runs on an H200 reported
     m = resolve_model("llama3-1b")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from helpers import file_tree
+from records import read_only, titan
 from samples import copy_sample_runs
-from test_summarize import read_only, titan
 
 from titan.analysis import perfdb, summarize
 from titan.cli import main

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from titan.cli import build_parser
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "options.md"
 COMMAND = ".venv/bin/python docs/options_reference.py"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench_modules import bench_module
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_benchmarks_doc_matches_the_result_files():

@@ -38,7 +38,7 @@ from titan.telemetry.events import (
 from titan.telemetry.records import EVENTS_FILE, EventTail, RunRecord
 from tui.run_state import RunState
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECORDS = sorted(
     [*REPO.glob("sample_runs/*/events.jsonl"), *REPO.glob("bench/results/**/events.jsonl")]
 )

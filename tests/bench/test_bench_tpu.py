@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bench_modules import bench_module
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # A real record: the 0.32B shape on one TPU v5e, --remat none, 8 steps (bench/tpu.py's shape).
 SAMPLE = REPO / "tests" / "fixtures" / "tpu_v5e_run"
 

@@ -1,5 +1,6 @@
 """Snapshots of the console's screens at 80x24 and 160x50 (pytest-textual-snapshot; refresh
-with ``pytest tests/test_console_snapshots.py --snapshot-update`` after a deliberate change)."""
+with ``pytest tests/console/test_console_snapshots.py --snapshot-update`` after a deliberate
+change)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bench_modules import bench_module
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 # llama3-1b at B8 x S2048: 16 layers, 32 query heads of 64
 LAYERS, B, S, H, HD = 16, 8, 2048, 32, 64

@@ -35,7 +35,7 @@ from titan.remat import AUTO, REMAT_POLICIES
 from titan.schedules import SCHEDULES, build_schedule, theoretical_bubble
 from titan.shapes import PRESETS, model_text
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHAPE = "d_model=64,n_layers=2,n_heads=4,n_kv_heads=2,ffn_dim=128,vocab_size=512"
 
 
@@ -498,7 +498,7 @@ def test_each_bound_is_declared_once_checked_and_shown(option, value, message, s
 
 def test_a_resume_refuses_an_option_of_the_other_task_typed_at_its_default(capsys, tmp_path):
     run = tmp_path / "lm-run"
-    sample = Path(__file__).resolve().parent.parent / "sample_runs" / "tiny-20261129-185806-39fc"
+    sample = Path(__file__).resolve().parents[2] / "sample_runs" / "tiny-20261129-185806-39fc"
     run.mkdir()
     (run / "config.json").write_bytes((sample / "config.json").read_bytes())
     (run / "tokenizer.model").write_bytes(b"a resume checks only that it is there")

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from console_helpers import append_events, event, wait_until
 from markdown_it import MarkdownIt
+from records import crash_then_resume, write_run
 from samples import copy_sample_runs
-from test_ettr import crash_then_resume
-from test_summarize import write_run
 from textual.widgets import DataTable
 
 from titan import reading
@@ -836,7 +835,7 @@ def test_an_exports_success_line_shows_a_hostile_out_inert(kind, finished_run, t
 async def test_the_console_survives_a_link_loop_a_loss_past_plotting_and_a_null_step(tmp_path):
     root = tmp_path / "runs"
     for name in ("tiny-20261129-185806-39fc", "tiny-killed-resumed"):
-        shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs" / name, root / name)
+        shutil.copytree(Path(__file__).resolve().parents[2] / "sample_runs" / name, root / name)
     (root / "loop").symlink_to(root / "loop")  # ELOOP at the listing's is_dir()
     hostile = root / "tiny-killed-resumed" / EVENTS_FILE
     lines = hostile.read_text().splitlines(keepends=True)

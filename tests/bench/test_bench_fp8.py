@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from bench_modules import bench_module
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_batches_are_stdlib_bytes_with_a_document_id_per_module_the_same_every_call():

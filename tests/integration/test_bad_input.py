@@ -34,7 +34,7 @@ from tui.app import main as console_main
 UNREADABLE = "/proc/self/mem"
 UNWRITABLE = "/sys/kernel"  # sysfs refuses a new directory, even to root
 CASE_TIMEOUT_S = 240  # a bad invocation is refused in seconds; generous for a loaded CI host
-SAMPLE_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
+SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_runs" / "llama3-1b-h200"
 PLAN_TINY = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]
 DEEP_JSON = "[" * (MAX_JSON_DEPTH * 1000) + "]" * (MAX_JSON_DEPTH * 1000)
 STEP_EVENT = '{"type": "step", "time": 1.0, "step": 1}\n'

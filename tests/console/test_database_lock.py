@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from console_helpers import wait_until
 from helpers import file_tree
+from records import read_only
 from samples import copy_sample_runs, sample_run_dirs
-from test_summarize import read_only
 
 from titan.analysis import summarize
 from titan.errors import TitanError

@@ -538,7 +538,7 @@ def test_the_stop_agreement_runs_after_a_step_whose_collectives_cross_the_proces
     """200 steps of FSDP-like collectives across 2 processes, each followed by the stop
     agreement (tests/fixtures/stop_agreement_beside_step.py); with the reduce over one device
     per process gloo aborted every such run."""
-    script = Path(__file__).parent / "fixtures" / "stop_agreement_beside_step.py"
+    script = Path(__file__).parents[1] / "fixtures" / "stop_agreement_beside_step.py"
     port = free_port()
     procs = [
         subprocess.Popen(

@@ -31,7 +31,7 @@ from titan.ops.providers import (
     swiglu,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OPT_IN = {
     "attention": "pallas",
     "rms_norm": "pallas",

@@ -21,7 +21,7 @@ from titan.stopping import StopRequested
 from titan.telemetry import sinks
 from titan.trainer.hf_checkpoints import _staged
 
-SAMPLE_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "tiny-20261129-185806-39fc"
+SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_runs" / "tiny-20261129-185806-39fc"
 PLAN = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]
 
 

@@ -28,7 +28,7 @@ from titan.planning.step import calibrate
 from titan.shapes import resolve_model
 from titan.telemetry.records import load_events
 
-SAMPLE_H200_RUN = Path(__file__).resolve().parent.parent / "sample_runs" / "llama3-1b-h200"
+SAMPLE_H200_RUN = Path(__file__).resolve().parents[2] / "sample_runs" / "llama3-1b-h200"
 SAMPLE_RUN_WITHOUT_PEAK = SAMPLE_H200_RUN.parent / "tiny-killed-resumed"  # 8 CPU devices
 
 
@@ -223,7 +223,7 @@ def test_the_fit_margin_covers_the_fitting_half_of_the_suite():
     # FIT_MARGIN's source: the largest under-estimate on draw 1's fitting half, as
     # bench/planner_accuracy.py --evaluate recorded it; no configuration called a fit ran out
     # of memory.
-    evaluation = Path(__file__).resolve().parent.parent / "bench" / "results"
+    evaluation = Path(__file__).resolve().parents[2] / "bench" / "results"
     report = json.loads((evaluation / "planner_draws_evaluation.json").read_text())
     first = report["draws"][0]
     assert first["seed"] == 1 and first["configurations"] >= 30

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from bench_modules import bench_module
 
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def test_the_result_file_holds_what_its_records_give():

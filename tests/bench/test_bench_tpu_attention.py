@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from bench_modules import bench_module
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_documents_mask_cuts_each_row_into_four_equal_documents():

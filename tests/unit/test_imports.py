@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 PACKAGES = ("titan", "tui")
 # Function-local imports of titan modules that are accepted, as
 # {"titan/<file>.py:<function>": "<import statement>"}, each with a comment saying why. An import

@@ -35,7 +35,7 @@ from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
 from titan.trainer.maxtext_import import import_maxtext
 
-FIXTURE = Path(__file__).parent / "fixtures" / "maxtext_llama2_tiny"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "maxtext_llama2_tiny"
 REFERENCE = json.loads((FIXTURE / "reference.json").read_text())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from records import crash_then_resume, run_event
 
 from titan.analysis import ettr
 from titan.analysis.ettr import RUNNING_WINDOW_S
@@ -14,41 +15,6 @@ from titan.telemetry.events import parse_events
 def analyze(lines: list[dict], now: float | None = None) -> ettr.Goodput:
     """:func:`ettr.analyze` of JSON lines, parsed as a reader parses them."""
     return ettr.analyze(parse_events(lines)[0], now)
-
-
-def _event(kind: str, time: float, **fields) -> dict:
-    return {"schema": 1, "type": kind, "time": time, "run_id": "r", **fields}
-
-
-def crash_then_resume() -> list[dict]:
-    """Attempt 0 (fresh) checkpoints step 2, runs steps 3 and 4 and crashes; attempt 1 resumes
-    from step 2 after an 83.5 s gap, redoes steps 3 and 4 and completes at step 6.
-
-    Attempt 0, wall 1016.5 - 1000 = 16.5 s: initialization 1002 - 1000 = 2 (compile ends at
-    1012 after 10 s); steps 1-4 of 1.0, 1.0, 1.5 (0.5 of it the step-2 save) and 1.0 (0.25 of it
-    data wait). Attempt 1, wall 12.5 s: restore 1103 - 1100 = 3, compile 5, steps 3-6 of 1.0,
-    1.0, 1.4 (0.4 save), 1.0, then a 0.1 s save and run_end.
-    """
-    return [
-        _event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=6),
-        _event("compile", 1012.0, what="train_step", seconds=10.0),
-        _event("step", 1013.0, step=1, step_time_s=1.0, loss=5.0),
-        _event("step", 1014.0, step=2, step_time_s=1.0, loss=4.0),
-        _event("checkpoint", 1014.5, step=2, seconds=0.5, path="c/2"),
-        _event("step", 1015.5, step=3, step_time_s=1.5, loss=3.5, future_field={"x": 1}),
-        _event("stall", 1016.0, phase="step", elapsed_s=30.0, threshold_s=20.0, stacks="..."),
-        _event("step", 1016.5, step=4, step_time_s=1.0, data_wait_s=0.25, loss=3.4),
-        _event("run_start", 1100.0, start_step=2, resumed_from_step=2, total_steps=6),
-        _event("compile", 1108.0, what="train_step", seconds=5.0),
-        _event("step", 1109.0, step=3, step_time_s=1.0, loss=3.6),
-        _event("some_new_type", 1109.5, payload=[1, 2]),
-        _event("step", 1110.0, step=4, step_time_s=1.0, loss=3.3),
-        _event("checkpoint", 1110.4, step=4, seconds=0.4, path="c/4"),
-        _event("step", 1111.4, step=5, step_time_s=1.4, loss=3.2),
-        _event("step", 1112.4, step=6, step_time_s=1.0, loss=3.1),
-        _event("checkpoint", 1112.5, step=6, seconds=0.1, path="c/6"),
-        _event("run_end", 1112.5, status="completed", step=6, reason=None),
-    ]
 
 
 def test_ettr_and_badput_of_a_crash_and_resume_match_hand_computation():
@@ -82,12 +48,12 @@ def test_ettr_and_badput_of_a_crash_and_resume_match_hand_computation():
 
 def test_final_crashed_attempt_keeps_only_steps_up_to_its_last_checkpoint():
     events = [
-        _event("run_start", 0.0, start_step=0, resumed_from_step=None),
-        _event("compile", 3.0, seconds=2.0),
-        _event("step", 4.0, step=1, step_time_s=1.0),
-        _event("checkpoint", 4.5, step=1, seconds=0.5),
-        _event("step", 6.0, step=2, step_time_s=1.5),
-        _event("step", 8.0, step=3, step_time_s=2.0),
+        run_event("run_start", 0.0, start_step=0, resumed_from_step=None),
+        run_event("compile", 3.0, seconds=2.0),
+        run_event("step", 4.0, step=1, step_time_s=1.0),
+        run_event("checkpoint", 4.5, step=1, seconds=0.5),
+        run_event("step", 6.0, step=2, step_time_s=1.5),
+        run_event("step", 8.0, step=3, step_time_s=2.0),
     ]
     g = analyze(events)
     assert g.attempts[0].status == "crashed"
@@ -102,13 +68,13 @@ def test_resume_from_an_older_checkpoint_loses_the_steps_after_it_in_every_attem
     """Attempt 1 resumed from 2 and crashed at 5 (checkpoint 4 unusable); attempt 2 resumed from
     step 2 again: steps 3-5 of attempt 1 and 3-4 of attempt 0 are lost, each step counts once."""
     events = [
-        _event("run_start", 0.0, start_step=0),
-        *[_event("step", float(s), step=s, step_time_s=1.0) for s in (1, 2, 3, 4)],
-        _event("run_start", 10.0, start_step=2, resumed_from_step=2),
-        *[_event("step", 10.0 + s, step=s, step_time_s=1.0) for s in (3, 4, 5)],
-        _event("run_start", 20.0, start_step=2, resumed_from_step=2),
-        *[_event("step", 20.0 + s - 2, step=s, step_time_s=1.0) for s in (3, 4, 5, 6)],
-        _event("run_end", 24.0, status="stopped", step=6),
+        run_event("run_start", 0.0, start_step=0),
+        *[run_event("step", float(s), step=s, step_time_s=1.0) for s in (1, 2, 3, 4)],
+        run_event("run_start", 10.0, start_step=2, resumed_from_step=2),
+        *[run_event("step", 10.0 + s, step=s, step_time_s=1.0) for s in (3, 4, 5)],
+        run_event("run_start", 20.0, start_step=2, resumed_from_step=2),
+        *[run_event("step", 20.0 + s - 2, step=s, step_time_s=1.0) for s in (3, 4, 5, 6)],
+        run_event("run_end", 24.0, status="stopped", step=6),
     ]
     g = analyze(events)
     assert [a.surviving_upto for a in g.attempts] == [2, 2, 6]
@@ -118,7 +84,7 @@ def test_resume_from_an_older_checkpoint_loses_the_steps_after_it_in_every_attem
 
 
 def test_no_run_start_gives_no_ettr():
-    g = analyze([_event("step", 1.0, step=1, step_time_s=1.0), {"type": "step", "time": "x"}])
+    g = analyze([run_event("step", 1.0, step=1, step_time_s=1.0), {"type": "step", "time": "x"}])
     assert g.attempts == [] and g.ettr is None
 
 
@@ -138,12 +104,12 @@ def test_a_failed_save_is_badput_but_no_checkpoint_to_survive_on():
     """Step 2's save failed after the loop waited 0.5 s for it; the attempt crashed after step
     3: only step 1, saved, survives, and the failed save's wait is checkpoint badput."""
     events = [
-        _event("run_start", 0.0, start_step=0, resumed_from_step=None),
-        _event("step", 1.0, step=1, step_time_s=1.0),
-        _event("checkpoint", 1.2, step=1, seconds=0.2, commit_s=0.9, asynchronous=True),
-        _event("step", 2.2, step=2, step_time_s=1.2),
-        _event("checkpoint_failed", 2.7, step=2, seconds=0.5, commit_s=1.0, error="OSError"),
-        _event("step", 4.2, step=3, step_time_s=1.5),
+        run_event("run_start", 0.0, start_step=0, resumed_from_step=None),
+        run_event("step", 1.0, step=1, step_time_s=1.0),
+        run_event("checkpoint", 1.2, step=1, seconds=0.2, commit_s=0.9, asynchronous=True),
+        run_event("step", 2.2, step=2, step_time_s=1.2),
+        run_event("checkpoint_failed", 2.7, step=2, seconds=0.5, commit_s=1.0, error="OSError"),
+        run_event("step", 4.2, step=3, step_time_s=1.5),
     ]
     g = analyze(events)
     assert g.attempts[0].last_checkpoint == 1
@@ -156,12 +122,12 @@ def remat_auto_run(**start_fields) -> list[dict]:
     """A two-step run whose ``--remat auto`` compilation (26 s) was made before ``run_start``
     and recorded, with the finite check's (0.5 s), just after it; step 1 starts at 4.0."""
     return [
-        _event("run_start", 0.0, start_step=0, **start_fields),
-        _event("compile", 0.5, what="train_step", seconds=26.0),
-        _event("compile", 0.6, what="finite_check", seconds=0.5),
-        _event("step", 5.0, step=1, step_time_s=1.0),
-        _event("step", 6.0, step=2, step_time_s=1.0),
-        _event("run_end", 6.0, status="completed", step=2),
+        run_event("run_start", 0.0, start_step=0, **start_fields),
+        run_event("compile", 0.5, what="train_step", seconds=26.0),
+        run_event("compile", 0.6, what="finite_check", seconds=0.5),
+        run_event("step", 5.0, step=1, step_time_s=1.0),
+        run_event("step", 6.0, step=2, step_time_s=1.0),
+        run_event("run_end", 6.0, status="completed", step=2),
     ]
 
 
@@ -215,8 +181,8 @@ def test_a_setup_start_that_cannot_be_believed_leaves_the_attempt_at_run_start(
 def test_a_resumed_attempt_never_starts_before_the_previous_one_ended():
     events = [
         *remat_auto_run(setup_start=-28.0, process={"started": -29.0})[:-1],  # crashed at 6.0
-        _event("run_start", 20.0, start_step=0, setup_start=5.0, process={"started": 4.0}),
-        _event("step", 21.0, step=1, step_time_s=1.0),
+        run_event("run_start", 20.0, start_step=0, setup_start=5.0, process={"started": 4.0}),
+        run_event("step", 21.0, step=1, step_time_s=1.0),
     ]
     g = analyze(events)
     assert [a.start for a in g.attempts] == [-28.0, 20.0]
@@ -238,13 +204,13 @@ def test_a_pinned_host_reservation_is_checkpoint_badput_not_initialization():
     and 2 of 1 s (step 1 starts at 1011), a 0.5 s final save. Initialization is what is left
     of the 11 s before step 1: 11 - 4 - 6 = 1; checkpoint badput 6 + 0.5."""
     events = [
-        _event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=2),
-        _event("compile", 1005.0, what="train_step", seconds=4.0),
-        _event("pinned_host", 1011.0, bytes=1 << 30, seconds=6.0),
-        _event("step", 1012.0, step=1, step_time_s=1.0, loss=5.0),
-        _event("step", 1013.0, step=2, step_time_s=1.0, loss=4.0),
-        _event("checkpoint", 1013.5, step=2, seconds=0.5, path="c/2"),
-        _event("run_end", 1013.5, status="completed", step=2, reason=None),
+        run_event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=2),
+        run_event("compile", 1005.0, what="train_step", seconds=4.0),
+        run_event("pinned_host", 1011.0, bytes=1 << 30, seconds=6.0),
+        run_event("step", 1012.0, step=1, step_time_s=1.0, loss=5.0),
+        run_event("step", 1013.0, step=2, step_time_s=1.0, loss=4.0),
+        run_event("checkpoint", 1013.5, step=2, seconds=0.5, path="c/2"),
+        run_event("run_end", 1013.5, status="completed", step=2, reason=None),
     ]
     g = analyze(events)
     assert g.available_s == pytest.approx(13.5)
@@ -259,13 +225,13 @@ def test_a_pinned_host_reservation_after_the_first_step_is_in_no_step():
     """A 6 s reservation between steps 1 and 2, in no step's time (step 2 took 1 s after it):
     initialization 1005 - 1000 - 4 = 1 s, productive 2 s, checkpoint badput 6 + 0.5."""
     events = [
-        _event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=2),
-        _event("compile", 1005.0, what="train_step", seconds=4.0),
-        _event("step", 1006.0, step=1, step_time_s=1.0, loss=5.0),
-        _event("pinned_host", 1012.0, bytes=1 << 30, seconds=6.0),
-        _event("step", 1013.0, step=2, step_time_s=1.0, loss=4.0),
-        _event("checkpoint", 1013.5, step=2, seconds=0.5, path="c/2"),
-        _event("run_end", 1013.5, status="completed", step=2, reason=None),
+        run_event("run_start", 1000.0, start_step=0, resumed_from_step=None, total_steps=2),
+        run_event("compile", 1005.0, what="train_step", seconds=4.0),
+        run_event("step", 1006.0, step=1, step_time_s=1.0, loss=5.0),
+        run_event("pinned_host", 1012.0, bytes=1 << 30, seconds=6.0),
+        run_event("step", 1013.0, step=2, step_time_s=1.0, loss=4.0),
+        run_event("checkpoint", 1013.5, step=2, seconds=0.5, path="c/2"),
+        run_event("run_end", 1013.5, status="completed", step=2, reason=None),
     ]
     g = analyze(events)
     assert g.badput_s["initialization"] == pytest.approx(1.0)

@@ -23,7 +23,7 @@ from titan.data.tokenize import token_stream
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 WORD = "abcdefghij" * 20  # one piece of the tokenizer below: 200 characters
 WORDS_PER_DOC = 5000  # 1 MB documents
 LIMIT_BYTES = 256 << 20  # address space of each tokenizing process

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,8 +12,8 @@ from typing import Any
 
 import pytest
 from helpers import file_tree, run_in_process, small_run
+from records import crash_then_resume, read_only, titan, write_run
 from samples import copy_sample_runs, sample_run_dirs
-from test_ettr import crash_then_resume
 
 from titan.analysis import summarize
 from titan.analysis.ettr import analyze
@@ -25,14 +24,6 @@ from titan.exit_codes import EXIT_NONFINITE
 from titan.telemetry.events import RunEnd, RunStart, Step, parse_event, parse_events
 from titan.telemetry.heartbeat import ProcessId
 from titan.telemetry.records import EVENTS_FILE, RunRecord
-
-
-def write_run(root: Path, run_id: str, events: list[dict], tail: str = "") -> Path:
-    run_dir = root / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lines = "".join(json.dumps({**e, "run_id": run_id}) + "\n" for e in events)
-    (run_dir / EVENTS_FILE).write_text(lines + tail)
-    return run_dir / EVENTS_FILE
 
 
 def event_count(con, run_id: str) -> int:
@@ -425,30 +416,6 @@ def test_a_file_that_cannot_be_read_leaves_the_rest_of_its_batch_ingested(tmp_pa
     con.close()
     assert report.runs == ("run-a", "run-c")
     assert statuses == {"run-a": "completed", "run-b": summarize.UNREADABLE, "run-c": "completed"}
-
-
-# The capabilities that let root write past the permission bits: a process without them is
-# bound by them, as any other user is.
-_PERMISSION_OVERRIDES = "--bounding-set=-dac_override,-dac_read_search"
-
-
-def read_only(root: Path) -> list[str]:
-    """Make ``root`` and everything under it read-only (``chmod -R a-w``, as a shared or mounted
-    directory of records); returns the command prefix of a process for which it is read-only
-    (as root: ``setpriv`` without the capabilities that override the permission bits)."""
-    for path in [root, *root.rglob("*")]:
-        path.chmod(path.stat().st_mode & ~0o222)
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv: no process here is bound by chmod")
-    return ["setpriv", _PERMISSION_OVERRIDES, "--"]
-
-
-def titan(prefix: list[str], *args: str) -> subprocess.CompletedProcess:
-    """``titan ARGS`` in a child process started with ``prefix`` (:func:`read_only`)."""
-    command = [*prefix, sys.executable, "-m", "titan.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("database_before", [False, True], ids=["no-database", "database"])

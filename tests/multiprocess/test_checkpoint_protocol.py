@@ -35,7 +35,7 @@ from titan.launch.local import child_envs, free_port
 from titan.layouts.contract import TrainState
 from titan.ops import Ops
 
-WORKER = Path(__file__).with_name("checkpoint_worker.py")
+WORKER = Path(__file__).parents[1] / "checkpoint_worker.py"
 TIMEOUT_S = 600  # a two-process run on a loaded CI machine
 KILLED_STEP = 2
 # Newest committed step after a kill at the start of a phase of step 2's save (steps 1, 2, 3;
