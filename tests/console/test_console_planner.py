@@ -56,6 +56,10 @@ def test_the_planners_totals_are_written_as_titan_plan_writes_them(capsys):
     assert form["GPU-hours"] == cli["GPU-hours"]
     assert form["energy"] == f"{cli['energy (kWh)']} kWh"
     assert form["cost (¤)"] == cli["cost (--price currency)"]  # its unit named
+    tpu = {**texts, "gpu": "v5e", "gpus": "8"}  # a TPU slice counts chip-hours, as the CLI
+    code, out, _ = _cli(plan_argv(tpu), capsys)
+    form = dict(totals_rows(plan_report(tpu)["plans"][0]))
+    assert form["chip-hours"] == _cli_totals(out)["chip-hours"] and "GPU-hours" not in form
 
 
 def test_a_plan_that_does_not_fit_offers_no_train_options_as_titan_plan_prints_no_command(

@@ -667,8 +667,12 @@ def test_a_compute_dtype_the_catalog_has_no_peak_for_is_refused_not_estimated(
         (("v5p", "6208"), "--accelerators 6208 does not fill whole slices of --gpus-per-node"),
         (("v5p", "12"), "--accelerators 12 is no TPU v5p slice: those have 4, 8, 16, 32 or a"),
         (("v5e", "2"), "--accelerators 2 is no TPU v5e slice: those have 1, 4, 8, 16, ... 256"),
-        (("v5e", "512", "--gpus-per-node", "512"), "--gpus-per-node 512 is more chips than a"),
+        (
+            ("v5e", "512", "--gpus-per-node", "512"),
+            "--gpus-per-node 512 is more chips than the largest TPU v5e slice (256)",
+        ),
         (("v5e", "96", "--gpus-per-node", "48"), "--gpus-per-node 48 is no TPU v5e slice"),
+        (("v5e", "64", "--gpus-per-node", "3"), "--gpus-per-node 3 is no TPU v5e slice"),
     ],
 )
 def test_titan_plan_takes_only_the_chip_counts_of_cloud_tpu_slices(capsys, argv, error):
@@ -687,3 +691,13 @@ def test_a_tpu_plan_counts_chips_and_chip_hours_not_gpus(capsys):
     words = " ".join(out.split())
     assert code == 0 and "chip-hours" in words and "peak per chip" in words, words
     assert "GPU" not in words
+
+
+def test_a_tpu_plan_that_does_not_fit_suggests_a_slice_size(capsys):
+    # one v5e chip cannot hold llama3-1b's training state: 2 chips is no slice, 4 is
+    argv = ("--model", "llama3-1b", "--accelerator", "v5e", "--accelerators", "1")
+    code, out, err = run_plan(capsys, *argv)
+    words = " ".join(out.split())
+    assert code == 1 and err == "" and "--accelerators 4 --dp" in words, (err, words)
+    code, out, err = run_plan(capsys, *argv, "--json")
+    assert code == 1 and json.loads(out)["plans"][0]["device_unit"] == "chip"

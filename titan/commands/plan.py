@@ -669,8 +669,9 @@ class Outcome:
         more = (
             f"{self.needed} {unit}s would be needed (titan plan {flag} {self.needed} --search)"
             if self.needed
-            else f"not even {max_layout_gpus(request.model, request.batch_sequences)} {unit}s "
-            "would do (the most any layout of this model and batch spans)"
+            else f"no power-of-two multiple of {request.gpus} up to "
+            f"{max_layout_gpus(request.model, request.batch_sequences)} {unit}s (the most any "
+            "layout of this model and batch spans) fits either"
         )
         gpus = f"{request.gpus} {unit}{'s' if request.gpus != 1 else ''}"
         return f"no layout of {gpus} fits in memory; {more}"

@@ -92,12 +92,6 @@ def check_request(request: PlanRequest) -> None:
         raise TitanError(
             f"--batch-tokens must be <= {MAX_BATCH_TOKENS:,} (2^40), got {request.batch_tokens:,}"
         )
-    if request.gpus > request.gpus_per_node and request.gpus % request.gpus_per_node:
-        raise TitanError(
-            f"{request.gpu.count_flag} {request.gpus} does not fill whole "
-            f"{'slices' if request.gpu.torus_dims else 'nodes'} of --gpus-per-node "
-            f"{request.gpus_per_node}"
-        )
     if request.gpu.torus_dims:  # a TPU: a slice, or slices of --gpus-per-node chips
         if request.gpus_per_node > request.gpu.gpus_per_node:
             error = slice_error(request.gpu, request.gpus_per_node)
@@ -107,6 +101,12 @@ def check_request(request: PlanRequest) -> None:
         if error is not None:
             flag = request.gpu.count_flag if one_slice == request.gpus else "--gpus-per-node"
             raise TitanError(f"{flag} {one_slice} {error}")
+    if request.gpus > request.gpus_per_node and request.gpus % request.gpus_per_node:
+        raise TitanError(
+            f"{request.gpu.count_flag} {request.gpus} does not fill whole "
+            f"{'slices' if request.gpu.torus_dims else 'nodes'} of --gpus-per-node "
+            f"{request.gpus_per_node}"
+        )
     if request.batch_tokens % request.seq_len:
         raise TitanError(
             f"--batch-tokens {request.batch_tokens} is not a multiple of --seq-len "
@@ -175,6 +175,7 @@ class Plan:
             "mfu": self.mfu,
             "total_s": self.total_s,
             "gpu_hours": self.gpu_hours,
+            "device_unit": self.request.gpu.unit,  # what gpu_hours counts the hours of
             "energy_kwh": self.energy_kwh,
             "interconnect": interconnect(
                 self.request.gpu, self.request.gpus, self.request.gpus_per_node

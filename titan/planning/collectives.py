@@ -105,11 +105,12 @@ def slice_error(gpu: GpuSpec, chips: int) -> str | None:
     Cloud TPU's slice sizes: on a 2D torus (v5e, v6e) 1, 4, 8, 16, 32, 64, 128 or 256 chips
     (v5litepod-1 to -256: cloud.google.com/tpu/docs/v5e, /v6e); on a 3D torus (v4, v5p) 4, 8,
     16 or 32 chips (2x2x1 to 2x4x4) or a multiple of 64 (AxBxC, each side a multiple of 4:
-    cloud.google.com/tpu/docs/v5p, /v4); at most one pod (``gpu.gpus_per_node`` chips).
+    cloud.google.com/tpu/docs/v5p, /v4); at most the catalog's largest slice
+    (``gpu.gpus_per_node`` chips).
     """
     pod = gpu.gpus_per_node
     if chips > pod:
-        return f"is more chips than a {gpu.label} pod holds ({pod})"
+        return f"is more chips than the largest {gpu.label} slice ({pod})"
     if gpu.torus_dims == 2:
         if chips == 2 or chips & (chips - 1):
             return f"is no {gpu.label} slice: those have 1, 4, 8, 16, ... {pod} chips"

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan.errors import TitanError
-from titan.planning.budget import Plan, PlanRequest, divisors, max_layout_gpus, plan, search
+from titan.planning.budget import (
+    Plan,
+    PlanRequest,
+    check_request,
+    divisors,
+    max_layout_gpus,
+    plan,
+    search,
+)
 from titan.planning.memory import Layout
 from titan.remat import REMAT_POLICIES
 
@@ -117,12 +125,15 @@ def _with(layout: Layout, **changes: Any) -> Layout:
 
 
 def gpus_needed(request: PlanRequest) -> int | None:
-    """The smallest power-of-two multiple of ``request.gpus`` (above it) at which ``--search``
-    finds a layout that fits, or None up to :func:`max_layout_gpus` (no layout spans more)."""
+    """The smallest power-of-two multiple of ``request.gpus`` (above it) that
+    :func:`titan.planning.budget.check_request` takes and at which ``--search`` finds a layout
+    that fits, or None up to :func:`max_layout_gpus` (no layout spans more)."""
     factor = 2
     while request.gpus * factor <= max_layout_gpus(request.model, request.batch_sequences):
         gpus = request.gpus * factor
-        if gpus > request.gpus_per_node and gpus % request.gpus_per_node:
+        try:  # a count the request refuses: one that fills no whole node, or no TPU slice
+            check_request(dataclasses.replace(request, gpus=gpus))
+        except TitanError:
             factor *= 2
             continue
         if search(dataclasses.replace(request, gpus=gpus)):

@@ -35,7 +35,7 @@ def totals_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
         ("tokens/s", f"{p['tokens_per_s']:,.0f}"),
         ("MFU", mfu),
         ("total time", format_span(p["total_s"])),
-        ("GPU-hours", format_amount(p["gpu_hours"])),
+        (f"{p['device_unit']}-hours", format_amount(p["gpu_hours"])),
         ("energy", "-" if p["energy_kwh"] is None else f"{format_amount(p['energy_kwh'])} kWh"),
         ("cost (¤)", cost),  # ¤: the currency of --price (titan plan: "--price currency")
     ]
@@ -115,6 +115,10 @@ class PlanTables(VerticalScroll):
             (k, f"{v:.4g}") for k, v in p["step_s"].items()
         )
         if report["search"]:
+            ranked.clear(columns=True)  # the hours column named for the plan's devices
+            ranked.add_columns(
+                "tokens/s", "time", "layout", "fits", f"{p['device_unit']}-h", "cost"
+            )
             ranked.add_rows(
                 (
                     f"{q['tokens_per_s']:,.0f}",
