@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from titan.ops.registry import OPS
+from titan.telemetry.device_memory import usable_bytes
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -119,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     backend = jax.default_backend()
     device = jax.devices()[0].device_kind
     with _case_progress() as progress:
-        results = conformance.run_checks(backend, args.op, args.provider, progress)
+        usable = usable_bytes(jax.devices()) if backend != "cpu" else None
+        results = conformance.run_checks(backend, args.op, args.provider, progress, usable)
     failures = [r for r in results if r.failed]
     unserved = args.provider is not None and not any(
         r.ran for r in results if r.provider == args.provider

@@ -44,7 +44,6 @@ from titan.cpus import usable_cpus
 from titan.errors import TitanError
 from titan.ops import registry
 from titan.shapes import RopeScaling
-from titan.telemetry.device_memory import usable_bytes
 
 F32 = jnp.float32
 TIMED_RUNS = 10
@@ -464,6 +463,7 @@ def run_checks(
     op: str | None = None,
     provider: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    usable_bytes: float | None = None,
 ) -> list[Result]:
     """Check providers against the native reference on the grid of :func:`cases`.
 
@@ -473,6 +473,8 @@ def run_checks(
             baseline on accelerators, and is listed).
         progress: called as ``progress(done, total, case)`` before each case (and once with
             ``done == total`` at the end).
+        usable_bytes: the device memory the large attention cases are sized to
+            (:func:`attention_batch`; None: unknown, their full batch).
 
     Raises:
         TitanError: an unknown op or provider (see :func:`resolve`).
@@ -480,8 +482,7 @@ def run_checks(
     ops = resolve(op, provider)
     backend = backend or jax.default_backend()
     results = []
-    usable = usable_bytes(jax.devices(backend)) if backend != "cpu" else None
-    chosen = [case for case in cases(backend, usable) if case.op in ops]
+    chosen = [case for case in cases(backend, usable_bytes) if case.op in ops]
     report = progress or (lambda done, total, case: None)
     with concurrent.futures.ThreadPoolExecutor(usable_cpus()) as pool:
         programs = _Programs(pool)
