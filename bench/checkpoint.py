@@ -18,8 +18,8 @@ record:
   the attempt's wall time, so every blocking second of a save is badput), and ``badput_s``, the
   seconds of each kind of badput;
 - ``pinned_host``: the run's reservation of pinned host memory for the saves' copies, after
-  its first step (:mod:`titan.trainer.pin_host_hook`; GPUs only): its ``bytes``, ``seconds`` and
-  ``error``, or None;
+  its first step (:mod:`titan.trainer.loop_hooks.pin_host_hook`; GPUs only): its ``bytes``,
+  ``seconds`` and ``error``, or None;
 - ``checkpoint_bytes``: the bytes of the last checkpoint on disk;
 - ``memory_estimate_bytes``: the memory check's estimate (``run_start``), and
   ``peak_memory_bytes`` the largest measured peak of the steps (where the backend reports it);

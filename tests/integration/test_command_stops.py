@@ -15,11 +15,11 @@ import pytest
 from helpers import cli_args, small_run
 
 from titan.analysis import plots
+from titan.checkpoint.hf_checkpoints import _staged
 from titan.cli import main
 from titan.exit_codes import EXIT_STOPPED
 from titan.stopping import StopRequested
 from titan.telemetry import sinks
-from titan.trainer.hf_checkpoints import _staged
 
 SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_runs" / "tiny-20261129-185806-39fc"
 PLAN = ["plan", "--model", "tiny", "--gpu", "h200", "--gpus", "8", "--tokens", "1e9"]

@@ -21,6 +21,13 @@ from safetensors.numpy import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from titan.checkpoint.checkpointer import open_checkpoint
+from titan.checkpoint.hf_checkpoints import (
+    _build,
+    export_hf,
+    host_abstract,
+    import_hf,
+    rope_positions,
+)
 from titan.checkpoint.init_from import saved_model
 from titan.checkpoint.resume import TOKENIZER_FILE
 from titan.cli import main
@@ -34,13 +41,6 @@ from titan.models.adapters.llama import LlamaAdapter
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.hf_checkpoints import (
-    _build,
-    export_hf,
-    host_abstract,
-    import_hf,
-    rope_positions,
-)
 
 F32 = jnp.float32
 

@@ -17,6 +17,8 @@ pytest.importorskip("maxtext", reason="maxtext installs on Python 3.12+ ([maxtex
 
 from helpers import events, run_in_process, small_run  # noqa: E402
 
+from titan.checkpoint.hf_checkpoints import export_hf  # noqa: E402
+from titan.checkpoint.maxtext_import import import_maxtext  # noqa: E402
 from titan.config import ComputeOptions, ModelOptions  # noqa: E402
 from titan.errors import TitanError  # noqa: E402
 from titan.generation.loading import load_model  # noqa: E402
@@ -30,8 +32,6 @@ from titan.ops import Ops  # noqa: E402
 from titan.parallel.chunks import cut_layers, join_layers, plan_chunks, whole_model  # noqa: E402
 from titan.parallel.mesh import build_stage_meshes  # noqa: E402
 from titan.shapes import ModelConfig  # noqa: E402
-from titan.trainer.hf_checkpoints import export_hf  # noqa: E402
-from titan.trainer.maxtext_import import import_maxtext  # noqa: E402
 
 TINY = {
     "base_emb_dim": "32",

@@ -16,6 +16,7 @@ from helpers import run_in_process, small_run
 from safetensors.numpy import load_file
 
 from titan.checkpoint.init_from import init_from_options
+from titan.checkpoint.maxtext_import import import_maxtext
 from titan.cli import main
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
@@ -33,7 +34,6 @@ from titan.models.hf_llama import params_to_hf
 from titan.ops import Ops
 from titan.parallel.chunks import whole_model
 from titan.shapes import ModelConfig
-from titan.trainer.maxtext_import import import_maxtext
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "maxtext_llama2_tiny"
 REFERENCE = json.loads((FIXTURE / "reference.json").read_text())

@@ -27,7 +27,7 @@ from titan.checkpoint.pinned_host import (
 from titan.config import CheckpointOptions, TrainConfig, model_config
 from titan.exit_codes import EXIT_STOPPED
 from titan.ops import Ops
-from titan.trainer import pin_host_hook
+from titan.trainer.loop_hooks import pin_host_hook
 from titan.trainer.saver import Saver
 
 

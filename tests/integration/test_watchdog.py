@@ -150,7 +150,7 @@ from pathlib import Path
 from titan.config import ObservabilityOptions
 from titan.telemetry.records import RunRecord
 from titan.trainer.processes import Heartbeat
-from titan.trainer.stall_hook import StallHook
+from titan.trainer.loop_hooks.stall_hook import StallHook
 
 run_dir = Path(sys.argv[1])
 record, heartbeat = RunRecord(run_dir, "hang"), Heartbeat(run_dir)

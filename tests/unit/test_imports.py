@@ -30,8 +30,8 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     # sampling a diffusion run imports JAX and the trainer
     "titan/commands/sample.py:run": "from titan.trainer.image_samples import write_sample_grid",
     # Hugging Face import and export read checkpoints with JAX and orbax
-    "titan/commands/import_export.py:run_import": ("from titan.trainer import hf_checkpoints"),
-    "titan/commands/import_export.py:run_export": ("from titan.trainer import hf_checkpoints"),
+    "titan/commands/import_export.py:run_import": ("from titan.checkpoint import hf_checkpoints"),
+    "titan/commands/import_export.py:run_export": ("from titan.checkpoint import hf_checkpoints"),
     # generation imports JAX, flax and orbax
     "titan/commands/generate.py:run": (
         "from titan.generation.generate import Sampling, generate_from_cli"
@@ -48,7 +48,7 @@ ALLOWED_LOCAL_TITAN_IMPORTS: dict[str, str] = {
     ),
     # the MaxText checkpoint converter imports JAX and orbax
     "titan/commands/import_export_maxtext.py:run_import": (
-        "from titan.trainer.maxtext_import import import_maxtext"
+        "from titan.checkpoint.maxtext_import import import_maxtext"
     ),
     "titan/commands/import_export_maxtext.py:run_export": (
         "from titan.models.adapters.maxtext_checkpoints import export_run"

@@ -15,9 +15,9 @@ from titan.config import ObservabilityOptions
 from titan.telemetry.events import Stall
 from titan.telemetry.heartbeat import HEARTBEAT_TIMEOUT_S, heartbeat_allowance_s, read_beats
 from titan.telemetry.records import RunRecord, write_json_atomic
+from titan.trainer.loop_hooks.stall_hook import StallHook
 from titan.trainer.peers import PeerWatch, lost_processes
 from titan.trainer.processes import PROCESSES_DIR, Heartbeat, MutedRecord
-from titan.trainer.stall_hook import StallHook
 
 
 def beat_file(run_dir: Path, process: int, **fields) -> None:

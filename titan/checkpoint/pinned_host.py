@@ -10,10 +10,10 @@ it instead, that save held back the steps it overlapped by 13.2 s in all (later 
 0.2 s).
 
 :func:`reserve_host` grows the pool to the bytes that a save copies, after the run's first
-step and before its first save (:class:`titan.trainer.pin_host_hook.PinHostHook`): the loop's
-steps then run at their speed while the first save is written, and the reservation is timed on
-its own (a ``pinned_host`` event, checkpoint badput in ETTR). Growing it on a thread beside the
-set-up or the steps would not hide it: loading the compiled program, the state's
+step and before its first save (:class:`titan.trainer.loop_hooks.pin_host_hook.PinHostHook`):
+the loop's steps then run at their speed while the first save is written, and the reservation
+is timed on its own (a ``pinned_host`` event, checkpoint badput in ETTR). Growing it on a
+thread beside the set-up or the steps would not hide it: loading the compiled program, the state's
 initialization and the steps wait on the driver too. The reservation copies zeros from host
 memory and never reads a device array. It pays only where a save would otherwise overlap steps
 (:func:`reservation_pays`).

@@ -1,6 +1,6 @@
 """``titan import hf|maxtext`` and ``titan export hf|maxtext|tensorboard|csv|wandb-offline``:
 models in and out of Titan checkpoints (Hugging Face Llama directories here,
-:mod:`titan.trainer.hf_checkpoints`, imported when a command runs: it imports JAX; MaxText's
+:mod:`titan.checkpoint.hf_checkpoints`, imported when a command runs: it imports JAX; MaxText's
 formats from :mod:`titan.commands.import_export_maxtext`) and a run's metrics out
 (:func:`titan.commands.summarize_perf_report.add_export_formats`)."""
 
@@ -88,7 +88,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run_import(args: argparse.Namespace) -> int:
     """``titan import hf``: prints the output directory and the model's shape."""
-    from titan.trainer import hf_checkpoints
+    from titan.checkpoint import hf_checkpoints
 
     source = Path(args.source)
     out = Path(args.out) if args.out else Path(f"{source.absolute().name}-titan")
@@ -99,7 +99,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     """``titan export hf``: prints the output directory and the step exported."""
-    from titan.trainer import hf_checkpoints
+    from titan.checkpoint import hf_checkpoints
 
     run_dir, step = resolve_source(args.run_dir, args.step)
     out = Path(args.out) if args.out else None

@@ -1,5 +1,5 @@
 """``titan import maxtext`` and ``titan export maxtext``: move parameters between MaxText's params
-checkpoints and Titan (:mod:`titan.trainer.maxtext_import`,
+checkpoints and Titan (:mod:`titan.checkpoint.maxtext_import`,
 :mod:`titan.models.adapters.maxtext_checkpoints`; no maxtext needed).
 JAX and orbax are imported only when a command runs."""
 
@@ -74,7 +74,7 @@ def add_export_format(kinds: Any) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from titan.trainer.maxtext_import import import_maxtext
+    from titan.checkpoint.maxtext_import import import_maxtext
 
     shape = import_maxtext(args.path, args.out, args.tokenizer, args.rope_theta, args.norm_eps)
     print(

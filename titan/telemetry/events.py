@@ -524,9 +524,9 @@ class CheckpointUnrestorable(Event):
 @dataclass(frozen=True, kw_only=True)
 class PinnedHost(Event):
     """Pinned host memory reserved for the copies of checkpoint saves, after the run's first
-    step and before its first save (:mod:`titan.trainer.pin_host_hook`; GPUs only, where orbax
-    copies a save through it). Growing that memory holds the GPU's other work back, so it is
-    done here once, in no step's time, and not during the first save."""
+    step and before its first save (:mod:`titan.trainer.loop_hooks.pin_host_hook`; GPUs only,
+    where orbax copies a save through it). Growing that memory holds the GPU's other work back,
+    so it is done here once, in no step's time, and not during the first save."""
 
     type: ClassVar[str] = "pinned_host"
 

@@ -5,7 +5,7 @@ tokenizer (or read the images: :mod:`titan.trainer.task`), build the model famil
 layout's trainer, read the batches, trace the step, restore or initialise the state (all
 validation happens up to here, before anything is written into the run dir), write the run
 files, record ``run_start``, compile, loop (after the first step: reserve the pinned host
-memory that saves copy into, :mod:`titan.trainer.pin_host_hook`), checkpoint, record.
+memory that saves copy into, :mod:`titan.trainer.loop_hooks.pin_host_hook`), checkpoint, record.
 :func:`train` alone holds the whole config: each step takes the sections, or the values, it
 reads.
 
@@ -133,25 +133,29 @@ from titan.telemetry.records import (
     write_json_atomic,
 )
 from titan.telemetry.sinks import check_library, live_sink
-from titan.trainer.checkpoint_hook import CheckpointHook, SettledSavesHook
 from titan.trainer.claim import RunClaim, run_dir_of
 from titan.trainer.compilation import CompileWatch, compilation_settings
-from titan.trainer.compile_hook import CompileHook
-from titan.trainer.eval_hook import EvalHook
 from titan.trainer.evaluation import never_evaluated
 from titan.trainer.guard import (
     LossSpikeDetector,
     NonFiniteAbort,
     NonFiniteGuard,
 )
-from titan.trainer.health_hook import HealthHook
-from titan.trainer.heartbeat_hook import HeartbeatHook
 from titan.trainer.hooks import Hooks
 from titan.trainer.image_task import ImageTask
 from titan.trainer.loop import Throughput, TrainLoop
+from titan.trainer.loop_hooks.checkpoint_hook import CheckpointHook, SettledSavesHook
+from titan.trainer.loop_hooks.compile_hook import CompileHook
+from titan.trainer.loop_hooks.eval_hook import EvalHook
+from titan.trainer.loop_hooks.health_hook import HealthHook
+from titan.trainer.loop_hooks.heartbeat_hook import HeartbeatHook
+from titan.trainer.loop_hooks.pin_host_hook import PinHostHook
+from titan.trainer.loop_hooks.power_hook import PowerHook
+from titan.trainer.loop_hooks.profiler_hook import ProfilerHook
+from titan.trainer.loop_hooks.progress_hook import ProgressHook
+from titan.trainer.loop_hooks.sink_hook import SinkHook
+from titan.trainer.loop_hooks.stall_hook import StallHook
 from titan.trainer.peers import PeerWatch, end_for_lost
-from titan.trainer.pin_host_hook import PinHostHook
-from titan.trainer.power_hook import PowerHook
 from titan.trainer.processes import (
     Heartbeat,
     MutedRecord,
@@ -160,12 +164,8 @@ from titan.trainer.processes import (
     is_writer,
     same_options,
 )
-from titan.trainer.profiler_hook import ProfilerHook
 from titan.trainer.progress import TrainProgress
-from titan.trainer.progress_hook import ProgressHook
 from titan.trainer.saver import FinalSaveFailed, Saver, digest_check
-from titan.trainer.sink_hook import SinkHook
-from titan.trainer.stall_hook import StallHook
 from titan.trainer.task import RunData, Task
 from titan.trainer.text_data import TextTask
 

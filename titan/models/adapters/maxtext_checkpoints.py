@@ -1,6 +1,6 @@
 """MaxText parameter checkpoints and Titan's Llama: a converter both ways, MaxText's checkpoint
 files, and ``titan export maxtext`` (``titan import maxtext`` writes its output as ``titan import
-hf`` does: :mod:`titan.trainer.maxtext_import`). Needs no maxtext (numpy and orbax only),
+hf`` does: :mod:`titan.checkpoint.maxtext_import`). Needs no maxtext (numpy and orbax only),
 so it runs on Python 3.11 too.
 
 MaxText's Llama-family decoder (the ``llama2`` block: llama2, llama3, and mistral without its

@@ -2,7 +2,7 @@
 
 The parameters are converted by :func:`titan.models.adapters.maxtext_checkpoints.maxtext_to_llama`
 (names, the layer axis, the query scaling) and written as ``titan import hf`` writes its output
-(:func:`titan.trainer.hf_checkpoints.write_llama_checkpoint`): ``config.json``,
+(:func:`titan.checkpoint.hf_checkpoints.write_llama_checkpoint`): ``config.json``,
 ``tokenizer.model`` and the checkpoint at step 0, which ``titan train --init-from``, ``titan
 export hf`` and ``titan generate`` read. A MaxText checkpoint holds no tokenizer (MaxText's
 config names one, ``tokenizer_path``), so the command is given it.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from titan.checkpoint.hf_checkpoints import write_llama_checkpoint
 from titan.data.tokenizer import load_tokenizer
 from titan.errors import TitanError
 from titan.models.adapters.maxtext_checkpoints import (
@@ -29,7 +30,6 @@ from titan.shapes import (
     norm_eps_ok,
     rope_theta_ok,
 )
-from titan.trainer.hf_checkpoints import write_llama_checkpoint
 
 WHAT = "titan import maxtext"
 
