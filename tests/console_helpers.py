@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from records import event as event  # the console tests take it from here too
 from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
@@ -18,7 +19,7 @@ from textual.screen import Screen
 
 from titan.telemetry.events import Event, parse_events
 from titan.telemetry.heartbeat import PROCESSES_DIR, ProcessId
-from titan.telemetry.records import EVENTS_FILE, SCHEMA, write_json_atomic
+from titan.telemetry.records import EVENTS_FILE, write_json_atomic
 from tui.app import TitanConsole
 from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
@@ -146,11 +147,6 @@ def kill_children(app: TitanConsole) -> None:
         if run.returncode() is None:
             os.killpg(run.pid, signal.SIGKILL)
         run.process.wait(timeout=30)
-
-
-def event(event_type: str, time_s: float, **fields: Any) -> dict[str, Any]:
-    """One run-record event as the trainer writes it."""
-    return {"schema": SCHEMA, "type": event_type, "time": time_s, "run_id": "test-run", **fields}
 
 
 def parsed(lines: Iterable[dict[str, Any]]) -> list[Event]:

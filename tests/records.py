@@ -13,12 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from titan.telemetry.records import EVENTS_FILE
+from titan.telemetry.records import EVENTS_FILE, SCHEMA
+
+
+def event(event_type: str, time_s: float, *, run_id: str = "test-run", **fields) -> dict:
+    """One event of run ``run_id`` as the trainer writes it (a line of ``events.jsonl``)."""
+    return {"schema": SCHEMA, "type": event_type, "time": time_s, "run_id": run_id, **fields}
 
 
 def run_event(kind: str, time: float, **fields) -> dict:
-    """One event of run ``r`` as the trainer writes it (a line of ``events.jsonl``)."""
-    return {"schema": 1, "type": kind, "time": time, "run_id": "r", **fields}
+    """One event of run ``r`` (:func:`event`)."""
+    return event(kind, time, run_id="r", **fields)
 
 
 def crash_then_resume() -> list[dict]:
