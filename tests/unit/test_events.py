@@ -235,3 +235,39 @@ def test_the_summary_columns_are_event_fields():
 
     names = {f.name for cls in EVENT_TYPES for f in dataclasses.fields(cls)} | {"type"}
     assert set(EVENT_FIELDS) <= names
+
+
+def test_the_consoles_fold_reads_only_fields_its_events_declare():
+    """tui/run_state.py folds each event type in ``_on_<type>``: every ``event.<name>`` it reads
+    is a field of that type's dataclass here, so a renamed or removed field fails this test."""
+    import ast
+
+    source = Path(__file__).parents[2] / "tui" / "run_state.py"
+    by_type = {cls.type: cls for cls in EVENT_TYPES}
+    handlers = [
+        node
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_on_")
+    ]
+    assert {h.name.removeprefix("_on_") for h in handlers} <= set(by_type), "a fold of no event"
+    for handler in handlers:
+        cls = by_type[handler.name.removeprefix("_on_")]
+        fields = {f.name for f in dataclasses.fields(cls)} | {"type", "written_time"}
+        fields |= {n for n in dir(cls) if isinstance(getattr(cls, n, None), property)}
+        read = {
+            node.attr
+            for node in ast.walk(handler)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "event"
+        }
+        assert read <= fields, (handler.name, sorted(read - fields))
+
+
+def test_the_summary_columns_take_their_types_from_the_event_dataclasses():
+    from titan.analysis.summarize import EVENT_FIELDS, event_column_type
+
+    assert EVENT_FIELDS["step"] == "BIGINT" and EVENT_FIELDS["loss"] == "DOUBLE"
+    assert EVENT_FIELDS["mfu"] == "JSON" and EVENT_FIELDS["type"] == "VARCHAR"
+    with pytest.raises(TypeError, match="'no_such_field'"):
+        event_column_type("no_such_field")

@@ -108,6 +108,7 @@ from titan.inert import inert
 from titan.progress_bar import progress_bar
 from titan.reading import MAX_JSON_DEPTH, open_regular, parse_json, without_lone_surrogates
 from titan.telemetry.events import (
+    EVENT_TYPES,
     MFU_CONVENTION,
     Compile,
     Event,
@@ -151,22 +152,45 @@ LOCK_FIRST_WAIT_S = 0.01
 LOCK_MAX_WAIT_S = 0.5
 # Fields of the events (titan.telemetry.events) copied into typed columns (NULL when absent,
 # of another type, or a NaN or infinite number, as titan.telemetry.events reads them), so that
-# summaries do not parse the JSON payload again.
-EVENT_FIELDS = {
-    "type": "VARCHAR",
-    "time": "DOUBLE",
-    "step": "BIGINT",
-    "step_time_s": "DOUBLE",
-    "loss": "DOUBLE",
-    "tokens": "BIGINT",
-    "tokens_seen": "BIGINT",
-    "tokens_per_s": "DOUBLE",
-    "data_wait_s": "DOUBLE",
-    "energy_j": "DOUBLE",
-    "joules_per_token": "DOUBLE",
-    "seconds": "DOUBLE",
-    "mfu": "JSON",
-}
+# summaries do not parse the JSON payload again; every field stays in the payload too.
+TYPED_COLUMNS = (
+    "type",
+    "time",
+    "step",
+    "step_time_s",
+    "loss",
+    "tokens",
+    "tokens_seen",
+    "tokens_per_s",
+    "data_wait_s",
+    "energy_j",
+    "joules_per_token",
+    "seconds",
+    "mfu",
+)
+_SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}  # anything else: JSON
+
+
+def event_column_type(name: str) -> str:
+    """The DuckDB type of the typed column of event field ``name``, from the field's annotation
+    in :mod:`titan.telemetry.events` (one declaration of the schema): ``int`` BIGINT, ``float``
+    DOUBLE, ``str`` VARCHAR, anything else (``Mfu``, a dict) JSON; ``type``, every event's kind
+    (a class attribute), VARCHAR.
+
+    Raises:
+        TypeError: no event has the field, or two events declare it with different types.
+    """
+    if name == "type":
+        return "VARCHAR"
+    classes = (Event, *EVENT_TYPES)
+    declared = {f.type for cls in classes for f in dataclasses.fields(cls) if f.name == name}
+    bases = {str(t).removesuffix(" | None") for t in declared}
+    if len(bases) != 1:
+        raise TypeError(f"event field {name!r}: declared as {sorted(map(str, declared))}")
+    return _SQL_TYPES.get(bases.pop(), "JSON")
+
+
+EVENT_FIELDS = {name: event_column_type(name) for name in TYPED_COLUMNS}
 _TABLES = ("files", "events", "runs", "perf")
 # The states of a run that has not ended: judged again at each ingest.
 _NOT_ENDED = (liveness.STARTING, liveness.RUNNING, liveness.STALLED, liveness.UNRESPONSIVE)
