@@ -182,7 +182,7 @@ def event_column_type(name: str) -> str:
     """
     if name == "type":
         return "VARCHAR"
-    classes = (Event, *EVENT_TYPES)
+    classes: tuple[type[Event], ...] = (Event, *EVENT_TYPES)
     declared = {f.type for cls in classes for f in dataclasses.fields(cls) if f.name == name}
     bases = {str(t).removesuffix(" | None") for t in declared}
     if len(bases) != 1:
