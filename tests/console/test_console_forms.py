@@ -21,12 +21,10 @@ from textual import events
 from textual.app import App
 from textual.widgets import DataTable, Footer, Input, Select, Static
 
-from titan.config import option_fields
 from titan.formatting import format_span
 from tui.app import TitanConsole
 from tui.launcher import LaunchedRun
 from tui.options import default_texts
-from tui.screens import launch
 from tui.screens.launch import LaunchScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.planner import PlannerScreen
@@ -57,41 +55,6 @@ async def test_forms_open_with_their_first_field_focused(tmp_path: Path):
         planner_focus, planner_first = app.focused, _first_field(app.screen)
     assert launch_focus is launch_first
     assert planner_focus is planner_first
-
-
-async def test_the_launch_form_makes_only_its_first_sections_before_it_shows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    made: list[str] = []  # the options whose rows were made, in order
-    for_field = OptionInput.for_field.__func__  # type: ignore[attr-defined]
-
-    def counted(cls, option, text):
-        made.append(option.name)
-        return for_field(cls, option, text)
-
-    monkeypatch.setattr(OptionInput, "for_field", classmethod(counted))
-    shown: list[int] = []
-    mount_rest = launch.mount_in_parts
-
-    def on_show(*args, **kwargs) -> None:  # called as the form mounts, its first rows shown
-        shown.append(len(made))
-        mount_rest(*args, **kwargs)
-
-    monkeypatch.setattr(launch, "mount_in_parts", on_show)
-    app = TitanConsole(tmp_path, show_launch_form=True)
-    async with app.run_test(size=SIZE) as pilot:
-        screen = await form_shown(app, pilot, LaunchScreen)
-        rows = [row.option_name for row in screen.query(OptionInput)]
-    first = [o.name for o in option_fields() if o.section in _first_sections()]
-    # The rows past what 80x24 shows are made after the form shows (the key that opened it
-    # answers sooner), and the form is whole once filled.
-    assert shown == [len(first)] and made[: len(first)] == first
-    assert rows == [o.name for o in option_fields()] == made
-
-
-def _first_sections() -> list[str]:
-    sections = list(dict.fromkeys(o.section for o in option_fields()))
-    return sections[: launch.FIRST_SECTIONS]
 
 
 async def test_typing_in_the_planner_never_fires_a_binding(tmp_path: Path):

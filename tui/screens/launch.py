@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
-from titan.config import Option, TrainConfig, option_fields
+from titan.config import TrainConfig, option_fields
 from titan.errors import TitanError
 from titan.inert import inert
 from titan.parallel.fit import check_layout
@@ -32,7 +32,7 @@ from tui.widgets.option_input import (
 )
 
 # The sections composed with the form (what a terminal of 80x24 shows of it); the others are
-# made and mounted right after it shows (mount_in_parts).
+# mounted right after it shows (mount_in_parts).
 FIRST_SECTIONS = 2
 
 
@@ -83,14 +83,15 @@ class LaunchScreen(Screen[None]):
         self._error = ""  # the error shown under the form
         self._preset = "defaults"  # the form preset the Select shows
         self.filled = False  # every section's rows mounted (mount_in_parts)
-        self._later_sections: list[list[Option]] = []
+        self._later_sections: list[list[Widget]] = []
 
     def compose(self) -> ComposeResult:
         yield Header()
-        sections = _sections()
+        sections = self._sections()
         self._later_sections = sections[FIRST_SECTIONS:]
         with Grid(id="options"):
-            yield from self._rows(sections[:FIRST_SECTIONS])
+            for widgets in sections[:FIRST_SECTIONS]:
+                yield from widgets
         yield Static(id="option-help", markup=False)
         yield Static(id="launch-error", markup=False)
         with HorizontalGroup(id="launch-bar"):
@@ -145,19 +146,19 @@ class LaunchScreen(Screen[None]):
         """The Launch button does what ctrl+r does."""
         self.action_launch()
 
-    def _rows(self, sections: list[list[Option]]) -> list[Widget]:
-        """The rows of ``sections``, each section under its heading, filled from the form's
-        texts."""
-        rows: list[Widget] = []
-        for options in sections:
-            rows.append(Label(options[0].section, classes="section"))
-            rows += [OptionInput.for_field(o, self.texts[o.name]) for o in options]
-        return rows
+    def _sections(self) -> list[list[Widget]]:
+        """The form's rows, section by section, each under its heading."""
+        sections: dict[str, list[Widget]] = {}
+        for option in option_fields():
+            if option.section not in sections:
+                sections[option.section] = [Label(option.section, classes="section")]
+            sections[option.section].append(OptionInput.for_field(option, self.texts[option.name]))
+        return list(sections.values())
 
     def on_mount(self) -> None:
         self._count_devices()
         grid = self.query_one("#options", Grid)
-        mount_in_parts(grid, [lambda: self._rows(self._later_sections)], self._filled)
+        mount_in_parts(grid, [sum(self._later_sections, [])], self._filled)
 
     def _filled(self) -> None:
         self.filled = True
@@ -224,14 +225,6 @@ class LaunchScreen(Screen[None]):
                 row.control.focus()
         if error:
             self.notify(error, title="Cannot launch", severity="error", markup=False)
-
-
-def _sections() -> list[list[Option]]:
-    """The options of ``titan train``, section by section, in the order of the config."""
-    sections: dict[str, list[Option]] = {}
-    for option in option_fields():
-        sections.setdefault(option.section, []).append(option)
-    return list(sections.values())
 
 
 def _first_flag(message: str) -> str | None:

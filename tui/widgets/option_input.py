@@ -145,12 +145,11 @@ def help_line(row: OptionInput) -> str:
 
 
 def mount_in_parts(
-    container: Widget, parts: Sequence[Callable[[], Sequence[Widget]]], done: Callable[[], None]
+    container: Widget, parts: Sequence[Sequence[Widget]], done: Callable[[], None]
 ) -> None:
-    """Build and mount ``parts`` (each a function that makes a form's rows, section by section)
-    in ``container``, one part per screen refresh, then call ``done``: the form shows its first
-    rows at once, and a screen of 74 rows opens in a fraction of the time (Textual styles and
-    lays out every widget it mounts, and making a field costs about a millisecond). The
+    """Mount ``parts`` (a form's rows, section by section) in ``container``, one part per screen
+    refresh, then call ``done``: the form shows its first rows at once, and a screen of 74 rows
+    opens in a fraction of the time (Textual styles and lays out every widget it mounts). The
     app's keys that could act beyond the focused field (:meth:`tui.typed_keys.KeyQueue.hold`)
     are held meanwhile, so that one typed before the last part is there (a tab past the rows
     shown) acts on the whole form; characters typed into the first field go in at once."""
@@ -162,7 +161,7 @@ def mount_in_parts(
 
     async def mount_next() -> None:
         if remaining and container.is_attached:
-            await container.mount_all(remaining.pop(0)())
+            await container.mount_all(remaining.pop(0))
             container.call_after_refresh(mount_next)
             return
         if isinstance(keys, KeyQueue):
